@@ -1,0 +1,113 @@
+"""The one exception tree of simstore.
+
+Errors are grouped by what the caller does about them::
+
+    SimstoreError                      code  exit
+    ├── NotFoundError (LookupError)       1     3   snapshot, ref, object, sample key
+    ├── AlreadyExistsError                2     4   tag or object that must not be overwritten
+    ├── ConflictError                     3     5   lost a compare-and-swap; caller may retry
+    ├── IntegrityError                    4     6   hash mismatch; names the object and snapshots
+    ├── FormatError                       5     7   unreadable or unsupported on-storage data
+    ├── SourceError                       6     8   bad input file at ingest; names file and why
+    ├── InvalidInputError (ValueError)    7     2   bad argument
+    ├── ReadOnlyError                     8     9
+    └── StorageError                      9    10   backend failure, original exception chained
+
+Every error pickles (DataLoader workers re-raise them in the parent), carries a stable,
+append-only ``code`` and the CLI maps each class to its ``exit_code``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AlreadyExistsError",
+    "ConflictError",
+    "FormatError",
+    "IntegrityError",
+    "InvalidInputError",
+    "NotFoundError",
+    "ReadOnlyError",
+    "SimstoreError",
+    "SourceError",
+    "StorageError",
+]
+
+
+class SimstoreError(Exception):
+    """Root of every error simstore raises on purpose."""
+
+    code: int = 0
+    exit_code: int = 1
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __reduce__(self) -> tuple[type[SimstoreError], tuple[str]]:
+        return (type(self), (self.message,))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class NotFoundError(SimstoreError, LookupError):
+    """A snapshot, ref, object, dataset or sample key does not exist."""
+
+    code = 1
+    exit_code = 3
+
+
+class AlreadyExistsError(SimstoreError):
+    """A tag, dataset or object that must not be overwritten already exists."""
+
+    code = 2
+    exit_code = 4
+
+
+class ConflictError(SimstoreError):
+    """A compare-and-swap lost against a concurrent writer; the caller may retry."""
+
+    code = 3
+    exit_code = 5
+
+
+class IntegrityError(SimstoreError):
+    """Stored bytes do not hash to their name; the message names the object."""
+
+    code = 4
+    exit_code = 6
+
+
+class FormatError(SimstoreError):
+    """On-storage data is unreadable, or of an unsupported format version."""
+
+    code = 5
+    exit_code = 7
+
+
+class SourceError(SimstoreError):
+    """A source file given to ingest is bad; the message names the file and what is wrong."""
+
+    code = 6
+    exit_code = 8
+
+
+class InvalidInputError(SimstoreError, ValueError):
+    """An argument is invalid: a name, a ref, an option value."""
+
+    code = 7
+    exit_code = 2
+
+
+class ReadOnlyError(SimstoreError):
+    """A write was attempted through a read-only store."""
+
+    code = 8
+    exit_code = 9
+
+
+class StorageError(SimstoreError):
+    """The storage backend failed; the original exception is chained."""
+
+    code = 9
+    exit_code = 10

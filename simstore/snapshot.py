@@ -1,0 +1,148 @@
+"""Snapshots: immutable, content-addressed descriptions of a dataset revision. Pure.
+
+A snapshot is canonical JSON (sorted keys, no spaces, UTF-8); its id is the xxh3-128 hash
+of those bytes, and it is stored as ``objects/<2 hex>/<id>`` like every other immutable
+object. It names its parents, the manifest parts that list every sample, the schema,
+totals, merged field statistics and the lineage of the data (adapter, parameters, sources).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, NewType, TypedDict
+
+from simstore.errors import FormatError
+from simstore.hashing import hash_bytes
+from simstore.manifest import PartRef, PartRefJSON
+from simstore.sample import FieldSpec, FieldSpecJSON, Schema, canonical_json
+
+__all__ = [
+    "SNAPSHOT_FORMAT_VERSION",
+    "Snapshot",
+    "SnapshotId",
+    "SnapshotJSON",
+    "content_hash_of",
+]
+
+SNAPSHOT_FORMAT_VERSION = 1
+SnapshotId = NewType("SnapshotId", str)
+
+
+class SnapshotJSON(TypedDict):
+    """JSON shape of a :class:`Snapshot`."""
+
+    format_version: int
+    kind: str
+    dataset: str
+    parents: list[str]
+    created: str
+    author: str
+    message: str
+    schema: list[FieldSpecJSON]
+    parts: list[PartRefJSON]
+    samples: int
+    sample_bytes: int
+    content_hash: str
+    stats: dict[str, Any]
+    lineage: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Snapshot:
+    """One immutable dataset revision.
+
+    ``content_hash`` digests the set of (key, sample hash) pairs (see
+    :func:`content_hash_of`): equal for equal content whatever wrote it.
+    """
+
+    dataset: str
+    parents: tuple[str, ...]
+    created: str
+    author: str
+    message: str
+    schema: Schema
+    parts: tuple[PartRef, ...]
+    samples: int
+    sample_bytes: int
+    content_hash: str
+    stats: Mapping[str, Any] = field(default_factory=dict)
+    lineage: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> SnapshotJSON:
+        """The JSON shape."""
+        return {
+            "format_version": SNAPSHOT_FORMAT_VERSION,
+            "kind": "snapshot",
+            "dataset": self.dataset,
+            "parents": list(self.parents),
+            "created": self.created,
+            "author": self.author,
+            "message": self.message,
+            "schema": [s.to_json() for s in self.schema],
+            "parts": [p.to_json() for p in self.parts],
+            "samples": self.samples,
+            "sample_bytes": self.sample_bytes,
+            "content_hash": self.content_hash,
+            "stats": dict(self.stats),
+            "lineage": dict(self.lineage),
+        }
+
+    def to_bytes(self) -> bytes:
+        """Canonical JSON bytes; the snapshot id is their hash."""
+        return canonical_json(self.to_json())
+
+    @property
+    def id(self) -> SnapshotId:
+        """The snapshot id: the hash of :meth:`to_bytes`."""
+        return SnapshotId(hash_bytes(self.to_bytes()))
+
+    @property
+    def manifest_bytes(self) -> int:
+        """Stored size of all manifest parts."""
+        return sum(p.size_bytes for p in self.parts)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, object_id: str = "") -> Snapshot:
+        """Parse snapshot bytes; raise :class:`FormatError` naming the object when bad."""
+        name = f"snapshot {object_id}" if object_id else "snapshot"
+        try:
+            obj = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise FormatError(f"{name} is not valid JSON: {exc}") from exc
+        if not isinstance(obj, dict) or obj.get("kind") != "snapshot":
+            raise FormatError(f"{name} is not a simstore snapshot")
+        version = obj.get("format_version")
+        if version != SNAPSHOT_FORMAT_VERSION:
+            raise FormatError(
+                f"{name} has format_version {version!r}, this simstore reads "
+                f"{SNAPSHOT_FORMAT_VERSION}"
+            )
+        try:
+            return cls(
+                dataset=str(obj["dataset"]),
+                parents=tuple(str(p) for p in obj["parents"]),
+                created=str(obj["created"]),
+                author=str(obj["author"]),
+                message=str(obj["message"]),
+                schema=tuple(FieldSpec.from_json(s) for s in obj["schema"]),
+                parts=tuple(PartRef.from_json(p) for p in obj["parts"]),
+                samples=int(obj["samples"]),
+                sample_bytes=int(obj["sample_bytes"]),
+                content_hash=str(obj["content_hash"]),
+                stats=dict(obj.get("stats", {})),
+                lineage=dict(obj.get("lineage", {})),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise FormatError(f"{name} is missing or has a malformed field: {exc}") from exc
+
+
+def content_hash_of(parts: tuple[PartRef, ...] | list[PartRef]) -> str:
+    """The content hash of a manifest: a hash of its parts' content digests, in key order.
+
+    Part boundaries depend only on the (key, sample hash) rows, and each part's content
+    digest covers only those two columns, so equal content gives an equal hash whatever
+    shard format, shard layout or history produced it.
+    """
+    return hash_bytes("".join(p.content for p in parts).encode("ascii"))

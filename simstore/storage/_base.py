@@ -1,0 +1,110 @@
+"""The ObjectStore protocol: the one small interface every storage backend implements."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from simstore.errors import InvalidInputError
+
+__all__ = ["ObjectInfo", "ObjectStore", "check_key"]
+
+_BAD_KEY = re.compile(r"[\x00-\x1f\x7f\\]")
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """What a listing knows of an object: key, size and last-modified time (epoch seconds)."""
+
+    key: str
+    size_bytes: int
+    mtime: float
+
+
+def check_key(key: str) -> str:
+    """Return ``key`` if it is a safe relative key, else raise :class:`InvalidInputError`.
+
+    Keys are ``/``-separated, relative, with no empty, ``.`` or ``..`` segment and no
+    control character or backslash: nothing can address a path outside the store's root.
+    """
+    if not key or key.startswith("/") or _BAD_KEY.search(key):
+        raise InvalidInputError(f"invalid store key {key!r}")
+    for seg in key.split("/"):
+        if seg in ("", ".", ".."):
+            raise InvalidInputError(f"invalid store key {key!r}: bad path segment {seg!r}")
+    return key
+
+
+@runtime_checkable
+class ObjectStore(Protocol):
+    """A flat key/value store of immutable objects and small mutable refs.
+
+    Implementers must keep these contracts:
+
+    - ``get`` returns the whole object or the half-open ``byte_range`` ``(start, end)``;
+      a missing key raises ``NotFoundError`` naming the store and key.
+    - ``put`` writes atomically: a reader sees the old object, the new one or none, never
+      a partial one. ``put_if_absent``/``put_file`` return whether they wrote; when the
+      object already exists they refresh its modification time, so garbage collection's
+      grace period protects an object a writer has just reused.
+    - ``get_versioned``/``compare_and_swap`` implement atomic ref updates: the swap
+      succeeds only when the current version token equals ``expected`` (``None``: the key
+      must not exist) and otherwise raises ``ConflictError``. ``data=None`` deletes.
+    - ``list``/``list_info`` iterate keys under a prefix with no hidden cache.
+    - Backend exceptions are wrapped in ``StorageError`` (original chained).
+    - Instances pickle (DataLoader workers, process pools) and open handles lazily.
+    """
+
+    url: str
+    read_only: bool
+    supports_atomic_cas: bool
+
+    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
+        """Read an object, or a half-open byte range of it."""
+        ...
+
+    def get_versioned(self, key: str) -> tuple[bytes, str]:
+        """Read a small mutable object and the version token to pass to ``compare_and_swap``."""
+        ...
+
+    def put(self, key: str, data: bytes) -> None:
+        """Write (or overwrite) an object atomically."""
+        ...
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Write unless the key exists; returns whether it wrote."""
+        ...
+
+    def put_file(self, key: str, path: str) -> bool:
+        """Upload a local file unless the key exists; returns whether it wrote."""
+        ...
+
+    def compare_and_swap(self, key: str, expected: str | None, data: bytes | None) -> str | None:
+        """Atomically replace the object whose version is ``expected``; returns the new one."""
+        ...
+
+    def exists(self, key: str) -> bool:
+        """Whether the key exists."""
+        ...
+
+    def info(self, key: str) -> ObjectInfo:
+        """Size and modification time of one object."""
+        ...
+
+    def delete(self, key: str) -> None:
+        """Delete an object; a missing key is not an error."""
+        ...
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        """Iterate keys starting with ``prefix``."""
+        ...
+
+    def list_info(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Iterate :class:`ObjectInfo` of keys starting with ``prefix``."""
+        ...
+
+    def local_path(self, key: str) -> str | None:
+        """A local filesystem path holding the object, for zero-copy reads; else None."""
+        ...

@@ -1,0 +1,223 @@
+"""A store over any fsspec filesystem (``memory://``, ``gs://``, ...).
+
+This wraps fsspec rather than exposing it: the rest of simstore sees only the small
+``ObjectStore`` protocol. The filesystem is created lazily with
+``skip_instance_cache=True`` so an instance pickles into a worker process and never shares
+fsspec's per-process cache across ``fork``.
+
+Compare-and-swap here is atomic only within one process (a lock held around read, compare
+and write). That is exact for ``memory://``, which lives in one process; backends that
+offer conditional writes get their own class (S3). ``supports_atomic_cas`` says which.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import fsspec
+
+from simstore.errors import ConflictError, NotFoundError, ReadOnlyError, StorageError
+from simstore.hashing import hash_bytes
+from simstore.storage._base import ObjectInfo, check_key
+
+__all__ = ["FsspecStore"]
+
+# One lock per process guards CAS for in-process filesystems (memory://): fsspec's memory
+# filesystem is itself one per process, so the lock has exactly its scope.
+_CAS_LOCK = threading.Lock()
+
+
+class FsspecStore:
+    """An :class:`~simstore.storage.ObjectStore` over an fsspec filesystem and root path."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        read_only: bool = False,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.protocol, _, path = self.url.partition("://")
+        self.root = path.rstrip("/")
+        self.storage_options = dict(storage_options or {})
+        self.read_only = read_only
+        self.supports_atomic_cas = self.protocol == "memory"
+        self._fs: fsspec.AbstractFileSystem | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_fs"] = None
+        return state
+
+    def __repr__(self) -> str:
+        return f"FsspecStore({self.url!r})"
+
+    @property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        """The filesystem, created on first use in this process."""
+        if self._fs is None:
+            self._fs = fsspec.filesystem(
+                self.protocol, skip_instance_cache=True, **self.storage_options
+            )
+        return self._fs
+
+    def _path(self, key: str) -> str:
+        check_key(key)
+        return f"{self.root}/{key}" if self.root else key
+
+    def _key(self, path: str) -> str:
+        path = path.lstrip("/") if self.protocol == "memory" else path
+        root = self.root.lstrip("/") if self.protocol == "memory" else self.root
+        return path[len(root) + 1 :] if root else path
+
+    def _check_writable(self, key: str) -> None:
+        if self.read_only:
+            raise ReadOnlyError(f"{self.url}: store is read-only, cannot write {key}")
+
+    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
+        """Read an object or a byte range."""
+        path = self._path(key)
+        try:
+            if byte_range is None:
+                return bytes(self.fs.cat_file(path))
+            return bytes(self.fs.cat_file(path, start=byte_range[0], end=byte_range[1]))
+        except FileNotFoundError as exc:
+            raise NotFoundError(f"{self.url}: no object {key}") from exc
+        except Exception as exc:
+            raise StorageError(f"{self.url}/{key}: read failed: {exc}") from exc
+
+    def get_versioned(self, key: str) -> tuple[bytes, str]:
+        """Read a ref and its version token (the hash of its bytes)."""
+        data = self.get(key)
+        return data, hash_bytes(data)
+
+    def put(self, key: str, data: bytes) -> None:
+        """Write an object."""
+        self._check_writable(key)
+        try:
+            self.fs.pipe_file(self._path(key), data)
+        except Exception as exc:
+            raise StorageError(f"{self.url}/{key}: write failed: {exc}") from exc
+
+    def _touch(self, key: str) -> None:
+        # memory:// keeps a created time per file; refresh it so gc's grace applies.
+        if self.protocol == "memory":
+            entry = getattr(self.fs, "store", {}).get(self._path(key).lstrip("/"))
+            if entry is None:
+                entry = getattr(self.fs, "store", {}).get("/" + self._path(key).lstrip("/"))
+            if entry is not None and hasattr(entry, "modified"):
+                entry.modified = _now_dt()
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Write unless present; refresh the modification time when present."""
+        self._check_writable(key)
+        with _CAS_LOCK:
+            if self.exists(key):
+                self._touch(key)
+                return False
+            self.put(key, data)
+            return True
+
+    def put_file(self, key: str, path: str) -> bool:
+        """Upload a local file unless present."""
+        self._check_writable(key)
+        if self.exists(key):
+            self._touch(key)
+            return False
+        try:
+            self.fs.put_file(path, self._path(key))
+        except Exception as exc:
+            raise StorageError(f"{self.url}/{key}: upload failed: {exc}") from exc
+        return True
+
+    def compare_and_swap(self, key: str, expected: str | None, data: bytes | None) -> str | None:
+        """Swap if the content hash equals ``expected`` (atomic within this process)."""
+        self._check_writable(key)
+        with _CAS_LOCK:
+            try:
+                current: str | None = self.get_versioned(key)[1]
+            except NotFoundError:
+                current = None
+            if current != expected:
+                raise ConflictError(
+                    f"{self.url}/{key} changed concurrently "
+                    f"(expected version {expected or 'absent'}, found {current or 'absent'})"
+                )
+            if data is None:
+                self.delete(key)
+                return None
+            self.put(key, data)
+            return hash_bytes(data)
+
+    def exists(self, key: str) -> bool:
+        """Whether the key exists."""
+        try:
+            return bool(self.fs.isfile(self._path(key)))
+        except Exception as exc:
+            raise StorageError(f"{self.url}/{key}: exists failed: {exc}") from exc
+
+    def info(self, key: str) -> ObjectInfo:
+        """Size and modification time."""
+        try:
+            info = self.fs.info(self._path(key))
+        except FileNotFoundError as exc:
+            raise NotFoundError(f"{self.url}: no object {key}") from exc
+        except Exception as exc:
+            raise StorageError(f"{self.url}/{key}: stat failed: {exc}") from exc
+        return ObjectInfo(key, int(info.get("size", 0)), _mtime(info))
+
+    def delete(self, key: str) -> None:
+        """Delete; missing is fine."""
+        self._check_writable(key)
+        try:
+            self.fs.rm_file(self._path(key))
+        except FileNotFoundError:
+            return
+        except Exception as exc:
+            raise StorageError(f"{self.url}/{key}: delete failed: {exc}") from exc
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        """Keys under ``prefix``, sorted."""
+        for info in self.list_info(prefix):
+            yield info.key
+
+    def list_info(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Infos of keys under ``prefix``, sorted."""
+        base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        start = f"{self.root}/{base}" if base else (self.root or "")
+        try:
+            found = self.fs.find(start, detail=True) if self.fs.exists(start) else {}
+        except FileNotFoundError:
+            found = {}
+        except Exception as exc:
+            raise StorageError(f"{self.url}/{prefix}: list failed: {exc}") from exc
+        for path in sorted(found):
+            key = self._key(path)
+            if key.startswith(prefix) and found[path].get("type", "file") == "file":
+                yield ObjectInfo(key, int(found[path].get("size", 0)), _mtime(found[path]))
+
+    def local_path(self, key: str) -> str | None:
+        """Never local."""
+        return None
+
+
+def _now_dt() -> Any:
+    import datetime
+
+    return datetime.datetime.now(tz=datetime.UTC)
+
+
+def _mtime(info: Mapping[str, Any]) -> float:
+    for name in ("mtime", "LastModified", "modified", "created", "updated"):
+        value = info.get(name)
+        if value is None:
+            continue
+        if isinstance(value, int | float):
+            return float(value)
+        if hasattr(value, "timestamp"):
+            return float(value.timestamp())
+    return time.time()

@@ -1,0 +1,278 @@
+"""A store in a local directory: the embedded default.
+
+Objects are plain files under the root. Every write goes to a temporary file in the same
+directory and is renamed (or hard-linked, for put-if-absent) into place, so a reader never
+sees a partial object and a crash leaves at most a temporary file, which ``gc`` removes.
+Refs change by compare-and-swap under an ``fcntl`` lock; the kernel drops the lock when its
+holder dies, so a killed writer leaves nothing that blocks the next one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+
+from simstore.errors import ConflictError, NotFoundError, ReadOnlyError, StorageError
+from simstore.hashing import hash_bytes
+from simstore.storage._base import ObjectInfo, check_key
+
+__all__ = ["LocalStore"]
+
+TMP_PREFIX = ".tmp-"
+_LOCK_DIR = ".locks"
+
+
+class LocalStore:
+    """An :class:`~simstore.storage.ObjectStore` over a local directory."""
+
+    supports_atomic_cas = True
+
+    def __init__(self, root: str, *, read_only: bool = False, fsync: bool = True) -> None:
+        self.root = os.path.abspath(root)
+        self.url = self.root
+        self.read_only = read_only
+        self.fsync = fsync
+
+    def __repr__(self) -> str:
+        return f"LocalStore({self.root!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LocalStore) and other.root == self.root
+
+    def __hash__(self) -> int:
+        return hash(("local", self.root))
+
+    # -- helpers -----------------------------------------------------------------------
+    def _path(self, key: str) -> str:
+        return os.path.join(self.root, *check_key(key).split("/"))
+
+    def _check_writable(self, key: str) -> None:
+        if self.read_only:
+            raise ReadOnlyError(f"{self.url}: store is read-only, cannot write {key}")
+
+    def _error(self, op: str, key: str, exc: OSError) -> StorageError:
+        if exc.errno == errno.ENOSPC:
+            return StorageError(f"{self.url}/{key}: {op} failed: no space left on device")
+        return StorageError(f"{self.url}/{key}: {op} failed: {exc.strerror or exc}")
+
+    def _write_tmp(self, path: str, data: bytes | None, src: str | None = None) -> str:
+        directory = os.path.dirname(path)
+        os.makedirs(directory, exist_ok=True)
+        tmp = os.path.join(directory, f"{TMP_PREFIX}{uuid.uuid4().hex}")
+        try:
+            if src is not None:
+                shutil.copyfile(src, tmp)
+                if self.fsync:
+                    fd = os.open(tmp, os.O_RDONLY)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+            else:
+                with open(tmp, "wb") as f:
+                    f.write(data or b"")
+                    if self.fsync:
+                        f.flush()
+                        os.fsync(f.fileno())
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        return tmp
+
+    def _fsync_dir(self, directory: str) -> None:
+        if not self.fsync:
+            return
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # -- reads -------------------------------------------------------------------------
+    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
+        """Read an object or a half-open byte range of it."""
+        path = self._path(key)
+        try:
+            with open(path, "rb") as f:
+                if byte_range is None:
+                    return f.read()
+                start, end = byte_range
+                f.seek(start)
+                return f.read(max(0, end - start))
+        except FileNotFoundError as exc:
+            raise NotFoundError(f"{self.url}: no object {key}") from exc
+        except IsADirectoryError as exc:
+            raise NotFoundError(f"{self.url}: no object {key}") from exc
+        except OSError as exc:
+            raise self._error("read", key, exc) from exc
+
+    def get_versioned(self, key: str) -> tuple[bytes, str]:
+        """Read a ref and its version token (the hash of its bytes)."""
+        data = self.get(key)
+        return data, hash_bytes(data)
+
+    def exists(self, key: str) -> bool:
+        """Whether the key exists as a file."""
+        return os.path.isfile(self._path(key))
+
+    def info(self, key: str) -> ObjectInfo:
+        """Size and modification time."""
+        try:
+            st = os.stat(self._path(key))
+        except FileNotFoundError as exc:
+            raise NotFoundError(f"{self.url}: no object {key}") from exc
+        except OSError as exc:
+            raise self._error("stat", key, exc) from exc
+        return ObjectInfo(key, st.st_size, st.st_mtime)
+
+    def local_path(self, key: str) -> str | None:
+        """The file holding the object, if it exists."""
+        path = self._path(key)
+        return path if os.path.isfile(path) else None
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        """Keys under ``prefix``, in sorted order, skipping temporary files."""
+        for info in self.list_info(prefix):
+            yield info.key
+
+    def list_info(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Infos of keys under ``prefix``, in sorted order, skipping temporary files."""
+        base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        start = os.path.join(self.root, *base.split("/")) if base else self.root
+        yield from self._walk(start, base, prefix)
+
+    def list_temporary(self, older_than: float) -> Iterator[str]:
+        """Paths of temporary files left by killed writers, older than ``older_than``."""
+        for dirpath, _dirs, files in os.walk(self.root):
+            for name in files:
+                if name.startswith(TMP_PREFIX):
+                    path = os.path.join(dirpath, name)
+                    with contextlib.suppress(OSError):
+                        if os.stat(path).st_mtime < older_than:
+                            yield path
+
+    def _walk(self, directory: str, rel: str, prefix: str) -> Iterator[ObjectInfo]:
+        try:
+            entries = sorted(os.scandir(directory), key=lambda e: e.name)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        except OSError as exc:
+            raise self._error("list", rel, exc) from exc
+        for entry in entries:
+            if entry.name.startswith(".") :
+                continue
+            key = f"{rel}/{entry.name}" if rel else entry.name
+            if entry.is_dir(follow_symlinks=False):
+                if key.startswith(prefix) or prefix.startswith(key + "/"):
+                    yield from self._walk(entry.path, key, prefix)
+            elif key.startswith(prefix):
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                yield ObjectInfo(key, st.st_size, st.st_mtime)
+
+    # -- writes ------------------------------------------------------------------------
+    def put(self, key: str, data: bytes) -> None:
+        """Write atomically by rename."""
+        self._check_writable(key)
+        path = self._path(key)
+        try:
+            tmp = self._write_tmp(path, data)
+            os.replace(tmp, path)
+            self._fsync_dir(os.path.dirname(path))
+        except OSError as exc:
+            raise self._error("write", key, exc) from exc
+
+    def _link_into_place(self, key: str, path: str, tmp: str) -> bool:
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            self._touch(path)
+            return False
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        self._fsync_dir(os.path.dirname(path))
+        return True
+
+    def _touch(self, path: str) -> None:
+        with contextlib.suppress(OSError):
+            os.utime(path)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Write unless present (exclusive hard link); refresh mtime when present."""
+        self._check_writable(key)
+        path = self._path(key)
+        if os.path.isfile(path):
+            self._touch(path)
+            return False
+        try:
+            return self._link_into_place(key, path, self._write_tmp(path, data))
+        except OSError as exc:
+            raise self._error("write", key, exc) from exc
+
+    def put_file(self, key: str, path: str) -> bool:
+        """Copy a local file in unless present; refresh mtime when present."""
+        self._check_writable(key)
+        dest = self._path(key)
+        if os.path.isfile(dest):
+            self._touch(dest)
+            return False
+        try:
+            return self._link_into_place(key, dest, self._write_tmp(dest, None, src=path))
+        except OSError as exc:
+            raise self._error("write", key, exc) from exc
+
+    def compare_and_swap(self, key: str, expected: str | None, data: bytes | None) -> str | None:
+        """Swap under an exclusive ``fcntl`` lock; the version token is the content hash."""
+        self._check_writable(key)
+        path = self._path(key)
+        lock_dir = os.path.join(self.root, _LOCK_DIR)
+        try:
+            os.makedirs(lock_dir, exist_ok=True)
+            lock_path = os.path.join(lock_dir, hash_bytes(key.encode()))
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise self._error("lock", key, exc) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                with open(path, "rb") as f:
+                    current: str | None = hash_bytes(f.read())
+            except FileNotFoundError:
+                current = None
+            if current != expected:
+                raise ConflictError(
+                    f"{self.url}/{key} changed concurrently "
+                    f"(expected version {expected or 'absent'}, found {current or 'absent'})"
+                )
+            if data is None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                self._fsync_dir(os.path.dirname(path))
+                return None
+            tmp = self._write_tmp(path, data)
+            os.replace(tmp, path)
+            self._fsync_dir(os.path.dirname(path))
+            return hash_bytes(data)
+        except OSError as exc:
+            raise self._error("compare-and-swap", key, exc) from exc
+        finally:
+            os.close(fd)
+
+    def delete(self, key: str) -> None:
+        """Delete a file; missing is fine. Empty parent directories are left."""
+        self._check_writable(key)
+        try:
+            os.unlink(self._path(key))
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise self._error("delete", key, exc) from exc
