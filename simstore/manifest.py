@@ -5,8 +5,8 @@ hash (16 raw bytes), the id of the shard holding it, its row position inside tha
 and its logical size in bytes.
 
 Rows are sorted by key and cut into parts at content-defined boundaries: a part ends after
-a row whose sample hash, read as a little-endian integer, is divisible by ``target_rows``
-(or when it reaches ``4 * target_rows`` rows). The cut depends only on the rows, so a
+a row whose mixed sample hash is divisible by ``target_rows``, provided the part then holds
+at least ``target_rows // 4`` rows, or when it reaches ``4 * target_rows`` rows. The cut depends only on the rows, so a
 change to a few samples rewrites only the parts around them and two snapshots that share
 most samples share most part objects. That is what lets ``diff`` and ``commit`` cost grow
 with the change rather than with the dataset.
@@ -181,7 +181,6 @@ def encode_part(table: pa.Table) -> bytes:
         use_dictionary=["shard"],
         write_statistics=["key"],
         row_group_size=max(1, table.num_rows),
-        store_schema=False,
     )
     return buf.getvalue()
 
@@ -214,9 +213,17 @@ def _boundaries(hashes: pa.Array | pa.ChunkedArray, target_rows: int) -> np.ndar
         return np.empty(0, dtype=np.int64)
     buf = hashes.buffers()[1]
     raw = np.frombuffer(buf, dtype=np.uint8, count=16 * (n + hashes.offset))
-    raw = raw[16 * hashes.offset :].reshape(n, 16)[:, :8]
-    words = np.ascontiguousarray(raw).view("<u8").ravel()
-    return np.flatnonzero(words % np.uint64(target_rows) == 0)
+    words = np.ascontiguousarray(raw[16 * hashes.offset :]).view("<u8").reshape(n, 2)
+    # mix both halves with a 64-bit finaliser so structured hashes still cut evenly
+    x = words[:, 0] ^ words[:, 1]
+    s33 = np.uint64(33)
+    with np.errstate(over="ignore"):
+        x = x ^ (x >> s33)
+        x = x * np.uint64(0xFF51AFD7ED558CCD)
+        x = x ^ (x >> s33)
+        x = x * np.uint64(0xC4CEB9FE1A85EC53)
+        x = x ^ (x >> s33)
+    return np.flatnonzero(x % np.uint64(target_rows) == 0)
 
 
 class PartCutter:
@@ -232,6 +239,7 @@ class PartCutter:
             raise ValueError("target_rows must be at least 1")
         self.target_rows = target_rows
         self.max_rows = 4 * target_rows
+        self.min_rows = max(1, target_rows // 4)
         self._pending: list[pa.Table] = []
         self._pending_rows = 0
 
@@ -248,15 +256,14 @@ class PartCutter:
         ci = 0
         while start < n:
             room = self.max_rows - self._pending_rows
-            while ci < len(cuts) and cuts[ci] < start:
+            # the first natural cut that leaves a part of at least min_rows
+            need = start + max(0, self.min_rows - self._pending_rows - 1)
+            while ci < len(cuts) and cuts[ci] < need:
                 ci += 1
             end = int(cuts[ci]) + 1 if ci < len(cuts) else n + 1
             if end - start > room:
                 end = start + room
-                self._pending.append(table.slice(start, end - start))
-                start = end
-                yield self._flush()
-            elif end <= n:
+            if end <= n:
                 self._pending.append(table.slice(start, end - start))
                 start = end
                 yield self._flush()

@@ -75,6 +75,7 @@ class FsspecStore:
         return path[len(root) + 1 :] if root else path
 
     def _check_writable(self, key: str) -> None:
+        check_key(key)
         if self.read_only:
             raise ReadOnlyError(f"{self.url}: store is read-only, cannot write {key}")
 
@@ -98,8 +99,9 @@ class FsspecStore:
     def put(self, key: str, data: bytes) -> None:
         """Write an object."""
         self._check_writable(key)
+        path = self._path(key)
         try:
-            self.fs.pipe_file(self._path(key), data)
+            self.fs.pipe_file(path, data)
         except Exception as exc:
             raise StorageError(f"{self.url}/{key}: write failed: {exc}") from exc
 
@@ -109,8 +111,8 @@ class FsspecStore:
             entry = getattr(self.fs, "store", {}).get(self._path(key).lstrip("/"))
             if entry is None:
                 entry = getattr(self.fs, "store", {}).get("/" + self._path(key).lstrip("/"))
-            if entry is not None and hasattr(entry, "modified"):
-                entry.modified = _now_dt()
+            if entry is not None:
+                entry.created = entry.modified = _now_dt()
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         """Write unless present; refresh the modification time when present."""
@@ -125,11 +127,12 @@ class FsspecStore:
     def put_file(self, key: str, path: str) -> bool:
         """Upload a local file unless present."""
         self._check_writable(key)
+        dest = self._path(key)
         if self.exists(key):
             self._touch(key)
             return False
         try:
-            self.fs.put_file(path, self._path(key))
+            self.fs.put_file(path, dest)
         except Exception as exc:
             raise StorageError(f"{self.url}/{key}: upload failed: {exc}") from exc
         return True
@@ -155,15 +158,17 @@ class FsspecStore:
 
     def exists(self, key: str) -> bool:
         """Whether the key exists."""
+        path = self._path(key)
         try:
-            return bool(self.fs.isfile(self._path(key)))
+            return bool(self.fs.isfile(path))
         except Exception as exc:
             raise StorageError(f"{self.url}/{key}: exists failed: {exc}") from exc
 
     def info(self, key: str) -> ObjectInfo:
         """Size and modification time."""
+        path = self._path(key)
         try:
-            info = self.fs.info(self._path(key))
+            info = self.fs.info(path)
         except FileNotFoundError as exc:
             raise NotFoundError(f"{self.url}: no object {key}") from exc
         except Exception as exc:
@@ -173,8 +178,9 @@ class FsspecStore:
     def delete(self, key: str) -> None:
         """Delete; missing is fine."""
         self._check_writable(key)
+        path = self._path(key)
         try:
-            self.fs.rm_file(self._path(key))
+            self.fs.rm_file(path)
         except FileNotFoundError:
             return
         except Exception as exc:

@@ -52,6 +52,7 @@ class LocalStore:
         return os.path.join(self.root, *check_key(key).split("/"))
 
     def _check_writable(self, key: str) -> None:
+        check_key(key)
         if self.read_only:
             raise ReadOnlyError(f"{self.url}: store is read-only, cannot write {key}")
 

@@ -1,0 +1,691 @@
+"""The catalog: datasets, refs, snapshots, staging and commits over one ObjectStore."""
+
+from __future__ import annotations
+
+import datetime
+import getpass
+import io
+import json
+import os
+import random
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from simstore.catalog._merge import CHANGES_SCHEMA, merge_manifest, normalise_changes
+from simstore.catalog._refs import Branches, Tags, dataset_prefix
+from simstore.diff import Diff, diff_tables, parts_to_open
+from simstore.errors import (
+    ConflictError,
+    FormatError,
+    IntegrityError,
+    InvalidInputError,
+    NotFoundError,
+)
+from simstore.hashing import ObjectId, hash_bytes, is_object_id, object_key
+from simstore.manifest import (
+    DEFAULT_TARGET_ROWS,
+    MANIFEST_SCHEMA,
+    PartRef,
+    decode_part,
+    empty_rows,
+    encode_part,
+    part_ref,
+)
+from simstore.names import DEFAULT_BRANCH, Ref, check_name, parse_ref
+from simstore.sample import FieldSpec, Schema, canonical_json, merge_schema
+from simstore.snapshot import Snapshot, SnapshotId, content_hash_of
+from simstore.stats import merge_stats
+from simstore.storage import ObjectStore, open_store
+
+__all__ = [
+    "STORE_META_KEY",
+    "Catalog",
+    "CommitResult",
+    "DiffResult",
+    "StagedEntry",
+    "utc_now",
+]
+
+STORE_META_KEY = "simstore.json"
+STORE_FORMAT_VERSION = 1
+STAGING_FORMAT_VERSION = 1
+Mode = Literal["upsert", "replace"]
+
+
+def utc_now() -> str:
+    """The current UTC time, ISO 8601 with microseconds."""
+    return datetime.datetime.now(tz=datetime.UTC).isoformat(timespec="microseconds")
+
+
+def _default_author() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StagedEntry:
+    """Changes an ingest or delete has staged for a dataset, awaiting a commit."""
+
+    id: str
+    dataset: str
+    created: str
+    mode: Mode
+    changes: ObjectId
+    rows: int
+    deletions: int
+    shards: tuple[str, ...]
+    schema: Schema
+    stats: Mapping[str, Any]
+    lineage: Mapping[str, Any]
+
+    def to_bytes(self) -> bytes:
+        """Canonical JSON bytes."""
+        return canonical_json(
+            {
+                "format_version": STAGING_FORMAT_VERSION,
+                "kind": "staging",
+                "id": self.id,
+                "dataset": self.dataset,
+                "created": self.created,
+                "mode": self.mode,
+                "changes": self.changes,
+                "rows": self.rows,
+                "deletions": self.deletions,
+                "shards": list(self.shards),
+                "schema": [s.to_json() for s in self.schema],
+                "stats": dict(self.stats),
+                "lineage": dict(self.lineage),
+            }
+        )
+
+    @classmethod
+    def from_bytes(cls, data: bytes, key: str) -> StagedEntry:
+        """Parse; raise FormatError naming the key when bad."""
+        try:
+            obj = json.loads(data)
+            if obj.get("kind") != "staging":
+                raise ValueError("not a staging entry")
+            if obj.get("format_version") != STAGING_FORMAT_VERSION:
+                raise ValueError(f"format_version {obj.get('format_version')!r} is not 1")
+            return cls(
+                id=str(obj["id"]),
+                dataset=str(obj["dataset"]),
+                created=str(obj["created"]),
+                mode="replace" if obj["mode"] == "replace" else "upsert",
+                changes=ObjectId(str(obj["changes"])),
+                rows=int(obj["rows"]),
+                deletions=int(obj["deletions"]),
+                shards=tuple(str(s) for s in obj["shards"]),
+                schema=tuple(FieldSpec.from_json(s) for s in obj["schema"]),
+                stats=dict(obj.get("stats", {})),
+                lineage=dict(obj.get("lineage", {})),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise FormatError(f"staging entry {key} is malformed: {exc}") from exc
+
+    def referenced_objects(self) -> list[str]:
+        """Every object this entry keeps alive: its change set, shards, lineage objects."""
+        extra = [str(o) for o in self.lineage.get("objects", [])]
+        return [self.changes, *self.shards, *extra]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommitResult:
+    """What a commit did."""
+
+    dataset: str
+    branch: str
+    snapshot_id: SnapshotId
+    parent: str | None
+    samples: int
+    sample_bytes: int
+    staged: tuple[str, ...]
+    attempts: int
+    overwritten_concurrent: tuple[str, ...] = ()
+    new_part_bytes: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON shape for ``--json``."""
+        return {
+            "dataset": self.dataset,
+            "branch": self.branch,
+            "snapshot": self.snapshot_id,
+            "parent": self.parent,
+            "samples": self.samples,
+            "sample_bytes": self.sample_bytes,
+            "staged": list(self.staged),
+            "attempts": self.attempts,
+            "overwritten_concurrent": list(self.overwritten_concurrent),
+            "new_part_bytes": self.new_part_bytes,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DiffResult:
+    """A diff and what computing it cost."""
+
+    a: SnapshotId | None
+    b: SnapshotId
+    diff: Diff
+    parts_total: int
+    parts_read: int
+    bytes_read: int
+    manifest_bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        """The diff's JSON plus snapshot ids and read cost."""
+        out: dict[str, Any] = dict(self.diff.to_json())
+        out["a"] = self.a
+        out["b"] = self.b
+        out["cost"] = {
+            "parts_total": self.parts_total,
+            "parts_read": self.parts_read,
+            "bytes_read": self.bytes_read,
+            "manifest_bytes": self.manifest_bytes,
+        }
+        return out
+
+
+@dataclass(slots=True)
+class _Counters:
+    parts_read: int = 0
+    bytes_read: int = 0
+    new_part_bytes: int = 0
+    written: list[str] = field(default_factory=list)
+
+
+class Catalog:
+    """Datasets, refs, snapshots, staging and commits in one store.
+
+    Cheap to construct; holds only the store (which pickles) and a small per-instance
+    cache of immutable snapshot objects.
+    """
+
+    def __init__(self, store: ObjectStore, *, target_rows: int = DEFAULT_TARGET_ROWS) -> None:
+        self.store = store
+        self.target_rows = target_rows
+        self._snapshots: dict[str, Snapshot] = {}
+
+    # -- opening -----------------------------------------------------------------------
+    @classmethod
+    def open(
+        cls,
+        url: str | os.PathLike[str] | ObjectStore,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        read_only: bool = False,
+    ) -> Catalog:
+        """Open an initialised store; NotFoundError when ``init`` was never run there."""
+        store = open_store(url, storage_options=storage_options, read_only=read_only)
+        cat = cls(store)
+        cat.check_initialised()
+        return cat
+
+    @classmethod
+    def init(
+        cls,
+        url: str | os.PathLike[str] | ObjectStore,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        exist_ok: bool = True,
+    ) -> Catalog:
+        """Initialise a store (idempotent with ``exist_ok``) and return its catalog."""
+        store = open_store(url, storage_options=storage_options)
+        cat = cls(store)
+        if store.exists(STORE_META_KEY):
+            if not exist_ok:
+                from simstore.errors import AlreadyExistsError
+
+                raise AlreadyExistsError(f"{store.url}: store already initialised")
+            cat.check_initialised()
+            return cat
+        conditional = bool(store.supports_atomic_cas)
+        probe = getattr(store, "probe_conditional_writes", None)
+        if callable(probe):
+            conditional = bool(probe())
+        meta = {
+            "format_version": STORE_FORMAT_VERSION,
+            "kind": "simstore-store",
+            "created": utc_now(),
+            "hash": "xxh3-128",
+            "conditional_writes": conditional,
+        }
+        store.put_if_absent(STORE_META_KEY, canonical_json(meta))
+        return cat
+
+    def check_initialised(self) -> dict[str, Any]:
+        """The store's metadata; NotFoundError/FormatError when missing or unsupported."""
+        try:
+            data = self.store.get(STORE_META_KEY)
+        except NotFoundError:
+            raise NotFoundError(
+                f"{self.store.url}: not a simstore store (no {STORE_META_KEY}); "
+                "run `simstore init` first"
+            ) from None
+        try:
+            meta = json.loads(data)
+        except ValueError as exc:
+            raise FormatError(f"{self.store.url}/{STORE_META_KEY} is not valid JSON") from exc
+        if meta.get("format_version") != STORE_FORMAT_VERSION:
+            raise FormatError(
+                f"{self.store.url}: store format_version {meta.get('format_version')!r}, "
+                f"this simstore reads {STORE_FORMAT_VERSION}"
+            )
+        return dict(meta)
+
+    # -- datasets and refs -------------------------------------------------------------
+    def datasets(self) -> list[str]:
+        """Names of datasets that have a branch, a tag or staged changes."""
+        names: set[str] = set()
+        for key in self.store.list("datasets/"):
+            parts = key.split("/")
+            if len(parts) >= 3:
+                names.add(parts[1])
+        return sorted(names)
+
+    def has_dataset(self, dataset: str) -> bool:
+        """Whether anything exists under the dataset's prefix."""
+        return next(iter(self.store.list(dataset_prefix(dataset))), None) is not None
+
+    def branches(self, dataset: str) -> Branches:
+        """The dataset's branches."""
+        return Branches(self.store, check_name(dataset, "dataset name"))
+
+    def tags(self, dataset: str) -> Tags:
+        """The dataset's tags."""
+        return Tags(self.store, check_name(dataset, "dataset name"))
+
+    def resolve(self, ref: str | Ref) -> SnapshotId:
+        """The snapshot id a REF names: a branch, then a tag, then an id or unique prefix."""
+        r = parse_ref(ref) if isinstance(ref, str) else ref
+        sid, _ = self.branches(r.dataset).get_versioned(r.rev)
+        if sid is not None:
+            return SnapshotId(sid)
+        tags = self.tags(r.dataset)
+        if tags.exists(r.rev):
+            return SnapshotId(tags.get(r.rev))
+        rev = r.rev.lower()
+        if 4 <= len(rev) <= 32 and all(c in "0123456789abcdef" for c in rev):
+            matches = [
+                sid for sid in self._ids_with_prefix(rev) if self._is_snapshot_of(sid, r.dataset)
+            ]
+            if len(matches) == 1:
+                return SnapshotId(matches[0])
+            if len(matches) > 1:
+                shown = ", ".join(m[:12] for m in matches[:5])
+                raise InvalidInputError(
+                    f"ambiguous snapshot prefix {r.rev!r} in dataset {r.dataset!r}: "
+                    f"matches {shown}; give more characters"
+                )
+        if not self.has_dataset(r.dataset):
+            raise NotFoundError(f"{self.store.url}: unknown dataset {r.dataset!r}")
+        raise NotFoundError(f"dataset {r.dataset!r} has no branch, tag or snapshot {r.rev!r}")
+
+    def _ids_with_prefix(self, prefix: str) -> Iterator[str]:
+        for key in self.store.list(f"objects/{prefix[:2]}/{prefix}"):
+            oid = key.rsplit("/", 1)[-1]
+            if is_object_id(oid):
+                yield oid
+
+    def _is_snapshot_of(self, oid: str, dataset: str) -> bool:
+        # Canonical JSON sorts keys, so a snapshot starts with '{"author":'; check that
+        # with a small ranged read before parsing, so shards are never read whole.
+        head = self.store.get(object_key(oid), byte_range=(0, 10))
+        if head != b'{"author":':
+            return False
+        try:
+            return self.snapshot(oid).dataset == dataset
+        except FormatError:
+            return False
+
+    # -- objects -----------------------------------------------------------------------
+    def get_object(self, oid: str, *, verify: bool = True, referenced_by: str = "") -> bytes:
+        """Read an immutable object, checking its hash unless ``verify`` is False."""
+        data = self.store.get(object_key(oid))
+        if verify:
+            actual = hash_bytes(data)
+            if actual != oid:
+                by = f"; referenced by snapshot {referenced_by}" if referenced_by else ""
+                raise IntegrityError(
+                    f"{self.store.url}: {object_key(oid)} has hash {actual}, expected {oid}{by}"
+                )
+        return data
+
+    def put_object(self, data: bytes) -> tuple[ObjectId, bool]:
+        """Store bytes under their hash; returns (id, whether new bytes were written)."""
+        oid = hash_bytes(data)
+        return oid, self.store.put_if_absent(object_key(oid), data)
+
+    def snapshot(self, sid: str) -> Snapshot:
+        """Read (and cache) a snapshot, checking its hash."""
+        cached = self._snapshots.get(sid)
+        if cached is not None:
+            return cached
+        try:
+            data = self.get_object(sid)
+        except NotFoundError:
+            raise NotFoundError(f"{self.store.url}: no snapshot {sid}") from None
+        snap = Snapshot.from_bytes(data, object_id=sid)
+        if len(self._snapshots) > 1024:
+            self._snapshots.clear()
+        self._snapshots[sid] = snap
+        return snap
+
+    def read_part(self, part: PartRef, *, verify: bool = True, snapshot: str = "") -> pa.Table:
+        """Read one manifest part as a table (hash-checked)."""
+        data = self.get_object(part.id, verify=verify, referenced_by=snapshot)
+        return decode_part(data, object_id=part.id)
+
+    def iter_parts(self, snap: Snapshot, *, verify: bool = True) -> Iterator[pa.Table]:
+        """Manifest parts of a snapshot in key order."""
+        sid = snap.id
+        for part in snap.parts:
+            yield self.read_part(part, verify=verify, snapshot=sid)
+
+    def manifest(self, snap: Snapshot) -> pa.Table:
+        """All manifest rows of a snapshot in one table (memory grows with the dataset)."""
+        tables = list(self.iter_parts(snap))
+        return pa.concat_tables(tables) if tables else empty_rows()
+
+    # -- staging -----------------------------------------------------------------------
+    def stage(
+        self,
+        dataset: str,
+        *,
+        changes: pa.Table,
+        shards: Sequence[str] = (),
+        schema: Schema = (),
+        stats: Mapping[str, Any] | None = None,
+        lineage: Mapping[str, Any] | None = None,
+        mode: Mode = "upsert",
+    ) -> StagedEntry:
+        """Record changes (manifest rows, optionally with a ``deleted`` column) for a commit.
+
+        The shards the rows point to must already be stored. The change set is written as
+        an object first and the staging entry last, so a crash leaves no entry that points
+        at missing objects.
+        """
+        check_name(dataset, "dataset name")
+        if mode not in ("upsert", "replace"):
+            raise InvalidInputError(f"invalid mode {mode!r}: expected upsert or replace")
+        table = normalise_changes([changes])
+        buf = io.BytesIO()
+        pq.write_table(table, buf, compression="zstd")
+        changes_id, _ = self.put_object(buf.getvalue())
+        deletions = int(pa.compute.sum(table.column("deleted")).as_py() or 0)
+        sid = f"{time.time_ns():020d}-{uuid.uuid4().hex[:12]}"
+        entry = StagedEntry(
+            id=sid,
+            dataset=dataset,
+            created=utc_now(),
+            mode=mode,
+            changes=changes_id,
+            rows=table.num_rows - deletions,
+            deletions=deletions,
+            shards=tuple(sorted(set(shards))),
+            schema=tuple(schema),
+            stats=dict(stats or {}),
+            lineage=dict(lineage or {}),
+        )
+        self.store.put(f"{dataset_prefix(dataset)}staging/{sid}", entry.to_bytes())
+        return entry
+
+    def staged(self, dataset: str) -> list[StagedEntry]:
+        """Staged entries of a dataset, oldest first."""
+        prefix = f"{dataset_prefix(dataset)}staging/"
+        out = []
+        for key in self.store.list(prefix):
+            try:
+                data = self.store.get(key)
+            except NotFoundError:
+                continue  # committed and removed meanwhile
+            out.append(StagedEntry.from_bytes(data, key))
+        return sorted(out, key=lambda e: e.id)
+
+    def discard_staged(self, dataset: str, ids: Sequence[str]) -> None:
+        """Remove staging entries (their objects stay until gc)."""
+        for sid in ids:
+            self.store.delete(f"{dataset_prefix(dataset)}staging/{check_name(sid, 'staging id')}")
+
+    def _read_changes(self, entry: StagedEntry) -> pa.Table:
+        data = self.get_object(entry.changes)
+        try:
+            return pq.read_table(pa.BufferReader(data)).cast(CHANGES_SCHEMA)
+        except (pa.ArrowException, ValueError) as exc:
+            raise FormatError(f"staged change set {entry.changes} is unreadable: {exc}") from exc
+
+    # -- commit ------------------------------------------------------------------------
+    def commit(
+        self,
+        dataset: str,
+        *,
+        message: str,
+        branch: str = DEFAULT_BRANCH,
+        author: str | None = None,
+        staging_ids: Sequence[str] | None = None,
+        allow_empty: bool = True,
+        max_attempts: int = 50,
+        rng: random.Random | None = None,
+        allow_schema_change: bool = False,
+    ) -> CommitResult:
+        """Commit staged entries as a new snapshot on ``branch`` (created if absent).
+
+        Atomic: every object is written before the branch moves by one compare-and-swap.
+        A writer that loses the swap re-applies its staged changes on the new head and
+        tries again (backing off with jitter); keys that a concurrent commit also wrote are
+        reported in ``overwritten_concurrent`` (this, the later commit, wins). A swap whose
+        response was lost but which landed is recognised as this writer's own success.
+        """
+        check_name(dataset, "dataset name")
+        check_name(branch, "branch name")
+        rng = rng or random.Random(int.from_bytes(os.urandom(8), "little"))
+        author = author if author is not None else _default_author()
+        all_entries = self.staged(dataset)
+        if staging_ids is not None:
+            wanted = set(staging_ids)
+            missing = wanted - {e.id for e in all_entries}
+            entries = [e for e in all_entries if e.id in wanted]
+            if missing and not entries:
+                raise NotFoundError(
+                    f"dataset {dataset!r} has no staged entries {sorted(missing)[:3]}"
+                )
+        else:
+            entries = all_entries
+        branches = self.branches(dataset)
+        first_head: str | None = None
+        overwritten: set[str] = set()
+        change_tables = {e.id: self._read_changes(e) for e in entries}
+        delay = 0.005
+        for attempt in range(1, max_attempts + 1):
+            head, version = branches.get_versioned(branch)
+            if attempt == 1:
+                first_head = head
+            elif head != first_head and head is not None:
+                overwritten |= self._keys_changed_between(first_head, head, change_tables)
+            parent = self.snapshot(head) if head else None
+            consumed = set(parent.lineage.get("staging", [])) if parent else set()
+            todo = [e for e in entries if e.id not in consumed]
+            if not todo and not allow_empty and parent is not None:
+                raise InvalidInputError(f"dataset {dataset!r}: nothing staged to commit")
+            snap, counters = self._build_snapshot(
+                dataset, parent, head, todo, change_tables, message, author, allow_schema_change
+            )
+            sid, _ = self.put_object(snap.to_bytes())
+            try:
+                branches.move(branch, version, sid)
+            except ConflictError:
+                now_head, _ = branches.get_versioned(branch)
+                if now_head != sid:
+                    time.sleep(rng.uniform(0, delay))
+                    delay = min(delay * 2, 1.0)
+                    continue
+            self.discard_staged(dataset, [e.id for e in todo])
+            return CommitResult(
+                dataset=dataset,
+                branch=branch,
+                snapshot_id=SnapshotId(sid),
+                parent=head,
+                samples=snap.samples,
+                sample_bytes=snap.sample_bytes,
+                staged=tuple(e.id for e in todo),
+                attempts=attempt,
+                overwritten_concurrent=tuple(sorted(overwritten)),
+                new_part_bytes=counters.new_part_bytes,
+            )
+        raise ConflictError(
+            f"dataset {dataset!r} branch {branch!r}: gave up after {max_attempts} attempts "
+            "lost to concurrent commits"
+        )
+
+    def _keys_changed_between(
+        self, a: str | None, b: str, change_tables: Mapping[str, pa.Table]
+    ) -> set[str]:
+        mine: set[str] = set()
+        for t in change_tables.values():
+            mine.update(t.column("key").to_pylist())
+        if not mine:
+            return set()
+        result = self.diff_snapshots(a, b)
+        d = result.diff
+        theirs = {r.key for r in d.added} | {r.key for r in d.removed}
+        theirs |= {new.key for _, new in d.modified}
+        return mine & theirs
+
+    def _build_snapshot(
+        self,
+        dataset: str,
+        parent: Snapshot | None,
+        parent_id: str | None,
+        entries: Sequence[StagedEntry],
+        change_tables: Mapping[str, pa.Table],
+        message: str,
+        author: str,
+        allow_schema_change: bool,
+    ) -> tuple[Snapshot, _Counters]:
+        counters = _Counters()
+        base_parts: Sequence[PartRef] = parent.parts if parent else ()
+        schema: Schema = parent.schema if parent else ()
+        stats_list: list[Mapping[str, Any]] = [parent.stats.get("fields", {})] if parent else []
+        stats_exact = bool(parent.stats.get("exact", True)) if parent else True
+        start = 0
+        for i, e in enumerate(entries):
+            if e.mode == "replace":
+                start = i
+        if entries and entries[start].mode == "replace":
+            base_parts = ()
+            stats_list = []
+            stats_exact = True
+            schema = ()
+        tables = []
+        for e in entries[start:]:
+            schema = merge_schema(
+                schema, e.schema, source=f"staged entry {e.id}", allow_change=allow_schema_change
+            )
+            tables.append(change_tables[e.id])
+            stats_list.append(e.stats.get("fields", {}))
+            if e.deletions or not e.stats.get("exact", True):
+                stats_exact = False
+        changes = normalise_changes(tables)
+        if parent is not None and base_parts and changes.num_rows:
+            # replacing an existing key makes merged statistics an over-count
+            stats_exact = stats_exact and not self._touches_existing(base_parts, changes)
+
+        def read_part(p: PartRef) -> pa.Table:
+            counters.parts_read += 1
+            return self.read_part(p, snapshot=parent_id or "")
+
+        def write_part(table: pa.Table) -> PartRef:
+            data = encode_part(table)
+            ref = part_ref(table, data)
+            if self.store.put_if_absent(object_key(ref.id), data):
+                counters.new_part_bytes += len(data)
+            return ref
+
+        parts = merge_manifest(
+            base_parts, changes, read_part=read_part, write_part=write_part,
+            target_rows=self.target_rows,
+        )
+        consumed = [e.id for e in entries]
+        lineage: dict[str, Any] = {"staging": consumed}
+        ingests = [dict(e.lineage) for e in entries if e.lineage]
+        if ingests:
+            lineage["ingests"] = ingests
+            objects = sorted({str(o) for e in entries for o in e.lineage.get("objects", [])})
+            if objects:
+                lineage["objects"] = objects
+        snap = Snapshot(
+            dataset=dataset,
+            parents=(parent_id,) if parent_id else (),
+            created=utc_now(),
+            author=author,
+            message=message,
+            schema=schema,
+            parts=tuple(parts),
+            samples=sum(p.rows for p in parts),
+            sample_bytes=sum(p.sample_bytes for p in parts),
+            content_hash=content_hash_of(parts),
+            stats={"fields": merge_stats(stats_list), "exact": stats_exact} if stats_list else {},
+            lineage=lineage,
+        )
+        return snap, counters
+
+    def _touches_existing(self, parts: Sequence[PartRef], changes: pa.Table) -> bool:
+        keys = changes.column("key").to_pylist()
+        import bisect
+
+        firsts = [p.first_key for p in parts]
+        for key in keys:
+            i = bisect.bisect_right(firsts, key) - 1
+            if i >= 0 and key <= parts[i].last_key:
+                return True
+        return False
+
+    # -- history -----------------------------------------------------------------------
+    def log(self, ref: str | Ref, *, limit: int | None = None) -> Iterator[tuple[SnapshotId, Snapshot]]:
+        """Snapshots from ``ref`` back along first parents, newest first."""
+        sid: str | None = self.resolve(ref)
+        n = 0
+        while sid and (limit is None or n < limit):
+            snap = self.snapshot(sid)
+            yield SnapshotId(sid), snap
+            n += 1
+            sid = snap.parents[0] if snap.parents else None
+
+    def diff(self, a: str | Ref, b: str | Ref) -> DiffResult:
+        """Diff two REFs, reading only the manifest parts they do not share."""
+        return self.diff_snapshots(self.resolve(a), self.resolve(b))
+
+    def diff_snapshots(self, a: str | None, b: str) -> DiffResult:
+        """Diff two snapshot ids (``a`` may be None: the empty dataset)."""
+        sa = self.snapshot(a) if a else None
+        sb = self.snapshot(b)
+        a_parts = {p.id: p for p in sa.parts} if sa else {}
+        b_parts = {p.id: p for p in sb.parts}
+        only_a, only_b = parts_to_open(a_parts, b_parts)
+        bytes_read = 0
+        tables_a, tables_b = [], []
+        for pid in only_a:
+            tables_a.append(self.read_part(a_parts[pid], snapshot=a or ""))
+            bytes_read += a_parts[pid].size_bytes
+        for pid in only_b:
+            tables_b.append(self.read_part(b_parts[pid], snapshot=b))
+            bytes_read += b_parts[pid].size_bytes
+        ta = pa.concat_tables(tables_a) if tables_a else empty_rows()
+        tb = pa.concat_tables(tables_b) if tables_b else empty_rows()
+        return DiffResult(
+            a=SnapshotId(a) if a else None,
+            b=SnapshotId(b),
+            diff=diff_tables(ta.cast(MANIFEST_SCHEMA), tb.cast(MANIFEST_SCHEMA)),
+            parts_total=len(a_parts) + len(b_parts),
+            parts_read=len(only_a) + len(only_b),
+            bytes_read=bytes_read,
+            manifest_bytes=(sa.manifest_bytes if sa else 0) + sb.manifest_bytes,
+        )

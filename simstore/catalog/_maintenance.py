@@ -1,0 +1,237 @@
+"""verify and gc: checking what a snapshot reaches, and deleting what nothing reaches."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow.compute as pc
+
+from simstore.catalog._catalog import Catalog
+from simstore.catalog._refs import Branches, Tags
+from simstore.errors import FormatError, IntegrityError, NotFoundError, SimstoreError
+from simstore.hashing import Hasher, is_object_id, object_key
+from simstore.names import Ref
+from simstore.snapshot import Snapshot, content_hash_of
+
+__all__ = ["GcReport", "VerifyReport", "gc", "reachable_objects", "verify"]
+
+_HASH_BLOCK = 8 * 1024 * 1024
+
+
+@dataclass(slots=True, kw_only=True)
+class VerifyReport:
+    """What ``verify`` checked and what it found wrong."""
+
+    snapshot: str
+    deep: bool
+    objects_checked: int = 0
+    bytes_hashed: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Whether nothing was wrong."""
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON shape."""
+        return {
+            "snapshot": self.snapshot,
+            "deep": self.deep,
+            "ok": self.ok,
+            "objects_checked": self.objects_checked,
+            "bytes_hashed": self.bytes_hashed,
+            "problems": list(self.problems),
+        }
+
+
+def _hash_object(cat: Catalog, oid: str) -> tuple[str, int]:
+    key = object_key(oid)
+    path = cat.store.local_path(key)
+    h = Hasher()
+    if path is not None:
+        with open(path, "rb") as f:
+            while block := f.read(_HASH_BLOCK):
+                h.update(block)
+        return h.hexdigest(), h.size_bytes
+    size = cat.store.info(key).size_bytes
+    start = 0
+    while start < size:
+        end = min(size, start + _HASH_BLOCK)
+        h.update(cat.store.get(key, byte_range=(start, end)))
+        start = end
+    return h.hexdigest(), h.size_bytes
+
+
+def verify(cat: Catalog, ref: str | Ref, *, deep: bool = False) -> VerifyReport:
+    """Check a snapshot and everything it reaches.
+
+    Always: the snapshot hashes to its id, every manifest part exists, hashes to its id,
+    decodes, has the rows and content the snapshot says, and every shard exists. With
+    ``deep``: every shard and lineage object is re-hashed. Problems name the object and
+    the snapshot; the report lists them all rather than stopping at the first.
+    """
+    sid = cat.resolve(ref)
+    report = VerifyReport(snapshot=sid, deep=deep)
+    try:
+        snap = cat.snapshot(sid)
+    except SimstoreError as exc:
+        report.problems.append(str(exc))
+        return report
+    report.objects_checked += 1
+    if content_hash_of(snap.parts) != snap.content_hash:
+        report.problems.append(f"snapshot {sid}: content_hash does not match its parts")
+    shards: dict[str, int] = {}
+    for part in snap.parts:
+        report.objects_checked += 1
+        try:
+            table = cat.read_part(part, snapshot=sid)
+        except (NotFoundError, IntegrityError, FormatError) as exc:
+            report.problems.append(f"{exc} (manifest part of snapshot {sid})")
+            continue
+        if table.num_rows != part.rows:
+            report.problems.append(
+                f"manifest part {part.id} of snapshot {sid} has {table.num_rows} rows, "
+                f"snapshot says {part.rows}"
+            )
+        for shard in pc.unique(table.column("shard")).to_pylist():
+            shards[shard] = shards.get(shard, 0) + 1
+    extra = [str(o) for o in snap.lineage.get("objects", [])]
+    for oid in [*sorted(shards), *extra]:
+        report.objects_checked += 1
+        key = object_key(oid)
+        if not is_object_id(oid):
+            report.problems.append(f"snapshot {sid} references an invalid object id {oid!r}")
+            continue
+        if not deep:
+            if not cat.store.exists(key):
+                report.problems.append(f"{key} is missing; referenced by snapshot {sid}")
+            continue
+        try:
+            actual, size = _hash_object(cat, oid)
+        except NotFoundError:
+            report.problems.append(f"{key} is missing; referenced by snapshot {sid}")
+            continue
+        report.bytes_hashed += size
+        if actual != oid:
+            report.problems.append(
+                f"{key} has hash {actual}, expected {oid}; referenced by snapshot {sid}"
+            )
+    return report
+
+
+def _all_ref_targets(cat: Catalog) -> Iterator[str]:
+    for dataset in cat.datasets():
+        for refs in (Branches(cat.store, dataset), Tags(cat.store, dataset)):
+            for _name, sid in refs.list():
+                yield sid
+
+
+def reachable_objects(cat: Catalog, roots: Iterable[str]) -> set[str]:
+    """Every object id reachable from snapshot ids ``roots`` (snapshots, parts, shards)."""
+    seen_snaps: set[str] = set()
+    seen_parts: set[str] = set()
+    keep: set[str] = set()
+    stack = list(roots)
+    while stack:
+        sid = stack.pop()
+        if sid in seen_snaps:
+            continue
+        seen_snaps.add(sid)
+        keep.add(sid)
+        snap: Snapshot = cat.snapshot(sid)
+        stack.extend(snap.parents)
+        keep.update(str(o) for o in snap.lineage.get("objects", []))
+        for part in snap.parts:
+            if part.id in seen_parts:
+                continue
+            seen_parts.add(part.id)
+            keep.add(part.id)
+            table = cat.read_part(part, snapshot=sid)
+            keep.update(pc.unique(table.column("shard")).to_pylist())
+    return keep
+
+
+@dataclass(slots=True, kw_only=True)
+class GcReport:
+    """What ``gc`` kept and deleted (or would delete, in a dry run)."""
+
+    dry_run: bool
+    grace_s: float
+    reachable: int = 0
+    kept_recent: int = 0
+    deleted: list[str] = field(default_factory=list)
+    deleted_bytes: int = 0
+    temporary_removed: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON shape."""
+        return {
+            "dry_run": self.dry_run,
+            "grace_s": self.grace_s,
+            "reachable": self.reachable,
+            "kept_recent": self.kept_recent,
+            "deleted": len(self.deleted),
+            "deleted_bytes": self.deleted_bytes,
+            "deleted_objects": list(self.deleted),
+            "temporary_removed": self.temporary_removed,
+        }
+
+
+def gc(
+    cat: Catalog, *, grace_s: float = 3600.0, dry_run: bool = False, now: float | None = None
+) -> GcReport:
+    """Delete objects that no ref, staging entry or recent write can reach.
+
+    Reachable: every snapshot a branch or tag points to and their ancestors, their
+    manifest parts and shards and lineage objects, and everything a staging entry names.
+    Objects modified within ``grace_s`` are kept whatever they are: a writer that has
+    stored (or reused, which refreshes the time) objects but not yet committed is
+    protected as long as it commits within the grace period. Temporary files of killed
+    writers older than the grace period are removed too.
+    """
+    now = time.time() if now is None else now
+    report = GcReport(dry_run=dry_run, grace_s=grace_s)
+    # Objects first listed, then roots read: an object written after the listing is
+    # not considered at all, and one written before it is either reachable or recent.
+    listing = list(cat.store.list_info("objects/"))
+    roots = set(_all_ref_targets(cat))
+    keep = reachable_objects(cat, roots)
+    for dataset in cat.datasets():
+        for entry in cat.staged(dataset):
+            keep.update(entry.referenced_objects())
+    report.reachable = len(keep)
+    cutoff = now - grace_s
+    for info in listing:
+        oid = info.key.rsplit("/", 1)[-1]
+        if oid in keep:
+            continue
+        if info.mtime >= cutoff:
+            report.kept_recent += 1
+            continue
+        if not dry_run:
+            # re-check: a writer may have reused (and so refreshed) it since the listing
+            try:
+                if cat.store.info(info.key).mtime >= cutoff:
+                    report.kept_recent += 1
+                    continue
+            except NotFoundError:
+                continue
+            cat.store.delete(info.key)
+        report.deleted.append(oid)
+        report.deleted_bytes += info.size_bytes
+    list_tmp = getattr(cat.store, "list_temporary", None)
+    if callable(list_tmp):
+        import os
+
+        for path in list(list_tmp(cutoff)):
+            report.temporary_removed += 1
+            if not dry_run:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+    return report

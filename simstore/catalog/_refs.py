@@ -1,0 +1,134 @@
+"""Branch and tag refs: small JSON objects moved only by compare-and-swap."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+from simstore.errors import AlreadyExistsError, ConflictError, FormatError, NotFoundError
+from simstore.hashing import is_object_id
+from simstore.names import check_name
+from simstore.sample import canonical_json
+from simstore.storage import ObjectStore
+
+__all__ = ["Branches", "Tags", "dataset_prefix", "encode_ref", "decode_ref", "ref_key"]
+
+REF_FORMAT_VERSION = 1
+
+
+def dataset_prefix(dataset: str) -> str:
+    """``datasets/<name>/``."""
+    return f"datasets/{check_name(dataset, 'dataset name')}/"
+
+
+def ref_key(dataset: str, kind: str, name: str) -> str:
+    """Key of a branch (``heads``) or tag (``tags``) ref."""
+    what = "branch name" if kind == "heads" else "tag name"
+    return f"{dataset_prefix(dataset)}refs/{kind}/{check_name(name, what)}"
+
+
+def encode_ref(snapshot_id: str) -> bytes:
+    """Bytes of a ref pointing at ``snapshot_id``."""
+    return canonical_json({"format_version": REF_FORMAT_VERSION, "snapshot": snapshot_id})
+
+
+def decode_ref(data: bytes, key: str) -> str:
+    """The snapshot id a ref holds; raise :class:`FormatError` naming the ref when bad."""
+    try:
+        obj = json.loads(data)
+        version = obj.get("format_version")
+        if version != REF_FORMAT_VERSION:
+            raise FormatError(f"ref {key} has format_version {version!r}, this simstore reads 1")
+        sid = obj["snapshot"]
+    except (ValueError, KeyError, AttributeError, TypeError) as exc:
+        raise FormatError(f"ref {key} is malformed: {exc}") from exc
+    if not isinstance(sid, str) or not is_object_id(sid):
+        raise FormatError(f"ref {key} holds an invalid snapshot id {sid!r}")
+    return sid
+
+
+class _Refs:
+    kind = ""
+
+    def __init__(self, store: ObjectStore, dataset: str) -> None:
+        self._store = store
+        self.dataset = dataset
+
+    def key(self, name: str) -> str:
+        return ref_key(self.dataset, self.kind, name)
+
+    def get(self, name: str) -> str:
+        """The snapshot id a ref points at; NotFoundError when absent."""
+        key = self.key(name)
+        try:
+            return decode_ref(self._store.get(key), key)
+        except NotFoundError:
+            raise NotFoundError(
+                f"{self.dataset}: no {'branch' if self.kind == 'heads' else 'tag'} {name!r}"
+            ) from None
+
+    def get_versioned(self, name: str) -> tuple[str | None, str | None]:
+        """(snapshot id, version token), or (None, None) when absent."""
+        key = self.key(name)
+        try:
+            data, version = self._store.get_versioned(key)
+        except NotFoundError:
+            return None, None
+        return decode_ref(data, key), version
+
+    def list(self) -> Iterator[tuple[str, str]]:
+        """(name, snapshot id) pairs, sorted by name."""
+        prefix = f"{dataset_prefix(self.dataset)}refs/{self.kind}/"
+        for key in self._store.list(prefix):
+            name = key[len(prefix) :]
+            if "/" in name:
+                continue
+            yield name, decode_ref(self._store.get(key), key)
+
+    def exists(self, name: str) -> bool:
+        """Whether the ref exists."""
+        return self._store.exists(self.key(name))
+
+
+class Branches(_Refs):
+    """Branches of one dataset: ``datasets/<name>/refs/heads/<branch>``, moved by CAS."""
+
+    kind = "heads"
+
+    def create(self, name: str, snapshot_id: str) -> None:
+        """Create a branch at a snapshot; AlreadyExistsError when it exists."""
+        try:
+            self._store.compare_and_swap(self.key(name), None, encode_ref(snapshot_id))
+        except ConflictError:
+            raise AlreadyExistsError(f"{self.dataset}: branch {name!r} already exists") from None
+
+    def move(self, name: str, expected_version: str | None, snapshot_id: str) -> str | None:
+        """Move a branch by compare-and-swap from the version read earlier."""
+        return self._store.compare_and_swap(self.key(name), expected_version, encode_ref(snapshot_id))
+
+    def delete(self, name: str) -> None:
+        """Delete a branch (CAS against its current version)."""
+        _, version = self.get_versioned(name)
+        if version is None:
+            raise NotFoundError(f"{self.dataset}: no branch {name!r}")
+        self._store.compare_and_swap(self.key(name), version, None)
+
+
+class Tags(_Refs):
+    """Tags of one dataset: ``datasets/<name>/refs/tags/<tag>``, written once."""
+
+    kind = "tags"
+
+    def create(self, name: str, snapshot_id: str) -> None:
+        """Create a tag; AlreadyExistsError when it exists (tags never move)."""
+        try:
+            self._store.compare_and_swap(self.key(name), None, encode_ref(snapshot_id))
+        except ConflictError:
+            raise AlreadyExistsError(f"{self.dataset}: tag {name!r} already exists") from None
+
+    def delete(self, name: str) -> None:
+        """Delete a tag."""
+        _, version = self.get_versioned(name)
+        if version is None:
+            raise NotFoundError(f"{self.dataset}: no tag {name!r}")
+        self._store.compare_and_swap(self.key(name), version, None)

@@ -1,0 +1,968 @@
+"""A store on S3 and S3-compatible servers, with refs moved by conditional PUT.
+
+This talks to S3 through botocore (the library s3fs itself rests on), not through s3fs:
+botocore exposes the conditional-write headers (``IfNoneMatch``/``IfMatch`` on PutObject,
+CompleteMultipartUpload and DeleteObject) that make compare-and-swap atomic across
+machines, and it has no listing cache to defeat.
+
+How each promise of :class:`~simstore.storage.ObjectStore` is kept:
+
+- ``put`` is one PutObject (or a multipart upload, which S3 also publishes atomically).
+- ``put_if_absent``/``put_file`` send ``If-None-Match: *``; a 412 means the object is
+  there, so two writers racing on one content-addressed key both succeed and neither
+  overwrites. When the object exists its LastModified is refreshed by copying it onto
+  itself with ``MetadataDirective=REPLACE`` (never a conditional copy: servers differ).
+- The version token is the ETag. ``compare_and_swap`` creates with ``If-None-Match: *``,
+  updates with ``If-Match: <etag>`` and deletes with DeleteObject ``If-Match``; 412 and
+  409 become ``ConflictError`` (and so does 404 on an ``If-Match``: the ref is gone).
+- Retries are ours, not botocore's (its own are switched off): they cover reading the
+  body too, their backoff is configurable (full jitter, bounded by attempts and a
+  deadline) and a retried conditional PUT whose first attempt landed gets a 412, which
+  surfaces as ``ConflictError``; the catalog then re-reads the ref.
+
+Options are an s3fs-style dict (:class:`S3Options`); endpoint and credentials otherwise
+come from the standard AWS environment and config files, resolved by botocore.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import os
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, fields
+from typing import Any, TypedDict, TypeVar
+
+from simstore.errors import (
+    ConflictError,
+    InvalidInputError,
+    NotFoundError,
+    ReadOnlyError,
+    StorageError,
+)
+from simstore.storage._base import ObjectInfo, check_key
+
+__all__ = ["S3Options", "S3Store", "probe_conditional_writes"]
+
+T = TypeVar("T")
+
+_MiB = 1024 * 1024
+# S3 limits: one CopyObject copies at most 5 GiB; an upload has at most 10,000 parts.
+_MAX_COPY_BYTES = 5 * 1024 * _MiB
+_MAX_PARTS = 10_000
+
+_PRECONDITION_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict"})
+_TRANSIENT_CODES = frozenset(
+    {
+        "SlowDown", "Throttling", "ThrottlingException", "ThrottledException",
+        "RequestThrottled", "RequestThrottledException", "TooManyRequestsException",
+        "RequestLimitExceeded", "BandwidthLimitExceeded", "RequestTimeout",
+        "RequestTimeoutException", "InternalError", "ServiceUnavailable",
+        "PriorRequestNotComplete",
+    }
+)  # fmt: skip
+_TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
+# s3fs options that tune s3fs's own caches and loop; they mean nothing here and are ignored.
+_IGNORED_S3FS_OPTIONS = frozenset(
+    {
+        "use_listings_cache", "listings_expiry_time", "max_paths", "skip_instance_cache",
+        "default_block_size", "default_fill_cache", "default_cache_type", "cache_regions",
+        "asynchronous", "loop",
+    }
+)  # fmt: skip
+_SECRET_OPTIONS = frozenset(
+    {"key", "secret", "token", "aws_access_key_id", "aws_secret_access_key", "aws_session_token"}
+)
+_NO_CONDITIONAL_WRITES = (
+    "the server does not support conditional writes (If-None-Match/If-Match on PutObject), "
+    "so refs cannot be moved atomically; use a server that enforces them (AWS S3, MinIO, "
+    "recent Ceph RGW), or keep the catalog on a local store"
+)
+
+
+class S3Options(TypedDict, total=False):
+    """``storage_options`` of :class:`S3Store`; s3fs's names where s3fs has one.
+
+    Endpoint and credentials (each falls back to the AWS environment and config files):
+        endpoint_url: the server, e.g. ``http://127.0.0.1:9000`` (else ``AWS_ENDPOINT_URL``).
+        key, secret, token: access key id, secret key, session token.
+        profile: a profile of ``~/.aws/config`` (else ``AWS_PROFILE``).
+        region_name: the region (else ``AWS_REGION``/``AWS_DEFAULT_REGION``).
+        anon: send unsigned requests (public buckets).
+        use_ssl: whether to use TLS where the endpoint does not say.
+        client_kwargs: more keyword arguments of botocore's ``create_client``
+            (``endpoint_url``, ``region_name``, ``verify``, ...).
+        config_kwargs: keyword arguments of ``botocore.config.Config``
+            (``max_pool_connections``, ``s3={"addressing_style": "path"}``,
+            ``request_checksum_calculation="when_required"`` for older servers, ...).
+
+    Behaviour:
+        conditional_writes: whether the server enforces If-None-Match/If-Match (default
+            True; record :func:`probe_conditional_writes`). False makes compare-and-swap
+            raise ``StorageError`` and put-if-absent check-then-write.
+        max_attempts: attempts per request, transient failures included (default 5).
+        backoff_base_s, backoff_max_s: retry ``n`` sleeps a uniform random time in
+            ``[0, min(backoff_max_s, backoff_base_s * 2**n))`` (defaults 0.25 and 20).
+        retry_deadline_s: no retry starts later than this after the first attempt (120).
+        connect_timeout_s, read_timeout_s: socket timeouts per attempt (10 and 60).
+        multipart_threshold_bytes: uploads above this are multipart (64 MiB).
+        multipart_part_bytes: part size (16 MiB; grown to stay within 10,000 parts;
+            S3 needs at least 5 MiB for every part but the last).
+        multipart_concurrency: parts uploaded at once by one upload (4).
+    """
+
+    endpoint_url: str
+    key: str
+    secret: str
+    token: str
+    profile: str
+    region_name: str
+    anon: bool
+    use_ssl: bool
+    client_kwargs: Mapping[str, Any]
+    config_kwargs: Mapping[str, Any]
+    conditional_writes: bool
+    max_attempts: int
+    backoff_base_s: float
+    backoff_max_s: float
+    retry_deadline_s: float
+    connect_timeout_s: float
+    read_timeout_s: float
+    multipart_threshold_bytes: int
+    multipart_part_bytes: int
+    multipart_concurrency: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Tuning:
+    """The behaviour options of :class:`S3Options`, checked, with their defaults."""
+
+    conditional_writes: bool = True
+    max_attempts: int = 5
+    backoff_base_s: float = 0.25
+    backoff_max_s: float = 20.0
+    retry_deadline_s: float = 120.0
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 60.0
+    multipart_threshold_bytes: int = 64 * _MiB
+    multipart_part_bytes: int = 16 * _MiB
+    multipart_concurrency: int = 4
+
+
+_TUNING_NAMES = frozenset(f.name for f in fields(_Tuning))
+_CLIENT_NAMES = frozenset(
+    {"endpoint_url", "key", "secret", "token", "profile", "region_name", "anon", "use_ssl",
+     "client_kwargs", "config_kwargs"}
+)  # fmt: skip
+
+
+class _MaskedOptions(dict[str, Any]):
+    """The options dict, whose repr hides credentials."""
+
+    def __repr__(self) -> str:
+        return repr({k: _mask(k, v) for k, v in self.items()})
+
+
+def _mask(name: str, value: Any) -> Any:
+    if name in _SECRET_OPTIONS:
+        return "***"
+    if isinstance(value, Mapping):
+        return {k: _mask(k, v) for k, v in value.items()}
+    return value
+
+
+class _TruncatedBody(Exception):
+    """A response body shorter than its Content-Length (a connection cut mid-body)."""
+
+
+class _Refused(Exception):
+    """The server refused a request for a reason retrying cannot fix."""
+
+    def __init__(self, error: Exception, attempts: int) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.attempts = attempts
+        response: Mapping[str, Any] = getattr(error, "response", None) or {}
+        self.code = str(response.get("Error", {}).get("Code", ""))
+        self.status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+
+    @property
+    def is_not_found(self) -> bool:
+        """No such key (HEAD answers a bare 404); not a missing bucket."""
+        return self.code in ("NoSuchKey", "NotFound", "404")
+
+    @property
+    def is_precondition(self) -> bool:
+        """412 (a condition did not hold) or 409 (a concurrent conditional write won)."""
+        return self.status in (409, 412) or self.code in _PRECONDITION_CODES
+
+    @property
+    def is_not_implemented(self) -> bool:
+        """The server does not implement what was asked (e.g. a conditional header)."""
+        return self.status == 501 or self.code == "NotImplemented"
+
+
+class _FileSlice(io.RawIOBase):
+    """``length`` bytes of a local file from ``offset``: one part's body, read in blocks.
+
+    botocore reads it as it sends, and seeks back to the start to retry or to checksum,
+    so a part never sits whole in memory.
+    """
+
+    def __init__(self, path: str, offset: int, length: int) -> None:
+        super().__init__()
+        self._file = open(path, "rb")  # noqa: SIM115 - closed in close()
+        self._offset, self._length, self._pos = offset, length, 0
+
+    def __len__(self) -> int:
+        return self._length
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._length}[whence]
+        self._pos = min(max(0, base + pos), self._length)
+        return self._pos
+
+    def read(self, size: int | None = -1) -> bytes:
+        left = self._length - self._pos
+        n = left if size is None or size < 0 else min(size, left)
+        if n <= 0:
+            return b""
+        self._file.seek(self._offset + self._pos)
+        data = self._file.read(n)
+        self._pos += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
+
+
+class S3Store:
+    """An :class:`~simstore.storage.ObjectStore` under ``s3://bucket/prefix``.
+
+    ``storage_options`` is an :class:`S3Options` dict. The botocore client is made on first
+    use in each process (botocore clients are thread-safe, so threads share it) and
+    dropped when pickling; ``close`` releases its connections.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        read_only: bool = False,
+    ) -> None:
+        scheme, sep, rest = url.partition("://")
+        if scheme not in ("s3", "s3a") or not sep:
+            raise InvalidInputError(f"not an S3 URL: {url!r} (expected s3://bucket/prefix)")
+        bucket, _, prefix = rest.partition("/")
+        if not bucket or "@" in bucket or ":" in bucket:
+            # Never echo the URL here: a user may have put credentials into it.
+            raise InvalidInputError("S3 URL has no valid bucket (expected s3://bucket/prefix)")
+        self.bucket = bucket
+        self.root = prefix.strip("/")
+        self.url = f"s3://{bucket}/{self.root}" if self.root else f"s3://{bucket}"
+        self.read_only = read_only
+        self.storage_options: dict[str, Any] = _MaskedOptions(storage_options or {})
+        self._tuning = _parse_tuning(self.storage_options)
+        self.supports_atomic_cas = self._tuning.conditional_writes
+        self._secrets = _secrets_of(self.storage_options)
+        self._lock = threading.Lock()
+        self._client: Any = None
+        self._client_pid = -1
+        self._rng = random.Random()
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for name in ("_lock", "_client", "_rng"):
+            del state[name]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+        self._client = None
+        self._client_pid = -1
+        self._rng = random.Random()
+
+    def __repr__(self) -> str:
+        return f"S3Store({self.url!r}, read_only={self.read_only})"
+
+    def close(self) -> None:
+        """Close the client's connections; a later call opens a new client."""
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    @property
+    def client(self) -> Any:
+        """The botocore S3 client of this process, created on first use."""
+        client = self._client
+        if client is not None and self._client_pid == os.getpid():
+            return client
+        with self._lock:
+            if self._client is None or self._client_pid != os.getpid():
+                self._client = self._make_client()
+                self._client_pid = os.getpid()
+            return self._client
+
+    def _make_client(self) -> Any:
+        import botocore.session
+        from botocore import UNSIGNED
+        from botocore.config import Config
+
+        opts, tuning = self.storage_options, self._tuning
+        config_kwargs: dict[str, Any] = {
+            "max_pool_connections": max(10, 2 * tuning.multipart_concurrency),
+            **dict(opts.get("config_kwargs") or {}),
+            # Retries are ours (see the module docstring): botocore makes one attempt.
+            "retries": {"total_max_attempts": 1, "mode": "standard"},
+            "connect_timeout": tuning.connect_timeout_s,
+            "read_timeout": tuning.read_timeout_s,
+        }
+        if opts.get("anon"):
+            config_kwargs["signature_version"] = UNSIGNED
+        kwargs: dict[str, Any] = dict(opts.get("client_kwargs") or {})
+        for option, arg in (
+            ("endpoint_url", "endpoint_url"),
+            ("region_name", "region_name"),
+            ("use_ssl", "use_ssl"),
+            ("key", "aws_access_key_id"),
+            ("secret", "aws_secret_access_key"),
+            ("token", "aws_session_token"),
+        ):
+            if opts.get(option) is not None:
+                kwargs[arg] = opts[option]
+        try:
+            session = botocore.session.Session(profile=opts.get("profile"))
+            return session.create_client("s3", config=Config(**config_kwargs), **kwargs)
+        except Exception as exc:
+            raise StorageError(
+                f"{self.url}: cannot create an S3 client: {self._scrub(str(exc))}"
+            ) from exc
+
+    # -- plumbing ------------------------------------------------------------------------
+    def _object_key(self, key: str) -> str:
+        check_key(key)
+        return f"{self.root}/{key}" if self.root else key
+
+    def _check_writable(self, key: str) -> str:
+        obj = self._object_key(key)
+        if self.read_only:
+            raise ReadOnlyError(f"{self.url}: store is read-only, cannot write {key}")
+        return obj
+
+    def _scrub(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def _error(self, op: str, key: str, exc: BaseException) -> StorageError:
+        return StorageError(f"{self.url}/{key}: {op} failed: {self._describe(exc)}")
+
+    def _describe(self, exc: BaseException) -> str:
+        if isinstance(exc, _Refused):
+            exc = exc.error
+        response = getattr(exc, "response", None)
+        if isinstance(response, Mapping):
+            err = response.get("Error", {})
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", "?")
+            text = f"{err.get('Code', '?')} (HTTP {status}): {err.get('Message', '')}"
+        else:
+            text = f"{type(exc).__name__}: {exc}"
+        return self._scrub(text.strip())
+
+    def _retry(self, op: str, key: str, call: Callable[[], T]) -> T:
+        """Run ``call``, retrying transient failures with exponential backoff, full jitter.
+
+        Raises ``_Refused`` for a final answer of the server, and ``StorageError`` naming
+        the object once attempts or the deadline run out, or for any other failure.
+        """
+        from botocore.exceptions import (
+            BotoCoreError,
+            ClientError,
+            HTTPClientError,
+            IncompleteReadError,
+        )
+        from botocore.exceptions import ConnectionError as BotoConnectionError
+
+        retryable = (HTTPClientError, BotoConnectionError, IncompleteReadError, _TruncatedBody)
+        tuning = self._tuning
+        start = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return call()
+            except ClientError as exc:
+                if not _is_transient(exc):
+                    raise _Refused(exc, attempt) from exc
+                last: Exception = exc
+            except retryable as exc:
+                last = exc
+            except (BotoCoreError, OSError) as exc:
+                raise self._error(op, key, exc) from exc
+            if attempt >= tuning.max_attempts:
+                raise StorageError(
+                    f"{self.url}/{key}: {op} failed after {attempt} attempts: "
+                    f"{self._describe(last)}"
+                ) from last
+            delay = self._rng.uniform(
+                0.0, min(tuning.backoff_max_s, tuning.backoff_base_s * 2 ** (attempt - 1))
+            )
+            elapsed = time.monotonic() - start
+            if elapsed + delay > tuning.retry_deadline_s:
+                raise StorageError(
+                    f"{self.url}/{key}: {op} failed after {attempt} attempts in {elapsed:.1f} s "
+                    f"(retry deadline {tuning.retry_deadline_s} s): {self._describe(last)}"
+                ) from last
+            time.sleep(delay)
+
+    # -- reads ---------------------------------------------------------------------------
+    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
+        """Read an object, or the half-open ``byte_range`` of it with one ranged GET.
+
+        A range past the end is cut at the end, as a local file read is.
+        """
+        obj = self._object_key(key)
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": obj}
+        if byte_range is not None:
+            start, end = byte_range
+            if start < 0 or end < start:
+                raise InvalidInputError(f"{self.url}/{key}: bad byte range {byte_range}")
+            if start == end:
+                self.info(key)  # still a NotFoundError for a missing object
+                return b""
+            kwargs["Range"] = f"bytes={start}-{end - 1}"
+        try:
+            return self._retry("read", key, lambda: self._read_body(kwargs)[0])
+        except _Refused as exc:
+            if exc.is_not_found:
+                raise NotFoundError(f"{self.url}: no object {key}") from exc.error
+            if exc.code == "InvalidRange":
+                return b""
+            raise self._error("read", key, exc) from exc.error
+
+    def _read_body(self, kwargs: Mapping[str, Any]) -> tuple[bytes, str]:
+        response = self.client.get_object(**kwargs)
+        body = response["Body"]
+        try:
+            data = bytes(body.read())
+        finally:
+            body.close()
+        expected = response.get("ContentLength")
+        if expected is not None and len(data) != int(expected):
+            raise _TruncatedBody(f"got {len(data)} of {expected} bytes")
+        return data, str(response.get("ETag", ""))
+
+    def get_many(
+        self,
+        requests: Sequence[str | tuple[str, tuple[int, int] | None]],
+        *,
+        max_workers: int = 8,
+    ) -> list[bytes]:
+        """Read many objects or byte ranges at once, in the order asked.
+
+        An optional fast path (not part of the ObjectStore protocol): a pool of at most
+        ``max_workers`` threads, made and closed by this call, hides per-request latency,
+        which dominates small reads from S3. Each item is a key or ``(key, byte_range)``.
+        Results are held in memory together: size batches accordingly. The first error
+        is raised; requests not yet started are cancelled.
+        """
+        items = [(r, None) if isinstance(r, str) else r for r in requests]
+        if max_workers <= 1 or len(items) <= 1:
+            return [self.get(key, byte_range) for key, byte_range in items]
+        with ThreadPoolExecutor(max_workers=min(max_workers, len(items))) as pool:
+            futures = [pool.submit(self.get, key, byte_range) for key, byte_range in items]
+            try:
+                return [f.result() for f in futures]
+            except BaseException:
+                for f in futures:
+                    f.cancel()
+                raise
+
+    def get_versioned(self, key: str) -> tuple[bytes, str]:
+        """Read a ref and its version token, the ETag."""
+        obj = self._object_key(key)
+        kwargs = {"Bucket": self.bucket, "Key": obj}
+        try:
+            return self._retry("read", key, lambda: self._read_body(kwargs))
+        except _Refused as exc:
+            if exc.is_not_found:
+                raise NotFoundError(f"{self.url}: no object {key}") from exc.error
+            raise self._error("read", key, exc) from exc.error
+
+    def _head(self, key: str) -> Mapping[str, Any] | None:
+        obj = self._object_key(key)
+        try:
+            return self._retry(  # type: ignore[no-any-return]
+                "stat", key, lambda: self.client.head_object(Bucket=self.bucket, Key=obj)
+            )
+        except _Refused as exc:
+            if exc.is_not_found:
+                return None
+            raise self._error("stat", key, exc) from exc.error
+
+    def exists(self, key: str) -> bool:
+        """Whether the key exists (one HEAD request)."""
+        return self._head(key) is not None
+
+    def info(self, key: str) -> ObjectInfo:
+        """Size and LastModified (whole seconds on S3) of one object."""
+        head = self._head(key)
+        if head is None:
+            raise NotFoundError(f"{self.url}: no object {key}")
+        return ObjectInfo(key, int(head["ContentLength"]), head["LastModified"].timestamp())
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        """Keys starting with ``prefix``, in S3's (UTF-8 byte) order."""
+        for info in self.list_info(prefix):
+            yield info.key
+
+    def list_info(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Infos of keys starting with ``prefix``: ListObjectsV2 pages, fetched as iterated.
+
+        Nothing is cached; each page is retried on its own. Keys ending in ``/`` (folder
+        markers written by consoles) are skipped.
+        """
+        base = f"{self.root}/" if self.root else ""
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": base + prefix}
+        while True:
+            page = self._list_page(prefix, dict(kwargs))
+            for item in page.get("Contents", ()):
+                key = str(item["Key"])[len(base) :]
+                if key and not key.endswith("/"):
+                    yield ObjectInfo(key, int(item["Size"]), item["LastModified"].timestamp())
+            if not page.get("IsTruncated"):
+                return
+            kwargs["ContinuationToken"] = page["NextContinuationToken"]
+
+    def _list_page(self, prefix: str, kwargs: dict[str, Any]) -> Mapping[str, Any]:
+        try:
+            return self._retry("list", prefix, lambda: self.client.list_objects_v2(**kwargs))
+        except _Refused as exc:
+            raise self._error("list", prefix, exc) from exc.error
+
+    def local_path(self, key: str) -> str | None:
+        """Never local."""
+        return None
+
+    # -- writes --------------------------------------------------------------------------
+    def put(self, key: str, data: bytes) -> None:
+        """Write or overwrite an object (one PUT; multipart above the threshold)."""
+        obj = self._check_writable(key)
+        if len(data) > self._tuning.multipart_threshold_bytes:
+            self._upload_multipart(key, obj, _BytesSource(data), if_absent=False)
+            return
+        self._put_object(key, {"Bucket": self.bucket, "Key": obj, "Body": data})
+
+    def _put_object(self, key: str, kwargs: Mapping[str, Any]) -> str:
+        """One PutObject, retried; returns the new ETag, raises ``_Refused``."""
+        response = self._retry("write", key, lambda: self.client.put_object(**kwargs))
+        return str(response.get("ETag", ""))
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Write unless present (``If-None-Match: *``); when present, refresh LastModified."""
+        obj = self._check_writable(key)
+        if len(data) > self._tuning.multipart_threshold_bytes:
+            return self._upload_if_absent(key, obj, _BytesSource(data))
+        if not self._tuning.conditional_writes:
+            return self._check_then_write(key, obj, lambda: self.put(key, data))
+        for _ in range(3):
+            try:
+                self._put_object(
+                    key, {"Bucket": self.bucket, "Key": obj, "Body": data, "IfNoneMatch": "*"}
+                )
+                return True
+            except _Refused as exc:
+                if not exc.is_precondition:
+                    raise self._error("write", key, exc) from exc.error
+            if self._refresh(key, obj):
+                return False
+            # Deleted between our 412 and the copy (gc): write it again.
+        raise StorageError(f"{self.url}/{key}: write failed: object keeps vanishing")
+
+    def put_file(self, key: str, path: str) -> bool:
+        """Upload a local file unless present; multipart above the threshold, from disk.
+
+        A HEAD first skips uploading bytes the store already holds (content-addressed
+        keys are often reused); the upload itself is still conditional.
+        """
+        obj = self._check_writable(key)
+        try:
+            source = _FileSource(path)
+        except OSError as exc:
+            raise StorageError(f"{self.url}/{key}: cannot read {path}: {exc}") from exc
+        head = self._head(key)
+        if head is not None and self._refresh(key, obj, int(head["ContentLength"])):
+            return False
+        return self._upload_if_absent(key, obj, source)
+
+    def _upload_if_absent(self, key: str, obj: str, source: _Source) -> bool:
+        if not self._tuning.conditional_writes:
+            return self._check_then_write(key, obj, lambda: self._upload(key, obj, source, False))
+        for _ in range(3):
+            if self._upload(key, obj, source, if_absent=True):
+                return True
+            if self._refresh(key, obj, source.size_bytes):
+                return False
+        raise StorageError(f"{self.url}/{key}: upload failed: object keeps vanishing")
+
+    def _check_then_write(self, key: str, obj: str, write: Callable[[], object]) -> bool:
+        # Without conditional writes two racing writers may both write; for a
+        # content-addressed key they write the same bytes, so nothing is lost.
+        head = self._head(key)
+        if head is not None and self._refresh(key, obj):
+            return False
+        write()
+        return True
+
+    def _upload(self, key: str, obj: str, source: _Source, if_absent: bool) -> bool:
+        """Upload ``source``; returns False when ``if_absent`` and the key exists."""
+        if source.size_bytes > self._tuning.multipart_threshold_bytes:
+            return self._upload_multipart(key, obj, source, if_absent)
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": obj}
+        if if_absent:
+            kwargs["IfNoneMatch"] = "*"
+
+        def put() -> Any:
+            with source.open(0, source.size_bytes) as body:
+                return self.client.put_object(Body=body, **kwargs)
+
+        try:
+            self._retry("write", key, put)
+            return True
+        except _Refused as exc:
+            if if_absent and exc.is_precondition:
+                return False
+            raise self._error("write", key, exc) from exc.error
+
+    def _upload_multipart(self, key: str, obj: str, source: _Source, if_absent: bool) -> bool:
+        """Upload in parts, ``multipart_concurrency`` at a time; abort on failure."""
+        tuning, client = self._tuning, self.client
+        size = source.size_bytes
+        part_bytes = max(tuning.multipart_part_bytes, math.ceil(size / _MAX_PARTS))
+        checksum = client.meta.config.request_checksum_calculation != "when_required"
+        create: dict[str, Any] = {"Bucket": self.bucket, "Key": obj}
+        if checksum:
+            create["ChecksumAlgorithm"] = "CRC32"
+        try:
+            upload_id = self._retry(
+                "upload", key, lambda: client.create_multipart_upload(**create)
+            )["UploadId"]
+        except _Refused as exc:
+            raise self._error("upload", key, exc) from exc.error
+        ids = {"Bucket": self.bucket, "Key": obj, "UploadId": upload_id}
+
+        def upload_part(number: int) -> dict[str, Any]:
+            offset = (number - 1) * part_bytes
+            length = min(part_bytes, size - offset)
+
+            def call() -> Any:
+                with source.open(offset, length) as body:
+                    return client.upload_part(PartNumber=number, Body=body, **ids)
+
+            response = self._retry("upload", key, call)
+            part = {"PartNumber": number, "ETag": response["ETag"]}
+            if checksum and response.get("ChecksumCRC32"):
+                part["ChecksumCRC32"] = response["ChecksumCRC32"]
+            return part
+
+        complete: dict[str, Any] = dict(ids)
+        if if_absent:
+            complete["IfNoneMatch"] = "*"
+        try:
+            n_parts = max(1, math.ceil(size / part_bytes))
+            with ThreadPoolExecutor(max_workers=max(1, tuning.multipart_concurrency)) as pool:
+                futures = [pool.submit(upload_part, n) for n in range(1, n_parts + 1)]
+                complete["MultipartUpload"] = {"Parts": _results(futures)}
+            self._retry("upload", key, lambda: client.complete_multipart_upload(**complete))
+            return True
+        except _Refused as exc:
+            self._abort(ids)
+            if if_absent and exc.is_precondition:
+                return False
+            if exc.code == "NoSuchUpload" and exc.attempts > 1 and self._head(key) is not None:
+                return True  # an earlier attempt completed it; its response was lost
+            raise self._error("upload", key, exc) from exc.error
+        except BaseException:
+            self._abort(ids)
+            raise
+
+    def _abort(self, ids: Mapping[str, Any]) -> None:
+        # Best effort: a bucket lifecycle rule (AbortIncompleteMultipartUpload) removes
+        # the parts of uploads whose writer died before it could abort.
+        with contextlib.suppress(Exception):
+            self.client.abort_multipart_upload(**ids)
+
+    def _refresh(self, key: str, obj: str, size_bytes: int | None = None) -> bool:
+        """Refresh LastModified by copying the object onto itself; False if it is gone."""
+        if size_bytes is not None and size_bytes > _MAX_COPY_BYTES:
+            return self._refresh_multipart(key, obj, size_bytes)
+        source = {"Bucket": self.bucket, "Key": obj}
+        try:
+            self._retry(
+                "refresh",
+                key,
+                lambda: self.client.copy_object(
+                    Bucket=self.bucket, Key=obj, CopySource=source, MetadataDirective="REPLACE"
+                ),
+            )
+            return True
+        except _Refused as exc:
+            if exc.is_not_found:
+                return False
+            if exc.code in ("InvalidRequest", "EntityTooLarge") and size_bytes is None:
+                head = self._head(key)  # too large for one CopyObject
+                return head is not None and self._refresh_multipart(
+                    key, obj, int(head["ContentLength"])
+                )
+            raise self._error("refresh", key, exc) from exc.error
+
+    def _refresh_multipart(self, key: str, obj: str, size_bytes: int) -> bool:
+        """Copy an object over 5 GiB onto itself part by part (UploadPartCopy)."""
+        client = self.client
+        part_bytes = min(
+            _MAX_COPY_BYTES, max(self._tuning.multipart_part_bytes, -(-size_bytes // _MAX_PARTS))
+        )
+        try:
+            upload_id = self._retry(
+                "refresh",
+                key,
+                lambda: client.create_multipart_upload(Bucket=self.bucket, Key=obj),
+            )["UploadId"]
+        except _Refused as exc:
+            raise self._error("refresh", key, exc) from exc.error
+        ids = {"Bucket": self.bucket, "Key": obj, "UploadId": upload_id}
+        source = {"Bucket": self.bucket, "Key": obj}
+        parts = []
+        try:
+            for number, offset in enumerate(range(0, size_bytes, part_bytes), start=1):
+                last = min(offset + part_bytes, size_bytes) - 1
+                response = self._retry(
+                    "refresh",
+                    key,
+                    _bind(
+                        client.upload_part_copy,
+                        PartNumber=number,
+                        CopySource=source,
+                        CopySourceRange=f"bytes={offset}-{last}",
+                        **ids,
+                    ),
+                )
+                parts.append({"PartNumber": number, "ETag": response["CopyPartResult"]["ETag"]})
+            self._retry(
+                "refresh",
+                key,
+                lambda: client.complete_multipart_upload(MultipartUpload={"Parts": parts}, **ids),
+            )
+            return True
+        except _Refused as exc:
+            self._abort(ids)
+            if exc.is_not_found:
+                return False
+            raise self._error("refresh", key, exc) from exc.error
+        except BaseException:
+            self._abort(ids)
+            raise
+
+    def compare_and_swap(self, key: str, expected: str | None, data: bytes | None) -> str | None:
+        """Replace the object whose ETag is ``expected`` by a conditional PUT or DELETE.
+
+        ``expected=None`` creates (``If-None-Match: *``); otherwise ``If-Match: expected``.
+        412 and 409 raise ``ConflictError``, as does 404 on ``If-Match`` (the ref is gone),
+        and nothing else does. A retried request whose first attempt landed also gets a
+        412: the caller re-reads the ref and finds its own value. Deleting with
+        ``expected=None`` checks absence with a HEAD. Servers that ignore ``If-Match`` on
+        DELETE delete unconditionally (see docs/storage-s3.md).
+        """
+        obj = self._check_writable(key)
+        if not self.supports_atomic_cas:
+            raise StorageError(
+                f"{self.url}/{key}: compare-and-swap failed: {_NO_CONDITIONAL_WRITES}"
+            )
+        try:
+            if data is None:
+                if expected is None:
+                    if self.exists(key):
+                        raise ConflictError(
+                            f"{self.url}/{key} changed concurrently "
+                            "(expected version absent, found present)"
+                        )
+                    return None
+                self._retry(
+                    "delete",
+                    key,
+                    lambda: self.client.delete_object(
+                        Bucket=self.bucket, Key=obj, IfMatch=expected
+                    ),
+                )
+                return None
+            condition = {"IfNoneMatch": "*"} if expected is None else {"IfMatch": expected}
+            return self._put_object(
+                key, {"Bucket": self.bucket, "Key": obj, "Body": data, **condition}
+            )
+        except _Refused as exc:
+            if exc.is_precondition or (expected is not None and exc.is_not_found):
+                raise ConflictError(_conflict_message(self.url, key, expected, exc)) from exc.error
+            if exc.is_not_implemented:
+                raise StorageError(
+                    f"{self.url}/{key}: compare-and-swap failed: {_NO_CONDITIONAL_WRITES}"
+                ) from exc.error
+            raise self._error("compare-and-swap", key, exc) from exc.error
+
+    def delete(self, key: str) -> None:
+        """Delete an object; a missing key is not an error."""
+        obj = self._check_writable(key)
+        try:
+            self._retry(
+                "delete", key, lambda: self.client.delete_object(Bucket=self.bucket, Key=obj)
+            )
+        except _Refused as exc:
+            if not exc.is_not_found:
+                raise self._error("delete", key, exc) from exc.error
+
+
+def probe_conditional_writes(store: S3Store) -> bool:
+    """Whether the server behind ``store`` enforces conditional PutObject.
+
+    Writes a fresh key under ``_probe/`` with ``If-None-Match: *`` twice (the second must
+    fail with 412), then once with ``If-Match`` on a wrong ETag (must fail with 412), and
+    deletes the key. The catalog's ``init`` records the answer; open the store with
+    ``storage_options={"conditional_writes": False}`` where it is False. Transient
+    failures that outlast the retries raise ``StorageError``; so does a read-only store.
+    """
+    key = f"_probe/{uuid.uuid4().hex}"
+    obj = store._check_writable(key)
+    base = {"Bucket": store.bucket, "Key": obj, "Body": b"probe"}
+    try:
+        try:
+            store._put_object(key, {**base, "IfNoneMatch": "*"})
+        except _Refused as exc:
+            if exc.is_not_implemented or exc.status == 400:
+                return False  # the server rejects the header outright
+            raise store._error("probe", key, exc) from exc.error
+        for condition in ({"IfNoneMatch": "*"}, {"IfMatch": '"00000000000000000000000000000000"'}):
+            try:
+                store._put_object(key, {**base, **condition})
+                return False  # the write went through: the condition was ignored
+            except _Refused as exc:
+                if not exc.is_precondition:
+                    return False
+        return True
+    finally:
+        with contextlib.suppress(Exception):
+            store.delete(key)
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+class _Source:
+    """Bytes to upload: a size and a way to open any slice of them as a file."""
+
+    size_bytes: int
+
+    def open(self, offset: int, length: int) -> io.RawIOBase | io.BytesIO:
+        """Open ``length`` bytes from ``offset`` as a fresh file object (one per attempt)."""
+        raise NotImplementedError  # pragma: no cover - abstract
+
+
+class _FileSource(_Source):
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.size_bytes = os.stat(path).st_size
+
+    def open(self, offset: int, length: int) -> io.RawIOBase | io.BytesIO:
+        return _FileSlice(self.path, offset, length)
+
+
+class _BytesSource(_Source):
+    def __init__(self, data: bytes) -> None:
+        self.data = memoryview(data)
+        self.size_bytes = len(data)
+
+    def open(self, offset: int, length: int) -> io.RawIOBase | io.BytesIO:
+        return io.BytesIO(self.data[offset : offset + length])
+
+
+def _bind(fn: Callable[..., T], **kwargs: Any) -> Callable[[], T]:
+    """``fn`` bound to ``kwargs`` (loop-safe, unlike a lambda over loop variables)."""
+    return lambda: fn(**kwargs)
+
+
+def _conflict_message(url: str, key: str, expected: str | None, exc: _Refused) -> str:
+    found = "present" if expected is None else "a different version, or none"
+    text = (
+        f"{url}/{key} changed concurrently (expected version {expected or 'absent'}, found {found})"
+    )
+    if exc.attempts > 1:
+        text += (
+            f"; the request was sent {exc.attempts} times and an earlier attempt may have "
+            "landed: re-read the ref"
+        )
+    return text
+
+
+def _results(futures: Sequence[Future[T]]) -> list[T]:
+    try:
+        return [f.result() for f in futures]
+    except BaseException:
+        for f in futures:
+            f.cancel()
+        raise
+
+
+def _is_transient(exc: Exception) -> bool:
+    response: Mapping[str, Any] = getattr(exc, "response", None) or {}
+    code = str(response.get("Error", {}).get("Code", ""))
+    status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    return code in _TRANSIENT_CODES or status in _TRANSIENT_STATUS
+
+
+def _parse_tuning(options: Mapping[str, Any]) -> _Tuning:
+    unknown = set(options) - _TUNING_NAMES - _CLIENT_NAMES - _IGNORED_S3FS_OPTIONS
+    if unknown:
+        raise InvalidInputError(
+            f"unknown S3 storage options {sorted(unknown)}; known: "
+            f"{sorted(_TUNING_NAMES | _CLIENT_NAMES)}"
+        )
+    tuning = _Tuning(**{k: v for k, v in options.items() if k in _TUNING_NAMES})
+    if not isinstance(tuning.conditional_writes, bool):
+        raise InvalidInputError("S3 storage option conditional_writes must be True or False")
+    for name in _TUNING_NAMES - {"conditional_writes"}:
+        value = getattr(tuning, name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise InvalidInputError(f"S3 storage option {name} must be a positive number")
+    return tuning
+
+
+def _secrets_of(options: Mapping[str, Any]) -> tuple[str, ...]:
+    found = [str(v) for k, v in options.items() if k in _SECRET_OPTIONS and v]
+    for nested in ("client_kwargs",):
+        found += [
+            str(v) for k, v in (options.get(nested) or {}).items() if k in _SECRET_OPTIONS and v
+        ]
+    return tuple(s for s in found if len(s) >= 4)
