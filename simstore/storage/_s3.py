@@ -39,6 +39,23 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from typing import Any, TypedDict, TypeVar
 
+try:
+    import botocore.session
+    from botocore import UNSIGNED
+    from botocore.config import Config
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        HTTPClientError,
+        IncompleteReadError,
+    )
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+    from urllib3.exceptions import ProtocolError, ReadTimeoutError
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "s3:// stores need botocore; install the S3 extra: pip install 'simstore[s3]'"
+    ) from exc
+
 from simstore.errors import (
     ConflictError,
     InvalidInputError,
@@ -81,8 +98,8 @@ _SECRET_OPTIONS = frozenset(
 )
 _NO_CONDITIONAL_WRITES = (
     "the server does not support conditional writes (If-None-Match/If-Match on PutObject), "
-    "so refs cannot be moved atomically; use a server that enforces them (AWS S3, MinIO, "
-    "recent Ceph RGW), or keep the catalog on a local store"
+    "so refs cannot be moved atomically; use a server that enforces them (AWS S3 does; "
+    "probe_conditional_writes checks others) or a local store"
 )
 
 
@@ -179,6 +196,20 @@ def _mask(name: str, value: Any) -> Any:
 
 class _TruncatedBody(Exception):
     """A response body shorter than its Content-Length (a connection cut mid-body)."""
+
+
+# Transport failures: botocore wraps most; urllib3's and the OS's may surface while a body
+# is read. None of them is an answer of the server, so all are retried.
+_RETRYABLE = (
+    HTTPClientError,
+    BotoConnectionError,
+    IncompleteReadError,
+    ProtocolError,
+    ReadTimeoutError,
+    ConnectionError,
+    TimeoutError,
+    _TruncatedBody,
+)
 
 
 class _Refused(Exception):
@@ -317,7 +348,7 @@ class S3Store:
             client.close()
 
     @property
-    def client(self) -> Any:
+    def _api(self) -> Any:
         """The botocore S3 client of this process, created on first use."""
         client = self._client
         if client is not None and self._client_pid == os.getpid():
@@ -329,10 +360,6 @@ class S3Store:
             return self._client
 
     def _make_client(self) -> Any:
-        import botocore.session
-        from botocore import UNSIGNED
-        from botocore.config import Config
-
         opts, tuning = self.storage_options, self._tuning
         config_kwargs: dict[str, Any] = {
             "max_pool_connections": max(10, 2 * tuning.multipart_concurrency),
@@ -400,15 +427,6 @@ class S3Store:
         Raises ``_Refused`` for a final answer of the server, and ``StorageError`` naming
         the object once attempts or the deadline run out, or for any other failure.
         """
-        from botocore.exceptions import (
-            BotoCoreError,
-            ClientError,
-            HTTPClientError,
-            IncompleteReadError,
-        )
-        from botocore.exceptions import ConnectionError as BotoConnectionError
-
-        retryable = (HTTPClientError, BotoConnectionError, IncompleteReadError, _TruncatedBody)
         tuning = self._tuning
         start = time.monotonic()
         attempt = 0
@@ -420,7 +438,7 @@ class S3Store:
                 if not _is_transient(exc):
                     raise _Refused(exc, attempt) from exc
                 last: Exception = exc
-            except retryable as exc:
+            except _RETRYABLE as exc:
                 last = exc
             except (BotoCoreError, OSError) as exc:
                 raise self._error(op, key, exc) from exc
@@ -466,7 +484,7 @@ class S3Store:
             raise self._error("read", key, exc) from exc.error
 
     def _read_body(self, kwargs: Mapping[str, Any]) -> tuple[bytes, str]:
-        response = self.client.get_object(**kwargs)
+        response = self._api.get_object(**kwargs)
         body = response["Body"]
         try:
             data = bytes(body.read())
@@ -518,7 +536,7 @@ class S3Store:
         obj = self._object_key(key)
         try:
             return self._retry(  # type: ignore[no-any-return]
-                "stat", key, lambda: self.client.head_object(Bucket=self.bucket, Key=obj)
+                "stat", key, lambda: self._api.head_object(Bucket=self.bucket, Key=obj)
             )
         except _Refused as exc:
             if exc.is_not_found:
@@ -561,7 +579,7 @@ class S3Store:
 
     def _list_page(self, prefix: str, kwargs: dict[str, Any]) -> Mapping[str, Any]:
         try:
-            return self._retry("list", prefix, lambda: self.client.list_objects_v2(**kwargs))
+            return self._retry("list", prefix, lambda: self._api.list_objects_v2(**kwargs))
         except _Refused as exc:
             raise self._error("list", prefix, exc) from exc.error
 
@@ -574,20 +592,20 @@ class S3Store:
         """Write or overwrite an object (one PUT; multipart above the threshold)."""
         obj = self._check_writable(key)
         if len(data) > self._tuning.multipart_threshold_bytes:
-            self._upload_multipart(key, obj, _BytesSource(data), if_absent=False)
+            self._upload_multipart(key, obj, _Source(len(data), data=data), if_absent=False)
             return
         self._put_object(key, {"Bucket": self.bucket, "Key": obj, "Body": data})
 
     def _put_object(self, key: str, kwargs: Mapping[str, Any]) -> str:
         """One PutObject, retried; returns the new ETag, raises ``_Refused``."""
-        response = self._retry("write", key, lambda: self.client.put_object(**kwargs))
+        response = self._retry("write", key, lambda: self._api.put_object(**kwargs))
         return str(response.get("ETag", ""))
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         """Write unless present (``If-None-Match: *``); when present, refresh LastModified."""
         obj = self._check_writable(key)
         if len(data) > self._tuning.multipart_threshold_bytes:
-            return self._upload_if_absent(key, obj, _BytesSource(data))
+            return self._upload_if_absent(key, obj, _Source(len(data), data=data))
         if not self._tuning.conditional_writes:
             return self._check_then_write(key, obj, lambda: self.put(key, data))
         for _ in range(3):
@@ -612,7 +630,7 @@ class S3Store:
         """
         obj = self._check_writable(key)
         try:
-            source = _FileSource(path)
+            source = _Source(os.stat(path).st_size, path=path)
         except OSError as exc:
             raise StorageError(f"{self.url}/{key}: cannot read {path}: {exc}") from exc
         head = self._head(key)
@@ -649,7 +667,7 @@ class S3Store:
 
         def put() -> Any:
             with source.open(0, source.size_bytes) as body:
-                return self.client.put_object(Body=body, **kwargs)
+                return self._api.put_object(Body=body, **kwargs)
 
         try:
             self._retry("write", key, put)
@@ -661,7 +679,7 @@ class S3Store:
 
     def _upload_multipart(self, key: str, obj: str, source: _Source, if_absent: bool) -> bool:
         """Upload in parts, ``multipart_concurrency`` at a time; abort on failure."""
-        tuning, client = self._tuning, self.client
+        tuning, client = self._tuning, self._api
         size = source.size_bytes
         part_bytes = max(tuning.multipart_part_bytes, math.ceil(size / _MAX_PARTS))
         checksum = client.meta.config.request_checksum_calculation != "when_required"
@@ -715,7 +733,7 @@ class S3Store:
         # Best effort: a bucket lifecycle rule (AbortIncompleteMultipartUpload) removes
         # the parts of uploads whose writer died before it could abort.
         with contextlib.suppress(Exception):
-            self.client.abort_multipart_upload(**ids)
+            self._api.abort_multipart_upload(**ids)
 
     def _refresh(self, key: str, obj: str, size_bytes: int | None = None) -> bool:
         """Refresh LastModified by copying the object onto itself; False if it is gone."""
@@ -726,7 +744,7 @@ class S3Store:
             self._retry(
                 "refresh",
                 key,
-                lambda: self.client.copy_object(
+                lambda: self._api.copy_object(
                     Bucket=self.bucket, Key=obj, CopySource=source, MetadataDirective="REPLACE"
                 ),
             )
@@ -743,10 +761,8 @@ class S3Store:
 
     def _refresh_multipart(self, key: str, obj: str, size_bytes: int) -> bool:
         """Copy an object over 5 GiB onto itself part by part (UploadPartCopy)."""
-        client = self.client
-        part_bytes = min(
-            _MAX_COPY_BYTES, max(self._tuning.multipart_part_bytes, -(-size_bytes // _MAX_PARTS))
-        )
+        client = self._api
+        part_bytes = _MAX_COPY_BYTES  # server-side: the largest parts, fewest requests
         try:
             upload_id = self._retry(
                 "refresh",
@@ -815,9 +831,7 @@ class S3Store:
                 self._retry(
                     "delete",
                     key,
-                    lambda: self.client.delete_object(
-                        Bucket=self.bucket, Key=obj, IfMatch=expected
-                    ),
+                    lambda: self._api.delete_object(Bucket=self.bucket, Key=obj, IfMatch=expected),
                 )
                 return None
             condition = {"IfNoneMatch": "*"} if expected is None else {"IfMatch": expected}
@@ -837,75 +851,73 @@ class S3Store:
         """Delete an object; a missing key is not an error."""
         obj = self._check_writable(key)
         try:
-            self._retry(
-                "delete", key, lambda: self.client.delete_object(Bucket=self.bucket, Key=obj)
-            )
+            self._retry("delete", key, lambda: self._api.delete_object(Bucket=self.bucket, Key=obj))
         except _Refused as exc:
             if not exc.is_not_found:
                 raise self._error("delete", key, exc) from exc.error
+
+    def probe_conditional_writes(self) -> bool:
+        """Whether the server enforces conditional PutObject; record it on this store.
+
+        Writes a fresh key under ``_probe/`` with ``If-None-Match: *`` twice (the second
+        must fail with 412), then with ``If-Match`` on a wrong ETag (must fail with 412),
+        and deletes the key: four requests. ``supports_atomic_cas`` takes the answer, so
+        a store on a server without conditional writes refuses compare-and-swap from
+        then on. The catalog's ``init`` records it; reopen such a store with
+        ``storage_options={"conditional_writes": False}``. Transient failures that outlast
+        the retries raise ``StorageError``; a read-only store raises ``ReadOnlyError``.
+        """
+        key = f"_probe/{uuid.uuid4().hex}"
+        base = {"Bucket": self.bucket, "Key": self._check_writable(key), "Body": b"probe"}
+        wrong_etag = '"' + "0" * 32 + '"'
+        enforced = True
+        try:
+            try:
+                self._put_object(key, {**base, "IfNoneMatch": "*"})
+            except _Refused as exc:
+                if exc.is_not_implemented or exc.status == 400:
+                    enforced = False  # the server rejects the header outright
+                elif not exc.is_precondition:  # 412: an earlier attempt landed; fine
+                    raise self._error("probe", key, exc) from exc.error
+            for condition in ({"IfNoneMatch": "*"}, {"IfMatch": wrong_etag}):
+                if not enforced:
+                    break
+                try:
+                    self._put_object(key, {**base, **condition})
+                    enforced = False  # the write went through: the condition was ignored
+                except _Refused as exc:
+                    enforced = exc.is_precondition
+        finally:
+            with contextlib.suppress(Exception):
+                self.delete(key)
+        self.supports_atomic_cas = enforced
+        return enforced
 
 
 def probe_conditional_writes(store: S3Store) -> bool:
     """Whether the server behind ``store`` enforces conditional PutObject.
 
-    Writes a fresh key under ``_probe/`` with ``If-None-Match: *`` twice (the second must
-    fail with 412), then once with ``If-Match`` on a wrong ETag (must fail with 412), and
-    deletes the key. The catalog's ``init`` records the answer; open the store with
-    ``storage_options={"conditional_writes": False}`` where it is False. Transient
-    failures that outlast the retries raise ``StorageError``; so does a read-only store.
+    The function form of :meth:`S3Store.probe_conditional_writes`.
     """
-    key = f"_probe/{uuid.uuid4().hex}"
-    obj = store._check_writable(key)
-    base = {"Bucket": store.bucket, "Key": obj, "Body": b"probe"}
-    try:
-        try:
-            store._put_object(key, {**base, "IfNoneMatch": "*"})
-        except _Refused as exc:
-            if exc.is_not_implemented or exc.status == 400:
-                return False  # the server rejects the header outright
-            raise store._error("probe", key, exc) from exc.error
-        for condition in ({"IfNoneMatch": "*"}, {"IfMatch": '"00000000000000000000000000000000"'}):
-            try:
-                store._put_object(key, {**base, **condition})
-                return False  # the write went through: the condition was ignored
-            except _Refused as exc:
-                if not exc.is_precondition:
-                    return False
-        return True
-    finally:
-        with contextlib.suppress(Exception):
-            store.delete(key)
+    return store.probe_conditional_writes()
 
 
 # -- helpers ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
 class _Source:
-    """Bytes to upload: a size and a way to open any slice of them as a file."""
+    """Bytes to upload, in a local file (``path``) or in memory (``data``)."""
 
     size_bytes: int
+    path: str | None = None
+    data: bytes = b""
 
     def open(self, offset: int, length: int) -> io.RawIOBase | io.BytesIO:
         """Open ``length`` bytes from ``offset`` as a fresh file object (one per attempt)."""
-        raise NotImplementedError  # pragma: no cover - abstract
-
-
-class _FileSource(_Source):
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.size_bytes = os.stat(path).st_size
-
-    def open(self, offset: int, length: int) -> io.RawIOBase | io.BytesIO:
-        return _FileSlice(self.path, offset, length)
-
-
-class _BytesSource(_Source):
-    def __init__(self, data: bytes) -> None:
-        self.data = memoryview(data)
-        self.size_bytes = len(data)
-
-    def open(self, offset: int, length: int) -> io.RawIOBase | io.BytesIO:
-        return io.BytesIO(self.data[offset : offset + length])
+        if self.path is not None:
+            return _FileSlice(self.path, offset, length)
+        return io.BytesIO(memoryview(self.data)[offset : offset + length])
 
 
 def _bind(fn: Callable[..., T], **kwargs: Any) -> Callable[[], T]:

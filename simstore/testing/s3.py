@@ -48,14 +48,16 @@ __all__ = [
 FAKE_ACCESS_KEY = "FAKEACCESSKEYID0TEST"
 FAKE_SECRET_KEY = "fake-secret-key-0123456789-never-real"
 
-Fault = Literal["slowdown", "drop", "drop_response", "stall"]
+Fault = Literal["slowdown", "drop", "drop_response", "stall", "truncate"]
 """What the proxy does to a request instead of plain forwarding:
 
 - ``slowdown``: answer 503 SlowDown, as S3 does when throttling;
 - ``drop``: close the connection before forwarding (the server never sees the request);
 - ``drop_response``: forward, then close without answering (the request landed but its
   response was lost, the case that makes a retried conditional PUT see 412);
-- ``stall``: hold the connection silent for ``stall_s``, then close it (a read timeout).
+- ``stall``: hold the connection silent for ``stall_s``, then close it (a read timeout);
+- ``truncate``: forward, answer with the full Content-Length but half the body, and close
+  (a connection reset mid-download).
 """
 
 _HOP_HEADERS = frozenset(
@@ -113,7 +115,9 @@ class FaultProxy:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
         self._server.block_on_close = False
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), daemon=True
+        )
         self._thread.start()
         host, port = self._server.server_address[:2]
         self.endpoint_url = f"http://{host!s}:{port}"
@@ -209,7 +213,7 @@ class FaultProxy:
 
             def _body(self) -> bytes:
                 if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-                    chunks = []
+                    chunks: list[bytes] = []
                     while True:
                         size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
                         if size == 0:
@@ -241,10 +245,16 @@ class FaultProxy:
                 if fault == "drop_response":
                     self.close_connection = True
                     return
-                self._respond(status, reason, headers, data)
+                self._respond(status, reason, headers, data, truncate=fault == "truncate")
 
             def _respond(
-                self, status: int, reason: str, headers: list[tuple[str, str]], data: bytes
+                self,
+                status: int,
+                reason: str,
+                headers: list[tuple[str, str]],
+                data: bytes,
+                *,
+                truncate: bool = False,
             ) -> None:
                 self.send_response_only(status, reason)
                 keep_length = self.command == "HEAD" or status in (204, 304)
@@ -257,7 +267,9 @@ class FaultProxy:
                     self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 if not keep_length:
-                    self.wfile.write(data)
+                    self.wfile.write(data[: len(data) // 2] if truncate else data)
+                if truncate:
+                    self.close_connection = True
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
 
@@ -265,7 +277,7 @@ class FaultProxy:
 
 
 def make_s3_client(endpoint_url: str) -> Any:
-    """A boto3 S3 client for the fake server, with the fake credentials (the back door)."""
+    """Make a boto3 S3 client for the fake server with the fake credentials (the back door)."""
     import boto3
 
     return boto3.client(
@@ -318,7 +330,7 @@ def s3_env(monkeypatch: pytest.MonkeyPatch, moto_server: str) -> str:
 
 @pytest.fixture
 def s3_bucket(s3_env: str) -> Iterator[Callable[[], str]]:
-    """A factory of fresh buckets on the moto server, each emptied and deleted afterwards."""
+    """Make fresh buckets on the moto server on each call; empty and delete them after."""
     client = make_s3_client(s3_env)
     made: list[str] = []
 
@@ -346,7 +358,7 @@ def s3_bucket(s3_env: str) -> Iterator[Callable[[], str]]:
 
 @pytest.fixture
 def fault_proxy(s3_env: str) -> Iterator[FaultProxy]:
-    """A :class:`FaultProxy` in front of the moto server, closed after the test."""
+    """Put a :class:`FaultProxy` in front of the moto server; close it after the test."""
     proxy = FaultProxy(s3_env)
     try:
         yield proxy

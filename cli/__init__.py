@@ -1,0 +1,54 @@
+"""The ``simstore`` command line: thin click commands over the library."""
+
+from __future__ import annotations
+
+import click
+
+from simstore.cli._common import DEFAULT_STORE, CliContext, parse_storage_options
+
+__all__ = ["main"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--store",
+    "store_url",
+    envvar="SIMSTORE_STORE",
+    default=DEFAULT_STORE,
+    show_default=True,
+    help="Store URL: a local path, file://, memory://, s3://bucket/prefix (env SIMSTORE_STORE).",
+)
+@click.option(
+    "--storage-option",
+    "storage_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Option passed to the storage backend (repeatable), e.g. endpoint_url=http://...",
+)
+@click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
+@click.version_option(package_name="simstore")
+@click.pass_context
+def main(ctx: click.Context, store_url: str, storage_options: tuple[str, ...], debug: bool) -> None:
+    """simstore: versioned training data for physics foundation models."""
+    ctx.obj = CliContext(
+        store_url=store_url,
+        storage_options=parse_storage_options(storage_options),
+        debug=debug,
+    )
+
+
+def _register() -> None:
+    import importlib
+
+    for module in ("_commands", "_ingest", "_cost"):
+        try:
+            mod = importlib.import_module(f"simstore.cli.{module}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"simstore.cli.{module}":
+                raise
+            continue
+        for command in getattr(mod, "COMMANDS", []):
+            main.add_command(command)
+
+
+_register()

@@ -1,0 +1,384 @@
+"""Catalog commands: init, snapshot, delete, log, show, ls, diff, tag, branch, verify, gc."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import click
+
+from simstore.catalog import Catalog, gc, verify
+from simstore.cli._common import CliContext, emit, handle_errors, pass_ctx
+from simstore.errors import InvalidInputError
+from simstore.manifest import rows_from_list
+from simstore.names import parse_ref
+from simstore.snapshot import Snapshot
+
+__all__ = ["COMMANDS", "parse_duration"]
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``30s``, ``15m``, ``1h``, ``7d``, ``2w`` or a bare number of seconds."""
+    m = _DURATION.match(text)
+    if not m:
+        raise InvalidInputError(f"invalid duration {text!r}: expected e.g. 30s, 15m, 1h, 7d")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"
+
+
+def snapshot_summary(sid: str, snap: Snapshot) -> dict[str, Any]:
+    """The fields ``show --json`` prints."""
+    return {
+        "id": sid,
+        "dataset": snap.dataset,
+        "parents": list(snap.parents),
+        "message": snap.message,
+        "author": snap.author,
+        "created": snap.created,
+        "samples": snap.samples,
+        "bytes": snap.sample_bytes,
+        "manifest_parts": len(snap.parts),
+        "manifest_bytes": snap.manifest_bytes,
+        "content_hash": snap.content_hash,
+        "schema": [s.to_json() for s in snap.schema],
+    }
+
+
+@click.command("init")
+@pass_ctx
+@handle_errors
+def init_cmd(ctx: CliContext) -> None:
+    """Initialise a store (idempotent)."""
+    cat = Catalog.init(ctx.store_url, storage_options=ctx.storage_options)
+    meta = cat.check_initialised()
+    cw = "yes" if meta.get("conditional_writes") else "no"
+    click.echo(f"initialised {cat.store.url} (conditional writes: {cw})")
+
+
+@click.command("snapshot")
+@click.argument("dataset")
+@click.option("-m", "--message", required=True, help="Snapshot message.")
+@click.option("--branch", default="main", show_default=True)
+@click.option("--author", default=None, help="Author (default: the current user).")
+@click.option("--allow-schema-change", is_flag=True, help="Accept changed field types.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_ctx
+@handle_errors
+def snapshot_cmd(
+    ctx: CliContext,
+    dataset: str,
+    message: str,
+    branch: str,
+    author: str | None,
+    allow_schema_change: bool,
+    as_json: bool,
+) -> None:
+    """Commit everything staged for DATASET as a new snapshot on a branch."""
+    cat = ctx.catalog()
+    if not cat.staged(dataset) and not cat.has_dataset(dataset):
+        raise InvalidInputError(f"unknown dataset {dataset!r}: nothing staged and no branches")
+    res = cat.commit(
+        dataset,
+        message=message,
+        branch=branch,
+        author=author,
+        allow_schema_change=allow_schema_change,
+    )
+    lines = [f"{dataset}@{branch} -> {res.snapshot_id} ({res.samples} samples)"]
+    if res.overwritten_concurrent:
+        lines.append(
+            f"note: {len(res.overwritten_concurrent)} keys were also written by a concurrent "
+            f"commit; this later commit wins: {', '.join(res.overwritten_concurrent[:5])}"
+        )
+    emit(as_json, res.to_json(), "\n".join(lines))
+
+
+@click.command("delete")
+@click.argument("dataset")
+@click.argument("keys", nargs=-1, required=True)
+@click.option("--snapshot", "do_snapshot", is_flag=True, help="Commit right away.")
+@click.option("-m", "--message", default=None, help="Snapshot message (with --snapshot).")
+@click.option("--branch", default="main", show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@handle_errors
+def delete_cmd(
+    ctx: CliContext,
+    dataset: str,
+    keys: tuple[str, ...],
+    do_snapshot: bool,
+    message: str | None,
+    branch: str,
+    as_json: bool,
+) -> None:
+    """Stage the deletion of sample KEYS from DATASET (missing keys are an error)."""
+    cat = ctx.catalog()
+    head = cat.snapshot(cat.resolve(f"{dataset}@{branch}"))
+    present = _present_keys(cat, head, set(keys))
+    missing = sorted(set(keys) - present)
+    if missing:
+        raise InvalidInputError(
+            f"dataset {dataset!r} branch {branch!r} has no sample {missing[0]!r}"
+            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+        )
+    from simstore.manifest import ManifestRow
+
+    rows = [
+        ManifestRow(key=k, sample_hash="0" * 32, shard="0" * 32, position=0, size_bytes=0)
+        for k in sorted(set(keys))
+    ]
+    import pyarrow as pa
+
+    table = rows_from_list(rows)
+    table = table.append_column("deleted", pa.array([True] * table.num_rows))
+    entry = cat.stage(dataset, changes=table, lineage={"operation": "delete"})
+    out: dict[str, Any] = {"staged": entry.id, "deleted": len(rows)}
+    text = f"staged deletion of {len(rows)} samples ({entry.id})"
+    if do_snapshot:
+        res = cat.commit(
+            dataset,
+            message=message or f"delete {len(rows)} samples",
+            branch=branch,
+            staging_ids=[entry.id],
+        )
+        out["commit"] = res.to_json()
+        text += f"\n{dataset}@{branch} -> {res.snapshot_id} ({res.samples} samples)"
+    emit(as_json, out, text)
+
+
+def _present_keys(cat: Catalog, snap: Snapshot, keys: set[str]) -> set[str]:
+    import bisect
+
+    import pyarrow.compute as pc
+
+    firsts = [p.first_key for p in snap.parts]
+    wanted: dict[int, set[str]] = {}
+    for k in keys:
+        i = bisect.bisect_right(firsts, k) - 1
+        if i >= 0 and k <= snap.parts[i].last_key:
+            wanted.setdefault(i, set()).add(k)
+    found: set[str] = set()
+    for i, ks in wanted.items():
+        table = cat.read_part(snap.parts[i])
+        mask = pc.is_in(table.column("key"), value_set=__import__("pyarrow").array(sorted(ks)))
+        found.update(table.filter(mask).column("key").to_pylist())
+    return found
+
+
+@click.command("log")
+@click.argument("ref")
+@click.option("-n", "--limit", type=int, default=None, help="Show at most N snapshots.")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@handle_errors
+def log_cmd(ctx: CliContext, ref: str, limit: int | None, as_json: bool) -> None:
+    """Snapshots of REF, newest first."""
+    cat = ctx.catalog(read_only=True)
+    entries = [snapshot_summary(sid, s) for sid, s in cat.log(ref, limit=limit)]
+
+    def text() -> str:
+        lines = []
+        for e in entries:
+            lines.append(
+                f"{e['id'][:12]}  {e['created'][:19]}  {e['samples']:>10} samples  "
+                f"{_human_bytes(e['bytes']):>10}  {e['author']}: {e['message']}"
+            )
+        return "\n".join(lines)
+
+    emit(as_json, entries, text)
+
+
+@click.command("show")
+@click.argument("ref")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@handle_errors
+def show_cmd(ctx: CliContext, ref: str, as_json: bool) -> None:
+    """Details of one snapshot."""
+    cat = ctx.catalog(read_only=True)
+    sid = cat.resolve(ref)
+    info = snapshot_summary(sid, cat.snapshot(sid))
+
+    def text() -> str:
+        fields = ", ".join(f"{s['name']}:{s['kind']}" for s in info["schema"])
+        return "\n".join(
+            [
+                f"snapshot      {info['id']}",
+                f"dataset       {info['dataset']}",
+                f"parents       {', '.join(info['parents']) or '-'}",
+                f"created       {info['created']} by {info['author']}",
+                f"message       {info['message']}",
+                f"samples       {info['samples']}",
+                f"bytes         {info['bytes']} ({_human_bytes(info['bytes'])})",
+                f"manifest      {info['manifest_parts']} parts, "
+                f"{_human_bytes(info['manifest_bytes'])}",
+                f"content_hash  {info['content_hash']}",
+                f"fields        {fields or '-'}",
+            ]
+        )
+
+    emit(as_json, info, text)
+
+
+@click.command("ls")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@handle_errors
+def ls_cmd(ctx: CliContext, as_json: bool) -> None:
+    """Datasets in the store with their branches and tags."""
+    cat = ctx.catalog(read_only=True)
+    out = []
+    for name in cat.datasets():
+        branches = dict(cat.branches(name).list())
+        tags = dict(cat.tags(name).list())
+        staged = len(cat.staged(name))
+        main = branches.get("main")
+        samples = cat.snapshot(main).samples if main else 0
+        out.append(
+            {"dataset": name, "branches": branches, "tags": tags, "staged": staged,
+             "samples": samples}
+        )
+
+    def text() -> str:
+        if not out:
+            return "(no datasets)"
+        lines = []
+        for d in out:
+            br = ", ".join(f"{b}={s[:8]}" for b, s in d["branches"].items()) or "-"
+            tg = ", ".join(d["tags"]) or "-"
+            lines.append(
+                f"{d['dataset']}  {d['samples']} samples  branches: {br}  tags: {tg}"
+                + (f"  staged: {d['staged']}" if d["staged"] else "")
+            )
+        return "\n".join(lines)
+
+    emit(as_json, out, text)
+
+
+@click.command("diff")
+@click.argument("ref_a")
+@click.argument("ref_b")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@handle_errors
+def diff_cmd(ctx: CliContext, ref_a: str, ref_b: str, as_json: bool) -> None:
+    """Samples added, removed and modified from REF_A to REF_B."""
+    cat = ctx.catalog(read_only=True)
+    res = cat.diff(ref_a, ref_b)
+    out = res.to_json()
+
+    def text() -> str:
+        s = out["summary"]
+        lines = [f"+ {k}" for k in out["added"]]
+        lines += [f"- {k}" for k in out["removed"]]
+        lines += [f"M {k}" for k in out["modified"]]
+        lines.append(
+            f"{s['added']} added, {s['removed']} removed, {s['modified']} modified "
+            f"({_human_bytes(s['added_bytes'])} added, {_human_bytes(s['removed_bytes'])} "
+            f"removed); read {out['cost']['parts_read']} of {out['cost']['parts_total']} "
+            "manifest parts"
+        )
+        return "\n".join(lines)
+
+    emit(as_json, out, text)
+
+
+@click.command("tag")
+@click.argument("ref")
+@click.argument("name")
+@click.option("--delete", "do_delete", is_flag=True, help="Delete tag NAME (REF names the dataset).")
+@pass_ctx
+@handle_errors
+def tag_cmd(ctx: CliContext, ref: str, name: str, do_delete: bool) -> None:
+    """Tag the snapshot REF resolves to as NAME (tags never move)."""
+    cat = ctx.catalog()
+    r = parse_ref(ref)
+    if do_delete:
+        cat.tags(r.dataset).delete(name)
+        click.echo(f"deleted tag {r.dataset}@{name}")
+        return
+    sid = cat.resolve(r)
+    cat.tags(r.dataset).create(name, sid)
+    click.echo(f"{r.dataset}@{name} -> {sid}")
+
+
+@click.command("branch")
+@click.argument("ref")
+@click.argument("name")
+@pass_ctx
+@handle_errors
+def branch_cmd(ctx: CliContext, ref: str, name: str) -> None:
+    """Create branch NAME at the snapshot REF resolves to."""
+    cat = ctx.catalog()
+    r = parse_ref(ref)
+    sid = cat.resolve(r)
+    cat.branches(r.dataset).create(name, sid)
+    click.echo(f"{r.dataset}@{name} -> {sid}")
+
+
+@click.command("verify")
+@click.argument("ref")
+@click.option("--deep", is_flag=True, help="Re-hash every object the snapshot reaches.")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@handle_errors
+def verify_cmd(ctx: CliContext, ref: str, deep: bool, as_json: bool) -> None:
+    """Check that a snapshot and everything it reaches is present and intact."""
+    cat = ctx.catalog(read_only=True)
+    report = verify(cat, ref, deep=deep)
+
+    def text() -> str:
+        head = (
+            f"{'ok' if report.ok else 'FAILED'}: snapshot {report.snapshot}, "
+            f"{report.objects_checked} objects checked"
+            + (f", {_human_bytes(report.bytes_hashed)} re-hashed" if deep else "")
+        )
+        return "\n".join([head, *report.problems])
+
+    emit(as_json, report.to_json(), text)
+    if not report.ok:
+        raise SystemExit(6)
+
+
+@click.command("gc")
+@click.option("--dry-run", is_flag=True, help="Only report what would be deleted.")
+@click.option("--grace", default="1h", show_default=True, help="Keep objects newer than this.")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@handle_errors
+def gc_cmd(ctx: CliContext, dry_run: bool, grace: str, as_json: bool) -> None:
+    """Delete objects no branch, tag, staging entry or recent write reaches."""
+    cat = ctx.catalog()
+    report = gc(cat, grace_s=parse_duration(grace), dry_run=dry_run)
+    verb = "would delete" if dry_run else "deleted"
+    emit(
+        as_json,
+        report.to_json(),
+        f"{verb} {len(report.deleted)} objects ({_human_bytes(report.deleted_bytes)}); "
+        f"kept {report.reachable} reachable and {report.kept_recent} recent",
+    )
+
+
+COMMANDS = [
+    init_cmd,
+    snapshot_cmd,
+    delete_cmd,
+    log_cmd,
+    show_cmd,
+    ls_cmd,
+    diff_cmd,
+    tag_cmd,
+    branch_cmd,
+    verify_cmd,
+    gc_cmd,
+]
