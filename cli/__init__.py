@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import click
-
 from simstore.cli._common import DEFAULT_STORE, CliContext, parse_storage_options
 
 __all__ = ["main"]

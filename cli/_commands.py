@@ -6,9 +6,9 @@ import re
 from typing import Any
 
 import click
+from simstore.cli._common import CliContext, emit, handle_errors, pass_ctx
 
 from simstore.catalog import Catalog, gc, verify
-from simstore.cli._common import CliContext, emit, handle_errors, pass_ctx
 from simstore.errors import InvalidInputError
 from simstore.manifest import rows_from_list
 from simstore.names import parse_ref
@@ -237,7 +237,7 @@ def show_cmd(ctx: CliContext, ref: str, as_json: bool) -> None:
 def ls_cmd(ctx: CliContext, as_json: bool) -> None:
     """Datasets in the store with their branches and tags."""
     cat = ctx.catalog(read_only=True)
-    out = []
+    out: list[dict[str, Any]] = []
     for name in cat.datasets():
         branches = dict(cat.branches(name).list())
         tags = dict(cat.tags(name).list())
@@ -245,8 +245,13 @@ def ls_cmd(ctx: CliContext, as_json: bool) -> None:
         main = branches.get("main")
         samples = cat.snapshot(main).samples if main else 0
         out.append(
-            {"dataset": name, "branches": branches, "tags": tags, "staged": staged,
-             "samples": samples}
+            {
+                "dataset": name,
+                "branches": branches,
+                "tags": tags,
+                "staged": staged,
+                "samples": samples,
+            }
         )
 
     def text() -> str:
@@ -296,7 +301,9 @@ def diff_cmd(ctx: CliContext, ref_a: str, ref_b: str, as_json: bool) -> None:
 @click.command("tag")
 @click.argument("ref")
 @click.argument("name")
-@click.option("--delete", "do_delete", is_flag=True, help="Delete tag NAME (REF names the dataset).")
+@click.option(
+    "--delete", "do_delete", is_flag=True, help="Delete tag NAME (REF names the dataset)."
+)
 @pass_ctx
 @handle_errors
 def tag_cmd(ctx: CliContext, ref: str, name: str, do_delete: bool) -> None:

@@ -37,7 +37,9 @@ class CliContext:
         )
 
 
-pass_ctx = click.make_pass_decorator(CliContext)
+pass_ctx: Callable[[Callable[..., Any]], Callable[..., Any]] = click.make_pass_decorator(
+    CliContext
+)
 
 
 def emit(as_json: bool, obj: Any, text: str | Callable[[], str]) -> None:

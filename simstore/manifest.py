@@ -6,10 +6,10 @@ and its logical size in bytes.
 
 Rows are sorted by key and cut into parts at content-defined boundaries: a part ends after
 a row whose mixed sample hash is divisible by ``target_rows``, provided the part then holds
-at least ``target_rows // 4`` rows, or when it reaches ``4 * target_rows`` rows. The cut depends only on the rows, so a
-change to a few samples rewrites only the parts around them and two snapshots that share
-most samples share most part objects. That is what lets ``diff`` and ``commit`` cost grow
-with the change rather than with the dataset.
+at least ``target_rows // 4`` rows, or when it reaches ``4 * target_rows`` rows. The cut
+depends only on the rows, so a change to a few samples rewrites only the parts around
+them, and two snapshots that share most samples share most part objects. That is what
+lets ``diff`` and ``commit`` cost grow with the change rather than with the dataset.
 
 Parts are Parquet with fixed writer settings, so equal rows give equal bytes.
 """
@@ -156,7 +156,11 @@ def rows_to_list(table: pa.Table) -> list[ManifestRow]:
     return [
         ManifestRow(key=k, sample_hash=h.hex(), shard=s, position=p, size_bytes=b)
         for k, h, s, p, b in zip(
-            cols["key"], cols["sample_hash"], cols["shard"], cols["position"], cols["size_bytes"],
+            cols["key"],
+            cols["sample_hash"],
+            cols["shard"],
+            cols["position"],
+            cols["size_bytes"],
             strict=True,
         )
     ]
@@ -294,7 +298,9 @@ def content_digest(table: pa.Table) -> str:
     h = Hasher()
     h.update(b"simstore-manifest-content-v1")
     if n:
-        offsets = np.frombuffer(keys.buffers()[1], dtype=np.int32)[keys.offset : keys.offset + n + 1]
+        offsets = np.frombuffer(keys.buffers()[1], dtype=np.int32)[
+            keys.offset : keys.offset + n + 1
+        ]
         data = keys.buffers()[2]
         h.update((offsets - offsets[0]).astype("<i8").tobytes())
         h.update(memoryview(data)[int(offsets[0]) : int(offsets[-1])])

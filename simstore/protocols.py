@@ -92,8 +92,11 @@ class ShardFormat(Protocol):
     supports_file_objects: bool
 
     def open(self, source: str | BinaryIO) -> ShardReader:
-        """Open a shard: a local path, or (when ``supports_file_objects``) a seekable
-        binary file object such as a ranged reader over a remote object."""
+        """Open a shard from a local path or a seekable binary file object.
+
+        File objects (such as a ranged reader over a remote object) are accepted when
+        ``supports_file_objects`` is true.
+        """
         ...
 
     def sniff(self, head: bytes, tail: bytes) -> bool:

@@ -20,7 +20,7 @@ import json
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, TypedDict, Union
+from typing import Literal, TypedDict
 
 import numpy as np
 
@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 FieldKind = Literal["tensor", "scalar", "string", "bytes", "json"]
-FieldValue = Union[np.ndarray, int, float, bool, str, bytes, Mapping[str, object]]
+FieldValue = np.ndarray | int | float | bool | str | bytes | Mapping[str, object]
 
 _NUMERIC_KINDS = "biuf"
 
@@ -178,16 +178,24 @@ def hash_sample(sample: Sample) -> ObjectId:
         if spec.kind == "tensor":
             assert isinstance(value, np.ndarray)
             arr = np.ascontiguousarray(value)
-            _put(h, arr.dtype.newbyteorder("<").str.encode() if arr.dtype.byteorder != "|"
-                 else arr.dtype.str.encode())
+            _put(
+                h,
+                arr.dtype.newbyteorder("<").str.encode()
+                if arr.dtype.byteorder != "|"
+                else arr.dtype.str.encode(),
+            )
             _put(h, struct.pack(f"<{arr.ndim}q", *arr.shape))
             if arr.dtype.byteorder == ">":
                 arr = arr.astype(arr.dtype.newbyteorder("<"))
-            _put(h, memoryview(arr).cast("B"))
+            _put(h, arr.reshape(-1).view(np.uint8).data)
         elif spec.kind == "scalar":
             _put(h, spec.dtype.encode())
-            _put(h, np.asarray(value, dtype=spec.dtype).astype(
-                np.dtype(spec.dtype).newbyteorder("<")).tobytes())
+            _put(
+                h,
+                np.asarray(value, dtype=spec.dtype)
+                .astype(np.dtype(spec.dtype).newbyteorder("<"))
+                .tobytes(),
+            )
         elif spec.kind == "string":
             assert isinstance(value, str)
             _put(h, value.encode("utf-8"))

@@ -610,7 +610,10 @@ class Catalog:
             return ref
 
         parts = merge_manifest(
-            base_parts, changes, read_part=read_part, write_part=write_part,
+            base_parts,
+            changes,
+            read_part=read_part,
+            write_part=write_part,
             target_rows=self.target_rows,
         )
         consumed = [e.id for e in entries]
@@ -649,7 +652,9 @@ class Catalog:
         return False
 
     # -- history -----------------------------------------------------------------------
-    def log(self, ref: str | Ref, *, limit: int | None = None) -> Iterator[tuple[SnapshotId, Snapshot]]:
+    def log(
+        self, ref: str | Ref, *, limit: int | None = None
+    ) -> Iterator[tuple[SnapshotId, Snapshot]]:
         """Snapshots from ``ref`` back along first parents, newest first."""
         sid: str | None = self.resolve(ref)
         n = 0
@@ -667,8 +672,8 @@ class Catalog:
         """Diff two snapshot ids (``a`` may be None: the empty dataset)."""
         sa = self.snapshot(a) if a else None
         sb = self.snapshot(b)
-        a_parts = {p.id: p for p in sa.parts} if sa else {}
-        b_parts = {p.id: p for p in sb.parts}
+        a_parts: dict[str, PartRef] = {p.id: p for p in sa.parts} if sa else {}
+        b_parts: dict[str, PartRef] = {p.id: p for p in sb.parts}
         only_a, only_b = parts_to_open(a_parts, b_parts)
         bytes_read = 0
         tables_a, tables_b = [], []

@@ -104,7 +104,9 @@ class Branches(_Refs):
 
     def move(self, name: str, expected_version: str | None, snapshot_id: str) -> str | None:
         """Move a branch by compare-and-swap from the version read earlier."""
-        return self._store.compare_and_swap(self.key(name), expected_version, encode_ref(snapshot_id))
+        return self._store.compare_and_swap(
+            self.key(name), expected_version, encode_ref(snapshot_id)
+        )
 
     def delete(self, name: str) -> None:
         """Delete a branch (CAS against its current version)."""

@@ -20,9 +20,10 @@ def open_store(
     storage_options: Mapping[str, Any] | None = None,
     read_only: bool = False,
 ) -> ObjectStore:
-    """Open the store at ``url``: a local path, ``file://``, ``memory://``, ``s3://``, any fsspec URL.
+    """Open the store at ``url``.
 
-    An ``ObjectStore`` passed in is returned as it is.
+    ``url`` is a local path, ``file://``, ``memory://``, ``s3://bucket/prefix`` or any
+    fsspec URL; an ``ObjectStore`` passed in is returned as it is.
     """
     if not isinstance(url, str | os.PathLike):
         return url

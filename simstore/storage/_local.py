@@ -166,7 +166,7 @@ class LocalStore:
         except OSError as exc:
             raise self._error("list", rel, exc) from exc
         for entry in entries:
-            if entry.name.startswith(".") :
+            if entry.name.startswith("."):
                 continue
             key = f"{rel}/{entry.name}" if rel else entry.name
             if entry.is_dir(follow_symlinks=False):

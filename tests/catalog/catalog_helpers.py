@@ -1,5 +1,5 @@
 import pyarrow as pa
-from simstore.catalog import Catalog
+
 from simstore.hashing import hash_bytes, object_key
 from simstore.manifest import ManifestRow, rows_from_list
 
@@ -11,15 +11,21 @@ def stage_samples(cat, dataset, items, *, mode="upsert", deleted=()):
     for key, payload in sorted(items.items()):
         oid, _ = cat.put_object(payload)
         shards.append(oid)
-        rows.append(ManifestRow(key=key, sample_hash=hash_bytes(b"s" + payload), shard=oid,
-                                position=0, size_bytes=len(payload)))
+        rows.append(
+            ManifestRow(
+                key=key,
+                sample_hash=hash_bytes(b"s" + payload),
+                shard=oid,
+                position=0,
+                size_bytes=len(payload),
+            )
+        )
     for key in deleted:
-        rows.append(ManifestRow(key=key, sample_hash="0" * 32, shard="0" * 32, position=0,
-                                size_bytes=0))
+        rows.append(
+            ManifestRow(key=key, sample_hash="0" * 32, shard="0" * 32, position=0, size_bytes=0)
+        )
     table = rows_from_list(rows)
-    table = table.append_column(
-        "deleted", pa.array([False] * len(items) + [True] * len(deleted))
-    )
+    table = table.append_column("deleted", pa.array([False] * len(items) + [True] * len(deleted)))
     return cat.stage(dataset, changes=table, shards=shards, mode=mode)
 
 
@@ -28,7 +34,9 @@ def content(cat, ref):
     snap = cat.snapshot(cat.resolve(ref))
     out = {}
     for t in cat.iter_parts(snap):
-        for k, h in zip(t.column("key").to_pylist(), t.column("sample_hash").to_pylist(), strict=True):
+        for k, h in zip(
+            t.column("key").to_pylist(), t.column("sample_hash").to_pylist(), strict=True
+        ):
             out[k] = h.hex()
     return out
 

@@ -2,6 +2,7 @@ import os
 import random
 
 import pytest
+from catalog_helpers import content, expected_hash, stage_samples
 
 from simstore.catalog import Catalog, gc, verify
 from simstore.errors import (
@@ -13,8 +14,6 @@ from simstore.errors import (
 )
 from simstore.hashing import object_key
 from simstore.storage import LocalStore
-
-from catalog_helpers import content, expected_hash, stage_samples
 
 
 def test_uninitialised_store_is_a_clear_error(tmp_path):
@@ -32,8 +31,9 @@ def test_commit_log_show_and_resolve(cat):
     assert [s.message for _, s in log] == ["second", "first"]
     assert cat.resolve("ds") == r2.snapshot_id == cat.resolve("ds@main")
     assert cat.resolve(f"ds@{r1.snapshot_id[:8]}") == r1.snapshot_id
-    assert content(cat, "ds") == {k: expected_hash(v) for k, v in
-                                  {"a": b"1", "b": b"2", "c": b"3"}.items()}
+    assert content(cat, "ds") == {
+        k: expected_hash(v) for k, v in {"a": b"1", "b": b"2", "c": b"3"}.items()
+    }
     assert cat.snapshot(r2.snapshot_id).samples == 3
     assert not cat.staged("ds")
 

@@ -3,9 +3,9 @@
 import tempfile
 
 import hypothesis.strategies as st
+from catalog_helpers import content, expected_hash, stage_samples
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from catalog_helpers import content, expected_hash, stage_samples
 
 from simstore.catalog import Catalog, gc, verify
 from simstore.errors import AlreadyExistsError
@@ -25,8 +25,11 @@ class CatalogMachine(RuleBasedStateMachine):
         self.tags: dict[str, dict[str, str]] = {}
         self.ids: dict[str, str] = {}
 
-    @rule(branch=BRANCHES, upserts=st.dictionaries(KEYS, PAYLOADS, max_size=4),
-          deletes=st.sets(KEYS, max_size=2))
+    @rule(
+        branch=BRANCHES,
+        upserts=st.dictionaries(KEYS, PAYLOADS, max_size=4),
+        deletes=st.sets(KEYS, max_size=2),
+    )
     def commit(self, branch, upserts, deletes):
         deletes = sorted(set(deletes) - set(upserts))
         entry = stage_samples(self.cat, "ds", upserts, deleted=deletes)

@@ -3,9 +3,9 @@ import uuid
 
 import pytest
 from click.testing import CliRunner
+from simstore.cli import main
 
 from simstore.catalog import Catalog
-from simstore.cli import main
 from simstore.storage import open_store
 
 
@@ -22,8 +22,8 @@ def run(store_url, *args, ok=True):
 
 
 def _stage(store_url, items, dataset="ds"):
-    import sys
     import os
+    import sys
 
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "catalog"))
     from catalog_helpers import stage_samples

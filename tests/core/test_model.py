@@ -44,7 +44,8 @@ def test_hash_is_xxh3_128_hex_and_streaming_agrees(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "bad", ["", "..", "a/b", "a..b", ".hidden", "-x", "nul\x00", "tab\t", "sp ace", "a@b", "x" * 201]
+    "bad",
+    ["", "..", "a/b", "a..b", ".hidden", "-x", "nul\x00", "tab\t", "sp ace", "a@b", "x" * 201],
 )
 def test_invalid_names_refused(bad):
     with pytest.raises(InvalidInputError):
@@ -86,7 +87,9 @@ def test_errors_pickle_and_have_unique_codes():
 def test_sample_hash_independent_of_key_and_layout():
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
     s1 = Sample("k1", {"u": a, "re": 100.0, "name": "run", "meta": {"b": 1, "a": 2}})
-    s2 = Sample("k2", {"meta": {"a": 2, "b": 1}, "name": "run", "re": 100.0, "u": np.asfortranarray(a)})
+    s2 = Sample(
+        "k2", {"meta": {"a": 2, "b": 1}, "name": "run", "re": 100.0, "u": np.asfortranarray(a)}
+    )
     assert hash_sample(s1) == hash_sample(s2)
     s3 = Sample("k1", {"u": a.astype(">f4"), "re": 100.0, "name": "run", "meta": {"b": 1, "a": 2}})
     assert hash_sample(s3) == hash_sample(s1)  # byte order is normalised
@@ -128,8 +131,9 @@ def test_part_decode_rejects_garbage_and_wrong_version():
     with pytest.raises(FormatError, match="manifest part x1"):
         decode_part(b"not parquet", object_id="x1")
     table = rows_from_list([])
-    bad = table.replace_schema_metadata({b"simstore.kind": b"manifest-part",
-                                         b"simstore.format_version": b"99"})
+    bad = table.replace_schema_metadata(
+        {b"simstore.kind": b"manifest-part", b"simstore.format_version": b"99"}
+    )
     import io
 
     import pyarrow.parquet as pq
@@ -144,9 +148,7 @@ def test_part_decode_rejects_garbage_and_wrong_version():
 @settings(max_examples=40, deadline=None)
 def test_cutter_independent_of_how_rows_are_fed(chunks, target):
     n = sum(chunks)
-    rows = [
-        {"key": f"k{i:06d}", "h": hash_bytes(str(i).encode())} for i in range(n)
-    ]
+    rows = [{"key": f"k{i:06d}", "h": hash_bytes(str(i).encode())} for i in range(n)]
     table = rows_from_list(
         [
             __import__("simstore.manifest", fromlist=["ManifestRow"]).ManifestRow(
@@ -177,8 +179,13 @@ def _build(table, target):
         store[ref.id] = t
         return ref
 
-    parts = merge_manifest([], normalise_changes([table]), read_part=lambda p: store[p.id],
-                           write_part=write, target_rows=target)
+    parts = merge_manifest(
+        [],
+        normalise_changes([table]),
+        read_part=lambda p: store[p.id],
+        write_part=write,
+        target_rows=target,
+    )
     return parts, store
 
 
@@ -198,8 +205,9 @@ def test_incremental_merge_equals_full_rebuild(base, upserts, target):
         store[ref.id] = t
         return ref
 
-    merged = merge_manifest(parts, normalise_changes([upserts]), read_part=read,
-                            write_part=write, target_rows=target)
+    merged = merge_manifest(
+        parts, normalise_changes([upserts]), read_part=read, write_part=write, target_rows=target
+    )
     # expected rows: base with upserts applied
     rows = {r.key: r for r in rows_to_list(base)}
     rows.update({r.key: r for r in rows_to_list(upserts)})
@@ -214,18 +222,37 @@ def test_merge_reads_only_touched_parts():
     from simstore.manifest import ManifestRow
 
     base = rows_from_list(
-        [ManifestRow(key=f"k{i:06d}", sample_hash=hash_bytes(str(i).encode()), shard="a" * 32,
-                     position=i, size_bytes=1) for i in range(20000)]
+        [
+            ManifestRow(
+                key=f"k{i:06d}",
+                sample_hash=hash_bytes(str(i).encode()),
+                shard="a" * 32,
+                position=i,
+                size_bytes=1,
+            )
+            for i in range(20000)
+        ]
     )
     parts, store = _build(base, 256)
     change = rows_from_list(
-        [ManifestRow(key="k010000", sample_hash=hash_bytes(b"new"), shard="b" * 32, position=0,
-                     size_bytes=2)]
+        [
+            ManifestRow(
+                key="k010000",
+                sample_hash=hash_bytes(b"new"),
+                shard="b" * 32,
+                position=0,
+                size_bytes=2,
+            )
+        ]
     )
     reads = []
-    merge_manifest(parts, normalise_changes([change]),
-                   read_part=lambda p: reads.append(p) or store[p.id],
-                   write_part=lambda t: part_ref(t, encode_part(t)), target_rows=256)
+    merge_manifest(
+        parts,
+        normalise_changes([change]),
+        read_part=lambda p: reads.append(p) or store[p.id],
+        write_part=lambda t: part_ref(t, encode_part(t)),
+        target_rows=256,
+    )
     assert len(parts) > 20
     assert 1 <= len(reads) <= 3
 
@@ -241,10 +268,15 @@ def test_deletions_and_last_change_wins():
     second = rows_from_list([row("b", "5"), row("c", "3")])
     second = second.append_column("deleted", pa.array([False, True]))
     parts, store = _build(base, 4)
-    merged = merge_manifest(parts, normalise_changes([first, second]),
-                            read_part=lambda p: store[p.id],
-                            write_part=lambda t: store.setdefault(part_ref(t, encode_part(t)).id, t)
-                            and part_ref(t, encode_part(t)), target_rows=4)
+    merged = merge_manifest(
+        parts,
+        normalise_changes([first, second]),
+        read_part=lambda p: store[p.id],
+        write_part=lambda t: (
+            store.setdefault(part_ref(t, encode_part(t)).id, t) and part_ref(t, encode_part(t))
+        ),
+        target_rows=4,
+    )
     out = pa.concat_tables([store[p.id] for p in merged])
     assert [(r.key, r.sample_hash[0]) for r in rows_to_list(out)] == [("a", "1"), ("b", "5")]
 
@@ -285,10 +317,18 @@ def test_diff_classifies(a, extra):
 
 def _snapshot(**kw):
     base = dict(
-        dataset="ds", parents=(), created="2026-01-01T00:00:00+00:00", author="a",
-        message="m", schema=(FieldSpec(name="u", kind="tensor", dtype="float32", ndim=3),),
-        parts=(), samples=0, sample_bytes=0, content_hash=content_hash_of([]),
-        stats={}, lineage={"staging": ["x"]},
+        dataset="ds",
+        parents=(),
+        created="2026-01-01T00:00:00+00:00",
+        author="a",
+        message="m",
+        schema=(FieldSpec(name="u", kind="tensor", dtype="float32", ndim=3),),
+        parts=(),
+        samples=0,
+        sample_bytes=0,
+        content_hash=content_hash_of([]),
+        stats={},
+        lineage={"staging": ["x"]},
     )
     base.update(kw)
     return Snapshot(**base)
