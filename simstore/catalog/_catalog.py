@@ -226,7 +226,10 @@ class Catalog:
         """Open an initialised store; NotFoundError when ``init`` was never run there."""
         store = open_store(url, storage_options=storage_options, read_only=read_only)
         cat = cls(store)
-        cat.check_initialised()
+        meta = cat.check_initialised()
+        if meta.get("conditional_writes") is False:
+            # init found no conditional writes: ref updates must fail loudly, not race
+            store.supports_atomic_cas = False
         return cat
 
     @classmethod
