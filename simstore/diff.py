@@ -15,8 +15,15 @@ from dataclasses import dataclass
 from typing import TypedDict
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from simstore.manifest import ManifestRow, rows_from_list, rows_to_list, sort_rows
+from simstore.manifest import (
+    MANIFEST_SCHEMA,
+    ManifestRow,
+    rows_from_list,
+    rows_to_list,
+    sort_rows,
+)
 
 __all__ = ["Diff", "DiffJSON", "apply_diff", "diff_tables", "parts_to_open"]
 
@@ -77,27 +84,43 @@ class Diff:
 
 
 def diff_tables(a: pa.Table, b: pa.Table) -> Diff:
-    """Compare two manifest tables (any order) by key."""
-    rows_a = {r.key: r for r in rows_to_list(a)}
-    rows_b = {r.key: r for r in rows_to_list(b)}
-    added, removed, modified, relocated = [], [], [], []
-    for key in sorted(rows_a.keys() | rows_b.keys()):
-        ra, rb = rows_a.get(key), rows_b.get(key)
-        if ra is None and rb is not None:
-            added.append(rb)
-        elif rb is None and ra is not None:
-            removed.append(ra)
-        elif ra is not None and rb is not None and ra != rb:
-            if ra.sample_hash != rb.sample_hash:
-                modified.append((ra, rb))
-            else:
-                relocated.append((ra, rb))
-    return Diff(
-        added=tuple(added),
-        removed=tuple(removed),
-        modified=tuple(modified),
-        relocated=tuple(relocated),
+    """Compare two manifest tables (any order) by key, vectorised with a full outer join."""
+    if a.num_rows == 0 and b.num_rows == 0:
+        return Diff()
+    joined = a.join(
+        b, keys="key", join_type="full outer", left_suffix="_a", right_suffix="_b",
+        coalesce_keys=True,
     )
+    in_a = pc.is_valid(joined.column("sample_hash_a"))
+    in_b = pc.is_valid(joined.column("sample_hash_b"))
+    added = joined.filter(pc.and_(in_b, pc.invert(in_a)))
+    removed = joined.filter(pc.and_(in_a, pc.invert(in_b)))
+    both = joined.filter(pc.and_(in_a, in_b))
+    same_hash = pc.equal(both.column("sample_hash_a"), both.column("sample_hash_b"))
+    modified = both.filter(pc.invert(same_hash))
+    same_place = pc.and_(
+        pc.equal(both.column("shard_a"), both.column("shard_b")),
+        pc.and_(
+            pc.equal(both.column("position_a"), both.column("position_b")),
+            pc.equal(both.column("size_bytes_a"), both.column("size_bytes_b")),
+        ),
+    )
+    relocated = both.filter(pc.and_(same_hash, pc.invert(same_place)))
+    return Diff(
+        added=tuple(_side(added, "_b")),
+        removed=tuple(_side(removed, "_a")),
+        modified=tuple(zip(_side(modified, "_a"), _side(modified, "_b"), strict=True)),
+        relocated=tuple(zip(_side(relocated, "_a"), _side(relocated, "_b"), strict=True)),
+    )
+
+
+def _side(joined: pa.Table, suffix: str) -> list[ManifestRow]:
+    """Rows of one side of a joined table, sorted by key."""
+    if joined.num_rows == 0:
+        return []
+    cols = ["key", *(f"{c}{suffix}" for c in MANIFEST_SCHEMA.names[1:])]
+    table = joined.select(cols).rename_columns(MANIFEST_SCHEMA.names)
+    return rows_to_list(sort_rows(table.cast(MANIFEST_SCHEMA)))
 
 
 def apply_diff(a: pa.Table, diff: Diff) -> pa.Table:

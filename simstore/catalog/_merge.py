@@ -68,8 +68,11 @@ def merge_manifest(
     out: list[PartRef] = []
     keys = changes.column("key").to_pylist() if changes.num_rows else []
     ci = 0
-    for part in parent_parts:
-        hi = bisect.bisect_right(keys, part.last_key, lo=ci)
+    last = len(parent_parts) - 1
+    for i, part in enumerate(parent_parts):
+        # the last part may end where the manifest ended, not at a cut: rows after it
+        # must be cut together with it, so it takes every remaining change
+        hi = len(keys) if i == last else bisect.bisect_right(keys, part.last_key, lo=ci)
         if hi == ci and cutter.is_clean:
             out.append(part)
             continue

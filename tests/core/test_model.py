@@ -1,3 +1,4 @@
+import os
 import pickle
 
 import hypothesis.strategies as st
@@ -190,7 +191,7 @@ def _build(table, target):
 
 
 @given(manifest_tables(max_rows=300), manifest_tables(max_rows=60), st.integers(2, 40))
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=int(os.environ.get("SIMSTORE_HYPOTHESIS_EXAMPLES", "150")), deadline=None)
 def test_incremental_merge_equals_full_rebuild(base, upserts, target):
     parts, store = _build(base, target)
     reads = []
