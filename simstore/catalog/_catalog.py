@@ -8,9 +8,12 @@ import io
 import json
 import os
 import random
+import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -192,6 +195,16 @@ class DiffResult:
             "manifest_bytes": self.manifest_bytes,
         }
         return out
+
+
+_WRITE_THREADS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """A part whose encoding and upload is still under way."""
+
+    future: Future[PartRef]
 
 
 @dataclass(slots=True)
@@ -421,7 +434,8 @@ class Catalog:
             raise InvalidInputError(f"invalid mode {mode!r}: expected upsert or replace")
         table = normalise_changes([changes])
         buf = io.BytesIO()
-        pq.write_table(table, buf, compression="zstd")
+        # change sets are transient (gc collects them once committed): fast lz4
+        pq.write_table(table, buf, compression="lz4")
         changes_id, _ = self.put_object(buf.getvalue())
         deletions = int(pa.compute.sum(table.column("deleted")).as_py() or 0)
         sid = f"{time.time_ns():020d}-{uuid.uuid4().hex[:12]}"
@@ -461,7 +475,10 @@ class Catalog:
     def _read_changes(self, entry: StagedEntry) -> pa.Table:
         data = self.get_object(entry.changes)
         try:
-            return pq.read_table(pa.BufferReader(data)).cast(CHANGES_SCHEMA)
+            table = pq.read_table(pa.BufferReader(data))
+            if table.schema.names != CHANGES_SCHEMA.names:
+                raise ValueError(f"columns {table.schema.names}, expected {CHANGES_SCHEMA.names}")
+            return table.cast(CHANGES_SCHEMA)
         except (pa.ArrowException, ValueError) as exc:
             raise FormatError(f"staged change set {entry.changes} is unreadable: {exc}") from exc
 
@@ -587,7 +604,7 @@ class Catalog:
             stats_list = []
             stats_exact = True
             schema = ()
-        tables = []
+        tables: list[pa.Table] = []
         for e in entries[start:]:
             schema = merge_schema(
                 schema, e.schema, source=f"staged entry {e.id}", allow_change=allow_schema_change
@@ -596,7 +613,8 @@ class Catalog:
             stats_list.append(e.stats.get("fields", {}))
             if e.deletions or not e.stats.get("exact", True):
                 stats_exact = False
-        changes = normalise_changes(tables)
+        # a single staged entry was normalised when it was staged
+        changes = tables[0] if len(tables) == 1 else normalise_changes(tables)
         if parent is not None and base_parts and changes.num_rows:
             # replacing an existing key makes merged statistics an over-count
             stats_exact = stats_exact and not self._touches_existing(base_parts, changes)
@@ -605,20 +623,38 @@ class Catalog:
             counters.parts_read += 1
             return self.read_part(p, snapshot=parent_id or "")
 
-        def write_part(table: pa.Table) -> PartRef:
+        # Encoding and storing parts overlaps on a small thread pool (Parquet encoding and
+        # file writes release the GIL); results keep their order.
+        pool = ThreadPoolExecutor(max_workers=_WRITE_THREADS)
+        in_flight: deque[Future[PartRef]] = deque()
+        counters_lock = threading.Lock()
+
+        def store_part(table: pa.Table) -> PartRef:
             data = encode_part(table)
             ref = part_ref(table, data)
             if self.store.put_if_absent(object_key(ref.id), data):
-                counters.new_part_bytes += len(data)
+                with counters_lock:
+                    counters.new_part_bytes += len(data)
             return ref
 
-        parts = merge_manifest(
-            base_parts,
-            changes,
-            read_part=read_part,
-            write_part=write_part,
-            target_rows=self.target_rows,
-        )
+        def write_part(table: pa.Table) -> PartRef:
+            future = pool.submit(store_part, table)
+            in_flight.append(future)
+            if len(in_flight) > 2 * _WRITE_THREADS:  # bound memory held by queued parts
+                in_flight.popleft().result()
+            return _Pending(future)  # type: ignore[return-value]
+
+        try:
+            pending = merge_manifest(
+                base_parts,
+                changes,
+                read_part=read_part,
+                write_part=write_part,
+                target_rows=self.target_rows,
+            )
+            parts = [p.future.result() if isinstance(p, _Pending) else p for p in pending]
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
         consumed = [e.id for e in entries]
         lineage: dict[str, Any] = {"staging": consumed}
         ingests = [dict(e.lineage) for e in entries if e.lineage]
@@ -644,13 +680,15 @@ class Catalog:
         return snap, counters
 
     def _touches_existing(self, parts: Sequence[PartRef], changes: pa.Table) -> bool:
-        keys = changes.column("key").to_pylist()
+        """Whether any change key falls inside a parent part's key range (may replace)."""
         import bisect
 
-        firsts = [p.first_key for p in parts]
-        for key in keys:
-            i = bisect.bisect_right(firsts, key) - 1
-            if i >= 0 and key <= parts[i].last_key:
+        from simstore.catalog._merge import _ArrowKeys
+
+        keys = _ArrowKeys(changes.column("key"))
+        for part in parts:
+            lo = bisect.bisect_left(keys, part.first_key)  # type: ignore[call-overload]
+            if lo < len(keys) and keys[lo] <= part.last_key:
                 return True
         return False
 

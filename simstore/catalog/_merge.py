@@ -32,10 +32,13 @@ def normalise_changes(tables: Sequence[pa.Table]) -> pa.Table:
         parts.append(t.select(CHANGES_SCHEMA.names).cast(CHANGES_SCHEMA))
     if not parts:
         return CHANGES_SCHEMA.empty_table()
-    table = pa.concat_tables(parts).combine_chunks()
+    table = pa.concat_tables(parts).combine_chunks() if len(parts) > 1 else parts[0]
     n = table.num_rows
     if n <= 1:
         return table
+    keys = table.column("key")
+    if pc.all(pc.less(keys.slice(0, n - 1), keys.slice(1))).as_py():
+        return table  # already sorted with unique keys (the common case for one ingest)
     table = table.append_column("_order", pa.array(np.arange(n, dtype=np.int64)))
     table = table.sort_by([("key", "ascending"), ("_order", "ascending")])
     keys = table.column("key")
@@ -52,7 +55,24 @@ def apply_changes(rows: pa.Table, changes: pa.Table) -> pa.Table:
     keep = pc.invert(pc.is_in(rows.column("key"), value_set=changes.column("key")))
     kept = rows.filter(keep)
     live = changes.filter(pc.invert(changes.column("deleted"))).drop_columns(["deleted"])
-    return sort_rows(pa.concat_tables([kept, live.cast(MANIFEST_SCHEMA)]))
+    return sort_rows(pa.concat_tables([kept.cast(MANIFEST_SCHEMA), live.cast(MANIFEST_SCHEMA)]))
+
+
+class _ArrowKeys:
+    """A sorted Arrow string column seen as a sequence, for ``bisect`` without copying."""
+
+    def __init__(self, column: pa.ChunkedArray) -> None:
+        self._column = column
+        self._array: pa.Array | None = None
+
+    def __len__(self) -> int:
+        return len(self._column)
+
+    def __getitem__(self, i: int) -> str:
+        if self._array is None:  # combined on first lookup only
+            col = self._column
+            self._array = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+        return str(self._array[i].as_py())
 
 
 def merge_manifest(
@@ -66,13 +86,17 @@ def merge_manifest(
     """Parts of ``parent + changes``. ``changes`` must come from :func:`normalise_changes`."""
     cutter = PartCutter(target_rows)
     out: list[PartRef] = []
-    keys = changes.column("key").to_pylist() if changes.num_rows else []
+    keys = _ArrowKeys(changes.column("key"))
     ci = 0
     last = len(parent_parts) - 1
     for i, part in enumerate(parent_parts):
         # the last part may end where the manifest ended, not at a cut: rows after it
         # must be cut together with it, so it takes every remaining change
-        hi = len(keys) if i == last else bisect.bisect_right(keys, part.last_key, lo=ci)
+        hi = (
+            len(keys)
+            if i == last
+            else bisect.bisect_right(keys, part.last_key, lo=ci)  # type: ignore[call-overload]
+        )
         if hi == ci and cutter.is_clean:
             out.append(part)
             continue
@@ -82,8 +106,11 @@ def merge_manifest(
             out.append(write_part(table))
     if ci < len(keys):
         tail = changes.slice(ci)
-        live = tail.filter(pc.invert(tail.column("deleted"))).drop_columns(["deleted"])
-        for table in cutter.feed(live.cast(MANIFEST_SCHEMA)):
+        deleted = tail.column("deleted")
+        if pc.any(deleted).as_py():  # filtering copies every column: only when needed
+            tail = tail.filter(pc.invert(deleted))
+        live = tail.drop_columns(["deleted"])
+        for table in cutter.feed(live):
             out.append(write_part(table))
     for table in cutter.finish():
         out.append(write_part(table))
