@@ -1,0 +1,305 @@
+"""A local disk cache of remote shards, shared by the worker processes and jobs of a node.
+
+Layout under the cache directory::
+
+    simstore-cache.json      marker: the directory belongs to a simstore cache
+    objects/<2 hex>/<id>     verified copies of shards, named by their hash
+    tmp/<id>.<random>        fills in progress
+    locks/<3 hex>            lock stripes (fcntl.flock)
+
+Promises and how they are kept:
+
+- *Atomic, verified fills.* A fill downloads into ``tmp/``, hashes the bytes as they
+  arrive, and renames the file into ``objects/`` only when the hash matches the id; a
+  mismatch raises :class:`IntegrityError` naming the object. Readers never see a partial
+  copy.
+- *One download per object.* A fill holds the exclusive lock of the object's stripe, so
+  processes that want the same shard wait for one download and then hit.
+- *LRU within a byte limit.* Hits refresh the file's modification time; a fill first
+  evicts the least recently used copies until the new one fits. A copy in use is *pinned*
+  by a shared ``flock`` on an open descriptor and is never evicted; eviction takes an
+  exclusive non-blocking lock before unlinking, so it cannot race a reader. When pinned
+  copies alone exceed the limit the fill goes ahead (counted as ``cache_over_limit``)
+  rather than wait, so the cache cannot deadlock; a shard larger than the whole limit is
+  an :class:`InvalidInputError`.
+- *Only cache copies are deleted*: names under ``objects/`` that are object ids, and
+  ``tmp/`` files of dead fills. A non-empty directory without the marker is refused.
+- *Crash safety.* Locks are ``flock`` locks, which the kernel drops with their process;
+  nothing else records state. A dead fill leaves a ``tmp/`` file, removed by the next
+  fill of that object or the next cache start, once its stripe lock is free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import stat
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from simstore.loaders._stats import Counters
+
+from simstore.errors import IntegrityError, InvalidInputError, StorageError
+from simstore.hashing import Hasher, is_object_id
+
+__all__ = ["CacheConfig", "PinnedCopy", "ShardCache"]
+
+MARKER = "simstore-cache.json"
+_MARKER_BODY = {"kind": "simstore-shard-cache", "format_version": 1}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CacheConfig:
+    """Where the cache lives and how many bytes of copies it may hold."""
+
+    directory: str
+    limit_bytes: int
+
+    def __post_init__(self) -> None:
+        if self.limit_bytes <= 0:
+            raise InvalidInputError(f"cache_limit must be positive, got {self.limit_bytes}")
+
+
+class PinnedCopy:
+    """A cached copy held open (pinned against eviction) until :meth:`release`."""
+
+    def __init__(self, path: str, fd: int, *, hit: bool) -> None:
+        self.path = path
+        self.hit = hit
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        """Unpin; the copy may then be evicted."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+# A fill writes the object into the given file; it returns nothing and raises on failure.
+Download = Callable[[BinaryIO], None]
+
+
+class ShardCache:
+    """The disk cache of one process; cheap to create, holds no lock between calls."""
+
+    def __init__(self, config: CacheConfig, counters: Counters) -> None:
+        self.config = config
+        self.counters = counters
+        self.root = os.path.abspath(config.directory)
+        self._objects = os.path.join(self.root, "objects")
+        self._tmp = os.path.join(self.root, "tmp")
+        self._locks = os.path.join(self.root, "locks")
+        self._claim()
+        self._sweep_tmp()
+
+    # -- setup -------------------------------------------------------------------------
+    def _claim(self) -> None:
+        marker = os.path.join(self.root, MARKER)
+        try:
+            os.makedirs(self.root, exist_ok=True)
+            if not os.path.exists(marker):
+                if os.listdir(self.root):
+                    raise InvalidInputError(
+                        f"cache directory {self.root} is not empty and is not a simstore "
+                        f"cache (no {MARKER}); give an empty or dedicated directory"
+                    )
+                tmp = f"{marker}.{uuid.uuid4().hex}"
+                with open(tmp, "w") as f:
+                    json.dump(_MARKER_BODY, f)
+                os.replace(tmp, marker)
+            for d in (self._objects, self._tmp, self._locks):
+                os.makedirs(d, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cache directory {self.root}: {exc.strerror or exc}") from exc
+
+    @contextlib.contextmanager
+    def _lock(self, name: str, *, blocking: bool = True) -> Iterator[bool]:
+        fd = os.open(os.path.join(self._locks, name), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)
+
+    def _sweep_tmp(self) -> None:
+        for name in _listdir(self._tmp):
+            oid = name.split(".", 1)[0]
+            if not is_object_id(oid):
+                continue
+            with self._lock(_stripe(oid), blocking=False) as held:
+                if held:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(self._tmp, name))
+
+    # -- lookups -----------------------------------------------------------------------
+    def path_of(self, object_id: str) -> str:
+        """Where the copy of ``object_id`` lives (whether or not it is there)."""
+        return os.path.join(self._objects, object_id[:2], object_id)
+
+    def _pin(self, object_id: str, *, hit: bool) -> PinnedCopy | None:
+        path = self.path_of(object_id)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StorageError(f"cache copy {path}: {exc.strerror or exc}") from exc
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        if os.fstat(fd).st_nlink == 0:  # evicted between open and lock
+            os.close(fd)
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)
+        return PinnedCopy(path, fd, hit=hit)
+
+    def acquire(self, object_id: str, size_bytes: Callable[[], int], download: Download,
+                *, referenced_by: str = "") -> PinnedCopy:
+        """A pinned, verified copy of ``object_id``; fills it with ``download`` on a miss.
+
+        ``size_bytes`` is asked only on a miss (it may cost a request). Raises
+        :class:`InvalidInputError` when the object is larger than the whole cache and
+        :class:`IntegrityError` when the downloaded bytes do not hash to ``object_id``.
+        """
+        if not is_object_id(object_id):
+            raise InvalidInputError(f"not an object id: {object_id!r}")
+        pinned = self._pin(object_id, hit=True)
+        if pinned is not None:
+            self.counters.add("cache_hits")
+            return pinned
+        with self._lock(_stripe(object_id)):
+            pinned = self._pin(object_id, hit=True)
+            if pinned is not None:  # another process filled it while we waited
+                self.counters.add("cache_hits")
+                return pinned
+            self._fill(object_id, size_bytes(), download, referenced_by)
+            pinned = self._pin(object_id, hit=False)
+        if pinned is None:  # pragma: no cover - evicted within microseconds of its fill
+            raise StorageError(f"cache copy of {object_id} vanished right after its fill")
+        self.counters.add("cache_misses")
+        return pinned
+
+    def _fill(self, object_id: str, size: int, download: Download, referenced_by: str) -> None:
+        if size > self.config.limit_bytes:
+            raise InvalidInputError(
+                f"cache limit of {self.config.limit_bytes} bytes is smaller than shard "
+                f"objects/{object_id[:2]}/{object_id} ({size} bytes); raise cache_limit "
+                "to at least a few shards"
+            )
+        for name in _listdir(self._tmp):  # dead fills of this object
+            if name.startswith(object_id + "."):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self._tmp, name))
+        with self._lock("evict"):
+            self._make_room(size)
+        tmp = os.path.join(self._tmp, f"{object_id}.{uuid.uuid4().hex}")
+        try:
+            with open(tmp, "wb") as raw:
+                hashing = _HashingWriter(raw)
+                download(hashing)  # type: ignore[arg-type]
+            actual = hashing.hasher.hexdigest()
+            if actual != object_id:
+                by = f"; referenced by snapshot {referenced_by}" if referenced_by else ""
+                raise IntegrityError(
+                    f"objects/{object_id[:2]}/{object_id} has hash {actual}, "
+                    f"expected {object_id}{by}"
+                )
+            dest = self.path_of(object_id)
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            os.replace(tmp, dest)
+        except OSError as exc:
+            raise StorageError(
+                f"cache fill of {object_id} in {self.root}: {exc.strerror or exc}"
+            ) from exc
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        self.counters.add("cache_fill_bytes", hashing.hasher.size_bytes)
+
+    # -- eviction ----------------------------------------------------------------------
+    def _entries(self) -> list[tuple[float, int, str]]:
+        out = []
+        for sub in _listdir(self._objects):
+            d = os.path.join(self._objects, sub)
+            for name in _listdir(d):
+                if not is_object_id(name):
+                    continue
+                path = os.path.join(d, name)
+                try:
+                    st = os.lstat(path)
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    out.append((st.st_mtime, st.st_size, path))
+        return out
+
+    def usage_bytes(self) -> int:
+        """Bytes held by copies and fills in progress."""
+        used = sum(size for _, size, _ in self._entries())
+        for name in _listdir(self._tmp):
+            with contextlib.suppress(FileNotFoundError):
+                used += os.lstat(os.path.join(self._tmp, name)).st_size
+        return used
+
+    def _make_room(self, size: int) -> None:
+        entries = sorted(self._entries())
+        used = self.usage_bytes()
+        for _mtime, nbytes, path in entries:
+            if used + size <= self.config.limit_bytes:
+                return
+            if self._evict(path):
+                used -= nbytes
+                self.counters.add("cache_evictions")
+                self.counters.add("cache_evicted_bytes", nbytes)
+        if used + size > self.config.limit_bytes:
+            self.counters.add("cache_over_limit")
+
+    def _evict(self, path: str) -> bool:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return False
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False  # pinned by a reader
+            os.unlink(path)
+            return True
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                return False
+            raise StorageError(f"cache eviction of {path}: {exc.strerror or exc}") from exc
+        finally:
+            os.close(fd)
+
+
+class _HashingWriter:
+    """A write-only file that hashes what passes through it."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self.raw = raw
+        self.hasher = Hasher()
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        self.hasher.update(data)
+        return self.raw.write(data)
+
+
+def _stripe(object_id: str) -> str:
+    return object_id[:3]
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except FileNotFoundError:
+        return []

@@ -1,0 +1,137 @@
+"""Batching samples: stack equal shapes, pad or pack the variable ones (meshes).
+
+A mesh's point and cell arrays change length from sample to sample, so a batch of them
+cannot be stacked. Two layouts, chosen by ``mesh=``:
+
+- ``"pad"``: each field is padded to the batch's largest shape with ``pad_value``, and a
+  boolean ``<field>__mask`` marks the real entries. The mask spans the leading dimensions
+  up to the last one that varies, so ``points`` of shape ``(n_i, 3)`` get a ``(B, n_max)``
+  mask.
+- ``"pack"``: the samples are concatenated along the first dimension and
+  ``<field>__offsets`` (``B + 1`` int64 values) says where each sample starts, as in
+  CSR/PyG layouts. ``index_fields`` maps an index field to the field it indexes (for
+  example ``{"cells/triangle": "points"}``); its values are shifted by that field's
+  offsets, so packed cells address packed points.
+
+Strings, bytes and JSON fields become lists; Python numbers and booleans become tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from simstore.errors import InvalidInputError
+
+__all__ = ["Collate", "MeshMode"]
+
+MeshMode = Literal["pad", "pack"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Collate:
+    """The loader's collate function (picklable, so it works with spawn workers)."""
+
+    mesh: MeshMode = "pad"
+    pad_value: float = 0.0
+    index_fields: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.mesh not in ("pad", "pack"):
+            raise InvalidInputError(f"invalid mesh layout {self.mesh!r}: expected 'pad' or 'pack'")
+
+    def __call__(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        if not samples:
+            return {}
+        names = list(samples[0])
+        for s in samples[1:]:
+            if set(s) != set(names):
+                diff = sorted(set(s) ^ set(names))
+                raise InvalidInputError(
+                    f"cannot batch samples with different fields (differ in {diff}); "
+                    "give the mixture's datasets a transform that aligns them"
+                )
+        out: dict[str, Any] = {}
+        lengths: dict[str, list[int]] = {}
+        for name in names:
+            values = [s[name] for s in samples]
+            if all(isinstance(v, torch.Tensor) for v in values):
+                packed = self.mesh == "pack" and (
+                    name in self.index_fields or name in self.index_fields.values()
+                )
+                self._tensors(name, values, out, lengths, always_pack=packed)
+            elif all(isinstance(v, bool | int | float) for v in values):
+                out[name] = torch.tensor(values)
+            else:
+                out[name] = values
+        if self.mesh == "pack":
+            for name, target in self.index_fields.items():
+                if name in out and target in lengths:
+                    self._shift(name, target, samples, out, lengths)
+        return out
+
+    def _tensors(
+        self,
+        name: str,
+        values: list[torch.Tensor],
+        out: dict[str, Any],
+        lengths: dict[str, list[int]],
+        *,
+        always_pack: bool,
+    ) -> None:
+        shapes = {tuple(v.shape) for v in values}
+        if len(shapes) == 1 and not always_pack:
+            out[name] = torch.stack(values)
+            return
+        ndims = {v.dim() for v in values}
+        if len(ndims) != 1 or 0 in ndims:  # a 0-d field can only differ in rank
+            raise InvalidInputError(
+                f"field {name!r} has tensors of different ranks in one batch: {sorted(shapes)}"
+            )
+        if self.mesh == "pack":
+            tails = {tuple(v.shape[1:]) for v in values}
+            if len(tails) != 1:
+                raise InvalidInputError(
+                    f"field {name!r} cannot be packed: shapes differ beyond the first "
+                    f"dimension ({sorted(shapes)}); use mesh='pad'"
+                )
+            sizes = [int(v.shape[0]) for v in values]
+            lengths[name] = sizes
+            out[name] = torch.cat(values)
+            offsets = torch.zeros(len(values) + 1, dtype=torch.int64)
+            offsets[1:] = torch.cumsum(torch.tensor(sizes, dtype=torch.int64), 0)
+            out[f"{name}__offsets"] = offsets
+            return
+        biggest = [max(s[d] for s in shapes) for d in range(values[0].dim())]
+        varying = [d for d in range(len(biggest)) if len({s[d] for s in shapes}) > 1]
+        depth = varying[-1] + 1
+        padded = torch.full((len(values), *biggest), self.pad_value, dtype=values[0].dtype)
+        mask = torch.zeros((len(values), *biggest[:depth]), dtype=torch.bool)
+        for i, v in enumerate(values):
+            region: tuple[int | slice, ...] = tuple(slice(0, int(n)) for n in v.shape)
+            padded[(i, *region)] = v
+            mask[(i, *region[:depth])] = True
+        out[name] = padded
+        out[f"{name}__mask"] = mask
+
+    def _shift(
+        self,
+        name: str,
+        target: str,
+        samples: Sequence[Mapping[str, Any]],
+        out: dict[str, Any],
+        lengths: dict[str, list[int]],
+    ) -> None:
+        starts = [0]
+        for n in lengths[target][:-1]:
+            starts.append(starts[-1] + n)
+        parts = [s[name] + start for s, start in zip(samples, starts, strict=True)]
+        out[name] = torch.cat(parts)
+        if f"{name}__offsets" not in out:
+            sizes = [int(p.shape[0]) for p in parts]
+            offsets = torch.zeros(len(parts) + 1, dtype=torch.int64)
+            offsets[1:] = torch.cumsum(torch.tensor(sizes, dtype=torch.int64), 0)
+            out[f"{name}__offsets"] = offsets

@@ -1,0 +1,542 @@
+"""``SimDataset``: a torch ``IterableDataset`` over one pinned snapshot, or a mixture of several.
+
+``__iter__`` only wires stages: the epoch plan (:mod:`._plan`, pure) -> resolution of stream
+positions to manifest rows and background fetches (:mod:`._pipeline`) -> decode in
+threads -> conversion to tensors and the sample's transform. The shuffle is part of the
+stream order (:mod:`._order`), so a checkpoint needs only the positions still to read.
+
+The object holds values only (stores pickle, readers and threads are created inside each
+worker when it starts reading), so it survives ``fork`` and ``spawn``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import os
+import shutil
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+import numpy as np
+import torch
+from simstore.loaders._cache import CacheConfig
+from simstore.loaders._fetch import RateLimiter, ShardAccess, tier_of
+from simstore.loaders._metrics import Metrics, timed
+from simstore.loaders._order import Mixture
+from simstore.loaders._pipeline import (
+    PrefetchConfig,
+    ReaderPool,
+    Resolver,
+    ShardOpener,
+    prefetched,
+    read_chunk,
+)
+from simstore.loaders._plan import (
+    Interval,
+    Remainder,
+    advance,
+    intervals_total,
+    normalise_intervals,
+    plan_epoch,
+    samples_per_rank,
+)
+from simstore.loaders._source import Source, Transform, check_read_options, open_source
+from simstore.loaders._stats import Counters, LoaderStats, RunReport, run_report
+from simstore.loaders._world import (
+    World,
+    WorldDetector,
+    detect_world,
+    in_worker,
+    worker_context,
+)
+from torch.utils.data import IterableDataset
+
+from simstore.errors import InvalidInputError
+from simstore.storage import ObjectStore, open_store
+
+__all__ = ["LoaderOptions", "LoaderState", "SimDataset"]
+
+STATE_FORMAT_VERSION = 1
+Sample = dict[str, Any]
+
+
+class LoaderState(TypedDict):
+    """``state_dict()``: what pins the stream, and the positions of the epoch still to read."""
+
+    format_version: int
+    kind: str
+    snapshots: list[str]
+    seeds: list[int]
+    weights: list[int]
+    mix_seed: int
+    epoch: int
+    epoch_length: int
+    remaining: list[list[int]]
+    delivered: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoaderOptions:
+    """How a dataset reads (shared by the sources of a mixture)."""
+
+    remainder: Remainder = "pad"
+    cache: CacheConfig | None = None
+    prefetch: PrefetchConfig = field(default_factory=PrefetchConfig)
+    verify: bool = True
+    max_bandwidth: float | None = None
+    zero_copy: bool = True
+    shard_opener: ShardOpener | None = None
+    log_every_s: float | None = None
+
+
+@dataclass(slots=True)
+class _Phase:
+    """Progress of the current iteration: every rank's workers delivered ``counts``."""
+
+    remaining: tuple[Interval, ...]
+    world_size: int
+    num_workers: int
+    batch_size: int
+    counts: list[int]
+
+
+def default_opener() -> ShardOpener:
+    """``simstore.formats.open_shard``, imported when first needed."""
+    name = "open_shard"
+    try:
+        opener: ShardOpener = getattr(importlib.import_module("simstore.formats"), name)
+    except (ImportError, AttributeError) as exc:  # pragma: no cover - formats ships with it
+        raise InvalidInputError(
+            f"no shard reader available ({exc}); pass shard_opener= or install simstore fully"
+        ) from exc
+    return opener
+
+
+def parse_bytes(value: int | str | None, what: str) -> int | None:
+    """Bytes from an int or a string such as ``"512MiB"`` or ``"20GB"``."""
+    if value is None or isinstance(value, int):
+        return value
+    text = value.strip().replace(" ", "")
+    units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
+             "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "B": 1}
+    for unit, scale in units.items():
+        if text.endswith(unit):
+            try:
+                return int(float(text[: -len(unit)]) * scale)
+            except ValueError:
+                break
+    raise InvalidInputError(f"invalid {what} {value!r}: give bytes or e.g. '512MiB', '20GB'")
+
+
+def _cache_config(
+    cache_dir: str | os.PathLike[str] | None, limit: int | None
+) -> CacheConfig | None:
+    if cache_dir is None:
+        if limit is not None:
+            raise InvalidInputError("cache_limit given without cache_dir")
+        return None
+    directory = os.fspath(cache_dir)
+    if limit is None:
+        os.makedirs(directory, exist_ok=True)
+        limit = min(32 << 30, shutil.disk_usage(directory).free // 2)
+    return CacheConfig(directory=directory, limit_bytes=limit)
+
+
+class SimDataset(IterableDataset[Sample]):
+    """Samples of one snapshot (or a mixture) as dicts of tensors plus ``__key__``/``__pad__``.
+
+    ``ref`` is resolved once, here, and the snapshot stays pinned for the life of the
+    object and its ``state_dict``. Each epoch every sample is delivered exactly once across
+    ranks and workers, every rank gets the same count (``remainder="pad"`` repeats a few
+    samples, marked ``__pad__``; ``"drop"`` leaves out fewer than ``world_size``), and the
+    order is a pure function of (snapshot, seed, epoch). See docs/loader.md.
+
+    Args:
+        store: a store URL or an ``ObjectStore``.
+        ref: ``name``, ``name@branch``, ``name@tag`` or ``name@<snapshot id prefix>``.
+        fields: fields to read (default all); only their bytes are read.
+        shuffle: shuffle (default) or read in manifest order (validation).
+        seed: the shuffle seed.
+        rank, world_size: default to torch.distributed, then ``RANK``/``WORLD_SIZE``.
+        cache_dir, cache_limit: local disk cache for remote stores and its byte limit.
+        prefetch: a :class:`PrefetchConfig`, or how many chunks to decode ahead.
+        transform: applied to each sample (a dict of tensors) in the reading process.
+        remainder: ``"pad"`` (default) or ``"drop"``.
+        window, crop: ``{field: region}`` reads of part of an array field (Zarr shards).
+        window_shards: shards shuffled together (the shuffle window).
+        group_parts: manifest parts per shuffle group.
+        verify: hash-check each shard once per process (local) or on cache fill.
+        max_bandwidth: bytes/s cap for the whole job (split over its ranks and workers).
+        zero_copy: share memory with decoded buffers where possible (do not modify
+            samples in place in a transform when true).
+        shard_opener: how to open a shard (default ``simstore.formats.open_shard``).
+        world_detector: how to find rank and world size (default :func:`detect_world`).
+        log_every_s: log a one-line summary this often while iterating.
+        storage_options: options for the store backend.
+    """
+
+    def __init__(
+        self,
+        store: str | os.PathLike[str] | ObjectStore,
+        ref: str,
+        fields: Sequence[str] | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
+        prefetch: PrefetchConfig | int | None = None,
+        transform: Transform | None = None,
+        *,
+        remainder: Remainder = "pad",
+        window: Mapping[str, Any] | None = None,
+        crop: Mapping[str, Any] | None = None,
+        window_shards: int = 8,
+        group_parts: int = 4,
+        verify: bool = True,
+        max_bandwidth: int | str | None = None,
+        zero_copy: bool = True,
+        shard_opener: ShardOpener | None = None,
+        world_detector: WorldDetector | None = None,
+        log_every_s: float | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        backend = open_store(store, storage_options=storage_options, read_only=True)
+        source = open_source(
+            backend, ref, fields=fields, shuffle=shuffle, seed=seed,
+            window_shards=window_shards, group_parts=group_parts, transform=transform,
+            read_options=check_read_options(window, crop),
+        )
+        if isinstance(prefetch, int):
+            prefetch = PrefetchConfig(chunks=prefetch)
+        options = LoaderOptions(
+            remainder=remainder,
+            cache=_cache_config(cache_dir, parse_bytes(cache_limit, "cache_limit")),
+            prefetch=prefetch or PrefetchConfig(),
+            verify=verify,
+            max_bandwidth=parse_bytes(max_bandwidth, "max_bandwidth"),
+            zero_copy=zero_copy,
+            shard_opener=shard_opener,
+            log_every_s=log_every_s,
+        )
+        self._setup((source,), (1.0,), seed, shuffle, None, options,
+                    rank, world_size, world_detector)
+
+    def _setup(
+        self,
+        sources: tuple[Source, ...],
+        weights: tuple[float, ...],
+        seed: int,
+        shuffle: bool,
+        samples_per_epoch: int | None,
+        options: LoaderOptions,
+        rank: int | None,
+        world_size: int | None,
+        detector: WorldDetector | None,
+    ) -> None:
+        if options.remainder not in ("pad", "drop"):
+            raise InvalidInputError(f"invalid remainder {options.remainder!r}: 'pad' or 'drop'")
+        self._sources = sources
+        self._mixture = Mixture.of(weights, seed=seed, shuffle=shuffle)
+        self._epoch_length = (
+            samples_per_epoch if samples_per_epoch is not None
+            else sum(s.num_samples for s in sources)
+        )
+        self._options = options
+        self._detector: WorldDetector = detector or functools.partial(
+            detect_world, rank, world_size
+        )
+        self._world = self._detector()
+        self._epoch = 0
+        self._resume: tuple[Interval, ...] | None = None
+        self._phase: _Phase | None = None
+        self._metrics = Metrics()
+
+    # -- construction of mixtures ----------------------------------------------------
+    @classmethod
+    def mix(
+        cls,
+        datasets: Sequence[SimDataset],
+        weights: Sequence[float] | None = None,
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        samples_per_epoch: int | None = None,
+    ) -> SimDataset:
+        """Several datasets streamed as one, by weight; deterministic and resumable.
+
+        Each dataset keeps its snapshot, fields, shuffle and transform; the mixture takes
+        the reading options and world of the first. An epoch is ``samples_per_epoch``
+        samples (default: all datasets' samples together); a dataset whose share runs
+        past its end starts its next epoch. See docs/loader.md for the algorithm.
+        """
+        if not datasets:
+            raise InvalidInputError("mix needs at least one dataset")
+        sources: list[Source] = []
+        for ds in datasets:
+            if len(ds._sources) != 1:
+                raise InvalidInputError("mix takes plain datasets, not mixtures")
+            if ds._sources[0].num_samples == 0:
+                raise InvalidInputError(
+                    f"dataset {ds._sources[0].dataset} (snapshot "
+                    f"{ds._sources[0].snapshot_id}) has no samples to mix"
+                )
+            sources.append(ds._sources[0])
+        w = tuple(float(x) for x in weights) if weights is not None else (1.0,) * len(sources)
+        if len(w) != len(sources):
+            raise InvalidInputError(f"{len(w)} weights for {len(sources)} datasets")
+        if samples_per_epoch is not None and samples_per_epoch < 0:
+            raise InvalidInputError("samples_per_epoch must be non-negative")
+        first = datasets[0]
+        out = cls.__new__(cls)
+        out._setup(tuple(sources), w, seed, shuffle, samples_per_epoch, first._options,
+                   None, None, first._detector)
+        return out
+
+    # -- properties ------------------------------------------------------------------
+    @property
+    def snapshot_ids(self) -> list[str]:
+        """The pinned snapshot of each source."""
+        return [s.snapshot_id for s in self._sources]
+
+    @property
+    def snapshot_id(self) -> str:
+        """The pinned snapshot (of the first source, for a mixture)."""
+        return self._sources[0].snapshot_id
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration reads."""
+        return self._epoch
+
+    @property
+    def num_samples(self) -> int:
+        """Samples in one epoch of the stream (all ranks together)."""
+        return self._epoch_length
+
+    @property
+    def world(self) -> World:
+        """The rank and world size this dataset reads as."""
+        return self._world
+
+    def __len__(self) -> int:
+        """Samples this rank delivers in a full epoch."""
+        return samples_per_rank(self._epoch_length, self._world.world_size,
+                                self._options.remainder)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch ``epoch`` next; a resume loaded for this same epoch is kept."""
+        if epoch < 0:
+            raise InvalidInputError(f"epoch must be non-negative, got {epoch}")
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self._resume = None
+            self._phase = None
+
+    # -- state -----------------------------------------------------------------------
+    def _full(self) -> tuple[Interval, ...]:
+        return ((0, self._epoch_length),) if self._epoch_length else ()
+
+    def _remaining(self) -> tuple[Interval, ...]:
+        if self._resume is not None:
+            return self._resume
+        phase = self._phase
+        if phase is None:
+            return self._full()
+        return advance(
+            phase.remaining, world_size=phase.world_size, num_workers=phase.num_workers,
+            batch_size=phase.batch_size, remainder=self._options.remainder,
+            consumed=phase.counts,
+        )
+
+    def state_dict(self) -> LoaderState:
+        """Snapshots, seeds, epoch and the positions of the epoch still to read.
+
+        Every rank of a synchronous job holds the same state, so saving one rank's is
+        enough; loading it into any world size or worker count resumes exactly.
+        """
+        remaining = self._remaining()
+        return {
+            "format_version": STATE_FORMAT_VERSION,
+            "kind": "simstore-loader-state",
+            "snapshots": self.snapshot_ids,
+            "seeds": [s.seed for s in self._sources],
+            "weights": list(self._mixture.weights),
+            "mix_seed": self._mixture.seed,
+            "epoch": self._epoch,
+            "epoch_length": self._epoch_length,
+            "remaining": [[a, b] for a, b in remaining],
+            "delivered": self._epoch_length - intervals_total(remaining),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from :meth:`state_dict`; the next iteration reads exactly what was left."""
+        if state.get("kind") != "simstore-loader-state":
+            raise InvalidInputError("not a simstore loader state")
+        if state.get("format_version") != STATE_FORMAT_VERSION:
+            raise InvalidInputError(
+                f"loader state format_version {state.get('format_version')!r}, this "
+                f"simstore reads {STATE_FORMAT_VERSION}"
+            )
+        mine = self.state_dict()
+        for name in ("snapshots", "seeds", "weights", "mix_seed", "epoch_length"):
+            if state.get(name) != mine[name]:
+                raise InvalidInputError(
+                    f"loader state has {name} {state.get(name)!r}, but this dataset reads "
+                    f"{mine[name]!r}: a state resumes only the stream it came from"
+                )
+        remaining = normalise_intervals(state["remaining"])
+        if remaining and (remaining[0][0] < 0 or remaining[-1][1] > self._epoch_length):
+            raise InvalidInputError("loader state has positions outside the epoch")
+        self._epoch = int(state["epoch"])
+        self._resume = remaining
+        self._phase = None
+
+    def _begin(self, world_size: int, num_workers: int, batch_size: int) -> tuple[Interval, ...]:
+        """Start tracking an iteration; returns the positions it reads."""
+        remaining = self._resume if self._resume is not None else self._full()
+        self._resume = None
+        self._phase = _Phase(remaining, world_size, num_workers, batch_size, [0] * num_workers)
+        self._metrics.start(self._epoch)
+        return remaining
+
+    def _delivered(self, worker: int, count: int, counters: dict[str, float]) -> None:
+        """A batch came out of ``worker``: it has now delivered ``count`` samples."""
+        if self._phase is not None:
+            self._phase.counts[worker] = count
+        self._metrics.update(worker, counters)
+
+    # -- metrics ---------------------------------------------------------------------
+    def stats(self) -> LoaderStats:
+        """Throughput, time to first batch, cache, bytes and requests per tier, data stall."""
+        return self._metrics.stats()
+
+    def report(self) -> RunReport:
+        """The JSON run report for the cost accounting (schema in docs/loader.md)."""
+        return run_report(
+            self._metrics.stats(), self._metrics.counters(),
+            snapshots=self.snapshot_ids, epochs=list(self._metrics.epochs),
+            world_size=self._world.world_size, num_workers=len(self._phase.counts)
+            if self._phase else 1,
+        )
+
+    # -- iteration -------------------------------------------------------------------
+    def refresh_world(self) -> World:
+        """Detect rank and world size again (call in the main process, before reading)."""
+        self._world = self._detector()
+        return self._world
+
+    def __iter__(self) -> Iterator[Sample]:
+        if in_worker():
+            worker, num_workers = worker_context()
+            # inside a plain DataLoader's worker: read this worker's share, untracked
+            world = World(rank=self._world.rank, world_size=self._world.world_size,
+                          worker=worker, num_workers=num_workers)
+            remaining = self._resume if self._resume is not None else self._full()
+            for sample, _count, _counters in self.read(world, self._epoch, remaining, 1):
+                yield sample
+            return
+        world = self.refresh_world()
+        remaining = self._begin(world.world_size, 1, 1)
+        items = self.read(world, self._epoch, remaining, 1)
+
+        def tracked() -> Iterator[Sample]:
+            for sample, count, counters in items:
+                self._delivered(0, count, counters)
+                yield sample
+
+        yield from timed(tracked(), self._metrics, log_every_s=self._options.log_every_s)
+
+    def read(
+        self, world: World, epoch: int, remaining: Sequence[Interval], batch_size: int
+    ) -> Iterator[tuple[Sample, int, dict[str, float]]]:
+        """One reader's samples, each with its running count and the reading counters.
+
+        The plan -> prefetch -> decode pipeline; used by ``__iter__`` and by
+        :class:`SimDataLoader`'s workers.
+        """
+        plan = plan_epoch(remaining, world, batch_size=batch_size,
+                          remainder=self._options.remainder)
+        counters = Counters()
+        opts = self._options
+        rate = opts.max_bandwidth / (world.world_size * world.num_workers) if (
+            opts.max_bandwidth) else None
+        limiter = RateLimiter(rate)
+        sources = self._sources
+        tiers = [tier_of(s.store) for s in sources]
+        opener = opts.shard_opener or default_opener()
+        count = 0
+        with contextlib.ExitStack() as stack:
+            access = [
+                ShardAccess(s.store, counters=counters, limiter=limiter, cache=opts.cache,
+                            verify=opts.verify, referenced_by=s.snapshot_id)
+                for s in sources
+            ]
+            pool = ReaderPool(access, opener, opts.prefetch.max_open_shards,
+                              [s.snapshot_id for s in sources])
+            stack.callback(pool.close)
+            resolver = Resolver(sources, self._mixture, self._epoch_length, counters, tiers)
+
+            def decode(chunk: Any) -> list[dict[str, Any]]:
+                return read_chunk(chunk, pool, sources, limiter, counters, tiers)
+
+            chunks = prefetched(plan, epoch, resolver, pool, opts.prefetch, decode)
+            stack.callback(chunks.close)
+            for chunk, values in chunks:
+                for j, fields in enumerate(values):
+                    src = sources[int(chunk.source[j])]
+                    sample = _to_tensors(fields, zero_copy=opts.zero_copy)
+                    if src.transform is not None:
+                        sample = src.transform(sample)
+                    sample["__key__"] = chunk.keys[j]
+                    pad = bool(chunk.is_pad[j])
+                    sample["__pad__"] = pad
+                    counters.add("pad_samples" if pad else "samples")
+                    counters.add("sample_bytes", _sample_bytes(sample))
+                    count += 1
+                    yield sample, count, counters.snapshot()
+
+
+def _to_tensors(fields: Mapping[str, Any], *, zero_copy: bool) -> Sample:
+    out: Sample = {}
+    for name, value in fields.items():
+        if isinstance(value, np.ndarray):
+            out[name] = _array_to_tensor(value, zero_copy)
+        elif isinstance(value, np.generic):
+            out[name] = torch.as_tensor(value.item())
+        elif isinstance(value, bool | int | float):
+            out[name] = torch.tensor(value)
+        else:
+            out[name] = value
+    return out
+
+
+def _array_to_tensor(arr: np.ndarray, zero_copy: bool) -> torch.Tensor:
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    if arr.flags.writeable:
+        return torch.from_numpy(arr)
+    if not zero_copy:
+        return torch.from_numpy(arr.copy())
+    # A tensor over a read-only buffer: torch warns once per process that writing to it is
+    # undefined; the loader documents that samples must not be modified in place when
+    # zero_copy is on, so the warning is expected here and silenced.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(arr)
+
+
+def _sample_bytes(sample: Mapping[str, Any]) -> int:
+    total = 0
+    for value in sample.values():
+        if isinstance(value, torch.Tensor):
+            total += value.element_size() * value.nelement()
+        elif isinstance(value, bytes | str):
+            total += len(value)
+    return total
+

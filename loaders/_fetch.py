@@ -1,0 +1,302 @@
+"""Getting a shard's bytes to its reader: direct local files, the disk cache, or ranged reads.
+
+Three ways, chosen per store when a worker starts reading:
+
+- ``local``: the store has a local path for the object (``LocalStore``): the reader opens
+  that file; :meth:`ShardAccess.prepare` hashes it once per process when ``verify`` is on
+  (which also pulls it into the page cache ahead of decoding).
+- ``cache``: a remote store and a ``cache_dir``: :meth:`prepare` fills the disk cache
+  (one hash-verified download per node) and the reader opens the cached copy.
+- ``ranged``: a remote store and no cache: the reader gets a :class:`RangedFile`, a
+  seekable file whose reads become ranged GETs, aligned to blocks so that neighbouring
+  ranges coalesce into one request. Only the bytes of the requested fields and rows are
+  fetched; they cannot be hash-checked without the whole object, so corruption shows up
+  only as a format error (use a cache for verified reads).
+
+Every remote read passes the process's :class:`RateLimiter` (``max_bandwidth``) and is
+counted per tier.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import BinaryIO, Literal, cast
+
+from simstore.loaders._cache import CacheConfig, PinnedCopy, ShardCache
+from simstore.loaders._stats import Counters
+
+from simstore.errors import IntegrityError, NotFoundError, StorageError
+from simstore.hashing import hash_file, object_key
+from simstore.storage import ObjectStore
+
+__all__ = ["AccessMode", "RangedFile", "RateLimiter", "ShardAccess", "ShardHandle", "tier_of"]
+
+AccessMode = Literal["local", "cache", "ranged"]
+_FILL_BLOCK_BYTES = 64 * 1024 * 1024
+
+
+def tier_of(store: ObjectStore) -> str:
+    """The tier name a store's reads are counted under (``local``, ``s3``, ``memory``...)."""
+    url = str(getattr(store, "url", ""))
+    if "://" not in url:
+        return "local"
+    scheme = url.split("://", 1)[0]
+    return "local" if scheme == "file" else scheme
+
+
+class RateLimiter:
+    """A token bucket of ``rate_bytes_per_s``; :meth:`take` sleeps until the bytes fit.
+
+    Shared by the threads of one process. ``clock`` and ``sleep`` are injectable for tests.
+    """
+
+    def __init__(
+        self,
+        rate_bytes_per_s: float | None,
+        *,
+        burst_s: float = 0.25,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.rate = rate_bytes_per_s
+        self.burst = (rate_bytes_per_s or 0) * burst_s
+        self._clock = clock
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._tokens = self.burst
+        self._last = clock()
+
+    def take(self, nbytes: int) -> float:
+        """Wait until ``nbytes`` may be read; returns the seconds waited."""
+        if not self.rate or nbytes <= 0:
+            return 0.0
+        with self._lock:
+            now = self._clock()
+            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+            self._last = now
+            self._tokens -= nbytes
+            wait = -self._tokens / self.rate if self._tokens < 0 else 0.0
+        if wait > 0:
+            self._sleep(wait)
+        return wait
+
+
+class RangedFile(io.RawIOBase):
+    """A read-only, seekable file over one stored object, read by ranged GETs.
+
+    Reads are served from aligned blocks of ``block_bytes``; the blocks a read lacks are
+    fetched with one GET per run of neighbouring blocks, and up to ``max_cached_bytes``
+    of blocks are kept (LRU), so a reader's small neighbouring reads cost one request.
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        key: str,
+        size_bytes: int,
+        *,
+        counters: Counters,
+        limiter: RateLimiter,
+        block_bytes: int = 1 << 20,
+        max_cached_bytes: int = 32 << 20,
+    ) -> None:
+        super().__init__()
+        self.store = store
+        self.key = key
+        self.size = size_bytes
+        self.block = block_bytes
+        self.max_blocks = max(1, max_cached_bytes // block_bytes)
+        self._blocks: OrderedDict[int, bytes] = OrderedDict()
+        self._pos = 0
+        self._counters = counters
+        self._limiter = limiter
+        self._tier = tier_of(store)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        view = memoryview(buffer).cast("B")
+        end = min(self.size, self._pos + len(view))
+        if end <= self._pos:
+            return 0
+        data = self._range(self._pos, end)
+        view[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+    def _range(self, start: int, end: int) -> bytes:
+        first, last = start // self.block, (end - 1) // self.block
+        missing = [b for b in range(first, last + 1) if b not in self._blocks]
+        runs: list[list[int]] = []
+        for b in missing:
+            if runs and runs[-1][-1] == b - 1:
+                runs[-1].append(b)
+            else:
+                runs.append([b])
+        for run in runs:
+            lo = run[0] * self.block
+            hi = min(self.size, (run[-1] + 1) * self.block)
+            self._counters.add("throttle_s", self._limiter.take(hi - lo))
+            data = self.store.get(self.key, byte_range=(lo, hi))
+            self._counters.add_read(self._tier, len(data))
+            for i, b in enumerate(run):
+                self._blocks[b] = data[i * self.block : (i + 1) * self.block]
+        parts = []
+        for b in range(first, last + 1):
+            self._blocks.move_to_end(b)
+            parts.append(self._blocks[b])
+        while len(self._blocks) > max(self.max_blocks, last - first + 1):
+            self._blocks.popitem(last=False)
+        joined = b"".join(parts) if len(parts) > 1 else parts[0]
+        off = start - first * self.block
+        return joined[off : off + (end - start)]
+
+
+@dataclass(slots=True)
+class ShardHandle:
+    """What a reader opens: a local path or a file object, and how to let go of it."""
+
+    source: str | BinaryIO
+    release: Callable[[], None]
+
+
+class ShardAccess:
+    """Fetches and opens shards of one store for one reading process (not shared)."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        counters: Counters,
+        limiter: RateLimiter,
+        cache: CacheConfig | None,
+        verify: bool,
+        referenced_by: str = "",
+    ) -> None:
+        self.store = store
+        self.counters = counters
+        self.limiter = limiter
+        self.verify = verify
+        self.referenced_by = referenced_by
+        self.tier = tier_of(store)
+        probe = _local_probe(store)
+        self.mode: AccessMode = "local" if probe else ("cache" if cache else "ranged")
+        self._cache = ShardCache(cache, counters) if cache and self.mode == "cache" else None
+        self._verified: set[str] = set()
+        self._lock = threading.Lock()
+
+    def prepare(self, shard_id: str) -> ShardHandle | None:
+        """Background work before a shard is opened: verify it, or fill the cache."""
+        if self.mode == "local":
+            self._verify_local(shard_id)
+            return None
+        if self.mode == "cache":
+            return self._cached(shard_id)
+        return None
+
+    def open(self, shard_id: str, prepared: ShardHandle | None) -> ShardHandle:
+        """The source a reader opens for ``shard_id`` (using what :meth:`prepare` made)."""
+        if prepared is not None:
+            return prepared
+        key = object_key(shard_id)
+        if self.mode == "local":
+            self._verify_local(shard_id)
+            path = self.store.local_path(key)
+            if path is None:
+                raise NotFoundError(f"{self.store.url}: no object {key}")
+            return ShardHandle(path, _nothing)
+        if self.mode == "cache":
+            return self._cached(shard_id)
+        size = self._size(key)
+        f = RangedFile(self.store, key, size, counters=self.counters, limiter=self.limiter)
+        return ShardHandle(cast(BinaryIO, f), f.close)
+
+    # -- the modes ---------------------------------------------------------------------
+    def _verify_local(self, shard_id: str) -> None:
+        with self._lock:
+            if not self.verify or shard_id in self._verified:
+                return
+        key = object_key(shard_id)
+        path = self.store.local_path(key)
+        if path is None:
+            raise NotFoundError(f"{self.store.url}: no object {key}")
+        try:
+            with open(path, "rb") as f:
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
+            actual, size = hash_file(path)
+        except OSError as exc:
+            raise StorageError(f"{self.store.url}/{key}: read failed: {exc}") from exc
+        self.counters.add_read(self.tier, size)
+        self.counters.add("shards_verified")
+        if actual != shard_id:
+            by = f"; referenced by snapshot {self.referenced_by}" if self.referenced_by else ""
+            raise IntegrityError(
+                f"{self.store.url}: {key} has hash {actual}, expected {shard_id}{by}"
+            )
+        with self._lock:
+            self._verified.add(shard_id)
+
+    def _size(self, key: str) -> int:
+        info = self.store.info(key)
+        self.counters.add_read(self.tier, 0)
+        return info.size_bytes
+
+    def _cached(self, shard_id: str) -> ShardHandle:
+        assert self._cache is not None
+        key = object_key(shard_id)
+        sizes: list[int] = []
+
+        def size_bytes() -> int:
+            sizes.append(self._size(key))
+            return sizes[-1]
+
+        def download(out: BinaryIO) -> None:
+            size = sizes[-1] if sizes else size_bytes()
+            if size <= _FILL_BLOCK_BYTES:
+                blocks = [(0, size)]
+            else:
+                blocks = [
+                    (lo, min(size, lo + _FILL_BLOCK_BYTES))
+                    for lo in range(0, size, _FILL_BLOCK_BYTES)
+                ]
+            for lo, hi in blocks:
+                self.counters.add("throttle_s", self.limiter.take(hi - lo))
+                data = self.store.get(key) if len(blocks) == 1 else self.store.get(
+                    key, byte_range=(lo, hi)
+                )
+                self.counters.add_read(self.tier, len(data))
+                out.write(data)
+
+        copy: PinnedCopy = self._cache.acquire(
+            shard_id, size_bytes, download, referenced_by=self.referenced_by
+        )
+        return ShardHandle(copy.path, copy.release)
+
+
+def _nothing() -> None:
+    return None
+
+
+def _local_probe(store: ObjectStore) -> bool:
+    """Whether the store keeps objects as local files (judged without touching an object)."""
+    from simstore.storage import LocalStore
+
+    return isinstance(store, LocalStore)

@@ -1,0 +1,171 @@
+"""``SimDataLoader``: a thin DataLoader that checkpoints a ``SimDataset`` with workers.
+
+Each worker reads its batches of the rank's block (see :mod:`._plan`) and tags every batch
+with its worker index, how many samples it has delivered so far and its reading counters.
+The loader strips the tag in the main process, so the dataset there knows exactly what the
+training loop has received, whatever the worker count: that is the checkpoint. Batches
+the DataLoader has prefetched but not yet handed out are not counted, so nothing is lost
+or repeated on resume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NamedTuple
+
+from simstore.loaders._collate import Collate, MeshMode
+from simstore.loaders._dataset import LoaderState, Sample, SimDataset
+from simstore.loaders._metrics import timed
+from simstore.loaders._plan import Interval
+from simstore.loaders._stats import LoaderStats, RunReport
+from simstore.loaders._world import World, worker_context
+from torch.utils.data import DataLoader, IterableDataset
+
+from simstore.errors import InvalidInputError
+
+__all__ = ["SimDataLoader"]
+
+
+class _Tag(NamedTuple):
+    worker: int
+    delivered: int
+    counters: dict[str, float]
+
+
+class _Tagged(NamedTuple):
+    """A batch and its worker's tag (a NamedTuple, so ``pin_memory`` pins the batch)."""
+
+    batch: Any
+    tag: _Tag
+
+
+class _WorkerStream(IterableDataset[tuple[Sample, _Tag]]):
+    """What the DataLoader's workers iterate: the dataset's samples with their tags."""
+
+    def __init__(self, dataset: SimDataset, batch_size: int) -> None:
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.world = dataset.world
+        self.epoch = 0
+        self.remaining: tuple[Interval, ...] = ()
+
+    def __iter__(self) -> Iterator[tuple[Sample, _Tag]]:
+        worker, num_workers = worker_context()
+        world = World(rank=self.world.rank, world_size=self.world.world_size,
+                      worker=worker, num_workers=num_workers)
+        for sample, count, counters in self.dataset.read(
+            world, self.epoch, self.remaining, self.batch_size
+        ):
+            yield sample, _Tag(worker, count, counters)
+
+
+class _TaggingCollate:
+    """Collates the samples of a batch and keeps the tag of its last sample."""
+
+    def __init__(self, collate: Callable[[list[Sample]], Any], batched: bool) -> None:
+        self.collate = collate
+        self.batched = batched
+
+    def __call__(self, items: Any) -> _Tagged:
+        if not self.batched:
+            sample, tag = items
+            return _Tagged(sample, tag)
+        samples = [s for s, _ in items]
+        return _Tagged(self.collate(samples), items[-1][1])
+
+
+class SimDataLoader(DataLoader[Any]):
+    """A ``DataLoader`` over a :class:`SimDataset` with ``state_dict``/``load_state_dict``.
+
+    The default collate stacks tensors and pads (``mesh="pad"``, with ``<field>__mask``) or
+    packs (``mesh="pack"``, with ``<field>__offsets``) variable-size fields. Works with
+    ``num_workers`` 0 or more and fork or spawn worker start methods; ``pin_memory`` pins
+    batches. ``persistent_workers`` is refused: a persistent worker cannot learn of a new
+    epoch or a resume.
+    """
+
+    def __init__(
+        self,
+        dataset: SimDataset,
+        batch_size: int | None = 1,
+        num_workers: int = 0,
+        *,
+        collate_fn: Callable[[list[Sample]], Any] | None = None,
+        mesh: MeshMode = "pad",
+        index_fields: Mapping[str, str] | None = None,
+        pad_value: float = 0.0,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        persistent_workers: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        if not isinstance(dataset, SimDataset):
+            raise InvalidInputError("SimDataLoader reads a SimDataset")
+        if persistent_workers:
+            raise InvalidInputError(
+                "persistent_workers is not supported: a persistent worker cannot learn of a "
+                "new epoch or a resumed state; worker start-up is cheap, readers open lazily"
+            )
+        if kwargs.get("in_order") is False:
+            raise InvalidInputError("in_order=False would make batches' order nondeterministic")
+        for name in ("sampler", "batch_sampler", "shuffle"):
+            if kwargs.get(name) is not None:
+                raise InvalidInputError(f"{name}= does not apply: the dataset plans its order")
+        if batch_size is not None and batch_size < 1:
+            raise InvalidInputError(f"batch_size must be at least 1, got {batch_size}")
+        collate = collate_fn or Collate(mesh=mesh, pad_value=pad_value,
+                                        index_fields=dict(index_fields or {}))
+        self.sim_dataset = dataset
+        self._stream = _WorkerStream(dataset, batch_size or 1)
+        super().__init__(
+            self._stream,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            collate_fn=_TaggingCollate(collate, batch_size is not None),
+            pin_memory=pin_memory,
+            drop_last=drop_last,
+            **kwargs,
+        )
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        ds = self.sim_dataset
+        world = ds.refresh_world()
+        workers = max(1, self.num_workers)
+        self._stream.world = world
+        self._stream.epoch = ds.epoch
+        self._stream.remaining = ds._begin(world.world_size, workers, self._stream.batch_size)
+        tagged = super().__iter__()
+
+        def untag() -> Iterator[Any]:
+            for item in tagged:
+                batch, tag = item
+                ds._delivered(tag.worker, tag.delivered, tag.counters)
+                yield batch
+
+        return timed(untag(), ds._metrics, log_every_s=ds._options.log_every_s)
+
+    def __len__(self) -> int:
+        n = len(self.sim_dataset)
+        bs = self._stream.batch_size
+        return n // bs if self.drop_last else -(-n // bs)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch ``epoch`` next (see :meth:`SimDataset.set_epoch`)."""
+        self.sim_dataset.set_epoch(epoch)
+
+    def state_dict(self) -> LoaderState:
+        """The dataset's state: what the training loop has received so far."""
+        return self.sim_dataset.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from :meth:`state_dict`, with any world size and worker count."""
+        self.sim_dataset.load_state_dict(state)
+
+    def stats(self) -> LoaderStats:
+        """The dataset's stats (see :meth:`SimDataset.stats`)."""
+        return self.sim_dataset.stats()
+
+    def report(self) -> RunReport:
+        """The dataset's run report (see :meth:`SimDataset.report`)."""
+        return self.sim_dataset.report()
+

@@ -1,0 +1,221 @@
+"""The order of an epoch's stream: shuffle and mixture. Pure.
+
+**One dataset.** A snapshot lists its manifest parts and their row counts, so the order is
+built in two levels, and a reader needs only the parts its stretch of the stream covers:
+
+1. *Parts.* The parts are permuted with a generator seeded by ``(seed, epoch, snapshot
+   id)`` and cut into *groups* of ``group_parts`` consecutive parts; the stream lays the
+   groups end to end, so the start of every group is known from the snapshot alone.
+2. *Shards within a group.* The group's rows are sorted into *pieces* by shard. The pieces
+   are permuted, cut into *windows* of ``window_shards`` consecutive pieces, and the rows
+   of each window are shuffled uniformly. A stretch of the stream thus touches a window
+   of shards at a time (locality: a shard is read by about one reader), while neighbours
+   in the stream come from different shards (and hence source files) with probability
+   about ``1 - 1/window_shards``.
+
+Without shuffling the stream is the manifest: parts in key order, rows in key order.
+
+**Several datasets.** A mixture is an endless stream cut into blocks of ``block`` positions.
+Source ``i`` owns ``Q_i(P)`` of the first ``P`` positions, ``Q_i(P) = floor(P a_i / A)`` for
+integer weights ``a_i`` (``A`` their sum; the heaviest source takes the rest). That is exact
+at every block boundary, so each block holds each source's share, and a block's slots are
+permuted with a generator seeded by ``(seed, block)``. The ``q``-th slot of source ``i`` reads
+position ``q mod N_i`` of that source's epoch ``q div N_i``. One dataset is the mixture of
+one source with ``L = N``: position ``p`` of epoch ``E`` is its own epoch ``E``, position ``p``.
+
+Random choices use PCG64 seeded through ``SeedSequence`` and draw only raw 64-bit words,
+whose values NumPy keeps stable across versions, so a (snapshot, seed) gives the same
+order on every machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from simstore.errors import InvalidInputError
+
+__all__ = [
+    "Mixture",
+    "SourceLayout",
+    "group_order",
+    "permutation",
+    "random_words",
+    "source_layout",
+]
+
+_WEIGHT_SCALE = 1 << 20
+
+
+def _entropy(seed: int, *words: int | str) -> list[int]:
+    out = [int(seed)]
+    for w in words:
+        out.append(int(w, 16) if isinstance(w, str) else int(w))
+    if any(x < 0 for x in out):
+        raise InvalidInputError(f"seeds and epochs must be non-negative, got {out[:2]}")
+    return out
+
+
+def random_words(n: int, seed: int, *words: int | str) -> np.ndarray:
+    """``n`` raw 64-bit random words from ``(seed, *words)`` (hex strings count as ints)."""
+    ss = np.random.SeedSequence(_entropy(seed, *words))
+    return np.random.PCG64(ss).random_raw(n).astype(np.uint64)
+
+
+def permutation(n: int, seed: int, *words: int | str) -> np.ndarray:
+    """A permutation of ``range(n)`` determined by ``(seed, *words)``."""
+    return np.argsort(random_words(n, seed, *words), kind="stable").astype(np.int64)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class SourceLayout:
+    """Parts of one source in stream order, cut into groups.
+
+    ``group_starts[g]`` is the first stream position of group ``g`` (one extra entry holds
+    the total), and group ``g`` holds parts ``part_order[group_parts*g : group_parts*(g+1)]``.
+    """
+
+    part_order: np.ndarray
+    group_parts: int
+    group_starts: np.ndarray
+
+    @property
+    def num_groups(self) -> int:
+        """How many groups."""
+        return len(self.group_starts) - 1
+
+    def parts_of(self, group: int) -> np.ndarray:
+        """Indices (into the snapshot's parts) of a group's parts, in stream order."""
+        return self.part_order[self.group_parts * group : self.group_parts * (group + 1)]
+
+    def group_of(self, positions: np.ndarray) -> np.ndarray:
+        """The group holding each stream position."""
+        return np.searchsorted(self.group_starts, positions, side="right") - 1
+
+
+def source_layout(
+    part_rows: Sequence[int] | np.ndarray,
+    *,
+    snapshot_id: str,
+    seed: int,
+    epoch: int,
+    shuffle: bool,
+    group_parts: int,
+) -> SourceLayout:
+    """The part order and groups of one epoch of one source."""
+    if group_parts < 1:
+        raise InvalidInputError(f"group_parts must be at least 1, got {group_parts}")
+    rows = np.asarray(part_rows, dtype=np.int64)
+    n = len(rows)
+    order = (
+        permutation(n, seed, epoch, snapshot_id, 1) if shuffle else np.arange(n, dtype=np.int64)
+    )
+    per_group = np.add.reduceat(rows[order], np.arange(0, n, group_parts)) if n else rows[:0]
+    starts = np.concatenate([[0], np.cumsum(per_group)]).astype(np.int64)
+    return SourceLayout(part_order=order, group_parts=group_parts, group_starts=starts)
+
+
+def group_order(
+    shard_codes: np.ndarray,
+    *,
+    window_shards: int,
+    seed: int,
+    epoch: int,
+    snapshot_id: str,
+    group: int,
+) -> np.ndarray:
+    """The stream order of a group's rows: a permutation of ``range(len(shard_codes))``.
+
+    ``shard_codes[i]`` numbers the shard of row ``i``. Pieces (rows of one
+    shard) are permuted, cut into windows of ``window_shards`` pieces, and each window's
+    rows shuffled uniformly.
+    """
+    if window_shards < 1:
+        raise InvalidInputError(f"window_shards must be at least 1, got {window_shards}")
+    n = len(shard_codes)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    uniq, codes = np.unique(np.asarray(shard_codes, dtype=np.int64), return_inverse=True)
+    m = len(uniq)
+    piece_rank = np.empty(m, dtype=np.int64)
+    piece_rank[permutation(m, seed, epoch, snapshot_id, 2, group)] = np.arange(m)
+    window = piece_rank[codes] // window_shards
+    ties = random_words(n, seed, epoch, snapshot_id, 3, group)
+    return np.lexsort((ties, window)).astype(np.int64)
+
+
+def _integer_weights(weights: Sequence[float]) -> tuple[int, ...]:
+    if not weights:
+        raise InvalidInputError("a mixture needs at least one weight")
+    values = [float(w) for w in weights]
+    if any(not np.isfinite(w) or w <= 0 for w in values):
+        raise InvalidInputError(f"mixture weights must be positive and finite, got {values}")
+    total = sum(values)
+    return tuple(max(1, round(w / total * _WEIGHT_SCALE)) for w in values)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Mixture:
+    """How an endless stream is shared between sources by weight (see the module doc)."""
+
+    weights: tuple[int, ...]
+    seed: int
+    shuffle: bool
+    block: int
+
+    @classmethod
+    def of(cls, weights: Sequence[float], *, seed: int, shuffle: bool) -> Mixture:
+        """A mixture of sources with these (positive) weights."""
+        ints = _integer_weights(weights)
+        m = len(ints)
+        # A block must hold at least one slot for the heaviest source whatever the
+        # others' rounding; m * m positions guarantee it (see ``_quota``).
+        return cls(weights=ints, seed=seed, shuffle=shuffle, block=max(1024, m * m))
+
+    def quota(self, position: int) -> list[int]:
+        """How many of the first ``position`` slots (a multiple of ``block``) each source owns."""
+        a, total = self.weights, sum(self.weights)
+        heavy = int(np.argmax(a))
+        q = [position * w // total for w in a]
+        q[heavy] = position - sum(x for i, x in enumerate(q) if i != heavy)
+        return q
+
+    def block_slots(self, block: int) -> np.ndarray:
+        """The source of each slot of block ``block``, in order."""
+        lo, hi = self.quota(block * self.block), self.quota((block + 1) * self.block)
+        counts = np.asarray([h - low for low, h in zip(lo, hi, strict=True)], dtype=np.int64)
+        slots = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+        if len(counts) == 1:
+            return slots
+        if self.shuffle:
+            return np.asarray(slots[permutation(len(slots), self.seed, 4, block)])
+        # evenly interleaved: slot j of source i sits at (j + 0.5) / count_i
+        within = np.concatenate([np.arange(c) for c in counts])
+        keys = (within + 0.5) / np.maximum(counts, 1)[slots]
+        return np.asarray(slots[np.lexsort((slots, keys))], dtype=np.int64)
+
+    def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(source, q)`` of each endless-stream position.
+
+        ``source`` is the slot's source and ``q`` the slot's index among that source's slots.
+        """
+        pos = np.asarray(positions, dtype=np.int64)
+        src = np.zeros(len(pos), dtype=np.int64)
+        q = np.zeros(len(pos), dtype=np.int64)
+        if len(self.weights) == 1:
+            return src, pos.copy()
+        blocks = pos // self.block
+        for b in np.unique(blocks):
+            sel = blocks == b
+            slots = self.block_slots(int(b))
+            base = self.quota(int(b) * self.block)
+            rank = np.empty(len(slots), dtype=np.int64)
+            for i in range(len(self.weights)):
+                mask = slots == i
+                rank[mask] = np.arange(int(mask.sum())) + base[i]
+            off = pos[sel] - int(b) * self.block
+            src[sel] = slots[off]
+            q[sel] = rank[off]
+        return src, q

@@ -1,0 +1,396 @@
+"""The reading stages of one worker: resolve -> prefetch -> decode, as small iterators.
+
+- :class:`Resolver` turns a chunk of stream positions into manifest rows (shard, position,
+  key), loading groups of manifest parts as the stream reaches them.
+- :func:`prefetched` keeps background work ahead of the consumer: shard fetches (cache
+  fills, verification) on an I/O thread pool for the next ``prefetch.shards`` shards, and
+  chunk decodes on a decode pool, at most ``prefetch.chunks`` chunks and about
+  ``prefetch.budget_bytes`` of decoded samples ahead.
+- :class:`ReaderPool` opens shard readers lazily (so nothing is open before a worker
+  starts, whatever the start method) and keeps at most ``max_open_shards`` open.
+
+The pools are created inside the generator that uses them and shut down by it, so a
+worker owns its threads and a dataset object holds none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Callable, Generator, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import numpy as np
+from simstore.loaders._fetch import RateLimiter, ShardAccess, ShardHandle
+from simstore.loaders._order import Mixture, SourceLayout
+from simstore.loaders._plan import EpochPlan
+from simstore.loaders._source import GroupRows, Source, load_group
+from simstore.loaders._stats import Counters
+
+from simstore.errors import FormatError, InvalidInputError, SimstoreError
+from simstore.hashing import object_key
+from simstore.protocols import ShardReader
+
+__all__ = [
+    "Chunk",
+    "PrefetchConfig",
+    "ReaderPool",
+    "Resolver",
+    "ShardOpener",
+    "ShardRead",
+    "prefetched",
+]
+
+ShardOpener = Callable[[str | BinaryIO], ShardReader]
+Decoded = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrefetchConfig:
+    """How far background reading runs ahead, and with how many threads.
+
+    Memory held by prefetching is about ``budget_bytes`` of decoded samples plus, for
+    ranged reads, 32 MiB of blocks per open shard.
+    """
+
+    chunks: int = 4
+    shards: int = 8
+    budget_bytes: int = 512 << 20
+    chunk_samples: int = 64
+    io_threads: int = 4
+    decode_threads: int = 2
+    max_open_shards: int = 16
+
+    def __post_init__(self) -> None:
+        for name in ("chunks", "shards", "budget_bytes", "chunk_samples", "io_threads",
+                     "decode_threads", "max_open_shards"):
+            if getattr(self, name) < 1:
+                raise InvalidInputError(f"prefetch {name} must be at least 1")
+
+
+@dataclass(frozen=True, slots=True)
+class ShardRead:
+    """The rows a chunk needs from one shard, and where they go in the chunk."""
+
+    source: int
+    shard_id: str
+    positions: np.ndarray
+    out: np.ndarray
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Chunk:
+    """A resolved run of stream positions."""
+
+    source: np.ndarray
+    is_pad: np.ndarray
+    keys: list[str]
+    reads: tuple[ShardRead, ...]
+    size_bytes: int
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+class Resolver:
+    """Maps stream positions of an epoch to manifest rows; caches a few layouts and groups."""
+
+    def __init__(
+        self,
+        sources: Sequence[Source],
+        mixture: Mixture,
+        epoch_length: int,
+        counters: Counters,
+        tiers: Sequence[str],
+        *,
+        max_groups: int = 4,
+    ) -> None:
+        self.sources = sources
+        self.mixture = mixture
+        self.epoch_length = epoch_length
+        self.counters = counters
+        self.tiers = tiers
+        self.max_groups = max(max_groups, 2 * len(sources))
+        self._layouts: OrderedDict[tuple[int, int], SourceLayout] = OrderedDict()
+        self._groups: OrderedDict[tuple[int, int, int], GroupRows] = OrderedDict()
+
+    def _layout(self, src: int, epoch: int) -> SourceLayout:
+        key = (src, epoch)
+        lay = self._layouts.get(key)
+        if lay is None:
+            lay = self._layouts[key] = self.sources[src].layout(epoch)
+            while len(self._layouts) > 2 * len(self.sources):
+                self._layouts.popitem(last=False)
+        self._layouts.move_to_end(key)
+        return lay
+
+    def _group(self, src: int, epoch: int, group: int) -> GroupRows:
+        key = (src, epoch, group)
+        rows = self._groups.get(key)
+        if rows is None:
+            lay = self._layout(src, epoch)
+            rows = load_group(self.sources[src], lay, epoch, group, self.counters, self.tiers[src])
+            self._groups[key] = rows
+            while len(self._groups) > self.max_groups:
+                self._groups.popitem(last=False)
+        self._groups.move_to_end(key)
+        return rows
+
+    def resolve(self, epoch: int, positions: np.ndarray, is_pad: np.ndarray) -> Chunk:
+        """The manifest rows of ``positions`` of epoch ``epoch``."""
+        n = len(positions)
+        src, q = self.mixture.locate(epoch * self.epoch_length + positions)
+        keys: list[str] = [""] * n
+        reads: list[ShardRead] = []
+        size = 0
+        for i in np.unique(src).tolist():
+            sel = np.flatnonzero(src == i)
+            total = self.sources[i].num_samples
+            sub_epoch, pos = np.divmod(q[sel], total)
+            for e in np.unique(sub_epoch).tolist():
+                esel = sel[sub_epoch == e]
+                epos = pos[sub_epoch == e]
+                lay = self._layout(i, e)
+                groups = lay.group_of(epos)
+                for g in np.unique(groups).tolist():
+                    rows = self._group(i, e, g)
+                    idx = epos[groups == g] - int(lay.group_starts[g])
+                    out = esel[groups == g]
+                    for o, k in zip(out.tolist(), rows.keys.take(idx).to_pylist(), strict=True):
+                        keys[o] = k
+                    size += int(rows.size_bytes[idx].sum())
+                    codes = rows.shard[idx]
+                    for c in np.unique(codes).tolist():
+                        m = codes == c
+                        reads.append(
+                            ShardRead(i, rows.shard_ids[c], rows.position[idx[m]], out[m])
+                        )
+        return Chunk(source=src, is_pad=is_pad, keys=keys, reads=tuple(reads), size_bytes=size)
+
+
+class _Entry:
+    __slots__ = ("handle", "lock", "reader", "users")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.reader: ShardReader | None = None
+        self.handle: ShardHandle | None = None
+        self.users = 0
+
+
+class ReaderPool:
+    """Open shard readers of one worker, at most ``max_open`` idle ones kept (LRU)."""
+
+    def __init__(
+        self,
+        access: Sequence[ShardAccess],
+        opener: ShardOpener,
+        max_open: int,
+        referenced_by: Sequence[str],
+    ) -> None:
+        self.access = access
+        self.opener = opener
+        self.max_open = max_open
+        self.referenced_by = referenced_by
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[tuple[int, str], _Entry] = OrderedDict()
+        self._prepared: dict[tuple[int, str], Future[ShardHandle | None]] = {}
+
+    def is_known(self, key: tuple[int, str]) -> bool:
+        """Whether the shard is open or its preparation is scheduled."""
+        with self._lock:
+            return key in self._entries or key in self._prepared
+
+    def schedule(self, key: tuple[int, str], pool: ThreadPoolExecutor) -> None:
+        """Start preparing a shard (verify or cache fill) in the background."""
+        with self._lock:
+            if key in self._entries or key in self._prepared:
+                return
+            self._prepared[key] = pool.submit(self.access[key[0]].prepare, key[1])
+
+    @contextlib.contextmanager
+    def reader(self, key: tuple[int, str]) -> Iterator[ShardReader]:
+        """Use the reader of a shard (opening it if needed); one user at a time."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._entries[key] = _Entry()
+            entry.users += 1
+            self._entries.move_to_end(key)
+            prepared = self._prepared.pop(key, None)
+        try:
+            with entry.lock:
+                if entry.reader is None:
+                    handle = prepared.result() if prepared is not None else None
+                    prepared = None
+                    entry.handle = self.access[key[0]].open(key[1], handle)
+                    entry.reader = self._open(key, entry.handle)
+                elif prepared is not None:
+                    _release(prepared)
+                yield entry.reader
+        finally:
+            with self._lock:
+                entry.users -= 1
+                self._evict_idle()
+
+    def _open(self, key: tuple[int, str], handle: ShardHandle) -> ShardReader:
+        try:
+            reader = self.opener(handle.source)
+        except SimstoreError as exc:
+            handle.release()
+            raise type(exc)(f"{self._name(key)}: {exc}") from exc
+        except Exception as exc:
+            handle.release()
+            raise FormatError(f"{self._name(key)} is not a readable shard: {exc}") from exc
+        self.access[key[0]].counters.add("shards_opened")
+        return reader
+
+    def _name(self, key: tuple[int, str]) -> str:
+        src, shard = key
+        by = self.referenced_by[src]
+        return f"{self.access[src].store.url}: shard {object_key(shard)} of snapshot {by}"
+
+    def _evict_idle(self) -> None:
+        idle = [k for k, e in self._entries.items() if e.users == 0]
+        while len(self._entries) > self.max_open and idle:
+            key = idle.pop(0)
+            _close(self._entries.pop(key))
+
+    def close(self) -> None:
+        """Close every reader and release every prepared shard."""
+        with self._lock:
+            entries = list(self._entries.values())
+            prepared = list(self._prepared.values())
+            self._entries.clear()
+            self._prepared.clear()
+        for entry in entries:
+            _close(entry)
+        for fut in prepared:
+            _release(fut)
+
+
+def _close(entry: _Entry) -> None:
+    with entry.lock:
+        if entry.reader is not None:
+            with contextlib.suppress(Exception):
+                entry.reader.close()
+            entry.reader = None
+        if entry.handle is not None:
+            entry.handle.release()
+            entry.handle = None
+
+
+def _release(fut: Future[ShardHandle | None]) -> None:
+    fut.cancel()
+    if fut.cancelled():
+        return
+    with contextlib.suppress(Exception):
+        handle = fut.result()
+        if handle is not None:
+            handle.release()
+
+
+def read_chunk(
+    chunk: Chunk,
+    pool: ReaderPool,
+    sources: Sequence[Source],
+    limiter: RateLimiter,
+    counters: Counters,
+    tiers: Sequence[str],
+) -> list[Decoded]:
+    """Decode a chunk's samples, in chunk order, reading each shard's rows in one call."""
+    out: list[Decoded | None] = [None] * len(chunk)
+    for read in chunk.reads:
+        src = sources[read.source]
+        key = (read.source, read.shard_id)
+        uniq, inverse = np.unique(read.positions, return_inverse=True)
+        with pool.reader(key) as reader:
+            mode = pool.access[read.source].mode
+            try:
+                values = _read(reader, uniq.tolist(), src)
+            except SimstoreError as exc:
+                raise type(exc)(f"{pool._name(key)}: {exc}") from exc
+            except Exception as exc:
+                raise FormatError(f"{pool._name(key)}: reading rows failed: {exc}") from exc
+        if len(values) != len(uniq):
+            raise FormatError(
+                f"{pool._name(key)}: asked for {len(uniq)} rows, the reader gave {len(values)}"
+            )
+        nbytes = sum(_nbytes(v) for v in values)
+        counters.add("throttle_s", limiter.take(nbytes))
+        if mode != "ranged":
+            counters.add_read("cache" if mode == "cache" else tiers[read.source], nbytes)
+        for j, o in enumerate(read.out.tolist()):
+            value = values[int(inverse[j])]
+            out[o] = value if out[o] is None else dict(value)
+    return [v if v is not None else {} for v in out]
+
+
+def _read(reader: ShardReader, positions: list[int], src: Source) -> list[Decoded]:
+    if src.read_options:
+        read: Callable[..., Iterator[Decoded]] = reader.read
+        return list(read(positions, src.fields, **src.read_options))
+    return list(reader.read(positions, src.fields))
+
+
+def _nbytes(sample: Decoded) -> int:
+    total = 0
+    for value in sample.values():
+        if isinstance(value, np.ndarray):
+            total += value.nbytes
+        elif isinstance(value, bytes | str):
+            total += len(value)
+        else:
+            total += 8
+    return total
+
+
+def prefetched(
+    plan: EpochPlan,
+    epoch: int,
+    resolver: Resolver,
+    pool: ReaderPool,
+    config: PrefetchConfig,
+    decode: Callable[[Chunk], list[Decoded]],
+) -> Generator[tuple[Chunk, list[Decoded]], None, None]:
+    """Decoded chunks of ``plan`` in order, with fetches and decodes running ahead."""
+    chunks = (resolver.resolve(epoch, p, pad) for p, pad in plan.chunks(config.chunk_samples))
+    io = ThreadPoolExecutor(config.io_threads, thread_name_prefix="simstore-io")
+    dec = ThreadPoolExecutor(config.decode_threads, thread_name_prefix="simstore-decode")
+    ahead: deque[Chunk] = deque()
+    decoding: deque[tuple[Chunk, Future[list[Decoded]]]] = deque()
+    in_flight = 0
+    exhausted = False
+    try:
+        while True:
+            while not exhausted and _shards_ahead(ahead) < config.shards and len(ahead) < 64:
+                chunk = next(chunks, None)
+                if chunk is None:
+                    exhausted = True
+                    break
+                for read in chunk.reads:
+                    pool.schedule((read.source, read.shard_id), io)
+                ahead.append(chunk)
+            while ahead and len(decoding) < config.chunks and (
+                not decoding or in_flight + ahead[0].size_bytes <= config.budget_bytes
+            ):
+                chunk = ahead.popleft()
+                decoding.append((chunk, dec.submit(decode, chunk)))
+                in_flight += chunk.size_bytes
+            if not decoding:
+                return
+            chunk, fut = decoding.popleft()
+            in_flight -= chunk.size_bytes
+            yield chunk, fut.result()
+    finally:
+        for _, fut in decoding:
+            fut.cancel()
+        dec.shutdown(wait=True, cancel_futures=True)
+        io.shutdown(wait=True, cancel_futures=True)
+
+
+def _shards_ahead(ahead: deque[Chunk]) -> int:
+    return len({(r.source, r.shard_id) for c in ahead for r in c.reads})

@@ -1,0 +1,286 @@
+"""The epoch plan: which stream positions each rank and worker reads, in which order. Pure.
+
+An epoch is a *stream*: positions ``0 .. L-1``, each naming one sample (see
+:mod:`simstore.loaders._order` for how positions map to samples). The stream does not
+depend on the world size. A plan splits what remains of it between readers:
+
+1. The remaining positions (all of them, or what a checkpoint left) are laid end to end,
+   ``R`` of them. With ``remainder="pad"`` the sequence is extended to a multiple of the
+   world size by repeating its first positions (marked as padding); with ``"drop"`` it is
+   cut to one. Each rank then reads the same number of samples, so DDP never waits on a
+   rank with a shorter last batch.
+2. Rank ``r`` takes the ``r``-th contiguous block, so each shard is read by about one rank.
+3. The block is cut into batches of ``batch_size``; worker ``k`` of ``K`` takes batches
+   ``k, k+K, k+2K, ...``. A DataLoader hands batches out round-robin, so a rank sees its
+   block in order whatever its worker count.
+
+Resuming needs only each worker's count of samples delivered: the same on every rank of a
+synchronous job, which is why one rank's state describes the whole job. :func:`advance`
+turns those counts into the positions still to read, and the next plan, for any world size
+and worker count, splits exactly those: the elastic resume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from simstore.loaders._world import World
+
+from simstore.errors import InvalidInputError
+
+__all__ = [
+    "EpochPlan",
+    "Interval",
+    "Remainder",
+    "advance",
+    "intervals_total",
+    "normalise_intervals",
+    "plan_epoch",
+    "subtract_intervals",
+    "take_intervals",
+]
+
+Interval = tuple[int, int]
+Remainder = Literal["pad", "drop"]
+
+
+def normalise_intervals(intervals: Iterable[Sequence[int]]) -> tuple[Interval, ...]:
+    """Sorted, merged, non-empty half-open intervals; raises on a negative bound."""
+    items = sorted((int(a), int(b)) for a, b in intervals if int(b) > int(a))
+    out: list[Interval] = []
+    for a, b in items:
+        if a < 0:
+            raise InvalidInputError(f"invalid interval [{a}, {b}): negative position")
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return tuple(out)
+
+
+def intervals_total(intervals: Sequence[Interval]) -> int:
+    """How many positions the (normalised) intervals hold."""
+    return sum(b - a for a, b in intervals)
+
+
+def subtract_intervals(
+    a: Sequence[Interval], b: Sequence[Interval]
+) -> tuple[Interval, ...]:
+    """Positions of ``a`` not in ``b`` (both normalised)."""
+    out: list[Interval] = []
+    j = 0
+    for start, stop in a:
+        cur = start
+        while j < len(b) and b[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < stop:
+            if b[k][0] > cur:
+                out.append((cur, b[k][0]))
+            cur = max(cur, b[k][1])
+            k += 1
+        if cur < stop:
+            out.append((cur, stop))
+    return tuple(out)
+
+
+def take_intervals(intervals: Sequence[Interval], start: int, stop: int) -> tuple[Interval, ...]:
+    """The real positions at places ``start .. stop-1`` of the intervals laid end to end."""
+    out: list[Interval] = []
+    offset = 0
+    for a, b in intervals:
+        n = b - a
+        lo, hi = max(start - offset, 0), min(stop - offset, n)
+        if lo < hi:
+            out.append((a + lo, a + hi))
+        offset += n
+        if offset >= stop:
+            break
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EpochPlan:
+    """What one worker of one rank reads this epoch; iterate :meth:`chunks`.
+
+    ``samples_per_rank`` is equal for every rank; ``worker_samples`` is this worker's
+    share. Positions at or past ``remaining_samples`` in the rank's block are padding:
+    they repeat the first remaining positions and come out marked.
+    """
+
+    remaining: tuple[Interval, ...]
+    world: World
+    batch_size: int
+    remainder: Remainder
+    remaining_samples: int
+    samples_per_rank: int
+
+    @property
+    def num_batches(self) -> int:
+        """Batches in each rank's block (the last may be short)."""
+        return -(-self.samples_per_rank // self.batch_size)
+
+    @property
+    def worker_samples(self) -> int:
+        """Samples this worker delivers."""
+        return worker_share(
+            self.samples_per_rank, self.batch_size, self.world.worker, self.world.num_workers
+        )
+
+    def chunks(self, max_samples: int = 256) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """This worker's positions in delivery order, as ``(positions, is_pad)`` arrays.
+
+        Chunks hold whole batches where a batch fits ``max_samples``, so a chunk is
+        usually one contiguous run of the stream.
+        """
+        n, bsize = self.samples_per_rank, self.batch_size
+        k, nworkers = self.world.worker, self.world.num_workers
+        per_chunk = max(1, max_samples // bsize)
+        batches = range(k, self.num_batches, nworkers)
+        starts, cums = _layout(self.remaining)
+        base = self.world.rank * n
+        for i in range(0, len(batches), per_chunk):
+            js = np.asarray(batches[i : i + per_chunk], dtype=np.int64)
+            offs = (js[:, None] * bsize + np.arange(bsize, dtype=np.int64)[None, :]).ravel()
+            offs = offs[offs < n]
+            for lo in range(0, len(offs), max_samples):
+                virtual = base + offs[lo : lo + max_samples]
+                yield _to_real(virtual, self.remaining_samples, starts, cums)
+
+
+def worker_share(samples_per_rank: int, batch_size: int, worker: int, num_workers: int) -> int:
+    """Samples worker ``worker`` delivers from a block of ``samples_per_rank``."""
+    nb = -(-samples_per_rank // batch_size)
+    mine = len(range(worker, nb, num_workers))
+    if mine == 0:
+        return 0
+    last = worker + (mine - 1) * num_workers
+    return (mine - 1) * batch_size + min(batch_size, samples_per_rank - last * batch_size)
+
+
+def _layout(remaining: Sequence[Interval]) -> tuple[np.ndarray, np.ndarray]:
+    starts = np.asarray([a for a, _ in remaining], dtype=np.int64)
+    lengths = np.asarray([b - a for a, b in remaining], dtype=np.int64)
+    cums = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    return starts, cums
+
+
+def _to_real(
+    virtual: np.ndarray, total: int, starts: np.ndarray, cums: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    is_pad = virtual >= total
+    v = np.where(is_pad, (virtual - total) % max(total, 1), virtual)
+    idx = np.searchsorted(cums, v, side="right") - 1
+    return starts[idx] + (v - cums[idx]), is_pad
+
+
+def _check(world_size: int, num_workers: int, batch_size: int, remainder: str) -> None:
+    if world_size < 1 or num_workers < 1 or batch_size < 1:
+        raise InvalidInputError(
+            f"world_size ({world_size}), num_workers ({num_workers}) and batch_size "
+            f"({batch_size}) must be at least 1"
+        )
+    if remainder not in ("pad", "drop"):
+        raise InvalidInputError(f"invalid remainder {remainder!r}: expected 'pad' or 'drop'")
+
+
+def samples_per_rank(remaining_samples: int, world_size: int, remainder: Remainder) -> int:
+    """Each rank's share of ``remaining_samples`` (rounded up to pad, down to drop)."""
+    if remaining_samples == 0:
+        return 0
+    if remainder == "pad":
+        return -(-remaining_samples // world_size)
+    return remaining_samples // world_size
+
+
+def plan_epoch(
+    remaining: Sequence[Interval],
+    world: World,
+    *,
+    batch_size: int = 1,
+    remainder: Remainder = "pad",
+) -> EpochPlan:
+    """The plan of ``world``'s reader over the ``remaining`` stream positions.
+
+    ``remaining`` is ``((0, L),)`` for a fresh epoch of ``L`` samples, or what
+    :func:`advance` left after a checkpoint. Pure: equal arguments give equal plans.
+    """
+    _check(world.world_size, world.num_workers, batch_size, remainder)
+    rem = normalise_intervals(remaining)
+    total = intervals_total(rem)
+    return EpochPlan(
+        remaining=rem,
+        world=world,
+        batch_size=batch_size,
+        remainder=remainder,
+        remaining_samples=total,
+        samples_per_rank=samples_per_rank(total, world.world_size, remainder),
+    )
+
+
+def _worker_batches(
+    count: int, worker: int, num_workers: int, bsize: int, n: int, first: int
+) -> list[Interval]:
+    """Block offsets of a worker's delivered samples from its ``first``-th batch on."""
+    full, part = divmod(count, bsize)
+    out = []
+    for j in range(first, full):
+        b = worker + j * num_workers
+        out.append((b * bsize, min((b + 1) * bsize, n)))
+    if part:
+        start = (worker + full * num_workers) * bsize
+        out.append((start, start + part))
+    return out
+
+
+def advance(
+    remaining: Sequence[Interval],
+    *,
+    world_size: int,
+    num_workers: int,
+    batch_size: int,
+    remainder: Remainder,
+    consumed: Sequence[int],
+) -> tuple[Interval, ...]:
+    """The positions still to read after each worker of every rank delivered ``consumed``.
+
+    ``consumed[k]`` is how many samples worker ``k`` delivered, the same on every rank.
+    Padding delivered is not a position; a position dropped by ``remainder="drop"`` and
+    not delivered still remains. Raises :class:`InvalidInputError` when a count exceeds
+    what the plan gives that worker.
+    """
+    _check(world_size, num_workers, batch_size, remainder)
+    rem = normalise_intervals(remaining)
+    total = intervals_total(rem)
+    n = samples_per_rank(total, world_size, remainder)
+    if len(consumed) != num_workers:
+        raise InvalidInputError(
+            f"progress has {len(consumed)} worker counts, expected {num_workers}"
+        )
+    offsets: list[Interval] = []
+    full_batches = []
+    for k, count in enumerate(consumed):
+        share = worker_share(n, batch_size, k, num_workers)
+        if not 0 <= count <= share:
+            raise InvalidInputError(
+                f"worker {k} delivered {count} samples, but its share of the epoch is {share}"
+            )
+        full_batches.append(count // batch_size)
+    # Round-robin delivery keeps workers within a batch of each other, so the union is a
+    # prefix of whole batches plus a few stragglers; list the prefix as one interval.
+    lead = min(full_batches, default=0)
+    offsets.append((0, min(lead * num_workers * batch_size, n)))
+    for k, count in enumerate(consumed):
+        offsets.extend(_worker_batches(count, k, num_workers, batch_size, n, lead))
+    block = normalise_intervals(offsets)
+    done: list[Interval] = []
+    for r in range(world_size):
+        base = r * n
+        for a, b in block:
+            lo, hi = base + a, min(base + b, total)
+            if lo < hi:
+                done.extend(take_intervals(rem, lo, hi))
+    return subtract_intervals(rem, normalise_intervals(done))

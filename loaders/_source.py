@@ -1,0 +1,188 @@
+"""One pinned snapshot as the loader reads it, and the manifest rows of one group of parts.
+
+A :class:`Source` is what a reading process needs of a snapshot: the store, the snapshot
+id, and the manifest parts' ids and row counts as two NumPy arrays (not the snapshot's
+Python objects, so worker processes do not copy per-part objects). A reader loads only the
+*groups* of parts its stretch of the stream covers (:func:`load_group`), so no rank reads
+more of the manifest than it needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from simstore.loaders._order import SourceLayout, group_order, source_layout
+from simstore.loaders._stats import Counters
+
+from simstore.catalog import Catalog
+from simstore.errors import IntegrityError, InvalidInputError
+from simstore.hashing import hash_bytes, object_key
+from simstore.manifest import decode_part
+from simstore.sample import Schema
+from simstore.storage import ObjectStore
+
+__all__ = ["GroupRows", "Source", "load_group", "open_source"]
+
+Transform = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Source:
+    """A snapshot pinned for reading, with how to shuffle and project it."""
+
+    store: ObjectStore
+    dataset: str
+    snapshot_id: str
+    part_ids: np.ndarray
+    part_rows: np.ndarray
+    schema: Schema
+    fields: tuple[str, ...] | None
+    shuffle: bool
+    seed: int
+    window_shards: int
+    group_parts: int
+    transform: Transform | None = None
+    read_options: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_samples(self) -> int:
+        """Samples in the snapshot."""
+        return int(self.part_rows.sum())
+
+    def layout(self, epoch: int) -> SourceLayout:
+        """The part order and groups of one of this source's epochs."""
+        return source_layout(
+            self.part_rows,
+            snapshot_id=self.snapshot_id,
+            seed=self.seed,
+            epoch=epoch,
+            shuffle=self.shuffle,
+            group_parts=self.group_parts,
+        )
+
+
+def open_source(
+    store: ObjectStore,
+    ref: str,
+    *,
+    fields: Sequence[str] | None,
+    shuffle: bool,
+    seed: int,
+    window_shards: int,
+    group_parts: int,
+    transform: Transform | None,
+    read_options: Mapping[str, Any],
+) -> Source:
+    """Resolve ``ref`` once and pin its snapshot; check the requested fields exist."""
+    catalog = Catalog(store)
+    catalog.check_initialised()
+    sid = catalog.resolve(ref)
+    snap = catalog.snapshot(sid)
+    names = {spec.name for spec in snap.schema}
+    if fields is not None:
+        fields = tuple(fields)
+        unknown = [f for f in fields if f not in names]
+        if unknown:
+            raise InvalidInputError(
+                f"{ref} (snapshot {sid}) has no field {unknown[0]!r}; "
+                f"fields are {sorted(names)}"
+            )
+    if seed < 0:
+        raise InvalidInputError(f"seed must be non-negative, got {seed}")
+    for opt in read_options.values():
+        for name in opt:
+            if name not in names:
+                raise InvalidInputError(
+                    f"{ref} (snapshot {sid}) has no field {name!r} to window or crop"
+                )
+    return Source(
+        store=store,
+        dataset=snap.dataset,
+        snapshot_id=sid,
+        part_ids=np.asarray([p.id for p in snap.parts], dtype="S32"),
+        part_rows=np.asarray([p.rows for p in snap.parts], dtype=np.int64),
+        schema=snap.schema,
+        fields=fields,
+        shuffle=shuffle,
+        seed=seed,
+        window_shards=window_shards,
+        group_parts=group_parts,
+        transform=transform,
+        read_options=dict(read_options),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class GroupRows:
+    """A group's manifest rows in stream order: shard (as a code), position, size, key."""
+
+    shard_ids: tuple[str, ...]
+    shard: np.ndarray
+    position: np.ndarray
+    size_bytes: np.ndarray
+    keys: pa.Array
+
+
+def _read_part(source: Source, part_id: str, counters: Counters, tier: str) -> pa.Table:
+    key = object_key(part_id)
+    data = source.store.get(key)
+    counters.add_read(tier, len(data))
+    counters.add("manifest_parts")
+    counters.add("manifest_bytes", len(data))
+    actual = hash_bytes(data)
+    if actual != part_id:
+        raise IntegrityError(
+            f"{source.store.url}: {key} has hash {actual}, expected {part_id}; "
+            f"referenced by snapshot {source.snapshot_id}"
+        )
+    return decode_part(data, object_id=part_id)
+
+
+def load_group(
+    source: Source, layout: SourceLayout, epoch: int, group: int, counters: Counters, tier: str
+) -> GroupRows:
+    """Read a group's manifest parts and put its rows in stream order."""
+    tables = [
+        _read_part(source, source.part_ids[p].decode("ascii"), counters, tier)
+        for p in layout.parts_of(group)
+    ]
+    table = pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0]
+    encoded = table.column("shard").combine_chunks().dictionary_encode()
+    codes = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+    if source.shuffle:
+        order = group_order(
+            codes,
+            window_shards=source.window_shards,
+            seed=source.seed,
+            epoch=epoch,
+            snapshot_id=source.snapshot_id,
+            group=group,
+        )
+    else:
+        order = np.arange(len(codes), dtype=np.int64)
+    positions = table.column("position").to_numpy()
+    sizes = table.column("size_bytes").to_numpy()
+    return GroupRows(
+        shard_ids=tuple(encoded.dictionary.to_pylist()),
+        shard=codes[order],
+        position=np.asarray(positions[order], dtype=np.int64),
+        size_bytes=np.asarray(sizes[order], dtype=np.int64),
+        keys=table.column("key").combine_chunks().take(pa.array(order)),
+    )
+
+
+def check_read_options(
+    window: Mapping[str, Any] | None, crop: Mapping[str, Any] | None
+) -> dict[str, Mapping[str, Any]]:
+    """The ``window``/``crop`` options as given, keyed by option name (empty ones left out)."""
+    out: dict[str, Mapping[str, Any]] = {}
+    for name, value in (("window", window), ("crop", crop)):
+        if value:
+            if not isinstance(value, Mapping):
+                raise InvalidInputError(f"{name}= takes a mapping of field name to region")
+            out[name] = dict(value)
+    return out

@@ -1,0 +1,224 @@
+"""What reading costs: counters, the stats summary and the JSON run report.
+
+Each reading process keeps one :class:`Counters` (thread-safe; the I/O threads add to it)
+and sends a snapshot of it, a small dict of numbers, with every batch; the process that
+runs the training loop adds them up and times its own waits in ``next()``. The run report
+is the summary's JSON shape for the cost accounting; its schema is in docs/loader.md.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any, TypedDict
+
+__all__ = [
+    "REPORT_FORMAT_VERSION",
+    "Counters",
+    "LoaderStats",
+    "RunReport",
+    "TierReport",
+    "merge_counters",
+    "summarise",
+]
+
+REPORT_FORMAT_VERSION = 1
+_MIB = 1024 * 1024
+
+# Counter names (flat, so a snapshot is a plain dict of numbers that pickles cheaply).
+_FIELDS = (
+    "samples",
+    "pad_samples",
+    "sample_bytes",
+    "cache_hits",
+    "cache_misses",
+    "cache_fill_bytes",
+    "cache_evictions",
+    "cache_evicted_bytes",
+    "cache_over_limit",
+    "manifest_parts",
+    "manifest_bytes",
+    "shards_opened",
+    "shards_verified",
+    "throttle_s",
+)
+
+
+class Counters:
+    """Thread-safe running totals of one reading process.
+
+    ``tier:<name>:bytes`` and ``tier:<name>:requests`` count reads per storage tier: the
+    store's own (``local``, ``memory``, ``s3``, ...) and ``cache`` for the local disk cache.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[str, float] = dict.fromkeys(_FIELDS, 0)
+
+    def add(self, name: str, value: float = 1) -> None:
+        """Add ``value`` to counter ``name``."""
+        with self._lock:
+            self._values[name] = self._values.get(name, 0) + value
+
+    def add_read(self, tier: str, nbytes: int, requests: int = 1) -> None:
+        """Count ``requests`` reads of ``nbytes`` in all from ``tier``."""
+        with self._lock:
+            for suffix, value in (("bytes", nbytes), ("requests", requests)):
+                key = f"tier:{tier}:{suffix}"
+                self._values[key] = self._values.get(key, 0) + value
+
+    def snapshot(self) -> dict[str, float]:
+        """A copy of every counter."""
+        with self._lock:
+            return dict(self._values)
+
+
+def merge_counters(snapshots: Iterable[Mapping[str, float]]) -> dict[str, float]:
+    """Sum counter snapshots (of several workers or iterations)."""
+    out: dict[str, float] = dict.fromkeys(_FIELDS, 0)
+    for snap in snapshots:
+        for key, value in snap.items():
+            out[key] = out.get(key, 0) + value
+    return out
+
+
+class TierReport(TypedDict):
+    """Reads from one storage tier."""
+
+    bytes: int
+    requests: int
+
+
+class LoaderStats(TypedDict):
+    """``SimDataset.stats()``: throughput, latency, cache and stall of the reads so far."""
+
+    samples: int
+    pad_samples: int
+    seconds: float
+    samples_per_s: float
+    mib_per_s: float
+    time_to_first_batch_s: float | None
+    cache_hits: int
+    cache_misses: int
+    cache_hit_ratio: float | None
+    cache_fill_bytes: int
+    cache_evictions: int
+    tiers: dict[str, TierReport]
+    manifest_parts: int
+    manifest_bytes: int
+    wait_s: float
+    data_stall: float | None
+    throttle_s: float
+
+
+class RunReport(TypedDict):
+    """The JSON run report the cost accounting prices (schema in docs/loader.md)."""
+
+    format_version: int
+    kind: str
+    snapshots: list[str]
+    epochs: list[int]
+    world_size: int
+    num_workers: int
+    seconds: float
+    samples: int
+    sample_bytes: int
+    tiers: dict[str, TierReport]
+    cache: dict[str, int]
+    manifest: dict[str, int]
+    time_to_first_batch_s: float | None
+    data_stall: float | None
+    wait_s: float
+
+
+def tiers_of(counters: Mapping[str, float]) -> dict[str, TierReport]:
+    """The per-tier bytes and requests in a counter snapshot."""
+    tiers: dict[str, TierReport] = {}
+    for key, value in sorted(counters.items()):
+        if not key.startswith("tier:"):
+            continue
+        _, tier, what = key.split(":", 2)
+        entry = tiers.setdefault(tier, {"bytes": 0, "requests": 0})
+        if what == "bytes":
+            entry["bytes"] += int(value)
+        else:
+            entry["requests"] += int(value)
+    return tiers
+
+
+def summarise(
+    counters: Mapping[str, float],
+    *,
+    seconds: float,
+    wait_s: float,
+    busy_s: float,
+    first_batch_s: float | None,
+) -> LoaderStats:
+    """The stats of some reading: ``wait_s`` in ``next()``, ``busy_s`` in the loop body."""
+    samples = int(counters.get("samples", 0))
+    hits, misses = int(counters.get("cache_hits", 0)), int(counters.get("cache_misses", 0))
+    looped = wait_s + busy_s
+    return {
+        "samples": samples,
+        "pad_samples": int(counters.get("pad_samples", 0)),
+        "seconds": seconds,
+        "samples_per_s": samples / seconds if seconds > 0 else 0.0,
+        "mib_per_s": counters.get("sample_bytes", 0) / _MIB / seconds if seconds > 0 else 0.0,
+        "time_to_first_batch_s": first_batch_s,
+        "cache_hits": hits,
+        "cache_misses": misses,
+        "cache_hit_ratio": hits / (hits + misses) if hits + misses else None,
+        "cache_fill_bytes": int(counters.get("cache_fill_bytes", 0)),
+        "cache_evictions": int(counters.get("cache_evictions", 0)),
+        "tiers": tiers_of(counters),
+        "manifest_parts": int(counters.get("manifest_parts", 0)),
+        "manifest_bytes": int(counters.get("manifest_bytes", 0)),
+        "wait_s": wait_s,
+        "data_stall": wait_s / looped if looped > 0 else None,
+        "throttle_s": float(counters.get("throttle_s", 0)),
+    }
+
+
+def one_line(stats: LoaderStats) -> str:
+    """The periodic log line."""
+    stall = "n/a" if stats["data_stall"] is None else f"{100 * stats['data_stall']:.1f}%"
+    hit = "n/a" if stats["cache_hit_ratio"] is None else f"{100 * stats['cache_hit_ratio']:.0f}%"
+    return (
+        f"simstore loader: {stats['samples']} samples, {stats['samples_per_s']:.1f} samples/s, "
+        f"{stats['mib_per_s']:.1f} MiB/s, stall {stall}, cache hits {hit}"
+    )
+
+
+def run_report(
+    stats: LoaderStats,
+    counters: Mapping[str, Any],
+    *,
+    snapshots: list[str],
+    epochs: list[int],
+    world_size: int,
+    num_workers: int,
+) -> RunReport:
+    """The run report of one rank."""
+    return {
+        "format_version": REPORT_FORMAT_VERSION,
+        "kind": "simstore-loader-report",
+        "snapshots": snapshots,
+        "epochs": epochs,
+        "world_size": world_size,
+        "num_workers": num_workers,
+        "seconds": stats["seconds"],
+        "samples": stats["samples"],
+        "sample_bytes": int(counters.get("sample_bytes", 0)),
+        "tiers": stats["tiers"],
+        "cache": {
+            "hits": stats["cache_hits"],
+            "misses": stats["cache_misses"],
+            "fill_bytes": stats["cache_fill_bytes"],
+            "evictions": stats["cache_evictions"],
+            "evicted_bytes": int(counters.get("cache_evicted_bytes", 0)),
+        },
+        "manifest": {"parts": stats["manifest_parts"], "bytes": stats["manifest_bytes"]},
+        "time_to_first_batch_s": stats["time_to_first_batch_s"],
+        "data_stall": stats["data_stall"],
+        "wait_s": stats["wait_s"],
+    }

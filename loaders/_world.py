@@ -1,0 +1,115 @@
+"""Where a reader sits in a training job: rank, world size, worker and worker count.
+
+The context is a value (:class:`World`) found by an injectable function, so tests and
+unusual launchers can pass their own. :func:`detect_world` is the default: rank and world
+size come from ``torch.distributed`` when it is initialised, else from the ``RANK`` and
+``WORLD_SIZE`` environment variables (set by torchrun, Slurm wrappers and the like), else
+0 and 1; the worker index and count come from ``torch.utils.data.get_worker_info()``.
+This module is the loader's only reader of environment variables: the issue asks for that
+fallback, and keeping it in one injectable function keeps the rest of the loader pure.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from simstore.errors import InvalidInputError
+
+__all__ = ["World", "WorldDetector", "detect_world", "in_worker", "worker_context"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class World:
+    """One reader's place in a job: ``rank`` of ``world_size``, ``worker`` of ``num_workers``.
+
+    ``num_workers`` counts DataLoader worker processes of one rank; a rank that reads in
+    its main process has ``worker=0, num_workers=1``.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    worker: int = 0
+    num_workers: int = 1
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise InvalidInputError(
+                f"invalid rank {self.rank} of world size {self.world_size}: "
+                "need world_size >= 1 and 0 <= rank < world_size"
+            )
+        if self.num_workers < 1 or not 0 <= self.worker < self.num_workers:
+            raise InvalidInputError(
+                f"invalid worker {self.worker} of {self.num_workers} workers: "
+                "need num_workers >= 1 and 0 <= worker < num_workers"
+            )
+
+
+WorldDetector = Callable[[], World]
+
+
+def _distributed_rank() -> tuple[int, int] | None:
+    try:
+        import torch.distributed as dist
+    except ImportError:  # torch built without distributed support
+        return None
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank()), int(dist.get_world_size())
+    return None
+
+
+def _env_rank(environ: Mapping[str, str]) -> tuple[int, int] | None:
+    rank, size = environ.get("RANK"), environ.get("WORLD_SIZE")
+    if rank is None or size is None:
+        return None
+    try:
+        return int(rank), int(size)
+    except ValueError as exc:
+        raise InvalidInputError(
+            f"RANK={rank!r} and WORLD_SIZE={size!r} must be integers"
+        ) from exc
+
+
+def in_worker() -> bool:
+    """Whether the caller runs in a DataLoader worker process."""
+    try:
+        from torch.utils.data import get_worker_info
+    except ImportError:
+        return False
+    return get_worker_info() is not None
+
+
+def worker_context() -> tuple[int, int]:
+    """``(worker, num_workers)`` of the calling DataLoader worker, ``(0, 1)`` outside one."""
+    try:
+        from torch.utils.data import get_worker_info
+    except ImportError:
+        return 0, 1
+    info = get_worker_info()
+    if info is None:
+        return 0, 1
+    return int(info.id), int(info.num_workers)
+
+
+def detect_world(
+    rank: int | None = None,
+    world_size: int | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> World:
+    """The calling process's :class:`World`; explicit ``rank``/``world_size`` win.
+
+    Order: the arguments, then ``torch.distributed``, then ``RANK``/``WORLD_SIZE`` from
+    ``environ`` (default ``os.environ``), then rank 0 of 1.
+    """
+    if (rank is None) != (world_size is None):
+        raise InvalidInputError("pass both rank and world_size, or neither")
+    found: tuple[int, int] | None
+    if rank is not None and world_size is not None:
+        found = (rank, world_size)
+    else:
+        found = _distributed_rank() or _env_rank(os.environ if environ is None else environ)
+    r, w = found or (0, 1)
+    worker, workers = worker_context()
+    return World(rank=r, world_size=w, worker=worker, num_workers=workers)

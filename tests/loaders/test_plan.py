@@ -1,0 +1,217 @@
+"""Property tests of the pure epoch plan, stream order and mixture composition."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simstore.errors import InvalidInputError
+from simstore.loaders._order import Mixture, group_order, permutation, source_layout
+from simstore.loaders._plan import (
+    advance,
+    intervals_total,
+    normalise_intervals,
+    plan_epoch,
+    subtract_intervals,
+    take_intervals,
+)
+from simstore.loaders._world import World
+
+intervals = st.lists(
+    st.tuples(st.integers(0, 300), st.integers(0, 40)).map(lambda t: (t[0], t[0] + t[1])),
+    max_size=6,
+).map(normalise_intervals)
+
+
+def positions_of(iv):
+    return [p for a, b in iv for p in range(a, b)]
+
+
+def read_all(remaining, world_size, workers, batch, remainder):
+    """{(rank, worker): [(position, is_pad), ...]} for every reader of a job."""
+    out = {}
+    for r in range(world_size):
+        for k in range(workers):
+            plan = plan_epoch(
+                remaining,
+                World(rank=r, world_size=world_size, worker=k, num_workers=workers),
+                batch_size=batch,
+                remainder=remainder,
+            )
+            got = []
+            for pos, pad in plan.chunks(max_samples=7):
+                got.extend(zip(pos.tolist(), pad.tolist(), strict=True))
+            assert len(got) == plan.worker_samples
+            out[r, k] = got
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    remaining=intervals,
+    world_size=st.integers(1, 5),
+    workers=st.integers(1, 4),
+    batch=st.integers(1, 6),
+    remainder=st.sampled_from(["pad", "drop"]),
+)
+def test_plan_covers_every_remaining_sample_exactly_once(
+    remaining, world_size, workers, batch, remainder
+):
+    reads = read_all(remaining, world_size, workers, batch, remainder)
+    real = [p for got in reads.values() for p, pad in got if not pad]
+    total = intervals_total(remaining)
+    assert len(real) == len(set(real))
+    assert set(real) <= set(positions_of(remaining))
+    if remainder == "pad":
+        assert sorted(real) == positions_of(remaining)
+    else:
+        assert len(real) == total - total % world_size
+    per_rank = Counter()
+    for (r, _k), got in reads.items():
+        per_rank[r] += len(got)
+    assert len(set(per_rank.values())) <= 1  # equal counts on every rank
+    pads = [p for got in reads.values() for p, pad in got if pad]
+    assert set(pads) <= set(positions_of(remaining))
+
+
+@settings(max_examples=60, deadline=None)
+@given(remaining=intervals, world_size=st.integers(1, 4), workers=st.integers(1, 3))
+def test_equal_arguments_give_equal_plans(remaining, world_size, workers):
+    a = read_all(remaining, world_size, workers, 3, "pad")
+    b = read_all(remaining, world_size, workers, 3, "pad")
+    assert a == b
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    remaining=intervals,
+    world_size=st.integers(1, 4),
+    workers=st.integers(1, 3),
+    batch=st.integers(1, 5),
+    remainder=st.sampled_from(["pad", "drop"]),
+    steps=st.integers(0, 30),
+    new_world=st.integers(1, 4),
+    new_workers=st.integers(1, 3),
+    new_batch=st.integers(1, 5),
+)
+def test_advance_then_replan_reads_exactly_the_rest(
+    remaining, world_size, workers, batch, remainder, steps, new_world, new_workers, new_batch
+):
+    """A checkpoint after some round-robin batches, resumed elastically, misses nothing."""
+    reads = read_all(remaining, world_size, workers, batch, remainder)
+    # a DataLoader hands out batches round-robin over workers that still have data
+    counts = [0] * workers
+    per_worker_batches = [
+        [got[i : i + batch] for i in range(0, len(got), batch)] for got in
+        (reads[0, k] for k in range(workers))
+    ]
+    delivered = set()
+    served = 0
+    cursor = [0] * workers
+    k = 0
+    while served < steps and any(cursor[j] < len(per_worker_batches[j]) for j in range(workers)):
+        if cursor[k] < len(per_worker_batches[k]):
+            for r in range(world_size):
+                b = [reads[r, k][i] for i in range(cursor[k] * batch, min((cursor[k] + 1) * batch, len(reads[r, k])))]
+                delivered.update(p for p, pad in b if not pad)
+            counts[k] += len(per_worker_batches[k][cursor[k]])
+            cursor[k] += 1
+            served += 1
+        k = (k + 1) % workers
+    rest = advance(
+        remaining, world_size=world_size, num_workers=workers, batch_size=batch,
+        remainder=remainder, consumed=counts,
+    )
+    assert set(positions_of(rest)) == set(positions_of(remaining)) - delivered
+    again = read_all(rest, new_world, new_workers, new_batch, "pad")
+    real = [p for got in again.values() for p, pad in got if not pad]
+    assert sorted(real) == positions_of(rest)
+
+
+def test_advance_refuses_counts_beyond_a_share():
+    with pytest.raises(InvalidInputError, match="share"):
+        advance([(0, 10)], world_size=2, num_workers=1, batch_size=1, remainder="pad", consumed=[6])
+
+
+@given(a=intervals, b=intervals)
+def test_interval_algebra(a, b):
+    assert positions_of(subtract_intervals(a, b)) == sorted(set(positions_of(a)) - set(positions_of(b)))
+    n = intervals_total(a)
+    assert positions_of(take_intervals(a, 0, n)) == positions_of(a)
+    assert positions_of(take_intervals(a, 1, max(1, n - 1))) == positions_of(a)[1 : max(1, n - 1)]
+
+
+@settings(deadline=None)
+@given(
+    rows=st.lists(st.integers(1, 50), min_size=1, max_size=12),
+    group_parts=st.integers(1, 4),
+    seed=st.integers(0, 2**32),
+    epoch=st.integers(0, 5),
+)
+def test_source_layout_is_a_deterministic_cover(rows, group_parts, seed, epoch):
+    kw = dict(snapshot_id="ab" * 16, seed=seed, epoch=epoch, shuffle=True, group_parts=group_parts)
+    lay = source_layout(rows, **kw)
+    again = source_layout(rows, **kw)
+    assert np.array_equal(lay.part_order, again.part_order)
+    assert sorted(lay.part_order.tolist()) == list(range(len(rows)))
+    assert lay.group_starts[-1] == sum(rows)
+    for g in range(lay.num_groups):
+        parts = lay.parts_of(g)
+        assert lay.group_starts[g + 1] - lay.group_starts[g] == sum(rows[p] for p in parts)
+
+
+@settings(deadline=None)
+@given(codes=st.lists(st.integers(0, 9), max_size=200), window=st.integers(1, 5), seed=st.integers(0, 99))
+def test_group_order_shuffles_within_windows_of_shards(codes, window, seed):
+    codes = np.asarray(codes, dtype=np.int64)
+    kw = dict(window_shards=window, seed=seed, epoch=1, snapshot_id="cd" * 16, group=3)
+    order = group_order(codes, **kw)
+    assert sorted(order.tolist()) == list(range(len(codes)))
+    assert np.array_equal(order, group_order(codes, **kw))
+    # each window's rows are contiguous in the stream: at most `window` shards per stretch
+    seen_windows = []
+    shards = codes[order]
+    window_of = {}
+    for s in shards.tolist():
+        if s not in window_of:
+            if not seen_windows or len(seen_windows[-1]) == window:
+                seen_windows.append(set())
+            seen_windows[-1].add(s)
+            window_of[s] = len(seen_windows) - 1
+    assert [window_of[s] for s in shards.tolist()] == sorted(window_of[s] for s in shards.tolist())
+
+
+def test_different_epochs_give_different_orders():
+    assert not np.array_equal(permutation(100, 0, 1, "ab" * 16), permutation(100, 0, 2, "ab" * 16))
+
+
+@settings(deadline=None)
+@given(
+    weights=st.lists(st.floats(0.05, 10), min_size=1, max_size=4),
+    start=st.integers(0, 5000),
+    length=st.integers(1, 3000),
+    shuffle=st.booleans(),
+)
+def test_mixture_slots_are_exact_and_contiguous_per_source(weights, start, length, shuffle):
+    mix = Mixture.of(weights, seed=7, shuffle=shuffle)
+    pos = np.arange(start, start + length)
+    src, q = mix.locate(pos)
+    for i in range(len(weights)):
+        qi = q[src == i]
+        # a stretch of the mixture reads a contiguous stretch of each source, in order
+        assert np.array_equal(qi, np.arange(qi[0], qi[0] + len(qi))) if len(qi) else True
+    # over whole blocks the share is the weight's, to within one slot per block
+    blocks = 4
+    src, _ = mix.locate(np.arange(blocks * mix.block))
+    share = np.bincount(src, minlength=len(weights)) / (blocks * mix.block)
+    expect = np.asarray(weights) / sum(weights)
+    assert np.all(np.abs(share - expect) <= len(weights) / mix.block + 1e-6)
+
+
+def test_mixture_rejects_bad_weights():
+    with pytest.raises(InvalidInputError):
+        Mixture.of([1.0, 0.0], seed=0, shuffle=True)
