@@ -8,10 +8,21 @@ from typing import Any
 
 from simstore.errors import InvalidInputError
 from simstore.storage._base import ObjectInfo, ObjectStore, check_key
+from simstore.storage._counting import CountingStore, Traffic, tier_of_url
 from simstore.storage._fsspec import FsspecStore
 from simstore.storage._local import LocalStore
 
-__all__ = ["FsspecStore", "LocalStore", "ObjectInfo", "ObjectStore", "check_key", "open_store"]
+__all__ = [
+    "CountingStore",
+    "FsspecStore",
+    "LocalStore",
+    "ObjectInfo",
+    "ObjectStore",
+    "Traffic",
+    "check_key",
+    "open_store",
+    "tier_of_url",
+]
 
 
 def open_store(

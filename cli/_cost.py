@@ -1,0 +1,411 @@
+"""Cost and tier commands: cost, prices, du, pull."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import click
+from simstore.cli._common import CliContext, emit, handle_errors, pass_ctx
+
+from simstore.accounting import (
+    CacheFiller,
+    CostReport,
+    DiskUsage,
+    PullReport,
+    dataset_cost,
+    disk_usage,
+    read_price_table,
+    run_cost,
+    warm_cache,
+)
+from simstore.cost import PriceTable, RunCost
+from simstore.errors import InvalidInputError
+
+__all__ = ["COMMANDS", "parse_size"]
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE)
+_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
+
+
+def parse_size(text: str) -> int:
+    """Bytes in ``500M``, ``20GiB``, ``1.5T``, ``1000000`` (K, M, G, T, P are powers of 1024)."""
+    m = _SIZE.match(text)
+    if not m:
+        raise InvalidInputError(f"invalid size {text!r}: expected e.g. 500M, 20GiB, 1.5T")
+    return int(float(m.group(1)) * 1024 ** _POWERS[m.group(2).lower()])
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _usd(x: float) -> str:
+    if x == 0:
+        return "$0"
+    if abs(x) >= 100:
+        return f"${x:,.0f}"
+    if abs(x) >= 1:
+        return f"${x:,.2f}"
+    return f"${x:.3g}"
+
+
+def _prices(files: Sequence[str], overrides: Sequence[str]) -> PriceTable:
+    return read_price_table(files, overrides)
+
+
+def _tier_map(items: Sequence[str]) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for item in items:
+        name, sep, price = item.partition("=")
+        if not sep or not name or not price:
+            raise InvalidInputError(
+                f"invalid --tier {item!r}: expected RUN_TIER=PRICE_TIER, e.g. s3=s3-standard-ia "
+                "(or RUN_TIER=none)"
+            )
+        out[name] = None if price == "none" else price
+    return out
+
+
+_price_options = [
+    click.option(
+        "--prices",
+        "price_files",
+        multiple=True,
+        type=click.Path(dir_okay=False),
+        help="TOML price table laid over the defaults (repeatable; see docs/cost.md).",
+    ),
+    click.option(
+        "--price",
+        "price_overrides",
+        multiple=True,
+        metavar="TIER.FIELD=VALUE",
+        help="Override one price, e.g. s3-standard.storage_per_gib_month=0.021 (repeatable).",
+    ),
+]
+
+
+def _with_price_options(fn: Any) -> Any:
+    for option in reversed(_price_options):
+        fn = option(fn)
+    return fn
+
+
+# -- cost ------------------------------------------------------------------------------
+
+
+@click.command("cost")
+@click.argument("target", required=False)
+@click.option(
+    "--run",
+    "runs",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="Price a loader run report (JSON) instead; repeat for the reports of several ranks.",
+)
+@click.option("--last", type=int, default=None, help="Only the newest N snapshots.")
+@_with_price_options
+@click.option(
+    "--tier",
+    "tier_map",
+    multiple=True,
+    metavar="RUN_TIER=PRICE_TIER",
+    help="With --run: price a run tier as a price tier, e.g. s3=s3-standard-ia, memory=none.",
+)
+@click.option("--cold", default=None, help="With --run: the tier cache hits would come from.")
+@click.option("--egress", is_flag=True, help="With --run: charge internet egress on reads.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_ctx
+@handle_errors
+def cost_cmd(
+    ctx: CliContext,
+    target: str | None,
+    runs: tuple[str, ...],
+    last: int | None,
+    price_files: tuple[str, ...],
+    price_overrides: tuple[str, ...],
+    tier_map: tuple[str, ...],
+    cold: str | None,
+    egress: bool,
+    as_json: bool,
+) -> None:
+    """Storage cost of TARGET's snapshots, or (--run) the cost of a loader run.
+
+    TARGET is NAME (every snapshot reachable from its branches and tags) or NAME@REV.
+    Reads every manifest part of the reported snapshots and lists the store's objects
+    once; --last limits the snapshots. Prices are list prices: check them (docs/cost.md).
+    """
+    if bool(target) == bool(runs):
+        raise InvalidInputError("give either a dataset (NAME or NAME@REV) or --run REPORT.json")
+    prices = _prices(price_files, price_overrides)
+    if runs:
+        if last is not None:
+            raise InvalidInputError("--last applies to a dataset, not to --run")
+        result = run_cost(runs, prices, tier_prices=_tier_map(tier_map), cold_tier=cold,
+                          egress=egress)  # fmt: skip
+        emit(as_json, result.to_json(), lambda: _run_text(result))
+        return
+    if tier_map or cold or egress:
+        raise InvalidInputError("--tier, --cold and --egress apply to --run")
+    assert target is not None
+    report = dataset_cost(ctx.catalog(read_only=True), target, prices, last=last)
+    emit(as_json, report.to_json(), lambda: _cost_text(report))
+
+
+def _cost_text(report: CostReport) -> str:
+    out = report.to_json()
+    tiers = list(report.prices.names)
+    lines = [
+        f"{report.target}: {len(report.snapshots)} snapshots"
+        + (" (older ones left out by --last)" if report.truncated else "")
+        + f"; store {report.store_url} ({report.store_tier})",
+        "",
+        f"{'snapshot':<12}  {'created':<10}  {'samples':>9}  {'logical':>10}  {'new':>10}  "
+        f"{'shared':>10}  {'stored':>10}  {'dedup':>6}",
+    ]
+    for s in out["snapshots"]:
+        lines.append(
+            f"{s['id'][:12]:<12}  {s['created'][:10]:<10}  {s['samples']:>9}  "
+            f"{_bytes(s['logical_bytes']):>10}  {_bytes(s['new_bytes']):>10}  "
+            f"{_bytes(s['shared_bytes']):>10}  {_bytes(s['stored_bytes']):>10}  "
+            f"{s['dedup_ratio']:>5.2f}x"
+            + (f"  ({s['missing_objects']} objects missing)" if s["missing_objects"] else "")
+        )
+    lines += ["", "$/month to hold each snapshot alone (its new bytes alone):"]
+    lines.append(f"{'snapshot':<12}" + "".join(f"  {t:>22}" for t in tiers))
+    for s in out["snapshots"]:
+        cells = "".join(
+            f"  {_usd(s['usd_per_month'][t]) + ' (' + _usd(s['new_usd_per_month'][t]) + ')':>22}"
+            for t in tiers
+        )
+        lines.append(f"{s['id'][:12]:<12}{cells}")
+    d, st = out["dataset_total"], out["store_total"]
+    lines += [
+        "",
+        f"dataset: {d['objects']} objects, {_bytes(d['bytes'])} stored after dedup "
+        f"({_bytes(d['full_copy_bytes'])} as full copies, {d['dedup_ratio']:.2f}x)",
+        "  $/month: " + ", ".join(f"{t} {_usd(d['usd_per_month'][t])}" for t in tiers),
+        f"store:   {st['objects']} objects, {_bytes(st['bytes'])}",
+        "  $/month: " + ", ".join(f"{t} {_usd(st['usd_per_month'][t])}" for t in tiers),
+        _read_line(out["read"], "this report"),
+        _prices_note(report.prices),
+    ]
+    return "\n".join(lines)
+
+
+def _read_line(read: dict[str, dict[str, dict[str, int]]], what: str) -> str:
+    requests = sum(u["requests"] for ops in read.values() for u in ops.values())
+    size = sum(u["bytes"] for ops in read.values() for u in ops.values())
+    return f"{what} made {requests} requests reading {_bytes(size)}"
+
+
+def _prices_note(prices: PriceTable) -> str:
+    dates = sorted({t.as_of for t in prices.tiers if t.as_of})
+    return f"prices: list prices as of {', '.join(dates) or '?'}; check them (docs/cost.md)"
+
+
+def _run_text(result: RunCost) -> str:
+    out = result.to_json()
+    lines = [
+        f"run: {result.epochs} epochs, {result.seconds:.0f} s, {result.reports} report(s); "
+        + ("internet egress charged" if result.egress else "no egress charged (same region)"),
+        "",
+        f"{'tier':<8}  {'priced as':<16}  {'requests':>10}  {'bytes read':>10}  "
+        f"{'requests':>9}  {'retrieval':>9}  {'egress':>9}  {'total':>9}",
+    ]
+    for t in out["tiers"]:
+        lines.append(
+            f"{t['tier']:<8}  {t['price_tier'] or '-':<16}  {t['requests']:>10}  "
+            f"{_bytes(t['bytes_read']):>10}  {_usd(t['requests_usd']):>9}  "
+            f"{_usd(t['retrieval_usd']):>9}  {_usd(t['egress_usd']):>9}  {_usd(t['total_usd']):>9}"
+        )
+    c = out["cache"]
+    lines += [
+        "",
+        f"total {_usd(result.total_usd)} per run, {_usd(result.per_epoch_usd)} per epoch, "
+        f"{_usd(result.per_hour_usd)} per hour",
+    ]
+    if c["cold_price_tier"] is None:
+        lines.append(
+            f"cache: {c['hits']} hits ({100 * c['hit_rate']:.0f}%); no cold tier to price "
+            "them against (give --cold TIER)"
+        )
+    else:
+        lines.append(
+            f"cache: {c['hits']} hits ({100 * c['hit_rate']:.0f}%), "
+            f"{_bytes(c['hit_bytes'])}{' (estimated)' if c['hit_bytes_estimated'] else ''} "
+            f"not read from {c['cold_tier']} ({c['cold_price_tier']}): saved "
+            f"{_usd(c['saved_usd'])}; with a cold cache the run would cost "
+            f"{_usd(c['cold_start_usd'])}"
+        )
+    return "\n".join(lines)
+
+
+# -- prices ----------------------------------------------------------------------------
+
+
+@click.command("prices")
+@_with_price_options
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@handle_errors
+def prices_cmd(
+    price_files: tuple[str, ...], price_overrides: tuple[str, ...], as_json: bool
+) -> None:
+    """The price table in effect (defaults, --prices files, --price overrides)."""
+    prices = _prices(price_files, price_overrides)
+
+    def text() -> str:
+        lines = [
+            f"{'tier':<16}  {'$/GiB-month':>11}  {'PUT/1k':>7}  {'GET/1k':>7}  "
+            f"{'retr/GiB':>8}  {'egress/GiB':>10}  {'min obj':>8}  {'min days':>8}  as of"
+        ]
+        for t in prices.tiers:
+            lines.append(
+                f"{t.name:<16}  {t.storage_per_gib_month:>11.5f}  {t.put_per_1000:>7.4f}  "
+                f"{t.get_per_1000:>7.4f}  {t.retrieval_per_gib:>8.3f}  {t.egress_per_gib:>10.3f}  "
+                f"{_bytes(t.min_object_bytes):>8}  {t.min_storage_days:>8}  {t.as_of}"
+            )
+        lines.append(_prices_note(prices))
+        return "\n".join(lines)
+
+    emit(as_json, prices.to_json(), text)
+
+
+# -- du --------------------------------------------------------------------------------
+
+
+def _open_cache(directory: str, limit_bytes: int) -> CacheFiller:
+    try:
+        from simstore.loaders._cache import CacheConfig, ShardCache
+        from simstore.loaders._stats import Counters
+    except ImportError as exc:  # pragma: no cover - depends on the loader being installed
+        raise InvalidInputError(f"--cache needs simstore.loaders' disk cache: {exc}") from exc
+    return ShardCache(CacheConfig(directory=directory, limit_bytes=limit_bytes), Counters())
+
+
+@click.command("du")
+@click.argument("ref", required=False)
+@click.option(
+    "--cache",
+    "cache_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Also report a hot-tier cache directory (a SimDataset cache_dir).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_ctx
+@handle_errors
+def du_cmd(ctx: CliContext, ref: str | None, cache_dir: str | None, as_json: bool) -> None:
+    """Where REF's shards and manifest parts live: the store's tier and a cache.
+
+    Without REF, what the store and the cache hold in all. Sends one HEAD per shard.
+    """
+    import os
+
+    # a cache directory that does not exist holds nothing; du must not create it
+    cache = (
+        _open_cache(cache_dir, 1) if cache_dir is not None and os.path.isdir(cache_dir) else None
+    )
+    usage = disk_usage(ctx.catalog(read_only=True), ref, cache=cache)
+    out = usage.to_json()
+    if cache_dir is not None and cache is None:
+        out["tiers"].append(
+            {"tier": "cache", "location": os.path.abspath(cache_dir), "objects": 0, "bytes": 0,
+             "missing_objects": usage.objects, "missing_bytes": usage.bytes}
+        )  # fmt: skip
+    emit(as_json, out, lambda: _du_text(usage, out))
+
+
+def _du_text(usage: DiskUsage, out: dict[str, Any]) -> str:
+    if usage.snapshot is None:
+        head = f"store: {usage.objects} objects, {_bytes(usage.bytes)}"
+    else:
+        head = (
+            f"snapshot {usage.snapshot}: {usage.objects} objects (shards and manifest parts), "
+            f"{_bytes(usage.bytes)}"
+            + (f"; {usage.unknown_size} of unknown size" if usage.unknown_size else "")
+        )
+    lines = [head, f"{'tier':<8}  {'objects':>15}  {'bytes':>10}  {'missing':>22}  location"]
+    for t in out["tiers"]:
+        objects = "-" if t["objects"] is None else str(t["objects"])
+        if usage.snapshot is not None:
+            objects = f"{objects}/{usage.objects}"
+        missing = (
+            f"{t['missing_objects']} ({_bytes(t['missing_bytes'])})"
+            if t["missing_objects"]
+            else "-"
+        )
+        lines.append(
+            f"{t['tier']:<8}  {objects:>15}  {_bytes(t['bytes']):>10}  {missing:>22}  "
+            f"{t['location']}"
+        )
+    lines.append(_read_line(out["read"], "du"))
+    return "\n".join(lines)
+
+
+# -- pull ------------------------------------------------------------------------------
+
+
+@click.command("pull")
+@click.argument("ref")
+@click.option(
+    "--cache",
+    "cache_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="The hot-tier directory: give the same one as SimDataset's cache_dir.",
+)
+@click.option(
+    "--fields",
+    default=None,
+    help="Comma-separated fields the job reads (checked; whole shards are pulled).",
+)
+@click.option(
+    "--limit",
+    default=None,
+    help="Cache size limit, e.g. 500G (default: its copies plus the disk's free space).",
+)
+@click.option("--jobs", type=int, default=8, show_default=True, help="Parallel downloads.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_ctx
+@handle_errors
+def pull_cmd(
+    ctx: CliContext,
+    ref: str,
+    cache_dir: str,
+    fields: str | None,
+    limit: str | None,
+    jobs: int,
+    as_json: bool,
+) -> None:
+    """Warm a node's cache: copy REF's shards and manifest parts into --cache DIR.
+
+    Every copy is hash-checked as it lands; objects already cached are kept. A later
+    SimDataset with cache_dir=DIR reads its first batch from local disk.
+    """
+    report = warm_cache(
+        ctx.catalog(read_only=True),
+        ref,
+        cache_dir,
+        lambda limit_bytes: _open_cache(cache_dir, limit_bytes),
+        limit_bytes=parse_size(limit) if limit is not None else None,
+        fields=tuple(f.strip() for f in fields.split(",") if f.strip()) if fields else (),
+        max_workers=jobs,
+    )
+    emit(as_json, report.to_json(), lambda: _pull_text(ref, report))
+
+
+def _pull_text(ref: str, r: PullReport) -> str:
+    return (
+        f"pulled {ref} ({r.snapshot[:12]}) into {r.cache_dir}: {r.objects} objects, "
+        f"{_bytes(r.bytes)}; fetched {r.fetched} ({_bytes(r.fetched_bytes)}), "
+        f"{r.already_cached} already cached; {r.seconds:.1f} s"
+    )
+
+
+COMMANDS = [cost_cmd, prices_cmd, du_cmd, pull_cmd]
