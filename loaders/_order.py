@@ -18,8 +18,10 @@ Without shuffling the stream is the manifest: parts in key order, rows in key or
 **Several datasets.** A mixture is an endless stream cut into blocks of ``block`` positions.
 Source ``i`` owns ``Q_i(P)`` of the first ``P`` positions, ``Q_i(P) = floor(P a_i / A)`` for
 integer weights ``a_i`` (``A`` their sum; the heaviest source takes the rest). That is exact
-at every block boundary, so each block holds each source's share, and a block's slots are
-permuted with a generator seeded by ``(seed, block)``. The ``q``-th slot of source ``i`` reads
+at every block boundary, so each block holds each source's share, and within a block the
+sources are evenly interleaved (slot ``j`` of source ``i`` at ``(j + phase_i) / count_i``,
+with phases drawn from ``(seed, block)``), so any stretch of the stream holds each source's
+share to within a slot or two. The ``q``-th slot of source ``i`` reads
 position ``q mod N_i`` of that source's epoch ``q div N_i``. One dataset is the mixture of
 one source with ``L = N``: position ``p`` of epoch ``E`` is its own epoch ``E``, position ``p``.
 
@@ -189,11 +191,16 @@ class Mixture:
         slots = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
         if len(counts) == 1:
             return slots
+        # Evenly interleaved, so every stretch of the stream holds each source's share to
+        # within a slot: slot j of source i sits at (j + phase_i) / count_i; with shuffling
+        # the phases are drawn per block, else they are all one half.
         if self.shuffle:
-            return np.asarray(slots[permutation(len(slots), self.seed, 4, block)])
-        # evenly interleaved: slot j of source i sits at (j + 0.5) / count_i
+            words = random_words(len(counts), self.seed, 4, block)
+            phase = (words >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+        else:
+            phase = np.full(len(counts), 0.5)
         within = np.concatenate([np.arange(c) for c in counts])
-        keys = (within + 0.5) / np.maximum(counts, 1)[slots]
+        keys = (within + phase[slots]) / np.maximum(counts, 1)[slots]
         return np.asarray(slots[np.lexsort((slots, keys))], dtype=np.int64)
 
     def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
