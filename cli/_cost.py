@@ -25,16 +25,24 @@ from simstore.errors import InvalidInputError
 
 __all__ = ["COMMANDS", "parse_size"]
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE)
-_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgtp])(i?)(b?))?\s*$", re.IGNORECASE)
+_POWERS = {"k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
 
 
 def parse_size(text: str) -> int:
-    """Bytes in ``500M``, ``20GiB``, ``1.5T``, ``1000000`` (K, M, G, T, P are powers of 1024)."""
+    """Bytes in ``1000000``, ``500M``, ``20GiB`` or ``20GB``.
+
+    ``KiB``/``MiB``/... and bare ``K``/``M``/... are powers of 1024; ``KB``/``MB``/... are
+    powers of 1000, as SimDataset's ``cache_limit`` reads them.
+    """
     m = _SIZE.match(text)
     if not m:
-        raise InvalidInputError(f"invalid size {text!r}: expected e.g. 500M, 20GiB, 1.5T")
-    return int(float(m.group(1)) * 1024 ** _POWERS[m.group(2).lower()])
+        raise InvalidInputError(f"invalid size {text!r}: expected bytes or e.g. 500M, 20GiB, 20GB")
+    number, prefix, binary, b = m.group(1), m.group(2), m.group(3), m.group(4)
+    if not prefix:
+        return int(float(number))
+    base = 1000 if b and not binary else 1024
+    return int(float(number) * base ** _POWERS[prefix.lower()])
 
 
 def _bytes(n: float) -> str:

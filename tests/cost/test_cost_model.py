@@ -240,7 +240,9 @@ def test_history_properties(history, thresholds):
         assert f.new.bytes + f.shared.bytes == f.reached.bytes
         assert f.new.objects + f.shared.objects == f.reached.objects
         for t in thresholds:
-            assert f.new.billable_bytes(t) + f.shared.billable_bytes(t) == f.reached.billable_bytes(t)
+            assert f.new.billable_bytes(t) + f.shared.billable_bytes(t) == f.reached.billable_bytes(
+                t
+            )
             assert f.reached.billable_bytes(t) >= f.reached.bytes
         if snap.parent_id is None:
             assert f.shared.bytes == 0 and f.shared.objects == 0
@@ -257,7 +259,9 @@ def test_history_properties(history, thresholds):
 
 
 def _usage(tier, **ops):
-    return TierUsage(tier=tier, ops={OpClass(k): OpUsage(requests=r, bytes=b) for k, (r, b) in ops.items()})
+    return TierUsage(
+        tier=tier, ops={OpClass(k): OpUsage(requests=r, bytes=b) for k, (r, b) in ops.items()}
+    )
 
 
 def test_price_run_by_hand(table):

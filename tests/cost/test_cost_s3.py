@@ -1,0 +1,91 @@
+"""Cost accounting, tiers and cache warming against a moto S3 server."""
+
+from __future__ import annotations
+
+import pytest
+from cost_helpers import commit
+
+from simstore.accounting import dataset_cost, disk_usage, read_price_table, warm_cache
+from simstore.catalog import Catalog
+from simstore.cost import OpClass, OpUsage
+from simstore.hashing import hash_bytes
+from simstore.storage import CountingStore
+from simstore.storage._s3 import S3Store
+
+pytestmark = pytest.mark.s3
+
+FAST = {"backoff_base_s": 0.01, "backoff_max_s": 0.05, "read_timeout_s": 5}
+
+
+@pytest.fixture
+def s3_catalog(s3_bucket):
+    store = S3Store(f"s3://{s3_bucket()}/data", storage_options=dict(FAST))
+    yield Catalog.init(store)
+    store.close()
+
+
+def test_counting_store_counts_s3_requests(s3_catalog):
+    store = CountingStore(s3_catalog.store)
+    store.put("k", b"0123456789")
+    assert store.get("k", (2, 5)) == b"234"
+    assert store.get_many(["k", ("k", (0, 1))]) == [b"0123456789", b"0"]
+    assert store.exists("k") and not store.exists("nope")
+    assert list(store.list("k")) == ["k"]
+    ops = store.traffic.tier("s3").ops
+    assert ops[OpClass.PUT] == OpUsage(requests=1, bytes=10)
+    assert ops[OpClass.RANGE_GET] == OpUsage(requests=2, bytes=4)
+    assert ops[OpClass.GET] == OpUsage(requests=1, bytes=10)
+    assert ops[OpClass.HEAD].requests == 2 and ops[OpClass.LIST].requests == 1
+
+
+def test_counted_requests_match_what_the_server_saw(s3_bucket, fault_proxy):
+    bucket = s3_bucket()
+    store = S3Store(
+        f"s3://{bucket}/p", storage_options={**FAST, "endpoint_url": fault_proxy.endpoint_url}
+    )
+    counting = CountingStore(store)
+    counting.put("a", b"1")
+    counting.get("a")
+    counting.get("a", (0, 1))
+    counting.info("a")
+    before = len(fault_proxy.records)
+    assert before == 4
+    assert counting.traffic.tier("s3").requests == 4
+    assert fault_proxy.count(None, "GET") == 2 and fault_proxy.count(None, "HEAD") == 1
+    store.close()
+
+
+def test_cost_du_and_pull_on_s3(s3_catalog, tmp_path):
+    cat = s3_catalog
+    s1 = commit(cat, "ds", {"a": b"a" * 1000, "b": b"b" * 2000})
+    s2 = commit(cat, "ds", {"b": b"B" * 3000})
+    report = dataset_cost(cat, "ds", read_price_table())
+    assert report.store_tier == "s3"
+    first, second = report.snapshots
+    assert (first.snapshot_id, second.snapshot_id) == (s1, s2)
+    assert second.shared.bytes == 1000 and second.missing == 0
+    assert second.new.bytes == (
+        cat.store.info(f"objects/{s2[:2]}/{s2}").size_bytes + cat.snapshot(s2).manifest_bytes + 3000
+    )
+    # branches, tags, then objects/ once
+    assert sum(t.usage(OpClass.LIST).requests for t in report.read) == 3
+
+    cache_mod = pytest.importorskip("simstore.loaders._cache")
+    stats_mod = pytest.importorskip("simstore.loaders._stats")
+    d = str(tmp_path / "hot")
+
+    def open_cache(limit):
+        return cache_mod.ShardCache(
+            cache_mod.CacheConfig(directory=d, limit_bytes=limit), stats_mod.Counters()
+        )
+
+    pulled = warm_cache(cat, "ds", d, open_cache, max_workers=4)
+    assert pulled.fetched == pulled.objects == 2 + len(cat.snapshot(s2).parts)
+    gets = sum(t.usage(OpClass.GET).requests for t in pulled.read)
+    assert gets >= pulled.objects
+    usage = disk_usage(cat, "ds", cache=open_cache(1 << 30))
+    s3_tier, hot = usage.tiers
+    assert s3_tier.tier == "s3" and s3_tier.missing_objects == 0
+    assert hot.objects == usage.objects and hot.bytes == usage.bytes
+    with open(open_cache(1 << 30).path_of(hash_bytes(b"B" * 3000)), "rb") as f:
+        assert f.read() == b"B" * 3000
