@@ -36,4 +36,4 @@ bench: $(DEV_STAMP)
 	$(BIN)/python -m benchmarks --quick
 
 clean:
-	rm -rf $(VENV) .simstore demo-data
+	rm -rf $(VENV) .simstore .simstore-demo demo-data

@@ -716,14 +716,13 @@ class Catalog:
         a_parts: dict[str, PartRef] = {p.id: p for p in sa.parts} if sa else {}
         b_parts: dict[str, PartRef] = {p.id: p for p in sb.parts}
         only_a, only_b = parts_to_open(a_parts, b_parts)
-        bytes_read = 0
-        tables_a, tables_b = [], []
-        for pid in only_a:
-            tables_a.append(self.read_part(a_parts[pid], snapshot=a or ""))
-            bytes_read += a_parts[pid].size_bytes
-        for pid in only_b:
-            tables_b.append(self.read_part(b_parts[pid], snapshot=b))
-            bytes_read += b_parts[pid].size_bytes
+        jobs = [(a_parts[pid], a or "") for pid in only_a] + [(b_parts[pid], b) for pid in only_b]
+        # parts decode independently: read them on a few threads (I/O and Parquet decoding
+        # release the GIL)
+        with ThreadPoolExecutor(max_workers=_WRITE_THREADS) as pool:
+            tables = list(pool.map(lambda job: self.read_part(job[0], snapshot=job[1]), jobs))
+        tables_a, tables_b = tables[: len(only_a)], tables[len(only_a) :]
+        bytes_read = sum(part.size_bytes for part, _ in jobs)
         ta = pa.concat_tables(tables_a) if tables_a else empty_rows()
         tb = pa.concat_tables(tables_b) if tables_b else empty_rows()
         return DiffResult(
