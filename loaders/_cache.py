@@ -16,12 +16,14 @@ Promises and how they are kept:
 - *One download per object.* A fill holds the exclusive lock of the object's stripe, so
   processes that want the same shard wait for one download and then hit.
 - *LRU within a byte limit.* Hits refresh the file's modification time; a fill first
-  evicts the least recently used copies until the new one fits. A copy in use is *pinned*
-  by a shared ``flock`` on an open descriptor and is never evicted; eviction takes an
-  exclusive non-blocking lock before unlinking, so it cannot race a reader. When pinned
-  copies alone exceed the limit the fill goes ahead (counted as ``cache_over_limit``)
-  rather than wait, so the cache cannot deadlock; a shard larger than the whole limit is
-  an :class:`InvalidInputError`.
+  evicts the least recently used copies until the new one fits. A copy in use (prefetched
+  or open in a reader) is *pinned* by a shared ``flock`` on an open descriptor and is
+  never evicted; eviction takes an exclusive non-blocking lock before unlinking, so it
+  cannot race a reader. When pinned copies alone exceed the limit the fill goes ahead
+  (counted as ``cache_over_limit``) rather than wait, so the cache cannot deadlock, and a
+  reader trims the cache back to its limit when it finishes; a shard larger than the whole
+  limit is an :class:`InvalidInputError`. Size the limit for at least the shards a node
+  pins at once: (``prefetch.shards`` + ``max_open_shards``) per reading process.
 - *Only cache copies are deleted*: names under ``objects/`` that are object ids, and
   ``tmp/`` files of dead fills. A non-empty directory without the marker is refused.
 - *Crash safety.* Locks are ``flock`` locks, which the kernel drops with their process;
@@ -249,6 +251,11 @@ class ShardCache:
                 used += os.lstat(os.path.join(self._tmp, name)).st_size
         return used
 
+    def trim(self) -> None:
+        """Evict unpinned copies until the cache is within its limit again."""
+        with self._lock("evict"):
+            self._make_room(0)
+
     def _make_room(self, size: int) -> None:
         entries = sorted(self._entries())
         used = self.usage_bytes()
@@ -259,7 +266,7 @@ class ShardCache:
                 used -= nbytes
                 self.counters.add("cache_evictions")
                 self.counters.add("cache_evicted_bytes", nbytes)
-        if used + size > self.config.limit_bytes:
+        if size and used + size > self.config.limit_bytes:
             self.counters.add("cache_over_limit")
 
     def _evict(self, path: str) -> bool:

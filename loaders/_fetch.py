@@ -197,18 +197,36 @@ class ShardAccess:
         self.verify = verify
         self.referenced_by = referenced_by
         self.tier = tier_of(store)
-        probe = _local_probe(store)
-        self.mode: AccessMode = "local" if probe else ("cache" if cache else "ranged")
-        self._cache = ShardCache(cache, counters) if cache and self.mode == "cache" else None
+        self._cache_config = cache
+        self._cache: ShardCache | None = None
+        self._local: dict[str, str | None] = {}
         self._verified: set[str] = set()
         self._lock = threading.Lock()
 
+    def mode(self, shard_id: str) -> AccessMode:
+        """How this shard is read: ``local`` when the store has a local file for it."""
+        with self._lock:
+            if shard_id not in self._local:
+                self._local[shard_id] = self.store.local_path(object_key(shard_id))
+            path = self._local[shard_id]
+        if path is not None:
+            return "local"
+        return "cache" if self._cache_config is not None else "ranged"
+
+    def _shard_cache(self) -> ShardCache:
+        with self._lock:
+            if self._cache is None:
+                assert self._cache_config is not None
+                self._cache = ShardCache(self._cache_config, self.counters)
+            return self._cache
+
     def prepare(self, shard_id: str) -> ShardHandle | None:
         """Background work before a shard is opened: verify it, or fill the cache."""
-        if self.mode == "local":
+        mode = self.mode(shard_id)
+        if mode == "local":
             self._verify_local(shard_id)
             return None
-        if self.mode == "cache":
+        if mode == "cache":
             return self._cached(shard_id)
         return None
 
@@ -217,17 +235,22 @@ class ShardAccess:
         if prepared is not None:
             return prepared
         key = object_key(shard_id)
-        if self.mode == "local":
+        mode = self.mode(shard_id)
+        if mode == "local":
             self._verify_local(shard_id)
-            path = self.store.local_path(key)
-            if path is None:
-                raise NotFoundError(f"{self.store.url}: no object {key}")
+            path = self._local[shard_id]
+            assert path is not None
             return ShardHandle(path, _nothing)
-        if self.mode == "cache":
+        if mode == "cache":
             return self._cached(shard_id)
         size = self._size(key)
         f = RangedFile(self.store, key, size, counters=self.counters, limiter=self.limiter)
         return ShardHandle(cast(BinaryIO, f), f.close)
+
+    def close(self) -> None:
+        """Bring the cache back within its limit once this reader's pins are gone."""
+        if self._cache is not None:
+            self._cache.trim()
 
     # -- the modes ---------------------------------------------------------------------
     def _verify_local(self, shard_id: str) -> None:
@@ -235,7 +258,7 @@ class ShardAccess:
             if not self.verify or shard_id in self._verified:
                 return
         key = object_key(shard_id)
-        path = self.store.local_path(key)
+        path = self._local.get(shard_id) or self.store.local_path(key)
         if path is None:
             raise NotFoundError(f"{self.store.url}: no object {key}")
         try:
@@ -260,7 +283,6 @@ class ShardAccess:
         return info.size_bytes
 
     def _cached(self, shard_id: str) -> ShardHandle:
-        assert self._cache is not None
         key = object_key(shard_id)
         sizes: list[int] = []
 
@@ -285,7 +307,7 @@ class ShardAccess:
                 self.counters.add_read(self.tier, len(data))
                 out.write(data)
 
-        copy: PinnedCopy = self._cache.acquire(
+        copy: PinnedCopy = self._shard_cache().acquire(
             shard_id, size_bytes, download, referenced_by=self.referenced_by
         )
         return ShardHandle(copy.path, copy.release)
@@ -293,10 +315,3 @@ class ShardAccess:
 
 def _nothing() -> None:
     return None
-
-
-def _local_probe(store: ObjectStore) -> bool:
-    """Whether the store keeps objects as local files (judged without touching an object)."""
-    from simstore.storage import LocalStore
-
-    return isinstance(store, LocalStore)

@@ -270,6 +270,8 @@ class ReaderPool:
             _close(entry)
         for fut in prepared:
             _release(fut)
+        for access in self.access:
+            access.close()
 
 
 def _close(entry: _Entry) -> None:
@@ -308,7 +310,7 @@ def read_chunk(
         key = (read.source, read.shard_id)
         uniq, inverse = np.unique(read.positions, return_inverse=True)
         with pool.reader(key) as reader:
-            mode = pool.access[read.source].mode
+            mode = pool.access[read.source].mode(read.shard_id)
             try:
                 values = _read(reader, uniq.tolist(), src)
             except SimstoreError as exc:

@@ -15,6 +15,7 @@ import io
 import json
 import os
 import struct
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
@@ -24,6 +25,7 @@ from simstore.catalog import Catalog
 from simstore.errors import FormatError
 from simstore.manifest import ManifestRow, rows_from_list
 from simstore.sample import Sample, hash_sample, infer_schema, sample_size_bytes
+from simstore.storage import LocalStore
 
 MAGIC = b"SIMTEST1"
 
@@ -185,7 +187,8 @@ def keys_of(batches: Any) -> list[str]:
 def corrupt_object(root: str, object_id: str) -> None:
     """Flip a byte in the middle of a stored object (bypassing the store API)."""
     path = os.path.join(root, "objects", object_id[:2], object_id)
-    data = bytearray(open(path, "rb").read())
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
     data[len(data) // 2] ^= 0xFF
     os.chmod(path, 0o644)
     with open(path, "wb") as f:
@@ -194,6 +197,7 @@ def corrupt_object(root: str, object_id: str) -> None:
 
 __all__ = [
     "FakeShardReader",
+    "RemoteLikeStore",
     "commit_samples",
     "corrupt_object",
     "encode_shard",
@@ -201,3 +205,23 @@ __all__ = [
     "make_samples",
     "open_test_shard",
 ]
+
+
+class RemoteLikeStore(LocalStore):
+    """A local directory that pretends to be remote: no local paths, its own tier name.
+
+    Unlike ``memory://`` it is shared by worker processes under any start method.
+    """
+
+    def __init__(self, root: str, *, read_only: bool = False, delay_s: float = 0.0) -> None:
+        super().__init__(root, read_only=read_only, fsync=False)
+        self.url = f"fake-remote://{self.root}"
+        self.delay_s = delay_s
+
+    def local_path(self, key: str) -> str | None:
+        return None
+
+    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return super().get(key, byte_range)

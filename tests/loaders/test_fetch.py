@@ -1,0 +1,295 @@
+"""Remote reads: the disk cache, ranged reads, verification, throttling, stats."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import pickle
+import signal
+import time
+
+import numpy as np
+import pytest
+from loader_helpers import (
+    RemoteLikeStore,
+    commit_samples,
+    corrupt_object,
+    keys_of,
+    make_samples,
+    open_test_shard,
+)
+
+from simstore.catalog import Catalog
+from simstore.errors import FormatError, IntegrityError, InvalidInputError
+from simstore.loaders import PrefetchConfig, SimDataLoader, SimDataset
+from simstore.loaders._cache import CacheConfig, ShardCache
+from simstore.loaders._fetch import RateLimiter
+from simstore.loaders._stats import Counters
+from simstore.sample import Sample
+
+
+def shard_ids(store):
+    cat = Catalog.open(store)
+    snap = cat.snapshot(cat.resolve("sim"))
+    return sorted({r for t in cat.iter_parts(snap) for r in t.column("shard").to_pylist()})
+
+
+def shard_bytes(store_path):
+    return sum(os.path.getsize(os.path.join(store_path, "objects", s[:2], s))
+               for s in shard_ids(store_path))
+
+
+def remote_ds(store_path, **kw):
+    kw.setdefault("shard_opener", open_test_shard)
+    return SimDataset(RemoteLikeStore(store_path), "sim", **kw)
+
+
+def test_cold_cache_reads_each_shard_once_then_hits(small, tmp_path):
+    store, _, samples = small
+    cache = str(tmp_path / "cache")
+    ds = remote_ds(store, cache_dir=cache, cache_limit="1MiB")
+    assert sorted(keys_of(ds)) == sorted(samples)
+    stats = ds.stats()
+    shards = len(shard_ids(store))
+    assert stats["cache_misses"] == shards and stats["cache_hits"] == 0
+    remote = stats["tiers"]["fake-remote"]
+    manifest = stats["manifest_bytes"]
+    assert remote["bytes"] - manifest == shard_bytes(store)  # exactly 1.0x the shards
+    ds.set_epoch(1)
+    list(ds)
+    again = ds.stats()
+    assert again["cache_hits"] == shards and again["cache_misses"] == shards
+    assert again["tiers"]["fake-remote"]["bytes"] - again["manifest_bytes"] == shard_bytes(store)
+    assert again["cache_hit_ratio"] == pytest.approx(0.5)
+
+
+def test_cache_limit_smaller_than_a_shard_is_an_error(small, tmp_path):
+    store, _, _ = small
+    ds = remote_ds(store, cache_dir=str(tmp_path / "c"), cache_limit=100)
+    with pytest.raises(InvalidInputError, match="cache limit of 100 bytes is smaller than shard"):
+        list(ds)
+
+
+def test_lru_eviction_keeps_the_cache_within_its_limit(small, tmp_path):
+    store, _, samples = small
+    one = max(os.path.getsize(os.path.join(store, "objects", s[:2], s)) for s in shard_ids(store))
+    limit = int(2.5 * one)
+    cache = str(tmp_path / "cache")
+    few = PrefetchConfig(chunks=1, shards=1, max_open_shards=1, chunk_samples=4)
+    ds = remote_ds(store, cache_dir=cache, cache_limit=limit, shuffle=False, prefetch=few)
+    assert sorted(keys_of(ds)) == sorted(samples)
+    c = ShardCache(CacheConfig(directory=cache, limit_bytes=limit), Counters())
+    assert c.usage_bytes() <= limit
+    assert ds.stats()["cache_evictions"] >= len(shard_ids(store)) - 3
+    assert ds.stats()["cache_misses"] == len(shard_ids(store))
+
+
+def test_cache_refuses_a_foreign_directory_and_keeps_foreign_files(small, tmp_path):
+    store, _, _ = small
+    foreign = tmp_path / "home"
+    foreign.mkdir()
+    (foreign / "thesis.tex").write_text("precious")
+    with pytest.raises(InvalidInputError, match="not a simstore cache"):
+        list(remote_ds(store, cache_dir=str(foreign), cache_limit="1MiB"))
+    cache = tmp_path / "cache"
+    list(remote_ds(store, cache_dir=str(cache), cache_limit=8000))  # forces evictions
+    stray = cache / "objects" / "ab" / "notes.txt"
+    stray.parent.mkdir(parents=True, exist_ok=True)
+    stray.write_text("not a cache copy")
+    list(remote_ds(store, cache_dir=str(cache), cache_limit=8000, seed=9))
+    assert stray.read_text() == "not a cache copy"
+    assert (foreign / "thesis.tex").read_text() == "precious"
+
+
+def test_corrupt_shard_on_cache_fill_names_the_object(small, tmp_path):
+    store, _, _ = small
+    bad = shard_ids(store)[2]
+    corrupt_object(store, bad)
+    ds = remote_ds(store, cache_dir=str(tmp_path / "cache"), cache_limit="1MiB")
+    with pytest.raises(IntegrityError, match=f"objects/{bad[:2]}/{bad} has hash .* expected {bad}"):
+        list(ds)
+    assert not os.path.exists(tmp_path / "cache" / "objects" / bad[:2] / bad)
+
+
+def test_corrupt_local_shard_names_the_object_and_snapshot(small):
+    store, ref, _ = small
+    bad = shard_ids(store)[0]
+    corrupt_object(store, bad)
+    ds = SimDataset(store, ref, shard_opener=open_test_shard)
+    with pytest.raises(IntegrityError, match=f"{bad}.*referenced by snapshot {ds.snapshot_id}"):
+        list(ds)
+
+
+def test_unreadable_shard_without_verification_is_a_format_error(small):
+    store, ref, _ = small
+    bad = shard_ids(store)[1]
+    path = os.path.join(store, "objects", bad[:2], bad)
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 3)
+    ds = SimDataset(store, ref, shard_opener=open_test_shard, verify=False)
+    with pytest.raises(FormatError, match=f"shard objects/{bad[:2]}/{bad}"):
+        list(ds)
+
+
+@pytest.mark.multiprocess
+def test_worker_errors_reach_the_parent_and_pickle(small):
+    store, ref, _ = small
+    bad = shard_ids(store)[0]
+    corrupt_object(store, bad)
+    ds = SimDataset(store, ref, shard_opener=open_test_shard)
+    loader = SimDataLoader(ds, batch_size=4, num_workers=1, multiprocessing_context="fork")
+    with pytest.raises(IntegrityError, match=bad) as info:
+        list(loader)
+    again = pickle.loads(pickle.dumps(info.value))
+    assert type(again) is IntegrityError and bad in str(again)
+
+
+def big_samples(n, size):
+    rng = np.random.default_rng(0)
+    return [
+        Sample(key=f"k{i:04d}", fields={
+            "big": rng.standard_normal(size).astype(np.float32),
+            "small": np.full(2, i, dtype=np.int32),
+        })
+        for i in range(n)
+    ]
+
+
+def test_ranged_reads_fetch_only_the_projected_fields(store_path):
+    commit_samples(store_path, "sim", big_samples(8, 128 * 1024), per_shard=8)  # 4 MiB of big
+    full = remote_ds(store_path)
+    list(full)
+    part = remote_ds(store_path, fields=["small"])
+    got = list(part)
+    assert set(got[0]) == {"small", "__key__", "__pad__"}
+    b_full = full.stats()["tiers"]["fake-remote"]
+    b_part = part.stats()["tiers"]["fake-remote"]
+    assert b_part["bytes"] < 0.5 * b_full["bytes"]
+    # 8 reads of 512 KiB each of 'big', coalesced into a few ranged requests
+    assert b_full["requests"] < 8
+
+
+def test_rate_limiter_waits_for_tokens():
+    now = [0.0]
+    slept = []
+
+    def sleep(s):
+        slept.append(s)
+        now[0] += s
+
+    lim = RateLimiter(1000.0, burst_s=0.5, clock=lambda: now[0], sleep=sleep)
+    assert lim.take(500) == 0  # the burst allowance
+    assert lim.take(1000) == pytest.approx(1.0)
+    now[0] += 2.0
+    assert lim.take(200) == 0
+    assert RateLimiter(None).take(10**9) == 0
+
+
+def test_max_bandwidth_throttles_reads(store_path):
+    commit_samples(store_path, "sim", big_samples(8, 64 * 1024), per_shard=4)  # 2 MiB
+    ds = remote_ds(store_path, max_bandwidth="8MiB")
+    list(ds)
+    assert ds.stats()["throttle_s"] > 0
+
+
+def test_stats_and_report(small, tmp_path):
+    store, _, _ = small
+    ds = remote_ds(store, cache_dir=str(tmp_path / "cache"), cache_limit="1MiB")
+    n = 0
+    for _ in ds:
+        n += 1
+    stats = ds.stats()
+    assert stats["samples"] == n == 60
+    assert stats["time_to_first_batch_s"] is not None and stats["samples_per_s"] > 0
+    assert 0 <= stats["data_stall"] <= 1
+    report = json.loads(json.dumps(ds.report()))
+    assert report["kind"] == "simstore-loader-report" and report["epochs"] == [0]
+    assert report["snapshots"] == [ds.snapshot_id]
+    assert report["cache"]["misses"] == stats["cache_misses"]
+    assert set(report["tiers"]) == {"fake-remote", "cache"}
+    assert report["tiers"]["fake-remote"]["requests"] > 0
+
+
+def _fill_slowly(cache_dir, oid, data, ready):
+    cache = ShardCache(CacheConfig(directory=cache_dir, limit_bytes=1 << 20), Counters())
+
+    def download(out):
+        out.write(data[:10])
+        ready.set()
+        time.sleep(60)
+
+    cache.acquire(oid, lambda: len(data), download)
+
+
+@pytest.mark.multiprocess
+def test_a_killed_fill_leaves_nothing_that_blocks_the_next(tmp_path):
+    from simstore.hashing import hash_bytes
+
+    data = b"x" * 5000
+    oid = hash_bytes(data)
+    cache_dir = str(tmp_path / "cache")
+    ctx = multiprocessing.get_context("fork")
+    ready = ctx.Event()
+    p = ctx.Process(target=_fill_slowly, args=(cache_dir, oid, data, ready))
+    p.start()
+    assert ready.wait(30)
+    assert os.listdir(os.path.join(cache_dir, "tmp"))  # a fill in progress
+    os.kill(p.pid, signal.SIGKILL)
+    p.join()
+    cache = ShardCache(CacheConfig(directory=cache_dir, limit_bytes=1 << 20), Counters())
+    assert os.listdir(os.path.join(cache_dir, "tmp")) == []  # the dead fill swept
+    copy = cache.acquire(oid, lambda: len(data), lambda out: out.write(data))
+    with open(copy.path, "rb") as f:
+        assert not copy.hit and f.read() == data
+    copy.release()
+
+
+def _acquire(cache_dir, oid, data, barrier, results):
+    counters = Counters()
+    cache = ShardCache(CacheConfig(directory=cache_dir, limit_bytes=1 << 20), counters)
+    barrier.wait()
+
+    def download(out):
+        time.sleep(0.2)
+        out.write(data)
+
+    copy = cache.acquire(oid, lambda: len(data), download)
+    results.put(copy.hit)
+    copy.release()
+
+
+@pytest.mark.multiprocess
+def test_processes_filling_one_shard_download_it_once(tmp_path):
+    from simstore.hashing import hash_bytes
+
+    data = os.urandom(4000)
+    oid = hash_bytes(data)
+    ctx = multiprocessing.get_context("fork")
+    barrier, results = ctx.Barrier(3), ctx.Queue()
+    procs = [ctx.Process(target=_acquire, args=(str(tmp_path / "c"), oid, data, barrier, results))
+             for _ in range(3)]
+    for p in procs:
+        p.start()
+    hits = sorted(results.get(timeout=30) for _ in procs)
+    for p in procs:
+        p.join()
+    assert hits == [False, True, True]
+
+
+def test_pinned_copies_are_not_evicted(tmp_path):
+    from simstore.hashing import hash_bytes
+
+    cache = ShardCache(CacheConfig(directory=str(tmp_path / "c"), limit_bytes=3000), Counters())
+    blobs = [bytes([i]) * 1000 for i in range(4)]
+    held = [cache.acquire(hash_bytes(b), lambda b=b: len(b), lambda out, b=b: out.write(b))
+            for b in blobs]
+    # four pinned copies of 1000 bytes exceed the 3000-byte limit: over, but no deadlock
+    assert all(os.path.exists(h.path) for h in held)
+    assert cache.counters.snapshot()["cache_over_limit"] >= 1
+    for h in held:
+        h.release()
+    extra = b"z" * 1000
+    cache.acquire(hash_bytes(extra), lambda: 1000, lambda out: out.write(extra)).release()
+    assert cache.usage_bytes() <= 3000

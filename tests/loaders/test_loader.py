@@ -1,0 +1,177 @@
+"""SimDataLoader: batches, collate, worker processes and exact resume (golden tests)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from loader_helpers import commit_samples, keys_of, make_samples, open_test_shard
+
+from simstore.errors import InvalidInputError
+from simstore.loaders import SimDataLoader, SimDataset
+
+
+def build(store, refs, *, rank=0, world_size=1, seed=5, weights=None, **kw):
+    kw.setdefault("shard_opener", open_test_shard)
+    if isinstance(refs, str):
+        return SimDataset(store, refs, seed=seed, rank=rank, world_size=world_size, **kw)
+    parts = [SimDataset(store, r, seed=seed + i, rank=rank, world_size=world_size, **kw)
+             for i, r in enumerate(refs)]
+    return SimDataset.mix(parts, weights=weights, seed=seed)
+
+
+def run_job(store, refs, *, world_size, workers, batch, epoch, steps=None, state=None,
+            weights=None, context=None):
+    """Every rank of a synchronous job reads `steps` batches (all when None).
+
+    Returns (real keys delivered by all ranks, the state, batches per rank)."""
+    delivered = []
+    states = []
+    counts = []
+    for rank in range(world_size):
+        ds = build(store, refs, rank=rank, world_size=world_size, weights=weights)
+        if state is not None:
+            ds.load_state_dict(state)
+        ds.set_epoch(epoch)
+        loader = SimDataLoader(ds, batch_size=batch, num_workers=workers,
+                               multiprocessing_context=context)
+        got = list(itertools.islice(loader, steps)) if steps is not None else list(loader)
+        counts.append(len(got))
+        delivered.extend(keys_of(got))
+        states.append(loader.state_dict())
+    assert all(s == states[0] for s in states), "ranks disagree on the progress"
+    assert len(set(counts)) == 1, f"uneven batch counts {counts}"
+    return delivered, states[0], counts[0]
+
+
+@pytest.fixture
+def two(store_path):
+    a = make_samples(37, seed=1)
+    b = [s.__class__(key="b/" + s.key, fields=s.fields) for s in make_samples(23, seed=2)]
+    commit_samples(store_path, "a", a, per_shard=6)
+    commit_samples(store_path, "b", b, per_shard=5)
+    return store_path, {s.key for s in a}, {s.key for s in b}
+
+
+def test_batches_are_collated(small):
+    store, ref, _ = small
+    loader = SimDataLoader(build(store, ref), batch_size=8)
+    batch = next(iter(loader))
+    assert batch["u"].shape == (8, 8) and batch["u"].dtype == torch.float32
+    assert batch["v"].shape == (8, 3)
+    assert batch["step"].shape == (8,)
+    assert len(batch["__key__"]) == 8 and batch["__pad__"].dtype == torch.bool
+    assert len(loader) == 8  # ceil(60 / 8)
+
+
+@pytest.mark.parametrize("world_size,workers,new_world,new_workers", [
+    (1, 0, 2, 0), (2, 0, 4, 0), (4, 0, 1, 0), (2, 0, 1, 0),
+])
+def test_resume_golden_in_process(small, world_size, workers, new_world, new_workers):
+    store, ref, samples = small
+    for epoch in (0, 3):
+        first, state, _ = run_job(store, ref, world_size=world_size, workers=workers,
+                                  batch=4, epoch=epoch, steps=2)
+        second, state2, _ = run_job(store, ref, world_size=new_world, workers=new_workers,
+                                    batch=3, epoch=epoch, steps=2, state=state)
+        third, end, _ = run_job(store, ref, world_size=world_size, workers=workers, batch=5,
+                                epoch=epoch, state=state2)
+        seq = first + second + third
+        assert len(seq) == len(set(seq)) and set(seq) == set(samples)
+        assert end["remaining"] == []
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_resume_with_worker_processes(small, context):
+    store, ref, samples = small
+    first, state, _ = run_job(store, ref, world_size=2, workers=2, batch=4, epoch=1,
+                              steps=3, context=context)
+    assert len(first) == 2 * 3 * 4
+    second, state2, _ = run_job(store, ref, world_size=1, workers=1, batch=2, epoch=1,
+                                steps=4, state=state, context=context)
+    third, end, _ = run_job(store, ref, world_size=4, workers=0, batch=3, epoch=1,
+                            state=state2)
+    seq = first + second + third
+    assert len(seq) == len(set(seq)) and set(seq) == set(samples)
+
+
+@pytest.mark.multiprocess
+def test_workers_do_not_change_the_rank_stream(small):
+    store, ref, _ = small
+    orders = []
+    for workers in (0, 1, 2):
+        loader = SimDataLoader(build(store, ref), batch_size=4, num_workers=workers,
+                               multiprocessing_context="fork" if workers else None)
+        orders.append([k for b in loader for k in b["__key__"]])
+    assert orders[0] == orders[1] == orders[2]
+
+
+def test_mixture_epoch_is_weighted_and_exact(two):
+    store, a_keys, b_keys = two
+    ds = build(store, ["a", "b"], weights=[3, 1])
+    assert ds.num_samples == 60
+    got = [s["__key__"] for s in ds]
+    assert len(got) == 60
+    from_b = sum(k.startswith("b/") for k in got)
+    assert 14 <= from_b <= 16  # a quarter of 60
+    # a's 37 samples do not fit 45 slots: a starts its second epoch, no repeat before that
+    from_a = [k for k in got if not k.startswith("b/")]
+    assert set(from_a) == a_keys and len(from_a) - len(set(from_a)) == 45 - 37
+
+
+@pytest.mark.parametrize("epoch", [0, 2])
+def test_mixture_resume_golden(two, epoch):
+    store, *_ = two
+    full, _, _ = run_job(store, ["a", "b"], world_size=1, workers=0, batch=1, epoch=epoch,
+                         weights=[2, 1])
+    first, state, _ = run_job(store, ["a", "b"], world_size=2, workers=0, batch=4,
+                              epoch=epoch, steps=3, weights=[2, 1])
+    second, state2, _ = run_job(store, ["a", "b"], world_size=4, workers=0, batch=2,
+                                epoch=epoch, steps=2, state=state, weights=[2, 1])
+    third, _, _ = run_job(store, ["a", "b"], world_size=1, workers=0, batch=3, epoch=epoch,
+                          state=state2, weights=[2, 1])
+    assert sorted(first + second + third) == sorted(full)
+
+
+@pytest.mark.multiprocess
+def test_mixture_resume_with_workers(two):
+    store, *_ = two
+    full, _, _ = run_job(store, ["a", "b"], world_size=1, workers=0, batch=1, epoch=1)
+    first, state, _ = run_job(store, ["a", "b"], world_size=2, workers=2, batch=4, epoch=1,
+                              steps=3, context="fork")
+    second, _, _ = run_job(store, ["a", "b"], world_size=1, workers=2, batch=4, epoch=1,
+                           state=state, context="fork")
+    assert sorted(first + second) == sorted(full)
+
+
+def test_mixture_refuses_bad_input(two):
+    store, *_ = two
+    a, b = build(store, "a"), build(store, "b")
+    with pytest.raises(InvalidInputError):
+        SimDataset.mix([a, b], weights=[1])
+    with pytest.raises(InvalidInputError):
+        SimDataset.mix([a, b], weights=[1, -1])
+    with pytest.raises(InvalidInputError, match="plain datasets"):
+        SimDataset.mix([SimDataset.mix([a, b]), b])
+
+
+def test_persistent_workers_are_refused(small):
+    store, ref, _ = small
+    with pytest.raises(InvalidInputError, match="persistent_workers"):
+        SimDataLoader(build(store, ref), batch_size=2, num_workers=1, persistent_workers=True)
+
+
+def test_per_sample_mode_without_batching(small):
+    store, ref, samples = small
+    loader = SimDataLoader(build(store, ref), batch_size=None)
+    it = iter(loader)
+    got = [next(it)["__key__"] for _ in range(10)]
+    state = loader.state_dict()
+    it.close()
+    assert state["delivered"] == 10
+    loader2 = SimDataLoader(build(store, ref), batch_size=None)
+    loader2.load_state_dict(state)
+    rest = [s["__key__"] for s in loader2]
+    assert sorted(got + rest) == sorted(samples)
