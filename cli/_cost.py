@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
@@ -287,13 +287,22 @@ def prices_cmd(
 # -- du --------------------------------------------------------------------------------
 
 
-def _open_cache(directory: str, limit_bytes: int) -> CacheFiller:
+def _cache_opener(directory: str) -> Callable[[int], CacheFiller]:
+    """Opens the loader's disk cache at ``directory`` with a given byte limit.
+
+    The loader (which brings torch) is imported here, before any timing starts.
+    """
     try:
         from simstore.loaders._cache import CacheConfig, ShardCache
         from simstore.loaders._stats import Counters
     except ImportError as exc:  # pragma: no cover - depends on the loader being installed
         raise InvalidInputError(f"--cache needs simstore.loaders' disk cache: {exc}") from exc
-    return ShardCache(CacheConfig(directory=directory, limit_bytes=limit_bytes), Counters())
+
+    def open_cache(limit_bytes: int) -> CacheFiller:
+        config = CacheConfig(directory=directory, limit_bytes=limit_bytes)
+        return ShardCache(config, Counters())
+
+    return open_cache
 
 
 @click.command("du")
@@ -317,7 +326,7 @@ def du_cmd(ctx: CliContext, ref: str | None, cache_dir: str | None, as_json: boo
 
     # a cache directory that does not exist holds nothing; du must not create it
     cache = (
-        _open_cache(cache_dir, 1) if cache_dir is not None and os.path.isdir(cache_dir) else None
+        _cache_opener(cache_dir)(1) if cache_dir is not None and os.path.isdir(cache_dir) else None
     )
     usage = disk_usage(ctx.catalog(read_only=True), ref, cache=cache)
     out = usage.to_json()
@@ -400,7 +409,7 @@ def pull_cmd(
         ctx.catalog(read_only=True),
         ref,
         cache_dir,
-        lambda limit_bytes: _open_cache(cache_dir, limit_bytes),
+        _cache_opener(cache_dir),
         limit_bytes=parse_size(limit) if limit is not None else None,
         fields=tuple(f.strip() for f in fields.split(",") if f.strip()) if fields else (),
         max_workers=jobs,
