@@ -1,0 +1,343 @@
+"""Samples as Arrow tables: the column layout shared by the Parquet and Lance shards.
+
+One row per sample, the sample key in ``__key__`` and one column per field:
+
+================  =====================================================================
+field             column
+================  =====================================================================
+tensor, uniform   ``arrow.fixed_shape_tensor`` (every sample in the shard has one shape)
+tensor, varying   ``struct<data: large_list<T>, shape: list<int64>>`` (meshes)
+tensor, rank 0    the value type itself
+scalar            the value type (int64, float64, bool, or the numpy scalar's dtype)
+string            ``string``
+bytes             ``large_binary``
+json              ``string`` holding canonical JSON
+================  =====================================================================
+
+The schema carries one metadata entry, ``simstore``: JSON with the shard's kind and
+format version, each column's field spec and encoding, and the shard's field statistics,
+so a reader needs nothing but the file. (One entry, because Lance writes metadata maps in
+hash order: two entries would make equal shards differ in bytes. For the same reason Lance
+shards store uniform tensors as plain ``fixed_size_list``, not the extension type.) A sample
+that lacks a field has a null there and reads back without it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+
+from simstore.errors import FormatError, InvalidInputError
+from simstore.ingest import is_array_source, spec_of_value
+from simstore.sample import FieldSpec, FieldValue, Sample, canonical_json
+
+__all__ = [
+    "KEY_COLUMN",
+    "SHARD_FORMAT_VERSION",
+    "ColumnPlan",
+    "arrow_schema",
+    "decode_rows",
+    "encode_table",
+    "materialise",
+    "plan_columns",
+    "plans_from_schema",
+    "scalar_out",
+    "shard_document",
+    "shard_metadata",
+]
+
+KEY_COLUMN = "__key__"
+SHARD_FORMAT_VERSION = 1
+Encoding = Literal["fixed", "var", "plain", "string", "bytes", "json"]
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnPlan:
+    """How one field is laid out as a column."""
+
+    spec: FieldSpec
+    encoding: Encoding
+    shape: tuple[int, ...] = ()
+
+    @property
+    def name(self) -> str:
+        """The field name (and column name)."""
+        return self.spec.name
+
+
+def materialise(value: object) -> FieldValue:
+    """A field value in memory: a lazy array source is read whole (columnar shards only)."""
+    if is_array_source(value):
+        src: Any = value
+        return np.ascontiguousarray(src[tuple(slice(0, n) for n in src.shape)])
+    return value  # type: ignore[return-value]
+
+
+def plan_columns(samples: Sequence[Sample]) -> list[ColumnPlan]:
+    """The column layout of some samples; one spec per field or InvalidInputError."""
+    specs: dict[str, FieldSpec] = {}
+    shapes: dict[str, tuple[int, ...] | None] = {}
+    for sample in samples:
+        for name, value in sample.fields.items():
+            if name == KEY_COLUMN:
+                raise InvalidInputError(
+                    f"sample {sample.key!r}: field name {KEY_COLUMN} is reserved"
+                )
+            spec = spec_of_value(name, value)
+            prev = specs.setdefault(name, spec)
+            if prev != spec:
+                raise InvalidInputError(
+                    f"sample {sample.key!r}: field {name!r} is {spec.describe()}, but earlier "
+                    f"samples of this shard have {prev.describe()}"
+                )
+            if spec.kind == "tensor":
+                shape = tuple(int(n) for n in value.shape)  # type: ignore[union-attr]
+                if name not in shapes:
+                    shapes[name] = shape
+                elif shapes[name] != shape:
+                    shapes[name] = None
+    plans = []
+    for name in sorted(specs):
+        spec = specs[name]
+        if spec.kind == "tensor":
+            uniform = shapes[name]
+            if spec.ndim == 0:
+                plans.append(ColumnPlan(spec, "plain"))
+            elif uniform is not None and math.prod(uniform) > 0:
+                plans.append(ColumnPlan(spec, "fixed", uniform))
+            else:
+                plans.append(ColumnPlan(spec, "var"))
+        elif spec.kind == "scalar":
+            plans.append(ColumnPlan(spec, "plain"))
+        else:
+            plans.append(ColumnPlan(spec, spec.kind))
+    return plans
+
+
+def _value_type(dtype: str) -> pa.DataType:
+    return pa.from_numpy_dtype(np.dtype(dtype))
+
+
+def _arrow_type(plan: ColumnPlan, tensor_extension: bool = True) -> pa.DataType:
+    enc = plan.encoding
+    if enc == "fixed":
+        value = _value_type(plan.spec.dtype)
+        if tensor_extension:
+            return pa.fixed_shape_tensor(value, list(plan.shape))
+        return pa.list_(value, math.prod(plan.shape))
+    if enc == "var":
+        return pa.struct(
+            [
+                pa.field("data", pa.large_list(_value_type(plan.spec.dtype))),
+                pa.field("shape", pa.list_(pa.int64())),
+            ]
+        )
+    if enc == "plain":
+        return _value_type(plan.spec.dtype)
+    if enc == "bytes":
+        return pa.large_binary()
+    return pa.string()
+
+
+def shard_metadata(plans: Sequence[ColumnPlan], stats: Mapping[str, Any] | None) -> bytes:
+    """The one ``simstore`` schema-metadata value: kind, version, columns, statistics."""
+    columns = [{**p.spec.to_json(), "encoding": p.encoding, "shape": list(p.shape)} for p in plans]
+    doc = {
+        "kind": "shard",
+        "format_version": SHARD_FORMAT_VERSION,
+        "columns": columns,
+        "stats": dict(stats or {}),
+    }
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def arrow_schema(
+    plans: Sequence[ColumnPlan],
+    stats: Mapping[str, Any] | None = None,
+    *,
+    tensor_extension: bool = True,
+    field_metadata: Mapping[bytes, bytes] | None = None,
+) -> pa.Schema:
+    """The Arrow schema of a shard: ``__key__`` then one column per plan.
+
+    ``field_metadata`` (at most one entry, see the module docstring) goes on every column.
+    """
+    fm = dict(field_metadata) if field_metadata else None
+    fields = [pa.field(KEY_COLUMN, pa.string(), nullable=False, metadata=fm)]
+    for plan in plans:
+        fields.append(
+            pa.field(plan.name, _arrow_type(plan, tensor_extension), nullable=True, metadata=fm)
+        )
+    return pa.schema(fields, metadata={b"simstore": shard_metadata(plans, stats)})
+
+
+def _mask(missing: list[bool]) -> pa.Array | None:
+    return pa.array(missing, pa.bool_()) if any(missing) else None
+
+
+def _encode_column(plan: ColumnPlan, values: list[Any], arrow_type: pa.DataType) -> pa.Array:
+    missing = [v is None for v in values]
+    mask = _mask(missing)
+    enc = plan.encoding
+    if enc in ("fixed", "var", "plain"):
+        dtype = np.dtype(plan.spec.dtype)
+        if enc == "plain":
+            flat = np.array(
+                [np.asarray(v, dtype=dtype).reshape(()) if v is not None else 0 for v in values],
+                dtype=dtype,
+            )
+            return pa.array(flat, mask=np.array(missing) if any(missing) else None)
+        arrays = [
+            np.ascontiguousarray(np.asarray(v, dtype=dtype)) if v is not None else None
+            for v in values
+        ]
+        if enc == "fixed":
+            size = math.prod(plan.shape)
+            zeros = np.zeros(size, dtype=dtype)
+            flat = np.concatenate([a.reshape(-1) if a is not None else zeros for a in arrays])
+            storage = pa.FixedSizeListArray.from_arrays(pa.array(flat), size, mask=mask)
+            if isinstance(arrow_type, pa.ExtensionType):
+                return pa.ExtensionArray.from_storage(arrow_type, storage)
+            return storage
+        parts = [a.reshape(-1) if a is not None else np.zeros(0, dtype) for a in arrays]
+        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+        np.cumsum([p.size for p in parts], out=offsets[1:])
+        flat = np.concatenate(parts) if parts else np.zeros(0, dtype)
+        data = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat))
+        shapes = pa.array(
+            [list(a.shape) if a is not None else [] for a in arrays], pa.list_(pa.int64())
+        )
+        return pa.StructArray.from_arrays([data, shapes], names=["data", "shape"], mask=mask)
+    if enc == "bytes":
+        return pa.array([bytes(v) if v is not None else None for v in values], pa.large_binary())
+    if enc == "json":
+        return pa.array(
+            [canonical_json(v).decode("utf-8") if v is not None else None for v in values],
+            pa.string(),
+        )
+    return pa.array(values, pa.string())
+
+
+def encode_table(
+    samples: Sequence[Sample], plans: Sequence[ColumnPlan], schema: pa.Schema
+) -> pa.Table:
+    """One table of samples laid out by ``plans`` (lazy fields are read whole)."""
+    columns: list[pa.Array] = [pa.array([s.key for s in samples], pa.string())]
+    for plan in plans:
+        values = [
+            materialise(s.fields[plan.name]) if plan.name in s.fields else None for s in samples
+        ]
+        columns.append(_encode_column(plan, values, schema.field(plan.name).type))
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def plans_from_schema(schema: pa.Schema, *, source: str = "shard") -> dict[str, ColumnPlan]:
+    """Column plans recorded in a shard's schema; FormatError when it is not a simstore shard."""
+    doc = shard_document(schema, source=source)
+    plans: dict[str, ColumnPlan] = {}
+    try:
+        for col in doc["columns"]:
+            spec = FieldSpec.from_json(col)
+            encoding = str(col["encoding"])
+            if encoding not in ("fixed", "var", "plain", "string", "bytes", "json"):
+                raise ValueError(f"unknown encoding {encoding!r}")
+            shape = tuple(int(n) for n in col.get("shape", []))
+            plans[spec.name] = ColumnPlan(spec, encoding, shape)  # type: ignore[arg-type]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise FormatError(f"{source}: malformed simstore column metadata: {exc}") from exc
+    return plans
+
+
+def shard_document(schema: pa.Schema, *, source: str = "shard") -> dict[str, Any]:
+    """The parsed ``simstore`` schema metadata of a columnar shard (FormatError if absent)."""
+    raw = (schema.metadata or {}).get(b"simstore")
+    if raw is None:
+        raise FormatError(f"{source} is not a simstore shard (no simstore schema metadata)")
+    try:
+        doc = json.loads(raw)
+    except ValueError as exc:
+        raise FormatError(f"{source}: simstore schema metadata is not JSON") from exc
+    if not isinstance(doc, dict) or doc.get("kind") != "shard":
+        raise FormatError(f"{source} is not a simstore shard")
+    if doc.get("format_version") != SHARD_FORMAT_VERSION:
+        raise FormatError(
+            f"{source} has shard format_version {doc.get('format_version')!r}, this simstore "
+            f"reads {SHARD_FORMAT_VERSION}"
+        )
+    return doc
+
+
+def scalar_out(value: Any, dtype: str) -> Any:
+    """A scalar as read back: Python int/float/bool for the default dtypes, else numpy."""
+    if dtype in ("int64", "float64"):
+        return value.item() if isinstance(value, np.generic) else value
+    if dtype == "bool":
+        return bool(value)
+    return np.dtype(dtype).type(value)
+
+
+def _writable(arr: np.ndarray) -> np.ndarray:
+    return arr if arr.flags.writeable else arr.copy()
+
+
+def _decode_column(plan: ColumnPlan, col: pa.Array) -> list[Any]:
+    n = len(col)
+    nulls = col.is_null().to_numpy(zero_copy_only=False) if col.null_count else np.zeros(n, bool)
+    enc = plan.encoding
+    out: list[Any] = [None] * n
+    if enc == "fixed":
+        storage = col.storage if isinstance(col, pa.ExtensionArray) else col
+        size = math.prod(plan.shape)
+        values = storage.values.slice(storage.offset * size, n * size)
+        if values.null_count:  # take() leaves null children under null rows
+            values = values.fill_null(False if pa.types.is_boolean(values.type) else 0)
+        flat = _writable(values.to_numpy(zero_copy_only=False))
+        arr = flat.reshape((n, *plan.shape))
+        return [None if nulls[i] else arr[i] for i in range(n)]
+    if enc == "var":
+        data = col.field("data")
+        shapes = col.field("shape").to_pylist()
+        offsets = data.offsets.to_numpy()
+        flat = _writable(data.values.to_numpy(zero_copy_only=False))
+        for i in range(n):
+            if not nulls[i]:
+                out[i] = flat[offsets[i] : offsets[i + 1]].reshape(shapes[i])
+        return out
+    if enc == "plain":
+        fill = False if pa.types.is_boolean(col.type) else 0
+        vals = col.fill_null(fill).to_numpy(zero_copy_only=False)
+        for i in range(n):
+            if not nulls[i]:
+                if plan.spec.kind == "tensor":
+                    out[i] = np.array(vals[i], dtype=plan.spec.dtype)
+                else:
+                    out[i] = scalar_out(vals[i], plan.spec.dtype)
+        return out
+    py = col.to_pylist()
+    if enc == "json":
+        return [json.loads(v) if v is not None else None for v in py]
+    return list(py)
+
+
+def decode_rows(table: pa.Table, plans: Mapping[str, ColumnPlan]) -> list[dict[str, FieldValue]]:
+    """Field dicts of every row of ``table`` (its columns: fields named in ``plans``).
+
+    Arrays are writable copies that share one buffer per column of the table.
+    """
+    n = table.num_rows
+    rows: list[dict[str, FieldValue]] = [{} for _ in range(n)]
+    for name in table.column_names:
+        plan = plans.get(name)
+        if plan is None:
+            continue
+        col = table.column(name).combine_chunks()
+        for i, value in enumerate(_decode_column(plan, col)):
+            if value is not None:
+                rows[i][name] = value
+    return rows

@@ -1,0 +1,205 @@
+"""What the Parquet and Lance shards share: a buffering writer and a by-position reader.
+
+A columnar shard needs its whole schema before its first row group (a field's layout,
+fixed-shape or varying, depends on every sample in the shard), so the writer buffers the
+shard's samples in memory (bounded by the ingest's ``shard_size``) and writes row groups
+of about ``row_group_bytes`` on ``close``. Lazy array sources are read whole on ``add``:
+the pipeline routes big dense fields to Zarr, so only small ones arrive here.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from simstore.errors import InvalidInputError
+from simstore.ingest import ShardOptions
+from simstore.protocols import ShardWriteResult, WrittenSample
+from simstore.sample import FieldValue, Sample, Schema
+
+from ._arrow import (
+    KEY_COLUMN,
+    ColumnPlan,
+    arrow_schema,
+    decode_rows,
+    encode_table,
+    materialise,
+    plan_columns,
+    shard_document,
+)
+
+__all__ = ["ColumnarReader", "ColumnarWriter", "row_groups"]
+
+
+def row_groups(samples: Sequence[Sample], sizes: Sequence[int], target_bytes: int) -> list[slice]:
+    """Cut samples into runs of about ``target_bytes`` logical bytes (at least one sample)."""
+    out: list[slice] = []
+    start, acc = 0, 0
+    for i, size in enumerate(sizes):
+        acc += size
+        if acc >= target_bytes:
+            out.append(slice(start, i + 1))
+            start, acc = i + 1, 0
+    if start < len(samples):
+        out.append(slice(start, len(samples)))
+    return out
+
+
+class ColumnarWriter(ABC):
+    """Buffers one shard's samples and writes them as row groups on ``close``."""
+
+    def __init__(self, path: str, options: ShardOptions) -> None:
+        self.path = path
+        self.options = options
+        self._samples: list[Sample] = []
+        self._sizes: list[int] = []
+        self._written: list[WrittenSample] = []
+        self._closed = False
+
+    def add(self, sample: Sample, *, sample_hash: str, size_bytes: int) -> WrittenSample:
+        """Buffer one sample (lazy fields are read now, while their source is open)."""
+        if self._closed:
+            raise InvalidInputError(f"shard writer for {self.path} is closed")
+        fields = {name: materialise(value) for name, value in sample.fields.items()}
+        self._samples.append(Sample(sample.key, fields))
+        self._sizes.append(size_bytes)
+        ws = WrittenSample(
+            key=sample.key,
+            sample_hash=sample_hash,
+            position=len(self._written),
+            size_bytes=size_bytes,
+        )
+        self._written.append(ws)
+        return ws
+
+    def close(self, stats: Mapping[str, Any] | None = None) -> ShardWriteResult:
+        """Write the buffered samples to ``path``; equal samples give equal bytes."""
+        self._closed = True
+        plans = plan_columns(self._samples)
+        schema = self._schema(plans, stats)
+        groups = row_groups(self._samples, self._sizes, self.options.row_group_bytes)
+        try:
+            self._write(plans, schema, groups)
+        except BaseException:
+            self.abort()
+            raise
+        self._samples, self._sizes = [], []
+        return ShardWriteResult(
+            path=self.path,
+            samples=tuple(self._written),
+            schema=tuple(p.spec for p in plans),
+            stats=dict(stats or {}),
+        )
+
+    def _tables(
+        self, plans: Sequence[ColumnPlan], schema: pa.Schema, groups: Sequence[slice]
+    ) -> Iterator[pa.Table]:
+        for g in groups:
+            yield encode_table(self._samples[g], plans, schema)
+
+    def _schema(self, plans: Sequence[ColumnPlan], stats: Mapping[str, Any] | None) -> pa.Schema:
+        return arrow_schema(plans, stats)
+
+    @abstractmethod
+    def _write(
+        self, plans: Sequence[ColumnPlan], schema: pa.Schema, groups: Sequence[slice]
+    ) -> None:
+        """Write the row groups to ``self.path``."""
+
+    def abort(self) -> None:
+        """Drop the buffer and any partial file."""
+        self._closed = True
+        self._samples, self._sizes = [], []
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+class ColumnarReader(ABC):
+    """Reads samples of a columnar shard by position, reading only the requested columns."""
+
+    def __init__(
+        self, name: str, schema: pa.Schema, plans: Mapping[str, ColumnPlan], num_rows: int
+    ):
+        self.name = name
+        self.arrow_schema = schema
+        self.plans = dict(plans)
+        self.num_samples = num_rows
+
+    @property
+    def schema(self) -> Schema:
+        """The field specs of this shard, sorted by name."""
+        return tuple(self.plans[n].spec for n in sorted(self.plans))
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """The field summaries embedded in the shard when it was written."""
+        return dict(shard_document(self.arrow_schema, source=self.name).get("stats", {}))
+
+    def keys(self) -> list[str]:
+        """Every sample key in position order."""
+        return [
+            str(k)
+            for k in self._read_positions(range(self.num_samples), [KEY_COLUMN])
+            .column(KEY_COLUMN)
+            .to_pylist()
+        ]
+
+    def _columns(self, fields: Sequence[str] | None) -> list[str]:
+        if fields is None:
+            return sorted(self.plans)
+        return [f for f in dict.fromkeys(fields) if f in self.plans]
+
+    def _check(self, positions: Sequence[int]) -> list[int]:
+        out = [int(p) for p in positions]
+        for p in out:
+            if not 0 <= p < self.num_samples:
+                raise InvalidInputError(
+                    f"{self.name}: position {p} out of range "
+                    f"(shard holds {self.num_samples} samples)"
+                )
+        return out
+
+    def read(
+        self, positions: Sequence[int], fields: Sequence[str] | None = None
+    ) -> Iterator[dict[str, FieldValue]]:
+        """Field values of the samples at ``positions``, in the order given.
+
+        Only the requested fields' columns are read (a field this shard lacks is simply
+        absent from the dicts). Sorted positions stream row group by row group.
+        """
+        wanted = self._check(positions)
+        cols = self._columns(fields)
+        if not wanted:
+            return
+        if not cols:
+            for _ in wanted:
+                yield {}
+            return
+        unique = sorted(set(wanted))
+        if unique == wanted:
+            for batch in self._batches(unique):
+                table = self._read_positions(batch, cols)
+                yield from decode_rows(table, self.plans)
+            return
+        table = self._read_positions(unique, cols)
+        rows = dict(zip(unique, decode_rows(table, self.plans), strict=True))
+        for p in wanted:
+            yield rows[p]
+
+    def _batches(self, positions: list[int]) -> Iterator[list[int]]:
+        """Sorted positions cut where a reader would start a new read unit."""
+        yield positions
+
+    @abstractmethod
+    def _read_positions(self, positions: Sequence[int], columns: Sequence[str]) -> pa.Table:
+        """Rows at sorted, unique ``positions`` with only ``columns``."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release file handles."""

@@ -1,0 +1,166 @@
+"""Parquet shards: one row per sample, the default for records and meshes.
+
+A shard opens in stock pyarrow (``pyarrow.parquet.read_table(path)``); the column layout is
+described in :mod:`simstore.formats._arrow`. Writer settings are fixed (no dictionary
+encoding, statistics only on ``__key__``, row groups of about ``row_group_bytes``), so equal
+samples give equal bytes. ``shuffle-zstd`` stores float columns with Parquet's
+BYTE_STREAM_SPLIT encoding, which is a byte shuffle, before zstd.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import accumulate
+from typing import Any, BinaryIO
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from simstore.errors import FormatError
+from simstore.ingest import ShardOptions, hash_sample_blocks, parse_compression, sample_nbytes
+from simstore.protocols import ShardWriteResult
+from simstore.sample import Sample
+
+from ._arrow import KEY_COLUMN, ColumnPlan, plans_from_schema
+from ._columnar import ColumnarReader, ColumnarWriter
+
+__all__ = ["ParquetFormat", "ParquetShardReader", "ParquetShardWriter"]
+
+MAGIC = b"PAR1"
+
+
+def _float_leaf_paths(plans: Sequence[ColumnPlan]) -> list[str]:
+    paths = []
+    for p in plans:
+        if p.spec.kind not in ("tensor", "scalar") or np.dtype(p.spec.dtype).kind != "f":
+            continue
+        if np.dtype(p.spec.dtype).itemsize not in (4, 8):
+            continue
+        if p.encoding == "fixed":
+            paths.append(f"{p.name}.list.element")
+        elif p.encoding == "var":
+            paths.append(f"{p.name}.data.list.element")
+        else:
+            paths.append(p.name)
+    return paths
+
+
+class ParquetShardWriter(ColumnarWriter):
+    """Streaming side of :class:`ParquetFormat` (buffers one shard, writes on close)."""
+
+    def _write(
+        self, plans: Sequence[ColumnPlan], schema: pa.Schema, groups: Sequence[slice]
+    ) -> None:
+        codec, level = parse_compression(self.options.compression)
+        kwargs: dict[str, Any] = {
+            "compression": "none" if codec == "none" else "zstd",
+            "use_dictionary": False,
+            "write_statistics": [KEY_COLUMN],
+            "store_schema": True,
+        }
+        if codec != "none":
+            kwargs["compression_level"] = level
+        if codec == "shuffle-zstd":
+            paths = _float_leaf_paths(plans)
+            if paths:
+                kwargs["column_encoding"] = {p: "BYTE_STREAM_SPLIT" for p in paths}
+        with pq.ParquetWriter(self.path, schema, **kwargs) as writer:
+            for table in self._tables(plans, schema, groups):
+                writer.write_table(table, row_group_size=max(1, table.num_rows))
+
+
+class ParquetShardReader(ColumnarReader):
+    """An open Parquet shard; reads whole row groups of only the requested columns."""
+
+    def __init__(self, source: str | BinaryIO, name: str = "parquet shard") -> None:
+        try:
+            self._pf = pq.ParquetFile(source)
+            schema = self._pf.schema_arrow
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise FormatError(f"{name} is not a readable Parquet file: {exc}") from exc
+        meta = self._pf.metadata
+        counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        self._starts = [0, *accumulate(counts)]
+        self._cache: tuple[int, tuple[str, ...], pa.Table] | None = None
+        super().__init__(name, schema, plans_from_schema(schema, source=name), meta.num_rows)
+
+    def _group_of(self, position: int) -> int:
+        return bisect.bisect_right(self._starts, position) - 1
+
+    def _batches(self, positions: list[int]) -> Iterator[list[int]]:
+        batch: list[int] = []
+        group = -1
+        for p in positions:
+            g = self._group_of(p)
+            if g != group and batch:
+                yield batch
+                batch = []
+            group = g
+            batch.append(p)
+        if batch:
+            yield batch
+
+    def _row_group(self, g: int, columns: tuple[str, ...]) -> pa.Table:
+        if self._cache is not None and self._cache[:2] == (g, columns):
+            return self._cache[2]
+        try:
+            table = self._pf.read_row_group(g, columns=list(columns))
+        except (pa.ArrowException, OSError) as exc:
+            raise FormatError(f"{self.name}: row group {g} is unreadable: {exc}") from exc
+        self._cache = (g, columns, table)
+        return table
+
+    def _read_positions(self, positions: Sequence[int], columns: Sequence[str]) -> pa.Table:
+        cols = tuple(columns)
+        parts = []
+        for batch in self._batches(list(positions)):
+            g = self._group_of(batch[0])
+            table = self._row_group(g, cols)
+            local = np.asarray(batch, dtype=np.int64) - self._starts[g]
+            if len(local) == table.num_rows:
+                parts.append(table)
+            else:
+                parts.append(table.take(pa.array(local)))
+        return pa.concat_tables(parts) if len(parts) != 1 else parts[0]
+
+    def close(self) -> None:
+        """Release the file handle."""
+        self._cache = None
+        self._pf.close()
+
+
+class ParquetFormat:
+    """The Parquet shard format (``--format parquet``, the default)."""
+
+    name = "parquet"
+    supports_file_objects = True
+    supports_streaming_writes = True
+
+    def __init__(self, options: ShardOptions | None = None) -> None:
+        self.options = options or ShardOptions()
+
+    def open_writer(self, path: str) -> ParquetShardWriter:
+        """A writer that buffers samples and writes ``path`` on close."""
+        return ParquetShardWriter(path, self.options)
+
+    def write(self, samples: Iterable[Sample], path: str) -> ShardWriteResult:
+        """Write samples to one file; equal samples in equal order give equal bytes."""
+        writer = self.open_writer(path)
+        for s in samples:
+            writer.add(s, sample_hash=hash_sample_blocks(s), size_bytes=sample_nbytes(s))
+        return writer.close()
+
+    def open(self, source: str | BinaryIO) -> ParquetShardReader:
+        """Open a shard from a local path or a seekable binary file object."""
+        name = source if isinstance(source, str) else "parquet shard"
+        return ParquetShardReader(source, name=f"parquet shard {name}")
+
+    def sniff(self, head: bytes, tail: bytes) -> bool:
+        """Parquet files start and end with ``PAR1``."""
+        return head[:4] == MAGIC and (not tail or tail[-4:] == MAGIC)
+
+    def describe(self) -> Mapping[str, Any]:
+        """Parameters that shape the bytes (for lineage)."""
+        return {"name": self.name, **self.options.to_json()}

@@ -1,0 +1,486 @@
+"""Zarr v3 shards: dense N-d fields in chunks, in one uncompressed (stored) zip object.
+
+Layout inside the zip (a Zarr v3 hierarchy; stock zarr-python opens it with
+``zarr.open_group(zarr.storage.ZipStore(path, mode="r"), mode="r")``)::
+
+    zarr.json                  root group: simstore attributes (keys, schema, statistics)
+                               and consolidated metadata of every node below
+    <position>/zarr.json       one group per sample; attributes hold its key, scalars,
+                               strings and JSON fields
+    <position>/<field>/...     one array per tensor or bytes field; a field name with '/'
+                               (``cells/triangle``, ``group/pressure``) nests groups
+
+The writer is simstore's own, not zarr-python's: it streams each array chunk by chunk
+(a lazy source is read one chunk at a time, so a field of any size takes one chunk of
+memory), writes zip entries in a fixed order with fixed timestamps, and so gives equal
+bytes for equal samples. Entries are stored, not deflated, so a reader can fetch a chunk
+with one ranged read. Codecs: ``bytes`` (little endian), then ``zstd`` or, for float
+fields under ``shuffle-zstd``, ``blosc`` (zstd with byte shuffle), all standard Zarr v3
+codecs. Reads go through zarr-python, which decodes only the chunks a window touches.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import zipfile
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from simstore.errors import FormatError, InvalidInputError
+from simstore.ingest import (
+    ShardOptions,
+    hash_sample_blocks,
+    parse_compression,
+    sample_nbytes,
+    spec_of_value,
+)
+from simstore.protocols import ShardWriteResult, WrittenSample
+from simstore.sample import FieldSpec, FieldValue, Sample, Schema
+
+from ._arrow import SHARD_FORMAT_VERSION, scalar_out
+
+__all__ = ["ZarrFormat", "ZarrShardReader", "ZarrShardWriter", "auto_chunks"]
+
+MAGIC = b"PK\x03\x04"
+_EPOCH = (1980, 1, 1, 0, 0, 0)
+
+
+def _zarr() -> Any:
+    try:
+        import zarr
+    except ImportError as exc:  # pragma: no cover - zarr is a core dependency
+        raise ImportError("Zarr shards need zarr-python 3: pip install 'zarr>=3'") from exc
+    return zarr
+
+
+def auto_chunks(shape: Sequence[int], itemsize: int, target_bytes: int) -> tuple[int, ...]:
+    """A chunk shape of at most about ``target_bytes``: halve the longest axis until it fits.
+
+    Halving the longest axis keeps chunks near-cubic, so a window or crop along any axis
+    reads few bytes it does not need.
+    """
+    chunk = [max(1, int(n)) for n in shape]
+    while math.prod(chunk) * itemsize > target_bytes and max(chunk, default=1) > 1:
+        i = int(np.argmax(chunk))
+        chunk[i] = (chunk[i] + 1) // 2
+    return tuple(chunk)
+
+
+def _fill(dtype: np.dtype[Any]) -> Any:
+    if dtype.kind == "b":
+        return False
+    if dtype.kind == "f":
+        return 0.0
+    return 0
+
+
+def _json_scalar(value: Any, dtype: str) -> Any:
+    v = np.asarray(value, dtype=dtype).item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
+    return v
+
+
+def _scalar_from_json(value: Any, dtype: str) -> Any:
+    if isinstance(value, str):
+        value = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[value]
+    return scalar_out(np.asarray(value, dtype=dtype)[()], dtype)
+
+
+class _Codec:
+    """Chunk encoder for one array: its Zarr v3 codec list and the bytes it produces."""
+
+    def __init__(self, compression: str, dtype: np.dtype[Any]) -> None:
+        codec, level = parse_compression(compression)
+        self.codecs: list[dict[str, Any]] = (
+            [{"name": "bytes", "configuration": {"endian": "little"}}]
+            if dtype.itemsize > 1
+            else [{"name": "bytes"}]
+        )
+        self._encode: Any = None
+        if codec == "shuffle-zstd" and dtype.kind == "f":
+            from numcodecs import Blosc
+
+            self.codecs.append(
+                {
+                    "name": "blosc",
+                    "configuration": {
+                        "typesize": dtype.itemsize,
+                        "cname": "zstd",
+                        "clevel": level,
+                        "shuffle": "shuffle",
+                        "blocksize": 0,
+                    },
+                }
+            )
+            self._encode = Blosc(
+                cname="zstd", clevel=level, shuffle=Blosc.SHUFFLE, blocksize=0
+            ).encode
+        elif codec != "none":
+            from numcodecs import Zstd
+
+            self.codecs.append(
+                {"name": "zstd", "configuration": {"level": level, "checksum": False}}
+            )
+            self._encode = Zstd(level=level, checksum=False).encode
+
+    def encode(self, chunk: np.ndarray) -> bytes:
+        raw = np.ascontiguousarray(chunk.astype(chunk.dtype.newbyteorder("<"), copy=False))
+        if self._encode is None:
+            return raw.tobytes()
+        return bytes(self._encode(raw))
+
+
+class ZarrShardWriter:
+    """Writes samples into a deterministic zip of a Zarr v3 hierarchy, chunk by chunk."""
+
+    def __init__(self, path: str, options: ShardOptions) -> None:
+        self.path = path
+        self.options = options
+        self._zip = zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True)
+        self._nodes: dict[str, dict[str, Any]] = {}
+        self._written: list[WrittenSample] = []
+        self._specs: dict[str, FieldSpec] = {}
+
+    def _entry(self, name: str, data: bytes) -> None:
+        info = zipfile.ZipInfo(name, date_time=_EPOCH)
+        info.compress_type = zipfile.ZIP_STORED
+        info.create_system = 3
+        info.external_attr = 0o100644 << 16
+        self._zip.writestr(info, data)
+
+    def _node(self, path: str, meta: dict[str, Any]) -> None:
+        self._nodes[path] = meta
+        self._entry(f"{path}/zarr.json", json.dumps(meta, sort_keys=True).encode())
+
+    def _group(self, path: str, attributes: dict[str, Any]) -> None:
+        self._node(path, {"zarr_format": 3, "node_type": "group", "attributes": attributes})
+
+    def _array(self, path: str, value: Any, kind: str) -> None:
+        dtype = np.dtype(value.dtype)
+        shape = tuple(int(n) for n in value.shape)
+        name = path.split("/", 1)[1]
+        chunk = tuple(
+            self.options.chunks.get(name)
+            or auto_chunks(shape, dtype.itemsize, self.options.chunk_bytes)
+        )
+        if len(chunk) != len(shape) or any(c < 1 for c in chunk):
+            raise InvalidInputError(
+                f"chunk shape {chunk} for field {name!r} does not fit its shape {shape}"
+            )
+        codec = _Codec(self.options.compression, dtype)
+        self._node(
+            path,
+            {
+                "zarr_format": 3,
+                "node_type": "array",
+                "shape": list(shape),
+                "data_type": str(dtype),
+                "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunk)}},
+                "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+                "fill_value": _fill(dtype),
+                "codecs": codec.codecs,
+                "attributes": {"simstore": {"kind": kind}},
+                "storage_transformers": [],
+            },
+        )
+        if len(shape) == 0:
+            self._entry(f"{path}/c", codec.encode(np.asarray(value[()], dtype=dtype).reshape(())))
+            return
+        if math.prod(shape) == 0:
+            return
+        grid = tuple(math.ceil(n / c) for n, c in zip(shape, chunk, strict=True))
+        for idx in np.ndindex(*grid):
+            box = tuple(
+                slice(i * c, min(n, (i + 1) * c)) for i, c, n in zip(idx, chunk, shape, strict=True)
+            )
+            data = np.asarray(value[box], dtype=dtype)
+            if data.shape != chunk:
+                padded = np.zeros(chunk, dtype=dtype)
+                padded[tuple(slice(0, n) for n in data.shape)] = data
+                data = padded
+            self._entry(f"{path}/c/{'/'.join(str(i) for i in idx)}", codec.encode(data))
+
+    def add(self, sample: Sample, *, sample_hash: str, size_bytes: int) -> WrittenSample:
+        """Write one sample's group and arrays now (lazy fields chunk by chunk)."""
+        position = len(self._written)
+        base = str(position)
+        scalars: dict[str, Any] = {}
+        strings: dict[str, str] = {}
+        jsons: dict[str, Any] = {}
+        arrays: list[tuple[str, Any, str]] = []
+        for name in sorted(sample.fields):
+            value = sample.fields[name]
+            spec = spec_of_value(name, value)
+            prev = self._specs.setdefault(name, spec)
+            if prev != spec:
+                raise InvalidInputError(
+                    f"sample {sample.key!r}: field {name!r} is {spec.describe()}, but earlier "
+                    f"samples of this shard have {prev.describe()}"
+                )
+            if spec.kind == "tensor":
+                arrays.append((name, value, "tensor"))
+            elif spec.kind == "bytes":
+                arrays.append((name, np.frombuffer(bytes(value), dtype=np.uint8), "bytes"))  # type: ignore[arg-type]
+            elif spec.kind == "scalar":
+                scalars[name] = [spec.dtype, _json_scalar(value, spec.dtype)]
+            elif spec.kind == "string":
+                strings[name] = str(value)
+            else:
+                jsons[name] = value
+        names = [a[0] for a in arrays]
+        groups = sorted(
+            {"/".join(n.split("/")[:i]) for n in names for i in range(1, n.count("/") + 1)}
+        )
+        clash = sorted(set(groups) & set(names))
+        if clash:
+            raise InvalidInputError(
+                f"sample {sample.key!r}: field {clash[0]!r} is both an array and a group of "
+                "other fields; a Zarr shard cannot hold both"
+            )
+        attrs = {
+            "simstore": {"key": sample.key, "scalars": scalars, "strings": strings, "json": jsons}
+        }
+        self._group(base, attrs)
+        for g in groups:
+            self._group(f"{base}/{g}", {})
+        for name, value, kind in arrays:
+            self._array(f"{base}/{name}", value, kind)
+        ws = WrittenSample(
+            key=sample.key, sample_hash=sample_hash, position=position, size_bytes=size_bytes
+        )
+        self._written.append(ws)
+        return ws
+
+    def close(self, stats: Mapping[str, Any] | None = None) -> ShardWriteResult:
+        """Write the root group (with consolidated metadata) and finish the zip."""
+        schema = tuple(self._specs[n] for n in sorted(self._specs))
+        root_attrs = {
+            "simstore": {
+                "kind": "shard",
+                "format_version": SHARD_FORMAT_VERSION,
+                "samples": len(self._written),
+                "keys": [w.key for w in self._written],
+                "schema": [s.to_json() for s in schema],
+                "stats": dict(stats or {}),
+            }
+        }
+        root = {
+            "zarr_format": 3,
+            "node_type": "group",
+            "attributes": root_attrs,
+            "consolidated_metadata": {
+                "kind": "inline",
+                "must_understand": False,
+                "metadata": {
+                    path: (
+                        {
+                            **meta,
+                            "consolidated_metadata": {
+                                "kind": "inline",
+                                "must_understand": False,
+                                "metadata": {},
+                            },
+                        }
+                        if meta["node_type"] == "group"
+                        else meta
+                    )
+                    for path, meta in self._nodes.items()
+                },
+            },
+        }
+        try:
+            self._entry("zarr.json", json.dumps(root, sort_keys=True).encode())
+            self._zip.close()
+        except BaseException:
+            self.abort()
+            raise
+        return ShardWriteResult(
+            path=self.path, samples=tuple(self._written), schema=schema, stats=dict(stats or {})
+        )
+
+    def abort(self) -> None:
+        """Close and remove the partial zip."""
+        try:
+            self._zip.close()
+        except (OSError, ValueError):
+            pass
+        Path(self.path).unlink(missing_ok=True)
+
+
+def _zip_store(source: str | BinaryIO) -> Any:
+    zarr = _zarr()
+    if isinstance(source, str):
+        return zarr.storage.ZipStore(source, mode="r")
+    # zarr's ZipStore opens paths only; this one-level subclass opens the caller's seekable
+    # file object instead (a ranged reader over a remote object, say) and nothing else.
+
+    class _FileZipStore(zarr.storage.ZipStore):  # type: ignore[misc,name-defined]
+        def __init__(self, fileobj: BinaryIO) -> None:
+            self._fileobj = fileobj
+            super().__init__("<file object>", mode="r")
+
+        def _sync_open(self) -> None:
+            if self._is_open:  # type: ignore[has-type]
+                raise ValueError("store is already open")
+            self._lock = threading.RLock()
+            self._zf = zipfile.ZipFile(self._fileobj, mode="r")
+            self._is_open = True
+
+    return _FileZipStore(source)
+
+
+class ZarrShardReader:
+    """An open Zarr shard: whole fields by position, or windows of them (``read_slices``)."""
+
+    def __init__(self, source: str | BinaryIO, name: str = "zarr shard") -> None:
+        self.name = name
+        zarr = _zarr()
+        try:
+            self._store = _zip_store(source)
+            self._root = zarr.open_group(self._store, mode="r", use_consolidated=True)
+            attrs = dict(self._root.attrs).get("simstore", {})
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+            raise FormatError(f"{name} is not a readable Zarr zip: {exc}") from exc
+        if not isinstance(attrs, dict) or attrs.get("kind") != "shard":
+            raise FormatError(f"{name} is not a simstore shard (no simstore root attributes)")
+        if attrs.get("format_version") != SHARD_FORMAT_VERSION:
+            raise FormatError(
+                f"{name} has shard format_version {attrs.get('format_version')!r}, this "
+                f"simstore reads {SHARD_FORMAT_VERSION}"
+            )
+        self._attrs = attrs
+        self.num_samples = int(attrs["samples"])
+        self._specs = {s["name"]: FieldSpec.from_json(s) for s in attrs.get("schema", [])}
+
+    @property
+    def schema(self) -> Schema:
+        """The field specs of this shard, sorted by name."""
+        return tuple(self._specs[n] for n in sorted(self._specs))
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """The field summaries embedded in the shard when it was written."""
+        return dict(self._attrs.get("stats", {}))
+
+    def keys(self) -> list[str]:
+        """Every sample key in position order."""
+        return [str(k) for k in self._attrs.get("keys", [])]
+
+    def _check(self, position: int) -> int:
+        p = int(position)
+        if not 0 <= p < self.num_samples:
+            raise InvalidInputError(
+                f"{self.name}: position {p} out of range (shard holds {self.num_samples} samples)"
+            )
+        return p
+
+    def array(self, position: int, field: str) -> Any:
+        """The stock ``zarr.Array`` of one tensor field of one sample (for custom reads)."""
+        spec = self._specs.get(field)
+        if spec is None or spec.kind not in ("tensor", "bytes"):
+            raise InvalidInputError(f"{self.name}: no array field {field!r}")
+        try:
+            return self._root[f"{self._check(position)}/{field}"]
+        except KeyError:
+            raise InvalidInputError(
+                f"{self.name}: sample at position {position} has no field {field!r}"
+            ) from None
+
+    def _sample(self, position: int, fields: Iterable[str] | None) -> dict[str, FieldValue]:
+        p = self._check(position)
+        group = self._root[str(p)]
+        attrs = dict(group.attrs).get("simstore", {})
+        wanted = set(fields) if fields is not None else None
+        out: dict[str, FieldValue] = {}
+        for name, (dtype, value) in attrs.get("scalars", {}).items():
+            if wanted is None or name in wanted:
+                out[name] = _scalar_from_json(value, dtype)
+        for name, value in attrs.get("strings", {}).items():
+            if wanted is None or name in wanted:
+                out[name] = str(value)
+        for name, value in attrs.get("json", {}).items():
+            if wanted is None or name in wanted:
+                out[name] = value
+        names = [n for n, s in self._specs.items() if s.kind in ("tensor", "bytes")]
+        for name in sorted(names):
+            if wanted is not None and name not in wanted:
+                continue
+            try:
+                arr = group[name]
+            except KeyError:
+                continue  # this sample lacks the field
+            data = np.asarray(arr[...])
+            out[name] = data.tobytes() if self._specs[name].kind == "bytes" else data
+        return dict(sorted(out.items()))
+
+    def read(
+        self, positions: Sequence[int], fields: Sequence[str] | None = None
+    ) -> Iterator[dict[str, FieldValue]]:
+        """Field values of the samples at ``positions``, in the order given.
+
+        Only the requested fields' arrays are read.
+        """
+        for p in positions:
+            yield self._sample(p, fields)
+
+    def read_slices(
+        self, position: int, windows: Mapping[str, tuple[slice, ...]]
+    ) -> dict[str, np.ndarray]:
+        """Windows (crops) of tensor fields of one sample: ``{field: array[slices]}``.
+
+        Only the chunks that overlap each window are read and decoded, so a 64^3 crop of a
+        1024^3 field costs about its own size, not the field's.
+        """
+        out: dict[str, np.ndarray] = {}
+        for name, box in windows.items():
+            out[name] = np.asarray(self.array(position, name)[tuple(box)])
+        return out
+
+    def close(self) -> None:
+        """Release the zip file."""
+        self._store.close()
+
+
+class ZarrFormat:
+    """The Zarr v3 shard format (``--format zarr``, and dense fields above a threshold)."""
+
+    name = "zarr"
+    supports_file_objects = True
+    supports_streaming_writes = True
+
+    def __init__(self, options: ShardOptions | None = None) -> None:
+        self.options = options or ShardOptions()
+
+    def open_writer(self, path: str) -> ZarrShardWriter:
+        """A writer that streams samples into ``path`` as they are added."""
+        return ZarrShardWriter(path, self.options)
+
+    def write(self, samples: Iterable[Sample], path: str) -> ShardWriteResult:
+        """Write samples to one zip; equal samples in equal order give equal bytes."""
+        writer = self.open_writer(path)
+        try:
+            for s in samples:
+                writer.add(s, sample_hash=hash_sample_blocks(s), size_bytes=sample_nbytes(s))
+        except BaseException:
+            writer.abort()
+            raise
+        return writer.close()
+
+    def open(self, source: str | BinaryIO) -> ZarrShardReader:
+        """Open a shard from a local path or a seekable binary file object."""
+        name = source if isinstance(source, str) else "zarr shard"
+        return ZarrShardReader(source, name=f"zarr shard {name}")
+
+    def sniff(self, head: bytes, tail: bytes) -> bool:
+        r"""Zip files start with ``PK\x03\x04``."""
+        return head[:4] == MAGIC
+
+    def describe(self) -> Mapping[str, Any]:
+        """Parameters that shape the bytes (for lineage)."""
+        return {"name": self.name, **self.options.to_json()}

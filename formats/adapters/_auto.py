@@ -1,0 +1,77 @@
+"""The ``auto`` adapter (the default): picks an adapter per file by extension, then magic bytes.
+
+Built-in adapters are tried first in a fixed order (NetCDF before HDF5, since a NetCDF-4
+file is an HDF5 file), by extension and then by each adapter's ``can_read`` on the file's
+first bytes; any other installed adapter (entry-point group ``simstore.adapters``) comes
+after, so a pipeline's own adapter is picked for the files only it recognises.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from simstore.errors import SourceError
+from simstore.ingest import adapter_names, load_adapter
+from simstore.protocols import SourceAdapter
+from simstore.sample import Sample
+
+__all__ = ["AutoAdapter", "read_head"]
+
+_BUILTIN = ("netcdf", "hdf5", "npz", "npy", "zarr", "mesh", "cad")
+
+
+def read_head(path: str, n: int = 64) -> bytes:
+    """The first ``n`` bytes of a file (empty for a directory, such as a Zarr group)."""
+    if os.path.isdir(path):
+        return b""
+    with open(path, "rb") as f:
+        return f.read(n)
+
+
+class AutoAdapter:
+    """Chooses the adapter for each file; ``resolve`` tells which."""
+
+    name = "auto"
+    version = "1"
+    extensions: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self._adapters: list[SourceAdapter] | None = None
+
+    def _candidates(self) -> list[SourceAdapter]:
+        if self._adapters is None:
+            installed = adapter_names()
+            names = [n for n in _BUILTIN if n in installed]
+            names += [n for n in installed if n not in names and n != self.name]
+            self._adapters = [load_adapter(n) for n in names]
+        return self._adapters
+
+    def resolve(self, path: str, head: bytes) -> SourceAdapter | None:
+        """The adapter for this file (None when no installed adapter reads it).
+
+        The first adapter whose extensions match and whose ``can_read`` agrees, else the
+        first whose ``can_read`` accepts the name and first bytes.
+        """
+        low = path.lower()
+        candidates = self._candidates()
+        for adapter in candidates:
+            exts = tuple(getattr(adapter, "extensions", ()))
+            if exts and low.endswith(exts) and adapter.can_read(path, head):
+                return adapter
+        for adapter in candidates:
+            if adapter.can_read(path, head):
+                return adapter
+        return None
+
+    def can_read(self, path: str, head: bytes) -> bool:
+        """Whether any installed adapter reads this file."""
+        return self.resolve(path, head) is not None
+
+    def iter_samples(self, path: str, key: str, options: Mapping[str, Any]) -> Iterator[Sample]:
+        """The samples of the adapter :meth:`resolve` picks."""
+        adapter = self.resolve(path, read_head(path))
+        if adapter is None:
+            raise SourceError(f"{path}: no installed adapter reads this file")
+        yield from adapter.iter_samples(path, key, options)

@@ -1,0 +1,89 @@
+"""The ``hdf5`` adapter (h5py): a file is a simulation run.
+
+Datasets become fields named by their path (``velocity``, ``group/pressure``); attributes
+of the file, groups and datasets become parameters (``Re``, ``group/units``,
+``velocity/units``). Big datasets are read in slices, never whole; ``time_window`` and
+``stride`` cut time-dependent datasets into one sample per window (see ``_tree``).
+String datasets become string parameters (scalar) or metadata lists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from simstore.errors import SourceError
+from simstore.sample import FieldValue, Sample
+
+from ._tree import ArrayEntry, SlicedArray, attribute_fields, json_safe, tree_samples
+
+__all__ = ["HDF5_MAGIC", "HDF5Adapter"]
+
+HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+
+
+def _h5py() -> Any:
+    try:
+        import h5py
+    except ImportError as exc:
+        raise ImportError("the hdf5 adapter needs h5py: pip install 'simstore[hdf5]'") from exc
+    return h5py
+
+
+class HDF5Adapter:
+    """HDF5 files (``.h5``, ``.hdf5``, ``.hdf``, ``.he5`` or the HDF5 signature)."""
+
+    name = "hdf5"
+    version = "1"
+    extensions = (".h5", ".hdf5", ".hdf", ".he5")
+
+    def can_read(self, path: str, head: bytes) -> bool:
+        """HDF5 by extension or by the 8-byte HDF5 signature."""
+        return head.startswith(HDF5_MAGIC) or path.lower().endswith(self.extensions)
+
+    def iter_samples(self, path: str, key: str, options: Mapping[str, Any]) -> Iterator[Sample]:
+        """One sample per file, or one per time window."""
+        h5py = _h5py()
+        try:
+            f = h5py.File(path, "r")
+        except (OSError, ValueError) as exc:
+            raise SourceError(f"{path}: not a readable HDF5 file: {exc}") from exc
+        with f:
+            entries: list[ArrayEntry] = []
+            params: dict[str, FieldValue] = {}
+            metadata: dict[str, Any] = {}
+            try:
+                attribute_fields("", dict(f.attrs), params, metadata)
+                names: list[str] = []
+                f.visit(names.append)
+                for name in sorted(names):
+                    obj = f.get(name, getlink=False)
+                    attribute_fields(name, dict(obj.attrs), params, metadata)
+                    if not isinstance(obj, h5py.Dataset):
+                        continue
+                    dtype = obj.dtype
+                    if h5py.check_string_dtype(dtype) is not None or dtype.kind in "SUO":
+                        value = obj[()]
+                        if isinstance(value, bytes | str | np.bytes_ | np.str_):
+                            raw = (
+                                value.decode("utf-8", "replace")
+                                if isinstance(value, bytes)
+                                else str(value)
+                            )
+                            params[name] = raw
+                        else:
+                            metadata[name] = json_safe(np.asarray(value))
+                        continue
+                    if dtype.kind not in "biuf":
+                        raise SourceError(
+                            f"{path}: field {name!r}: unsupported HDF5 dtype {dtype} "
+                            "(numeric, bool and string datasets are read)"
+                        )
+                    entries.append(ArrayEntry(name, SlicedArray(obj, path=path, field=name)))
+            except SourceError:
+                raise
+            except (OSError, RuntimeError, KeyError, ValueError) as exc:
+                raise SourceError(f"{path}: corrupt HDF5 structure: {exc}") from exc
+            yield from tree_samples(path, key, entries, params, metadata, options)

@@ -1,0 +1,202 @@
+"""The ``mesh`` adapter (meshio): VTK/VTU, ParaView .pvd series, Gmsh .msh, OBJ, PLY, STL, XDMF.
+
+A mesh becomes the fields ``points`` (N x 3, or N x 2 for planar formats),
+``cells/<type>`` (connectivity, int64, every block of that type concatenated),
+``point_data/<name>`` and ``cell_data/<name>`` (rows follow the cells of all types in
+sorted type order, each type's blocks in file order), plus a ``metadata`` JSON field with
+the cell types and counts and the file's field data. A .pvd collection or a temporal XDMF
+file yields one sample per time step (``<key>/t0003``) with the step's time as the
+parameter ``time``; the files a .pvd or .xdmf references are its companions and are not
+ingested on their own. meshio reads a file whole: a mesh sits in memory while it is
+ingested (meshes are bounded by their own size, not by any time axis).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from simstore.errors import SourceError
+from simstore.sample import Sample
+
+from ._tree import json_safe
+
+__all__ = ["MeshAdapter"]
+
+_EXTS = (".vtk", ".vtu", ".pvd", ".msh", ".obj", ".ply", ".stl", ".xdmf", ".xmf", ".vtp")
+
+
+def _meshio() -> Any:
+    try:
+        import meshio
+    except ImportError as exc:
+        raise ImportError("the mesh adapter needs meshio: pip install 'simstore[mesh]'") from exc
+    return meshio
+
+
+def _quietly(fn: Any, *args: Any) -> Any:
+    """Call a meshio reader; its warnings are noise, and it may call sys.exit on bad input."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return fn(*args)
+        except SystemExit as exc:
+            raise ValueError("the reader gave up on this file") from exc
+
+
+def mesh_fields(
+    path: str,
+    points: np.ndarray,
+    cells: Sequence[Any],
+    point_data: Mapping[str, Any],
+    cell_data: Mapping[str, Sequence[Any]],
+    field_data: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Sample fields of one mesh (see the module docstring for the layout)."""
+    points = np.ascontiguousarray(points)
+    if points.ndim != 2 or points.shape[0] == 0:
+        raise SourceError(f"{path}: field 'points': mesh has no points (malformed or empty file)")
+    order = sorted(range(len(cells)), key=lambda i: (cells[i].type, i))
+    by_type: dict[str, list[np.ndarray]] = {}
+    for i in order:
+        by_type.setdefault(cells[i].type, []).append(np.asarray(cells[i].data, dtype=np.int64))
+    fields: dict[str, Any] = {"points": points}
+    for ctype, blocks in by_type.items():
+        fields[f"cells/{ctype}"] = np.ascontiguousarray(np.concatenate(blocks, axis=0))
+    n_points = points.shape[0]
+    for name in sorted(point_data):
+        arr = np.ascontiguousarray(point_data[name])
+        if arr.shape[:1] != (n_points,):
+            raise SourceError(
+                f"{path}: field 'point_data/{name}': {arr.shape[0] if arr.ndim else 0} values "
+                f"for {n_points} points"
+            )
+        fields[f"point_data/{name}"] = arr
+    for name in sorted(cell_data):
+        parts = cell_data[name]
+        try:
+            arr = np.concatenate([np.asarray(parts[i]) for i in order], axis=0)
+        except (ValueError, IndexError) as exc:
+            raise SourceError(
+                f"{path}: field 'cell_data/{name}': blocks do not line up: {exc}"
+            ) from exc
+        fields[f"cell_data/{name}"] = np.ascontiguousarray(arr)
+    for name, value in list(fields.items()):
+        if isinstance(value, np.ndarray) and value.dtype.kind not in "biuf":
+            raise SourceError(f"{path}: field {name!r}: unsupported dtype {value.dtype}")
+    meta: dict[str, Any] = {
+        "cell_types": sorted(by_type),
+        "cell_counts": {t: int(sum(b.shape[0] for b in bl)) for t, bl in by_type.items()},
+    }
+    if field_data:
+        meta["field_data"] = {k: json_safe(np.asarray(v)) for k, v in sorted(field_data.items())}
+    fields["metadata"] = meta
+    return fields
+
+
+def _pvd_datasets(path: str) -> list[tuple[float, str]]:
+    try:
+        root = ET.parse(path).getroot()
+    except (ET.ParseError, OSError) as exc:
+        raise SourceError(f"{path}: not a readable .pvd collection: {exc}") from exc
+    out: list[tuple[float, str]] = []
+    for ds in root.iter("DataSet"):
+        file = ds.get("file")
+        if not file:
+            continue
+        out.append((float(ds.get("timestep", len(out))), os.path.join(os.path.dirname(path), file)))
+    return out
+
+
+def _xdmf_is_temporal(path: str) -> bool:
+    try:
+        root = ET.parse(path).getroot()
+    except (ET.ParseError, OSError):
+        return False
+    return any(g.get("CollectionType") == "Temporal" for g in root.iter("Grid"))
+
+
+def _xdmf_heavy_files(path: str) -> list[str]:
+    try:
+        root = ET.parse(path).getroot()
+    except (ET.ParseError, OSError):
+        return []
+    out = set()
+    for item in root.iter("DataItem"):
+        if (item.get("Format") or "").upper() == "HDF" and item.text and ":" in item.text:
+            out.add(os.path.join(os.path.dirname(path), item.text.strip().split(":", 1)[0]))
+    return sorted(out)
+
+
+class MeshAdapter:
+    """Meshes meshio reads, recognised by extension."""
+
+    name = "mesh"
+    version = "1"
+    extensions = _EXTS
+
+    def can_read(self, path: str, head: bytes) -> bool:
+        """Mesh files by extension."""
+        return path.lower().endswith(_EXTS)
+
+    def companions(self, path: str) -> list[str]:
+        """Files a .pvd or .xdmf references (ingested as part of it, never alone)."""
+        low = path.lower()
+        if low.endswith(".pvd"):
+            return [os.path.normpath(f) for _, f in _pvd_datasets(path)]
+        if low.endswith((".xdmf", ".xmf")):
+            return [os.path.normpath(f) for f in _xdmf_heavy_files(path)]
+        return []
+
+    def iter_samples(self, path: str, key: str, options: Mapping[str, Any]) -> Iterator[Sample]:
+        """One sample per mesh, or one per time step of a series."""
+        meshio = _meshio()
+        low = path.lower()
+        if low.endswith(".pvd"):
+            steps = _pvd_datasets(path)
+            if not steps:
+                raise SourceError(f"{path}: .pvd collection lists no data sets")
+            width = max(4, len(str(len(steps) - 1)))
+            for i, (t, file) in enumerate(steps):
+                mesh = self._read(meshio, file)
+                fields = self._fields(file, mesh)
+                fields["time"] = float(t)
+                yield Sample(f"{key}/t{i:0{width}d}", fields)
+            return
+        if low.endswith((".xdmf", ".xmf")) and _xdmf_is_temporal(path):
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    reader = meshio.xdmf.TimeSeriesReader(path)
+                    points, cells = reader.read_points_cells()
+                    n = reader.num_steps
+            except Exception as exc:  # meshio raises many kinds on bad XML or data
+                raise SourceError(f"{path}: not a readable XDMF time series: {exc}") from exc
+            width = max(4, len(str(n - 1)))
+            for k in range(n):
+                try:
+                    t, pdata, cdata = _quietly(reader.read_data, k)
+                except Exception as exc:
+                    raise SourceError(f"{path}: time step {k} is unreadable: {exc}") from exc
+                fields = mesh_fields(path, points, cells, pdata, cdata)
+                fields["time"] = float(t)
+                yield Sample(f"{key}/t{k:0{width}d}", fields)
+            return
+        mesh = self._read(meshio, path)
+        yield Sample(key, self._fields(path, mesh))
+
+    def _read(self, meshio: Any, path: str) -> Any:
+        try:
+            return _quietly(meshio.read, path)
+        except Exception as exc:  # meshio raises ReadError, ValueError, KeyError, ...
+            raise SourceError(f"{path}: not a readable mesh: {exc}") from exc
+
+    def _fields(self, path: str, mesh: Any) -> dict[str, Any]:
+        return mesh_fields(
+            path, mesh.points, mesh.cells, mesh.point_data, mesh.cell_data, mesh.field_data
+        )

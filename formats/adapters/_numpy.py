@@ -1,0 +1,169 @@
+"""The ``npz`` and ``npy`` adapters: one sample per file.
+
+The key is the file's path relative to the ingest root without its extension; an .npz's
+fields are its arrays' names, an .npy's single field is ``data``. Pickles are never read
+(``allow_pickle=False``): an object array is refused with an error naming the field.
+Arrays are memory-mapped where the bytes are stored plainly (every .npy, and the members
+of an .npz written by ``np.savez``), so a large array is read in slices; a large member of
+a compressed .npz is first inflated to a temporary .npy file, never into memory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import tempfile
+import zipfile
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from simstore.errors import SourceError
+from simstore.sample import Sample
+
+from ._tree import DEFAULT_MAX_IN_MEMORY, SlicedArray, json_safe
+
+__all__ = ["NPY_MAGIC", "NpyAdapter", "NpzAdapter"]
+
+NPY_MAGIC = b"\x93NUMPY"
+
+
+def _strip(key: str, ext: str) -> str:
+    return key[: -len(ext)] if key.lower().endswith(ext) else key
+
+
+def _header(f: Any, path: str, name: str) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
+    try:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        else:
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+    except (ValueError, OSError, SyntaxError) as exc:
+        raise SourceError(f"{path}: field {name!r}: not a valid .npy array: {exc}") from exc
+    return tuple(shape), bool(fortran), np.dtype(dtype)
+
+
+def _check_dtype(dtype: np.dtype[Any], path: str, name: str) -> None:
+    if dtype.hasobject:
+        raise SourceError(
+            f"{path}: field {name!r}: object arrays are refused (they are pickles, "
+            "which simstore never reads)"
+        )
+    if dtype.kind not in "biufSU":
+        raise SourceError(f"{path}: field {name!r}: unsupported dtype {dtype}")
+
+
+def _value(arr: np.ndarray, path: str, name: str, max_bytes: int) -> Any:
+    """A field value: strings as str/JSON, small arrays in memory, big ones as slices."""
+    if arr.dtype.kind in "SU":
+        if arr.ndim == 0:
+            item = arr.item()
+            return item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)
+        return {"values": json_safe(np.asarray(arr))}
+    src = SlicedArray(arr, path=path, field=name)
+    return src.read() if src.nbytes <= max_bytes else src
+
+
+def _memmap(path: str, offset: int, name: str) -> np.ndarray:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        shape, fortran, dtype = _header(f, path, name)
+        data_offset = f.tell()
+    _check_dtype(dtype, path, name)
+    if np.prod(shape, dtype=np.int64) == 0 or dtype.itemsize == 0:
+        return np.zeros(shape, dtype=dtype)
+    return np.memmap(
+        path, dtype=dtype, mode="r", offset=data_offset, shape=shape, order="F" if fortran else "C"
+    )
+
+
+class NpyAdapter:
+    """One ``.npy`` array per file, as the field ``data``."""
+
+    name = "npy"
+    version = "1"
+    extensions = (".npy",)
+
+    def can_read(self, path: str, head: bytes) -> bool:
+        """``.npy`` by extension or the NumPy magic."""
+        return head.startswith(NPY_MAGIC) or path.lower().endswith(".npy")
+
+    def iter_samples(self, path: str, key: str, options: Mapping[str, Any]) -> Iterator[Sample]:
+        """The file's one sample."""
+        max_bytes = int(options.get("max_in_memory_bytes") or DEFAULT_MAX_IN_MEMORY)
+        field = str(options.get("npy_field") or "data")
+        try:
+            arr = _memmap(path, 0, field)
+        except OSError as exc:
+            raise SourceError(f"{path}: unreadable .npy file: {exc}") from exc
+        except ValueError as exc:
+            raise SourceError(f"{path}: field {field!r}: truncated or corrupt .npy: {exc}") from exc
+        yield Sample(_strip(key, ".npy"), {field: _value(arr, path, field, max_bytes)})
+
+
+def _local_data_offset(f: Any, info: zipfile.ZipInfo) -> int:
+    f.seek(info.header_offset)
+    local = f.read(30)
+    if local[:4] != b"PK\x03\x04":
+        raise zipfile.BadZipFile(f"bad local header for {info.filename}")
+    name_len, extra_len = struct.unpack("<HH", local[26:30])
+    return int(info.header_offset + 30 + name_len + extra_len)
+
+
+class NpzAdapter:
+    """An ``.npz`` archive per file; its arrays are the sample's fields."""
+
+    name = "npz"
+    version = "1"
+    extensions = (".npz",)
+
+    def can_read(self, path: str, head: bytes) -> bool:
+        """``.npz`` by extension (it is a zip file)."""
+        return path.lower().endswith(".npz")
+
+    def iter_samples(self, path: str, key: str, options: Mapping[str, Any]) -> Iterator[Sample]:
+        """The archive's one sample."""
+        max_bytes = int(options.get("max_in_memory_bytes") or DEFAULT_MAX_IN_MEMORY)
+        tmp_dir: str | None = None
+        try:
+            try:
+                zf = zipfile.ZipFile(path)
+                infos = sorted(zf.infolist(), key=lambda i: i.filename)
+            except (zipfile.BadZipFile, OSError, EOFError) as exc:
+                raise SourceError(f"{path}: not a readable .npz (zip) file: {exc}") from exc
+            fields: dict[str, Any] = {}
+            with zf, open(path, "rb") as raw:
+                for info in infos:
+                    if not info.filename.endswith(".npy"):
+                        continue
+                    name = info.filename[: -len(".npy")]
+                    try:
+                        if info.compress_type == zipfile.ZIP_STORED:
+                            arr = _memmap(path, _local_data_offset(raw, info), name)
+                        elif info.file_size <= max_bytes:
+                            with zf.open(info) as member:
+                                shape, fortran, dtype = _header(member, path, name)
+                                _check_dtype(dtype, path, name)
+                            arr = np.load(zf.open(info), allow_pickle=False)
+                        else:
+                            tmp_dir = tmp_dir or tempfile.mkdtemp(
+                                prefix="simstore-npz-", dir=options.get("tmp_dir")
+                            )
+                            target = os.path.join(tmp_dir, f"{len(fields)}.npy")
+                            with zf.open(info) as member, open(target, "wb") as out:
+                                shutil.copyfileobj(member, out, 4 << 20)
+                            arr = _memmap(target, 0, name)
+                    except SourceError:
+                        raise
+                    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+                        raise SourceError(
+                            f"{path}: field {name!r}: unreadable array: {exc}"
+                        ) from exc
+                    fields[name] = _value(arr, path, name, max_bytes)
+                yield Sample(_strip(key, ".npz"), fields)
+        finally:
+            if tmp_dir:
+                shutil.rmtree(tmp_dir, ignore_errors=True)

@@ -1,0 +1,246 @@
+"""What the array-tree adapters (HDF5, NetCDF, Zarr) share: lazy slices, attributes, windows.
+
+A source file is a tree of named arrays plus attributes. Each array becomes a field named
+by its path; an array larger than ``max_in_memory_bytes`` stays in the file as a
+:class:`SlicedArray` (an :class:`~simstore.ingest.ArraySource`) and is read slice by slice.
+Attributes become parameters (scalars and strings) or, when they are lists, entries of the
+sample's ``metadata`` JSON field.
+
+Time windows (``time_window`` N, ``stride`` S) cut arrays that have a time axis into
+samples ``<key>/t<start>``, one per window, the way trajectory datasets such as The Well
+lay out ``[time, x, y(, z)]`` fields. The time axis is axis 0; its length T comes from a
+named time dimension (NetCDF), else a 1-D array named ``time``/``t`` (or ``time_name``),
+else the common first axis of the arrays of rank 3 or more. Arrays whose axis 0 has length
+T are windowed; the others (grids, constants) are repeated in every window's sample.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from simstore.errors import SourceError
+from simstore.sample import FieldValue, Sample
+
+__all__ = [
+    "DEFAULT_MAX_IN_MEMORY",
+    "ArrayEntry",
+    "SlicedArray",
+    "attribute_fields",
+    "json_safe",
+    "native_dtype",
+    "tree_samples",
+]
+
+DEFAULT_MAX_IN_MEMORY = 16 << 20
+
+
+def native_dtype(dtype: Any) -> np.dtype[Any]:
+    """The dtype in native byte order."""
+    dt: np.dtype[Any] = np.dtype(dtype)
+    if dt.byteorder not in ("=", "|"):
+        dt = dt.newbyteorder("=")
+    return dt
+
+
+class SlicedArray:
+    """An ArraySource over a sliceable handle (h5py Dataset, netCDF4 Variable, zarr Array).
+
+    ``offset`` and ``length`` restrict axis 0 to a time window. Reads come back in native
+    byte order; a read error becomes a :class:`SourceError` naming the file and field.
+    """
+
+    def __init__(
+        self, handle: Any, *, path: str, field: str, offset: int = 0, length: int | None = None
+    ) -> None:
+        self._handle = handle
+        self._path = path
+        self._field = field
+        self._offset = offset
+        full = tuple(int(n) for n in handle.shape)
+        if length is not None:
+            full = (length, *full[1:])
+        self._shape = full
+        self._dtype = native_dtype(handle.dtype)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The (windowed) shape."""
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """The dtype in native byte order."""
+        return self._dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the values in bytes."""
+        return math.prod(self._shape) * self._dtype.itemsize
+
+    def window(self, start: int, length: int) -> SlicedArray:
+        """The same source restricted to ``[start, start + length)`` on axis 0."""
+        return SlicedArray(
+            self._handle,
+            path=self._path,
+            field=self._field,
+            offset=self._offset + start,
+            length=length,
+        )
+
+    def __getitem__(self, key: tuple[slice, ...]) -> np.ndarray:
+        """Read a box of slices (step 1)."""
+        if len(self._shape) == 0:
+            box: Any = ()
+        else:
+            if not isinstance(key, tuple):
+                key = (key,)
+            parts = list(key) + [slice(None)] * (len(self._shape) - len(key))
+            s0 = parts[0]
+            start, stop, _ = s0.indices(self._shape[0])
+            parts[0] = slice(self._offset + start, self._offset + stop)
+            box = tuple(parts)
+        try:
+            data = np.asarray(self._handle[box])
+        except Exception as exc:  # any reader failure means a bad source file
+            raise SourceError(f"{self._path}: field {self._field!r}: read failed: {exc}") from exc
+        if data.dtype != self._dtype:
+            data = data.astype(self._dtype)
+        return data
+
+    def read(self) -> np.ndarray:
+        """The whole (windowed) array in memory."""
+        return np.ascontiguousarray(self[tuple(slice(0, n) for n in self._shape)])
+
+
+@dataclass(frozen=True, slots=True)
+class ArrayEntry:
+    """One numeric array of a source tree: its field name, reader and dimension names."""
+
+    name: str
+    array: SlicedArray
+    dims: tuple[str, ...] | None = None
+
+
+def json_safe(value: Any) -> Any:
+    """A JSON-serialisable version of an attribute value (NaN and Inf become strings)."""
+    if isinstance(value, np.ndarray):
+        return json_safe(value.tolist())
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if isinstance(value, bytes | np.bytes_):
+        return bytes(value).decode("utf-8", errors="replace")
+    if isinstance(value, np.generic):
+        return json_safe(value.item())
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    return str(value)
+
+
+def attribute_fields(
+    prefix: str, attrs: Mapping[str, Any], params: dict[str, Any], metadata: dict[str, Any]
+) -> None:
+    """Add attributes as parameters (``prefix/name``) or metadata entries (lists, others)."""
+    for name in sorted(attrs):
+        key = f"{prefix}/{name}" if prefix else name
+        value = attrs[name]
+        if isinstance(value, np.ndarray) and value.size == 1 and value.dtype.kind in "biufSU":
+            value = value.reshape(()).item() if value.dtype.kind in "SU" else value.reshape(())[()]
+        if isinstance(value, bytes | np.bytes_):
+            params[key] = bytes(value).decode("utf-8", errors="replace")
+        elif isinstance(value, str | np.str_):
+            params[key] = str(value)
+        elif isinstance(value, bool | np.bool_):
+            params[key] = bool(value)
+        elif isinstance(value, np.generic) and value.dtype.kind in "iuf":
+            params[key] = value
+        elif isinstance(value, int | float):
+            params[key] = value
+        else:
+            metadata[key] = json_safe(value)
+
+
+def _time_axis(
+    path: str, entries: Sequence[ArrayEntry], time_name: str | None, time_dim: str | None
+) -> tuple[int, list[bool]]:
+    """(T, which entries are windowed)."""
+    if time_dim is not None:
+        lengths = {e.array.shape[0] for e in entries if e.dims and e.dims[0] == time_dim}
+        if lengths:
+            t = lengths.pop()
+            return t, [bool(e.dims) and e.dims[0] == time_dim for e in entries]  # type: ignore[index]
+    names = [time_name] if time_name else ["time", "t"]
+    t_len: int | None = None
+    for want in names:
+        for e in entries:
+            if e.name.rsplit("/", 1)[-1] == want and len(e.array.shape) == 1:
+                t_len = e.array.shape[0]
+                break
+        if t_len is not None:
+            break
+    if t_len is None:
+        firsts = {e.array.shape[0] for e in entries if len(e.array.shape) >= 3}
+        if len(firsts) != 1:
+            raise SourceError(
+                f"{path}: cannot tell the time axis for --time-window (first axes of the "
+                f"rank>=3 arrays: {sorted(firsts) or 'none'}); name a 1-D time array with "
+                "the time_name adapter option"
+            )
+        t_len = firsts.pop()
+    return t_len, [len(e.array.shape) >= 1 and e.array.shape[0] == t_len for e in entries]
+
+
+def _value(array: SlicedArray, max_bytes: int) -> FieldValue | SlicedArray:
+    return array.read() if array.nbytes <= max_bytes else array
+
+
+def tree_samples(
+    path: str,
+    key: str,
+    entries: Sequence[ArrayEntry],
+    params: Mapping[str, FieldValue],
+    metadata: Mapping[str, Any],
+    options: Mapping[str, Any],
+    *,
+    time_dim: str | None = None,
+) -> Iterator[Sample]:
+    """The samples of one array tree: the whole file, or one per time window."""
+    max_bytes = int(options.get("max_in_memory_bytes") or DEFAULT_MAX_IN_MEMORY)
+    names = {e.name for e in entries}
+    clash = sorted(names & set(params))
+    if clash:
+        raise SourceError(f"{path}: field {clash[0]!r} is both an array and an attribute")
+    base: dict[str, Any] = dict(params)
+    if metadata:
+        base["metadata"] = dict(metadata)
+    window = options.get("time_window")
+    if not window:
+        fields = dict(base)
+        for e in entries:
+            fields[e.name] = _value(e.array, max_bytes)
+        yield Sample(key, fields)
+        return
+    n = int(window)
+    stride = int(options.get("stride") or n)
+    if n < 1 or stride < 1:
+        raise SourceError(f"{path}: --time-window and --stride must be positive")
+    t_len, windowed = _time_axis(path, entries, options.get("time_name"), time_dim)
+    if t_len < n:
+        raise SourceError(f"{path}: time axis has {t_len} steps, fewer than --time-window {n}")
+    constants = {
+        e.name: _value(e.array, max_bytes) for e, w in zip(entries, windowed, strict=True) if not w
+    }
+    width = max(4, len(str(t_len - 1)))
+    for start in range(0, t_len - n + 1, stride):
+        fields = dict(base)
+        fields.update(constants)
+        for e, w in zip(entries, windowed, strict=True):
+            if w:
+                fields[e.name] = _value(e.array.window(start, n), max_bytes)
+        yield Sample(f"{key}/t{start:0{width}d}", fields)
