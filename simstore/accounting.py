@@ -67,11 +67,11 @@ from simstore.snapshot import Snapshot
 from simstore.storage import CountingStore, ObjectStore, tier_of_url
 
 __all__ = [
-    "DEFAULT_FILL_BLOCK_BYTES",
     "CacheCopies",
     "CacheFiller",
     "CachedCopy",
     "CostReport",
+    "DEFAULT_FILL_BLOCK_BYTES",
     "DiskUsage",
     "PullReport",
     "TierPresence",

@@ -45,7 +45,13 @@ from typing import Any
 from simstore.cost import OpClass, OpUsage, TierUsage
 from simstore.storage._base import ObjectInfo, ObjectStore
 
-__all__ = ["LIST_PAGE_KEYS", "CountingStore", "Traffic", "tier_of_url", "usage_from_json"]
+__all__ = [
+    "CountingStore",
+    "LIST_PAGE_KEYS",
+    "Traffic",
+    "tier_of_url",
+    "usage_from_json",
+]
 
 # ListObjectsV2 and GCS objects.list return at most 1,000 keys per request.
 LIST_PAGE_KEYS = 1000

@@ -382,3 +382,30 @@ def test_tier_usage_json_round_trip():
     assert TierUsage.from_json("s3", tu.to_json()) == tu
     assert (tu + tu).usage(OpClass.GET) == OpUsage(requests=6, bytes=60)
     assert math.isclose(tu.bytes_read, 30) and tu.bytes_written == 10
+
+
+# -- the module's shape ----------------------------------------------------------------
+
+
+def test_cost_model_is_pure_and_exports_are_sorted():
+    import ast
+    import pathlib
+
+    import simstore.accounting
+    import simstore.cost
+    import simstore.storage
+
+    path = pathlib.Path(simstore.cost.__file__)
+    imported = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            imported |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module)
+    banned = {"os", "io", "time", "random", "datetime", "fsspec", "pathlib", "shutil"}
+    assert not imported & banned
+    assert not {m for m in imported if m.startswith(("simstore.storage", "simstore.catalog"))}
+    for module in (simstore.cost, simstore.accounting):
+        assert module.__all__ == sorted(module.__all__)
+    assert simstore.storage.__all__ == sorted(simstore.storage.__all__)
+    assert {"CountingStore", "Traffic", "tier_of_url"} <= set(simstore.storage.__all__)
