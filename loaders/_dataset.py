@@ -44,7 +44,7 @@ from simstore.loaders._plan import (
     plan_epoch,
     samples_per_rank,
 )
-from simstore.loaders._source import Source, Transform, check_read_options, open_source
+from simstore.loaders._source import Source, Transform, open_source
 from simstore.loaders._stats import Counters, LoaderStats, RunReport, run_report
 from simstore.loaders._world import (
     World,
@@ -210,7 +210,7 @@ class SimDataset(IterableDataset[Sample]):
         source = open_source(
             backend, ref, fields=fields, shuffle=shuffle, seed=seed,
             window_shards=window_shards, group_parts=group_parts, transform=transform,
-            read_options=check_read_options(window, crop),
+            crop=crop, window=window,
         )
         if isinstance(prefetch, int):
             prefetch = PrefetchConfig(chunks=prefetch)
@@ -474,7 +474,8 @@ class SimDataset(IterableDataset[Sample]):
         with contextlib.ExitStack() as stack:
             access = [
                 ShardAccess(s.store, counters=counters, limiter=limiter, cache=opts.cache,
-                            verify=opts.verify, referenced_by=s.snapshot_id)
+                            verify=opts.verify, referenced_by=s.snapshot_id,
+                            block_bytes=opts.prefetch.range_block_bytes)
                 for s in sources
             ]
             pool = ReaderPool(access, opener, opts.prefetch.max_open_shards,

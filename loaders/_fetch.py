@@ -190,6 +190,7 @@ class ShardAccess:
         cache: CacheConfig | None,
         verify: bool,
         referenced_by: str = "",
+        block_bytes: int = 1 << 20,
     ) -> None:
         self.store = store
         self.counters = counters
@@ -197,6 +198,7 @@ class ShardAccess:
         self.verify = verify
         self.referenced_by = referenced_by
         self.tier = tier_of(store)
+        self.block_bytes = block_bytes
         self._cache_config = cache
         self._cache: ShardCache | None = None
         self._local: dict[str, str | None] = {}
@@ -244,7 +246,8 @@ class ShardAccess:
         if mode == "cache":
             return self._cached(shard_id)
         size = self._size(key)
-        f = RangedFile(self.store, key, size, counters=self.counters, limiter=self.limiter)
+        f = RangedFile(self.store, key, size, counters=self.counters, limiter=self.limiter,
+                       block_bytes=self.block_bytes)
         return ShardHandle(cast(BinaryIO, f), f.close)
 
     def close(self) -> None:

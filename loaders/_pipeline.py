@@ -53,7 +53,8 @@ class PrefetchConfig:
     """How far background reading runs ahead, and with how many threads.
 
     Memory held by prefetching is about ``budget_bytes`` of decoded samples plus, for
-    ranged reads, 32 MiB of blocks per open shard.
+    ranged reads, 32 MiB of blocks per open shard. Ranged reads fetch aligned blocks of
+    ``range_block_bytes`` and coalesce neighbouring ones into one request.
     """
 
     chunks: int = 4
@@ -63,10 +64,11 @@ class PrefetchConfig:
     io_threads: int = 4
     decode_threads: int = 2
     max_open_shards: int = 16
+    range_block_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
         for name in ("chunks", "shards", "budget_bytes", "chunk_samples", "io_threads",
-                     "decode_threads", "max_open_shards"):
+                     "decode_threads", "max_open_shards", "range_block_bytes"):
             if getattr(self, name) < 1:
                 raise InvalidInputError(f"prefetch {name} must be at least 1")
 
@@ -79,6 +81,8 @@ class ShardRead:
     shard_id: str
     positions: np.ndarray
     out: np.ndarray
+    epoch: int
+    keys: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -159,15 +163,17 @@ class Resolver:
                     rows = self._group(i, e, g)
                     idx = epos[groups == g] - int(lay.group_starts[g])
                     out = esel[groups == g]
-                    for o, k in zip(out.tolist(), rows.keys.take(idx).to_pylist(), strict=True):
+                    gkeys = rows.keys.take(idx).to_pylist()
+                    for o, k in zip(out.tolist(), gkeys, strict=True):
                         keys[o] = k
                     size += int(rows.size_bytes[idx].sum())
                     codes = rows.shard[idx]
                     for c in np.unique(codes).tolist():
                         m = codes == c
-                        reads.append(
-                            ShardRead(i, rows.shard_ids[c], rows.position[idx[m]], out[m])
-                        )
+                        reads.append(ShardRead(
+                            i, rows.shard_ids[c], rows.position[idx[m]], out[m], e,
+                            tuple(k for k, keep in zip(gkeys, m.tolist(), strict=True) if keep),
+                        ))
         return Chunk(source=src, is_pad=is_pad, keys=keys, reads=tuple(reads), size_bytes=size)
 
 
@@ -308,11 +314,12 @@ def read_chunk(
     for read in chunk.reads:
         src = sources[read.source]
         key = (read.source, read.shard_id)
-        uniq, inverse = np.unique(read.positions, return_inverse=True)
+        uniq, first, inverse = np.unique(read.positions, return_index=True, return_inverse=True)
         with pool.reader(key) as reader:
             mode = pool.access[read.source].mode(read.shard_id)
             try:
-                values = _read(reader, uniq.tolist(), src)
+                keys = [read.keys[int(j)] for j in first]
+                values = _read(reader, uniq.tolist(), src, read.epoch, keys)
             except SimstoreError as exc:
                 raise type(exc)(f"{pool._name(key)}: {exc}") from exc
             except Exception as exc:
@@ -331,11 +338,30 @@ def read_chunk(
     return [v if v is not None else {} for v in out]
 
 
-def _read(reader: ShardReader, positions: list[int], src: Source) -> list[Decoded]:
-    if src.read_options:
-        read: Callable[..., Iterator[Decoded]] = reader.read
-        return list(read(positions, src.fields, **src.read_options))
-    return list(reader.read(positions, src.fields))
+def _read(
+    reader: ShardReader, positions: list[int], src: Source, epoch: int, keys: list[str]
+) -> list[Decoded]:
+    regions = src.regions
+    if regions is None:
+        return list(reader.read(positions, src.fields))
+    read_slices = getattr(reader, "read_slices", None)
+    array = getattr(reader, "array", None)
+    if not callable(read_slices) or not callable(array):
+        raise InvalidInputError(
+            f"crop= and window= need a shard format with region reads (Zarr); this shard "
+            f"is read by {type(reader).__name__}"
+        )
+    names = list(src.fields) if src.fields is not None else [s.name for s in src.schema]
+    boxed = [n for n in names if n in regions.fields]
+    values = list(reader.read(positions, [n for n in names if n not in regions.fields]))
+    for value, position, key in zip(values, positions, keys, strict=True):
+        boxes = {
+            name: regions.box(name, array(position, name).shape, seed=src.seed, epoch=epoch,
+                              key=key)
+            for name in boxed
+        }
+        value.update(read_slices(position, boxes))
+    return values
 
 
 def _nbytes(sample: Decoded) -> int:

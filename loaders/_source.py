@@ -10,13 +10,14 @@ more of the manifest than it needs.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 from simstore.loaders._order import SourceLayout, group_order, source_layout
 from simstore.loaders._stats import Counters
+from simstore.loaders._window import Regions, parse_regions
 
 from simstore.catalog import Catalog
 from simstore.errors import IntegrityError, InvalidInputError
@@ -46,7 +47,7 @@ class Source:
     window_shards: int
     group_parts: int
     transform: Transform | None = None
-    read_options: Mapping[str, Any] = field(default_factory=dict)
+    regions: Regions | None = None
 
     @property
     def num_samples(self) -> int:
@@ -75,7 +76,8 @@ def open_source(
     window_shards: int,
     group_parts: int,
     transform: Transform | None,
-    read_options: Mapping[str, Any],
+    crop: Mapping[str, Any] | None = None,
+    window: Mapping[str, Any] | None = None,
 ) -> Source:
     """Resolve ``ref`` once and pin its snapshot; check the requested fields exist."""
     catalog = Catalog(store)
@@ -93,12 +95,7 @@ def open_source(
             )
     if seed < 0:
         raise InvalidInputError(f"seed must be non-negative, got {seed}")
-    for opt in read_options.values():
-        for name in opt:
-            if name not in names:
-                raise InvalidInputError(
-                    f"{ref} (snapshot {sid}) has no field {name!r} to window or crop"
-                )
+    regions = parse_regions(crop, window, snap.schema) if crop or window else None
     return Source(
         store=store,
         dataset=snap.dataset,
@@ -112,7 +109,7 @@ def open_source(
         window_shards=window_shards,
         group_parts=group_parts,
         transform=transform,
-        read_options=dict(read_options),
+        regions=regions,
     )
 
 
@@ -173,16 +170,3 @@ def load_group(
         size_bytes=np.asarray(sizes[order], dtype=np.int64),
         keys=table.column("key").combine_chunks().take(pa.array(order)),
     )
-
-
-def check_read_options(
-    window: Mapping[str, Any] | None, crop: Mapping[str, Any] | None
-) -> dict[str, Mapping[str, Any]]:
-    """The ``window``/``crop`` options as given, keyed by option name (empty ones left out)."""
-    out: dict[str, Mapping[str, Any]] = {}
-    for name, value in (("window", window), ("crop", crop)):
-        if value:
-            if not isinstance(value, Mapping):
-                raise InvalidInputError(f"{name}= takes a mapping of field name to region")
-            out[name] = dict(value)
-    return out

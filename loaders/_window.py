@@ -1,0 +1,124 @@
+"""Crops and windows of array fields: which region of each sample's array to read. Pure.
+
+- ``crop={field: region}``: the same region of every sample. A region is a ``slice`` or
+  ``(start, stop)`` pair for the first dimension, or a sequence of them (``None``: the
+  whole dimension) for the leading dimensions; later dimensions are whole.
+- ``window={field: sizes}``: a region of the given size (an int for the first dimension,
+  or one size or ``None`` per leading dimension) at an offset drawn per sample from
+  ``(seed, epoch, sample key)``, so a resumed run draws the same windows.
+
+Readers that support it (the Zarr shard reader's ``read_slices``) read only the chunks a
+region overlaps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from simstore.loaders._order import random_words
+
+from simstore.errors import InvalidInputError
+from simstore.hashing import hash_bytes
+from simstore.sample import Schema
+
+__all__ = ["Regions", "parse_regions"]
+
+Box = tuple[slice, ...]
+
+
+def _as_slice(item: Any, field: str) -> slice:
+    if item is None:
+        return slice(None)
+    if isinstance(item, slice):
+        if item.step not in (None, 1):
+            raise InvalidInputError(f"crop of {field!r}: steps are not supported")
+        return item
+    if isinstance(item, Sequence) and len(item) == 2:
+        return slice(int(item[0]), int(item[1]))
+    raise InvalidInputError(
+        f"crop of {field!r}: give a slice, a (start, stop) pair or None per dimension"
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Regions:
+    """Parsed crops and window sizes, by field."""
+
+    crops: Mapping[str, Box]
+    windows: Mapping[str, tuple[int | None, ...]]
+
+    @property
+    def fields(self) -> set[str]:
+        """Fields read by region."""
+        return set(self.crops) | set(self.windows)
+
+    def box(self, field: str, shape: Sequence[int], *, seed: int, epoch: int, key: str) -> Box:
+        """The region of ``field`` (an array of ``shape``) to read for sample ``key``."""
+        if field in self.crops:
+            crop = self.crops[field]
+            if len(crop) > len(shape):
+                raise InvalidInputError(
+                    f"crop of {field!r} has {len(crop)} dimensions, the array has shape "
+                    f"{tuple(shape)}"
+                )
+            return crop
+        sizes = self.windows[field]
+        if len(sizes) > len(shape):
+            raise InvalidInputError(
+                f"window of {field!r} has {len(sizes)} dimensions, the array has shape "
+                f"{tuple(shape)}"
+            )
+        draws = random_words(len(sizes), seed, epoch, hash_bytes(key.encode()), 5)
+        box = []
+        for d, size in enumerate(sizes):
+            if size is None:
+                box.append(slice(None))
+                continue
+            if size > shape[d]:
+                raise InvalidInputError(
+                    f"window of {size} along dimension {d} of {field!r} is larger than the "
+                    f"array of sample {key!r} (shape {tuple(shape)})"
+                )
+            start = int(draws[d] % (shape[d] - size + 1))
+            box.append(slice(start, start + size))
+        return tuple(box)
+
+
+def parse_regions(
+    crop: Mapping[str, Any] | None, window: Mapping[str, Any] | None, schema: Schema
+) -> Regions:
+    """Check ``crop``/``window`` against the snapshot's schema and parse them."""
+    specs = {s.name: s for s in schema}
+    crops: dict[str, Box] = {}
+    windows: dict[str, tuple[int | None, ...]] = {}
+    for what, given in (("crop", crop or {}), ("window", window or {})):
+        if not isinstance(given, Mapping):
+            raise InvalidInputError(f"{what}= takes a mapping of field name to region")
+        for name, value in given.items():
+            spec = specs.get(name)
+            if spec is None or spec.kind != "tensor":
+                raise InvalidInputError(f"{what}= names {name!r}, which is not an array field")
+            if name in crops or name in windows:
+                raise InvalidInputError(f"field {name!r} has both a crop and a window")
+            pair = (
+                what == "crop" and isinstance(value, Sequence) and len(value) == 2
+                and all(isinstance(v, int) for v in value)
+            )
+            if pair or not isinstance(value, Sequence) or isinstance(value, str):
+                items: Sequence[Any] = (value,)
+            else:
+                items = value
+            if len(items) > spec.ndim:
+                raise InvalidInputError(
+                    f"{what} of {name!r} has {len(items)} dimensions, the field has {spec.ndim}"
+                )
+            if what == "crop":
+                crops[name] = tuple(_as_slice(i, name) for i in items)
+            else:
+                sizes = tuple(None if i is None else int(i) for i in items)
+                if any(s is not None and s < 1 for s in sizes):
+                    raise InvalidInputError(f"window of {name!r}: sizes must be positive")
+                windows[name] = sizes
+    return Regions(crops=crops, windows=windows)
