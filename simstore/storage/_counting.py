@@ -27,7 +27,8 @@ A backend may make more requests than the call suggests (an S3 upload above the
 multipart threshold sends one per part, ``put_file`` on S3 sends a HEAD first, a
 put-if-absent of an existing S3 object adds a copy to refresh its time); those are not
 seen here, so counts are a floor for writes and exact for reads. Failed calls are
-counted too: a request that got an error was still made and billed. Reads through
+counted too: a request that got an error was still made and billed (calls refused
+before sending, on a read-only store or with a bad key, are not). Reads through
 ``local_path`` bypass the store and are not counted.
 
 The meter is thread-safe. A pickled store carries a copy of its meter, so each process
@@ -39,10 +40,11 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 from simstore.cost import OpClass, OpUsage, TierUsage
+from simstore.errors import InvalidInputError, ReadOnlyError
 from simstore.storage._base import ObjectInfo, ObjectStore
 
 __all__ = [
@@ -55,6 +57,9 @@ __all__ = [
 
 # ListObjectsV2 and GCS objects.list return at most 1,000 keys per request.
 LIST_PAGE_KEYS = 1000
+T = TypeVar("T")
+# raised before a request is sent: not counted
+_LOCAL_ERRORS = (ReadOnlyError, InvalidInputError)
 
 _SCHEME_TIERS = {
     "s3": "s3",
@@ -172,17 +177,35 @@ class CountingStore:
     def _record(self, op: OpClass, size_bytes: int = 0, requests: int = 1) -> None:
         self.traffic.record(self.tier, op, size_bytes, requests)
 
+    def _call(
+        self,
+        op: OpClass,
+        fn: Callable[[], T],
+        *,
+        sent_bytes: int = 0,
+        read_bytes: Callable[[T], int] | None = None,
+    ) -> T:
+        """Run ``fn`` and count one request of ``op`` and its bytes.
+
+        ``sent_bytes`` is what a write sends; ``read_bytes`` measures what a read got. A
+        request that failed was still sent and billed, so it counts (with nothing read);
+        errors raised before anything is sent (a read-only store, a bad key) do not.
+        """
+        try:
+            result = fn()
+        except _LOCAL_ERRORS:
+            raise
+        except BaseException:
+            self._record(op, sent_bytes)
+            raise
+        self._record(op, sent_bytes + (read_bytes(result) if read_bytes is not None else 0))
+        return result
+
     # -- reads -------------------------------------------------------------------------
     def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
         """Read through ``inner``; one GET (or ranged GET) of the bytes returned."""
         op = OpClass.GET if byte_range is None else OpClass.RANGE_GET
-        try:
-            data = self.inner.get(key, byte_range)
-        except BaseException:
-            self._record(op)
-            raise
-        self._record(op, len(data))
-        return data
+        return self._call(op, lambda: self.inner.get(key, byte_range), read_bytes=len)
 
     def get_many(
         self,
@@ -193,41 +216,37 @@ class CountingStore:
         """Read many keys or ``(key, byte_range)`` pairs, in order; each counts as one GET.
 
         Uses ``inner.get_many`` (S3's threaded fast path) when it has one, else reads one
-        by one.
+        by one. When the fast path fails, every item is counted as sent.
         """
         items = [(r, None) if isinstance(r, str) else r for r in requests]
         fast = getattr(self.inner, "get_many", None)
-        if callable(fast):
-            try:
-                out: list[bytes] = list(fast(items, max_workers=max_workers))
-            except BaseException:
-                for _key, byte_range in items:
-                    self._record(OpClass.GET if byte_range is None else OpClass.RANGE_GET)
-                raise
-            for (_key, byte_range), data in zip(items, out, strict=True):
-                self._record(OpClass.GET if byte_range is None else OpClass.RANGE_GET, len(data))
-            return out
-        return [self.get(key, byte_range) for key, byte_range in items]
+        if not callable(fast):
+            return [self.get(key, byte_range) for key, byte_range in items]
+        try:
+            out: list[bytes] = list(fast(items, max_workers=max_workers))
+        except _LOCAL_ERRORS:
+            raise
+        except BaseException:
+            for _key, byte_range in items:
+                self._record(OpClass.GET if byte_range is None else OpClass.RANGE_GET)
+            raise
+        for (_key, byte_range), data in zip(items, out, strict=True):
+            self._record(OpClass.GET if byte_range is None else OpClass.RANGE_GET, len(data))
+        return out
 
     def get_versioned(self, key: str) -> tuple[bytes, str]:
         """Read a ref and its version token; one GET."""
-        try:
-            data, version = self.inner.get_versioned(key)
-        except BaseException:
-            self._record(OpClass.GET)
-            raise
-        self._record(OpClass.GET, len(data))
-        return data, version
+        return self._call(
+            OpClass.GET, lambda: self.inner.get_versioned(key), read_bytes=lambda r: len(r[0])
+        )
 
     def exists(self, key: str) -> bool:
         """Whether the key exists; one HEAD."""
-        self._record(OpClass.HEAD)
-        return self.inner.exists(key)
+        return self._call(OpClass.HEAD, lambda: self.inner.exists(key))
 
     def info(self, key: str) -> ObjectInfo:
         """Size and modification time; one HEAD."""
-        self._record(OpClass.HEAD)
-        return self.inner.info(key)
+        return self._call(OpClass.HEAD, lambda: self.inner.info(key))
 
     def list(self, prefix: str = "") -> Iterator[str]:
         """Keys under ``prefix``; one LIST per 1,000 keys started (at least one)."""
@@ -253,13 +272,13 @@ class CountingStore:
     # -- writes ------------------------------------------------------------------------
     def put(self, key: str, data: bytes) -> None:
         """Write through ``inner``; one PUT of ``len(data)`` bytes."""
-        self._record(OpClass.PUT, len(data))
-        self.inner.put(key, data)
+        self._call(OpClass.PUT, lambda: self.inner.put(key, data), sent_bytes=len(data))
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         """Conditional write; one PUT of ``len(data)`` bytes."""
-        self._record(OpClass.PUT, len(data))
-        return self.inner.put_if_absent(key, data)
+        return self._call(
+            OpClass.PUT, lambda: self.inner.put_if_absent(key, data), sent_bytes=len(data)
+        )
 
     def put_file(self, key: str, path: str) -> bool:
         """Upload a local file unless present; one PUT of the file's size."""
@@ -267,21 +286,19 @@ class CountingStore:
             size = os.path.getsize(path)
         except OSError:
             size = 0  # inner raises the error that names the file
-        self._record(OpClass.PUT, size)
-        return self.inner.put_file(key, path)
+        return self._call(OpClass.PUT, lambda: self.inner.put_file(key, path), sent_bytes=size)
 
     def compare_and_swap(self, key: str, expected: str | None, data: bytes | None) -> str | None:
         """Conditional ref update; one PUT (one DELETE when ``data`` is None)."""
-        if data is None:
-            self._record(OpClass.DELETE)
-        else:
-            self._record(OpClass.PUT, len(data))
-        return self.inner.compare_and_swap(key, expected, data)
+        op = OpClass.DELETE if data is None else OpClass.PUT
+        size = 0 if data is None else len(data)
+        return self._call(
+            op, lambda: self.inner.compare_and_swap(key, expected, data), sent_bytes=size
+        )
 
     def delete(self, key: str) -> None:
         """Delete; one DELETE."""
-        self._record(OpClass.DELETE)
-        self.inner.delete(key)
+        self._call(OpClass.DELETE, lambda: self.inner.delete(key))
 
     # -- optional members of backends ----------------------------------------------------
     def probe_conditional_writes(self) -> bool:

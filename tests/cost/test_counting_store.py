@@ -12,7 +12,7 @@ import pytest
 
 from simstore.catalog import Catalog
 from simstore.cost import OpClass, OpUsage
-from simstore.errors import NotFoundError
+from simstore.errors import ConflictError, InvalidInputError, NotFoundError, ReadOnlyError
 from simstore.storage import CountingStore, FsspecStore, LocalStore, Traffic, tier_of_url
 from simstore.storage._counting import LIST_PAGE_KEYS, usage_from_json
 from simstore.testing import ObjectStoreTests
@@ -86,10 +86,26 @@ def test_each_call_is_counted_in_its_class(counted, tmp_path):
     assert ops[OpClass.LIST] == OpUsage(requests=1, bytes=0)
 
 
-def test_failed_reads_are_counted(counted):
+def test_failed_requests_count_but_local_refusals_do_not(counted):
     with pytest.raises(NotFoundError):
         counted.get("missing")
+    with pytest.raises(NotFoundError):
+        counted.info("missing")
     assert _ops(counted)[OpClass.GET] == OpUsage(requests=1, bytes=0)
+    assert _ops(counted)[OpClass.HEAD] == OpUsage(requests=1, bytes=0)
+    counted.put("ref", b"v1")
+    with pytest.raises(ConflictError):
+        counted.compare_and_swap("ref", "not-the-version", b"v2")
+    assert _ops(counted)[OpClass.PUT] == OpUsage(requests=2, bytes=4)
+    with pytest.raises(InvalidInputError):
+        counted.put("../escape", b"x")
+    read_only = CountingStore(FsspecStore(counted.url, read_only=True))
+    with pytest.raises(ReadOnlyError):
+        read_only.put("k", b"x")
+    with pytest.raises(ReadOnlyError):
+        read_only.delete("k")
+    assert _ops(counted)[OpClass.PUT].requests == 2
+    assert read_only.traffic.usage() == ()
 
 
 def test_listing_counts_one_request_per_page(counted):
