@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from cost_helpers import commit
 
-from simstore.accounting import dataset_cost, disk_usage, read_price_table, warm_cache
+from simstore.accounting import (
+    dataset_cost,
+    disk_usage,
+    read_price_table,
+    run_cost,
+    warm_cache,
+)
 from simstore.catalog import Catalog
 from simstore.cost import OpClass, OpUsage
 from simstore.hashing import hash_bytes
@@ -89,3 +97,47 @@ def test_cost_du_and_pull_on_s3(s3_catalog, tmp_path):
     assert hot.objects == usage.objects and hot.bytes == usage.bytes
     with open(open_cache(1 << 30).path_of(hash_bytes(b"B" * 3000)), "rb") as f:
         assert f.read() == b"B" * 3000
+
+
+def test_pulled_cache_serves_a_whole_epoch_and_the_run_is_priced(s3_catalog, tmp_path):
+    """pull, then a SimDataset over S3 with the same cache_dir reads no shard from S3."""
+    np = pytest.importorskip("numpy")
+    pytest.importorskip("torch")
+    from simstore.loaders import SimDataset
+
+    import simstore
+
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(0)
+    for t in range(12):
+        u = rng.standard_normal((8, 16, 16)).astype(np.float32)
+        np.savez(src / f"t{t:03d}.npz", u=u, p=np.float64(t))
+    simstore.ingest([str(src)], dataset="cfd", store=s3_catalog, format="parquet",
+                    snapshot=True, message="m", shard_size=20_000)  # fmt: skip
+    d = str(tmp_path / "hot")
+    cache_mod = pytest.importorskip("simstore.loaders._cache")
+    stats_mod = pytest.importorskip("simstore.loaders._stats")
+
+    def open_cache(limit):
+        return cache_mod.ShardCache(
+            cache_mod.CacheConfig(directory=d, limit_bytes=limit), stats_mod.Counters()
+        )
+
+    pulled = warm_cache(s3_catalog, "cfd", d, open_cache)
+    snap = s3_catalog.snapshot(pulled.snapshot)
+    shards = pulled.objects - len(snap.parts)
+    assert shards >= 2 and pulled.fetched == pulled.objects
+
+    ds = SimDataset(s3_catalog.store, "cfd", cache_dir=d, cache_limit=1 << 30, shuffle=False)
+    keys = [s["__key__"] for s in ds]
+    assert len(keys) == 12
+    report = ds.report()
+    assert report["cache"]["misses"] == 0 and report["cache"]["hits"] >= shards
+    # nothing but manifest parts (and at most sizes) came from S3
+    assert report["tiers"]["s3"]["bytes"] <= snap.manifest_bytes
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(report))
+    cost = run_cost([str(path)], read_price_table())
+    assert cost.cold_tier == "s3" and cost.cache_hits == report["cache"]["hits"]
+    assert cost.cache_saved_usd > 0 and cost.cold_start_usd > cost.total_usd
