@@ -209,7 +209,8 @@ def _cost_text(report: CostReport) -> str:
 def _read_line(read: dict[str, dict[str, dict[str, int]]], what: str) -> str:
     requests = sum(u["requests"] for ops in read.values() for u in ops.values())
     size = sum(u["bytes"] for ops in read.values() for u in ops.values())
-    return f"{what} made {requests} requests reading {_bytes(size)}"
+    noun = "request" if requests == 1 else "requests"
+    return f"{what} made {requests} {noun} reading {_bytes(size)}"
 
 
 def _prices_note(prices: PriceTable) -> str:
