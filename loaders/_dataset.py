@@ -486,7 +486,10 @@ class SimDataset(IterableDataset[Sample]):
             def decode(chunk: Any) -> list[dict[str, Any]]:
                 return read_chunk(chunk, pool, sources, limiter, counters, tiers)
 
-            chunks = prefetched(plan, epoch, resolver, pool, opts.prefetch, decode)
+            samples = sum(s.num_samples for s in sources)
+            mean = sum(s.sample_bytes for s in sources) / samples if samples else 0.0
+            chunks = prefetched(plan, epoch, resolver, pool, opts.prefetch, decode,
+                                mean_sample_bytes=mean)
             stack.callback(chunks.close)
             for chunk, values in chunks:
                 for j, fields in enumerate(values):

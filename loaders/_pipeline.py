@@ -52,7 +52,10 @@ Decoded = dict[str, Any]
 class PrefetchConfig:
     """How far background reading runs ahead, and with how many threads.
 
-    Memory held by prefetching is about ``budget_bytes`` of decoded samples plus, for
+    A chunk (the unit of decoding) holds at most ``chunk_samples`` samples and about
+    ``chunk_bytes`` of them (judged by the snapshot's mean sample size), so the first
+    sample waits for one small chunk, not a large one. Memory held by prefetching is
+    about ``budget_bytes`` of decoded samples plus, for
     ranged reads, 32 MiB of blocks per open shard. Ranged reads fetch aligned blocks of
     ``range_block_bytes`` and coalesce neighbouring ones into one request.
     """
@@ -61,13 +64,15 @@ class PrefetchConfig:
     shards: int = 8
     budget_bytes: int = 512 << 20
     chunk_samples: int = 64
+    chunk_bytes: int = 16 << 20
     io_threads: int = 4
     decode_threads: int = 2
     max_open_shards: int = 16
     range_block_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
-        for name in ("chunks", "shards", "budget_bytes", "chunk_samples", "io_threads",
+        for name in ("chunks", "shards", "budget_bytes", "chunk_samples", "chunk_bytes",
+                     "io_threads",
                      "decode_threads", "max_open_shards", "range_block_bytes"):
             if getattr(self, name) < 1:
                 raise InvalidInputError(f"prefetch {name} must be at least 1")
@@ -383,9 +388,14 @@ def prefetched(
     pool: ReaderPool,
     config: PrefetchConfig,
     decode: Callable[[Chunk], list[Decoded]],
+    *,
+    mean_sample_bytes: float = 0.0,
 ) -> Generator[tuple[Chunk, list[Decoded]], None, None]:
     """Decoded chunks of ``plan`` in order, with fetches and decodes running ahead."""
-    chunks = (resolver.resolve(epoch, p, pad) for p, pad in plan.chunks(config.chunk_samples))
+    per_chunk = config.chunk_samples
+    if mean_sample_bytes > 0:
+        per_chunk = max(1, min(per_chunk, int(config.chunk_bytes // mean_sample_bytes)))
+    chunks = (resolver.resolve(epoch, p, pad) for p, pad in plan.chunks(per_chunk))
     io = ThreadPoolExecutor(config.io_threads, thread_name_prefix="simstore-io")
     dec = ThreadPoolExecutor(config.decode_threads, thread_name_prefix="simstore-decode")
     ahead: deque[Chunk] = deque()

@@ -40,6 +40,7 @@ class Source:
     snapshot_id: str
     part_ids: np.ndarray
     part_rows: np.ndarray
+    sample_bytes: int
     schema: Schema
     fields: tuple[str, ...] | None
     shuffle: bool
@@ -102,6 +103,7 @@ def open_source(
         snapshot_id=sid,
         part_ids=np.asarray([p.id for p in snap.parts], dtype="S32"),
         part_rows=np.asarray([p.rows for p in snap.parts], dtype=np.int64),
+        sample_bytes=snap.sample_bytes,
         schema=snap.schema,
         fields=fields,
         shuffle=shuffle,
