@@ -615,9 +615,14 @@ class Catalog:
                 stats_exact = False
         # a single staged entry was normalised when it was staged
         changes = tables[0] if len(tables) == 1 else normalise_changes(tables)
+        if sum(e.rows for e in entries[start:]) != changes.num_rows:
+            stats_exact = False  # two staged entries wrote one key: their statistics overlap
         if parent is not None and base_parts and changes.num_rows:
-            # replacing an existing key makes merged statistics an over-count
-            stats_exact = stats_exact and not self._touches_existing(base_parts, changes)
+            # replacing an existing key makes merged statistics an over-count; a stager that
+            # checked its keys against this very parent vouches that they are all new
+            vouched = all(e.stats.get("new_keys_in") == parent_id for e in entries[start:])
+            if not vouched:
+                stats_exact = stats_exact and not self._touches_existing(base_parts, changes)
 
         def read_part(p: PartRef) -> pa.Table:
             counters.parts_read += 1
