@@ -20,3 +20,13 @@ def small(store_path):
     samples = make_samples(60)
     commit_samples(store_path, "sim", samples, per_shard=10)
     return store_path, "sim", {s.key: s for s in samples}
+
+
+def pytest_collection_modifyitems(items):
+    # Once a test has read Lance shards, lance warns at every later fork of this process.
+    # The fork-worker tests here read only the test format, never Lance, so that warning
+    # (an error under `filterwarnings = error`) is not about them.
+    here = os.path.dirname(__file__)
+    for item in items:
+        if str(item.fspath).startswith(here):
+            item.add_marker(pytest.mark.filterwarnings("ignore:lance is not fork-safe:UserWarning"))
