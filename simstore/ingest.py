@@ -849,6 +849,7 @@ class _Builder:
     path: str
     writer: Any
     stats: StatsAccumulator
+    specs: dict[str, FieldSpec] = field(default_factory=dict)
     size_bytes: int = 0
     count: int = 0
 
@@ -871,7 +872,7 @@ class _TaskRunner:
         self.shards: dict[str, int] = {}
         self.new_bytes = 0
         self._seq = 0
-        self._pending: dict[int, list[tuple[_FileResult, int]]] = {}
+        self.run_specs: dict[str, FieldSpec] = {}
 
     # -- shards ------------------------------------------------------------------------
     def _builder(self, kind: str) -> _Builder:
@@ -913,20 +914,41 @@ class _TaskRunner:
                 slots.append(raw)
                 if self.progress is not None:
                     self.progress(src.size, len(raw) or len(res.rows))
+        except SourceError:
+            # keep what the files before the bad one produced: store their shards and
+            # journal them, so the re-run after the fix redoes none of them
+            try:
+                self._finish(files, results, slots)
+            except BaseException:
+                self.abort()
+            raise
+        except BaseException:
+            self.abort()
+            raise
+        self._finish(files, results, slots)
+        return _TaskResult(results, self.shards, self.new_bytes)
+
+    def _finish(
+        self,
+        files: Sequence[_Source],
+        results: Sequence[_FileResult],
+        slots: Sequence[list[tuple[int, int, Row]]],
+    ) -> None:
+        """Close the open shards, give finished files their rows, journal them."""
+        try:
             for kind in list(self.open):
                 self._close(kind)
         except BaseException:
             self.abort()
             raise
         shutil.rmtree(self.tmp, ignore_errors=True)
-        for src, res, raw in zip(files, results, slots, strict=True):
+        for src, res, raw in zip(files, results, slots, strict=False):
             if res.error or res.reused:
                 continue
             res.rows = [
                 (k, h, self.shard_of[seq], pos, size) for seq, _, (k, h, _s, pos, size) in raw
             ]
             _journal_write(self.ctx, src, res)
-        return _TaskResult(results, self.shards, self.new_bytes)
 
     def _file(self, src: _Source) -> tuple[_FileResult, list[tuple[int, int, Row]]]:
         res = _FileResult(path=src.path, key=src.key, size_bytes=src.size)
@@ -958,7 +980,9 @@ class _TaskRunner:
         options["source_hash"] = res.source_hash
         options["tmp_dir"] = self.tmp
         specs: dict[str, FieldSpec] = {}
+        # earlier files of this task count as the schema too: they share its shards
         base = {s.name: s for s in self.ctx.base_schema}
+        base.update(self.run_specs)
         file_stats = StatsAccumulator()
         raw: list[tuple[int, int, Row]] = []
         keys: set[str] = set()
@@ -1004,6 +1028,11 @@ class _TaskRunner:
             size = sample_nbytes(sample)
             kind = self._route(sample)
             b = self._builder(kind)
+            if any(b.specs.get(n, s) != s for n, s in specs.items() if n in sample.fields):
+                # an accepted type change (allow_schema_change) starts a new shard
+                self._close(kind)
+                b = self._builder(kind)
+            b.specs.update({n: specs[n] for n in sample.fields})
             ws = b.writer.add(sample, sample_hash=digest, size_bytes=size)
             raw.append((b.seq, ws.position, (sample.key, str(digest), "", ws.position, size)))
             b.stats.merge(fields_stats)
@@ -1018,6 +1047,7 @@ class _TaskRunner:
             res.source_object = res.source_hash
         res.schema = [specs[n].to_json() for n in sorted(specs)]  # type: ignore[misc]
         res.stats = file_stats.to_json()
+        self.run_specs.update(specs)
         return res, raw
 
     def _route(self, sample: Sample) -> str:
@@ -1052,7 +1082,7 @@ class _TaskRunner:
                     f"{path}: field {name!r} changes type from {prev.describe()} to "
                     f"{spec.describe()} (use --allow-schema-change to accept)"
                 )
-            specs.setdefault(name, spec)
+            specs[name] = spec
 
 
 def _run_task(ctx: _Context, files: Sequence[_Source]) -> _TaskResult:
@@ -1335,6 +1365,7 @@ def _finish(
         }
         accepted.append(res)
     unchanged: set[str] = set()
+    known: dict[str, str] = {}
     if head is not None and cfg.mode == "upsert" and accepted:
         known = _head_hashes(catalog, head, sorted(owner))
         for res in accepted:
@@ -1342,13 +1373,17 @@ def _finish(
                 unchanged.add(res.path)
     staged = [r for r in accepted if r.path not in unchanged]
     rows = [row for r in staged for row in r.rows]
+    # checked against the head: no staged key exists there, so merged statistics stay exact
+    new_keys_in = head.id if head is not None and not any(r[0] in known for r in rows) else None
     shards = sorted({row[2] for row in rows})
     new_bytes = sum(r.new_bytes for r in results) + sum(f.new_bytes for f in file_results)
     staging_id: str | None = None
     snapshot_id: str | None = None
     final_schema = tuple(schema[n] for n in sorted(schema))
     if staged:
-        staging_id, snapshot_id, extra = _stage(catalog, ctx, staged, rows, shards, final_schema)
+        staging_id, snapshot_id, extra = _stage(
+            catalog, ctx, staged, rows, shards, final_schema, new_keys_in
+        )
         new_bytes += extra
     elif cfg.snapshot and head is not None:
         snapshot_id = head.id
@@ -1383,8 +1418,13 @@ def _stage(
     rows: Sequence[Row],
     shards: Sequence[str],
     schema: Schema,
+    new_keys_in: str | None,
 ) -> tuple[str, str | None, int]:
-    """Stage the rows (reusing an identical pending entry) and commit when asked."""
+    """Stage the rows (reusing an identical pending entry) and commit when asked.
+
+    ``new_keys_in``: the snapshot every staged key was checked to be absent from; the
+    commit trusts it (skipping its own key-range test) only when that is its parent.
+    """
     cfg = ctx.config
     rows_digest = hash_bytes(canonical_json([list(r) for r in sorted(rows)]))
     sources = [
@@ -1430,7 +1470,7 @@ def _stage(
             changes=_rows_table(rows),
             shards=shards,
             schema=schema,
-            stats={"fields": stats, "exact": True},
+            stats={"fields": stats, "exact": True, "new_keys_in": new_keys_in},
             lineage=lineage,
             mode=cfg.mode,
         )

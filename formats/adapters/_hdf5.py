@@ -2,7 +2,7 @@
 
 Datasets become fields named by their path (``velocity``, ``group/pressure``); attributes
 of the file, groups and datasets become parameters (``Re``, ``group/units``,
-``velocity/units``). Big datasets are read in slices, never whole; ``time_window`` and
+``velocity.units``). Big datasets are read in slices, never whole; ``time_window`` and
 ``stride`` cut time-dependent datasets into one sample per window (see ``_tree``).
 String datasets become string parameters (scalar) or metadata lists.
 """
@@ -60,7 +60,8 @@ class HDF5Adapter:
                 f.visit(names.append)
                 for name in sorted(names):
                     obj = f.get(name, getlink=False)
-                    attribute_fields(name, dict(obj.attrs), params, metadata)
+                    is_array = isinstance(obj, h5py.Dataset)
+                    attribute_fields(name, dict(obj.attrs), params, metadata, is_array=is_array)
                     if not isinstance(obj, h5py.Dataset):
                         continue
                     dtype = obj.dtype

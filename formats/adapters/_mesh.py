@@ -24,7 +24,7 @@ import numpy as np
 from simstore.errors import SourceError
 from simstore.sample import Sample
 
-from ._tree import json_safe
+from ._tree import json_safe, native_dtype
 
 __all__ = ["MeshAdapter"]
 
@@ -49,6 +49,12 @@ def _quietly(fn: Any, *args: Any) -> Any:
             raise ValueError("the reader gave up on this file") from exc
 
 
+def _native(arr: Any) -> np.ndarray:
+    """Contiguous, native byte order (legacy VTK files are big-endian)."""
+    out = np.ascontiguousarray(arr)
+    return out.astype(native_dtype(out.dtype), copy=False)
+
+
 def mesh_fields(
     path: str,
     points: np.ndarray,
@@ -58,7 +64,7 @@ def mesh_fields(
     field_data: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Sample fields of one mesh (see the module docstring for the layout)."""
-    points = np.ascontiguousarray(points)
+    points = _native(points)
     if points.ndim != 2 or points.shape[0] == 0:
         raise SourceError(f"{path}: field 'points': mesh has no points (malformed or empty file)")
     order = sorted(range(len(cells)), key=lambda i: (cells[i].type, i))
@@ -70,7 +76,7 @@ def mesh_fields(
         fields[f"cells/{ctype}"] = np.ascontiguousarray(np.concatenate(blocks, axis=0))
     n_points = points.shape[0]
     for name in sorted(point_data):
-        arr = np.ascontiguousarray(point_data[name])
+        arr = _native(point_data[name])
         if arr.shape[:1] != (n_points,):
             raise SourceError(
                 f"{path}: field 'point_data/{name}': {arr.shape[0] if arr.ndim else 0} values "
@@ -85,7 +91,7 @@ def mesh_fields(
             raise SourceError(
                 f"{path}: field 'cell_data/{name}': blocks do not line up: {exc}"
             ) from exc
-        fields[f"cell_data/{name}"] = np.ascontiguousarray(arr)
+        fields[f"cell_data/{name}"] = _native(arr)
     for name, value in list(fields.items()):
         if isinstance(value, np.ndarray) and value.dtype.kind not in "biuf":
             raise SourceError(f"{path}: field {name!r}: unsupported dtype {value.dtype}")

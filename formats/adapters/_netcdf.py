@@ -3,7 +3,7 @@
 Variables become fields named by their path (``pressure``, ``group/pressure``); global,
 group and variable attributes become parameters. Values are stored raw: automatic masking
 and scaling are off, so a packed variable keeps its declared dtype and its
-``scale_factor``/``add_offset`` are parameters (``var/scale_factor``). Character and
+``scale_factor``/``add_offset`` are parameters (``var.scale_factor``). Character and
 string variables become string parameters or metadata lists. The time axis for windows is
 the dimension named by ``time_name``, else the first unlimited dimension, else one named
 ``time`` or ``t``.
@@ -77,7 +77,11 @@ class NetCDFAdapter:
                     var = group.variables[vname]
                     name = f"{prefix}/{vname}" if prefix else vname
                     attribute_fields(
-                        name, {a: var.getncattr(a) for a in var.ncattrs()}, params, metadata
+                        name,
+                        {a: var.getncattr(a) for a in var.ncattrs()},
+                        params,
+                        metadata,
+                        is_array=True,
                     )
                     dtype = np.dtype(var.dtype) if not isinstance(var.dtype, type) else None
                     if dtype is None or dtype.kind in "SUO":

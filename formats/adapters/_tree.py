@@ -4,7 +4,8 @@ A source file is a tree of named arrays plus attributes. Each array becomes a fi
 by its path; an array larger than ``max_in_memory_bytes`` stays in the file as a
 :class:`SlicedArray` (an :class:`~simstore.ingest.ArraySource`) and is read slice by slice.
 Attributes become parameters (scalars and strings) or, when they are lists, entries of the
-sample's ``metadata`` JSON field.
+sample's ``metadata`` JSON field: ``Re`` (root), ``grid/units`` (a group's) and
+``velocity.units`` (an array's).
 
 Time windows (``time_window`` N, ``stride`` S) cut arrays that have a time axis into
 samples ``<key>/t<start>``, one per window, the way trajectory datasets such as The Well
@@ -144,11 +145,21 @@ def json_safe(value: Any) -> Any:
 
 
 def attribute_fields(
-    prefix: str, attrs: Mapping[str, Any], params: dict[str, Any], metadata: dict[str, Any]
+    prefix: str,
+    attrs: Mapping[str, Any],
+    params: dict[str, Any],
+    metadata: dict[str, Any],
+    *,
+    is_array: bool = False,
 ) -> None:
-    """Add attributes as parameters (``prefix/name``) or metadata entries (lists, others)."""
+    """Add attributes as parameters or (lists, others) metadata entries.
+
+    Names: a root attribute keeps its name (``Re``), a group's is ``group/name`` and an
+    array's is ``array.name`` (``velocity.units``): an array field cannot also be a group.
+    """
+    sep = "." if is_array else "/"
     for name in sorted(attrs):
-        key = f"{prefix}/{name}" if prefix else name
+        key = f"{prefix}{sep}{name}" if prefix else name
         value = attrs[name]
         if isinstance(value, np.ndarray) and value.size == 1 and value.dtype.kind in "biufSU":
             value = value.reshape(()).item() if value.dtype.kind in "SU" else value.reshape(())[()]

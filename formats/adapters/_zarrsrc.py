@@ -53,7 +53,8 @@ class ZarrAdapter:
             attribute_fields("", dict(group.attrs), params, metadata)
             members = sorted(group.members(max_depth=None), key=lambda m: m[0])
             for name, node in members:
-                attribute_fields(name, dict(node.attrs), params, metadata)
+                is_array = isinstance(node, zarr.Array)
+                attribute_fields(name, dict(node.attrs), params, metadata, is_array=is_array)
                 if isinstance(node, zarr.Array):
                     if node.dtype.kind not in "biuf":
                         raise SourceError(

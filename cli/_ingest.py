@@ -1,0 +1,276 @@
+"""Ingest commands: ``simstore ingest`` and ``simstore stats``."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from typing import Any
+
+import click
+from simstore.cli._common import CliContext, emit, handle_errors, pass_ctx
+
+from simstore.ingest import (
+    DEFAULT_COMPRESSION,
+    IngestConfig,
+    IngestProgress,
+    IngestResult,
+    ingest,
+    parse_size,
+)
+from simstore.stats import field_table
+
+__all__ = ["COMMANDS", "ProgressBar"]
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"
+
+
+def _eta(seconds: float) -> str:
+    if not math.isfinite(seconds) or seconds < 0:
+        return "--:--"
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+class ProgressBar:
+    """A one-line progress bar on stderr: files, samples, MiB/s and ETA (by bytes)."""
+
+    def __init__(self, stream: Any = None, width: int = 24, min_interval_s: float = 0.1) -> None:
+        self.stream = stream or sys.stderr
+        self.width = width
+        self.min_interval_s = min_interval_s
+        self._last = 0.0
+        self._shown = False
+
+    def __call__(self, p: IngestProgress) -> None:
+        """Redraw (at most every ``min_interval_s``, and always at the end)."""
+        now = time.monotonic()
+        if p.files_done < p.files_total and now - self._last < self.min_interval_s:
+            return
+        self._last = now
+        if p.bytes_total:
+            frac = p.bytes_done / p.bytes_total
+        else:
+            frac = p.files_done / max(1, p.files_total)
+        filled = int(self.width * min(1.0, frac))
+        rate = p.bytes_done / p.elapsed_s if p.elapsed_s > 0 else 0.0
+        eta = (p.bytes_total - p.bytes_done) / rate if rate > 0 else math.inf
+        line = (
+            f"\r[{'#' * filled}{'.' * (self.width - filled)}] files {p.files_done}/{p.files_total}"
+            f"  samples {p.samples}  {rate / 2**20:.1f} MiB/s  ETA {_eta(eta)}"
+        )
+        self.stream.write(line)
+        self.stream.flush()
+        self._shown = True
+
+    def finish(self) -> None:
+        """End the line the bar drew on."""
+        if self._shown:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _parse_options(values: tuple[str, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r}: expected key=value", param_hint="--option")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+def _summary(r: IngestResult) -> str:
+    lines = [
+        f"ingested {r.files_ingested} files, reused {r.files_reused}, unchanged "
+        f"{r.files_unchanged} of {r.files} ({r.samples} samples, {r.samples_staged} staged) "
+        f"in {r.seconds:.1f} s [{r.engine}, {r.workers} worker(s)]",
+        f"bytes in {_human(r.bytes_in)}, stored {_human(r.bytes_stored)} in {r.shards} shards, "
+        f"new {_human(r.new_bytes)}",
+    ]
+    if r.staging_id:
+        lines.append(f"staged {r.staging_id}")
+    if r.snapshot_id:
+        lines.append(f"snapshot {r.snapshot_id}")
+    if not r.staging_id and not r.files_skipped:
+        lines.append("nothing new to stage")
+    for s in r.files_skipped:
+        lines.append(f"skipped {s.path}: {s.reason}")
+    if r.files_ignored:
+        lines.append(f"ignored {len(r.files_ignored)} files no adapter reads")
+    return "\n".join(lines)
+
+
+@click.command("ingest")
+@click.argument("sources", nargs=-1, required=True)
+@click.option("--dataset", required=True, help="Dataset to ingest into.")
+@click.option("--adapter", default="auto", show_default=True, help="Source adapter name.")
+@click.option(
+    "--format",
+    "shard_format",
+    default="parquet",
+    show_default=True,
+    help="Shard format: parquet, lance, zarr (or an installed one).",
+)
+@click.option("--workers", default=1, show_default=True, type=int, help="Worker processes.")
+@click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail", show_default=True)
+@click.option(
+    "--mode", type=click.Choice(["upsert", "replace"]), default="upsert", show_default=True
+)
+@click.option("--snapshot", is_flag=True, help="Commit a snapshot after staging.")
+@click.option("-m", "--message", default=None, help="Snapshot message.")
+@click.option("--branch", default="main", show_default=True)
+@click.option("--allow-schema-change", is_flag=True, help="Accept changed field types.")
+@click.option("--nan", type=click.Choice(["allow", "error"]), default="allow", show_default=True)
+@click.option("--time-window", type=int, default=None, help="Time steps per sample.")
+@click.option("--stride", type=int, default=None, help="Time steps between windows.")
+@click.option("--shard-size", default="256MiB", show_default=True, help="Target shard size.")
+@click.option(
+    "--compression",
+    default=DEFAULT_COMPRESSION,
+    show_default=True,
+    help="none, zstd[:LEVEL] or shuffle-zstd[:LEVEL].",
+)
+@click.option("--chunk-bytes", default="1MiB", show_default=True, help="Zarr chunk size target.")
+@click.option(
+    "--dense-threshold",
+    default="16MiB",
+    show_default=True,
+    help="Samples with a larger dense field go to Zarr shards.",
+)
+@click.option(
+    "--option",
+    "adapter_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Adapter option (repeatable), e.g. cad_tolerance=0.01, time_name=t.",
+)
+@click.option("--no-resume", is_flag=True, help="Ignore the journal of finished files.")
+@click.option("--tmp-dir", default=None, help="Local folder for shards being written.")
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="Progress bar (default: when stderr is a terminal).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable summary.")
+@pass_ctx
+@handle_errors
+def ingest_cmd(
+    ctx: CliContext,
+    sources: tuple[str, ...],
+    dataset: str,
+    adapter: str,
+    shard_format: str,
+    workers: int,
+    on_error: str,
+    mode: str,
+    snapshot: bool,
+    message: str | None,
+    branch: str,
+    allow_schema_change: bool,
+    nan: str,
+    time_window: int | None,
+    stride: int | None,
+    shard_size: str,
+    compression: str,
+    chunk_bytes: str,
+    dense_threshold: str,
+    adapter_options: tuple[str, ...],
+    no_resume: bool,
+    tmp_dir: str | None,
+    progress: bool | None,
+    as_json: bool,
+) -> None:
+    """Ingest SOURCE files or folders into a dataset (staged; --snapshot commits)."""
+    config = IngestConfig(
+        adapter=adapter,
+        format=shard_format,
+        workers=workers,
+        on_error=on_error,  # type: ignore[arg-type]
+        mode=mode,  # type: ignore[arg-type]
+        snapshot=snapshot,
+        message=message,
+        branch=branch,
+        allow_schema_change=allow_schema_change,
+        nan=nan,  # type: ignore[arg-type]
+        time_window=time_window,
+        stride=stride,
+        shard_size=parse_size(shard_size),
+        compression=compression,
+        chunk_bytes=parse_size(chunk_bytes),
+        dense_threshold=parse_size(dense_threshold),
+        adapter_options=_parse_options(adapter_options),
+        resume=not no_resume,
+        tmp_dir=tmp_dir,
+    )
+    show = sys.stderr.isatty() if progress is None else progress
+    bar = ProgressBar() if show else None
+    catalog = ctx.catalog()
+    try:
+        result = ingest(list(sources), dataset=dataset, store=catalog, config=config, progress=bar)
+    finally:
+        if bar is not None:
+            bar.finish()
+    emit(as_json, result.to_json(), lambda: _summary(result))
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+@click.command("stats")
+@click.argument("ref")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_ctx
+@handle_errors
+def stats_cmd(ctx: CliContext, ref: str, as_json: bool) -> None:
+    """Per-field statistics of a snapshot (merged exactly over the whole revision)."""
+    cat = ctx.catalog(read_only=True)
+    sid = cat.resolve(ref)
+    snap = cat.snapshot(sid)
+    rows = field_table(snap)
+    exact = bool(snap.stats.get("exact", True)) if snap.stats else True
+    obj = {"snapshot": sid, "exact": exact, "fields": rows}
+
+    def text() -> str:
+        head = ("field", "comp", "count", "nan", "inf", "mean", "std", "min", "max")
+        table = [head] + [
+            (
+                r["field"],
+                _fmt(r["component"]),
+                _fmt(r["count"]),
+                _fmt(r["nan_count"]),
+                _fmt(r["inf_count"]),
+                _fmt(r["mean"]),
+                _fmt(r["std"]),
+                _fmt(r["min"]),
+                _fmt(r["max"]),
+            )
+            for r in rows
+        ]
+        widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+        lines = [
+            "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+            for row in table
+        ]
+        note = "exact" if exact else "not exact (keys were replaced or deleted; see docs/ingest.md)"
+        return "\n".join([f"snapshot {sid} ({note})", *lines])
+
+    emit(as_json, obj, text)
+
+
+COMMANDS = [ingest_cmd, stats_cmd]

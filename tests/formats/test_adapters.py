@@ -1,0 +1,390 @@
+"""Source adapters on real files written by h5py, netCDF4, zarr, meshio and gmsh."""
+
+import zipfile
+
+import numpy as np
+import pytest
+import source_files as sf
+from simstore.formats import get_adapter, list_adapters
+from simstore.formats.adapters import (
+    AutoAdapter,
+    CadAdapter,
+    HDF5Adapter,
+    MeshAdapter,
+    NetCDFAdapter,
+    NpyAdapter,
+    NpzAdapter,
+    ZarrAdapter,
+)
+from simstore.formats.testing import SourceAdapterTests, assert_fields_equal
+
+from simstore.errors import SourceError
+from simstore.ingest import is_array_source
+
+
+def h5_expected(d):
+    return {
+        "Re": np.float64(250.0),
+        "solver": "demo-solver",
+        "n_steps": np.int64(12),
+        "metadata": {"field_names": ["density", "velocity"]},
+        "time": d["time"],
+        "grid/x": d["x"],
+        "grid/y": d["y"],
+        "grid/units": "m",
+        "fields/density": d["density"],
+        "fields/velocity": d["velocity"],
+        "fields/velocity.units": "m/s",
+    }
+
+
+class TestHDF5(SourceAdapterTests):
+    @pytest.fixture
+    def adapter(self):
+        return HDF5Adapter()
+
+    @pytest.fixture
+    def source(self, tmp_path):
+        path = tmp_path / "run7.h5"
+        d = sf.write_h5(path, big_endian=True)
+        return path, "run7.h5", {"run7.h5": h5_expected(d)}
+
+    @pytest.fixture
+    def corrupt_source(self, tmp_path):
+        good = tmp_path / "good.h5"
+        sf.write_h5(good)
+        bad = tmp_path / "truncated.h5"
+        bad.write_bytes(good.read_bytes()[:1500])
+        return bad
+
+
+class TestHDF5Windows(TestHDF5):
+    options = {"time_window": 4, "stride": 3}
+
+    @pytest.fixture
+    def source(self, tmp_path):
+        path = tmp_path / "run7.h5"
+        d = sf.write_h5(path)
+        full = h5_expected(d)
+        expected = {}
+        for start in (0, 3, 6):
+            fields = dict(full)
+            for name in ("time", "fields/density", "fields/velocity"):
+                fields[name] = full[name][start : start + 4]
+            expected[f"run7.h5/t{start:04d}"] = fields
+        return path, "run7.h5", expected
+
+
+def test_hdf5_big_datasets_stay_in_the_file(tmp_path):
+    path = tmp_path / "r.h5"
+    d = sf.write_h5(path)
+    samples = HDF5Adapter().iter_samples(str(path), "r.h5", {"max_in_memory_bytes": 100})
+    lazy = next(samples).fields["fields/velocity"]  # valid while the iterator is open
+    assert is_array_source(lazy)
+    np.testing.assert_array_equal(lazy[(slice(2, 4),)], d["velocity"][2:4])
+    samples.close()
+    with pytest.raises(SourceError, match=r"r\.h5: field 'fields/velocity'"):
+        lazy[(slice(0, 1),)]
+
+
+def test_hdf5_window_longer_than_the_run_names_the_file(tmp_path):
+    path = tmp_path / "short.h5"
+    sf.write_h5(path, t=3)
+    with pytest.raises(SourceError, match=r"short\.h5: time axis has 3 steps"):
+        list(HDF5Adapter().iter_samples(str(path), "short.h5", {"time_window": 5}))
+
+
+class TestNetCDF(SourceAdapterTests):
+    @pytest.fixture
+    def adapter(self):
+        return NetCDFAdapter()
+
+    @pytest.fixture
+    def source(self, tmp_path):
+        path = tmp_path / "ocean.nc"
+        d = sf.write_nc(path)
+        return (
+            path,
+            "ocean.nc",
+            {
+                "ocean.nc": {
+                    "title": "demo",
+                    "Re": np.float64(250.0),
+                    "time": d["time"],
+                    "x": d["x"],
+                    "fields/pressure": d["density"],
+                    "fields/pressure.units": "Pa",
+                }
+            },
+        )
+
+    @pytest.fixture
+    def corrupt_source(self, tmp_path):
+        bad = tmp_path / "bad.nc"
+        bad.write_bytes(b"CDF\x01" + b"\xff" * 40)
+        return bad
+
+
+def test_netcdf_windows_follow_the_unlimited_dimension(tmp_path):
+    path = tmp_path / "ocean.nc"
+    d = sf.write_nc(path)
+    samples = list(
+        NetCDFAdapter().iter_samples(str(path), "ocean.nc", {"time_window": 5, "stride": 5})
+    )
+    assert [s.key for s in samples] == ["ocean.nc/t0000", "ocean.nc/t0005"]
+    np.testing.assert_array_equal(samples[1].fields["fields/pressure"], d["density"][5:10])
+    np.testing.assert_array_equal(samples[1].fields["x"], d["x"])  # no time axis: repeated
+
+
+class TestNpz(SourceAdapterTests):
+    @pytest.fixture
+    def adapter(self):
+        return NpzAdapter()
+
+    @pytest.fixture
+    def source(self, tmp_path):
+        (tmp_path / "a").mkdir()
+        path = tmp_path / "a" / "case.npz"
+        arrays = sf.write_npz(path)
+        return path, "a/case.npz", {"a/case": arrays}
+
+    @pytest.fixture
+    def corrupt_source(self, tmp_path):
+        bad = tmp_path / "bad.npz"
+        bad.write_bytes(b"PK\x03\x04 broken")
+        return bad
+
+
+class TestNpzCompressed(TestNpz):
+    options = {"max_in_memory_bytes": 64}  # big members are inflated to a temp file
+
+    @pytest.fixture
+    def source(self, tmp_path):
+        path = tmp_path / "case.npz"
+        arrays = sf.write_npz(path, compressed=True)
+        return path, "case.npz", {"case": arrays}
+
+
+def test_npz_object_arrays_are_refused_naming_the_field(tmp_path):
+    path = tmp_path / "obj.npz"
+    np.savez(path, good=np.zeros(3), bad=np.array([{"a": 1}], dtype=object))
+    with pytest.raises(SourceError, match=r"obj\.npz: field 'bad': object arrays are refused"):
+        list(NpzAdapter().iter_samples(str(path), "obj.npz", {}))
+
+
+def test_npz_members_are_memory_mapped_when_big(tmp_path):
+    path = tmp_path / "m.npz"
+    arrays = sf.write_npz(path)
+    sample = next(NpzAdapter().iter_samples(str(path), "m.npz", {"max_in_memory_bytes": 16}))
+    assert is_array_source(sample.fields["u"])
+    np.testing.assert_array_equal(sample.fields["u"][(slice(3, 5),)], arrays["u"][3:5])
+
+
+class TestNpy(SourceAdapterTests):
+    @pytest.fixture
+    def adapter(self):
+        return NpyAdapter()
+
+    @pytest.fixture
+    def source(self, tmp_path):
+        path = tmp_path / "field.npy"
+        data = np.arange(24, dtype=">i4").reshape(2, 3, 4)
+        np.save(path, data)
+        return path, "field.npy", {"field": {"data": data.astype("=i4")}}
+
+    @pytest.fixture
+    def corrupt_source(self, tmp_path):
+        good = tmp_path / "g.npy"
+        np.save(good, np.zeros(1000))
+        bad = tmp_path / "truncated.npy"
+        bad.write_bytes(good.read_bytes()[:500])
+        return bad
+
+
+class TestZarrGroup(SourceAdapterTests):
+    @pytest.fixture
+    def adapter(self):
+        return ZarrAdapter()
+
+    @pytest.fixture
+    def source(self, tmp_path):
+        path = tmp_path / "run.zarr"
+        d = sf.write_zarr_group(path)
+        return (
+            path,
+            "run.zarr",
+            {"run.zarr": {"Re": 250.0, "time": d["time"], "fields/density": d["density"]}},
+        )
+
+    @pytest.fixture
+    def corrupt_source(self, tmp_path):
+        bad = tmp_path / "bad.zarr"
+        bad.mkdir()
+        (bad / "zarr.json").write_text("{not json")
+        return bad
+
+
+MESHES = [".vtu", ".vtk", ".xdmf", ".stl", ".ply", ".obj"]
+
+
+class TestMesh(SourceAdapterTests):
+    @pytest.fixture
+    def adapter(self):
+        return MeshAdapter()
+
+    @pytest.fixture(params=MESHES)
+    def source(self, tmp_path, request):
+        path = tmp_path / f"part{request.param}"
+        expected = sf.write_mesh(path)
+        got = dict(expected)
+        got["metadata"] = None  # checked below
+        return path, path.name, {path.name: expected}
+
+    @pytest.fixture
+    def corrupt_source(self, tmp_path):
+        bad = tmp_path / "bad.stl"
+        bad.write_text("solid x\nfacet normal 0 0 1\n outer loop\n vertex 0 0\nendsolid\n")
+        return bad
+
+    def test_samples_equal_the_source(self, adapter, source):
+        path, key, expected = source
+        (sample,) = adapter.iter_samples(str(path), key, {})
+        fields = dict(sample.fields)
+        meta = fields.pop("metadata")
+        want = expected[key]
+        for name in ("point_data/", "cell_data/"):
+            for k in [k for k in fields if k.startswith(name) and k not in want]:
+                fields.pop(k)  # format-specific extras (STL facet normals, ...)
+        assert_fields_equal(
+            {k: (v.astype(want[k].dtype) if k == "points" else v) for k, v in fields.items()}, want
+        )
+        assert meta["cell_types"] == sorted(k.split("/")[1] for k in want if k.startswith("cells/"))
+
+
+def test_malformed_binary_stl_is_refused(tmp_path):
+    bad = tmp_path / "empty.stl"
+    bad.write_bytes(b"\x00" * 80 + b"\x05\x00\x00\x00" + b"\x00" * 20)
+    with pytest.raises(SourceError, match=r"empty\.stl: field 'points'"):
+        list(MeshAdapter().iter_samples(str(bad), "empty.stl", {}))
+
+
+def test_gmsh_msh_written_by_gmsh(tmp_path):
+    path = tmp_path / "square.msh"
+    sf.write_msh_with_gmsh(path)
+    (sample,) = MeshAdapter().iter_samples(str(path), "square.msh", {})
+    tris = sample.fields["cells/triangle"]
+    assert tris.dtype == np.int64 and tris.shape[1] == 3 and len(tris) >= 2
+    pts = sample.fields["points"]
+    assert pts.shape[1] == 3 and pts.min() == 0.0 and pts.max() == 1.0
+
+
+def test_pvd_series_gives_one_sample_per_step_and_claims_its_files(tmp_path):
+    expected = sf.write_pvd(tmp_path)
+    adapter = MeshAdapter()
+    samples = list(adapter.iter_samples(str(tmp_path / "series.pvd"), "series.pvd", {}))
+    assert [s.key for s in samples] == [f"series.pvd/t{i:04d}" for i in range(3)]
+    for s, want in zip(samples, expected, strict=False):
+        assert s.fields["time"] == pytest.approx(0.1 * samples.index(s))
+        assert_fields_equal({k: s.fields[k] for k in want}, want)
+    assert len(adapter.companions(str(tmp_path / "series.pvd"))) == 3
+
+
+def test_xdmf_time_series(tmp_path):
+    expected = sf.write_xdmf_series(tmp_path / "ts.xdmf")
+    adapter = MeshAdapter()
+    samples = list(adapter.iter_samples(str(tmp_path / "ts.xdmf"), "ts.xdmf", {}))
+    assert [s.key for s in samples] == ["ts.xdmf/t0000", "ts.xdmf/t0001"]
+    for s, want in zip(samples, expected, strict=False):
+        assert_fields_equal({k: s.fields[k] for k in want}, want)
+    assert [p.endswith("ts.h5") for p in adapter.companions(str(tmp_path / "ts.xdmf"))] == [True]
+
+
+@pytest.fixture
+def step_file(tmp_path):
+    path = tmp_path / "box.step"
+    sf.write_step(path)
+    return path
+
+
+def test_cad_step_tessellates_with_measures_and_source_id(step_file):
+    from simstore.hashing import hash_file
+
+    (sample,) = CadAdapter().iter_samples(str(step_file), "box.step", {"cad_tolerance": 0.1})
+    f = sample.fields
+    assert f["volume"] == pytest.approx(6.0, rel=1e-6)
+    assert f["surface_area"] == pytest.approx(22.0, rel=1e-6)
+    assert (f["bbox/xmax"], f["bbox/ymax"], f["bbox/zmax"]) == pytest.approx((1, 2, 3), abs=1e-6)
+    assert f["source_object"] == hash_file(str(step_file))[0]
+    tris, pts = f["cells/triangle"], f["points"]
+    assert tris.max() < len(pts) and len(tris) > 12
+    # every triangle lies on the box surface
+    centroids = pts[tris].mean(axis=1)
+    on_face = np.isclose(centroids, 0, atol=1e-9) | np.isclose(centroids, [1, 2, 3], atol=1e-9)
+    assert on_face.any(axis=1).all()
+    assert f["metadata"]["mesh"] == "surface"
+
+
+def test_cad_finer_tolerance_gives_more_triangles(step_file):
+    coarse = next(CadAdapter().iter_samples(str(step_file), "b", {"cad_tolerance": 0.2}))
+    fine = next(CadAdapter().iter_samples(str(step_file), "b", {"cad_tolerance": 0.05}))
+    assert len(fine.fields["cells/triangle"]) > len(coarse.fields["cells/triangle"])
+
+
+@pytest.mark.slow
+def test_cad_volume_mesh_of_overlapping_solids_says_what_it_did(tmp_path):
+    path = tmp_path / "assembly.step"
+    sf.write_step(path, overlapping=True)
+    (sample,) = CadAdapter().iter_samples(
+        str(path), "a", {"cad_tolerance": 0.2, "cad_mesh": "volume"}
+    )
+    meta = sample.fields["metadata"]
+    assert meta["solids"] == 2
+    assert meta["mesh"] in ("volume", "per-solid", "surface")
+    if meta["mesh"] != "surface":
+        tets = sample.fields["cells/tetra"]
+        assert tets.shape[1] == 4 and tets.max() < len(sample.fields["points"])
+    else:
+        assert "failed" in meta["reason"]
+
+
+def test_cad_garbage_step_is_a_source_error(tmp_path):
+    bad = tmp_path / "broken.step"
+    bad.write_text("ISO-10303-21;\nHEADER;\nthis is not a model\nENDSEC;\n")
+    with pytest.raises(SourceError, match=r"broken\.step: field '(points|cells/triangle)'"):
+        list(CadAdapter().iter_samples(str(bad), "broken.step", {}))
+
+
+def test_auto_picks_by_extension_and_magic(tmp_path):
+    sf.write_h5(tmp_path / "a.h5")
+    sf.write_h5(tmp_path / "no_extension")
+    sf.write_nc(tmp_path / "b.nc")
+    np.save(tmp_path / "c.npy", np.zeros(2))
+    sf.write_npz(tmp_path / "d.npz")
+    sf.write_mesh(tmp_path / "e.stl")
+    sf.write_zarr_group(tmp_path / "f.zarr")
+    (tmp_path / "notes.txt").write_text("hello")
+    auto = AutoAdapter()
+
+    def pick(name):
+        path = tmp_path / name
+        head = b"" if path.is_dir() else path.read_bytes()[:64]
+        found = auto.resolve(str(path), head)
+        return found.name if found else None
+
+    assert [
+        pick(n)
+        for n in ["a.h5", "no_extension", "b.nc", "c.npy", "d.npz", "e.stl", "f.zarr", "notes.txt"]
+    ] == ["hdf5", "hdf5", "netcdf", "npy", "npz", "mesh", "zarr", None]
+
+
+def test_registry_lists_every_builtin_adapter():
+    assert {"auto", "hdf5", "netcdf", "npz", "npy", "zarr", "mesh", "cad"} <= set(list_adapters())
+    assert get_adapter("hdf5").name == "hdf5"
+
+
+def test_npz_zip_of_something_else_names_the_field(tmp_path):
+    path = tmp_path / "odd.npz"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("x.npy", b"not an npy header")
+    with pytest.raises(SourceError, match=r"odd\.npz: field 'x'"):
+        list(NpzAdapter().iter_samples(str(path), "odd.npz", {}))

@@ -1,0 +1,187 @@
+"""Parquet, Lance and Zarr shards: the conformance suite, plus what each promises to stock readers."""
+
+import io
+import zipfile
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from simstore.formats import (
+    LanceFormat,
+    ParquetFormat,
+    ZarrFormat,
+    auto_chunks,
+    get_format,
+    list_formats,
+    open_shard,
+)
+from simstore.formats.adapters import SlicedArray
+from simstore.formats.testing import ShardFormatTests, assert_fields_equal, example_samples
+
+from simstore.errors import FormatError, InvalidInputError
+from simstore.ingest import ShardOptions
+from simstore.sample import Sample, hash_sample
+
+
+class TestParquet(ShardFormatTests):
+    @pytest.fixture
+    def shard_format(self):
+        return ParquetFormat()
+
+
+class TestParquetUncompressed(ShardFormatTests):
+    @pytest.fixture
+    def shard_format(self):
+        return ParquetFormat(ShardOptions(compression="none", row_group_bytes=64))
+
+
+class TestLance(ShardFormatTests):
+    @pytest.fixture
+    def shard_format(self):
+        return LanceFormat()
+
+
+class TestZarr(ShardFormatTests):
+    @pytest.fixture
+    def shard_format(self):
+        return ZarrFormat(ShardOptions(chunk_bytes=64))
+
+
+class TestZarrZstd(ShardFormatTests):
+    @pytest.fixture
+    def shard_format(self):
+        return ZarrFormat(ShardOptions(compression="zstd:5"))
+
+
+def test_registry_lists_the_builtin_formats():
+    assert {"parquet", "lance", "zarr"} <= set(list_formats())
+    assert isinstance(get_format("zarr"), ZarrFormat)
+    with pytest.raises(InvalidInputError, match="unknown shard format 'nope'"):
+        get_format("nope")
+
+
+def test_open_shard_refuses_unknown_bytes(tmp_path):
+    path = tmp_path / "x"
+    path.write_bytes(b"not a shard at all")
+    with pytest.raises(FormatError, match="not a shard of any installed format"):
+        open_shard(path)
+
+
+def test_stock_pyarrow_reads_parquet_with_fixed_shape_tensors(tmp_path):
+    samples = example_samples()
+    ParquetFormat().write(samples, str(tmp_path / "s.parquet"))
+    table = pq.read_table(tmp_path / "s.parquet")
+    assert table.column("__key__").to_pylist() == [s.key for s in samples]
+    vel = table.column("velocity").combine_chunks()
+    assert isinstance(vel.type, pa.FixedShapeTensorType)
+    np.testing.assert_array_equal(
+        vel.to_numpy_ndarray(), np.stack([s.fields["velocity"] for s in samples])
+    )
+    points = table.column("points").to_pylist()[1]  # varying shapes: data + shape
+    np.testing.assert_array_equal(
+        np.array(points["data"]).reshape(points["shape"]), samples[1].fields["points"]
+    )
+
+
+def test_parquet_shuffle_uses_byte_stream_split_for_floats(tmp_path):
+    samples = example_samples()
+    ParquetFormat(ShardOptions(compression="shuffle-zstd:1")).write(samples, str(tmp_path / "a"))
+    meta = pq.ParquetFile(tmp_path / "a").metadata.row_group(0)
+    encodings = {
+        meta.column(i).path_in_schema: meta.column(i).encodings for i in range(meta.num_columns)
+    }
+    assert "BYTE_STREAM_SPLIT" in encodings["velocity.list.element"]
+    assert "BYTE_STREAM_SPLIT" not in encodings["cells/triangle.data.list.element"]
+
+
+def test_stock_lance_reads_lance_shards(tmp_path):
+    import lance.file
+
+    samples = example_samples()
+    LanceFormat().write(samples, str(tmp_path / "s.lance"))
+    table = lance.file.LanceFileReader(str(tmp_path / "s.lance")).read_all().to_table()
+    assert table.column("__key__").to_pylist() == [s.key for s in samples]
+    flat = np.array(table.column("velocity").to_pylist()[2], dtype=np.float32)
+    np.testing.assert_array_equal(flat.reshape(3, 4, 2), samples[2].fields["velocity"])
+
+
+def test_stock_zarr_opens_the_zip_and_windows_read_only_their_chunks(tmp_path):
+    import zarr
+
+    rng = np.random.default_rng(1)
+    big = rng.standard_normal((8, 32, 32)).astype(np.float32)
+    samples = [Sample("a", {"rho": big, "Re": 10.0, "name": "x"}), Sample("b", {"rho": big + 1})]
+    ZarrFormat(ShardOptions(chunk_bytes=4096)).write(samples, str(tmp_path / "s.zarr.zip"))
+    with zipfile.ZipFile(tmp_path / "s.zarr.zip") as zf:
+        infos = zf.infolist()
+        assert all(i.compress_type == zipfile.ZIP_STORED for i in infos)
+        assert {i.date_time for i in infos} == {(1980, 1, 1, 0, 0, 0)}
+    store = zarr.storage.ZipStore(str(tmp_path / "s.zarr.zip"), mode="r")
+    root = zarr.open_group(store, mode="r")
+    arr = root["1/rho"]
+    assert arr.chunks == auto_chunks(big.shape, 4, 4096)
+    np.testing.assert_array_equal(arr[2:5, 3:9, :], (big + 1)[2:5, 3:9, :])
+    assert root["0"].attrs["simstore"]["key"] == "a"
+    store.close()
+    reader = open_shard(tmp_path / "s.zarr.zip")
+    window = reader.read_slices(0, {"rho": (slice(1, 3), slice(0, 4), slice(5, 6))})
+    np.testing.assert_array_equal(window["rho"], big[1:3, 0:4, 5:6])
+    assert reader.array(1, "rho").shape == big.shape
+    reader.close()
+
+
+def test_zarr_writes_lazy_sources_chunk_by_chunk(tmp_path):
+    class Counting:
+        """A sliceable handle that records how much each read returns."""
+
+        def __init__(self, data):
+            self.data, self.shape, self.dtype, self.reads = data, data.shape, data.dtype, []
+
+        def __getitem__(self, box):
+            out = self.data[box]
+            self.reads.append(out.nbytes)
+            return out
+
+    data = np.arange(64 * 64 * 8, dtype=np.float64).reshape(64, 64, 8)
+    handle = Counting(data)
+    lazy = SlicedArray(handle, path="mem", field="big")
+    fmt = ZarrFormat(ShardOptions(chunk_bytes=8192, compression="none"))
+    result = fmt.write([Sample("k", {"big": lazy})], str(tmp_path / "s"))
+    # one hashing pass in blocks of block_bytes, then the write reads one chunk at a time
+    assert handle.reads[0] == data.nbytes
+    assert len(handle.reads) > 2 and max(handle.reads[1:]) <= 8192
+    assert result.samples[0].sample_hash == hash_sample(Sample("k", {"big": data}))
+    reader = fmt.open(str(tmp_path / "s"))
+    assert_fields_equal(next(iter(reader.read([0]))), {"big": data})
+    reader.close()
+
+
+def test_zarr_refuses_a_field_that_is_also_a_group(tmp_path):
+    bad = Sample("k", {"a": np.zeros(2), "a/b": np.zeros(2)})
+    with pytest.raises(InvalidInputError, match="both an array and a group"):
+        ZarrFormat().write([bad], str(tmp_path / "s"))
+    assert not (tmp_path / "s").exists()
+
+
+def test_auto_chunks_stay_under_target_and_near_cubic():
+    assert auto_chunks((64, 256, 256), 4, 1 << 20) == (64, 64, 64)
+    assert auto_chunks((10,), 8, 1 << 20) == (10,)
+    assert auto_chunks((0, 5), 8, 16) == (1, 2)
+
+
+def test_columnar_shards_refuse_conflicting_specs_within_a_shard(tmp_path):
+    a = Sample("a", {"x": np.zeros(3, np.float32)})
+    b = Sample("b", {"x": np.zeros(3, np.float64)})
+    with pytest.raises(InvalidInputError, match="field 'x' is tensor float64"):
+        ParquetFormat().write([a, b], str(tmp_path / "s"))
+
+
+def test_file_object_reads_do_not_need_a_path(tmp_path):
+    samples = example_samples(3)
+    buf = io.BytesIO()
+    ZarrFormat().write(samples, str(tmp_path / "z"))
+    buf.write((tmp_path / "z").read_bytes())
+    reader = open_shard(buf, head=buf.getvalue()[:8], tail=buf.getvalue()[-8:])
+    assert reader.keys() == [s.key for s in samples]
+    reader.close()

@@ -1,0 +1,138 @@
+"""Every bad input gives one line naming the file (and field); a failed run references nothing."""
+
+import numpy as np
+import pytest
+import source_files as sf
+
+from simstore.errors import SourceError
+from simstore.ingest import ingest
+
+
+def bad_h5(root):
+    good = root / "good.h5"
+    sf.write_h5(good)
+    (root / "truncated.h5").write_bytes(good.read_bytes()[:2000])
+    good.unlink()
+    return "truncated.h5", None
+
+
+def bad_stl(root):
+    (root / "broken.stl").write_text(
+        "solid x\nfacet normal 0 0 1\n outer loop\n vertex 0 0\nendsolid\n"
+    )
+    return "broken.stl", None
+
+
+def bad_step(root):
+    (root / "empty.step").write_text(
+        "ISO-10303-21;\nHEADER;\nFILE_DESCRIPTION((''),'2;1');\nFILE_NAME('x','',(''),(''),'','','');\n"
+        "FILE_SCHEMA(('AUTOMOTIVE_DESIGN'));\nENDSEC;\nDATA;\nENDSEC;\nEND-ISO-10303-21;\n"
+    )
+    return "empty.step", None
+
+
+def bad_nan(root):
+    u = np.ones((4, 4), np.float32)
+    u[1, 2] = np.nan
+    np.savez(root / "nan.npz", u=u)
+    return "nan.npz", "u"
+
+
+def bad_inf(root):
+    np.savez(root / "inf.npz", u=np.array([[1.0, np.inf]], np.float32))
+    return "inf.npz", "u"
+
+
+def bad_shape(root):
+    np.savez(root / "rank.npz", u=np.ones((2, 2, 2), np.float32))  # others are rank 2
+    return "rank.npz", "u"
+
+
+def bad_dtype(root):
+    np.savez(root / "dtype.npz", u=np.ones((4, 4), np.float64))  # others are float32
+    return "dtype.npz", "u"
+
+
+def bad_object(root):
+    np.savez(root / "obj.npz", u=np.array([None, 1], dtype=object))
+    return "obj.npz", "u"
+
+
+CASES = [bad_h5, bad_stl, bad_step, bad_nan, bad_inf, bad_shape, bad_dtype, bad_object]
+
+
+@pytest.fixture
+def folder(tmp_path):
+    root = tmp_path / "src"
+    root.mkdir()
+    for i in range(3):
+        np.savez(root / f"a{i}.npz", u=np.full((4, 4), float(i), np.float32))
+    return root
+
+
+@pytest.mark.parametrize("make", CASES, ids=lambda f: f.__name__)
+def test_bad_file_fails_the_ingest_with_one_line_naming_it(catalog, folder, make):
+    name, field = make(folder)
+    with pytest.raises(SourceError) as info:
+        ingest([folder], dataset="d", store=catalog, snapshot=True, nan="error")
+    message = str(info.value)
+    assert "\n" not in message
+    assert name in message
+    if field is not None:
+        assert f"field {field!r}" in message
+    assert catalog.staged("d") == []
+    assert catalog.branches("d").get_versioned("main")[0] is None
+
+
+@pytest.mark.parametrize("make", CASES, ids=lambda f: f.__name__)
+def test_on_error_skip_ingests_the_rest_and_lists_the_file(catalog, folder, make):
+    name, _ = make(folder)
+    r = ingest([folder], dataset="d", store=catalog, snapshot=True, nan="error", on_error="skip")
+    assert [s.path.endswith(name) for s in r.files_skipped] == [True]
+    assert name in r.files_skipped[0].reason
+    snap = catalog.snapshot(r.snapshot_id)
+    assert sorted(catalog.manifest(snap).column("key").to_pylist()) == ["a0", "a1", "a2"]
+    assert r.to_json()["skipped"][0]["path"].endswith(name)
+
+
+def test_schema_break_against_the_previous_snapshot_names_old_and_new_type(
+    catalog, folder, tmp_path
+):
+    ingest([folder], dataset="d", store=catalog, snapshot=True)
+    later = tmp_path / "later"
+    later.mkdir()
+    np.savez(later / "b.npz", u=np.ones((4, 4), np.float64))
+    with pytest.raises(SourceError) as info:
+        ingest([later], dataset="d", store=catalog, snapshot=True)
+    msg = str(info.value)
+    assert "b.npz" in msg and "field 'u'" in msg
+    assert "tensor float32 rank 2" in msg and "tensor float64 rank 2" in msg
+    assert "--allow-schema-change" in msg
+    r = ingest([later], dataset="d", store=catalog, snapshot=True, allow_schema_change=True)
+    snap = catalog.snapshot(r.snapshot_id)
+    assert {s.name: s.dtype for s in snap.schema}["u"] == "float64"
+
+
+def test_nan_allowed_by_default_and_counted(catalog, folder):
+    bad_nan(folder)
+    r = ingest([folder], dataset="d", store=catalog, snapshot=True)
+    stats = catalog.snapshot(r.snapshot_id).stats["fields"]["u"]
+    assert sum(stats["nan_count"]) == 1
+    assert sum(stats["count"]) == 4 * 16 - 1
+
+
+def test_rerun_after_a_failure_redoes_no_finished_file(catalog, folder):
+    bad_h5(folder)
+    with pytest.raises(SourceError):
+        ingest([folder], dataset="d", store=catalog, snapshot=True)
+    (folder / "truncated.h5").unlink()
+    r = ingest([folder], dataset="d", store=catalog, snapshot=True)
+    assert r.files_reused == 3 and r.files_ingested == 0
+    assert r.samples_staged == 3 and r.snapshot_id
+
+
+def test_explicit_file_no_adapter_reads_is_a_source_error(catalog, tmp_path):
+    odd = tmp_path / "notes.xyz"
+    odd.write_text("hello")
+    with pytest.raises(SourceError, match=r"notes\.xyz: no installed adapter reads this file"):
+        ingest([odd], dataset="d", store=catalog)

@@ -1,0 +1,167 @@
+"""The ``ingest`` and ``stats`` commands, the progress bar, and adapters from other packages."""
+
+import io
+import json
+from importlib.metadata import EntryPoint
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from simstore.cli import main
+from simstore.cli._ingest import ProgressBar
+
+import simstore.ingest as ingest_module
+from simstore.ingest import IngestProgress, ingest
+
+
+def run(store, *args, code=0):
+    result = CliRunner().invoke(main, ["--store", store, *args], catch_exceptions=False)
+    assert result.exit_code == code, result.output
+    return result
+
+
+def test_cli_ingest_json_summary_and_stats(tmp_path, npz_dir):
+    root, arrays = npz_dir
+    store = str(tmp_path / "store")
+    run(store, "init")
+    out = json.loads(
+        run(
+            store,
+            "ingest",
+            str(root),
+            "--dataset",
+            "cfd",
+            "--snapshot",
+            "-m",
+            "first",
+            "--json",
+            "--compression",
+            "none",
+        ).output
+    )
+    for key in (
+        "files",
+        "samples",
+        "bytes_in",
+        "bytes_stored",
+        "new_bytes",
+        "skipped",
+        "seconds",
+        "engine",
+        "snapshot",
+    ):
+        assert key in out
+    assert out["files"] == 6 and out["samples"] == 6 and out["engine"] == "local"
+    assert out["new_bytes"] > 0 and out["skipped"] == []
+    stats = json.loads(run(store, "stats", "cfd", "--json").output)
+    assert stats["snapshot"] == out["snapshot"] and stats["exact"] is True
+    ids = [r for r in stats["fields"] if r["field"] == "ids"]
+    assert ids[0]["count"] == 30 and ids[0]["mean"] == pytest.approx(2.0)
+    text = run(store, "stats", "cfd").output
+    assert "exact" in text and "mask" in text
+    human = run(store, "ingest", str(root), "--dataset", "cfd", "--compression", "none").output
+    assert "reused 6" in human and "nothing new to stage" in human
+    # other writer settings re-read the files, but equal samples stage nothing
+    other = run(store, "ingest", str(root), "--dataset", "cfd").output
+    assert "ingested 6 files" in other and "unchanged 6" in other
+    assert "nothing new to stage" in other
+
+
+def test_cli_bad_file_is_one_line_and_an_exit_code(tmp_path, npz_dir):
+    root, _ = npz_dir
+    np.savez(root / "nan.npz", u=np.array([[np.nan]], np.float32))
+    store = str(tmp_path / "store")
+    run(store, "init")
+    result = run(store, "ingest", str(root), "--dataset", "d", "--nan", "error", code=8)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "nan.npz" in lines[0] and "field 'u'" in lines[0]
+    out = json.loads(
+        run(
+            store,
+            "ingest",
+            str(root),
+            "--dataset",
+            "d",
+            "--nan",
+            "error",
+            "--on-error",
+            "skip",
+            "--json",
+        ).output
+    )
+    assert [s["path"].endswith("nan.npz") for s in out["skipped"]] == [True]
+    run(store, "ingest", str(root), "--dataset", "d", "--shard-size", "lots", code=2)
+
+
+def test_cli_time_windows_and_adapter_options(tmp_path, h5_dir):
+    root, _ = h5_dir
+    store = str(tmp_path / "store")
+    run(store, "init")
+    out = json.loads(
+        run(
+            store,
+            "ingest",
+            str(root),
+            "--dataset",
+            "w",
+            "--time-window",
+            "6",
+            "--stride",
+            "6",
+            "--format",
+            "zarr",
+            "--option",
+            "time_name=time",
+            "--snapshot",
+            "--json",
+        ).output
+    )
+    assert out["samples"] == 6
+
+
+def test_progress_bar_renders_files_samples_rate_and_eta():
+    stream = io.StringIO()
+    bar = ProgressBar(stream=stream, min_interval_s=0)
+    bar(
+        IngestProgress(
+            files_done=1,
+            files_total=4,
+            samples=10,
+            bytes_done=2 << 20,
+            bytes_total=8 << 20,
+            elapsed_s=1.0,
+        )
+    )
+    bar.finish()
+    text = stream.getvalue()
+    assert "files 1/4" in text and "samples 10" in text and "2.0 MiB/s" in text
+    assert "ETA 0:00:03" in text and text.endswith("\n")
+
+
+def test_progress_callback_sees_every_file(catalog, npz_dir):
+    root, _ = npz_dir
+    seen = []
+    ingest([root], dataset="d", store=catalog, progress=seen.append)
+    assert [p.files_done for p in seen] == [1, 2, 3, 4, 5, 6]
+    assert seen[-1].samples == 6 and seen[-1].bytes_done == seen[-1].bytes_total
+
+
+def test_an_adapter_from_another_package_is_found_by_entry_point(catalog, tmp_path, monkeypatch):
+    real = ingest_module.entry_points
+
+    def fake(group):
+        eps = list(real(group=group))
+        if group == ingest_module.ADAPTER_GROUP:
+            eps.append(EntryPoint("xyz", "custom_adapter:XyzAdapter", group))
+        return eps
+
+    monkeypatch.setattr(ingest_module, "entry_points", fake)
+    root = tmp_path / "clouds"
+    root.mkdir()
+    (root / "a.xyz").write_text("0 0 0\n1 2 3\n")
+    (root / "b.xyz").write_text("4 5 6\n")
+    r = ingest([root], dataset="clouds", store=catalog, snapshot=True)  # picked by auto
+    assert r.samples == 2
+    snap = catalog.snapshot(r.snapshot_id)
+    assert snap.lineage["ingests"][0]["adapters"] == {"xyz": "1"}
+    assert snap.stats["fields"]["points"]["count"] == [3, 3, 3]

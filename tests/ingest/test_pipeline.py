@@ -1,0 +1,277 @@
+"""Ingest end to end: real files in, shards and a snapshot out, values equal to the source."""
+
+import json
+import zipfile
+
+import numpy as np
+import pytest
+import source_files as sf
+from simstore.formats.testing import assert_fields_equal
+
+import simstore
+from simstore.catalog import Catalog
+from simstore.errors import InvalidInputError
+from simstore.hashing import object_key
+from simstore.ingest import IngestConfig, ingest
+from simstore.sample import Sample, hash_sample
+
+
+def test_npz_folder_round_trips_with_keys_from_relative_paths(catalog, npz_dir, read):
+    root, arrays = npz_dir
+    result = ingest([root], dataset="cfd", store=catalog, snapshot=True, message="first")
+    assert result.files == 6 and result.files_ingested == 6
+    assert result.files_ignored == (str(root / "README.txt"),)
+    assert result.snapshot_id is not None and result.samples == 6
+    snap, got = read(catalog, "cfd")
+    assert snap.message == "first"
+    assert sorted(got) == sorted(arrays)  # "sub/run4", no extension
+    for key, want in arrays.items():
+        assert_fields_equal(got[key], want)
+    # Parquet shards, readable by stock pyarrow
+    import pyarrow.parquet as pq
+
+    shard = catalog.manifest(snap).column("shard")[0].as_py()
+    table = pq.read_table(catalog.store.local_path(object_key(shard)))
+    assert sorted(table.column("__key__").to_pylist()) == sorted(arrays)
+
+
+def test_simstore_ingest_is_callable_both_ways(catalog, npz_dir):
+    import simstore.ingest as module
+
+    root, _ = npz_dir
+    first = simstore.ingest([root], dataset="a", store=catalog)
+    again = module([root], dataset="b", store=catalog)
+    assert first.samples == again.samples == 6
+
+
+def test_hdf5_time_windows_into_zarr_shards(catalog, h5_dir, read):
+    root, data = h5_dir
+    result = ingest(
+        [root], dataset="well", store=catalog, format="zarr", time_window=4, stride=4, snapshot=True
+    )
+    assert result.samples == 9  # 3 files x windows at 0, 4, 8
+    snap, got = read(catalog, "well")
+    assert sorted(got)[:3] == ["run0.h5/t0000", "run0.h5/t0004", "run0.h5/t0008"]
+    d = data["run1.h5"]
+    s = got["run1.h5/t0004"]
+    np.testing.assert_array_equal(s["fields/velocity"], d["velocity"][4:8])
+    np.testing.assert_array_equal(s["time"], d["time"][4:8])
+    np.testing.assert_array_equal(s["grid/x"], d["x"])
+    assert s["Re"] == 250.0 and s["solver"] == "demo-solver"
+    for shard in set(catalog.manifest(snap).column("shard").to_pylist()):
+        assert zipfile.is_zipfile(catalog.store.local_path(object_key(shard)))
+
+
+def test_lance_format_round_trips(catalog, npz_dir, read):
+    root, arrays = npz_dir
+    ingest([root], dataset="l", store=catalog, format="lance", snapshot=True)
+    _, got = read(catalog, "l")
+    for key, want in arrays.items():
+        assert_fields_equal(got[key], want)
+
+
+def test_big_dense_fields_go_to_zarr_small_ones_to_parquet(catalog, tmp_path, read):
+    root = tmp_path / "mixed"
+    root.mkdir()
+    big = np.linspace(0, 1, 64 * 64, dtype=np.float32).reshape(64, 64)
+    np.savez(root / "big.npz", u=big)
+    np.savez(root / "small.npz", u=big[:4, :4])
+    ingest([root], dataset="m", store=catalog, dense_threshold=1024, snapshot=True)
+    snap, got = read(catalog, "m")
+    kinds = {}
+    for row in catalog.manifest(snap).to_pylist():
+        path = catalog.store.local_path(object_key(row["shard"]))
+        kinds[row["key"]] = "zarr" if zipfile.is_zipfile(path) else "parquet"
+    assert kinds == {"big": "zarr", "small": "parquet"}
+    np.testing.assert_array_equal(got["big"]["u"], big)
+
+
+def test_shards_are_deterministic_across_stores(tmp_path, npz_dir):
+    root, _ = npz_dir
+    ids = []
+    for name in ("s1", "s2"):
+        cat = Catalog.init(str(tmp_path / name))
+        r = ingest([root], dataset="d", store=cat, snapshot=True)
+        snap = cat.snapshot(r.snapshot_id)
+        ids.append((snap.content_hash, sorted(set(cat.manifest(snap).column("shard").to_pylist()))))
+    assert ids[0] == ids[1]
+
+
+def test_rerunning_a_finished_ingest_redoes_nothing(catalog, npz_dir):
+    root, _ = npz_dir
+    first = ingest([root], dataset="d", store=catalog, snapshot=True)
+    again = ingest([root], dataset="d", store=catalog, snapshot=True)
+    assert again.files_reused == 6 and again.files_ingested == 0
+    assert again.files_unchanged == 6 and again.staging_id is None
+    assert again.new_bytes == 0 and again.bytes_stored == 0
+    assert again.snapshot_id == first.snapshot_id
+    assert catalog.staged("d") == []
+
+
+def test_staging_without_snapshot_then_rerun_reuses_the_entry(catalog, npz_dir):
+    root, _ = npz_dir
+    a = ingest([root], dataset="d", store=catalog)
+    b = ingest([root], dataset="d", store=catalog)
+    assert a.staging_id == b.staging_id
+    assert [e.id for e in catalog.staged("d")] == [a.staging_id]
+
+
+def test_changed_file_is_the_only_one_staged(catalog, npz_dir):
+    root, arrays = npz_dir
+    ingest([root], dataset="d", store=catalog, snapshot=True)
+    np.savez(root / "run2.npz", u=np.zeros((2, 2), np.float32))
+    r = ingest([root], dataset="d", store=catalog, snapshot=True)
+    assert r.files_ingested == 1 and r.files_reused == 5 and r.samples_staged == 1
+    snap = catalog.snapshot(r.snapshot_id)
+    assert snap.stats["exact"] is False  # a key was replaced: the merge over-counts
+    assert snap.samples == 6
+
+
+def test_mode_replace_keeps_only_the_new_samples(catalog, npz_dir, tmp_path):
+    root, _ = npz_dir
+    ingest([root], dataset="d", store=catalog, snapshot=True)
+    other = tmp_path / "other"
+    other.mkdir()
+    np.savez(other / "only.npz", u=np.ones((1, 3), np.float32))
+    r = ingest([other], dataset="d", store=catalog, mode="replace", snapshot=True)
+    snap = catalog.snapshot(r.snapshot_id)
+    assert catalog.manifest(snap).column("key").to_pylist() == ["only"]
+    assert snap.stats["exact"] is True and snap.stats["fields"]["u"]["count"] == [1, 1, 1]
+
+
+def test_lineage_names_adapter_parameters_and_sources(catalog, npz_dir):
+    root, _ = npz_dir
+    r = ingest([root], dataset="d", store=catalog, snapshot=True, compression="zstd:3")
+    snap = catalog.snapshot(r.snapshot_id)
+    (lin,) = snap.lineage["ingests"]
+    assert lin["adapter"] == "auto" and lin["adapters"] == {"npz": "1"}
+    assert lin["parameters"]["shard_options"]["compression"] == "zstd:3"
+    sources = json.loads(catalog.get_object(lin["sources"]["object"]))
+    assert len(sources) == 6 and lin["sources"]["object"] in snap.lineage["objects"]
+    from simstore.hashing import hash_file
+
+    for s in sources:
+        assert s["hash"] == hash_file(s["path"])[0]
+
+
+def test_cad_original_bytes_are_stored_content_addressed(catalog, tmp_path, read):
+    root = tmp_path / "cad"
+    root.mkdir()
+    sf.write_step(root / "box.step")
+    r = ingest(
+        [root],
+        dataset="parts",
+        store=catalog,
+        snapshot=True,
+        adapter_options={"cad_tolerance": 0.2},
+    )
+    snap, got = read(catalog, "parts")
+    oid = got["box.step"]["source_object"]
+    assert catalog.get_object(oid) == (root / "box.step").read_bytes()
+    assert oid in snap.lineage["objects"]
+    assert got["box.step"]["volume"] == pytest.approx(6.0)
+    from simstore.catalog import verify
+
+    assert verify(catalog, "parts", deep=True).problems == []
+    assert r.new_bytes >= (root / "box.step").stat().st_size
+
+
+def test_meshes_of_several_formats_and_a_pvd_series(catalog, tmp_path, read):
+    root = tmp_path / "meshes"
+    root.mkdir()
+    want_vtu = sf.write_mesh(root / "a.vtu")
+    sf.write_pvd(root)
+    r = ingest([root], dataset="meshes", store=catalog, snapshot=True)
+    # step_*.vtu belong to series.pvd and are not ingested on their own
+    assert r.files == 2
+    _, got = read(catalog, "meshes")
+    assert sorted(got) == ["a.vtu", "series.pvd/t0000", "series.pvd/t0001", "series.pvd/t0002"]
+    assert_fields_equal({k: got["a.vtu"][k] for k in want_vtu}, want_vtu)
+
+
+def test_netcdf_and_zarr_group_sources(catalog, tmp_path, read):
+    root = tmp_path / "src"
+    root.mkdir()
+    d = sf.write_nc(root / "ocean.nc")
+    sf.write_zarr_group(root / "run.zarr")
+    r = ingest([root], dataset="x", store=catalog, snapshot=True)
+    assert r.files == 2  # the Zarr group is one source, not walked into
+    _, got = read(catalog, "x")
+    np.testing.assert_array_equal(got["ocean.nc"]["fields/pressure"], d["density"])
+    np.testing.assert_array_equal(got["run.zarr"]["fields/density"], d["density"])
+
+
+def test_options_are_validated(catalog, npz_dir):
+    root, _ = npz_dir
+    with pytest.raises(InvalidInputError, match="invalid compression 'lz4'"):
+        ingest([root], dataset="d", store=catalog, compression="lz4")
+    with pytest.raises(InvalidInputError, match="unknown adapter 'nope'"):
+        ingest([root], dataset="d", store=catalog, adapter="nope")
+    with pytest.raises(InvalidInputError, match="invalid ingest option"):
+        ingest([root], dataset="d", store=catalog, colour="blue")  # type: ignore[call-arg]
+    with pytest.raises(InvalidInputError, match="memory:// store lives in one process"):
+        mem = Catalog.init("memory://ingest-test-workers")
+        ingest([root], dataset="d", store=mem, workers=2)
+    with pytest.raises(InvalidInputError, match="no such file"):
+        ingest([root / "missing"], dataset="d", store=catalog)
+
+
+def test_two_sources_with_the_same_key_are_refused(catalog, tmp_path):
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+        np.save(tmp_path / d / "x.npy", np.zeros(2))
+    with pytest.raises(InvalidInputError, match="two sources map to the key 'x.npy'"):
+        ingest([tmp_path / "a" / "x.npy", tmp_path / "b" / "x.npy"], dataset="d", store=catalog)
+
+
+def test_memory_stays_bounded_by_configuration(catalog, tmp_path):
+    """A 48 MiB array streamed with 1 MiB blocks never sits in memory whole."""
+    import tracemalloc
+
+    big = np.arange(6 * 1024 * 1024, dtype=np.float64).reshape(96, 256, 256)
+    np.save(tmp_path / "big.npy", big)
+    cfg = IngestConfig(
+        dense_threshold=1 << 20, block_bytes=1 << 20, chunk_bytes=1 << 20, compression="none"
+    )
+    tracemalloc.start()
+    try:
+        r = ingest([tmp_path / "big.npy"], dataset="big", store=catalog, config=cfg, snapshot=True)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert r.samples == 1
+    assert peak < big.nbytes / 4, peak
+    snap = catalog.snapshot(r.snapshot_id)
+    assert snap.stats["fields"]["data"]["count"] == [big.size]
+    assert snap.stats["fields"]["data"]["max"] == [float(big.size - 1)]
+
+
+@pytest.mark.multiprocess
+def test_two_workers_give_the_same_snapshot_content_and_shards(tmp_path, npz_dir):
+    root, _ = npz_dir
+    out = []
+    for workers in (1, 2):
+        cat = Catalog.init(str(tmp_path / f"w{workers}"))
+        r = ingest([root], dataset="d", store=cat, workers=workers, shard_size=2048, snapshot=True)
+        snap = cat.snapshot(r.snapshot_id)
+        out.append(
+            (
+                r.engine,
+                snap.content_hash,
+                sorted(set(cat.manifest(snap).column("shard").to_pylist())),
+            )
+        )
+    assert out[0][0] == "local" and out[1][0] == "process-pool"
+    assert out[0][1:] == out[1][1:]
+    assert len(out[0][2]) > 1
+
+
+def test_hash_sample_blocks_equals_hash_sample():
+    from simstore.formats.testing import example_samples
+
+    from simstore.ingest import hash_sample_blocks
+
+    for s in example_samples(4):
+        assert hash_sample_blocks(s, block_bytes=7) == hash_sample(s)
+    odd = Sample("k", {"z": np.array(2.5), "be": np.arange(6, dtype=">i4").reshape(2, 3)})
+    assert hash_sample_blocks(odd, 4) == hash_sample(odd)
