@@ -182,14 +182,13 @@ class ShardCache:
             if pinned is not None:  # another process filled it while we waited
                 self.counters.add("cache_hits")
                 return pinned
-            self._fill(object_id, size_bytes(), download, referenced_by)
-            pinned = self._pin(object_id, hit=False)
-        if pinned is None:  # pragma: no cover - evicted within microseconds of its fill
-            raise StorageError(f"cache copy of {object_id} vanished right after its fill")
+            pinned = self._fill(object_id, size_bytes(), download, referenced_by)
         self.counters.add("cache_misses")
         return pinned
 
-    def _fill(self, object_id: str, size: int, download: Download, referenced_by: str) -> None:
+    def _fill(
+        self, object_id: str, size: int, download: Download, referenced_by: str
+    ) -> PinnedCopy:
         if size > self.config.limit_bytes:
             raise InvalidInputError(
                 f"cache limit of {self.config.limit_bytes} bytes is smaller than shard "
@@ -216,7 +215,14 @@ class ShardCache:
                 )
             dest = self.path_of(object_id)
             os.makedirs(os.path.dirname(dest), exist_ok=True)
-            os.replace(tmp, dest)
+            # pin before the copy becomes visible, so no other fill can evict it first
+            fd = os.open(tmp, os.O_RDONLY)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            try:
+                os.replace(tmp, dest)
+            except OSError:
+                os.close(fd)
+                raise
         except OSError as exc:
             raise StorageError(
                 f"cache fill of {object_id} in {self.root}: {exc.strerror or exc}"
@@ -225,6 +231,7 @@ class ShardCache:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
         self.counters.add("cache_fill_bytes", hashing.hasher.size_bytes)
+        return PinnedCopy(dest, fd, hit=False)
 
     # -- eviction ----------------------------------------------------------------------
     def _entries(self) -> list[tuple[float, int, str]]:
