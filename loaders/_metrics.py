@@ -86,8 +86,8 @@ def timed(
             if log_every_s is not None and t1 - last_log >= log_every_s:
                 log.info(one_line(metrics.stats()))
                 last_log = t1
-            yield item
             last_yield = clock()
+            yield item
     finally:
         close = getattr(items, "close", None)
         if close is not None:
