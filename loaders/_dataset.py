@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 import os
 import shutil
 import warnings
@@ -26,6 +25,7 @@ import torch
 from simstore.loaders._cache import CacheConfig
 from simstore.loaders._fetch import RateLimiter, ShardAccess, tier_of
 from simstore.loaders._metrics import Metrics, timed
+from simstore.loaders._opener import FormatOpener
 from simstore.loaders._order import Mixture
 from simstore.loaders._pipeline import (
     PrefetchConfig,
@@ -104,18 +104,6 @@ class _Phase:
     counts: list[int]
 
 
-def default_opener() -> ShardOpener:
-    """``simstore.formats.open_shard``, imported when first needed."""
-    name = "open_shard"
-    try:
-        opener: ShardOpener = getattr(importlib.import_module("simstore.formats"), name)
-    except (ImportError, AttributeError) as exc:  # pragma: no cover - formats ships with it
-        raise InvalidInputError(
-            f"no shard reader available ({exc}); pass shard_opener= or install simstore fully"
-        ) from exc
-    return opener
-
-
 def parse_bytes(value: int | str | None, what: str) -> int | None:
     """Bytes from an int or a string such as ``"512MiB"`` or ``"20GB"``."""
     if value is None or isinstance(value, int):
@@ -173,7 +161,8 @@ class SimDataset(IterableDataset[Sample]):
         max_bandwidth: bytes/s cap for the whole job (split over its ranks and workers).
         zero_copy: share memory with decoded buffers where possible (do not modify
             samples in place in a transform when true).
-        shard_opener: how to open a shard (default ``simstore.formats.open_shard``).
+        shard_opener: how to open a shard (default: any installed format, by its magic
+            bytes, as ``simstore.formats.open_shard`` does).
         world_detector: how to find rank and world size (default :func:`detect_world`).
         log_every_s: log a one-line summary this often while iterating.
         storage_options: options for the store backend.
@@ -469,7 +458,7 @@ class SimDataset(IterableDataset[Sample]):
         limiter = RateLimiter(rate)
         sources = self._sources
         tiers = [tier_of(s.store) for s in sources]
-        opener = opts.shard_opener or default_opener()
+        opener = opts.shard_opener or FormatOpener()
         count = 0
         with contextlib.ExitStack() as stack:
             access = [
