@@ -52,12 +52,13 @@ GiB = 1 << 30
 
 # -- building datasets ----------------------------------------------------------------
 def build(store: str, dataset: str, samples: Iterable[Sample], *, fmt: str, per_shard: int,
-          compression: str = "none", workdir: str) -> str:
+          compression: str = "none", workdir: str, row_group_bytes: int = 4 * MiB) -> str:
     """Write samples into shards of a real format, commit them; returns the snapshot id."""
     from simstore.formats import get_format
 
     cat = Catalog.init(store)
-    writer = get_format(fmt, ShardOptions(compression=compression, row_group_bytes=4 * MiB))
+    writer = get_format(fmt, ShardOptions(compression=compression,
+                                          row_group_bytes=row_group_bytes))
     rows: list[ManifestRow] = []
     shards: list[str] = []
     batch: list[Sample] = []
@@ -290,7 +291,7 @@ def bench_locality(work: str, quick: bool) -> dict[str, Any]:
     shards = 120 if quick else 480
     if not os.path.exists(store):
         build(store, "loc", float_samples(shards * 8, 16 * 1024), fmt="parquet", per_shard=8,
-              workdir=work)
+              workdir=work, row_group_bytes=64 * 1024)
     total = sum(os.path.getsize(p) for p in shard_paths(store, "loc"))
     out: dict[str, Any] = {"shards": shards, "shard_bytes": total}
     world, workers = 4, 2
@@ -299,9 +300,12 @@ def bench_locality(work: str, quick: bool) -> dict[str, Any]:
         fetched = 0
         for rank in range(world):
             cache = tempfile.mkdtemp(dir=work) if cached else None
+            # ranged reads fetch 64 KiB blocks here: 1 MiB blocks (the default) against these
+            # 512 KiB shards would stand for whole-shard reads, not for shards of 100s of MiB
             ds = SimDataset(RemoteLikeStore(store), "loc", rank=rank, world_size=world,
                             window_shards=window, cache_dir=cache,
-                            cache_limit="4GiB" if cached else None)
+                            cache_limit="4GiB" if cached else None,
+                            prefetch=PrefetchConfig(range_block_bytes=64 * 1024))
             loader = SimDataLoader(ds, batch_size=16, num_workers=workers,
                                    multiprocessing_context="fork")
             for _ in loader:

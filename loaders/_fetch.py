@@ -90,9 +90,11 @@ class RateLimiter:
 class RangedFile(io.RawIOBase):
     """A read-only, seekable file over one stored object, read by ranged GETs.
 
-    Reads are served from aligned blocks of ``block_bytes``; the blocks a read lacks are
-    fetched with one GET per run of neighbouring blocks, and up to ``max_cached_bytes``
-    of blocks are kept (LRU), so a reader's small neighbouring reads cost one request.
+    A read of at least ``block_bytes`` is one GET of exactly its range. Smaller reads are
+    served from aligned blocks of ``block_bytes``; the blocks a read lacks are fetched with
+    one GET per run of neighbouring blocks, and up to ``max_cached_bytes`` of blocks are
+    kept (LRU), so a reader's small neighbouring reads (footers, pages, headers) coalesce
+    into one request.
     """
 
     def __init__(
@@ -142,7 +144,16 @@ class RangedFile(io.RawIOBase):
         self._pos += len(data)
         return len(data)
 
+    def _get(self, lo: int, hi: int) -> bytes:
+        self._counters.add("throttle_s", self._limiter.take(hi - lo))
+        data = self.store.get(self.key, byte_range=(lo, hi))
+        self._counters.add_read(self._tier, len(data))
+        return data
+
     def _range(self, start: int, end: int) -> bytes:
+        if end - start >= self.block:
+            # a large read (a column chunk, a row group) is fetched exactly, in one request
+            return self._get(start, end)
         first, last = start // self.block, (end - 1) // self.block
         missing = [b for b in range(first, last + 1) if b not in self._blocks]
         runs: list[list[int]] = []
@@ -153,10 +164,7 @@ class RangedFile(io.RawIOBase):
                 runs.append([b])
         for run in runs:
             lo = run[0] * self.block
-            hi = min(self.size, (run[-1] + 1) * self.block)
-            self._counters.add("throttle_s", self._limiter.take(hi - lo))
-            data = self.store.get(self.key, byte_range=(lo, hi))
-            self._counters.add_read(self._tier, len(data))
+            data = self._get(lo, min(self.size, (run[-1] + 1) * self.block))
             for i, b in enumerate(run):
                 self._blocks[b] = data[i * self.block : (i + 1) * self.block]
         parts = []
