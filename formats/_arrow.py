@@ -5,8 +5,12 @@ One row per sample, the sample key in ``__key__`` and one column per field:
 ================  =====================================================================
 field             column
 ================  =====================================================================
-tensor, uniform   ``arrow.fixed_shape_tensor`` (every sample in the shard has one shape)
-tensor, varying   ``struct<data: large_list<T>, shape: list<int64>>`` (meshes)
+tensor, small     ``arrow.fixed_shape_tensor``, when every sample in the shard has one
+                  shape of at most 64 KiB (parameter vectors, small grids)
+tensor, other     ``struct<data: large_binary, shape: list<int64>>``: the raw
+                  little-endian bytes and the shape; the dtype is in the schema metadata.
+                  Under ``shuffle-zstd`` a float tensor's bytes are byte-shuffled
+                  (``numcodecs.Shuffle(itemsize)``, recorded as ``shuffle``) before zstd
 tensor, rank 0    the value type itself
 scalar            the value type (int64, float64, bool, or the numpy scalar's dtype)
 string            ``string``
@@ -54,7 +58,9 @@ __all__ = [
 
 KEY_COLUMN = "__key__"
 SHARD_FORMAT_VERSION = 1
-Encoding = Literal["fixed", "var", "plain", "string", "bytes", "json"]
+Encoding = Literal["fixed", "blob", "plain", "string", "bytes", "json"]
+ENCODINGS = ("fixed", "blob", "plain", "string", "bytes", "json")
+SMALL_TENSOR_BYTES = 64 << 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +70,7 @@ class ColumnPlan:
     spec: FieldSpec
     encoding: Encoding
     shape: tuple[int, ...] = ()
+    shuffle: int = 0  # blob: byte-shuffle element size (0: none)
 
     @property
     def name(self) -> str:
@@ -79,8 +86,13 @@ def materialise(value: object) -> FieldValue:
     return value  # type: ignore[return-value]
 
 
-def plan_columns(samples: Sequence[Sample]) -> list[ColumnPlan]:
-    """The column layout of some samples; one spec per field or InvalidInputError."""
+def plan_columns(samples: Sequence[Sample], *, shuffle: bool = False) -> list[ColumnPlan]:
+    """The column layout of some samples; one spec per field or InvalidInputError.
+
+    Large tensors are blobs (raw bytes): Parquet writes and reads those at memory speed,
+    while a list column of floats costs a definition level per value, several times
+    slower. ``shuffle`` byte-shuffles float blobs (the ``shuffle-zstd`` codec).
+    """
     specs: dict[str, FieldSpec] = {}
     shapes: dict[str, tuple[int, ...] | None] = {}
     for sample in samples:
@@ -107,12 +119,15 @@ def plan_columns(samples: Sequence[Sample]) -> list[ColumnPlan]:
         spec = specs[name]
         if spec.kind == "tensor":
             uniform = shapes[name]
+            itemsize = np.dtype(spec.dtype).itemsize
             if spec.ndim == 0:
                 plans.append(ColumnPlan(spec, "plain"))
-            elif uniform is not None and math.prod(uniform) > 0:
+            elif uniform is not None and 0 < math.prod(uniform) * itemsize <= SMALL_TENSOR_BYTES:
                 plans.append(ColumnPlan(spec, "fixed", uniform))
             else:
-                plans.append(ColumnPlan(spec, "var"))
+                kind = np.dtype(spec.dtype).kind
+                size = itemsize if shuffle and kind == "f" and itemsize > 1 else 0
+                plans.append(ColumnPlan(spec, "blob", shuffle=size))
         elif spec.kind == "scalar":
             plans.append(ColumnPlan(spec, "plain"))
         else:
@@ -131,12 +146,9 @@ def _arrow_type(plan: ColumnPlan, tensor_extension: bool = True) -> pa.DataType:
         if tensor_extension:
             return pa.fixed_shape_tensor(value, list(plan.shape))
         return pa.list_(value, math.prod(plan.shape))
-    if enc == "var":
+    if enc == "blob":
         return pa.struct(
-            [
-                pa.field("data", pa.large_list(_value_type(plan.spec.dtype))),
-                pa.field("shape", pa.list_(pa.int64())),
-            ]
+            [pa.field("data", pa.large_binary()), pa.field("shape", pa.list_(pa.int64()))]
         )
     if enc == "plain":
         return _value_type(plan.spec.dtype)
@@ -147,7 +159,10 @@ def _arrow_type(plan: ColumnPlan, tensor_extension: bool = True) -> pa.DataType:
 
 def shard_metadata(plans: Sequence[ColumnPlan], stats: Mapping[str, Any] | None) -> bytes:
     """The one ``simstore`` schema-metadata value: kind, version, columns, statistics."""
-    columns = [{**p.spec.to_json(), "encoding": p.encoding, "shape": list(p.shape)} for p in plans]
+    columns = [
+        {**p.spec.to_json(), "encoding": p.encoding, "shape": list(p.shape), "shuffle": p.shuffle}
+        for p in plans
+    ]
     doc = {
         "kind": "shard",
         "format_version": SHARD_FORMAT_VERSION,
@@ -181,11 +196,13 @@ def _mask(missing: list[bool]) -> pa.Array | None:
     return pa.array(missing, pa.bool_()) if any(missing) else None
 
 
-def _encode_column(plan: ColumnPlan, values: list[Any], arrow_type: pa.DataType) -> pa.Array:
+def _encode_column(
+    plan: ColumnPlan, values: list[Any], arrow_type: pa.DataType
+) -> pa.Array | pa.ChunkedArray:
     missing = [v is None for v in values]
     mask = _mask(missing)
     enc = plan.encoding
-    if enc in ("fixed", "var", "plain"):
+    if enc in ("fixed", "blob", "plain"):
         dtype = np.dtype(plan.spec.dtype)
         if enc == "plain":
             flat = np.array(
@@ -205,15 +222,7 @@ def _encode_column(plan: ColumnPlan, values: list[Any], arrow_type: pa.DataType)
             if isinstance(arrow_type, pa.ExtensionType):
                 return pa.ExtensionArray.from_storage(arrow_type, storage)
             return storage
-        parts = [a.reshape(-1) if a is not None else np.zeros(0, dtype) for a in arrays]
-        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
-        np.cumsum([p.size for p in parts], out=offsets[1:])
-        flat = np.concatenate(parts) if parts else np.zeros(0, dtype)
-        data = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat))
-        shapes = pa.array(
-            [list(a.shape) if a is not None else [] for a in arrays], pa.list_(pa.int64())
-        )
-        return pa.StructArray.from_arrays([data, shapes], names=["data", "shape"], mask=mask)
+        return _blob_struct(arrays, plan.shuffle, missing)
     if enc == "bytes":
         return pa.array([bytes(v) if v is not None else None for v in values], pa.large_binary())
     if enc == "json":
@@ -224,11 +233,63 @@ def _encode_column(plan: ColumnPlan, values: list[Any], arrow_type: pa.DataType)
     return pa.array(values, pa.string())
 
 
+def _le_bytes(a: np.ndarray, shuffle: int) -> np.ndarray:
+    """A tensor's little-endian bytes as uint8, byte-shuffled when ``shuffle``."""
+    if a.dtype.byteorder == ">":
+        a = a.astype(a.dtype.newbyteorder("<"))
+    raw = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    if shuffle:
+        from numcodecs import Shuffle
+
+        return np.frombuffer(Shuffle(elementsize=shuffle).encode(raw), dtype=np.uint8)
+    return raw
+
+
+_ZERO_COPY_ROW_BYTES = 1 << 20
+
+
+def _binary(parts: Sequence[np.ndarray]) -> pa.Array:
+    offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+    np.cumsum([p.size for p in parts], out=offsets[1:])
+    data = (
+        parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.zeros(0, np.uint8)
+    )
+    return pa.LargeBinaryArray.from_buffers(
+        pa.large_binary(), len(parts), [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+    )
+
+
+def _blob_struct(
+    arrays: Sequence[np.ndarray | None], shuffle: int, missing: Sequence[bool]
+) -> pa.Array | pa.ChunkedArray:
+    """The ``struct<data, shape>`` column of some tensors.
+
+    Big rows (1 MiB or more on average) become one chunk each that wraps the tensor's
+    own buffer, so the bytes are not copied before Parquet writes them; small rows are
+    concatenated into one chunk.
+    """
+    parts = [_le_bytes(a, shuffle) if a is not None else np.zeros(0, np.uint8) for a in arrays]
+    shapes = [list(a.shape) if a is not None else [] for a in arrays]
+    groups = (
+        [[i] for i in range(len(parts))]
+        if parts and sum(p.size for p in parts) >= _ZERO_COPY_ROW_BYTES * len(parts)
+        else [list(range(len(parts)))]
+    )
+    chunks = []
+    for g in groups:
+        data = _binary([parts[i] for i in g])
+        shape = pa.array([shapes[i] for i in g], pa.list_(pa.int64()))
+        m = [missing[i] for i in g]
+        mask = pa.array(m, pa.bool_()) if any(m) else None
+        chunks.append(pa.StructArray.from_arrays([data, shape], names=["data", "shape"], mask=mask))
+    return chunks[0] if len(chunks) == 1 else pa.chunked_array(chunks)
+
+
 def encode_table(
     samples: Sequence[Sample], plans: Sequence[ColumnPlan], schema: pa.Schema
 ) -> pa.Table:
     """One table of samples laid out by ``plans`` (lazy fields are read whole)."""
-    columns: list[pa.Array] = [pa.array([s.key for s in samples], pa.string())]
+    columns: list[pa.Array | pa.ChunkedArray] = [pa.array([s.key for s in samples], pa.string())]
     for plan in plans:
         values = [
             materialise(s.fields[plan.name]) if plan.name in s.fields else None for s in samples
@@ -245,10 +306,11 @@ def plans_from_schema(schema: pa.Schema, *, source: str = "shard") -> dict[str, 
         for col in doc["columns"]:
             spec = FieldSpec.from_json(col)
             encoding = str(col["encoding"])
-            if encoding not in ("fixed", "var", "plain", "string", "bytes", "json"):
+            if encoding not in ENCODINGS:
                 raise ValueError(f"unknown encoding {encoding!r}")
             shape = tuple(int(n) for n in col.get("shape", []))
-            plans[spec.name] = ColumnPlan(spec, encoding, shape)  # type: ignore[arg-type]
+            shuffle = int(col.get("shuffle", 0))
+            plans[spec.name] = ColumnPlan(spec, encoding, shape, shuffle)  # type: ignore[arg-type]
     except (KeyError, TypeError, ValueError) as exc:
         raise FormatError(f"{source}: malformed simstore column metadata: {exc}") from exc
     return plans
@@ -300,15 +362,8 @@ def _decode_column(plan: ColumnPlan, col: pa.Array) -> list[Any]:
         flat = _writable(values.to_numpy(zero_copy_only=False))
         arr = flat.reshape((n, *plan.shape))
         return [None if nulls[i] else arr[i] for i in range(n)]
-    if enc == "var":
-        data = col.field("data")
-        shapes = col.field("shape").to_pylist()
-        offsets = data.offsets.to_numpy()
-        flat = _writable(data.values.to_numpy(zero_copy_only=False))
-        for i in range(n):
-            if not nulls[i]:
-                out[i] = flat[offsets[i] : offsets[i + 1]].reshape(shapes[i])
-        return out
+    if enc == "blob":
+        return _decode_blob(plan, col, nulls)
     if enc == "plain":
         fill = False if pa.types.is_boolean(col.type) else 0
         vals = col.fill_null(fill).to_numpy(zero_copy_only=False)
@@ -323,6 +378,36 @@ def _decode_column(plan: ColumnPlan, col: pa.Array) -> list[Any]:
     if enc == "json":
         return [json.loads(v) if v is not None else None for v in py]
     return list(py)
+
+
+def _decode_blob(plan: ColumnPlan, col: pa.Array, nulls: np.ndarray) -> list[Any]:
+    """Tensors of a blob column: one copy of the bytes, rows are views into it."""
+    data = col.field("data")
+    shapes = col.field("shape").to_pylist()
+    bufs = data.buffers()
+    n = len(data)
+    offsets = np.frombuffer(bufs[1], dtype=np.int64)[data.offset : data.offset + n + 1]
+    base = int(offsets[0]) if len(offsets) else 0
+    buf = bufs[2]
+    raw = np.frombuffer(buf, dtype=np.uint8) if buf is not None else np.zeros(0, np.uint8)
+    flat = raw[base : int(offsets[-1])].copy() if len(offsets) else raw[:0].copy()
+    dtype = np.dtype(plan.spec.dtype).newbyteorder("<")
+    native = np.dtype(plan.spec.dtype)
+    unshuffle = None
+    if plan.shuffle:
+        from numcodecs import Shuffle
+
+        unshuffle = Shuffle(elementsize=plan.shuffle)
+    out: list[Any] = [None] * len(shapes)
+    for i, shape in enumerate(shapes):
+        if nulls[i]:
+            continue
+        part = flat[offsets[i] - base : offsets[i + 1] - base]
+        if unshuffle is not None:
+            part = np.frombuffer(unshuffle.decode(part), dtype=np.uint8).copy()
+        arr = part.view(dtype).reshape(shape)
+        out[i] = arr if dtype == native else arr.astype(native)
+    return out
 
 
 def decode_rows(table: pa.Table, plans: Mapping[str, ColumnPlan]) -> list[dict[str, FieldValue]]:

@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from simstore.errors import InvalidInputError
-from simstore.ingest import ShardOptions
+from simstore.ingest import ShardOptions, parse_compression
 from simstore.protocols import ShardWriteResult, WrittenSample
 from simstore.sample import FieldValue, Sample, Schema
 
@@ -79,7 +79,8 @@ class ColumnarWriter(ABC):
     def close(self, stats: Mapping[str, Any] | None = None) -> ShardWriteResult:
         """Write the buffered samples to ``path``; equal samples give equal bytes."""
         self._closed = True
-        plans = plan_columns(self._samples)
+        codec, _ = parse_compression(self.options.compression)
+        plans = plan_columns(self._samples, shuffle=codec == "shuffle-zstd")
         schema = self._schema(plans, stats)
         groups = row_groups(self._samples, self._sizes, self.options.row_group_bytes)
         try:

@@ -2,7 +2,8 @@
 
 A shard opens in stock lance: ``lance.file.LanceFileReader(path).read_all().to_table()``.
 The column layout is the Parquet one (see :mod:`simstore.formats._arrow`). Lance's file
-writer has no byte-shuffle knob, so ``shuffle-zstd`` means zstd here; compression is set
+writer has no byte-shuffle knob: under ``shuffle-zstd`` float blobs are byte-shuffled by
+simstore (as in Parquet) and small columns are plain zstd. Compression is set
 through Lance's ``lance-encoding:compression`` field metadata, at Lance's default zstd
 level (a second metadata entry for the level would make the bytes nondeterministic:
 Lance writes metadata maps in hash order). Lance reads paths, not

@@ -3,8 +3,10 @@
 A shard opens in stock pyarrow (``pyarrow.parquet.read_table(path)``); the column layout is
 described in :mod:`simstore.formats._arrow`. Writer settings are fixed (no dictionary
 encoding, statistics only on ``__key__``, row groups of about ``row_group_bytes``), so equal
-samples give equal bytes. ``shuffle-zstd`` stores float columns with Parquet's
-BYTE_STREAM_SPLIT encoding, which is a byte shuffle, before zstd.
+samples give equal bytes. ``shuffle-zstd`` byte-shuffles float data before zstd: small
+tensor and scalar columns with Parquet's own BYTE_STREAM_SPLIT encoding (stock readers
+undo it), blob columns by shuffling each tensor's bytes (``numcodecs.Shuffle``; the column
+plan records it, and a stock reader undoes it with ``Shuffle(itemsize).decode``).
 """
 
 from __future__ import annotations
@@ -40,9 +42,7 @@ def _float_leaf_paths(plans: Sequence[ColumnPlan]) -> list[str]:
             continue
         if p.encoding == "fixed":
             paths.append(f"{p.name}.list.element")
-        elif p.encoding == "var":
-            paths.append(f"{p.name}.data.list.element")
-        else:
+        elif p.encoding == "plain":
             paths.append(p.name)
     return paths
 

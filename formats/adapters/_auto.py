@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from simstore.errors import SourceError
-from simstore.ingest import adapter_names, load_adapter
+from simstore.ingest import load_adapters
 from simstore.protocols import SourceAdapter
 from simstore.sample import Sample
 
@@ -42,10 +42,10 @@ class AutoAdapter:
 
     def _candidates(self) -> list[SourceAdapter]:
         if self._adapters is None:
-            installed = adapter_names()
+            installed = load_adapters()
             names = [n for n in _BUILTIN if n in installed]
             names += [n for n in installed if n not in names and n != self.name]
-            self._adapters = [load_adapter(n) for n in names]
+            self._adapters = [installed[n] for n in names]
         return self._adapters
 
     def resolve(self, path: str, head: bytes) -> SourceAdapter | None:

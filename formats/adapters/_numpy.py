@@ -3,9 +3,10 @@
 The key is the file's path relative to the ingest root without its extension; an .npz's
 fields are its arrays' names, an .npy's single field is ``data``. Pickles are never read
 (``allow_pickle=False``): an object array is refused with an error naming the field.
-Arrays are memory-mapped where the bytes are stored plainly (every .npy, and the members
-of an .npz written by ``np.savez``), so a large array is read in slices; a large member of
-a compressed .npz is first inflated to a temporary .npy file, never into memory.
+Arrays stored plainly (every .npy, and the members of an .npz written by ``np.savez``) are
+read in slices straight from the file with ``pread`` (not memory-mapped: mapped pages
+would count as resident memory); a large member of a compressed .npz is first inflated to
+a temporary .npy file, never into memory.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import shutil
 import struct
 import tempfile
+import weakref
 import zipfile
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -56,9 +58,67 @@ def _check_dtype(dtype: np.dtype[Any], path: str, name: str) -> None:
         raise SourceError(f"{path}: field {name!r}: unsupported dtype {dtype}")
 
 
-def _value(arr: np.ndarray, path: str, name: str, max_bytes: int) -> Any:
+class FileArray:
+    """An array stored plainly in a file (C or Fortran order), read by ``pread``.
+
+    Nothing is memory-mapped, so resident memory holds only what a read returns (a mapped
+    file's touched pages would count as resident until unmapped). A box is read as runs
+    of contiguous bytes straight into the result's buffer.
+    """
+
+    def __init__(
+        self, path: str, offset: int, shape: tuple[int, ...], dtype: np.dtype[Any], fortran: bool
+    ) -> None:
+        self.shape = tuple(int(n) for n in shape)
+        self.dtype = np.dtype(dtype)
+        self._fortran = fortran
+        self._offset = offset
+        need = offset + int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        if os.path.getsize(path) < need:
+            raise ValueError(f"file is truncated: {os.path.getsize(path)} bytes, need {need}")
+        fd = os.open(path, os.O_RDONLY)
+        self._fd = fd
+        weakref.finalize(self, os.close, fd)
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        """The values in a box of slices (step 1)."""
+        if not isinstance(key, tuple):
+            key = (key,)
+        parts = list(key) + [slice(None)] * (len(self.shape) - len(key))
+        box = [p.indices(n)[:2] for p, n in zip(parts, self.shape, strict=True)]
+        if self._fortran:
+            return self._read_c(self.shape[::-1], box[::-1]).T
+        return self._read_c(self.shape, box)
+
+    def _read_c(self, shape: tuple[int, ...], box: list[tuple[int, int]]) -> np.ndarray:
+        out_shape = tuple(max(0, b - a) for a, b in box)
+        out = np.empty(out_shape, dtype=self.dtype)
+        if out.size == 0:
+            return out
+        if not shape:
+            os.preadv(self._fd, [out.reshape(1).data.cast("B")], self._offset)
+            return out
+        k = max((i for i, (a, b) in enumerate(box) if (a, b) != (0, shape[i])), default=0)
+        strides = [int(np.prod(shape[i + 1 :], dtype=np.int64)) for i in range(len(shape))]
+        run = out_shape[k] * strides[k]
+        flat = out.reshape(-1)
+        item = self.dtype.itemsize
+        pos = 0
+        for idx in np.ndindex(*out_shape[:k]):
+            start = sum((box[i][0] + j) * strides[i] for i, j in enumerate(idx))
+            start += box[k][0] * strides[k]
+            view = flat[pos : pos + run].data.cast("B")
+            got = os.preadv(self._fd, [view], self._offset + start * item)
+            if got != run * item:
+                raise OSError(f"short read: {got} of {run * item} bytes")
+            pos += run
+        return out
+
+
+def _value(arr: Any, path: str, name: str, max_bytes: int) -> Any:
     """A field value: strings as str/JSON, small arrays in memory, big ones as slices."""
     if arr.dtype.kind in "SU":
+        arr = arr if isinstance(arr, np.ndarray) else arr[tuple(slice(0, n) for n in arr.shape)]
         if arr.ndim == 0:
             item = arr.item()
             return item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)
@@ -67,7 +127,7 @@ def _value(arr: np.ndarray, path: str, name: str, max_bytes: int) -> Any:
     return src.read() if src.nbytes <= max_bytes else src
 
 
-def _memmap(path: str, offset: int, name: str) -> np.ndarray:
+def _file_array(path: str, offset: int, name: str) -> FileArray | np.ndarray:
     with open(path, "rb") as f:
         f.seek(offset)
         shape, fortran, dtype = _header(f, path, name)
@@ -75,9 +135,7 @@ def _memmap(path: str, offset: int, name: str) -> np.ndarray:
     _check_dtype(dtype, path, name)
     if np.prod(shape, dtype=np.int64) == 0 or dtype.itemsize == 0:
         return np.zeros(shape, dtype=dtype)
-    return np.memmap(
-        path, dtype=dtype, mode="r", offset=data_offset, shape=shape, order="F" if fortran else "C"
-    )
+    return FileArray(path, data_offset, shape, dtype, fortran)
 
 
 class NpyAdapter:
@@ -96,7 +154,7 @@ class NpyAdapter:
         max_bytes = int(options.get("max_in_memory_bytes") or DEFAULT_MAX_IN_MEMORY)
         field = str(options.get("npy_field") or "data")
         try:
-            arr = _memmap(path, 0, field)
+            arr = _file_array(path, 0, field)
         except OSError as exc:
             raise SourceError(f"{path}: unreadable .npy file: {exc}") from exc
         except ValueError as exc:
@@ -142,7 +200,7 @@ class NpzAdapter:
                     name = info.filename[: -len(".npy")]
                     try:
                         if info.compress_type == zipfile.ZIP_STORED:
-                            arr = _memmap(path, _local_data_offset(raw, info), name)
+                            arr = _file_array(path, _local_data_offset(raw, info), name)
                         elif info.file_size <= max_bytes:
                             with zf.open(info) as member:
                                 shape, fortran, dtype = _header(member, path, name)
@@ -155,7 +213,7 @@ class NpzAdapter:
                             target = os.path.join(tmp_dir, f"{len(fields)}.npy")
                             with zf.open(info) as member, open(target, "wb") as out:
                                 shutil.copyfileobj(member, out, 4 << 20)
-                            arr = _memmap(target, 0, name)
+                            arr = _file_array(target, 0, name)
                     except SourceError:
                         raise
                     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:

@@ -388,3 +388,22 @@ def test_npz_zip_of_something_else_names_the_field(tmp_path):
         zf.writestr("x.npy", b"not an npy header")
     with pytest.raises(SourceError, match=r"odd\.npz: field 'x'"):
         list(NpzAdapter().iter_samples(str(path), "odd.npz", {}))
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_npy_file_array_reads_any_box_without_mapping_the_file(tmp_path, order):
+    from simstore.formats.adapters._numpy import FileArray
+
+    data = np.asarray(np.arange(5 * 6 * 7, dtype=">f4").reshape(5, 6, 7), order=order)
+    np.save(tmp_path / "a.npy", data)
+    src = next(NpyAdapter().iter_samples(str(tmp_path / "a.npy"), "a.npy", {"max_in_memory_bytes": 8}))
+    lazy = src.fields["data"]
+    assert isinstance(lazy._handle, FileArray)
+    rng = np.random.default_rng(0)
+    for _ in range(25):
+        box = []
+        for n in data.shape:
+            a = int(rng.integers(0, n))
+            box.append(slice(a, int(rng.integers(a + 1, n + 1))))
+        np.testing.assert_array_equal(lazy[tuple(box)], data[tuple(box)])
+    assert lazy[tuple(box)].dtype == np.dtype("float32")  # native byte order
