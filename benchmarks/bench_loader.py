@@ -288,7 +288,7 @@ def bench_rss(work: str, quick: bool) -> dict[str, Any]:
 # -- locality ----------------------------------------------------------------------------
 def bench_locality(work: str, quick: bool) -> dict[str, Any]:
     store = os.path.join(work, "loc")
-    shards = 120 if quick else 480
+    shards = 121 if quick else 481  # not a multiple of the world size: blocks end mid-window
     if not os.path.exists(store):
         build(store, "loc", float_samples(shards * 8, 16 * 1024), fmt="parquet", per_shard=8,
               workdir=work, row_group_bytes=64 * 1024)

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from simstore.errors import InvalidInputError
@@ -29,6 +30,25 @@ from simstore.errors import InvalidInputError
 __all__ = ["Collate", "MeshMode"]
 
 MeshMode = Literal["pad", "pack"]
+
+
+def _stack(values: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.stack``, through NumPy for plain CPU tensors.
+
+    NumPy asks the kernel for transparent huge pages for large arrays and torch's CPU
+    allocator does not; a batch is fresh memory, so on Linux stacking into a NumPy array
+    takes a fraction of the page faults (measured 2.9 vs 0.6 GiB/s for 8 x 4 MiB).
+    """
+    first = values[0]
+    if (
+        first.device.type == "cpu"
+        and first.dtype not in (torch.bfloat16, torch.complex32)
+        and first.numel() * len(values) * first.element_size() >= 1 << 20
+        and all(v.dtype == first.dtype and v.device.type == "cpu" and not v.requires_grad
+                for v in values)
+    ):
+        return torch.from_numpy(np.stack([v.numpy() for v in values]))
+    return torch.stack(values)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,7 +104,7 @@ class Collate:
     ) -> None:
         shapes = {tuple(v.shape) for v in values}
         if len(shapes) == 1 and not always_pack:
-            out[name] = torch.stack(values)
+            out[name] = _stack(values)
             return
         ndims = {v.dim() for v in values}
         if len(ndims) != 1 or 0 in ndims:  # a 0-d field can only differ in rank
