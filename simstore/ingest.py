@@ -71,7 +71,7 @@ from simstore.names import DEFAULT_BRANCH, check_name
 from simstore.protocols import ShardFormat, ShardWriteResult, SourceAdapter, WrittenSample
 from simstore.sample import FieldSpec, Sample, Schema, canonical_json, merge_schema, spec_of
 from simstore.stats import StatsAccumulator, merge_stats
-from simstore.storage import ObjectStore
+from simstore.storage import ObjectStore, SupportsMoveFile
 
 __all__ = [
     "ADAPTER_GROUP",
@@ -902,7 +902,11 @@ class _TaskRunner:
         self.cfg = ctx.config
         self.progress = progress
         self.adapter, self.formats = plugins or _plugins(self.cfg)
-        self.tmp = tempfile.mkdtemp(prefix="simstore-ingest-", dir=self.cfg.tmp_dir)
+        scratch = self.cfg.tmp_dir
+        if scratch is None and isinstance(ctx.store, SupportsMoveFile):
+            # build shards on the store's filesystem so storing one is a link, not a copy
+            scratch = ctx.store.scratch_dir()
+        self.tmp = tempfile.mkdtemp(prefix="simstore-ingest-", dir=scratch)
         self.open: dict[str, _Builder] = {}
         self.shard_of: dict[int, str] = {}
         self.shards: dict[str, int] = {}
@@ -927,9 +931,14 @@ class _TaskRunner:
         b = self.open.pop(kind)
         b.writer.close(stats=b.stats.to_json())
         oid, size = hash_file(b.path)
-        if self.ctx.store.put_file(object_key(oid), b.path):
-            self.new_bytes += size
-        os.unlink(b.path)
+        store = self.ctx.store
+        if isinstance(store, SupportsMoveFile):
+            if store.move_file(object_key(oid), b.path):  # consumes b.path
+                self.new_bytes += size
+        else:
+            if store.put_file(object_key(oid), b.path):
+                self.new_bytes += size
+            os.unlink(b.path)
         self.shard_of[b.seq] = str(oid)
         self.shards[str(oid)] = size
 

@@ -227,9 +227,15 @@ def gc(
     if callable(list_tmp):
         import os
 
+        import shutil
+
         for path in list(list_tmp(cutoff)):
             report.temporary_removed += 1
-            if not dry_run:
+            if dry_run:
+                continue
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
                 try:
                     os.unlink(path)
                 except OSError:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from simstore.errors import InvalidInputError
-from simstore.storage._base import ObjectInfo, ObjectStore, check_key
+from simstore.storage._base import ObjectInfo, ObjectStore, SupportsMoveFile, check_key
 from simstore.storage._counting import CountingStore, Traffic, tier_of_url
 from simstore.storage._fsspec import FsspecStore
 from simstore.storage._local import LocalStore
@@ -18,6 +18,7 @@ __all__ = [
     "LocalStore",
     "ObjectInfo",
     "ObjectStore",
+    "SupportsMoveFile",
     "Traffic",
     "check_key",
     "open_store",

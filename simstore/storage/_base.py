@@ -9,7 +9,7 @@ from typing import Protocol, runtime_checkable
 
 from simstore.errors import InvalidInputError
 
-__all__ = ["ObjectInfo", "ObjectStore", "check_key"]
+__all__ = ["ObjectInfo", "ObjectStore", "SupportsMoveFile", "check_key"]
 
 _BAD_KEY = re.compile(r"[\x00-\x1f\x7f\\]")
 
@@ -107,4 +107,22 @@ class ObjectStore(Protocol):
 
     def local_path(self, key: str) -> str | None:
         """A local filesystem path holding the object, for zero-copy reads; else None."""
+        ...
+
+
+@runtime_checkable
+class SupportsMoveFile(Protocol):
+    """Optional fast path: take ownership of a local file instead of copying it.
+
+    A writer that builds an object in ``scratch_dir()`` (same filesystem as the store)
+    hands it over with ``move_file``, which links it into place when the key is absent
+    (atomic, no copy) and removes the caller's file either way.
+    """
+
+    def scratch_dir(self) -> str:
+        """A directory on the store's filesystem for objects under construction."""
+        ...
+
+    def move_file(self, key: str, path: str) -> bool:
+        """Move a local file in unless the key exists; returns whether it wrote."""
         ...

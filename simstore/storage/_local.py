@@ -25,6 +25,7 @@ __all__ = ["LocalStore"]
 
 TMP_PREFIX = ".tmp-"
 _LOCK_DIR = ".locks"
+SCRATCH_DIR = ".scratch"
 
 
 class LocalStore:
@@ -149,8 +150,21 @@ class LocalStore:
         yield from self._walk(start, base, prefix)
 
     def list_temporary(self, older_than: float) -> Iterator[str]:
-        """Paths of temporary files left by killed writers, older than ``older_than``."""
-        for dirpath, _dirs, files in os.walk(self.root):
+        """Paths of temporary files and scratch entries left by killed writers.
+
+        Only entries last modified before ``older_than`` are listed; a scratch entry may
+        be a directory (a killed ingest's working folder).
+        """
+        scratch = os.path.join(self.root, SCRATCH_DIR)
+        for dirpath, dirs, files in os.walk(self.root):
+            if dirpath == scratch:
+                for name in sorted(dirs + files):
+                    path = os.path.join(dirpath, name)
+                    with contextlib.suppress(OSError):
+                        if _newest_mtime(path) < older_than:
+                            yield path
+                dirs[:] = []
+                continue
             for name in files:
                 if name.startswith(TMP_PREFIX):
                     path = os.path.join(dirpath, name)
@@ -231,6 +245,48 @@ class LocalStore:
         except OSError as exc:
             raise self._error("write", key, exc) from exc
 
+    def scratch_dir(self) -> str:
+        """``<root>/.scratch``: same filesystem as the objects, so ``move_file`` is a link."""
+        path = os.path.join(self.root, SCRATCH_DIR)
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def move_file(self, key: str, path: str) -> bool:
+        """Hard-link a local file into place unless present, then remove the original.
+
+        No byte is copied when ``path`` is on the store's filesystem (see
+        :meth:`scratch_dir`); across filesystems it falls back to a copy.
+        """
+        self._check_writable(key)
+        dest = self._path(key)
+        try:
+            if os.path.isfile(dest):
+                self._touch(dest)
+                return False
+            if self.fsync:
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            try:
+                os.link(path, dest)
+            except FileExistsError:
+                self._touch(dest)
+                return False
+            except OSError as exc:
+                if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+                    raise
+                return self.put_file(key, path)
+            self._fsync_dir(os.path.dirname(dest))
+            return True
+        except OSError as exc:
+            raise self._error("write", key, exc) from exc
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
     def compare_and_swap(self, key: str, expected: str | None, data: bytes | None) -> str | None:
         """Swap under an exclusive ``fcntl`` lock; the version token is the content hash."""
         self._check_writable(key)
@@ -277,3 +333,14 @@ class LocalStore:
             return
         except OSError as exc:
             raise self._error("delete", key, exc) from exc
+
+
+def _newest_mtime(path: str) -> float:
+    """Latest modification time of a file, or of anything inside a directory."""
+    newest = os.stat(path).st_mtime
+    if os.path.isdir(path):
+        for dirpath, _dirs, files in os.walk(path):
+            for name in files:
+                with contextlib.suppress(OSError):
+                    newest = max(newest, os.stat(os.path.join(dirpath, name)).st_mtime)
+    return newest

@@ -49,3 +49,34 @@ class TestMemoryStore(ObjectStoreTests):
 
     def raw_put(self, store, key, data):
         fsspec.filesystem("memory").pipe_file(f"{store.root}/{key}", data)
+
+
+def test_local_move_file_links_without_copy(tmp_path):
+    store = LocalStore(str(tmp_path / "store"))
+    scratch = store.scratch_dir()
+    src = os.path.join(scratch, "shard.tmp")
+    with open(src, "wb") as f:
+        f.write(b"shard bytes")
+    inode = os.stat(src).st_ino
+    assert store.move_file("objects/ab/x", src) is True
+    assert not os.path.exists(src)
+    assert os.stat(store.local_path("objects/ab/x")).st_ino == inode  # linked, not copied
+    again = os.path.join(scratch, "again.tmp")
+    with open(again, "wb") as f:
+        f.write(b"shard bytes")
+    assert store.move_file("objects/ab/x", again) is False
+    assert not os.path.exists(again)
+    assert store.get("objects/ab/x") == b"shard bytes"
+    assert list(store.list("")) == ["objects/ab/x"]  # scratch is not listed
+
+
+def test_local_stale_scratch_is_temporary(tmp_path):
+    import time
+
+    store = LocalStore(str(tmp_path / "store"))
+    work = os.path.join(store.scratch_dir(), "simstore-ingest-killed")
+    os.makedirs(work)
+    with open(os.path.join(work, "0.parquet"), "wb") as f:
+        f.write(b"partial")
+    assert list(store.list_temporary(time.time() - 3600)) == []
+    assert list(store.list_temporary(time.time() + 1)) == [work]
