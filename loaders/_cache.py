@@ -105,15 +105,18 @@ class ShardCache:
         try:
             os.makedirs(self.root, exist_ok=True)
             if not os.path.exists(marker):
-                if os.listdir(self.root):
+                # other workers may be claiming the same new directory right now: their
+                # marker and folders are not foreign content
+                ours = {MARKER, "objects", "tmp", "locks"}
+                if set(os.listdir(self.root)) - ours:
                     raise InvalidInputError(
                         f"cache directory {self.root} is not empty and is not a simstore "
                         f"cache (no {MARKER}); give an empty or dedicated directory"
                     )
-                tmp = f"{marker}.{uuid.uuid4().hex}"
-                with open(tmp, "w") as f:
-                    json.dump(_MARKER_BODY, f)
-                os.replace(tmp, marker)
+                with contextlib.suppress(FileExistsError):
+                    fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                    with os.fdopen(fd, "w") as f:
+                        json.dump(_MARKER_BODY, f)
             for d in (self._objects, self._tmp, self._locks):
                 os.makedirs(d, exist_ok=True)
         except OSError as exc:

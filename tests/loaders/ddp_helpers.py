@@ -11,7 +11,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from loader_helpers import keys_of, open_test_shard
-
 from simstore.loaders import SimDataLoader, SimDataset
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 from loader_helpers import commit_samples, make_samples, open_test_shard
+from simstore.loaders import Collate, SimDataLoader, SimDataset
 
 from simstore.errors import InvalidInputError
-from simstore.loaders import Collate, SimDataLoader, SimDataset
 
 
 def test_pad_adds_a_mask_over_the_varying_dimensions():

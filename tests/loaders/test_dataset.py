@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 from loader_helpers import commit_samples, keys_of, make_samples, open_test_shard
+from simstore.loaders import SimDataset
 
 from simstore.errors import InvalidInputError
-from simstore.loaders import SimDataset
 
 
 def dataset(store, ref, **kw):

@@ -9,7 +9,6 @@ import pytest
 import torch.multiprocessing as mp
 from ddp_helpers import free_port, rank_main
 from loader_helpers import open_test_shard
-
 from simstore.loaders import SimDataLoader, SimDataset
 
 pytestmark = [pytest.mark.ddp, pytest.mark.multiprocess]

@@ -16,16 +16,15 @@ from loader_helpers import (
     commit_samples,
     corrupt_object,
     keys_of,
-    make_samples,
     open_test_shard,
 )
-
-from simstore.catalog import Catalog
-from simstore.errors import FormatError, IntegrityError, InvalidInputError
 from simstore.loaders import PrefetchConfig, SimDataLoader, SimDataset
 from simstore.loaders._cache import CacheConfig, ShardCache
 from simstore.loaders._fetch import RateLimiter
 from simstore.loaders._stats import Counters
+
+from simstore.catalog import Catalog
+from simstore.errors import FormatError, IntegrityError, InvalidInputError
 from simstore.sample import Sample
 
 
@@ -293,3 +292,33 @@ def test_pinned_copies_are_not_evicted(tmp_path):
     extra = b"z" * 1000
     cache.acquire(hash_bytes(extra), lambda: 1000, lambda out: out.write(extra)).release()
     assert cache.usage_bytes() <= 3000
+
+
+def _claim(cache_dir, barrier, results):
+    barrier.wait()
+    try:
+        ShardCache(CacheConfig(directory=cache_dir, limit_bytes=1 << 20), Counters())
+        results.put("ok")
+    except Exception as exc:  # reported to the test
+        results.put(repr(exc))
+
+
+@pytest.mark.multiprocess
+def test_workers_claiming_a_new_cache_directory_together_all_succeed(tmp_path):
+    ctx = multiprocessing.get_context("fork")
+    for attempt in range(5):
+        barrier, results = ctx.Barrier(3), ctx.Queue()
+        cache_dir = str(tmp_path / f"c{attempt}")
+        procs = [ctx.Process(target=_claim, args=(cache_dir, barrier, results))
+                 for _ in range(3)]
+        for p in procs:
+            p.start()
+        outcomes = [results.get(timeout=30) for _ in procs]
+        for p in procs:
+            p.join()
+        assert outcomes == ["ok"] * 3
+    # the state another worker leaves mid-claim (folders, no marker yet) is not foreign
+    half = tmp_path / "half"
+    (half / "objects").mkdir(parents=True)
+    ShardCache(CacheConfig(directory=str(half), limit_bytes=1 << 20), Counters())
+    assert (half / "simstore-cache.json").exists()

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 from loader_helpers import RemoteLikeStore, corrupt_object, keys_of
+from simstore.loaders import PrefetchConfig, SimDataLoader, SimDataset
 
 import simstore
 from simstore.catalog import Catalog
 from simstore.errors import IntegrityError, InvalidInputError
-from simstore.loaders import PrefetchConfig, SimDataLoader, SimDataset
 
 
 @pytest.fixture(scope="module")

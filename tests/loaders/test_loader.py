@@ -7,9 +7,9 @@ import itertools
 import pytest
 import torch
 from loader_helpers import commit_samples, keys_of, make_samples, open_test_shard
+from simstore.loaders import SimDataLoader, SimDataset
 
 from simstore.errors import InvalidInputError
-from simstore.loaders import SimDataLoader, SimDataset
 
 
 def build(store, refs, *, rank=0, world_size=1, seed=5, weights=None, **kw):

@@ -8,8 +8,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from simstore.errors import InvalidInputError
 from simstore.loaders._order import Mixture, group_order, permutation, source_layout
 from simstore.loaders._plan import (
     advance,
@@ -20,6 +18,8 @@ from simstore.loaders._plan import (
     take_intervals,
 )
 from simstore.loaders._world import World
+
+from simstore.errors import InvalidInputError
 
 intervals = st.lists(
     st.tuples(st.integers(0, 300), st.integers(0, 40)).map(lambda t: (t[0], t[0] + t[1])),
