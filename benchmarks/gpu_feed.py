@@ -104,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
                     break
                 host = batch["data"]
                 if cuda:
-                    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
-                        enable_timing=True)
+                    begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
                     begin.record()
                     x = host.to(device, non_blocking=True)
                     end.record()
