@@ -1,0 +1,130 @@
+"""One measurement in a fresh process: a system writes a pool, or reads one epoch of it.
+
+    python -m benchmarks.suite.runner write SYSTEM POOL OUT PROFILE [OPTIONS_JSON]
+    python -m benchmarks.suite.runner read SYSTEM OUT PROFILE WORKERS BATCH [OPTIONS_JSON]
+
+Run by the driver in the interpreter of the system's virtualenv (the project's, or the
+peers' ``.bench/peers-venv``), with the repository root as the working directory. The
+last line of stdout is ``RESULT {json}``. Only NumPy and the standard library are
+imported before the clock starts, so ``import_s`` is the system's own import cost.
+
+Read figures:
+
+- ``import_s``: importing torch and the system's library;
+- ``ttfb_s``: from building the dataset and loader to the first batch in hand (workers
+  started, first shard opened): the process is fresh, the page cache warm;
+- ``epoch_s``, ``samples``: the whole epoch after the first batch; throughput is
+  ``(samples - first batch) / (epoch_s)``;
+- every tensor a batch holds is touched once per 4 KiB page (one element each), so lazy
+  (memory-mapped) loaders pay their page faults as a training step's copy would.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+T_START = time.perf_counter()
+
+import numpy as np  # noqa: E402
+
+
+def _touch(value: object) -> tuple[int, int]:
+    """(bytes, leading dimension) of the tensors in a batch; reads one element per page."""
+    import torch
+
+    total, lead = 0, 0
+    if isinstance(value, torch.Tensor):
+        if value.numel():
+            step = max(1, 4096 // value.element_size())
+            float(value.reshape(-1)[::step].sum())
+        return value.element_size() * value.numel(), (value.shape[0] if value.ndim else 1)
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if isinstance(k, str) and (k.startswith("__") or k.endswith("__mask")):
+                continue
+            b, n = _touch(v)
+            total += b
+            lead = lead or n
+    elif isinstance(value, list | tuple):
+        for v in value:
+            b, _ = _touch(v)
+            total += b
+        lead = len(value)
+    return total, lead
+
+
+def read(system: str, out: str, profile: str, workers: int, batch: int | None,
+         options: dict[str, object]) -> dict[str, object]:
+    from benchmarks.suite.systems import load
+
+    mod = load(system)
+    import torch  # noqa: F401  (part of every system's import cost)
+
+    __import__(mod_name(system))
+    t_imported = time.perf_counter()
+    prepared = mod.prepare(out, profile, options)
+    t0 = time.perf_counter()
+    loader = mod.loader(out, profile, workers, batch, options, prepared)
+    it = iter(loader)
+    first = next(it)
+    t_first = time.perf_counter()
+    nbytes, first_n = _touch(first)
+    if batch is None:
+        first_n = 1
+    samples = 0
+    for b in it:
+        k, n = _touch(b)
+        nbytes += k
+        samples += 1 if batch is None else n
+    t_end = time.perf_counter()
+    del it, loader
+    return {
+        "import_s": t_imported - T_START,
+        "prepare_s": t0 - t_imported,
+        "ttfb_s": t_first - t0,
+        "epoch_s": t_end - t_first,
+        "samples_after_first": samples,
+        "samples": samples + first_n,
+        "bytes_delivered": nbytes,
+    }
+
+
+def mod_name(system: str) -> str:
+    from benchmarks.suite.systems import MODULES
+
+    return MODULES[system]
+
+
+def write(system: str, pool: str, out: str, profile: str,
+          options: dict[str, object]) -> dict[str, object]:
+    from benchmarks.suite.systems import load
+
+    mod = load(system)
+    t0 = time.perf_counter()
+    info = mod.write(pool, out, profile, options)
+    return {"write_s": time.perf_counter() - t0, **(info or {})}
+
+
+def main(argv: list[str]) -> int:
+    cmd = argv[0]
+    if cmd == "write":
+        system, pool, out, profile = argv[1:5]
+        options = json.loads(argv[5]) if len(argv) > 5 else {}
+        result = write(system, pool, out, profile, options)
+    elif cmd == "read":
+        system, out, profile, workers, batch = argv[1:6]
+        options = json.loads(argv[6]) if len(argv) > 6 else {}
+        result = read(system, out, profile, int(workers),
+                      None if batch == "none" else int(batch), options)
+    else:
+        raise SystemExit(f"unknown command {cmd!r}")
+    sys.stdout.flush()
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,58 @@
+"""simstore: ``simstore.ingest`` of the pool's .npz files, read by ``SimDataLoader``.
+
+Tiers: ``local`` (the store directory), ``memory`` (the same objects copied into fsspec's
+``memory://`` before the clock starts), ``s3`` (the same objects uploaded to moto; read
+with no cache (ranged GETs), or through the loader's disk cache, cold or warm).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from benchmarks.suite.systems.common import SHARD_BYTES
+
+
+def write(pool: str, out: str, profile: str, options: dict[str, Any]) -> dict[str, Any]:
+    from simstore.catalog import Catalog
+    from simstore.ingest import ingest
+    from simstore.storage import LocalStore
+
+    cat = Catalog.init(LocalStore(out, fsync=False))
+    result = ingest([pool], dataset=profile, store=cat, format=options.get("format", "parquet"),
+                    compression=options.get("compression", "none"), shard_size=SHARD_BYTES,
+                    snapshot=True, resume=False, progress=None)
+    return {"shards": result.to_json().get("shards")}
+
+
+def prepare(out: str, profile: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Untimed setup: the memory tier's copy; the S3 endpoint's options."""
+    tier = options.get("tier", "local")
+    if tier == "memory":
+        from simstore.storage import open_store
+
+        store = open_store("memory://simstore-bench")
+        for root, _dirs, files in os.walk(out):
+            for name in files:
+                path = os.path.join(root, name)
+                with open(path, "rb") as f:
+                    store.put(os.path.relpath(path, out), f.read())
+        return {"store": "memory://simstore-bench"}
+    if tier == "s3":
+        opts = {"endpoint_url": options["endpoint_url"], "key": options["key"],
+                "secret": options["secret"], "region_name": "us-east-1"}
+        return {"store": options["url"], "storage_options": opts}
+    return {"store": out}
+
+
+def loader(out: str, profile: str, workers: int, batch_size: int | None,
+           options: dict[str, Any], prepared: dict[str, Any]) -> Iterable[Any]:
+    from simstore.loaders import SimDataLoader, SimDataset
+
+    cache_dir = options.get("cache_dir")
+    ds = SimDataset(prepared["store"], profile, shuffle=True, seed=0, cache_dir=cache_dir,
+                    cache_limit="8GiB" if cache_dir else None,
+                    storage_options=prepared.get("storage_options"))
+    return SimDataLoader(ds, batch_size=batch_size, num_workers=workers,
+                         multiprocessing_context="fork" if workers else None)

@@ -1,0 +1,1 @@
+"""No image or video codecs: LitData checks ``hasattr(torchvision.io, "read_video")``."""

@@ -1,0 +1,1 @@
+"""Only ``functional.to_tensor`` exists, and it refuses."""
