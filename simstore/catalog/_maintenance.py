@@ -198,11 +198,16 @@ def gc(
     # Objects first listed, then roots read: an object written after the listing is
     # not considered at all, and one written before it is either reachable or recent.
     listing = list(cat.store.list_info("objects/"))
-    roots = set(_all_ref_targets(cat))
-    keep = reachable_objects(cat, roots)
+    # Staging entries before refs: a commit moves the ref first and removes its staging
+    # entry after, so an entry gone by the time it is read has its snapshot on a ref read
+    # later. Read the other way round, a commit landing between the two reads hides its
+    # objects from both, and an entry staged longer ago than the grace period loses them.
+    keep: set[str] = set()
     for dataset in cat.datasets():
         for entry in cat.staged(dataset):
             keep.update(entry.referenced_objects())
+    roots = set(_all_ref_targets(cat))
+    keep |= reachable_objects(cat, roots)
     report.reachable = len(keep)
     cutoff = now - grace_s
     for info in listing:
