@@ -294,9 +294,13 @@ def bench_locality(work: str, quick: bool) -> dict[str, Any]:
               workdir=work, row_group_bytes=64 * 1024)
     total = sum(os.path.getsize(p) for p in shard_paths(store, "loc"))
     out: dict[str, Any] = {"shards": shards, "shard_bytes": total}
-    world, workers = 4, 2
-    for label, window, cached in (("cache, window 8", 8, True), ("cache, window 2", 2, True),
-                                  ("ranged reads, window 8", 8, False)):
+    world = 4
+    for label, window, cached, workers in (
+        ("cache, window 8", 8, True, 2),
+        ("cache, window 2", 2, True, 2),
+        ("ranged reads, window 8", 8, False, 2),
+        ("ranged reads, window 8, no workers", 8, False, 0),
+    ):
         fetched = 0
         for rank in range(world):
             cache = tempfile.mkdtemp(dir=work) if cached else None
@@ -307,7 +311,7 @@ def bench_locality(work: str, quick: bool) -> dict[str, Any]:
                             cache_limit="4GiB" if cached else None,
                             prefetch=PrefetchConfig(range_block_bytes=64 * 1024))
             loader = SimDataLoader(ds, batch_size=16, num_workers=workers,
-                                   multiprocessing_context="fork")
+                                   multiprocessing_context="fork" if workers else None)
             for _ in loader:
                 pass
             stats = ds.stats()

@@ -9,8 +9,9 @@ See docs/loader.md.
 
 from simstore.loaders._cache import CacheConfig
 from simstore.loaders._collate import Collate, MeshMode
-from simstore.loaders._dataset import LoaderOptions, LoaderState, SimDataset
+from simstore.loaders._dataset import LoaderState, SimDataset
 from simstore.loaders._loader import SimDataLoader
+from simstore.loaders._options import LoaderOptions
 from simstore.loaders._order import Mixture, group_order, source_layout
 from simstore.loaders._pipeline import PrefetchConfig, ShardOpener
 from simstore.loaders._plan import EpochPlan, Interval, Remainder, advance, plan_epoch

@@ -14,18 +14,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import shutil
-import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypedDict
 
-import numpy as np
-import torch
-from simstore.loaders._cache import CacheConfig
 from simstore.loaders._fetch import RateLimiter, ShardAccess, tier_of
 from simstore.loaders._metrics import Metrics, timed
 from simstore.loaders._opener import FormatOpener
+from simstore.loaders._options import LoaderOptions, cache_config, parse_bytes
 from simstore.loaders._order import Mixture
 from simstore.loaders._pipeline import (
     PrefetchConfig,
@@ -46,6 +42,7 @@ from simstore.loaders._plan import (
 )
 from simstore.loaders._source import Source, Transform, open_source
 from simstore.loaders._stats import Counters, LoaderStats, RunReport, run_report
+from simstore.loaders._tensors import sample_bytes, to_tensors
 from simstore.loaders._world import (
     World,
     WorldDetector,
@@ -58,7 +55,7 @@ from torch.utils.data import IterableDataset
 from simstore.errors import InvalidInputError
 from simstore.storage import ObjectStore, open_store
 
-__all__ = ["LoaderOptions", "LoaderState", "SimDataset"]
+__all__ = ["LoaderState", "SimDataset"]
 
 STATE_FORMAT_VERSION = 1
 Sample = dict[str, Any]
@@ -79,20 +76,6 @@ class LoaderState(TypedDict):
     delivered: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LoaderOptions:
-    """How a dataset reads (shared by the sources of a mixture)."""
-
-    remainder: Remainder = "pad"
-    cache: CacheConfig | None = None
-    prefetch: PrefetchConfig = field(default_factory=PrefetchConfig)
-    verify: bool = True
-    max_bandwidth: float | None = None
-    zero_copy: bool = True
-    shard_opener: ShardOpener | None = None
-    log_every_s: float | None = None
-
-
 @dataclass(slots=True)
 class _Phase:
     """Progress of the current iteration: every rank's workers delivered ``counts``."""
@@ -102,36 +85,6 @@ class _Phase:
     num_workers: int
     batch_size: int
     counts: list[int]
-
-
-def parse_bytes(value: int | str | None, what: str) -> int | None:
-    """Bytes from an int or a string such as ``"512MiB"`` or ``"20GB"``."""
-    if value is None or isinstance(value, int):
-        return value
-    text = value.strip().replace(" ", "")
-    units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
-             "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "B": 1}
-    for unit, scale in units.items():
-        if text.endswith(unit):
-            try:
-                return int(float(text[: -len(unit)]) * scale)
-            except ValueError:
-                break
-    raise InvalidInputError(f"invalid {what} {value!r}: give bytes or e.g. '512MiB', '20GB'")
-
-
-def _cache_config(
-    cache_dir: str | os.PathLike[str] | None, limit: int | None
-) -> CacheConfig | None:
-    if cache_dir is None:
-        if limit is not None:
-            raise InvalidInputError("cache_limit given without cache_dir")
-        return None
-    directory = os.fspath(cache_dir)
-    if limit is None:
-        os.makedirs(directory, exist_ok=True)
-        limit = min(32 << 30, shutil.disk_usage(directory).free // 2)
-    return CacheConfig(directory=directory, limit_bytes=limit)
 
 
 class SimDataset(IterableDataset[Sample]):
@@ -205,7 +158,7 @@ class SimDataset(IterableDataset[Sample]):
             prefetch = PrefetchConfig(chunks=prefetch)
         options = LoaderOptions(
             remainder=remainder,
-            cache=_cache_config(cache_dir, parse_bytes(cache_limit, "cache_limit")),
+            cache=cache_config(cache_dir, parse_bytes(cache_limit, "cache_limit")),
             prefetch=prefetch or PrefetchConfig(),
             verify=verify,
             max_bandwidth=parse_bytes(max_bandwidth, "max_bandwidth"),
@@ -483,53 +436,13 @@ class SimDataset(IterableDataset[Sample]):
             for chunk, values in chunks:
                 for j, fields in enumerate(values):
                     src = sources[int(chunk.source[j])]
-                    sample = _to_tensors(fields, zero_copy=opts.zero_copy)
+                    sample = to_tensors(fields, zero_copy=opts.zero_copy)
                     if src.transform is not None:
                         sample = src.transform(sample)
                     sample["__key__"] = chunk.keys[j]
                     pad = bool(chunk.is_pad[j])
                     sample["__pad__"] = pad
                     counters.add("pad_samples" if pad else "samples")
-                    counters.add("sample_bytes", _sample_bytes(sample))
+                    counters.add("sample_bytes", sample_bytes(sample))
                     count += 1
                     yield sample, count, counters.snapshot()
-
-
-def _to_tensors(fields: Mapping[str, Any], *, zero_copy: bool) -> Sample:
-    out: Sample = {}
-    for name, value in fields.items():
-        if isinstance(value, np.ndarray):
-            out[name] = _array_to_tensor(value, zero_copy)
-        elif isinstance(value, np.generic):
-            out[name] = torch.as_tensor(value.item())
-        elif isinstance(value, bool | int | float):
-            out[name] = torch.tensor(value)
-        else:
-            out[name] = value
-    return out
-
-
-def _array_to_tensor(arr: np.ndarray, zero_copy: bool) -> torch.Tensor:
-    if not arr.dtype.isnative:
-        arr = arr.astype(arr.dtype.newbyteorder("="))
-    if arr.flags.writeable:
-        return torch.from_numpy(arr)
-    if not zero_copy:
-        return torch.from_numpy(arr.copy())
-    # A tensor over a read-only buffer: torch warns once per process that writing to it is
-    # undefined; the loader documents that samples must not be modified in place when
-    # zero_copy is on, so the warning is expected here and silenced.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(arr)
-
-
-def _sample_bytes(sample: Mapping[str, Any]) -> int:
-    total = 0
-    for value in sample.values():
-        if isinstance(value, torch.Tensor):
-            total += value.element_size() * value.nelement()
-        elif isinstance(value, bytes | str):
-            total += len(value)
-    return total
-
