@@ -198,6 +198,19 @@ class DiffResult:
 
 
 _WRITE_THREADS = 4
+CLOCK_SKEW_S = 60.0
+"""How far clocks of two writers may disagree when a commit looks for its entries."""
+
+
+def _epoch_s(iso_time: str) -> float:
+    """Seconds since the epoch of an ISO 8601 time; unparseable times count as the epoch."""
+    try:
+        moment = datetime.datetime.fromisoformat(iso_time)
+    except (TypeError, ValueError):
+        return 0.0
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return moment.timestamp()
 
 
 @dataclass(frozen=True, slots=True)
@@ -528,11 +541,19 @@ class Catalog:
             head, version = branches.get_versioned(branch)
             if attempt == 1:
                 first_head = head
-            elif head != first_head and head is not None:
+            consumed = self._consumed_in_history(head, entries)
+            todo = [e for e in entries if e.id not in consumed]
+            if entries and not todo:
+                # Every entry is already on the branch: this writer's swap landed though
+                # its response was lost, a crash came between a swap and the clean-up, or
+                # another writer committed the same entries. Applying them again would
+                # undo newer writes of their keys.
+                return self._already_committed(
+                    dataset, branch, entries, consumed, first_head, change_tables, attempt
+                )
+            if attempt > 1 and head != first_head and head is not None:
                 overwritten |= self._keys_changed_between(first_head, head, change_tables)
             parent = self.snapshot(head) if head else None
-            consumed = set(parent.lineage.get("staging", [])) if parent else set()
-            todo = [e for e in entries if e.id not in consumed]
             if not todo and not allow_empty and parent is not None:
                 raise InvalidInputError(f"dataset {dataset!r}: nothing staged to commit")
             snap, counters = self._build_snapshot(
@@ -547,7 +568,7 @@ class Catalog:
                     time.sleep(rng.uniform(0, delay))
                     delay = min(delay * 2, 1.0)
                     continue
-            self.discard_staged(dataset, [e.id for e in todo])
+            self.discard_staged(dataset, [e.id for e in entries])
             return CommitResult(
                 dataset=dataset,
                 branch=branch,
@@ -563,6 +584,62 @@ class Catalog:
         raise ConflictError(
             f"dataset {dataset!r} branch {branch!r}: gave up after {max_attempts} attempts "
             "lost to concurrent commits"
+        )
+
+    def _consumed_in_history(
+        self, head: str | None, entries: Sequence[StagedEntry]
+    ) -> dict[str, str]:
+        """``{staging id: snapshot id}`` for entries a snapshot on the branch already consumed.
+
+        Walks first parents from ``head`` back past the time the oldest entry was staged
+        (less :data:`CLOCK_SKEW_S`): a snapshot can only consume an entry staged before it,
+        so the walk costs one read per commit made since then, usually none or one.
+        """
+        wanted = {e.id for e in entries}
+        if not wanted or head is None:
+            return {}
+        oldest = min(_epoch_s(e.created) for e in entries) - CLOCK_SKEW_S
+        found: dict[str, str] = {}
+        sid: str | None = head
+        while sid is not None and len(found) < len(wanted):
+            snap = self.snapshot(sid)
+            for staged in snap.lineage.get("staging", []):
+                if staged in wanted:
+                    found.setdefault(str(staged), sid)
+            if _epoch_s(snap.created) < oldest:
+                break
+            sid = snap.parents[0] if snap.parents else None
+        return found
+
+    def _already_committed(
+        self,
+        dataset: str,
+        branch: str,
+        entries: Sequence[StagedEntry],
+        consumed: Mapping[str, str],
+        first_head: str | None,
+        change_tables: Mapping[str, pa.Table],
+        attempt: int,
+    ) -> CommitResult:
+        """The result of a commit whose entries a snapshot on the branch already holds."""
+        # the walk goes from the head backwards, so the first snapshot found is the newest
+        sid = next(iter(consumed.values()))
+        snap = self.snapshot(sid)
+        parent = snap.parents[0] if snap.parents else None
+        overwritten: set[str] = set()
+        if parent is not None and parent != first_head:
+            overwritten = self._keys_changed_between(first_head, parent, change_tables)
+        self.discard_staged(dataset, [e.id for e in entries])
+        return CommitResult(
+            dataset=dataset,
+            branch=branch,
+            snapshot_id=SnapshotId(sid),
+            parent=parent,
+            samples=snap.samples,
+            sample_bytes=snap.sample_bytes,
+            staged=tuple(e.id for e in entries),
+            attempts=attempt,
+            overwritten_concurrent=tuple(sorted(overwritten)),
         )
 
     def _keys_changed_between(
