@@ -1,0 +1,390 @@
+"""Shared machinery of the reliability suite and the stress run (tests/stress/run.py).
+
+- :class:`HookStore` wraps an ``ObjectStore`` and calls hooks around chosen operations:
+  the deterministic way to put a crash, a concurrent gc or a concurrent commit at an exact
+  point between two storage calls.
+- :func:`kill_after` makes a hook that SIGKILLs the current process at the k-th mutating
+  call (before or after it runs): a crash at every possible point between writes.
+- :func:`store_problems` checks every promise a store keeps after a crash: every ref and
+  every snapshot in every history verifies (deep for heads), every staging entry names
+  objects that exist, and no key lies outside the store's layout.
+- ``op_*`` functions are what a killed child process runs (ingest, snapshot, gc, a training
+  loop); they take only picklable arguments, so a ``forkserver`` context (with the heavy
+  modules preloaded) starts them in milliseconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from simstore.catalog import Catalog, gc, verify
+from simstore.hashing import is_object_id, object_key
+from simstore.storage import LocalStore, ObjectInfo, ObjectStore
+
+MUTATING = ("put", "put_if_absent", "put_file", "move_file", "compare_and_swap", "delete")
+PRELOAD = [
+    "numpy",
+    "pyarrow.parquet",
+    "zarr",
+    "simstore.catalog",
+    "simstore.ingest",
+    "simstore.formats",
+    "simstore.formats.adapters",
+    "rel_harness",
+]
+
+Hook = Callable[[str, str, int], None]
+
+
+class HookStore:
+    """An ObjectStore that runs ``before``/``after`` hooks around every call.
+
+    A hook gets ``(method, key, n)`` where ``n`` counts mutating calls so far (1-based,
+    including this one; 0 for reads). Everything else is the inner store's behaviour, so
+    the local fast paths (``scratch_dir``/``move_file``) stay in use.
+    """
+
+    def __init__(self, inner: ObjectStore, *, before: Hook | None = None,
+                 after: Hook | None = None) -> None:
+        self.inner = inner
+        self.before = before
+        self.after = after
+        self.mutations = 0
+
+    # attributes the protocol requires
+    @property
+    def url(self) -> str:
+        return self.inner.url
+
+    @property
+    def read_only(self) -> bool:
+        return self.inner.read_only
+
+    @property
+    def supports_atomic_cas(self) -> bool:
+        return self.inner.supports_atomic_cas
+
+    @supports_atomic_cas.setter
+    def supports_atomic_cas(self, value: bool) -> None:
+        self.inner.supports_atomic_cas = value
+
+    def _call(self, method: str, key: str, *args: Any) -> Any:
+        n = 0
+        if method in MUTATING:
+            self.mutations += 1
+            n = self.mutations
+        if self.before is not None:
+            self.before(method, key, n)
+        result = getattr(self.inner, method)(key, *args)
+        if self.after is not None:
+            self.after(method, key, n)
+        return result
+
+    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
+        return self._call("get", key, byte_range)  # type: ignore[no-any-return]
+
+    def get_versioned(self, key: str) -> tuple[bytes, str]:
+        return self._call("get_versioned", key)  # type: ignore[no-any-return]
+
+    def put(self, key: str, data: bytes) -> None:
+        self._call("put", key, data)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        return self._call("put_if_absent", key, data)  # type: ignore[no-any-return]
+
+    def put_file(self, key: str, path: str) -> bool:
+        return self._call("put_file", key, path)  # type: ignore[no-any-return]
+
+    def move_file(self, key: str, path: str) -> bool:
+        return self._call("move_file", key, path)  # type: ignore[no-any-return]
+
+    def scratch_dir(self) -> str:
+        return self.inner.scratch_dir()  # type: ignore[attr-defined,no-any-return]
+
+    def compare_and_swap(self, key: str, expected: str | None, data: bytes | None) -> str | None:
+        return self._call("compare_and_swap", key, expected, data)  # type: ignore[no-any-return]
+
+    def exists(self, key: str) -> bool:
+        return self._call("exists", key)  # type: ignore[no-any-return]
+
+    def info(self, key: str) -> ObjectInfo:
+        return self._call("info", key)  # type: ignore[no-any-return]
+
+    def delete(self, key: str) -> None:
+        self._call("delete", key)
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        if self.before is not None:
+            self.before("list", prefix, 0)
+        return self.inner.list(prefix)
+
+    def list_info(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        if self.before is not None:
+            self.before("list_info", prefix, 0)
+        return self.inner.list_info(prefix)
+
+    def list_temporary(self, older_than: float) -> Iterator[str]:
+        return self.inner.list_temporary(older_than)  # type: ignore[attr-defined,no-any-return]
+
+    def local_path(self, key: str) -> str | None:
+        return self.inner.local_path(key)
+
+
+def kill_after(k: int, when: str) -> Hook:
+    """A hook that SIGKILLs this process at the k-th mutating call, ``before`` or ``after`` it."""
+
+    def hook(method: str, key: str, n: int) -> None:
+        if n == k:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return hook
+
+
+def killing_store(root: str, kill: tuple[int, str] | None) -> ObjectStore:
+    """A local store, wrapped so that it kills the process at a chosen write (or never)."""
+    inner = LocalStore(root)
+    if kill is None:
+        return inner
+    k, when = kill
+    hook = kill_after(k, when)
+    return HookStore(inner, before=hook if when == "before" else None,
+                     after=hook if when == "after" else None)
+
+
+class CacheOnlyStore(LocalStore):
+    """A local store that claims no local paths, so the loader reads it as a remote tier.
+
+    That puts the loader's disk cache (fills, locks, pins) in the path of every read,
+    which is what a crashed training job on a remote store leaves behind.
+    """
+
+    def local_path(self, key: str) -> str | None:
+        return None
+
+
+# -- sources ---------------------------------------------------------------------------
+def write_sources(root: str, version: int, *, count: int = 6, seed: int = 0) -> None:
+    """Deterministic .npz runs; version ``v`` changes two files and adds one per step.
+
+    ``run000..run{count-1}`` exist in every version; at version v, files ``v % count`` and
+    ``(v + 1) % count`` carry version-specific values and ``extra{v:03d}`` is added.
+    """
+    os.makedirs(root, exist_ok=True)
+    for i in range(count):
+        tag = version if i in (version % count, (version + 1) % count) else -1
+        _write_run(os.path.join(root, f"run{i:03d}.npz"), seed * 1000 + i, tag)
+    for name in os.listdir(root):
+        if name.startswith("extra"):
+            os.unlink(os.path.join(root, name))
+    if version > 0:
+        _write_run(os.path.join(root, f"extra{version:03d}.npz"), seed * 1000 + 500, version)
+
+
+def _write_run(path: str, seed: int, tag: int) -> None:
+    rng = np.random.default_rng(seed)
+    u = rng.standard_normal((3, 8, 8)).astype(np.float32)
+    if tag >= 0:
+        u = u + np.float32(tag)
+    tmp = path + ".tmp.npz"
+    np.savez(tmp, u=u, re=np.float64(100 + seed % 1000), tag=np.int64(tag))
+    # keep mtimes distinct per version so the ingest journal sees the change
+    os.replace(tmp, path)
+
+
+# -- checks ----------------------------------------------------------------------------
+def store_problems(cat: Catalog, *, deep_heads: bool = True) -> list[str]:
+    """Every broken promise this store shows (empty when it is clean).
+
+    - each branch and tag verifies (deep: every shard re-hashed), and so does every
+      snapshot in its history (every part intact, every shard present);
+    - each staging entry parses and every object it names exists;
+    - every key under ``objects/`` is ``objects/<2 hex>/<id>``.
+    """
+    problems: list[str] = []
+    seen: set[str] = set()
+    for dataset in cat.datasets():
+        heads: list[str] = []
+        for refs in (cat.branches(dataset), cat.tags(dataset)):
+            try:
+                heads += [sid for _, sid in refs.list()]
+            except Exception as exc:  # a ref that does not parse is a problem to report
+                problems.append(f"{dataset}: refs unreadable: {exc}")
+        for sid in heads:
+            report = verify(cat, f"{dataset}@{sid}", deep=deep_heads)
+            problems += report.problems
+            seen.add(sid)
+            try:
+                history = [s for s, _ in cat.log(f"{dataset}@{sid}")][1:]
+            except Exception as exc:
+                problems.append(f"{dataset}@{sid}: history unreadable: {exc}")
+                continue
+            for old in history:
+                if old in seen:
+                    continue
+                seen.add(old)
+                problems += verify(cat, f"{dataset}@{old}").problems
+        try:
+            entries = cat.staged(dataset)
+        except Exception as exc:
+            problems.append(f"{dataset}: staging unreadable: {exc}")
+            continue
+        for entry in entries:
+            for oid in entry.referenced_objects():
+                if not cat.store.exists(object_key(oid)):
+                    problems.append(f"staging entry {entry.id} names missing object {oid}")
+    for key in cat.store.list("objects/"):
+        parts = key.split("/")
+        if len(parts) != 3 or not is_object_id(parts[2]) or parts[1] != parts[2][:2]:
+            problems.append(f"stray key {key}")
+    return problems
+
+
+def content(cat: Catalog, ref: str) -> dict[str, str]:
+    """``{key: sample hash}`` of a ref."""
+    snap = cat.snapshot(cat.resolve(ref))
+    out: dict[str, str] = {}
+    for table in cat.iter_parts(snap):
+        keys = table.column("key").to_pylist()
+        hashes = table.column("sample_hash").to_pylist()
+        out.update({k: h.hex() for k, h in zip(keys, hashes, strict=True)})
+    return out
+
+
+def head(cat: Catalog, dataset: str, branch: str = "main") -> str | None:
+    """The snapshot a branch points at, or None."""
+    return cat.branches(dataset).get_versioned(branch)[0]
+
+
+def unreachable_objects(cat: Catalog) -> set[str]:
+    """Objects no ref, ancestor or staging entry reaches (what gc with grace 0 removes)."""
+    from simstore.catalog import reachable_objects
+
+    roots = {sid for d in cat.datasets() for refs in (cat.branches(d), cat.tags(d))
+             for _, sid in refs.list()}
+    keep = reachable_objects(cat, roots)
+    for d in cat.datasets():
+        for e in cat.staged(d):
+            keep.update(e.referenced_objects())
+    return {k.rsplit("/", 1)[-1] for k in cat.store.list("objects/")} - keep
+
+
+def files_outside(root: str, allowed: str) -> list[str]:
+    """Files under ``root`` that are not under ``allowed``."""
+    out = []
+    allowed = os.path.abspath(allowed)
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            path = os.path.abspath(os.path.join(dirpath, name))
+            if not path.startswith(allowed + os.sep):
+                out.append(path)
+    return sorted(out)
+
+
+# -- what a killed child runs ----------------------------------------------------------
+def op_ingest(root: str, src: str, dataset: str, kill: tuple[int, str] | None,
+              snapshot: bool = True, workers: int = 1) -> None:
+    """Ingest ``src`` and commit it."""
+    from simstore.ingest import ingest
+
+    cat = Catalog(killing_store(root, kill))
+    ingest([src], dataset=dataset, store=cat, snapshot=snapshot, message="ingest",
+           workers=workers, shard_size="64KiB")
+
+
+def op_snapshot(root: str, dataset: str, kill: tuple[int, str] | None) -> None:
+    """Commit everything staged."""
+    cat = Catalog(killing_store(root, kill))
+    cat.commit(dataset, message="snapshot")
+
+
+def op_gc(root: str, kill: tuple[int, str] | None) -> None:
+    """Collect everything unreachable (grace 0: nothing else writes meanwhile)."""
+    gc(Catalog(killing_store(root, kill)), grace_s=0)
+
+
+def op_train(root: str, ref: str, cache_dir: str, log_path: str, ckpt_path: str,
+             num_workers: int, state: Mapping[str, Any] | None) -> None:
+    """A training loop over a cache-backed store that logs keys and checkpoints often.
+
+    After every batch the keys it delivered are appended to ``log_path``; every second
+    batch the loader state and the number of logged keys are written to ``ckpt_path``
+    atomically (temporary file and rename), as a training job saves its checkpoint.
+    """
+    from simstore.loaders import SimDataLoader, SimDataset
+
+    ds = SimDataset(CacheOnlyStore(root, read_only=True), ref, shuffle=True, seed=3,
+                    cache_dir=cache_dir, prefetch=2)
+    loader = SimDataLoader(ds, batch_size=2, num_workers=num_workers)
+    if state is not None:
+        loader.load_state_dict(state)
+    logged = 0
+    with open(log_path, "a") as log:
+        for i, batch in enumerate(loader):
+            log.write("".join(f"{k}\n" for k in batch["__key__"]))
+            log.flush()
+            logged += len(batch["__key__"])
+            if i % 2 == 1:
+                tmp = f"{ckpt_path}.tmp"
+                with open(tmp, "w") as f:
+                    json.dump({"state": loader.state_dict(), "logged": logged}, f)
+                os.replace(tmp, ckpt_path)
+            time.sleep(0.01)
+
+
+def epoch_keys(root: str, ref: str, cache_dir: str | None = None,
+               num_workers: int = 0) -> list[str]:
+    """Keys of one epoch, in order (seed 3, batch 2), as ``op_train`` reads them."""
+    from simstore.loaders import SimDataLoader, SimDataset
+
+    store: ObjectStore = CacheOnlyStore(root, read_only=True)
+    ds = SimDataset(store, ref, shuffle=True, seed=3, cache_dir=cache_dir, prefetch=2)
+    loader = SimDataLoader(ds, batch_size=2, num_workers=num_workers)
+    return [k for batch in loader for k in batch["__key__"]]
+
+
+def run_killed(ctx: Any, target: Callable[..., None], args: tuple[Any, ...],
+               delay_s: float | None, timeout_s: float = 120.0) -> str:
+    """Run ``target`` in a child; SIGKILL it after ``delay_s`` (None: let it finish).
+
+    Returns how it ended: ``killed`` (by us or by its own kill hook), ``finished`` or
+    ``failed`` (non-zero exit).
+    """
+    proc = ctx.Process(target=target, args=args)
+    proc.start()
+    if delay_s is not None:
+        proc.join(delay_s)
+        if proc.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):
+                kill_tree(proc.pid)
+    proc.join(timeout_s)
+    if proc.exitcode is None:
+        kill_tree(proc.pid)
+        proc.join()
+        raise AssertionError(f"{target.__name__} hung for {timeout_s} s")
+    if proc.exitcode == -signal.SIGKILL:
+        return "killed"
+    return "finished" if proc.exitcode == 0 else "failed"
+
+
+def kill_tree(pid: int) -> list[int]:
+    """SIGKILL a process and its descendants (a DataLoader's workers); returns their pids."""
+    import psutil
+
+    try:
+        parent = psutil.Process(pid)
+        children = parent.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    pids = [pid] + [c.pid for c in children]
+    for p in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
+    return pids
