@@ -1,0 +1,280 @@
+"""What an ingest is asked (:class:`IngestConfig`) and what it reports (progress, result)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypedDict
+
+from simstore.errors import InvalidInputError
+from simstore.ingest._arrays import MiB
+from simstore.ingest._shards import DEFAULT_COMPRESSION, ShardOptions
+from simstore.names import DEFAULT_BRANCH, check_name
+from simstore.sample import Schema
+
+__all__ = [
+    "EngineName",
+    "IngestConfig",
+    "IngestOptions",
+    "IngestProgress",
+    "IngestResult",
+    "Mode",
+    "NanPolicy",
+    "OnError",
+    "SkippedFile",
+    "TaskTiming",
+]
+
+OnError = Literal["fail", "skip"]
+Mode = Literal["upsert", "replace"]
+NanPolicy = Literal["allow", "error"]
+EngineName = Literal["local", "dask"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IngestConfig:
+    """Every option of an ingest (the CLI flags map one to one onto these fields).
+
+    Memory per worker is about ``shard_size`` (a columnar shard is buffered until it is
+    written) plus ``dense_threshold`` and ``block_bytes``; it never depends on a source
+    file's size. Fields that shape the stored bytes (adapter, its options, format, shard
+    options, ``shard_size``, ``dense_threshold``, ``block_bytes``) also key the journal.
+
+    ``engine`` says where tasks run: ``local`` (in process, or a process pool of
+    ``workers``) or ``dask`` (a dask.distributed cluster at ``address``, or, without one, a
+    ``LocalCluster`` of ``workers`` processes on 127.0.0.1). The engine never changes what
+    is stored: tasks are planned the same way and give the same shards.
+    """
+
+    adapter: str = "auto"
+    format: str = "parquet"
+    workers: int = 1
+    on_error: OnError = "fail"
+    mode: Mode = "upsert"
+    snapshot: bool = False
+    message: str | None = None
+    branch: str = DEFAULT_BRANCH
+    author: str | None = None
+    allow_schema_change: bool = False
+    nan: NanPolicy = "allow"
+    time_window: int | None = None
+    stride: int | None = None
+    shard_size: int = 256 * MiB
+    compression: str = DEFAULT_COMPRESSION
+    chunk_bytes: int = 1 * MiB
+    chunks: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    row_group_bytes: int = 16 * MiB
+    dense_threshold: int = 16 * MiB
+    block_bytes: int = 4 * MiB
+    adapter_options: Mapping[str, Any] = field(default_factory=dict)
+    resume: bool = True
+    tmp_dir: str | None = None
+    engine: EngineName = "local"
+    address: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise InvalidInputError(f"invalid workers {self.workers}: must be at least 1")
+        if self.engine not in ("local", "dask"):
+            raise InvalidInputError(f"invalid engine {self.engine!r}: expected local or dask")
+        if self.address is not None and self.engine != "dask":
+            raise InvalidInputError("address names a dask scheduler: it needs engine='dask'")
+        for name, allowed in (
+            ("on_error", ("fail", "skip")),
+            ("mode", ("upsert", "replace")),
+            ("nan", ("allow", "error")),
+        ):
+            if getattr(self, name) not in allowed:
+                raise InvalidInputError(
+                    f"invalid {name} {getattr(self, name)!r}: expected {' or '.join(allowed)}"
+                )
+        if self.time_window is not None and self.time_window < 1:
+            raise InvalidInputError("time_window must be at least 1")
+        if self.stride is not None and (self.stride < 1 or self.time_window is None):
+            raise InvalidInputError("stride must be at least 1 and needs time_window")
+        for name in (
+            "shard_size",
+            "chunk_bytes",
+            "row_group_bytes",
+            "dense_threshold",
+            "block_bytes",
+        ):
+            if int(getattr(self, name)) < 1:
+                raise InvalidInputError(f"invalid {name} {getattr(self, name)}: must be positive")
+        check_name(self.branch, "branch name")
+        self.shard_options()
+
+    def shard_options(self) -> ShardOptions:
+        """The options every shard format gets."""
+        return ShardOptions(
+            compression=self.compression,
+            chunk_bytes=self.chunk_bytes,
+            chunks={k: tuple(v) for k, v in self.chunks.items()},
+            row_group_bytes=self.row_group_bytes,
+        )
+
+    def adapter_params(self) -> dict[str, Any]:
+        """Options handed to ``SourceAdapter.iter_samples``."""
+        params: dict[str, Any] = dict(self.adapter_options)
+        params["max_in_memory_bytes"] = self.dense_threshold
+        if self.time_window is not None:
+            params["time_window"] = self.time_window
+            params["stride"] = self.stride or self.time_window
+        return params
+
+    def output_params(self) -> dict[str, Any]:
+        """Everything that shapes the stored bytes (lineage, and the journal's digest)."""
+        return {
+            "adapter": self.adapter,
+            "adapter_options": _jsonable(self.adapter_params()),
+            "format": self.format,
+            "shard_options": self.shard_options().to_json(),
+            "shard_size": self.shard_size,
+            "dense_threshold": self.dense_threshold,
+            "block_bytes": self.block_bytes,
+        }
+
+
+def _jsonable(obj: Any) -> Any:
+    return json.loads(json.dumps(obj, sort_keys=True, default=str))
+
+
+class IngestOptions(TypedDict, total=False):
+    """Keyword options of :func:`ingest`: the fields of :class:`IngestConfig`."""
+
+    adapter: str
+    format: str
+    workers: int
+    on_error: OnError
+    mode: Mode
+    snapshot: bool
+    message: str | None
+    branch: str
+    author: str | None
+    allow_schema_change: bool
+    nan: NanPolicy
+    time_window: int | None
+    stride: int | None
+    shard_size: int
+    compression: str
+    chunk_bytes: int
+    chunks: Mapping[str, tuple[int, ...]]
+    row_group_bytes: int
+    dense_threshold: int
+    block_bytes: int
+    adapter_options: Mapping[str, Any]
+    resume: bool
+    tmp_dir: str | None
+    engine: EngineName
+    address: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IngestProgress:
+    """A progress report, sent after each finished file (in-process) or task (pool)."""
+
+    files_done: int
+    files_total: int
+    samples: int
+    bytes_done: int
+    bytes_total: int
+    elapsed_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SkippedFile:
+    """A source file left out under ``on_error="skip"``, and why."""
+
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskTiming:
+    """How one task ran: where, how long, and how much it read and wrote.
+
+    ``worker`` is the dask worker's address, ``pid <n>`` for a process-pool worker, or
+    ``local``. ``seconds`` is the wall time inside the task (the last attempt, when the
+    engine retried it); ``failed`` is set when the task failed and its files were skipped.
+    """
+
+    task: int
+    worker: str
+    files: int
+    bytes_in: int
+    samples: int
+    shards: int
+    seconds: float
+    failed: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON shape (one entry of the ``--json`` summary's ``tasks``)."""
+        return {
+            "task": self.task,
+            "worker": self.worker,
+            "files": self.files,
+            "bytes_in": self.bytes_in,
+            "samples": self.samples,
+            "shards": self.shards,
+            "seconds": round(self.seconds, 4),
+            "failed": self.failed,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IngestResult:
+    """What an ingest did (``to_json`` is the ``--json`` summary).
+
+    ``engine`` is ``local``, ``process-pool`` or ``dask``; ``workers`` is the number of
+    workers the run used (for dask: distinct workers that ran at least one task), and
+    ``tasks`` the timing of every task in plan order.
+    """
+
+    dataset: str
+    files: int
+    files_ingested: int
+    files_reused: int
+    files_unchanged: int
+    files_skipped: tuple[SkippedFile, ...]
+    files_ignored: tuple[str, ...]
+    samples: int
+    samples_staged: int
+    bytes_in: int
+    bytes_stored: int
+    new_bytes: int
+    shards: int
+    seconds: float
+    engine: str
+    workers: int
+    staging_id: str | None
+    snapshot_id: str | None
+    schema: Schema
+    tasks: tuple[TaskTiming, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """The machine-readable summary."""
+        mib_s = self.bytes_in / MiB / self.seconds if self.seconds > 0 else 0.0
+        return {
+            "dataset": self.dataset,
+            "files": self.files,
+            "files_ingested": self.files_ingested,
+            "files_reused": self.files_reused,
+            "files_unchanged": self.files_unchanged,
+            "skipped": [{"path": s.path, "reason": s.reason} for s in self.files_skipped],
+            "ignored": list(self.files_ignored),
+            "samples": self.samples,
+            "samples_staged": self.samples_staged,
+            "bytes_in": self.bytes_in,
+            "bytes_stored": self.bytes_stored,
+            "new_bytes": self.new_bytes,
+            "shards": self.shards,
+            "seconds": round(self.seconds, 3),
+            "mib_per_s": round(mib_s, 1),
+            "engine": self.engine,
+            "workers": self.workers,
+            "staging_id": self.staging_id,
+            "snapshot": self.snapshot_id,
+            "schema": [s.to_json() for s in self.schema],
+            "tasks": [t.to_json() for t in self.tasks],
+        }

@@ -1,0 +1,245 @@
+"""The dask.distributed engine: ingest tasks on a cluster, one staged change on the driver.
+
+The driver (this process) plans the tasks exactly as the local engine does and submits
+each one to the scheduler at ``address`` (or to a ``LocalCluster`` it starts on
+127.0.0.1). A worker unpickles the task's context, which holds the store as its URL and
+options (never a live client: each worker process opens its own), runs the adapters and
+shard writers, stores the shards under their ids, writes the journal, and returns the
+manifest rows. The driver gathers them in plan order and stages and commits once, like
+the local engine, so the content and the shard ids do not depend on the engine.
+
+Why retries and duplicates are harmless: a task is a pure function of its files and
+parameters, its shards are deterministic and stored with put-if-absent, and its journal
+records are rewritten with the same bytes. So dask may rerun a task whose worker died, or
+run it twice, and nothing is stored twice. Bad input (``SourceError``) is returned as a
+value rather than raised, so dask does not retry it; other failures are retried
+(``TASK_RETRIES``), and a task that still fails is either the run's error or, under
+``on_error="skip"``, its files are listed as skipped with the reason.
+
+A driver killed mid-way stages nothing (staging is its last step), so it leaves no
+snapshot and no staging entry; its finished tasks are journaled, so a re-run reuses them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from simstore.catalog import STORE_META_KEY
+from simstore.errors import InvalidInputError, SimstoreError, SourceError
+from simstore.ingest._config import IngestConfig
+from simstore.ingest._engine import EngineRun, Report
+from simstore.ingest._plugins import Plugins
+from simstore.ingest._records import FileResult, SourceFile, TaskContext, TaskResult
+from simstore.ingest._worker import TaskRunner
+
+__all__ = ["TASK_RETRIES", "TaskOutcome", "ingest_task", "run_dask"]
+
+TASK_RETRIES = 2
+"""Extra attempts dask makes for a task that raised (a worker's death counts separately,
+under the scheduler's ``distributed.scheduler.allowed-failures``)."""
+
+_REFRESH_S = 5.0  # how often the driver re-reads the cluster's size (it may scale)
+
+
+def _distributed() -> Any:
+    try:
+        import distributed
+    except ImportError as exc:
+        raise ImportError(
+            "the dask engine needs dask.distributed: pip install 'simstore[dask]'"
+        ) from exc
+    return distributed
+
+
+@dataclass(frozen=True, slots=True)
+class TaskOutcome:
+    """What a dask task returns: its result, or the error that a retry cannot fix.
+
+    ``error`` is a :class:`SourceError` (a bad file under ``on_error="fail"``) or an
+    :class:`InvalidInputError` (the worker cannot see the store); the driver raises it.
+    """
+
+    result: TaskResult | None
+    error: SimstoreError | None = None
+
+
+def _worker_name() -> str:
+    from distributed import get_worker
+
+    try:
+        return str(get_worker().address)
+    except ValueError:  # not inside a dask worker (a test running the task directly)
+        return f"pid {os.getpid()}"
+
+
+def ingest_task(ctx: TaskContext, files: Sequence[SourceFile], plugins: Plugins) -> TaskOutcome:
+    """Run one ingest task on a dask worker; pure in its arguments, safe to run twice.
+
+    Checks first that this worker sees the store (a local store must sit on a filesystem
+    every worker mounts at the same path).
+    """
+    worker = _worker_name()
+    t0 = time.perf_counter()
+    if not ctx.store.exists(STORE_META_KEY):
+        return TaskOutcome(
+            None,
+            InvalidInputError(
+                f"dask worker {worker} cannot see the store {ctx.store.url} (no "
+                f"{STORE_META_KEY}): a local store must be on a filesystem every worker "
+                "mounts at the same path; or use s3://bucket/prefix"
+            ),
+        )
+    try:
+        result = TaskRunner(ctx, plugins=plugins).run(files)
+    except SourceError as exc:
+        return TaskOutcome(None, exc)
+    result.seconds = time.perf_counter() - t0
+    result.worker = worker
+    return TaskOutcome(result)
+
+
+@contextlib.contextmanager
+def _client(cfg: IngestConfig) -> Iterator[Any]:
+    """A client of the scheduler at ``cfg.address``, or of a LocalCluster on 127.0.0.1."""
+    distributed = _distributed()
+    if cfg.address is None:
+        # loopback only, no dashboard: a local cluster serves nobody but this process
+        cluster = distributed.LocalCluster(
+            host="127.0.0.1",
+            n_workers=cfg.workers,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=None,
+        )
+        try:
+            with distributed.Client(cluster, set_as_default=False) as client:
+                yield client
+        finally:
+            cluster.close()
+        return
+    try:
+        client = distributed.Client(cfg.address, set_as_default=False)
+    except (OSError, TimeoutError) as exc:
+        raise InvalidInputError(
+            f"cannot reach the dask scheduler at {cfg.address}: {type(exc).__name__}: {exc}"
+        ) from exc
+    with client:
+        yield client
+
+
+def _describe(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    if type(exc).__name__ == "KilledWorker":
+        return f"its dask workers died running it (out of memory? a crash in a library?): {text}"
+    return f"{type(exc).__name__}: {text}"
+
+
+def _failed(i: int, task: Sequence[SourceFile], exc: BaseException) -> TaskResult:
+    """The result of a task that failed for good, under ``on_error="skip"``."""
+    reason = _describe(exc)
+    files = [
+        FileResult(
+            path=f.path,
+            key=f.key,
+            size_bytes=f.size,
+            error=f"{f.path}: ingest task {i} failed on the dask cluster: {reason}",
+        )
+        for f in task
+    ]
+    return TaskResult(files=files, shards={}, new_bytes=0, failed=True)
+
+
+def _collect(fut: Any, i: int, task: Sequence[SourceFile], cfg: IngestConfig) -> TaskResult:
+    """The result of a finished future, or the run's error."""
+    if fut.status == "error":
+        exc = fut.exception()
+        if cfg.on_error == "skip":
+            return _failed(i, task, exc)
+        if isinstance(exc, SimstoreError):
+            raise exc
+        first = task[0].path if task else "-"
+        raise SimstoreError(
+            f"ingest task {i} ({len(task)} files from {first}) failed on the dask cluster: "
+            f"{_describe(exc)}; a re-run resumes where this one stopped"
+        ) from exc
+    if fut.status != "finished":
+        raise SimstoreError(
+            f"ingest task {i} was {fut.status} on the dask cluster (scheduler restarted?); "
+            "a re-run resumes where this one stopped"
+        )
+    outcome: TaskOutcome = fut.result()
+    if outcome.error is not None:
+        raise outcome.error
+    assert outcome.result is not None
+    return outcome.result
+
+
+def run_dask(
+    ctx: TaskContext,
+    tasks: Sequence[Sequence[SourceFile]],
+    plugins: Plugins,
+    report: Report,
+) -> EngineRun:
+    """Run every task on a dask.distributed cluster; results in plan order.
+
+    At most about four tasks per worker thread are in flight, so neither the scheduler
+    nor the workers hold more than that many tasks' arguments and results; results are
+    gathered as they finish and released on the cluster.
+    """
+    distributed = _distributed()
+    cfg = ctx.config
+    results: list[TaskResult | None] = [None] * len(tasks)
+    run_id = uuid.uuid4().hex[:12]
+    with _client(cfg) as client:
+        pending: dict[Any, int] = {}
+        finished = distributed.as_completed(loop=client.loop)
+        queue = iter(enumerate(tasks))
+        limit, limit_at = 0, -_REFRESH_S
+
+        def in_flight_limit() -> int:
+            nonlocal limit, limit_at
+            if time.monotonic() - limit_at >= _REFRESH_S:
+                limit = max(8, 4 * sum(client.nthreads().values()))
+                limit_at = time.monotonic()
+            return limit
+
+        def submit() -> None:
+            limit = in_flight_limit()
+            for i, task in queue:
+                fut = client.submit(
+                    ingest_task,
+                    ctx,
+                    list(task),
+                    plugins,
+                    key=f"simstore-ingest-{run_id}-{i:07d}",
+                    retries=TASK_RETRIES,
+                )
+                pending[fut] = i
+                finished.add(fut)
+                if len(pending) >= limit:
+                    return
+
+        try:
+            submit()
+            for fut in finished:
+                i = pending.pop(fut)
+                res = _collect(fut, i, tasks[i], cfg)
+                del fut  # the cluster forgets the result once no future refers to it
+                results[i] = res
+                report(
+                    len(tasks[i]),
+                    sum(f.size for f in tasks[i]),
+                    sum(len(f.rows) for f in res.files),
+                )
+                submit()
+        except BaseException:
+            client.cancel(list(pending))
+            raise
+    done = [r for r in results if r is not None]
+    return EngineRun(done, "dask", len({r.worker for r in done if not r.failed}))

@@ -1,0 +1,361 @@
+"""The driver of an ingest: discover, plan, run the tasks on an engine, check, stage, commit.
+
+Staging happens once, after every task succeeded (or was skipped under
+``on_error="skip"``): a failed or killed run stages nothing, so no snapshot or staging
+entry references what it wrote (gc reclaims it; the journal speeds up the re-run).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Unpack
+
+import pyarrow as pa
+
+from simstore.catalog import Catalog
+from simstore.errors import InvalidInputError, SourceError
+from simstore.hashing import hash_bytes
+from simstore.ingest._config import (
+    IngestConfig,
+    IngestOptions,
+    IngestProgress,
+    IngestResult,
+    SkippedFile,
+    TaskTiming,
+)
+from simstore.ingest._engine import EngineRun, run_local
+from simstore.ingest._plugins import plugins_for
+from simstore.ingest._records import FileResult, Row, SourceFile, TaskContext, TaskResult
+from simstore.ingest._sources import discover, plan_tasks
+from simstore.manifest import MANIFEST_SCHEMA
+from simstore.names import check_name
+from simstore.sample import FieldSpec, Schema, canonical_json, merge_schema
+from simstore.stats import merge_stats
+from simstore.storage import ObjectStore
+
+__all__ = ["ingest"]
+
+
+def _head_hashes(catalog: Catalog, snap: Any, keys: Sequence[str]) -> dict[str, str]:
+    """Sample hashes the snapshot holds for sorted ``keys``; reads only the parts they fall in."""
+    parts = snap.parts
+    firsts = [p.first_key for p in parts]
+    needed = set()
+    for key in keys:
+        i = bisect.bisect_right(firsts, key) - 1
+        if i >= 0 and key <= parts[i].last_key:
+            needed.add(i)
+    wanted = set(keys)
+    out: dict[str, str] = {}
+    for i in sorted(needed):
+        table = catalog.read_part(parts[i], snapshot=snap.id)
+        for k, h in zip(
+            table.column("key").to_pylist(), table.column("sample_hash").to_pylist(), strict=True
+        ):
+            if k in wanted:
+                out[k] = h.hex()
+    return out
+
+
+def _rows_table(rows: Sequence[Row]) -> pa.Table:
+    return pa.table(
+        {
+            "key": pa.array([r[0] for r in rows], pa.string()),
+            "sample_hash": pa.array([bytes.fromhex(r[1]) for r in rows], pa.binary(16)),
+            "shard": pa.array([r[2] for r in rows], pa.string()),
+            "position": pa.array([r[3] for r in rows], pa.int64()),
+            "size_bytes": pa.array([r[4] for r in rows], pa.int64()),
+        },
+        schema=MANIFEST_SCHEMA,
+    )
+
+
+def ingest(
+    sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    dataset: str,
+    store: str | os.PathLike[str] | ObjectStore | Catalog,
+    config: IngestConfig | None = None,
+    progress: Callable[[IngestProgress], None] | None = None,
+    **options: Unpack[IngestOptions],
+) -> IngestResult:
+    """Ingest source files or folders into ``dataset``; stage the change, optionally commit.
+
+    ``options`` override fields of ``config`` (see :class:`IngestConfig`), so a pipeline
+    writes ``simstore.ingest(["runs/"], dataset="cfd", store="s3://b/p", workers=8,
+    snapshot=True, message="nightly")``. Call it under ``if __name__ == "__main__":`` when
+    ``workers > 1`` or ``engine="dask"``: the process pool and a ``LocalCluster`` start
+    workers with ``spawn``.
+
+    With ``engine="dask"`` the tasks run on the dask.distributed scheduler at ``address``
+    (or a ``LocalCluster`` on 127.0.0.1): workers open the store from its URL and options,
+    write shards and journal records, and return manifest rows; this process stages them
+    and commits once. Same sources, same content and shards, whatever the engine.
+
+    Raises :class:`SourceError` for a bad file (naming file and field) unless
+    ``on_error="skip"``, :class:`InvalidInputError` for bad options; a failed run stages
+    nothing. Re-running after a failure or a finished run redoes no finished file.
+    """
+    t0 = time.perf_counter()
+    try:
+        cfg = dataclasses.replace(config or IngestConfig(), **options)
+    except TypeError as exc:
+        raise InvalidInputError(f"invalid ingest option: {exc}") from None
+    check_name(dataset, "dataset name")
+    catalog = store if isinstance(store, Catalog) else Catalog.open(store)
+    if catalog.store.url.startswith("memory://"):
+        if cfg.engine == "dask":
+            raise InvalidInputError(
+                "a memory:// store lives in one process, so dask workers cannot reach it: "
+                "use a store every worker reaches (s3://bucket/prefix, or a path on a "
+                "shared filesystem)"
+            )
+        if cfg.workers > 1:
+            raise InvalidInputError("a memory:// store lives in one process: use workers=1")
+    srcs = [sources] if isinstance(sources, str | os.PathLike) else list(sources)
+    if not srcs:
+        raise InvalidInputError("no sources given")
+    plugins = plugins_for(cfg)
+    files, ignored = discover([os.fspath(s) for s in srcs], plugins[0])
+    if not files:
+        raise InvalidInputError(
+            f"no source files found in {', '.join(os.fspath(s) for s in srcs)}"
+            + (f" ({len(ignored)} files no adapter reads)" if ignored else "")
+        )
+    head_id, _ = catalog.branches(dataset).get_versioned(cfg.branch)
+    head = catalog.snapshot(head_id) if head_id else None
+    ctx = TaskContext(
+        store=catalog.store,
+        dataset=dataset,
+        config=cfg,
+        base_schema=tuple(head.schema) if head else (),
+        params_digest=hash_bytes(canonical_json(cfg.output_params())),
+    )
+    tasks = plan_tasks(files, cfg.shard_size)
+    totals = {"files": 0, "bytes": 0, "samples": 0}
+    bytes_total = sum(f.size for f in files)
+
+    def report(n_files: int, n_bytes: int, n_samples: int) -> None:
+        totals["files"] += n_files
+        totals["bytes"] += n_bytes
+        totals["samples"] += n_samples
+        if progress is not None:
+            progress(
+                IngestProgress(
+                    files_done=totals["files"],
+                    files_total=len(files),
+                    samples=totals["samples"],
+                    bytes_done=totals["bytes"],
+                    bytes_total=bytes_total,
+                    elapsed_s=time.perf_counter() - t0,
+                )
+            )
+
+    if cfg.engine == "dask":
+        from simstore.ingest._dask import run_dask  # dask is an optional extra
+
+        run = run_dask(ctx, tasks, plugins, report)
+    else:
+        run = run_local(ctx, tasks, plugins, report)
+    return _finish(catalog, ctx, files, ignored, run, tasks, head, t0)
+
+
+def _timings(run: EngineRun, tasks: Sequence[Sequence[SourceFile]]) -> tuple[TaskTiming, ...]:
+    return tuple(
+        TaskTiming(
+            task=i,
+            worker=res.worker,
+            files=len(task),
+            bytes_in=sum(f.size for f in task),
+            samples=sum(len(f.rows) for f in res.files),
+            shards=len(res.shards),
+            seconds=res.seconds,
+            failed=res.failed,
+        )
+        for i, (res, task) in enumerate(zip(run.results, tasks, strict=True))
+    )
+
+
+def _finish(
+    catalog: Catalog,
+    ctx: TaskContext,
+    files: Sequence[SourceFile],
+    ignored: Sequence[str],
+    run: EngineRun,
+    tasks: Sequence[Sequence[SourceFile]],
+    head: Any,
+    t0: float,
+) -> IngestResult:
+    """Check the run as a whole (schema across files, unique keys), then stage and commit."""
+    cfg = ctx.config
+    results: Sequence[TaskResult] = run.results
+    schema: dict[str, FieldSpec] = {s.name: s for s in ctx.base_schema}
+    skipped: list[SkippedFile] = []
+    accepted: list[FileResult] = []
+    owner: dict[str, str] = {}
+    file_results = [f for r in results for f in r.files]
+
+    def reject(res: FileResult, message: str) -> None:
+        if cfg.on_error == "fail":
+            raise SourceError(message)
+        skipped.append(SkippedFile(path=res.path, reason=message))
+
+    for res in file_results:
+        if res.error is not None:
+            skipped.append(SkippedFile(path=res.path, reason=res.error))
+            continue
+        specs = [FieldSpec.from_json(s) for s in res.schema]
+        bad = next((s for s in specs if s.name in schema and schema[s.name] != s), None)
+        if bad is not None and not cfg.allow_schema_change:
+            reject(
+                res,
+                f"{res.path}: field {bad.name!r} changes type from "
+                f"{schema[bad.name].describe()} to {bad.describe()} "
+                "(use --allow-schema-change to accept)",
+            )
+            continue
+        dup = next((r[0] for r in res.rows if r[0] in owner), None)
+        if dup is not None:
+            reject(res, f"{res.path}: sample key {dup!r} is also produced by {owner[dup]}")
+            continue
+        for r in res.rows:
+            owner[r[0]] = res.path
+        schema = {
+            s.name: s
+            for s in merge_schema(
+                tuple(schema.values()),
+                tuple(specs),
+                source=res.path,
+                allow_change=cfg.allow_schema_change,
+            )
+        }
+        accepted.append(res)
+    unchanged: set[str] = set()
+    known: dict[str, str] = {}
+    if head is not None and cfg.mode == "upsert" and accepted:
+        known = _head_hashes(catalog, head, sorted(owner))
+        for res in accepted:
+            if res.rows and all(known.get(k) == h for k, h, *_ in res.rows):
+                unchanged.add(res.path)
+    staged = [r for r in accepted if r.path not in unchanged]
+    rows = [row for r in staged for row in r.rows]
+    # checked against the head: no staged key exists there, so merged statistics stay exact
+    new_keys_in = head.id if head is not None and not any(r[0] in known for r in rows) else None
+    shards = sorted({row[2] for row in rows})
+    new_bytes = sum(r.new_bytes for r in results) + sum(f.new_bytes for f in file_results)
+    staging_id: str | None = None
+    snapshot_id: str | None = None
+    final_schema = tuple(schema[n] for n in sorted(schema))
+    if staged:
+        staging_id, snapshot_id, extra = _stage(
+            catalog, ctx, run, staged, rows, shards, final_schema, new_keys_in
+        )
+        new_bytes += extra
+    elif cfg.snapshot and head is not None:
+        snapshot_id = head.id
+    written = {oid: size for r in results for oid, size in r.shards.items()}
+    return IngestResult(
+        dataset=ctx.dataset,
+        files=len(files),
+        files_ingested=sum(1 for r in accepted if not r.reused),
+        files_reused=sum(1 for r in accepted if r.reused),
+        files_unchanged=len(unchanged),
+        files_skipped=tuple(skipped),
+        files_ignored=tuple(ignored),
+        samples=sum(len(r.rows) for r in accepted),
+        samples_staged=len(rows),
+        bytes_in=sum(r.size_bytes for r in file_results),
+        bytes_stored=sum(written.values()),
+        new_bytes=new_bytes,
+        shards=len(written),
+        seconds=time.perf_counter() - t0,
+        engine=run.engine,
+        workers=run.workers,
+        staging_id=staging_id,
+        snapshot_id=snapshot_id,
+        schema=final_schema,
+        tasks=_timings(run, tasks),
+    )
+
+
+def _stage(
+    catalog: Catalog,
+    ctx: TaskContext,
+    run: EngineRun,
+    staged: Sequence[FileResult],
+    rows: Sequence[Row],
+    shards: Sequence[str],
+    schema: Schema,
+    new_keys_in: str | None,
+) -> tuple[str, str | None, int]:
+    """Stage the rows (reusing an identical pending entry) and commit when asked.
+
+    ``new_keys_in``: the snapshot every staged key was checked to be absent from; the
+    commit trusts it (skipping its own key-range test) only when that is its parent.
+    """
+    cfg = ctx.config
+    rows_digest = hash_bytes(canonical_json([list(r) for r in sorted(rows)]))
+    sources = [
+        {
+            "key": r.key,
+            "path": r.path,
+            "hash": r.source_hash,
+            "size": r.size_bytes,
+            "adapter": r.adapter,
+        }
+        for r in staged
+    ]
+    sources_id, sources_new = catalog.put_object(canonical_json(sources))
+    extra = len(canonical_json(sources)) if sources_new else 0
+    objects = sorted({sources_id, *(r.source_object for r in staged if r.source_object)})
+    stats = merge_stats([r.stats for r in staged])
+    lineage = {
+        "kind": "ingest",
+        "adapter": cfg.adapter,
+        "adapters": {r.adapter: r.adapter_version for r in staged},
+        "parameters": cfg.output_params(),
+        "engine": run.engine,
+        "workers": run.workers,
+        "sources": {
+            "object": sources_id,
+            "files": len(staged),
+            "bytes": sum(r.size_bytes for r in staged),
+        },
+        "objects": objects,
+        "rows_digest": rows_digest,
+    }
+    entry = next(
+        (
+            e
+            for e in catalog.staged(ctx.dataset)
+            if e.lineage.get("rows_digest") == rows_digest and e.mode == cfg.mode
+        ),
+        None,
+    )
+    if entry is None:
+        entry = catalog.stage(
+            ctx.dataset,
+            changes=_rows_table(rows),
+            shards=shards,
+            schema=schema,
+            stats={"fields": stats, "exact": True, "new_keys_in": new_keys_in},
+            lineage=lineage,
+            mode=cfg.mode,
+        )
+    snapshot_id: str | None = None
+    if cfg.snapshot:
+        message = cfg.message or f"ingest {len(staged)} files ({len(rows)} samples)"
+        commit = catalog.commit(
+            ctx.dataset,
+            message=message,
+            branch=cfg.branch,
+            author=cfg.author,
+            staging_ids=[entry.id],
+            allow_schema_change=cfg.allow_schema_change,
+        )
+        snapshot_id = commit.snapshot_id
+    return entry.id, snapshot_id, extra

@@ -1,0 +1,101 @@
+"""Discovery of source adapters and shard formats through entry points."""
+
+from __future__ import annotations
+
+import sys
+from importlib.metadata import entry_points
+from typing import Any
+
+from simstore.errors import InvalidInputError
+from simstore.ingest._config import IngestConfig
+from simstore.ingest._shards import ShardOptions
+from simstore.protocols import ShardFormat, SourceAdapter
+
+__all__ = [
+    "ADAPTER_GROUP",
+    "FORMAT_GROUP",
+    "Plugins",
+    "adapter_names",
+    "entry_points",
+    "load_adapter",
+    "load_adapters",
+    "load_shard_format",
+    "plugins_for",
+    "shard_format_names",
+]
+
+ADAPTER_GROUP = "simstore.adapters"
+FORMAT_GROUP = "simstore.shard_formats"
+
+Plugins = tuple[SourceAdapter, dict[str, ShardFormat]]
+"""The adapter of an ingest and its shard formats by name; they pickle, so they travel
+with each task to a worker process instead of every worker scanning entry points again."""
+
+
+def _entry_points(group: str) -> dict[str, Any]:
+    # Looked up on the package at call time: ``simstore.ingest.entry_points`` is the seam
+    # through which a test or an embedding application adds plugins without installing them.
+    package = sys.modules[__package__ or "simstore.ingest"]
+    return {ep.name: ep for ep in package.entry_points(group=group)}
+
+
+def adapter_names() -> list[str]:
+    """Names of the installed source adapters (entry-point group ``simstore.adapters``)."""
+    return sorted(_entry_points(ADAPTER_GROUP))
+
+
+def shard_format_names() -> list[str]:
+    """Names of the installed shard formats (entry-point group ``simstore.shard_formats``)."""
+    return sorted(_entry_points(FORMAT_GROUP))
+
+
+def load_adapters() -> dict[str, SourceAdapter]:
+    """Every installed source adapter by name (one scan of the installed packages)."""
+    return {
+        name: _adapter_of(name, ep) for name, ep in sorted(_entry_points(ADAPTER_GROUP).items())
+    }
+
+
+def _adapter_of(name: str, ep: Any) -> SourceAdapter:
+    obj = ep.load()
+    adapter = obj() if isinstance(obj, type) else obj
+    if not isinstance(adapter, SourceAdapter):
+        raise InvalidInputError(f"entry point {name!r} in {ADAPTER_GROUP} is not a SourceAdapter")
+    return adapter
+
+
+def load_adapter(name: str) -> SourceAdapter:
+    """The source adapter registered as ``name``; its entry point names a class or factory."""
+    eps = _entry_points(ADAPTER_GROUP)
+    if name not in eps:
+        raise InvalidInputError(
+            f"unknown adapter {name!r}; installed: {', '.join(sorted(eps)) or 'none'} "
+            f"(entry-point group {ADAPTER_GROUP})"
+        )
+    return _adapter_of(name, eps[name])
+
+
+def load_shard_format(name: str, options: ShardOptions | None = None) -> ShardFormat:
+    """The shard format registered as ``name``, built with ``options``.
+
+    Its entry point names a callable taking one :class:`ShardOptions` (usually the class).
+    """
+    eps = _entry_points(FORMAT_GROUP)
+    if name not in eps:
+        raise InvalidInputError(
+            f"unknown shard format {name!r}; installed: {', '.join(sorted(eps)) or 'none'} "
+            f"(entry-point group {FORMAT_GROUP})"
+        )
+    fmt = eps[name].load()(options or ShardOptions())
+    if not isinstance(fmt, ShardFormat):
+        raise InvalidInputError(f"entry point {name!r} in {FORMAT_GROUP} is not a ShardFormat")
+    return fmt
+
+
+def plugins_for(cfg: IngestConfig) -> Plugins:
+    """The adapter and the shard formats (the chosen one, and Zarr for dense fields)."""
+    opts = cfg.shard_options()
+    formats = {cfg.format: load_shard_format(cfg.format, opts)}
+    if cfg.format != "zarr":
+        formats["zarr"] = load_shard_format("zarr", opts)
+    return load_adapter(cfg.adapter), formats

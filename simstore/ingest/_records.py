@@ -1,0 +1,81 @@
+"""The values that travel between the driver and the workers of an ingest.
+
+A task is a pure function of a :class:`TaskContext` and a run of :class:`SourceFile`
+entries; it returns a :class:`TaskResult`. Everything here pickles (the store pickles as
+its URL and options), so a process pool or a dask.distributed worker can run a task, and
+nothing here holds a live client, file handle or lock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from simstore.ingest._config import IngestConfig
+from simstore.sample import FieldSpec
+from simstore.storage import ObjectStore
+
+__all__ = ["FileResult", "Row", "SourceFile", "TaskContext", "TaskResult"]
+
+Row = tuple[str, str, str, int, int]
+"""One manifest row: key, sample hash, shard id, position in the shard, logical size."""
+
+
+@dataclass(frozen=True, slots=True)
+class SourceFile:
+    """A discovered source: its path, its key (path relative to the ingest root), size, mtime."""
+
+    path: str
+    key: str
+    size: int
+    mtime_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class TaskContext:
+    """What every task needs besides its files: the store, the dataset and the options.
+
+    ``base_schema`` is the branch head's schema (a task checks field types against it);
+    ``params_digest`` is the digest of every output parameter (it keys the journal).
+    """
+
+    store: ObjectStore
+    dataset: str
+    config: IngestConfig
+    base_schema: tuple[FieldSpec, ...]
+    params_digest: str
+
+
+@dataclass(slots=True)
+class FileResult:
+    """One file's outcome: its manifest rows, schema and statistics, or why it failed."""
+
+    path: str
+    key: str
+    size_bytes: int
+    source_hash: str = ""
+    adapter: str = ""
+    adapter_version: str = ""
+    rows: list[Row] = field(default_factory=list)
+    schema: list[dict[str, Any]] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    reused: bool = False
+    source_object: str | None = None
+    new_bytes: int = 0
+
+
+@dataclass(slots=True)
+class TaskResult:
+    """One task's outcome: its files in order, the shards it stored (id: size), new bytes.
+
+    ``worker`` and ``seconds`` say where and how long it ran (set by the engine);
+    ``failed``: the task itself failed (its files carry the error and were skipped).
+    """
+
+    files: list[FileResult]
+    shards: dict[str, int]
+    new_bytes: int
+    worker: str = ""
+    seconds: float = 0.0
+    failed: bool = False

@@ -1,0 +1,157 @@
+"""Discovery of source files, their content hashes, and the plan that cuts them into tasks.
+
+The plan depends only on the files (their keys and sizes) and the shard size, never on
+the engine or the worker count, so every engine stores the same shards.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Sequence
+
+from simstore.errors import InvalidInputError
+from simstore.hashing import Hasher, ObjectId
+from simstore.ingest._arrays import MiB
+from simstore.ingest._records import SourceFile
+from simstore.protocols import SourceAdapter
+
+__all__ = ["discover", "hash_file", "hash_source", "plan_tasks", "read_head", "resolve_adapter"]
+
+
+def read_head(path: str) -> bytes:
+    """The first 64 bytes of a file (adapters sniff them); empty for a directory."""
+    if os.path.isdir(path):
+        return b""
+    with open(path, "rb") as f:
+        return f.read(64)
+
+
+def resolve_adapter(adapter: SourceAdapter, path: str, head: bytes) -> SourceAdapter | None:
+    """The adapter that reads ``path`` (``auto`` picks one), or None when none does."""
+    resolve = getattr(adapter, "resolve", None)
+    if callable(resolve):
+        found = resolve(path, head)
+        return found if isinstance(found, SourceAdapter) else None
+    return adapter if adapter.can_read(path, head) else None
+
+
+def _stat(path: str) -> tuple[int, int]:
+    if os.path.isdir(path):
+        size, mtime = 0, 0
+        for root, _, files in os.walk(path):
+            for name in files:
+                st = os.stat(os.path.join(root, name))
+                size += st.st_size
+                mtime = max(mtime, st.st_mtime_ns)
+        return size, mtime
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
+
+
+def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[SourceFile], list[str]]:
+    """Source files in key order, and the walked files no adapter reads."""
+    found: dict[str, SourceFile] = {}
+    walked: set[str] = set()
+    ignored: list[str] = []
+    claimed: set[str] = set()
+
+    def add(path: str, key: str) -> None:
+        if key in found and found[key].path != path:
+            raise InvalidInputError(
+                f"two sources map to the key {key!r}: {found[key].path} and {path}"
+            )
+        size, mtime = _stat(path)
+        found[key] = SourceFile(path, key, size, mtime)
+
+    for src in sources:
+        path = os.path.abspath(os.fspath(src))
+        if not os.path.exists(path):
+            raise InvalidInputError(f"{src}: no such file or directory")
+        if os.path.isdir(path) and resolve_adapter(adapter, path, b"") is None:
+            for root, dirs, names in os.walk(path):
+                dirs.sort()
+                keep = []
+                for d in dirs:
+                    full = os.path.join(root, d)
+                    if d.startswith("."):
+                        continue
+                    if resolve_adapter(adapter, full, b"") is not None:
+                        add(full, os.path.relpath(full, path).replace(os.sep, "/"))
+                        walked.add(full)
+                    else:
+                        keep.append(d)
+                dirs[:] = keep
+                for name in sorted(names):
+                    if name.startswith("."):
+                        continue
+                    full = os.path.join(root, name)
+                    if resolve_adapter(adapter, full, read_head(full)) is None:
+                        ignored.append(full)
+                        continue
+                    add(full, os.path.relpath(full, path).replace(os.sep, "/"))
+                    walked.add(full)
+        else:
+            add(path, os.path.basename(path))
+    for found_src in list(found.values()):
+        chosen = resolve_adapter(adapter, found_src.path, read_head(found_src.path))
+        companions = getattr(chosen, "companions", None)
+        if callable(companions):
+            claimed.update(os.path.normpath(os.path.abspath(p)) for p in companions(found_src.path))
+    files = [s for s in found.values() if not (s.path in walked and s.path in claimed)]
+    return sorted(files, key=lambda s: s.key), sorted(ignored)
+
+
+_HASH_WINDOW = 64 * MiB  # a multiple of mmap.ALLOCATIONGRANULARITY
+
+
+def hash_file(path: str) -> tuple[ObjectId, int]:
+    """xxh3-128 id and size of a local file, equal to :func:`simstore.hashing.hash_file`.
+
+    Hashes memory-mapped windows of 64 MiB, unmapping each before the next: no copy into
+    Python buffers (about 8x faster than reading blocks here) and mapped pages never
+    exceed one window, so the resident memory stays bounded.
+    """
+    h = Hasher()
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        for start in range(0, size, _HASH_WINDOW):
+            length = min(_HASH_WINDOW, size - start)
+            with mmap.mmap(f.fileno(), length, access=mmap.ACCESS_READ, offset=start) as m:
+                h.update(memoryview(m))
+    return h.hexdigest(), size
+
+
+def hash_source(path: str) -> tuple[str, int]:
+    """Content hash and size of a source file, or of a directory (sorted names and hashes)."""
+    if not os.path.isdir(path):
+        oid, size = hash_file(path)
+        return str(oid), size
+    h = Hasher()
+    total = 0
+    entries = []
+    for root, _, files in os.walk(path):
+        for name in files:
+            full = os.path.join(root, name)
+            entries.append((os.path.relpath(full, path).replace(os.sep, "/"), full))
+    for rel, full in sorted(entries):
+        oid, size = hash_file(full)
+        total += size
+        h.update(f"{rel}\0{oid}\0{size}\n".encode())
+    return str(h.hexdigest()), total
+
+
+def plan_tasks(files: Sequence[SourceFile], shard_size: int) -> list[list[SourceFile]]:
+    """Runs of files in key order with about ``shard_size`` source bytes each."""
+    tasks: list[list[SourceFile]] = []
+    current: list[SourceFile] = []
+    acc = 0
+    for f in files:
+        current.append(f)
+        acc += f.size
+        if acc >= shard_size:
+            tasks.append(current)
+            current, acc = [], 0
+    if current:
+        tasks.append(current)
+    return tasks

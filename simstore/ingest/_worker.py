@@ -1,0 +1,347 @@
+"""The worker side of an ingest: one task's files to samples to stored shards.
+
+Per file: hash its bytes (lineage), let the adapter yield samples, check each sample's
+field types, hash and summarise it, and hand it to a shard writer (Zarr for big dense
+fields, else the chosen format); a shard closes at ``shard_size``, is hashed and stored
+under its id (an existing object is not written again). When the task's shards are
+stored, each finished file gets a journal record.
+
+A task is a pure function of its context and files: shards are deterministic, so running
+a task twice (a retry, a duplicate) stores nothing new the second time.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from simstore.errors import InvalidInputError, SimstoreError, SourceError
+from simstore.hashing import object_key
+from simstore.ingest._arrays import (
+    hash_sample_blocks,
+    is_array_source,
+    sample_nbytes,
+    spec_of_value,
+)
+from simstore.ingest._journal import read_journal, write_journal
+from simstore.ingest._plugins import Plugins, plugins_for
+from simstore.ingest._records import FileResult, Row, SourceFile, TaskContext, TaskResult
+from simstore.ingest._sources import hash_file, hash_source, read_head, resolve_adapter
+from simstore.protocols import ShardFormat, ShardWriteResult, WrittenSample
+from simstore.sample import FieldSpec, Sample
+from simstore.stats import StatsAccumulator
+from simstore.storage import SupportsMoveFile
+
+__all__ = ["TaskRunner", "run_task"]
+
+
+class _BufferedWriter:
+    """A ShardWriter over a format that only has ``write``: buffers, then writes."""
+
+    def __init__(self, fmt: ShardFormat, path: str) -> None:
+        self._fmt, self._path = fmt, path
+        self._samples: list[Sample] = []
+        self._written: list[WrittenSample] = []
+
+    def add(self, sample: Sample, *, sample_hash: str, size_bytes: int) -> WrittenSample:
+        values: Mapping[str, Any] = sample.fields
+        fields = {
+            n: (np.asarray(v[tuple(slice(0, d) for d in v.shape)]) if is_array_source(v) else v)
+            for n, v in values.items()
+        }
+        self._samples.append(Sample(sample.key, fields))
+        ws = WrittenSample(
+            key=sample.key,
+            sample_hash=sample_hash,
+            position=len(self._written),
+            size_bytes=size_bytes,
+        )
+        self._written.append(ws)
+        return ws
+
+    def close(self, stats: Mapping[str, Any] | None = None) -> ShardWriteResult:
+        return self._fmt.write(self._samples, self._path)
+
+    def abort(self) -> None:
+        self._samples = []
+        if os.path.exists(self._path):
+            os.unlink(self._path)
+
+
+@dataclass(slots=True)
+class _Builder:
+    seq: int
+    format: str
+    path: str
+    writer: Any
+    stats: StatsAccumulator
+    specs: dict[str, FieldSpec] = field(default_factory=dict)
+    size_bytes: int = 0
+    count: int = 0
+
+
+class TaskRunner:
+    """Turns one task's files into shards; owns the open shard writers and temp files."""
+
+    def __init__(
+        self,
+        ctx: TaskContext,
+        progress: Callable[[int, int], None] | None = None,
+        plugins: Plugins | None = None,
+    ):
+        self.ctx = ctx
+        self.cfg = ctx.config
+        self.progress = progress
+        self.adapter, self.formats = plugins or plugins_for(self.cfg)
+        scratch = self.cfg.tmp_dir
+        if scratch is None and isinstance(ctx.store, SupportsMoveFile):
+            # build shards on the store's filesystem so storing one is a link, not a copy
+            scratch = ctx.store.scratch_dir()
+        self.tmp = tempfile.mkdtemp(prefix="simstore-ingest-", dir=scratch)
+        self.open: dict[str, _Builder] = {}
+        self.shard_of: dict[int, str] = {}
+        self.shards: dict[str, int] = {}
+        self.new_bytes = 0
+        self._seq = 0
+        self.run_specs: dict[str, FieldSpec] = {}
+
+    # -- shards ------------------------------------------------------------------------
+    def _builder(self, kind: str) -> _Builder:
+        b = self.open.get(kind)
+        if b is None:
+            fmt = self.formats[kind]
+            path = os.path.join(self.tmp, f"{self._seq}.{kind}")
+            opener = getattr(fmt, "open_writer", None)
+            writer = opener(path) if callable(opener) else _BufferedWriter(fmt, path)
+            b = _Builder(self._seq, kind, path, writer, StatsAccumulator())
+            self._seq += 1
+            self.open[kind] = b
+        return b
+
+    def _close(self, kind: str) -> None:
+        b = self.open.pop(kind)
+        b.writer.close(stats=b.stats.to_json())
+        oid, size = hash_file(b.path)
+        store = self.ctx.store
+        if isinstance(store, SupportsMoveFile):
+            if store.move_file(object_key(oid), b.path):  # consumes b.path
+                self.new_bytes += size
+        else:
+            if store.put_file(object_key(oid), b.path):
+                self.new_bytes += size
+            os.unlink(b.path)
+        self.shard_of[b.seq] = str(oid)
+        self.shards[str(oid)] = size
+
+    def abort(self) -> None:
+        for b in self.open.values():
+            b.writer.abort()
+        self.open.clear()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    # -- files -------------------------------------------------------------------------
+    def run(self, files: Sequence[SourceFile]) -> TaskResult:
+        results: list[FileResult] = []
+        slots: list[list[tuple[int, int, Row]]] = []
+        try:
+            for src in files:
+                res, raw = self._file(src)
+                results.append(res)
+                slots.append(raw)
+                if self.progress is not None:
+                    self.progress(src.size, len(raw) or len(res.rows))
+        except SourceError:
+            # keep what the files before the bad one produced: store their shards and
+            # journal them, so the re-run after the fix redoes none of them
+            try:
+                self._finish(files, results, slots)
+            except BaseException:
+                self.abort()
+            raise
+        except BaseException:
+            self.abort()
+            raise
+        self._finish(files, results, slots)
+        return TaskResult(results, self.shards, self.new_bytes)
+
+    def _finish(
+        self,
+        files: Sequence[SourceFile],
+        results: Sequence[FileResult],
+        slots: Sequence[list[tuple[int, int, Row]]],
+    ) -> None:
+        """Close the open shards, give finished files their rows, journal them."""
+        try:
+            for kind in list(self.open):
+                self._close(kind)
+        except BaseException:
+            self.abort()
+            raise
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        for src, res, raw in zip(files, results, slots, strict=False):
+            if res.error or res.reused:
+                continue
+            res.rows = [
+                (k, h, self.shard_of[seq], pos, size) for seq, _, (k, h, _s, pos, size) in raw
+            ]
+            write_journal(self.ctx, src, res)
+
+    def _file(self, src: SourceFile) -> tuple[FileResult, list[tuple[int, int, Row]]]:
+        res = FileResult(path=src.path, key=src.key, size_bytes=src.size)
+        if self.cfg.resume:
+            reused = read_journal(self.ctx, src)
+            if reused is not None:
+                return reused, []
+        try:
+            return self._ingest(src, res)
+        except SourceError as exc:
+            # one line, whatever a library put in its message
+            message = " ".join(exc.message.split())
+            if self.cfg.on_error == "fail":
+                if message == exc.message:
+                    raise
+                raise SourceError(message) from exc
+            res.error = message
+            return res, []
+
+    def _ingest(
+        self, src: SourceFile, res: FileResult
+    ) -> tuple[FileResult, list[tuple[int, int, Row]]]:
+        path = src.path
+        try:
+            adapter = resolve_adapter(self.adapter, path, read_head(path))
+        except OSError as exc:
+            raise SourceError(f"{path}: unreadable: {exc}") from exc
+        if adapter is None:
+            raise SourceError(f"{path}: no installed adapter reads this file")
+        res.adapter, res.adapter_version = adapter.name, str(adapter.version)
+        res.source_hash, res.size_bytes = hash_source(path)
+        options = self.cfg.adapter_params()
+        options["source_hash"] = res.source_hash
+        options["tmp_dir"] = self.tmp
+        specs: dict[str, FieldSpec] = {}
+        # earlier files of this task count as the schema too: they share its shards
+        base = {s.name: s for s in self.ctx.base_schema}
+        base.update(self.run_specs)
+        file_stats = StatsAccumulator()
+        raw: list[tuple[int, int, Row]] = []
+        keys: set[str] = set()
+        samples = adapter.iter_samples(path, src.key, options)
+        while True:
+            try:
+                sample = next(samples)
+            except StopIteration:
+                break
+            except SimstoreError as exc:
+                if isinstance(exc, SourceError):
+                    raise
+                raise SourceError(f"{path}: {exc}") from exc
+            except Exception as exc:  # an adapter failing on a file means a bad file
+                raise SourceError(f"{path}: {type(exc).__name__}: {exc}") from exc
+            if not isinstance(sample.key, str) or not sample.key or sample.key in keys:
+                raise SourceError(
+                    f"{path}: the adapter gave a missing or repeated key {sample.key!r}"
+                )
+            keys.add(sample.key)
+            self._check_fields(path, sample, specs, base)
+            sample_stats = StatsAccumulator()
+            try:
+                digest = hash_sample_blocks(
+                    sample,
+                    self.cfg.block_bytes,
+                    on_block=sample_stats.add_array,
+                    on_scalar=sample_stats.add_scalar,  # type: ignore[arg-type]
+                )
+            except SourceError:
+                raise
+            except (InvalidInputError, ValueError, TypeError) as exc:
+                raise SourceError(f"{path}: sample {sample.key!r}: {exc}") from exc
+            fields_stats = sample_stats.to_json()
+            if self.cfg.nan == "error":
+                for name, s in fields_stats.items():
+                    nan, inf = sum(s["nan_count"]), sum(s.get("inf_count", [0]))
+                    if nan or inf:
+                        raise SourceError(
+                            f"{path}: field {name!r}: {nan} NaN and {inf} Inf values in sample "
+                            f"{sample.key!r} (--nan error)"
+                        )
+            size = sample_nbytes(sample)
+            kind = self._route(sample)
+            b = self._builder(kind)
+            if any(b.specs.get(n, s) != s for n, s in specs.items() if n in sample.fields):
+                # an accepted type change (allow_schema_change) starts a new shard
+                self._close(kind)
+                b = self._builder(kind)
+            b.specs.update({n: specs[n] for n in sample.fields})
+            ws = b.writer.add(sample, sample_hash=digest, size_bytes=size)
+            raw.append((b.seq, ws.position, (sample.key, str(digest), "", ws.position, size)))
+            b.stats.merge(fields_stats)
+            file_stats.merge(fields_stats)
+            b.size_bytes += size
+            b.count += 1
+            if b.size_bytes >= self.cfg.shard_size:
+                self._close(kind)
+        if getattr(adapter, "stores_source", False) and not os.path.isdir(path):
+            if self.ctx.store.put_file(object_key(res.source_hash), path):
+                res.new_bytes += res.size_bytes
+            res.source_object = res.source_hash
+        res.schema = [specs[n].to_json() for n in sorted(specs)]  # type: ignore[misc]
+        res.stats = file_stats.to_json()
+        self.run_specs.update(specs)
+        return res, raw
+
+    def _route(self, sample: Sample) -> str:
+        if self.cfg.format == "zarr":
+            return "zarr"
+        for value in sample.fields.values():
+            if is_array_source(value) or (
+                isinstance(value, np.ndarray) and value.nbytes > self.cfg.dense_threshold
+            ):
+                return "zarr"
+        return self.cfg.format
+
+    def _check_fields(
+        self, path: str, sample: Sample, specs: dict[str, FieldSpec], base: Mapping[str, FieldSpec]
+    ) -> None:
+        names = set(sample.fields)
+        for name in sorted(names):
+            parts = name.split("/")
+            for i in range(1, len(parts)):
+                if "/".join(parts[:i]) in names:
+                    raise SourceError(
+                        f"{path}: field {name!r} lies under field {'/'.join(parts[:i])!r}; a "
+                        "field cannot also be a group of fields"
+                    )
+            try:
+                spec = spec_of_value(name, sample.fields[name])
+            except InvalidInputError as exc:
+                raise SourceError(f"{path}: field {name!r}: {exc}") from exc
+            prev = specs.get(name) or base.get(name)
+            if prev is not None and prev != spec and not self.cfg.allow_schema_change:
+                raise SourceError(
+                    f"{path}: field {name!r} changes type from {prev.describe()} to "
+                    f"{spec.describe()} (use --allow-schema-change to accept)"
+                )
+            specs[name] = spec
+
+
+def run_task(
+    ctx: TaskContext, files: Sequence[SourceFile], plugins: Plugins, worker: str = ""
+) -> TaskResult:
+    """Run one task (in this process) and time it.
+
+    The adapter and formats travel pickled with the task, so a worker process does not
+    scan the installed packages' entry points again.
+    """
+    t0 = time.perf_counter()
+    result = TaskRunner(ctx, plugins=plugins).run(files)
+    result.seconds = time.perf_counter() - t0
+    result.worker = worker or f"pid {os.getpid()}"
+    return result
