@@ -16,6 +16,7 @@ from loader_helpers import (
     commit_samples,
     corrupt_object,
     keys_of,
+    make_samples,
     open_test_shard,
 )
 from simstore.loaders import PrefetchConfig, SimDataLoader, SimDataset
@@ -322,3 +323,16 @@ def test_workers_claiming_a_new_cache_directory_together_all_succeed(tmp_path):
     (half / "objects").mkdir(parents=True)
     ShardCache(CacheConfig(directory=str(half), limit_bytes=1 << 20), Counters())
     assert (half / "simstore-cache.json").exists()
+
+
+def test_memory_store_reads_ranged_and_through_the_cache(tmp_path):
+    url = f"memory://loader-{tmp_path.name}"
+    samples = make_samples(30)
+    commit_samples(url, "sim", samples, per_shard=7)
+    ranged = SimDataset(url, "sim", shard_opener=open_test_shard)
+    assert sorted(keys_of(ranged)) == sorted(s.key for s in samples)
+    assert ranged.stats()["tiers"]["memory"]["requests"] > 0
+    cached = SimDataset(url, "sim", shard_opener=open_test_shard,
+                        cache_dir=str(tmp_path / "c"), cache_limit="1MiB")
+    assert sorted(keys_of(cached)) == sorted(s.key for s in samples)
+    assert cached.stats()["cache_misses"] == 5
