@@ -122,7 +122,28 @@ def _summary(r: IngestResult) -> str:
     show_default=True,
     help="Shard format: parquet, lance, zarr (or an installed one).",
 )
-@click.option("--workers", default=1, show_default=True, type=int, help="Worker processes.")
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=int,
+    help="Worker processes (local engine; dask engine without --address: LocalCluster size).",
+)
+@click.option(
+    "--engine",
+    type=click.Choice(["local", "dask"]),
+    default="local",
+    show_default=True,
+    help="Where tasks run: this machine, or a dask.distributed cluster (pip install "
+    "'simstore[dask]').",
+)
+@click.option(
+    "--address",
+    default=None,
+    metavar="URL",
+    help="Dask scheduler, e.g. tcp://host:8786 (with --engine dask; default: start a "
+    "LocalCluster on 127.0.0.1).",
+)
 @click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail", show_default=True)
 @click.option(
     "--mode", type=click.Choice(["upsert", "replace"]), default="upsert", show_default=True
@@ -172,6 +193,8 @@ def ingest_cmd(
     adapter: str,
     shard_format: str,
     workers: int,
+    engine: str,
+    address: str | None,
     on_error: str,
     mode: str,
     snapshot: bool,
@@ -212,12 +235,16 @@ def ingest_cmd(
         adapter_options=_parse_options(adapter_options),
         resume=not no_resume,
         tmp_dir=tmp_dir,
+        engine=engine,  # type: ignore[arg-type]
+        address=address,
     )
     show = sys.stderr.isatty() if progress is None else progress
     bar = ProgressBar() if show else None
     catalog = ctx.catalog()
     try:
         result = ingest(list(sources), dataset=dataset, store=catalog, config=config, progress=bar)
+    except ImportError as exc:  # a missing extra (dask): one line, like a library error
+        raise click.ClickException(str(exc)) from exc
     finally:
         if bar is not None:
             bar.finish()

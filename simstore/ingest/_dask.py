@@ -109,13 +109,16 @@ def _client(cfg: IngestConfig) -> Iterator[Any]:
     """A client of the scheduler at ``cfg.address``, or of a LocalCluster on 127.0.0.1."""
     distributed = _distributed()
     if cfg.address is None:
-        # loopback only, no dashboard: a local cluster serves nobody but this process
+        # Loopback only and no dashboard: this cluster serves nobody but this process. The
+        # scheduler's HTTP server (health and metrics routes) still starts; it gets an
+        # ephemeral loopback port rather than 8787, which another cluster may hold.
         cluster = distributed.LocalCluster(
             host="127.0.0.1",
             n_workers=cfg.workers,
             threads_per_worker=1,
             processes=True,
             dashboard_address=None,
+            scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
         )
         try:
             with distributed.Client(cluster, set_as_default=False) as client:

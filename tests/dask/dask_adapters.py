@@ -1,0 +1,58 @@
+"""A test adapter whose files misbehave by name: the failures a cluster must survive.
+
+``*.vals`` files hold numbers (``numpy.savetxt``); one sample per file, field ``values``.
+By the file name's first word:
+
+- ``crash...``: the first time (no marker yet in ``marker_dir``) the worker process dies
+  outright, as when a library segfaults or the kernel kills it; later attempts succeed;
+- ``gate...``: writes ``started`` in ``marker_dir``, then waits until ``open`` exists there;
+- ``vanish...``: yields a lazy array whose reads fail with a RuntimeError (an I/O failure
+  the pipeline does not take for bad input), so the whole task fails; each attempt adds
+  a line to ``<name>.attempts`` in ``marker_dir``;
+- anything else: an ordinary file.
+"""
+
+import os
+import time
+
+import numpy as np
+
+from simstore.sample import Sample
+
+
+class _VanishingArray:
+    """An ArraySource whose every read fails."""
+
+    shape = (64,)
+    dtype = np.dtype("float64")
+
+    def __getitem__(self, key):
+        raise RuntimeError("the source disk vanished")
+
+
+class ValuesAdapter:
+    name = "testvals"
+    version = "1"
+    extensions = (".vals",)
+
+    def can_read(self, path, head):
+        return path.endswith(".vals")
+
+    def iter_samples(self, path, key, options):
+        stem = os.path.basename(path)
+        markers = options.get("marker_dir", "")
+        if stem.startswith("crash"):
+            marker = os.path.join(markers, stem + ".crashed")
+            if not os.path.exists(marker):
+                open(marker, "w").close()
+                os._exit(17)
+        if stem.startswith("gate"):
+            open(os.path.join(markers, "started"), "w").close()
+            while not os.path.exists(os.path.join(markers, "open")):
+                time.sleep(0.02)
+        if stem.startswith("vanish"):
+            with open(os.path.join(markers, stem + ".attempts"), "a") as f:
+                f.write("attempt\n")
+            yield Sample(key, {"values": _VanishingArray()})
+            return
+        yield Sample(key, {"values": np.loadtxt(path, dtype=np.float64, ndmin=1)})
