@@ -85,12 +85,3 @@ def test_adapter(monkeypatch):
 
     monkeypatch.setattr(ingest_module, "entry_points", fake)
     return TEST_ADAPTER
-
-
-def write_values(folder, names):
-    """One small text file of numbers per name (``<name>.vals``), for ``testvals``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for i, name in enumerate(names):
-        values = np.arange(i, i + 5 + i, dtype=np.float64)
-        np.savetxt(folder / f"{name}.vals", values)
-    return folder

@@ -56,3 +56,12 @@ class ValuesAdapter:
             yield Sample(key, {"values": _VanishingArray()})
             return
         yield Sample(key, {"values": np.loadtxt(path, dtype=np.float64, ndmin=1)})
+
+
+def write_values(folder, names):
+    """One small text file of numbers per name (``<name>.vals``), for ``testvals``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, name in enumerate(names):
+        values = np.arange(i, i + 5 + i, dtype=np.float64)
+        np.savetxt(folder / f"{name}.vals", values)
+    return folder

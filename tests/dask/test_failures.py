@@ -8,7 +8,7 @@ import time
 import uuid
 
 import pytest
-from conftest import write_values
+from dask_adapters import write_values
 
 from simstore.errors import SimstoreError
 from simstore.hashing import hash_bytes
