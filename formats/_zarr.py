@@ -441,6 +441,52 @@ class ZarrShardReader:
         return self._root[path]
 
     # -- direct chunk reads ------------------------------------------------------------
+    def _stored_at(self, key: str) -> tuple[int, int] | None:
+        """(offset, size) of a stored (uncompressed) zip entry's data, or None."""
+        info = self._infos.get(key)
+        if info is None or info.compress_type != zipfile.ZIP_STORED:
+            return None
+        where = self._offsets.get(key)
+        if where is None:
+            self._fp.seek(info.header_offset)
+            local = self._fp.read(30)
+            if local[:4] != MAGIC:
+                raise FormatError(f"{self.name}: bad zip entry {key}")
+            n, m = struct.unpack("<HH", local[26:30])
+            where = (info.header_offset + 30 + n + m, info.compress_size)
+            self._offsets[key] = where
+        return where
+
+    def _read_into(self, key: str, out: np.ndarray) -> bool:
+        """Read an uncompressed chunk straight into ``out`` (one copy); False if not possible."""
+        where = self._stored_at(key)
+        if where is None or where[1] != out.nbytes or not out.flags.c_contiguous:
+            return False
+        self._fp.seek(where[0])
+        view = memoryview(out.reshape(-1).view(np.uint8))
+        if self._fp.readinto(view) != where[1]:
+            raise FormatError(f"{self.name}: zip entry {key} is truncated")
+        return True
+
+    def _read_whole(self, path: str, dec: _ChunkDecoder) -> np.ndarray | None:
+        """A whole field chunked only along its first axis, read with no extra copy.
+
+        Uncompressed chunks of such a field are contiguous slabs of the C-order result,
+        so each is read straight into its place; None when the layout does not allow it.
+        """
+        shape, chunks = tuple(dec.shape), tuple(dec.chunks)
+        if dec._decode is not None or dec.stored != dec.dtype or not shape:
+            return None
+        if chunks[1:] != shape[1:] or shape[0] % chunks[0]:
+            return None
+        out = np.empty(shape, dtype=dec.dtype)
+        step = chunks[0]
+        for i in range(shape[0] // step):
+            key = f"{path}/c/{i}" + "/0" * (len(shape) - 1)
+            if not self._read_into(key, out[i * step : (i + 1) * step]):
+                return None
+        return out
+
     def _entry(self, key: str) -> bytes | None:
         info = self._infos.get(key)
         if info is None:
@@ -478,6 +524,9 @@ class ZarrShardReader:
             return np.asarray(arr[box] if box is not None else arr[...])
         shape, chunks = dec.shape, dec.chunks
         if box is None:
+            whole = self._read_whole(path, dec)
+            if whole is not None:
+                return whole
             box = tuple(slice(0, n) for n in shape)
         box = tuple(box) + tuple(slice(0, n) for n in shape[len(box) :])
         ranges = [b.indices(n) for b, n in zip(box, shape, strict=True)]
