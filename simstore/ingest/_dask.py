@@ -236,7 +236,7 @@ def run_dask(
                 del fut  # the cluster forgets the result once no future refers to it
                 results[i] = res
                 report(
-                    len(tasks[i]),
+                    sum(f.completes_file for f in tasks[i]),
                     sum(f.size for f in tasks[i]),
                     sum(len(f.rows) for f in res.files),
                 )

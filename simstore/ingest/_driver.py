@@ -30,7 +30,7 @@ from simstore.ingest._config import (
 from simstore.ingest._engine import EngineRun, run_local
 from simstore.ingest._plugins import plugins_for
 from simstore.ingest._records import FileResult, Row, SourceFile, TaskContext, TaskResult
-from simstore.ingest._sources import discover, plan_tasks
+from simstore.ingest._sources import discover, plan_tasks, sample_counter
 from simstore.manifest import MANIFEST_SCHEMA
 from simstore.names import check_name
 from simstore.sample import FieldSpec, Schema, canonical_json, merge_schema
@@ -135,7 +135,7 @@ def ingest(
         base_schema=tuple(head.schema) if head else (),
         params_digest=hash_bytes(canonical_json(cfg.output_params())),
     )
-    tasks = plan_tasks(files, cfg.shard_size)
+    tasks = plan_tasks(files, cfg.shard_size, sample_counter(plugins[0], cfg.adapter_params()))
     totals = {"files": 0, "bytes": 0, "samples": 0}
     bytes_total = sum(f.size for f in files)
 
@@ -162,6 +162,66 @@ def ingest(
     else:
         run = run_local(ctx, tasks, plugins, report)
     return _finish(catalog, ctx, files, ignored, run, tasks, head, t0)
+
+
+def _whole_files(
+    results: Sequence[TaskResult], tasks: Sequence[Sequence[SourceFile]], cfg: IngestConfig
+) -> list[FileResult]:
+    """Every file's result in plan order, the pieces of a file cut into pieces joined."""
+    out: list[FileResult] = []
+    pieces: list[FileResult] = []
+    for res, task in zip(results, tasks, strict=True):
+        for src, fr in zip(task, res.files, strict=True):
+            if src.piece is None:
+                out.append(fr)
+                continue
+            pieces.append(fr)
+            if src.completes_file:
+                out.append(_join(pieces, cfg))
+                pieces = []
+    return out
+
+
+def _join(pieces: Sequence[FileResult], cfg: IngestConfig) -> FileResult:
+    """One file's result from its pieces' (in order): rows, schema and exact statistics.
+
+    Pieces that disagree (a key in two of them, a field whose type changes) make the file
+    a bad file: an error, or skipped under ``on_error="skip"``.
+    """
+    first = pieces[0]
+    whole = FileResult(
+        path=first.path,
+        key=first.key,
+        size_bytes=sum(p.size_bytes for p in pieces),
+        source_hash=first.source_hash,  # only the first piece hashes the file
+        adapter=first.adapter,
+        adapter_version=first.adapter_version,
+        reused=all(p.reused for p in pieces),
+        source_object=first.source_object,
+        new_bytes=sum(p.new_bytes for p in pieces),
+    )
+    whole.error = next((p.error for p in pieces if p.error is not None), None)
+    if whole.error is not None:
+        return whole
+    rows = [row for p in pieces for row in p.rows]
+    schema: Schema = ()
+    try:
+        if len({r[0] for r in rows}) != len(rows):
+            raise SourceError(f"{first.path}: the adapter gave one key in two pieces of the file")
+        for p in pieces:
+            specs = tuple(FieldSpec.from_json(s) for s in p.schema)
+            schema = merge_schema(
+                schema, specs, source=first.path, allow_change=cfg.allow_schema_change
+            )
+    except (SourceError, InvalidInputError) as exc:
+        if cfg.on_error == "fail":
+            raise SourceError(str(exc)) from exc
+        whole.error = str(exc)
+        return whole
+    whole.rows = rows
+    whole.schema = [s.to_json() for s in schema]  # type: ignore[misc]
+    whole.stats = merge_stats([p.stats for p in pieces])
+    return whole
 
 
 def _timings(run: EngineRun, tasks: Sequence[Sequence[SourceFile]]) -> tuple[TaskTiming, ...]:
@@ -197,7 +257,7 @@ def _finish(
     skipped: list[SkippedFile] = []
     accepted: list[FileResult] = []
     owner: dict[str, str] = {}
-    file_results = [f for r in results for f in r.files]
+    file_results = _whole_files(results, tasks, cfg)
 
     def reject(res: FileResult, message: str) -> None:
         if cfg.on_error == "fail":

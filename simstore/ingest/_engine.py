@@ -48,7 +48,9 @@ def run_local(
         out = []
         for task in tasks:
             t0 = time.perf_counter()
-            res = TaskRunner(ctx, lambda b, s: report(1, b, s), plugins).run(task)
+            res = TaskRunner(
+                ctx, lambda src, s: report(int(src.completes_file), src.size, s), plugins
+            ).run(task)
             res.seconds, res.worker = time.perf_counter() - t0, "local"
             out.append(res)
         return EngineRun(out, "local", ctx.config.workers)
@@ -81,7 +83,7 @@ def run_local(
                     ) from exc
                 results[i] = res
                 report(
-                    len(tasks[i]),
+                    sum(f.completes_file for f in tasks[i]),
                     sum(f.size for f in tasks[i]),
                     sum(len(f.rows) for f in res.files),
                 )

@@ -22,18 +22,17 @@ JOURNAL_FORMAT_VERSION = 1
 
 
 def journal_key(ctx: TaskContext, src: SourceFile) -> str:
-    """The store key of a file's record under this ingest's output parameters."""
-    digest = hash_bytes(
-        canonical_json(
-            {
-                "v": JOURNAL_FORMAT_VERSION,
-                "key": src.key,
-                "size": src.size,
-                "mtime_ns": src.mtime_ns,
-                "params": ctx.params_digest,
-            }
-        )
-    )
+    """The store key of a file's (or a file piece's) record under these output parameters."""
+    fields = {
+        "v": JOURNAL_FORMAT_VERSION,
+        "key": src.key,
+        "size": src.size,
+        "mtime_ns": src.mtime_ns,
+        "params": ctx.params_digest,
+    }
+    if src.piece is not None:
+        fields["samples"] = [src.piece.start, src.piece.stop]
+    digest = hash_bytes(canonical_json(fields))
     return f"journal/{ctx.dataset}/{digest}"
 
 

@@ -15,20 +15,41 @@ from simstore.ingest._config import IngestConfig
 from simstore.sample import FieldSpec
 from simstore.storage import ObjectStore
 
-__all__ = ["FileResult", "Row", "SourceFile", "TaskContext", "TaskResult"]
+__all__ = ["FileResult", "Piece", "Row", "SourceFile", "TaskContext", "TaskResult"]
 
 Row = tuple[str, str, str, int, int]
 """One manifest row: key, sample hash, shard id, position in the shard, logical size."""
 
 
 @dataclass(frozen=True, slots=True)
+class Piece:
+    """Samples ``[start, stop)`` of a file cut into ``count`` pieces; this is number ``index``."""
+
+    index: int
+    count: int
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True, slots=True)
 class SourceFile:
-    """A discovered source: its path, its key (path relative to the ingest root), size, mtime."""
+    """A discovered source: its path, its key (path relative to the ingest root), size, mtime.
+
+    A very large file whose adapter reads sample ranges is planned as several pieces, each
+    its own task: then ``piece`` says which samples, and ``size`` is the piece's share of
+    the file's bytes (so the shares add up to the file's size).
+    """
 
     path: str
     key: str
     size: int
     mtime_ns: int
+    piece: Piece | None = None
+
+    @property
+    def completes_file(self) -> bool:
+        """Whether finishing this entry finishes its file (a whole file, or the last piece)."""
+        return self.piece is None or self.piece.index == self.piece.count - 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,22 +1,55 @@
 """Discovery of source files, their content hashes, and the plan that cuts them into tasks.
 
-The plan depends only on the files (their keys and sizes) and the shard size, never on
-the engine or the worker count, so every engine stores the same shards.
+The plan depends only on the files (their keys, sizes and, for very large files whose
+adapter reads sample ranges, their sample counts) and the shard size, never on the engine
+or the worker count, so every engine stores the same shards.
 """
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from simstore.errors import InvalidInputError
 from simstore.hashing import Hasher, ObjectId
 from simstore.ingest._arrays import MiB
-from simstore.ingest._records import SourceFile
+from simstore.ingest._records import Piece, SourceFile
 from simstore.protocols import SourceAdapter
 
-__all__ = ["discover", "hash_file", "hash_source", "plan_tasks", "read_head", "resolve_adapter"]
+__all__ = [
+    "SupportsSampleRanges",
+    "discover",
+    "hash_file",
+    "hash_source",
+    "plan_tasks",
+    "read_head",
+    "resolve_adapter",
+    "sample_counter",
+]
+
+
+@runtime_checkable
+class SupportsSampleRanges(Protocol):
+    """Optional adapter capability: count a file's samples and read a range of them.
+
+    An adapter that declares ``supports_sample_ranges = True`` lets ingest cut a very large
+    file (more than twice ``shard_size``) into pieces that run as separate tasks, on
+    several workers at once. Implementers keep this contract: ``count_samples(path,
+    options)`` is the number of samples ``iter_samples(path, key, options)`` yields, and
+    with ``options["sample_range"] = [start, stop]`` ``iter_samples`` yields exactly samples
+    ``start`` to ``stop - 1`` of that sequence, with the same keys and values, reading
+    (about) only what those samples need. Time windows of a trajectory are the model: the
+    window count comes from the time axis, and a range of windows is a range of time steps.
+    """
+
+    supports_sample_ranges: bool
+
+    def count_samples(self, path: str, options: Mapping[str, Any]) -> int:
+        """How many samples the file yields under these options."""
+        ...
 
 
 def read_head(path: str) -> bytes:
@@ -141,12 +174,68 @@ def hash_source(path: str) -> tuple[str, int]:
     return str(h.hexdigest()), total
 
 
-def plan_tasks(files: Sequence[SourceFile], shard_size: int) -> list[list[SourceFile]]:
-    """Runs of files in key order with about ``shard_size`` source bytes each."""
+def sample_counter(
+    adapter: SourceAdapter, options: Mapping[str, Any]
+) -> Callable[[SourceFile], int | None]:
+    """``count(file)``: the file's sample count when its adapter reads ranges, else None.
+
+    A file the adapter cannot count (unreadable, corrupt) is not cut: its task will give
+    the error that names the file and what is wrong.
+    """
+
+    def count(src: SourceFile) -> int | None:
+        try:
+            found = resolve_adapter(adapter, src.path, read_head(src.path))
+            if not isinstance(found, SupportsSampleRanges) or not found.supports_sample_ranges:
+                return None
+            return int(found.count_samples(src.path, options))
+        except Exception:  # the file's own task reports what is wrong
+            return None
+
+    return count
+
+
+def _pieces(src: SourceFile, samples: int, shard_size: int) -> list[SourceFile]:
+    """The file cut into about ``shard_size`` source bytes per piece, by sample ranges."""
+    count = min(samples, math.ceil(src.size / shard_size))
+    bounds = [i * samples // count for i in range(count + 1)]
+    shares = [src.size * b // samples for b in bounds]
+    return [
+        SourceFile(
+            src.path,
+            src.key,
+            shares[i + 1] - shares[i],
+            src.mtime_ns,
+            Piece(index=i, count=count, start=bounds[i], stop=bounds[i + 1]),
+        )
+        for i in range(count)
+    ]
+
+
+def plan_tasks(
+    files: Sequence[SourceFile],
+    shard_size: int,
+    count_samples: Callable[[SourceFile], int | None] | None = None,
+) -> list[list[SourceFile]]:
+    """Runs of files in key order with about ``shard_size`` source bytes each.
+
+    With ``count_samples`` (see :func:`sample_counter`), a file of more than twice
+    ``shard_size`` bytes that it can count is cut into pieces of about ``shard_size``
+    bytes, one task each, so one huge file spreads over many workers.
+    """
     tasks: list[list[SourceFile]] = []
     current: list[SourceFile] = []
     acc = 0
     for f in files:
+        samples = None
+        if count_samples is not None and f.size > 2 * shard_size:
+            samples = count_samples(f)
+        if samples is not None and samples > 1:
+            if current:
+                tasks.append(current)
+                current, acc = [], 0
+            tasks.extend([piece] for piece in _pieces(f, samples, shard_size))
+            continue
         current.append(f)
         acc += f.size
         if acc >= shard_size:

@@ -93,7 +93,7 @@ class TaskRunner:
     def __init__(
         self,
         ctx: TaskContext,
-        progress: Callable[[int, int], None] | None = None,
+        progress: Callable[[SourceFile, int], None] | None = None,
         plugins: Plugins | None = None,
     ):
         self.ctx = ctx
@@ -156,7 +156,7 @@ class TaskRunner:
                 results.append(res)
                 slots.append(raw)
                 if self.progress is not None:
-                    self.progress(src.size, len(raw) or len(res.rows))
+                    self.progress(src, len(raw) or len(res.rows))
         except SourceError:
             # keep what the files before the bad one produced: store their shards and
             # journal them, so the re-run after the fix redoes none of them
@@ -222,8 +222,14 @@ class TaskRunner:
         if adapter is None:
             raise SourceError(f"{path}: no installed adapter reads this file")
         res.adapter, res.adapter_version = adapter.name, str(adapter.version)
-        res.source_hash, res.size_bytes = hash_source(path)
         options = self.cfg.adapter_params()
+        if src.piece is None:
+            res.source_hash, res.size_bytes = hash_source(path)
+        else:
+            # a piece reads its own samples; only the first hashes the file (for lineage)
+            if src.piece.index == 0:
+                res.source_hash = hash_source(path)[0]
+            options["sample_range"] = [src.piece.start, src.piece.stop]
         options["source_hash"] = res.source_hash
         options["tmp_dir"] = self.tmp
         specs: dict[str, FieldSpec] = {}
@@ -288,7 +294,13 @@ class TaskRunner:
             b.count += 1
             if b.size_bytes >= self.cfg.shard_size:
                 self._close(kind)
-        if getattr(adapter, "stores_source", False) and not os.path.isdir(path):
+        if src.piece is not None and len(raw) != src.piece.stop - src.piece.start:
+            raise SourceError(
+                f"{path}: the adapter gave {len(raw)} samples for samples {src.piece.start} "
+                f"to {src.piece.stop - 1} of the file (it must honour sample_range)"
+            )
+        first = src.piece is None or src.piece.index == 0
+        if first and getattr(adapter, "stores_source", False) and not os.path.isdir(path):
             if self.ctx.store.put_file(object_key(res.source_hash), path):
                 res.new_bytes += res.size_bytes
             res.source_object = res.source_hash

@@ -68,7 +68,8 @@ def npz_dir(tmp_path):
 
 @pytest.fixture
 def test_adapter(monkeypatch):
-    """Register ``dask_adapters:ValuesAdapter`` as the adapter ``testvals`` (driver side).
+    """Register ``dask_adapters``' ``ValuesAdapter`` as ``testvals`` and
+    ``WholeValuesAdapter`` as ``testvals-whole`` (driver side).
 
     The driver loads it by entry point and pickles it into each task, so workers need
     only to import its module, not to see the entry point.
@@ -81,6 +82,7 @@ def test_adapter(monkeypatch):
         eps = list(real(group=group))
         if group == ingest_module.ADAPTER_GROUP:
             eps.append(EntryPoint(TEST_ADAPTER, "dask_adapters:ValuesAdapter", group))
+            eps.append(EntryPoint("testvals-whole", "dask_adapters:WholeValuesAdapter", group))
         return eps
 
     monkeypatch.setattr(ingest_module, "entry_points", fake)

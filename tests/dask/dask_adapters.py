@@ -9,6 +9,9 @@ By the file name's first word:
 - ``vanish...``: yields a lazy array whose reads fail with a RuntimeError (an I/O failure
   the pipeline does not take for bad input), so the whole task fails; each attempt adds
   a line to ``<name>.attempts`` in ``marker_dir``;
+- ``series...``: a table (``numpy.savetxt`` of a 2-D array), one sample per row, keys
+  ``<key>/r<row>``; ``ValuesAdapter`` reads sample ranges of it (``sample_range``), so a
+  large one is planned as several pieces; ``WholeValuesAdapter`` does not;
 - anything else: an ordinary file.
 """
 
@@ -34,6 +37,12 @@ class ValuesAdapter:
     name = "testvals"
     version = "1"
     extensions = (".vals",)
+    supports_sample_ranges = True
+
+    def count_samples(self, path, options):
+        if os.path.basename(path).startswith("series"):
+            return len(np.loadtxt(path, ndmin=2))
+        return 1
 
     def can_read(self, path, head):
         return path.endswith(".vals")
@@ -55,7 +64,19 @@ class ValuesAdapter:
                 f.write("attempt\n")
             yield Sample(key, {"values": _VanishingArray()})
             return
+        if stem.startswith("series"):
+            table = np.loadtxt(path, dtype=np.float64, ndmin=2)
+            start, stop = options.get("sample_range") or (0, len(table))
+            for i in range(start, stop):
+                yield Sample(f"{key}/r{i:04d}", {"row": table[i], "index": np.int64(i)})
+            return
         yield Sample(key, {"values": np.loadtxt(path, dtype=np.float64, ndmin=1)})
+
+
+class WholeValuesAdapter(ValuesAdapter):
+    """The same files, without the sample-range capability: a file is always one task."""
+
+    supports_sample_ranges = False
 
 
 def write_values(folder, names):
