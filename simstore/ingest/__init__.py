@@ -83,7 +83,7 @@ from simstore.ingest._shards import (
     parse_compression,
     parse_size,
 )
-from simstore.ingest._sources import hash_file
+from simstore.ingest._sources import SupportsSampleRanges, hash_file
 
 __all__ = [
     "ADAPTER_GROUP",
@@ -99,6 +99,7 @@ __all__ = [
     "ShardOptions",
     "ShardWriter",
     "SkippedFile",
+    "SupportsSampleRanges",
     "TaskTiming",
     "adapter_names",
     "entry_points",

@@ -1,0 +1,231 @@
+"""Dask engine benchmark: throughput with 1 and 2 dask workers against the local engine.
+
+    python benchmarks/bench_dask.py [--quick] [--out results.json] [--workdir DIR]
+
+1. Throughput: the same .npz folder (smooth float32 fields, as in bench_ingest.py) into
+   uncompressed Parquet shards of 32 MiB on a LocalStore with fsync off, by the local
+   engine (1 process, and a pool of 2) and by the dask engine on LocalClusters of 1 and 2
+   worker processes (one thread each) bound to 127.0.0.1. The clusters are started before
+   the timed runs (their start-up is reported apart), as an ingest against a running
+   cluster (``--address``) would see them. Every run writes a fresh store with the
+   journal off, and every run must give the same content hash.
+2. Driver memory per sample: one dask ingest of many tiny samples (an HDF5 run cut into
+   one-step windows); the driver's peak resident memory above its level before the run,
+   per sample. This is what scale.md's driver arithmetic multiplies.
+
+The machine is shared: throughput figures are medians of repeated runs, and the ratios to
+the local engine measured back to back are steadier than absolute MiB/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_ingest import make_npz  # noqa: E402  (sources shared with the ingest benchmark)
+
+MiB = 1 << 20
+
+
+def _ingest(src: Path, store_dir: Path, **options: Any) -> tuple[float, Any, str]:
+    from simstore.catalog import Catalog
+    from simstore.ingest import ingest
+    from simstore.storage import LocalStore
+
+    shutil.rmtree(store_dir, ignore_errors=True)
+    cat = Catalog.init(LocalStore(str(store_dir), fsync=False))
+    os.sync()  # no run pays for its predecessor's write-back
+    t0 = time.perf_counter()
+    result = ingest([src], dataset="bench", store=cat, resume=False, snapshot=True, **options)
+    seconds = time.perf_counter() - t0
+    content = cat.snapshot(result.snapshot_id).content_hash
+    shutil.rmtree(store_dir, ignore_errors=True)
+    return seconds, result, content
+
+
+def _cluster(workers: int) -> Any:
+    from distributed import LocalCluster
+
+    return LocalCluster(
+        host="127.0.0.1",
+        n_workers=workers,
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address=None,
+        scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
+    )
+
+
+def throughput(work: Path, quick: bool, reps: int) -> dict[str, Any]:
+    files, t, n = (8, 16, 256) if quick else (24, 16, 512)
+    src = work / "npz"
+    size = make_npz(src, files, t, n)
+    warm = work / "warm-npz"
+    make_npz(warm, 1, 2, 64)
+    opts = {"format": "parquet", "compression": "none", "shard_size": 32 * MiB}
+    rows: list[dict[str, Any]] = []
+    contents: set[str] = set()
+
+    def measure(label: str, n_workers: int, **extra: Any) -> None:
+        times, result = [], None
+        for _ in range(reps):
+            secs, result, content = _ingest(src, work / "store", **opts, **extra)
+            times.append(secs)
+            contents.add(content)
+        assert result is not None
+        secs = statistics.median(times)
+        task_s = sum(t.seconds for t in result.tasks)
+        rows.append(
+            {
+                "engine": label,
+                "workers": n_workers,
+                "workers_used": result.workers,
+                "tasks": len(result.tasks),
+                "mib": size / MiB,
+                "seconds": secs,
+                "mib_s": size / MiB / secs,
+                # time inside tasks / (wall time x workers): what the engine's overhead
+                # and idle workers leave of the machine
+                "task_share": task_s / (secs * n_workers),
+            }
+        )
+
+    measure("local", 1)
+    measure("local (process pool)", 2, workers=2)
+    starts = {}
+    for workers in (1, 2):
+        t0 = time.perf_counter()
+        with _cluster(workers) as cluster:
+            starts[workers] = time.perf_counter() - t0
+            address = cluster.scheduler_address
+            # untimed: a running cluster's workers have imported the libraries already
+            _ingest(warm, work / "warm", engine="dask", address=address)
+            measure("dask LocalCluster", workers, engine="dask", address=address)
+    base = rows[0]["mib_s"]
+    for r in rows:
+        r["vs_local_1"] = r["mib_s"] / base
+    return {
+        "source": f"{files} .npz runs, {size / MiB:.0f} MiB",
+        "rows": rows,
+        "cluster_start_s": starts,
+        "same_content": len(contents) == 1,
+    }
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def _peak() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM")
+
+
+def _tiny_runs(folder: Path, samples: int) -> None:
+    """Four HDF5 runs of ``samples`` one-step windows in all: many samples, few bytes."""
+    import h5py
+
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for i in range(4):
+        with h5py.File(folder / f"run{i}.h5", "w") as f:
+            f["time"] = np.arange(samples // 4, dtype=np.float64)
+            f["u"] = np.random.default_rng(i).standard_normal((samples // 4, 4)).astype("f4")
+
+
+def driver_memory(work: Path, quick: bool) -> dict[str, Any]:
+    """Peak driver memory of dask ingests of two sizes: the slope is the cost per sample."""
+    sizes = (5_000, 20_000) if quick else (20_000, 100_000)
+    opts = {"time_window": 1, "shard_size": 1 * MiB, "engine": "dask"}
+    out: dict[str, Any] = {"runs": []}
+    with _cluster(2) as cluster:
+        address = cluster.scheduler_address
+        _tiny_runs(work / "warm-src", 4096)
+        _ingest(work / "warm-src", work / "warm", **opts, address=address)
+        for n in sizes:
+            _tiny_runs(work / "tiny", n)
+            before = _rss()
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # reset this process's peak resident memory (VmHWM) to now
+            secs, result, _ = _ingest(work / "tiny", work / "mem", **opts, address=address)
+            peak = _peak()
+            out["runs"].append(
+                {
+                    "samples": result.samples,
+                    "seconds": secs,
+                    "samples_per_s": result.samples / secs,
+                    "driver_rss_before_mib": before / MiB,
+                    "driver_peak_above_mib": (peak - before) / MiB,
+                }
+            )
+    a, b = out["runs"]
+    out["driver_bytes_per_sample"] = (
+        (b["driver_peak_above_mib"] - a["driver_peak_above_mib"])
+        * MiB
+        / (b["samples"] - a["samples"])
+    )
+    return out
+
+
+def table(rows: list[dict[str, Any]], cols: list[str]) -> str:
+    def fmt(v: Any) -> str:
+        return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes, one repetition")
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument("--workdir", default=None, help="scratch folder (default: a temp dir)")
+    ap.add_argument("--only", choices=["throughput", "memory"], default=None)
+    args = ap.parse_args()
+    reps = 1 if args.quick else 3
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="simstore-bench-dask-"))
+    results: dict[str, Any] = {
+        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
+        "load_before": os.getloadavg(),
+    }
+    try:
+        if args.only in (None, "throughput"):
+            results["throughput"] = tp = throughput(work, args.quick, reps)
+            print(f"## Throughput ({tp['source']}; same content: {tp['same_content']})\n")
+            cols = ["engine", "workers", "workers_used", "tasks", "mib_s", "vs_local_1"]
+            print(table(tp["rows"], cols + ["task_share"]))
+            print(f"\nLocalCluster start (s): {tp['cluster_start_s']}")
+        if args.only in (None, "memory"):
+            results["driver_memory"] = mem = driver_memory(work, args.quick)
+            print("\n## Driver memory (dask engine)\n")
+            print(json.dumps(mem, indent=2))
+    finally:
+        results["load_after"] = os.getloadavg()
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
