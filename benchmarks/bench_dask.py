@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -79,13 +78,12 @@ def throughput(work: Path, quick: bool, reps: int) -> dict[str, Any]:
     contents: set[str] = set()
 
     def measure(label: str, n_workers: int, **extra: Any) -> None:
-        times, result = [], None
+        runs = []
         for _ in range(reps):
             secs, result, content = _ingest(src, work / "store", **opts, **extra)
-            times.append(secs)
+            runs.append((secs, result))
             contents.add(content)
-        assert result is not None
-        secs = statistics.median(times)
+        secs, result = sorted(runs, key=lambda r: r[0])[len(runs) // 2]  # the median run
         task_s = sum(t.seconds for t in result.tasks)
         rows.append(
             {

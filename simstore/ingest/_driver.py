@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from simstore.catalog import Catalog
 from simstore.errors import InvalidInputError, SourceError
-from simstore.hashing import hash_bytes
+from simstore.hashing import Hasher, hash_bytes
 from simstore.ingest._config import (
     IngestConfig,
     IngestOptions,
@@ -342,6 +342,24 @@ def _finish(
     )
 
 
+def _rows_digest(rows: Sequence[Row], chunk_rows: int = 8192) -> str:
+    """``hash_bytes(canonical_json([list(r) for r in sorted(rows)]))``, in bounded memory.
+
+    The canonical JSON of the whole list is never built: it is hashed chunk by chunk (a
+    JSON list is its items joined by commas), so staging many rows does not hold a second,
+    larger copy of them as text.
+    """
+    h = Hasher()
+    h.update(b"[")
+    ordered = sorted(rows)
+    for start in range(0, len(ordered), chunk_rows):
+        if start:
+            h.update(b",")
+        h.update(canonical_json([list(r) for r in ordered[start : start + chunk_rows]])[1:-1])
+    h.update(b"]")
+    return str(h.hexdigest())
+
+
 def _stage(
     catalog: Catalog,
     ctx: TaskContext,
@@ -358,7 +376,7 @@ def _stage(
     commit trusts it (skipping its own key-range test) only when that is its parent.
     """
     cfg = ctx.config
-    rows_digest = hash_bytes(canonical_json([list(r) for r in sorted(rows)]))
+    rows_digest = _rows_digest(rows)
     sources = [
         {
             "key": r.key,

@@ -251,3 +251,16 @@ def test_the_cluster_listens_on_loopback_only(dask_address):
     port = int(dask_address.rsplit(":", 1)[1])
     assert port in {a.port for a in listening}
     assert {a.ip for a in listening} == {"127.0.0.1"}
+
+
+def test_the_staged_rows_digest_is_the_canonical_json_digest():
+    """Staging recognises an identical pending entry by this digest: it must not change."""
+    from simstore.hashing import hash_bytes
+    from simstore.ingest._driver import _rows_digest
+    from simstore.sample import canonical_json
+
+    rows = [(f"rün{i % 7}/t{i:04d}", f"{i:032x}", f"{i % 3:032x}", i, 10 * i) for i in range(50)]
+    for n in (0, 1, 2, 49, 50):
+        expected = hash_bytes(canonical_json([list(r) for r in sorted(rows[:n])]))
+        assert _rows_digest(rows[:n], chunk_rows=7) == expected
+        assert _rows_digest(rows[:n]) == expected
