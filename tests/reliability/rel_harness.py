@@ -16,11 +16,15 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
+import random
 import signal
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -193,10 +197,16 @@ def _write_run(path: str, seed: int, tag: int) -> None:
     u = rng.standard_normal((3, 8, 8)).astype(np.float32)
     if tag >= 0:
         u = u + np.float32(tag)
-    tmp = path + ".tmp.npz"
-    np.savez(tmp, u=u, re=np.float64(100 + seed % 1000), tag=np.int64(tag))
-    # keep mtimes distinct per version so the ingest journal sees the change
-    os.replace(tmp, path)
+    buf = io.BytesIO()
+    np.savez(buf, u=u, re=np.float64(100 + seed % 1000), tag=np.int64(tag))
+    data = buf.getvalue()
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            if f.read() == data:
+                return  # unchanged: keep its mtime, so the ingest journal still matches
+    with open(path + ".tmp", "wb") as f:
+        f.write(data)
+    os.replace(path + ".tmp", path)
 
 
 # -- checks ----------------------------------------------------------------------------
@@ -290,13 +300,13 @@ def files_outside(root: str, allowed: str) -> list[str]:
 
 # -- what a killed child runs ----------------------------------------------------------
 def op_ingest(root: str, src: str, dataset: str, kill: tuple[int, str] | None,
-              snapshot: bool = True, workers: int = 1) -> None:
-    """Ingest ``src`` and commit it."""
+              snapshot: bool = True, mode: str = "upsert") -> None:
+    """Ingest ``src`` (and commit it)."""
     from simstore.ingest import ingest
 
     cat = Catalog(killing_store(root, kill))
     ingest([src], dataset=dataset, store=cat, snapshot=snapshot, message="ingest",
-           workers=workers, shard_size="64KiB")
+           shard_size=64 * 1024, mode=mode)  # type: ignore[arg-type]
 
 
 def op_snapshot(root: str, dataset: str, kill: tuple[int, str] | None) -> None:
@@ -322,7 +332,10 @@ def op_train(root: str, ref: str, cache_dir: str, log_path: str, ckpt_path: str,
 
     ds = SimDataset(CacheOnlyStore(root, read_only=True), ref, shuffle=True, seed=3,
                     cache_dir=cache_dir, prefetch=2)
-    loader = SimDataLoader(ds, batch_size=2, num_workers=num_workers)
+    # fork, as a training script on Linux does by default (a child of a forkserver would
+    # otherwise inherit the forkserver method and start a second, cold server)
+    loader = SimDataLoader(ds, batch_size=2, num_workers=num_workers,
+                           multiprocessing_context="fork" if num_workers else None)
     if state is not None:
         loader.load_state_dict(state)
     logged = 0
@@ -346,7 +359,8 @@ def epoch_keys(root: str, ref: str, cache_dir: str | None = None,
 
     store: ObjectStore = CacheOnlyStore(root, read_only=True)
     ds = SimDataset(store, ref, shuffle=True, seed=3, cache_dir=cache_dir, prefetch=2)
-    loader = SimDataLoader(ds, batch_size=2, num_workers=num_workers)
+    loader = SimDataLoader(ds, batch_size=2, num_workers=num_workers,
+                           multiprocessing_context="fork" if num_workers else None)
     return [k for batch in loader for k in batch["__key__"]]
 
 
@@ -388,3 +402,366 @@ def kill_tree(pid: int) -> list[int]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGKILL)
     return pids
+
+
+# -- kill trials -----------------------------------------------------------------------
+# Each scenario owns a store and runs trials: pick a random point, start the operation in
+# a child, SIGKILL it there, check every promise, finish the work, check convergence.
+# Points are either a mutating storage call (kill just before or just after the k-th
+# write, delete or swap: every step of the protocol) or a random instant (which can land
+# in the middle of a write, an fsync or a rename).
+@dataclass
+class Trial:
+    """One kill trial and what it found."""
+
+    scenario: str
+    point: str
+    outcome: str
+    problems: list[str]
+    lost: int
+    converged: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "point": self.point,
+            "outcome": self.outcome,
+            "problems": self.problems,
+            "lost": self.lost,
+            "converged": self.converged,
+        }
+
+
+def _choose_point(rng: random.Random, writes: int, duration_s: float
+                  ) -> tuple[tuple[int, str] | None, float | None, str]:
+    if rng.random() < 0.6:
+        k = rng.randint(1, max(1, writes))
+        when = rng.choice(["before", "after"])
+        return (k, when), None, f"{when} write {k}/{writes}"
+    delay = rng.uniform(0.0, duration_s * 1.1)
+    return None, delay, f"at {delay:.3f} s of {duration_s:.3f} s"
+
+
+def _content_hash(cat: Catalog, dataset: str, branch: str = "main") -> str | None:
+    sid = head(cat, dataset, branch)
+    return cat.snapshot(sid).content_hash if sid else None
+
+
+class _Counting:
+    """Counts mutating calls of a run (to size the choice of kill points)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self, method: str, key: str, n: int) -> None:
+        self.n = max(self.n, n)
+
+
+class IngestScenario:
+    """Re-ingest a changing source folder (``--mode replace --snapshot``); kill the ingest."""
+
+    name = "ingest"
+
+    def __init__(self, workdir: str, ctx: Any) -> None:
+        self.ctx = ctx
+        self.root = os.path.join(workdir, "ingest-store")
+        self.src = os.path.join(workdir, "ingest-src")
+        self.version = 0
+        Catalog.init(self.root)
+        write_sources(self.src, 0)
+        counter = _Counting()
+        t0 = time.perf_counter()
+        from simstore.ingest import ingest
+
+        ingest([self.src], dataset="ds", store=Catalog(HookStore(LocalStore(self.root),
+               after=counter)), snapshot=True, message="v0", shard_size=64 * 1024)
+        self.duration_s = max(0.05, time.perf_counter() - t0)
+        self.writes = counter.n + 2
+
+    def expected(self) -> str:
+        ref = Catalog.init(f"memory://rel-expected-{uuid.uuid4().hex}")
+        from simstore.ingest import ingest
+
+        ingest([self.src], dataset="ds", store=ref, snapshot=True, message="x",
+               shard_size=64 * 1024)
+        value = _content_hash(ref, "ds")
+        assert value is not None
+        return value
+
+    def trial(self, rng: random.Random) -> Trial:
+        self.version += 1
+        write_sources(self.src, self.version)
+        expected = self.expected()
+        cat = Catalog.open(self.root)
+        before = _content_hash(cat, "ds")
+        kill, delay, point = _choose_point(rng, self.writes, self.duration_s)
+        outcome = run_killed(self.ctx, op_ingest,
+                             (self.root, self.src, "ds", kill, True, "replace"), delay)
+        cat = Catalog.open(self.root)
+        problems = store_problems(cat)
+        now = _content_hash(cat, "ds")
+        if now not in (before, expected):
+            problems.append(f"branch holds content {now}, neither old {before} nor new {expected}")
+        op_ingest(self.root, self.src, "ds", None, True, "replace")  # the re-run
+        cat = Catalog.open(self.root)
+        problems += store_problems(cat)
+        final = _content_hash(cat, "ds")
+        return Trial(self.name, point, outcome, problems, int(final != expected),
+                     final == expected)
+
+
+class SnapshotScenario:
+    """Stage a change in process, commit it in a child; kill the commit."""
+
+    name = "snapshot"
+
+    def __init__(self, workdir: str, ctx: Any) -> None:
+        self.ctx = ctx
+        self.root = os.path.join(workdir, "snapshot-store")
+        self.src = os.path.join(workdir, "snapshot-src")
+        self.version = 0
+        Catalog.init(self.root)
+        write_sources(self.src, 0, seed=1)
+        op_ingest(self.root, self.src, "ds", None)
+        self._stage_next()
+        counter = _Counting()
+        t0 = time.perf_counter()
+        Catalog(HookStore(LocalStore(self.root), after=counter)).commit("ds", message="s")
+        self.duration_s = max(0.02, time.perf_counter() - t0)
+        self.writes = counter.n + 1
+
+    def _stage_next(self) -> None:
+        self.version += 1
+        write_sources(self.src, self.version, seed=1)
+        op_ingest(self.root, self.src, "ds", None, snapshot=False)
+
+    def trial(self, rng: random.Random) -> Trial:
+        self._stage_next()
+        cat = Catalog.open(self.root)
+        before = content(cat, "ds")
+        staged = cat.staged("ds")
+        expected = dict(before)
+        for entry in staged:
+            changes = cat._read_changes(entry)
+            expected.update(zip(changes.column("key").to_pylist(),
+                                (x.hex() for x in changes.column("sample_hash").to_pylist()),
+                                strict=True))
+        kill, delay, point = _choose_point(rng, self.writes, self.duration_s)
+        outcome = run_killed(self.ctx, op_snapshot, (self.root, "ds", kill), delay)
+        cat = Catalog.open(self.root)
+        problems = store_problems(cat)
+        now = content(cat, "ds")
+        if now not in (before, expected):
+            problems.append("branch holds neither the old nor the new content")
+        cat.commit("ds", message="re-run")
+        cat = Catalog.open(self.root)
+        problems += store_problems(cat)
+        if cat.staged("ds"):
+            problems.append(f"{len(cat.staged('ds'))} staging entries left after the re-run")
+        final = content(cat, "ds")
+        lost = sum(1 for k, v in expected.items() if final.get(k) != v)
+        return Trial(self.name, point, outcome, problems, lost, final == expected)
+
+
+class GcScenario:
+    """Make garbage (a deleted branch, consumed change sets); kill gc mid-way."""
+
+    name = "gc"
+
+    def __init__(self, workdir: str, ctx: Any) -> None:
+        self.ctx = ctx
+        self.root = os.path.join(workdir, "gc-store")
+        self.src = os.path.join(workdir, "gc-src")
+        self.version = 0
+        Catalog.init(self.root)
+        write_sources(self.src, 0, seed=2)
+        op_ingest(self.root, self.src, "ds", None)
+        self._make_garbage()
+        counter = _Counting()
+        t0 = time.perf_counter()
+        gc(Catalog(HookStore(LocalStore(self.root), after=counter)), grace_s=0)
+        self.duration_s = max(0.02, time.perf_counter() - t0)
+        self.writes = counter.n + 1
+
+    def _make_garbage(self) -> None:
+        from simstore.ingest import ingest
+
+        self.version += 1
+        cat = Catalog.open(self.root)
+        side = f"side{self.version}"
+        cat.branches("ds").create(side, cat.resolve("ds"))
+        write_sources(self.src, self.version, seed=2)
+        ingest([self.src], dataset="ds", store=cat, snapshot=True, message="side",
+               branch=side, shard_size=64 * 1024)
+        cat.branches("ds").delete(side)
+        if self.version % 2 == 0:  # and, every other time, move main on too
+            ingest([self.src], dataset="ds", store=cat, snapshot=True, message="main",
+                   shard_size=64 * 1024)
+
+    def trial(self, rng: random.Random) -> Trial:
+        self._make_garbage()
+        cat = Catalog.open(self.root)
+        before = content(cat, "ds")
+        garbage = unreachable_objects(cat)
+        kill, delay, point = _choose_point(rng, max(1, len(garbage)),
+                                           self.duration_s)
+        outcome = run_killed(self.ctx, op_gc, (self.root, kill), delay)
+        cat = Catalog.open(self.root)
+        problems = store_problems(cat)
+        gc(cat, grace_s=0)
+        problems += store_problems(cat)
+        left = unreachable_objects(cat)
+        if left:
+            problems.append(f"{len(left)} unreachable objects left after a complete gc")
+        final = content(cat, "ds")
+        lost = sum(1 for k, v in before.items() if final.get(k) != v)
+        return Trial(self.name, point, outcome, problems, lost, not left and final == before)
+
+
+class TrainScenario:
+    """A training loop over a cache-backed store, killed (with its workers) mid-epoch.
+
+    Afterwards: no shared memory of the dead processes is left, the next start resumes
+    from the last checkpoint and delivers exactly the rest of the epoch in order, and the
+    cache holds only complete, verified copies.
+    """
+
+    name = "train"
+
+    def __init__(self, workdir: str, ctx: Any, *, num_workers: int = 2) -> None:
+        self.ctx = ctx
+        self.workdir = workdir
+        self.root = os.path.join(workdir, "train-store")
+        src = os.path.join(workdir, "train-src")
+        self.num_workers = num_workers
+        self.n = 0
+        Catalog.init(self.root)
+        write_sources(src, 0, count=40, seed=3)
+        from simstore.ingest import ingest
+
+        ingest([src], dataset="ds", store=self.root, snapshot=True, message="train",
+               shard_size=16 * 1024)
+        self.ref = f"ds@{Catalog.open(self.root).resolve('ds')}"
+        # the reference epoch, twice: the first run also starts the forkserver; the
+        # second, warm, is the duration kill instants are drawn from
+        for run in ("cold", "warm"):
+            log = os.path.join(workdir, f"train-reference-{run}.log")
+            t0 = time.perf_counter()
+            outcome = run_killed(ctx, op_train, (self.root, self.ref,
+                                 os.path.join(workdir, f"train-ref-cache-{run}"), log,
+                                 log + ".ckpt", num_workers, None), None)
+            assert outcome == "finished", outcome
+            self.duration_s = time.perf_counter() - t0
+            self.reference = _read_lines(log)
+
+    def trial(self, rng: random.Random) -> Trial:
+        self.n += 1
+        base = os.path.join(self.workdir, f"train-{self.n}")
+        cache = os.path.join(self.workdir, "train-cache")  # shared by every trial
+        log, ckpt = base + ".log", base + ".ckpt"
+        delay = rng.uniform(0.0, self.duration_s)
+        shm_before = _shm_entries()
+        proc = self.ctx.Process(target=op_train, args=(self.root, self.ref, cache, log, ckpt,
+                                                       self.num_workers, None))
+        proc.start()
+        proc.join(delay)
+        pids: list[int] = []
+        whole_tree = rng.random() < 0.5
+        if proc.exitcode is None:
+            # a job killed whole (a scheduler kills the job's cgroup), or only its main
+            # process (the OOM killer): then its DataLoader workers notice and exit
+            pids = _tree(proc.pid)
+            for p in pids if whole_tree else pids[:1]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGKILL)
+        proc.join(60)
+        outcome = "killed" if proc.exitcode == -signal.SIGKILL else (
+            "finished" if proc.exitcode == 0 else "failed")
+        problems: list[str] = []
+        if not _wait_gone(pids, 30.0):
+            problems.append("workers of the killed loader did not exit within 30 s")
+        leaked = [e for e in _shm_entries() - shm_before
+                  if any(f"_{p}_" in e or e.endswith(f"_{p}") for p in pids)]
+        if leaked:
+            problems.append(f"shared memory left by the killed loader: {sorted(leaked)}")
+        logged = _read_lines(log)
+        state = None
+        done = 0
+        if os.path.exists(ckpt):
+            with open(ckpt) as f:
+                saved = json.load(f)
+            state, done = saved["state"], int(saved["logged"])
+        resumed_log = base + ".resumed.log"
+        again = run_killed(self.ctx, op_train, (self.root, self.ref, cache, resumed_log,
+                           resumed_log + ".ckpt", self.num_workers, state), None)
+        if again != "finished":
+            problems.append(f"the next start {again}")
+        delivered = logged[:done] + _read_lines(resumed_log)
+        if delivered != self.reference:
+            problems.append(
+                f"resumed epoch differs from the reference ({len(delivered)} keys, "
+                f"{len(self.reference)} expected; checkpoint at {done})")
+        problems += _cache_problems(cache)
+        lost = len(set(self.reference) - set(delivered))
+        what = "job" if whole_tree else "main process"
+        return Trial(self.name, f"{what} at {delay:.3f} s of {self.duration_s:.3f} s",
+                     outcome, problems, lost, delivered == self.reference)
+
+
+def _read_lines(path: str) -> list[str]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [line.rstrip("\n") for line in f if line.strip()]
+
+
+def _shm_entries() -> set[str]:
+    try:
+        return set(os.listdir("/dev/shm"))
+    except FileNotFoundError:
+        return set()
+
+
+def _tree(pid: int) -> list[int]:
+    import psutil
+
+    try:
+        return [pid] + [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _wait_gone(pids: list[int], timeout_s: float) -> bool:
+    """Wait until every process in ``pids`` has exited; False on timeout."""
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    for p in pids:
+        try:
+            psutil.Process(p).wait(max(0.0, deadline - time.monotonic()))
+        except psutil.NoSuchProcess:
+            continue
+        except psutil.TimeoutExpired:
+            return False
+    return True
+
+
+def _cache_problems(cache: str) -> list[str]:
+    """Files in the cache that are partial or do not hash to their names."""
+    from simstore.hashing import hash_file
+
+    problems = []
+    tmp = os.path.join(cache, "tmp")
+    if os.path.isdir(tmp) and os.listdir(tmp):
+        problems.append(f"partial cache fills left after the next run: {os.listdir(tmp)}")
+    objects = os.path.join(cache, "objects")
+    for dirpath, _dirs, files in os.walk(objects):
+        for name in files:
+            actual, _ = hash_file(os.path.join(dirpath, name))
+            if actual != name:
+                problems.append(f"cache copy {name} has hash {actual}")
+    return problems
+
+
+SCENARIOS = {"ingest": IngestScenario, "snapshot": SnapshotScenario, "gc": GcScenario,
+             "train": TrainScenario}
