@@ -765,3 +765,90 @@ def _cache_problems(cache: str) -> list[str]:
 
 SCENARIOS = {"ingest": IngestScenario, "snapshot": SnapshotScenario, "gc": GcScenario,
              "train": TrainScenario}
+
+
+# -- concurrent writers ----------------------------------------------------------------
+def stage_payloads(cat: Catalog, dataset: str, items: Mapping[str, bytes]) -> Any:
+    """Stage ``{key: payload}``; each payload is stored as its own object (a 'shard')."""
+    import pyarrow as pa
+
+    from simstore.hashing import hash_bytes
+    from simstore.manifest import ManifestRow, rows_from_list
+
+    rows = []
+    for key, payload in sorted(items.items()):
+        oid, _ = cat.put_object(payload)
+        rows.append(ManifestRow(key=key, sample_hash=hash_bytes(b"s" + payload), shard=oid,
+                                position=0, size_bytes=len(payload)))
+    table = rows_from_list(rows)
+    table = table.append_column("deleted", pa.array([False] * len(rows)))
+    return cat.stage(dataset, changes=table, shards=[r.shard for r in rows])
+
+
+def op_commit_loop(url: str, storage_options: Mapping[str, Any] | None, writer: int,
+                   commits: int, result_path: str) -> None:
+    """Commit ``commits`` times to ``ds@main``: key ``w<writer>-<i>`` and key ``shared``.
+
+    Writes ``{"attempts": [...]}`` to ``result_path`` when done.
+    """
+    cat = Catalog.open(url, storage_options=storage_options)
+    attempts = []
+    for i in range(commits):
+        payload = f"{writer}-{i}".encode() * 20
+        entry = stage_payloads(cat, "ds", {f"w{writer}-{i:03d}": payload, "shared": payload})
+        res = cat.commit("ds", message=f"{writer}:{i}", staging_ids=[entry.id],
+                         max_attempts=200)
+        attempts.append(res.attempts)
+    with open(result_path, "w") as f:
+        json.dump({"attempts": attempts}, f)
+
+
+def run_writers(ctx: Any, url: str, storage_options: Mapping[str, Any] | None,
+                writers: int, commits: int, workdir: str) -> list[int]:
+    """Start ``writers`` committing processes at once; returns every commit's attempts."""
+    procs = []
+    for w in range(writers):
+        path = os.path.join(workdir, f"writer-{w}.json")
+        procs.append((ctx.Process(target=op_commit_loop,
+                                  args=(url, storage_options, w, commits, path)), path))
+    for proc, _ in procs:
+        proc.start()
+    attempts: list[int] = []
+    for proc, path in procs:
+        proc.join(600)
+        if proc.exitcode is None:
+            kill_tree(proc.pid)
+            raise AssertionError("a committing writer hung")
+        assert proc.exitcode == 0, f"writer exited with {proc.exitcode}"
+        with open(path) as f:
+            attempts += json.load(f)["attempts"]
+    return attempts
+
+
+def commit_problems(cat: Catalog, writers: int, commits: int) -> list[str]:
+    """What is wrong with ``ds@main`` after :func:`run_writers` (empty: no commit lost)."""
+    from simstore.hashing import hash_bytes
+
+    problems = []
+    log = [s.message for _, s in cat.log("ds")]
+    want = {f"{w}:{i}" for w in range(writers) for i in range(commits)}
+    if sorted(log) != sorted(want):
+        missing = sorted(want - set(log))
+        extra = len(log) - len(set(log))
+        problems.append(f"log has {len(log)} commits for {len(want)}: missing {missing[:5]}, "
+                        f"{extra} duplicates")
+    data = content(cat, "ds")
+    for w in range(writers):
+        for i in range(commits):
+            payload = f"{w}-{i}".encode() * 20
+            if data.get(f"w{w}-{i:03d}") != hash_bytes(b"s" + payload):
+                problems.append(f"sample w{w}-{i:03d} lost")
+    # 'shared' holds the payload of the newest commit in the log
+    newest = log[0].split(":") if log else ["?", "?"]
+    latest = f"{newest[0]}-{newest[1]}".encode() * 20
+    if data.get("shared") != hash_bytes(b"s" + latest):
+        problems.append("key 'shared' does not hold the newest commit's write")
+    problems += store_problems(cat)
+    if cat.staged("ds"):
+        problems.append(f"{len(cat.staged('ds'))} staging entries left")
+    return problems
