@@ -151,7 +151,14 @@ def hash_file(path: str) -> tuple[ObjectId, int]:
         for start in range(0, size, _HASH_WINDOW):
             length = min(_HASH_WINDOW, size - start)
             with mmap.mmap(f.fileno(), length, access=mmap.ACCESS_READ, offset=start) as m:
-                h.update(memoryview(m))
+                # Release the view explicitly: a sampling profiler (dask's workers run one)
+                # may still hold the frame that received it, and a live export makes
+                # closing the map fail with BufferError.
+                view = memoryview(m)
+                try:
+                    h.update(view)
+                finally:
+                    view.release()
     return h.hexdigest(), size
 
 
