@@ -9,6 +9,7 @@ the pipeline routes big dense fields to Zarr, so only small ones arrive here.
 
 from __future__ import annotations
 
+import errno
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
@@ -16,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from simstore.errors import InvalidInputError
+from simstore.errors import InvalidInputError, StorageError
 from simstore.ingest import ShardOptions, parse_compression
 from simstore.protocols import ShardWriteResult, WrittenSample
 from simstore.sample import FieldValue, Sample, Schema
@@ -47,6 +48,15 @@ def row_groups(samples: Sequence[Sample], sizes: Sequence[int], target_bytes: in
     if start < len(samples):
         out.append(slice(start, len(samples)))
     return out
+
+
+def write_error(path: str, exc: OSError) -> StorageError:
+    """A :class:`StorageError` for a shard file that could not be written, naming it."""
+    if exc.errno == errno.ENOSPC or "No space left on device" in str(exc):
+        why = "no space left on device"
+    else:
+        why = exc.strerror or str(exc)
+    return StorageError(f"{path}: writing the shard failed: {why}")
 
 
 class ColumnarWriter(ABC):
@@ -85,6 +95,9 @@ class ColumnarWriter(ABC):
         groups = row_groups(self._samples, self._sizes, self.options.row_group_bytes)
         try:
             self._write(plans, schema, groups)
+        except OSError as exc:  # a full disk, a lost mount: the shard is not written
+            self.abort()
+            raise write_error(self.path, exc) from exc
         except BaseException:
             self.abort()
             raise

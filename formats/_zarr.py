@@ -45,6 +45,7 @@ from simstore.protocols import ShardWriteResult, WrittenSample
 from simstore.sample import FieldSpec, FieldValue, Sample, Schema
 
 from ._arrow import SHARD_FORMAT_VERSION, scalar_out
+from ._columnar import write_error
 
 __all__ = ["ZarrFormat", "ZarrShardReader", "ZarrShardWriter", "auto_chunks"]
 
@@ -144,7 +145,12 @@ class ZarrShardWriter:
     def __init__(self, path: str, options: ShardOptions) -> None:
         self.path = path
         self.options = options
-        self._zip = zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True)
+        try:
+            self._zip = zipfile.ZipFile(
+                path, "w", compression=zipfile.ZIP_STORED, allowZip64=True
+            )
+        except OSError as exc:
+            raise write_error(path, exc) from exc
         self._nodes: dict[str, dict[str, Any]] = {}
         self._written: list[WrittenSample] = []
         self._specs: dict[str, FieldSpec] = {}
@@ -154,7 +160,10 @@ class ZarrShardWriter:
         info.compress_type = zipfile.ZIP_STORED
         info.create_system = 3
         info.external_attr = 0o100644 << 16
-        self._zip.writestr(info, data)
+        try:
+            self._zip.writestr(info, data)
+        except OSError as exc:  # a full disk: the caller aborts the shard
+            raise write_error(self.path, exc) from exc
 
     def _node(self, path: str, meta: dict[str, Any]) -> None:
         self._nodes[path] = meta
@@ -299,6 +308,9 @@ class ZarrShardWriter:
         try:
             self._entry("zarr.json", json.dumps(root, sort_keys=True).encode())
             self._zip.close()
+        except OSError as exc:
+            self.abort()
+            raise write_error(self.path, exc) from exc
         except BaseException:
             self.abort()
             raise
