@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -57,12 +58,29 @@ def _stamp(constraints: str) -> str:
     h = hashlib.sha256(constraints.encode())
     with open(REQUIREMENTS, "rb") as f:
         h.update(f.read())
-    for root, _dirs, files in sorted(os.walk(STUB)):
-        for name in sorted(files):
-            if name.endswith((".py", ".toml")):
-                with open(os.path.join(root, name), "rb") as f:
-                    h.update(name.encode() + f.read())
+    for path in _stub_files():
+        with open(path, "rb") as f:
+            h.update(os.path.relpath(path, STUB).encode() + f.read())
     return h.hexdigest()
+
+
+def _stub_files() -> list[str]:
+    """The stub's sources (not what a build leaves beside them)."""
+    files = [os.path.join(STUB, "pyproject.toml")]
+    for root, _dirs, names in os.walk(os.path.join(STUB, "torchvision")):
+        files += [os.path.join(root, n) for n in names if n.endswith(".py")]
+    return sorted(files)
+
+
+def _stub_copy(root: str) -> str:
+    """A copy of the stub to build from, so pip's in-tree build leaves the repo clean."""
+    dest = os.path.join(root, "torchvision-stub-build")
+    shutil.rmtree(dest, ignore_errors=True)
+    for path in _stub_files():
+        target = os.path.join(dest, os.path.relpath(path, STUB))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(path, target)
+    return dest
 
 
 def _pip(python: str, args: list[str], log: str) -> None:
@@ -88,7 +106,8 @@ def ensure(root: str, *, log: Callable[[str], None] = print) -> tuple[str | None
             cons_path = os.path.join(root, "peers-constraints.txt")
             with open(cons_path, "w") as f:
                 f.write(constraints)
-            _pip(python, ["-q", "-c", cons_path, STUB, f"torch=={metadata.version('torch')}"],
+            _pip(python, ["-q", "-c", cons_path, _stub_copy(root),
+                          f"torch=={metadata.version('torch')}"],
                  pip_log)
             _pip(python, ["-q", "-c", cons_path, "-r", REQUIREMENTS], pip_log)
             with open(stamp_path, "w") as f:

@@ -1,6 +1,6 @@
 """One measurement in a fresh process: a system writes a pool, or reads one epoch of it.
 
-    python -m benchmarks.suite.runner write SYSTEM POOL OUT PROFILE [OPTIONS_JSON]
+    python -m benchmarks.suite.runner write SYSTEM OPTIONS_JSON JOBS_JSON
     python -m benchmarks.suite.runner read SYSTEM OUT PROFILE WORKERS BATCH [OPTIONS_JSON]
 
 Run by the driver in the interpreter of the system's virtualenv (the project's, or the
@@ -15,6 +15,8 @@ Read figures:
   started, first shard opened): the process is fresh, the page cache warm;
 - ``epoch_s``, ``samples``: the whole epoch after the first batch; throughput is
   ``(samples - first batch) / (epoch_s)``;
+- ``max_s`` (an option) cuts a slow epoch short after that many seconds (``cut``): the
+  rates are then over the samples read;
 - every tensor a batch holds is touched once per 4 KiB page (one element each), so lazy
   (memory-mapped) loaders pay their page faults as a training step's copy would.
 """
@@ -74,10 +76,15 @@ def read(system: str, out: str, profile: str, workers: int, batch: int | None,
     if batch is None:
         first_n = 1
     samples = 0
+    max_s = float(options.get("max_s") or 0)  # type: ignore[arg-type]
+    cut = False
     for b in it:
         k, n = _touch(b)
         nbytes += k
         samples += 1 if batch is None else n
+        if max_s and time.perf_counter() - t0 > max_s:
+            cut = True
+            break
     t_end = time.perf_counter()
     del it, loader
     return {
@@ -88,6 +95,7 @@ def read(system: str, out: str, profile: str, workers: int, batch: int | None,
         "samples_after_first": samples,
         "samples": samples + first_n,
         "bytes_delivered": nbytes,
+        "cut": cut,
     }
 
 
@@ -97,22 +105,25 @@ def mod_name(system: str) -> str:
     return MODULES[system]
 
 
-def write(system: str, pool: str, out: str, profile: str,
-          options: dict[str, object]) -> dict[str, object]:
+def write(system: str, options: dict[str, object],
+          jobs: list[dict[str, str]]) -> dict[str, object]:
+    """Write each job's pool (``{"profile", "pool", "out"}``) in turn, timing each."""
     from benchmarks.suite.systems import load
 
     mod = load(system)
-    t0 = time.perf_counter()
-    info = mod.write(pool, out, profile, options)
-    return {"write_s": time.perf_counter() - t0, **(info or {})}
+    done = []
+    for job in jobs:
+        t0 = time.perf_counter()
+        info = mod.write(job["pool"], job["out"], job["profile"], options)
+        done.append({"profile": job["profile"], "write_s": time.perf_counter() - t0,
+                     **(info or {})})
+    return {"writes": done}
 
 
 def main(argv: list[str]) -> int:
     cmd = argv[0]
     if cmd == "write":
-        system, pool, out, profile = argv[1:5]
-        options = json.loads(argv[5]) if len(argv) > 5 else {}
-        result = write(system, pool, out, profile, options)
+        result = write(argv[1], json.loads(argv[2]), json.loads(argv[3]))
     elif cmd == "read":
         system, out, profile, workers, batch = argv[1:6]
         options = json.loads(argv[6]) if len(argv) > 6 else {}
