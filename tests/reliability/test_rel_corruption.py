@@ -1,0 +1,194 @@
+"""Corrupt stored objects: a bit-flipped shard, a truncated manifest part, hand-edited JSON.
+
+``verify`` names the damaged object and the snapshot that references it (``--deep`` for
+shards, whose bytes only a re-hash can check), the command exits 6, and the loader raises
+an error naming the object instead of yielding a sample. On S3 the same holds with a disk
+cache (every fill is hash-checked). ``on_corrupt="skip"`` is not offered by SimDataset
+(reported in docs/reliability.md), so a corrupt object always stops the loader.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import numpy as np
+import pytest
+import rel_harness as h
+from click.testing import CliRunner
+from simstore.cli import main
+
+from simstore.catalog import Catalog, verify
+from simstore.errors import FormatError, IntegrityError, SimstoreError
+from simstore.hashing import object_key
+from simstore.ingest import ingest
+from simstore.testing.s3 import FAKE_ACCESS_KEY, FAKE_SECRET_KEY, make_s3_client
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A local store with one dataset of 12 samples in several shards."""
+    root = str(tmp_path / "store")
+    src = str(tmp_path / "src")
+    h.write_sources(src, 0, count=12, seed=4)
+    Catalog.init(root)
+    ingest([src], dataset="ds", store=root, snapshot=True, message="v0", shard_size=8 * 1024)
+    return root
+
+
+def _shards(cat, ref="ds"):
+    snap = cat.snapshot(cat.resolve(ref))
+    return sorted({s for t in cat.iter_parts(snap) for s in t.column("shard").to_pylist()})
+
+
+def _flip(path, offset):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ (1 << (offset % 8))]))
+
+
+def _epoch(url, **kw):
+    from simstore.loaders import SimDataset
+
+    return {s["__key__"]: s["u"].numpy().copy() for s in SimDataset(url, "ds", shuffle=False,
+                                                                     **kw)}
+
+
+def _cli(root, *args):
+    return CliRunner().invoke(main, ["--store", root, *args])
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last", "random"])
+def test_bit_flipped_shard_is_named_by_verify_and_the_loader(store, where):
+    cat = Catalog.open(store)
+    sid = cat.resolve("ds")
+    shard = _shards(cat)[1]
+    path = os.path.join(store, object_key(shard))
+    size = os.path.getsize(path)
+    offset = {"first": 0, "middle": size // 2, "last": size - 1,
+              "random": random.Random(5).randrange(size)}[where]
+    _flip(path, offset)
+
+    assert verify(cat, "ds").ok  # the shallow check reads no shard bytes
+    report = verify(cat, "ds", deep=True)
+    assert len(report.problems) == 1
+    assert object_key(shard) in report.problems[0] and sid in report.problems[0]
+    result = _cli(store, "verify", "ds", "--deep")
+    assert result.exit_code == 6 and shard in result.output
+    with pytest.raises(IntegrityError) as info:
+        _epoch(store)
+    assert shard in str(info.value) and sid in str(info.value)
+
+
+def test_truncated_manifest_part_is_named_by_verify_and_the_loader(store):
+    cat = Catalog.open(store)
+    snap = cat.snapshot(cat.resolve("ds"))
+    part = snap.parts[0].id
+    path = os.path.join(store, object_key(part))
+    with open(path, "rb") as f:
+        data = f.read()
+    with open(path, "wb") as f:
+        f.write(data[: len(data) // 2])
+    report = verify(Catalog.open(store), "ds")
+    assert report.problems and part in report.problems[0] and snap.id in report.problems[0]
+    assert _cli(store, "verify", "ds").exit_code == 6
+    with pytest.raises(SimstoreError) as info:
+        _epoch(store)
+    assert part in str(info.value)
+
+
+@pytest.mark.parametrize("edit", ["message", "samples", "parts", "garbage"])
+def test_hand_edited_snapshot_is_named(store, edit):
+    cat = Catalog.open(store)
+    sid = cat.resolve("ds")
+    path = os.path.join(store, object_key(sid))
+    with open(path, "rb") as f:
+        obj = json.loads(f.read())
+    if edit == "message":
+        obj["message"] = "rewritten history"
+    elif edit == "samples":
+        obj["samples"] += 1
+    elif edit == "parts":
+        obj["parts"] = obj["parts"][:0]
+    text = b"{not json" if edit == "garbage" else json.dumps(obj).encode()
+    with open(path, "wb") as f:
+        f.write(text)
+    report = verify(Catalog.open(store), "ds")
+    assert report.problems and sid in report.problems[0]
+    result = _cli(store, "verify", "ds")
+    assert result.exit_code == 6 and sid in result.output
+    for command in (["log", "ds"], ["show", "ds"], ["diff", "ds", "ds"]):
+        result = _cli(store, *command)
+        assert result.exit_code == IntegrityError.exit_code and sid in result.output, command
+        assert "Traceback" not in result.output
+    with pytest.raises(IntegrityError) as info:
+        _epoch(store)
+    assert sid in str(info.value)
+
+
+@pytest.mark.parametrize("text", [b"", b"{", b'{"format_version":1}', b'{"format_version":1,'
+                                  b'"snapshot":"../../etc/passwd"}', b'{"format_version":9,'
+                                  b'"snapshot":"00000000000000000000000000000000"}'])
+def test_hand_edited_ref_is_named(store, text):
+    key = "datasets/ds/refs/heads/main"
+    with open(os.path.join(store, key), "wb") as f:
+        f.write(text)
+    with pytest.raises(FormatError) as info:
+        Catalog.open(store).resolve("ds")
+    assert key in str(info.value)
+    result = _cli(store, "verify", "ds")
+    assert result.exit_code == FormatError.exit_code and key in result.output
+    with pytest.raises(FormatError) as info:
+        _epoch(store)
+    assert key in str(info.value)
+
+
+def test_hand_edited_staging_entry_is_named(store, tmp_path):
+    h.write_sources(str(tmp_path / "src"), 1, count=12, seed=4)
+    ingest([str(tmp_path / "src")], dataset="ds", store=store, shard_size=8 * 1024)
+    cat = Catalog.open(store)
+    [entry] = cat.staged("ds")
+    key = f"datasets/ds/staging/{entry.id}"
+    with open(os.path.join(store, key), "wb") as f:
+        f.write(b'{"kind":"staging","format_version":1,"id":')
+    result = _cli(store, "snapshot", "ds", "-m", "x")
+    assert result.exit_code == FormatError.exit_code and key in result.output
+    assert h.head(Catalog.open(store), "ds") == cat.resolve("ds")  # nothing committed
+
+
+@pytest.mark.s3
+def test_bit_flipped_shard_on_s3_is_caught_by_the_cache(tmp_path, s3_bucket, moto_server):
+    bucket = s3_bucket()
+    url = f"s3://{bucket}/store"
+    options = {"endpoint_url": moto_server, "key": FAKE_ACCESS_KEY, "secret": FAKE_SECRET_KEY,
+               "region_name": "us-east-1"}
+    src = str(tmp_path / "src")
+    h.write_sources(src, 0, count=12, seed=4)
+    Catalog.init(url, storage_options=options)
+    cat = Catalog.open(url, storage_options=options)
+    ingest([src], dataset="ds", store=cat, snapshot=True, message="v0", shard_size=8 * 1024)
+    expected = _epoch(url, storage_options=options)
+    shard = _shards(cat)[0]
+    client = make_s3_client(moto_server)
+    body = bytearray(client.get_object(Bucket=bucket, Key=f"store/{object_key(shard)}")[
+        "Body"].read())
+    body[len(body) // 2] ^= 0x10
+    client.put_object(Bucket=bucket, Key=f"store/{object_key(shard)}", Body=bytes(body))
+    report = verify(Catalog.open(url, storage_options=options), "ds", deep=True)
+    assert len(report.problems) == 1 and shard in report.problems[0]
+    with pytest.raises(IntegrityError) as info:
+        _epoch(url, storage_options=options, cache_dir=str(tmp_path / "cache"))
+    assert shard in str(info.value)
+    # without a cache reads are ranged and cannot be hash-checked: a flip is caught only
+    # when it breaks the encoding, so this records what happens rather than asserting it
+    try:
+        data = _epoch(url, storage_options=options)
+    except SimstoreError as exc:
+        assert shard in str(exc)
+    else:
+        wrong = [k for k in expected if not np.array_equal(expected[k], data[k])]
+        pytest.xfail(f"ranged reads without a cache yielded {len(wrong)} silently wrong "
+                     f"samples from a bit-flipped shard: {wrong}")
