@@ -37,8 +37,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--workers", nargs="+", type=int, default=[0, 2],
                     help="DataLoader worker counts (default: 0 2)")
     ap.add_argument("--reps", type=int, help="alternating repetitions (default 3; --quick 1)")
-    ap.add_argument("--s3-profiles", nargs="+", choices=sorted(PROFILES),
-                    help="profiles read from S3 (default: large)")
+    ap.add_argument("--tier-profiles", nargs="+", choices=sorted(PROFILES),
+                    help="profiles read from the memory and S3 tiers (default: large)")
     ap.add_argument("--no-extras", action="store_true",
                     help="skip the ingest and manifest-scale benchmarks")
     ap.add_argument("--root", default=os.path.join(REPO, ".bench"),
@@ -60,9 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg = driver.Config(
         root=os.path.abspath(args.root), quick=quick, reps=args.reps or (1 if quick else 3),
         systems=systems, profiles=profiles, tiers=tiers,
-        workers=args.workers, s3_profiles=args.s3_profiles or ["large"],
-        memory_systems=["simstore-parquet"] if quick else None,
-        s3_systems=["simstore-parquet"] if quick else None,
+        workers=args.workers, s3_profiles=args.tier_profiles or ["large"],
+        memory_systems=["simstore-parquet"] if quick and not args.systems else None,
+        s3_systems=["simstore-parquet"] if quick and not args.systems else None,
         extras=not args.no_extras,
         log=lambda msg: print(time.strftime("%H:%M:%S ") + msg, flush=True),
     )

@@ -245,7 +245,7 @@ def read_once(cfg: Config, env: Env, case: Case, rep: int) -> dict[str, Any]:
     data = env.data[(case.system.name, case.profile)]
     raw = ceilings.raw_read(data_bytes(data)[1]) if case.tier == "local" else None
     opts, run_env = read_options(cfg, env, case, rep)
-    opts["max_s"] = 5 if cfg.quick else 30
+    opts["max_s"] = 5 if cfg.quick else 15
     batch = PROFILES[case.profile].batch_size
     assert python is not None
     result = run_runner(python, ["read", case.system.family, data, case.profile,

@@ -79,14 +79,14 @@ def cases(systems: list[System], profiles: list[str], tiers: list[str], workers:
           s3_systems: list[str] | None) -> list[Case]:
     """Every case, ordered so that a repetition alternates systems on the same bytes.
 
-    S3 tiers run on ``s3_profiles`` only; ``memory_systems`` and ``s3_systems`` (None:
+    Tiers other than local (memory, S3) run on ``s3_profiles`` only; ``memory_systems`` and ``s3_systems`` (None:
     all that support the tier) narrow those tiers (``--quick``); a cold run is directly followed by the warm run
     that reuses its cache.
     """
     out: list[Case] = []
     for profile in profiles:
         for tier in tiers:
-            if tier.startswith("s3") and profile not in s3_profiles:
+            if tier != "local" and profile not in s3_profiles:
                 continue
             for w in workers:
                 for s in systems:

@@ -155,6 +155,12 @@ def _order(doc: dict[str, Any], tier: str) -> list[str]:
     return [s for s in (*SIMSTORE, *PEERS) if s in names]
 
 
+def _label(v: float) -> str:
+    if v >= 100:
+        return f"{v:,.0f}"
+    return f"{v:.2g}" if v < 10 else f"{v:.0f}"
+
+
 def _bars(ax: Any, doc: dict[str, Any], profile: str, key: str, tier: str = "local",
           scale: float = 1.0) -> list[str]:
     import numpy as np
@@ -171,9 +177,11 @@ def _bars(ax: Any, doc: dict[str, Any], profile: str, key: str, tier: str = "loc
         bars = ax.bar(x + (i - (len(workers) - 1) / 2) * width, vals, width,
                       label=f"{w} workers", color=["#4C72B0", "#DD8452", "#55A868"][i % 3])
         for b, v in zip(bars, vals, strict=True):
+            x_mid = b.get_x() + b.get_width() / 2
             if v == 0:
-                ax.text(b.get_x() + b.get_width() / 2, 0, "n/a", ha="center", va="bottom",
-                        fontsize=6, rotation=90)
+                ax.text(x_mid, 0, "n/a", ha="center", va="bottom", fontsize=6, rotation=90)
+            else:
+                ax.text(x_mid, v, _label(v), ha="center", va="bottom", fontsize=6, rotation=90)
     ax.set_xticks(x)
     ax.set_xticklabels([s.replace("simstore-", "simstore\n") for s in systems], fontsize=7)
     return systems
@@ -190,17 +198,22 @@ def plots(doc: dict[str, Any], out_dir: str) -> list[str]:
     fig, axes = plt.subplots(len(profiles), 1, figsize=(11, 3.6 * len(profiles)), squeeze=False)
     for ax, profile in zip(axes[:, 0], profiles, strict=True):
         _bars(ax, doc, profile, "mib_per_s")
+        ax.set_yscale("log")
         c = doc["ceilings"]["by_profile"].get(profile, {})
-        if c.get("raw_read_mib_per_s"):
-            ax.axhline(c["raw_read_mib_per_s"], color="black", linestyle="--", linewidth=1)
-            ax.text(ax.get_xlim()[1], c["raw_read_mib_per_s"],
-                    f" raw read {c['raw_read_mib_per_s']:,.0f}", va="center", fontsize=7)
+        for key, label, style, va in (("raw_read_mib_per_s", "raw sequential read", "--", "top"),
+                                      ("memcpy_mib_per_s", "memcpy", ":", "bottom")):
+            if c.get(key):
+                ax.axhline(c[key], color="black", linestyle=style, linewidth=1)
+                ax.text(ax.get_xlim()[0], c[key], f" {label} {c[key]:,.0f} MiB/s",
+                        va=va, fontsize=7)
+        top = max(c.get("memcpy_mib_per_s") or 1, c.get("raw_read_mib_per_s") or 1)
+        ax.set_ylim(top=top * 3)
         info = doc["profiles"][profile]
-        ax.set_title(f"{profile}: {info['description']} (local tier, warm page cache; "
-                     f"memcpy {c.get('memcpy_mib_per_s', 0):,.0f} MiB/s)", fontsize=9)
-        ax.set_ylabel("MiB/s (whole epoch)")
-        ax.legend(fontsize=7, loc="upper right")
-        ax.grid(axis="y", alpha=0.3)
+        ax.set_title(f"{profile}: {info['description']}; local tier, warm page cache, "
+                     f"batch {info['batch_size'] or 1}", fontsize=9)
+        ax.set_ylabel("MiB/s, whole epoch (log)")
+        ax.legend(fontsize=7, loc="upper right", ncol=2)
+        ax.grid(axis="y", alpha=0.3, which="both")
     fig.tight_layout()
     path = os.path.join(out_dir, "throughput.png")
     fig.savefig(path, dpi=110)
@@ -243,7 +256,11 @@ def _tiers_plot(doc: dict[str, Any], out_dir: str, plt: Any) -> str:
         width = 0.8 / max(1, len(systems))
         for i, s in enumerate(systems):
             vals = [(r["mib_per_s"] if (r := _get(doc, s, profile, t, w)) else 0) for t in tiers]
-            ax.bar(x + (i - (len(systems) - 1) / 2) * width, vals, width, label=s)
+            bars = ax.bar(x + (i - (len(systems) - 1) / 2) * width, vals, width, label=s)
+            for b, v in zip(bars, vals, strict=True):
+                if v:
+                    ax.text(b.get_x() + b.get_width() / 2, v, _label(v), ha="center",
+                            va="bottom", fontsize=6, rotation=90)
         c = doc["ceilings"]["by_profile"].get(profile, {})
         for key, label, style in (("s3_get_mib_per_s", "S3 parallel GET", "--"),
                                   ("s3_get_20ms_mib_per_s", "GET + 20 ms", ":")):

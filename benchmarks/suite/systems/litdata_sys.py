@@ -1,7 +1,12 @@
 """LitData: ``litdata.optimize`` (64 MiB chunks, no compression) read by
 ``StreamingDataset(shuffle=True)`` and ``StreamingDataLoader``. Runs in the peers'
-virtualenv. S3: ``s3://...`` input with the endpoint in ``storage_options`` (LitData's S3
-client refuses a plain-http endpoint unless ``allow_http`` reaches its download client)."""
+virtualenv. S3: ``s3://...`` input with the endpoint in ``storage_options``. LitData reads
+the index with boto3 but downloads chunks with obstore, which refuses a plain-http
+endpoint (moto on loopback) unless ``allow_http`` is among its client options. LitData
+has no setting that reaches them (boto3 rejects the key in ``storage_options``, and
+obstore's store ignores ``AWS_ALLOW_HTTP`` when given explicit options), so for an http
+endpoint the runner adds it to LitData's module-level obstore client options before the
+DataLoader starts (forked workers inherit it)."""
 
 from __future__ import annotations
 
@@ -40,9 +45,13 @@ def loader(out: str, profile: str, workers: int, batch_size: int | None,
     from litdata import StreamingDataLoader, StreamingDataset
 
     if options.get("tier") == "s3":
+        if str(options["endpoint_url"]).startswith("http://"):
+            from litdata.streaming import downloader
+
+            downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True  # type: ignore[index]
         storage = {"endpoint_url": options["endpoint_url"],
                    "aws_access_key_id": options["key"],
-                   "aws_secret_access_key": options["secret"], "allow_http": True}
+                   "aws_secret_access_key": options["secret"]}
         ds = StreamingDataset(options["url"], cache_dir=options["cache_dir"], shuffle=True,
                               seed=0, storage_options=storage)
     else:
