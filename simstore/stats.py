@@ -4,7 +4,8 @@ For each numeric field (tensor or scalar) a *summary* holds, per component: ``co
 values), ``nan_count``, ``inf_count``, ``mean``, ``m2`` (sum of squared deviations from the
 mean, for the standard deviation), ``min`` and ``max``, all over finite values only, so a
 summary is always valid JSON (snapshots are canonical JSON, which refuses NaN). ``components``
-says how many there are.
+says how many there are. Finite values so large that a mean or an m2 overflows float64
+(beyond about 1.8e308) saturate at the largest float64; min and max stay exact.
 
 Components: a tensor whose last axis is short (``2 <= shape[-1] <= MAX_COMPONENTS``, with at
 least two axes) is a vector field, such as mesh ``points`` (N x 3) or a velocity field
@@ -20,6 +21,7 @@ merges the new files' summaries into its parent's.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -42,6 +44,7 @@ __all__ = [
 ]
 
 MAX_COMPONENTS = 9
+_FLOAT_MAX = sys.float_info.max
 _SUB_BLOCK_ELEMENTS = 1 << 18  # float64 temporaries of 2 MiB: they stay in cache
 _LISTS = ("count", "nan_count", "inf_count", "mean", "m2", "min", "max")
 
@@ -82,20 +85,53 @@ def _finite_block(x: np.ndarray) -> dict[str, Any]:
     # contiguous axis with SIMD, but an (n, 1) or (n, 3) array's axis 0 one value at a time
     cols = np.ascontiguousarray(x.T) if k > 1 else x.reshape(1, n)
     d = cols.astype(np.float64)
-    mean = d.sum(axis=1) / n
-    d -= mean[:, None]
-    m2 = np.einsum("ij,ij->i", d, d)
+    with np.errstate(over="ignore", invalid="ignore"):
+        mean = d.sum(axis=1) / n
+        d -= mean[:, None]
+        m2 = np.einsum("ij,ij->i", d, d)
+    if not (np.isfinite(mean).all() and np.isfinite(m2).all()):
+        mean, m2 = _scaled_moments(cols)
     lo, hi = cols.min(axis=1), cols.max(axis=1)
     return {
         "count": [n] * k,
         "nan_count": [0] * k,
         "inf_count": [0] * k,
-        "mean": [float(v) for v in mean],
-        "m2": [float(v) for v in m2],
+        "mean": [_bounded(float(v)) for v in mean],
+        "m2": [_bounded(float(v)) for v in m2],
         "min": [_py(v) for v in lo],
         "max": [_py(v) for v in hi],
         "components": k,
     }
+
+
+def _scaled_moments(cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and m2 of finite values so large that their sum or squares overflow float64.
+
+    Each component is scaled by a power of two near its largest magnitude (exact), so the
+    mean is right; an m2 beyond float64's range saturates (see :func:`_bounded`).
+    """
+    d = cols.astype(np.float64)
+    peak = np.abs(d).max(axis=1)
+    exponent = np.minimum(np.floor(np.log2(np.where(peak > 0, peak, 1.0))), 1023.0)
+    scale = np.exp2(exponent)
+    d /= scale[:, None]
+    mean = d.sum(axis=1) / d.shape[1]
+    d -= mean[:, None]
+    squares = np.einsum("ij,ij->i", d, d)
+    with np.errstate(over="ignore"):
+        m2 = np.where(squares > 0, squares * scale * scale, 0.0)
+        return mean * scale, m2
+
+
+def _bounded(value: float) -> float:
+    """A moment that overflowed float64 saturates at its largest finite value.
+
+    Finite inputs can only overflow (never give NaN honestly), and summaries must stay
+    valid JSON: snapshots, staging entries and the ingest journal are canonical JSON.
+    """
+    if math.isfinite(value):
+        return value
+    return -_FLOAT_MAX if value < 0 else _FLOAT_MAX
 
 
 def _masked_block(x: np.ndarray) -> dict[str, Any]:
@@ -136,7 +172,8 @@ def summarise_array(values: np.ndarray, components: int | None = None) -> dict[s
     for start in range(0, flat.shape[0], rows):
         block = flat[start : start + rows]
         if block.dtype.kind == "f":
-            total = block.sum(axis=0, dtype=np.float64)
+            with np.errstate(over="ignore", invalid="ignore"):
+                total = block.sum(axis=0, dtype=np.float64)
             part = _finite_block(block) if np.isfinite(total).all() else _masked_block(block)
         else:
             part = _finite_block(block)
@@ -185,7 +222,10 @@ def merge_field_stats(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, A
         else:
             delta = mb - ma
             mean = ma + delta * cb / n
-            m2 = float(a["m2"][i]) + float(b["m2"][i]) + delta * delta * ca * cb / n
+            if not math.isfinite(mean):  # delta overflowed: weigh the means instead
+                mean = ma * (ca / n) + mb * (cb / n)
+            m2 = _bounded(float(a["m2"][i]) + float(b["m2"][i]) + delta * delta * ca * cb / n)
+            mean = _bounded(mean)
         out["count"].append(n)
         out["nan_count"].append(int(a["nan_count"][i]) + int(b["nan_count"][i]))
         out["inf_count"].append(
