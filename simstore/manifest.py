@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from simstore.errors import FormatError
-from simstore.hashing import Hasher, ObjectId, hash_bytes
+from simstore.hashing import Hasher, ObjectId, hash_bytes, is_object_id
 
 __all__ = [
     "DEFAULT_TARGET_ROWS",
@@ -115,19 +115,35 @@ class PartRef:
 
     @classmethod
     def from_json(cls, obj: Mapping[str, object]) -> PartRef:
-        """Parse the JSON shape; raise :class:`FormatError` when malformed."""
+        """Parse the JSON shape; raise :class:`FormatError` when malformed.
+
+        Ids must be object ids and counts non-negative integers: a part entry names keys
+        in the store, so nothing else may reach ``objects/``.
+        """
         try:
+            part_id, content = obj["id"], obj["content"]
+            if not (isinstance(part_id, str) and is_object_id(part_id)):
+                raise ValueError(f"id {part_id!r} is not an object id")
+            if not (isinstance(content, str) and is_object_id(content)):
+                raise ValueError(f"content {content!r} is not a digest")
+            counts = {name: obj[name] for name in ("rows", "size_bytes", "sample_bytes")}
+            for name, value in counts.items():
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise ValueError(f"{name} {value!r} is not a non-negative integer")
+            first, last = obj["first_key"], obj["last_key"]
+            if not (isinstance(first, str) and isinstance(last, str)):
+                raise ValueError("first_key and last_key must be strings")
             return cls(
-                id=ObjectId(str(obj["id"])),
-                rows=int(obj["rows"]),  # type: ignore[call-overload]
-                size_bytes=int(obj["size_bytes"]),  # type: ignore[call-overload]
-                sample_bytes=int(obj["sample_bytes"]),  # type: ignore[call-overload]
-                first_key=str(obj["first_key"]),
-                last_key=str(obj["last_key"]),
-                content=str(obj["content"]),
+                id=ObjectId(part_id),
+                rows=int(counts["rows"]),  # type: ignore[call-overload]
+                size_bytes=int(counts["size_bytes"]),  # type: ignore[call-overload]
+                sample_bytes=int(counts["sample_bytes"]),  # type: ignore[call-overload]
+                first_key=first,
+                last_key=last,
+                content=content,
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise FormatError(f"invalid manifest part entry {obj!r}: {exc}") from exc
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise FormatError(f"invalid manifest part entry: {exc}") from exc
 
 
 def empty_rows() -> pa.Table:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, NewType, TypedDict
 
 from simstore.errors import FormatError
-from simstore.hashing import hash_bytes
+from simstore.hashing import hash_bytes, is_object_id
 from simstore.manifest import PartRef, PartRefJSON
 from simstore.sample import FieldSpec, FieldSpecJSON, Schema, canonical_json
 
@@ -120,9 +120,10 @@ class Snapshot:
                 f"{SNAPSHOT_FORMAT_VERSION}"
             )
         try:
+            _check_shape(obj)
             return cls(
                 dataset=str(obj["dataset"]),
-                parents=tuple(str(p) for p in obj["parents"]),
+                parents=tuple(obj["parents"]),
                 created=str(obj["created"]),
                 author=str(obj["author"]),
                 message=str(obj["message"]),
@@ -134,8 +135,41 @@ class Snapshot:
                 stats=dict(obj.get("stats", {})),
                 lineage=dict(obj.get("lineage", {})),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except FormatError as exc:  # a nested entry: say which snapshot holds it
+            raise FormatError(f"{name}: {exc}") from exc
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise FormatError(f"{name} is missing or has a malformed field: {exc}") from exc
+
+
+def _check_shape(obj: dict[str, Any]) -> None:
+    """Refuse values that would send a reader outside ``objects/`` or break its arithmetic.
+
+    Parents and the content hash are object ids, counts are non-negative integers, the
+    schema and parts are lists, stats and lineage are objects, and the lineage lists
+    (``staging``, ``objects``) hold strings. Raises ``ValueError`` naming the field.
+    """
+    parents = obj["parents"]
+    if not isinstance(parents, list) or not all(
+        isinstance(p, str) and is_object_id(p) for p in parents
+    ):
+        raise ValueError(f"parents {parents!r} are not a list of snapshot ids")
+    if not (isinstance(obj["content_hash"], str) and is_object_id(obj["content_hash"])):
+        raise ValueError(f"content_hash {obj['content_hash']!r} is not a digest")
+    for count in ("samples", "sample_bytes"):
+        value = obj[count]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{count} {value!r} is not a non-negative integer")
+    for listed in ("schema", "parts"):
+        if not isinstance(obj[listed], list):
+            raise ValueError(f"{listed} is not a list")
+    for mapping in ("stats", "lineage"):
+        if not isinstance(obj.get(mapping, {}), dict):
+            raise ValueError(f"{mapping} is not an object")
+    lineage = obj.get("lineage", {})
+    for listed in ("staging", "objects"):
+        values = lineage.get(listed, [])
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise ValueError(f"lineage.{listed} is not a list of strings")
 
 
 def content_hash_of(parts: tuple[PartRef, ...] | list[PartRef]) -> str:
