@@ -12,12 +12,21 @@ diagonal, default 0.02; curvature adds elements where needed) and ``cad_mesh``
 overlapping solids often fails; the adapter then meshes each solid on its own, and if that
 fails too keeps only the surface. The sample's ``metadata`` says which (``mesh``:
 ``volume``, ``per-solid`` or ``surface``) and why.
+
+Each part is meshed in its own short-lived process (``_cad_mesh.py``, numpy and gmsh
+only): OpenCASCADE crashes the process on some malformed STEP files (found by fuzzing),
+and a crash there must be a ``SourceError`` naming the file, not the death of the ingest.
+``cad_timeout_s`` (default 900) bounds one part's import and meshing.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import threading
+import signal
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -30,38 +39,65 @@ from simstore.sample import Sample
 __all__ = ["CadAdapter"]
 
 _EXTS = (".step", ".stp", ".iges", ".igs", ".brep", ".brp")
-_LOCK = threading.Lock()  # gmsh is one global state per process; serialise its users
+_MESHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_cad_mesh.py")
+DEFAULT_TIMEOUT_S = 900.0
 
 
-def _gmsh() -> Any:
+def _check_gmsh() -> None:
     try:
-        import gmsh
+        import gmsh  # noqa: F401
     except ImportError as exc:
         raise ImportError("the cad adapter needs gmsh: pip install 'simstore[cad]'") from exc
-    return gmsh
 
 
-def _mesh_arrays(gmsh: Any, dim: int, etype: int) -> tuple[np.ndarray, np.ndarray]:
-    """Node coordinates (N x 3) and 0-based connectivity of elements of one type."""
-    tags, coords, _ = gmsh.model.mesh.getNodes()
-    tags = np.asarray(tags, dtype=np.int64)
-    xyz = np.asarray(coords, dtype=np.float64).reshape(-1, 3)
-    order = np.argsort(tags)
-    tags, xyz = tags[order], xyz[order]
-    types, _, nodes = gmsh.model.mesh.getElements(dim)
-    conn = [np.asarray(n, dtype=np.int64) for t, n in zip(types, nodes, strict=True) if t == etype]
-    per = {2: 3, 4: 4}[etype]
-    flat = np.concatenate(conn) if conn else np.zeros(0, dtype=np.int64)
-    return xyz, np.searchsorted(tags, flat).reshape(-1, per)
+def mesh_isolated(
+    path: str, tolerance: float, want_volume: bool, *, timeout_s: float, tmp_dir: str | None
+) -> dict[str, Any]:
+    """Mesh one part in a separate process; its fields, or a SourceError naming the file.
 
-
-def _surface(gmsh: Any) -> tuple[np.ndarray, np.ndarray]:
-    gmsh.model.mesh.generate(2)
-    return _mesh_arrays(gmsh, 2, 2)
+    A crash of the CAD kernel (a signal), a run past ``timeout_s`` and an import or
+    meshing error all become a :class:`SourceError`; the arrays come back through an
+    ``.npz`` read with ``allow_pickle=False``.
+    """
+    with tempfile.TemporaryDirectory(prefix="simstore-cad-", dir=tmp_dir) as tmp:
+        out = os.path.join(tmp, "mesh")
+        cmd = [sys.executable, _MESHER, path, repr(tolerance),
+               "volume" if want_volume else "surface", out]
+        try:
+            proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            raise SourceError(
+                f"{path}: field 'points': CAD import and meshing took longer than "
+                f"{timeout_s:g} s (raise the adapter option cad_timeout_s for huge parts)"
+            ) from None
+        if proc.returncode < 0:
+            name = signal.Signals(-proc.returncode).name
+            raise SourceError(
+                f"{path}: field 'points': the CAD kernel crashed reading this file ({name}); "
+                "it is malformed or uses something OpenCASCADE cannot read"
+            )
+        try:
+            with open(out + ".json") as f:
+                result = json.load(f)
+        except (OSError, ValueError):
+            tail = proc.stderr.decode(errors="replace").strip().splitlines()[-1:]
+            raise SourceError(
+                f"{path}: field 'points': CAD meshing failed (exit {proc.returncode}"
+                f"{': ' + tail[0] if tail else ''})"
+            ) from None
+        if "error" in result:
+            raise SourceError(str(result["error"]))
+        fields: dict[str, Any] = {k: float(v) for k, v in result["values"].items()}
+        with np.load(out + ".npz", allow_pickle=False) as arrays:
+            for i, name in enumerate(result["arrays"]):
+                fields[name] = arrays[f"a{i}"]
+        fields["metadata"] = result["metadata"]
+        return fields
 
 
 class CadAdapter:
-    """CAD parts through gmsh/OpenCASCADE."""
+    """CAD parts through gmsh/OpenCASCADE, each meshed in its own process."""
 
     name = "cad"
     version = "1"
@@ -76,130 +112,11 @@ class CadAdapter:
         """The part's one sample."""
         tolerance = float(options.get("cad_tolerance") or 0.02)
         want_volume = str(options.get("cad_mesh") or "surface") == "volume"
+        timeout_s = float(options.get("cad_timeout_s") or DEFAULT_TIMEOUT_S)
         source_hash = str(options.get("source_hash") or hash_file(path)[0])
-        gmsh = _gmsh()
-        with _LOCK:
-            fields = self._run(gmsh, path, tolerance, want_volume)
+        _check_gmsh()
+        fields = mesh_isolated(path, tolerance, want_volume, timeout_s=timeout_s,
+                               tmp_dir=options.get("tmp_dir"))
         fields["source_object"] = source_hash
         fields["source_name"] = os.path.basename(path)
         yield Sample(key, fields)
-
-    def _import(self, gmsh: Any, path: str) -> None:
-        try:
-            gmsh.model.occ.importShapes(path)
-            gmsh.model.occ.synchronize()
-        except Exception as exc:  # gmsh raises plain Exception with OCC's message
-            raise SourceError(f"{path}: field 'points': CAD import failed: {exc}") from exc
-
-    def _run(self, gmsh: Any, path: str, tolerance: float, want_volume: bool) -> dict[str, Any]:
-        owned = not gmsh.isInitialized()
-        if owned:
-            gmsh.initialize(
-                argv=["simstore"], readConfigFiles=False, run=False, interruptible=False
-            )
-        model = f"simstore-{os.getpid()}-{threading.get_ident()}"
-        try:
-            gmsh.option.setNumber("General.Terminal", 0)
-            gmsh.option.setNumber("General.Verbosity", 0)
-            gmsh.option.setNumber("General.NumThreads", 1)
-            gmsh.model.add(model)
-            self._import(gmsh, path)
-            surfaces = gmsh.model.getEntities(2)
-            solids = gmsh.model.getEntities(3)
-            if not surfaces:
-                raise SourceError(f"{path}: field 'points': the part has no surfaces to tessellate")
-            box = gmsh.model.getBoundingBox(-1, -1)
-            diag = float(np.linalg.norm(np.subtract(box[3:], box[:3])))
-            size = max(diag * tolerance, 1e-12)
-            gmsh.option.setNumber("Mesh.MeshSizeMax", size)
-            gmsh.option.setNumber("Mesh.MeshSizeFromCurvature", 12)
-            area = float(sum(gmsh.model.occ.getMass(2, t) for _, t in surfaces))
-            volume = float(sum(gmsh.model.occ.getMass(3, t) for _, t in solids))
-            try:
-                points, triangles = _surface(gmsh)
-            except Exception as exc:
-                raise SourceError(
-                    f"{path}: field 'cells/triangle': tessellation failed: {exc}"
-                ) from exc
-            if len(triangles) == 0:
-                raise SourceError(
-                    f"{path}: field 'cells/triangle': tessellation produced no triangles"
-                )
-            fields: dict[str, Any] = {"points": points, "cells/triangle": triangles}
-            meta: dict[str, Any] = {
-                "mesh": "surface",
-                "solids": len(solids),
-                "surfaces": len(surfaces),
-                "format": os.path.splitext(path)[1].lower().lstrip("."),
-            }
-            if want_volume and not solids:
-                meta["reason"] = "the part has no solids"
-            elif want_volume:
-                self._volume(gmsh, path, model, fields, meta)
-            else:
-                meta["reason"] = "volume mesh not requested (cad_mesh=surface)"
-            lo, hi = box[:3], box[3:]
-            for axis, a, b in zip("xyz", lo, hi, strict=True):
-                fields[f"bbox/{axis}min"] = float(a)
-                fields[f"bbox/{axis}max"] = float(b)
-            fields["surface_area"] = area
-            fields["volume"] = volume
-            fields["mesh_size"] = size
-            fields["metadata"] = meta
-            return fields
-        finally:
-            if owned:
-                gmsh.finalize()
-            else:
-                gmsh.model.remove()
-
-    def _volume(
-        self, gmsh: Any, path: str, model: str, fields: dict[str, Any], meta: dict[str, Any]
-    ) -> None:
-        """Add ``cells/tetra``: the whole model, else each solid alone, else nothing."""
-        try:
-            gmsh.model.mesh.generate(3)
-            points, tets = _mesh_arrays(gmsh, 3, 4)
-            if len(tets):
-                pts2, tris = _mesh_arrays(gmsh, 2, 2)
-                fields.update({"points": pts2, "cells/triangle": tris, "cells/tetra": tets})
-                meta["mesh"] = "volume"
-                return
-            whole_error = "volume mesh produced no tetrahedra"
-        except Exception as exc:  # overlapping solids: OCC/gmsh 3-D meshing errors
-            whole_error = str(exc)
-        meta["volume_error"] = whole_error
-        solids = [t for _, t in gmsh.model.getEntities(3)]
-        all_points: list[np.ndarray] = []
-        all_tris: list[np.ndarray] = []
-        all_tets: list[np.ndarray] = []
-        offset = 0
-        try:
-            for tag in solids:
-                gmsh.model.add(f"{model}-solid{tag}")
-                self._import(gmsh, path)
-                others = [(3, t) for _, t in gmsh.model.getEntities(3) if t != tag]
-                if others:
-                    gmsh.model.occ.remove(others, recursive=True)
-                    gmsh.model.occ.synchronize()
-                gmsh.model.mesh.generate(3)
-                pts, tets = _mesh_arrays(gmsh, 3, 4)
-                _, tris = _mesh_arrays(gmsh, 2, 2)
-                gmsh.model.remove()
-                gmsh.model.setCurrent(model)
-                all_points.append(pts)
-                all_tris.append(tris + offset)
-                all_tets.append(tets + offset)
-                offset += len(pts)
-        except Exception as exc:
-            meta["mesh"] = "surface"
-            meta["reason"] = (
-                f"volume mesh failed ({whole_error}); per-solid mesh failed too ({exc})"
-            )
-            gmsh.model.setCurrent(model)
-            return
-        fields["points"] = np.concatenate(all_points)
-        fields["cells/triangle"] = np.concatenate(all_tris)
-        fields["cells/tetra"] = np.concatenate(all_tets)
-        meta["mesh"] = "per-solid"
-        meta["reason"] = f"volume mesh of the whole part failed: {whole_error}"

@@ -1,0 +1,201 @@
+"""Meshing one CAD part with gmsh (OpenCASCADE), run as its own process by the cad adapter.
+
+OpenCASCADE's readers crash the process (SIGSEGV) on some malformed STEP files, and can
+spin on others; the ``cad`` adapter therefore runs this file as a separate interpreter
+(``python _cad_mesh.py PATH TOLERANCE surface|volume OUT``), with a time limit, and turns a
+crash, a hang or an error into a ``SourceError`` naming the file. It imports only numpy
+and gmsh (not simstore), so it starts in a fraction of a second, and it returns arrays in
+an ``.npz`` read back with ``allow_pickle=False`` and everything else as JSON: nothing
+crosses the process boundary as a pickle.
+
+Output: ``OUT.json`` holds ``{"error": message}`` or ``{"arrays": [names], "values":
+{name: float}, "metadata": {...}}``, and ``OUT.npz`` the arrays as ``a0``, ``a1``, ...
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from typing import Any
+
+import numpy as np
+
+
+class MeshError(Exception):
+    """A part that does not import or tessellate; the message names the file and field."""
+
+
+def _mesh_arrays(gmsh: Any, dim: int, etype: int) -> tuple[np.ndarray, np.ndarray]:
+    """Node coordinates (N x 3) and 0-based connectivity of elements of one type."""
+    tags, coords, _ = gmsh.model.mesh.getNodes()
+    tags = np.asarray(tags, dtype=np.int64)
+    xyz = np.asarray(coords, dtype=np.float64).reshape(-1, 3)
+    order = np.argsort(tags)
+    tags, xyz = tags[order], xyz[order]
+    types, _, nodes = gmsh.model.mesh.getElements(dim)
+    conn = [np.asarray(n, dtype=np.int64) for t, n in zip(types, nodes, strict=True) if t == etype]
+    per = {2: 3, 4: 4}[etype]
+    flat = np.concatenate(conn) if conn else np.zeros(0, dtype=np.int64)
+    return xyz, np.searchsorted(tags, flat).reshape(-1, per)
+
+
+def _surface(gmsh: Any) -> tuple[np.ndarray, np.ndarray]:
+    gmsh.model.mesh.generate(2)
+    return _mesh_arrays(gmsh, 2, 2)
+
+
+def _import(gmsh: Any, path: str) -> None:
+    try:
+        gmsh.model.occ.importShapes(path)
+        gmsh.model.occ.synchronize()
+    except Exception as exc:  # gmsh raises plain Exception with OCC's message
+        raise MeshError(f"{path}: field 'points': CAD import failed: {exc}") from exc
+
+def mesh_part(gmsh: Any, path: str, tolerance: float, want_volume: bool) -> dict[str, Any]:
+    owned = not gmsh.isInitialized()
+    if owned:
+        gmsh.initialize(
+            argv=["simstore"], readConfigFiles=False, run=False, interruptible=False
+        )
+    model = f"simstore-{os.getpid()}-{threading.get_ident()}"
+    try:
+        gmsh.option.setNumber("General.Terminal", 0)
+        gmsh.option.setNumber("General.Verbosity", 0)
+        gmsh.option.setNumber("General.NumThreads", 1)
+        gmsh.model.add(model)
+        _import(gmsh, path)
+        surfaces = gmsh.model.getEntities(2)
+        solids = gmsh.model.getEntities(3)
+        if not surfaces:
+            raise MeshError(f"{path}: field 'points': the part has no surfaces to tessellate")
+        box = gmsh.model.getBoundingBox(-1, -1)
+        diag = float(np.linalg.norm(np.subtract(box[3:], box[:3])))
+        size = max(diag * tolerance, 1e-12)
+        gmsh.option.setNumber("Mesh.MeshSizeMax", size)
+        gmsh.option.setNumber("Mesh.MeshSizeFromCurvature", 12)
+        area = float(sum(gmsh.model.occ.getMass(2, t) for _, t in surfaces))
+        volume = float(sum(gmsh.model.occ.getMass(3, t) for _, t in solids))
+        try:
+            points, triangles = _surface(gmsh)
+        except Exception as exc:
+            raise MeshError(
+                f"{path}: field 'cells/triangle': tessellation failed: {exc}"
+            ) from exc
+        if len(triangles) == 0:
+            raise MeshError(
+                f"{path}: field 'cells/triangle': tessellation produced no triangles"
+            )
+        fields: dict[str, Any] = {"points": points, "cells/triangle": triangles}
+        meta: dict[str, Any] = {
+            "mesh": "surface",
+            "solids": len(solids),
+            "surfaces": len(surfaces),
+            "format": os.path.splitext(path)[1].lower().lstrip("."),
+        }
+        if want_volume and not solids:
+            meta["reason"] = "the part has no solids"
+        elif want_volume:
+            _volume(gmsh, path, model, fields, meta)
+        else:
+            meta["reason"] = "volume mesh not requested (cad_mesh=surface)"
+        lo, hi = box[:3], box[3:]
+        for axis, a, b in zip("xyz", lo, hi, strict=True):
+            fields[f"bbox/{axis}min"] = float(a)
+            fields[f"bbox/{axis}max"] = float(b)
+        fields["surface_area"] = area
+        fields["volume"] = volume
+        fields["mesh_size"] = size
+        fields["metadata"] = meta
+        return fields
+    finally:
+        if owned:
+            gmsh.finalize()
+        else:
+            gmsh.model.remove()
+
+def _volume(
+    gmsh: Any, path: str, model: str, fields: dict[str, Any], meta: dict[str, Any]
+) -> None:
+    """Add ``cells/tetra``: the whole model, else each solid alone, else nothing."""
+    try:
+        gmsh.model.mesh.generate(3)
+        points, tets = _mesh_arrays(gmsh, 3, 4)
+        if len(tets):
+            pts2, tris = _mesh_arrays(gmsh, 2, 2)
+            fields.update({"points": pts2, "cells/triangle": tris, "cells/tetra": tets})
+            meta["mesh"] = "volume"
+            return
+        whole_error = "volume mesh produced no tetrahedra"
+    except Exception as exc:  # overlapping solids: OCC/gmsh 3-D meshing errors
+        whole_error = str(exc)
+    meta["volume_error"] = whole_error
+    solids = [t for _, t in gmsh.model.getEntities(3)]
+    all_points: list[np.ndarray] = []
+    all_tris: list[np.ndarray] = []
+    all_tets: list[np.ndarray] = []
+    offset = 0
+    try:
+        for tag in solids:
+            gmsh.model.add(f"{model}-solid{tag}")
+            _import(gmsh, path)
+            others = [(3, t) for _, t in gmsh.model.getEntities(3) if t != tag]
+            if others:
+                gmsh.model.occ.remove(others, recursive=True)
+                gmsh.model.occ.synchronize()
+            gmsh.model.mesh.generate(3)
+            pts, tets = _mesh_arrays(gmsh, 3, 4)
+            _, tris = _mesh_arrays(gmsh, 2, 2)
+            gmsh.model.remove()
+            gmsh.model.setCurrent(model)
+            all_points.append(pts)
+            all_tris.append(tris + offset)
+            all_tets.append(tets + offset)
+            offset += len(pts)
+    except Exception as exc:
+        meta["mesh"] = "surface"
+        meta["reason"] = (
+            f"volume mesh failed ({whole_error}); per-solid mesh failed too ({exc})"
+        )
+        gmsh.model.setCurrent(model)
+        return
+    fields["points"] = np.concatenate(all_points)
+    fields["cells/triangle"] = np.concatenate(all_tris)
+    fields["cells/tetra"] = np.concatenate(all_tets)
+    meta["mesh"] = "per-solid"
+    meta["reason"] = f"volume mesh of the whole part failed: {whole_error}"
+
+
+def _gmsh() -> Any:
+    import gmsh
+
+    return gmsh
+
+
+def main(argv: list[str]) -> int:
+    """Mesh ``argv = [path, tolerance, surface|volume, out]``; 0 unless the writing fails."""
+    path, tolerance, mode, out = argv[0], float(argv[1]), argv[2], argv[3]
+    try:
+        fields = mesh_part(_gmsh(), path, tolerance, mode == "volume")
+        arrays = sorted(k for k, v in fields.items() if isinstance(v, np.ndarray))
+        np.savez(out + ".npz", **{f"a{i}": fields[k] for i, k in enumerate(arrays)})
+        result: dict[str, Any] = {
+            "arrays": arrays,
+            "values": {k: float(v) for k, v in fields.items()
+                       if k != "metadata" and not isinstance(v, np.ndarray)},
+            "metadata": fields["metadata"],
+        }
+    except MeshError as exc:
+        result = {"error": str(exc)}
+    except Exception as exc:  # gmsh raises plain Exception with OCC's message
+        result = {"error": f"{path}: field 'points': CAD meshing failed: {exc}"}
+    tmp = out + ".json.tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f)
+    os.replace(tmp, out + ".json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
