@@ -219,9 +219,16 @@ def decode_part(data: bytes, *, object_id: str = "") -> pa.Table:
     if version != str(MANIFEST_FORMAT_VERSION):
         raise FormatError(f"{name} has format_version {version}, this simstore reads 1")
     try:
-        return table.select(MANIFEST_SCHEMA.names).cast(MANIFEST_SCHEMA)
+        table = table.select(MANIFEST_SCHEMA.names).cast(MANIFEST_SCHEMA)
     except (pa.ArrowException, KeyError) as exc:
         raise FormatError(f"{name} has unexpected columns: {exc}") from exc
+    try:
+        # Parquet readers do not check that strings are UTF-8: a damaged key would surface
+        # later as a UnicodeDecodeError far from the part that holds it
+        table.validate(full=True)
+    except pa.ArrowException as exc:
+        raise FormatError(f"{name} holds invalid values: {exc}") from exc
+    return table
 
 
 def _boundaries(hashes: pa.Array | pa.ChunkedArray, target_rows: int) -> np.ndarray:
