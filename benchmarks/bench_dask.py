@@ -5,24 +5,29 @@
 1. Throughput: the same .npz folder (smooth float32 fields, as in bench_ingest.py) into
    uncompressed Parquet shards of 32 MiB on a LocalStore with fsync off, by the local
    engine (1 process, and a pool of 2) and by the dask engine on LocalClusters of 1 and 2
-   worker processes (one thread each) bound to 127.0.0.1. The clusters are started before
-   the timed runs (their start-up is reported apart), as an ingest against a running
-   cluster (``--address``) would see them. Every run writes a fresh store with the
-   journal off, and every run must give the same content hash.
-2. Driver memory per sample: one dask ingest of many tiny samples (an HDF5 run cut into
-   one-step windows); the driver's peak resident memory above its level before the run,
-   per sample. This is what scale.md's driver arithmetic multiplies.
+   worker processes (one thread each) bound to 127.0.0.1. The clusters are started and
+   warmed before the timed runs (their start-up is reported apart), as an ingest against
+   a running cluster (``--address``) would see them. The four engines take turns, run
+   after run, so a change in the machine's load falls on all of them; each figure is the
+   median of its runs. Every run writes a fresh store with the journal off, and every run
+   must give the same content hash. Besides wall-clock MiB/s, each row gives the share of
+   worker time spent inside tasks and the MiB per second of task time (one worker's speed
+   while it works), which a busy machine disturbs less.
+2. Driver memory per sample: dask ingests of 20,000 and 100,000 tiny samples (HDF5 runs cut
+   into one-step windows); the growth of the driver's peak resident memory between the
+   two, per sample. This is what scale.md's driver arithmetic multiplies.
 
-The machine is shared: throughput figures are medians of repeated runs, and the ratios to
-the local engine measured back to back are steadier than absolute MiB/s.
+The machine is shared: throughput figures are medians of repeated, interleaved runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -74,16 +79,33 @@ def throughput(work: Path, quick: bool, reps: int) -> dict[str, Any]:
     warm = work / "warm-npz"
     make_npz(warm, 1, 2, 64)
     opts = {"format": "parquet", "compression": "none", "shard_size": 32 * MiB}
-    rows: list[dict[str, Any]] = []
     contents: set[str] = set()
-
-    def measure(label: str, n_workers: int, **extra: Any) -> None:
-        runs = []
+    starts = {}
+    with contextlib.ExitStack() as stack:
+        addresses = {}
+        for workers in (1, 2):
+            t0 = time.perf_counter()
+            cluster = stack.enter_context(_cluster(workers))
+            starts[workers] = time.perf_counter() - t0
+            addresses[workers] = cluster.scheduler_address
+            # untimed: a running cluster's workers have imported the libraries already
+            _ingest(warm, work / "warm", engine="dask", address=cluster.scheduler_address)
+        configs: list[tuple[str, int, dict[str, Any]]] = [
+            ("local", 1, {}),
+            ("local (process pool)", 2, {"workers": 2}),
+            ("dask LocalCluster", 1, {"engine": "dask", "address": addresses[1]}),
+            ("dask LocalCluster", 2, {"engine": "dask", "address": addresses[2]}),
+        ]
+        runs: list[list[tuple[float, Any]]] = [[] for _ in configs]
+        # round robin, so a change in the machine's load falls on every engine alike
         for _ in range(reps):
-            secs, result, content = _ingest(src, work / "store", **opts, **extra)
-            runs.append((secs, result))
-            contents.add(content)
-        secs, result = sorted(runs, key=lambda r: r[0])[len(runs) // 2]  # the median run
+            for i, (_, _, extra) in enumerate(configs):
+                secs, result, content = _ingest(src, work / "store", **opts, **extra)
+                runs[i].append((secs, result))
+                contents.add(content)
+    rows: list[dict[str, Any]] = []
+    for (label, n_workers, _), measured in zip(configs, runs, strict=True):
+        secs, result = sorted(measured, key=lambda r: r[0])[len(measured) // 2]  # median run
         task_s = sum(t.seconds for t in result.tasks)
         rows.append(
             {
@@ -94,23 +116,15 @@ def throughput(work: Path, quick: bool, reps: int) -> dict[str, Any]:
                 "mib": size / MiB,
                 "seconds": secs,
                 "mib_s": size / MiB / secs,
+                "runs_mib_s": [size / MiB / s for s, _ in measured],
                 # time inside tasks / (wall time x workers): what the engine's overhead
                 # and idle workers leave of the machine
                 "task_share": task_s / (secs * n_workers),
+                # MiB per second of task time: one worker's speed while it runs a task,
+                # whatever the engine; steadier than wall-clock figures on a shared machine
+                "task_mib_s": size / MiB / task_s,
             }
         )
-
-    measure("local", 1)
-    measure("local (process pool)", 2, workers=2)
-    starts = {}
-    for workers in (1, 2):
-        t0 = time.perf_counter()
-        with _cluster(workers) as cluster:
-            starts[workers] = time.perf_counter() - t0
-            address = cluster.scheduler_address
-            # untimed: a running cluster's workers have imported the libraries already
-            _ingest(warm, work / "warm", engine="dask", address=address)
-            measure("dask LocalCluster", workers, engine="dask", address=address)
     base = rows[0]["mib_s"]
     for r in rows:
         r["vs_local_1"] = r["mib_s"] / base
@@ -122,20 +136,28 @@ def throughput(work: Path, quick: bool, reps: int) -> dict[str, Any]:
     }
 
 
-def _rss() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
+_DRIVER = r"""
+import json, sys
+sys.path.insert(0, {bench!r})
+from bench_dask import _ingest
+from pathlib import Path
+opts = {{"time_window": 1, "shard_size": 1 << 20, "engine": "dask", "address": {address!r}}}
+_ingest(Path({warm!r}), Path({store!r}), **opts)  # loads every module the run needs
 
 
-def _peak() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM")
+def status(name):
+    for line in open("/proc/self/status"):
+        if line.startswith(name):
+            return int(line.split()[1]) * 1024
+
+
+before = status("VmRSS:")
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # reset the peak resident memory (VmHWM) to the current level
+secs, result, _ = _ingest(Path({src!r}), Path({store!r}), **opts)
+print(json.dumps({{"samples": result.samples, "seconds": secs, "before": before,
+                  "peak": status("VmHWM:")}}))
+"""
 
 
 def _tiny_runs(folder: Path, samples: int) -> None:
@@ -151,36 +173,40 @@ def _tiny_runs(folder: Path, samples: int) -> None:
 
 
 def driver_memory(work: Path, quick: bool) -> dict[str, Any]:
-    """Peak driver memory of dask ingests of two sizes: the slope is the cost per sample."""
+    """Peak driver memory of dask ingests of two sizes: the slope is the cost per sample.
+
+    Each ingest runs in a fresh driver process (so no run reuses memory an earlier one
+    freed), against one 2-worker LocalCluster.
+    """
     sizes = (5_000, 20_000) if quick else (20_000, 100_000)
-    opts = {"time_window": 1, "shard_size": 1 * MiB, "engine": "dask"}
     out: dict[str, Any] = {"runs": []}
+    _tiny_runs(work / "warm-src", 256)
     with _cluster(2) as cluster:
-        address = cluster.scheduler_address
-        _tiny_runs(work / "warm-src", 4096)
-        _ingest(work / "warm-src", work / "warm", **opts, address=address)
         for n in sizes:
             _tiny_runs(work / "tiny", n)
-            before = _rss()
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")  # reset this process's peak resident memory (VmHWM) to now
-            secs, result, _ = _ingest(work / "tiny", work / "mem", **opts, address=address)
-            peak = _peak()
+            code = _DRIVER.format(
+                bench=str(Path(__file__).resolve().parent),
+                address=cluster.scheduler_address,
+                warm=str(work / "warm-src"),
+                src=str(work / "tiny"),
+                store=str(work / "mem"),
+            )
+            done = subprocess.run(
+                [sys.executable, "-c", code], check=True, capture_output=True, text=True
+            )
+            run = json.loads(done.stdout.strip().splitlines()[-1])
             out["runs"].append(
                 {
-                    "samples": result.samples,
-                    "seconds": secs,
-                    "samples_per_s": result.samples / secs,
-                    "driver_rss_before_mib": before / MiB,
-                    "driver_peak_above_mib": (peak - before) / MiB,
+                    "samples": run["samples"],
+                    "seconds": run["seconds"],
+                    "samples_per_s": run["samples"] / run["seconds"],
+                    "driver_rss_before_mib": run["before"] / MiB,
+                    "driver_peak_above_mib": (run["peak"] - run["before"]) / MiB,
                 }
             )
     a, b = out["runs"]
-    out["driver_bytes_per_sample"] = (
-        (b["driver_peak_above_mib"] - a["driver_peak_above_mib"])
-        * MiB
-        / (b["samples"] - a["samples"])
-    )
+    grown = (b["driver_peak_above_mib"] - a["driver_peak_above_mib"]) * MiB
+    out["driver_bytes_per_sample"] = grown / (b["samples"] - a["samples"])
     return out
 
 
@@ -200,7 +226,7 @@ def main() -> None:
     ap.add_argument("--workdir", default=None, help="scratch folder (default: a temp dir)")
     ap.add_argument("--only", choices=["throughput", "memory"], default=None)
     args = ap.parse_args()
-    reps = 1 if args.quick else 3
+    reps = 1 if args.quick else 5
     work = Path(args.workdir or tempfile.mkdtemp(prefix="simstore-bench-dask-"))
     results: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
@@ -211,7 +237,7 @@ def main() -> None:
             results["throughput"] = tp = throughput(work, args.quick, reps)
             print(f"## Throughput ({tp['source']}; same content: {tp['same_content']})\n")
             cols = ["engine", "workers", "workers_used", "tasks", "mib_s", "vs_local_1"]
-            print(table(tp["rows"], cols + ["task_share"]))
+            print(table(tp["rows"], cols + ["task_share", "task_mib_s"]))
             print(f"\nLocalCluster start (s): {tp['cluster_start_s']}")
         if args.only in (None, "memory"):
             results["driver_memory"] = mem = driver_memory(work, args.quick)

@@ -264,3 +264,20 @@ def test_the_staged_rows_digest_is_the_canonical_json_digest():
         expected = hash_bytes(canonical_json([list(r) for r in sorted(rows[:n])]))
         assert _rows_digest(rows[:n], chunk_rows=7) == expected
         assert _rows_digest(rows[:n]) == expected
+
+
+def test_without_dask_installed_the_error_says_what_to_install(
+    monkeypatch, catalog_at, npz_dir, tmp_path
+):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "distributed", None)  # import distributed fails
+    with pytest.raises(ImportError, match=r"pip install 'simstore\[dask\]'"):
+        ingest([npz_dir], dataset="d", store=catalog_at("s"), engine="dask")
+    store = str(tmp_path / "cli")
+    CliRunner().invoke(main, ["--store", store, "init"], catch_exceptions=False)
+    result = CliRunner().invoke(
+        main, ["--store", store, "ingest", str(npz_dir), "--dataset", "d", "--engine", "dask"]
+    )
+    assert result.exit_code == 1 and "pip install 'simstore[dask]'" in result.output
+    assert "Traceback" not in result.output
