@@ -228,7 +228,29 @@ def decode_part(data: bytes, *, object_id: str = "") -> pa.Table:
         table.validate(full=True)
     except pa.ArrowException as exc:
         raise FormatError(f"{name} holds invalid values: {exc}") from exc
+    problem = _row_problem(table)
+    if problem:
+        raise FormatError(f"{name} {problem}")
     return table
+
+
+def _row_problem(table: pa.Table) -> str:
+    """What makes these rows unusable, or ``""``: keys strictly increasing, shard ids
+    object ids, positions and sizes non-negative (readers index shards with them)."""
+    n = table.num_rows
+    if n == 0:
+        return ""
+    keys = table.column("key")
+    if n > 1 and not pc.all(pc.greater(keys.slice(1), keys.slice(0, n - 1))).as_py():
+        return "has keys out of order or repeated"
+    shards = pc.unique(table.column("shard"))
+    bad = pc.invert(pc.match_substring_regex(shards, r"^[0-9a-f]{32}$"))
+    if pc.any(bad).as_py():
+        return f"names an invalid shard id {shards.filter(bad)[0].as_py()!r}"
+    for column in ("position", "size_bytes"):
+        if pc.min(table.column(column)).as_py() < 0:
+            return f"has a negative {column}"
+    return ""
 
 
 def _boundaries(hashes: pa.Array | pa.ChunkedArray, target_rows: int) -> np.ndarray:
