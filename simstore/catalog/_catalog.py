@@ -409,9 +409,15 @@ class Catalog:
         return snap
 
     def read_part(self, part: PartRef, *, verify: bool = True, snapshot: str = "") -> pa.Table:
-        """Read one manifest part as a table (hash-checked)."""
+        """Read one manifest part as a table (hash-checked, and as long as the entry says)."""
         data = self.get_object(part.id, verify=verify, referenced_by=snapshot)
-        return decode_part(data, object_id=part.id)
+        table = decode_part(data, object_id=part.id)
+        if table.num_rows != part.rows:
+            by = f"snapshot {snapshot}" if snapshot else "its snapshot"
+            raise FormatError(
+                f"manifest part {part.id} has {table.num_rows} rows, {by} says {part.rows}"
+            )
+        return table
 
     def iter_parts(self, snap: Snapshot, *, verify: bool = True) -> Iterator[pa.Table]:
         """Manifest parts of a snapshot in key order."""
