@@ -852,3 +852,10 @@ def commit_problems(cat: Catalog, writers: int, commits: int) -> list[str]:
     if cat.staged("ds"):
         problems.append(f"{len(cat.staged('ds'))} staging entries left")
     return problems
+
+
+def op_ingest_versions(root: str, src: str, dataset: str, versions: int, seed: int) -> None:
+    """Ingest ``versions`` successive versions of a source folder, committing each."""
+    for v in range(versions):
+        write_sources(src, v, seed=seed)
+        op_ingest(root, src, dataset, None, True, "replace")
