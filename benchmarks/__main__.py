@@ -36,6 +36,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     help=f"default: all; choices: {', '.join(TIERS)}")
     ap.add_argument("--workers", nargs="+", type=int, default=[0, 2],
                     help="DataLoader worker counts (default: 0 2)")
+    ap.add_argument("--s3-workers", nargs="+", type=int,
+                    help="worker counts for the S3 tiers (default: 2)")
     ap.add_argument("--reps", type=int, help="alternating repetitions (default 3; --quick 1)")
     ap.add_argument("--tier-profiles", nargs="+", choices=sorted(PROFILES),
                     help="profiles read from the memory and S3 tiers (default: large)")
@@ -63,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         workers=args.workers, s3_profiles=args.tier_profiles or ["large"],
         memory_systems=["simstore-parquet"] if quick and not args.systems else None,
         s3_systems=["simstore-parquet"] if quick and not args.systems else None,
+        s3_workers=args.s3_workers or [2],
         extras=not args.no_extras,
         log=lambda msg: print(time.strftime("%H:%M:%S ") + msg, flush=True),
     )

@@ -46,6 +46,7 @@ class Config:
     s3_profiles: list[str]
     memory_systems: list[str] | None
     s3_systems: list[str] | None
+    s3_workers: list[int] | None
     extras: bool
     log: Callable[[str], None] = print
 
@@ -197,6 +198,13 @@ def upload_s3(cfg: Config, env: Env, stack: ExitStack) -> None:
     needed = {(c.system.name, c.profile) for c in plan(cfg) if c.tier.startswith("s3")}
     if not needed:
         return
+    import importlib.util
+
+    if importlib.util.find_spec("moto") is None or importlib.util.find_spec("boto3") is None:
+        for name, _profile in needed:
+            env.notes.setdefault(name + "/s3", "S3 tiers need moto[server] and boto3 "
+                                 "(pip install -e '.[dev]')")
+        return
     env.endpoint = stack.enter_context(s3.moto())
     if "s3-cold-20ms" in cfg.tiers:
         env.slow_endpoint = stack.enter_context(s3.latency_proxy(env.endpoint, 0.02))
@@ -213,7 +221,7 @@ def upload_s3(cfg: Config, env: Env, stack: ExitStack) -> None:
 
 def plan(cfg: Config) -> list[Case]:
     return cases(cfg.systems, cfg.profiles, cfg.tiers, cfg.workers, cfg.s3_profiles,
-                 cfg.memory_systems, cfg.s3_systems)
+                 cfg.memory_systems, cfg.s3_systems, cfg.s3_workers)
 
 
 # -- one read ----------------------------------------------------------------------------
@@ -245,7 +253,7 @@ def read_once(cfg: Config, env: Env, case: Case, rep: int) -> dict[str, Any]:
     data = env.data[(case.system.name, case.profile)]
     raw = ceilings.raw_read(data_bytes(data)[1]) if case.tier == "local" else None
     opts, run_env = read_options(cfg, env, case, rep)
-    opts["max_s"] = 5 if cfg.quick else 15
+    opts["max_s"] = 5 if cfg.quick else 10
     batch = PROFILES[case.profile].batch_size
     assert python is not None
     result = run_runner(python, ["read", case.system.family, data, case.profile,
@@ -265,7 +273,7 @@ def skipped(cfg: Config, env: Env, case: Case) -> str | None:
     if (s.name, case.profile) not in env.data:
         return "no data written"
     if case.tier.startswith("s3") and (s.name, case.profile) not in env.s3_keys:
-        return "not uploaded to S3"
+        return env.notes.get(s.name + "/s3", "not uploaded to S3")
     return None
 
 

@@ -76,19 +76,21 @@ class Case:
 
 def cases(systems: list[System], profiles: list[str], tiers: list[str], workers: list[int],
           s3_profiles: list[str], memory_systems: list[str] | None,
-          s3_systems: list[str] | None) -> list[Case]:
+          s3_systems: list[str] | None, s3_workers: list[int] | None = None) -> list[Case]:
     """Every case, ordered so that a repetition alternates systems on the same bytes.
 
-    Tiers other than local (memory, S3) run on ``s3_profiles`` only; ``memory_systems`` and ``s3_systems`` (None:
-    all that support the tier) narrow those tiers (``--quick``); a cold run is directly followed by the warm run
-    that reuses its cache.
+    Tiers other than local (memory, S3) run on ``s3_profiles`` only; ``memory_systems``
+    and ``s3_systems`` (None: all that support the tier) narrow those tiers (``--quick``);
+    S3 tiers run with ``s3_workers`` (default: ``workers``); a cold run is directly
+    followed by the warm run that reuses its cache.
     """
     out: list[Case] = []
     for profile in profiles:
         for tier in tiers:
             if tier != "local" and profile not in s3_profiles:
                 continue
-            for w in workers:
+            tier_workers = s3_workers if (tier.startswith("s3") and s3_workers) else workers
+            for w in tier_workers:
                 for s in systems:
                     if tier not in s.tiers:
                         continue

@@ -249,8 +249,9 @@ def _tiers_plot(doc: dict[str, Any], out_dir: str, plt: Any) -> str:
     systems = [s for s in (*SIMSTORE, "mosaic", "litdata", "webdataset")
                if any(r["system"] == s and r["tier"] != "local" and r["profile"] == profile
                       for r in doc["results"])]
-    workers = sorted({r["workers"] for r in doc["results"]})
-    fig, axes = plt.subplots(1, len(workers), figsize=(6.5 * len(workers), 4.2), squeeze=False)
+    workers = sorted({r["workers"] for r in doc["results"] if r["tier"].startswith("s3")}
+                     or {r["workers"] for r in doc["results"]})
+    fig, axes = plt.subplots(1, len(workers), figsize=(9 * len(workers), 4.5), squeeze=False)
     for ax, w in zip(axes[0], workers, strict=True):
         x = np.arange(len(tiers))
         width = 0.8 / max(1, len(systems))
