@@ -859,3 +859,24 @@ def op_ingest_versions(root: str, src: str, dataset: str, versions: int, seed: i
     for v in range(versions):
         write_sources(src, v, seed=seed)
         op_ingest(root, src, dataset, None, True, "replace")
+
+
+def op_stuck_fill(cache_dir: str, object_id: str, data: bytes, ready_path: str) -> None:
+    """Start filling the loader's disk cache with ``object_id`` and hang half-way.
+
+    Writes half the bytes, then the file ``ready_path``, then sleeps while holding the
+    fill's stripe lock, until it is killed: a loader that died mid-download.
+    """
+    from simstore.loaders._cache import CacheConfig, ShardCache
+    from simstore.loaders._stats import Counters
+
+    cache = ShardCache(CacheConfig(directory=cache_dir, limit_bytes=1 << 30), Counters())
+
+    def download(out: Any) -> None:
+        out.write(data[: len(data) // 2])
+        out.raw.flush()
+        with open(ready_path, "w") as f:
+            f.write("filling")
+        time.sleep(3600)
+
+    cache.acquire(object_id, lambda: len(data), download)
