@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import os
@@ -880,3 +881,29 @@ def op_stuck_fill(cache_dir: str, object_id: str, data: bytes, ready_path: str) 
         time.sleep(3600)
 
     cache.acquire(object_id, lambda: len(data), download)
+
+
+class QuotaStore(LocalStore):
+    """A local store that runs out of space after ``budget`` bytes of writes."""
+
+    def __init__(self, root: str, budget: int) -> None:
+        super().__init__(root)
+        self.budget = budget
+
+    def _spend(self, size):
+        if size > self.budget:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.budget -= size
+
+    def _write_tmp(self, path, data, src=None):
+        self._spend(os.path.getsize(src) if src is not None else len(data or b""))
+        return super()._write_tmp(path, data, src)
+
+    def move_file(self, key, path):
+        # a shard built in scratch took its space when it was written: charge it here
+        try:
+            self._spend(os.path.getsize(path))
+        except OSError as exc:
+            os.unlink(path)
+            raise self._error("write", key, exc) from exc
+        return super().move_file(key, path)

@@ -13,46 +13,19 @@ Three ways, from the most real to the one that always runs:
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import subprocess
 
 import pytest
 import rel_harness as h
 from click.testing import CliRunner
+from rel_harness import QuotaStore
 from simstore.cli import main
 
 from simstore.catalog import Catalog
 from simstore.errors import StorageError
 from simstore.hashing import hash_file
 from simstore.ingest import ingest
-from simstore.storage import LocalStore
-
-
-class QuotaStore(LocalStore):
-    """A local store that runs out of space after ``budget`` bytes of writes."""
-
-    def __init__(self, root: str, budget: int) -> None:
-        super().__init__(root)
-        self.budget = budget
-
-    def _spend(self, size):
-        if size > self.budget:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        self.budget -= size
-
-    def _write_tmp(self, path, data, src=None):
-        self._spend(os.path.getsize(src) if src is not None else len(data or b""))
-        return super()._write_tmp(path, data, src)
-
-    def move_file(self, key, path):
-        # a shard built in scratch took its space when it was written: charge it here
-        try:
-            self._spend(os.path.getsize(path))
-        except OSError as exc:
-            os.unlink(path)
-            raise self._error("write", key, exc) from exc
-        return super().move_file(key, path)
 
 
 def _big_sources(root, count=12, side=192):
