@@ -213,7 +213,7 @@ def run_dask(
             return limit
 
         def submit() -> None:
-            limit = in_flight_limit()
+            cap = in_flight_limit()
             for i, task in queue:
                 fut = client.submit(
                     ingest_task,
@@ -225,7 +225,7 @@ def run_dask(
                 )
                 pending[fut] = i
                 finished.add(fut)
-                if len(pending) >= limit:
+                if len(pending) >= cap:
                     return
 
         try:
