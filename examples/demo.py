@@ -84,6 +84,9 @@ def make_cad() -> None:
 
     os.makedirs(os.path.join(DATA, "cad"), exist_ok=True)
     gmsh.initialize(["-nopopup"])
+    import signal
+
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # gmsh resets it; keep Python's default
     gmsh.option.setNumber("General.Terminal", 0)
     try:
         gmsh.model.add("part")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 from typing import Any
@@ -59,6 +60,10 @@ def mesh_part(gmsh: Any, path: str, tolerance: float, want_volume: bool) -> dict
         gmsh.initialize(
             argv=["simstore"], readConfigFiles=False, run=False, interruptible=False
         )
+        # gmsh's initialize resets SIGPIPE to its default (terminate); Python ignores it so
+        # that a write to a closed socket is an exception, not the death of the process
+        if hasattr(signal, "SIGPIPE"):
+            signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     model = f"simstore-{os.getpid()}-{threading.get_ident()}"
     try:
         gmsh.option.setNumber("General.Terminal", 0)
