@@ -47,6 +47,7 @@ def taylor_green(t: np.ndarray, n: int, nu: float) -> tuple[np.ndarray, np.ndarr
 
 
 def make_runs(rng: np.random.Generator, steps: int = 64, n: int = 64) -> None:
+    """Four Taylor-Green runs with different viscosities, as HDF5 files."""
     import h5py
 
     os.makedirs(os.path.join(DATA, "runs"), exist_ok=True)
@@ -62,6 +63,7 @@ def make_runs(rng: np.random.Generator, steps: int = 64, n: int = 64) -> None:
 
 
 def make_sweep(rng: np.random.Generator, count: int = 48) -> None:
+    """A parameter sweep: one .npz per case with a 3-channel field and a Reynolds number."""
     os.makedirs(os.path.join(DATA, "sweep"), exist_ok=True)
     for i in range(count):
         field = rng.normal(0, 1, (3, 32, 32)).astype(np.float32)
@@ -70,6 +72,7 @@ def make_sweep(rng: np.random.Generator, count: int = 48) -> None:
 
 
 def make_mesh() -> None:
+    """A two-tetrahedron mesh with a temperature field, as VTU."""
     import meshio
 
     os.makedirs(os.path.join(DATA, "meshes"), exist_ok=True)
@@ -80,6 +83,7 @@ def make_mesh() -> None:
 
 
 def make_cad() -> None:
+    """A plate with a hole, built with OpenCASCADE through gmsh, as STEP."""
     import gmsh
 
     os.makedirs(os.path.join(DATA, "cad"), exist_ok=True)
@@ -110,10 +114,11 @@ def make_cad() -> None:
 
 
 def stream_one_epoch() -> None:
+    """One epoch of the sweep through SimDataset, with throughput."""
     import torch
+    from simstore.loaders import SimDataLoader
 
     from simstore import SimDataset
-    from simstore.loaders import SimDataLoader
 
     ds = SimDataset(STORE, "sweep@main", fields=["field"], shuffle=True, seed=0)
     loader = SimDataLoader(ds, batch_size=8, num_workers=0)
@@ -137,6 +142,7 @@ def stream_one_epoch() -> None:
 
 
 def main() -> None:
+    """Run the whole demo."""
     t_start = time.perf_counter()
     shutil.rmtree(DATA, ignore_errors=True)
     shutil.rmtree(STORE, ignore_errors=True)
