@@ -43,7 +43,7 @@ PROFILES: dict[str, Profile] = {
                      "float32 fields 4 x 64 x 64 x 64 (4 MiB) + 2 scalar parameters"),
     "small": Profile("small", 12288, 4096, 256, "float32 fields 2 x 32 x 32 (8 KiB) + 1 scalar"),
     "mesh": Profile("mesh", 768, 192, None,
-                    "point clouds and tetra meshes, 500-8000 points (~200 KiB mean)"),
+                    "point clouds and tetra meshes, 500-8000 points (~145 KiB mean)"),
 }
 
 

@@ -200,19 +200,19 @@ def plots(doc: dict[str, Any], out_dir: str) -> list[str]:
         _bars(ax, doc, profile, "mib_per_s")
         ax.set_yscale("log")
         c = doc["ceilings"]["by_profile"].get(profile, {})
-        for key, label, style, va in (("raw_read_mib_per_s", "raw sequential read", "--", "top"),
-                                      ("memcpy_mib_per_s", "memcpy", ":", "bottom")):
-            if c.get(key):
+        for key, label, style, side in (("raw_read_mib_per_s", "raw sequential read", "--", 0),
+                                        ("memcpy_mib_per_s", "memcpy", ":", 1)):
+            if c.get(key):  # labels at opposite ends, so close ceilings stay legible
                 ax.axhline(c[key], color="black", linestyle=style, linewidth=1)
-                ax.text(ax.get_xlim()[0], c[key], f" {label} {c[key]:,.0f} MiB/s",
-                        va=va, fontsize=7)
+                ax.text(ax.get_xlim()[side], c[key], f" {label} {c[key]:,.0f} MiB/s ",
+                        va="bottom", ha="right" if side else "left", fontsize=7)
         top = max(c.get("memcpy_mib_per_s") or 1, c.get("raw_read_mib_per_s") or 1)
         ax.set_ylim(top=top * 3)
         info = doc["profiles"][profile]
         ax.set_title(f"{profile}: {info['description']}; local tier, warm page cache, "
                      f"batch {info['batch_size'] or 1}", fontsize=9)
         ax.set_ylabel("MiB/s, whole epoch (log)")
-        ax.legend(fontsize=7, loc="upper right", ncol=2)
+        ax.legend(fontsize=7, loc="center right", ncol=2)
         ax.grid(axis="y", alpha=0.3, which="both")
     fig.tight_layout()
     path = os.path.join(out_dir, "throughput.png")
