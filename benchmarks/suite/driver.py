@@ -225,7 +225,8 @@ def plan(cfg: Config) -> list[Case]:
 
 
 # -- one read ----------------------------------------------------------------------------
-def read_options(cfg: Config, env: Env, case: Case, rep: int) -> tuple[dict[str, Any], dict[str, str] | None]:
+def read_options(cfg: Config, env: Env, case: Case,
+                 rep: int) -> tuple[dict[str, Any], dict[str, str] | None]:
     """The runner's options and environment for ``case``."""
     if not case.tier.startswith("s3"):
         return {"tier": case.tier}, None

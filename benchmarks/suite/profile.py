@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         args.root, "peers-venv", "bin", "python")
     batch = PROFILES[args.profile].batch_size
     cmd = [python, "-m", "benchmarks.suite.runner", "read", system.family, data, args.profile,
-           str(args.workers), "none" if batch is None else str(batch), json.dumps({"tier": "local"})]
+           str(args.workers), "none" if batch is None else str(batch),
+           json.dumps({"tier": "local"})]
     out: dict[str, Any] = {"system": system.name, "profile": args.profile,
                            "workers": args.workers, "data": data}
     spy = _py_spy(args.root)

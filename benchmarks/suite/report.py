@@ -23,7 +23,8 @@ def _rows(doc: dict[str, Any], **match: Any) -> list[dict[str, Any]]:
     return [r for r in doc["results"] if all(r.get(k) == v for k, v in match.items())]
 
 
-def _get(doc: dict[str, Any], system: str, profile: str, tier: str, workers: int) -> dict[str, Any] | None:
+def _get(doc: dict[str, Any], system: str, profile: str, tier: str,
+         workers: int) -> dict[str, Any] | None:
     rows = _rows(doc, system=system, profile=profile, tier=tier, workers=workers)
     return rows[0] if rows and rows[0].get("samples_per_s") else None
 
@@ -53,7 +54,8 @@ def s3_ratios(doc: dict[str, Any]) -> list[dict[str, Any]]:
         if not r["tier"].startswith("s3") or not r.get("mib_per_s"):
             continue
         c = doc["ceilings"]["by_profile"].get(r["profile"], {})
-        get = c.get("s3_get_20ms_mib_per_s" if r["tier"] == "s3-cold-20ms" else "s3_get_mib_per_s")
+        key = "s3_get_20ms_mib_per_s" if r["tier"] == "s3-cold-20ms" else "s3_get_mib_per_s"
+        get = c.get(key)
         local = _get(doc, r["system"], r["profile"], "local", r["workers"])
         out.append({"system": r["system"], "profile": r["profile"], "tier": r["tier"],
                     "workers": r["workers"], "mib_per_s": r["mib_per_s"],
@@ -124,7 +126,8 @@ def markdown(doc: dict[str, Any]) -> str:
                   "real S3. `s3-cold-20ms` goes through a proxy adding 20 ms per request "
                   "(a remote region) and is compared with parallel GETs through the same "
                   "proxy.", "",
-                  "| system | profile | tier | workers | MiB/s | vs raw parallel GET | vs local tier |",
+                  "| system | profile | tier | workers | MiB/s | vs raw parallel GET |"
+                  " vs local tier |",
                   "|---|---|---|---|---|---|---|"]
         for r in s3r:
             lines.append(f"| {r['system']} | {r['profile']} | {r['tier']} | {r['workers']} | "

@@ -61,7 +61,8 @@ def batches(pool: str, rows: int) -> Iterator[Any]:
                 {"key": keys, **{n: _column(n, v) for n, v in cols.items()}})
             keys, cols = [], {}
     if keys:
-        yield pa.RecordBatch.from_pydict({"key": keys, **{n: _column(n, v) for n, v in cols.items()}})
+        yield pa.RecordBatch.from_pydict(
+            {"key": keys, **{n: _column(n, v) for n, v in cols.items()}})
 
 
 def schema(pool: str) -> Any:

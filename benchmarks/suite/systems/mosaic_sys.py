@@ -55,7 +55,7 @@ def write(pool: str, out: str, profile: str, options: dict[str, Any]) -> dict[st
     with MDSWriter(out=out, columns=_columns(first), compression=None,
                    size_limit=SHARD_BYTES) as w:
         w.write(_record(first))
-        for key, arrays in samples:
+        for _key, arrays in samples:
             w.write(_record(arrays))
     return {}
 

@@ -9,7 +9,6 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
-
 from torch.utils.data import IterableDataset
 
 from benchmarks.suite.systems.arrow_common import batches, rows_per_file, to_samples
