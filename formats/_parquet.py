@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from simstore._blockcache import BlockCache
 from simstore.errors import FormatError
 from simstore.ingest import ShardOptions, hash_sample_blocks, parse_compression, sample_nbytes
 from simstore.protocols import ShardWriteResult
@@ -31,6 +32,8 @@ from ._columnar import ColumnarReader, ColumnarWriter
 __all__ = ["ParquetFormat", "ParquetShardReader", "ParquetShardWriter"]
 
 MAGIC = b"PAR1"
+OWN_CACHE_BYTES = 64 << 20
+"""Decoded row groups a reader keeps when no shared :class:`BlockCache` is given."""
 
 
 def _float_leaf_paths(plans: Sequence[ColumnPlan]) -> list[str]:
@@ -72,9 +75,19 @@ class ParquetShardWriter(ColumnarWriter):
 
 
 class ParquetShardReader(ColumnarReader):
-    """An open Parquet shard; reads whole row groups of only the requested columns."""
+    """An open Parquet shard; reads whole row groups of only the requested columns.
 
-    def __init__(self, source: str | BinaryIO, name: str = "parquet shard") -> None:
+    Decoded row groups are kept in a :class:`BlockCache` (the reader's own, or one shared
+    through :meth:`share_cache`), so rows asked for in any order, over many calls, decode
+    each row group once while it stays in the cache.
+    """
+
+    def __init__(
+        self,
+        source: str | BinaryIO,
+        name: str = "parquet shard",
+        cache: BlockCache | None = None,
+    ) -> None:
         try:
             self._pf = pq.ParquetFile(source)
             schema = self._pf.schema_arrow
@@ -83,7 +96,9 @@ class ParquetShardReader(ColumnarReader):
         meta = self._pf.metadata
         counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
         self._starts = [0, *accumulate(counts)]
-        self._cache: tuple[int, tuple[str, ...], pa.Table] | None = None
+        self._blocks = cache if cache is not None else BlockCache(OWN_CACHE_BYTES)
+        self._token = object()
+        self.decodes = 0
         super().__init__(name, schema, plans_from_schema(schema, source=name), meta.num_rows)
 
     def _group_of(self, position: int) -> int:
@@ -102,14 +117,23 @@ class ParquetShardReader(ColumnarReader):
         if batch:
             yield batch
 
+    def share_cache(self, cache: BlockCache) -> None:
+        """Keep decoded row groups in ``cache`` (shared with other readers) from now on."""
+        if cache is not self._blocks:
+            self._blocks.drop(self._token)
+            self._blocks = cache
+
     def _row_group(self, g: int, columns: tuple[str, ...]) -> pa.Table:
-        if self._cache is not None and self._cache[:2] == (g, columns):
-            return self._cache[2]
+        key = (self._token, g, columns)
+        table = self._blocks.get(key)
+        if table is not None:
+            return table  # type: ignore[no-any-return]
         try:
             table = self._pf.read_row_group(g, columns=list(columns))
         except (pa.ArrowException, OSError) as exc:
             raise FormatError(f"{self.name}: row group {g} is unreadable: {exc}") from exc
-        self._cache = (g, columns, table)
+        self.decodes += 1
+        self._blocks.put(key, table, table.nbytes)
         return table
 
     def _read_positions(self, positions: Sequence[int], columns: Sequence[str]) -> pa.Table:
@@ -126,8 +150,8 @@ class ParquetShardReader(ColumnarReader):
         return pa.concat_tables(parts) if len(parts) != 1 else parts[0]
 
     def close(self) -> None:
-        """Release the file handle."""
-        self._cache = None
+        """Release the file handle and this reader's cached row groups."""
+        self._blocks.drop(self._token)
         self._pf.close()
 
 

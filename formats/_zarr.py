@@ -21,13 +21,14 @@ codecs. Reads go through zarr-python, which decodes only the chunks a window tou
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
 import struct
 import threading
 import zipfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -395,6 +396,7 @@ class ZarrShardReader:
         self._store: Any = None
         self._offsets: dict[str, tuple[int, int]] = {}
         self._decoders: dict[str, _ChunkDecoder | None] = {}
+        self._scratch: dict[tuple[tuple[int, ...], str], np.ndarray] = {}
         try:
             self._zip = zipfile.ZipFile(source, mode="r")
             self._infos = {i.filename: i for i in self._zip.infolist()}
@@ -480,7 +482,9 @@ class ZarrShardReader:
             raise FormatError(f"{self.name}: zip entry {key} is truncated")
         return True
 
-    def _read_whole(self, path: str, dec: _ChunkDecoder) -> np.ndarray | None:
+    def _read_whole(
+        self, path: str, dec: _ChunkDecoder, into: Callable[..., Any] | None = None
+    ) -> np.ndarray | None:
         """A whole field chunked only along its first axis, read with no extra copy.
 
         Uncompressed chunks of such a field are contiguous slabs of the C-order result,
@@ -491,7 +495,9 @@ class ZarrShardReader:
             return None
         if chunks[1:] != shape[1:] or shape[0] % chunks[0]:
             return None
-        out = np.empty(shape, dtype=dec.dtype)
+        out = into(shape, dec.dtype) if into is not None else None
+        if out is None:
+            out = np.empty(shape, dtype=dec.dtype)
         step = chunks[0]
         for i in range(shape[0] // step):
             key = f"{path}/c/{i}" + "/0" * (len(shape) - 1)
@@ -528,15 +534,22 @@ class ZarrShardReader:
                 self._decoders[path] = None  # not simstore's codecs: zarr-python reads it
         return self._decoders[path]
 
-    def _read_box(self, position: int, field: str, box: tuple[slice, ...] | None) -> np.ndarray:
+    def _read_box(
+        self,
+        position: int,
+        field: str,
+        box: tuple[slice, ...] | None,
+        into: Callable[..., Any] | None = None,
+    ) -> np.ndarray:
         path = f"{position}/{field}"
         dec = self._decoder(path)
         if dec is None:
             arr = self.array(position, field)
             return np.asarray(arr[box] if box is not None else arr[...])
         shape, chunks = dec.shape, dec.chunks
+        full = box is None
         if box is None:
-            whole = self._read_whole(path, dec)
+            whole = self._read_whole(path, dec, into)
             if whole is not None:
                 return whole
             box = tuple(slice(0, n) for n in shape)
@@ -547,28 +560,57 @@ class ZarrShardReader:
             return np.asarray(arr[box])
         lo = [a for a, _, _ in ranges]
         hi = [max(a, b) for a, b, _ in ranges]
-        out = np.full([h - a for a, h in zip(lo, hi, strict=True)], dec.fill, dtype=dec.dtype)
-        if out.size == 0:
-            return out
+        dims = tuple(h - a for a, h in zip(lo, hi, strict=True))
         if not shape:
             raw = self._entry(f"{path}/c")
-            return dec.decode(raw).reshape(()).copy() if raw is not None else out
+            if raw is None:
+                return np.full(dims, dec.fill, dtype=dec.dtype)
+            return dec.decode(raw).reshape(()).copy()
+        out = into(dims, dec.dtype) if full and into is not None else None
+        if out is None:
+            out = np.empty(dims, dtype=dec.dtype)
+        if out.size == 0:
+            return out
         grid = [range(a // c, (h - 1) // c + 1) for a, h, c in zip(lo, hi, chunks, strict=True)]
         for idx in itertools.product(*grid):
-            raw = self._entry(f"{path}/c/{'/'.join(str(i) for i in idx)}")
-            if raw is None:
-                continue  # a chunk never written holds the fill value
-            chunk = dec.decode(raw)
             src, dst = [], []
             for i, c, a, h in zip(idx, chunks, lo, hi, strict=True):
                 c0 = i * c
                 s0, s1 = max(a, c0), min(h, c0 + c)
                 src.append(slice(s0 - c0, s1 - c0))
                 dst.append(slice(s0 - a, s1 - a))
-            out[tuple(dst)] = chunk[tuple(src)]
+            key = f"{path}/c/{'/'.join(str(i) for i in idx)}"
+            chunk = self._chunk(key, dec)
+            if chunk is None:
+                out[tuple(dst)] = dec.fill  # a chunk never written holds the fill value
+            else:
+                out[tuple(dst)] = chunk[tuple(src)]
         return out
 
-    def _sample(self, position: int, fields: Iterable[str] | None) -> dict[str, FieldValue]:
+    def _chunk(self, key: str, dec: _ChunkDecoder) -> np.ndarray | None:
+        """One decoded chunk, or None when it was never written.
+
+        An uncompressed chunk is read into a scratch array reused for every chunk of its
+        shape (it stays in the CPU cache while it is copied out), not into fresh memory.
+        """
+        if dec._decode is None and dec.stored == dec.dtype:
+            where = self._stored_at(key)
+            if where is not None:
+                scratch = self._scratch.get((dec.chunks, dec.dtype.str))
+                if scratch is None:
+                    scratch = np.empty(dec.chunks, dtype=dec.dtype)
+                    self._scratch[(dec.chunks, dec.dtype.str)] = scratch
+                if self._read_into(key, scratch):
+                    return scratch
+        raw = self._entry(key)
+        return dec.decode(raw) if raw is not None else None
+
+    def _sample(
+        self,
+        position: int,
+        fields: Iterable[str] | None,
+        into: Callable[[str, Any, Any], Any] | None = None,
+    ) -> dict[str, FieldValue]:
         p = self._check(position)
         group = self._nodes.get(str(p), {})
         attrs = group.get("attributes", {}).get("simstore", {})
@@ -588,19 +630,28 @@ class ZarrShardReader:
                 continue
             if f"{p}/{name}" not in self._nodes:
                 continue  # this sample lacks the field
-            data = self._read_box(p, name, None)
+            tensor = self._specs[name].kind == "tensor" and into is not None
+            data = self._read_box(p, name, None, functools.partial(into, name) if tensor else None)
             out[name] = data.tobytes() if self._specs[name].kind == "bytes" else data
         return dict(sorted(out.items()))
 
+    supports_out = True
+    """``read`` takes ``out=``: tensors decode into arrays the caller provides."""
+
     def read(
-        self, positions: Sequence[int], fields: Sequence[str] | None = None
+        self,
+        positions: Sequence[int],
+        fields: Sequence[str] | None = None,
+        out: Callable[[int, str, Any, Any], Any] | None = None,
     ) -> Iterator[dict[str, FieldValue]]:
         """Field values of the samples at ``positions``, in the order given.
 
-        Only the requested fields' chunks are read.
+        Only the requested fields' chunks are read. ``out(i, field, shape, dtype)``, when
+        given, may return a writable C-contiguous array for the ``i``-th sample's tensor
+        field (or None); an uncompressed field is then read straight into it.
         """
-        for p in positions:
-            yield self._sample(p, fields)
+        for i, p in enumerate(positions):
+            yield self._sample(p, fields, functools.partial(out, i) if out is not None else None)
 
     def read_slices(
         self, position: int, windows: Mapping[str, tuple[slice, ...]]

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+from simstore.loaders._tensors import stacked_view
 
 from simstore.errors import InvalidInputError
 
@@ -39,6 +40,9 @@ def _stack(values: list[torch.Tensor]) -> torch.Tensor:
     allocator does not; a batch is fresh memory, so on Linux stacking into a NumPy array
     takes a fraction of the page faults (measured 2.9 vs 0.6 GiB/s for 8 x 4 MiB).
     """
+    view = stacked_view(values)
+    if view is not None:
+        return view
     first = values[0]
     if (
         first.device.type == "cpu"

@@ -42,7 +42,7 @@ from simstore.loaders._plan import (
 )
 from simstore.loaders._source import Source, Transform, open_source
 from simstore.loaders._stats import Counters, LoaderStats, RunReport, run_report
-from simstore.loaders._tensors import sample_bytes, to_tensors
+from simstore.loaders._tensors import ChunkBuffers, sample_bytes, to_tensors
 from simstore.loaders._world import (
     World,
     WorldDetector,
@@ -421,22 +421,28 @@ class SimDataset(IterableDataset[Sample]):
                 for s in sources
             ]
             pool = ReaderPool(access, opener, opts.prefetch.max_open_shards,
-                              [s.snapshot_id for s in sources])
+                              [s.snapshot_id for s in sources],
+                              decode_cache_bytes=opts.prefetch.decode_cache_bytes)
             stack.callback(pool.close)
             resolver = Resolver(sources, self._mixture, self._epoch_length, counters, tiers)
 
-            def decode(chunk: Any) -> list[dict[str, Any]]:
-                return read_chunk(chunk, pool, sources, limiter, counters, tiers)
+            shared = in_worker()
+
+            def decode(chunk: Any) -> tuple[list[dict[str, Any]], ChunkBuffers]:
+                buffers = ChunkBuffers(len(chunk), shared=shared)
+                values = read_chunk(chunk, pool, sources, limiter, counters, tiers, buffers)
+                return values, buffers
 
             samples = sum(s.num_samples for s in sources)
             mean = sum(s.sample_bytes for s in sources) / samples if samples else 0.0
             chunks = prefetched(plan, epoch, resolver, pool, opts.prefetch, decode,
                                 mean_sample_bytes=mean)
             stack.callback(chunks.close)
-            for chunk, values in chunks:
+            for chunk, (values, buffers) in chunks:
                 for j, fields in enumerate(values):
                     src = sources[int(chunk.source[j])]
                     sample = to_tensors(fields, zero_copy=opts.zero_copy)
+                    sample.update(buffers.tensors(j, fields))
                     if src.transform is not None:
                         sample = src.transform(sample)
                     sample["__key__"] = chunk.keys[j]

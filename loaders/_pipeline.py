@@ -21,7 +21,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol, TypeVar
 
 import numpy as np
 from simstore.loaders._fetch import RateLimiter, ShardAccess, ShardHandle
@@ -30,6 +30,7 @@ from simstore.loaders._plan import EpochPlan
 from simstore.loaders._source import GroupRows, Source, load_group
 from simstore.loaders._stats import Counters
 
+from simstore._blockcache import BlockCache
 from simstore.errors import FormatError, InvalidInputError, SimstoreError
 from simstore.hashing import object_key
 from simstore.protocols import ShardReader
@@ -45,7 +46,16 @@ __all__ = [
 ]
 
 ShardOpener = Callable[[str | BinaryIO], ShardReader]
+
+
+class OutBuffers(Protocol):
+    """Where readers may decode a chunk's fields (``loaders._tensors.ChunkBuffers``)."""
+
+    def take(self, slot: int, name: str, shape: Any, dtype: Any) -> Any:
+        """An array to fill for sample ``slot``'s field ``name``, or None."""
+        ...
 Decoded = dict[str, Any]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,7 +66,9 @@ class PrefetchConfig:
     ``chunk_bytes`` of them (judged by the snapshot's mean sample size), so the first
     sample waits for one small chunk, not a large one. Memory held by prefetching is
     about ``budget_bytes`` of decoded samples plus, for
-    ranged reads, 32 MiB of blocks per open shard. Ranged reads fetch aligned blocks of
+    ranged reads, 32 MiB of blocks per open shard, plus up to ``decode_cache_bytes`` of
+    decoded row groups (Parquet) shared by the worker's open shards, so a shuffled read
+    decodes each row group about once. Ranged reads fetch aligned blocks of
     ``range_block_bytes`` and coalesce neighbouring ones into one request.
     """
 
@@ -69,6 +81,7 @@ class PrefetchConfig:
     decode_threads: int = 2
     max_open_shards: int = 16
     range_block_bytes: int = 1 << 20
+    decode_cache_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
         for name in ("chunks", "shards", "budget_bytes", "chunk_samples", "chunk_bytes",
@@ -201,6 +214,7 @@ class ReaderPool:
         opener: ShardOpener,
         max_open: int,
         referenced_by: Sequence[str],
+        decode_cache_bytes: int = 256 << 20,
     ) -> None:
         self.access = access
         self.opener = opener
@@ -209,6 +223,7 @@ class ReaderPool:
         self._lock = threading.Lock()
         self._entries: OrderedDict[tuple[int, str], _Entry] = OrderedDict()
         self._prepared: dict[tuple[int, str], Future[ShardHandle | None]] = {}
+        self.blocks = BlockCache(decode_cache_bytes)
 
     def is_known(self, key: tuple[int, str]) -> bool:
         """Whether the shard is open or its preparation is scheduled."""
@@ -257,6 +272,9 @@ class ReaderPool:
             handle.release()
             raise FormatError(f"{self._name(key)} is not a readable shard: {exc}") from exc
         self.access[key[0]].counters.add("shards_opened")
+        share = getattr(reader, "share_cache", None)
+        if callable(share):
+            share(self.blocks)
         return reader
 
     def _name(self, key: tuple[int, str]) -> str:
@@ -313,8 +331,13 @@ def read_chunk(
     limiter: RateLimiter,
     counters: Counters,
     tiers: Sequence[str],
+    buffers: OutBuffers | None = None,
 ) -> list[Decoded]:
-    """Decode a chunk's samples, in chunk order, reading each shard's rows in one call."""
+    """Decode a chunk's samples, in chunk order, reading each shard's rows in one call.
+
+    With ``buffers``, readers that can (``supports_out``) decode fixed-shape fields straight
+    into the chunk's buffers, in chunk order.
+    """
     out: list[Decoded | None] = [None] * len(chunk)
     for read in chunk.reads:
         src = sources[read.source]
@@ -324,7 +347,10 @@ def read_chunk(
             mode = pool.access[read.source].mode(read.shard_id)
             try:
                 keys = [read.keys[int(j)] for j in first]
-                values = _read(reader, uniq.tolist(), src, read.epoch, keys)
+                alloc = None
+                if buffers is not None and getattr(reader, "supports_out", False):
+                    alloc = _SlotAlloc(buffers, read.out[first].tolist())
+                values = _read(reader, uniq.tolist(), src, read.epoch, keys, alloc)
             except SimstoreError as exc:
                 raise type(exc)(f"{pool._name(key)}: {exc}") from exc
             except Exception as exc:
@@ -343,11 +369,29 @@ def read_chunk(
     return [v if v is not None else {} for v in out]
 
 
+@dataclass(frozen=True, slots=True)
+class _SlotAlloc:
+    """A reader's ``out=``: the ``j``-th asked position's arrays, from its chunk slot."""
+
+    buffers: OutBuffers
+    slots: list[int]
+
+    def __call__(self, j: int, name: str, shape: Any, dtype: Any) -> Any:
+        return self.buffers.take(self.slots[j], name, shape, dtype)
+
+
 def _read(
-    reader: ShardReader, positions: list[int], src: Source, epoch: int, keys: list[str]
+    reader: ShardReader,
+    positions: list[int],
+    src: Source,
+    epoch: int,
+    keys: list[str],
+    alloc: Callable[[int, str, Any, Any], Any] | None = None,
 ) -> list[Decoded]:
     regions = src.regions
     if regions is None:
+        if alloc is not None:
+            return list(reader.read(positions, src.fields, out=alloc))  # type: ignore[call-arg]
         return list(reader.read(positions, src.fields))
     read_slices = getattr(reader, "read_slices", None)
     array = getattr(reader, "array", None)
@@ -387,19 +431,22 @@ def prefetched(
     resolver: Resolver,
     pool: ReaderPool,
     config: PrefetchConfig,
-    decode: Callable[[Chunk], list[Decoded]],
+    decode: Callable[[Chunk], T],
     *,
     mean_sample_bytes: float = 0.0,
-) -> Generator[tuple[Chunk, list[Decoded]], None, None]:
+) -> Generator[tuple[Chunk, T], None, None]:
     """Decoded chunks of ``plan`` in order, with fetches and decodes running ahead."""
     per_chunk = config.chunk_samples
     if mean_sample_bytes > 0:
         per_chunk = max(1, min(per_chunk, int(config.chunk_bytes // mean_sample_bytes)))
+    # whole batches per chunk, so a batch is consecutive rows of its chunk's buffers
+    batch = plan.batch_size
+    per_chunk = max(batch, per_chunk // batch * batch) if batch > 1 else per_chunk
     chunks = (resolver.resolve(epoch, p, pad) for p, pad in plan.chunks(per_chunk))
     io = ThreadPoolExecutor(config.io_threads, thread_name_prefix="simstore-io")
     dec = ThreadPoolExecutor(config.decode_threads, thread_name_prefix="simstore-decode")
     ahead: deque[Chunk] = deque()
-    decoding: deque[tuple[Chunk, Future[list[Decoded]]]] = deque()
+    decoding: deque[tuple[Chunk, Future[T]]] = deque()
     in_flight = 0
     exhausted = False
     try:

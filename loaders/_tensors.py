@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["sample_bytes", "to_tensors"]
+__all__ = ["ChunkBuffers", "sample_bytes", "stacked_view", "to_tensors"]
 
 
 def to_tensors(fields: Mapping[str, Any], *, zero_copy: bool) -> dict[str, Any]:
@@ -55,3 +55,85 @@ def sample_bytes(sample: Mapping[str, Any]) -> int:
         elif isinstance(value, bytes | str):
             total += len(value)
     return total
+
+
+class ChunkBuffers:
+    """One buffer per fixed-shape field of a decode chunk, that readers decode into.
+
+    A reader that supports it (``read(..., out=...)``) asks for the array of sample ``slot``
+    and field ``name`` before reading; the first ask for a field allocates ``(n, *shape)``
+    and every equal-shaped ask gets a row of it. The sample's tensor is then that row of
+    one tensor, so a batch of consecutive rows is a view of the buffer, not a copy (see
+    :func:`stacked_view`). In a DataLoader worker the buffer lives in shared memory, so the
+    batch crosses to the main process without being copied again.
+    """
+
+    def __init__(self, n: int, *, shared: bool) -> None:
+        self.n = n
+        self.shared = shared
+        self._bufs: dict[str, tuple[torch.Tensor, np.ndarray] | None] = {}
+        self._given: dict[tuple[int, str], np.ndarray] = {}
+
+    def take(self, slot: int, name: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
+        """A writable C-contiguous array for ``(slot, name)``, or None to allocate your own."""
+        entry = self._bufs.get(name, ())
+        if entry == ():
+            entry = self._bufs[name] = self._allocate(shape, np.dtype(dtype))
+        if entry is None:
+            return None
+        tensor, array = entry
+        if array.shape[1:] != tuple(shape) or array.dtype != dtype or (slot, name) in self._given:
+            return None
+        row = array[slot]
+        self._given[(slot, name)] = row
+        return row
+
+    def _allocate(
+        self, shape: tuple[int, ...], dtype: np.dtype[Any]
+    ) -> tuple[torch.Tensor, np.ndarray] | None:
+        if not dtype.isnative or dtype.kind not in "biuf":
+            return None
+        try:
+            tdtype = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+        except TypeError:
+            return None
+        if self.shared:
+            tensor = torch.empty((self.n, *shape), dtype=tdtype).share_memory_()
+            return tensor, tensor.numpy()
+        # NumPy's allocator asks for transparent huge pages (see _collate._stack)
+        array = np.empty((self.n, *shape), dtype=dtype)
+        return torch.from_numpy(array), array
+
+    def tensors(self, slot: int, fields: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        """Rows of the buffers that slot ``slot``'s values are (by identity)."""
+        out: dict[str, torch.Tensor] = {}
+        for name, value in fields.items():
+            given = self._given.get((slot, name))
+            if given is not None and value is given:
+                entry = self._bufs[name]
+                assert entry is not None
+                out[name] = entry[0][slot]
+        return out
+
+
+def stacked_view(values: list[torch.Tensor]) -> torch.Tensor | None:
+    """The tensors as one ``(B, ...)`` view when they are consecutive rows of one buffer."""
+    base = values[0]._base
+    step = values[0].numel()
+    if base is None or not base.is_contiguous() or step == 0 or base.numel() % step:
+        return None
+    first = values[0].storage_offset()
+    for j, v in enumerate(values):
+        if (
+            v._base is not base
+            or not v.is_contiguous()
+            or v.dtype != base.dtype
+            or v.shape != values[0].shape
+            or v.storage_offset() != first + j * step
+        ):
+            return None
+    start, rem = divmod(first - base.storage_offset(), step)
+    rows = base.view(-1, *values[0].shape)
+    if rem or start < 0 or start + len(values) > rows.shape[0]:
+        return None
+    return rows[start : start + len(values)]

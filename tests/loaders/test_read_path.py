@@ -1,0 +1,138 @@
+"""The read path's economies: row groups decoded once, batches that are views, not copies."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from simstore.formats import ParquetFormat
+from simstore.loaders import SimDataLoader, SimDataset
+from simstore.loaders._tensors import ChunkBuffers, stacked_view
+
+import simstore
+from simstore._blockcache import BlockCache
+from simstore.catalog import Catalog
+from simstore.ingest import ShardOptions
+from simstore.sample import Sample
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    """16 .npz files: u is (8, 16, 16) float32 (8 KiB), p a scalar."""
+    root = tmp_path_factory.mktemp("src")
+    rng = np.random.default_rng(1)
+    arrays = {}
+    for t in range(16):
+        u = rng.standard_normal((8, 16, 16)).astype(np.float32)
+        np.savez(root / f"t{t:03d}.npz", u=u, p=np.float64(t))
+        arrays[f"t{t:03d}"] = u
+    return str(root), arrays
+
+
+def _ingest(tmp_path, sources, fmt, **options):
+    root, arrays = sources
+    store = str(tmp_path / f"store-{fmt}")
+    Catalog.init(store)
+    simstore.ingest([root], dataset="d", store=store, format=fmt, snapshot=True,
+                    message="t", shard_size=40_000, **options)
+    return store, arrays
+
+
+def _shard(tmp_path, rows=40, row_group_bytes=4096):
+    rng = np.random.default_rng(2)
+    samples = [Sample(f"k{i:03d}", {"x": rng.standard_normal(256).astype(np.float32),
+                                    "i": np.int64(i)}) for i in range(rows)]
+    path = str(tmp_path / "s.parquet")
+    ParquetFormat(ShardOptions(compression="none", row_group_bytes=row_group_bytes)).write(
+        samples, path)
+    return path, samples
+
+
+def test_shuffled_reads_decode_each_row_group_once(tmp_path):
+    path, samples = _shard(tmp_path)
+    reader = ParquetFormat().open(path)
+    groups = reader._pf.metadata.num_row_groups
+    assert groups >= 8
+    order = list(range(len(samples)))
+    random.Random(0).shuffle(order)
+    for i in range(0, len(order), 3):  # many small calls in shuffled order
+        batch = order[i : i + 3]
+        for p, got in zip(batch, reader.read(batch, ["x"]), strict=True):
+            assert np.array_equal(got["x"], samples[p].fields["x"])
+    assert reader.decodes == groups
+    reader.close()
+
+
+def test_a_small_shared_cache_bounds_memory_and_still_reads_right(tmp_path):
+    path, samples = _shard(tmp_path)
+    cache = BlockCache(2000)  # smaller than one row group: nothing is kept
+    reader = ParquetFormat().open(path)
+    reader.share_cache(cache)
+    order = list(range(len(samples)))
+    random.Random(1).shuffle(order)
+    for p in order:
+        (got,) = reader.read([p], ["x"])
+        assert np.array_equal(got["x"], samples[p].fields["x"])
+    assert cache.nbytes == 0
+    assert reader.decodes == len(samples)
+    reader.close()
+
+
+def test_closing_a_reader_forgets_its_row_groups(tmp_path):
+    path, samples = _shard(tmp_path)
+    cache = BlockCache(64 << 20)
+    reader = ParquetFormat().open(path)
+    reader.share_cache(cache)
+    list(reader.read(list(range(len(samples))), ["x"]))
+    assert cache.nbytes > 0
+    reader.close()
+    assert cache.nbytes == 0
+
+
+@pytest.mark.parametrize("fmt,options", [
+    ("zarr", {}),
+    ("zarr", {"chunks": {"u": (4, 8, 8)}}),  # chunks that are not slabs of the first axis
+])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batches_are_exact_views_of_decode_buffers(tmp_path, sources, fmt, options, workers):
+    store, arrays = _ingest(tmp_path, sources, fmt, **options)
+    ds = SimDataset(store, "d", seed=3)
+    loader = SimDataLoader(ds, batch_size=4, num_workers=workers,
+                           multiprocessing_context="fork" if workers else None)
+    seen = {}
+    views = 0
+    for batch in loader:
+        views += batch["u"]._base is not None
+        for k, u in zip(batch["__key__"], batch["u"], strict=True):
+            assert np.array_equal(u.numpy(), arrays[k]), k
+            seen[k] = True
+        batch["u"].zero_()  # a batch's rows are its own: later batches are unaffected
+    assert sorted(seen) == sorted(arrays)
+    if workers == 0:
+        assert views == len(arrays) // 4
+
+
+def test_stacked_view_only_for_consecutive_rows_of_one_buffer():
+    buf = torch.arange(24, dtype=torch.float32).reshape(6, 4)
+    assert stacked_view([buf[1], buf[2], buf[3]]).data_ptr() == buf[1].data_ptr()
+    assert stacked_view([buf[1], buf[3]]) is None
+    assert stacked_view([buf[2], buf[1]]) is None
+    other = buf.clone()
+    assert stacked_view([buf[0], other[1]]) is None
+    assert stacked_view([torch.zeros(4), torch.zeros(4)]) is None
+
+
+def test_chunk_buffers_hand_out_one_row_per_slot_and_shape():
+    bufs = ChunkBuffers(3, shared=False)
+    a = bufs.take(0, "x", (2, 2), np.dtype(np.float32))
+    assert a.shape == (2, 2) and a.flags.writeable
+    assert bufs.take(0, "x", (2, 2), np.dtype(np.float32)) is None  # slot already given
+    assert bufs.take(1, "x", (3, 2), np.dtype(np.float32)) is None  # another shape
+    assert bufs.take(1, "x", (2, 2), np.dtype(np.float64)) is None  # another dtype
+    assert bufs.take(0, "s", (), np.dtype(object)) is None
+    a[...] = 7
+    got = bufs.tensors(0, {"x": a, "y": np.zeros(2)})
+    assert set(got) == {"x"} and torch.equal(got["x"], torch.full((2, 2), 7.0))
+    assert bufs.tensors(0, {"x": a.copy()}) == {}  # not the handed-out array
