@@ -133,10 +133,10 @@ class _Codec:
             )
             self._encode = Zstd(level=level, checksum=False).encode
 
-    def encode(self, chunk: np.ndarray) -> bytes:
+    def encode(self, chunk: np.ndarray) -> bytes | memoryview:
         raw = np.ascontiguousarray(chunk.astype(chunk.dtype.newbyteorder("<"), copy=False))
         if self._encode is None:
-            return raw.tobytes()
+            return memoryview(raw.reshape(-1).view(np.uint8))  # the zip entry's bytes, uncopied
         return bytes(self._encode(raw))
 
 
@@ -147,16 +147,14 @@ class ZarrShardWriter:
         self.path = path
         self.options = options
         try:
-            self._zip = zipfile.ZipFile(
-                path, "w", compression=zipfile.ZIP_STORED, allowZip64=True
-            )
+            self._zip = zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True)
         except OSError as exc:
             raise write_error(path, exc) from exc
         self._nodes: dict[str, dict[str, Any]] = {}
         self._written: list[WrittenSample] = []
         self._specs: dict[str, FieldSpec] = {}
 
-    def _entry(self, name: str, data: bytes) -> None:
+    def _entry(self, name: str, data: bytes | memoryview) -> None:
         info = zipfile.ZipInfo(name, date_time=_EPOCH)
         info.compress_type = zipfile.ZIP_STORED
         info.create_system = 3
