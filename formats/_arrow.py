@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -86,12 +86,15 @@ def materialise(value: object) -> FieldValue:
     return value  # type: ignore[return-value]
 
 
-def plan_columns(samples: Sequence[Sample], *, shuffle: bool = False) -> list[ColumnPlan]:
+def plan_columns(
+    samples: Sequence[Sample], *, shuffle: bool = False, fixed_bytes: int = SMALL_TENSOR_BYTES
+) -> list[ColumnPlan]:
     """The column layout of some samples; one spec per field or InvalidInputError.
 
     Large tensors are blobs (raw bytes): Parquet writes and reads those at memory speed,
     while a list column of floats costs a definition level per value, several times
-    slower. ``shuffle`` byte-shuffles float blobs (the ``shuffle-zstd`` codec).
+    slower. Uniform tensors of at most ``fixed_bytes`` per sample become fixed-shape
+    tensor columns. ``shuffle`` byte-shuffles float blobs (the ``shuffle-zstd`` codec).
     """
     specs: dict[str, FieldSpec] = {}
     shapes: dict[str, tuple[int, ...] | None] = {}
@@ -122,7 +125,7 @@ def plan_columns(samples: Sequence[Sample], *, shuffle: bool = False) -> list[Co
             itemsize = np.dtype(spec.dtype).itemsize
             if spec.ndim == 0:
                 plans.append(ColumnPlan(spec, "plain"))
-            elif uniform is not None and 0 < math.prod(uniform) * itemsize <= SMALL_TENSOR_BYTES:
+            elif uniform is not None and 0 < math.prod(uniform) * itemsize <= fixed_bytes:
                 plans.append(ColumnPlan(spec, "fixed", uniform))
             else:
                 kind = np.dtype(spec.dtype).kind
@@ -344,53 +347,83 @@ def scalar_out(value: Any, dtype: str) -> Any:
     return np.dtype(dtype).type(value)
 
 
-def _writable(arr: np.ndarray) -> np.ndarray:
-    return arr if arr.flags.writeable else arr.copy()
+Out = Callable[[int, str, tuple[int, ...], np.dtype[Any]], Any]
+"""``out(i, field, shape, dtype)``: a writable C-contiguous array for row ``i``, or None."""
 
 
-def _decode_column(plan: ColumnPlan, col: pa.Array) -> list[Any]:
-    n = len(col)
-    nulls = col.is_null().to_numpy(zero_copy_only=False) if col.null_count else np.zeros(n, bool)
+def _decode_column(
+    plan: ColumnPlan, col: pa.Array, rows: np.ndarray | None = None, out: Out | None = None
+) -> list[Any]:
+    """Values of ``col`` at ``rows`` (all rows when None); tensors into ``out`` where given."""
+    n = len(col) if rows is None else len(rows)
+    idx = np.arange(n) if rows is None else rows
+    if col.null_count:
+        all_nulls = col.is_null().to_numpy(zero_copy_only=False)
+        nulls = all_nulls if rows is None else all_nulls[rows]
+    else:
+        nulls = np.zeros(n, bool)
     enc = plan.encoding
-    out: list[Any] = [None] * n
     if enc == "fixed":
         storage = col.storage if isinstance(col, pa.ExtensionArray) else col
         size = math.prod(plan.shape)
-        values = storage.values.slice(storage.offset * size, n * size)
+        values = storage.values.slice(storage.offset * size, len(col) * size)
         if values.null_count:  # take() leaves null children under null rows
             values = values.fill_null(False if pa.types.is_boolean(values.type) else 0)
-        flat = _writable(values.to_numpy(zero_copy_only=False))
-        arr = flat.reshape((n, *plan.shape))
-        return [None if nulls[i] else arr[i] for i in range(n)]
+        flat = values.to_numpy(zero_copy_only=False)
+        arr = flat.reshape((len(col), *plan.shape))
+        native = np.dtype(plan.spec.dtype)
+        result: list[Any] = [None] * n
+        rest = []
+        for i in range(n):
+            if nulls[i]:
+                continue
+            target = out(i, plan.name, tuple(plan.shape), native) if out is not None else None
+            if target is None:
+                rest.append(i)
+            else:
+                target[...] = arr[idx[i]]
+                result[i] = target
+        if rest:
+            sel = arr if rows is None else arr[idx]
+            if not sel.flags.writeable:
+                sel = sel.copy()
+            for i in rest:
+                result[i] = sel[i]
+        return result
     if enc == "blob":
-        return _decode_blob(plan, col, nulls)
+        return _decode_blob(plan, col, nulls, idx, out)
+    sub = col if rows is None else col.take(pa.array(rows, type=pa.int64()))
     if enc == "plain":
-        fill = False if pa.types.is_boolean(col.type) else 0
-        vals = col.fill_null(fill).to_numpy(zero_copy_only=False)
+        fill = False if pa.types.is_boolean(sub.type) else 0
+        vals = sub.fill_null(fill).to_numpy(zero_copy_only=False)
+        plain: list[Any] = [None] * n
         for i in range(n):
             if not nulls[i]:
                 if plan.spec.kind == "tensor":
-                    out[i] = np.array(vals[i], dtype=plan.spec.dtype)
+                    plain[i] = np.array(vals[i], dtype=plan.spec.dtype)
                 else:
-                    out[i] = scalar_out(vals[i], plan.spec.dtype)
-        return out
-    py = col.to_pylist()
+                    plain[i] = scalar_out(vals[i], plan.spec.dtype)
+        return plain
+    py = sub.to_pylist()
     if enc == "json":
         return [json.loads(v) if v is not None else None for v in py]
     return list(py)
 
 
-def _decode_blob(plan: ColumnPlan, col: pa.Array, nulls: np.ndarray) -> list[Any]:
-    """Tensors of a blob column: one copy of the bytes, rows are views into it."""
+def _decode_blob(
+    plan: ColumnPlan, col: pa.Array, nulls: np.ndarray, idx: np.ndarray, out: Out | None
+) -> list[Any]:
+    """Tensors of a blob column's rows ``idx``, each copied once.
+
+    A row goes into the array ``out`` gives for it, else into one buffer per call that the
+    remaining rows are views of.
+    """
     data = col.field("data")
-    shapes = col.field("shape").to_pylist()
+    shapes = col.field("shape").take(pa.array(idx, type=pa.int64())).to_pylist()
     bufs = data.buffers()
-    n = len(data)
-    offsets = np.frombuffer(bufs[1], dtype=np.int64)[data.offset : data.offset + n + 1]
-    base = int(offsets[0]) if len(offsets) else 0
+    offsets = np.frombuffer(bufs[1], dtype=np.int64)[data.offset : data.offset + len(data) + 1]
     buf = bufs[2]
     raw = np.frombuffer(buf, dtype=np.uint8) if buf is not None else np.zeros(0, np.uint8)
-    flat = raw[base : int(offsets[-1])].copy() if len(offsets) else raw[:0].copy()
     dtype = np.dtype(plan.spec.dtype).newbyteorder("<")
     native = np.dtype(plan.spec.dtype)
     unshuffle = None
@@ -398,31 +431,64 @@ def _decode_blob(plan: ColumnPlan, col: pa.Array, nulls: np.ndarray) -> list[Any
         from numcodecs import Shuffle
 
         unshuffle = Shuffle(elementsize=plan.shuffle)
-    out: list[Any] = [None] * len(shapes)
-    for i, shape in enumerate(shapes):
+    n = len(idx)
+    result: list[Any] = [None] * n
+    rest: list[tuple[int, tuple[int, ...]]] = []
+    for i in range(n):
         if nulls[i]:
             continue
-        part = flat[offsets[i] - base : offsets[i + 1] - base]
+        r = int(idx[i])
+        shape = tuple(int(x) for x in shapes[i])
+        target = None
+        if out is not None and (unshuffle is None or dtype == native):
+            target = out(i, plan.name, shape, native)
+        if target is None:
+            rest.append((i, shape))
+            continue
+        part = raw[int(offsets[r]) : int(offsets[r + 1])]
+        if unshuffle is not None:
+            unshuffle.decode(part, out=target.reshape(-1).view(np.uint8))
+        elif dtype == native:
+            target.reshape(-1).view(np.uint8)[:] = part
+        else:
+            target[...] = part.view(dtype).reshape(shape)
+        result[i] = target
+    if not rest:
+        return result
+    spans = [(int(offsets[int(idx[i])]), int(offsets[int(idx[i]) + 1])) for i, _ in rest]
+    flat = np.empty(sum(b - a for a, b in spans), dtype=np.uint8)
+    at = 0
+    for (i, shape), (a, b) in zip(rest, spans, strict=True):
+        part = flat[at : at + b - a]
+        part[:] = raw[a:b]
+        at += b - a
         if unshuffle is not None:
             part = np.frombuffer(unshuffle.decode(part), dtype=np.uint8).copy()
         arr = part.view(dtype).reshape(shape)
-        out[i] = arr if dtype == native else arr.astype(native)
-    return out
+        result[i] = arr if dtype == native else arr.astype(native)
+    return result
 
 
-def decode_rows(table: pa.Table, plans: Mapping[str, ColumnPlan]) -> list[dict[str, FieldValue]]:
-    """Field dicts of every row of ``table`` (its columns: fields named in ``plans``).
+def decode_rows(
+    table: pa.Table,
+    plans: Mapping[str, ColumnPlan],
+    rows: np.ndarray | None = None,
+    out: Out | None = None,
+) -> list[dict[str, FieldValue]]:
+    """Field dicts of rows ``rows`` of ``table`` (all when None); its columns: fields in ``plans``.
 
-    Arrays are writable copies that share one buffer per column of the table.
+    Arrays are writable: rows of ``out``'s arrays where it gives them, else copies that
+    share one buffer per column.
     """
-    n = table.num_rows
-    rows: list[dict[str, FieldValue]] = [{} for _ in range(n)]
+    n = table.num_rows if rows is None else len(rows)
+    result: list[dict[str, FieldValue]] = [{} for _ in range(n)]
     for name in table.column_names:
         plan = plans.get(name)
         if plan is None:
             continue
-        col = table.column(name).combine_chunks()
-        for i, value in enumerate(_decode_column(plan, col)):
+        chunked = table.column(name)
+        col = chunked.chunk(0) if chunked.num_chunks == 1 else chunked.combine_chunks()
+        for i, value in enumerate(_decode_column(plan, col, rows, out)):
             if value is not None:
-                rows[i][name] = value
-    return rows
+                result[i][name] = value
+    return result

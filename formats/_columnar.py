@@ -15,6 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from simstore.errors import InvalidInputError, StorageError
@@ -24,7 +25,9 @@ from simstore.sample import FieldValue, Sample, Schema
 
 from ._arrow import (
     KEY_COLUMN,
+    SMALL_TENSOR_BYTES,
     ColumnPlan,
+    Out,
     arrow_schema,
     decode_rows,
     encode_table,
@@ -62,6 +65,9 @@ def write_error(path: str, exc: OSError) -> StorageError:
 class ColumnarWriter(ABC):
     """Buffers one shard's samples and writes them as row groups on ``close``."""
 
+    fixed_tensor_bytes = SMALL_TENSOR_BYTES
+    """Uniform tensors up to this size per sample are fixed-shape columns, larger blobs."""
+
     def __init__(self, path: str, options: ShardOptions) -> None:
         self.path = path
         self.options = options
@@ -90,7 +96,9 @@ class ColumnarWriter(ABC):
         """Write the buffered samples to ``path``; equal samples give equal bytes."""
         self._closed = True
         codec, _ = parse_compression(self.options.compression)
-        plans = plan_columns(self._samples, shuffle=codec == "shuffle-zstd")
+        plans = plan_columns(
+            self._samples, shuffle=codec == "shuffle-zstd", fixed_bytes=self.fixed_tensor_bytes
+        )
         schema = self._schema(plans, stats)
         groups = row_groups(self._samples, self._sizes, self.options.row_group_bytes)
         try:
@@ -179,13 +187,21 @@ class ColumnarReader(ABC):
                 )
         return out
 
+    supports_out = True
+    """``read`` takes ``out=``: tensors decode into arrays the caller provides."""
+
     def read(
-        self, positions: Sequence[int], fields: Sequence[str] | None = None
+        self,
+        positions: Sequence[int],
+        fields: Sequence[str] | None = None,
+        out: Out | None = None,
     ) -> Iterator[dict[str, FieldValue]]:
         """Field values of the samples at ``positions``, in the order given.
 
         Only the requested fields' columns are read (a field this shard lacks is simply
         absent from the dicts). Sorted positions stream row group by row group.
+        ``out(i, field, shape, dtype)``, when given, may return a writable C-contiguous
+        array for the ``i``-th sample's tensor field; the value is then copied into it.
         """
         wanted = self._check(positions)
         cols = self._columns(fields)
@@ -197,18 +213,37 @@ class ColumnarReader(ABC):
             return
         unique = sorted(set(wanted))
         if unique == wanted:
+            done = 0
             for batch in self._batches(unique):
-                table = self._read_positions(batch, cols)
-                yield from decode_rows(table, self.plans)
+                for table, rows, count in self._read_groups(batch, cols):
+                    shifted = _shift(out, done) if out is not None else None
+                    yield from decode_rows(table, self.plans, rows, shifted)
+                    done += count
             return
-        table = self._read_positions(unique, cols)
-        rows = dict(zip(unique, decode_rows(table, self.plans), strict=True))
+        first = {p: i for i, p in reversed(list(enumerate(wanted)))}
+        order = [first[p] for p in unique]
+        decoded: list[dict[str, FieldValue]] = []
+        for table, rows, count in self._read_groups(unique, cols):
+            at = len(decoded)
+            shifted = _remap(out, order[at : at + count]) if out is not None else None
+            decoded.extend(decode_rows(table, self.plans, rows, shifted))
+        by_position = dict(zip(unique, decoded, strict=True))
         for p in wanted:
-            yield rows[p]
+            yield by_position[p]
 
     def _batches(self, positions: list[int]) -> Iterator[list[int]]:
         """Sorted positions cut where a reader would start a new read unit."""
         yield positions
+
+    def _read_groups(
+        self, positions: list[int], columns: Sequence[str]
+    ) -> Iterator[tuple[pa.Table, np.ndarray | None, int]]:
+        """``(table, rows, count)`` covering sorted unique ``positions`` in order.
+
+        ``rows`` are the table's rows to decode (None: all of them); ``count`` how many
+        positions the piece covers.
+        """
+        yield self._read_positions(positions, columns), None, len(positions)
 
     @abstractmethod
     def _read_positions(self, positions: Sequence[int], columns: Sequence[str]) -> pa.Table:
@@ -217,3 +252,17 @@ class ColumnarReader(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release file handles."""
+
+
+def _shift(out: Out, by: int) -> Out:
+    def shifted(i: int, name: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
+        return out(i + by, name, shape, dtype)
+
+    return shifted
+
+
+def _remap(out: Out, index: Sequence[int]) -> Out:
+    def remapped(i: int, name: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
+        return out(index[i], name, shape, dtype)
+
+    return remapped

@@ -91,11 +91,20 @@ def test_closing_a_reader_forgets_its_row_groups(tmp_path):
     assert cache.nbytes == 0
 
 
-@pytest.mark.parametrize("fmt,options", [
-    ("zarr", {}),
-    ("zarr", {"chunks": {"u": (4, 8, 8)}}),  # chunks that are not slabs of the first axis
-])
-@pytest.mark.parametrize("workers", [0, 2])
+CASES = [
+    ("parquet", {}, 0),
+    ("parquet", {}, 2),
+    ("parquet", {"row_group_bytes": 20_000}, 0),  # several row groups per shard
+    ("parquet", {"row_group_bytes": 20_000}, 2),
+    ("lance", {}, 0),  # lance is not fork-safe: its worker tests use spawn elsewhere
+    ("zarr", {}, 0),
+    ("zarr", {}, 2),
+    ("zarr", {"chunks": {"u": (4, 8, 8)}}, 0),  # chunks that are not first-axis slabs
+    ("zarr", {"chunks": {"u": (4, 8, 8)}}, 2),
+]
+
+
+@pytest.mark.parametrize("fmt,options,workers", CASES)
 def test_batches_are_exact_views_of_decode_buffers(tmp_path, sources, fmt, options, workers):
     store, arrays = _ingest(tmp_path, sources, fmt, **options)
     ds = SimDataset(store, "d", seed=3)
