@@ -20,7 +20,7 @@ import json
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, TypedDict
+from typing import Any, Literal, TypedDict
 
 import numpy as np
 
@@ -132,7 +132,7 @@ def field_kind(value: object) -> FieldKind:
 
 def _scalar_dtype(value: object) -> str:
     if isinstance(value, np.generic):
-        return str(value.dtype)
+        return _dtype_name(value.dtype)
     if isinstance(value, bool):
         return "bool"
     if isinstance(value, int):
@@ -140,12 +140,25 @@ def _scalar_dtype(value: object) -> str:
     return "float64"
 
 
+_DTYPE_NAMES: dict[np.dtype[Any], str] = {}
+
+
+def _dtype_name(dtype: np.dtype[Any]) -> str:
+    """``str(dtype)``, remembered: numpy 2 builds the name in Python on every call."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES.setdefault(dtype, str(dtype))
+    return name
+
+
 def spec_of(name: str, value: FieldValue) -> FieldSpec:
     """The :class:`FieldSpec` of one field value."""
+    if type(value) is np.ndarray and value.dtype.kind in _NUMERIC_KINDS:
+        return FieldSpec(name=name, kind="tensor", dtype=_dtype_name(value.dtype), ndim=value.ndim)
     kind = field_kind(value)
     if kind == "tensor":
         assert isinstance(value, np.ndarray)
-        return FieldSpec(name=name, kind="tensor", dtype=str(value.dtype), ndim=value.ndim)
+        return FieldSpec(name=name, kind="tensor", dtype=_dtype_name(value.dtype), ndim=value.ndim)
     if kind == "scalar":
         return FieldSpec(name=name, kind="scalar", dtype=_scalar_dtype(value))
     return FieldSpec(name=name, kind=kind)

