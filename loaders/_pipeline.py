@@ -449,22 +449,45 @@ def prefetched(
     decoding: deque[tuple[Chunk, Future[T]]] = deque()
     in_flight = 0
     exhausted = False
+    def resolve_ahead(limit: int) -> None:
+        nonlocal exhausted
+        added = 0
+        while (
+            not exhausted
+            and added < limit
+            and _shards_ahead(ahead) < config.shards
+            and len(ahead) < 64
+        ):
+            chunk = next(chunks, None)
+            if chunk is None:
+                exhausted = True
+                break
+            for read in chunk.reads:
+                pool.schedule((read.source, read.shard_id), io)
+            ahead.append(chunk)
+            added += 1
+
+    def submit() -> None:
+        nonlocal in_flight
+        while (
+            ahead
+            and len(decoding) < config.chunks
+            and (not decoding or in_flight + ahead[0].size_bytes <= config.budget_bytes)
+        ):
+            chunk = ahead.popleft()
+            decoding.append((chunk, dec.submit(decode, chunk)))
+            in_flight += chunk.size_bytes
+
     try:
         while True:
-            while not exhausted and _shards_ahead(ahead) < config.shards and len(ahead) < 64:
-                chunk = next(chunks, None)
-                if chunk is None:
-                    exhausted = True
-                    break
-                for read in chunk.reads:
-                    pool.schedule((read.source, read.shard_id), io)
-                ahead.append(chunk)
-            while ahead and len(decoding) < config.chunks and (
-                not decoding or in_flight + ahead[0].size_bytes <= config.budget_bytes
-            ):
-                chunk = ahead.popleft()
-                decoding.append((chunk, dec.submit(decode, chunk)))
-                in_flight += chunk.size_bytes
+            # Start decoding as soon as one chunk is resolved (the first batch waits for
+            # nothing else), then resolve further ahead a few chunks per chunk handed out,
+            # so shard fetches are scheduled early without a burst of work up front.
+            if not ahead and not decoding:
+                resolve_ahead(1)
+            submit()
+            resolve_ahead(4)
+            submit()
             if not decoding:
                 return
             chunk, fut = decoding.popleft()

@@ -64,7 +64,7 @@ class IngestConfig:
     compression: str = DEFAULT_COMPRESSION
     chunk_bytes: int = 1 * MiB
     chunks: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
-    row_group_bytes: int = 16 * MiB
+    row_group_bytes: int = 4 * MiB
     dense_threshold: int = 16 * MiB
     block_bytes: int = 4 * MiB
     adapter_options: Mapping[str, Any] = field(default_factory=dict)

@@ -91,7 +91,7 @@ class ShardOptions:
     compression: str = DEFAULT_COMPRESSION
     chunk_bytes: int = 1 * MiB
     chunks: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
-    row_group_bytes: int = 16 * MiB
+    row_group_bytes: int = 4 * MiB
 
     def __post_init__(self) -> None:
         parse_compression(self.compression)
