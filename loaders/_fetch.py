@@ -26,7 +26,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import BinaryIO, Literal, cast
+from typing import BinaryIO, Literal, Protocol, cast, runtime_checkable
 
 from simstore.loaders._cache import CacheConfig, PinnedCopy, ShardCache
 from simstore.loaders._stats import Counters
@@ -39,6 +39,36 @@ __all__ = ["AccessMode", "RangedFile", "RateLimiter", "ShardAccess", "ShardHandl
 
 AccessMode = Literal["local", "cache", "ranged"]
 _FILL_BLOCK_BYTES = 64 * 1024 * 1024
+_STREAM_BLOCK_BYTES = 1024 * 1024
+
+
+class ObjectStream(Protocol):
+    """A whole object being read in order (``S3Store.open_read`` makes one)."""
+
+    size_bytes: int
+    requests: int
+
+    def readinto(self, buffer: memoryview) -> int:
+        """Read the next bytes into ``buffer``; 0 at the end."""
+        ...
+
+    def close(self) -> None:
+        """Let go of the connection."""
+        ...
+
+
+@runtime_checkable
+class SupportsOpenRead(Protocol):
+    """Optional fast path of a remote store: stream a whole object with one GET.
+
+    A cache fill then costs one request (no HEAD for the size, no ranged GETs) and holds
+    one block in memory. Stores without it are read by HEAD and blocks of
+    ``_FILL_BLOCK_BYTES``.
+    """
+
+    def open_read(self, key: str) -> ObjectStream:
+        """Open the object for reading; raises ``NotFoundError`` when it is missing."""
+        ...
 
 
 def tier_of(store: ObjectStore) -> str:
@@ -254,8 +284,14 @@ class ShardAccess:
         if mode == "cache":
             return self._cached(shard_id)
         size = self._size(key)
-        f = RangedFile(self.store, key, size, counters=self.counters, limiter=self.limiter,
-                       block_bytes=self.block_bytes)
+        f = RangedFile(
+            self.store,
+            key,
+            size,
+            counters=self.counters,
+            limiter=self.limiter,
+            block_bytes=self.block_bytes,
+        )
         return ShardHandle(cast(BinaryIO, f), f.close)
 
     def close(self) -> None:
@@ -295,33 +331,65 @@ class ShardAccess:
 
     def _cached(self, shard_id: str) -> ShardHandle:
         key = object_key(shard_id)
+        streams: list[ObjectStream] = []
         sizes: list[int] = []
 
         def size_bytes() -> int:
-            sizes.append(self._size(key))
+            # asked only on a miss: a store that streams whole objects sends its one GET
+            # now and learns the size from it; any other store answers a HEAD
+            if isinstance(self.store, SupportsOpenRead):
+                streams.append(self.store.open_read(key))
+                sizes.append(streams[-1].size_bytes)
+            else:
+                sizes.append(self._size(key))
             return sizes[-1]
 
         def download(out: BinaryIO) -> None:
             size = sizes[-1] if sizes else size_bytes()
-            if size <= _FILL_BLOCK_BYTES:
-                blocks = [(0, size)]
+            if streams:
+                self._copy_stream(streams[-1], out)
             else:
-                blocks = [
-                    (lo, min(size, lo + _FILL_BLOCK_BYTES))
-                    for lo in range(0, size, _FILL_BLOCK_BYTES)
-                ]
-            for lo, hi in blocks:
-                self.counters.add("throttle_s", self.limiter.take(hi - lo))
-                data = self.store.get(key) if len(blocks) == 1 else self.store.get(
-                    key, byte_range=(lo, hi)
-                )
-                self.counters.add_read(self.tier, len(data))
-                out.write(data)
+                self._copy_blocks(key, size, out)
 
-        copy: PinnedCopy = self._shard_cache().acquire(
-            shard_id, size_bytes, download, referenced_by=self.referenced_by
-        )
+        try:
+            copy: PinnedCopy = self._shard_cache().acquire(
+                shard_id, size_bytes, download, referenced_by=self.referenced_by
+            )
+        finally:
+            for stream in streams:
+                self.counters.add_read(self.tier, 0, requests=stream.requests)
+                stream.close()
         return ShardHandle(copy.path, copy.release)
+
+    def _copy_stream(self, stream: ObjectStream, out: BinaryIO) -> None:
+        """Copy a streamed object into ``out`` block by block, within ``max_bandwidth``."""
+        buffer = bytearray(min(_STREAM_BLOCK_BYTES, max(1, stream.size_bytes)))
+        view = memoryview(buffer)
+        while True:
+            n = stream.readinto(view)
+            if not n:
+                return
+            self.counters.add("throttle_s", self.limiter.take(n))
+            self.counters.add_read(self.tier, n, requests=0)
+            out.write(view[:n])
+
+    def _copy_blocks(self, key: str, size: int, out: BinaryIO) -> None:
+        """Copy an object into ``out`` by GETs of at most ``_FILL_BLOCK_BYTES``."""
+        if size <= _FILL_BLOCK_BYTES:
+            blocks = [(0, size)]
+        else:
+            blocks = [
+                (lo, min(size, lo + _FILL_BLOCK_BYTES)) for lo in range(0, size, _FILL_BLOCK_BYTES)
+            ]
+        for lo, hi in blocks:
+            self.counters.add("throttle_s", self.limiter.take(hi - lo))
+            data = (
+                self.store.get(key)
+                if len(blocks) == 1
+                else self.store.get(key, byte_range=(lo, hi))
+            )
+            self.counters.add_read(self.tier, len(data))
+            out.write(data)
 
 
 def _nothing() -> None:

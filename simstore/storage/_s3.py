@@ -65,7 +65,7 @@ from simstore.errors import (
 )
 from simstore.storage._base import ObjectInfo, check_key
 
-__all__ = ["S3Options", "S3Store", "probe_conditional_writes"]
+__all__ = ["S3ObjectReader", "S3Options", "S3Store", "probe_conditional_writes"]
 
 T = TypeVar("T")
 
@@ -288,6 +288,95 @@ class _FileSlice(io.RawIOBase):
         super().close()
 
 
+class S3ObjectReader(io.RawIOBase):
+    """A read-only, sequential file over one object, read by one streamed GET.
+
+    Made by :meth:`S3Store.open_read`. ``size_bytes`` is the object's size, ``requests``
+    the GETs sent so far (1, plus one per resumption). When reading the body fails on
+    the way (a reset, a timeout, a body cut short), the next GET asks for the rest
+    (``Range: bytes=<done>-``, ``If-Match: <etag>``) after the store's backoff; a
+    failure that makes no progress counts against ``max_attempts`` and, once they are
+    used up, raises ``StorageError`` naming the object.
+    """
+
+    def __init__(self, store: S3Store, key: str) -> None:
+        super().__init__()
+        self._store = store
+        self.key = key
+        self._obj = store._object_key(key)
+        self._pos = 0
+        self._body: Any = None
+        self._etag = ""
+        self.requests = 0
+        self.size_bytes = 0
+        self._request()
+
+    def _request(self) -> None:
+        kwargs: dict[str, Any] = {"Bucket": self._store.bucket, "Key": self._obj}
+        if self._pos:
+            kwargs["Range"] = f"bytes={self._pos}-"
+            if self._etag:
+                kwargs["IfMatch"] = self._etag
+        response = self._store._get_object(self.key, kwargs)
+        self.requests += 1
+        length = int(response.get("ContentLength") or 0)
+        if not self._pos:
+            self.size_bytes = length
+            self._etag = str(response.get("ETag", ""))
+        elif length != self.size_bytes - self._pos or not response.get("ContentRange"):
+            response["Body"].close()
+            raise StorageError(
+                f"{self._store.url}/{self.key}: read failed: resuming at byte {self._pos} "
+                f"of {self.size_bytes}, the server sent {length} bytes"
+            )
+        self._body = response["Body"]
+
+    def readable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        if self._pos >= self.size_bytes or not len(view):
+            return 0
+        view = view[: self.size_bytes - self._pos]
+        failures = 0
+        while True:
+            try:
+                if self._body is None:
+                    self._request()
+                n = int(self._body.readinto(view))
+                if n == 0:
+                    raise _TruncatedBody(f"body ended at byte {self._pos} of {self.size_bytes}")
+                self._pos += n
+                return n
+            except _RETRYABLE as exc:
+                self._drop_body()
+                failures += 1
+                if failures >= self._store._tuning.max_attempts:
+                    raise StorageError(
+                        f"{self._store.url}/{self.key}: read failed after {failures} attempts "
+                        f"at byte {self._pos} of {self.size_bytes}: "
+                        f"{self._store._describe(exc)}"
+                    ) from exc
+                time.sleep(self._store._backoff_s(failures))
+            except (BotoCoreError, OSError) as exc:
+                self._drop_body()
+                raise self._store._error("read", self.key, exc) from exc
+
+    def _drop_body(self) -> None:
+        body, self._body = self._body, None
+        if body is not None:
+            with contextlib.suppress(Exception):
+                body.close()
+
+    def close(self) -> None:
+        self._drop_body()
+        super().close()
+
+
 class S3Store:
     """An :class:`~simstore.storage.ObjectStore` under ``s3://bucket/prefix``.
 
@@ -447,9 +536,7 @@ class S3Store:
                     f"{self.url}/{key}: {op} failed after {attempt} attempts: "
                     f"{self._describe(last)}"
                 ) from last
-            delay = self._rng.uniform(
-                0.0, min(tuning.backoff_max_s, tuning.backoff_base_s * 2 ** (attempt - 1))
-            )
+            delay = self._backoff_s(attempt)
             elapsed = time.monotonic() - start
             if elapsed + delay > tuning.retry_deadline_s:
                 raise StorageError(
@@ -457,6 +544,13 @@ class S3Store:
                     f"(retry deadline {tuning.retry_deadline_s} s): {self._describe(last)}"
                 ) from last
             time.sleep(delay)
+
+    def _backoff_s(self, attempt: int) -> float:
+        """The sleep before retry ``attempt`` (from 1): full jitter, exponential, capped."""
+        tuning = self._tuning
+        return self._rng.uniform(
+            0.0, min(tuning.backoff_max_s, tuning.backoff_base_s * 2 ** (attempt - 1))
+        )
 
     # -- reads ---------------------------------------------------------------------------
     def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
@@ -520,6 +614,36 @@ class S3Store:
                 for f in futures:
                     f.cancel()
                 raise
+
+    def open_read(self, key: str) -> S3ObjectReader:
+        """A sequential file over a whole object: one GET whose body is read as asked.
+
+        An optional fast path (not part of the ObjectStore protocol) for copying large
+        objects with bounded memory: nothing is buffered beyond the caller's reads. One
+        whole-object GET is also what S3-compatible servers serve fastest (moto reads the
+        whole object for every ranged GET). The GET is sent here, so a missing key raises
+        ``NotFoundError`` now and ``size_bytes`` is known before the first read. A body
+        cut off mid-way is resumed where it stopped, by a ranged GET with ``If-Match`` on
+        the first response's ETag (bytes of a replaced object are never spliced in);
+        see :class:`S3ObjectReader`. Close it, or use it in a ``with`` block.
+        """
+        return S3ObjectReader(self, key)
+
+    def _get_object(self, key: str, kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
+        """One GetObject, retried; the response with its body unread."""
+        try:
+            response: Mapping[str, Any] = self._retry(
+                "read", key, lambda: self._api.get_object(**kwargs)
+            )
+            return response
+        except _Refused as exc:
+            if exc.is_not_found:
+                raise NotFoundError(f"{self.url}: no object {key}") from exc.error
+            if exc.is_precondition:
+                raise StorageError(
+                    f"{self.url}/{key}: read failed: the object changed while it was read"
+                ) from exc.error
+            raise self._error("read", key, exc) from exc.error
 
     def get_versioned(self, key: str) -> tuple[bytes, str]:
         """Read a ref and its version token, the ETag."""
