@@ -16,7 +16,9 @@ fails too keeps only the surface. The sample's ``metadata`` says which (``mesh``
 Each part is meshed in its own short-lived process (``_cad_mesh.py``, numpy and gmsh
 only): OpenCASCADE crashes the process on some malformed STEP files (found by fuzzing),
 and a crash there must be a ``SourceError`` naming the file, not the death of the ingest.
-``cad_timeout_s`` (default 900) bounds one part's import and meshing.
+``cad_timeout_s`` (default 900) bounds one part's import and meshing, and a part with a
+coordinate beyond 1e12 units (a corrupt number, which can keep OpenCASCADE busy for
+minutes) is refused before meshing with a ``SourceError`` naming the file.
 """
 
 from __future__ import annotations
@@ -61,11 +63,24 @@ def mesh_isolated(
     """
     with tempfile.TemporaryDirectory(prefix="simstore-cad-", dir=tmp_dir) as tmp:
         out = os.path.join(tmp, "mesh")
-        cmd = [sys.executable, _MESHER, path, repr(tolerance),
-               "volume" if want_volume else "surface", out]
+        cmd = [
+            sys.executable,
+            _MESHER,
+            path,
+            repr(tolerance),
+            "volume" if want_volume else "surface",
+            out,
+            str(os.getpid()),
+        ]
         try:
-            proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, timeout=timeout_s, check=False)
+            proc = subprocess.run(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                timeout=timeout_s,
+                check=False,
+            )
         except subprocess.TimeoutExpired:
             raise SourceError(
                 f"{path}: field 'points': CAD import and meshing took longer than "
@@ -115,8 +130,9 @@ class CadAdapter:
         timeout_s = float(options.get("cad_timeout_s") or DEFAULT_TIMEOUT_S)
         source_hash = str(options.get("source_hash") or hash_file(path)[0])
         _check_gmsh()
-        fields = mesh_isolated(path, tolerance, want_volume, timeout_s=timeout_s,
-                               tmp_dir=options.get("tmp_dir"))
+        fields = mesh_isolated(
+            path, tolerance, want_volume, timeout_s=timeout_s, tmp_dir=options.get("tmp_dir")
+        )
         fields["source_object"] = source_hash
         fields["source_name"] = os.path.basename(path)
         yield Sample(key, fields)

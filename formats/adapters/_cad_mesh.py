@@ -2,11 +2,16 @@
 
 OpenCASCADE's readers crash the process (SIGSEGV) on some malformed STEP files, and can
 spin on others; the ``cad`` adapter therefore runs this file as a separate interpreter
-(``python _cad_mesh.py PATH TOLERANCE surface|volume OUT``), with a time limit, and turns a
-crash, a hang or an error into a ``SourceError`` naming the file. It imports only numpy
-and gmsh (not simstore), so it starts in a fraction of a second, and it returns arrays in
-an ``.npz`` read back with ``allow_pickle=False`` and everything else as JSON: nothing
+(``python _cad_mesh.py PATH TOLERANCE surface|volume OUT PARENT_PID``), with a time limit,
+and turns a crash, a hang or an error into a ``SourceError`` naming the file; on Linux the
+process dies with its parent, so a killed ingest leaves no mesher running. It imports only
+numpy and gmsh (not simstore), so it starts in a fraction of a second, and it returns arrays
+in an ``.npz`` read back with ``allow_pickle=False`` and everything else as JSON: nothing
 crosses the process boundary as a pickle.
+
+Coordinates beyond :data:`MAX_EXTENT` are refused before meshing (STEP points before the
+import, every format's bounding box after it): fuzzing found that one corrupt coordinate
+can keep OpenCASCADE's import or mesher busy for minutes, on some runs and not others.
 
 Output: ``OUT.json`` holds ``{"error": message}`` or ``{"arrays": [names], "values":
 {name: float}, "metadata": {...}}``, and ``OUT.npz`` the arrays as ``a0``, ``a1``, ...
@@ -15,13 +20,22 @@ Output: ``OUT.json`` holds ``{"error": message}`` or ``{"arrays": [names], "valu
 from __future__ import annotations
 
 import json
+import mmap
 import os
+import re
 import signal
 import sys
 import threading
 from typing import Any
 
 import numpy as np
+
+MAX_EXTENT = 1e12
+"""Largest coordinate and bounding-box diagonal meshed (file units: 1e6 km in millimetres)."""
+
+_STEP_POINT = re.compile(
+    rb"#(\d+)\s*=\s*CARTESIAN_POINT\s*\(\s*(?:'(?:[^']|'')*'|\$)\s*,\s*\(([^)]*)\)"
+)
 
 
 class MeshError(Exception):
@@ -54,12 +68,43 @@ def _import(gmsh: Any, path: str) -> None:
     except Exception as exc:  # gmsh raises plain Exception with OCC's message
         raise MeshError(f"{path}: field 'points': CAD import failed: {exc}") from exc
 
+
+def _check_step_points(path: str) -> None:
+    """Refuse a STEP file with a point coordinate that is not finite or beyond MAX_EXTENT.
+
+    Such a coordinate (fuzzing found ``1.E308`` in a placement's origin) can keep
+    OpenCASCADE's STEP import busy for minutes before any bounding box can be checked. The
+    file is scanned through a memory map, so a large file is not read into memory.
+    """
+    with open(path, "rb") as f:
+        if f.read(12) != b"ISO-10303-21":
+            return
+        f.seek(0)
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            for match in _STEP_POINT.finditer(data):  # type: ignore[call-overload]
+                for token in match.group(2).split(b","):
+                    try:
+                        value = float(token)
+                    except ValueError:
+                        continue  # not a number: the STEP reader reports it
+                    if not abs(value) <= MAX_EXTENT:
+                        raise MeshError(
+                            f"{path}: field 'points': CARTESIAN_POINT #{int(match.group(1))} "
+                            f"has coordinate {token.decode(errors='replace').strip()}, beyond "
+                            f"{MAX_EXTENT:g} units from the origin: corrupt coordinates?"
+                        )
+
+
 def mesh_part(gmsh: Any, path: str, tolerance: float, want_volume: bool) -> dict[str, Any]:
+    """The sample fields of one part: a surface (or volume) mesh, bounding box and measures.
+
+    Raises :class:`MeshError` naming the file and field when the part does not import,
+    has no surface, lies beyond :data:`MAX_EXTENT` or does not tessellate.
+    """
+    _check_step_points(path)
     owned = not gmsh.isInitialized()
     if owned:
-        gmsh.initialize(
-            argv=["simstore"], readConfigFiles=False, run=False, interruptible=False
-        )
+        gmsh.initialize(argv=["simstore"], readConfigFiles=False, run=False, interruptible=False)
         # gmsh's initialize resets SIGPIPE to its default (terminate); Python ignores it so
         # that a write to a closed socket is an exception, not the death of the process
         if hasattr(signal, "SIGPIPE"):
@@ -76,7 +121,15 @@ def mesh_part(gmsh: Any, path: str, tolerance: float, want_volume: bool) -> dict
         if not surfaces:
             raise MeshError(f"{path}: field 'points': the part has no surfaces to tessellate")
         box = gmsh.model.getBoundingBox(-1, -1)
-        diag = float(np.linalg.norm(np.subtract(box[3:], box[:3])))
+        with np.errstate(over="ignore", invalid="ignore"):
+            diag = float(np.linalg.norm(np.subtract(box[3:], box[:3])))
+        if not (np.abs(box) <= MAX_EXTENT).all() or not diag <= MAX_EXTENT:
+            # a corrupt coordinate (fuzzing found -1e308) can keep OpenCASCADE's mesher
+            # busy for minutes on some runs and not others; IGES and BREP parts get here
+            raise MeshError(
+                f"{path}: field 'points': the part's bounding box {list(box)} reaches beyond "
+                f"{MAX_EXTENT:g} units from the origin: corrupt coordinates?"
+            )
         size = max(diag * tolerance, 1e-12)
         gmsh.option.setNumber("Mesh.MeshSizeMax", size)
         gmsh.option.setNumber("Mesh.MeshSizeFromCurvature", 12)
@@ -85,13 +138,9 @@ def mesh_part(gmsh: Any, path: str, tolerance: float, want_volume: bool) -> dict
         try:
             points, triangles = _surface(gmsh)
         except Exception as exc:
-            raise MeshError(
-                f"{path}: field 'cells/triangle': tessellation failed: {exc}"
-            ) from exc
+            raise MeshError(f"{path}: field 'cells/triangle': tessellation failed: {exc}") from exc
         if len(triangles) == 0:
-            raise MeshError(
-                f"{path}: field 'cells/triangle': tessellation produced no triangles"
-            )
+            raise MeshError(f"{path}: field 'cells/triangle': tessellation produced no triangles")
         fields: dict[str, Any] = {"points": points, "cells/triangle": triangles}
         meta: dict[str, Any] = {
             "mesh": "surface",
@@ -120,9 +169,8 @@ def mesh_part(gmsh: Any, path: str, tolerance: float, want_volume: bool) -> dict
         else:
             gmsh.model.remove()
 
-def _volume(
-    gmsh: Any, path: str, model: str, fields: dict[str, Any], meta: dict[str, Any]
-) -> None:
+
+def _volume(gmsh: Any, path: str, model: str, fields: dict[str, Any], meta: dict[str, Any]) -> None:
     """Add ``cells/tetra``: the whole model, else each solid alone, else nothing."""
     try:
         gmsh.model.mesh.generate(3)
@@ -160,9 +208,7 @@ def _volume(
             offset += len(pts)
     except Exception as exc:
         meta["mesh"] = "surface"
-        meta["reason"] = (
-            f"volume mesh failed ({whole_error}); per-solid mesh failed too ({exc})"
-        )
+        meta["reason"] = f"volume mesh failed ({whole_error}); per-solid mesh failed too ({exc})"
         gmsh.model.setCurrent(model)
         return
     fields["points"] = np.concatenate(all_points)
@@ -178,6 +224,26 @@ def _gmsh() -> Any:
     return gmsh
 
 
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel kill this process when the process that started it dies (Linux).
+
+    The adapter's time limit lives in the parent: a parent killed mid-part (an ingest
+    stopped with SIGKILL) would otherwise leave this process meshing a malformed part,
+    possibly for hours, with nobody waiting for the result.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
+
+
 def main(argv: list[str]) -> int:
     """Mesh ``argv = [path, tolerance, surface|volume, out]``; 0 unless the writing fails."""
     path, tolerance, mode, out = argv[0], float(argv[1]), argv[2], argv[3]
@@ -187,8 +253,11 @@ def main(argv: list[str]) -> int:
         np.savez(out + ".npz", **{f"a{i}": fields[k] for i, k in enumerate(arrays)})
         result: dict[str, Any] = {
             "arrays": arrays,
-            "values": {k: float(v) for k, v in fields.items()
-                       if k != "metadata" and not isinstance(v, np.ndarray)},
+            "values": {
+                k: float(v)
+                for k, v in fields.items()
+                if k != "metadata" and not isinstance(v, np.ndarray)
+            },
             "metadata": fields["metadata"],
         }
     except MeshError as exc:
@@ -203,4 +272,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    # the adapter passes its pid: one read here could already be a reaper's
+    _die_with_parent(int(sys.argv[5]) if len(sys.argv) > 5 else os.getppid())
+    sys.exit(main(sys.argv[1:5]))
