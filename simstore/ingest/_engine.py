@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from simstore.errors import SimstoreError
 from simstore.ingest._plugins import Plugins
 from simstore.ingest._records import SourceFile, TaskContext, TaskResult
-from simstore.ingest._worker import TaskRunner, run_task
+from simstore.ingest._worker import TaskRunner, run_task, warm_up
 
 __all__ = ["EngineRun", "Report", "run_local"]
 
@@ -42,38 +42,42 @@ def run_local(
     plugins: Plugins,
     report: Report,
 ) -> EngineRun:
-    """Run every task, in process or on a spawn-started process pool; results in task order."""
+    """Run every task, in process or with a spawn-started process pool; results in task order.
+
+    With ``workers`` N > 1 the pool has N - 1 processes and this process is the Nth
+    worker: it runs tasks from the same queue between collecting the pool's results. A
+    spawned worker needs about a second to start (a fresh interpreter importing numpy,
+    pyarrow and the shard formats); meanwhile this process is already ingesting, and a
+    small ingest may be over before the pool has started at all.
+    """
     workers = min(ctx.config.workers, len(tasks))
     if workers <= 1:
-        out = []
-        for task in tasks:
-            t0 = time.perf_counter()
-            res = TaskRunner(
-                ctx, lambda src, s: report(int(src.completes_file), src.size, s), plugins
-            ).run(task)
-            res.seconds, res.worker = time.perf_counter() - t0, "local"
-            out.append(res)
+        out = [_run_here(ctx, task, plugins, report) for task in tasks]
         return EngineRun(out, "local", ctx.config.workers)
     results: list[TaskResult | None] = [None] * len(tasks)
     # spawn, not fork: the parent may hold threads (zarr's event loop, a store's pool)
     pool = cf.ProcessPoolExecutor(
-        max_workers=workers, mp_context=multiprocessing.get_context("spawn")
+        max_workers=workers - 1, mp_context=multiprocessing.get_context("spawn")
     )
     try:
         queue = iter(enumerate(tasks))
+        # one probe per process: it returns once the process has imported what a task
+        # needs; only started processes get tasks, so none waits queued behind a start
+        probes = {pool.submit(warm_up, plugins) for _ in range(workers - 1)}
         pending: dict[cf.Future[TaskResult], int] = {}
+        ready = 0
 
         def submit() -> None:
-            for i, task in queue:
-                pending[pool.submit(run_task, ctx, list(task), plugins)] = i
-                if len(pending) >= 2 * workers:
+            while len(pending) < 2 * ready:  # each started process has a next task queued
+                nxt = next(queue, None)
+                if nxt is None:
                     return
+                pending[pool.submit(run_task, ctx, list(nxt[1]), plugins)] = nxt[0]
 
-        submit()
-        while pending:
-            done, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+        def collect(timeout: float | None) -> None:
+            nonlocal ready
+            done, _ = cf.wait([*pending, *probes], timeout=timeout, return_when=cf.FIRST_COMPLETED)
             for fut in done:
-                i = pending.pop(fut)
                 try:
                     res = fut.result()
                 except cf.process.BrokenProcessPool as exc:
@@ -81,15 +85,40 @@ def run_local(
                         f"an ingest worker process died ({exc}); out of memory? Lower "
                         "--workers or --shard-size; a re-run resumes where this one stopped"
                     ) from exc
+                if fut in probes:
+                    probes.discard(fut)
+                    ready += 1
+                    continue
+                i = pending.pop(fut)
                 results[i] = res
                 report(
                     sum(f.completes_file for f in tasks[i]),
                     sum(f.size for f in tasks[i]),
                     sum(len(f.rows) for f in res.files),
                 )
+
+        while True:
+            collect(0)
             submit()
+            mine = next(queue, None)
+            if mine is None:
+                break
+            results[mine[0]] = _run_here(ctx, mine[1], plugins, report)
+        while pending:
+            collect(None)
     except BaseException:
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
     return EngineRun([r for r in results if r is not None], "process-pool", ctx.config.workers)
+
+
+def _run_here(
+    ctx: TaskContext, task: Sequence[SourceFile], plugins: Plugins, report: Report
+) -> TaskResult:
+    """One task in this process, reporting progress file by file."""
+    t0 = time.perf_counter()
+    runner = TaskRunner(ctx, lambda src, s: report(int(src.completes_file), src.size, s), plugins)
+    res = runner.run(task)
+    res.seconds, res.worker = time.perf_counter() - t0, "local"
+    return res

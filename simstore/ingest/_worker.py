@@ -39,7 +39,7 @@ from simstore.sample import FieldSpec, Sample
 from simstore.stats import StatsAccumulator
 from simstore.storage import SupportsMoveFile
 
-__all__ = ["TaskRunner", "run_task"]
+__all__ = ["TaskRunner", "run_task", "warm_up"]
 
 
 class _BufferedWriter:
@@ -357,3 +357,11 @@ def run_task(
     result.seconds = time.perf_counter() - t0
     result.worker = worker or f"pid {os.getpid()}"
     return result
+
+
+def warm_up(plugins: Plugins) -> int:
+    """Nothing but arriving: a worker process that ran this has imported what tasks need.
+
+    (Unpickling ``plugins`` imports the adapter's and the formats' modules.)
+    """
+    return os.getpid()
