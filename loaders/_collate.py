@@ -32,6 +32,9 @@ __all__ = ["Collate", "MeshMode"]
 
 MeshMode = Literal["pad", "pack"]
 
+MESH_FIELDS = ("points", "cells/", "point_data/", "cell_data/")
+"""The mesh adapter's variable-length fields (see docs/adapters.md)."""
+
 
 def _stack(values: list[torch.Tensor]) -> torch.Tensor:
     """``torch.stack``, through NumPy for plain CPU tensors.
@@ -62,6 +65,10 @@ class Collate:
     mesh: MeshMode = "pad"
     pad_value: float = 0.0
     index_fields: Mapping[str, str] = field(default_factory=dict)
+    variable_fields: tuple[str, ...] = MESH_FIELDS
+    """Fields that always get a ``__mask`` (pad) or ``__offsets`` (pack), even in a batch
+    whose samples happen to have equal shapes, so a batch's keys never depend on its data:
+    exact names, or prefixes ending in ``/``. Other fields get them only when they vary."""
 
     def __post_init__(self) -> None:
         if self.mesh not in ("pad", "pack"):
@@ -83,10 +90,13 @@ class Collate:
         for name in names:
             values = [s[name] for s in samples]
             if all(isinstance(v, torch.Tensor) for v in values):
+                variable = self._is_variable(name)
                 packed = self.mesh == "pack" and (
-                    name in self.index_fields or name in self.index_fields.values()
+                    variable or name in self.index_fields or name in self.index_fields.values()
                 )
-                self._tensors(name, values, out, lengths, always_pack=packed)
+                self._tensors(
+                    name, values, out, lengths, always_pack=packed, always_pad=variable
+                )
             elif all(isinstance(v, bool | int | float) for v in values):
                 out[name] = torch.tensor(values)
             else:
@@ -105,9 +115,10 @@ class Collate:
         lengths: dict[str, list[int]],
         *,
         always_pack: bool,
+        always_pad: bool = False,
     ) -> None:
         shapes = {tuple(v.shape) for v in values}
-        if len(shapes) == 1 and not always_pack:
+        if len(shapes) == 1 and not always_pack and not (always_pad and values[0].dim() > 0):
             out[name] = _stack(values)
             return
         ndims = {v.dim() for v in values}
@@ -131,7 +142,7 @@ class Collate:
             return
         biggest = [max(s[d] for s in shapes) for d in range(values[0].dim())]
         varying = [d for d in range(len(biggest)) if len({s[d] for s in shapes}) > 1]
-        depth = varying[-1] + 1
+        depth = varying[-1] + 1 if varying else 1
         padded = torch.full((len(values), *biggest), self.pad_value, dtype=values[0].dtype)
         mask = torch.zeros((len(values), *biggest[:depth]), dtype=torch.bool)
         for i, v in enumerate(values):
@@ -140,6 +151,11 @@ class Collate:
             mask[(i, *region[:depth])] = True
         out[name] = padded
         out[f"{name}__mask"] = mask
+
+    def _is_variable(self, name: str) -> bool:
+        return any(
+            name.startswith(v) if v.endswith("/") else name == v for v in self.variable_fields
+        )
 
     def _shift(
         self,

@@ -65,3 +65,19 @@ def test_mesh_batches_through_the_loader(store_path, mesh):
                 assert torch.equal(cells[off[i] : off[i + 1]], want)
         seen += len(keys)
     assert seen == 12
+
+
+@pytest.mark.parametrize("mesh", ["pad", "pack"])
+def test_mesh_fields_keep_their_mask_or_offsets_when_sizes_happen_to_match(mesh):
+    samples = [{"points": torch.ones(4, 3), "cells/triangle": torch.zeros(2, 3, dtype=torch.int64),
+                "u": torch.ones(2)} for _ in range(3)]
+    out = Collate(mesh=mesh)(samples)
+    suffix = "__mask" if mesh == "pad" else "__offsets"
+    assert f"points{suffix}" in out and f"cells/triangle{suffix}" in out
+    assert "u__mask" not in out and "u__offsets" not in out
+    if mesh == "pad":
+        assert out["points"].shape == (3, 4, 3) and bool(out["points__mask"].all())
+        assert out["points__mask"].shape == (3, 4)
+    else:
+        assert out["points"].shape == (12, 3)
+        assert out["points__offsets"].tolist() == [0, 4, 8, 12]
