@@ -111,6 +111,7 @@ class TaskRunner:
         self.new_bytes = 0
         self._seq = 0
         self.run_specs: dict[str, FieldSpec] = {}
+        self._present: dict[str, bool] = {}  # objects the journal's records need (re-runs)
 
     # -- shards ------------------------------------------------------------------------
     def _builder(self, kind: str) -> _Builder:
@@ -196,7 +197,7 @@ class TaskRunner:
     def _file(self, src: SourceFile) -> tuple[FileResult, list[tuple[int, int, Row]]]:
         res = FileResult(path=src.path, key=src.key, size_bytes=src.size)
         if self.cfg.resume:
-            reused = read_journal(self.ctx, src)
+            reused = read_journal(self.ctx, src, self._present)
             if reused is not None:
                 return reused, []
         try:
