@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import mmap
 import os
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -54,10 +55,16 @@ class SupportsSampleRanges(Protocol):
 
 def read_head(path: str) -> bytes:
     """The first 64 bytes of a file (adapters sniff them); empty for a directory."""
-    if os.path.isdir(path):
-        return b""
-    with open(path, "rb") as f:
-        return f.read(64)
+    try:
+        with open(path, "rb") as f:
+            return f.read(64)
+    except (IsADirectoryError, PermissionError):  # Windows says PermissionError
+        if os.path.isdir(path):
+            return b""
+        raise
+
+
+_ADAPTER_TYPES: set[type] = set()  # types that passed the (slow) runtime protocol check
 
 
 def resolve_adapter(adapter: SourceAdapter, path: str, head: bytes) -> SourceAdapter | None:
@@ -65,12 +72,19 @@ def resolve_adapter(adapter: SourceAdapter, path: str, head: bytes) -> SourceAda
     resolve = getattr(adapter, "resolve", None)
     if callable(resolve):
         found = resolve(path, head)
-        return found if isinstance(found, SourceAdapter) else None
+        if found is None:
+            return None
+        if type(found) not in _ADAPTER_TYPES:
+            if not isinstance(found, SourceAdapter):
+                return None
+            _ADAPTER_TYPES.add(type(found))
+        return found  # type: ignore[no-any-return]
     return adapter if adapter.can_read(path, head) else None
 
 
 def _stat(path: str) -> tuple[int, int]:
-    if os.path.isdir(path):
+    st = os.stat(path)
+    if stat.S_ISDIR(st.st_mode):
         size, mtime = 0, 0
         for root, _, files in os.walk(path):
             for name in files:
@@ -78,7 +92,6 @@ def _stat(path: str) -> tuple[int, int]:
                 size += st.st_size
                 mtime = max(mtime, st.st_mtime_ns)
         return size, mtime
-    st = os.stat(path)
     return st.st_size, st.st_mtime_ns
 
 
@@ -88,6 +101,7 @@ def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[Sourc
     walked: set[str] = set()
     ignored: list[str] = []
     claimed: set[str] = set()
+    chosen: dict[str, SourceAdapter | None] = {}  # the adapter each walked file resolved to
 
     def add(path: str, key: str) -> None:
         if key in found and found[key].path != path:
@@ -119,16 +133,20 @@ def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[Sourc
                     if name.startswith("."):
                         continue
                     full = os.path.join(root, name)
-                    if resolve_adapter(adapter, full, read_head(full)) is None:
+                    picked = resolve_adapter(adapter, full, read_head(full))
+                    if picked is None:
                         ignored.append(full)
                         continue
+                    chosen[full] = picked
                     add(full, os.path.relpath(full, path).replace(os.sep, "/"))
                     walked.add(full)
         else:
             add(path, os.path.basename(path))
     for found_src in list(found.values()):
-        chosen = resolve_adapter(adapter, found_src.path, read_head(found_src.path))
-        companions = getattr(chosen, "companions", None)
+        picked = chosen.get(found_src.path)
+        if picked is None:
+            picked = resolve_adapter(adapter, found_src.path, read_head(found_src.path))
+        companions = getattr(picked, "companions", None)
         if callable(companions):
             claimed.update(os.path.normpath(os.path.abspath(p)) for p in companions(found_src.path))
     files = [s for s in found.values() if not (s.path in walked and s.path in claimed)]
@@ -173,9 +191,12 @@ def hash_file(path: str) -> tuple[ObjectId, int]:
 
 def hash_source(path: str) -> tuple[str, int]:
     """Content hash and size of a source file, or of a directory (sorted names and hashes)."""
-    if not os.path.isdir(path):
+    try:
         oid, size = hash_file(path)
         return str(oid), size
+    except (IsADirectoryError, PermissionError):
+        if not os.path.isdir(path):
+            raise
     h = Hasher()
     total = 0
     entries = []
