@@ -1,18 +1,25 @@
 """Ingest benchmarks: throughput against a plain copy, peak RSS, codec ratio and read cost.
 
-    python benchmarks/bench_ingest.py [--quick] [--out results.json] [--workdir DIR]
+    python -m benchmarks.bench_ingest [--quick] [--out results.json] [--workdir DIR]
+        [--baseline TREE] [--reps N] [--only throughput|rss|codecs]
 
-1. Throughput: .npz folders and HDF5 runs (time-windowed) into Parquet, Zarr and Lance,
-   with 1 and 2 worker processes, against ``shutil.copyfile`` of the same source bytes
-   (same disk, page cache warm). Before each timed run ``os.sync()`` flushes earlier
-   writes, so no run pays for its predecessor's write-back. The store is a LocalStore
-   with fsync off, like the copy; one extra row shows the default (fsync on).
+1. Throughput: .npz folders, HDF5 runs (time-windowed) and many small .npz files into
+   Parquet, Zarr and Lance, with 1 and 2 worker processes, against ``shutil.copyfile`` of
+   the same source files (same disk, page cache warm, the target emptied before the
+   clock). Every ingest runs in a fresh process that imports and opens its store before
+   the clock, so each repetition times the ingest alone; ``os.sync()`` before every timed
+   run flushes earlier writes. The store is a LocalStore with fsync off, like the copy;
+   one extra row shows the default (fsync on) against a copy that fsyncs. ``cpu_s`` is
+   the CPU time of the ingest and its worker processes. With ``--baseline TREE`` (a
+   checkout of an earlier revision) every case also runs with that tree, right after the
+   same case with this one: the ``before_`` columns.
 2. Peak RSS of a child process ingesting sources several times larger than the memory
    budget (shard size + dense threshold + block size), against a child that only imports.
 3. Codecs on smooth float32 fields: compression ratio, write and full-read MiB/s.
 
-The machine is shared: every figure is the median of repeated runs, and ratios (ingest /
-copy measured back to back) are steadier than absolute MiB/s.
+The machine is shared: every figure is the median of repeated rounds, each round timing
+the copy and every case back to back, and ratios (ingest / copy of the same round set) are
+steadier than absolute MiB/s.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 MiB = 1 << 20
+_TREE = str(Path(__file__).resolve().parents[1])  # the source tree this benchmark belongs to
 
 
 def smooth_fields(n: int, t: int, seed: int) -> np.ndarray:
@@ -75,18 +83,32 @@ def make_h5(root: Path, files: int, t: int, n: int) -> int:
     return sum(p.stat().st_size for p in root.iterdir())
 
 
-def copy_tree(src: Path, dst: Path, fsync: bool) -> None:
+def make_small(root: Path, files: int) -> int:
+    """``files`` small .npz samples like the suite's small profile: [2, 32, 32] float32 + Re."""
+    root.mkdir(parents=True, exist_ok=True)
+    base = smooth_fields(32, 2, 2)
+    for i in range(files):
+        np.savez(root / f"s{i:06d}.npz", fields=base + np.float32(i), Re=np.float64(100.0 + i))
+    return sum(p.stat().st_size for p in root.iterdir())
+
+
+def copy_tree(src: Path, dst: Path, fsync: bool) -> float:
+    """Seconds to copy every file of ``src`` into a fresh ``dst`` (emptied before the clock)."""
     shutil.rmtree(dst, ignore_errors=True)
     dst.mkdir(parents=True)
+    os.sync()
+    t0 = time.perf_counter()
     for p in sorted(src.iterdir()):
         shutil.copyfile(p, dst / p.name)
         if fsync:
             fd = os.open(dst / p.name, os.O_RDONLY)
             os.fsync(fd)
             os.close(fd)
+    return time.perf_counter() - t0
 
 
 def timed(fn, reps: int) -> float:
+    """Median seconds of ``fn()`` over ``reps`` calls, each after ``os.sync()``."""
     times = []
     for _ in range(reps):
         os.sync()
@@ -96,104 +118,189 @@ def timed(fn, reps: int) -> float:
     return statistics.median(times)
 
 
-def run_ingest(src: Path, store_dir: Path, fsync: bool = False, **options) -> dict:
-    from simstore.catalog import Catalog
-    from simstore.ingest import ingest
-    from simstore.storage import LocalStore
+# One timed ingest in a fresh process: imports, store and sync happen before the clock, so
+# every repetition (the first too) times the ingest alone, and the tree it imports is the
+# one named (the working tree, or a --baseline checkout of an earlier revision).
+_RUN = r"""
+import json, os, resource, sys, time
+args = json.loads(sys.argv[1])
+tree = args["tree"]
+if tree:
+    import importlib.abc, importlib.util
+    sys.path.insert(0, tree)
+    # the repository keeps simstore.formats, .cli and .loaders in top-level folders
+    parts = {f"simstore.{n}": os.path.join(tree, n) for n in ("formats", "cli", "loaders")}
 
+    class _Tree(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            where = parts.get(name)
+            if where is None or not os.path.isdir(where):
+                return None
+            return importlib.util.spec_from_file_location(
+                name, os.path.join(where, "__init__.py"), submodule_search_locations=[where]
+            )
+
+    sys.meta_path.insert(0, _Tree())
+import simstore
+from simstore.catalog import Catalog
+from simstore.ingest import ingest
+from simstore.storage import LocalStore
+assert (not tree) or simstore.__file__.startswith(tree), simstore.__file__
+cat = Catalog.init(LocalStore(args["store"], fsync=args["fsync"]))
+os.sync()
+cpu0 = sum(os.times()[:4])
+t0 = time.perf_counter()
+ingest([args["src"]], dataset="bench", store=cat, **args["options"])
+seconds = time.perf_counter() - t0
+print(json.dumps({"seconds": seconds, "cpu_s": sum(os.times()[:4]) - cpu0}))
+"""
+
+
+def run_ingest(
+    src: Path, store_dir: Path, *, tree: str = _TREE, fsync: bool = False, **options
+) -> dict:
+    """Time one ingest of ``src`` into a fresh store, in a child process importing ``tree``.
+
+    ``tree`` is a source tree of simstore (this script's by default); "" imports whatever
+    simstore is installed.
+
+    Returns ``{"seconds", "cpu_s"}``: wall seconds of the ``ingest`` call, and CPU seconds
+    of the child and its worker processes over the same call.
+    """
     shutil.rmtree(store_dir, ignore_errors=True)
-    cat = Catalog.init(LocalStore(str(store_dir), fsync=fsync))
-    result = ingest([src], dataset="bench", store=cat, resume=False, **options)
-    return result.to_json()
+    args = {
+        "tree": tree,
+        "src": str(src),
+        "store": str(store_dir),
+        "fsync": fsync,
+        "options": {"resume": False, **options},
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", _RUN, json.dumps(args)], check=True, capture_output=True, text=True
+    )
+    shutil.rmtree(store_dir, ignore_errors=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def throughput(work: Path, quick: bool, reps: int) -> list[dict]:
-    sources = {
+def _sources(work: Path, quick: bool) -> dict[str, tuple[Path, int, dict]]:
+    return {
         "npz": (work / "npz", make_npz(work / "npz", 8 if quick else 24, 16, 512), {}),
         "hdf5": (
             work / "h5",
             make_h5(work / "h5", 2 if quick else 6, 64, 512),
             {"time_window": 4, "stride": 4},
         ),
+        "small npz": (work / "small", make_small(work / "small", 1024 if quick else 4096), {}),
     }
+
+
+def _cases(source: str, quick: bool) -> list[tuple[str, dict, tuple[int, ...]]]:
+    """(label, ingest options, worker counts) of every ingest case of a source."""
+    both = (1, 2)
+    if source == "small npz":
+        return [
+            ("parquet none", {"format": "parquet", "compression": "none"}, both),
+            ("zarr none", {"format": "zarr", "compression": "none"}, (1,)),
+            (
+                "parquet none, journal on",
+                {"format": "parquet", "compression": "none", "resume": True},
+                (1,),
+            ),
+        ]
     cases = [
-        ("parquet", "none"),
-        ("zarr", "none"),
-        ("lance", "none"),
-        ("parquet", "shuffle-zstd:1"),
-        ("zarr", "shuffle-zstd:1"),
+        ("parquet none", {"format": "parquet", "compression": "none"}, both),
+        ("zarr none", {"format": "zarr", "compression": "none"}, both),
+        ("lance none", {"format": "lance", "compression": "none"}, (1,) if quick else both),
+        (
+            "parquet shuffle-zstd:1",
+            {"format": "parquet", "compression": "shuffle-zstd:1"},
+            (1,) if quick else both,
+        ),
+        (
+            "zarr shuffle-zstd:1",
+            {"format": "zarr", "compression": "shuffle-zstd:1"},
+            (1,) if quick else both,
+        ),
     ]
+    return cases
+
+
+def throughput(
+    work: Path, quick: bool, reps: int, baseline: str = "", only: tuple[str, ...] = ()
+) -> list[dict]:
+    """Each ingest case against copying the same files, round by round.
+
+    A round times, back to back: the copy, the copy with fsync, then every case (and, with
+    ``baseline``, the same case with the baseline tree right after it). Medians over the
+    rounds; each ratio divides the copy's median seconds by the case's.
+    """
     rows = []
-    for name, (src, size, opts) in sources.items():
-        copy_s = timed(partial(copy_tree, src, work / "copy", False), reps)
-        copy_fsync_s = timed(partial(copy_tree, src, work / "copy", True), reps)
-        rows.append(
-            {
-                "source": name,
-                "what": "copy",
-                "workers": 1,
-                "mib": size / MiB,
-                "mib_s": size / MiB / copy_s,
-                "ratio": 1.0,
-            }
-        )
-        rows.append(
-            {
-                "source": name,
-                "what": "copy+fsync",
-                "workers": 1,
-                "mib": size / MiB,
-                "mib_s": size / MiB / copy_fsync_s,
-                "ratio": copy_s / copy_fsync_s,
-            }
-        )
-        for fmt, comp in cases:
-            for workers in (1, 2):
-                if quick and workers == 2 and comp != "none":
+    for name, (src, size, opts) in _sources(work, quick).items():
+        runs: dict[tuple[str, int, str], list[dict]] = {}
+        copies: dict[str, list[float]] = {"copy": [], "copy+fsync": []}
+        trees = [("after", _TREE)] + ([("before", baseline)] if baseline else [])
+        for _ in range(reps):
+            copies["copy"].append(copy_tree(src, work / "copy", False))
+            copies["copy+fsync"].append(copy_tree(src, work / "copy", True))
+            shutil.rmtree(work / "copy", ignore_errors=True)
+            for label, options, workers_list in _cases(name, quick):
+                if only and label not in only:
                     continue
-                run = partial(
-                    run_ingest,
-                    src,
-                    work / "store",
-                    format=fmt,
-                    compression=comp,
-                    workers=workers,
-                    shard_size=32 * MiB,
-                    **opts,
-                )
-                secs = timed(run, reps)
-                rows.append(
-                    {
-                        "source": name,
-                        "what": f"{fmt} {comp}",
-                        "workers": workers,
-                        "mib": size / MiB,
-                        "mib_s": size / MiB / secs,
-                        "ratio": copy_s / secs,
-                    }
-                )
-        run = partial(
-            run_ingest,
-            src,
-            work / "store",
-            fsync=True,
-            format="parquet",
-            compression="none",
-            shard_size=32 * MiB,
-            **opts,
-        )
-        secs = timed(run, reps)
-        rows.append(
-            {
-                "source": name,
-                "what": "parquet none, store fsync on",
-                "workers": 1,
-                "mib": size / MiB,
-                "mib_s": size / MiB / secs,
-                "ratio": copy_fsync_s / secs,
-            }
-        )
+                for workers in workers_list:
+                    for which, tree in trees:
+                        runs.setdefault((label, workers, which), []).append(
+                            run_ingest(
+                                src,
+                                work / "store",
+                                tree=tree,
+                                workers=workers,
+                                shard_size=32 * MiB,
+                                **{**opts, **options},
+                            )
+                        )
+            fsync_run = run_ingest(
+                src,
+                work / "store",
+                fsync=True,
+                format="parquet",
+                compression="none",
+                shard_size=32 * MiB,
+                **opts,
+            )
+            runs.setdefault(("parquet none, store fsync on", 1, "after"), []).append(fsync_run)
+        copy_s = statistics.median(copies["copy"])
+        fsync_s = statistics.median(copies["copy+fsync"])
+        rows.append(_row(name, "copy", 1, size, copy_s, copy_s))
+        rows.append(_row(name, "copy+fsync", 1, size, fsync_s, copy_s))
+        for (label, workers, which), got in runs.items():
+            if which != "after":
+                continue
+            against = fsync_s if "fsync on" in label else copy_s
+            row = _row(name, label, workers, size, _median(got, "seconds"), against)
+            row["cpu_s"] = _median(got, "cpu_s")
+            before = runs.get((label, workers, "before"))
+            if before:
+                secs = _median(before, "seconds")
+                row["before_mib_s"] = size / MiB / secs
+                row["before_ratio"] = against / secs
+                row["before_cpu_s"] = _median(before, "cpu_s")
+            rows.append(row)
     return rows
+
+
+def _median(runs: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def _row(source: str, what: str, workers: int, size: int, secs: float, against: float) -> dict:
+    return {
+        "source": source,
+        "what": what,
+        "workers": workers,
+        "mib": size / MiB,
+        "mib_s": size / MiB / secs,
+        "ratio": against / secs,
+    }
 
 
 _CHILD = r"""
@@ -315,7 +422,7 @@ def table(rows: list[dict], cols: list[str]) -> str:
         return f"{v:.2f}" if isinstance(v, float) else str(v)
 
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows]
+    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
     return "\n".join(lines)
 
 
@@ -325,17 +432,36 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     ap.add_argument("--workdir", default=None, help="scratch folder (default: a temp dir)")
     ap.add_argument("--only", choices=["throughput", "rss", "codecs"], default=None)
+    ap.add_argument(
+        "--baseline",
+        default="",
+        metavar="TREE",
+        help="also time every ingest case with the simstore source tree TREE (a checkout of "
+        "an earlier revision: git worktree add TREE REV), right after the same case with this "
+        "one: before and after side by side, in the same rounds",
+    )
+    ap.add_argument("--reps", type=int, default=None, help="rounds (default 3, 1 with --quick)")
+    ap.add_argument(
+        "--cases",
+        default="",
+        help="comma-separated case labels to run (e.g. 'parquet none,zarr none'); default all",
+    )
     args = ap.parse_args()
-    reps = 1 if args.quick else 3
+    reps = args.reps or (1 if args.quick else 3)
+    baseline = os.path.abspath(args.baseline) if args.baseline else ""
     work = Path(args.workdir or tempfile.mkdtemp(prefix="simstore-bench-"))
     results: dict = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
     try:
         if args.only in (None, "throughput"):
-            results["throughput"] = throughput(work, args.quick, reps)
+            only = tuple(c.strip() for c in args.cases.split(",") if c.strip())
+            results["throughput"] = throughput(work, args.quick, reps, baseline, only)
+            if baseline:
+                results["baseline"] = baseline
+            cols = ["source", "what", "workers", "mib", "mib_s", "ratio", "cpu_s"]
+            if baseline:
+                cols += ["before_mib_s", "before_ratio", "before_cpu_s"]
             print("## Throughput\n")
-            print(
-                table(results["throughput"], ["source", "what", "workers", "mib", "mib_s", "ratio"])
-            )
+            print(table(results["throughput"], cols))
         if args.only in (None, "rss"):
             results["peak_rss"] = peak_rss(work, args.quick)
             print("\n## Peak RSS\n")
