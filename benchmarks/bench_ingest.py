@@ -202,7 +202,7 @@ def _cases(source: str, quick: bool) -> list[tuple[str, dict, tuple[int, ...]]]:
             ("parquet none", {"format": "parquet", "compression": "none"}, both),
             ("zarr none", {"format": "zarr", "compression": "none"}, (1,)),
             (
-                "parquet none, journal on",
+                "parquet none + journal",
                 {"format": "parquet", "compression": "none", "resume": True},
                 (1,),
             ),
