@@ -1,6 +1,6 @@
 """The long reliability stress run: the suite's faults and bad inputs, by the hundred.
 
-    python tests/stress/run.py --trials 240 --out stress.json
+    python tests/stress/run.py --trials 200
 
 Sections (``--sections``, default all):
 
@@ -13,12 +13,13 @@ Sections (``--sections``, default all):
 - ``disk``: a full disk on tmpfs (when mounting is allowed) and the byte-budget store;
 - ``corrupt``: random bit flips in shards, parts and snapshots: verify and the loader
   must name every one;
-- ``fuzz``: ``--fuzz-examples`` damaged cases per seed file (random hypothesis seed,
-  printed) through the fuzz worker.
+- ``fuzz``: ``--fuzz-examples`` damaged cases per seed file (a fifth of that for STEP,
+  whose cases each start a meshing process) through the fuzz worker; the hypothesis
+  seed follows from ``--seed`` and is printed.
 
 It prints one table row per kind of fault (runs, survived, data lost, bad inputs, crashes
-and hangs) and writes everything, findings included, to ``--out``. Exit status 1 when any
-promise broke.
+and hangs) with the command that reruns it, and writes everything, findings included, to
+``--out`` (default tests/stress/results/stress.json). Exit status 1 when any promise broke.
 """
 
 from __future__ import annotations
@@ -53,22 +54,59 @@ class Table:
         self.rows: list[dict[str, Any]] = []
         self.findings: list[dict[str, Any]] = []
 
-    def add(self, fault: str, runs: int, survived: int, lost: int, *, bad_inputs: int = 0,
-            crashes: int = 0, hangs: int = 0, command: str = "", note: str = "") -> None:
-        row = {"fault": fault, "runs": runs, "survived": survived, "data_lost": lost,
-               "bad_inputs": bad_inputs, "crashes": crashes, "hangs": hangs,
-               "command": command, "note": note}
+    def add(
+        self,
+        fault: str,
+        runs: int,
+        survived: int,
+        lost: int,
+        *,
+        faults: int = 0,
+        bad_inputs: int = 0,
+        crashes: int = 0,
+        hangs: int = 0,
+        command: str = "",
+        note: str = "",
+    ) -> None:
+        row = {
+            "fault": fault,
+            "runs": runs,
+            "faults": faults,
+            "survived": survived,
+            "data_lost": lost,
+            "bad_inputs": bad_inputs,
+            "crashes": crashes,
+            "hangs": hangs,
+            "command": command,
+            "note": note,
+        }
         self.rows.append(row)
-        print(f"  {fault}: {runs} runs, {survived} survived, {lost} lost, {bad_inputs} bad "
-              f"inputs, {crashes} crashes, {hangs} hangs {note}", flush=True)
+        print(
+            f"  {fault}: {runs} runs, {faults} faults, {survived} survived, {lost} lost, "
+            f"{bad_inputs} bad "
+            f"inputs, {crashes} crashes, {hangs} hangs {note}",
+            flush=True,
+        )
 
     def markdown(self) -> str:
-        lines = ["| fault injected | runs | survived | data lost | bad inputs | crashes | "
-                 "hangs |", "|---|---|---|---|---|---|---|"]
+        lines = [
+            "| fault injected | runs | faults | survived | data lost | bad inputs | crashes | "
+            "hangs |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for r in self.rows:
-            lines.append(f"| {r['fault']} | {r['runs']} | {r['survived']} | {r['data_lost']} "
-                         f"| {r['bad_inputs']} | {r['crashes']} | {r['hangs']} |")
+            lines.append(
+                f"| {r['fault']} | {r['runs']} | {r['faults']} | {r['survived']} | "
+                f"{r['data_lost']} "
+                f"| {r['bad_inputs']} | {r['crashes']} | {r['hangs']} |"
+            )
         return "\n".join(lines)
+
+
+def _command(args: argparse.Namespace, section: str, *options: str) -> str:
+    """The command that reruns one section as this run did."""
+    values = " ".join(f"{o} {getattr(args, o[2:].replace('-', '_'))}" for o in options)
+    return f"python tests/stress/run.py --sections {section} {values} --seed {args.seed}"
 
 
 # -- kill ------------------------------------------------------------------------------
@@ -88,9 +126,15 @@ def run_kill(args: argparse.Namespace, work: str, table: Table) -> None:
         bad = [t.to_json() for t in trials if t.problems or t.lost or not t.converged]
         table.findings += [{"section": "kill", **b} for b in bad]
         outcomes = Counter(t.outcome for t in trials)
-        table.add(f"SIGKILL during {name}", n, n - len(bad), sum(t.lost for t in trials),
-                  command=f"python tests/stress/run.py --sections kill --trials {args.trials}",
-                  note=f"({dict(outcomes)}; {time.perf_counter() - t0:.0f} s)")
+        table.add(
+            f"SIGKILL during {name}",
+            n,
+            n - len(bad),
+            sum(t.lost for t in trials),
+            faults=outcomes["killed"],
+            command=_command(args, "kill", "--trials"),
+            note=f"({dict(outcomes)}; {time.perf_counter() - t0:.0f} s)",
+        )
 
 
 # -- S3 helpers ------------------------------------------------------------------------
@@ -121,10 +165,17 @@ class S3:
     def options(self, endpoint: str | None = None, attempts: int = 10) -> dict[str, Any]:
         from simstore.testing.s3 import FAKE_ACCESS_KEY, FAKE_SECRET_KEY
 
-        return {"endpoint_url": endpoint or self.endpoint, "key": FAKE_ACCESS_KEY,
-                "secret": FAKE_SECRET_KEY, "region_name": "us-east-1",
-                "backoff_base_s": 0.005, "backoff_max_s": 0.05, "max_attempts": attempts,
-                "read_timeout_s": 0.5, "connect_timeout_s": 0.5}
+        return {
+            "endpoint_url": endpoint or self.endpoint,
+            "key": FAKE_ACCESS_KEY,
+            "secret": FAKE_SECRET_KEY,
+            "region_name": "us-east-1",
+            "backoff_base_s": 0.005,
+            "backoff_max_s": 0.05,
+            "max_attempts": attempts,
+            "read_timeout_s": 0.5,
+            "connect_timeout_s": 0.5,
+        }
 
     def close(self) -> None:
         self.server.stop()
@@ -138,7 +189,7 @@ def run_concurrency(args: argparse.Namespace, work: str, table: Table, s3: S3) -
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(h.PRELOAD)
     for where, writers, commits in (("local", 8, 5), ("s3", 6, 4), ("s3-lost-responses", 6, 4)):
-        ok = lost = 0
+        ok = lost = faults = 0
         for r in range(args.rounds):
             wd = os.path.join(work, f"conc-{where}-{r}")
             os.makedirs(wd)
@@ -153,27 +204,42 @@ def run_concurrency(args: argparse.Namespace, work: str, table: Table, s3: S3) -
                     options = s3.options(proxy.endpoint_url)
             Catalog.init(url, storage_options=options)
             if proxy is not None:
-                proxy.fail_share(0.25, "drop_response", seed=r, methods=["PUT"],
-                                 path_contains="/refs/heads/")
+                proxy.fail_share(
+                    0.25, "drop_response", seed=r, methods=["PUT"], path_contains="/refs/heads/"
+                )
             try:
-                h.run_writers(ctx, url, options, writers, commits, wd)
-                problems = h.commit_problems(Catalog.open(url, storage_options=options),
-                                             writers, commits)
+                attempts = h.run_writers(ctx, url, options, writers, commits, wd)
+                faults += sum(a - 1 for a in attempts)  # swaps lost to another writer
+                problems = h.commit_problems(
+                    Catalog.open(url, storage_options=options), writers, commits
+                )
             except Exception as exc:
                 problems = [f"{type(exc).__name__}: {exc}"]
             finally:
                 if proxy is not None:
+                    faults += proxy.count("drop_response")
                     proxy.close()
             if problems:
-                table.findings.append({"section": "concurrency", "where": where, "round": r,
-                                       "problems": problems[:10]})
+                table.findings.append(
+                    {
+                        "section": "concurrency",
+                        "where": where,
+                        "round": r,
+                        "problems": problems[:10],
+                    }
+                )
                 lost += sum(1 for p in problems if "lost" in p or "missing" in p)
             else:
                 ok += 1
-        table.add(f"{writers} processes x {commits} commits to one branch ({where})",
-                  args.rounds, ok, lost,
-                  command=f"python tests/stress/run.py --sections concurrency --rounds "
-                          f"{args.rounds}")
+        table.add(
+            f"{writers} processes x {commits} commits to one branch ({where})",
+            args.rounds,
+            ok,
+            lost,
+            faults=faults,
+            command=_command(args, "concurrency", "--rounds"),
+            note="(faults: ref swaps lost to another writer, and responses dropped)",
+        )
 
 
 # -- S3 faults -------------------------------------------------------------------------
@@ -199,8 +265,13 @@ def _s3_step(step: str, src: str, url: str, options: dict[str, Any], wd: str) ->
     from simstore.ingest import ingest
 
     if step == "ingest":
-        return ingest([src], dataset="ds", snapshot=True, message="v1",
-                      store=Catalog.open(url, storage_options=options))
+        return ingest(
+            [src],
+            dataset="ds",
+            snapshot=True,
+            message="v1",
+            store=Catalog.open(url, storage_options=options),
+        )
     if step == "stream":
         return _epoch(url, options)
     if step == "stream-cached":
@@ -216,7 +287,7 @@ def run_s3(args: argparse.Namespace, work: str, table: Table, s3: S3) -> None:
 
     for fault in ("slowdown", "drop", "drop_response", "stall", "truncate"):
         for share in (0.2, 0.7):
-            runs = survived = lost = unclear = 0
+            runs = survived = lost = unclear = faults = failed_clearly = 0
             for r in range(args.rounds):
                 runs += 1
                 wd = os.path.join(work, f"s3-{fault}-{share}-{r}")
@@ -229,8 +300,13 @@ def run_s3(args: argparse.Namespace, work: str, table: Table, s3: S3) -> None:
                 problems: list[str] = []
                 try:
                     Catalog.init(url, storage_options=clean)
-                    ingest([src], dataset="ds", store=Catalog.open(url, storage_options=clean),
-                           snapshot=True, message="v0")
+                    ingest(
+                        [src],
+                        dataset="ds",
+                        store=Catalog.open(url, storage_options=clean),
+                        snapshot=True,
+                        message="v0",
+                    )
                     expected0 = _expected(src)
                     h.write_sources(src, 1, count=8, seed=r)
                     expected1 = {**expected0, **_expected(src)}
@@ -245,6 +321,7 @@ def run_s3(args: argparse.Namespace, work: str, table: Table, s3: S3) -> None:
                         if isinstance(got, dict) and got not in (expected0, expected1):
                             problems.append("the loader yielded data of neither snapshot")
                     proxy.clear()
+                    failed_clearly += bool(errors)
                     if share < 0.5 and errors:
                         problems.append(f"failed at a 20% fault share: {errors[0]}")
                     for exc in errors:
@@ -262,15 +339,30 @@ def run_s3(args: argparse.Namespace, work: str, table: Table, s3: S3) -> None:
                 except Exception as exc:
                     problems.append(f"{type(exc).__name__}: {exc}")
                 finally:
+                    faults += proxy.count(fault)
                     proxy.close()
                 if problems:
-                    table.findings.append({"section": "s3", "fault": fault, "share": share,
-                                           "round": r, "problems": problems[:10]})
+                    table.findings.append(
+                        {
+                            "section": "s3",
+                            "fault": fault,
+                            "share": share,
+                            "round": r,
+                            "problems": problems[:10],
+                        }
+                    )
                 else:
                     survived += 1
-            table.add(f"S3 {fault} for {int(share * 100)}% of requests", runs, survived, lost,
-                      command=f"python tests/stress/run.py --sections s3 --rounds "
-                              f"{args.rounds}", note=f"(unclear errors: {unclear})")
+            table.add(
+                f"S3 {fault} for {int(share * 100)}% of requests",
+                runs,
+                survived,
+                lost,
+                faults=faults,
+                command=_command(args, "s3", "--rounds"),
+                note=f"(faults: requests answered with the fault; {failed_clearly} runs had "
+                f"a step fail with a StorageError naming the store; unclear errors: {unclear})",
+            )
 
 
 # -- disk ------------------------------------------------------------------------------
@@ -286,8 +378,9 @@ def run_disk(args: argparse.Namespace, work: str, table: Table) -> None:
     os.makedirs(src)
     rng = np.random.default_rng(args.seed)
     for i in range(12):
-        np.savez(os.path.join(src, f"r{i:02d}.npz"),
-                 u=rng.standard_normal((192, 192)).astype(np.float32))
+        np.savez(
+            os.path.join(src, f"r{i:02d}.npz"), u=rng.standard_normal((192, 192)).astype(np.float32)
+        )
     ref = Catalog.init("memory://stress-disk")
     ingest([src], dataset="ds", store=ref, snapshot=True, message="x", compression="none")
     expected = ref.snapshot(ref.resolve("ds")).content_hash
@@ -306,8 +399,7 @@ def run_disk(args: argparse.Namespace, work: str, table: Table) -> None:
     def one(root: str, store: Any, grow: Any) -> tuple[bool, list[str], bool]:
         error = None
         try:
-            ingest([src], dataset="ds", store=store, snapshot=True, message="x",
-                   compression="none")
+            ingest([src], dataset="ds", store=store, snapshot=True, message="x", compression="none")
         except StorageError as exc:
             error = exc
         problems = check(root, error)
@@ -322,11 +414,15 @@ def run_disk(args: argparse.Namespace, work: str, table: Table) -> None:
     sizes = [f"{k}k" for k in range(128, 2560, 64)]
     mounted = 0
     runs = survived = lost = failed = 0
-    for size in sizes[: args.rounds * 12]:
+    sizes = sizes[: args.rounds * 12]
+    for size in sizes:
         mnt = os.path.join(work, f"mnt-{size}")
         os.makedirs(mnt)
-        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", mnt],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", mnt],
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
             break
         mounted += 1
@@ -335,8 +431,10 @@ def run_disk(args: argparse.Namespace, work: str, table: Table) -> None:
             Catalog.init(root)
             runs += 1
             did_fail, problems, converged = one(
-                root, root, lambda m=mnt: subprocess.run(
-                    ["mount", "-o", "remount,size=64m", m], check=True))
+                root,
+                root,
+                lambda m=mnt: subprocess.run(["mount", "-o", "remount,size=64m", m], check=True),
+            )
             failed += did_fail
             lost += not converged
             if problems or not converged:
@@ -346,34 +444,46 @@ def run_disk(args: argparse.Namespace, work: str, table: Table) -> None:
         finally:
             subprocess.run(["umount", "-l", mnt], capture_output=True)
     if mounted:
-        table.add("full disk (size-limited tmpfs, 128 KiB to 2.5 MiB)", runs, survived, lost,
-                  command="python tests/stress/run.py --sections disk",
-                  note=f"({failed} ran out of space)")
+        table.add(
+            f"full disk (size-limited tmpfs, {sizes[0]} to {sizes[mounted - 1]})",
+            runs,
+            survived,
+            lost,
+            faults=failed,
+            command=_command(args, "disk", "--rounds"),
+            note=f"(faults: runs whose ingest ran out of space; {mounted} sizes)",
+        )
     else:
         table.add("full disk (tmpfs)", 0, 0, 0, note="(mount not permitted here)")
     runs = survived = lost = failed = 0
     probe_root = os.path.join(work, "probe")
     Catalog.init(probe_root)
     probe = h.QuotaStore(probe_root, 1 << 40)
-    ingest([src], dataset="ds", store=Catalog(probe), snapshot=True, message="x",
-           compression="none")
+    ingest(
+        [src], dataset="ds", store=Catalog(probe), snapshot=True, message="x", compression="none"
+    )
     need = (1 << 40) - probe.budget
     for i in range(args.rounds * 20):
         root = os.path.join(work, f"quota-{i}")
         Catalog.init(root)
         budget = int(need * random.Random(args.seed + i).random())
         runs += 1
-        did_fail, problems, converged = one(root, Catalog(h.QuotaStore(root, budget)),
-                                            lambda: None)
+        did_fail, problems, converged = one(root, Catalog(h.QuotaStore(root, budget)), lambda: None)
         failed += did_fail
         lost += not converged
         if problems or not converged:
             table.findings.append({"section": "disk", "budget": budget, "problems": problems})
         else:
             survived += 1
-    table.add("out of space (byte-budget store substitute)", runs, survived, lost,
-              command="python tests/stress/run.py --sections disk",
-              note=f"({failed} ran out of space)")
+    table.add(
+        "out of space (byte-budget store substitute)",
+        runs,
+        survived,
+        lost,
+        faults=failed,
+        command=_command(args, "disk", "--rounds"),
+        note="(faults: runs whose ingest ran out of space)",
+    )
 
 
 # -- corruption ------------------------------------------------------------------------
@@ -393,8 +503,9 @@ def run_corrupt(args: argparse.Namespace, work: str, table: Table) -> None:
     sid = cat.resolve("ds")
     snap = cat.snapshot(sid)
     shards = sorted({s for t in cat.iter_parts(snap) for s in t.column("shard").to_pylist()})
-    targets = [("shard", s) for s in shards] + [("part", p.id) for p in snap.parts] + [
-        ("snapshot", sid)]
+    targets = (
+        [("shard", s) for s in shards] + [("part", p.id) for p in snap.parts] + [("snapshot", sid)]
+    )
     runs = caught = 0
     for i in range(args.rounds * 40):
         kind, oid = targets[rng.randrange(len(targets))]
@@ -425,12 +536,25 @@ def run_corrupt(args: argparse.Namespace, work: str, table: Table) -> None:
         if named and loader_named:
             caught += 1
         else:
-            table.findings.append({"section": "corrupt", "kind": kind, "how": how,
-                                   "verify": problems[:3], "loader_named": loader_named})
+            table.findings.append(
+                {
+                    "section": "corrupt",
+                    "kind": kind,
+                    "how": how,
+                    "verify": problems[:3],
+                    "loader_named": loader_named,
+                }
+            )
         shutil.rmtree(root)
-    table.add("bit flip or truncation of a shard, part or snapshot", runs, caught, 0,
-              bad_inputs=runs, command="python tests/stress/run.py --sections corrupt",
-              note="(survived = verify --deep and the loader both name the object)")
+    table.add(
+        "bit flip or truncation of a shard, part or snapshot",
+        runs,
+        caught,
+        0,
+        faults=runs,
+        command=_command(args, "corrupt", "--rounds"),
+        note="(survived = verify --deep and the loader both name the object)",
+    )
 
 
 # -- fuzz ------------------------------------------------------------------------------
@@ -444,7 +568,7 @@ def run_fuzz(args: argparse.Namespace, work: str, table: Table) -> None:
     stats = rf.FuzzStats()
     try:
         for seed in seeds:
-            n = args.fuzz_examples // 5 if seed.name == "step" else args.fuzz_examples
+            n = max(1, args.fuzz_examples // 5) if seed.name == "step" else args.fuzz_examples
             rf.fuzz(seed, worker, work, n, stats, hypothesis_seed=hseed)
             c = stats.counts.get(seed.name, Counter())
             print(f"    {seed.name}: {dict(c)}", flush=True)
@@ -452,36 +576,61 @@ def run_fuzz(args: argparse.Namespace, work: str, table: Table) -> None:
         worker.close()
     table.findings += [{"section": "fuzz", **f} for f in stats.findings]
     groups = (
-        ("source files (HDF5, NetCDF-4/3, VTU, STL, STEP, npz, npy)",
-         [s.name for s in seeds if s.op == "ingest"]),
-        ("manifest parts and snapshots, parsed", [s.name for s in seeds
-                                                  if s.op in ("part", "snapshot")]),
-        ("manifest parts and snapshots forged into a store (verify, log, diff, show, loader)",
-         [s.name for s in seeds if s.op == "forged" and s.name != "forged-part-rows"]),
-        ("forged part shorter than its snapshot entry (loader: open bug)",
-         ["forged-part-rows"]),
+        (
+            "source files (HDF5, NetCDF-4/3, VTU, STL, STEP, npz, npy)",
+            [s.name for s in seeds if s.op == "ingest"],
+        ),
+        (
+            "manifest parts and snapshots, parsed",
+            [s.name for s in seeds if s.op in ("part", "snapshot")],
+        ),
+        (
+            "manifest parts and snapshots forged into a store (verify, log, diff, show, loader)",
+            [s.name for s in seeds if s.op == "forged" and s.name != "forged-part-rows"],
+        ),
+        ("forged part shorter than its snapshot entry (loader: open bug)", ["forged-part-rows"]),
     )
     for group, names in groups:
         total = Counter()
         for n in names:
             total.update(stats.counts.get(n, Counter()))
         cases = sum(total.values())
-        table.add(f"fuzzed {group}", cases, total["ok"] + total["clear"], 0,
-                  bad_inputs=cases, crashes=total["crash"] + total["other"],
-                  hangs=total["hang"],
-                  command=f"python tests/stress/run.py --sections fuzz --fuzz-examples "
-                          f"{args.fuzz_examples} --seed {args.seed}",
-                  note=f"({dict(total)})")
+        table.add(
+            f"fuzzed {group}",
+            cases,
+            total["ok"] + total["clear"],
+            0,
+            bad_inputs=cases,
+            crashes=total["crash"] + total["other"],
+            hangs=total["hang"],
+            command=_command(args, "fuzz", "--fuzz-examples"),
+            note=f"({dict(total)})",
+        )
+
+
+def _portable(text: str, work: str) -> str:
+    """``text`` with this machine's paths made relative: the results file is committed."""
+    repo = os.path.abspath(os.path.join(HERE, "..", ".."))
+    text = text.replace(os.path.abspath(work), "$WORK")
+    text = text.replace(repo + os.sep, "").replace(repo, ".")
+    return text.replace(tempfile.gettempdir() + os.sep, "$TMP/")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--trials", type=int, default=240, help="SIGKILL trials in all")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds per S3/concurrency case")
+    parser.add_argument("--trials", type=int, default=200, help="SIGKILL trials in all")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=10,
+        help="rounds per concurrency and S3 case; disk and corruption runs scale with it",
+    )
     parser.add_argument("--fuzz-examples", type=int, default=300, help="cases per seed file")
     parser.add_argument("--sections", default=",".join(SECTIONS))
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--out", default="stress-results.json")
+    parser.add_argument(
+        "--out", default=os.path.join(HERE, "results", "stress.json"), help="figures and findings"
+    )
     parser.add_argument("--workdir", default=None, help="kept when given")
     args = parser.parse_args()
     sections = [s for s in args.sections.split(",") if s]
@@ -517,13 +666,20 @@ def main() -> int:
         if args.workdir is None:
             with contextlib.suppress(OSError):
                 shutil.rmtree(work, ignore_errors=True)
-    result = {"args": vars(args), "seconds": time.perf_counter() - t0, "rows": table.rows,
-              "findings": table.findings}
+    result = {
+        "command": "python tests/stress/run.py " + " ".join(sys.argv[1:]),
+        "args": vars(args),
+        "seconds": time.perf_counter() - t0,
+        "rows": table.rows,
+        "findings": table.findings,
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump(result, f, indent=1, default=str)
+        f.write(_portable(json.dumps(result, indent=1, default=str), work) + "\n")
     print(table.markdown())
-    print(f"{len(table.findings)} findings; {time.perf_counter() - t0:.0f} s; details in "
-          f"{args.out}")
+    print(
+        f"{len(table.findings)} findings; {time.perf_counter() - t0:.0f} s; details in {args.out}"
+    )
     return 1 if table.findings else 0
 
 
