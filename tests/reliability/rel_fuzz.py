@@ -52,8 +52,13 @@ class FuzzWorker:
     def _start(self) -> None:
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, *sys.path]))
-        self.proc = subprocess.Popen([sys.executable, WORKER], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=log, env=env)
+        self.proc = subprocess.Popen(
+            [sys.executable, WORKER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            env=env,
+        )
         if log is not subprocess.DEVNULL:
             log.close()
         first = self._read(120.0)
@@ -82,8 +87,11 @@ class FuzzWorker:
             status = "hang" if answer is None else "crash"
             self.restarts += 1
             self._start()
-            return {"status": status, "returncode": code,
-                    "signal": signal.Signals(-code).name if code < 0 else None}
+            return {
+                "status": status,
+                "returncode": code,
+                "signal": signal.Signals(-code).name if code < 0 else None,
+            }
         return answer
 
     def close(self) -> None:
@@ -123,8 +131,19 @@ def classify(answer: dict[str, Any], names: list[str]) -> str:
 # -- mutations -------------------------------------------------------------------------
 _OBJECT_KEY = re.compile(r"objects/[0-9a-f]{2}/[0-9a-f]{32}")
 _NUMBER = re.compile(rb"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
-_INTERESTING = [b"0", b"-1", b"1e308", b"-1e308", b"nan", b"inf", b"4294967295",
-                b"18446744073709551615", b"99999999999999999999", b"2147483648", b"1e-320"]
+_INTERESTING = [
+    b"0",
+    b"-1",
+    b"1e308",
+    b"-1e308",
+    b"nan",
+    b"inf",
+    b"4294967295",
+    b"18446744073709551615",
+    b"99999999999999999999",
+    b"2147483648",
+    b"1e-320",
+]
 
 
 @st.composite
@@ -149,11 +168,11 @@ def mutations(draw: Callable[..., Any], data: bytes, text: bool) -> bytes:
         length = draw(st.integers(1, 16))
         fill = draw(st.sampled_from([b"\x00", b"\xff", b"\x7f", b"\x80"]))
         chunk = draw(st.one_of(st.just(fill * length), st.binary(min_size=1, max_size=16)))
-        out[pos: pos + len(chunk)] = chunk
+        out[pos : pos + len(chunk)] = chunk
         return bytes(out[: max(n, pos + len(chunk))])
     if kind == "delete":
         pos = draw(st.integers(0, n - 1))
-        del out[pos: pos + draw(st.integers(1, 64))]
+        del out[pos : pos + draw(st.integers(1, 64))]
         return bytes(out)
     if kind == "insert":
         pos = draw(st.integers(0, n))
@@ -161,10 +180,13 @@ def mutations(draw: Callable[..., Any], data: bytes, text: bool) -> bytes:
         return bytes(out)
     if kind == "magic":  # large little-endian integers where sizes and offsets live
         pos = draw(st.integers(0, max(0, n - 8)))
-        value = draw(st.sampled_from([0xFFFFFFFF, 0x7FFFFFFF, 0xFFFFFFFFFFFFFFFF,
-                                      0x8000000000000000, 1 << 40, 0]))
+        value = draw(
+            st.sampled_from(
+                [0xFFFFFFFF, 0x7FFFFFFF, 0xFFFFFFFFFFFFFFFF, 0x8000000000000000, 1 << 40, 0]
+            )
+        )
         width = draw(st.sampled_from([4, 8]))
-        out[pos: pos + width] = (value & ((1 << (8 * width)) - 1)).to_bytes(width, "little")
+        out[pos : pos + width] = (value & ((1 << (8 * width)) - 1)).to_bytes(width, "little")
         return bytes(out)
     if kind == "number":
         spans = [m.span() for m in _NUMBER.finditer(data)]
@@ -209,14 +231,27 @@ def json_mutations(draw: Callable[..., Any], data: bytes) -> bytes:
             continue
         if isinstance(parent, list) and key >= len(parent):
             continue
-        parent[key] = draw(st.one_of(
-            st.none(), st.booleans(), st.integers(-(2**70), 2**70),
-            st.floats(allow_nan=False), st.text(max_size=40),
-            st.sampled_from(["../../../etc/passwd", "/abs", "a" * 300, "\x00", "ff" * 16,
-                             "00000000000000000000000000000000"]),
-            st.lists(st.integers(-5, 5), max_size=3),
-            st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
-        ))
+        parent[key] = draw(
+            st.one_of(
+                st.none(),
+                st.booleans(),
+                st.integers(-(2**70), 2**70),
+                st.floats(allow_nan=False),
+                st.text(max_size=40),
+                st.sampled_from(
+                    [
+                        "../../../etc/passwd",
+                        "/abs",
+                        "a" * 300,
+                        "\x00",
+                        "ff" * 16,
+                        "00000000000000000000000000000000",
+                    ]
+                ),
+                st.lists(st.integers(-5, 5), max_size=3),
+                st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
+            )
+        )
     return json.dumps(obj, allow_nan=False).encode()
 
 
@@ -242,12 +277,23 @@ def part_mutations(draw: Callable[..., Any], data: bytes, row_drops: bool) -> by
         elif column == "size_bytes":
             cols["size_bytes"][i] = draw(st.sampled_from([-1, 0, 2**62]))
         elif column == "shard":
-            cols["shard"][i] = draw(st.sampled_from([
-                "0" * 32, "f" * 32, "../../../../etc/passwd", "", "A" * 32, "x",
-                cols["shard"][(i + 1) % n]]))
+            cols["shard"][i] = draw(
+                st.sampled_from(
+                    [
+                        "0" * 32,
+                        "f" * 32,
+                        "../../../../etc/passwd",
+                        "",
+                        "A" * 32,
+                        "x",
+                        cols["shard"][(i + 1) % n],
+                    ]
+                )
+            )
         elif column == "key":
-            cols["key"][i] = draw(st.sampled_from(["", "\x00", "a" * 5000, cols["key"][0],
-                                                   "zzzz", "../k"]))
+            cols["key"][i] = draw(
+                st.sampled_from(["", "\x00", "a" * 5000, cols["key"][0], "zzzz", "../k"])
+            )
         elif column == "sample_hash":
             cols["sample_hash"][i] = draw(st.binary(min_size=16, max_size=16))
         elif column == "rows" and draw(st.booleans()):  # drop a row
@@ -297,8 +343,15 @@ class FuzzStats:
         return out
 
 
-def fuzz(seed: Seed, worker: FuzzWorker, workdir: str, examples: int, stats: FuzzStats,
-         *, hypothesis_seed: int | None = None) -> None:
+def fuzz(
+    seed: Seed,
+    worker: FuzzWorker,
+    workdir: str,
+    examples: int,
+    stats: FuzzStats,
+    *,
+    hypothesis_seed: int | None = None,
+) -> None:
     """Run ``examples`` damaged copies of ``seed`` through ``worker``, recording outcomes.
 
     Hypothesis generates the damage (no shrinking: a hang would make it slow), the same
@@ -318,15 +371,23 @@ def fuzz(seed: Seed, worker: FuzzWorker, workdir: str, examples: int, stats: Fuz
     t0 = time.perf_counter()
 
     # deadline=None: the worker's per-case time limit bounds every case instead
-    @settings(max_examples=examples, deadline=None, database=None,
-              derandomize=hypothesis_seed is None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        derandomize=hypothesis_seed is None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(data=strategy)
     def one(data: bytes) -> None:
         with open(case_path, "wb") as f:
             f.write(data)
-        request = {"op": seed.op, "path": case_path,
-                   **{k: v for k, v in seed.extra.items() if k in ("kind", "store")}}
+        request = {
+            "op": seed.op,
+            "path": case_path,
+            **{k: v for k, v in seed.extra.items() if k in ("kind", "store")},
+        }
         answer = worker.run(request)
         names = [case_path, os.path.basename(case_path)]
         if seed.op in ("part", "snapshot", "forged"):
@@ -342,10 +403,13 @@ def fuzz(seed: Seed, worker: FuzzWorker, workdir: str, examples: int, stats: Fuz
             kept = os.path.join(keep, f"{seed.name}-{len(stats.findings)}{ext}")
             with open(kept, "wb") as f:
                 f.write(data)
-            detail = {"input": kept, "type": answer.get("type"),
-                      "message": str(answer.get("message", ""))[:400],
-                      "signal": answer.get("signal"),
-                      "traceback": str(answer.get("traceback", ""))[-1200:]}
+            detail = {
+                "input": kept,
+                "type": answer.get("type"),
+                "message": str(answer.get("message", ""))[:400],
+                "signal": answer.get("signal"),
+                "traceback": str(answer.get("traceback", ""))[-1200:],
+            }
         stats.add(seed.name, outcome, detail)
 
     if hypothesis_seed is not None:
@@ -429,12 +493,31 @@ def _store_seeds(workdir: str, d: Any) -> list[Seed]:
         Seed("manifest-part", str(d / "part.parquet"), "part"),
         Seed("snapshot", str(d / "snapshot.json"), "snapshot", text=True),
         Seed("snapshot-fields", str(d / "snapshot.json"), "snapshot", structured_json=True),
-        Seed("forged-part", str(d / "part.parquet"), "forged",
-             extra={"kind": "part", "store": root, "names": ref}),
-        Seed("forged-part-values", str(d / "part.parquet"), "forged", structured_part=True,
-             extra={"kind": "part", "store": root, "names": ref}),
-        Seed("forged-part-rows", str(d / "part.parquet"), "forged", structured_part=True,
-             extra={"kind": "part", "store": root, "names": ref, "row_drops": True}),
-        Seed("forged-snapshot", str(d / "snapshot.json"), "forged", structured_json=True,
-             extra={"kind": "snapshot", "store": root, "names": ref}),
+        Seed(
+            "forged-part",
+            str(d / "part.parquet"),
+            "forged",
+            extra={"kind": "part", "store": root, "names": ref},
+        ),
+        Seed(
+            "forged-part-values",
+            str(d / "part.parquet"),
+            "forged",
+            structured_part=True,
+            extra={"kind": "part", "store": root, "names": ref},
+        ),
+        Seed(
+            "forged-part-rows",
+            str(d / "part.parquet"),
+            "forged",
+            structured_part=True,
+            extra={"kind": "part", "store": root, "names": ref, "row_drops": True},
+        ),
+        Seed(
+            "forged-snapshot",
+            str(d / "snapshot.json"),
+            "forged",
+            structured_json=True,
+            extra={"kind": "snapshot", "store": root, "names": ref},
+        ),
     ]

@@ -42,8 +42,7 @@ def _ingest(path: str, n: int) -> None:
 
     cat = Catalog.init(f"memory://fuzz-{os.getpid()}-{n}")
     try:
-        ingest([path], dataset="f", store=cat, snapshot=True, message="fuzz",
-               shard_size=1 << 20)
+        ingest([path], dataset="f", store=cat, snapshot=True, message="fuzz", shard_size=1 << 20)
     finally:
         import fsspec
 
@@ -114,8 +113,11 @@ class Forged:
         cat = Catalog.open(self.root)  # no cached snapshots
         errors: list[SimstoreError] = []
         report = verify(cat, "ds@fuzz", deep=True)
-        for step in (lambda: list(cat.log("ds@fuzz")), lambda: cat.diff("ds", "ds@fuzz"),
-                     lambda: _epoch(self.root)):
+        for step in (
+            lambda: list(cat.log("ds@fuzz")),
+            lambda: cat.diff("ds", "ds@fuzz"),
+            lambda: _epoch(self.root),
+        ):
             try:
                 step()
             except SimstoreError as exc:
@@ -152,8 +154,12 @@ def _epoch(root: str) -> None:
 def main() -> None:
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # library chatter on stdout goes where stderr goes
-    soft = min(MEMORY_LIMIT_BYTES, resource.getrlimit(resource.RLIMIT_DATA)[1]
-               if resource.getrlimit(resource.RLIMIT_DATA)[1] > 0 else MEMORY_LIMIT_BYTES)
+    soft = min(
+        MEMORY_LIMIT_BYTES,
+        resource.getrlimit(resource.RLIMIT_DATA)[1]
+        if resource.getrlimit(resource.RLIMIT_DATA)[1] > 0
+        else MEMORY_LIMIT_BYTES,
+    )
     resource.setrlimit(resource.RLIMIT_DATA, (soft, resource.getrlimit(resource.RLIMIT_DATA)[1]))
     import numpy  # noqa: F401
     import simstore.formats.adapters  # noqa: F401
@@ -180,16 +186,37 @@ def main() -> None:
                 raise ValueError(f"unknown op {req['op']!r}")
         except _Named as named:
             exc = named.error
-            _answer(out, {"status": "error", "type": type(exc).__name__,
-                          "simstore": isinstance(exc, SimstoreError), "message": str(exc)[:2000],
-                          "names": named.names})
+            _answer(
+                out,
+                {
+                    "status": "error",
+                    "type": type(exc).__name__,
+                    "simstore": isinstance(exc, SimstoreError),
+                    "message": str(exc)[:2000],
+                    "names": named.names,
+                },
+            )
         except SimstoreError as exc:
-            _answer(out, {"status": "error", "type": type(exc).__name__, "simstore": True,
-                          "message": str(exc)[:2000]})
+            _answer(
+                out,
+                {
+                    "status": "error",
+                    "type": type(exc).__name__,
+                    "simstore": True,
+                    "message": str(exc)[:2000],
+                },
+            )
         except BaseException as exc:  # anything else is a finding the parent reports
-            _answer(out, {"status": "error", "type": type(exc).__name__, "simstore": False,
-                          "message": str(exc)[:2000],
-                          "traceback": traceback.format_exc()[-3000:]})
+            _answer(
+                out,
+                {
+                    "status": "error",
+                    "type": type(exc).__name__,
+                    "simstore": False,
+                    "message": str(exc)[:2000],
+                    "traceback": traceback.format_exc()[-3000:],
+                },
+            )
         else:
             _answer(out, {"status": "ok", "names": names})
 

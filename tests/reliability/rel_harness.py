@@ -57,8 +57,9 @@ class HookStore:
     the local fast paths (``scratch_dir``/``move_file``) stay in use.
     """
 
-    def __init__(self, inner: ObjectStore, *, before: Hook | None = None,
-                 after: Hook | None = None) -> None:
+    def __init__(
+        self, inner: ObjectStore, *, before: Hook | None = None, after: Hook | None = None
+    ) -> None:
         self.inner = inner
         self.before = before
         self.after = after
@@ -160,8 +161,9 @@ def killing_store(root: str, kill: tuple[int, str] | None) -> ObjectStore:
         return inner
     k, when = kill
     hook = kill_after(k, when)
-    return HookStore(inner, before=hook if when == "before" else None,
-                     after=hook if when == "after" else None)
+    return HookStore(
+        inner, before=hook if when == "before" else None, after=hook if when == "after" else None
+    )
 
 
 class CacheOnlyStore(LocalStore):
@@ -278,8 +280,12 @@ def unreachable_objects(cat: Catalog) -> set[str]:
     """Objects no ref, ancestor or staging entry reaches (what gc with grace 0 removes)."""
     from simstore.catalog import reachable_objects
 
-    roots = {sid for d in cat.datasets() for refs in (cat.branches(d), cat.tags(d))
-             for _, sid in refs.list()}
+    roots = {
+        sid
+        for d in cat.datasets()
+        for refs in (cat.branches(d), cat.tags(d))
+        for _, sid in refs.list()
+    }
     keep = reachable_objects(cat, roots)
     for d in cat.datasets():
         for e in cat.staged(d):
@@ -300,14 +306,27 @@ def files_outside(root: str, allowed: str) -> list[str]:
 
 
 # -- what a killed child runs ----------------------------------------------------------
-def op_ingest(root: str, src: str, dataset: str, kill: tuple[int, str] | None,
-              snapshot: bool = True, mode: str = "upsert") -> None:
+def op_ingest(
+    root: str,
+    src: str,
+    dataset: str,
+    kill: tuple[int, str] | None,
+    snapshot: bool = True,
+    mode: str = "upsert",
+) -> None:
     """Ingest ``src`` (and commit it)."""
     from simstore.ingest import ingest
 
     cat = Catalog(killing_store(root, kill))
-    ingest([src], dataset=dataset, store=cat, snapshot=snapshot, message="ingest",
-           shard_size=64 * 1024, mode=mode)  # type: ignore[arg-type]
+    ingest(
+        [src],
+        dataset=dataset,
+        store=cat,
+        snapshot=snapshot,
+        message="ingest",
+        shard_size=64 * 1024,
+        mode=mode,
+    )  # type: ignore[arg-type]
 
 
 def op_snapshot(root: str, dataset: str, kill: tuple[int, str] | None) -> None:
@@ -321,8 +340,15 @@ def op_gc(root: str, kill: tuple[int, str] | None) -> None:
     gc(Catalog(killing_store(root, kill)), grace_s=0)
 
 
-def op_train(root: str, ref: str, cache_dir: str, log_path: str, ckpt_path: str,
-             num_workers: int, state: Mapping[str, Any] | None) -> None:
+def op_train(
+    root: str,
+    ref: str,
+    cache_dir: str,
+    log_path: str,
+    ckpt_path: str,
+    num_workers: int,
+    state: Mapping[str, Any] | None,
+) -> None:
     """A training loop over a cache-backed store that logs keys and checkpoints often.
 
     After every batch the keys it delivered are appended to ``log_path``; every second
@@ -331,12 +357,22 @@ def op_train(root: str, ref: str, cache_dir: str, log_path: str, ckpt_path: str,
     """
     from simstore.loaders import SimDataLoader, SimDataset
 
-    ds = SimDataset(CacheOnlyStore(root, read_only=True), ref, shuffle=True, seed=3,
-                    cache_dir=cache_dir, prefetch=2)
+    ds = SimDataset(
+        CacheOnlyStore(root, read_only=True),
+        ref,
+        shuffle=True,
+        seed=3,
+        cache_dir=cache_dir,
+        prefetch=2,
+    )
     # fork, as a training script on Linux does by default (a child of a forkserver would
     # otherwise inherit the forkserver method and start a second, cold server)
-    loader = SimDataLoader(ds, batch_size=2, num_workers=num_workers,
-                           multiprocessing_context="fork" if num_workers else None)
+    loader = SimDataLoader(
+        ds,
+        batch_size=2,
+        num_workers=num_workers,
+        multiprocessing_context="fork" if num_workers else None,
+    )
     if state is not None:
         loader.load_state_dict(state)
     logged = 0
@@ -353,20 +389,30 @@ def op_train(root: str, ref: str, cache_dir: str, log_path: str, ckpt_path: str,
             time.sleep(0.01)
 
 
-def epoch_keys(root: str, ref: str, cache_dir: str | None = None,
-               num_workers: int = 0) -> list[str]:
+def epoch_keys(
+    root: str, ref: str, cache_dir: str | None = None, num_workers: int = 0
+) -> list[str]:
     """Keys of one epoch, in order (seed 3, batch 2), as ``op_train`` reads them."""
     from simstore.loaders import SimDataLoader, SimDataset
 
     store: ObjectStore = CacheOnlyStore(root, read_only=True)
     ds = SimDataset(store, ref, shuffle=True, seed=3, cache_dir=cache_dir, prefetch=2)
-    loader = SimDataLoader(ds, batch_size=2, num_workers=num_workers,
-                           multiprocessing_context="fork" if num_workers else None)
+    loader = SimDataLoader(
+        ds,
+        batch_size=2,
+        num_workers=num_workers,
+        multiprocessing_context="fork" if num_workers else None,
+    )
     return [k for batch in loader for k in batch["__key__"]]
 
 
-def run_killed(ctx: Any, target: Callable[..., None], args: tuple[Any, ...],
-               delay_s: float | None, timeout_s: float = 120.0) -> str:
+def run_killed(
+    ctx: Any,
+    target: Callable[..., None],
+    args: tuple[Any, ...],
+    delay_s: float | None,
+    timeout_s: float = 120.0,
+) -> str:
     """Run ``target`` in a child; SIGKILL it after ``delay_s`` (None: let it finish).
 
     Returns how it ended: ``killed`` (by us or by its own kill hook), ``finished`` or
@@ -433,8 +479,9 @@ class Trial:
         }
 
 
-def _choose_point(rng: random.Random, writes: int, duration_s: float
-                  ) -> tuple[tuple[int, str] | None, float | None, str]:
+def _choose_point(
+    rng: random.Random, writes: int, duration_s: float
+) -> tuple[tuple[int, str] | None, float | None, str]:
     if rng.random() < 0.6:
         k = rng.randint(1, max(1, writes))
         when = rng.choice(["before", "after"])
@@ -474,8 +521,14 @@ class IngestScenario:
         t0 = time.perf_counter()
         from simstore.ingest import ingest
 
-        ingest([self.src], dataset="ds", store=Catalog(HookStore(LocalStore(self.root),
-               after=counter)), snapshot=True, message="v0", shard_size=64 * 1024)
+        ingest(
+            [self.src],
+            dataset="ds",
+            store=Catalog(HookStore(LocalStore(self.root), after=counter)),
+            snapshot=True,
+            message="v0",
+            shard_size=64 * 1024,
+        )
         self.duration_s = max(0.05, time.perf_counter() - t0)
         self.writes = counter.n + 2
 
@@ -483,8 +536,9 @@ class IngestScenario:
         ref = Catalog.init(f"memory://rel-expected-{uuid.uuid4().hex}")
         from simstore.ingest import ingest
 
-        ingest([self.src], dataset="ds", store=ref, snapshot=True, message="x",
-               shard_size=64 * 1024)
+        ingest(
+            [self.src], dataset="ds", store=ref, snapshot=True, message="x", shard_size=64 * 1024
+        )
         value = _content_hash(ref, "ds")
         assert value is not None
         return value
@@ -496,8 +550,9 @@ class IngestScenario:
         cat = Catalog.open(self.root)
         before = _content_hash(cat, "ds")
         kill, delay, point = _choose_point(rng, self.writes, self.duration_s)
-        outcome = run_killed(self.ctx, op_ingest,
-                             (self.root, self.src, "ds", kill, True, "replace"), delay)
+        outcome = run_killed(
+            self.ctx, op_ingest, (self.root, self.src, "ds", kill, True, "replace"), delay
+        )
         cat = Catalog.open(self.root)
         problems = store_problems(cat)
         now = _content_hash(cat, "ds")
@@ -507,8 +562,7 @@ class IngestScenario:
         cat = Catalog.open(self.root)
         problems += store_problems(cat)
         final = _content_hash(cat, "ds")
-        return Trial(self.name, point, outcome, problems, int(final != expected),
-                     final == expected)
+        return Trial(self.name, point, outcome, problems, int(final != expected), final == expected)
 
 
 class SnapshotScenario:
@@ -544,9 +598,13 @@ class SnapshotScenario:
         expected = dict(before)
         for entry in staged:
             changes = cat._read_changes(entry)
-            expected.update(zip(changes.column("key").to_pylist(),
-                                (x.hex() for x in changes.column("sample_hash").to_pylist()),
-                                strict=True))
+            expected.update(
+                zip(
+                    changes.column("key").to_pylist(),
+                    (x.hex() for x in changes.column("sample_hash").to_pylist()),
+                    strict=True,
+                )
+            )
         kill, delay, point = _choose_point(rng, self.writes, self.duration_s)
         outcome = run_killed(self.ctx, op_snapshot, (self.root, "ds", kill), delay)
         cat = Catalog.open(self.root)
@@ -592,20 +650,32 @@ class GcScenario:
         side = f"side{self.version}"
         cat.branches("ds").create(side, cat.resolve("ds"))
         write_sources(self.src, self.version, seed=2)
-        ingest([self.src], dataset="ds", store=cat, snapshot=True, message="side",
-               branch=side, shard_size=64 * 1024)
+        ingest(
+            [self.src],
+            dataset="ds",
+            store=cat,
+            snapshot=True,
+            message="side",
+            branch=side,
+            shard_size=64 * 1024,
+        )
         cat.branches("ds").delete(side)
         if self.version % 2 == 0:  # and, every other time, move main on too
-            ingest([self.src], dataset="ds", store=cat, snapshot=True, message="main",
-                   shard_size=64 * 1024)
+            ingest(
+                [self.src],
+                dataset="ds",
+                store=cat,
+                snapshot=True,
+                message="main",
+                shard_size=64 * 1024,
+            )
 
     def trial(self, rng: random.Random) -> Trial:
         self._make_garbage()
         cat = Catalog.open(self.root)
         before = content(cat, "ds")
         garbage = unreachable_objects(cat)
-        kill, delay, point = _choose_point(rng, max(1, len(garbage)),
-                                           self.duration_s)
+        kill, delay, point = _choose_point(rng, max(1, len(garbage)), self.duration_s)
         outcome = run_killed(self.ctx, op_gc, (self.root, kill), delay)
         cat = Catalog.open(self.root)
         problems = store_problems(cat)
@@ -640,17 +710,34 @@ class TrainScenario:
         write_sources(src, 0, count=40, seed=3)
         from simstore.ingest import ingest
 
-        ingest([src], dataset="ds", store=self.root, snapshot=True, message="train",
-               shard_size=16 * 1024)
+        ingest(
+            [src],
+            dataset="ds",
+            store=self.root,
+            snapshot=True,
+            message="train",
+            shard_size=16 * 1024,
+        )
         self.ref = f"ds@{Catalog.open(self.root).resolve('ds')}"
         # the reference epoch, twice: the first run also starts the forkserver; the
         # second, warm, is the duration kill instants are drawn from
         for run in ("cold", "warm"):
             log = os.path.join(workdir, f"train-reference-{run}.log")
             t0 = time.perf_counter()
-            outcome = run_killed(ctx, op_train, (self.root, self.ref,
-                                 os.path.join(workdir, f"train-ref-cache-{run}"), log,
-                                 log + ".ckpt", num_workers, None), None)
+            outcome = run_killed(
+                ctx,
+                op_train,
+                (
+                    self.root,
+                    self.ref,
+                    os.path.join(workdir, f"train-ref-cache-{run}"),
+                    log,
+                    log + ".ckpt",
+                    num_workers,
+                    None,
+                ),
+                None,
+            )
             assert outcome == "finished", outcome
             self.duration_s = time.perf_counter() - t0
             self.reference = _read_lines(log)
@@ -662,8 +749,9 @@ class TrainScenario:
         log, ckpt = base + ".log", base + ".ckpt"
         delay = rng.uniform(0.0, self.duration_s)
         shm_before = _shm_entries()
-        proc = self.ctx.Process(target=op_train, args=(self.root, self.ref, cache, log, ckpt,
-                                                       self.num_workers, None))
+        proc = self.ctx.Process(
+            target=op_train, args=(self.root, self.ref, cache, log, ckpt, self.num_workers, None)
+        )
         proc.start()
         proc.join(delay)
         pids: list[int] = []
@@ -676,13 +764,19 @@ class TrainScenario:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(p, signal.SIGKILL)
         proc.join(60)
-        outcome = "killed" if proc.exitcode == -signal.SIGKILL else (
-            "finished" if proc.exitcode == 0 else "failed")
+        outcome = (
+            "killed"
+            if proc.exitcode == -signal.SIGKILL
+            else ("finished" if proc.exitcode == 0 else "failed")
+        )
         problems: list[str] = []
         if not _wait_gone(pids, 30.0):
             problems.append("workers of the killed loader did not exit within 30 s")
-        leaked = [e for e in _shm_entries() - shm_before
-                  if any(f"_{p}_" in e or e.endswith(f"_{p}") for p in pids)]
+        leaked = [
+            e
+            for e in _shm_entries() - shm_before
+            if any(f"_{p}_" in e or e.endswith(f"_{p}") for p in pids)
+        ]
         if leaked:
             problems.append(f"shared memory left by the killed loader: {sorted(leaked)}")
         logged = _read_lines(log)
@@ -693,20 +787,39 @@ class TrainScenario:
                 saved = json.load(f)
             state, done = saved["state"], int(saved["logged"])
         resumed_log = base + ".resumed.log"
-        again = run_killed(self.ctx, op_train, (self.root, self.ref, cache, resumed_log,
-                           resumed_log + ".ckpt", self.num_workers, state), None)
+        again = run_killed(
+            self.ctx,
+            op_train,
+            (
+                self.root,
+                self.ref,
+                cache,
+                resumed_log,
+                resumed_log + ".ckpt",
+                self.num_workers,
+                state,
+            ),
+            None,
+        )
         if again != "finished":
             problems.append(f"the next start {again}")
         delivered = logged[:done] + _read_lines(resumed_log)
         if delivered != self.reference:
             problems.append(
                 f"resumed epoch differs from the reference ({len(delivered)} keys, "
-                f"{len(self.reference)} expected; checkpoint at {done})")
+                f"{len(self.reference)} expected; checkpoint at {done})"
+            )
         problems += _cache_problems(cache)
         lost = len(set(self.reference) - set(delivered))
         what = "job" if whole_tree else "main process"
-        return Trial(self.name, f"{what} at {delay:.3f} s of {self.duration_s:.3f} s",
-                     outcome, problems, lost, delivered == self.reference)
+        return Trial(
+            self.name,
+            f"{what} at {delay:.3f} s of {self.duration_s:.3f} s",
+            outcome,
+            problems,
+            lost,
+            delivered == self.reference,
+        )
 
 
 def _read_lines(path: str) -> list[str]:
@@ -764,8 +877,12 @@ def _cache_problems(cache: str) -> list[str]:
     return problems
 
 
-SCENARIOS = {"ingest": IngestScenario, "snapshot": SnapshotScenario, "gc": GcScenario,
-             "train": TrainScenario}
+SCENARIOS = {
+    "ingest": IngestScenario,
+    "snapshot": SnapshotScenario,
+    "gc": GcScenario,
+    "train": TrainScenario,
+}
 
 
 # -- concurrent writers ----------------------------------------------------------------
@@ -779,15 +896,23 @@ def stage_payloads(cat: Catalog, dataset: str, items: Mapping[str, bytes]) -> An
     rows = []
     for key, payload in sorted(items.items()):
         oid, _ = cat.put_object(payload)
-        rows.append(ManifestRow(key=key, sample_hash=hash_bytes(b"s" + payload), shard=oid,
-                                position=0, size_bytes=len(payload)))
+        rows.append(
+            ManifestRow(
+                key=key,
+                sample_hash=hash_bytes(b"s" + payload),
+                shard=oid,
+                position=0,
+                size_bytes=len(payload),
+            )
+        )
     table = rows_from_list(rows)
     table = table.append_column("deleted", pa.array([False] * len(rows)))
     return cat.stage(dataset, changes=table, shards=[r.shard for r in rows])
 
 
-def op_commit_loop(url: str, storage_options: Mapping[str, Any] | None, writer: int,
-                   commits: int, result_path: str) -> None:
+def op_commit_loop(
+    url: str, storage_options: Mapping[str, Any] | None, writer: int, commits: int, result_path: str
+) -> None:
     """Commit ``commits`` times to ``ds@main``: key ``w<writer>-<i>`` and key ``shared``.
 
     Writes ``{"attempts": [...]}`` to ``result_path`` when done.
@@ -797,21 +922,30 @@ def op_commit_loop(url: str, storage_options: Mapping[str, Any] | None, writer: 
     for i in range(commits):
         payload = f"{writer}-{i}".encode() * 20
         entry = stage_payloads(cat, "ds", {f"w{writer}-{i:03d}": payload, "shared": payload})
-        res = cat.commit("ds", message=f"{writer}:{i}", staging_ids=[entry.id],
-                         max_attempts=200)
+        res = cat.commit("ds", message=f"{writer}:{i}", staging_ids=[entry.id], max_attempts=200)
         attempts.append(res.attempts)
     with open(result_path, "w") as f:
         json.dump({"attempts": attempts}, f)
 
 
-def run_writers(ctx: Any, url: str, storage_options: Mapping[str, Any] | None,
-                writers: int, commits: int, workdir: str) -> list[int]:
+def run_writers(
+    ctx: Any,
+    url: str,
+    storage_options: Mapping[str, Any] | None,
+    writers: int,
+    commits: int,
+    workdir: str,
+) -> list[int]:
     """Start ``writers`` committing processes at once; returns every commit's attempts."""
     procs = []
     for w in range(writers):
         path = os.path.join(workdir, f"writer-{w}.json")
-        procs.append((ctx.Process(target=op_commit_loop,
-                                  args=(url, storage_options, w, commits, path)), path))
+        procs.append(
+            (
+                ctx.Process(target=op_commit_loop, args=(url, storage_options, w, commits, path)),
+                path,
+            )
+        )
     for proc, _ in procs:
         proc.start()
     attempts: list[int] = []
@@ -836,8 +970,9 @@ def commit_problems(cat: Catalog, writers: int, commits: int) -> list[str]:
     if sorted(log) != sorted(want):
         missing = sorted(want - set(log))
         extra = len(log) - len(set(log))
-        problems.append(f"log has {len(log)} commits for {len(want)}: missing {missing[:5]}, "
-                        f"{extra} duplicates")
+        problems.append(
+            f"log has {len(log)} commits for {len(want)}: missing {missing[:5]}, {extra} duplicates"
+        )
     data = content(cat, "ds")
     for w in range(writers):
         for i in range(commits):

@@ -28,9 +28,15 @@ def test_writers_on_a_local_store_lose_no_commit(tmp_path, forkserver):
 
 
 def _s3_options(endpoint):
-    return {"endpoint_url": endpoint, "key": FAKE_ACCESS_KEY, "secret": FAKE_SECRET_KEY,
-            "region_name": "us-east-1", "backoff_base_s": 0.01, "backoff_max_s": 0.1,
-            "max_attempts": 10}
+    return {
+        "endpoint_url": endpoint,
+        "key": FAKE_ACCESS_KEY,
+        "secret": FAKE_SECRET_KEY,
+        "region_name": "us-east-1",
+        "backoff_base_s": 0.01,
+        "backoff_max_s": 0.1,
+        "max_attempts": 10,
+    }
 
 
 @pytest.mark.s3
@@ -43,14 +49,16 @@ def test_writers_on_s3_lose_no_commit(tmp_path, forkserver, s3_bucket, moto_serv
 
 
 @pytest.mark.s3
-def test_writers_on_s3_with_lost_responses_lose_no_commit(tmp_path, forkserver, s3_bucket,
-                                                          fault_proxy):
+def test_writers_on_s3_with_lost_responses_lose_no_commit(
+    tmp_path, forkserver, s3_bucket, fault_proxy
+):
     url = f"s3://{s3_bucket()}/store"
     options = _s3_options(fault_proxy.endpoint_url)
     Catalog.init(url, storage_options=options)
     # a quarter of the ref updates land but their response is lost
-    fault_proxy.fail_share(0.25, "drop_response", seed=11, methods=["PUT"],
-                           path_contains="/refs/heads/")
+    fault_proxy.fail_share(
+        0.25, "drop_response", seed=11, methods=["PUT"], path_contains="/refs/heads/"
+    )
     h.run_writers(forkserver, url, options, WRITERS, COMMITS, str(tmp_path))
     fault_proxy.clear()
     assert fault_proxy.count("drop_response") > 0

@@ -53,8 +53,7 @@ def _flip(path, offset):
 def _epoch(url, **kw):
     from simstore.loaders import SimDataset
 
-    return {s["__key__"]: s["u"].numpy().copy() for s in SimDataset(url, "ds", shuffle=False,
-                                                                     **kw)}
+    return {s["__key__"]: s["u"].numpy().copy() for s in SimDataset(url, "ds", shuffle=False, **kw)}
 
 
 def _cli(root, *args):
@@ -68,8 +67,12 @@ def test_bit_flipped_shard_is_named_by_verify_and_the_loader(store, where):
     shard = _shards(cat)[1]
     path = os.path.join(store, object_key(shard))
     size = os.path.getsize(path)
-    offset = {"first": 0, "middle": size // 2, "last": size - 1,
-              "random": random.Random(5).randrange(size)}[where]
+    offset = {
+        "first": 0,
+        "middle": size // 2,
+        "last": size - 1,
+        "random": random.Random(5).randrange(size),
+    }[where]
     _flip(path, offset)
 
     assert verify(cat, "ds").ok  # the shallow check reads no shard bytes
@@ -129,9 +132,16 @@ def test_hand_edited_snapshot_is_named(store, edit):
     assert sid in str(info.value)
 
 
-@pytest.mark.parametrize("text", [b"", b"{", b'{"format_version":1}', b'{"format_version":1,'
-                                  b'"snapshot":"../../etc/passwd"}', b'{"format_version":9,'
-                                  b'"snapshot":"00000000000000000000000000000000"}'])
+@pytest.mark.parametrize(
+    "text",
+    [
+        b"",
+        b"{",
+        b'{"format_version":1}',
+        b'{"format_version":1,"snapshot":"../../etc/passwd"}',
+        b'{"format_version":9,"snapshot":"00000000000000000000000000000000"}',
+    ],
+)
 def test_hand_edited_ref_is_named(store, text):
     key = "datasets/ds/refs/heads/main"
     with open(os.path.join(store, key), "wb") as f:
@@ -163,8 +173,12 @@ def test_hand_edited_staging_entry_is_named(store, tmp_path):
 def test_bit_flipped_shard_on_s3_is_caught_by_the_cache(tmp_path, s3_bucket, moto_server):
     bucket = s3_bucket()
     url = f"s3://{bucket}/store"
-    options = {"endpoint_url": moto_server, "key": FAKE_ACCESS_KEY, "secret": FAKE_SECRET_KEY,
-               "region_name": "us-east-1"}
+    options = {
+        "endpoint_url": moto_server,
+        "key": FAKE_ACCESS_KEY,
+        "secret": FAKE_SECRET_KEY,
+        "region_name": "us-east-1",
+    }
     src = str(tmp_path / "src")
     h.write_sources(src, 0, count=12, seed=4)
     Catalog.init(url, storage_options=options)
@@ -173,8 +187,9 @@ def test_bit_flipped_shard_on_s3_is_caught_by_the_cache(tmp_path, s3_bucket, mot
     expected = _epoch(url, storage_options=options)
     shard = _shards(cat)[0]
     client = make_s3_client(moto_server)
-    body = bytearray(client.get_object(Bucket=bucket, Key=f"store/{object_key(shard)}")[
-        "Body"].read())
+    body = bytearray(
+        client.get_object(Bucket=bucket, Key=f"store/{object_key(shard)}")["Body"].read()
+    )
     body[len(body) // 2] ^= 0x10
     client.put_object(Bucket=bucket, Key=f"store/{object_key(shard)}", Body=bytes(body))
     report = verify(Catalog.open(url, storage_options=options), "ds", deep=True)
@@ -190,5 +205,7 @@ def test_bit_flipped_shard_on_s3_is_caught_by_the_cache(tmp_path, s3_bucket, mot
         assert shard in str(exc)
     else:
         wrong = [k for k in expected if not np.array_equal(expected[k], data[k])]
-        pytest.xfail(f"ranged reads without a cache yielded {len(wrong)} silently wrong "
-                     f"samples from a bit-flipped shard: {wrong}")
+        pytest.xfail(
+            f"ranged reads without a cache yielded {len(wrong)} silently wrong "
+            f"samples from a bit-flipped shard: {wrong}"
+        )

@@ -92,29 +92,58 @@ def _cli(*args, ok=True):
 def test_cli_output_and_errors_hold_no_credentials(tmp_path, s3_bucket, moto_server, logs):
     bucket = s3_bucket()
     url = f"s3://{bucket}/store"
-    opts = ["--storage-option", f"endpoint_url={moto_server}", "--storage-option", f"key={KEY}",
-            "--storage-option", f"secret={SECRET}", "--storage-option", f"token={TOKEN}"]
+    opts = [
+        "--storage-option",
+        f"endpoint_url={moto_server}",
+        "--storage-option",
+        f"key={KEY}",
+        "--storage-option",
+        f"secret={SECRET}",
+        "--storage-option",
+        f"token={TOKEN}",
+    ]
     src = str(tmp_path / "src")
     h.write_sources(src, 0, count=4, seed=2)
     base = ["--store", url, *opts]
     _cli(*base, "init")
     out, _ = _cli(*base, "ingest", src, "--dataset", "ds", "--snapshot", "-m", "x", "--json")
     assert json.loads(out)["samples"] == 4
-    for command in (["ls"], ["log", "ds"], ["show", "ds"], ["verify", "ds", "--deep"],
-                    ["diff", "ds", "ds"], ["gc", "--grace", "0s"], ["stats", "ds"],
-                    ["cost", "ds"], ["du"], ["pull", "ds", "--cache", str(tmp_path / "c")]):
+    for command in (
+        ["ls"],
+        ["log", "ds"],
+        ["show", "ds"],
+        ["verify", "ds", "--deep"],
+        ["diff", "ds", "ds"],
+        ["gc", "--grace", "0s"],
+        ["stats", "ds"],
+        ["cost", "ds"],
+        ["du"],
+        ["pull", "ds", "--cache", str(tmp_path / "c")],
+    ):
         _cli(*base, *command)
         out, _ = _cli(*base, *command, "--json")
         json.loads(out)
     # errors, with and without tracebacks
-    dead = ["--store", url, "--storage-option", f"endpoint_url={_dead_endpoint()}",
-            "--storage-option", f"key={KEY}", "--storage-option", f"secret={SECRET}",
-            "--storage-option", "max_attempts=2", "--storage-option", "backoff_base_s=0.01"]
+    dead = [
+        "--store",
+        url,
+        "--storage-option",
+        f"endpoint_url={_dead_endpoint()}",
+        "--storage-option",
+        f"key={KEY}",
+        "--storage-option",
+        f"secret={SECRET}",
+        "--storage-option",
+        "max_attempts=2",
+        "--storage-option",
+        "backoff_base_s=0.01",
+    ]
     for extra in ([], ["--debug"]):
         out, code = _cli(*extra, *dead, "ls", ok=False)
         assert code != 0 and "error" in out.lower()
-        out, code = _cli(*extra, "--store", f"s3://no-such-bucket-{bucket}/x", *opts, "log",
-                         "ds", ok=False)
+        out, code = _cli(
+            *extra, "--store", f"s3://no-such-bucket-{bucket}/x", *opts, "log", "ds", ok=False
+        )
         assert code != 0
         out, code = _cli(*extra, *base, "--storage-option", f"sekret={SECRET}", "ls", ok=False)
         assert code != 0
@@ -125,7 +154,8 @@ def test_cli_output_and_errors_hold_no_credentials(tmp_path, s3_bucket, moto_ser
 
 
 def test_library_errors_reprs_and_run_reports_hold_no_credentials(
-        tmp_path, s3_bucket, moto_server, fault_proxy, logs):
+    tmp_path, s3_bucket, moto_server, fault_proxy, logs
+):
     bucket = s3_bucket()
     url = f"s3://{bucket}/store"
     options = {"endpoint_url": moto_server, "key": KEY, "secret": SECRET, "token": TOKEN}
@@ -142,8 +172,9 @@ def test_library_errors_reprs_and_run_reports_hold_no_credentials(
 
     from simstore.loaders import SimDataLoader, SimDataset
 
-    ds = SimDataset(url, "ds", storage_options=options, cache_dir=str(tmp_path / "cache"),
-                    log_every_s=0.001)
+    ds = SimDataset(
+        url, "ds", storage_options=options, cache_dir=str(tmp_path / "cache"), log_every_s=0.001
+    )
     loader = SimDataLoader(ds, batch_size=2)
     assert sum(len(b["__key__"]) for b in loader) == 6
     _clean(json.dumps(loader.report(), default=str))
@@ -152,11 +183,17 @@ def test_library_errors_reprs_and_run_reports_hold_no_credentials(
     _clean(repr(ds))
 
     errors = []
-    failing = {**options, "endpoint_url": fault_proxy.endpoint_url, "max_attempts": 2,
-               "backoff_base_s": 0.01}
+    failing = {
+        **options,
+        "endpoint_url": fault_proxy.endpoint_url,
+        "max_attempts": 2,
+        "backoff_base_s": 0.01,
+    }
     fault_proxy.fail_share(1.0, "slowdown", seed=0)
-    for attempt in (lambda: Catalog.open(url, storage_options=failing),
-                    lambda: list(SimDataset(url, "ds", storage_options=failing))):
+    for attempt in (
+        lambda: Catalog.open(url, storage_options=failing),
+        lambda: list(SimDataset(url, "ds", storage_options=failing)),
+    ):
         with pytest.raises(SimstoreError) as info:
             attempt()
         errors.append(info.value)
@@ -181,8 +218,9 @@ def test_library_errors_reprs_and_run_reports_hold_no_credentials(
     _check_logs(logs)
 
 
-def test_environment_credentials_stay_out_of_output(tmp_path, s3_bucket, moto_server,
-                                                    monkeypatch, logs):
+def test_environment_credentials_stay_out_of_output(
+    tmp_path, s3_bucket, moto_server, monkeypatch, logs
+):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
     bucket = s3_bucket()
@@ -193,8 +231,16 @@ def test_environment_credentials_stay_out_of_output(tmp_path, s3_bucket, moto_se
     h.write_sources(src, 0, count=3, seed=4)
     _cli(*base, "ingest", src, "--dataset", "ds", "--snapshot", "-m", "x", "--json")
     _cli(*base, "show", "ds", "--json")
-    out, code = _cli("--debug", "--store", url, "--storage-option",
-                     f"endpoint_url={_dead_endpoint()}", "--storage-option", "max_attempts=1",
-                     "ls", ok=False)
+    out, code = _cli(
+        "--debug",
+        "--store",
+        url,
+        "--storage-option",
+        f"endpoint_url={_dead_endpoint()}",
+        "--storage-option",
+        "max_attempts=1",
+        "ls",
+        ok=False,
+    )
     assert code != 0
     _check_logs(logs)

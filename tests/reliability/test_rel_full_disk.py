@@ -34,8 +34,10 @@ def _big_sources(root, count=12, side=192):
     os.makedirs(root, exist_ok=True)
     rng = np.random.default_rng(5)
     for i in range(count):
-        np.savez(os.path.join(root, f"r{i:02d}.npz"),
-                 u=rng.standard_normal((side, side)).astype(np.float32))
+        np.savez(
+            os.path.join(root, f"r{i:02d}.npz"),
+            u=rng.standard_normal((side, side)).astype(np.float32),
+        )
     return root
 
 
@@ -72,11 +74,16 @@ def small_fs(tmp_path):
     def mount(size: str) -> str:
         path = tmp_path / f"fs{len(mounted)}"
         path.mkdir()
-        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
-                               str(path)], capture_output=True, text=True)
+        proc = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or 'not root'}); "
-                        "the QuotaStore and /dev/full tests stand in")
+            pytest.skip(
+                f"cannot mount a tmpfs here ({proc.stderr.strip() or 'not root'}); "
+                "the QuotaStore and /dev/full tests stand in"
+            )
         mounted.append(path)
         return str(path)
 
@@ -98,14 +105,22 @@ def test_ingest_on_a_full_filesystem(tmp_path, small_fs, size):
     Catalog.init(root)
     error = None
     try:
-        ingest([src], dataset="ds", store=root, snapshot=True, message="x",
-               compression="none", on_error="skip")
+        ingest(
+            [src],
+            dataset="ds",
+            store=root,
+            snapshot=True,
+            message="x",
+            compression="none",
+            on_error="skip",
+        )
     except StorageError as exc:
         error = exc
     _check_after(root, src, expected, error)
     # the command line says so in one line, with the storage exit code
-    result = CliRunner().invoke(main, ["--store", root, "ingest", src, "--dataset", "cli",
-                                       "--compression", "none"])
+    result = CliRunner().invoke(
+        main, ["--store", root, "ingest", src, "--dataset", "cli", "--compression", "none"]
+    )
     if result.exit_code != 0:
         assert result.exit_code == StorageError.exit_code, result.output
         assert "no space left on device" in result.output
@@ -132,8 +147,9 @@ def _write_shard(fmt, path, limit_bytes):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over the limit: EFBIG, not a kill
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
     rng = np.random.default_rng(0)
-    samples = [Sample(f"k{i}", {"u": rng.standard_normal((64, 64)).astype(np.float32)})
-               for i in range(4)]
+    samples = [
+        Sample(f"k{i}", {"u": rng.standard_normal((64, 64)).astype(np.float32)}) for i in range(4)
+    ]
     try:
         get_format(fmt).write(samples, path)
     except StorageError as exc:
@@ -165,16 +181,24 @@ def test_store_writes_fail_clearly_when_space_runs_out(tmp_path, share):
     expected = _expected(src)
     probe = QuotaStore(str(tmp_path / "probe"), 1 << 40)
     Catalog.init(str(tmp_path / "probe"))
-    ingest([src], dataset="ds", store=Catalog(probe), snapshot=True, message="x",
-           compression="none")
+    ingest(
+        [src], dataset="ds", store=Catalog(probe), snapshot=True, message="x", compression="none"
+    )
     need = (1 << 40) - probe.budget
     budget = int(need * share)
     root = str(tmp_path / "store")
     Catalog.init(root)
     error = None
     try:
-        ingest([src], dataset="ds", store=Catalog(QuotaStore(root, budget)), snapshot=True,
-               message="x", compression="none", on_error="skip")
+        ingest(
+            [src],
+            dataset="ds",
+            store=Catalog(QuotaStore(root, budget)),
+            snapshot=True,
+            message="x",
+            compression="none",
+            on_error="skip",
+        )
     except StorageError as exc:
         error = exc
     assert (error is None) == (share == 1.0)

@@ -34,9 +34,24 @@ def fuzz_env(tmp_path_factory):
     worker.close()
 
 
-SEED_NAMES = ["hdf5", "netcdf4", "netcdf3", "vtu", "stl-ascii", "stl-binary", "step", "npz",
-              "npz-compressed", "npy", "manifest-part", "snapshot", "snapshot-fields",
-              "forged-part", "forged-part-values", "forged-snapshot"]
+SEED_NAMES = [
+    "hdf5",
+    "netcdf4",
+    "netcdf3",
+    "vtu",
+    "stl-ascii",
+    "stl-binary",
+    "step",
+    "npz",
+    "npz-compressed",
+    "npy",
+    "manifest-part",
+    "snapshot",
+    "snapshot-fields",
+    "forged-part",
+    "forged-part-values",
+    "forged-snapshot",
+]
 
 
 @pytest.mark.parametrize("name", SEED_NAMES)

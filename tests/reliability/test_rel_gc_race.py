@@ -36,8 +36,15 @@ def test_gc_before_every_write_of_an_ingest(tmp_path, mode):
         if n:  # a mutating call of the ingest: collect garbage first
             runs.append(gc(Catalog(LocalStore(root)), grace_s=GRACE_S))
 
-    ingest([src], dataset="ds", store=Catalog(h.HookStore(LocalStore(root), before=before)),
-           snapshot=True, message="v1", shard_size=8 * 1024, mode=mode)
+    ingest(
+        [src],
+        dataset="ds",
+        store=Catalog(h.HookStore(LocalStore(root), before=before)),
+        snapshot=True,
+        message="v1",
+        shard_size=8 * 1024,
+        mode=mode,
+    )
     assert len(runs) > 5
     cat = Catalog.open(root)
     assert h.store_problems(cat) == []
@@ -57,8 +64,9 @@ def test_gc_loop_while_writer_processes_ingest_and_commit(tmp_path, forkserver):
     procs = []
     for w in range(writers):
         src = str(tmp_path / f"src{w}")
-        proc = forkserver.Process(target=h.op_ingest_versions,
-                                  args=(root, src, f"ds{w}", versions, 10 + w))
+        proc = forkserver.Process(
+            target=h.op_ingest_versions, args=(root, src, f"ds{w}", versions, 10 + w)
+        )
         proc.start()
         procs.append(proc)
     collections = 0
@@ -74,7 +82,13 @@ def test_gc_loop_while_writer_processes_ingest_and_commit(tmp_path, forkserver):
     assert h.store_problems(cat) == []
     for w in range(writers):
         ref = Catalog.init(f"memory://gc-loop-{w}-{os.getpid()}")
-        ingest([str(tmp_path / f"src{w}")], dataset="ds", store=ref, snapshot=True,
-               message="x", shard_size=64 * 1024)
+        ingest(
+            [str(tmp_path / f"src{w}")],
+            dataset="ds",
+            store=ref,
+            snapshot=True,
+            message="x",
+            shard_size=64 * 1024,
+        )
         assert h.content(cat, f"ds{w}") == h.content(ref, "ds")
         assert len(list(cat.log(f"ds{w}"))) == versions

@@ -41,7 +41,8 @@ def _shards(root):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_loader_killed_mid_fill_leaves_nothing_that_breaks_the_next_start(
-        tmp_path, store, forkserver, workers):
+    tmp_path, store, forkserver, workers
+):
     cache = str(tmp_path / "cache")
     reference = h.epoch_keys(store, "ds", None, 0)
     shard = _shards(store)[0]

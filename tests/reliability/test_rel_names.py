@@ -27,9 +27,32 @@ from simstore.ingest import ingest
 from simstore.names import check_name
 from simstore.storage import LocalStore, check_key
 
-BAD_NAMES = ["", ".", "..", "../x", "x/..", "a/b", "/abs", "a\\b", "a\x00b", "a\nb", "\t",
-             "a\x7fb", "a\x1bb", ".hidden", "-flag", "a@b", "a b", "a..b", "x" * 201,
-             "../../../../tmp/escape", "ü", "a:b", "*", "%2e%2e"]
+BAD_NAMES = [
+    "",
+    ".",
+    "..",
+    "../x",
+    "x/..",
+    "a/b",
+    "/abs",
+    "a\\b",
+    "a\x00b",
+    "a\nb",
+    "\t",
+    "a\x7fb",
+    "a\x1bb",
+    ".hidden",
+    "-flag",
+    "a@b",
+    "a b",
+    "a..b",
+    "x" * 201,
+    "../../../../tmp/escape",
+    "ü",
+    "a:b",
+    "*",
+    "%2e%2e",
+]
 
 
 @pytest.fixture
@@ -78,8 +101,7 @@ def test_bad_names_are_refused_by_the_library(box, name):
         lambda: cat.commit("ds", message="m", branch=name),
         lambda: cat.stage(name, changes=None),  # type: ignore[arg-type]
         lambda: ingest([src], dataset=name, store=root, snapshot=True, message="m"),
-        lambda: ingest([src], dataset="ds", store=root, snapshot=True, message="m",
-                       branch=name),
+        lambda: ingest([src], dataset="ds", store=root, snapshot=True, message="m", branch=name),
     ]
     refused = 0
     for attempt in attempts:
@@ -114,15 +136,20 @@ def test_bad_names_are_refused_by_the_cli(box, name):
         _assert_contained(boxdir, root)
 
 
-@pytest.mark.parametrize("key", ["../x", "a/../../x", "/etc/passwd", "a//b", "a\\b", "a\x00",
-                                 ".", "objects/.."])
+@pytest.mark.parametrize(
+    "key", ["../x", "a/../../x", "/etc/passwd", "a//b", "a\\b", "a\x00", ".", "objects/.."]
+)
 def test_storage_keys_cannot_leave_the_root(tmp_path, key):
     store = LocalStore(str(tmp_path / "box" / "store"))
     with pytest.raises(InvalidInputError):
         check_key(key)
-    for call in (lambda: store.put(key, b"x"), lambda: store.get(key),
-                 lambda: store.put_if_absent(key, b"x"), lambda: store.delete(key),
-                 lambda: store.compare_and_swap(key, None, b"x")):
+    for call in (
+        lambda: store.put(key, b"x"),
+        lambda: store.get(key),
+        lambda: store.put_if_absent(key, b"x"),
+        lambda: store.delete(key),
+        lambda: store.compare_and_swap(key, None, b"x"),
+    ):
         with pytest.raises(InvalidInputError):
             call()
     assert h.files_outside(str(tmp_path), str(tmp_path / "box" / "store")) == []

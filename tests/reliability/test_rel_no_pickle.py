@@ -27,10 +27,25 @@ from simstore.ingest import ingest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_DIRS = ["simstore", "formats", "loaders", "cli"]
-BANNED_MODULES = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "marshal", "shelve",
-                  "joblib", "jsonpickle"}
-BANNED_CALLS = {("torch", "load"), ("pd", "read_pickle"), ("pandas", "read_pickle"),
-                ("yaml", "load"), ("yaml", "unsafe_load"), ("numpy", "fromfile")}
+BANNED_MODULES = {
+    "pickle",
+    "cPickle",
+    "_pickle",
+    "dill",
+    "cloudpickle",
+    "marshal",
+    "shelve",
+    "joblib",
+    "jsonpickle",
+}
+BANNED_CALLS = {
+    ("torch", "load"),
+    ("pd", "read_pickle"),
+    ("pandas", "read_pickle"),
+    ("yaml", "load"),
+    ("yaml", "unsafe_load"),
+    ("numpy", "fromfile"),
+}
 
 
 def _sources():
@@ -48,8 +63,11 @@ def _violations(path):
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import | ast.ImportFrom):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [
-                node.module or ""]
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+            )
             for name in names:
                 if name.split(".")[0] in BANNED_MODULES:
                     out.append(f"{path}:{node.lineno}: imports {name}")
@@ -62,8 +80,12 @@ def _violations(path):
                 if pair in BANNED_CALLS:
                     out.append(f"{path}:{node.lineno}: calls {'.'.join(pair)}")
                 if func.value.id in ("np", "numpy") and func.attr == "load":
-                    safe = any(k.arg == "allow_pickle" and isinstance(k.value, ast.Constant)
-                               and k.value.value is False for k in node.keywords)
+                    safe = any(
+                        k.arg == "allow_pickle"
+                        and isinstance(k.value, ast.Constant)
+                        and k.value.value is False
+                        for k in node.keywords
+                    )
                     if not safe:
                         out.append(f"{path}:{node.lineno}: np.load without allow_pickle=False")
     return out
@@ -77,8 +99,7 @@ def test_no_code_executing_deserialiser_in_the_package():
 
 def test_the_scan_catches_what_it_looks_for(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("import pickle\nimport numpy as np\nnp.load('x')\ntorch.load('y')\n"
-                   "eval('1')\n")
+    bad.write_text("import pickle\nimport numpy as np\nnp.load('x')\ntorch.load('y')\neval('1')\n")
     assert len(_violations(bad)) == 4
 
 
@@ -89,8 +110,10 @@ class _Evil:
         self.marker = marker
 
     def __reduce__(self):
-        return (eval, (f"(open({self.marker!r}, 'w').write('pwned'), "
-                       "__import__('numpy').zeros(4))[1]",))
+        return (
+            eval,
+            (f"(open({self.marker!r}, 'w').write('pwned'), __import__('numpy').zeros(4))[1]",),
+        )
 
 
 def _npy_with_pickle(path, marker):
@@ -105,8 +128,17 @@ def _zarr_v2_with_pickle(path, marker, where):
     os.makedirs(os.path.join(path, "u"))
     with open(os.path.join(path, ".zgroup"), "w") as f:
         json.dump({"zarr_format": 2}, f)
-    meta = {"zarr_format": 2, "shape": [4], "chunks": [4], "dtype": "<f8", "compressor": None,
-            "fill_value": 0.0, "order": "C", "filters": None, "dimension_separator": "."}
+    meta = {
+        "zarr_format": 2,
+        "shape": [4],
+        "chunks": [4],
+        "dtype": "<f8",
+        "compressor": None,
+        "fill_value": 0.0,
+        "order": "C",
+        "filters": None,
+        "dimension_separator": ".",
+    }
     if where == "filter":
         meta.update(dtype="|O", filters=[{"id": "pickle", "protocol": 5}], fill_value=0)
     else:
@@ -117,8 +149,9 @@ def _zarr_v2_with_pickle(path, marker, where):
         f.write(pickle.dumps(_Evil(marker)))
 
 
-@pytest.mark.parametrize("case", ["npy", "npz-stored", "npz-compressed", "zarr-filter",
-                                  "zarr-compressor"])
+@pytest.mark.parametrize(
+    "case", ["npy", "npz-stored", "npz-compressed", "zarr-filter", "zarr-compressor"]
+)
 def test_pickled_sources_are_refused_unread(tmp_path, case):
     marker = str(tmp_path / "PWNED")
     src = tmp_path / "src"
@@ -137,8 +170,13 @@ def test_pickled_sources_are_refused_unread(tmp_path, case):
         path = src / "evil.zarr"
         _zarr_v2_with_pickle(str(path), marker, case.split("-")[1])
     with pytest.raises(SourceError) as info:
-        ingest([str(path)], dataset="d", store=Catalog.init(f"memory://pk-{case}"),
-               snapshot=True, message="m")
+        ingest(
+            [str(path)],
+            dataset="d",
+            store=Catalog.init(f"memory://pk-{case}"),
+            snapshot=True,
+            message="m",
+        )
     assert str(path) in str(info.value)
     assert not os.path.exists(marker), "a pickle was executed"
 
@@ -150,9 +188,14 @@ def test_parquet_shard_with_a_pickled_extension_type_is_not_unpickled(tmp_path):
 
     marker = str(tmp_path / "PWNED")
     payload = pickle.dumps(_Evil(marker))
-    field = pa.field("u", pa.int64(), metadata={b"ARROW:extension:name":
-                                                b"arrow.py_extension_type",
-                                                b"ARROW:extension:metadata": payload})
+    field = pa.field(
+        "u",
+        pa.int64(),
+        metadata={
+            b"ARROW:extension:name": b"arrow.py_extension_type",
+            b"ARROW:extension:metadata": payload,
+        },
+    )
     path = str(tmp_path / "evil.parquet")
     pq.write_table(pa.table({"u": pa.array([1, 2])}).cast(pa.schema([field])), path)
     with pytest.raises(FormatError):
@@ -186,7 +229,8 @@ def test_loader_state_and_every_store_object_are_json_or_arrow(tmp_path):
             with open(os.path.join(dirpath, name), "rb") as f:
                 head = f.read(4)
             assert head[:1] in (b"{", b"[", b"") or head in (b"PAR1", b"PK\x03\x04"), (
-                f"{dirpath}/{name} starts with {head!r}")
+                f"{dirpath}/{name} starts with {head!r}"
+            )
             assert not head.startswith(b"\x80"), "a pickle in the store"
     with pytest.raises(SimstoreError):
         from simstore.loaders import SimDataset

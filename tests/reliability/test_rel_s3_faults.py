@@ -26,9 +26,17 @@ FAULTS = ["slowdown", "drop", "drop_response", "stall", "truncate"]
 
 
 def _options(endpoint, attempts):
-    return {"endpoint_url": endpoint, "key": FAKE_ACCESS_KEY, "secret": FAKE_SECRET_KEY,
-            "region_name": "us-east-1", "backoff_base_s": 0.005, "backoff_max_s": 0.05,
-            "max_attempts": attempts, "read_timeout_s": 0.5, "connect_timeout_s": 0.5}
+    return {
+        "endpoint_url": endpoint,
+        "key": FAKE_ACCESS_KEY,
+        "secret": FAKE_SECRET_KEY,
+        "region_name": "us-east-1",
+        "backoff_base_s": 0.005,
+        "backoff_max_s": 0.05,
+        "max_attempts": attempts,
+        "read_timeout_s": 0.5,
+        "connect_timeout_s": 0.5,
+    }
 
 
 def _sources(tmp_path, count=8, version=0):
@@ -55,8 +63,9 @@ def _same(data, expected):
 
 
 @pytest.mark.parametrize("fault", FAULTS)
-def test_a_share_of_faults_is_survived_exactly(tmp_path, s3_bucket, moto_server, fault_proxy,
-                                              fault):
+def test_a_share_of_faults_is_survived_exactly(
+    tmp_path, s3_bucket, moto_server, fault_proxy, fault
+):
     url = f"s3://{s3_bucket()}/store"
     clean = _options(moto_server, 8)
     faulty = _options(fault_proxy.endpoint_url, 8)
@@ -64,8 +73,13 @@ def test_a_share_of_faults_is_survived_exactly(tmp_path, s3_bucket, moto_server,
     Catalog.init(url, storage_options=clean)
     src, expected = _sources(tmp_path)
     fault_proxy.fail_share(0.2, fault, seed=FAULTS.index(fault))
-    ingest([str(src)], dataset="ds", store=Catalog.open(url, storage_options=faulty),
-           snapshot=True, message="through faults")
+    ingest(
+        [str(src)],
+        dataset="ds",
+        store=Catalog.open(url, storage_options=faulty),
+        snapshot=True,
+        message="through faults",
+    )
     _same(_epoch(url, faulty), expected)
     _same(_epoch(url, faulty, cache_dir=str(tmp_path / "cache")), expected)
     cat = Catalog.open(url, storage_options=faulty)
@@ -80,22 +94,33 @@ def test_a_share_of_faults_is_survived_exactly(tmp_path, s3_bucket, moto_server,
 
 @pytest.mark.parametrize("fault", ["slowdown", "drop_response", "truncate"])
 def test_mostly_failing_endpoint_fails_clearly_and_corrupts_nothing(
-        tmp_path, s3_bucket, moto_server, fault_proxy, fault):
+    tmp_path, s3_bucket, moto_server, fault_proxy, fault
+):
     url = f"s3://{s3_bucket()}/store"
     clean = _options(moto_server, 8)
     faulty = _options(fault_proxy.endpoint_url, 2)
     Catalog.init(url, storage_options=clean)
     src, expected = _sources(tmp_path)
-    ingest([str(src)], dataset="ds", store=Catalog.open(url, storage_options=clean),
-           snapshot=True, message="v0")
+    ingest(
+        [str(src)],
+        dataset="ds",
+        store=Catalog.open(url, storage_options=clean),
+        snapshot=True,
+        message="v0",
+    )
     before = h.content(Catalog.open(url, storage_options=clean), "ds")
     _, expected_v1 = _sources(tmp_path, version=1)  # an upsert: v0 keys stay
     expected_v1 = {**expected, **expected_v1}
     fault_proxy.fail_share(0.7, fault, seed=3)
     errors = []
     try:
-        ingest([str(src)], dataset="ds", store=Catalog.open(url, storage_options=faulty),
-               snapshot=True, message="v1")
+        ingest(
+            [str(src)],
+            dataset="ds",
+            store=Catalog.open(url, storage_options=faulty),
+            snapshot=True,
+            message="v1",
+        )
     except SimstoreError as exc:
         errors.append(exc)
     try:
