@@ -41,10 +41,11 @@ class IngestConfig:
     file's size. Fields that shape the stored bytes (adapter, its options, format, shard
     options, ``shard_size``, ``dense_threshold``, ``block_bytes``) also key the journal.
 
-    ``engine`` says where tasks run: ``local`` (in process, or a process pool of
-    ``workers``) or ``dask`` (a dask.distributed cluster at ``address``, or, without one, a
-    ``LocalCluster`` of ``workers`` processes on 127.0.0.1). The engine never changes what
-    is stored: tasks are planned the same way and give the same shards.
+    ``engine`` says where tasks run: ``local`` (in process, or, with ``workers`` N > 1,
+    in this process and a pool of N - 1 spawned processes) or ``dask`` (a
+    dask.distributed cluster at ``address``, or, without one, a ``LocalCluster`` of
+    ``workers`` processes on 127.0.0.1). The engine never changes what is stored: tasks
+    are planned the same way and give the same shards.
     """
 
     adapter: str = "auto"
