@@ -419,7 +419,9 @@ def _decode_blob(
     remaining rows are views of.
     """
     data = col.field("data")
-    shapes = col.field("shape").take(pa.array(idx, type=pa.int64())).to_pylist()
+    shape_col = col.field("shape")
+    shape_at = np.frombuffer(shape_col.buffers()[1], dtype=np.int32)[shape_col.offset :]
+    shape_values = shape_col.values.to_numpy(zero_copy_only=False)
     bufs = data.buffers()
     offsets = np.frombuffer(bufs[1], dtype=np.int64)[data.offset : data.offset + len(data) + 1]
     buf = bufs[2]
@@ -438,7 +440,7 @@ def _decode_blob(
         if nulls[i]:
             continue
         r = int(idx[i])
-        shape = tuple(int(x) for x in shapes[i])
+        shape = tuple(shape_values[int(shape_at[r]) : int(shape_at[r + 1])].tolist())
         target = None
         if out is not None and (unshuffle is None or dtype == native):
             target = out(i, plan.name, shape, native)
