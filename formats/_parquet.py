@@ -132,9 +132,9 @@ class ParquetShardReader(ColumnarReader):
 
     def _row_group(self, g: int, columns: tuple[str, ...]) -> pa.Table:
         key = (self._token, g, columns)
-        table = self._blocks.get(key)
-        if table is not None:
-            return table  # type: ignore[no-any-return]
+        cached: pa.Table | None = self._blocks.get(key)
+        if cached is not None:
+            return cached
         try:
             table = self._pf.read_row_group(g, columns=list(columns))
         except (pa.ArrowException, OSError) as exc:

@@ -475,7 +475,7 @@ class ZarrShardReader:
         if where is None or where[1] != out.nbytes or not out.flags.c_contiguous:
             return False
         self._fp.seek(where[0])
-        view = memoryview(out.reshape(-1).view(np.uint8))
+        view = out.reshape(-1).view(np.uint8).data
         if self._fp.readinto(view) != where[1]:
             raise FormatError(f"{self.name}: zip entry {key} is truncated")
         return True
@@ -628,8 +628,10 @@ class ZarrShardReader:
                 continue
             if f"{p}/{name}" not in self._nodes:
                 continue  # this sample lacks the field
-            tensor = self._specs[name].kind == "tensor" and into is not None
-            data = self._read_box(p, name, None, functools.partial(into, name) if tensor else None)
+            fill = None
+            if into is not None and self._specs[name].kind == "tensor":
+                fill = functools.partial(into, name)
+            data = self._read_box(p, name, None, fill)
             out[name] = data.tobytes() if self._specs[name].kind == "bytes" else data
         return dict(sorted(out.items()))
 

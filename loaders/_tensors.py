@@ -76,12 +76,12 @@ class ChunkBuffers:
 
     def take(self, slot: int, name: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
         """A writable C-contiguous array for ``(slot, name)``, or None to allocate your own."""
-        entry = self._bufs.get(name, ())
-        if entry == ():
-            entry = self._bufs[name] = self._allocate(shape, np.dtype(dtype))
+        if name not in self._bufs:
+            self._bufs[name] = self._allocate(shape, np.dtype(dtype))
+        entry = self._bufs[name]
         if entry is None:
             return None
-        tensor, array = entry
+        array = entry[1]
         if array.shape[1:] != tuple(shape) or array.dtype != dtype or (slot, name) in self._given:
             return None
         row = array[slot]
@@ -98,7 +98,8 @@ class ChunkBuffers:
         except TypeError:
             return None
         if self.shared:
-            tensor = torch.empty((self.n, *shape), dtype=tdtype).share_memory_()
+            tensor = torch.empty((self.n, *shape), dtype=tdtype)
+            tensor.share_memory_()  # type: ignore[no-untyped-call]
             return tensor, tensor.numpy()
         # NumPy's allocator asks for transparent huge pages (see _collate._stack)
         array = np.empty((self.n, *shape), dtype=dtype)
@@ -132,7 +133,7 @@ def stacked_view(values: list[torch.Tensor]) -> torch.Tensor | None:
             or v.storage_offset() != first + j * step
         ):
             return None
-    start, rem = divmod(first - base.storage_offset(), step)
+    start, rem = divmod(int(first) - int(base.storage_offset()), int(step))
     rows = base.view(-1, *values[0].shape)
     if rem or start < 0 or start + len(values) > rows.shape[0]:
         return None
