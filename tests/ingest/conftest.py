@@ -58,7 +58,9 @@ def read_snapshot(catalog, ref, fields=None):
         path = catalog.store.local_path(object_key(shard))
         reader = open_shard(path)
         try:
-            for r, fields_ in zip(rs, reader.read([r["position"] for r in rs], fields), strict=False):
+            for r, fields_ in zip(
+                rs, reader.read([r["position"] for r in rs], fields), strict=False
+            ):
                 out[r["key"]] = fields_
         finally:
             reader.close()

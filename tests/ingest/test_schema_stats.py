@@ -12,6 +12,7 @@ from simstore.stats import (
     normalisation,
     std_of,
     summarise_array,
+    summarise_scalar,
 )
 
 
@@ -187,3 +188,84 @@ def test_interleaved_new_keys_keep_statistics_exact(catalog, tmp_path):
     assert snap.stats["exact"] is True
     assert snap.stats["fields"]["u"]["count"] == [15]
     assert snap.stats["fields"]["u"]["mean"] == [pytest.approx(1.4)]
+
+
+def _reference(values, k):
+    """Summary fields computed plainly in float64 over finite values, per component."""
+    cols = np.asarray(values).astype(np.float64).reshape(-1, k)
+    out = []
+    for j in range(k):
+        c = cols[:, j]
+        fin = c[np.isfinite(c)]
+        out.append((fin.size, int(np.isnan(c).sum()), int(np.isinf(c).sum()), fin))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("dtype", "shape"),
+    [
+        (np.float32, (200_003,)),  # several sub-blocks and a ragged tail, one component
+        (np.float32, (70_001, 3)),  # vector field: per-component sums over a transposed copy
+        (np.float64, (9_000, 2, 2)),
+        (np.float16, (40_000, 9)),
+        (np.int64, (150_000,)),  # min/max beyond float64's exact integers stay exact
+        (np.uint8, (100_000, 4)),
+        (np.bool_, (123_457,)),
+    ],
+)
+def test_summaries_equal_a_plain_float64_computation(dtype, shape):
+    rng = np.random.default_rng(7)
+    if dtype == np.int64:
+        x = rng.integers(-(2**62), 2**62, size=shape, dtype=np.int64)
+        x[5] = 2**63 - 1  # not representable in float64: min/max must stay exact
+    elif dtype == np.uint8:
+        x = rng.integers(0, 256, size=shape, dtype=np.uint8)
+    elif dtype == np.bool_:
+        x = rng.random(shape) < 0.3
+    else:
+        x = (rng.standard_normal(shape) * 3 + 300).astype(dtype)
+    s = summarise_array(x)
+    k = s["components"]
+    assert k == (shape[-1] if len(shape) >= 2 and 2 <= shape[-1] <= 9 else 1)
+    flat = x.reshape(-1, k)
+    for j, (count, nan, inf, fin) in enumerate(_reference(x, k)):
+        assert (s["count"][j], s["nan_count"][j], s["inf_count"][j]) == (count, nan, inf)
+        assert s["mean"][j] == pytest.approx(fin.mean(), rel=1e-12, abs=1e-12)
+        assert s["m2"][j] == pytest.approx(((fin - fin.mean()) ** 2).sum(), rel=1e-10, abs=1e-9)
+        lo, hi = flat[:, j].min(), flat[:, j].max()
+        assert s["min"][j] == (int(lo) if x.dtype.kind in "biu" else lo)
+        assert s["max"][j] == (int(hi) if x.dtype.kind in "biu" else hi)
+        assert type(s["min"][j]) is (int if x.dtype.kind in "biu" else float)
+
+
+def test_non_finite_and_overflowing_sub_blocks_are_summarised_the_careful_way():
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((150_000, 2))
+    x[70_000, 1] = np.nan  # a NaN in the second sub-block
+    x[140_000, 0] = -np.inf  # an Inf in the third
+    s = summarise_array(x)
+    ref = _reference(x, 2)
+    assert s["nan_count"] == [0, 1] and s["inf_count"] == [1, 0]
+    assert s["count"] == [ref[0][0], ref[1][0]]
+    for j in range(2):
+        assert s["mean"][j] == pytest.approx(ref[j][3].mean(), rel=1e-12)
+        assert std_of(s)[j] == pytest.approx(ref[j][3].std(), rel=1e-10)
+    # finite values whose moments overflow float64 saturate instead of giving inf/NaN
+    big = np.full(100_000, 1e308)
+    big[::2] = -1e308
+    b = summarise_array(big)
+    assert b["count"] == [100_000] and b["mean"][0] == pytest.approx(0.0, abs=1e296)
+    assert np.isfinite(b["m2"][0]) and b["min"] == [-1e308] and b["max"] == [1e308]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [True, np.bool_(False), 7, -(2**63), np.int32(-4), np.uint64(2**64 - 1), 2.5, np.float32(0.1)],
+)
+def test_scalar_summaries_keep_the_value_and_its_type(value):
+    s = summarise_scalar(value)
+    want = int(value) if isinstance(value, bool | int | np.integer | np.bool_) else float(value)
+    assert s["count"] == [1] and s["m2"] == [0.0] and s["mean"] == [float(want)]
+    assert s["min"] == [want] and s["max"] == [want] and type(s["min"][0]) is type(want)
+    nan = summarise_scalar(float("nan"))
+    assert nan["count"] == [0] and nan["nan_count"] == [1] and nan["min"] == [None]
