@@ -451,7 +451,9 @@ class S3Store:
     def _make_client(self) -> Any:
         opts, tuning = self.storage_options, self._tuning
         config_kwargs: dict[str, Any] = {
-            "max_pool_connections": max(10, 2 * tuning.multipart_concurrency),
+            # threads of one process share the client: loader I/O threads, get_many,
+            # multipart parts; a pool smaller than them opens and drops connections
+            "max_pool_connections": max(32, 2 * tuning.multipart_concurrency),
             **dict(opts.get("config_kwargs") or {}),
             # Retries are ours (see the module docstring): botocore makes one attempt.
             "retries": {"total_max_attempts": 1, "mode": "standard"},
