@@ -1,7 +1,7 @@
 """Ingest benchmarks: throughput against a plain copy, peak RSS, codec ratio and read cost.
 
     python -m benchmarks.bench_ingest [--quick] [--out results.json] [--workdir DIR]
-        [--baseline TREE] [--reps N] [--only throughput|rss|codecs]
+        [--baseline TREE] [--reps N] [--cases LABELS] [--only throughput|rss|codecs|phases]
 
 1. Throughput: .npz folders, HDF5 runs (time-windowed) and many small .npz files into
    Parquet, Zarr and Lance, with 1 and 2 worker processes, against ``shutil.copyfile`` of
@@ -16,6 +16,9 @@
 2. Peak RSS of a child process ingesting sources several times larger than the memory
    budget (shard size + dense threshold + block size), against a child that only imports.
 3. Codecs on smooth float32 fields: compression ratio, write and full-read MiB/s.
+4. Phases (``--only phases``): the CPU seconds of each step of a 1-worker ingest (source
+   hash, adapter read, sample hash and statistics, shard writer, shard hash, journal), in
+   a warm process, for the cases of the throughput target.
 
 The machine is shared: every figure is the median of repeated rounds, each round timing
 the copy and every case back to back, and ratios (ingest / copy of the same round set) are
@@ -303,6 +306,140 @@ def _row(source: str, what: str, workers: int, size: int, secs: float, against: 
     }
 
 
+# CPU seconds per phase of one ingest: an in-process run with the worker's steps wrapped
+# in timers (the third of three runs, so imports and first-touch costs are out of it).
+_PHASES = r"""
+import collections, json, os, shutil, sys, time
+args = json.loads(sys.argv[1])
+sys.path.insert(0, args["tree"])
+from simstore.catalog import Catalog
+from simstore.ingest import ingest
+from simstore.storage import LocalStore
+import simstore.ingest._worker as W
+import simstore.stats as ST
+T = collections.Counter()
+clock = time.process_time
+
+def timed(fn, label):
+    def run(*a, **k):
+        t0 = clock()
+        try:
+            return fn(*a, **k)
+        finally:
+            T[label] += clock() - t0
+    return run
+
+W.hash_source = timed(W.hash_source, "source hash")
+W.hash_file = timed(W.hash_file, "shard hash")
+W.hash_sample_blocks = timed(W.hash_sample_blocks, "sample hash + statistics")
+W.write_journal = timed(W.write_journal, "journal")
+ST.StatsAccumulator.add_array = timed(ST.StatsAccumulator.add_array, "(statistics)")
+resolve = W.resolve_adapter
+
+def resolve_timed(*a, **k):
+    adapter = resolve(*a, **k)
+    if adapter is None:
+        return None
+    read = adapter.iter_samples
+
+    class Timed:
+        name, version = adapter.name, adapter.version
+        stores_source = getattr(adapter, "stores_source", False)
+
+        def iter_samples(self, *a, **k):
+            it = read(*a, **k)
+            while True:
+                t0 = clock()
+                try:
+                    sample = next(it)
+                except StopIteration:
+                    return
+                finally:
+                    T["adapter read"] += clock() - t0
+                yield sample
+
+    return Timed()
+
+W.resolve_adapter = resolve_timed
+builder = W.TaskRunner._builder
+
+def builder_timed(self, kind):
+    b = builder(self, kind)
+    if not getattr(b.writer, "_timed", False):
+        b.writer.add = timed(b.writer.add, "shard writer: add")
+        b.writer.close = timed(b.writer.close, "shard writer: close")
+        b.writer._timed = True
+    return b
+
+W.TaskRunner._builder = builder_timed
+for _ in range(3):
+    T.clear()
+    shutil.rmtree(args["store"], ignore_errors=True)
+    cat = Catalog.init(LocalStore(args["store"], fsync=False))
+    t0 = clock()
+    ingest([args["src"]], dataset="bench", store=cat, **args["options"])
+    total = clock() - t0
+shutil.rmtree(args["store"], ignore_errors=True)
+T["everything else"] = total - sum(v for k, v in T.items() if not k.startswith("("))
+print(json.dumps({"cpu_s": total, "phases": dict(T)}))
+"""
+
+
+def phases(work: Path, quick: bool) -> list[dict]:
+    """Where an ingest's CPU goes, phase by phase, for the cases of the target (1 worker)."""
+    rows = []
+    srcs = _sources(work, quick)
+    for name, fmt in [
+        ("npz", "parquet"),
+        ("npz", "zarr"),
+        ("hdf5", "parquet"),
+        ("hdf5", "zarr"),
+        ("small npz", "parquet"),
+    ]:
+        src, size, opts = srcs[name]
+        args = {
+            "tree": _TREE,
+            "src": str(src),
+            "store": str(work / "store"),
+            "options": {
+                "resume": False,
+                "format": fmt,
+                "compression": "none",
+                "shard_size": 32 * MiB,
+                **opts,
+            },
+        }
+        out = subprocess.run(
+            [sys.executable, "-c", _PHASES, json.dumps(args)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        for phase, secs in sorted(got["phases"].items(), key=lambda kv: -kv[1]):
+            rows.append(
+                {
+                    "source": name,
+                    "into": f"{fmt} none",
+                    "mib": size / MiB,
+                    "phase": phase,
+                    "cpu_s": secs,
+                    "share": secs / got["cpu_s"],
+                }
+            )
+        rows.append(
+            {
+                "source": name,
+                "into": f"{fmt} none",
+                "mib": size / MiB,
+                "phase": "total",
+                "cpu_s": got["cpu_s"],
+                "share": 1.0,
+            }
+        )
+    return rows
+
+
 _CHILD = r"""
 import json, sys
 from simstore.catalog import Catalog
@@ -431,7 +568,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small sizes, one repetition")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     ap.add_argument("--workdir", default=None, help="scratch folder (default: a temp dir)")
-    ap.add_argument("--only", choices=["throughput", "rss", "codecs"], default=None)
+    ap.add_argument("--only", choices=["throughput", "rss", "codecs", "phases"], default=None)
     ap.add_argument(
         "--baseline",
         default="",
@@ -462,6 +599,10 @@ def main() -> None:
                 cols += ["before_mib_s", "before_ratio", "before_cpu_s"]
             print("## Throughput\n")
             print(table(results["throughput"], cols))
+        if args.only in (None, "phases"):
+            results["phases"] = phases(work, args.quick)
+            print("\n## Where the CPU goes (1 worker, warm process)\n")
+            print(table(results["phases"], ["source", "into", "mib", "phase", "cpu_s", "share"]))
         if args.only in (None, "rss"):
             results["peak_rss"] = peak_rss(work, args.quick)
             print("\n## Peak RSS\n")
