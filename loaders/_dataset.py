@@ -395,12 +395,19 @@ class SimDataset(IterableDataset[Sample]):
         yield from timed(tracked(), self._metrics, log_every_s=self._options.log_every_s)
 
     def read(
-        self, world: World, epoch: int, remaining: Sequence[Interval], batch_size: int
+        self,
+        world: World,
+        epoch: int,
+        remaining: Sequence[Interval],
+        batch_size: int,
+        *,
+        numbers_as_tensors: bool = True,
     ) -> Iterator[tuple[Sample, int, dict[str, float]]]:
         """One reader's samples, each with its running count and the reading counters.
 
         The plan -> prefetch -> decode pipeline; used by ``__iter__`` and by
-        :class:`SimDataLoader`'s workers.
+        :class:`SimDataLoader`'s workers (whose default collate turns a batch's Python
+        numbers into one tensor, so they pass ``numbers_as_tensors=False``).
         """
         plan = plan_epoch(remaining, world, batch_size=batch_size,
                           remainder=self._options.remainder)
@@ -441,8 +448,9 @@ class SimDataset(IterableDataset[Sample]):
             for chunk, (values, buffers) in chunks:
                 for j, fields in enumerate(values):
                     src = sources[int(chunk.source[j])]
-                    sample = to_tensors(fields, zero_copy=opts.zero_copy)
-                    sample.update(buffers.tensors(j, fields))
+                    sample = to_tensors(fields, zero_copy=opts.zero_copy,
+                                        given=buffers.tensors(j, fields),
+                                        numbers=numbers_as_tensors)
                     if src.transform is not None:
                         sample = src.transform(sample)
                     sample["__key__"] = chunk.keys[j]

@@ -42,9 +42,10 @@ class _Tagged(NamedTuple):
 class _WorkerStream(IterableDataset[tuple[Sample, _Tag]]):
     """What the DataLoader's workers iterate: the dataset's samples with their tags."""
 
-    def __init__(self, dataset: SimDataset, batch_size: int) -> None:
+    def __init__(self, dataset: SimDataset, batch_size: int, numbers: bool = True) -> None:
         self.dataset = dataset
         self.batch_size = batch_size
+        self.numbers = numbers
         self.world = dataset.world
         self.epoch = 0
         self.remaining: tuple[Interval, ...] = ()
@@ -54,7 +55,7 @@ class _WorkerStream(IterableDataset[tuple[Sample, _Tag]]):
         world = World(rank=self.world.rank, world_size=self.world.world_size,
                       worker=worker, num_workers=num_workers)
         for sample, count, counters in self.dataset.read(
-            world, self.epoch, self.remaining, self.batch_size
+            world, self.epoch, self.remaining, self.batch_size, numbers_as_tensors=self.numbers
         ):
             yield sample, _Tag(worker, count, counters)
 
@@ -116,7 +117,9 @@ class SimDataLoader(DataLoader[Any]):
         collate = collate_fn or Collate(mesh=mesh, pad_value=pad_value,
                                         index_fields=dict(index_fields or {}))
         self.sim_dataset = dataset
-        self._stream = _WorkerStream(dataset, batch_size or 1)
+        # our collate batches Python numbers itself; a caller's collate gets tensors
+        numbers = not (collate_fn is None and batch_size is not None)
+        self._stream = _WorkerStream(dataset, batch_size or 1, numbers)
         super().__init__(
             self._stream,
             batch_size=batch_size,

@@ -12,20 +12,31 @@ import torch
 __all__ = ["ChunkBuffers", "sample_bytes", "stacked_view", "to_tensors"]
 
 
-def to_tensors(fields: Mapping[str, Any], *, zero_copy: bool) -> dict[str, Any]:
+def to_tensors(
+    fields: Mapping[str, Any],
+    *,
+    zero_copy: bool,
+    given: Mapping[str, torch.Tensor] | None = None,
+    numbers: bool = True,
+) -> dict[str, Any]:
     """Field values as tensors where they are arrays or numbers.
 
     An array's tensor shares its memory when the array is writable, or when ``zero_copy``
-    is set; scalars become 0-d tensors; strings, bytes and JSON stay as they are.
+    is set; ``given`` holds tensors already made for some fields (rows of a chunk's
+    buffers). Scalars become 0-d tensors, unless ``numbers`` is false: then Python numbers
+    stay as they are (a collate makes one tensor per batch of them, far cheaper than one
+    per sample). Strings, bytes and JSON stay as they are.
     """
     out: dict[str, Any] = {}
     for name, value in fields.items():
-        if isinstance(value, np.ndarray):
+        if given and name in given:
+            out[name] = given[name]
+        elif isinstance(value, np.ndarray):
             out[name] = _array_to_tensor(value, zero_copy)
         elif isinstance(value, np.generic):
             out[name] = torch.as_tensor(value.item())
         elif isinstance(value, bool | int | float):
-            out[name] = torch.tensor(value)
+            out[name] = torch.tensor(value) if numbers else value
         else:
             out[name] = value
     return out

@@ -7,6 +7,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from loader_helpers import open_test_shard
 from simstore.formats import ParquetFormat
 from simstore.loaders import SimDataLoader, SimDataset
 from simstore.loaders._tensors import ChunkBuffers, stacked_view
@@ -145,3 +146,19 @@ def test_chunk_buffers_hand_out_one_row_per_slot_and_shape():
     got = bufs.tensors(0, {"x": a, "y": np.zeros(2)})
     assert set(got) == {"x"} and torch.equal(got["x"], torch.full((2, 2), 7.0))
     assert bufs.tensors(0, {"x": a.copy()}) == {}  # not the handed-out array
+
+
+def test_batched_numbers_match_stacked_per_sample_tensors(small):
+    store, ref, _ = small  # "step" is a Python int per sample
+    kw = {"shard_opener": open_test_shard, "seed": 5}
+    per_sample = {s["__key__"]: s["step"] for s in SimDataset(store, ref, **kw)}
+    assert all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in per_sample.values())
+    seen = 0
+    for batch in SimDataLoader(SimDataset(store, ref, **kw), batch_size=4):
+        expected = torch.stack([per_sample[k] for k in batch["__key__"]])
+        assert batch["step"].dtype == expected.dtype and torch.equal(batch["step"], expected)
+        seen += len(batch["__key__"])
+    assert seen == len(per_sample)
+    custom = SimDataLoader(SimDataset(store, ref, **kw), batch_size=4, collate_fn=list)
+    for samples in custom:
+        assert all(isinstance(s["step"], torch.Tensor) for s in samples)
