@@ -228,3 +228,27 @@ def test_max_bandwidth_throttles_a_streamed_fill(dataset, tmp_path):
     same(data, expected)
     # ~800 KiB of shards at 2 MiB/s, past the 0.25 s burst: the fills had to wait
     assert ds.stats()["throttle_s"] > 0.05
+
+
+def _child_reads(store, key, queue):
+    parent_client = store._client
+    session = store._session
+    data = read_all(store.open_read(key))
+    queue.put((len(data), store._client is not parent_client, store._session is session))
+
+
+@pytest.mark.multiprocess
+def test_a_forked_worker_makes_its_own_client_from_the_inherited_session(store):
+    import multiprocessing
+
+    store.put("objects/f", b"x" * 5000)
+    assert store.get("objects/f") == b"x" * 5000  # the parent's client and session exist
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_child_reads, args=(store, "objects/f", queue))
+    proc.start()
+    got = queue.get(timeout=60)
+    proc.join()
+    # the whole object; a client (and connection pool) of its own; the parsed session kept
+    assert got == (5000, True, True)
+    assert store.get("objects/f") == b"x" * 5000  # the parent's client still works
