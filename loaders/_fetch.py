@@ -48,8 +48,8 @@ class ObjectStream(Protocol):
     size_bytes: int
     requests: int
 
-    def readinto(self, buffer: memoryview) -> int:
-        """Read the next bytes into ``buffer``; 0 at the end."""
+    def read(self, size: int) -> bytes:
+        """The next bytes, at most ``size``; empty at the end."""
         ...
 
     def close(self) -> None:
@@ -363,15 +363,13 @@ class ShardAccess:
 
     def _copy_stream(self, stream: ObjectStream, out: BinaryIO) -> None:
         """Copy a streamed object into ``out`` block by block, within ``max_bandwidth``."""
-        buffer = bytearray(min(_STREAM_BLOCK_BYTES, max(1, stream.size_bytes)))
-        view = memoryview(buffer)
         while True:
-            n = stream.readinto(view)
-            if not n:
+            data = stream.read(_STREAM_BLOCK_BYTES)
+            if not data:
                 return
-            self.counters.add("throttle_s", self.limiter.take(n))
-            self.counters.add_read(self.tier, n, requests=0)
-            out.write(view[:n])
+            self.counters.add("throttle_s", self.limiter.take(len(data)))
+            self.counters.add_read(self.tier, len(data), requests=0)
+            out.write(data)
 
     def _copy_blocks(self, key: str, size: int, out: BinaryIO) -> None:
         """Copy an object into ``out`` by GETs of at most ``_FILL_BLOCK_BYTES``."""

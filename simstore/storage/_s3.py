@@ -291,7 +291,8 @@ class _FileSlice(io.RawIOBase):
 class S3ObjectReader(io.RawIOBase):
     """A read-only, sequential file over one object, read by one streamed GET.
 
-    Made by :meth:`S3Store.open_read`. ``size_bytes`` is the object's size, ``requests``
+    Made by :meth:`S3Store.open_read`. ``read(n)`` returns the body's bytes as they come
+    (no copy into a caller's buffer); ``size_bytes`` is the object's size, ``requests``
     the GETs sent so far (1, plus one per resumption). When reading the body fails on
     the way (a reset, a timeout, a body cut short), the next GET asks for the rest
     (``Range: bytes=<done>-``, ``If-Match: <etag>``) after the store's backoff; a
@@ -337,21 +338,23 @@ class S3ObjectReader(io.RawIOBase):
     def tell(self) -> int:
         return self._pos
 
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        if self._pos >= self.size_bytes or not len(view):
-            return 0
-        view = view[: self.size_bytes - self._pos]
+    def read(self, size: int | None = -1) -> bytes:
+        """The next ``size`` bytes at most (all the rest when ``size`` is negative)."""
+        left = self.size_bytes - self._pos
+        if size is None or size < 0:
+            return b"".join(iter(lambda: self.read(_MiB), b""))
+        if left <= 0 or size == 0:
+            return b""
         failures = 0
         while True:
             try:
                 if self._body is None:
                     self._request()
-                n = int(self._body.readinto(view))
-                if n == 0:
+                data: bytes = self._body.read(min(size, left))
+                if not data:
                     raise _TruncatedBody(f"body ended at byte {self._pos} of {self.size_bytes}")
-                self._pos += n
-                return n
+                self._pos += len(data)
+                return data
             except _RETRYABLE as exc:
                 self._drop_body()
                 failures += 1
@@ -365,6 +368,12 @@ class S3ObjectReader(io.RawIOBase):
             except (BotoCoreError, OSError) as exc:
                 self._drop_body()
                 raise self._store._error("read", self.key, exc) from exc
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self.read(len(view))
+        view[: len(data)] = data
+        return len(data)
 
     def _drop_body(self) -> None:
         body, self._body = self._body, None
