@@ -20,7 +20,7 @@ from simstore.loaders._stats import Counters
 from simstore.loaders._window import Regions, parse_regions
 
 from simstore.catalog import Catalog
-from simstore.errors import IntegrityError, InvalidInputError
+from simstore.errors import FormatError, IntegrityError, InvalidInputError
 from simstore.hashing import hash_bytes, object_key
 from simstore.manifest import decode_part
 from simstore.sample import Schema
@@ -126,7 +126,9 @@ class GroupRows:
     keys: pa.Array
 
 
-def _read_part(source: Source, part_id: str, counters: Counters, tier: str) -> pa.Table:
+def _read_part(
+    source: Source, part_id: str, counters: Counters, tier: str, rows: int
+) -> pa.Table:
     key = object_key(part_id)
     data = source.store.get(key)
     counters.add_read(tier, len(data))
@@ -138,7 +140,15 @@ def _read_part(source: Source, part_id: str, counters: Counters, tier: str) -> p
             f"{source.store.url}: {key} has hash {actual}, expected {part_id}; "
             f"referenced by snapshot {source.snapshot_id}"
         )
-    return decode_part(data, object_id=part_id)
+    table = decode_part(data, object_id=part_id)
+    if table.num_rows != rows:
+        # the stream's positions come from the snapshot's row counts: a part that holds
+        # more or fewer rows would shift every later position of its group
+        raise FormatError(
+            f"{source.store.url}: {key} holds {table.num_rows} rows, but snapshot "
+            f"{source.snapshot_id} says {rows}"
+        )
+    return table
 
 
 def load_group(
@@ -146,7 +156,9 @@ def load_group(
 ) -> GroupRows:
     """Read a group's manifest parts and put its rows in stream order."""
     tables = [
-        _read_part(source, source.part_ids[p].decode("ascii"), counters, tier)
+        _read_part(
+            source, source.part_ids[p].decode("ascii"), counters, tier, int(source.part_rows[p])
+        )
         for p in layout.parts_of(group)
     ]
     table = pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0]

@@ -5,7 +5,7 @@ shards, whose bytes only a re-hash can check), the command exits 6, and the load
 an error naming the object instead of yielding a sample. On S3 the same holds with a disk
 cache (every fill is hash-checked). ``on_corrupt="skip"`` is not offered by SimDataset
 (reported in docs/reliability.md), so a corrupt object always stops the loader. A part whose
-row count differs from its snapshot entry is an open loader bug, pinned by an xfail test.
+row count differs from its snapshot entry is named by the loader too.
 """
 
 from __future__ import annotations
@@ -133,12 +133,6 @@ def test_hand_edited_snapshot_is_named(store, edit):
     assert sid in str(info.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=(IndexError, pytest.fail.Exception),
-    reason="open: loaders/_source.py _read_part does not check a part's row count against "
-    "the snapshot's entry (docs/reliability.md, Open); remove this mark with the fix",
-)
 @pytest.mark.parametrize("change", ["shorter", "longer"])
 def test_part_whose_row_count_differs_from_its_entry_is_named_by_the_loader(store, change):
     """A hash-valid part planted under its own id, one row short or long of its entry."""
