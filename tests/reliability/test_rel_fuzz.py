@@ -19,10 +19,7 @@ import rel_fuzz as rf
 pytestmark = pytest.mark.slow
 
 EXAMPLES = {"step": 8}  # a STEP case costs a meshing process (~1 s); others 25
-# The loader trusts a snapshot's row count for a part (forged-part-rows): a part shorter
-# than its entry raises a raw ArrowIndexError there (loaders/, reported in
-# docs/reliability.md); the stress run still fuzzes that seed and counts it.
-SKIPPED_SEEDS = {"forged-part-rows"}
+SKIPPED_SEEDS: set[str] = set()  # a seed left out here must say why
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +47,7 @@ SEED_NAMES = [
     "snapshot-fields",
     "forged-part",
     "forged-part-values",
+    "forged-part-rows",
     "forged-snapshot",
 ]
 

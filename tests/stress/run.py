@@ -590,7 +590,7 @@ def run_fuzz(args: argparse.Namespace, work: str, table: Table) -> None:
             "manifest parts and snapshots forged into a store (verify, log, diff, show, loader)",
             [s.name for s in seeds if s.op == "forged" and s.name != "forged-part-rows"],
         ),
-        ("forged part shorter than its snapshot entry (loader: open bug)", ["forged-part-rows"]),
+        ("forged parts shorter than their snapshot entry", ["forged-part-rows"]),
     )
     for group, names in groups:
         total = Counter()
