@@ -67,6 +67,9 @@ class ParquetShardWriter(ColumnarWriter):
             "use_dictionary": False,
             "write_statistics": [KEY_COLUMN],
             "store_schema": True,
+            # CRC-32 per page: a reader that cannot hash the whole object (ranged reads
+            # of a remote shard) still catches a flipped bit in the pages it reads
+            "write_page_checksum": True,
         }
         if codec != "none":
             kwargs["compression_level"] = level
@@ -96,7 +99,12 @@ class ParquetShardReader(ColumnarReader):
         try:
             # a local path is memory-mapped: uncompressed column chunks are decoded from
             # the page cache without a read() copy (3,915 vs 2,044 MiB/s for 4 MiB blobs)
-            self._pf = pq.ParquetFile(source, memory_map=isinstance(source, str))
+            # a file object is a ranged reader over a remote object, never hash-checked
+            # as a whole: its pages' checksums are verified instead
+            local = isinstance(source, str)
+            self._pf = pq.ParquetFile(
+                source, memory_map=local, page_checksum_verification=not local
+            )
             schema = self._pf.schema_arrow
         except (pa.ArrowException, OSError, ValueError) as exc:
             raise FormatError(f"{name} is not a readable Parquet file: {exc}") from exc

@@ -6,12 +6,14 @@ Three ways, chosen per store when a worker starts reading:
   that file; :meth:`ShardAccess.prepare` hashes it once per process when ``verify`` is on
   (which also pulls it into the page cache ahead of decoding).
 - ``cache``: a remote store and a ``cache_dir``: :meth:`prepare` fills the disk cache
-  (one hash-verified download per node) and the reader opens the cached copy.
+  (one hash-verified download per node: a single streamed GET where the store offers
+  :class:`SupportsOpenRead`, as S3 does) and the reader opens the cached copy, which a
+  hit does not hash again.
 - ``ranged``: a remote store and no cache: the reader gets a :class:`RangedFile`, a
   seekable file whose reads become ranged GETs, aligned to blocks so that neighbouring
   ranges coalesce into one request. Only the bytes of the requested fields and rows are
-  fetched; they cannot be hash-checked without the whole object, so corruption shows up
-  only as a format error (use a cache for verified reads).
+  fetched; they cannot be hash-checked without the whole object (Parquet readers verify
+  each page's CRC-32 instead; use a cache for whole-object verified reads).
 
 Every remote read passes the process's :class:`RateLimiter` (``max_bandwidth``) and is
 counted per tier.
