@@ -43,14 +43,7 @@ try:
     import botocore.session
     from botocore import UNSIGNED
     from botocore.config import Config
-    from botocore.exceptions import (
-        BotoCoreError,
-        ClientError,
-        HTTPClientError,
-        IncompleteReadError,
-    )
-    from botocore.exceptions import ConnectionError as BotoConnectionError
-    from urllib3.exceptions import ProtocolError, ReadTimeoutError
+    from botocore.exceptions import BotoCoreError, ClientError
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "s3:// stores need botocore; install the S3 extra: pip install 'simstore[s3]'"
@@ -64,6 +57,12 @@ from simstore.errors import (
     StorageError,
 )
 from simstore.storage._base import ObjectInfo, check_key
+from simstore.storage._s3_files import (
+    TRANSPORT_ERRORS,
+    FileSlice,
+    S3ObjectReader,
+    TruncatedBody,
+)
 
 __all__ = ["S3ObjectReader", "S3Options", "S3Store", "probe_conditional_writes"]
 
@@ -194,24 +193,6 @@ def _mask(name: str, value: Any) -> Any:
     return value
 
 
-class _TruncatedBody(Exception):
-    """A response body shorter than its Content-Length (a connection cut mid-body)."""
-
-
-# Transport failures: botocore wraps most; urllib3's and the OS's may surface while a body
-# is read. None of them is an answer of the server, so all are retried.
-_RETRYABLE = (
-    HTTPClientError,
-    BotoConnectionError,
-    IncompleteReadError,
-    ProtocolError,
-    ReadTimeoutError,
-    ConnectionError,
-    TimeoutError,
-    _TruncatedBody,
-)
-
-
 class _Refused(Exception):
     """The server refused a request for a reason retrying cannot fix."""
 
@@ -237,153 +218,6 @@ class _Refused(Exception):
     def is_not_implemented(self) -> bool:
         """The server does not implement what was asked (e.g. a conditional header)."""
         return self.status == 501 or self.code == "NotImplemented"
-
-
-class _FileSlice(io.RawIOBase):
-    """``length`` bytes of a local file from ``offset``: one part's body, read in blocks.
-
-    botocore reads it as it sends, and seeks back to the start to retry or to checksum,
-    so a part never sits whole in memory.
-    """
-
-    def __init__(self, path: str, offset: int, length: int) -> None:
-        super().__init__()
-        self._file = open(path, "rb")  # noqa: SIM115 - closed in close()
-        self._offset, self._length, self._pos = offset, length, 0
-
-    def __len__(self) -> int:
-        return self._length
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._length}[whence]
-        self._pos = min(max(0, base + pos), self._length)
-        return self._pos
-
-    def read(self, size: int | None = -1) -> bytes:
-        left = self._length - self._pos
-        n = left if size is None or size < 0 else min(size, left)
-        if n <= 0:
-            return b""
-        self._file.seek(self._offset + self._pos)
-        data = self._file.read(n)
-        self._pos += len(data)
-        return data
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        self._file.close()
-        super().close()
-
-
-class S3ObjectReader(io.RawIOBase):
-    """A read-only, sequential file over one object, read by one streamed GET.
-
-    Made by :meth:`S3Store.open_read`. ``read(n)`` returns the body's bytes as they come
-    (no copy into a caller's buffer); ``size_bytes`` is the object's size, ``requests``
-    the GETs sent so far (1, plus one per resumption). When reading the body fails on
-    the way (a reset, a timeout, a body cut short), the next GET asks for the rest
-    (``Range: bytes=<done>-``, ``If-Match: <etag>``) after the store's backoff; a
-    failure that makes no progress counts against ``max_attempts`` and, once they are
-    used up, raises ``StorageError`` naming the object.
-    """
-
-    def __init__(self, store: S3Store, key: str) -> None:
-        super().__init__()
-        self._store = store
-        self.key = key
-        self._obj = store._object_key(key)
-        self._pos = 0
-        self._body: Any = None
-        self._etag = ""
-        self.requests = 0
-        self.size_bytes = 0
-        self._request()
-
-    def _request(self) -> None:
-        kwargs: dict[str, Any] = {"Bucket": self._store.bucket, "Key": self._obj}
-        if self._pos:
-            kwargs["Range"] = f"bytes={self._pos}-"
-            if self._etag:
-                kwargs["IfMatch"] = self._etag
-        response = self._store._get_object(self.key, kwargs)
-        self.requests += 1
-        length = int(response.get("ContentLength") or 0)
-        if not self._pos:
-            self.size_bytes = length
-            self._etag = str(response.get("ETag", ""))
-        elif length != self.size_bytes - self._pos or not response.get("ContentRange"):
-            response["Body"].close()
-            raise StorageError(
-                f"{self._store.url}/{self.key}: read failed: resuming at byte {self._pos} "
-                f"of {self.size_bytes}, the server sent {length} bytes"
-            )
-        self._body = response["Body"]
-
-    def readable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def read(self, size: int | None = -1) -> bytes:
-        """The next ``size`` bytes at most (all the rest when ``size`` is negative)."""
-        left = self.size_bytes - self._pos
-        if size is None or size < 0:
-            return b"".join(iter(lambda: self.read(_MiB), b""))
-        if left <= 0 or size == 0:
-            return b""
-        failures = 0
-        while True:
-            try:
-                if self._body is None:
-                    self._request()
-                data: bytes = self._body.read(min(size, left))
-                if not data:
-                    raise _TruncatedBody(f"body ended at byte {self._pos} of {self.size_bytes}")
-                self._pos += len(data)
-                return data
-            except _RETRYABLE as exc:
-                self._drop_body()
-                failures += 1
-                if failures >= self._store._tuning.max_attempts:
-                    raise StorageError(
-                        f"{self._store.url}/{self.key}: read failed after {failures} attempts "
-                        f"at byte {self._pos} of {self.size_bytes}: "
-                        f"{self._store._describe(exc)}"
-                    ) from exc
-                time.sleep(self._store._backoff_s(failures))
-            except (BotoCoreError, OSError) as exc:
-                self._drop_body()
-                raise self._store._error("read", self.key, exc) from exc
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        data = self.read(len(view))
-        view[: len(data)] = data
-        return len(data)
-
-    def _drop_body(self) -> None:
-        body, self._body = self._body, None
-        if body is not None:
-            with contextlib.suppress(Exception):
-                body.close()
-
-    def close(self) -> None:
-        self._drop_body()
-        super().close()
 
 
 class S3Store:
@@ -548,7 +382,7 @@ class S3Store:
                 if not _is_transient(exc):
                     raise _Refused(exc, attempt) from exc
                 last: Exception = exc
-            except _RETRYABLE as exc:
+            except TRANSPORT_ERRORS as exc:
                 last = exc
             except (BotoCoreError, OSError) as exc:
                 raise self._error(op, key, exc) from exc
@@ -607,7 +441,7 @@ class S3Store:
             body.close()
         expected = response.get("ContentLength")
         if expected is not None and len(data) != int(expected):
-            raise _TruncatedBody(f"got {len(data)} of {expected} bytes")
+            raise TruncatedBody(f"got {len(data)} of {expected} bytes")
         return data, str(response.get("ETag", ""))
 
     def get_many(
@@ -1061,7 +895,7 @@ class _Source:
     def open(self, offset: int, length: int) -> io.RawIOBase | io.BytesIO:
         """Open ``length`` bytes from ``offset`` as a fresh file object (one per attempt)."""
         if self.path is not None:
-            return _FileSlice(self.path, offset, length)
+            return FileSlice(self.path, offset, length)
         return io.BytesIO(memoryview(self.data)[offset : offset + length])
 
 
