@@ -37,3 +37,10 @@ def trainserver() -> Iterator[Any]:
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload([*rel_harness.PRELOAD, "torch", "simstore.loaders"])
     yield ctx
+
+
+@pytest.fixture(autouse=True)
+def _atomic_moto_writes() -> Iterator[None]:
+    """moto's conditional writes made atomic, as S3's are (see rel_harness)."""
+    with rel_harness.atomic_moto_writes():
+        yield

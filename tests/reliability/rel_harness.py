@@ -22,6 +22,7 @@ import json
 import os
 import random
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -175,6 +176,42 @@ class CacheOnlyStore(LocalStore):
 
     def local_path(self, key: str) -> str | None:
         return None
+
+
+# -- the S3 stand-in ---------------------------------------------------------------------
+_MOTO_WRITES = threading.Lock()
+
+
+@contextlib.contextmanager
+def atomic_moto_writes() -> Iterator[None]:
+    """Make each of moto's object writes atomic, as S3's are, while the block runs.
+
+    moto 5 checks ``If-Match``/``If-None-Match`` and then writes, with no lock between
+    the two: two server threads can both pass the check on the same ETag and both answer
+    200, so one compare-and-swap silently overwrites another (a commit lost by the stand-in,
+    not by the store; seen once in 60 rounds of 6 committing processes on a loaded
+    machine, and at will with a few milliseconds' pause between moto's check and write).
+    S3 evaluates a conditional write atomically; this serialises moto's PutObject and
+    DeleteObject handlers (check and write together) for servers in this process.
+    """
+    from moto.s3.responses import S3Response
+
+    originals = {name: getattr(S3Response, name) for name in ("put_object", "delete_object")}
+
+    def atomic(method: Callable[..., Any]) -> Callable[..., Any]:
+        def handler(self: Any) -> Any:
+            with _MOTO_WRITES:
+                return method(self)
+
+        return handler
+
+    for name, method in originals.items():
+        setattr(S3Response, name, atomic(method))
+    try:
+        yield
+    finally:
+        for name, method in originals.items():
+            setattr(S3Response, name, method)
 
 
 # -- sources ---------------------------------------------------------------------------
@@ -387,6 +424,38 @@ def op_train(
                     json.dump({"state": loader.state_dict(), "logged": logged}, f)
                 os.replace(tmp, ckpt_path)
             time.sleep(0.01)
+
+
+def wait_until_orphaned(worker_id: int) -> None:
+    """A DataLoader ``worker_init_fn`` that announces itself and waits for its parent to die.
+
+    It writes ``<SIMSTORE_REL_READY>/worker-<pid>`` and returns once the process that
+    started it is gone (at most 120 s): the main process dies while its workers start up,
+    deterministically.
+    """
+    parent = os.getppid()
+    with open(os.path.join(os.environ["SIMSTORE_REL_READY"], f"worker-{os.getpid()}"), "w"):
+        pass
+    deadline = time.monotonic() + 120
+    while os.getppid() == parent and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def op_train_startup(root: str, ref: str, num_workers: int, ready_dir: str) -> None:
+    """Start a loader whose workers wait in :func:`wait_until_orphaned`; read one epoch."""
+    from simstore.loaders import SimDataLoader, SimDataset
+
+    os.environ["SIMSTORE_REL_READY"] = ready_dir
+    ds = SimDataset(CacheOnlyStore(root, read_only=True), ref, shuffle=True, seed=3)
+    loader = SimDataLoader(
+        ds,
+        batch_size=2,
+        num_workers=num_workers,
+        multiprocessing_context="fork",
+        worker_init_fn=wait_until_orphaned,
+    )
+    for _ in loader:
+        pass
 
 
 def epoch_keys(
@@ -772,6 +841,9 @@ class TrainScenario:
         problems: list[str] = []
         if not _wait_gone(pids, 30.0):
             problems.append("workers of the killed loader did not exit within 30 s")
+            for p in pids:  # recorded; do not let them pile up over hundreds of trials
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGKILL)
         leaked = [
             e
             for e in _shm_entries() - shm_before

@@ -151,6 +151,9 @@ class S3:
         from simstore.testing.s3 import make_s3_client
 
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
+        # moto's conditional writes are not atomic; S3's are (see rel_harness)
+        self._atomic = h.atomic_moto_writes()
+        self._atomic.__enter__()
         self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self.server.start()
         host, port = self.server.get_host_and_port()
@@ -181,6 +184,7 @@ class S3:
 
     def close(self) -> None:
         self.server.stop()
+        self._atomic.__exit__(None, None, None)
 
 
 # -- concurrency -----------------------------------------------------------------------
