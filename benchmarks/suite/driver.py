@@ -150,6 +150,29 @@ def interpreters(cfg: Config) -> Env:
     return env
 
 
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def writer_fingerprint(family: str) -> str | None:
+    """For simstore, a hash of the writer's source (formats/, simstore/ingest/), so data
+    written by an older revision is rewritten; peers' writers are pinned, so None."""
+    if family != "simstore":
+        return None
+    import hashlib
+
+    digest = hashlib.sha256()
+    for folder in ("formats", os.path.join("simstore", "ingest")):
+        base = os.path.join(_REPO, folder)
+        for root, dirs, files in os.walk(base):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for name in sorted(f for f in files if f.endswith(".py")):
+                path = os.path.join(root, name)
+                digest.update(os.path.relpath(path, _REPO).encode())
+                with open(path, "rb") as f:
+                    digest.update(f.read())
+    return digest.hexdigest()[:16]
+
+
 def write_all(cfg: Config, env: Env) -> None:
     """Pools, then each system's copy of each pool (reused when already written)."""
     for profile in cfg.profiles:
@@ -162,14 +185,17 @@ def write_all(cfg: Config, env: Env) -> None:
         if python is None or system.family in env.notes:
             continue
         jobs = []
+        fingerprint = writer_fingerprint(system.family)
         for profile in cfg.profiles:
             pool = env.pools[profile]
             out = os.path.join(cfg.root, "systems", system.name, os.path.basename(pool))
             env.data[(system.name, profile)] = out
             if os.path.exists(out + ".write.json"):
                 with open(out + ".write.json") as f:
-                    env.writes[(system.name, profile)] = {**json.load(f), "reused": True}
-                continue
+                    previous = json.load(f)
+                if previous.get("writer") == fingerprint:
+                    env.writes[(system.name, profile)] = {**previous, "reused": True}
+                    continue
             shutil.rmtree(out, ignore_errors=True)
             os.makedirs(os.path.dirname(out), exist_ok=True)
             jobs.append({"profile": profile, "pool": pool, "out": out})
@@ -186,6 +212,7 @@ def write_all(cfg: Config, env: Env) -> None:
             continue
         for job, w in zip(jobs, result["writes"], strict=True):
             w["bytes_on_disk"] = data_bytes(job["out"])[0]
+            w["writer"] = fingerprint
             with open(job["out"] + ".write.json", "w") as f:
                 json.dump(w, f)
             env.writes[(system.name, job["profile"])] = w
