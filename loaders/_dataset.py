@@ -47,6 +47,7 @@ from simstore.loaders._world import (
     World,
     WorldDetector,
     detect_world,
+    exit_with_parent,
     in_worker,
     worker_context,
 )
@@ -375,6 +376,7 @@ class SimDataset(IterableDataset[Sample]):
 
     def __iter__(self) -> Iterator[Sample]:
         if in_worker():
+            exit_with_parent()
             worker, num_workers = worker_context()
             # inside a plain DataLoader's worker: read this worker's share, untracked
             world = World(rank=self._world.rank, world_size=self._world.world_size,

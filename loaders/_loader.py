@@ -10,6 +10,7 @@ or repeated on resume.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -18,7 +19,7 @@ from simstore.loaders._dataset import LoaderState, Sample, SimDataset
 from simstore.loaders._metrics import timed
 from simstore.loaders._plan import Interval
 from simstore.loaders._stats import LoaderStats, RunReport
-from simstore.loaders._world import World, worker_context
+from simstore.loaders._world import World, exit_with_parent, worker_context
 from torch.utils.data import DataLoader, IterableDataset
 
 from simstore.errors import InvalidInputError
@@ -58,6 +59,19 @@ class _WorkerStream(IterableDataset[tuple[Sample, _Tag]]):
             world, self.epoch, self.remaining, self.batch_size, numbers_as_tensors=self.numbers
         ):
             yield sample, _Tag(worker, count, counters)
+
+
+class _WorkerInit:
+    """The workers' init function: tie the worker to this process, then the caller's."""
+
+    def __init__(self, user: Callable[[int], None] | None) -> None:
+        self.user = user
+        self.parent_pid = os.getpid()
+
+    def __call__(self, worker_id: int) -> None:
+        exit_with_parent(self.parent_pid)
+        if self.user is not None:
+            self.user(worker_id)
 
 
 class _TaggingCollate:
@@ -116,6 +130,8 @@ class SimDataLoader(DataLoader[Any]):
             raise InvalidInputError(f"batch_size must be at least 1, got {batch_size}")
         collate = collate_fn or Collate(mesh=mesh, pad_value=pad_value,
                                         index_fields=dict(index_fields or {}))
+        self._init = _WorkerInit(kwargs.pop("worker_init_fn", None))
+        kwargs["worker_init_fn"] = self._init
         self.sim_dataset = dataset
         # our collate batches Python numbers itself; a caller's collate gets tensors
         numbers = not (collate_fn is None and batch_size is not None)
@@ -132,6 +148,7 @@ class SimDataLoader(DataLoader[Any]):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ds = self.sim_dataset
+        self._init.parent_pid = os.getpid()  # the process about to start the workers
         world = ds.refresh_world()
         workers = max(1, self.num_workers)
         self._stream.world = world

@@ -71,6 +71,39 @@ def _env_rank(environ: Mapping[str, str]) -> tuple[int, int] | None:
         ) from exc
 
 
+_WATCH_THREAD = "simstore-parent-watch"
+
+
+def exit_with_parent(parent: int | None = None, interval_s: float = 1.0) -> None:
+    """In a DataLoader worker: end this process as soon as its parent is gone.
+
+    torch's worker notices a dead parent only between batches, and may then wait for
+    ever in its exit path: its queue's feeder thread blocks writing to a pipe whose read
+    end sibling workers still hold. A daemon thread polls the parent's pid and leaves
+    with ``os._exit`` instead; a worker holds nothing that must be saved (cache fills
+    are atomic, as for a SIGKILL). ``parent`` is the pid recorded before the fork (a
+    parent that died while this worker started is then noticed too; torch's own watchdog
+    records whatever parent the worker has once started). Started once per process.
+    """
+    import threading
+
+    expected = os.getppid() if parent is None else parent
+    if os.getppid() != expected:
+        os._exit(0)
+    if any(t.name == _WATCH_THREAD for t in threading.enumerate()):
+        return
+
+    def watch() -> None:
+        import time
+
+        while True:
+            time.sleep(interval_s)
+            if os.getppid() != expected:
+                os._exit(0)
+
+    threading.Thread(target=watch, name=_WATCH_THREAD, daemon=True).start()
+
+
 def in_worker() -> bool:
     """Whether the caller runs in a DataLoader worker process."""
     try:

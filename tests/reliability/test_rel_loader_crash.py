@@ -10,7 +10,7 @@ A main process killed while its DataLoader workers start up (before torch's work
 records its parent) must not leave them running: torch's watchdog then takes the reaper
 for the parent and the workers wait for work for ever. The stress run found 5 such
 orphans in 52 training-loop kills on a loaded machine; the last test reproduces it
-deterministically and is a strict xfail until the loader guards its workers.
+deterministically; SimDataLoader ties its workers to the main process, so they exit.
 """
 
 from __future__ import annotations
@@ -78,13 +78,6 @@ class OrphanedWorkers(AssertionError):
     """DataLoader workers still running after their main process was killed."""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=OrphanedWorkers,
-    reason="open: torch's worker watchdog records the parent after worker start-up, and "
-    "SimDataLoader (loaders/_loader.py) does not tie its workers to the main process "
-    "(docs/reliability.md, Open); remove this mark with the fix",
-)
 def test_workers_of_a_main_process_killed_during_their_start_up_exit(tmp_path, store, trainserver):
     import psutil
 
