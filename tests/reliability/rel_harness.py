@@ -390,10 +390,13 @@ def op_train(
 
     After every batch the keys it delivered are appended to ``log_path``; every second
     batch the loader state and the number of logged keys are written to ``ckpt_path``
-    atomically (temporary file and rename), as a training job saves its checkpoint.
+    atomically (temporary file and rename), as a training job saves its checkpoint. The
+    job is its own process group, as a scheduler's job is: its DataLoader workers can be
+    found (and killed) by group even after its main process is gone.
     """
     from simstore.loaders import SimDataLoader, SimDataset
 
+    os.setpgid(0, 0)
     ds = SimDataset(
         CacheOnlyStore(root, read_only=True),
         ref,
@@ -826,12 +829,14 @@ class TrainScenario:
         pids: list[int] = []
         whole_tree = rng.random() < 0.5
         if proc.exitcode is None:
-            # a job killed whole (a scheduler kills the job's cgroup), or only its main
-            # process (the OOM killer): then its DataLoader workers notice and exit
+            # a job killed whole (a scheduler kills the job's process group or cgroup), or
+            # only its main process (the OOM killer): then its DataLoader workers notice
+            # and exit
             pids = _tree(proc.pid)
-            for p in pids if whole_tree else pids[:1]:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p, signal.SIGKILL)
+            if whole_tree:
+                _kill_group(proc.pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
         proc.join(60)
         outcome = (
             "killed"
@@ -839,11 +844,13 @@ class TrainScenario:
             else ("finished" if proc.exitcode == 0 else "failed")
         )
         problems: list[str] = []
-        if not _wait_gone(pids, 30.0):
+        # by group, not by the tree seen before the kill: a worker forked just before
+        # the kill is in the group but was in no tree
+        members = _group(proc.pid)
+        pids = sorted(set(pids) | set(members))
+        if not _wait_gone(members, 30.0):
             problems.append("workers of the killed loader did not exit within 30 s")
-            for p in pids:  # recorded; do not let them pile up over hundreds of trials
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p, signal.SIGKILL)
+            _kill_group(proc.pid)  # recorded; do not let them pile up over many trials
         leaked = [
             e
             for e in _shm_entries() - shm_before
@@ -906,6 +913,23 @@ def _shm_entries() -> set[str]:
         return set(os.listdir("/dev/shm"))
     except FileNotFoundError:
         return set()
+
+
+def _group(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid``."""
+    import psutil
+
+    out = []
+    for p in psutil.pids():
+        with contextlib.suppress(OSError):
+            if os.getpgid(p) == pgid:
+                out.append(p)
+    return out
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def _tree(pid: int) -> list[int]:
