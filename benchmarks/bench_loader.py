@@ -349,7 +349,7 @@ def py1e_order(shard_sizes: np.ndarray, block: int, seed: int) -> np.ndarray:
 
 
 def simstore_order(shard_of: np.ndarray, part_rows: int, window: int, group_parts: int,
-                   seed: int) -> np.ndarray:
+                   seed: int, sample_bytes: int = 0, buffer_blocks: int = 16) -> np.ndarray:
     n = len(shard_of)
     rows = np.full(-(-n // part_rows), part_rows)
     rows[-1] = n - part_rows * (len(rows) - 1)
@@ -359,8 +359,12 @@ def simstore_order(shard_of: np.ndarray, part_rows: int, window: int, group_part
     out = []
     for g in range(lay.num_groups):
         ids = np.concatenate([starts[p] + np.arange(rows[p]) for p in lay.parts_of(g)])
-        order = group_order(shard_of[ids], window_shards=window, seed=seed, epoch=0,
-                            snapshot_id="ab" * 16, group=g)
+        shard = shard_of[ids]
+        position = ids - np.searchsorted(shard_of, shard)  # shards are runs of ids
+        order = group_order(shard, window_shards=window, seed=seed, epoch=0,
+                            snapshot_id="ab" * 16, group=g, positions=position,
+                            sizes=np.full(len(ids), sample_bytes),
+                            block_bytes=4 << 20, buffer_blocks=buffer_blocks)
         out.append(ids[order])
     return np.concatenate(out)
 
@@ -400,6 +404,42 @@ def bench_shuffle(work: str, quick: bool) -> dict[str, Any]:
               f"{100 * theirs['same_shard_neighbours']:.1f}%; shards per 1000 samples "
               f"{ours['shards_per_1000_samples']:.1f} vs {theirs['shards_per_1000_samples']:.1f}",
               flush=True)
+    out["scale"] = bench_shuffle_scale(quick)
+    return out
+
+
+def bench_shuffle_scale(quick: bool) -> dict[str, Any]:
+    """8 KiB samples in 256 MiB shards: how many 4 MiB row groups a stretch interleaves.
+
+    A columnar reader decodes whole row groups; an order whose stretch of 1,000 samples
+    touches about 1,000 row groups needs the whole window decoded at once (2 GiB for 8
+    shards of 256 MiB) or decodes each row group again and again.
+    """
+    per_shard, per_file, sample = 32_768, 400, 8192
+    n = (8 if quick else 16) * per_shard
+    ids = np.arange(n)
+    file_of, shard_of = ids // per_file, ids // per_shard
+    group = (4 << 20) // sample
+    block_of = ids // group  # 4 MiB row groups of a shard written in key order
+    rows = {
+        "simstore (blocks of 4 MiB, buffers of 16)": simstore_order(
+            shard_of, 1 << 20, 8, 4, seed=0, sample_bytes=sample),
+        "simstore without blocks (uniform window)": simstore_order(
+            shard_of, 1 << 20, 8, 4, seed=0, sample_bytes=sample, buffer_blocks=1 << 30),
+        "py1e (block = 8 shards)": py1e_order(np.full(n // per_shard, per_shard),
+                                              8 * per_shard, seed=0),
+    }
+    out: dict[str, Any] = {"samples": n, "samples_per_shard": per_shard, "sample_bytes": sample,
+                           "window_shards": 8}
+    for name, order in rows.items():
+        q = order_quality(order, shard_of, file_of, 1)
+        b = block_of[order]
+        q["row_groups_per_1000_samples"] = float(np.mean(
+            [len(np.unique(b[i : i + 1000])) for i in range(0, n - 999, 1000)]))
+        out[name] = q
+        print(f"  scale, {name}: same source file {100 * q['same_file_neighbours']:.1f}%, same "
+              f"shard {100 * q['same_shard_neighbours']:.1f}%, 4 MiB row groups per 1000 "
+              f"samples {q['row_groups_per_1000_samples']:.1f}", flush=True)
     return out
 
 

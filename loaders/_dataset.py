@@ -22,7 +22,7 @@ from simstore.loaders._fetch import RateLimiter, ShardAccess, tier_of
 from simstore.loaders._metrics import Metrics, timed
 from simstore.loaders._opener import FormatOpener
 from simstore.loaders._options import LoaderOptions, cache_config, parse_bytes
-from simstore.loaders._order import Mixture
+from simstore.loaders._order import BLOCK_BYTES, BUFFER_BLOCKS, Mixture
 from simstore.loaders._pipeline import (
     PrefetchConfig,
     ReaderPool,
@@ -75,6 +75,23 @@ class LoaderState(TypedDict):
     epoch_length: int
     remaining: list[list[int]]
     delivered: int
+    order: list[dict[str, Any]]
+
+
+ORDER_ALGORITHM = "blocks-v2"
+"""The shuffle of loaders/_order.py; a state resumes only a stream of the same algorithm."""
+
+
+def _order_params(source: Source) -> dict[str, Any]:
+    """What, beyond snapshot and seed, decides a source's order (kept in the state)."""
+    return {
+        "algorithm": ORDER_ALGORITHM,
+        "shuffle": source.shuffle,
+        "window_shards": source.window_shards,
+        "group_parts": source.group_parts,
+        "block_bytes": source.block_bytes,
+        "buffer_blocks": source.buffer_blocks,
+    }
 
 
 @dataclass(slots=True)
@@ -111,6 +128,10 @@ class SimDataset(IterableDataset[Sample]):
         window, crop: ``{field: region}`` reads of part of an array field (Zarr shards).
         window_shards: shards shuffled together (the shuffle window).
         group_parts: manifest parts per shuffle group.
+        shuffle_block_bytes: rows of a shard kept together in the shuffle (about the
+            shards' row-group size, the unit a reader decodes; default 4 MiB).
+        shuffle_buffer_blocks: blocks whose rows are shuffled together (default 16), so
+            a reader keeps at most that many blocks decoded.
         verify: hash-check each shard once per process (local) or on cache fill.
         max_bandwidth: bytes/s cap for the whole job (split over its ranks and workers).
         zero_copy: share memory with decoded buffers where possible (do not modify
@@ -141,6 +162,8 @@ class SimDataset(IterableDataset[Sample]):
         crop: Mapping[str, Any] | None = None,
         window_shards: int = 8,
         group_parts: int = 4,
+        shuffle_block_bytes: int | str = BLOCK_BYTES,
+        shuffle_buffer_blocks: int = BUFFER_BLOCKS,
         verify: bool = True,
         max_bandwidth: int | str | None = None,
         zero_copy: bool = True,
@@ -153,7 +176,8 @@ class SimDataset(IterableDataset[Sample]):
         source = open_source(
             backend, ref, fields=fields, shuffle=shuffle, seed=seed,
             window_shards=window_shards, group_parts=group_parts, transform=transform,
-            crop=crop, window=window,
+            block_bytes=parse_bytes(shuffle_block_bytes, "shuffle_block_bytes") or 0,
+            buffer_blocks=shuffle_buffer_blocks, crop=crop, window=window,
         )
         if isinstance(prefetch, int):
             prefetch = PrefetchConfig(chunks=prefetch)
@@ -315,6 +339,7 @@ class SimDataset(IterableDataset[Sample]):
             "epoch_length": self._epoch_length,
             "remaining": [[a, b] for a, b in remaining],
             "delivered": self._epoch_length - intervals_total(remaining),
+            "order": [_order_params(s) for s in self._sources],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -327,7 +352,12 @@ class SimDataset(IterableDataset[Sample]):
                 f"simstore reads {STATE_FORMAT_VERSION}"
             )
         mine = self.state_dict()
-        for name in ("snapshots", "seeds", "weights", "mix_seed", "epoch_length"):
+        for name in ("snapshots", "seeds", "weights", "mix_seed", "epoch_length", "order"):
+            if name == "order" and name not in state:
+                raise InvalidInputError(
+                    "loader state has no 'order' (it was saved by an earlier simstore, whose "
+                    "shuffle differs): it cannot resume this stream exactly"
+                )
             if state.get(name) != mine[name]:
                 raise InvalidInputError(
                     f"loader state has {name} {state.get(name)!r}, but this dataset reads "

@@ -7,11 +7,19 @@ built in two levels, and a reader needs only the parts its stretch of the stream
    id)`` and cut into *groups* of ``group_parts`` consecutive parts; the stream lays the
    groups end to end, so the start of every group is known from the snapshot alone.
 2. *Shards within a group.* The group's rows are sorted into *pieces* by shard. The pieces
-   are permuted, cut into *windows* of ``window_shards`` consecutive pieces, and the rows
-   of each window are shuffled uniformly. A stretch of the stream thus touches a window
-   of shards at a time (locality: a shard is read by about one reader), while neighbours
-   in the stream come from different shards (and hence source files) with probability
-   about ``1 - 1/window_shards``.
+   are permuted and cut into *windows* of ``window_shards`` consecutive pieces. A stretch
+   of the stream thus touches a window of shards at a time (locality: a shard is read by
+   about one reader).
+3. *Blocks within a window.* Each shard's rows, in shard order, are cut into *blocks* of
+   about ``block_bytes`` (the writers' row-group size: the unit a columnar reader decodes).
+   The window's blocks are permuted and cut into *buffers* of ``buffer_blocks`` blocks
+   that hold more than one row (a block of one row costs nothing to interleave: it is
+   decoded when read), and the rows of each buffer are shuffled uniformly. A reader thus
+   needs at most one buffer's blocks decoded at a time, whatever the shard size, and the
+   first batch of an epoch waits for one buffer, not a whole window; neighbours in the
+   stream come from different shards with probability about ``1 - 1/window_shards`` when
+   a buffer's blocks span the window. A window of few blocks is one buffer: its rows are
+   shuffled uniformly.
 
 Without shuffling the stream is the manifest: parts in key order, rows in key order.
 
@@ -49,6 +57,10 @@ __all__ = [
 ]
 
 _WEIGHT_SCALE = 1 << 20
+BLOCK_BYTES = 4 << 20
+"""Rows of a shard decoded together: the writers' default row-group size."""
+BUFFER_BLOCKS = 16
+"""Multi-row blocks shuffled together: 64 MiB of decoded rows with the default blocks."""
 
 
 def _entropy(seed: int, *words: int | str) -> list[int]:
@@ -127,15 +139,26 @@ def group_order(
     epoch: int,
     snapshot_id: str,
     group: int,
+    positions: np.ndarray | None = None,
+    sizes: np.ndarray | None = None,
+    block_bytes: int = BLOCK_BYTES,
+    buffer_blocks: int = BUFFER_BLOCKS,
 ) -> np.ndarray:
     """The stream order of a group's rows: a permutation of ``range(len(shard_codes))``.
 
-    ``shard_codes[i]`` numbers the shard of row ``i``. Pieces (rows of one
-    shard) are permuted, cut into windows of ``window_shards`` pieces, and each window's
-    rows shuffled uniformly.
+    ``shard_codes[i]`` numbers the shard of row ``i``, ``positions[i]`` is its row in that
+    shard and ``sizes[i]`` its bytes (without them every row is its own block). Pieces
+    (rows of one shard) are permuted and cut into windows of ``window_shards`` pieces;
+    each window's blocks are permuted and cut into buffers of ``buffer_blocks`` blocks of
+    more than one row, and each buffer's rows are shuffled uniformly (see the module doc).
     """
     if window_shards < 1:
         raise InvalidInputError(f"window_shards must be at least 1, got {window_shards}")
+    if block_bytes < 1 or buffer_blocks < 1:
+        raise InvalidInputError(
+            f"block_bytes and buffer_blocks must be at least 1, got {block_bytes} and "
+            f"{buffer_blocks}"
+        )
     n = len(shard_codes)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
@@ -144,8 +167,47 @@ def group_order(
     piece_rank = np.empty(m, dtype=np.int64)
     piece_rank[permutation(m, seed, epoch, snapshot_id, 2, group)] = np.arange(m)
     window = piece_rank[codes] // window_shards
+    blocks, block_of = _blocks(codes, positions, sizes, block_bytes)
+    # each block's window, and a random rank of the block within it
+    nblocks = len(blocks)
+    block_window = np.empty(nblocks, dtype=np.int64)
+    block_window[block_of] = window
+    rows_in = np.bincount(block_of, minlength=nblocks)
+    draw = random_words(nblocks, seed, epoch, snapshot_id, 5, group)
+    by_window = np.lexsort((draw, block_window))
+    # buffers: consecutive blocks (in that order) of one window, counting multi-row blocks
+    counted = (rows_in[by_window] > 1).astype(np.int64)
+    win = block_window[by_window]
+    starts = np.flatnonzero(np.r_[True, win[1:] != win[:-1]])
+    before = np.cumsum(counted) - counted
+    before -= np.repeat(before[starts], np.diff(np.r_[starts, nblocks]))
+    buffer = np.empty(nblocks, dtype=np.int64)
+    buffer[by_window] = before // buffer_blocks
     ties = random_words(n, seed, epoch, snapshot_id, 3, group)
-    return np.lexsort((ties, window)).astype(np.int64)
+    return np.lexsort((ties, buffer[block_of], window)).astype(np.int64)
+
+
+def _blocks(
+    codes: np.ndarray, positions: np.ndarray | None, sizes: np.ndarray | None, block_bytes: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(block ids, block of each row): runs of a shard's rows of about ``block_bytes``."""
+    n = len(codes)
+    if positions is None or sizes is None:
+        return np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64)
+    pos = np.asarray(positions, dtype=np.int64)
+    size = np.maximum(np.asarray(sizes, dtype=np.int64), 0)
+    by_shard = np.lexsort((pos, codes))
+    sc = codes[by_shard]
+    cum = np.cumsum(size[by_shard]) - size[by_shard]
+    first = np.flatnonzero(np.r_[True, sc[1:] != sc[:-1]])
+    cum -= np.repeat(cum[first], np.diff(np.r_[first, n]))
+    local = cum // block_bytes
+    # number the (shard, local block) pairs in shard order
+    new = np.r_[True, (sc[1:] != sc[:-1]) | (local[1:] != local[:-1])]
+    ids_sorted = np.cumsum(new) - 1
+    block_of = np.empty(n, dtype=np.int64)
+    block_of[by_shard] = ids_sorted
+    return np.arange(int(ids_sorted[-1]) + 1, dtype=np.int64), block_of
 
 
 def _integer_weights(weights: Sequence[float]) -> tuple[int, ...]:

@@ -15,7 +15,13 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from simstore.loaders._order import SourceLayout, group_order, source_layout
+from simstore.loaders._order import (
+    BLOCK_BYTES,
+    BUFFER_BLOCKS,
+    SourceLayout,
+    group_order,
+    source_layout,
+)
 from simstore.loaders._stats import Counters
 from simstore.loaders._window import Regions, parse_regions
 
@@ -47,6 +53,8 @@ class Source:
     seed: int
     window_shards: int
     group_parts: int
+    block_bytes: int = BLOCK_BYTES
+    buffer_blocks: int = BUFFER_BLOCKS
     transform: Transform | None = None
     regions: Regions | None = None
 
@@ -77,6 +85,8 @@ def open_source(
     window_shards: int,
     group_parts: int,
     transform: Transform | None,
+    block_bytes: int = BLOCK_BYTES,
+    buffer_blocks: int = BUFFER_BLOCKS,
     crop: Mapping[str, Any] | None = None,
     window: Mapping[str, Any] | None = None,
 ) -> Source:
@@ -96,6 +106,11 @@ def open_source(
             )
     if seed < 0:
         raise InvalidInputError(f"seed must be non-negative, got {seed}")
+    for name, value in (("window_shards", window_shards), ("group_parts", group_parts),
+                        ("shuffle_block_bytes", block_bytes),
+                        ("shuffle_buffer_blocks", buffer_blocks)):
+        if value < 1:
+            raise InvalidInputError(f"{name} must be at least 1, got {value}")
     regions = parse_regions(crop, window, snap.schema) if crop or window else None
     return Source(
         store=store,
@@ -110,6 +125,8 @@ def open_source(
         seed=seed,
         window_shards=window_shards,
         group_parts=group_parts,
+        block_bytes=block_bytes,
+        buffer_blocks=buffer_blocks,
         transform=transform,
         regions=regions,
     )
@@ -164,6 +181,8 @@ def load_group(
     table = pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0]
     encoded = table.column("shard").combine_chunks().dictionary_encode()
     codes = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+    positions = table.column("position").to_numpy()
+    sizes = table.column("size_bytes").to_numpy()
     if source.shuffle:
         order = group_order(
             codes,
@@ -172,11 +191,13 @@ def load_group(
             epoch=epoch,
             snapshot_id=source.snapshot_id,
             group=group,
+            positions=positions,
+            sizes=sizes,
+            block_bytes=source.block_bytes,
+            buffer_blocks=source.buffer_blocks,
         )
     else:
         order = np.arange(len(codes), dtype=np.int64)
-    positions = table.column("position").to_numpy()
-    sizes = table.column("size_bytes").to_numpy()
     return GroupRows(
         shard_ids=tuple(encoded.dictionary.to_pylist()),
         shard=codes[order],

@@ -129,6 +129,27 @@ def test_state_of_another_snapshot_is_refused(small, store_path):
         dataset(store, "other").load_state_dict(state)
 
 
+def test_state_of_another_shuffle_is_refused(small):
+    store, ref, _ = small
+    state = dataset(store, ref, window_shards=8).state_dict()
+    with pytest.raises(InvalidInputError, match="order"):
+        dataset(store, ref, window_shards=4).load_state_dict(state)
+    with pytest.raises(InvalidInputError, match="order"):
+        dataset(store, ref, shuffle_buffer_blocks=2).load_state_dict(state)
+    older = {k: v for k, v in state.items() if k != "order"}
+    with pytest.raises(InvalidInputError, match="earlier simstore"):
+        dataset(store, ref, window_shards=8).load_state_dict(older)
+    dataset(store, ref, window_shards=8).load_state_dict(state)  # the same order: accepted
+
+
+def test_shuffle_parameters_are_checked(small):
+    store, ref, _ = small
+    with pytest.raises(InvalidInputError, match="shuffle_buffer_blocks"):
+        dataset(store, ref, shuffle_buffer_blocks=0)
+    with pytest.raises(InvalidInputError, match="shuffle_block_bytes"):
+        dataset(store, ref, shuffle_block_bytes="0MiB")
+
+
 def test_set_epoch_keeps_a_resume_for_the_same_epoch(small):
     store, ref, _ = small
     ds = dataset(store, ref)

@@ -185,6 +185,56 @@ def test_group_order_shuffles_within_windows_of_shards(codes, window, seed):
     assert [window_of[s] for s in shards.tolist()] == sorted(window_of[s] for s in shards.tolist())
 
 
+@settings(deadline=None)
+@given(
+    shards=st.lists(st.integers(1, 60), min_size=1, max_size=8),
+    window=st.integers(1, 4),
+    buffer_blocks=st.integers(1, 4),
+    block_rows=st.integers(1, 7),
+    seed=st.integers(0, 99),
+)
+def test_group_order_keeps_blocks_in_buffers(shards, window, buffer_blocks, block_rows, seed):
+    # rows of equal size, so a block is `block_rows` consecutive rows of a shard
+    codes = np.concatenate([np.full(n, i) for i, n in enumerate(shards)]).astype(np.int64)
+    positions = np.concatenate([np.arange(n) for n in shards]).astype(np.int64)
+    sizes = np.full(len(codes), 10, dtype=np.int64)
+    kw = dict(window_shards=window, seed=seed, epoch=0, snapshot_id="cd" * 16, group=0,
+              positions=positions, sizes=sizes, block_bytes=10 * block_rows,
+              buffer_blocks=buffer_blocks)
+    order = group_order(codes, **kw)
+    assert sorted(order.tolist()) == list(range(len(codes)))
+    assert np.array_equal(order, group_order(codes, **kw))
+    block = [(int(c), int(p) // block_rows) for c, p in zip(codes[order], positions[order])]
+    sizes_of = {b: sum(1 for x in block if x == b) for b in set(block)}
+    # a block, once started, is finished before more than `buffer_blocks` multi-row
+    # blocks are open at once: the reader's decoded working set is bounded
+    open_blocks: set = set()
+    left = dict(sizes_of)
+    for b in block:
+        open_blocks.add(b)
+        left[b] -= 1
+        if left[b] == 0:
+            open_blocks.discard(b)
+        assert sum(1 for x in open_blocks if sizes_of[x] > 1) <= buffer_blocks
+
+
+def test_block_order_bounds_row_group_decodes_of_a_large_window():
+    # 8 shards of 64 blocks: the old order (a uniform shuffle of the window) interleaves
+    # all 512 blocks; the block order has at most 16 open at a time
+    codes = np.repeat(np.arange(8), 64 * 50)
+    positions = np.tile(np.arange(64 * 50), 8)
+    sizes = np.full(len(codes), 1000)
+    order = group_order(codes, window_shards=8, seed=1, epoch=0, snapshot_id="ab" * 16,
+                        group=0, positions=positions, sizes=sizes, block_bytes=50_000,
+                        buffer_blocks=16)
+    blocks = codes[order] * 64 + positions[order] // 50
+    first = blocks[:256]
+    assert len(np.unique(first)) <= 16
+    # and neighbours still come from different shards most of the time
+    same_shard = np.mean(codes[order][1:] == codes[order][:-1])
+    assert same_shard < 0.3
+
+
 def test_different_epochs_give_different_orders():
     assert not np.array_equal(permutation(100, 0, 1, "ab" * 16), permutation(100, 0, 2, "ab" * 16))
 
