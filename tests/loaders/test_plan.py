@@ -204,7 +204,7 @@ def test_group_order_keeps_blocks_in_buffers(shards, window, buffer_blocks, bloc
     order = group_order(codes, **kw)
     assert sorted(order.tolist()) == list(range(len(codes)))
     assert np.array_equal(order, group_order(codes, **kw))
-    block = [(int(c), int(p) // block_rows) for c, p in zip(codes[order], positions[order])]
+    block = [(int(c), int(p) // block_rows) for c, p in zip(codes[order], positions[order], strict=True)]
     sizes_of = {b: sum(1 for x in block if x == b) for b in set(block)}
     # a block, once started, is finished before more than `buffer_blocks` multi-row
     # blocks are open at once: the reader's decoded working set is bounded
