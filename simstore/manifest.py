@@ -235,8 +235,11 @@ def decode_part(data: bytes, *, object_id: str = "") -> pa.Table:
 
 
 def _row_problem(table: pa.Table) -> str:
-    """What makes these rows unusable, or ``""``: keys strictly increasing, shard ids
-    object ids, positions and sizes non-negative (readers index shards with them)."""
+    """What makes these rows unusable, or ``""``.
+
+    Keys must increase strictly, shard ids be object ids, positions and sizes be
+    non-negative (readers index shards with them).
+    """
     n = table.num_rows
     if n == 0:
         return ""

@@ -231,7 +231,6 @@ def gc(
     list_tmp = getattr(cat.store, "list_temporary", None)
     if callable(list_tmp):
         import os
-
         import shutil
 
         for path in list(list_tmp(cutoff)):

@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from simstore.cli import main
 
 from simstore.catalog import Catalog
-from simstore.cli import main
 from simstore.errors import StorageError
 from simstore.ingest import ingest
 
