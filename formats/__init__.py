@@ -7,21 +7,48 @@ by its magic bytes and returns a reader whose ``read(positions, fields)`` yields
 ``{field: value}`` dict per sample; the Zarr reader also has ``read_slices`` for windows.
 """
 
-from ._lance import LanceFormat, LanceShardReader
-from ._parquet import ParquetFormat, ParquetShardReader
-from ._registry import get_adapter, get_format, list_adapters, list_formats, open_shard
-from ._zarr import ZarrFormat, ZarrShardReader, auto_chunks
-from .adapters import (
-    AutoAdapter,
-    CadAdapter,
-    HDF5Adapter,
-    MeshAdapter,
-    NetCDFAdapter,
-    NpyAdapter,
-    NpzAdapter,
-    SlicedArray,
-    ZarrAdapter,
-)
+from importlib import import_module
+from typing import Any
+
+# Names load on first use (PEP 562), so a reader of Parquet shards does not import the
+# Zarr, Lance and source-adapter modules (and their libraries) it never touches.
+_WHERE = {
+    "LanceFormat": "._lance",
+    "LanceShardReader": "._lance",
+    "ParquetFormat": "._parquet",
+    "ParquetShardReader": "._parquet",
+    "get_adapter": "._registry",
+    "get_format": "._registry",
+    "list_adapters": "._registry",
+    "list_formats": "._registry",
+    "open_shard": "._registry",
+    "ZarrFormat": "._zarr",
+    "ZarrShardReader": "._zarr",
+    "auto_chunks": "._zarr",
+    "AutoAdapter": ".adapters",
+    "CadAdapter": ".adapters",
+    "HDF5Adapter": ".adapters",
+    "MeshAdapter": ".adapters",
+    "NetCDFAdapter": ".adapters",
+    "NpyAdapter": ".adapters",
+    "NpzAdapter": ".adapters",
+    "SlicedArray": ".adapters",
+    "ZarrAdapter": ".adapters",
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(where, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "AutoAdapter",

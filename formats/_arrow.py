@@ -348,7 +348,23 @@ def scalar_out(value: Any, dtype: str) -> Any:
 
 
 Out = Callable[[int, str, tuple[int, ...], np.dtype[Any]], Any]
-"""``out(i, field, shape, dtype)``: a writable C-contiguous array for row ``i``, or None."""
+"""``out(i, field, shape, dtype)``: a writable C-contiguous array for row ``i``, or None.
+
+An ``out`` may also have ``many(rows, field, shape, dtype)``, giving ``(buffer, index,
+row arrays)`` to fill several equal-shaped rows in one scatter ``buffer[index] = ...``.
+"""
+
+
+def _many(
+    out: Out | None, n: int, name: str, shape: tuple[int, ...], dtype: np.dtype[Any]
+) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]] | None:
+    many = getattr(out, "many", None)
+    if many is None or n == 0:
+        return None
+    got: tuple[np.ndarray, np.ndarray, list[np.ndarray]] | None = many(
+        range(n), name, shape, dtype
+    )
+    return got
 
 
 def _decode_column(
@@ -372,6 +388,12 @@ def _decode_column(
         flat = values.to_numpy(zero_copy_only=False)
         arr = flat.reshape((len(col), *plan.shape))
         native = np.dtype(plan.spec.dtype)
+        if not nulls.any() and arr.dtype == native:
+            bulk = _many(out, n, plan.name, tuple(plan.shape), native)
+            if bulk is not None:
+                buffer, index, rows_out = bulk
+                buffer[index] = arr if rows is None else arr[idx]
+                return list(rows_out)
         result: list[Any] = [None] * n
         rest = []
         for i in range(n):
@@ -434,6 +456,10 @@ def _decode_blob(
 
         unshuffle = Shuffle(elementsize=plan.shuffle)
     n = len(idx)
+    if unshuffle is None and dtype == native and n and not nulls.any():
+        done = _blob_bulk(plan, raw, offsets, shape_at, shape_values, idx, native, out)
+        if done is not None:
+            return done
     result: list[Any] = [None] * n
     rest: list[tuple[int, tuple[int, ...]]] = []
     for i in range(n):
@@ -469,6 +495,49 @@ def _decode_blob(
         arr = part.view(dtype).reshape(shape)
         result[i] = arr if dtype == native else arr.astype(native)
     return result
+
+
+def _blob_bulk(
+    plan: ColumnPlan,
+    raw: np.ndarray,
+    offsets: np.ndarray,
+    shape_at: np.ndarray,
+    shape_values: np.ndarray,
+    idx: np.ndarray,
+    native: np.dtype[Any],
+    out: Out | None,
+) -> list[Any] | None:
+    """Rows ``idx`` of equal shape decoded into ``out``'s buffer in one scatter, or None."""
+    if getattr(out, "many", None) is None:
+        return None
+    idx = np.asarray(idx, dtype=np.int64)
+    ndim = shape_at[idx + 1] - shape_at[idx]
+    d = int(ndim[0])
+    if (ndim != d).any():
+        return None
+    dims = shape_values[shape_at[idx][:, None] + np.arange(d)] if d else np.zeros((len(idx), 0))
+    if d and (dims != dims[0]).any():
+        return None
+    shape = tuple(int(x) for x in dims[0]) if d else ()
+    width = math.prod(shape) * native.itemsize
+    starts = offsets[idx]
+    if ((offsets[idx + 1] - starts) != width).any():
+        return None
+    bulk = _many(out, len(idx), plan.name, shape, native)
+    if bulk is None:
+        return None
+    buffer, index, rows_out = bulk
+    target = buffer.reshape(len(buffer), -1).view(np.uint8)
+    spacing = np.diff(offsets)
+    if width and len(spacing) and (spacing == width).all():
+        # every row of the column is `width` bytes: the data is a (rows, width) matrix
+        base = int(offsets[0])
+        matrix = raw[base : base + width * (len(offsets) - 1)].reshape(-1, width)
+        target[index] = matrix[idx]
+    else:
+        for k, a in zip(index.tolist(), starts.tolist(), strict=True):
+            target[k] = raw[a : a + width]
+    return list(rows_out)
 
 
 def decode_rows(

@@ -254,15 +254,32 @@ class ColumnarReader(ABC):
         """Release file handles."""
 
 
-def _shift(out: Out, by: int) -> Out:
-    def shifted(i: int, name: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
-        return out(i + by, name, shape, dtype)
+class _Mapped:
+    """``out`` seen through an index map: row ``i`` here is row ``index(i)`` there."""
 
-    return shifted
+    __slots__ = ("_by", "_index", "_out", "many")
+
+    def __init__(self, out: Out, by: int = 0, index: Sequence[int] | None = None) -> None:
+        self._out = out
+        self._by = by
+        self._index = index
+        inner = getattr(out, "many", None)
+        self.many = self._many if inner is not None else None
+
+    def _at(self, i: int) -> int:
+        return self._index[i] if self._index is not None else i + self._by
+
+    def __call__(self, i: int, name: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
+        return self._out(self._at(i), name, shape, dtype)
+
+    def _many(self, rows: Sequence[int], name: str, shape: tuple[int, ...],
+              dtype: np.dtype[Any]) -> Any:
+        return self._out.many([self._at(i) for i in rows], name, shape, dtype)  # type: ignore[attr-defined]
+
+
+def _shift(out: Out, by: int) -> Out:
+    return _Mapped(out, by=by)
 
 
 def _remap(out: Out, index: Sequence[int]) -> Out:
-    def remapped(i: int, name: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
-        return out(index[i], name, shape, dtype)
-
-    return remapped
+    return _Mapped(out, index=index)

@@ -32,6 +32,8 @@ from ._columnar import ColumnarReader, ColumnarWriter
 __all__ = ["ParquetFormat", "ParquetShardReader", "ParquetShardWriter"]
 
 MAGIC = b"PAR1"
+PAGE_CRC_KEY = b"simstore.page_checksums"
+"""Schema metadata of a shard whose every page carries a CRC-32 (``crc32``)."""
 OWN_CACHE_BYTES = 64 << 20
 """Decoded row groups a reader keeps when no shared :class:`BlockCache` is given."""
 
@@ -57,6 +59,10 @@ class ParquetShardWriter(ColumnarWriter):
     """Parquet decodes a list column with a level per value: 6x slower than a blob of the
     same bytes for 8 KiB tensors (pyarrow 26, uncompressed), so only tensors of at most
     1 KiB are fixed-shape columns; Lance keeps its fixed-size lists up to 64 KiB."""
+
+    def _schema(self, plans: Sequence[ColumnPlan], stats: Mapping[str, Any] | None) -> pa.Schema:
+        schema = super()._schema(plans, stats)
+        return schema.with_metadata({**(schema.metadata or {}), PAGE_CRC_KEY: b"crc32"})
 
     def _write(
         self, plans: Sequence[ColumnPlan], schema: pa.Schema, groups: Sequence[slice]
@@ -99,11 +105,12 @@ class ParquetShardReader(ColumnarReader):
         try:
             # a local path is memory-mapped: uncompressed column chunks are decoded from
             # the page cache without a read() copy (3,915 vs 2,044 MiB/s for 4 MiB blobs)
-            # a file object is a ranged reader over a remote object, never hash-checked
-            # as a whole: its pages' checksums are verified instead
+            # every page's CRC-32 is verified as it is decoded (at no measurable cost):
+            # a ranged reader over a remote object is never hash-checked as a whole,
+            # and a local shard is read while its whole-object hash is still running
             local = isinstance(source, str)
             self._pf = pq.ParquetFile(
-                source, memory_map=local, page_checksum_verification=not local
+                source, memory_map=local, page_checksum_verification=True
             )
             schema = self._pf.schema_arrow
         except (pa.ArrowException, OSError, ValueError) as exc:
@@ -114,6 +121,8 @@ class ParquetShardReader(ColumnarReader):
         self._blocks = cache if cache is not None else BlockCache(OWN_CACHE_BYTES)
         self._token = object()
         self.decodes = 0
+        self.verifies_pages = (schema.metadata or {}).get(PAGE_CRC_KEY) == b"crc32"
+        """Each page's CRC-32 is checked as it is decoded (the writer says it wrote them)."""
         super().__init__(name, schema, plans_from_schema(schema, source=name), meta.num_rows)
 
     def _group_of(self, position: int) -> int:

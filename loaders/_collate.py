@@ -85,27 +85,43 @@ class Collate:
                     f"cannot batch samples with different fields (differ in {diff}); "
                     "give the mixture's datasets a transform that aligns them"
                 )
+        return self.columns({name: [s[name] for s in samples] for name in names})
+
+    def columns(self, columns: Mapping[str, list[Any] | torch.Tensor]) -> dict[str, Any]:
+        """A batch from its columns; the same as ``__call__`` gives for the same samples.
+
+        A column is a field's values in sample order: a list, or one tensor whose rows are
+        the samples' values (already stacked, as the loader's decode buffers hold them).
+        """
         out: dict[str, Any] = {}
         lengths: dict[str, list[int]] = {}
-        for name in names:
-            values = [s[name] for s in samples]
+        for name, values in columns.items():
+            if isinstance(values, torch.Tensor):
+                variable = self._is_variable(name)
+                if not self._packs(name, variable) and not (variable and values.dim() > 1):
+                    out[name] = values
+                    continue
+                values = list(values.unbind(0))
             if all(isinstance(v, torch.Tensor) for v in values):
                 variable = self._is_variable(name)
-                packed = self.mesh == "pack" and (
-                    variable or name in self.index_fields or name in self.index_fields.values()
-                )
                 self._tensors(
-                    name, values, out, lengths, always_pack=packed, always_pad=variable
+                    name, values, out, lengths, always_pack=self._packs(name, variable),
+                    always_pad=variable,
                 )
             elif all(isinstance(v, bool | int | float) for v in values):
                 out[name] = torch.tensor(values)
             else:
-                out[name] = values
+                out[name] = list(values)
         if self.mesh == "pack":
             for name, target in self.index_fields.items():
                 if name in out and target in lengths:
-                    self._shift(name, target, samples, out, lengths)
+                    self._shift(name, target, columns[name], out, lengths)
         return out
+
+    def _packs(self, name: str, variable: bool) -> bool:
+        return self.mesh == "pack" and (
+            variable or name in self.index_fields or name in self.index_fields.values()
+        )
 
     def _tensors(
         self,
@@ -161,14 +177,14 @@ class Collate:
         self,
         name: str,
         target: str,
-        samples: Sequence[Mapping[str, Any]],
+        values: Sequence[Any],
         out: dict[str, Any],
         lengths: dict[str, list[int]],
     ) -> None:
         starts = [0]
         for n in lengths[target][:-1]:
             starts.append(starts[-1] + n)
-        parts = [s[name] + start for s, start in zip(samples, starts, strict=True)]
+        parts = [v + start for v, start in zip(values, starts, strict=True)]
         out[name] = torch.cat(parts)
         if f"{name}__offsets" not in out:
             sizes = [int(p.shape[0]) for p in parts]

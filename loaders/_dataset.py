@@ -18,6 +18,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
+import numpy as np
+import torch
+from simstore.loaders._collate import Collate
 from simstore.loaders._fetch import RateLimiter, ShardAccess, tier_of
 from simstore.loaders._metrics import Metrics, timed
 from simstore.loaders._opener import FormatOpener
@@ -438,9 +441,91 @@ class SimDataset(IterableDataset[Sample]):
         """One reader's samples, each with its running count and the reading counters.
 
         The plan -> prefetch -> decode pipeline; used by ``__iter__`` and by
-        :class:`SimDataLoader`'s workers (whose default collate turns a batch's Python
-        numbers into one tensor, so they pass ``numbers_as_tensors=False``).
+        :class:`SimDataLoader`'s workers when they hand the DataLoader single samples
+        (whose default collate turns a batch's Python numbers into one tensor, so they pass
+        ``numbers_as_tensors=False``).
         """
+        opts = self._options
+        count = 0
+        with self._decoded(world, epoch, remaining, batch_size) as (chunks, counters):
+            for chunk, (values, buffers) in chunks:
+                for j, fields in enumerate(values):
+                    src = self._sources[int(chunk.source[j])]
+                    sample = to_tensors(fields, zero_copy=opts.zero_copy,
+                                        given=buffers.tensors(j, fields),
+                                        numbers=numbers_as_tensors)
+                    if src.transform is not None:
+                        sample = src.transform(sample)
+                    sample["__key__"] = chunk.keys[j]
+                    pad = bool(chunk.is_pad[j])
+                    sample["__pad__"] = pad
+                    counters.add("pad_samples" if pad else "samples")
+                    counters.add("sample_bytes", sample_bytes(sample))
+                    count += 1
+                    yield sample, count, counters.snapshot()
+
+    def read_batches(
+        self,
+        world: World,
+        epoch: int,
+        remaining: Sequence[Interval],
+        batch_size: int,
+        collate: Collate,
+        *,
+        drop_last: bool = False,
+    ) -> Iterator[tuple[Any, int, dict[str, float]]]:
+        """One reader's batches, collated, each with its running count and counters.
+
+        What a DataLoader would make of :meth:`read`'s samples in batches of
+        ``batch_size`` with ``collate``, made a batch at a time: a fixed-shape field of a
+        batch is a view of its chunk's decode buffer, with no per-sample tensors or dicts.
+        Samples of a batch that need per-sample work (a transform, fields that differ,
+        values outside the buffers) go through ``collate`` as samples.
+        """
+        opts = self._options
+        per_sample = any(s.transform is not None for s in self._sources)
+        count = 0
+        with self._decoded(world, epoch, remaining, batch_size) as (chunks, counters):
+            for chunk, (values, buffers) in chunks:
+                n = len(values)
+                for lo in range(0, n, batch_size):
+                    hi = min(n, lo + batch_size)
+                    if hi - lo < batch_size and drop_last:
+                        continue
+                    pads = chunk.is_pad[lo:hi]
+                    columns = None if per_sample else _columns(
+                        values, buffers, lo, hi, chunk.keys[lo:hi], pads, opts.zero_copy)
+                    if columns is None:
+                        samples = []
+                        for j in range(lo, hi):
+                            src = self._sources[int(chunk.source[j])]
+                            sample = to_tensors(values[j], zero_copy=opts.zero_copy,
+                                                given=buffers.tensors(j, values[j]),
+                                                numbers=False)
+                            if src.transform is not None:
+                                sample = src.transform(sample)
+                            sample["__key__"] = chunk.keys[j]
+                            sample["__pad__"] = bool(chunk.is_pad[j])
+                            samples.append(sample)
+                        nbytes = sum(sample_bytes(x) for x in samples)
+                        batch = collate(samples)
+                    else:
+                        nbytes = _columns_bytes(columns)
+                        batch = collate.columns(columns)
+                    npad = int(np.count_nonzero(pads))
+                    counters.add("samples", hi - lo - npad)
+                    if npad:
+                        counters.add("pad_samples", npad)
+                    counters.add("sample_bytes", nbytes)
+                    count += hi - lo
+                    yield batch, count, counters.snapshot()
+
+    @contextlib.contextmanager
+    def _decoded(
+        self, world: World, epoch: int, remaining: Sequence[Interval], batch_size: int
+    ) -> Iterator[tuple[Iterator[tuple[Any, tuple[list[dict[str, Any]], ChunkBuffers]]],
+                        Counters]]:
+        """The decoded chunks of one reader's share of the epoch, and its counters."""
         plan = plan_epoch(remaining, world, batch_size=batch_size,
                           remainder=self._options.remainder)
         counters = Counters()
@@ -451,7 +536,6 @@ class SimDataset(IterableDataset[Sample]):
         sources = self._sources
         tiers = [tier_of(s.store) for s in sources]
         opener = opts.shard_opener or FormatOpener()
-        count = 0
         with contextlib.ExitStack() as stack:
             access = [
                 ShardAccess(s.store, counters=counters, limiter=limiter, cache=opts.cache,
@@ -477,18 +561,55 @@ class SimDataset(IterableDataset[Sample]):
             chunks = prefetched(plan, epoch, resolver, pool, opts.prefetch, decode,
                                 mean_sample_bytes=mean)
             stack.callback(chunks.close)
-            for chunk, (values, buffers) in chunks:
-                for j, fields in enumerate(values):
-                    src = sources[int(chunk.source[j])]
-                    sample = to_tensors(fields, zero_copy=opts.zero_copy,
-                                        given=buffers.tensors(j, fields),
-                                        numbers=numbers_as_tensors)
-                    if src.transform is not None:
-                        sample = src.transform(sample)
-                    sample["__key__"] = chunk.keys[j]
-                    pad = bool(chunk.is_pad[j])
-                    sample["__pad__"] = pad
-                    counters.add("pad_samples" if pad else "samples")
-                    counters.add("sample_bytes", sample_bytes(sample))
-                    count += 1
-                    yield sample, count, counters.snapshot()
+            yield chunks, counters
+            pool.finish()  # the whole-shard hashes still running for shards read
+
+
+def _columns(
+    values: list[dict[str, Any]],
+    buffers: ChunkBuffers,
+    lo: int,
+    hi: int,
+    keys: list[str],
+    pads: np.ndarray,
+    zero_copy: bool,
+) -> dict[str, Any] | None:
+    """Samples ``lo:hi`` of a decoded chunk as batch columns, or None if they differ in fields.
+
+    A field whose values are consecutive rows of a decode buffer becomes a view of those
+    rows; any other becomes the list of its values (as tensors, Python numbers, strings).
+    """
+    first = values[lo]
+    names = first.keys()
+    for j in range(lo + 1, hi):
+        if values[j].keys() != names:
+            return None
+    columns: dict[str, Any] = {}
+    for name in names:
+        rows = buffers.rows(name, lo, hi, values)
+        if rows is not None:
+            columns[name] = rows
+            continue
+        column = [values[j][name] for j in range(lo, hi)]
+        if any(isinstance(v, np.ndarray | np.generic) for v in column):
+            column = [to_tensors({name: v}, zero_copy=zero_copy, numbers=False)[name]
+                      for v in column]
+        columns[name] = column
+    columns["__key__"] = keys
+    columns["__pad__"] = [bool(p) for p in pads.tolist()]
+    return columns
+
+
+def _columns_bytes(columns: Mapping[str, Any]) -> int:
+    """Logical bytes of a batch's columns, as :func:`sample_bytes` counts a sample's."""
+    total = 0
+    for column in columns.values():
+        if isinstance(column, torch.Tensor):
+            total += column.element_size() * column.nelement()
+            continue
+        for v in column:
+            if isinstance(v, torch.Tensor):
+                total += v.element_size() * v.nelement()
+            elif isinstance(v, bytes | str):
+                total += len(v)
+    return total

@@ -272,14 +272,21 @@ class ShardAccess:
             return self._cached(shard_id)
         return None
 
-    def open(self, shard_id: str, prepared: ShardHandle | None) -> ShardHandle:
-        """The source a reader opens for ``shard_id`` (using what :meth:`prepare` made)."""
+    def open(
+        self, shard_id: str, prepared: ShardHandle | None, *, verified: bool = True
+    ) -> ShardHandle:
+        """The source a reader opens for ``shard_id`` (using what :meth:`prepare` made).
+
+        ``verified=False`` opens a local shard whose hash :meth:`prepare` is still
+        checking (the caller answers for waiting on it).
+        """
         if prepared is not None:
             return prepared
         key = object_key(shard_id)
         mode = self.mode(shard_id)
         if mode == "local":
-            self._verify_local(shard_id)
+            if verified:
+                self._verify_local(shard_id)
             path = self._local[shard_id]
             assert path is not None
             return ShardHandle(path, _nothing)

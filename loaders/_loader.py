@@ -61,6 +61,39 @@ class _WorkerStream(IterableDataset[tuple[Sample, _Tag]]):
             yield sample, _Tag(worker, count, counters)
 
 
+class _BatchStream(IterableDataset[_Tagged]):
+    """What the workers iterate with the default collate: whole batches, already tagged.
+
+    The worker collates a batch from its decode buffers in one step (see
+    :meth:`SimDataset.read_batches`) instead of handing the DataLoader single samples to
+    gather; the DataLoader runs without automatic batching and passes batches through.
+    """
+
+    def __init__(self, dataset: SimDataset, batch_size: int, collate: Collate,
+                 drop_last: bool) -> None:
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.collate = collate
+        self.drop_last = drop_last
+        self.world = dataset.world
+        self.epoch = 0
+        self.remaining: tuple[Interval, ...] = ()
+
+    def __iter__(self) -> Iterator[_Tagged]:
+        worker, num_workers = worker_context()
+        world = World(rank=self.world.rank, world_size=self.world.world_size,
+                      worker=worker, num_workers=num_workers)
+        for batch, count, counters in self.dataset.read_batches(
+            world, self.epoch, self.remaining, self.batch_size, self.collate,
+            drop_last=self.drop_last,
+        ):
+            yield _Tagged(batch, _Tag(worker, count, counters))
+
+
+def _passthrough(item: _Tagged) -> _Tagged:
+    return item
+
+
 class _WorkerInit:
     """The workers' init function: tie the worker to this process, then the caller's."""
 
@@ -133,9 +166,26 @@ class SimDataLoader(DataLoader[Any]):
         self._init = _WorkerInit(kwargs.pop("worker_init_fn", None))
         kwargs["worker_init_fn"] = self._init
         self.sim_dataset = dataset
-        # our collate batches Python numbers itself; a caller's collate gets tensors
-        numbers = not (collate_fn is None and batch_size is not None)
-        self._stream = _WorkerStream(dataset, batch_size or 1, numbers)
+        self._stream: _WorkerStream | _BatchStream
+        if collate_fn is None and batch_size is not None:
+            # the default collate: workers make whole batches from their decode buffers
+            assert isinstance(collate, Collate)
+            self._stream = _BatchStream(dataset, batch_size, collate, drop_last)
+            super().__init__(
+                self._stream,
+                batch_size=None,
+                num_workers=num_workers,
+                collate_fn=_passthrough,
+                pin_memory=pin_memory,
+                **kwargs,
+            )
+            # what the caller asked for, for whoever reads these attributes (the
+            # DataLoader batches nothing itself: its batch sampler stays None)
+            object.__setattr__(self, "batch_size", batch_size)
+            object.__setattr__(self, "drop_last", drop_last)
+            return
+        # a caller's collate gets the samples' tensors, as a DataLoader gathers them
+        self._stream = _WorkerStream(dataset, batch_size or 1, numbers=True)
         super().__init__(
             self._stream,
             batch_size=batch_size,

@@ -2,9 +2,11 @@
 
 ``simstore.formats.open_shard`` finds the installed formats through entry points on every
 call, which costs tens of milliseconds; a loader opens thousands of shards. A
-:class:`ShardOpener` made at the start of a reading iteration (never at import: no
-module-level state) asks for the formats once, then recognises each shard by the
-``sniff(head, tail)`` of core's ``ShardFormat`` protocol, and leaves anything it cannot
+:class:`FormatOpener` made at the start of a reading iteration (never at import: no
+module-level state) first tries simstore's own formats, imported by the magic bytes they
+claim (Parquet's ``PAR1``, a Zarr zip's ``PK``, Lance's ``LANC``), with no entry-point
+scan; for anything else it asks for the installed formats once, recognises the shard by
+the ``sniff(head, tail)`` of core's ``ShardFormat`` protocol, and leaves what it cannot
 place to ``open_shard`` itself, for its error message.
 """
 
@@ -44,14 +46,45 @@ def _probe(source: str | BinaryIO) -> tuple[bytes, bytes]:
     return head, tail
 
 
+_BUILTIN = (
+    ("simstore.formats._parquet", "ParquetFormat"),
+    ("simstore.formats._zarr", "ZarrFormat"),
+    ("simstore.formats._lance", "LanceFormat"),
+)
+
+
+def _builtin_for(head: bytes, tail: bytes) -> tuple[str, str] | None:
+    if head[:4] == b"PAR1":
+        return _BUILTIN[0]
+    if head[:2] == b"PK":
+        return _BUILTIN[1]
+    if tail[-4:] == b"LANC":
+        return _BUILTIN[2]
+    return None
+
+
 class FormatOpener:
     """Opens shards by their magic bytes with the formats found once (picklable, lazy)."""
 
     def __init__(self) -> None:
         self._formats: list[ShardFormat] | None = None
+        self._builtin: dict[tuple[str, str], ShardFormat] = {}
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"_formats": None}
+        return {"_formats": None, "_builtin": {}}
+
+    def _own(self, head: bytes, tail: bytes) -> ShardFormat | None:
+        where = _builtin_for(head, tail)
+        if where is None:
+            return None
+        fmt = self._builtin.get(where)
+        if fmt is None:
+            try:
+                fmt = getattr(importlib.import_module(where[0]), where[1])()
+            except ImportError:
+                return None
+            self._builtin[where] = fmt
+        return fmt
 
     def _installed(self) -> list[ShardFormat]:
         if self._formats is None:
@@ -64,6 +97,13 @@ class FormatOpener:
             head, tail = _probe(source)
         except OSError as exc:
             raise FormatError(f"cannot read the shard's first and last bytes: {exc}") from exc
+        own = self._own(head, tail)
+        if (
+            own is not None
+            and own.sniff(head, tail)
+            and (isinstance(source, str) or own.supports_file_objects)
+        ):
+            return own.open(source)
         for fmt in self._installed():
             if fmt.sniff(head, tail) and (isinstance(source, str) or fmt.supports_file_objects):
                 return fmt.open(source)

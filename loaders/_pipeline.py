@@ -54,6 +54,12 @@ class OutBuffers(Protocol):
     def take(self, slot: int, name: str, shape: Any, dtype: Any) -> Any:
         """An array to fill for sample ``slot``'s field ``name``, or None."""
         ...
+
+    def take_many(self, slots: list[int], name: str, shape: Any, dtype: Any) -> Any:
+        """``(buffer, slot index array, row arrays)`` for several samples, or None."""
+        ...
+
+
 Decoded = dict[str, Any]
 T = TypeVar("T")
 
@@ -196,13 +202,15 @@ class Resolver:
 
 
 class _Entry:
-    __slots__ = ("handle", "lock", "reader", "users")
+    __slots__ = ("checking", "handle", "lock", "reader", "users")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.reader: ShardReader | None = None
         self.handle: ShardHandle | None = None
         self.users = 0
+        self.checking: Future[ShardHandle | None] | None = None
+        """The whole-object hash still running for a reader that checks its own pages."""
 
 
 class ReaderPool:
@@ -223,6 +231,7 @@ class ReaderPool:
         self._lock = threading.Lock()
         self._entries: OrderedDict[tuple[int, str], _Entry] = OrderedDict()
         self._prepared: dict[tuple[int, str], Future[ShardHandle | None]] = {}
+        self._checked_after_close: list[Future[ShardHandle | None]] = []
         self.blocks = BlockCache(decode_cache_bytes)
 
     def is_known(self, key: tuple[int, str]) -> bool:
@@ -239,7 +248,15 @@ class ReaderPool:
 
     @contextlib.contextmanager
     def reader(self, key: tuple[int, str]) -> Iterator[ShardReader]:
-        """Use the reader of a shard (opening it if needed); one user at a time."""
+        """Use the reader of a shard (opening it if needed); one user at a time.
+
+        A local shard is hash-checked as a whole in the background (:meth:`schedule`).
+        A reader that verifies each page it decodes (``verifies_pages``: Parquet's
+        CRC-32s) starts reading before that hash is known, so the first batch does not
+        wait for whole shards to be hashed; an error while the hash is pending waits for
+        it (a wrong hash is the better error), and a wrong hash found later fails the
+        next use of the shard, or :meth:`finish`. Any other reader waits for the hash.
+        """
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
@@ -250,17 +267,54 @@ class ReaderPool:
         try:
             with entry.lock:
                 if entry.reader is None:
-                    handle = prepared.result() if prepared is not None else None
+                    self._open_entry(key, entry, prepared)
                     prepared = None
-                    entry.handle = self.access[key[0]].open(key[1], handle)
-                    entry.reader = self._open(key, entry.handle)
                 elif prepared is not None:
                     _release(prepared)
-                yield entry.reader
+                checking = entry.checking
+                if checking is not None and checking.done():
+                    checking.result()  # raises IntegrityError for a wrong hash, each use
+                    entry.checking = None
+                try:
+                    yield entry.reader
+                except Exception:
+                    if entry.checking is not None:
+                        entry.checking.result()
+                    raise
         finally:
             with self._lock:
                 entry.users -= 1
                 self._evict_idle()
+
+    def _open_entry(
+        self, key: tuple[int, str], entry: _Entry, prepared: Future[ShardHandle | None] | None
+    ) -> None:
+        access = self.access[key[0]]
+        if prepared is not None and not prepared.done() and access.mode(key[1]) == "local":
+            handle = access.open(key[1], None, verified=False)
+            try:
+                reader = self._open(key, handle)
+            except Exception:
+                prepared.result()  # a wrong hash is the better error
+                raise
+            entry.handle, entry.reader = handle, reader
+            if getattr(reader, "verifies_pages", False):
+                entry.checking = prepared
+            else:
+                prepared.result()
+            return
+        handle_ready = prepared.result() if prepared is not None else None
+        entry.handle = access.open(key[1], handle_ready)
+        entry.reader = self._open(key, entry.handle)
+
+    def finish(self) -> None:
+        """Wait for the hashes still running of shards already read; raise a wrong one."""
+        with self._lock:
+            checking = [e.checking for e in self._entries.values() if e.checking is not None]
+            checking += self._checked_after_close
+            self._checked_after_close = []
+        for fut in checking:
+            fut.result()
 
     def _open(self, key: tuple[int, str], handle: ShardHandle) -> ShardReader:
         try:
@@ -286,7 +340,11 @@ class ReaderPool:
         idle = [k for k, e in self._entries.items() if e.users == 0]
         while len(self._entries) > self.max_open and idle:
             key = idle.pop(0)
-            _close(self._entries.pop(key))
+            entry = self._entries.pop(key)
+            if entry.checking is not None:
+                self._checked_after_close.append(entry.checking)
+                entry.checking = None
+            _close(entry)
 
     def close(self) -> None:
         """Close every reader and release every prepared shard."""
@@ -378,6 +436,11 @@ class _SlotAlloc:
 
     def __call__(self, j: int, name: str, shape: Any, dtype: Any) -> Any:
         return self.buffers.take(self.slots[j], name, shape, dtype)
+
+    def many(self, js: Any, name: str, shape: Any, dtype: Any) -> Any:
+        """``(buffer, rows of it, row arrays)`` for asked positions ``js``, or None."""
+        slots = self.slots
+        return self.buffers.take_many([slots[j] for j in js], name, shape, dtype)
 
 
 def _read(

@@ -99,6 +99,30 @@ class ChunkBuffers:
         self._given[(slot, name)] = row
         return row
 
+    def take_many(
+        self, slots: list[int], name: str, shape: tuple[int, ...], dtype: np.dtype[Any]
+    ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]] | None:
+        """``(buffer, slots as an index array, row arrays)`` for several slots, or None.
+
+        The caller fills ``buffer[index]`` in one scatter; the rows are registered as
+        given, like :meth:`take`'s. None when any slot's field is already given.
+        """
+        if name not in self._bufs:
+            self._bufs[name] = self._allocate(shape, np.dtype(dtype))
+        entry = self._bufs[name]
+        if entry is None:
+            return None
+        array = entry[1]
+        if array.shape[1:] != tuple(shape) or array.dtype != dtype:
+            return None
+        given = self._given
+        if any((slot, name) in given for slot in slots) or len(set(slots)) != len(slots):
+            return None
+        rows = [array[slot] for slot in slots]
+        for slot, row in zip(slots, rows, strict=True):
+            given[(slot, name)] = row
+        return array, np.asarray(slots, dtype=np.intp), rows
+
     def _allocate(
         self, shape: tuple[int, ...], dtype: np.dtype[Any]
     ) -> tuple[torch.Tensor, np.ndarray] | None:
@@ -115,6 +139,20 @@ class ChunkBuffers:
         # NumPy's allocator asks for transparent huge pages (see _collate._stack)
         array = np.empty((self.n, *shape), dtype=dtype)
         return torch.from_numpy(array), array
+
+    def rows(
+        self, name: str, lo: int, hi: int, values: list[dict[str, Any]]
+    ) -> torch.Tensor | None:
+        """Rows ``lo:hi`` of field ``name``'s buffer, if they are those slots' values."""
+        entry = self._bufs.get(name)
+        if entry is None:
+            return None
+        given = self._given
+        for j in range(lo, hi):
+            row = given.get((j, name))
+            if row is None or values[j].get(name) is not row:
+                return None
+        return entry[0][lo:hi]
 
     def tensors(self, slot: int, fields: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         """Rows of the buffers that slot ``slot``'s values are (by identity)."""

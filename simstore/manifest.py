@@ -209,7 +209,9 @@ def decode_part(data: bytes, *, object_id: str = "") -> pa.Table:
     """Decode one part's bytes; raise :class:`FormatError` naming the object when bad."""
     name = f"manifest part {object_id}" if object_id else "manifest part"
     try:
-        table = pq.read_table(pa.BufferReader(data))
+        # ParquetFile, not read_table: no dataset machinery (pyarrow.dataset's import
+        # alone costs more than decoding a part)
+        table = pq.ParquetFile(pa.BufferReader(data)).read()
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise FormatError(f"{name} is not a readable Parquet file: {exc}") from exc
     meta = table.schema.metadata or {}

@@ -86,6 +86,58 @@ def test_bit_flipped_shard_is_named_by_verify_and_the_loader(store, where):
     assert shard in str(info.value) and sid in str(info.value)
 
 
+@pytest.fixture
+def slow_hash(monkeypatch):
+    """Whole-shard hashes that finish only after the readers have started decoding."""
+    import time
+
+    import simstore.loaders._fetch as fetch
+
+    real = fetch.hash_file
+
+    def slow(path, *args, **kw):
+        time.sleep(0.5)
+        return real(path, *args, **kw)
+
+    monkeypatch.setattr(fetch, "hash_file", slow)
+
+
+@pytest.mark.parametrize("where", ["data page", "footer metadata"])
+def test_bit_flip_found_while_the_shard_hash_is_still_running(store, slow_hash, where):
+    """Parquet readers decode before the whole-shard hash is known (pages carry CRC-32s).
+
+    A flipped bit in a data page fails its page's CRC and the loader then reports the
+    shard's wrong hash; a flipped digit in the footer's statistics decodes fine and is
+    found by the hash at the end of the epoch. Either way the epoch raises an
+    IntegrityError naming the shard and its snapshot.
+    """
+    cat = Catalog.open(store)
+    sid = cat.resolve("ds")
+    shard = _shards(cat)[0]
+    path = os.path.join(store, object_key(shard))
+    with open(path, "rb") as f:
+        data = f.read()
+    if where == "data page":
+        offset = len(data) // 8  # in the first column chunk's pages
+    else:
+        at = data.index(b'"mean":[') + len(b'"mean":[')
+        while not data[at : at + 1].isdigit():
+            at += 1
+        offset = at
+    _flip(path, offset)
+    from simstore.loaders import SimDataset
+
+    ds = SimDataset(store, "ds", shuffle=False)
+    received = []
+    with pytest.raises(IntegrityError) as info:
+        for sample in ds:
+            received.append(sample["__key__"])
+    assert shard in str(info.value) and sid in str(info.value)
+    if where == "footer metadata":
+        # the pages were sound: every sample came before the hash was known to be wrong
+        assert len(received) == len(ds)
+
+
 def test_truncated_manifest_part_is_named_by_verify_and_the_loader(store):
     cat = Catalog.open(store)
     snap = cat.snapshot(cat.resolve("ds"))
