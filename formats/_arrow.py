@@ -529,8 +529,10 @@ def _blob_bulk(
     buffer, index, rows_out = bulk
     target = buffer.reshape(len(buffer), -1).view(np.uint8)
     spacing = np.diff(offsets)
-    if width and len(spacing) and (spacing == width).all():
-        # every row of the column is `width` bytes: the data is a (rows, width) matrix
+    if width and width < (64 << 10) and len(spacing) and (spacing == width).all():
+        # every row of the column is `width` bytes: the data is a (rows, width) matrix,
+        # gathered in one step (through a temporary: for large rows the loop below, with
+        # one copy per row, is cheaper)
         base = int(offsets[0])
         matrix = raw[base : base + width * (len(offsets) - 1)].reshape(-1, width)
         target[index] = matrix[idx]
