@@ -554,6 +554,7 @@ class SimDataset(IterableDataset[Sample]):
             def decode(chunk: Any) -> tuple[list[dict[str, Any]], ChunkBuffers]:
                 buffers = ChunkBuffers(len(chunk), shared=shared)
                 values = read_chunk(chunk, pool, sources, limiter, counters, tiers, buffers)
+                pool.start_hashing()  # the first chunk is decoded: hashes may run now
                 return values, buffers
 
             samples = sum(s.num_samples for s in sources)

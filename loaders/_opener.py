@@ -19,6 +19,11 @@ from typing import Any, BinaryIO
 from simstore.errors import FormatError, InvalidInputError
 from simstore.protocols import ShardFormat, ShardReader
 
+try:  # the default format's reader loads with the loader, not inside the first batch
+    import simstore.formats._parquet  # noqa: F401
+except ImportError:  # pragma: no cover - formats ships with simstore
+    pass
+
 __all__ = ["FormatOpener"]
 
 _PROBE_BYTES = 8

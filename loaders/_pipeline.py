@@ -62,6 +62,8 @@ class OutBuffers(Protocol):
 
 Decoded = dict[str, Any]
 T = TypeVar("T")
+_HASH_DELAY_S = 5.0
+"""Longest a local shard's whole-object hash waits for the first chunk to be decoded."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -232,6 +234,7 @@ class ReaderPool:
         self._entries: OrderedDict[tuple[int, str], _Entry] = OrderedDict()
         self._prepared: dict[tuple[int, str], Future[ShardHandle | None]] = {}
         self._checked_after_close: list[Future[ShardHandle | None]] = []
+        self._hash_now = threading.Event()
         self.blocks = BlockCache(decode_cache_bytes)
 
     def is_known(self, key: tuple[int, str]) -> bool:
@@ -240,11 +243,29 @@ class ReaderPool:
             return key in self._entries or key in self._prepared
 
     def schedule(self, key: tuple[int, str], pool: ThreadPoolExecutor) -> None:
-        """Start preparing a shard (verify or cache fill) in the background."""
+        """Start preparing a shard (verify or cache fill) in the background.
+
+        The whole-object hash of a local shard waits until the first chunk is decoded
+        (:meth:`start_hashing`), or until a reader has to wait for background work: a
+        Parquet reader checks its pages meanwhile, and the first batch does not share
+        the cores with hashing.
+        """
         with self._lock:
             if key in self._entries or key in self._prepared:
                 return
-            self._prepared[key] = pool.submit(self.access[key[0]].prepare, key[1])
+            access = self.access[key[0]]
+            if access.verify and access.mode(key[1]) == "local":
+                self._prepared[key] = pool.submit(self._hash_later, access, key[1])
+            else:
+                self._prepared[key] = pool.submit(access.prepare, key[1])
+
+    def _hash_later(self, access: ShardAccess, shard_id: str) -> ShardHandle | None:
+        self._hash_now.wait(_HASH_DELAY_S)
+        return access.prepare(shard_id)
+
+    def start_hashing(self) -> None:
+        """Let the local shards' whole-object hashes run (the first chunk is out)."""
+        self._hash_now.set()
 
     @contextlib.contextmanager
     def reader(self, key: tuple[int, str]) -> Iterator[ShardReader]:
@@ -279,6 +300,7 @@ class ReaderPool:
                     yield entry.reader
                 except Exception:
                     if entry.checking is not None:
+                        self.start_hashing()
                         entry.checking.result()
                     raise
         finally:
@@ -301,14 +323,18 @@ class ReaderPool:
             if getattr(reader, "verifies_pages", False):
                 entry.checking = prepared
             else:
+                self.start_hashing()
                 prepared.result()
             return
+        if prepared is not None and not prepared.done():
+            self.start_hashing()  # never wait on work queued behind delayed hashes
         handle_ready = prepared.result() if prepared is not None else None
         entry.handle = access.open(key[1], handle_ready)
         entry.reader = self._open(key, entry.handle)
 
     def finish(self) -> None:
         """Wait for the hashes still running of shards already read; raise a wrong one."""
+        self.start_hashing()
         with self._lock:
             checking = [e.checking for e in self._entries.values() if e.checking is not None]
             checking += self._checked_after_close
@@ -559,6 +585,7 @@ def prefetched(
     finally:
         for _, fut in decoding:
             fut.cancel()
+        pool.start_hashing()  # no io thread may wait for a first chunk that never comes
         dec.shutdown(wait=True, cancel_futures=True)
         io.shutdown(wait=True, cancel_futures=True)
 

@@ -11,7 +11,7 @@ import importlib
 from types import ModuleType
 
 MODULES: dict[str, str] = {
-    "simstore": "simstore",
+    "simstore": "simstore.loaders",  # what a training script imports, as `litdata` is
     "mosaic": "streaming",
     "litdata": "litdata",
     "webdataset": "webdataset",
