@@ -18,6 +18,9 @@ Sections (``--only`` picks some):
   its published description: how often neighbouring samples share a source file or a
   shard, and how many shards a stretch of 1,000 samples touches.
 - ``stall``: data stall of a loop with a fixed 5 ms step.
+- ``formats``: Parquet against Zarr shards by array size (64 KiB to 4 MiB float32 per
+  sample, 96 MiB each, 0 and 2 workers, medians of 3 alternating fresh processes): what
+  ingest's ``zarr_threshold`` default rests on.
 """
 
 from __future__ import annotations
@@ -463,7 +466,74 @@ def bench_stall(work: str, quick: bool) -> dict[str, Any]:
     return out
 
 
+# -- Parquet or Zarr, by array size ------------------------------------------------------
+_FORMAT_READ = """
+import json, sys, time
+from simstore.loaders import SimDataLoader, SimDataset
+path, batch, workers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+loader = SimDataLoader(SimDataset(path, "d", seed=0), batch_size=batch, num_workers=workers,
+                       multiprocessing_context="fork" if workers else None)
+it = iter(loader)
+next(it)
+t, n = time.perf_counter(), 0
+for b in it:
+    n += len(b["__key__"])
+    float(b["fields"].reshape(-1)[::1024].sum())
+print(json.dumps({"samples_per_s": n / (time.perf_counter() - t)}))
+"""
+
+
+def bench_formats(work: str, quick: bool) -> dict[str, Any]:
+    import simstore
+
+    sizes = {"64KiB": (4, 64, 64), "256KiB": (4, 128, 128), "1MiB": (4, 256, 256),
+             "4MiB": (4, 64, 64, 64)}
+    total = (24 if quick else 96) << 20
+    reps = 1 if quick else 3
+    rng = np.random.default_rng(0)
+    out: dict[str, Any] = {}
+    for name, shape in sizes.items():
+        per = int(np.prod(shape)) * 4
+        n = max(8, total // per)
+        batch = max(4, min(64, (2 << 20) // per * 4))
+        pool = os.path.join(work, f"formats-pool-{name}")
+        if not os.path.exists(pool):
+            os.makedirs(pool)
+            for i in range(n):
+                np.savez(os.path.join(pool, f"s{i:05d}.npz"),
+                         fields=rng.standard_normal(shape).astype(np.float32), Re=np.float64(i))
+        rates: dict[str, dict[int, list[float]]] = {"parquet": {0: [], 2: []},
+                                                     "zarr": {0: [], 2: []}}
+        for fmt in rates:
+            store = os.path.join(work, f"formats-{fmt}-{name}")
+            if not os.path.exists(store):
+                Catalog.init(LocalStore(store, fsync=False))
+                simstore.ingest([pool], dataset="d", store=store, format=fmt,
+                                compression="none", shard_size=64 << 20, zarr_threshold=1 << 40,
+                                snapshot=True, resume=False, progress=None)
+        for _ in range(reps):
+            for workers in (0, 2):
+                for fmt in rates:
+                    store = os.path.join(work, f"formats-{fmt}-{name}")
+                    proc = subprocess.run(
+                        [sys.executable, "-c", _FORMAT_READ, store, str(batch), str(workers)],
+                        capture_output=True, text=True, check=True)
+                    rates[fmt][workers].append(
+                        json.loads(proc.stdout.strip().splitlines()[-1])["samples_per_s"])
+        row: dict[str, Any] = {"samples": n, "batch": batch}
+        for workers in (0, 2):
+            p = float(np.median(rates["parquet"][workers]))
+            z = float(np.median(rates["zarr"][workers]))
+            row[f"workers_{workers}"] = {"parquet_samples_per_s": p, "zarr_samples_per_s": z,
+                                         "zarr_over_parquet": z / p}
+            print(f"  {name} per sample, {workers} workers: Parquet {p:,.0f}, Zarr {z:,.0f} "
+                  f"samples/s (Zarr/Parquet {z / p:.2f})", flush=True)
+        out[name] = row
+    return out
+
+
 SECTIONS = {
+    "formats": bench_formats,
     "throughput": bench_throughput,
     "ttfb": bench_ttfb,
     "rss": bench_rss,

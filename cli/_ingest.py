@@ -167,7 +167,14 @@ def _summary(r: IngestResult) -> str:
     "--dense-threshold",
     default="16MiB",
     show_default=True,
-    help="Samples with a larger dense field go to Zarr shards.",
+    help="Arrays larger than this stay in the source file and are read in slices "
+    "(their samples go to Zarr shards).",
+)
+@click.option(
+    "--zarr-threshold",
+    default="128KiB",
+    show_default=True,
+    help="Samples with an array field larger than this go to Zarr shards.",
 )
 @click.option(
     "--option",
@@ -208,6 +215,7 @@ def ingest_cmd(
     compression: str,
     chunk_bytes: str,
     dense_threshold: str,
+    zarr_threshold: str,
     adapter_options: tuple[str, ...],
     no_resume: bool,
     tmp_dir: str | None,
@@ -232,6 +240,7 @@ def ingest_cmd(
         compression=compression,
         chunk_bytes=parse_size(chunk_bytes),
         dense_threshold=parse_size(dense_threshold),
+        zarr_threshold=parse_size(zarr_threshold),
         adapter_options=_parse_options(adapter_options),
         resume=not no_resume,
         tmp_dir=tmp_dir,

@@ -13,6 +13,8 @@ from simstore.ingest._shards import DEFAULT_COMPRESSION, ShardOptions
 from simstore.names import DEFAULT_BRANCH, check_name
 from simstore.sample import Schema
 
+KiB = 1 << 10
+
 __all__ = [
     "EngineName",
     "IngestConfig",
@@ -39,7 +41,8 @@ class IngestConfig:
     Memory per worker is about ``shard_size`` (a columnar shard is buffered until it is
     written) plus ``dense_threshold`` and ``block_bytes``; it never depends on a source
     file's size. Fields that shape the stored bytes (adapter, its options, format, shard
-    options, ``shard_size``, ``dense_threshold``, ``block_bytes``) also key the journal.
+    options, ``shard_size``, ``dense_threshold``, ``zarr_threshold``, ``block_bytes``)
+    also key the journal.
 
     ``engine`` says where tasks run: ``local`` (in process, or, with ``workers`` N > 1,
     in this process and a pool of N - 1 spawned processes) or ``dask`` (a
@@ -67,6 +70,11 @@ class IngestConfig:
     chunks: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     row_group_bytes: int = 4 * MiB
     dense_threshold: int = 16 * MiB
+    zarr_threshold: int = 128 * KiB
+    """A sample with an array field larger than this goes to a Zarr shard (with the
+    default Parquet or Lance format): Zarr reads arrays of 256 KiB 2.5x faster than
+    Parquet and of 1-4 MiB 2-7x, at 64 KiB the two are about even
+    (``python -m benchmarks.bench_loader --only formats``; docs/performance.md)."""
     block_bytes: int = 4 * MiB
     adapter_options: Mapping[str, Any] = field(default_factory=dict)
     resume: bool = True
@@ -99,6 +107,7 @@ class IngestConfig:
             "chunk_bytes",
             "row_group_bytes",
             "dense_threshold",
+            "zarr_threshold",
             "block_bytes",
         ):
             if int(getattr(self, name)) < 1:
@@ -133,6 +142,7 @@ class IngestConfig:
             "shard_options": self.shard_options().to_json(),
             "shard_size": self.shard_size,
             "dense_threshold": self.dense_threshold,
+            "zarr_threshold": self.zarr_threshold,
             "block_bytes": self.block_bytes,
         }
 
@@ -163,6 +173,7 @@ class IngestOptions(TypedDict, total=False):
     chunks: Mapping[str, tuple[int, ...]]
     row_group_bytes: int
     dense_threshold: int
+    zarr_threshold: int
     block_bytes: int
     adapter_options: Mapping[str, Any]
     resume: bool

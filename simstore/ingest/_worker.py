@@ -315,7 +315,8 @@ class TaskRunner:
             return "zarr"
         for value in sample.fields.values():
             if is_array_source(value) or (
-                isinstance(value, np.ndarray) and value.nbytes > self.cfg.dense_threshold
+                isinstance(value, np.ndarray)
+                and value.nbytes > min(self.cfg.zarr_threshold, self.cfg.dense_threshold)
             ):
                 return "zarr"
         return self.cfg.format

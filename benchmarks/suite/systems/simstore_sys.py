@@ -20,9 +20,11 @@ def write(pool: str, out: str, profile: str, options: dict[str, Any]) -> dict[st
     from simstore.storage import LocalStore
 
     cat = Catalog.init(LocalStore(out, fsync=False))
+    # each system is one format: ingest's default sends samples with arrays over 128 KiB
+    # to Zarr (simstore-zarr's rows show what that default reads like)
     result = ingest([pool], dataset=profile, store=cat, format=options.get("format", "parquet"),
                     compression=options.get("compression", "none"), shard_size=SHARD_BYTES,
-                    snapshot=True, resume=False, progress=None)
+                    zarr_threshold=1 << 40, snapshot=True, resume=False, progress=None)
     return {"shards": result.to_json().get("shards")}
 
 
