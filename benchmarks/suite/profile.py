@@ -57,7 +57,7 @@ def hot_frames(raw_path: str, top: int) -> dict[str, list[tuple[str, float]]]:
             total += n
             frames = stack.split(";")
             leaf[frames[-1]] += n
-            mine = [fr for fr in frames if "/work/" in fr or "simstore" in fr or "loaders/" in fr
+            mine = [fr for fr in frames if REPO in fr or "simstore" in fr or "loaders/" in fr
                     or "formats/" in fr]
             ours[mine[-1] if mine else "(outside the repository)"] += n
     return {
