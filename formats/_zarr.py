@@ -28,6 +28,7 @@ import math
 import struct
 import threading
 import zipfile
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -411,6 +412,9 @@ class ZarrShardReader:
                 f"simstore reads {SHARD_FORMAT_VERSION}"
             )
         self._attrs = attrs
+        self.verifies_pages = True
+        """Every zip entry read is checked against its CRC-32 (zipfile checks those it
+        reads; the chunk reads that bypass it check their own)."""
         self.num_samples = int(attrs["samples"])
         self._specs = {s["name"]: FieldSpec.from_json(s) for s in attrs.get("schema", [])}
         self._fp: Any = self._zip.fp
@@ -478,7 +482,13 @@ class ZarrShardReader:
         view = out.reshape(-1).view(np.uint8).data
         if self._fp.readinto(view) != where[1]:
             raise FormatError(f"{self.name}: zip entry {key} is truncated")
+        self._check_crc(key, view)
         return True
+
+    def _check_crc(self, key: str, data: Any) -> None:
+        """The zip entry's CRC-32 against its bytes (read past zipfile, which checks it)."""
+        if zlib.crc32(data) != self._infos[key].CRC:
+            raise FormatError(f"{self.name}: zip entry {key} fails its CRC-32 check")
 
     def _read_whole(
         self, path: str, dec: _ChunkDecoder, into: Callable[..., Any] | None = None
@@ -522,6 +532,7 @@ class ZarrShardReader:
         data: bytes = self._fp.read(where[1])
         if len(data) != where[1]:
             raise FormatError(f"{self.name}: zip entry {key} is truncated")
+        self._check_crc(key, data)
         return data
 
     def _decoder(self, path: str) -> _ChunkDecoder | None:

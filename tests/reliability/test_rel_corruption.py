@@ -138,6 +138,38 @@ def test_bit_flip_found_while_the_shard_hash_is_still_running(store, slow_hash, 
         assert len(received) == len(ds)
 
 
+def test_bit_flip_in_a_zarr_chunk_found_while_the_shard_hash_is_still_running(
+    tmp_path, slow_hash
+):
+    """Zarr shards are zips: each chunk read is checked against its entry's CRC-32."""
+    root = str(tmp_path / "zstore")
+    src = str(tmp_path / "src")
+    h.write_sources(src, 0, count=6, seed=4)
+    Catalog.init(root)
+    ingest([src], dataset="ds", store=root, snapshot=True, message="v0", format="zarr")
+    cat = Catalog.open(root)
+    sid = cat.resolve("ds")
+    shard = _shards(cat)[0]
+    path = os.path.join(root, object_key(shard))
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        info = max((i for i in z.infolist() if "/c/" in i.filename), key=lambda i: i.file_size)
+        with open(path, "rb") as f:
+            f.seek(info.header_offset + 26)
+            n, m = int.from_bytes(f.read(2), "little"), int.from_bytes(f.read(2), "little")
+    _flip(path, info.header_offset + 30 + n + m + info.file_size // 2)
+    from simstore.formats import ZarrFormat
+
+    reader = ZarrFormat().open(path)
+    with pytest.raises(FormatError, match="CRC-32"):
+        list(reader.read(list(range(reader.num_samples))))
+    reader.close()
+    with pytest.raises(IntegrityError) as info_err:
+        _epoch(root)
+    assert shard in str(info_err.value) and sid in str(info_err.value)
+
+
 def test_truncated_manifest_part_is_named_by_verify_and_the_loader(store):
     cat = Catalog.open(store)
     snap = cat.snapshot(cat.resolve("ds"))
