@@ -547,11 +547,15 @@ def decode_rows(
     plans: Mapping[str, ColumnPlan],
     rows: np.ndarray | None = None,
     out: Out | None = None,
+    *,
+    memo: dict[str, Any] | None = None,
 ) -> list[dict[str, FieldValue]]:
     """Field dicts of rows ``rows`` of ``table`` (all when None); its columns: fields in ``plans``.
 
     Arrays are writable: rows of ``out``'s arrays where it gives them, else copies that
-    share one buffer per column.
+    share one buffer per column. ``memo``, a dict that lives as long as ``table`` (a
+    reader keeps it with a cached row group), holds what decoding a column prepared, so
+    reading a few rows of a cached table many times does that work once.
     """
     n = table.num_rows if rows is None else len(rows)
     result: list[dict[str, FieldValue]] = [{} for _ in range(n)]
@@ -559,9 +563,95 @@ def decode_rows(
         plan = plans.get(name)
         if plan is None:
             continue
-        chunked = table.column(name)
-        col = chunked.chunk(0) if chunked.num_chunks == 1 else chunked.combine_chunks()
+        if memo is not None and out is not None and getattr(out, "many", None) is not None:
+            prepared = memo.get(name)
+            if prepared is None:
+                prepared = memo[name] = _prepare(plan, _column(table, name))
+            if prepared is not False and _decode_prepared(plan, prepared, rows, n, out, result):
+                continue
+        col = _column(table, name)
         for i, value in enumerate(_decode_column(plan, col, rows, out)):
             if value is not None:
                 result[i][name] = value
     return result
+
+
+def _column(table: pa.Table, name: str) -> pa.Array:
+    chunked = table.column(name)
+    return chunked.chunk(0) if chunked.num_chunks == 1 else chunked.combine_chunks()
+
+
+def _prepare(plan: ColumnPlan, col: pa.Array) -> tuple[np.ndarray, tuple[int, ...], Any] | bool:
+    """``(rows matrix, shape, dtype)`` of a column whose rows are all one shape, or False.
+
+    The matrix's row ``r`` holds row ``r``'s value (a fixed column: the values; a blob
+    column of equal-sized rows: its bytes); nulls, byte-swapped, shuffled or ragged columns
+    are False and go through :func:`_decode_column`.
+    """
+    if col.null_count or len(col) == 0:
+        return False
+    native = np.dtype(plan.spec.dtype)
+    if plan.encoding == "fixed":
+        storage = col.storage if isinstance(col, pa.ExtensionArray) else col
+        size = math.prod(plan.shape)
+        values = storage.values.slice(storage.offset * size, len(col) * size)
+        if values.null_count:
+            return False
+        arr = values.to_numpy(zero_copy_only=False).reshape((len(col), *plan.shape))
+        return (arr, tuple(plan.shape), native) if arr.dtype == native else False
+    if plan.encoding != "blob" or plan.shuffle or np.dtype(plan.spec.dtype).newbyteorder(
+        "<"
+    ) != native:
+        return False
+    data = col.field("data")
+    shape_col = col.field("shape")
+    shape_at = np.frombuffer(shape_col.buffers()[1], dtype=np.int32)[
+        shape_col.offset : shape_col.offset + len(col) + 1
+    ]
+    ndims = np.diff(shape_at)
+    if (ndims != ndims[0]).any():
+        return False
+    d = int(ndims[0])
+    values = shape_col.values.to_numpy(zero_copy_only=False)
+    dims = values[int(shape_at[0]) : int(shape_at[0]) + d * len(col)].reshape(len(col), d)
+    if d and (dims != dims[0]).any():
+        return False
+    shape = tuple(int(x) for x in dims[0]) if d else ()
+    width = math.prod(shape) * native.itemsize
+    bufs = data.buffers()
+    offsets = np.frombuffer(bufs[1], dtype=np.int64)[data.offset : data.offset + len(data) + 1]
+    if width == 0 or ((np.diff(offsets)) != width).any() or bufs[2] is None:
+        return False
+    raw = np.frombuffer(bufs[2], dtype=np.uint8)
+    base = int(offsets[0])
+    return raw[base : base + width * len(col)].reshape(len(col), width), shape, native
+
+
+def _decode_prepared(
+    plan: ColumnPlan,
+    prepared: tuple[np.ndarray, tuple[int, ...], Any],
+    rows: np.ndarray | None,
+    n: int,
+    out: Out,
+    result: list[dict[str, FieldValue]],
+) -> bool:
+    """Rows of a prepared column scattered into ``out``'s buffer; False if it declines."""
+    matrix, shape, native = prepared
+    bulk = _many(out, n, plan.name, shape, native)
+    if bulk is None:
+        return False
+    buffer, index, rows_out = bulk
+    if plan.encoding == "fixed":
+        buffer[index] = matrix if rows is None else matrix[rows]
+    else:
+        target = buffer.reshape(len(buffer), -1).view(np.uint8)
+        if matrix.shape[1] < (64 << 10):
+            target[index] = matrix if rows is None else matrix[rows]
+        else:  # large rows: one copy each, no gathered temporary
+            picks = range(n) if rows is None else rows.tolist()
+            for k, r in zip(index.tolist(), picks, strict=True):
+                target[k] = matrix[r]
+    name = plan.name
+    for i, row in enumerate(rows_out):
+        result[i][name] = row
+    return True

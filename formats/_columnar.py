@@ -215,18 +215,20 @@ class ColumnarReader(ABC):
         if unique == wanted:
             done = 0
             for batch in self._batches(unique):
-                for table, rows, count in self._read_groups(batch, cols):
+                for table, rows, count, *memo in self._read_groups(batch, cols):
                     shifted = _shift(out, done) if out is not None else None
-                    yield from decode_rows(table, self.plans, rows, shifted)
+                    yield from decode_rows(table, self.plans, rows, shifted,
+                                           memo=memo[0] if memo else None)
                     done += count
             return
         first = {p: i for i, p in reversed(list(enumerate(wanted)))}
         order = [first[p] for p in unique]
         decoded: list[dict[str, FieldValue]] = []
-        for table, rows, count in self._read_groups(unique, cols):
+        for table, rows, count, *memo in self._read_groups(unique, cols):
             at = len(decoded)
             shifted = _remap(out, order[at : at + count]) if out is not None else None
-            decoded.extend(decode_rows(table, self.plans, rows, shifted))
+            decoded.extend(decode_rows(table, self.plans, rows, shifted,
+                                       memo=memo[0] if memo else None))
         by_position = dict(zip(unique, decoded, strict=True))
         for p in wanted:
             yield by_position[p]
@@ -237,11 +239,12 @@ class ColumnarReader(ABC):
 
     def _read_groups(
         self, positions: list[int], columns: Sequence[str]
-    ) -> Iterator[tuple[pa.Table, np.ndarray | None, int]]:
-        """``(table, rows, count)`` covering sorted unique ``positions`` in order.
+    ) -> Iterator[tuple[Any, ...]]:
+        """``(table, rows, count[, memo])`` covering sorted unique ``positions`` in order.
 
         ``rows`` are the table's rows to decode (None: all of them); ``count`` how many
-        positions the piece covers.
+        positions the piece covers; ``memo``, a dict kept with a cached table, lets the
+        decoder prepare each column once (see :func:`decode_rows`).
         """
         yield self._read_positions(positions, columns), None, len(positions)
 

@@ -148,8 +148,12 @@ class ParquetShardReader(ColumnarReader):
             self._blocks = cache
 
     def _row_group(self, g: int, columns: tuple[str, ...]) -> pa.Table:
+        return self._group(g, columns)[0]
+
+    def _group(self, g: int, columns: tuple[str, ...]) -> tuple[pa.Table, dict[str, Any]]:
+        """A decoded row group and its memo (what decoding its columns prepared once)."""
         key = (self._token, g, columns)
-        cached: pa.Table | None = self._blocks.get(key)
+        cached: tuple[pa.Table, dict[str, Any]] | None = self._blocks.get(key)
         if cached is not None:
             return cached
         try:
@@ -157,19 +161,20 @@ class ParquetShardReader(ColumnarReader):
         except (pa.ArrowException, OSError) as exc:
             raise FormatError(f"{self.name}: row group {g} is unreadable: {exc}") from exc
         self.decodes += 1
-        self._blocks.put(key, table, table.nbytes)
-        return table
+        entry: tuple[pa.Table, dict[str, Any]] = (table, {})
+        self._blocks.put(key, entry, table.nbytes)
+        return entry
 
     def _read_groups(
         self, positions: list[int], columns: Sequence[str]
-    ) -> Iterator[tuple[pa.Table, np.ndarray | None, int]]:
+    ) -> Iterator[tuple[pa.Table, np.ndarray | None, int, dict[str, Any]]]:
         """Each row group's cached table with the rows asked of it (no ``take`` copy)."""
         cols = tuple(columns)
         for batch in self._batches(positions):
             g = self._group_of(batch[0])
-            table = self._row_group(g, cols)
+            table, memo = self._group(g, cols)
             local = np.asarray(batch, dtype=np.int64) - self._starts[g]
-            yield table, (None if len(local) == table.num_rows else local), len(batch)
+            yield table, (None if len(local) == table.num_rows else local), len(batch), memo
 
     def _read_positions(self, positions: Sequence[int], columns: Sequence[str]) -> pa.Table:
         cols = tuple(columns)
