@@ -44,6 +44,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.ma  # noqa: F401  (np.unique imports it on first use: 10 ms of the first batch)
+import numpy.random  # noqa: F401
 
 from simstore.errors import InvalidInputError
 
