@@ -39,7 +39,11 @@ def _run(cmd: list[str], out_json: str, log_path: str, timeout_s: float) -> dict
         return {"error": f"exit {proc.returncode} (log: {log_path})"}
     with open(out_json) as f:
         result: dict[str, Any] = json.load(f)
-    result["command"] = " ".join(["python" if c == sys.executable else c for c in cmd])
+    # as anyone would type it in the repository: no interpreter or checkout path
+    result["command"] = " ".join(
+        "python" if c == sys.executable else os.path.relpath(c, REPO) if os.path.isabs(c) else c
+        for c in cmd
+    )
     result["wall_s"] = round(time.perf_counter() - t0, 1)
     return result
 
