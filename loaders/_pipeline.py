@@ -203,6 +203,22 @@ class Resolver:
         return Chunk(source=src, is_pad=is_pad, keys=keys, reads=tuple(reads), size_bytes=size)
 
 
+@dataclass(frozen=True, slots=True)
+class _Check:
+    """A local shard's whole-object hash, running while its reader reads."""
+
+    future: Future[ShardHandle | None]
+    access: ShardAccess
+    shard_id: str
+
+    def wait(self) -> None:
+        """The hash's outcome (IntegrityError if wrong); hashed here if it never ran."""
+        if self.future.cancelled():  # the I/O pool shut down before it started
+            self.access.prepare(self.shard_id)
+        else:
+            self.future.result()
+
+
 class _Entry:
     __slots__ = ("checking", "handle", "lock", "reader", "users")
 
@@ -211,7 +227,7 @@ class _Entry:
         self.reader: ShardReader | None = None
         self.handle: ShardHandle | None = None
         self.users = 0
-        self.checking: Future[ShardHandle | None] | None = None
+        self.checking: _Check | None = None
         """The whole-object hash still running for a reader that checks its own pages."""
 
 
@@ -233,7 +249,7 @@ class ReaderPool:
         self._lock = threading.Lock()
         self._entries: OrderedDict[tuple[int, str], _Entry] = OrderedDict()
         self._prepared: dict[tuple[int, str], Future[ShardHandle | None]] = {}
-        self._checked_after_close: list[Future[ShardHandle | None]] = []
+        self._checked_after_close: list[_Check] = []
         self._hash_now = threading.Event()
         self.blocks = BlockCache(decode_cache_bytes)
 
@@ -293,15 +309,15 @@ class ReaderPool:
                 elif prepared is not None:
                     _release(prepared)
                 checking = entry.checking
-                if checking is not None and checking.done():
-                    checking.result()  # raises IntegrityError for a wrong hash, each use
+                if checking is not None and checking.future.done():
+                    checking.wait()  # raises IntegrityError for a wrong hash, each use
                     entry.checking = None
                 try:
                     yield entry.reader
                 except Exception:
                     if entry.checking is not None:
                         self.start_hashing()
-                        entry.checking.result()
+                        entry.checking.wait()
                     raise
         finally:
             with self._lock:
@@ -321,7 +337,7 @@ class ReaderPool:
                 raise
             entry.handle, entry.reader = handle, reader
             if getattr(reader, "verifies_pages", False):
-                entry.checking = prepared
+                entry.checking = _Check(prepared, access, key[1])
             else:
                 self.start_hashing()
                 prepared.result()
@@ -339,8 +355,8 @@ class ReaderPool:
             checking = [e.checking for e in self._entries.values() if e.checking is not None]
             checking += self._checked_after_close
             self._checked_after_close = []
-        for fut in checking:
-            fut.result()
+        for check in checking:
+            check.wait()
 
     def _open(self, key: tuple[int, str], handle: ShardHandle) -> ShardReader:
         try:
@@ -416,14 +432,17 @@ def read_chunk(
     counters: Counters,
     tiers: Sequence[str],
     buffers: OutBuffers | None = None,
+    parallel: ThreadPoolExecutor | None = None,
 ) -> list[Decoded]:
     """Decode a chunk's samples, in chunk order, reading each shard's rows in one call.
 
     With ``buffers``, readers that can (``supports_out``) decode fixed-shape fields straight
-    into the chunk's buffers, in chunk order.
+    into the chunk's buffers, in chunk order. With ``parallel``, the chunk's shards are
+    read at once on its threads (the first chunk of an iteration, which nothing else
+    overlaps).
     """
-    out: list[Decoded | None] = [None] * len(chunk)
-    for read in chunk.reads:
+
+    def one(read: ShardRead) -> tuple[ShardRead, list[Decoded], np.ndarray]:
         src = sources[read.source]
         key = (read.source, read.shard_id)
         uniq, first, inverse = np.unique(read.positions, return_index=True, return_inverse=True)
@@ -447,6 +466,20 @@ def read_chunk(
         counters.add("throttle_s", limiter.take(nbytes))
         if mode != "ranged":
             counters.add_read("cache" if mode == "cache" else tiers[read.source], nbytes)
+        return read, values, inverse
+
+    reads = list(chunk.reads)
+    if parallel is not None and len(reads) > 1:
+        futures = [parallel.submit(one, r) for r in reads[1:]]
+        try:
+            done = [one(reads[0])] + [f.result() for f in futures]
+        finally:
+            for f in futures:
+                f.cancel()
+    else:
+        done = [one(r) for r in reads]
+    out: list[Decoded | None] = [None] * len(chunk)
+    for read, values, inverse in done:
         for j, o in enumerate(read.out.tolist()):
             value = values[int(inverse[j])]
             out[o] = value if out[o] is None else dict(value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -82,14 +83,13 @@ class ChunkBuffers:
     def __init__(self, n: int, *, shared: bool) -> None:
         self.n = n
         self.shared = shared
+        self._lock = threading.Lock()  # the readers of several shards may fill one chunk
         self._bufs: dict[str, tuple[torch.Tensor, np.ndarray] | None] = {}
         self._given: dict[tuple[int, str], np.ndarray] = {}
 
     def take(self, slot: int, name: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
         """A writable C-contiguous array for ``(slot, name)``, or None to allocate your own."""
-        if name not in self._bufs:
-            self._bufs[name] = self._allocate(shape, np.dtype(dtype))
-        entry = self._bufs[name]
+        entry = self._buffer(name, shape, dtype)
         if entry is None:
             return None
         array = entry[1]
@@ -107,9 +107,7 @@ class ChunkBuffers:
         The caller fills ``buffer[index]`` in one scatter; the rows are registered as
         given, like :meth:`take`'s. None when any slot's field is already given.
         """
-        if name not in self._bufs:
-            self._bufs[name] = self._allocate(shape, np.dtype(dtype))
-        entry = self._bufs[name]
+        entry = self._buffer(name, shape, dtype)
         if entry is None:
             return None
         array = entry[1]
@@ -122,6 +120,16 @@ class ChunkBuffers:
         for slot, row in zip(slots, rows, strict=True):
             given[(slot, name)] = row
         return array, np.asarray(slots, dtype=np.intp), rows
+
+    def _buffer(
+        self, name: str, shape: tuple[int, ...], dtype: np.dtype[Any]
+    ) -> tuple[torch.Tensor, np.ndarray] | None:
+        """Field ``name``'s buffer, made once even when several threads ask at once."""
+        if name not in self._bufs:
+            with self._lock:
+                if name not in self._bufs:
+                    self._bufs[name] = self._allocate(shape, np.dtype(dtype))
+        return self._bufs[name]
 
     def _allocate(
         self, shape: tuple[int, ...], dtype: np.dtype[Any]

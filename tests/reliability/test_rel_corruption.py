@@ -94,12 +94,15 @@ def slow_hash(monkeypatch):
     import simstore.loaders._fetch as fetch
 
     real = fetch.hash_file
+    hashed = []
 
     def slow(path, *args, **kw):
         time.sleep(0.5)
+        hashed.append(path)
         return real(path, *args, **kw)
 
     monkeypatch.setattr(fetch, "hash_file", slow)
+    return hashed
 
 
 @pytest.mark.parametrize("where", ["data page", "footer metadata"])
@@ -136,6 +139,34 @@ def test_bit_flip_found_while_the_shard_hash_is_still_running(store, slow_hash, 
     if where == "footer metadata":
         # the pages were sound: every sample came before the hash was known to be wrong
         assert len(received) == len(ds)
+
+
+@pytest.mark.parametrize("damaged", [False, True])
+def test_hashes_still_queued_at_the_end_of_an_epoch_are_done_then(store, slow_hash, damaged):
+    """With one I/O thread and slow hashes, hashes are still queued when the epoch ends;
+    the loader hashes them itself before it finishes (a clean epoch ends cleanly, a
+    damaged footer is named)."""
+    from simstore.loaders import PrefetchConfig, SimDataset
+
+    cat = Catalog.open(store)
+    shards = _shards(cat)
+    assert len(shards) >= 2
+    if damaged:
+        path = os.path.join(store, object_key(shards[-1]))
+        with open(path, "rb") as f:
+            data = f.read()
+        at = data.index(b'"mean":[') + len(b'"mean":[')
+        while not data[at : at + 1].isdigit():
+            at += 1
+        _flip(path, at)
+    ds = SimDataset(store, "ds", shuffle=False, prefetch=PrefetchConfig(io_threads=1))
+    if damaged:
+        with pytest.raises(IntegrityError) as info:
+            list(ds)
+        assert shards[-1] in str(info.value)
+    else:
+        assert len(list(ds)) == len(ds)
+        assert sorted(os.path.basename(p) for p in slow_hash) == sorted(shards)
 
 
 def test_bit_flip_in_a_zarr_chunk_found_while_the_shard_hash_is_still_running(
