@@ -333,6 +333,7 @@ class ReaderPool:
             try:
                 reader = self._open(key, handle)
             except Exception:
+                self.start_hashing()
                 prepared.result()  # a wrong hash is the better error
                 raise
             entry.handle, entry.reader = handle, reader

@@ -201,6 +201,37 @@ def test_bit_flip_in_a_zarr_chunk_found_while_the_shard_hash_is_still_running(
     assert shard in str(info_err.value) and sid in str(info_err.value)
 
 
+@pytest.mark.parametrize("where", ["first", "last"])
+def test_a_shard_that_cannot_be_opened_does_not_wait_for_the_first_chunk(
+    store, monkeypatch, where
+):
+    """Hashes wait for the first chunk; a reader that fails to open must start them, not
+    wait for a first chunk that it is itself holding up (a liveness check: the epoch has
+    to end, with the shard named, long before the hashes' own deadline)."""
+    import threading
+
+    import simstore.loaders._pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "_HASH_DELAY_S", 3600.0)
+    cat = Catalog.open(store)
+    shard = _shards(cat)[0]
+    path = os.path.join(store, object_key(shard))
+    _flip(path, 0 if where == "first" else os.path.getsize(path) - 1)
+    outcome = []
+
+    def epoch():
+        try:
+            _epoch(store)
+        except SimstoreError as exc:
+            outcome.append(exc)
+
+    t = threading.Thread(target=epoch, daemon=True)
+    t.start()
+    t.join(120)
+    assert not t.is_alive(), "the epoch hung waiting for a hash"
+    assert outcome and isinstance(outcome[0], IntegrityError) and shard in str(outcome[0])
+
+
 def test_truncated_manifest_part_is_named_by_verify_and_the_loader(store):
     cat = Catalog.open(store)
     snap = cat.snapshot(cat.resolve("ds"))
