@@ -581,7 +581,9 @@ def _column(table: pa.Table, name: str) -> pa.Array:
     return chunked.chunk(0) if chunked.num_chunks == 1 else chunked.combine_chunks()
 
 
-def _prepare(plan: ColumnPlan, col: pa.Array) -> tuple[np.ndarray, tuple[int, ...], Any] | bool:
+def _prepare(
+    plan: ColumnPlan, col: pa.Array
+) -> tuple[np.ndarray, tuple[int, ...], Any] | Literal[False]:
     """``(rows matrix, shape, dtype)`` of a column whose rows are all one shape, or False.
 
     The matrix's row ``r`` holds row ``r``'s value (a fixed column: the values; a blob

@@ -137,7 +137,7 @@ class _Codec:
     def encode(self, chunk: np.ndarray) -> bytes | memoryview:
         raw = np.ascontiguousarray(chunk.astype(chunk.dtype.newbyteorder("<"), copy=False))
         if self._encode is None:
-            return memoryview(raw.reshape(-1).view(np.uint8))  # the zip entry's bytes, uncopied
+            return raw.reshape(-1).view(np.uint8).data  # the zip entry's bytes, uncopied
         return bytes(self._encode(raw))
 
 

@@ -177,7 +177,7 @@ class Collate:
         self,
         name: str,
         target: str,
-        values: Sequence[Any],
+        values: Sequence[Any] | torch.Tensor,
         out: dict[str, Any],
         lengths: dict[str, list[int]],
     ) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from simstore.loaders._collate import Collate, MeshMode
 from simstore.loaders._dataset import LoaderState, Sample, SimDataset
@@ -175,7 +175,7 @@ class SimDataLoader(DataLoader[Any]):
                 self._stream,
                 batch_size=None,
                 num_workers=num_workers,
-                collate_fn=_passthrough,
+                collate_fn=cast(Any, _passthrough),
                 pin_memory=pin_memory,
                 **kwargs,
             )

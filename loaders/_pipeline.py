@@ -312,6 +312,7 @@ class ReaderPool:
                 if checking is not None and checking.future.done():
                     checking.wait()  # raises IntegrityError for a wrong hash, each use
                     entry.checking = None
+                assert entry.reader is not None
                 try:
                     yield entry.reader
                 except Exception:

@@ -169,7 +169,7 @@ def _sum_squares(rows: np.ndarray) -> np.ndarray:
     k, n = rows.shape
     full = n - n % _DOT_RUN
     if _vecdot is None:  # numpy < 2
-        return np.einsum("ij,ij->i", rows, rows)
+        return np.asarray(np.einsum("ij,ij->i", rows, rows))
     out = np.zeros(k)
     if full:
         runs = rows[:, :full].reshape(k, -1, _DOT_RUN)

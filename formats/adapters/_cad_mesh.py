@@ -81,7 +81,7 @@ def _check_step_points(path: str) -> None:
             return
         f.seek(0)
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            for match in _STEP_POINT.finditer(data):  # type: ignore[call-overload]
+            for match in _STEP_POINT.finditer(data):
                 for token in match.group(2).split(b","):
                     try:
                         value = float(token)

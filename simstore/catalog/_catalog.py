@@ -775,7 +775,7 @@ class Catalog:
 
         keys = _ArrowKeys(changes.column("key"))
         for part in parts:
-            lo = bisect.bisect_left(keys, part.first_key)  # type: ignore[call-overload]
+            lo = bisect.bisect_left(keys, part.first_key)
             if lo < len(keys) and keys[lo] <= part.last_key:
                 return True
         return False

@@ -95,7 +95,7 @@ def merge_manifest(
         hi = (
             len(keys)
             if i == last
-            else bisect.bisect_right(keys, part.last_key, lo=ci)  # type: ignore[call-overload]
+            else bisect.bisect_right(keys, part.last_key, lo=ci)
         )
         if hi == ci and cutter.is_clean:
             out.append(part)

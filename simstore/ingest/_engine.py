@@ -12,6 +12,7 @@ import multiprocessing
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from simstore.errors import SimstoreError
 from simstore.ingest._plugins import Plugins
@@ -76,7 +77,8 @@ def run_local(
 
         def collect(timeout: float | None) -> None:
             nonlocal ready
-            done, _ = cf.wait([*pending, *probes], timeout=timeout, return_when=cf.FIRST_COMPLETED)
+            waiting: list[cf.Future[Any]] = [*pending, *probes]
+            done, _ = cf.wait(waiting, timeout=timeout, return_when=cf.FIRST_COMPLETED)
             for fut in done:
                 try:
                     res = fut.result()
