@@ -367,6 +367,32 @@ def _many(
     return got
 
 
+def _fixed_values(plan: ColumnPlan, col: pa.Array) -> pa.Array:
+    """The flat values under a fixed-shape column's rows (``len(col) * prod(shape)``)."""
+    storage = col.storage if isinstance(col, pa.ExtensionArray) else col
+    size = math.prod(plan.shape)
+    return storage.values.slice(storage.offset * size, len(col) * size)
+
+
+def _blob_buffers(col: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A blob column's ``(bytes, byte offsets, shape offsets, shape values)`` as arrays.
+
+    Row ``r``'s bytes are ``bytes[offsets[r]:offsets[r + 1]]`` and its shape
+    ``shape values[shape offsets[r]:shape offsets[r + 1]]``.
+    """
+    data = col.field("data")
+    shape_col = col.field("shape")
+    shape_at = np.frombuffer(shape_col.buffers()[1], dtype=np.int32)[
+        shape_col.offset : shape_col.offset + len(col) + 1
+    ]
+    shape_values = shape_col.values.to_numpy(zero_copy_only=False)
+    bufs = data.buffers()
+    offsets = np.frombuffer(bufs[1], dtype=np.int64)[data.offset : data.offset + len(data) + 1]
+    buf = bufs[2]
+    raw = np.frombuffer(buf, dtype=np.uint8) if buf is not None else np.zeros(0, np.uint8)
+    return raw, offsets, shape_at, shape_values
+
+
 def _decode_column(
     plan: ColumnPlan, col: pa.Array, rows: np.ndarray | None = None, out: Out | None = None
 ) -> list[Any]:
@@ -380,20 +406,12 @@ def _decode_column(
         nulls = np.zeros(n, bool)
     enc = plan.encoding
     if enc == "fixed":
-        storage = col.storage if isinstance(col, pa.ExtensionArray) else col
-        size = math.prod(plan.shape)
-        values = storage.values.slice(storage.offset * size, len(col) * size)
+        values = _fixed_values(plan, col)
         if values.null_count:  # take() leaves null children under null rows
             values = values.fill_null(False if pa.types.is_boolean(values.type) else 0)
         flat = values.to_numpy(zero_copy_only=False)
         arr = flat.reshape((len(col), *plan.shape))
         native = np.dtype(plan.spec.dtype)
-        if not nulls.any() and arr.dtype == native:
-            bulk = _many(out, n, plan.name, tuple(plan.shape), native)
-            if bulk is not None:
-                buffer, index, rows_out = bulk
-                buffer[index] = arr if rows is None else arr[idx]
-                return list(rows_out)
         result: list[Any] = [None] * n
         rest = []
         for i in range(n):
@@ -440,14 +458,7 @@ def _decode_blob(
     A row goes into the array ``out`` gives for it, else into one buffer per call that the
     remaining rows are views of.
     """
-    data = col.field("data")
-    shape_col = col.field("shape")
-    shape_at = np.frombuffer(shape_col.buffers()[1], dtype=np.int32)[shape_col.offset :]
-    shape_values = shape_col.values.to_numpy(zero_copy_only=False)
-    bufs = data.buffers()
-    offsets = np.frombuffer(bufs[1], dtype=np.int64)[data.offset : data.offset + len(data) + 1]
-    buf = bufs[2]
-    raw = np.frombuffer(buf, dtype=np.uint8) if buf is not None else np.zeros(0, np.uint8)
+    raw, offsets, shape_at, shape_values = _blob_buffers(col)
     dtype = np.dtype(plan.spec.dtype).newbyteorder("<")
     native = np.dtype(plan.spec.dtype)
     unshuffle = None
@@ -456,10 +467,6 @@ def _decode_blob(
 
         unshuffle = Shuffle(elementsize=plan.shuffle)
     n = len(idx)
-    if unshuffle is None and dtype == native and n and not nulls.any():
-        done = _blob_bulk(plan, raw, offsets, shape_at, shape_values, idx, native, out)
-        if done is not None:
-            return done
     result: list[Any] = [None] * n
     rest: list[tuple[int, tuple[int, ...]]] = []
     for i in range(n):
@@ -497,51 +504,6 @@ def _decode_blob(
     return result
 
 
-def _blob_bulk(
-    plan: ColumnPlan,
-    raw: np.ndarray,
-    offsets: np.ndarray,
-    shape_at: np.ndarray,
-    shape_values: np.ndarray,
-    idx: np.ndarray,
-    native: np.dtype[Any],
-    out: Out | None,
-) -> list[Any] | None:
-    """Rows ``idx`` of equal shape decoded into ``out``'s buffer in one scatter, or None."""
-    if getattr(out, "many", None) is None:
-        return None
-    idx = np.asarray(idx, dtype=np.int64)
-    ndim = shape_at[idx + 1] - shape_at[idx]
-    d = int(ndim[0])
-    if (ndim != d).any():
-        return None
-    dims = shape_values[shape_at[idx][:, None] + np.arange(d)] if d else np.zeros((len(idx), 0))
-    if d and (dims != dims[0]).any():
-        return None
-    shape = tuple(int(x) for x in dims[0]) if d else ()
-    width = math.prod(shape) * native.itemsize
-    starts = offsets[idx]
-    if ((offsets[idx + 1] - starts) != width).any():
-        return None
-    bulk = _many(out, len(idx), plan.name, shape, native)
-    if bulk is None:
-        return None
-    buffer, index, rows_out = bulk
-    target = buffer.reshape(len(buffer), -1).view(np.uint8)
-    spacing = np.diff(offsets)
-    if width and width < (64 << 10) and len(spacing) and (spacing == width).all():
-        # every row of the column is `width` bytes: the data is a (rows, width) matrix,
-        # gathered in one step (through a temporary: for large rows the loop below, with
-        # one copy per row, is cheaper)
-        base = int(offsets[0])
-        matrix = raw[base : base + width * (len(offsets) - 1)].reshape(-1, width)
-        target[index] = matrix[idx]
-    else:
-        for k, a in zip(index.tolist(), starts.tolist(), strict=True):
-            target[k] = raw[a : a + width]
-    return list(rows_out)
-
-
 def decode_rows(
     table: pa.Table,
     plans: Mapping[str, ColumnPlan],
@@ -553,9 +515,11 @@ def decode_rows(
     """Field dicts of rows ``rows`` of ``table`` (all when None); its columns: fields in ``plans``.
 
     Arrays are writable: rows of ``out``'s arrays where it gives them, else copies that
-    share one buffer per column. ``memo``, a dict that lives as long as ``table`` (a
-    reader keeps it with a cached row group), holds what decoding a column prepared, so
-    reading a few rows of a cached table many times does that work once.
+    share one buffer per column. With an ``out`` that has ``many``, a column whose rows
+    all have one shape is scattered into its buffer in one step. ``memo``, a dict that
+    lives as long as ``table`` (a reader keeps it with a cached row group), holds what
+    decoding a column prepared, so reading a few rows of a cached table many times does
+    that work once.
     """
     n = table.num_rows if rows is None else len(rows)
     result: list[dict[str, FieldValue]] = [{} for _ in range(n)]
@@ -563,10 +527,14 @@ def decode_rows(
         plan = plans.get(name)
         if plan is None:
             continue
-        if memo is not None and out is not None and getattr(out, "many", None) is not None:
-            prepared = memo.get(name)
+        if out is not None and getattr(out, "many", None) is not None:
+            # equal-shaped rows go into out's buffer in one scatter; the preparation is
+            # kept in the memo when there is one (a cached table is read many times)
+            prepared = memo.get(name) if memo is not None else None
             if prepared is None:
-                prepared = memo[name] = _prepare(plan, _column(table, name))
+                prepared = _prepare(plan, _column(table, name))
+                if memo is not None:
+                    memo[name] = prepared
             if prepared is not False and _decode_prepared(plan, prepared, rows, n, out, result):
                 continue
         col = _column(table, name)
@@ -594,9 +562,7 @@ def _prepare(
         return False
     native = np.dtype(plan.spec.dtype)
     if plan.encoding == "fixed":
-        storage = col.storage if isinstance(col, pa.ExtensionArray) else col
-        size = math.prod(plan.shape)
-        values = storage.values.slice(storage.offset * size, len(col) * size)
+        values = _fixed_values(plan, col)
         if values.null_count:
             return False
         arr = values.to_numpy(zero_copy_only=False).reshape((len(col), *plan.shape))
@@ -605,26 +571,19 @@ def _prepare(
         "<"
     ) != native:
         return False
-    data = col.field("data")
-    shape_col = col.field("shape")
-    shape_at = np.frombuffer(shape_col.buffers()[1], dtype=np.int32)[
-        shape_col.offset : shape_col.offset + len(col) + 1
-    ]
+    raw, offsets, shape_at, shape_values = _blob_buffers(col)
     ndims = np.diff(shape_at)
     if (ndims != ndims[0]).any():
         return False
     d = int(ndims[0])
-    values = shape_col.values.to_numpy(zero_copy_only=False)
-    dims = values[int(shape_at[0]) : int(shape_at[0]) + d * len(col)].reshape(len(col), d)
+    start = int(shape_at[0])
+    dims = shape_values[start : start + d * len(col)].reshape(len(col), d)
     if d and (dims != dims[0]).any():
         return False
     shape = tuple(int(x) for x in dims[0]) if d else ()
     width = math.prod(shape) * native.itemsize
-    bufs = data.buffers()
-    offsets = np.frombuffer(bufs[1], dtype=np.int64)[data.offset : data.offset + len(data) + 1]
-    if width == 0 or ((np.diff(offsets)) != width).any() or bufs[2] is None:
+    if width == 0 or (np.diff(offsets) != width).any() or len(raw) < int(offsets[-1]):
         return False
-    raw = np.frombuffer(bufs[2], dtype=np.uint8)
     base = int(offsets[0])
     return raw[base : base + width * len(col)].reshape(len(col), width), shape, native
 

@@ -47,7 +47,7 @@ from simstore.loaders._plan import (
 )
 from simstore.loaders._source import Source, Transform, open_source
 from simstore.loaders._stats import Counters, LoaderStats, RunReport, run_report
-from simstore.loaders._tensors import ChunkBuffers, sample_bytes, to_tensors
+from simstore.loaders._tensors import ChunkBuffers, sample_bytes, to_tensors, value_bytes
 from simstore.loaders._world import (
     World,
     WorldDetector,
@@ -447,21 +447,12 @@ class SimDataset(IterableDataset[Sample]):
         (whose default collate turns a batch's Python numbers into one tensor, so they pass
         ``numbers_as_tensors=False``).
         """
-        opts = self._options
         count = 0
         with self._decoded(world, epoch, remaining, batch_size) as (chunks, counters):
             for chunk, (values, buffers) in chunks:
-                for j, fields in enumerate(values):
-                    src = self._sources[int(chunk.source[j])]
-                    sample = to_tensors(fields, zero_copy=opts.zero_copy,
-                                        given=buffers.tensors(j, fields),
-                                        numbers=numbers_as_tensors)
-                    if src.transform is not None:
-                        sample = src.transform(sample)
-                    sample["__key__"] = chunk.keys[j]
-                    pad = bool(chunk.is_pad[j])
-                    sample["__pad__"] = pad
-                    counters.add("pad_samples" if pad else "samples")
+                for j in range(len(values)):
+                    sample = self._sample(chunk, j, values, buffers, numbers_as_tensors)
+                    counters.add("pad_samples" if sample["__pad__"] else "samples")
                     counters.add("sample_bytes", sample_bytes(sample))
                     count += 1
                     yield sample, count, counters.snapshot()
@@ -498,17 +489,8 @@ class SimDataset(IterableDataset[Sample]):
                     columns = None if per_sample else _columns(
                         values, buffers, lo, hi, chunk.keys[lo:hi], pads, opts.zero_copy)
                     if columns is None:
-                        samples = []
-                        for j in range(lo, hi):
-                            src = self._sources[int(chunk.source[j])]
-                            sample = to_tensors(values[j], zero_copy=opts.zero_copy,
-                                                given=buffers.tensors(j, values[j]),
-                                                numbers=False)
-                            if src.transform is not None:
-                                sample = src.transform(sample)
-                            sample["__key__"] = chunk.keys[j]
-                            sample["__pad__"] = bool(chunk.is_pad[j])
-                            samples.append(sample)
+                        samples = [self._sample(chunk, j, values, buffers, False)
+                                   for j in range(lo, hi)]
                         nbytes = sum(sample_bytes(x) for x in samples)
                         batch = collate(samples)
                     else:
@@ -521,6 +503,25 @@ class SimDataset(IterableDataset[Sample]):
                     counters.add("sample_bytes", nbytes)
                     count += hi - lo
                     yield batch, count, counters.snapshot()
+
+    def _sample(
+        self,
+        chunk: Any,
+        j: int,
+        values: list[dict[str, Any]],
+        buffers: ChunkBuffers,
+        numbers: bool,
+    ) -> Sample:
+        """Slot ``j`` of a decoded chunk as a sample: tensors, transform, key, pad flag."""
+        fields = values[j]
+        sample = to_tensors(fields, zero_copy=self._options.zero_copy,
+                            given=buffers.tensors(j, fields), numbers=numbers)
+        transform = self._sources[int(chunk.source[j])].transform
+        if transform is not None:
+            sample = transform(sample)
+        sample["__key__"] = chunk.keys[j]
+        sample["__pad__"] = bool(chunk.is_pad[j])
+        return sample
 
     @contextlib.contextmanager
     def _decoded(
@@ -614,14 +615,8 @@ def _columns(
 
 def _columns_bytes(columns: Mapping[str, Any]) -> int:
     """Logical bytes of a batch's columns, as :func:`sample_bytes` counts a sample's."""
-    total = 0
-    for column in columns.values():
-        if isinstance(column, torch.Tensor):
-            total += column.element_size() * column.nelement()
-            continue
-        for v in column:
-            if isinstance(v, torch.Tensor):
-                total += v.element_size() * v.nelement()
-            elif isinstance(v, bytes | str):
-                total += len(v)
-    return total
+    return sum(
+        value_bytes(column) if isinstance(column, torch.Tensor)
+        else sum(value_bytes(v) for v in column)
+        for column in columns.values()
+    )

@@ -40,29 +40,36 @@ class _Tagged(NamedTuple):
     tag: _Tag
 
 
-class _WorkerStream(IterableDataset[tuple[Sample, _Tag]]):
-    """What the DataLoader's workers iterate: the dataset's samples with their tags."""
+class _Stream(IterableDataset[Any]):
+    """What the DataLoader's workers iterate: this rank's share, set per epoch by the loader."""
 
-    def __init__(self, dataset: SimDataset, batch_size: int, numbers: bool = True) -> None:
+    def __init__(self, dataset: SimDataset, batch_size: int) -> None:
         self.dataset = dataset
         self.batch_size = batch_size
-        self.numbers = numbers
         self.world = dataset.world
         self.epoch = 0
         self.remaining: tuple[Interval, ...] = ()
 
-    def __iter__(self) -> Iterator[tuple[Sample, _Tag]]:
+    def _reader(self) -> World:
+        """The world of the process iterating (a DataLoader worker, or the main one)."""
         worker, num_workers = worker_context()
-        world = World(rank=self.world.rank, world_size=self.world.world_size,
-                      worker=worker, num_workers=num_workers)
+        return World(rank=self.world.rank, world_size=self.world.world_size,
+                     worker=worker, num_workers=num_workers)
+
+
+class _WorkerStream(_Stream):
+    """Single samples with their tags, for a caller's collate (or no batching)."""
+
+    def __iter__(self) -> Iterator[tuple[Sample, _Tag]]:
+        world = self._reader()
         for sample, count, counters in self.dataset.read(
-            world, self.epoch, self.remaining, self.batch_size, numbers_as_tensors=self.numbers
+            world, self.epoch, self.remaining, self.batch_size
         ):
-            yield sample, _Tag(worker, count, counters)
+            yield sample, _Tag(world.worker, count, counters)
 
 
-class _BatchStream(IterableDataset[_Tagged]):
-    """What the workers iterate with the default collate: whole batches, already tagged.
+class _BatchStream(_Stream):
+    """Whole batches, already tagged, with the default collate.
 
     The worker collates a batch from its decode buffers in one step (see
     :meth:`SimDataset.read_batches`) instead of handing the DataLoader single samples to
@@ -71,23 +78,17 @@ class _BatchStream(IterableDataset[_Tagged]):
 
     def __init__(self, dataset: SimDataset, batch_size: int, collate: Collate,
                  drop_last: bool) -> None:
-        self.dataset = dataset
-        self.batch_size = batch_size
+        super().__init__(dataset, batch_size)
         self.collate = collate
         self.drop_last = drop_last
-        self.world = dataset.world
-        self.epoch = 0
-        self.remaining: tuple[Interval, ...] = ()
 
     def __iter__(self) -> Iterator[_Tagged]:
-        worker, num_workers = worker_context()
-        world = World(rank=self.world.rank, world_size=self.world.world_size,
-                      worker=worker, num_workers=num_workers)
+        world = self._reader()
         for batch, count, counters in self.dataset.read_batches(
             world, self.epoch, self.remaining, self.batch_size, self.collate,
             drop_last=self.drop_last,
         ):
-            yield _Tagged(batch, _Tag(worker, count, counters))
+            yield _Tagged(batch, _Tag(world.worker, count, counters))
 
 
 def _passthrough(item: _Tagged) -> _Tagged:
@@ -166,7 +167,7 @@ class SimDataLoader(DataLoader[Any]):
         self._init = _WorkerInit(kwargs.pop("worker_init_fn", None))
         kwargs["worker_init_fn"] = self._init
         self.sim_dataset = dataset
-        self._stream: _WorkerStream | _BatchStream
+        self._stream: _Stream
         if collate_fn is None and batch_size is not None:
             # the default collate: workers make whole batches from their decode buffers
             assert isinstance(collate, Collate)
@@ -185,7 +186,7 @@ class SimDataLoader(DataLoader[Any]):
             object.__setattr__(self, "drop_last", drop_last)
             return
         # a caller's collate gets the samples' tensors, as a DataLoader gathers them
-        self._stream = _WorkerStream(dataset, batch_size or 1, numbers=True)
+        self._stream = _WorkerStream(dataset, batch_size or 1)
         super().__init__(
             self._stream,
             batch_size=batch_size,

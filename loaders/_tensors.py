@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["ChunkBuffers", "sample_bytes", "stacked_view", "to_tensors"]
+__all__ = ["ChunkBuffers", "sample_bytes", "stacked_view", "to_tensors", "value_bytes"]
 
 
 def to_tensors(
@@ -58,15 +58,18 @@ def _array_to_tensor(arr: np.ndarray, zero_copy: bool) -> torch.Tensor:
         return torch.from_numpy(arr)
 
 
+def value_bytes(value: Any) -> int:
+    """Logical bytes of one value: a tensor's elements, a string's or bytes' length."""
+    if isinstance(value, torch.Tensor):
+        return value.element_size() * value.nelement()
+    if isinstance(value, bytes | str):
+        return len(value)
+    return 0
+
+
 def sample_bytes(sample: Mapping[str, Any]) -> int:
     """Logical bytes of a sample's tensors, strings and bytes."""
-    total = 0
-    for value in sample.values():
-        if isinstance(value, torch.Tensor):
-            total += value.element_size() * value.nelement()
-        elif isinstance(value, bytes | str):
-            total += len(value)
-    return total
+    return sum(value_bytes(v) for v in sample.values())
 
 
 class ChunkBuffers:
