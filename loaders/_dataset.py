@@ -14,9 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import threading
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -553,19 +551,10 @@ class SimDataset(IterableDataset[Sample]):
             resolver = Resolver(sources, self._mixture, self._epoch_length, counters, tiers)
 
             shared = in_worker()
-            started = threading.Event()
 
             def decode(chunk: Any) -> tuple[list[dict[str, Any]], ChunkBuffers]:
                 buffers = ChunkBuffers(len(chunk), shared=shared)
-                if started.is_set() or len(chunk.reads) < 2:
-                    values = read_chunk(chunk, pool, sources, limiter, counters, tiers,
-                                        buffers)
-                else:  # the first chunk: its shards are read at once
-                    with ThreadPoolExecutor(min(3, len(chunk.reads) - 1),
-                                            thread_name_prefix="simstore-first") as first:
-                        values = read_chunk(chunk, pool, sources, limiter, counters, tiers,
-                                            buffers, parallel=first)
-                started.set()
+                values = read_chunk(chunk, pool, sources, limiter, counters, tiers, buffers)
                 pool.start_hashing()  # the first chunk is decoded: hashes may run now
                 return values, buffers
 

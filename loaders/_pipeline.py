@@ -434,14 +434,11 @@ def read_chunk(
     counters: Counters,
     tiers: Sequence[str],
     buffers: OutBuffers | None = None,
-    parallel: ThreadPoolExecutor | None = None,
 ) -> list[Decoded]:
     """Decode a chunk's samples, in chunk order, reading each shard's rows in one call.
 
     With ``buffers``, readers that can (``supports_out``) decode fixed-shape fields straight
-    into the chunk's buffers, in chunk order. With ``parallel``, the chunk's shards are
-    read at once on its threads (the first chunk of an iteration, which nothing else
-    overlaps).
+    into the chunk's buffers, in chunk order.
     """
 
     def one(read: ShardRead) -> tuple[ShardRead, list[Decoded], np.ndarray]:
@@ -470,18 +467,8 @@ def read_chunk(
             counters.add_read("cache" if mode == "cache" else tiers[read.source], nbytes)
         return read, values, inverse
 
-    reads = list(chunk.reads)
-    if parallel is not None and len(reads) > 1:
-        futures = [parallel.submit(one, r) for r in reads[1:]]
-        try:
-            done = [one(reads[0])] + [f.result() for f in futures]
-        finally:
-            for f in futures:
-                f.cancel()
-    else:
-        done = [one(r) for r in reads]
     out: list[Decoded | None] = [None] * len(chunk)
-    for read, values, inverse in done:
+    for read, values, inverse in map(one, chunk.reads):
         for j, o in enumerate(read.out.tolist()):
             value = values[int(inverse[j])]
             out[o] = value if out[o] is None else dict(value)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -86,7 +85,6 @@ class ChunkBuffers:
     def __init__(self, n: int, *, shared: bool) -> None:
         self.n = n
         self.shared = shared
-        self._lock = threading.Lock()  # the readers of several shards may fill one chunk
         self._bufs: dict[str, tuple[torch.Tensor, np.ndarray] | None] = {}
         self._given: dict[tuple[int, str], np.ndarray] = {}
 
@@ -127,11 +125,9 @@ class ChunkBuffers:
     def _buffer(
         self, name: str, shape: tuple[int, ...], dtype: np.dtype[Any]
     ) -> tuple[torch.Tensor, np.ndarray] | None:
-        """Field ``name``'s buffer, made once even when several threads ask at once."""
+        """Field ``name``'s buffer, made on first ask."""
         if name not in self._bufs:
-            with self._lock:
-                if name not in self._bufs:
-                    self._bufs[name] = self._allocate(shape, np.dtype(dtype))
+            self._bufs[name] = self._allocate(shape, np.dtype(dtype))
         return self._bufs[name]
 
     def _allocate(
