@@ -17,7 +17,14 @@ from dataclasses import dataclass
 
 from simstore.errors import InvalidInputError
 
-__all__ = ["World", "WorldDetector", "detect_world", "in_worker", "worker_context"]
+__all__ = [
+    "World",
+    "WorldDetector",
+    "detect_world",
+    "in_worker",
+    "join_queue_feeders",
+    "worker_context",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,7 +90,8 @@ def exit_with_parent(parent: int | None = None, interval_s: float = 1.0) -> None
     with ``os._exit`` instead; a worker holds nothing that must be saved (cache fills
     are atomic, as for a SIGKILL). ``parent`` is the pid recorded before the fork (a
     parent that died while this worker started is then noticed too; torch's own watchdog
-    records whatever parent the worker has once started). Started once per process.
+    records whatever parent the worker has once started). Started once per process,
+    together with :func:`join_queue_feeders` at exit.
     """
     import threading
 
@@ -102,6 +110,37 @@ def exit_with_parent(parent: int | None = None, interval_s: float = 1.0) -> None
                 os._exit(0)
 
     threading.Thread(target=watch, name=_WATCH_THREAD, daemon=True).start()
+    import atexit
+
+    atexit.register(join_queue_feeders)
+
+
+_FEEDER_THREAD = "QueueFeederThread"  # multiprocessing.Queue's sending thread
+
+
+def join_queue_feeders(timeout_s: float = 5.0) -> None:
+    """Wait (at most ``timeout_s``) for this process's queue feeder threads to finish.
+
+    Run at exit of a DataLoader worker. torch's worker ends by closing its result queue
+    without joining the queue's feeder, a daemon thread that may still be pickling a
+    batch: sharing a tensor's storage drops the GIL inside torch's C++ code. A daemon
+    thread that asks for the GIL back once the interpreter is finalizing is ended with
+    ``pthread_exit``; unwinding that through C++ frames calls ``std::terminate``, and the
+    worker dies of SIGABRT ("terminate called without an active exception"), which the
+    DataLoader reports as a failed worker. atexit callbacks run before finalization, so
+    joining the feeders here lets them finish first. A closed queue's feeder ends once
+    its buffer is written; the bound covers a reader that stopped reading (torch's parent
+    terminates a worker that has not exited after 5 s in any case). Worker processes
+    made by ``fork`` leave with ``os._exit`` and never run this; ``spawn`` and
+    ``forkserver`` workers do.
+    """
+    import threading
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    for thread in threading.enumerate():
+        if thread.name == _FEEDER_THREAD and thread is not threading.current_thread():
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def in_worker() -> bool:

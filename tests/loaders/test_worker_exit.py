@@ -1,4 +1,5 @@
-"""A DataLoader worker leaves as soon as its training process dies (SIGKILL)."""
+"""A DataLoader worker leaves as soon as its training process dies (SIGKILL), and leaves
+cleanly when the loader is shut down with batches still being sent."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from loader_helpers import commit_samples, make_samples
 
 SCRIPT = """
@@ -65,3 +67,35 @@ def test_workers_exit_when_the_training_process_is_killed(store_path):
     for p in left:
         os.kill(p, signal.SIGKILL)
     assert not left, f"workers {left} outlived their killed parent"
+
+
+def _send_and_leave(q) -> None:
+    """A spawned worker's last moments: batches still being pickled by the queue's feeder
+    thread (tensor storages shared from torch's C++ code) while the process exits."""
+    import torch
+    import torch.multiprocessing  # noqa: F401  (the tensor reductions a worker uses)
+    from simstore.loaders._world import exit_with_parent
+
+    exit_with_parent()  # what a SimDataset does first in each worker process
+    batch = torch.ones(16 * 2**20)
+    for _ in range(4):
+        q.put(batch.clone())
+    q.cancel_join_thread()  # as torch's worker loop does when told to stop
+    q.close()
+
+
+@pytest.mark.multiprocess
+def test_spawned_worker_exits_cleanly_while_batches_are_in_flight():
+    # Without the exit hook this dies of SIGABRT every time ("terminate called without an
+    # active exception"): the feeder asks for the GIL back during finalization.
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    codes = []
+    for _ in range(2):
+        q = ctx.Queue()
+        proc = ctx.Process(target=_send_and_leave, args=(q,))
+        proc.start()
+        proc.join(120)
+        codes.append(proc.exitcode)
+    assert codes == [0, 0]
