@@ -21,6 +21,7 @@ counted per tier.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import threading
@@ -216,6 +217,9 @@ class ShardHandle:
 
     source: str | BinaryIO
     release: Callable[[], None]
+    trusted: bool = False
+    """Whether its reader may skip page CRC-32s: this process hashed the whole source to
+    its id (a local shard checked, a cache copy filled here), or ``verify`` is off."""
 
 
 class ShardAccess:
@@ -289,7 +293,7 @@ class ShardAccess:
                 self._verify_local(shard_id)
             path = self._local[shard_id]
             assert path is not None
-            return ShardHandle(path, _nothing)
+            return ShardHandle(path, _nothing, trusted=verified)
         if mode == "cache":
             return self._cached(shard_id)
         size = self._size(key)
@@ -301,7 +305,7 @@ class ShardAccess:
             limiter=self.limiter,
             block_bytes=self.block_bytes,
         )
-        return ShardHandle(cast(BinaryIO, f), f.close)
+        return ShardHandle(cast(BinaryIO, f), f.close, trusted=not self.verify)
 
     def close(self) -> None:
         """Bring the cache back within its limit once this reader's pins are gone."""
@@ -329,6 +333,36 @@ class ShardAccess:
             by = f"; referenced by snapshot {self.referenced_by}" if self.referenced_by else ""
             raise IntegrityError(
                 f"{self.store.url}: {key} has hash {actual}, expected {shard_id}{by}"
+            )
+        with self._lock:
+            self._verified.add(shard_id)
+
+    def check_copy(self, shard_id: str, path: str) -> None:
+        """Hash a cache hit's copy once in this process (its reader checks pages meanwhile).
+
+        A copy was verified when it was filled, perhaps by another process long ago; this
+        catches a copy damaged since. A wrong copy is taken out of the cache (the next use
+        downloads it again) and raises :class:`IntegrityError`. A copy evicted after its
+        reader let go is not checked: nothing reads it any more.
+        """
+        with self._lock:
+            if not self.verify or shard_id in self._verified:
+                return
+        try:
+            actual, size = hash_file(path)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise StorageError(f"cache copy {path}: read failed: {exc}") from exc
+        self.counters.add_read("cache", size)
+        self.counters.add("shards_verified")
+        if actual != shard_id:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            by = f"; referenced by snapshot {self.referenced_by}" if self.referenced_by else ""
+            raise IntegrityError(
+                f"cache copy {path} has hash {actual}, expected {shard_id}{by} "
+                "(removed from the cache)"
             )
         with self._lock:
             self._verified.add(shard_id)
@@ -368,7 +402,9 @@ class ShardAccess:
             for stream in streams:
                 self.counters.add_read(self.tier, 0, requests=stream.requests)
                 stream.close()
-        return ShardHandle(copy.path, copy.release)
+        with self._lock:
+            checked = not copy.hit or not self.verify or shard_id in self._verified
+        return ShardHandle(copy.path, copy.release, trusted=checked)
 
     def _copy_stream(self, stream: ObjectStream, out: BinaryIO) -> None:
         """Copy a streamed object into ``out`` block by block, within ``max_bandwidth``."""

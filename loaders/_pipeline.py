@@ -16,6 +16,7 @@ worker owns its threads and a dataset object holds none.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Generator, Iterator, Sequence
@@ -205,16 +206,16 @@ class Resolver:
 
 @dataclass(frozen=True, slots=True)
 class _Check:
-    """A local shard's whole-object hash, running while its reader reads."""
+    """A shard's whole-object hash (a local file, a cache hit), running while it is read."""
 
-    future: Future[ShardHandle | None]
-    access: ShardAccess
-    shard_id: str
+    future: Future[Any]
+    redo: Callable[[], object]
+    """The same hash, run here if the future never ran."""
 
     def wait(self) -> None:
         """The hash's outcome (IntegrityError if wrong); hashed here if it never ran."""
         if self.future.cancelled():  # the I/O pool shut down before it started
-            self.access.prepare(self.shard_id)
+            self.redo()
         else:
             self.future.result()
 
@@ -251,6 +252,8 @@ class ReaderPool:
         self._prepared: dict[tuple[int, str], Future[ShardHandle | None]] = {}
         self._checked_after_close: list[_Check] = []
         self._hash_now = threading.Event()
+        self._io: ThreadPoolExecutor | None = None
+        """The I/O pool of the current epoch (where a cache hit's hash runs)."""
         self.blocks = BlockCache(decode_cache_bytes)
 
     def is_known(self, key: tuple[int, str]) -> bool:
@@ -269,6 +272,7 @@ class ReaderPool:
         with self._lock:
             if key in self._entries or key in self._prepared:
                 return
+            self._io = pool
             access = self.access[key[0]]
             if access.verify and access.mode(key[1]) == "local":
                 self._prepared[key] = pool.submit(self._hash_later, access, key[1])
@@ -278,6 +282,10 @@ class ReaderPool:
     def _hash_later(self, access: ShardAccess, shard_id: str) -> ShardHandle | None:
         self._hash_now.wait(_HASH_DELAY_S)
         return access.prepare(shard_id)
+
+    def _later(self, check: Callable[[], None]) -> None:
+        self._hash_now.wait(_HASH_DELAY_S)
+        check()
 
     def start_hashing(self) -> None:
         """Let the local shards' whole-object hashes run (the first chunk is out)."""
@@ -312,6 +320,7 @@ class ReaderPool:
                 if checking is not None and checking.future.done():
                     checking.wait()  # raises IntegrityError for a wrong hash, each use
                     entry.checking = None
+                    _trust(entry.reader)
                 assert entry.reader is not None
                 try:
                     yield entry.reader
@@ -339,16 +348,33 @@ class ReaderPool:
                 raise
             entry.handle, entry.reader = handle, reader
             if getattr(reader, "verifies_pages", False):
-                entry.checking = _Check(prepared, access, key[1])
+                entry.checking = _Check(prepared, functools.partial(access.prepare, key[1]))
             else:
                 self.start_hashing()
                 prepared.result()
+                _trust(reader)
             return
         if prepared is not None and not prepared.done():
             self.start_hashing()  # never wait on work queued behind delayed hashes
         handle_ready = prepared.result() if prepared is not None else None
         entry.handle = access.open(key[1], handle_ready)
         entry.reader = self._open(key, entry.handle)
+        if entry.handle.trusted:
+            _trust(entry.reader)
+        elif (
+            access.verify
+            and self._io is not None
+            and isinstance(entry.handle.source, str)
+            and access.mode(key[1]) == "cache"
+            and getattr(entry.reader, "verifies_pages", False)
+        ):
+            # a cache hit: hashed once in this process, like a local shard
+            check = functools.partial(access.check_copy, key[1], entry.handle.source)
+            try:
+                entry.checking = _Check(self._io.submit(self._later, check), check)
+            except RuntimeError:  # that pool has shut down: hash it now
+                check()
+                _trust(entry.reader)
 
     def finish(self) -> None:
         """Wait for the hashes still running of shards already read; raise a wrong one."""
@@ -403,6 +429,13 @@ class ReaderPool:
             _release(fut)
         for access in self.access:
             access.close()
+
+
+def _trust(reader: ShardReader | None) -> None:
+    """Let a reader skip its page checks: its shard's whole-object hash has matched."""
+    trust = getattr(reader, "trust", None)
+    if callable(trust):
+        trust()
 
 
 def _close(entry: _Entry) -> None:

@@ -1,0 +1,150 @@
+"""Page checks until the shard's hash is known: local shards, cache fills and cache hits.
+
+Parquet pages and Zarr chunks carry CRC-32s, which the readers check while the shard's
+whole-object hash is pending; once it has matched they stop (a CRC costs more than the
+decode). A cache hit is hashed once per epoch too, so a copy damaged after its fill is
+found, named and taken out of the cache.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from loader_helpers import RemoteLikeStore
+from simstore.loaders import SimDataset
+from simstore.loaders._fetch import RateLimiter, ShardAccess
+from simstore.loaders._opener import FormatOpener
+from simstore.loaders._pipeline import ReaderPool
+from simstore.loaders._stats import Counters
+
+import simstore
+from simstore.catalog import Catalog
+from simstore.errors import IntegrityError
+from simstore.storage import open_store
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    """24 .npz files: u is (8, 16, 16) float32 (8 KiB), p a scalar."""
+    root = tmp_path_factory.mktemp("src")
+    rng = np.random.default_rng(3)
+    arrays = {}
+    for t in range(24):
+        u = rng.standard_normal((8, 16, 16)).astype(np.float32)
+        np.savez(root / f"t{t:03d}.npz", u=u, p=np.float64(t))
+        arrays[f"t{t:03d}"] = u
+    return str(root), arrays
+
+
+def _ingest(tmp_path, sources, fmt):
+    root, arrays = sources
+    store = str(tmp_path / f"store-{fmt}")
+    Catalog.init(store)
+    simstore.ingest([root], dataset="d", store=store, format=fmt, snapshot=True,
+                    message="t", shard_size=60_000, zarr_threshold=1 << 30)
+    return store, arrays
+
+
+def _shard_ids(store):
+    cat = Catalog.open(store)
+    snap = cat.snapshot(cat.resolve("d"))
+    return sorted({s for t in cat.iter_parts(snap) for s in t.column("shard").to_pylist()})
+
+
+def _pool(store):
+    access = ShardAccess(open_store(store), counters=Counters(), limiter=RateLimiter(None),
+                         cache=None, verify=True)
+    return ReaderPool([access], FormatOpener(), max_open=8, referenced_by=["snap"])
+
+
+def _values(ds):
+    return {s["__key__"]: s["u"].numpy().copy() for s in ds}
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "zarr"])
+def test_a_local_reader_checks_pages_until_the_shard_hash_matches(
+    tmp_path, sources, fmt, monkeypatch
+):
+    store, _ = _ingest(tmp_path, sources, fmt)
+    shard = _shard_ids(store)[0]
+    import simstore.loaders._fetch as fetch
+
+    real, release = fetch.hash_file, []
+
+    def held(path, *args, **kw):
+        while not release:  # the hash ends only when the test says so
+            time.sleep(0.01)
+        return real(path, *args, **kw)
+
+    monkeypatch.setattr(fetch, "hash_file", held)
+    pool = _pool(store)
+    with ThreadPoolExecutor(2) as io:
+        pool.schedule((0, shard), io)
+        pool.start_hashing()
+        with pool.reader((0, shard)) as reader:
+            assert reader.verifies_pages  # opened while its hash runs
+        release.append(True)
+        deadline = time.monotonic() + 60
+        while not pool._entries[(0, shard)].checking.future.done():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        with pool.reader((0, shard)) as reader:
+            assert not reader.verifies_pages  # the hash matched: no more page checks
+    pool.close()
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "zarr"])
+def test_a_shard_opened_after_its_hash_is_read_without_page_checks(tmp_path, sources, fmt):
+    store, arrays = _ingest(tmp_path, sources, fmt)
+    shard = _shard_ids(store)[0]
+    pool = _pool(store)
+    with ThreadPoolExecutor(2) as io:
+        pool.schedule((0, shard), io)
+        pool.start_hashing()
+        pool._prepared[(0, shard)].result()
+        with pool.reader((0, shard)) as reader:
+            assert not reader.verifies_pages
+    pool.close()
+    # and an epoch read so reads the sources' values
+    got = _values(SimDataset(store, "d", shuffle=False))
+    assert got.keys() == arrays.keys()
+    assert all(np.array_equal(got[k], arrays[k]) for k in arrays)
+
+
+def _flip_in_pages(path):
+    """Flip a bit in the first quarter of the file: inside a data page or chunk."""
+    with open(path, "r+b") as f:
+        data = bytearray(f.read())
+        at = len(data) // 4
+        data[at] ^= 0x10
+        f.seek(0)
+        f.write(data)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "zarr"])
+def test_a_cache_copy_damaged_after_its_fill_is_found_and_refetched(tmp_path, sources, fmt):
+    store, arrays = _ingest(tmp_path, sources, fmt)
+    cache = str(tmp_path / "cache")
+    remote = RemoteLikeStore(store)
+
+    def epoch():
+        return _values(SimDataset(remote, "d", shuffle=False, cache_dir=cache,
+                                  cache_limit="64MiB"))
+
+    assert all(np.array_equal(v, arrays[k]) for k, v in epoch().items())  # fills
+    shard = _shard_ids(store)[0]
+    copy = os.path.join(cache, "objects", shard[:2], shard)
+    os.chmod(copy, 0o644)
+    _flip_in_pages(copy)
+    with pytest.raises(IntegrityError) as info:
+        epoch()  # a hit: its pages fail their CRC, and the copy's hash is the error
+    assert shard in str(info.value) and "removed from the cache" in str(info.value)
+    assert not os.path.exists(copy)
+    got = epoch()  # downloaded again
+    assert got.keys() == arrays.keys()
+    assert all(np.array_equal(got[k], arrays[k]) for k in arrays)
+    assert os.path.exists(copy)
