@@ -611,32 +611,40 @@ def prefetched(
             ahead.append(chunk)
             added += 1
 
-    def submit() -> None:
+    def submit(limit: int) -> None:
         nonlocal in_flight
         while (
             ahead
-            and len(decoding) < config.chunks
+            and len(decoding) < limit
             and (not decoding or in_flight + ahead[0].size_bytes <= config.budget_bytes)
         ):
             chunk = ahead.popleft()
             decoding.append((chunk, dec.submit(decode, chunk)))
             in_flight += chunk.size_bytes
 
+    first = True
     try:
         while True:
-            # Start decoding as soon as one chunk is resolved (the first batch waits for
-            # nothing else), then resolve further ahead a few chunks per chunk handed out,
-            # so shard fetches are scheduled early without a burst of work up front.
+            # The first chunk is resolved and decoded alone: the first batch shares the
+            # cores with no other decode. From then on, resolve a few chunks ahead per
+            # chunk handed out (shard fetches are scheduled early without a burst of work
+            # up front) and keep up to ``config.chunks`` decoding.
             if not ahead and not decoding:
                 resolve_ahead(1)
-            submit()
-            resolve_ahead(4)
-            submit()
+            submit(1 if first else config.chunks)
+            if not first:
+                resolve_ahead(4)
+                submit(config.chunks)
             if not decoding:
                 return
             chunk, fut = decoding.popleft()
             in_flight -= chunk.size_bytes
-            yield chunk, fut.result()
+            value = fut.result()
+            if first:
+                first = False
+                resolve_ahead(4)
+                submit(config.chunks)  # decoding while the first chunk's batches go out
+            yield chunk, value
     finally:
         for _, fut in decoding:
             fut.cancel()
