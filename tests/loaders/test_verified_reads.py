@@ -148,3 +148,32 @@ def test_a_cache_copy_damaged_after_its_fill_is_found_and_refetched(tmp_path, so
     assert got.keys() == arrays.keys()
     assert all(np.array_equal(got[k], arrays[k]) for k in arrays)
     assert os.path.exists(copy)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "zarr"])
+@pytest.mark.parametrize("tier", ["local", "ranged", "cache"])
+def test_reads_without_verification_check_nothing_and_read_right(
+    tmp_path, sources, fmt, tier, monkeypatch
+):
+    store, arrays = _ingest(tmp_path, sources, fmt)
+    kw = {}
+    if tier != "local":
+        store = RemoteLikeStore(store)
+    if tier == "cache":
+        kw = {"cache_dir": str(tmp_path / "cache"), "cache_limit": "64MiB"}
+    import simstore.loaders._pipeline as pipeline
+
+    opened = []
+    real = pipeline.ReaderPool._open
+
+    def spy(self, key, handle):
+        reader = real(self, key, handle)
+        opened.append(reader)
+        return reader
+
+    monkeypatch.setattr(pipeline.ReaderPool, "_open", spy)
+    for _ in range(2):  # the cache's fill, then its hit
+        got = _values(SimDataset(store, "d", shuffle=False, verify=False, **kw))
+        assert got.keys() == arrays.keys()
+        assert all(np.array_equal(got[k], arrays[k]) for k in arrays)
+    assert opened and not any(r.verifies_pages for r in opened)
