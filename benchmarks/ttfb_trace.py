@@ -1,0 +1,78 @@
+"""Where a DataLoader worker's first batch spends its time, in one process per run.
+
+    python -m benchmarks.ttfb_trace --store PATH --dataset NAME [--batch 8] [--workers 1]
+        [--runs 5]
+
+Each run builds a fresh ``SimDataset`` and ``SimDataLoader`` (fork workers) and prints, in
+seconds from building them: when the worker's init ran, when the worker's batch stream
+yielded its first batch, when the main process had it, and when its tensors had been
+touched once per 4 KiB page. "in the worker" is init to first yield; "handover" is the
+worker's yield to the main process holding the batch (pickling, the tensors' shared-memory
+file descriptors passed over a socket, mapping them). Medians over the runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--store", required=True)
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--runs", type=int, default=5)
+    args = p.parse_args(argv)
+
+    import multiprocessing
+
+    import simstore.loaders._loader as loader_mod
+    import torch
+    from simstore.loaders import SimDataLoader, SimDataset
+
+    marks = multiprocessing.get_context("fork").Array("d", 2)  # init, first yield
+    plain = loader_mod._BatchStream.__iter__
+
+    def traced(self):  # type: ignore[no-untyped-def]
+        first = True
+        for batch in plain(self):
+            if first:
+                marks[1] = time.time()
+                first = False
+            yield batch
+
+    loader_mod._BatchStream.__iter__ = traced  # type: ignore[method-assign]
+
+    def init(worker: int) -> None:
+        if worker == 0:
+            marks[0] = time.time()
+
+    rows = []
+    for seed in range(args.runs):
+        t0 = time.time()
+        ds = SimDataset(os.path.abspath(args.store), args.dataset, shuffle=True, seed=seed)
+        loader = SimDataLoader(ds, batch_size=args.batch, num_workers=args.workers,
+                               multiprocessing_context="fork", worker_init_fn=init)
+        it = iter(loader)
+        batch = next(it)
+        t_main = time.time()
+        for v in batch.values():
+            if isinstance(v, torch.Tensor) and v.numel():
+                step = max(1, 4096 // v.element_size())
+                float(v.reshape(-1)[::step].sum())
+        t_touched = time.time()
+        rows.append((marks[0] - t0, marks[1] - t0, t_main - t0, t_touched - t0))
+        del it, loader, ds, batch
+    med = [statistics.median(r[i] for r in rows) for i in range(4)]
+    print(f"{args.dataset}, {args.workers} worker(s), median of {args.runs} runs: worker init "
+          f"{med[0]:.3f} s, first yield {med[1]:.3f} s, in the main process {med[2]:.3f} s, "
+          f"touched {med[3]:.3f} s; in the worker {med[1] - med[0]:.3f} s, handover "
+          f"{med[2] - med[1]:.3f} s")
+
+
+if __name__ == "__main__":
+    main()
