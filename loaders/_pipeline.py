@@ -64,6 +64,7 @@ class OutBuffers(Protocol):
 Decoded = dict[str, Any]
 T = TypeVar("T")
 _HASH_DELAY_S = 5.0
+_HASH_THREADS = 1
 """Longest a local shard's whole-object hash waits for the first chunk to be decoded."""
 
 
@@ -252,6 +253,10 @@ class ReaderPool:
         self._prepared: dict[tuple[int, str], Future[ShardHandle | None]] = {}
         self._checked_after_close: list[_Check] = []
         self._hash_now = threading.Event()
+        self._hashing = threading.Semaphore(_HASH_THREADS)
+        """Background hashes run one at a time: at ~7 GiB/s one thread keeps ahead of the
+        reads, and all I/O threads hashing at once took every core just as the first
+        batch was handed to the main process."""
         self._io: ThreadPoolExecutor | None = None
         """The I/O pool of the current epoch (where a cache hit's hash runs)."""
         self.blocks = BlockCache(decode_cache_bytes)
@@ -281,11 +286,13 @@ class ReaderPool:
 
     def _hash_later(self, access: ShardAccess, shard_id: str) -> ShardHandle | None:
         self._hash_now.wait(_HASH_DELAY_S)
-        return access.prepare(shard_id)
+        with self._hashing:
+            return access.prepare(shard_id)
 
     def _later(self, check: Callable[[], None]) -> None:
         self._hash_now.wait(_HASH_DELAY_S)
-        check()
+        with self._hashing:
+            check()
 
     def start_hashing(self) -> None:
         """Let the local shards' whole-object hashes run (the first chunk is out)."""
