@@ -24,29 +24,15 @@ import statistics
 import subprocess
 import sys
 
+from benchmarks.bench_ingest import TREE_IMPORTS
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _RUN = r"""
 import json, os, sys, time
 args = json.loads(sys.argv[1])
 tree = args["tree"]
-if tree:
-    import importlib.abc, importlib.util
-    sys.path.insert(0, tree)
-    # the repository keeps simstore.formats, .cli and .loaders in top-level folders
-    parts = {f"simstore.{n}": os.path.join(tree, n) for n in ("formats", "cli", "loaders")}
-
-    class _Tree(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            where = parts.get(name)
-            if where is None or not os.path.isdir(where):
-                return None
-            return importlib.util.spec_from_file_location(
-                name, os.path.join(where, "__init__.py"), submodule_search_locations=[where]
-            )
-
-    sys.meta_path.insert(0, _Tree())
-import torch
+""" + TREE_IMPORTS + r"""import torch
 import simstore.loaders
 from simstore.loaders import SimDataLoader, SimDataset
 assert (not tree) or simstore.loaders.__file__.startswith(tree), simstore.loaders.__file__

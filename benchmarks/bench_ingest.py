@@ -121,13 +121,7 @@ def timed(fn, reps: int) -> float:
     return statistics.median(times)
 
 
-# One timed ingest in a fresh process: imports, store and sync happen before the clock, so
-# every repetition (the first too) times the ingest alone, and the tree it imports is the
-# one named (the working tree, or a --baseline checkout of an earlier revision).
-_RUN = r"""
-import json, os, resource, sys, time
-args = json.loads(sys.argv[1])
-tree = args["tree"]
+TREE_IMPORTS = r"""
 if tree:
     import importlib.abc, importlib.util
     sys.path.insert(0, tree)
@@ -144,7 +138,18 @@ if tree:
             )
 
     sys.meta_path.insert(0, _Tree())
-import simstore
+"""
+"""Child-process code that makes ``import simstore`` load the source tree named by the
+variable ``tree`` (nothing when it is empty); ``os`` and ``sys`` must be imported."""
+
+# One timed ingest in a fresh process: imports, store and sync happen before the clock, so
+# every repetition (the first too) times the ingest alone, and the tree it imports is the
+# one named (the working tree, or a --baseline checkout of an earlier revision).
+_RUN = r"""
+import json, os, resource, sys, time
+args = json.loads(sys.argv[1])
+tree = args["tree"]
+""" + TREE_IMPORTS + r"""import simstore
 from simstore.catalog import Catalog
 from simstore.ingest import ingest
 from simstore.storage import LocalStore
