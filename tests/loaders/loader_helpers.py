@@ -184,6 +184,18 @@ def keys_of(batches: Any) -> list[str]:
     return out
 
 
+def write_npz_sources(root: str, count: int, seed: int) -> dict[str, np.ndarray]:
+    """``count`` .npz files ``tNNN.npz`` in ``root``: ``u`` (8, 16, 16) float32 (8 KiB) and
+    a scalar ``p``; returns ``u`` by sample key (the file name without ``.npz``)."""
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    for t in range(count):
+        u = rng.standard_normal((8, 16, 16)).astype(np.float32)
+        np.savez(os.path.join(root, f"t{t:03d}.npz"), u=u, p=np.float64(t))
+        arrays[f"t{t:03d}"] = u
+    return arrays
+
+
 def corrupt_object(root: str, object_id: str) -> None:
     """Flip a byte in the middle of a stored object (bypassing the store API)."""
     path = os.path.join(root, "objects", object_id[:2], object_id)
@@ -204,6 +216,7 @@ __all__ = [
     "keys_of",
     "make_samples",
     "open_test_shard",
+    "write_npz_sources",
 ]
 
 

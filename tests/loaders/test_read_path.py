@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from loader_helpers import open_test_shard
+from loader_helpers import open_test_shard, write_npz_sources
 from simstore.formats import ParquetFormat
 from simstore.loaders import Collate, SimDataLoader, SimDataset
 from simstore.loaders._tensors import ChunkBuffers, stacked_view
@@ -23,12 +23,7 @@ from simstore.sample import Sample
 def sources(tmp_path_factory):
     """16 .npz files: u is (8, 16, 16) float32 (8 KiB), p a scalar."""
     root = tmp_path_factory.mktemp("src")
-    rng = np.random.default_rng(1)
-    arrays = {}
-    for t in range(16):
-        u = rng.standard_normal((8, 16, 16)).astype(np.float32)
-        np.savez(root / f"t{t:03d}.npz", u=u, p=np.float64(t))
-        arrays[f"t{t:03d}"] = u
+    arrays = write_npz_sources(str(root), 16, seed=1)
     return str(root), arrays
 
 

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from loader_helpers import RemoteLikeStore
+from loader_helpers import RemoteLikeStore, write_npz_sources
 from simstore.loaders import SimDataset
 from simstore.loaders._fetch import RateLimiter, ShardAccess
 from simstore.loaders._opener import FormatOpener
@@ -31,12 +31,7 @@ from simstore.storage import open_store
 def sources(tmp_path_factory):
     """24 .npz files: u is (8, 16, 16) float32 (8 KiB), p a scalar."""
     root = tmp_path_factory.mktemp("src")
-    rng = np.random.default_rng(3)
-    arrays = {}
-    for t in range(24):
-        u = rng.standard_normal((8, 16, 16)).astype(np.float32)
-        np.savez(root / f"t{t:03d}.npz", u=u, p=np.float64(t))
-        arrays[f"t{t:03d}"] = u
+    arrays = write_npz_sources(str(root), 24, seed=3)
     return str(root), arrays
 
 
