@@ -64,8 +64,9 @@ class OutBuffers(Protocol):
 Decoded = dict[str, Any]
 T = TypeVar("T")
 _HASH_DELAY_S = 5.0
-_HASH_THREADS = 1
 """Longest a local shard's whole-object hash waits for the first chunk to be decoded."""
+_HASH_THREADS = 1
+"""Background whole-object hashes running at once in one reading process."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
