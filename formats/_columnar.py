@@ -215,20 +215,18 @@ class ColumnarReader(ABC):
         if unique == wanted:
             done = 0
             for batch in self._batches(unique):
-                for table, rows, count, *memo in self._read_groups(batch, cols):
+                for table, rows, count, memo in self._read_groups(batch, cols):
                     shifted = _shift(out, done) if out is not None else None
-                    yield from decode_rows(table, self.plans, rows, shifted,
-                                           memo=memo[0] if memo else None)
+                    yield from decode_rows(table, self.plans, rows, shifted, memo=memo)
                     done += count
             return
         first = {p: i for i, p in reversed(list(enumerate(wanted)))}
         order = [first[p] for p in unique]
         decoded: list[dict[str, FieldValue]] = []
-        for table, rows, count, *memo in self._read_groups(unique, cols):
+        for table, rows, count, memo in self._read_groups(unique, cols):
             at = len(decoded)
             shifted = _remap(out, order[at : at + count]) if out is not None else None
-            decoded.extend(decode_rows(table, self.plans, rows, shifted,
-                                       memo=memo[0] if memo else None))
+            decoded.extend(decode_rows(table, self.plans, rows, shifted, memo=memo))
         by_position = dict(zip(unique, decoded, strict=True))
         for p in wanted:
             yield by_position[p]
@@ -239,14 +237,15 @@ class ColumnarReader(ABC):
 
     def _read_groups(
         self, positions: list[int], columns: Sequence[str]
-    ) -> Iterator[tuple[Any, ...]]:
-        """``(table, rows, count[, memo])`` covering sorted unique ``positions`` in order.
+    ) -> Iterator[tuple[pa.Table, np.ndarray | None, int, dict[str, Any] | None]]:
+        """``(table, rows, count, memo)`` covering sorted unique ``positions`` in order.
 
         ``rows`` are the table's rows to decode (None: all of them); ``count`` how many
-        positions the piece covers; ``memo``, a dict kept with a cached table, lets the
-        decoder prepare each column once (see :func:`decode_rows`).
+        positions the piece covers; ``memo``, a dict kept with a cached table (None for a
+        table read for this call), lets the decoder prepare each column once (see
+        :func:`decode_rows`).
         """
-        yield self._read_positions(positions, columns), None, len(positions)
+        yield self._read_positions(positions, columns), None, len(positions), None
 
     @abstractmethod
     def _read_positions(self, positions: Sequence[int], columns: Sequence[str]) -> pa.Table:
