@@ -527,15 +527,8 @@ class ZarrShardReader:
             return None
         if info.compress_type != zipfile.ZIP_STORED:
             return self._zip.read(info)
-        where = self._offsets.get(key)
-        if where is None:
-            self._fp.seek(info.header_offset)
-            local = self._fp.read(30)
-            if local[:4] != MAGIC:
-                raise FormatError(f"{self.name}: bad zip entry {key}")
-            n, m = struct.unpack("<HH", local[26:30])
-            where = (info.header_offset + 30 + n + m, info.compress_size)
-            self._offsets[key] = where
+        where = self._stored_at(key)
+        assert where is not None  # a stored entry that exists
         self._fp.seek(where[0])
         data: bytes = self._fp.read(where[1])
         if len(data) != where[1]:
