@@ -314,9 +314,8 @@ class ShardAccess:
 
     # -- the modes ---------------------------------------------------------------------
     def _verify_local(self, shard_id: str) -> None:
-        with self._lock:
-            if not self.verify or shard_id in self._verified:
-                return
+        if not self._unchecked(shard_id):
+            return
         key = object_key(shard_id)
         path = self._local.get(shard_id) or self.store.local_path(key)
         if path is None:
@@ -324,18 +323,35 @@ class ShardAccess:
         try:
             with open(path, "rb") as f:
                 os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
-            actual, size = hash_file(path)
+            wrong = self._hash_against(shard_id, path, self.tier)
         except OSError as exc:
             raise StorageError(f"{self.store.url}/{key}: read failed: {exc}") from exc
-        self.counters.add_read(self.tier, size)
+        if wrong is not None:
+            raise IntegrityError(
+                f"{self.store.url}: {key} has hash {wrong}, expected {shard_id}{self._by()}"
+            )
+
+    def _unchecked(self, shard_id: str) -> bool:
+        """Whether ``shard_id`` still needs its whole-object hash in this process."""
+        with self._lock:
+            return self.verify and shard_id not in self._verified
+
+    def _hash_against(self, shard_id: str, path: str, tier: str) -> str | None:
+        """Hash ``path`` (a read of ``tier``); None if it is ``shard_id``, else its hash.
+
+        A match is remembered: the shard is not hashed again in this process.
+        """
+        actual, size = hash_file(path)
+        self.counters.add_read(tier, size)
         self.counters.add("shards_verified")
         if actual != shard_id:
-            by = f"; referenced by snapshot {self.referenced_by}" if self.referenced_by else ""
-            raise IntegrityError(
-                f"{self.store.url}: {key} has hash {actual}, expected {shard_id}{by}"
-            )
+            return actual
         with self._lock:
             self._verified.add(shard_id)
+        return None
+
+    def _by(self) -> str:
+        return f"; referenced by snapshot {self.referenced_by}" if self.referenced_by else ""
 
     def check_copy(self, shard_id: str, path: str) -> None:
         """Hash a cache hit's copy once in this process (its reader checks pages meanwhile).
@@ -345,27 +361,21 @@ class ShardAccess:
         downloads it again) and raises :class:`IntegrityError`. A copy evicted after its
         reader let go is not checked: nothing reads it any more.
         """
-        with self._lock:
-            if not self.verify or shard_id in self._verified:
-                return
+        if not self._unchecked(shard_id):
+            return
         try:
-            actual, size = hash_file(path)
+            wrong = self._hash_against(shard_id, path, "cache")
         except FileNotFoundError:
             return
         except OSError as exc:
             raise StorageError(f"cache copy {path}: read failed: {exc}") from exc
-        self.counters.add_read("cache", size)
-        self.counters.add("shards_verified")
-        if actual != shard_id:
+        if wrong is not None:
             with contextlib.suppress(OSError):
                 os.unlink(path)
-            by = f"; referenced by snapshot {self.referenced_by}" if self.referenced_by else ""
             raise IntegrityError(
-                f"cache copy {path} has hash {actual}, expected {shard_id}{by} "
+                f"cache copy {path} has hash {wrong}, expected {shard_id}{self._by()} "
                 "(removed from the cache)"
             )
-        with self._lock:
-            self._verified.add(shard_id)
 
     def _size(self, key: str) -> int:
         info = self.store.info(key)
@@ -402,9 +412,9 @@ class ShardAccess:
             for stream in streams:
                 self.counters.add_read(self.tier, 0, requests=stream.requests)
                 stream.close()
-        with self._lock:
-            checked = not copy.hit or not self.verify or shard_id in self._verified
-        return ShardHandle(copy.path, copy.release, trusted=checked)
+        return ShardHandle(
+            copy.path, copy.release, trusted=not copy.hit or not self._unchecked(shard_id)
+        )
 
     def _copy_stream(self, stream: ObjectStream, out: BinaryIO) -> None:
         """Copy a streamed object into ``out`` block by block, within ``max_bandwidth``."""
