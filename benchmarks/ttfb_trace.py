@@ -31,8 +31,9 @@ def main(argv: list[str] | None = None) -> None:
     import multiprocessing
 
     import simstore.loaders._loader as loader_mod
-    import torch
     from simstore.loaders import SimDataLoader, SimDataset
+
+    from benchmarks.suite.runner import touch_pages
 
     marks = multiprocessing.get_context("fork").Array("d", 2)  # init, first yield
     plain = loader_mod._BatchStream.__iter__
@@ -60,10 +61,7 @@ def main(argv: list[str] | None = None) -> None:
         it = iter(loader)
         batch = next(it)
         t_main = time.time()
-        for v in batch.values():
-            if isinstance(v, torch.Tensor) and v.numel():
-                step = max(1, 4096 // v.element_size())
-                float(v.reshape(-1)[::step].sum())
+        touch_pages(batch)
         t_touched = time.time()
         rows.append((marks[0] - t0, marks[1] - t0, t_main - t0, t_touched - t0))
         del it, loader, ds, batch

@@ -32,7 +32,7 @@ T_START = time.perf_counter()
 import numpy as np  # noqa: E402
 
 
-def _touch(value: object) -> tuple[int, int]:
+def touch_pages(value: object) -> tuple[int, int]:
     """(bytes, leading dimension) of the tensors in a batch; reads one element per page."""
     import torch
 
@@ -46,12 +46,12 @@ def _touch(value: object) -> tuple[int, int]:
         for k, v in value.items():
             if isinstance(k, str) and (k.startswith("__") or k.endswith("__mask")):
                 continue
-            b, n = _touch(v)
+            b, n = touch_pages(v)
             total += b
             lead = lead or n
     elif isinstance(value, list | tuple):
         for v in value:
-            b, _ = _touch(v)
+            b, _ = touch_pages(v)
             total += b
         lead = len(value)
     return total, lead
@@ -72,14 +72,14 @@ def read(system: str, out: str, profile: str, workers: int, batch: int | None,
     it = iter(loader)
     first = next(it)
     t_first = time.perf_counter()
-    nbytes, first_n = _touch(first)
+    nbytes, first_n = touch_pages(first)
     if batch is None:
         first_n = 1
     samples = 0
     max_s = float(options.get("max_s") or 0)  # type: ignore[arg-type]
     cut = False
     for b in it:
-        k, n = _touch(b)
+        k, n = touch_pages(b)
         nbytes += k
         samples += 1 if batch is None else n
         if max_s and time.perf_counter() - t0 > max_s:
