@@ -46,14 +46,17 @@ __all__ = [
     "SHARD_FORMAT_VERSION",
     "ColumnPlan",
     "arrow_schema",
+    "decode_pieces",
     "decode_rows",
     "encode_table",
+    "mapped_out",
     "materialise",
     "plan_columns",
     "plans_from_schema",
     "scalar_out",
     "shard_document",
     "shard_metadata",
+    "shifted_out",
 ]
 
 KEY_COLUMN = "__key__"
@@ -367,6 +370,39 @@ def _many(
     return got
 
 
+class _Mapped:
+    """``out`` seen through an index map: row ``i`` here is row ``index(i)`` there."""
+
+    __slots__ = ("_by", "_index", "_out", "many")
+
+    def __init__(self, out: Out, by: int = 0, index: Sequence[int] | None = None) -> None:
+        self._out = out
+        self._by = by
+        self._index = index
+        inner = getattr(out, "many", None)
+        self.many = self._many if inner is not None else None
+
+    def _at(self, i: int) -> int:
+        return self._index[i] if self._index is not None else i + self._by
+
+    def __call__(self, i: int, name: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
+        return self._out(self._at(i), name, shape, dtype)
+
+    def _many(self, rows: Sequence[int], name: str, shape: tuple[int, ...],
+              dtype: np.dtype[Any]) -> Any:
+        return self._out.many([self._at(i) for i in rows], name, shape, dtype)  # type: ignore[attr-defined]
+
+
+def shifted_out(out: Out, by: int) -> Out:
+    """``out`` for rows numbered from ``by``: row ``i`` here is row ``i + by`` there."""
+    return out if by == 0 else _Mapped(out, by=by)
+
+
+def mapped_out(out: Out, index: Sequence[int]) -> Out:
+    """``out`` through an index map: row ``i`` here is row ``index[i]`` there."""
+    return _Mapped(out, index=index)
+
+
 def _fixed_values(plan: ColumnPlan, col: pa.Array) -> pa.Array:
     """The flat values under a fixed-shape column's rows (``len(col) * prod(shape)``)."""
     storage = col.storage if isinstance(col, pa.ExtensionArray) else col
@@ -504,6 +540,11 @@ def _decode_blob(
     return result
 
 
+Piece = tuple[pa.Table, "np.ndarray | None", int, "dict[str, Any] | None"]
+"""``(table, rows, count, memo)``: rows ``rows`` of ``table`` (None: all), ``count`` of
+them, and the dict kept with a cached table (None for a table read for this call)."""
+
+
 def decode_rows(
     table: pa.Table,
     plans: Mapping[str, ColumnPlan],
@@ -522,26 +563,69 @@ def decode_rows(
     that work once.
     """
     n = table.num_rows if rows is None else len(rows)
+    return decode_pieces([(table, rows, n, memo)], plans, out)
+
+
+def decode_pieces(
+    pieces: Sequence[Piece], plans: Mapping[str, ColumnPlan], out: Out | None = None
+) -> list[dict[str, FieldValue]]:
+    """Field dicts of several tables' rows, in order: :func:`decode_rows` over ``pieces``.
+
+    The pieces (one per row group a read touches, all with the same columns) are decoded
+    column by column. With an ``out`` that has ``many``, a column whose rows have one
+    shape in every piece asks ``out`` for all its rows at once and is gathered piece by
+    piece into that buffer: a shuffled read takes a few rows from each of many row
+    groups, and this keeps the work per piece to one gather.
+    """
+    n = sum(p[2] for p in pieces)
     result: list[dict[str, FieldValue]] = [{} for _ in range(n)]
-    for name in table.column_names:
+    if not pieces:
+        return result
+    bulk = out is not None and getattr(out, "many", None) is not None
+    for name in pieces[0][0].column_names:
         plan = plans.get(name)
         if plan is None:
             continue
-        if out is not None and getattr(out, "many", None) is not None:
-            # equal-shaped rows go into out's buffer in one scatter; the preparation is
-            # kept in the memo when there is one (a cached table is read many times)
-            prepared = memo.get(name) if memo is not None else None
-            if prepared is None:
-                prepared = _prepare(plan, _column(table, name))
-                if memo is not None:
-                    memo[name] = prepared
-            if prepared is not False and _decode_prepared(plan, prepared, rows, n, out, result):
+        prepared: list[Any] = []
+        if bulk:
+            assert out is not None
+            prepared = [_prepared(plan, table, name, memo) for table, _, _, memo in pieces]
+            parts = [(p, rows, count) for p, (_, rows, count, _) in zip(prepared, pieces,
+                                                                         strict=True)]
+            if all(p is not False for p in prepared) and _decode_prepared(
+                plan, parts, n, out, result
+            ):
                 continue
-        col = _column(table, name)
-        for i, value in enumerate(_decode_column(plan, col, rows, out)):
-            if value is not None:
-                result[i][name] = value
+        done = 0
+        for k, (table, rows, count, _) in enumerate(pieces):
+            part = result[done : done + count]
+            part_out = shifted_out(out, done) if out is not None else None
+            if not (
+                part_out is not None
+                and prepared
+                and prepared[k] is not False
+                and _decode_prepared(plan, [(prepared[k], rows, count)], count, part_out, part)
+            ):
+                values = _decode_column(plan, _column(table, name), rows, part_out)
+                for i, value in enumerate(values):
+                    if value is not None:
+                        part[i][name] = value
+            done += count
     return result
+
+
+def _prepared(
+    plan: ColumnPlan, table: pa.Table, name: str, memo: dict[str, Any] | None
+) -> tuple[np.ndarray, tuple[int, ...], Any] | Literal[False]:
+    """:func:`_prepare` of a table's column, kept in its memo (a cached table is read often)."""
+    prepared: tuple[np.ndarray, tuple[int, ...], Any] | Literal[False] | None = (
+        memo.get(name) if memo is not None else None
+    )
+    if prepared is None:
+        prepared = _prepare(plan, _column(table, name))
+        if memo is not None:
+            memo[name] = prepared
+    return prepared
 
 
 def _column(table: pa.Table, name: str) -> pa.Array:
@@ -590,28 +674,35 @@ def _prepare(
 
 def _decode_prepared(
     plan: ColumnPlan,
-    prepared: tuple[np.ndarray, tuple[int, ...], Any],
-    rows: np.ndarray | None,
+    parts: Sequence[tuple[tuple[np.ndarray, tuple[int, ...], Any], np.ndarray | None, int]],
     n: int,
     out: Out,
     result: list[dict[str, FieldValue]],
 ) -> bool:
-    """Rows of a prepared column scattered into ``out``'s buffer; False if it declines."""
-    matrix, shape, native = prepared
+    """Prepared pieces of a column scattered into ``out``'s buffer; False if it declines.
+
+    ``parts`` are ``(prepared, rows, count)`` per piece, ``n`` rows in all. The pieces
+    must agree on shape and dtype; if they do not, or ``out`` declines, nothing is written.
+    """
+    shape, native = parts[0][0][1], parts[0][0][2]
+    if any(p[1] != shape or p[2] != native for p, _, _ in parts):
+        return False
     bulk = _many(out, n, plan.name, shape, native)
     if bulk is None:
         return False
     buffer, index, rows_out = bulk
-    if plan.encoding == "fixed":
-        buffer[index] = matrix if rows is None else matrix[rows]
-    else:
-        target = buffer.reshape(len(buffer), -1).view(np.uint8)
-        if matrix.shape[1] < (64 << 10):
-            target[index] = matrix if rows is None else matrix[rows]
+    fixed = plan.encoding == "fixed"
+    target = buffer if fixed else buffer.reshape(len(buffer), -1).view(np.uint8)
+    done = 0
+    for (matrix, _, _), rows, count in parts:
+        where = index[done : done + count]
+        if fixed or matrix.shape[1] < (64 << 10):
+            target[where] = matrix if rows is None else matrix[rows]
         else:  # large rows: one copy each, no gathered temporary
-            picks = range(n) if rows is None else rows.tolist()
-            for k, r in zip(index.tolist(), picks, strict=True):
+            picks = range(count) if rows is None else rows.tolist()
+            for k, r in zip(where.tolist(), picks, strict=True):
                 target[k] = matrix[r]
+        done += count
     name = plan.name
     for i, row in enumerate(rows_out):
         result[i][name] = row

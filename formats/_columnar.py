@@ -29,8 +29,10 @@ from ._arrow import (
     ColumnPlan,
     Out,
     arrow_schema,
+    decode_pieces,
     decode_rows,
     encode_table,
+    mapped_out,
     materialise,
     plan_columns,
     shard_document,
@@ -212,22 +214,18 @@ class ColumnarReader(ABC):
                 yield {}
             return
         unique = sorted(set(wanted))
+        if unique == wanted and out is None:
+            for batch in self._batches(unique):  # row group by row group, as they decode
+                for table, rows, _count, memo in self._read_groups(batch, cols):
+                    yield from decode_rows(table, self.plans, rows, memo=memo)
+            return
+        pieces = list(self._read_groups(unique, cols))
         if unique == wanted:
-            done = 0
-            for batch in self._batches(unique):
-                for table, rows, count, memo in self._read_groups(batch, cols):
-                    shifted = _shift(out, done) if out is not None else None
-                    yield from decode_rows(table, self.plans, rows, shifted, memo=memo)
-                    done += count
+            yield from decode_pieces(pieces, self.plans, out)
             return
         first = {p: i for i, p in reversed(list(enumerate(wanted)))}
-        order = [first[p] for p in unique]
-        decoded: list[dict[str, FieldValue]] = []
-        for table, rows, count, memo in self._read_groups(unique, cols):
-            at = len(decoded)
-            shifted = _remap(out, order[at : at + count]) if out is not None else None
-            decoded.extend(decode_rows(table, self.plans, rows, shifted, memo=memo))
-        by_position = dict(zip(unique, decoded, strict=True))
+        mapped = mapped_out(out, [first[p] for p in unique]) if out is not None else None
+        by_position = dict(zip(unique, decode_pieces(pieces, self.plans, mapped), strict=True))
         for p in wanted:
             yield by_position[p]
 
@@ -254,34 +252,3 @@ class ColumnarReader(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release file handles."""
-
-
-class _Mapped:
-    """``out`` seen through an index map: row ``i`` here is row ``index(i)`` there."""
-
-    __slots__ = ("_by", "_index", "_out", "many")
-
-    def __init__(self, out: Out, by: int = 0, index: Sequence[int] | None = None) -> None:
-        self._out = out
-        self._by = by
-        self._index = index
-        inner = getattr(out, "many", None)
-        self.many = self._many if inner is not None else None
-
-    def _at(self, i: int) -> int:
-        return self._index[i] if self._index is not None else i + self._by
-
-    def __call__(self, i: int, name: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
-        return self._out(self._at(i), name, shape, dtype)
-
-    def _many(self, rows: Sequence[int], name: str, shape: tuple[int, ...],
-              dtype: np.dtype[Any]) -> Any:
-        return self._out.many([self._at(i) for i in rows], name, shape, dtype)  # type: ignore[attr-defined]
-
-
-def _shift(out: Out, by: int) -> Out:
-    return _Mapped(out, by=by)
-
-
-def _remap(out: Out, index: Sequence[int]) -> Out:
-    return _Mapped(out, index=index)

@@ -119,6 +119,7 @@ class ParquetShardReader(ColumnarReader):
         meta = self._pf.metadata
         counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
         self._starts = [0, *accumulate(counts)]
+        self._bounds = np.asarray(self._starts, dtype=np.int64)
         self._blocks = cache if cache is not None else BlockCache(OWN_CACHE_BYTES)
         self._token = object()
         self.decodes = 0
@@ -146,17 +147,14 @@ class ParquetShardReader(ColumnarReader):
         return bisect.bisect_right(self._starts, position) - 1
 
     def _batches(self, positions: list[int]) -> Iterator[list[int]]:
-        batch: list[int] = []
-        group = -1
-        for p in positions:
-            g = self._group_of(p)
-            if g != group and batch:
-                yield batch
-                batch = []
-            group = g
-            batch.append(p)
-        if batch:
-            yield batch
+        if not positions:
+            return
+        groups = np.searchsorted(self._bounds, positions, side="right")
+        lo = 0
+        for hi in (np.flatnonzero(groups[1:] != groups[:-1]) + 1).tolist():
+            yield positions[lo:hi]
+            lo = hi
+        yield positions[lo:]
 
     def share_cache(self, cache: BlockCache) -> None:
         """Keep decoded row groups in ``cache`` (shared with other readers) from now on."""

@@ -10,6 +10,7 @@ import torch
 from loader_helpers import open_test_shard, write_npz_sources
 from simstore.formats import ParquetFormat
 from simstore.loaders import Collate, SimDataLoader, SimDataset
+from simstore.loaders._pipeline import _SlotAlloc
 from simstore.loaders._tensors import ChunkBuffers, stacked_view
 
 import simstore
@@ -117,6 +118,35 @@ def test_batches_are_exact_views_of_decode_buffers(tmp_path, sources, fmt, optio
     assert sorted(seen) == sorted(arrays)
     if workers == 0:
         assert views == len(arrays) // 4
+
+
+@pytest.mark.parametrize("shapes", [[(8, 8)], [(8, 8), (4, 16)]], ids=["one-shape", "two"])
+def test_reads_into_chunk_buffers_across_row_groups(tmp_path, shapes):
+    """A read over many row groups gathers each piece into the chunk's buffer, or decodes
+    per piece where row groups disagree on shape, with the right rows in the right slots."""
+    rng = np.random.default_rng(5)
+    samples = [
+        Sample(f"k{i:03d}", {"u": rng.standard_normal(shapes[i * len(shapes) // 40])
+                             .astype(np.float32), "i": np.int64(i)})
+        for i in range(40)
+    ]
+    path = str(tmp_path / "s.parquet")
+    ParquetFormat(ShardOptions(compression="none", row_group_bytes=1024)).write(samples, path)
+    reader = ParquetFormat().open(path)
+    assert reader._pf.metadata.num_row_groups >= 8
+    positions = sorted(random.Random(1).sample(range(40), 24))
+    shuffled = positions[::-1] + positions[:3]  # unsorted, with repeats
+    for wanted in (positions, shuffled):
+        bufs = ChunkBuffers(len(wanted), shared=False)
+        got = list(reader.read(wanted, ["u", "i"], out=_SlotAlloc(bufs, list(range(len(wanted))))))
+        for p, value in zip(wanted, got, strict=True):
+            assert np.array_equal(value["u"], samples[p].fields["u"])
+            assert value["i"] == samples[p].fields["i"]
+        if len(shapes) == 1:  # every u is a row of the one buffer, slot by slot
+            buffer = bufs._bufs["u"][1]
+            for j, value in enumerate(got):
+                if wanted.index(wanted[j]) == j:
+                    assert np.shares_memory(value["u"], buffer[j])
 
 
 def test_stacked_view_only_for_consecutive_rows_of_one_buffer():
