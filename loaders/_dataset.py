@@ -15,6 +15,7 @@ import contextlib
 import functools
 import os
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -551,10 +552,23 @@ class SimDataset(IterableDataset[Sample]):
             resolver = Resolver(sources, self._mixture, self._epoch_length, counters, tiers)
 
             shared = in_worker()
+            # the first chunk is decoded alone: its shards' reads share the cores that
+            # this process's sibling workers leave (measured: 0.074 -> 0.055 s to the first
+            # batch of 256 x 8 KiB with no workers; no gain with 2 workers on 2 cores)
+            first: list[ThreadPoolExecutor] = []
+            spare = min(opts.prefetch.decode_threads,
+                        _cores() // max(1, world.num_workers)) - 1
+            if spare > 0:
+                first.append(ThreadPoolExecutor(spare, thread_name_prefix="simstore-first"))
+                stack.callback(first[0].shutdown)
 
             def decode(chunk: Any) -> tuple[list[dict[str, Any]], ChunkBuffers]:
                 buffers = ChunkBuffers(len(chunk), shared=shared)
-                values = read_chunk(chunk, pool, sources, limiter, counters, tiers, buffers)
+                fan_out = first.pop() if first else None
+                values = read_chunk(chunk, pool, sources, limiter, counters, tiers, buffers,
+                                    fan_out)
+                if fan_out is not None:
+                    fan_out.shutdown(wait=False)
                 pool.start_hashing()  # the first chunk is decoded: hashes may run now
                 return values, buffers
 
@@ -565,6 +579,14 @@ class SimDataset(IterableDataset[Sample]):
             stack.callback(chunks.close)
             yield chunks, counters
             pool.finish()  # the whole-shard hashes still running for shards read
+
+
+def _cores() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _columns(

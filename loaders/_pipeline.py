@@ -20,7 +20,7 @@ import functools
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Generator, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol, TypeVar
 
@@ -63,6 +63,7 @@ class OutBuffers(Protocol):
 
 Decoded = dict[str, Any]
 T = TypeVar("T")
+U = TypeVar("U")
 _HASH_DELAY_S = 5.0
 """Longest a local shard's whole-object hash waits for the first chunk to be decoded."""
 _HASH_THREADS = 1
@@ -475,11 +476,13 @@ def read_chunk(
     counters: Counters,
     tiers: Sequence[str],
     buffers: OutBuffers | None = None,
+    fan_out: Executor | None = None,
 ) -> list[Decoded]:
     """Decode a chunk's samples, in chunk order, reading each shard's rows in one call.
 
     With ``buffers``, readers that can (``supports_out``) decode fixed-shape fields straight
-    into the chunk's buffers, in chunk order.
+    into the chunk's buffers, in chunk order. With ``fan_out``, the shards' reads run on
+    its threads as well as this one (the first chunk, decoded alone, uses every core).
     """
 
     def one(read: ShardRead) -> tuple[ShardRead, list[Decoded], np.ndarray]:
@@ -509,11 +512,26 @@ def read_chunk(
         return read, values, inverse
 
     out: list[Decoded | None] = [None] * len(chunk)
-    for read, values, inverse in map(one, chunk.reads):
+    for read, values, inverse in _map(one, chunk.reads, fan_out):
         for j, o in enumerate(read.out.tolist()):
             value = values[int(inverse[j])]
             out[o] = value if out[o] is None else dict(value)
     return [v if v is not None else {} for v in out]
+
+
+def _map(fn: Callable[[T], U], items: Sequence[T], executor: Executor | None) -> list[U]:
+    """``[fn(x) for x in items]``, the items after the first on ``executor`` when given.
+
+    Every call has finished when this returns or raises (the first error is raised).
+    """
+    if executor is None or len(items) < 2:
+        return [fn(x) for x in items]
+    futures = [executor.submit(fn, x) for x in items[1:]]
+    try:
+        head = fn(items[0])
+    finally:
+        wait(futures)
+    return [head, *(f.result() for f in futures)]
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -87,18 +88,21 @@ class ChunkBuffers:
         self.shared = shared
         self._bufs: dict[str, tuple[torch.Tensor, np.ndarray] | None] = {}
         self._given: dict[tuple[int, str], np.ndarray] = {}
+        self._lock = threading.Lock()  # the shards of a chunk may decode on several threads
 
     def take(self, slot: int, name: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
         """A writable C-contiguous array for ``(slot, name)``, or None to allocate your own."""
-        entry = self._buffer(name, shape, dtype)
-        if entry is None:
-            return None
-        array = entry[1]
-        if array.shape[1:] != tuple(shape) or array.dtype != dtype or (slot, name) in self._given:
-            return None
-        row = array[slot]
-        self._given[(slot, name)] = row
-        return row
+        with self._lock:
+            entry = self._buffer(name, shape, dtype)
+            if entry is None:
+                return None
+            array = entry[1]
+            if (array.shape[1:] != tuple(shape) or array.dtype != dtype
+                    or (slot, name) in self._given):
+                return None
+            row = array[slot]
+            self._given[(slot, name)] = row
+            return row
 
     def take_many(
         self, slots: list[int], name: str, shape: tuple[int, ...], dtype: np.dtype[Any]
@@ -108,18 +112,19 @@ class ChunkBuffers:
         The caller fills ``buffer[index]`` in one scatter; the rows are registered as
         given, like :meth:`take`'s. None when any slot's field is already given.
         """
-        entry = self._buffer(name, shape, dtype)
-        if entry is None:
-            return None
-        array = entry[1]
-        if array.shape[1:] != tuple(shape) or array.dtype != dtype:
-            return None
-        given = self._given
-        if any((slot, name) in given for slot in slots) or len(set(slots)) != len(slots):
-            return None
-        rows = [array[slot] for slot in slots]
-        for slot, row in zip(slots, rows, strict=True):
-            given[(slot, name)] = row
+        with self._lock:
+            entry = self._buffer(name, shape, dtype)
+            if entry is None:
+                return None
+            array = entry[1]
+            if array.shape[1:] != tuple(shape) or array.dtype != dtype:
+                return None
+            given = self._given
+            if any((slot, name) in given for slot in slots) or len(set(slots)) != len(slots):
+                return None
+            rows = [array[slot] for slot in slots]
+            for slot, row in zip(slots, rows, strict=True):
+                given[(slot, name)] = row
         return array, np.asarray(slots, dtype=np.intp), rows
 
     def _buffer(

@@ -236,3 +236,53 @@ def test_batches_made_in_the_reader_equal_batches_of_samples(
         _same(a, b)
     # the fixed-shape field of a reader-made batch is a view of its decode buffer
     assert all(b["u"]._base is not None for b in ours)
+
+
+def test_fanned_out_reads_keep_order_and_finish_before_an_error():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from simstore.loaders._pipeline import _map
+
+    done = []
+
+    def work(x):
+        if x == 0:
+            raise ValueError("first")
+        done.append(x)
+        return x * 10
+
+    with ThreadPoolExecutor(2) as pool:
+        assert _map(lambda x: x * 10, [3, 1, 2], pool) == [30, 10, 20]
+        with pytest.raises(ValueError, match="first"):
+            _map(work, [0, 1, 2, 3], pool)
+        assert sorted(done) == [1, 2, 3]  # every other call had finished
+
+
+def test_first_chunk_over_several_shards_reads_alike_on_one_or_two_threads(
+    tmp_path, sources, monkeypatch
+):
+    """The first chunk's shards are read on spare threads; the batches are the same."""
+    import simstore.loaders._dataset as dataset_mod
+    import simstore.loaders._pipeline as pipeline_mod
+    from simstore.loaders._pipeline import PrefetchConfig
+
+    store, _ = _ingest(tmp_path, sources, "parquet")
+    monkeypatch.setattr(dataset_mod, "_cores", lambda: 4)
+    calls = []
+    plain = pipeline_mod._map
+
+    def spy(fn, items, executor):
+        calls.append((len(items), executor is not None))
+        return plain(fn, items, executor)
+
+    monkeypatch.setattr(pipeline_mod, "_map", spy)
+    runs = []
+    for threads in (1, 2):
+        calls.clear()
+        ds = SimDataset(store, "d", seed=3, prefetch=PrefetchConfig(decode_threads=threads))
+        runs.append([(b["__key__"], b["u"].clone())
+                     for b in SimDataLoader(ds, batch_size=16, num_workers=0)])
+        fanned = [n for n, pooled in calls if pooled]
+        assert fanned == ([] if threads == 1 else [calls[0][0]]) and calls[0][0] > 1
+    assert [k for k, _ in runs[0]] == [k for k, _ in runs[1]]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(*runs, strict=True))
