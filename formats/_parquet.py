@@ -120,6 +120,7 @@ class ParquetShardReader(ColumnarReader):
         counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
         self._starts = [0, *accumulate(counts)]
         self._bounds = np.asarray(self._starts, dtype=np.int64)
+        self._sizes: dict[str, list[int]] | None = None
         self._blocks = cache if cache is not None else BlockCache(OWN_CACHE_BYTES)
         self._token = object()
         self.decodes = 0
@@ -142,6 +143,37 @@ class ParquetShardReader(ColumnarReader):
                 page_checksum_verification=False,
             )
             self.verifies_pages = False
+
+    def checked_bytes(self, positions: Sequence[int], fields: Sequence[str] | None = None) -> int:
+        """Stored bytes whose page CRC-32s a read of ``positions`` would check.
+
+        The requested columns' chunks in the row groups those rows fall in, less the row
+        groups already decoded (kept in the block cache); 0 once the reader is trusted.
+        """
+        if not self.verifies_pages or len(positions) == 0:
+            return 0
+        cols = tuple(self._columns(fields))
+        if self._sizes is None:
+            meta = self._pf.metadata
+            sizes: dict[str, list[int]] = {}
+            for g in range(meta.num_row_groups):
+                group = meta.row_group(g)
+                per: dict[str, int] = {}
+                for j in range(group.num_columns):
+                    chunk = group.column(j)
+                    top = chunk.path_in_schema.split(".")[0]
+                    per[top] = per.get(top, 0) + chunk.total_compressed_size
+                for name, n in per.items():
+                    sizes.setdefault(name, [0] * meta.num_row_groups)[g] = n
+            self._sizes = sizes
+        groups = np.unique(np.searchsorted(self._bounds, positions, side="right") - 1)
+        total = 0
+        for g in groups.tolist():
+            if not 0 <= g < len(self._starts) - 1:
+                continue  # out of range: the read itself says so
+            if not self._blocks.contains((self._token, g, cols)):
+                total += sum(self._sizes[c][g] for c in cols if c in self._sizes)
+        return total
 
     def _group_of(self, position: int) -> int:
         return bisect.bisect_right(self._starts, position) - 1

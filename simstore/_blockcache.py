@@ -46,6 +46,11 @@ class BlockCache:
             self.hits += 1
             return item[0]
 
+    def contains(self, key: Hashable) -> bool:
+        """Whether a block is kept under ``key`` (not counted as a hit or a miss)."""
+        with self._lock:
+            return key in self._items
+
     def put(self, key: Hashable, value: Any, nbytes: int) -> None:
         """Keep ``value``, evicting older blocks; a block over the whole limit is not kept."""
         if nbytes > self.limit_bytes:

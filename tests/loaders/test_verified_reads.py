@@ -172,3 +172,77 @@ def test_reads_without_verification_check_nothing_and_read_right(
         assert got.keys() == arrays.keys()
         assert all(np.array_equal(got[k], arrays[k]) for k in arrays)
     assert opened and not any(r.verifies_pages for r in opened)
+
+
+def _ingest_grouped(tmp_path, sources):
+    """One Parquet shard of 24 samples in row groups of about two samples."""
+    root, _ = sources
+    store = str(tmp_path / "store-grouped")
+    Catalog.init(store)
+    simstore.ingest([root], dataset="d", store=store, format="parquet", snapshot=True,
+                    message="t", shard_size=1 << 20, row_group_bytes=16_000)
+    return store
+
+
+def test_a_read_that_would_check_most_of_a_shard_hashes_it_first(
+    tmp_path, sources, monkeypatch
+):
+    """Hashing a file costs less than checking its pages: a read over most of an
+    unhashed shard hashes it first, once, and reads it unchecked; a small read does not."""
+    store = _ingest_grouped(tmp_path, sources)
+    shard = _shard_ids(store)[0]
+    import simstore.loaders._fetch as fetch
+
+    real, hashed = fetch.hash_file, []
+
+    def counted(path, *args, **kw):
+        hashed.append(path)
+        return real(path, *args, **kw)
+
+    monkeypatch.setattr(fetch, "hash_file", counted)
+    pool = _pool(store)
+    with ThreadPoolExecutor(2) as io:
+        pool.schedule((0, shard), io)  # its hash waits for the first chunk: not started
+        with pool.reader((0, shard), lambda r: r.checked_bytes([0])) as reader:
+            n = reader.num_samples
+            assert reader._pf.metadata.num_row_groups > 4
+            assert 0 < reader.checked_bytes([0]) * 4 < os.path.getsize(reader._source)
+            assert reader.verifies_pages and not hashed  # one row group: pages checked
+        with pool.reader((0, shard), lambda r: r.checked_bytes(range(n))) as reader:
+            assert not reader.verifies_pages  # hashed first, then trusted
+            assert reader.checked_bytes(range(n)) == 0
+        assert len(hashed) == 1
+    pool.close()
+    assert len(hashed) == 1  # the background hash did not run again
+
+
+def test_checked_bytes_counts_the_requested_columns_of_groups_not_yet_decoded(
+    tmp_path, sources
+):
+    from simstore.formats import ParquetFormat
+
+    store = _ingest_grouped(tmp_path, sources)
+    shard = _shard_ids(store)[0]
+    reader = ParquetFormat().open(os.path.join(store, "objects", shard[:2], shard))
+    try:
+        both = reader.checked_bytes([0], ["u", "p"])
+        only_u = reader.checked_bytes([0], ["u"])
+        assert 0 < only_u < both
+        assert reader.checked_bytes([0, 1], ["u"]) == only_u  # one row group
+        assert reader.checked_bytes([-1, reader.num_samples]) == 0  # the read says why
+        list(reader.read([0], ["u"]))  # decoded and kept: nothing left to check there
+        assert reader.checked_bytes([0], ["u"]) == 0
+        assert reader.checked_bytes([0], ["u", "p"]) == both
+        reader.trust()
+        assert reader.checked_bytes(range(reader.num_samples)) == 0
+    finally:
+        reader.close()
+
+
+def test_a_damaged_local_shard_read_whole_fails_its_hash_naming_it(tmp_path, sources):
+    store = _ingest_grouped(tmp_path, sources)
+    shard = _shard_ids(store)[0]
+    _flip_in_pages(os.path.join(store, "objects", shard[:2], shard))
+    with pytest.raises(IntegrityError) as info:
+        _values(SimDataset(store, "d", seed=1))
+    assert shard in str(info.value)

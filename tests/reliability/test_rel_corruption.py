@@ -88,10 +88,14 @@ def test_bit_flipped_shard_is_named_by_verify_and_the_loader(store, where):
 
 @pytest.fixture
 def slow_hash(monkeypatch):
-    """Whole-shard hashes that finish only after the readers have started decoding."""
+    """Whole-shard hashes that finish only after the readers have started decoding (and
+    no read hashes its shard first, which a read of most of a shard would)."""
     import time
 
     import simstore.loaders._fetch as fetch
+    import simstore.loaders._pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "HASH_FIRST_SHARE", 0)
 
     real = fetch.hash_file
     hashed = []
@@ -139,6 +143,34 @@ def test_bit_flip_found_while_the_shard_hash_is_still_running(store, slow_hash, 
     if where == "footer metadata":
         # the pages were sound: every sample came before the hash was known to be wrong
         assert len(received) == len(ds)
+
+
+def test_a_damaged_footer_fails_the_hash_of_a_shard_read_whole_before_any_sample(store):
+    """A read over most of a shard hashes it first: a flipped digit in the footer's
+    statistics (pages sound) is named before any sample of the shard comes out."""
+    cat = Catalog.open(store)
+    sid = cat.resolve("ds")
+    shard = _shards(cat)[0]
+    path = os.path.join(store, object_key(shard))
+    with open(path, "rb") as f:
+        data = f.read()
+    at = data.index(b'"mean":[') + len(b'"mean":[')
+    while not data[at : at + 1].isdigit():
+        at += 1
+    _flip(path, at)
+    from simstore.loaders import SimDataset
+
+    ds = SimDataset(store, "ds", shuffle=False)
+    received = []
+    with pytest.raises(IntegrityError) as info:
+        for sample in ds:
+            received.append(sample["__key__"])
+    assert shard in str(info.value) and sid in str(info.value)
+    snap = cat.snapshot(sid)
+    keys = {k for t in cat.iter_parts(snap)
+            for k, s in zip(t.column("key").to_pylist(), t.column("shard").to_pylist(),
+                            strict=True) if s == shard}
+    assert keys and not keys & set(received)
 
 
 @pytest.mark.parametrize("damaged", [False, True])
