@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import os
 import threading
 from collections import OrderedDict, deque
@@ -267,6 +268,11 @@ class ReaderPool:
         self._io: ThreadPoolExecutor | None = None
         """The I/O pool of the current epoch (where a cache hit's hash runs)."""
         self.blocks = BlockCache(decode_cache_bytes)
+        self._turns = itertools.count()
+
+    def rotation(self) -> int:
+        """A new number for each call (thread-safe): where a chunk starts in its shards."""
+        return next(self._turns)
 
     def is_known(self, key: tuple[int, str]) -> bool:
         """Whether the shard is open or its preparation is scheduled."""
@@ -546,7 +552,11 @@ def read_chunk(
         return read, values, inverse
 
     out: list[Decoded | None] = [None] * len(chunk)
-    for read, values, inverse in _map(one, chunk.reads, fan_out):
+    # chunks decoding side by side start at different shards, so their threads do not
+    # queue for the same reader (one user at a time) while another sits idle
+    reads = chunk.reads
+    k = pool.rotation() % len(reads) if reads else 0
+    for read, values, inverse in _map(one, reads[k:] + reads[:k], fan_out):
         for j, o in enumerate(read.out.tolist()):
             value = values[int(inverse[j])]
             out[o] = value if out[o] is None else dict(value)
