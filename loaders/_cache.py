@@ -167,30 +167,33 @@ class ShardCache:
         return PinnedCopy(path, fd, hit=hit)
 
     def acquire(self, object_id: str, size_bytes: Callable[[], int], download: Download,
-                *, referenced_by: str = "") -> PinnedCopy:
+                *, referenced_by: str = "", counted_as: str = "cache") -> PinnedCopy:
         """A pinned, verified copy of ``object_id``; fills it with ``download`` on a miss.
 
         ``size_bytes`` is asked only on a miss (it may cost a request). Raises
         :class:`InvalidInputError` when the object is larger than the whole cache and
         :class:`IntegrityError` when the downloaded bytes do not hash to ``object_id``.
+        Hits, misses and filled bytes are counted as ``<counted_as>_hits`` and so on
+        (shards as ``cache_*``, manifest parts as ``manifest_cache_*``).
         """
         if not is_object_id(object_id):
             raise InvalidInputError(f"not an object id: {object_id!r}")
         pinned = self._pin(object_id, hit=True)
         if pinned is not None:
-            self.counters.add("cache_hits")
+            self.counters.add(f"{counted_as}_hits")
             return pinned
         with self._lock(_stripe(object_id)):
             pinned = self._pin(object_id, hit=True)
             if pinned is not None:  # another process filled it while we waited
-                self.counters.add("cache_hits")
+                self.counters.add(f"{counted_as}_hits")
                 return pinned
-            pinned = self._fill(object_id, size_bytes(), download, referenced_by)
-        self.counters.add("cache_misses")
+            pinned = self._fill(object_id, size_bytes(), download, referenced_by, counted_as)
+        self.counters.add(f"{counted_as}_misses")
         return pinned
 
     def _fill(
-        self, object_id: str, size: int, download: Download, referenced_by: str
+        self, object_id: str, size: int, download: Download, referenced_by: str,
+        counted_as: str = "cache",
     ) -> PinnedCopy:
         if size > self.config.limit_bytes:
             raise InvalidInputError(
@@ -233,7 +236,7 @@ class ShardCache:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-        self.counters.add("cache_fill_bytes", hashing.hasher.size_bytes)
+        self.counters.add(f"{counted_as}_fill_bytes", hashing.hasher.size_bytes)
         return PinnedCopy(dest, fd, hit=False)
 
     # -- eviction ----------------------------------------------------------------------

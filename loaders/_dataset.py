@@ -537,6 +537,8 @@ class SimDataset(IterableDataset[Sample]):
         limiter = RateLimiter(rate)
         sources = self._sources
         tiers = [tier_of(s.store) for s in sources]
+        for tier in tiers:  # each store's tier is in the report, even if the cache served all
+            counters.add_read(tier, 0, requests=0)
         opener = opts.shard_opener or FormatOpener()
         with contextlib.ExitStack() as stack:
             access = [
@@ -549,7 +551,8 @@ class SimDataset(IterableDataset[Sample]):
                               [s.snapshot_id for s in sources],
                               decode_cache_bytes=opts.prefetch.decode_cache_bytes)
             stack.callback(pool.close)
-            resolver = Resolver(sources, self._mixture, self._epoch_length, counters, tiers)
+            resolver = Resolver(sources, self._mixture, self._epoch_length, counters, tiers,
+                                part_readers=[a.read_object for a in access])
 
             shared = in_worker()
             # the first chunk is decoded alone: its shards' reads share the cores that

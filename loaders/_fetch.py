@@ -35,7 +35,7 @@ from simstore.loaders._cache import CacheConfig, PinnedCopy, ShardCache
 from simstore.loaders._stats import Counters
 
 from simstore.errors import IntegrityError, NotFoundError, StorageError
-from simstore.hashing import hash_file, object_key
+from simstore.hashing import hash_bytes, hash_file, object_key
 from simstore.storage import ObjectStore
 
 __all__ = ["AccessMode", "RangedFile", "RateLimiter", "ShardAccess", "ShardHandle", "tier_of"]
@@ -376,6 +376,50 @@ class ShardAccess:
                 f"cache copy {path} has hash {wrong}, expected {shard_id}{self._by()} "
                 "(removed from the cache)"
             )
+
+    def read_object(self, object_id: str) -> tuple[bytes, str]:
+        """A small immutable object's bytes (a manifest part) and the tier that served them.
+
+        With a disk cache in front of a remote store, the node's copy is read: filled on a
+        miss (one GET, hash-checked) and hashed again on each hit, so a warm epoch reads no
+        metadata from the remote tier but the ref. A copy that no longer matches its id is
+        taken out of the cache and raises :class:`IntegrityError`; the next read downloads
+        it again. Otherwise the object comes from the store.
+        """
+        key = object_key(object_id)
+        if self.mode(object_id) != "cache":
+            return self.store.get(key), self.tier
+        fetched: list[bytes] = []
+
+        def size_bytes() -> int:
+            fetched.append(self.store.get(key))
+            return len(fetched[0])
+
+        def download(out: BinaryIO) -> None:
+            out.write(fetched[0] if fetched else self.store.get(key))
+
+        copy = self._shard_cache().acquire(object_id, size_bytes, download,
+                                           referenced_by=self.referenced_by,
+                                           counted_as="manifest_cache")
+        try:
+            if not copy.hit:
+                return fetched[0], self.tier
+            try:
+                with open(copy.path, "rb") as f:
+                    data = f.read()
+            except OSError as exc:
+                raise StorageError(f"cache copy {copy.path}: read failed: {exc}") from exc
+        finally:
+            copy.release()
+        actual = hash_bytes(data)
+        if actual != object_id:
+            with contextlib.suppress(OSError):
+                os.unlink(copy.path)
+            raise IntegrityError(
+                f"cache copy {copy.path} has hash {actual}, expected {object_id}{self._by()} "
+                "(removed from the cache)"
+            )
+        return data, "cache"
 
     def _size(self, key: str) -> int:
         info = self.store.info(key)

@@ -30,7 +30,7 @@ import numpy as np
 from simstore.loaders._fetch import RateLimiter, ShardAccess, ShardHandle
 from simstore.loaders._order import Mixture, SourceLayout
 from simstore.loaders._plan import EpochPlan
-from simstore.loaders._source import GroupRows, Source, load_group
+from simstore.loaders._source import GroupRows, PartReader, Source, load_group
 from simstore.loaders._stats import Counters
 
 from simstore._blockcache import BlockCache
@@ -147,12 +147,15 @@ class Resolver:
         tiers: Sequence[str],
         *,
         max_groups: int = 4,
+        part_readers: Sequence[PartReader | None] | None = None,
     ) -> None:
         self.sources = sources
         self.mixture = mixture
         self.epoch_length = epoch_length
         self.counters = counters
         self.tiers = tiers
+        self.part_readers = part_readers or [None] * len(sources)
+        """How each source's manifest parts are read (None: from its store)."""
         self.max_groups = max(max_groups, 2 * len(sources))
         self._layouts: OrderedDict[tuple[int, int], SourceLayout] = OrderedDict()
         self._groups: OrderedDict[tuple[int, int, int], GroupRows] = OrderedDict()
@@ -172,7 +175,8 @@ class Resolver:
         rows = self._groups.get(key)
         if rows is None:
             lay = self._layout(src, epoch)
-            rows = load_group(self.sources[src], lay, epoch, group, self.counters, self.tiers[src])
+            rows = load_group(self.sources[src], lay, epoch, group, self.counters,
+                              self.tiers[src], self.part_readers[src])
             self._groups[key] = rows
             while len(self._groups) > self.max_groups:
                 self._groups.popitem(last=False)

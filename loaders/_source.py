@@ -32,7 +32,7 @@ from simstore.manifest import decode_part
 from simstore.sample import Schema
 from simstore.storage import ObjectStore
 
-__all__ = ["GroupRows", "Source", "load_group", "open_source"]
+__all__ = ["GroupRows", "PartReader", "Source", "load_group", "open_source"]
 
 Transform = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -143,11 +143,19 @@ class GroupRows:
     keys: pa.Array
 
 
+PartReader = Callable[[str], tuple[bytes, str]]
+"""``read(part_id) -> (bytes, tier)``: a manifest part's bytes and the tier that served them."""
+
+
 def _read_part(
-    source: Source, part_id: str, counters: Counters, tier: str, rows: int
+    source: Source, part_id: str, counters: Counters, tier: str, rows: int,
+    read: PartReader | None = None,
 ) -> pa.Table:
     key = object_key(part_id)
-    data = source.store.get(key)
+    if read is None:
+        data = source.store.get(key)
+    else:
+        data, tier = read(part_id)
     counters.add_read(tier, len(data))
     counters.add("manifest_parts")
     counters.add("manifest_bytes", len(data))
@@ -169,12 +177,14 @@ def _read_part(
 
 
 def load_group(
-    source: Source, layout: SourceLayout, epoch: int, group: int, counters: Counters, tier: str
+    source: Source, layout: SourceLayout, epoch: int, group: int, counters: Counters, tier: str,
+    read: PartReader | None = None,
 ) -> GroupRows:
-    """Read a group's manifest parts and put its rows in stream order."""
+    """Read a group's manifest parts (through ``read``, if given) in stream order."""
     tables = [
         _read_part(
-            source, source.part_ids[p].decode("ascii"), counters, tier, int(source.part_rows[p])
+            source, source.part_ids[p].decode("ascii"), counters, tier, int(source.part_rows[p]),
+            read,
         )
         for p in layout.parts_of(group)
     ]

@@ -38,6 +38,8 @@ _FIELDS = (
     "cache_over_limit",
     "manifest_parts",
     "manifest_bytes",
+    "manifest_cache_hits",
+    "manifest_cache_misses",
     "shards_opened",
     "shards_verified",
     "throttle_s",
@@ -106,6 +108,7 @@ class LoaderStats(TypedDict):
     tiers: dict[str, TierReport]
     manifest_parts: int
     manifest_bytes: int
+    manifest_cache_hits: int
     wait_s: float
     data_stall: float | None
     throttle_s: float
@@ -173,6 +176,7 @@ def summarise(
         "tiers": tiers_of(counters),
         "manifest_parts": int(counters.get("manifest_parts", 0)),
         "manifest_bytes": int(counters.get("manifest_bytes", 0)),
+        "manifest_cache_hits": int(counters.get("manifest_cache_hits", 0)),
         "wait_s": wait_s,
         "data_stall": wait_s / looped if looped > 0 else None,
         "throttle_s": float(counters.get("throttle_s", 0)),
@@ -217,7 +221,8 @@ def run_report(
             "evictions": stats["cache_evictions"],
             "evicted_bytes": int(counters.get("cache_evicted_bytes", 0)),
         },
-        "manifest": {"parts": stats["manifest_parts"], "bytes": stats["manifest_bytes"]},
+        "manifest": {"parts": stats["manifest_parts"], "bytes": stats["manifest_bytes"],
+                     "cache_hits": stats["manifest_cache_hits"]},
         "time_to_first_batch_s": stats["time_to_first_batch_s"],
         "data_stall": stats["data_stall"],
         "wait_s": stats["wait_s"],

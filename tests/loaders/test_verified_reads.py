@@ -246,3 +246,35 @@ def test_a_damaged_local_shard_read_whole_fails_its_hash_naming_it(tmp_path, sou
     with pytest.raises(IntegrityError) as info:
         _values(SimDataset(store, "d", seed=1))
     assert shard in str(info.value)
+
+
+def test_manifest_parts_come_from_the_cache_and_a_damaged_one_is_replaced(tmp_path, sources):
+    """With a disk cache, a warm epoch reads its manifest parts from the node's copies;
+    a copy damaged since its fill is named, taken out, and downloaded again."""
+    store, arrays = _ingest(tmp_path, sources, "parquet")
+    cache = str(tmp_path / "cache")
+    remote = RemoteLikeStore(store)
+
+    def epoch():
+        ds = SimDataset(remote, "d", shuffle=False, cache_dir=cache, cache_limit="64MiB")
+        return _values(ds), ds.stats()
+
+    got, cold = epoch()
+    assert got.keys() == arrays.keys() and cold["manifest_cache_hits"] == 0
+    got, warm = epoch()
+    assert warm["manifest_cache_hits"] == warm["manifest_parts"] > 0
+    assert warm["tiers"]["fake-remote"]["requests"] == 0  # not even the manifest
+    cat = Catalog.open(store)
+    part = cat.snapshot(cat.resolve("d")).parts[0].id
+    copy = os.path.join(cache, "objects", part[:2], part)
+    os.chmod(copy, 0o644)
+    with open(copy, "r+b") as f:
+        f.seek(os.path.getsize(copy) // 2)
+        f.write(b"\0\1\2")
+    with pytest.raises(IntegrityError) as info:
+        epoch()
+    assert part in str(info.value) and "removed from the cache" in str(info.value)
+    assert not os.path.exists(copy)
+    got, again = epoch()  # downloaded again
+    assert all(np.array_equal(got[k], arrays[k]) for k in arrays)
+    assert os.path.exists(copy) and again["manifest_cache_hits"] == again["manifest_parts"] - 1
