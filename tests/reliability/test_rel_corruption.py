@@ -109,15 +109,9 @@ def slow_hash(monkeypatch):
     return hashed
 
 
-@pytest.mark.parametrize("where", ["data page", "footer metadata"])
-def test_bit_flip_found_while_the_shard_hash_is_still_running(store, slow_hash, where):
-    """Parquet readers decode before the whole-shard hash is known (pages carry CRC-32s).
-
-    A flipped bit in a data page fails its page's CRC and the loader then reports the
-    shard's wrong hash; a flipped digit in the footer's statistics decodes fine and is
-    found by the hash at the end of the epoch. Either way the epoch raises an
-    IntegrityError naming the shard and its snapshot.
-    """
+def _flip_first_shard(store, where):
+    """Flip a bit of the first shard, in a data page or in a digit of the footer's
+    statistics; the catalog, snapshot id and shard id."""
     cat = Catalog.open(store)
     sid = cat.resolve("ds")
     shard = _shards(cat)[0]
@@ -127,11 +121,15 @@ def test_bit_flip_found_while_the_shard_hash_is_still_running(store, slow_hash, 
     if where == "data page":
         offset = len(data) // 8  # in the first column chunk's pages
     else:
-        at = data.index(b'"mean":[') + len(b'"mean":[')
-        while not data[at : at + 1].isdigit():
-            at += 1
-        offset = at
+        offset = data.index(b'"mean":[') + len(b'"mean":[')
+        while not data[offset : offset + 1].isdigit():
+            offset += 1
     _flip(path, offset)
+    return cat, sid, shard
+
+
+def _epoch_until_error(store):
+    """The keys an epoch delivered before it raised, and the IntegrityError."""
     from simstore.loaders import SimDataset
 
     ds = SimDataset(store, "ds", shuffle=False)
@@ -139,33 +137,32 @@ def test_bit_flip_found_while_the_shard_hash_is_still_running(store, slow_hash, 
     with pytest.raises(IntegrityError) as info:
         for sample in ds:
             received.append(sample["__key__"])
-    assert shard in str(info.value) and sid in str(info.value)
+    return received, str(info.value), len(ds)
+
+
+@pytest.mark.parametrize("where", ["data page", "footer metadata"])
+def test_bit_flip_found_while_the_shard_hash_is_still_running(store, slow_hash, where):
+    """Parquet readers decode before the whole-shard hash is known (pages carry CRC-32s).
+
+    A flipped bit in a data page fails its page's CRC and the loader then reports the
+    shard's wrong hash; a flipped digit in the footer's statistics decodes fine and is
+    found by the hash at the end of the epoch. Either way the epoch raises an
+    IntegrityError naming the shard and its snapshot.
+    """
+    _, sid, shard = _flip_first_shard(store, where)
+    received, error, total = _epoch_until_error(store)
+    assert shard in error and sid in error
     if where == "footer metadata":
         # the pages were sound: every sample came before the hash was known to be wrong
-        assert len(received) == len(ds)
+        assert len(received) == total
 
 
 def test_a_damaged_footer_fails_the_hash_of_a_shard_read_whole_before_any_sample(store):
     """A read over most of a shard hashes it first: a flipped digit in the footer's
     statistics (pages sound) is named before any sample of the shard comes out."""
-    cat = Catalog.open(store)
-    sid = cat.resolve("ds")
-    shard = _shards(cat)[0]
-    path = os.path.join(store, object_key(shard))
-    with open(path, "rb") as f:
-        data = f.read()
-    at = data.index(b'"mean":[') + len(b'"mean":[')
-    while not data[at : at + 1].isdigit():
-        at += 1
-    _flip(path, at)
-    from simstore.loaders import SimDataset
-
-    ds = SimDataset(store, "ds", shuffle=False)
-    received = []
-    with pytest.raises(IntegrityError) as info:
-        for sample in ds:
-            received.append(sample["__key__"])
-    assert shard in str(info.value) and sid in str(info.value)
+    cat, sid, shard = _flip_first_shard(store, "footer metadata")
+    received, error, _ = _epoch_until_error(store)
+    assert shard in error and sid in error
     snap = cat.snapshot(sid)
     keys = {k for t in cat.iter_parts(snap)
             for k, s in zip(t.column("key").to_pylist(), t.column("shard").to_pylist(),
