@@ -69,11 +69,11 @@ U = TypeVar("U")
 _HASH_DELAY_S = 5.0
 """Longest a local shard's whole-object hash waits for the first chunk to be decoded."""
 _HASH_THREADS = 1
+"""Background whole-object hashes running at once in one reading process."""
 HASH_FIRST_SHARE = 4
 """A read that would check at least 1/4 of a local shard's bytes page by page hashes the
 whole shard first (xxh3 from the page cache: ~0.14 ms/MiB; Parquet's page CRC-32s add
 ~0.55 ms per MiB decoded, a 60 MiB shard's 16 row groups 45 against 12 ms)."""
-"""Background whole-object hashes running at once in one reading process."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
