@@ -381,8 +381,8 @@ class ShardAccess:
         """A small immutable object's bytes (a manifest part) and the tier that served them.
 
         With a disk cache in front of a remote store, the node's copy is read: filled on a
-        miss (one GET, hash-checked) and hashed again on each hit, so a warm epoch reads no
-        metadata from the remote tier but the ref. A copy that no longer matches its id is
+        miss (one GET, hash-checked) and hashed again on each hit, so a warm epoch reads
+        nothing from the remote tier. A copy that no longer matches its id is
         taken out of the cache and raises :class:`IntegrityError`; the next read downloads
         it again. Otherwise the object comes from the store.
         """
