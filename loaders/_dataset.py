@@ -552,7 +552,7 @@ class SimDataset(IterableDataset[Sample]):
                               decode_cache_bytes=opts.prefetch.decode_cache_bytes)
             stack.callback(pool.close)
             resolver = Resolver(sources, self._mixture, self._epoch_length, counters, tiers,
-                                part_readers=[a.read_object for a in access])
+                                part_readers=[a.read_cached for a in access])
 
             shared = in_worker()
             # the first chunk is decoded alone: its shards' reads share the cores that

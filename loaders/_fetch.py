@@ -377,18 +377,19 @@ class ShardAccess:
                 "(removed from the cache)"
             )
 
-    def read_object(self, object_id: str) -> tuple[bytes, str]:
-        """A small immutable object's bytes (a manifest part) and the tier that served them.
+    def read_cached(self, object_id: str) -> tuple[bytes, str] | None:
+        """A small immutable object (a manifest part) from the disk cache, and its tier.
 
         With a disk cache in front of a remote store, the node's copy is read: filled on a
-        miss (one GET, hash-checked) and hashed again on each hit, so a warm epoch reads
-        nothing from the remote tier. A copy that no longer matches its id is
-        taken out of the cache and raises :class:`IntegrityError`; the next read downloads
-        it again. Otherwise the object comes from the store.
+        miss (one GET, hashed as it is written) and hashed on each hit, so a warm epoch
+        reads nothing from the remote tier; the bytes returned match ``object_id``. A copy
+        that no longer matches is taken out of the cache and raises
+        :class:`IntegrityError`; the next read downloads it again. None when this store
+        has no cache in front of it: read (and check) the object from the store.
         """
-        key = object_key(object_id)
         if self.mode(object_id) != "cache":
-            return self.store.get(key), self.tier
+            return None
+        key = object_key(object_id)
         fetched: list[bytes] = []
 
         def size_bytes() -> int:

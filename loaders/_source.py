@@ -143,8 +143,9 @@ class GroupRows:
     keys: pa.Array
 
 
-PartReader = Callable[[str], tuple[bytes, str]]
-"""``read(part_id) -> (bytes, tier)``: a manifest part's bytes and the tier that served them."""
+PartReader = Callable[[str], "tuple[bytes, str] | None"]
+"""``read(part_id) -> (bytes, tier)``: a manifest part's bytes, already checked against its
+id, and the tier that served them; None: read it from the store (and check it here)."""
 
 
 def _read_part(
@@ -152,19 +153,20 @@ def _read_part(
     read: PartReader | None = None,
 ) -> pa.Table:
     key = object_key(part_id)
-    if read is None:
+    got = read(part_id) if read is not None else None
+    if got is None:
         data = source.store.get(key)
+        actual = hash_bytes(data)
+        if actual != part_id:
+            raise IntegrityError(
+                f"{source.store.url}: {key} has hash {actual}, expected {part_id}; "
+                f"referenced by snapshot {source.snapshot_id}"
+            )
     else:
-        data, tier = read(part_id)
+        data, tier = got  # checked by the reader (a cache fill or hit)
     counters.add_read(tier, len(data))
     counters.add("manifest_parts")
     counters.add("manifest_bytes", len(data))
-    actual = hash_bytes(data)
-    if actual != part_id:
-        raise IntegrityError(
-            f"{source.store.url}: {key} has hash {actual}, expected {part_id}; "
-            f"referenced by snapshot {source.snapshot_id}"
-        )
     table = decode_part(data, object_id=part_id)
     if table.num_rows != rows:
         # the stream's positions come from the snapshot's row counts: a part that holds
