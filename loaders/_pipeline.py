@@ -297,19 +297,17 @@ class ReaderPool:
             self._io = pool
             access = self.access[key[0]]
             if access.verify and access.mode(key[1]) == "local":
-                self._prepared[key] = pool.submit(self._hash_later, access, key[1])
+                self._prepared[key] = pool.submit(
+                    self._later, functools.partial(access.prepare, key[1])
+                )
             else:
                 self._prepared[key] = pool.submit(access.prepare, key[1])
 
-    def _hash_later(self, access: ShardAccess, shard_id: str) -> ShardHandle | None:
+    def _later(self, check: Callable[[], T]) -> T:
+        """A background hash: once the first chunk is out, one at a time."""
         self._hash_now.wait(_HASH_DELAY_S)
         with self._hashing:
-            return access.prepare(shard_id)
-
-    def _later(self, check: Callable[[], None]) -> None:
-        self._hash_now.wait(_HASH_DELAY_S)
-        with self._hashing:
-            check()
+            return check()
 
     def start_hashing(self) -> None:
         """Let the local shards' whole-object hashes run (the first chunk is out)."""
