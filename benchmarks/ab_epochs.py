@@ -1,7 +1,7 @@
 """This tree's loader against another revision's, on the same store, side by side.
 
     python -m benchmarks.ab_epochs --baseline TREE --store PATH --dataset NAME \
-        [--batch 8] [--workers 0 2] [--epochs 5] [--rounds 3]
+        [--baseline-store PATH] [--batch 8] [--workers 0 2] [--epochs 5] [--rounds 3]
 
 ``TREE`` is a checkout of an earlier revision (``git worktree add /tmp/before REV``);
 ``PATH`` a store written by either (the benchmark suite's, for instance
@@ -57,8 +57,8 @@ print(json.dumps({"epoch_s": epochs[len(epochs) // 2], "ttfb_s": firsts[len(firs
 """
 
 
-def _one(tree: str, args: argparse.Namespace, workers: int) -> dict[str, float]:
-    spec = {"tree": tree, "store": os.path.abspath(args.store), "dataset": args.dataset,
+def _one(tree: str, store: str, args: argparse.Namespace, workers: int) -> dict[str, float]:
+    spec = {"tree": tree, "store": os.path.abspath(store), "dataset": args.dataset,
             "batch": args.batch, "workers": workers, "epochs": args.epochs}
     out = subprocess.run([sys.executable, "-c", _RUN, json.dumps(spec)], cwd=_ROOT,
                          check=True, capture_output=True, text=True)
@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--baseline", required=True, help="checkout of the earlier revision")
     p.add_argument("--store", required=True)
+    p.add_argument("--baseline-store", default=None,
+                   help="the store the baseline reads (default --store): for a change of "
+                        "what ingest writes, each tree reads what its own ingest wrote")
     p.add_argument("--dataset", required=True)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--workers", type=int, nargs="+", default=[0, 2])
@@ -77,11 +80,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
     trees = {"before": os.path.abspath(args.baseline), "after": ""}
+    stores = {"before": args.baseline_store or args.store, "after": args.store}
     runs: dict[tuple[int, str], list[dict[str, float]]] = {}
     for _ in range(args.rounds):
         for w in args.workers:
             for name, tree in trees.items():
-                runs.setdefault((w, name), []).append(_one(tree, args, w))
+                runs.setdefault((w, name), []).append(_one(tree, stores[name], args, w))
     for w in args.workers:
         before, after = runs[(w, "before")], runs[(w, "after")]
         line = [f"{args.dataset}, {w} workers:"]

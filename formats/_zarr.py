@@ -25,6 +25,7 @@ import functools
 import itertools
 import json
 import math
+import os
 import struct
 import threading
 import zipfile
@@ -63,17 +64,48 @@ def _zarr() -> Any:
     return zarr
 
 
-def auto_chunks(shape: Sequence[int], itemsize: int, target_bytes: int) -> tuple[int, ...]:
-    """A chunk shape of at most about ``target_bytes``: halve the longest axis until it fits.
+CONTIGUOUS_FIELD_CHUNKS = 8
+"""A field of at most this many target chunks is chunked in C order (see ``auto_chunks``)."""
 
-    Halving the longest axis keeps chunks near-cubic, so a window or crop along any axis
-    reads few bytes it does not need.
+
+def auto_chunks(shape: Sequence[int], itemsize: int, target_bytes: int) -> tuple[int, ...]:
+    """A chunk shape of at most about ``target_bytes`` for a field of ``shape``.
+
+    A field of at most ``CONTIGUOUS_FIELD_CHUNKS`` target chunks (8 MiB by default), which
+    a training job reads whole, gets chunks that are contiguous runs of the C-order array
+    (``[1, ..., 1, k, n, ..., n]``, ``k`` dividing its axis): a whole read then lands
+    each chunk straight in its place in the batch, with no gather, and a window along the
+    leading (time) axis reads whole chunks. A larger field halves its longest axis until
+    a chunk fits, so chunks stay near-cubic and a crop along any axis of a big grid reads
+    little it does not need.
     """
-    chunk = [max(1, int(n)) for n in shape]
+    dims = [max(1, int(n)) for n in shape]
+    if math.prod(dims) * itemsize <= CONTIGUOUS_FIELD_CHUNKS * target_bytes:
+        chunk = list(dims)
+        for i in range(len(dims)):
+            rest = math.prod(dims[i + 1 :]) * itemsize
+            if rest * dims[i] <= target_bytes:
+                break
+            if rest <= target_bytes:
+                chunk[i] = _run_length(dims[i], target_bytes // rest)
+                break
+            chunk[i] = 1
+        return tuple(chunk)
+    chunk = list(dims)
     while math.prod(chunk) * itemsize > target_bytes and max(chunk, default=1) > 1:
         i = int(np.argmax(chunk))
         chunk[i] = (chunk[i] + 1) // 2
     return tuple(chunk)
+
+
+def _run_length(n: int, fit: int) -> int:
+    """Rows per chunk along an axis of ``n``: the largest divisor of ``n`` up to ``fit``
+    (no padded edge chunk), unless that is under half of ``fit``."""
+    best = max(
+        (d for i in range(1, math.isqrt(n) + 1) if n % i == 0 for d in (i, n // i) if d <= fit),
+        default=1,
+    )
+    return best if 2 * best >= fit else fit
 
 
 def _fill(dtype: np.dtype[Any]) -> Any:
@@ -396,6 +428,7 @@ class ZarrShardReader:
         self._offsets: dict[str, tuple[int, int]] = {}
         self._decoders: dict[str, _ChunkDecoder | None] = {}
         self._scratch: dict[tuple[tuple[int, ...], str], np.ndarray] = {}
+        self._chunk_bytes: dict[tuple[str, str], int] | None = None
         try:
             self._zip = zipfile.ZipFile(source, mode="r")
             self._infos = {i.filename: i for i in self._zip.infolist()}
@@ -418,6 +451,9 @@ class ZarrShardReader:
         self.num_samples = int(attrs["samples"])
         self._specs = {s["name"]: FieldSpec.from_json(s) for s in attrs.get("schema", [])}
         self._fp: Any = self._zip.fp
+        self._fd: int | None = self._fp.fileno() if isinstance(source, str) else None
+        """A path's descriptor: chunk reads are one ``preadv`` each, with no seek and no
+        trip through the zip file's read buffer."""
 
     @property
     def schema(self) -> Schema:
@@ -432,6 +468,34 @@ class ZarrShardReader:
     def keys(self) -> list[str]:
         """Every sample key in position order."""
         return [str(k) for k in self._attrs.get("keys", [])]
+
+    def checked_bytes(self, positions: Sequence[int], fields: Sequence[str] | None = None) -> int:
+        """Stored chunk bytes whose CRC-32s a read of ``positions`` would check.
+
+        The requested array fields' chunks of those samples (all array fields when
+        ``fields`` is None); 0 once the reader is trusted.
+        """
+        if not self.verifies_pages or len(positions) == 0:
+            return 0
+        if self._chunk_bytes is None:
+            sizes: dict[tuple[str, str], int] = {}
+            for key, info in self._infos.items():
+                head, sep, _ = key.rpartition("/c/")
+                if not sep:
+                    head, sep = key.removesuffix("/c"), key.endswith("/c")
+                if sep:
+                    p, _, field = head.partition("/")
+                    sizes[(p, field)] = sizes.get((p, field), 0) + info.compress_size
+            self._chunk_bytes = sizes
+        names = [n for n, s in self._specs.items() if s.kind in ("tensor", "bytes")]
+        if fields is not None:
+            wanted = set(fields)
+            names = [n for n in names if n in wanted]
+        return sum(
+            self._chunk_bytes.get((str(int(p)), n), 0)
+            for p in set(np.asarray(positions).tolist())
+            for n in names
+        )
 
     def _check(self, position: int) -> int:
         p = int(position)
@@ -464,8 +528,11 @@ class ZarrShardReader:
             return None
         where = self._offsets.get(key)
         if where is None:
-            self._fp.seek(info.header_offset)
-            local = self._fp.read(30)
+            if self._fd is not None:
+                local = os.pread(self._fd, 30, info.header_offset)
+            else:
+                self._fp.seek(info.header_offset)
+                local = self._fp.read(30)
             if local[:4] != MAGIC:
                 raise FormatError(f"{self.name}: bad zip entry {key}")
             n, m = struct.unpack("<HH", local[26:30])
@@ -478,9 +545,13 @@ class ZarrShardReader:
         where = self._stored_at(key)
         if where is None or where[1] != out.nbytes or not out.flags.c_contiguous:
             return False
-        self._fp.seek(where[0])
         view = out.reshape(-1).view(np.uint8).data
-        if self._fp.readinto(view) != where[1]:
+        if self._fd is not None:
+            got = os.preadv(self._fd, [view], where[0])
+        else:
+            self._fp.seek(where[0])
+            got = self._fp.readinto(view)
+        if got != where[1]:
             raise FormatError(f"{self.name}: zip entry {key} is truncated")
         self._check_crc(key, view)
         return True
@@ -501,24 +572,41 @@ class ZarrShardReader:
     def _read_whole(
         self, path: str, dec: _ChunkDecoder, into: Callable[..., Any] | None = None
     ) -> np.ndarray | None:
-        """A whole field chunked only along its first axis, read with no extra copy.
+        """A whole field whose chunks are contiguous runs of it, read with no extra copy.
 
-        Uncompressed chunks of such a field are contiguous slabs of the C-order result,
-        so each is read straight into its place; None when the layout does not allow it.
+        With chunks ``[1, ..., 1, k, n, ..., n]`` (what ``auto_chunks`` gives a field a
+        training job reads whole), the chunks in grid order are consecutive spans of the
+        C-order result, so each uncompressed chunk is read straight into its place (a
+        padded edge chunk goes through the scratch chunk); None when the layout does not
+        allow it.
         """
         shape, chunks = tuple(dec.shape), tuple(dec.chunks)
         if dec._decode is not None or dec.stored != dec.dtype or not shape:
             return None
-        if chunks[1:] != shape[1:] or shape[0] % chunks[0]:
+        lead = next((i for i, c in enumerate(chunks) if c != 1), len(chunks) - 1)
+        if chunks[lead + 1 :] != shape[lead + 1 :]:
             return None
         out = into(shape, dec.dtype) if into is not None else None
         if out is None:
             out = np.empty(shape, dtype=dec.dtype)
-        step = chunks[0]
-        for i in range(shape[0] // step):
-            key = f"{path}/c/{i}" + "/0" * (len(shape) - 1)
-            if not self._read_into(key, out[i * step : (i + 1) * step]):
-                return None
+        if not out.flags.c_contiguous:
+            return None
+        flat = out.reshape(-1)
+        grid = tuple(math.ceil(n / c) for n, c in zip(shape, chunks, strict=True))
+        row, span = math.prod(shape[lead + 1 :]), math.prod(chunks)
+        at = 0
+        for idx in np.ndindex(*grid):
+            key = f"{path}/c/{'/'.join(str(i) for i in idx)}"
+            n = min(chunks[lead], shape[lead] - idx[lead] * chunks[lead]) * row
+            if n == span:
+                if not self._read_into(key, flat[at : at + n]):
+                    return None
+            else:
+                chunk = self._chunk(key, dec)
+                if chunk is None:
+                    return None
+                flat[at : at + n] = chunk.reshape(-1)[:n]
+            at += n
         return out
 
     def _entry(self, key: str) -> bytes | None:

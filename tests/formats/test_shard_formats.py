@@ -175,9 +175,49 @@ def test_zarr_refuses_a_field_that_is_also_a_group(tmp_path):
 
 
 def test_auto_chunks_stay_under_target_and_near_cubic():
+    # fields above CONTIGUOUS_FIELD_CHUNKS targets: near-cubic, for crops of big grids
     assert auto_chunks((64, 256, 256), 4, 1 << 20) == (64, 64, 64)
+    assert auto_chunks((64, 1024, 1024), 4, 1 << 20) == (64, 64, 64)
     assert auto_chunks((10,), 8, 1 << 20) == (10,)
-    assert auto_chunks((0, 5), 8, 16) == (1, 2)
+
+
+def test_auto_chunks_of_a_field_read_whole_are_contiguous_runs():
+    # a 4 MiB field: one time step per chunk, each a contiguous slab of the array
+    assert auto_chunks((4, 64, 64, 64), 4, 1 << 20) == (1, 64, 64, 64)
+    # rows of a slab when a slab is over the target; a divisor of the axis when close
+    assert auto_chunks((2, 1024, 1024), 4, 1 << 20) == (1, 256, 1024)
+    assert auto_chunks((2, 5, 300, 300), 8, 1 << 20) == (1, 1, 300, 300)
+    # a prime length takes a padded edge chunk rather than chunks of one element
+    assert auto_chunks((1_000_003,), 8, 1 << 20) == (131072,)
+    assert auto_chunks((0, 5), 8, 16) == (1, 1)
+    for shape, itemsize in [((4, 64, 64, 64), 4), ((2, 1024, 1024), 4), ((999, 17), 8)]:
+        chunk = auto_chunks(shape, itemsize, 1 << 20)
+        assert int(np.prod(chunk)) * itemsize <= 1 << 20
+        lead = next((i for i, c in enumerate(chunk) if c != 1), len(chunk) - 1)
+        assert chunk[lead + 1 :] == shape[lead + 1 :]
+
+
+@pytest.mark.parametrize(
+    "shape,chunks",
+    [((5, 6, 7), None), ((10, 6, 7), (4, 6, 7)), ((3, 10, 7), (1, 4, 7)), ((3, 4, 5), (2, 2, 5))],
+)
+def test_zarr_whole_reads_of_contiguous_and_other_chunkings(tmp_path, shape, chunks):
+    rng = np.random.default_rng(3)
+    data = rng.standard_normal(shape).astype(np.float32)
+    opts = ShardOptions(chunk_bytes=64, compression="none", chunks={"x": chunks} if chunks else {})
+    fmt = ZarrFormat(opts)
+    fmt.write([Sample("a", {"x": data}), Sample("b", {"x": data * 2})], str(tmp_path / "s"))
+    reader = fmt.open(str(tmp_path / "s"))
+    got = [s["x"] for s in reader.read([1, 0])]
+    np.testing.assert_array_equal(got[0], data * 2)
+    np.testing.assert_array_equal(got[1], data)
+    buf = np.full((2, *shape), np.nan, dtype=np.float32)
+    list(reader.read([0, 1], out=lambda i, name, shp, dt: buf[i]))
+    np.testing.assert_array_equal(buf, np.stack([data, data * 2]))
+    assert reader.checked_bytes([0, 1]) == 2 * reader.checked_bytes([1], ["x"]) > 0
+    reader.trust()
+    assert reader.checked_bytes([0, 1]) == 0
+    reader.close()
 
 
 def test_columnar_shards_refuse_conflicting_specs_within_a_shard(tmp_path):
