@@ -11,7 +11,8 @@ from loader_helpers import open_test_shard, write_npz_sources
 from simstore.formats import ParquetFormat
 from simstore.loaders import Collate, SimDataLoader, SimDataset
 from simstore.loaders._pipeline import _SlotAlloc
-from simstore.loaders._tensors import ChunkBuffers, stacked_view
+from simstore.loaders import _tensors
+from simstore.loaders._tensors import BufferPool, ChunkBuffers, stacked_view
 
 import simstore
 from simstore._blockcache import BlockCache
@@ -292,3 +293,42 @@ def test_first_chunk_over_several_shards_reads_alike_on_one_or_two_threads(
     for other in runs[1:]:
         assert [k for k, _ in runs[0]] == [k for k, _ in other]
         assert all(torch.equal(a, b) for (_, a), (_, b) in zip(runs[0], other, strict=True))
+
+
+def test_buffer_pool_reuses_memory_only_once_every_view_is_gone():
+    pool = BufferPool(idle_bytes=8 << 20, min_bytes=0)
+    first = pool.array((4, 1024), np.dtype(np.float32))
+    first[:] = 1.0
+    held = torch.from_numpy(first)[1:3]  # a batch: a view of the chunk's buffer
+    del first
+    second = pool.array((4, 1024), np.dtype(np.float32))
+    second[:] = 2.0  # fresh memory: the held view is not overwritten
+    assert pool.reused == 0 and bool((held == 1.0).all())
+    address = held.untyped_storage().data_ptr()
+    del held
+    third = pool.array((4, 1024), np.dtype(np.float32))
+    assert pool.reused == 1 and third.__array_interface__["data"][0] == address
+    # idle memory is bounded: past idle_bytes, the oldest idle mappings are unmapped
+    small = BufferPool(idle_bytes=20_000, min_bytes=0)
+    arrays = [small.array((4096,), np.dtype(np.uint8)) for _ in range(8)]
+    del arrays
+    assert sum(len(m) for m in small._idle) <= 20_000
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "zarr"])
+def test_kept_batches_stay_intact_while_later_epochs_reuse_buffers(
+    tmp_path, sources, fmt, monkeypatch
+):
+    pool = BufferPool(min_bytes=0)
+    monkeypatch.setattr(_tensors, "POOL", pool)
+    store, arrays = _ingest(tmp_path, sources, fmt)
+    ds = SimDataset(store, "d", seed=5)
+    kept = list(SimDataLoader(ds, batch_size=4))
+    for epoch in (1, 2, 3):  # epoch 3 can reuse epoch 1's buffers (2's last batch is held)
+        ds.set_epoch(epoch)
+        for batch in SimDataLoader(ds, batch_size=4):
+            batch["u"].mul_(-1.0)  # scribble on each later batch's memory
+    assert pool.reused > 0
+    for batch in kept:
+        for k, u in zip(batch["__key__"], batch["u"], strict=True):
+            assert np.array_equal(u.numpy(), arrays[k]), k
