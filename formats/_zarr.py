@@ -99,8 +99,11 @@ def auto_chunks(shape: Sequence[int], itemsize: int, target_bytes: int) -> tuple
 
 
 def _run_length(n: int, fit: int) -> int:
-    """Rows per chunk along an axis of ``n``: the largest divisor of ``n`` up to ``fit``
-    (no padded edge chunk), unless that is under half of ``fit``."""
+    """Rows per chunk along an axis of ``n``.
+
+    The largest divisor of ``n`` up to ``fit`` (no padded edge chunk), unless that is
+    under half of ``fit``: then ``fit``, with a padded edge chunk.
+    """
     best = max(
         (d for i in range(1, math.isqrt(n) + 1) if n % i == 0 for d in (i, n // i) if d <= fit),
         default=1,
@@ -451,7 +454,9 @@ class ZarrShardReader:
         self.num_samples = int(attrs["samples"])
         self._specs = {s["name"]: FieldSpec.from_json(s) for s in attrs.get("schema", [])}
         self._fp: Any = self._zip.fp
-        self._fd: int | None = self._fp.fileno() if isinstance(source, str) else None
+        self._fd: int | None = (
+            self._fp.fileno() if isinstance(source, str) and self._fp is not None else None
+        )
         """A path's descriptor: chunk reads are one ``preadv`` each, with no seek and no
         trip through the zip file's read buffer."""
 
@@ -481,8 +486,8 @@ class ZarrShardReader:
             sizes: dict[tuple[str, str], int] = {}
             for key, info in self._infos.items():
                 head, sep, _ = key.rpartition("/c/")
-                if not sep:
-                    head, sep = key.removesuffix("/c"), key.endswith("/c")
+                if not sep and key.endswith("/c"):  # a 0-d field's one chunk
+                    head, sep = key[:-2], "/c"
                 if sep:
                     p, _, field = head.partition("/")
                     sizes[(p, field)] = sizes.get((p, field), 0) + info.compress_size

@@ -12,6 +12,7 @@ worker when it starts reading), so it survives ``fork`` and ``spawn``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -158,7 +159,7 @@ class SimDataset(IterableDataset[Sample]):
         world_size: int | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
-        prefetch: PrefetchConfig | int | None = None,
+        prefetch: PrefetchConfig | Mapping[str, int] | int | None = None,
         transform: Transform | None = None,
         *,
         remainder: Remainder = "pad",
@@ -183,8 +184,7 @@ class SimDataset(IterableDataset[Sample]):
             block_bytes=parse_bytes(shuffle_block_bytes, "shuffle_block_bytes") or 0,
             buffer_blocks=shuffle_buffer_blocks, crop=crop, window=window,
         )
-        if isinstance(prefetch, int):
-            prefetch = PrefetchConfig(chunks=prefetch)
+        prefetch = _prefetch_config(prefetch)
         options = LoaderOptions(
             remainder=remainder,
             cache=cache_config(cache_dir, parse_bytes(cache_limit, "cache_limit")),
@@ -590,6 +590,35 @@ def _cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def _prefetch_config(value: object) -> PrefetchConfig:
+    """``prefetch=`` as a :class:`PrefetchConfig`.
+
+    One, None, a chunk count or a mapping of its fields; anything else is an error that
+    names the parameter.
+    """
+    if value is None:
+        return PrefetchConfig()
+    if isinstance(value, PrefetchConfig):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return PrefetchConfig(chunks=value)
+    if isinstance(value, Mapping):
+        known = {f.name for f in dataclasses.fields(PrefetchConfig)}
+        unknown = sorted(str(k) for k in value if k not in known)
+        if unknown:
+            raise InvalidInputError(
+                f"prefetch: unknown field {unknown[0]!r} (fields: {', '.join(sorted(known))})"
+            )
+        bad = sorted(str(k) for k, v in value.items() if type(v) is not int)
+        if bad:
+            raise InvalidInputError(f"prefetch: field {bad[0]!r} must be an integer")
+        return PrefetchConfig(**value)
+    raise InvalidInputError(
+        f"prefetch must be a PrefetchConfig, a mapping of its fields or a chunk count, "
+        f"not {type(value).__name__}"
+    )
 
 
 def _columns(

@@ -104,8 +104,11 @@ class BufferPool:
         """Arrays handed out over a mapping that came back (for tests and metrics)."""
 
     def array(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
-        """An uninitialised C-contiguous array, over pooled memory when it is big enough
-        to matter (``min_bytes``, 1 MiB by default); smaller ones come from NumPy."""
+        """An uninitialised C-contiguous array of ``shape`` and ``dtype``.
+
+        Over pooled memory when it is big enough to matter (``min_bytes``, 1 MiB by
+        default); smaller ones come from NumPy.
+        """
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if nbytes < max(1, self.min_bytes):
             return np.empty(shape, dtype=dtype)

@@ -71,6 +71,21 @@ def test_unknown_field_is_a_clear_error(small):
         dataset(store, ref, fields=["nope"])
 
 
+def test_prefetch_takes_a_mapping_and_names_what_is_wrong(small):
+    store, ref, samples = small
+    got = list(dataset(store, ref, prefetch={"chunks": 2, "decode_threads": 1}))
+    assert sorted(s["__key__"] for s in got) == sorted(samples)
+    for bad, match in [
+        ({"chunk": 2}, "prefetch: unknown field 'chunk'"),
+        ({"chunks": "2"}, "prefetch: field 'chunks' must be an integer"),
+        ({"chunks": 0}, "prefetch chunks must be at least 1"),
+        ("deep", "prefetch must be a PrefetchConfig.*not str"),
+        (True, "prefetch must be a PrefetchConfig.*not bool"),
+    ]:
+        with pytest.raises(InvalidInputError, match=match):
+            dataset(store, ref, prefetch=bad)
+
+
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 @pytest.mark.parametrize("remainder", ["pad", "drop"])
 def test_ranks_split_an_epoch_exactly(store_path, world_size, remainder):

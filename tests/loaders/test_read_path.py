@@ -9,9 +9,8 @@ import pytest
 import torch
 from loader_helpers import open_test_shard, write_npz_sources
 from simstore.formats import ParquetFormat
-from simstore.loaders import Collate, SimDataLoader, SimDataset
+from simstore.loaders import Collate, SimDataLoader, SimDataset, _tensors
 from simstore.loaders._pipeline import _SlotAlloc
-from simstore.loaders import _tensors
 from simstore.loaders._tensors import BufferPool, ChunkBuffers, stacked_view
 
 import simstore
