@@ -259,3 +259,20 @@ def test_zarr_windows_equal_numpy_slicing_and_stock_zarr(tmp_path, compression):
             reader.read_slices(0, {"nope": (slice(0, 1),)})
     finally:
         reader.close()
+
+
+def test_zarr_entries_are_the_bytes_zipfile_writes_with_valid_crcs(tmp_path, monkeypatch):
+    from simstore.formats import _zarr
+
+    rng = np.random.default_rng(4)
+    samples = [
+        Sample(f"k{i}", {"u": rng.standard_normal((3, 40, 50)).astype(np.float32), "Re": 1.5})
+        for i in range(3)
+    ]
+    fmt = ZarrFormat(ShardOptions(chunk_bytes=8192, compression="none"))
+    fmt.write(samples, str(tmp_path / "fast"))
+    with zipfile.ZipFile(tmp_path / "fast") as zf:
+        assert zf.testzip() is None  # every entry's CRC-32 checks out with zlib's
+    monkeypatch.setattr(_zarr, "_write_stored", lambda zf, info, data: zf.writestr(info, data))
+    fmt.write(samples, str(tmp_path / "stock"))
+    assert (tmp_path / "fast").read_bytes() == (tmp_path / "stock").read_bytes()
