@@ -47,7 +47,13 @@ from simstore.loaders._plan import (
 )
 from simstore.loaders._source import Source, Transform, open_source
 from simstore.loaders._stats import Counters, LoaderStats, RunReport, run_report
-from simstore.loaders._tensors import ChunkBuffers, sample_bytes, to_tensors, value_bytes
+from simstore.loaders._tensors import (
+    ChunkBuffers,
+    SharedPool,
+    sample_bytes,
+    to_tensors,
+    value_bytes,
+)
 from simstore.loaders._world import (
     World,
     WorldDetector,
@@ -465,19 +471,24 @@ class SimDataset(IterableDataset[Sample]):
         collate: Collate,
         *,
         drop_last: bool = False,
-    ) -> Iterator[tuple[Any, int, dict[str, float]]]:
-        """One reader's batches, collated, each with its running count and counters.
+        shared_pool: SharedPool | None = None,
+    ) -> Iterator[tuple[Any, int, dict[str, float], tuple[tuple[int, int], ...]]]:
+        """One reader's batches, collated, each with its running count, counters and marks.
 
         What a DataLoader would make of :meth:`read`'s samples in batches of
         ``batch_size`` with ``collate``, made a batch at a time: a fixed-shape field of a
         batch is a view of its chunk's decode buffer, with no per-sample tensors or dicts.
         Samples of a batch that need per-sample work (a transform, fields that differ,
-        values outside the buffers) go through ``collate`` as samples.
+        values outside the buffers) go through ``collate`` as samples. In a DataLoader
+        worker with ``shared_pool``, chunk buffers come from that pool and each batch's
+        marks say which of them it may hold (see :class:`SharedPool`); else no marks.
         """
         opts = self._options
         per_sample = any(s.transform is not None for s in self._sources)
         count = 0
-        with self._decoded(world, epoch, remaining, batch_size) as (chunks, counters):
+        with self._decoded(world, epoch, remaining, batch_size, shared_pool) as (
+            chunks, counters
+        ):
             for chunk, (values, buffers) in chunks:
                 n = len(values)
                 for lo in range(0, n, batch_size):
@@ -501,7 +512,8 @@ class SimDataset(IterableDataset[Sample]):
                         counters.add("pad_samples", npad)
                     counters.add("sample_bytes", nbytes)
                     count += hi - lo
-                    yield batch, count, counters.snapshot()
+                    yield batch, count, counters.snapshot(), buffers.sent()
+                buffers.retire()
 
     def _sample(
         self,
@@ -524,7 +536,8 @@ class SimDataset(IterableDataset[Sample]):
 
     @contextlib.contextmanager
     def _decoded(
-        self, world: World, epoch: int, remaining: Sequence[Interval], batch_size: int
+        self, world: World, epoch: int, remaining: Sequence[Interval], batch_size: int,
+        shared_pool: SharedPool | None = None,
     ) -> Iterator[tuple[Iterator[tuple[Any, tuple[list[dict[str, Any]], ChunkBuffers]]],
                         Counters]]:
         """The decoded chunks of one reader's share of the epoch, and its counters."""
@@ -566,7 +579,7 @@ class SimDataset(IterableDataset[Sample]):
                 stack.callback(first[0].shutdown)
 
             def decode(chunk: Any) -> tuple[list[dict[str, Any]], ChunkBuffers]:
-                buffers = ChunkBuffers(len(chunk), shared=shared)
+                buffers = ChunkBuffers(len(chunk), shared=shared, pool=shared_pool)
                 fan_out = first.pop() if first else None
                 values = read_chunk(chunk, pool, sources, limiter, counters, tiers, buffers,
                                     fan_out)

@@ -14,12 +14,14 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple, cast
 
+import torch
 from simstore.loaders._collate import Collate, MeshMode
 from simstore.loaders._dataset import LoaderState, Sample, SimDataset
 from simstore.loaders._metrics import timed
 from simstore.loaders._plan import Interval
 from simstore.loaders._stats import LoaderStats, RunReport
-from simstore.loaders._world import World, exit_with_parent, worker_context
+from simstore.loaders._tensors import SHARED_SLOTS, ReleaseTracker, SharedPool
+from simstore.loaders._world import World, exit_with_parent, in_worker, worker_context
 from torch.utils.data import DataLoader, IterableDataset
 
 from simstore.errors import InvalidInputError
@@ -31,6 +33,7 @@ class _Tag(NamedTuple):
     worker: int
     delivered: int
     counters: dict[str, float]
+    marks: tuple[tuple[int, int], ...] = ()
 
 
 class _Tagged(NamedTuple):
@@ -81,14 +84,20 @@ class _BatchStream(_Stream):
         super().__init__(dataset, batch_size)
         self.collate = collate
         self.drop_last = drop_last
+        self.released: torch.Tensor | None = None
+        """Release counters of the workers' pooled buffers (see ``SharedPool``), made by
+        the loader in shared memory before it starts them; None with no workers."""
 
     def __iter__(self) -> Iterator[_Tagged]:
         world = self._reader()
-        for batch, count, counters in self.dataset.read_batches(
+        pool = None
+        if self.released is not None and in_worker():
+            pool = SharedPool(self.released[world.worker].numpy())
+        for batch, count, counters, marks in self.dataset.read_batches(
             world, self.epoch, self.remaining, self.batch_size, self.collate,
-            drop_last=self.drop_last,
+            drop_last=self.drop_last, shared_pool=pool,
         ):
-            yield _Tagged(batch, _Tag(world.worker, count, counters))
+            yield _Tagged(batch, _Tag(world.worker, count, counters, marks))
 
 
 def _passthrough(item: _Tagged) -> _Tagged:
@@ -205,12 +214,23 @@ class SimDataLoader(DataLoader[Any]):
         self._stream.world = world
         self._stream.epoch = ds.epoch
         self._stream.remaining = ds._begin(world.world_size, workers, self._stream.batch_size)
+        tracker = None
+        if isinstance(self._stream, _BatchStream):
+            released = None
+            if self.num_workers > 0:
+                released = torch.zeros((self.num_workers, SHARED_SLOTS), dtype=torch.int64)
+                released.share_memory_()  # type: ignore[no-untyped-call]
+                tracker = ReleaseTracker(released)
+            self._stream.released = released
         tagged = super().__iter__()
 
         def untag() -> Iterator[Any]:
             for item in tagged:
                 batch, tag = item
                 ds._delivered(tag.worker, tag.delivered, tag.counters)
+                if tracker is not None:
+                    tracker.track(tag.worker, tag.marks, batch)
+                    tracker.poll()
                 yield batch
 
         return timed(untag(), ds._metrics, log_every_s=ds._options.log_every_s)

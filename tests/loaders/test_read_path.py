@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
@@ -331,3 +332,61 @@ def test_kept_batches_stay_intact_while_later_epochs_reuse_buffers(
     for batch in kept:
         for k, u in zip(batch["__key__"], batch["u"], strict=True):
             assert np.array_equal(u.numpy(), arrays[k]), k
+
+
+@pytest.fixture(scope="module")
+def many_sources(tmp_path_factory):
+    """64 .npz files like ``sources``'s."""
+    root = tmp_path_factory.mktemp("src64")
+    arrays = write_npz_sources(str(root), 64, seed=2)
+    return str(root), arrays
+
+
+def _storage_inode(t: torch.Tensor) -> int:
+    fd, _size = t.untyped_storage()._share_fd_cpu_()
+    return os.fstat(fd).st_ino
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "zarr"])
+def test_workers_reuse_shared_buffers_the_main_process_let_go(
+    tmp_path, many_sources, fmt, monkeypatch
+):
+    monkeypatch.setattr(_tensors, "SHARED_MIN_BYTES", 0)  # forked workers inherit it
+    store, arrays = _ingest(tmp_path, many_sources, fmt)
+    ds = SimDataset(store, "d", seed=7, prefetch={"chunk_samples": 4, "chunks": 1})
+    loader = SimDataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork")
+    inodes, seen = [], []
+    for batch in loader:
+        assert batch["u"].is_shared()
+        inodes.append(_storage_inode(batch["u"]))
+        for k, u in zip(batch["__key__"], batch["u"], strict=True):
+            assert np.array_equal(u.numpy(), arrays[k]), k
+            seen.append(k)
+        del batch
+    assert sorted(seen) == sorted(arrays)
+    assert len(set(inodes)) < len(inodes)  # some buffer carried more than one batch
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "zarr"])
+def test_batches_and_views_kept_in_the_main_process_stay_intact_with_workers(
+    tmp_path, many_sources, fmt, monkeypatch
+):
+    monkeypatch.setattr(_tensors, "SHARED_MIN_BYTES", 0)
+    store, arrays = _ingest(tmp_path, many_sources, fmt)
+    ds = SimDataset(store, "d", seed=9, prefetch={"chunk_samples": 4, "chunks": 1})
+    kept = []
+    for i, batch in enumerate(SimDataLoader(ds, batch_size=4, num_workers=2,
+                                            multiprocessing_context="fork")):
+        if i % 2:  # keep a view of some rows only: it holds the shared buffer too
+            kept.append((batch["__key__"][1:3], batch["u"][1:3]))
+        else:
+            kept.append((batch["__key__"], batch["u"]))
+        del batch
+    for epoch in (1, 2):
+        ds.set_epoch(epoch)
+        for batch in SimDataLoader(ds, batch_size=4, num_workers=2,
+                                   multiprocessing_context="fork"):
+            batch["u"].mul_(-1.0)  # scribble on every later batch's shared memory
+    for keys, u in kept:
+        for k, row in zip(keys, u, strict=True):
+            assert np.array_equal(row.numpy(), arrays[k]), k
