@@ -1,7 +1,7 @@
 """Streaming from S3 (moto on 127.0.0.1) against raw parallel GETs of the same objects.
 
     python -m benchmarks.bench_s3 [--quick] [--reps N] [--formats parquet zarr]
-                                  [--workers N] [--latency-ms MS] [--json FILE]
+                                  [--workers N] [--latency-ms MS] [--store PATH] [--json FILE]
 
 One run starts a moto server in a process of its own on 127.0.0.1 (so that serving S3
 does not share a GIL with the reader), ingests the suite's ``large`` pool (96 samples of
@@ -345,11 +345,19 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="also measure through a proxy adding this latency per request",
     )
+    ap.add_argument(
+        "--store",
+        default=None,
+        help="an existing local store whose dataset 'large' is read instead of the pool's "
+        "(one format: name it with --formats), for datasets of many shuffle windows",
+    )
     ap.add_argument("--workdir", default=os.path.join(REPO, ".bench", "s3"))
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args(argv)
     samples = 24 if args.quick else 96
     reps = args.reps or (1 if args.quick else 3)
+    if args.store and len(args.formats) != 1:
+        ap.error("--store reads one store: give its format alone in --formats")
     os.makedirs(args.workdir, exist_ok=True)
     results: dict[str, Any] = {
         "samples": samples,
@@ -366,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         caches = stack.enter_context(tempfile.TemporaryDirectory(dir=args.workdir))
         for fmt in args.formats:
-            local = build(args.workdir, fmt, samples)
+            local = args.store or build(args.workdir, fmt, samples)
             upload(endpoint, local, fmt)
             keys = [f"{fmt}/{k}" for k, _ in shard_keys(local)]
             url = f"s3://{BUCKET}/{fmt}"
