@@ -33,6 +33,7 @@ from simstore.loaders._pipeline import (
     ReaderPool,
     Resolver,
     ShardOpener,
+    decode_depth,
     prefetched,
     read_chunk,
 )
@@ -590,7 +591,9 @@ class SimDataset(IterableDataset[Sample]):
 
             samples = sum(s.num_samples for s in sources)
             mean = sum(s.sample_bytes for s in sources) / samples if samples else 0.0
-            chunks = prefetched(plan, epoch, resolver, pool, opts.prefetch, decode,
+            depth = decode_depth(opts.prefetch, world.num_workers if shared else 0, _cores())
+            chunks = prefetched(plan, epoch, resolver, pool,
+                                dataclasses.replace(opts.prefetch, chunks=depth), decode,
                                 mean_sample_bytes=mean)
             stack.callback(chunks.close)
             yield chunks, counters

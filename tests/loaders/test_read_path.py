@@ -390,3 +390,14 @@ def test_batches_and_views_kept_in_the_main_process_stay_intact_with_workers(
     for keys, u in kept:
         for k, row in zip(keys, u, strict=True):
             assert np.array_equal(row.numpy(), arrays[k]), k
+
+
+def test_decode_depth_defaults_by_process_and_keeps_an_explicit_value():
+    from simstore.loaders._pipeline import PrefetchConfig, decode_depth
+
+    auto = PrefetchConfig()
+    assert decode_depth(auto, 0, 2) == 4  # the main process, no workers
+    assert [decode_depth(auto, w, c) for w, c in [(2, 2), (4, 8), (2, 16), (8, 2)]] == [
+        1, 2, 4, 1,
+    ]
+    assert decode_depth(PrefetchConfig(chunks=3), 2, 2) == 3
