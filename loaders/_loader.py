@@ -92,9 +92,7 @@ class _BatchStream(_Stream):
         world = self._reader()
         pool = None
         if self.released is not None and in_worker():
-            # idle shared buffers kept for reuse: a quarter of the prefetch budget
-            budget = self.dataset._options.prefetch.budget_bytes
-            pool = SharedPool(self.released[world.worker].numpy(), idle_bytes=budget // 4)
+            pool = SharedPool(self.released[world.worker].numpy())
         for batch, count, counters, marks in self.dataset.read_batches(
             world, self.epoch, self.remaining, self.batch_size, self.collate,
             drop_last=self.drop_last, shared_pool=pool,

@@ -194,7 +194,7 @@ class SharedPool:
     counter has reached its last generation.
     """
 
-    def __init__(self, released: np.ndarray, idle_bytes: int = 256 << 20,
+    def __init__(self, released: np.ndarray, idle_bytes: int = 128 << 20,
                  min_bytes: int | None = None) -> None:
         self.released = released
         self.idle_bytes = idle_bytes
