@@ -11,7 +11,6 @@ plan records it, and a stock reader undoes it with ``Shuffle(itemsize).decode``)
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import accumulate
 from typing import Any, BinaryIO
@@ -171,22 +170,24 @@ class ParquetShardReader(ColumnarReader):
         for g in groups.tolist():
             if not 0 <= g < len(self._starts) - 1:
                 continue  # out of range: the read itself says so
-            if not self._blocks.contains((self._token, g, cols)):
+            if not self._blocks.contains(self._block_key(g, cols)):
                 total += sum(self._sizes[c][g] for c in cols if c in self._sizes)
         return total
 
-    def _group_of(self, position: int) -> int:
-        return bisect.bisect_right(self._starts, position) - 1
-
-    def _batches(self, positions: list[int]) -> Iterator[list[int]]:
+    def _group_batches(self, positions: list[int]) -> Iterator[tuple[int, list[int]]]:
+        """``(row group, its positions)`` for sorted ``positions``, one searchsorted in all."""
         if not positions:
             return
-        groups = np.searchsorted(self._bounds, positions, side="right")
+        groups = np.searchsorted(self._bounds, positions, side="right") - 1
         lo = 0
         for hi in (np.flatnonzero(groups[1:] != groups[:-1]) + 1).tolist():
-            yield positions[lo:hi]
+            yield int(groups[lo]), positions[lo:hi]
             lo = hi
-        yield positions[lo:]
+        yield int(groups[lo]), positions[lo:]
+
+    def _batches(self, positions: list[int]) -> Iterator[list[int]]:
+        for _, batch in self._group_batches(positions):
+            yield batch
 
     def share_cache(self, cache: BlockCache) -> None:
         """Keep decoded row groups in ``cache`` (shared with other readers) from now on."""
@@ -197,9 +198,13 @@ class ParquetShardReader(ColumnarReader):
     def _row_group(self, g: int, columns: tuple[str, ...]) -> pa.Table:
         return self._group(g, columns)[0]
 
+    def _block_key(self, g: int, columns: tuple[str, ...]) -> tuple[object, int, tuple[str, ...]]:
+        """Where row group ``g``'s ``columns`` are kept decoded in the block cache."""
+        return (self._token, g, columns)
+
     def _group(self, g: int, columns: tuple[str, ...]) -> tuple[pa.Table, dict[str, Any]]:
         """A decoded row group and its memo (what decoding its columns prepared once)."""
-        key = (self._token, g, columns)
+        key = self._block_key(g, columns)
         cached: tuple[pa.Table, dict[str, Any]] | None = self._blocks.get(key)
         if cached is not None:
             return cached
@@ -217,8 +222,7 @@ class ParquetShardReader(ColumnarReader):
     ) -> Iterator[tuple[pa.Table, np.ndarray | None, int, dict[str, Any]]]:
         """Each row group's cached table with the rows asked of it (no ``take`` copy)."""
         cols = tuple(columns)
-        for batch in self._batches(positions):
-            g = self._group_of(batch[0])
+        for g, batch in self._group_batches(positions):
             table, memo = self._group(g, cols)
             local = np.asarray(batch, dtype=np.int64) - self._starts[g]
             yield table, (None if len(local) == table.num_rows else local), len(batch), memo
@@ -226,8 +230,7 @@ class ParquetShardReader(ColumnarReader):
     def _read_positions(self, positions: Sequence[int], columns: Sequence[str]) -> pa.Table:
         cols = tuple(columns)
         parts = []
-        for batch in self._batches(list(positions)):
-            g = self._group_of(batch[0])
+        for g, batch in self._group_batches(list(positions)):
             table = self._row_group(g, cols)
             local = np.asarray(batch, dtype=np.int64) - self._starts[g]
             if len(local) == table.num_rows:

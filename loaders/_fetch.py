@@ -370,12 +370,7 @@ class ShardAccess:
         except OSError as exc:
             raise StorageError(f"cache copy {path}: read failed: {exc}") from exc
         if wrong is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-            raise IntegrityError(
-                f"cache copy {path} has hash {wrong}, expected {shard_id}{self._by()} "
-                "(removed from the cache)"
-            )
+            raise self._remove_damaged(path, wrong, shard_id)
 
     def read_cached(self, object_id: str) -> tuple[bytes, str] | None:
         """A small immutable object (a manifest part) from the disk cache, and its tier.
@@ -414,13 +409,17 @@ class ShardAccess:
             copy.release()
         actual = hash_bytes(data)
         if actual != object_id:
-            with contextlib.suppress(OSError):
-                os.unlink(copy.path)
-            raise IntegrityError(
-                f"cache copy {copy.path} has hash {actual}, expected {object_id}{self._by()} "
-                "(removed from the cache)"
-            )
+            raise self._remove_damaged(copy.path, actual, object_id)
         return data, "cache"
+
+    def _remove_damaged(self, path: str, actual: str, object_id: str) -> IntegrityError:
+        """Take a cache copy that does not hash to its id out of the cache; the error."""
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return IntegrityError(
+            f"cache copy {path} has hash {actual}, expected {object_id}{self._by()} "
+            "(removed from the cache)"
+        )
 
     def _size(self, key: str) -> int:
         info = self.store.info(key)

@@ -147,16 +147,6 @@ class BufferPool:
                 except BufferError:
                     pass
 
-    def clear(self) -> None:
-        """Unmap every idle mapping."""
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for m in idle:
-            try:
-                m.close()
-            except BufferError:
-                pass
-
 
 POOL = BufferPool()
 """The process's pool of chunk-buffer memory."""
@@ -203,7 +193,6 @@ class SharedPool:
         self._sent: list[int] = []
         self._idle: list[int] = []
         self._lock = threading.Lock()
-        self.reused = 0
 
     def storage(self, nbytes: int) -> tuple[int, torch.UntypedStorage]:
         """``(slot, storage)`` of at least ``nbytes``; slot -1 for one the pool does not keep."""
@@ -215,7 +204,6 @@ class SharedPool:
                 st = self._storages[slot]
                 if st is not None and size <= st.nbytes() <= 2 * size and self._free(slot):
                     self._idle.remove(slot)
-                    self.reused += 1
                     return slot, st
             slot = self._new_slot()
             storage = _new_shared(size)
@@ -227,8 +215,9 @@ class SharedPool:
         return int(self.released[slot]) >= self._sent[slot]
 
     def _new_slot(self) -> int:
-        for slot, st in enumerate(self._storages):  # a dropped buffer's slot, once released
-            if st is None and self._free(slot) and slot not in self._idle:
+        # a dropped buffer's slot, once released (a slot that is idle still has its buffer)
+        for slot, st in enumerate(self._storages):
+            if st is None and self._free(slot):
                 return slot
         if len(self._storages) < len(self.released):
             self._storages.append(None)
@@ -382,14 +371,14 @@ class ChunkBuffers:
             # made in shared memory, as torch's own collate makes a worker's batch: moving
             # an empty tensor there with share_memory_() copies its zeros in too (0.78
             # against 0.55 ms per MiB here, page faults included)
-            nbytes = self.n * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            count = int(np.prod((self.n, *shape), dtype=np.int64))
+            nbytes = count * dtype.itemsize
             if self.pool is not None:
                 slot, storage = self.pool.storage(nbytes)
                 if slot >= 0:
                     self._slots.append(slot)
             else:
                 storage = _new_shared(nbytes)
-            count = int(np.prod((self.n, *shape), dtype=np.int64))
             tensor = torch.empty(0, dtype=tdtype).set_(storage)[:count].view(self.n, *shape)
             return tensor, tensor.numpy()
         # pooled memory, asking for transparent huge pages as NumPy's allocator does
