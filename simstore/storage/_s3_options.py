@@ -1,0 +1,148 @@
+"""The options of an S3 store: what :class:`S3Options` accepts, checked and masked.
+
+The client options (endpoint, credentials, botocore's own keyword arguments) go to
+botocore as they are; the behaviour options (retries, timeouts, multipart sizes,
+conditional writes) are checked here into a :class:`Tuning`. Credentials never reach a
+repr or an error message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, TypedDict
+
+from simstore.errors import InvalidInputError
+
+__all__ = ["MaskedOptions", "S3Options", "Tuning", "parse_tuning", "secrets_of"]
+
+_MiB = 1024 * 1024
+
+# s3fs options that tune s3fs's own caches and loop; they mean nothing here and are ignored.
+_IGNORED_S3FS_OPTIONS = frozenset(
+    {
+        "use_listings_cache", "listings_expiry_time", "max_paths", "skip_instance_cache",
+        "default_block_size", "default_fill_cache", "default_cache_type", "cache_regions",
+        "asynchronous", "loop",
+    }
+)  # fmt: skip
+_SECRET_OPTIONS = frozenset(
+    {"key", "secret", "token", "aws_access_key_id", "aws_secret_access_key", "aws_session_token"}
+)
+class S3Options(TypedDict, total=False):
+    """``storage_options`` of :class:`S3Store`; s3fs's names where s3fs has one.
+
+    Endpoint and credentials (each falls back to the AWS environment and config files):
+        endpoint_url: the server, e.g. ``http://127.0.0.1:9000`` (else ``AWS_ENDPOINT_URL``).
+        key, secret, token: access key id, secret key, session token.
+        profile: a profile of ``~/.aws/config`` (else ``AWS_PROFILE``).
+        region_name: the region (else ``AWS_REGION``/``AWS_DEFAULT_REGION``).
+        anon: send unsigned requests (public buckets).
+        use_ssl: whether to use TLS where the endpoint does not say.
+        client_kwargs: more keyword arguments of botocore's ``create_client``
+            (``endpoint_url``, ``region_name``, ``verify``, ...).
+        config_kwargs: keyword arguments of ``botocore.config.Config``
+            (``max_pool_connections``, ``s3={"addressing_style": "path"}``,
+            ``request_checksum_calculation="when_required"`` for older servers, ...).
+
+    Behaviour:
+        conditional_writes: whether the server enforces If-None-Match/If-Match (default
+            True; record :func:`probe_conditional_writes`). False makes compare-and-swap
+            raise ``StorageError`` and put-if-absent check-then-write.
+        max_attempts: attempts per request, transient failures included (default 5).
+        backoff_base_s, backoff_max_s: retry ``n`` sleeps a uniform random time in
+            ``[0, min(backoff_max_s, backoff_base_s * 2**n))`` (defaults 0.25 and 20).
+        retry_deadline_s: no retry starts later than this after the first attempt (120).
+        connect_timeout_s, read_timeout_s: socket timeouts per attempt (10 and 60).
+        multipart_threshold_bytes: uploads above this are multipart (64 MiB).
+        multipart_part_bytes: part size (16 MiB; grown to stay within 10,000 parts;
+            S3 needs at least 5 MiB for every part but the last).
+        multipart_concurrency: parts uploaded at once by one upload (4).
+    """
+
+    endpoint_url: str
+    key: str
+    secret: str
+    token: str
+    profile: str
+    region_name: str
+    anon: bool
+    use_ssl: bool
+    client_kwargs: Mapping[str, Any]
+    config_kwargs: Mapping[str, Any]
+    conditional_writes: bool
+    max_attempts: int
+    backoff_base_s: float
+    backoff_max_s: float
+    retry_deadline_s: float
+    connect_timeout_s: float
+    read_timeout_s: float
+    multipart_threshold_bytes: int
+    multipart_part_bytes: int
+    multipart_concurrency: int
+
+
+@dataclass(frozen=True, slots=True)
+class Tuning:
+    """The behaviour options of :class:`S3Options`, checked, with their defaults."""
+
+    conditional_writes: bool = True
+    max_attempts: int = 5
+    backoff_base_s: float = 0.25
+    backoff_max_s: float = 20.0
+    retry_deadline_s: float = 120.0
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 60.0
+    multipart_threshold_bytes: int = 64 * _MiB
+    multipart_part_bytes: int = 16 * _MiB
+    multipart_concurrency: int = 4
+
+
+_TUNING_NAMES = frozenset(f.name for f in fields(Tuning))
+_CLIENT_NAMES = frozenset(
+    {"endpoint_url", "key", "secret", "token", "profile", "region_name", "anon", "use_ssl",
+     "client_kwargs", "config_kwargs"}
+)  # fmt: skip
+
+
+class MaskedOptions(dict[str, Any]):
+    """The options dict, whose repr hides credentials."""
+
+    def __repr__(self) -> str:
+        return repr({k: _mask(k, v) for k, v in self.items()})
+
+
+def _mask(name: str, value: Any) -> Any:
+    if name in _SECRET_OPTIONS:
+        return "***"
+    if isinstance(value, Mapping):
+        return {k: _mask(k, v) for k, v in value.items()}
+    return value
+
+
+def parse_tuning(options: Mapping[str, Any]) -> Tuning:
+    """The behaviour options of ``options``, checked; an unknown option is an error."""
+    unknown = set(options) - _TUNING_NAMES - _CLIENT_NAMES - _IGNORED_S3FS_OPTIONS
+    if unknown:
+        raise InvalidInputError(
+            f"unknown S3 storage options {sorted(unknown)}; known: "
+            f"{sorted(_TUNING_NAMES | _CLIENT_NAMES)}"
+        )
+    tuning = Tuning(**{k: v for k, v in options.items() if k in _TUNING_NAMES})
+    if not isinstance(tuning.conditional_writes, bool):
+        raise InvalidInputError("S3 storage option conditional_writes must be True or False")
+    for name in _TUNING_NAMES - {"conditional_writes"}:
+        value = getattr(tuning, name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise InvalidInputError(f"S3 storage option {name} must be a positive number")
+    return tuning
+
+
+def secrets_of(options: Mapping[str, Any]) -> tuple[str, ...]:
+    """The credentials in ``options`` (top level and ``client_kwargs``), to mask in errors."""
+    found = [str(v) for k, v in options.items() if k in _SECRET_OPTIONS and v]
+    for nested in ("client_kwargs",):
+        found += [
+            str(v) for k, v in (options.get(nested) or {}).items() if k in _SECRET_OPTIONS and v
+        ]
+    return tuple(s for s in found if len(s) >= 4)
