@@ -28,6 +28,7 @@ that lacks a field has a null there and reads back without it.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -51,6 +52,7 @@ __all__ = [
     "encode_table",
     "mapped_out",
     "materialise",
+    "memory_pool",
     "plan_columns",
     "plans_from_schema",
     "scalar_out",
@@ -79,6 +81,22 @@ class ColumnPlan:
     def name(self) -> str:
         """The field name (and column name)."""
         return self.spec.name
+
+
+@functools.cache
+def memory_pool() -> pa.MemoryPool:
+    """Arrow's allocator for shard reads and writes: jemalloc where pyarrow has it.
+
+    pyarrow's default (mimalloc in current wheels) hands the freed 4-32 MiB buffers of a
+    decoded row group or a written page back to the system at once, so every row group
+    read faults in fresh pages: the first epoch of 8 KiB samples ran 1.4x slower with it
+    (docs/performance.md). jemalloc keeps freed extents for reuse; the system allocator
+    is the fallback where pyarrow was built without jemalloc.
+    """
+    try:
+        return pa.jemalloc_memory_pool()
+    except NotImplementedError:
+        return pa.system_memory_pool()
 
 
 def materialise(value: object) -> FieldValue:

@@ -18,6 +18,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyarrow._parquet import ParquetReader
 
 from simstore._blockcache import BlockCache
 from simstore.errors import FormatError
@@ -25,7 +26,7 @@ from simstore.ingest import ShardOptions, hash_sample_blocks, parse_compression,
 from simstore.protocols import ShardWriteResult
 from simstore.sample import Sample
 
-from ._arrow import KEY_COLUMN, ColumnPlan, plans_from_schema
+from ._arrow import KEY_COLUMN, ColumnPlan, memory_pool, plans_from_schema
 from ._columnar import ColumnarReader, ColumnarWriter
 
 __all__ = ["ParquetFormat", "ParquetShardReader", "ParquetShardWriter"]
@@ -82,9 +83,59 @@ class ParquetShardWriter(ColumnarWriter):
             paths = _float_leaf_paths(plans)
             if paths:
                 kwargs["column_encoding"] = {p: "BYTE_STREAM_SPLIT" for p in paths}
-        with pq.ParquetWriter(self.path, schema, **kwargs) as writer:
+        with pq.ParquetWriter(self.path, schema, memory_pool=memory_pool(), **kwargs) as writer:
             for table in self._tables(plans, schema, groups):
                 writer.write_table(table, row_group_size=max(1, table.num_rows))
+
+
+class _PooledFile:
+    """A Parquet file whose row groups decode into :func:`memory_pool`.
+
+    ``pq.ParquetFile`` takes no memory pool, so this opens pyarrow's ``ParquetReader``
+    (which does) the way ``ParquetFile`` would, and maps a top-level column to its leaf
+    columns as ``ParquetFile.read_row_group`` does.
+    """
+
+    def __init__(self, source: str | BinaryIO, *, verify: bool,
+                 metadata: pq.FileMetaData | None = None) -> None:
+        self._owns = isinstance(source, str)  # a file object stays the caller's to close
+        self.reader = ParquetReader(memory_pool=memory_pool())
+        options: dict[str, Any] = {
+            "use_memory_map": self._owns, "metadata": metadata,
+            "page_checksum_verification": verify,
+        }
+        if _EXTENSIONS is not None:
+            options["arrow_extensions_enabled"] = _EXTENSIONS
+        self.reader.open(source, **options)
+        self.metadata: pq.FileMetaData = self.reader.metadata
+        self.schema_arrow: pa.Schema = self.reader.schema_arrow
+        leaves: dict[str, list[int]] = {}
+        for i, path in enumerate(self.reader.column_paths):
+            leaves.setdefault(path[0], []).append(i)
+        self._leaves = leaves
+
+    def read_row_group(self, g: int, columns: Sequence[str]) -> pa.Table:
+        try:
+            indices = [i for name in columns for i in self._leaves[name]]
+        except KeyError as exc:
+            raise FormatError(f"no column {exc.args[0]!r} in this Parquet file") from None
+        table: pa.Table = self.reader.read_row_group(g, column_indices=indices, use_threads=True)
+        return table
+
+    def close(self) -> None:
+        if self._owns:
+            self.reader.close()
+
+
+def _extensions_default() -> bool | None:
+    """``ParquetFile``'s default for ``arrow_extensions_enabled`` (None: no such option)."""
+    import inspect
+
+    param = inspect.signature(pq.ParquetFile.__init__).parameters.get("arrow_extensions_enabled")
+    return None if param is None else bool(param.default)
+
+
+_EXTENSIONS = _extensions_default()
 
 
 class ParquetShardReader(ColumnarReader):
@@ -107,11 +158,8 @@ class ParquetShardReader(ColumnarReader):
             # every page's CRC-32 is verified as it is decoded (at no measurable cost):
             # a ranged reader over a remote object is never hash-checked as a whole,
             # and a local shard is read while its whole-object hash is still running
-            local = isinstance(source, str)
             self._source = source
-            self._pf = pq.ParquetFile(
-                source, memory_map=local, page_checksum_verification=True
-            )
+            self._pf = _PooledFile(source, verify=True)
             schema = self._pf.schema_arrow
         except (pa.ArrowException, OSError, ValueError) as exc:
             raise FormatError(f"{name} is not a readable Parquet file: {exc}") from exc
@@ -135,12 +183,7 @@ class ParquetShardReader(ColumnarReader):
         until its whole-object hash is known.
         """
         if self.verifies_pages:
-            self._pf = pq.ParquetFile(
-                self._source,
-                metadata=self._pf.metadata,
-                memory_map=isinstance(self._source, str),
-                page_checksum_verification=False,
-            )
+            self._pf = _PooledFile(self._source, verify=False, metadata=self._pf.metadata)
             self.verifies_pages = False
 
     def checked_bytes(self, positions: Sequence[int], fields: Sequence[str] | None = None) -> int:
@@ -209,7 +252,7 @@ class ParquetShardReader(ColumnarReader):
         if cached is not None:
             return cached
         try:
-            table = self._pf.read_row_group(g, columns=list(columns))
+            table = self._pf.read_row_group(g, columns)
         except (pa.ArrowException, OSError) as exc:
             raise FormatError(f"{self.name}: row group {g} is unreadable: {exc}") from exc
         self.decodes += 1

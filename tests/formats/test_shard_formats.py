@@ -276,3 +276,26 @@ def test_zarr_entries_are_the_bytes_zipfile_writes_with_valid_crcs(tmp_path, mon
     monkeypatch.setattr(_zarr, "_write_stored", lambda zf, info, data: zf.writestr(info, data))
     fmt.write(samples, str(tmp_path / "stock"))
     assert (tmp_path / "fast").read_bytes() == (tmp_path / "stock").read_bytes()
+
+
+@pytest.mark.parametrize("source", ["path", "file object"])
+def test_parquet_row_groups_decode_into_the_shard_memory_pool(tmp_path, source):
+    # pyarrow's default allocator hands freed row groups back to the system at once; the
+    # reader decodes into memory_pool() instead (jemalloc, or the system allocator)
+    from simstore.formats._arrow import memory_pool
+
+    samples = [Sample(f"s{i}", {"x": np.full(4096, i, np.float32)}) for i in range(64)]
+    path = tmp_path / "p"
+    ParquetFormat(ShardOptions(compression="none")).write(samples, str(path))
+    f = open(path, "rb") if source == "file object" else None
+    reader = open_shard(f if f is not None else str(path))
+    pool = memory_pool()
+    before = pool.bytes_allocated()
+    table = reader._row_group(0, ("x",))
+    assert pool.bytes_allocated() - before >= 64 * 4096 * 4
+    assert [row["x"][0] for row in reader.read(range(0, 64, 9), ["x"])] == list(range(0, 64, 9))
+    del table
+    reader.close()
+    if f is not None:
+        assert not f.closed  # the caller's file stays the caller's
+        f.close()
