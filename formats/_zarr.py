@@ -11,12 +11,12 @@ Layout inside the zip (a Zarr v3 hierarchy; stock zarr-python opens it with
                                (``cells/triangle``, ``group/pressure``) nests groups
 
 The writer is simstore's own, not zarr-python's: it streams each array chunk by chunk
-(a lazy source is read one chunk at a time, so a field of any size takes one chunk of
-memory), writes zip entries in a fixed order with fixed timestamps, and so gives equal
-bytes for equal samples. Entries are stored, not deflated, so a reader can fetch a chunk
-with one ranged read. Codecs: ``bytes`` (little endian), then ``zstd`` or, for float
-fields under ``shuffle-zstd``, ``blosc`` (zstd with byte shuffle), all standard Zarr v3
-codecs. Reads go through zarr-python, which decodes only the chunks a window touches.
+(a lazy source is read a slab of chunks at a time, at most ``SLAB_CHUNKS`` chunks' bytes,
+so a field of any size takes bounded memory), writes zip entries in a fixed order with
+fixed timestamps, and so gives equal bytes for equal samples. Entries are stored, not
+deflated, so a reader can fetch a chunk with one ranged read. Codecs: ``bytes`` (little
+endian), then ``zstd`` or, for float fields under ``shuffle-zstd``, ``blosc`` (zstd with
+byte shuffle), all standard Zarr v3 codecs. Reads go through zarr-python, which decodes only the chunks a window touches.
 """
 
 from __future__ import annotations
@@ -101,6 +101,27 @@ def auto_chunks(shape: Sequence[int], itemsize: int, target_bytes: int) -> tuple
         i = int(np.argmax(chunk))
         chunk[i] = (chunk[i] + 1) // 2
     return tuple(chunk)
+
+
+SLAB_CHUNKS = 64
+"""A Zarr writer reads a field at most ``SLAB_CHUNKS * chunk_bytes`` at a time."""
+
+
+def slab_axes(shape: Sequence[int], chunk: Sequence[int], itemsize: int, limit: int) -> int:
+    """How many leading axes the writer steps through chunk by chunk, reading slabs.
+
+    A slab spans one chunk on each of the first ``d`` axes and the whole field on the
+    rest; ``d`` is the fewest leading axes whose slabs fit in ``limit`` bytes (at most
+    every axis: one chunk per read). A slab over whole trailing axes is one contiguous
+    read of a C-ordered source, and each of its chunks is cut from memory: a source
+    chunked by time step (an HDF5 dataset's ``(1, ny, nx)``) is read once, where reading
+    it box by box read each of its chunks once per box (16x more with ``(16, 128,
+    128)`` boxes of ``(64, 512, 512)`` float32).
+    """
+    for d in range(len(shape) + 1):
+        if math.prod(chunk[:d]) * math.prod(shape[d:]) * itemsize <= limit:
+            return d
+    return len(shape)
 
 
 def _run_length(n: int, fit: int) -> int:
@@ -277,16 +298,30 @@ class ZarrShardWriter:
         if math.prod(shape) == 0:
             return
         grid = tuple(math.ceil(n / c) for n, c in zip(shape, chunk, strict=True))
-        for idx in np.ndindex(*grid):
-            box = tuple(
-                slice(i * c, min(n, (i + 1) * c)) for i, c, n in zip(idx, chunk, shape, strict=True)
+        lead = slab_axes(shape, chunk, dtype.itemsize, SLAB_CHUNKS * self.options.chunk_bytes)
+        for outer in np.ndindex(*grid[:lead]):
+            # one read of the source per slab: a lazy source (an HDF5 dataset chunked by
+            # time step) read box by box re-reads each of its chunks once per box it spans
+            start = [i * c for i, c in zip(outer, chunk[:lead], strict=True)] + [0] * (
+                len(shape) - lead
             )
-            data = np.asarray(value[box], dtype=dtype)
-            if data.shape != chunk:
-                padded = np.zeros(chunk, dtype=dtype)
-                padded[tuple(slice(0, n) for n in data.shape)] = data
-                data = padded
-            self._entry(f"{path}/c/{'/'.join(str(i) for i in idx)}", codec.encode(data))
+            stop = [min(n, a + c) for a, c, n in zip(start, chunk[:lead], shape, strict=False)]
+            stop += list(shape[lead:])
+            slab = np.asarray(
+                value[tuple(slice(a, b) for a, b in zip(start, stop, strict=True))], dtype=dtype
+            )
+            for inner in np.ndindex(*grid[lead:]):
+                idx = (*outer, *inner)
+                box = tuple(
+                    slice(i * c - a, min(n, (i + 1) * c) - a)
+                    for i, c, n, a in zip(idx, chunk, shape, start, strict=True)
+                )
+                data = slab[box]
+                if data.shape != chunk:
+                    padded = np.zeros(chunk, dtype=dtype)
+                    padded[tuple(slice(0, n) for n in data.shape)] = data
+                    data = padded
+                self._entry(f"{path}/c/{'/'.join(str(i) for i in idx)}", codec.encode(data))
 
     def add(self, sample: Sample, *, sample_hash: str, size_bytes: int) -> WrittenSample:
         """Write one sample's group and arrays now (lazy fields chunk by chunk)."""

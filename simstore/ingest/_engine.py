@@ -1,4 +1,4 @@
-"""The local engine: tasks in this process, or on a spawn-started process pool.
+"""The local engine: tasks in this process, or on a process pool (fork where safe, else spawn).
 
 An engine takes the planned tasks and returns their results in plan order; it never
 decides what is stored (the plan and the tasks do), so every engine gives the same shards.
@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing
+import os
+import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from simstore.errors import SimstoreError
+from simstore.errors import InvalidInputError, SimstoreError
 from simstore.ingest._plugins import Plugins
 from simstore.ingest._records import SourceFile, TaskContext, TaskResult
 from simstore.ingest._worker import TaskRunner, run_task, warm_up
@@ -43,22 +46,22 @@ def run_local(
     plugins: Plugins,
     report: Report,
 ) -> EngineRun:
-    """Run every task, in process or with a spawn-started process pool; results in task order.
+    """Run every task, in process or with a process pool; results in task order.
 
     With ``workers`` N > 1 the pool has N - 1 processes and this process is the Nth
-    worker: it runs tasks from the same queue between collecting the pool's results. A
-    spawned worker needs about a second to start (a fresh interpreter importing numpy,
-    pyarrow and the shard formats); meanwhile this process is already ingesting, and a
-    small ingest may be over before the pool has started at all.
+    worker: it runs tasks from the same queue between collecting the pool's results. The
+    pool's processes are forked when that is safe (:func:`start_method`), else spawned:
+    a spawned worker needs about a second to start (a fresh interpreter importing numpy,
+    pyarrow and the shard formats), a forked one a few milliseconds. Meanwhile this
+    process is already ingesting.
     """
     workers = min(ctx.config.workers, len(tasks))
     if workers <= 1:
         out = [_run_here(ctx, task, plugins, report) for task in tasks]
         return EngineRun(out, "local", ctx.config.workers)
     results: list[TaskResult | None] = [None] * len(tasks)
-    # spawn, not fork: the parent may hold threads (zarr's event loop, a store's pool)
     pool = cf.ProcessPoolExecutor(
-        max_workers=workers - 1, mp_context=multiprocessing.get_context("spawn")
+        max_workers=workers - 1, mp_context=multiprocessing.get_context(start_method())
     )
     try:
         queue = iter(enumerate(tasks))
@@ -113,6 +116,32 @@ def run_local(
         raise
     pool.shutdown(wait=True)
     return EngineRun([r for r in results if r is not None], "process-pool", ctx.config.workers)
+
+
+def start_method() -> str:
+    """How the pool starts processes: ``fork`` where that is safe and fast, else ``spawn``.
+
+    ``SIMSTORE_INGEST_START_METHOD`` (``fork``, ``spawn`` or ``forkserver``) overrides.
+    Otherwise ``fork`` on Linux while this process runs no Python thread but the main one:
+    a fork copies every lock in the state it had, and a lock another thread held then is
+    never released in the child. Event loops (an S3 client's, zarr's) and thread pools
+    started from Python are Python threads and make it ``spawn``. The native threads of
+    libraries that prepare for a fork themselves (OpenBLAS's pool, which numpy starts on
+    import; jemalloc's background thread; Arrow's thread pools) do not count, as they do
+    not for PyTorch's DataLoader, which forks by default. The pool forks its processes on
+    the first submit, before its own manager thread starts.
+    """
+    chosen = os.environ.get("SIMSTORE_INGEST_START_METHOD")
+    if chosen:
+        if chosen not in multiprocessing.get_all_start_methods():
+            raise InvalidInputError(
+                f"SIMSTORE_INGEST_START_METHOD={chosen!r}: this platform starts processes "
+                f"with {', '.join(multiprocessing.get_all_start_methods())}"
+            )
+        return chosen
+    if sys.platform.startswith("linux") and threading.active_count() == 1:
+        return "fork"
+    return "spawn"
 
 
 def _run_here(

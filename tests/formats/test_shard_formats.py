@@ -141,7 +141,10 @@ def test_stock_zarr_opens_the_zip_and_windows_read_only_their_chunks(tmp_path):
     reader.close()
 
 
-def test_zarr_writes_lazy_sources_chunk_by_chunk(tmp_path):
+def test_zarr_writes_lazy_sources_slab_by_slab(tmp_path, monkeypatch):
+    import simstore.formats._zarr as zarr_format
+
+    monkeypatch.setattr(zarr_format, "SLAB_CHUNKS", 5)  # 40,960 bytes of 8 KiB chunks
     class Counting:
         """A sliceable handle that records how much each read returns."""
 
@@ -158,9 +161,11 @@ def test_zarr_writes_lazy_sources_chunk_by_chunk(tmp_path):
     lazy = SlicedArray(handle, path="mem", field="big")
     fmt = ZarrFormat(ShardOptions(chunk_bytes=8192, compression="none"))
     result = fmt.write([Sample("k", {"big": lazy})], str(tmp_path / "s"))
-    # one hashing pass in blocks of block_bytes, then the write reads one chunk at a time
+    # one hashing pass in blocks of block_bytes, then the write reads slabs of whole
+    # trailing axes, each at most SLAB_BYTES, reading every value once
     assert handle.reads[0] == data.nbytes
-    assert len(handle.reads) > 2 and max(handle.reads[1:]) <= 8192
+    assert len(handle.reads) > 2 and max(handle.reads[1:]) <= 5 * 8192
+    assert sum(handle.reads[1:]) == data.nbytes
     assert result.samples[0].sample_hash == hash_sample(Sample("k", {"big": data}))
     reader = fmt.open(str(tmp_path / "s"))
     assert_fields_equal(next(iter(reader.read([0]))), {"big": data})
@@ -172,6 +177,17 @@ def test_zarr_refuses_a_field_that_is_also_a_group(tmp_path):
     with pytest.raises(InvalidInputError, match="both an array and a group"):
         ZarrFormat().write([bad], str(tmp_path / "s"))
     assert not (tmp_path / "s").exists()
+
+
+def test_slabs_span_whole_trailing_axes_within_the_bound():
+    from simstore.formats._zarr import slab_axes
+
+    mib = 1 << 20
+    assert slab_axes((64, 512, 512), (16, 128, 128), 4, mib) == 3  # chunk by chunk
+    assert slab_axes((64, 512, 512), (16, 128, 128), 4, 16 * mib) == 1  # (16, 512, 512)
+    assert slab_axes((16, 512, 512), (16, 128, 128), 4, 16 * mib) == 0  # the whole field
+    assert slab_axes((4, 4096, 4096), (1, 1024, 1024), 4, 16 * mib) == 2  # (1, 1024, 4096)
+    assert slab_axes((8, 8), (1, 1), 1 << 30, 16 * mib) == 2  # one chunk is the least
 
 
 def test_auto_chunks_stay_under_target_and_near_cubic():

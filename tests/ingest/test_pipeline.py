@@ -225,13 +225,16 @@ def test_two_sources_with_the_same_key_are_refused(catalog, tmp_path):
 
 
 def test_memory_stays_bounded_by_configuration(catalog, tmp_path):
-    """A 48 MiB array streamed with 1 MiB blocks never sits in memory whole."""
+    """A 48 MiB array streamed with 1 MiB blocks never sits in memory whole.
+
+    (The Zarr writer reads slabs of up to 64 chunks: 4 MiB of 64 KiB chunks.)
+    """
     import tracemalloc
 
     big = np.arange(6 * 1024 * 1024, dtype=np.float64).reshape(96, 256, 256)
     np.save(tmp_path / "big.npy", big)
     cfg = IngestConfig(
-        dense_threshold=1 << 20, block_bytes=1 << 20, chunk_bytes=1 << 20, compression="none"
+        dense_threshold=1 << 20, block_bytes=1 << 20, chunk_bytes=1 << 16, compression="none"
     )
     tracemalloc.start()
     try:
@@ -247,7 +250,11 @@ def test_memory_stays_bounded_by_configuration(catalog, tmp_path):
 
 
 @pytest.mark.multiprocess
-def test_two_workers_give_the_same_snapshot_content_and_shards(tmp_path, npz_dir):
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_two_workers_give_the_same_snapshot_content_and_shards(
+    tmp_path, npz_dir, monkeypatch, method
+):
+    monkeypatch.setenv("SIMSTORE_INGEST_START_METHOD", method)
     root, _ = npz_dir
     out = []
     for workers in (1, 2):
@@ -264,6 +271,30 @@ def test_two_workers_give_the_same_snapshot_content_and_shards(tmp_path, npz_dir
     assert out[0][0] == "local" and out[1][0] == "process-pool"
     assert out[0][1:] == out[1][1:]
     assert len(out[0][2]) > 1
+
+
+def test_the_pool_forks_only_while_no_other_python_thread_runs(monkeypatch):
+    import sys
+    import threading
+
+    from simstore.ingest._engine import start_method
+
+    monkeypatch.delenv("SIMSTORE_INGEST_START_METHOD", raising=False)
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        assert start_method() == "spawn"  # an event loop or a pool may hold a lock
+    finally:
+        stop.set()
+        thread.join()
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
+    assert start_method() == ("fork" if sys.platform.startswith("linux") else "spawn")
+    monkeypatch.setenv("SIMSTORE_INGEST_START_METHOD", "spawn")
+    assert start_method() == "spawn"
+    monkeypatch.setenv("SIMSTORE_INGEST_START_METHOD", "vfork")
+    with pytest.raises(InvalidInputError, match="SIMSTORE_INGEST_START_METHOD='vfork'"):
+        start_method()
 
 
 def test_hash_sample_blocks_equals_hash_sample():
