@@ -45,7 +45,7 @@ class IngestConfig:
     also key the journal.
 
     ``engine`` says where tasks run: ``local`` (in process, or, with ``workers`` N > 1,
-    in this process and a pool of N - 1 spawned processes) or ``dask`` (a
+    in this process and a pool of N - 1 processes, forked where safe, else spawned) or ``dask`` (a
     dask.distributed cluster at ``address``, or, without one, a ``LocalCluster`` of
     ``workers`` processes on 127.0.0.1). The engine never changes what is stored: tasks
     are planned the same way and give the same shards.

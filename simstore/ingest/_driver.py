@@ -88,8 +88,8 @@ def ingest(
     ``options`` override fields of ``config`` (see :class:`IngestConfig`), so a pipeline
     writes ``simstore.ingest(["runs/"], dataset="cfd", store="s3://b/p", workers=8,
     snapshot=True, message="nightly")``. Call it under ``if __name__ == "__main__":`` when
-    ``workers > 1`` or ``engine="dask"``: the process pool and a ``LocalCluster`` start
-    workers with ``spawn``.
+    ``workers > 1`` or ``engine="dask"``: a ``LocalCluster``, and the process pool while
+    other Python threads run, start workers with ``spawn``.
 
     With ``engine="dask"`` the tasks run on the dask.distributed scheduler at ``address``
     (or a ``LocalCluster`` on 127.0.0.1): workers open the store from its URL and options,
