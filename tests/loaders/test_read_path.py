@@ -10,7 +10,7 @@ import pytest
 import torch
 from loader_helpers import open_test_shard, write_npz_sources
 from simstore.formats import ParquetFormat
-from simstore.loaders import Collate, SimDataLoader, SimDataset, _tensors
+from simstore.loaders import Collate, SimDataLoader, SimDataset, _loader, _tensors
 from simstore.loaders._pipeline import _SlotAlloc
 from simstore.loaders._tensors import BufferPool, ChunkBuffers, stacked_view
 
@@ -352,6 +352,7 @@ def test_workers_reuse_shared_buffers_the_main_process_let_go(
     tmp_path, many_sources, fmt, monkeypatch
 ):
     monkeypatch.setattr(_tensors, "SHARED_MIN_BYTES", 0)  # forked workers inherit it
+    monkeypatch.setattr(_loader, "BY_VALUE_BYTES", -1)  # every tensor through shared memory
     store, arrays = _ingest(tmp_path, many_sources, fmt)
     ds = SimDataset(store, "d", seed=7, prefetch={"chunk_samples": 4, "chunks": 1})
     loader = SimDataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork")
@@ -372,6 +373,7 @@ def test_batches_and_views_kept_in_the_main_process_stay_intact_with_workers(
     tmp_path, many_sources, fmt, monkeypatch
 ):
     monkeypatch.setattr(_tensors, "SHARED_MIN_BYTES", 0)
+    monkeypatch.setattr(_loader, "BY_VALUE_BYTES", -1)
     store, arrays = _ingest(tmp_path, many_sources, fmt)
     ds = SimDataset(store, "d", seed=9, prefetch={"chunk_samples": 4, "chunks": 1})
     kept = []
@@ -390,6 +392,27 @@ def test_batches_and_views_kept_in_the_main_process_stay_intact_with_workers(
     for keys, u in kept:
         for k, row in zip(keys, u, strict=True):
             assert np.array_equal(row.numpy(), arrays[k]), k
+
+
+def test_small_tensors_leave_workers_by_value_and_large_ones_in_shared_memory(
+    tmp_path, many_sources, monkeypatch
+):
+    store, arrays = _ingest(tmp_path, many_sources, "parquet")
+    row = next(iter(arrays.values())).nbytes
+    for limit, shared in ((5 * row - 1, True), (5 * row, False)):  # a batch of "u": 5 rows
+        monkeypatch.setattr(_loader, "BY_VALUE_BYTES", limit)  # forked workers inherit it
+        ds = SimDataset(store, "d", seed=3)
+        got = {}
+        for batch in SimDataLoader(ds, batch_size=5, num_workers=2,
+                                   multiprocessing_context="fork"):
+            full = len(batch["__key__"]) == 5  # the last batch may be short, under the limit
+            assert batch["u"].is_shared() == (shared and full)
+            assert not batch["__pad__"].is_shared()  # a few bytes: by value
+            for k, u in zip(batch["__key__"], batch["u"], strict=True):
+                got[k] = u.numpy().copy()
+        assert sorted(got) == sorted(arrays)
+        for k, u in got.items():
+            assert np.array_equal(u, arrays[k]), k
 
 
 def test_decode_depth_defaults_by_process_and_keeps_an_explicit_value():
