@@ -130,6 +130,13 @@ def _summary(r: IngestResult) -> str:
     help="Worker processes (local engine; dask engine without --address: LocalCluster size).",
 )
 @click.option(
+    "--start-method",
+    type=click.Choice(["fork", "spawn", "forkserver"]),
+    default=None,
+    help="How the local engine starts worker processes [default: fork on Linux while no "
+    "other Python thread runs, else spawn].",
+)
+@click.option(
     "--engine",
     type=click.Choice(["local", "dask"]),
     default="local",
@@ -201,6 +208,7 @@ def ingest_cmd(
     shard_format: str,
     workers: int,
     engine: str,
+    start_method: str | None,
     address: str | None,
     on_error: str,
     mode: str,
@@ -246,6 +254,7 @@ def ingest_cmd(
         tmp_dir=tmp_dir,
         engine=engine,  # type: ignore[arg-type]
         address=address,
+        start_method=start_method,
     )
     show = sys.stderr.isatty() if progress is None else progress
     bar = ProgressBar() if show else None

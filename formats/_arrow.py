@@ -28,7 +28,6 @@ that lacks a field has a null there and reads back without it.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -83,7 +82,6 @@ class ColumnPlan:
         return self.spec.name
 
 
-@functools.cache
 def memory_pool() -> pa.MemoryPool:
     """Arrow's allocator for shard reads and writes: jemalloc where pyarrow has it.
 
@@ -91,7 +89,8 @@ def memory_pool() -> pa.MemoryPool:
     decoded row group or a written page back to the system at once, so every row group
     read faults in fresh pages: the first epoch of 8 KiB samples ran 1.4x slower with it
     (docs/performance.md). jemalloc keeps freed extents for reuse; the system allocator
-    is the fallback where pyarrow was built without jemalloc.
+    is the fallback where pyarrow was built without jemalloc. (Both are pyarrow's
+    process-wide singletons.)
     """
     try:
         return pa.jemalloc_memory_pool()

@@ -119,7 +119,9 @@ class _PooledFile:
             indices = [i for name in columns for i in self._leaves[name]]
         except KeyError as exc:
             raise FormatError(f"no column {exc.args[0]!r} in this Parquet file") from None
-        table: pa.Table = self.reader.read_row_group(g, column_indices=indices, use_threads=True)
+        # on the calling thread: the loader decodes row groups on its own threads, and
+        # Arrow's pool would only add threads to start and to share the cores with
+        table: pa.Table = self.reader.read_row_group(g, column_indices=indices, use_threads=False)
         return table
 
     def close(self) -> None:

@@ -691,7 +691,10 @@ def prefetched(
     # whole batches per chunk, so a batch is consecutive rows of its chunk's buffers
     batch = plan.batch_size
     per_chunk = max(batch, per_chunk // batch * batch) if batch > 1 else per_chunk
-    chunks = (resolver.resolve(epoch, p, pad) for p, pad in plan.chunks(per_chunk))
+    # the first chunk is one batch: the first batch waits for its rows' row groups to
+    # decode, not also for a whole chunk's rows to be gathered
+    first_chunk = plan.chunks(per_chunk, first_samples=batch)
+    chunks = (resolver.resolve(epoch, p, pad) for p, pad in first_chunk)
     io = ThreadPoolExecutor(config.io_threads, thread_name_prefix="simstore-io")
     dec = ThreadPoolExecutor(config.decode_threads, thread_name_prefix="simstore-decode")
     ahead: deque[Chunk] = deque()

@@ -130,20 +130,27 @@ class EpochPlan:
             self.samples_per_rank, self.batch_size, self.world.worker, self.world.num_workers
         )
 
-    def chunks(self, max_samples: int = 256) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def chunks(
+        self, max_samples: int = 256, first_samples: int | None = None
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """This worker's positions in delivery order, as ``(positions, is_pad)`` arrays.
 
-        Chunks hold whole batches where a batch fits ``max_samples``, so a chunk is
-        usually one contiguous run of the stream.
+        Chunks hold whole batches where a batch fits ``max_samples`` (the first chunk
+        ``first_samples``, when given), so a chunk is usually one contiguous run of the
+        stream. How the stream is cut into chunks never changes the stream.
         """
         n, bsize = self.samples_per_rank, self.batch_size
         k, nworkers = self.world.worker, self.world.num_workers
         per_chunk = max(1, max_samples // bsize)
+        per_first = per_chunk if first_samples is None else max(1, first_samples // bsize)
         batches = range(k, self.num_batches, nworkers)
         starts, cums = _layout(self.remaining)
         base = self.world.rank * n
-        for i in range(0, len(batches), per_chunk):
-            js = np.asarray(batches[i : i + per_chunk], dtype=np.int64)
+        i = 0
+        while i < len(batches):
+            take = per_first if i == 0 else per_chunk
+            js = np.asarray(batches[i : i + take], dtype=np.int64)
+            i += take
             offs = (js[:, None] * bsize + np.arange(bsize, dtype=np.int64)[None, :]).ravel()
             offs = offs[offs < n]
             for lo in range(0, len(offs), max_samples):

@@ -210,8 +210,10 @@ def decode_part(data: bytes, *, object_id: str = "") -> pa.Table:
     name = f"manifest part {object_id}" if object_id else "manifest part"
     try:
         # ParquetFile, not read_table: no dataset machinery (pyarrow.dataset's import
-        # alone costs more than decoding a part)
-        table = pq.ParquetFile(pa.BufferReader(data)).read()
+        # alone costs more than decoding a part); on the calling thread: starting Arrow's
+        # thread pool cost a fresh process's first read up to 17 ms, for parts of
+        # thousands of rows that decode in a few milliseconds
+        table = pq.ParquetFile(pa.BufferReader(data)).read(use_threads=False)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise FormatError(f"{name} is not a readable Parquet file: {exc}") from exc
     meta = table.schema.metadata or {}

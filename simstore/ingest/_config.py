@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
@@ -81,6 +82,9 @@ class IngestConfig:
     tmp_dir: str | None = None
     engine: EngineName = "local"
     address: str | None = None
+    start_method: str | None = None
+    """How the local engine's pool starts processes (``fork``, ``spawn``, ``forkserver``);
+    None: ``fork`` on Linux while no other Python thread runs, else ``spawn``."""
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -89,6 +93,12 @@ class IngestConfig:
             raise InvalidInputError(f"invalid engine {self.engine!r}: expected local or dask")
         if self.address is not None and self.engine != "dask":
             raise InvalidInputError("address names a dask scheduler: it needs engine='dask'")
+        methods = multiprocessing.get_all_start_methods()
+        if self.start_method is not None and self.start_method not in methods:
+            raise InvalidInputError(
+                f"invalid start_method {self.start_method!r}: this platform starts processes "
+                f"with {', '.join(methods)}"
+            )
         for name, allowed in (
             ("on_error", ("fail", "skip")),
             ("mode", ("upsert", "replace")),
@@ -180,6 +190,7 @@ class IngestOptions(TypedDict, total=False):
     tmp_dir: str | None
     engine: EngineName
     address: str | None
+    start_method: str | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

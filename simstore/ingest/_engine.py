@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing
-import os
 import sys
 import threading
 import time
@@ -17,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from simstore.errors import InvalidInputError, SimstoreError
+from simstore.errors import SimstoreError
 from simstore.ingest._plugins import Plugins
 from simstore.ingest._records import SourceFile, TaskContext, TaskResult
 from simstore.ingest._worker import TaskRunner, run_task, warm_up
@@ -60,8 +59,9 @@ def run_local(
         out = [_run_here(ctx, task, plugins, report) for task in tasks]
         return EngineRun(out, "local", ctx.config.workers)
     results: list[TaskResult | None] = [None] * len(tasks)
+    method = start_method(ctx.config.start_method)
     pool = cf.ProcessPoolExecutor(
-        max_workers=workers - 1, mp_context=multiprocessing.get_context(start_method())
+        max_workers=workers - 1, mp_context=multiprocessing.get_context(method)
     )
     try:
         queue = iter(enumerate(tasks))
@@ -118,26 +118,19 @@ def run_local(
     return EngineRun([r for r in results if r is not None], "process-pool", ctx.config.workers)
 
 
-def start_method() -> str:
-    """How the pool starts processes: ``fork`` where that is safe and fast, else ``spawn``.
+def start_method(chosen: str | None = None) -> str:
+    """How the pool starts processes: ``chosen``, else ``fork`` where safe, else ``spawn``.
 
-    ``SIMSTORE_INGEST_START_METHOD`` (``fork``, ``spawn`` or ``forkserver``) overrides.
-    Otherwise ``fork`` on Linux while this process runs no Python thread but the main one:
-    a fork copies every lock in the state it had, and a lock another thread held then is
-    never released in the child. Event loops (an S3 client's, zarr's) and thread pools
-    started from Python are Python threads and make it ``spawn``. The native threads of
-    libraries that prepare for a fork themselves (OpenBLAS's pool, which numpy starts on
-    import; jemalloc's background thread; Arrow's thread pools) do not count, as they do
-    not for PyTorch's DataLoader, which forks by default. The pool forks its processes on
-    the first submit, before its own manager thread starts.
+    ``fork`` on Linux while this process runs no Python thread but the main one: a fork
+    copies every lock in the state it had, and a lock another thread held then is never
+    released in the child. Event loops (an S3 client's, zarr's) and thread pools started
+    from Python are Python threads and make it ``spawn``. The native threads of libraries
+    that prepare for a fork themselves (OpenBLAS's pool, which numpy starts on import;
+    jemalloc's background thread; Arrow's thread pools) do not count, as they do not for
+    PyTorch's DataLoader, which forks by default. The pool forks its processes on the
+    first submit, before its own manager thread starts.
     """
-    chosen = os.environ.get("SIMSTORE_INGEST_START_METHOD")
     if chosen:
-        if chosen not in multiprocessing.get_all_start_methods():
-            raise InvalidInputError(
-                f"SIMSTORE_INGEST_START_METHOD={chosen!r}: this platform starts processes "
-                f"with {', '.join(multiprocessing.get_all_start_methods())}"
-            )
         return chosen
     if sys.platform.startswith("linux") and threading.active_count() == 1:
         return "fork"

@@ -251,15 +251,13 @@ def test_memory_stays_bounded_by_configuration(catalog, tmp_path):
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("method", ["fork", "spawn"])
-def test_two_workers_give_the_same_snapshot_content_and_shards(
-    tmp_path, npz_dir, monkeypatch, method
-):
-    monkeypatch.setenv("SIMSTORE_INGEST_START_METHOD", method)
+def test_two_workers_give_the_same_snapshot_content_and_shards(tmp_path, npz_dir, method):
     root, _ = npz_dir
     out = []
     for workers in (1, 2):
         cat = Catalog.init(str(tmp_path / f"w{workers}"))
-        r = ingest([root], dataset="d", store=cat, workers=workers, shard_size=2048, snapshot=True)
+        r = ingest([root], dataset="d", store=cat, workers=workers, shard_size=2048,
+                   snapshot=True, start_method=method)
         snap = cat.snapshot(r.snapshot_id)
         out.append(
             (
@@ -279,7 +277,6 @@ def test_the_pool_forks_only_while_no_other_python_thread_runs(monkeypatch):
 
     from simstore.ingest._engine import start_method
 
-    monkeypatch.delenv("SIMSTORE_INGEST_START_METHOD", raising=False)
     stop = threading.Event()
     thread = threading.Thread(target=stop.wait)
     thread.start()
@@ -290,11 +287,9 @@ def test_the_pool_forks_only_while_no_other_python_thread_runs(monkeypatch):
         thread.join()
     monkeypatch.setattr(threading, "active_count", lambda: 1)
     assert start_method() == ("fork" if sys.platform.startswith("linux") else "spawn")
-    monkeypatch.setenv("SIMSTORE_INGEST_START_METHOD", "spawn")
-    assert start_method() == "spawn"
-    monkeypatch.setenv("SIMSTORE_INGEST_START_METHOD", "vfork")
-    with pytest.raises(InvalidInputError, match="SIMSTORE_INGEST_START_METHOD='vfork'"):
-        start_method()
+    assert start_method("spawn") == "spawn"
+    with pytest.raises(InvalidInputError, match="invalid start_method 'vfork'"):
+        IngestConfig(start_method="vfork")
 
 
 def test_hash_sample_blocks_equals_hash_sample():

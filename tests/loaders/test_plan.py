@@ -50,6 +50,30 @@ def read_all(remaining, world_size, workers, batch, remainder):
     return out
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    remaining=intervals,
+    workers=st.integers(1, 3),
+    batch=st.integers(1, 6),
+    max_samples=st.integers(1, 20),
+    first=st.integers(1, 12),
+)
+def test_a_smaller_first_chunk_cuts_the_same_stream(remaining, workers, batch, max_samples,
+                                                   first):
+    for k in range(workers):
+        plan = plan_epoch(remaining, World(rank=0, world_size=1, worker=k, num_workers=workers),
+                          batch_size=batch, remainder="pad")
+        plain = list(plan.chunks(max_samples))
+        cut = list(plan.chunks(max_samples, first_samples=first))
+        assert np.concatenate([p for p, _ in cut] or [np.zeros(0)]).tolist() == np.concatenate(
+            [p for p, _ in plain] or [np.zeros(0)]).tolist()
+        assert [x for _, pad in cut for x in pad.tolist()] == [
+            x for _, pad in plain for x in pad.tolist()]
+        if cut:  # whole batches, at least one, and no more than max_samples per chunk
+            want = min(max(1, first // batch) * batch, max_samples, plan.worker_samples)
+            assert len(cut[0][0]) == want
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     remaining=intervals,
