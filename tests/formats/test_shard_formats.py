@@ -315,3 +315,42 @@ def test_parquet_row_groups_decode_into_the_shard_memory_pool(tmp_path, source):
     if f is not None:
         assert not f.closed  # the caller's file stays the caller's
         f.close()
+
+
+def test_zarr_reader_index_equals_zipfiles_and_other_zips_still_open(tmp_path, monkeypatch):
+    import json
+
+    from simstore.formats import _zarr
+
+    samples = example_samples(5, seed=3)
+    ZarrFormat(ShardOptions(chunk_bytes=4096)).write(samples, str(tmp_path / "s"))
+    with zipfile.ZipFile(tmp_path / "s") as zf:
+        # the same entries re-zipped: another order, deflated, Zip64 local headers, the
+        # root's keys in another order (so its consolidated metadata is what the reader
+        # parses)
+        with zipfile.ZipFile(tmp_path / "other", "w", zipfile.ZIP_DEFLATED) as out:
+            for info in reversed(zf.infolist()):
+                data = zf.read(info)
+                if info.filename == "zarr.json":
+                    data = json.dumps({"zarr_format": 3, **json.loads(data)}).encode()
+                with out.open(info.filename, "w", force_zip64=True) as w:
+                    w.write(data)
+    for path in ("s", "other"):
+        with zipfile.ZipFile(tmp_path / path) as zf, open(tmp_path / path, "rb") as f:
+            index = _zarr._zip_index(f)
+            assert index is not None
+            assert {n: tuple(i) for n, i in index.items()} == {
+                i.filename: (i.header_offset, i.compress_size, i.compress_type, i.CRC)
+                for i in zf.infolist()
+            }
+    for fallback in (False, True):  # fallback: zipfile reads the directory
+        if fallback:
+            monkeypatch.setattr(_zarr, "_zip_index", lambda f: None)
+        for path in ("s", "other"):
+            reader = ZarrFormat().open(str(tmp_path / path))
+            try:
+                assert reader.keys() == [s.key for s in samples]
+                for got, want in zip(reader.read(range(len(samples))), samples, strict=True):
+                    assert_fields_equal(got, want.fields)
+            finally:
+                reader.close()
