@@ -160,6 +160,11 @@ def _failed(i: int, task: Sequence[SourceFile], exc: BaseException) -> TaskResul
 
 def _collect(fut: Any, i: int, task: Sequence[SourceFile], cfg: IngestConfig) -> TaskResult:
     """The result of a finished future, or the run's error."""
+    if fut.status == "lost":
+        # it finished, then the worker holding its result died (a crash in another task
+        # on that worker): the scheduler runs it again for this future; wait for that
+        with contextlib.suppress(Exception):  # an error or a cancel shows in its status
+            fut.result()
     if fut.status == "error":
         exc = fut.exception()
         if cfg.on_error == "skip":

@@ -1,5 +1,6 @@
 """Failures on a cluster: duplicated and retried tasks, dead workers, failed tasks, a killed driver."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -67,6 +68,55 @@ def test_a_task_run_twice_at_once_and_again_later_stores_nothing_twice(
     again = ingest_task(ctx, task, plugins)  # a retry long after, here in process
     assert again.result.shards == first.shards and again.result.new_bytes == 0
     assert objects(cat) == stored
+
+
+def test_a_result_lost_with_its_worker_is_waited_for_not_reported(
+    catalog_at, tmp_path, test_adapter, dask_address
+):
+    import threading
+
+    from distributed import Client
+
+    from simstore.ingest._dask import _collect
+
+    src = write_values(tmp_path / "src", ["gate0"])
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    (markers / "open").touch()
+    # no journal: the second run reads the file again (and waits at its gate)
+    cfg = IngestConfig(adapter=test_adapter, adapter_options={"marker_dir": str(markers)},
+                       resume=False)
+    cat = catalog_at("s")
+    plugins = plugins_for(cfg)
+    files, _ = discover([str(src)], plugins[0])
+    (task,) = plan_tasks(files, cfg.shard_size)
+    ctx = TaskContext(
+        store=cat.store,
+        dataset="d",
+        config=cfg,
+        base_schema=(),
+        params_digest=hash_bytes(canonical_json(cfg.output_params())),
+    )
+    with Client(dask_address, set_as_default=False) as client:
+        fut = client.submit(ingest_task, ctx, task, plugins, key=f"lost-{uuid.uuid4().hex}")
+        first = fut.result().result
+        (markers / "open").unlink()
+        (markers / "started").unlink()
+        # the worker holding the finished result dies (its nanny starts another); the
+        # scheduler runs the task again, which now waits at the gate: the result is lost
+        with contextlib.suppress(Exception):  # the call's connection dies with it
+            client.run(os._exit, 1, workers=list(client.who_has(fut)[fut.key]))
+        wait_for((markers / "started").exists, "the task to run again")
+        assert fut.status == "lost"
+        opener = threading.Timer(0.3, (markers / "open").touch)
+        opener.start()
+        try:
+            again = _collect(fut, 0, task, cfg)  # waits for the second run, no error
+        finally:
+            opener.join()
+        assert fut.status == "finished"
+    assert again.shards == first.shards
+    assert [f.rows for f in again.files] == [f.rows for f in first.files]
 
 
 def test_a_worker_that_dies_mid_task_is_retried_and_the_content_is_unchanged(
