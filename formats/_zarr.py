@@ -16,8 +16,9 @@ so a field of any size takes bounded memory), writes zip entries in a fixed orde
 fixed timestamps, and so gives equal bytes for equal samples. Entries are stored, not
 deflated, so a reader can fetch a chunk with one ranged read. Codecs: ``bytes`` (little
 endian), then ``zstd`` or, for float fields under ``shuffle-zstd``, ``blosc`` (zstd with
-byte shuffle), all standard Zarr v3 codecs. Reads go through zarr-python, which decodes
-only the chunks a window touches.
+byte shuffle), all standard Zarr v3 codecs. Reads go straight to the zip entries of the
+chunks a request touches (see :class:`ZarrShardReader`); ``array()`` hands out
+zarr-python's arrays.
 """
 
 from __future__ import annotations
