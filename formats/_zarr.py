@@ -31,17 +31,11 @@ import os
 import struct
 import threading
 import zipfile
-import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, BinaryIO
 
 import numpy as np
-
-try:  # ISA-L's CRC-32: the zip format's polynomial at about 8x zlib's speed here
-    from isal.isal_zlib import crc32 as _crc32
-except ImportError:  # pragma: no cover - a platform without isal wheels
-    _crc32 = zlib.crc32
 
 from simstore.errors import FormatError, InvalidInputError
 from simstore.ingest import (
@@ -54,12 +48,13 @@ from simstore.ingest import (
 from simstore.protocols import ShardWriteResult, WrittenSample
 from simstore.sample import FieldSpec, FieldValue, Sample, Schema
 
+from . import _zip
 from ._arrow import SHARD_FORMAT_VERSION, scalar_out
 from ._columnar import write_error
+from ._zip import MAGIC, ZipEntry, crc32
 
 __all__ = ["ZarrFormat", "ZarrShardReader", "ZarrShardWriter", "auto_chunks"]
 
-MAGIC = b"PK\x03\x04"
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 
 
@@ -204,37 +199,6 @@ class _Codec:
         return bytes(self._encode(raw))
 
 
-def _write_stored(zf: zipfile.ZipFile, info: zipfile.ZipInfo, data: bytes | memoryview) -> None:
-    """Append a stored (uncompressed) entry to ``zf``, its CRC-32 computed here.
-
-    ``ZipFile.writestr`` computes the CRC-32 with zlib (about 2 GiB/s here, the largest
-    cost of writing a Zarr shard) and writes each local header twice (once before the
-    data, then again, after a seek back, with the CRC). Here the CRC comes first (ISA-L,
-    about 17 GiB/s) and the header is written once: the same bytes as ``writestr`` gives.
-    This uses ``ZipFile``'s bookkeeping attributes (``start_dir``, ``filelist``,
-    ``NameToInfo``, ``_writecheck``), unchanged since Python 3.6; where they are missing,
-    ``writestr`` writes the entry.
-    """
-    z: Any = zf
-    if not all(hasattr(z, a) for a in ("start_dir", "filelist", "NameToInfo", "_writecheck")):
-        zf.writestr(info, data)
-        return
-    n = memoryview(data).nbytes
-    info.file_size = info.compress_size = n
-    info.CRC = _crc32(data)
-    info.flag_bits = 0
-    zip64 = n * 1.05 > zipfile.ZIP64_LIMIT
-    z.fp.seek(z.start_dir)
-    info.header_offset = z.fp.tell()
-    z._writecheck(info)
-    z._didModify = True
-    z.fp.write(info.FileHeader(zip64))
-    z.fp.write(data)
-    z.start_dir = z.fp.tell()
-    z.filelist.append(info)
-    z.NameToInfo[info.filename] = info
-
-
 class ZarrShardWriter:
     """Writes samples into a deterministic zip of a Zarr v3 hierarchy, chunk by chunk."""
 
@@ -255,7 +219,7 @@ class ZarrShardWriter:
         info.create_system = 3
         info.external_attr = 0o100644 << 16
         try:
-            _write_stored(self._zip, info, data)
+            _zip.write_stored(self._zip, info, data)
         except OSError as exc:  # a full disk: the caller aborts the shard
             raise write_error(self.path, exc) from exc
 
@@ -488,63 +452,6 @@ class _ChunkDecoder:
         return arr if self.stored == self.dtype else arr.astype(self.dtype)
 
 
-class _Info(NamedTuple):
-    """What a reader needs of a zip entry (the names ``zipfile.ZipInfo`` gives them)."""
-
-    header_offset: int
-    compress_size: int
-    compress_type: int
-    CRC: int
-
-
-_CENTRAL = struct.Struct("<4s4x2H4x3L5H4xL")
-"""A central directory header: signature, flags, method, CRC-32, sizes, name, extra and
-comment lengths, disk, internal attributes, local header offset."""
-
-
-def _zip_index(f: Any) -> dict[str, _Info] | None:
-    """Every entry of a zip file from one read of its central directory, or None.
-
-    ``zipfile.ZipFile`` builds a ``ZipInfo`` per entry: 0.22 s for the 22,881 entries of
-    a 79 MiB shard of 8 KiB samples, where this takes a fraction of it. None (the caller
-    then uses ``zipfile``) for anything but plain zips: Zip64 records, encryption,
-    several disks, a directory that does not add up.
-    """
-    f.seek(0, os.SEEK_END)
-    size = f.tell()
-    tail_len = min(size, 22 + 0xFFFF)
-    f.seek(size - tail_len)
-    tail = f.read(tail_len)
-    at = tail.rfind(b"PK\x05\x06")
-    if at < 0 or len(tail) - at < 22:
-        return None
-    disk, cd_disk, _, count, cd_size, cd_offset = struct.unpack("<4H2L", tail[at + 4 : at + 20])
-    if disk or cd_disk or 0xFFFF in (count,) or 0xFFFFFFFF in (cd_size, cd_offset):
-        return None
-    if cd_offset + cd_size > size - tail_len + at:
-        return None
-    f.seek(cd_offset)
-    cd = f.read(cd_size)
-    if len(cd) != cd_size:
-        return None
-    out: dict[str, _Info] = {}
-    pos, unpack = 0, _CENTRAL.unpack_from
-    for _ in range(count):
-        if pos + 46 > cd_size:
-            return None
-        sig, flags, method, crc, csize, usize, n, m, k, start, _, offset = unpack(cd, pos)
-        if sig != b"PK\x01\x02" or flags & 0x1 or start or 0xFFFFFFFF in (csize, usize, offset):
-            return None
-        raw = cd[pos + 46 : pos + 46 + n]
-        try:  # ASCII names (the writer's) decode in C; cp437 is a Python codec
-            name = raw.decode("utf-8" if flags & 0x800 else "ascii")
-        except UnicodeDecodeError:
-            name = raw.decode("cp437")
-        out[name] = _Info(offset, csize, method, crc)
-        pos += 46 + n + m + k
-    return out if pos == cd_size else None
-
-
 class _Nodes(Mapping[str, Any]):
     """A shard's Zarr node metadata by path, parsed from each node's own ``zarr.json``.
 
@@ -623,14 +530,14 @@ class ZarrShardReader:
             self._fd: int | None = self._own.fileno() if self._own is not None else None
             """A path's descriptor: chunk reads are one ``preadv`` each, with no seek and
             no trip through a file object's read buffer."""
-            index = _zip_index(self._fp)
+            index = _zip.zip_index(self._fp)
             if index is None:  # not a plain zip: zipfile reads the directory
                 self._zip = zipfile.ZipFile(self._fp, mode="r")
                 index = {
-                    i.filename: _Info(i.header_offset, i.compress_size, i.compress_type, i.CRC)
+                    i.filename: ZipEntry(i.header_offset, i.compress_size, i.compress_type, i.CRC)
                     for i in self._zip.infolist()
                 }
-            self._infos: dict[str, _Info] = index
+            self._infos: dict[str, ZipEntry] = index
             text = self._root_text()
             if text.startswith(_ROOT_HEAD):  # the writer's layout: parse the attributes only
                 root, _ = json.JSONDecoder().raw_decode(text, len(_ROOT_HEAD))
@@ -656,8 +563,6 @@ class ZarrShardReader:
         self._attrs = attrs
         self.num_samples = int(attrs["samples"])
         self._specs = {s["name"]: FieldSpec.from_json(s) for s in attrs.get("schema", [])}
-        """A path's descriptor: chunk reads are one ``preadv`` each, with no seek and no
-        trip through the zip file's read buffer."""
 
     def _root_text(self) -> str:
         raw = self._entry("zarr.json")
@@ -783,7 +688,7 @@ class ZarrShardReader:
 
     def _check_crc(self, key: str, data: Any) -> None:
         """The zip entry's CRC-32 against its bytes (read past zipfile, which checks it)."""
-        if self.verifies_pages and _crc32(data) != self._infos[key].CRC:
+        if self.verifies_pages and crc32(data) != self._infos[key].CRC:
             raise FormatError(f"{self.name}: zip entry {key} fails its CRC-32 check")
 
     def _read_whole(

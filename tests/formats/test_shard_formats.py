@@ -278,7 +278,7 @@ def test_zarr_windows_equal_numpy_slicing_and_stock_zarr(tmp_path, compression):
 
 
 def test_zarr_entries_are_the_bytes_zipfile_writes_with_valid_crcs(tmp_path, monkeypatch):
-    from simstore.formats import _zarr
+    from simstore.formats import _zip
 
     rng = np.random.default_rng(4)
     samples = [
@@ -289,7 +289,7 @@ def test_zarr_entries_are_the_bytes_zipfile_writes_with_valid_crcs(tmp_path, mon
     fmt.write(samples, str(tmp_path / "fast"))
     with zipfile.ZipFile(tmp_path / "fast") as zf:
         assert zf.testzip() is None  # every entry's CRC-32 checks out with zlib's
-    monkeypatch.setattr(_zarr, "_write_stored", lambda zf, info, data: zf.writestr(info, data))
+    monkeypatch.setattr(_zip, "write_stored", lambda zf, info, data: zf.writestr(info, data))
     fmt.write(samples, str(tmp_path / "stock"))
     assert (tmp_path / "fast").read_bytes() == (tmp_path / "stock").read_bytes()
 
@@ -320,7 +320,7 @@ def test_parquet_row_groups_decode_into_the_shard_memory_pool(tmp_path, source):
 def test_zarr_reader_index_equals_zipfiles_and_other_zips_still_open(tmp_path, monkeypatch):
     import json
 
-    from simstore.formats import _zarr
+    from simstore.formats import _zip
 
     samples = example_samples(5, seed=3)
     ZarrFormat(ShardOptions(chunk_bytes=4096)).write(samples, str(tmp_path / "s"))
@@ -337,7 +337,7 @@ def test_zarr_reader_index_equals_zipfiles_and_other_zips_still_open(tmp_path, m
                     w.write(data)
     for path in ("s", "other"):
         with zipfile.ZipFile(tmp_path / path) as zf, open(tmp_path / path, "rb") as f:
-            index = _zarr._zip_index(f)
+            index = _zip.zip_index(f)
             assert index is not None
             assert {n: tuple(i) for n, i in index.items()} == {
                 i.filename: (i.header_offset, i.compress_size, i.compress_type, i.CRC)
@@ -345,7 +345,7 @@ def test_zarr_reader_index_equals_zipfiles_and_other_zips_still_open(tmp_path, m
             }
     for fallback in (False, True):  # fallback: zipfile reads the directory
         if fallback:
-            monkeypatch.setattr(_zarr, "_zip_index", lambda f: None)
+            monkeypatch.setattr(_zip, "zip_index", lambda f: None)
         for path in ("s", "other"):
             reader = ZarrFormat().open(str(tmp_path / path))
             try:

@@ -1,0 +1,113 @@
+"""The zip container of Zarr shards: fast stored writes, and an index in one read.
+
+Stored entries are written with ISA-L's CRC-32, and a zip's entries are indexed from one
+read of its central directory. Both keep to the plain zip format: stock readers
+(zipfile, zarr-python's ``ZipStore``) read what is written, and zips the index does not
+handle are left to ``zipfile``.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zipfile
+import zlib
+from typing import Any, NamedTuple
+
+try:  # ISA-L's CRC-32: the zip format's polynomial at about 8x zlib's speed here
+    from isal.isal_zlib import crc32
+except ImportError:  # pragma: no cover - a platform without isal wheels
+    crc32 = zlib.crc32
+
+__all__ = ["MAGIC", "ZipEntry", "crc32", "write_stored", "zip_index"]
+
+MAGIC = b"PK\x03\x04"
+"""A zip file's (and its every local header's) first four bytes."""
+
+
+def write_stored(zf: zipfile.ZipFile, info: zipfile.ZipInfo, data: bytes | memoryview) -> None:
+    """Append a stored (uncompressed) entry to ``zf``, its CRC-32 computed here.
+
+    ``ZipFile.writestr`` computes the CRC-32 with zlib (about 2 GiB/s here, the largest
+    cost of writing a Zarr shard) and writes each local header twice (once before the
+    data, then again, after a seek back, with the CRC). Here the CRC comes first (ISA-L,
+    about 17 GiB/s) and the header is written once: the same bytes as ``writestr`` gives.
+    This uses ``ZipFile``'s bookkeeping attributes (``start_dir``, ``filelist``,
+    ``NameToInfo``, ``_writecheck``), unchanged since Python 3.6; where they are missing,
+    ``writestr`` writes the entry.
+    """
+    z: Any = zf
+    if not all(hasattr(z, a) for a in ("start_dir", "filelist", "NameToInfo", "_writecheck")):
+        zf.writestr(info, data)
+        return
+    n = memoryview(data).nbytes
+    info.file_size = info.compress_size = n
+    info.CRC = crc32(data)
+    info.flag_bits = 0
+    zip64 = n * 1.05 > zipfile.ZIP64_LIMIT
+    z.fp.seek(z.start_dir)
+    info.header_offset = z.fp.tell()
+    z._writecheck(info)
+    z._didModify = True
+    z.fp.write(info.FileHeader(zip64))
+    z.fp.write(data)
+    z.start_dir = z.fp.tell()
+    z.filelist.append(info)
+    z.NameToInfo[info.filename] = info
+
+
+class ZipEntry(NamedTuple):
+    """What a reader needs of a zip entry (the names ``zipfile.ZipInfo`` gives them)."""
+
+    header_offset: int
+    compress_size: int
+    compress_type: int
+    CRC: int
+
+
+_CENTRAL = struct.Struct("<4s4x2H4x3L5H4xL")
+"""A central directory header: signature, flags, method, CRC-32, sizes, name, extra and
+comment lengths, disk, internal attributes, local header offset."""
+
+
+def zip_index(f: Any) -> dict[str, ZipEntry] | None:
+    """Every entry of a zip file from one read of its central directory, or None.
+
+    ``zipfile.ZipFile`` builds a ``ZipInfo`` per entry: 0.22 s for the 22,881 entries of
+    a 79 MiB shard of 8 KiB samples, where this takes a fraction of it. None (the caller
+    then uses ``zipfile``) for anything but plain zips: Zip64 records, encryption,
+    several disks, a directory that does not add up.
+    """
+    f.seek(0, os.SEEK_END)
+    size = f.tell()
+    tail_len = min(size, 22 + 0xFFFF)
+    f.seek(size - tail_len)
+    tail = f.read(tail_len)
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or len(tail) - at < 22:
+        return None
+    disk, cd_disk, _, count, cd_size, cd_offset = struct.unpack("<4H2L", tail[at + 4 : at + 20])
+    if disk or cd_disk or count == 0xFFFF or 0xFFFFFFFF in (cd_size, cd_offset):
+        return None
+    if cd_offset + cd_size > size - tail_len + at:
+        return None
+    f.seek(cd_offset)
+    cd = f.read(cd_size)
+    if len(cd) != cd_size:
+        return None
+    out: dict[str, ZipEntry] = {}
+    pos, unpack = 0, _CENTRAL.unpack_from
+    for _ in range(count):
+        if pos + 46 > cd_size:
+            return None
+        sig, flags, method, crc, csize, usize, n, m, k, start, _, offset = unpack(cd, pos)
+        if sig != b"PK\x01\x02" or flags & 0x1 or start or 0xFFFFFFFF in (csize, usize, offset):
+            return None
+        raw = cd[pos + 46 : pos + 46 + n]
+        try:  # ASCII names (the writer's) decode in C; cp437 is a Python codec
+            name = raw.decode("utf-8" if flags & 0x800 else "ascii")
+        except UnicodeDecodeError:
+            name = raw.decode("cp437")
+        out[name] = ZipEntry(offset, csize, method, crc)
+        pos += 46 + n + m + k
+    return out if pos == cd_size else None
