@@ -693,8 +693,8 @@ def prefetched(
     per_chunk = max(batch, per_chunk // batch * batch) if batch > 1 else per_chunk
     # the first chunk is one batch: the first batch waits for its rows' row groups to
     # decode, not also for a whole chunk's rows to be gathered
-    first_chunk = plan.chunks(per_chunk, first_samples=batch)
-    chunks = (resolver.resolve(epoch, p, pad) for p, pad in first_chunk)
+    cuts = plan.chunks(per_chunk, first_samples=batch)
+    chunks = (resolver.resolve(epoch, p, pad) for p, pad in cuts)
     io = ThreadPoolExecutor(config.io_threads, thread_name_prefix="simstore-io")
     dec = ThreadPoolExecutor(config.decode_threads, thread_name_prefix="simstore-decode")
     ahead: deque[Chunk] = deque()

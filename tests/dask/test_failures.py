@@ -35,15 +35,10 @@ def wait_for(condition, what, deadline_s=60.0):
         time.sleep(0.05)
 
 
-def test_a_task_run_twice_at_once_and_again_later_stores_nothing_twice(
-    catalog_at, npz_dir, dask_address
-):
-    from distributed import Client
-
-    cfg = IngestConfig(shard_size=1 << 30, resume=False)  # one task; no journal: redo it all
-    cat = catalog_at("s")
+def one_task(cat, cfg, source):
+    """(context, task, plugins) of ingesting ``source`` as one task into ``cat``."""
     plugins = plugins_for(cfg)
-    files, _ = discover([str(npz_dir)], plugins[0])
+    files, _ = discover([str(source)], plugins[0])
     (task,) = plan_tasks(files, cfg.shard_size)
     ctx = TaskContext(
         store=cat.store,
@@ -52,6 +47,17 @@ def test_a_task_run_twice_at_once_and_again_later_stores_nothing_twice(
         base_schema=(),
         params_digest=hash_bytes(canonical_json(cfg.output_params())),
     )
+    return ctx, task, plugins
+
+
+def test_a_task_run_twice_at_once_and_again_later_stores_nothing_twice(
+    catalog_at, npz_dir, dask_address
+):
+    from distributed import Client
+
+    cfg = IngestConfig(shard_size=1 << 30, resume=False)  # one task; no journal: redo it all
+    cat = catalog_at("s")
+    ctx, task, plugins = one_task(cat, cfg, npz_dir)
     run = uuid.uuid4().hex
     with Client(dask_address, set_as_default=False) as client:
         # the same task under two keys: dask may run a task twice (a lost worker's task
@@ -87,16 +93,7 @@ def test_a_result_lost_with_its_worker_is_waited_for_not_reported(
     cfg = IngestConfig(adapter=test_adapter, adapter_options={"marker_dir": str(markers)},
                        resume=False)
     cat = catalog_at("s")
-    plugins = plugins_for(cfg)
-    files, _ = discover([str(src)], plugins[0])
-    (task,) = plan_tasks(files, cfg.shard_size)
-    ctx = TaskContext(
-        store=cat.store,
-        dataset="d",
-        config=cfg,
-        base_schema=(),
-        params_digest=hash_bytes(canonical_json(cfg.output_params())),
-    )
+    ctx, task, plugins = one_task(cat, cfg, src)
     with Client(dask_address, set_as_default=False) as client:
         fut = client.submit(ingest_task, ctx, task, plugins, key=f"lost-{uuid.uuid4().hex}")
         first = fut.result().result
