@@ -96,8 +96,9 @@ class _PooledFile:
     columns as ``ParquetFile.read_row_group`` does.
     """
 
-    def __init__(self, source: str | BinaryIO, *, verify: bool,
+    def __init__(self, source: str | BinaryIO, name: str, *, verify: bool,
                  metadata: pq.FileMetaData | None = None) -> None:
+        self.name = name
         self._owns = isinstance(source, str)  # a file object stays the caller's to close
         self.reader = ParquetReader(memory_pool=memory_pool())
         options: dict[str, Any] = {
@@ -118,7 +119,7 @@ class _PooledFile:
         try:
             indices = [i for name in columns for i in self._leaves[name]]
         except KeyError as exc:
-            raise FormatError(f"no column {exc.args[0]!r} in this Parquet file") from None
+            raise FormatError(f"{self.name}: no column {exc.args[0]!r}") from None
         # on the calling thread: the loader decodes row groups on its own threads, and
         # Arrow's pool would only add threads to start and to share the cores with
         table: pa.Table = self.reader.read_row_group(g, column_indices=indices, use_threads=False)
@@ -161,7 +162,7 @@ class ParquetShardReader(ColumnarReader):
             # a ranged reader over a remote object is never hash-checked as a whole,
             # and a local shard is read while its whole-object hash is still running
             self._source = source
-            self._pf = _PooledFile(source, verify=True)
+            self._pf = _PooledFile(source, name, verify=True)
             schema = self._pf.schema_arrow
         except (pa.ArrowException, OSError, ValueError) as exc:
             raise FormatError(f"{name} is not a readable Parquet file: {exc}") from exc
@@ -185,7 +186,9 @@ class ParquetShardReader(ColumnarReader):
         until its whole-object hash is known.
         """
         if self.verifies_pages:
-            self._pf = _PooledFile(self._source, verify=False, metadata=self._pf.metadata)
+            self._pf = _PooledFile(
+                self._source, self.name, verify=False, metadata=self._pf.metadata
+            )
             self.verifies_pages = False
 
     def checked_bytes(self, positions: Sequence[int], fields: Sequence[str] | None = None) -> int:
