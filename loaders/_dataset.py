@@ -653,9 +653,8 @@ def _columns(
     """
     first = values[lo]
     names = first.keys()
-    for j in range(lo + 1, hi):
-        if values[j].keys() != names:
-            return None
+    if not all(map(names.__eq__, map(dict.keys, values[lo + 1:hi]))):
+        return None
     columns: dict[str, Any] = {}
     for name in names:
         rows = buffers.rows(name, lo, hi, values)
@@ -668,14 +667,25 @@ def _columns(
                       for v in column]
         columns[name] = column
     columns["__key__"] = keys
-    columns["__pad__"] = [bool(p) for p in pads.tolist()]
+    # the flags as the bool tensor collate would make of them (a copy: ``pads`` is a view
+    # of the chunk's flags)
+    columns["__pad__"] = torch.from_numpy(np.array(pads, dtype=np.bool_))
     return columns
 
 
 def _columns_bytes(columns: Mapping[str, Any]) -> int:
-    """Logical bytes of a batch's columns, as :func:`sample_bytes` counts a sample's."""
-    return sum(
-        value_bytes(column) if isinstance(column, torch.Tensor)
-        else sum(value_bytes(v) for v in column)
-        for column in columns.values()
-    )
+    """Logical bytes of a batch's columns, as :func:`sample_bytes` counts a sample's.
+
+    The pad flags count nothing (a sample's flag is a bool) and the keys their lengths.
+    """
+    total = 0
+    for name, column in columns.items():
+        if name == "__pad__":
+            continue
+        if isinstance(column, torch.Tensor):
+            total += value_bytes(column)
+        elif name == "__key__":
+            total += sum(map(len, column))
+        else:
+            total += sum(map(value_bytes, column))
+    return total

@@ -241,7 +241,7 @@ class Resolver:
                         m = codes == c
                         reads.append(ShardRead(
                             i, rows.shard_ids[c], rows.position[idx[m]], out[m], e,
-                            tuple(k for k, keep in zip(gkeys, m.tolist(), strict=True) if keep),
+                            tuple(itertools.compress(gkeys, m.tolist())),
                         ))
         return Chunk(source=src, is_pad=is_pad, keys=keys, reads=tuple(reads), size_bytes=size)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import mmap
+import operator
 import os
 import threading
 import warnings
@@ -310,7 +312,8 @@ class ChunkBuffers:
         self.pool = pool if shared else None
         self._slots: list[int] = []
         self._bufs: dict[str, tuple[torch.Tensor, np.ndarray] | None] = {}
-        self._given: dict[tuple[int, str], np.ndarray] = {}
+        self._given: dict[str, list[np.ndarray | None]] = {}
+        """Per field, the row given to each slot (None: not given)."""
         self._lock = threading.Lock()  # the shards of a chunk may decode on several threads
 
     def take(self, slot: int, name: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
@@ -320,11 +323,11 @@ class ChunkBuffers:
             if entry is None:
                 return None
             array = entry[1]
-            if (array.shape[1:] != tuple(shape) or array.dtype != dtype
-                    or (slot, name) in self._given):
+            given = self._given_rows(name)
+            if array.shape[1:] != tuple(shape) or array.dtype != dtype or given[slot] is not None:
                 return None
             row = array[slot]
-            self._given[(slot, name)] = row
+            given[slot] = row
             return row
 
     def take_many(
@@ -342,12 +345,13 @@ class ChunkBuffers:
             array = entry[1]
             if array.shape[1:] != tuple(shape) or array.dtype != dtype:
                 return None
-            given = self._given
-            if any((slot, name) in given for slot in slots) or len(set(slots)) != len(slots):
+            given = self._given_rows(name)
+            if (not all(map(operator.is_, map(given.__getitem__, slots), itertools.repeat(None)))
+                    or len(set(slots)) != len(slots)):
                 return None
             rows = [array[slot] for slot in slots]
             for slot, row in zip(slots, rows, strict=True):
-                given[(slot, name)] = row
+                given[slot] = row
         return array, np.asarray(slots, dtype=np.intp), rows
 
     def _buffer(
@@ -357,6 +361,12 @@ class ChunkBuffers:
         if name not in self._bufs:
             self._bufs[name] = self._allocate(shape, np.dtype(dtype))
         return self._bufs[name]
+
+    def _given_rows(self, name: str) -> list[np.ndarray | None]:
+        rows = self._given.get(name)
+        if rows is None:
+            rows = self._given[name] = [None] * self.n
+        return rows
 
     def _allocate(
         self, shape: tuple[int, ...], dtype: np.dtype[Any]
@@ -415,18 +425,20 @@ class ChunkBuffers:
         entry = self._bufs.get(name)
         if entry is None:
             return None
-        given = self._given
-        for j in range(lo, hi):
-            row = given.get((j, name))
-            if row is None or values[j].get(name) is not row:
-                return None
+        rows = self._given_rows(name)[lo:hi]
+        got = [v.get(name) for v in values[lo:hi]]
+        # every slot given a row of the buffer, and each value that very row (one C loop)
+        if not all(map(operator.is_not, rows, itertools.repeat(None))):
+            return None
+        if not all(map(operator.is_, got, rows)):
+            return None
         return entry[0][lo:hi]
 
     def tensors(self, slot: int, fields: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         """Rows of the buffers that slot ``slot``'s values are (by identity)."""
         out: dict[str, torch.Tensor] = {}
         for name, value in fields.items():
-            given = self._given.get((slot, name))
+            given = self._given[name][slot] if name in self._given else None
             if given is not None and value is given:
                 entry = self._bufs[name]
                 assert entry is not None
