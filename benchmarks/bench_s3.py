@@ -351,10 +351,19 @@ def main(argv: list[str] | None = None) -> int:
         help="an existing local store whose dataset 'large' is read instead of the pool's "
         "(one format: name it with --formats), for datasets of many shuffle windows",
     )
+    ap.add_argument(
+        "--samples",
+        type=int,
+        default=None,
+        help="samples of the pool (default 96, 24 with --quick): 384 makes 24 shards, three "
+        "shuffle windows, where fills of the next window overlap decoding this one",
+    )
     ap.add_argument("--workdir", default=os.path.join(REPO, ".bench", "s3"))
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args(argv)
-    samples = 24 if args.quick else 96
+    samples = args.samples or (24 if args.quick else 96)
+    if samples < 1:
+        ap.error("--samples must be at least 1")
     reps = args.reps or (1 if args.quick else 3)
     if args.store and len(args.formats) != 1:
         ap.error("--store reads one store: give its format alone in --formats")
