@@ -1,7 +1,8 @@
 """Streaming from S3 (moto on 127.0.0.1) against raw parallel GETs of the same objects.
 
     python -m benchmarks.bench_s3 [--quick] [--reps N] [--formats parquet zarr]
-                                  [--workers N] [--latency-ms MS] [--store PATH] [--json FILE]
+                                  [--workers N] [--latency-ms MS] [--samples N] [--store PATH]
+                                  [--json FILE]
 
 One run starts a moto server in a process of its own on 127.0.0.1 (so that serving S3
 does not share a GIL with the reader), ingests the suite's ``large`` pool (96 samples of
@@ -11,6 +12,10 @@ measures side by side, repetition by repetition:
 
 - ``get4``/``get8``: raw boto3 GETs of the snapshot's shard objects, whole objects, from
   4 and 8 threads (the ceiling: no hashing, no disk, no decoding);
+- ``get4_disk``: the same GETs from 4 threads, each body written to a new local file (no
+  hash): the ceiling of any disk cache's fill, since writing fresh page-cache pages costs
+  too (on this VM, more than the GET itself once the data outgrows a few hundred MiB);
+- ``fill4``: the loader's fetch path alone (download, hash, write into its cache);
 - ``cold``: one ``SimDataLoader`` epoch (batches of 8, shuffled) from S3 through an empty
   disk cache;
 - ``warm``: the same epoch again through the now full cache (no request for shard bytes);
@@ -205,6 +210,29 @@ def raw_get(endpoint: str, keys: list[str], threads: int) -> dict[str, float]:
     return {"bytes": total, "s": secs, "mib_s": total / secs / MiB}
 
 
+def raw_get_to_disk(endpoint: str, keys: list[str], threads: int, where: str) -> dict[str, float]:
+    """:func:`raw_get` writing each body to a new file under ``where`` (no hash): the bound
+    on any disk cache's fill, as writing fresh pages of the page cache costs too."""
+    s3 = _client(endpoint, threads)
+    os.makedirs(where, exist_ok=True)
+
+    def get(key: str) -> int:
+        body = s3.get_object(Bucket=BUCKET, Key=key)["Body"]
+        n = 0
+        with open(os.path.join(where, key.replace("/", "_")), "wb") as f:
+            while chunk := body.read(8 * MiB):
+                n += f.write(chunk)
+        return n
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        total = sum(pool.map(get, keys))
+    secs = time.perf_counter() - t0
+    s3.close()
+    shutil.rmtree(where, ignore_errors=True)
+    return {"bytes": total, "s": secs, "mib_s": total / secs / MiB}
+
+
 def fill(endpoint: str, url: str, keys: list[str], threads: int, cache: str) -> dict[str, float]:
     """The loader's fetch path alone: fill an empty disk cache with ``keys`` from ``threads``
     threads (download, hash, write), as the prefetch stage's I/O pool does."""
@@ -316,6 +344,8 @@ def _ratios(one: dict[str, dict[str, Any]]) -> dict[str, float]:
     out = {
         "cold_over_raw_get": one["cold"]["mib_s"] / best_get,
         "fill_over_raw_get": one["fill4"]["mib_s"] / best_get,
+        "cold_over_get_to_disk": one["cold"]["mib_s"] / one["get4_disk"]["mib_s"],
+        "fill_over_get_to_disk": one["fill4"]["mib_s"] / one["get4_disk"]["mib_s"],
         "cold_over_warm": one["cold"]["mib_s"] / one["warm"]["mib_s"],
         "warm_over_local": one["warm"]["mib_s"] / one["local"]["mib_s"],
         "warm_over_local_after_first": (
@@ -393,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
                 one = {
                     "get4": raw_get(endpoint, keys, 4),
                     "get8": raw_get(endpoint, keys, 8),
+                    "get4_disk": raw_get_to_disk(endpoint, keys, 4, cache + "-get"),
                     "fill4": fill(endpoint, url, keys, 4, cache + "-fill"),
                     "cold": epoch(url, _options(endpoint), cache, args.workers),
                     "warm": epoch(url, _options(endpoint), cache, args.workers),
@@ -422,10 +453,13 @@ def main(argv: list[str] | None = None) -> int:
             results["formats"][fmt] = {"median": med, "ratios": ratios, "runs": runs}
             print(
                 f"{fmt}: raw GET {med['get4']['mib_s']:.0f} (4 threads) / "
-                f"{med['get8']['mib_s']:.0f} (8) MiB/s; cache fill alone "
-                f"{med['fill4']['mib_s']:.0f} = {ratios['fill_over_raw_get']:.0%}; cold "
+                f"{med['get8']['mib_s']:.0f} (8) MiB/s, written to disk "
+                f"{med['get4_disk']['mib_s']:.0f}; cache fill alone "
+                f"{med['fill4']['mib_s']:.0f} = {ratios['fill_over_raw_get']:.0%} "
+                f"({ratios['fill_over_get_to_disk']:.0%} of GET to disk); cold "
                 f"epoch {med['cold']['mib_s']:.0f} (ttfb {med['cold']['ttfb_s']:.2f} s) = "
-                f"{ratios['cold_over_raw_get']:.0%} of raw GET, "
+                f"{ratios['cold_over_raw_get']:.0%} of raw GET "
+                f"({ratios['cold_over_get_to_disk']:.0%} of GET to disk), "
                 f"{ratios['cold_over_warm']:.2f}x warm; warm {med['warm']['mib_s']:.0f} "
                 f"(ttfb {med['warm']['ttfb_s']:.2f} s), local {med['local']['mib_s']:.0f} "
                 f"(ttfb {med['local']['ttfb_s']:.2f} s): warm/local "

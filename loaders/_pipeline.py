@@ -307,6 +307,12 @@ class ReaderPool:
         """A new number for each call (thread-safe): where a chunk starts in its shards."""
         return next(self._turns)
 
+    def is_pending(self, key: tuple[int, str]) -> bool:
+        """Whether the shard's preparation (cache fill, verification) is scheduled, unfinished."""
+        with self._lock:
+            fut = self._prepared.get(key)
+        return fut is not None and not fut.done()
+
     def is_known(self, key: tuple[int, str]) -> bool:
         """Whether the shard is open or its preparation is scheduled."""
         with self._lock:
@@ -711,7 +717,7 @@ def prefetched(
         while (
             not exhausted
             and added < limit
-            and _shards_ahead(ahead) < config.shards
+            and _shards_ahead(ahead, pool) < config.shards
             and len(ahead) < 64
         ):
             chunk = next(chunks, None)
@@ -765,5 +771,14 @@ def prefetched(
         io.shutdown(wait=True, cancel_futures=True)
 
 
-def _shards_ahead(ahead: deque[Chunk]) -> int:
-    return len({(r.source, r.shard_id) for c in ahead for r in c.reads})
+def _shards_ahead(ahead: deque[Chunk], pool: ReaderPool) -> int:
+    """Shards of the chunks ahead whose fetch is still running (or waiting to).
+
+    A shard already fetched does not count: once the shards of one shuffle window are in
+    the cache, the chunks of the next window are resolved and their shards fetched while
+    this one decodes. (Counting every shard ahead stopped resolving at the window's own
+    shards: a cold epoch of three windows from S3 fetched a window, decoded it, then
+    fetched the next.)
+    """
+    keys = {(r.source, r.shard_id) for c in ahead for r in c.reads}
+    return sum(map(pool.is_pending, keys))
