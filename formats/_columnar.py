@@ -219,15 +219,20 @@ class ColumnarReader(ABC):
                 for table, rows, _count, memo in self._read_groups(batch, cols):
                     yield from decode_rows(table, self.plans, rows, memo=memo)
             return
-        pieces = list(self._read_groups(unique, cols))
         if unique == wanted:
-            yield from decode_pieces(pieces, self.plans, out)
+            yield from self._decode_unique(unique, cols, out)
             return
         first = {p: i for i, p in reversed(list(enumerate(wanted)))}
         mapped = mapped_out(out, [first[p] for p in unique]) if out is not None else None
-        by_position = dict(zip(unique, decode_pieces(pieces, self.plans, mapped), strict=True))
+        by_position = dict(zip(unique, self._decode_unique(unique, cols, mapped), strict=True))
         for p in wanted:
             yield by_position[p]
+
+    def _decode_unique(
+        self, positions: list[int], columns: Sequence[str], out: Out | None
+    ) -> list[dict[str, FieldValue]]:
+        """Field dicts of sorted unique ``positions`` (``out`` numbered as they are)."""
+        return decode_pieces(list(self._read_groups(positions, columns)), self.plans, out)
 
     def _batches(self, positions: list[int]) -> Iterator[list[int]]:
         """Sorted positions cut where a reader would start a new read unit."""

@@ -11,6 +11,7 @@ plan records it, and a stock reader undoes it with ``Shuffle(itemsize).decode``)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import accumulate
 from typing import Any, BinaryIO
@@ -24,10 +25,19 @@ from simstore._blockcache import BlockCache
 from simstore.errors import FormatError
 from simstore.ingest import ShardOptions, hash_sample_blocks, parse_compression, sample_nbytes
 from simstore.protocols import ShardWriteResult
-from simstore.sample import Sample
+from simstore.sample import FieldValue, Sample
 
-from ._arrow import KEY_COLUMN, ColumnPlan, memory_pool, plans_from_schema
+from ._arrow import (
+    KEY_COLUMN,
+    ColumnPlan,
+    Out,
+    _many,
+    decode_pieces,
+    memory_pool,
+    plans_from_schema,
+)
 from ._columnar import ColumnarReader, ColumnarWriter
+from ._pages import PagedColumn, column_pages, page_rows
 
 __all__ = ["ParquetFormat", "ParquetShardReader", "ParquetShardWriter"]
 
@@ -111,13 +121,19 @@ class _PooledFile:
         self.metadata: pq.FileMetaData = self.reader.metadata
         self.schema_arrow: pa.Schema = self.reader.schema_arrow
         leaves: dict[str, list[int]] = {}
+        self.paths: list[str] = []
         for i, path in enumerate(self.reader.column_paths):
             leaves.setdefault(path[0], []).append(i)
+            self.paths.append(".".join(path))
         self._leaves = leaves
 
-    def read_row_group(self, g: int, columns: Sequence[str]) -> pa.Table:
+    def read_row_group(
+        self, g: int, columns: Sequence[str], skip: frozenset[str] = frozenset()
+    ) -> pa.Table:
+        """Row group ``g``'s top-level ``columns``, less the leaf columns in ``skip``."""
         try:
-            indices = [i for name in columns for i in self._leaves[name]]
+            indices = [i for name in columns for i in self._leaves[name]
+                       if self.paths[i] not in skip]
         except KeyError as exc:
             raise FormatError(f"{self.name}: no column {exc.args[0]!r}") from None
         # on the calling thread: the loader decodes row groups on its own threads, and
@@ -177,6 +193,29 @@ class ParquetShardReader(ColumnarReader):
         self.verifies_pages = (schema.metadata or {}).get(PAGE_CRC_KEY) == b"crc32"
         """Each page's CRC-32 is checked as it is decoded (the writer says it wrote them)."""
         super().__init__(name, schema, plans_from_schema(schema, source=name), meta.num_rows)
+        self._direct = self._direct_leaves() if isinstance(source, str) else {}
+        """Blob fields whose bytes may be copied from the mapped file (see ``_pages``):
+        field name -> (leaf column index, its max definition level)."""
+        self._map: np.ndarray | None = None
+        self._paged: dict[tuple[int, str], PagedColumn | None] = {}
+        self._crc_checked: set[tuple[int, str, int]] = set()
+        self.direct_rows = 0
+        """Rows whose blob bytes were copied straight from the file (for tests, metrics)."""
+
+    def _direct_leaves(self) -> dict[str, tuple[int, int]]:
+        schema = self._pf.metadata.schema
+        index = {path: i for i, path in enumerate(self._pf.paths)}
+        out: dict[str, tuple[int, int]] = {}
+        for name, plan in self.plans.items():
+            if plan.encoding != "blob" or plan.shuffle:
+                continue
+            native = np.dtype(plan.spec.dtype)
+            if native.newbyteorder("<") != native:
+                continue
+            i = index.get(f"{name}.data")
+            if i is not None and schema.column(i).max_repetition_level == 0:
+                out[name] = (i, schema.column(i).max_definition_level)
+        return out
 
     def trust(self) -> None:
         """Stop checking page CRC-32s: the whole file has been hashed to its id.
@@ -246,18 +285,22 @@ class ParquetShardReader(ColumnarReader):
     def _row_group(self, g: int, columns: tuple[str, ...]) -> pa.Table:
         return self._group(g, columns)[0]
 
-    def _block_key(self, g: int, columns: tuple[str, ...]) -> tuple[object, int, tuple[str, ...]]:
-        """Where row group ``g``'s ``columns`` are kept decoded in the block cache."""
-        return (self._token, g, columns)
+    def _block_key(
+        self, g: int, columns: tuple[str, ...], skip: frozenset[str] = frozenset()
+    ) -> tuple[object, int, tuple[str, ...], frozenset[str]]:
+        """Where row group ``g``'s ``columns`` (less leaves ``skip``) are kept decoded."""
+        return (self._token, g, columns, skip)
 
-    def _group(self, g: int, columns: tuple[str, ...]) -> tuple[pa.Table, dict[str, Any]]:
+    def _group(
+        self, g: int, columns: tuple[str, ...], skip: frozenset[str] = frozenset()
+    ) -> tuple[pa.Table, dict[str, Any]]:
         """A decoded row group and its memo (what decoding its columns prepared once)."""
-        key = self._block_key(g, columns)
+        key = self._block_key(g, columns, skip)
         cached: tuple[pa.Table, dict[str, Any]] | None = self._blocks.get(key)
         if cached is not None:
             return cached
         try:
-            table = self._pf.read_row_group(g, columns)
+            table = self._pf.read_row_group(g, columns, skip)
         except (pa.ArrowException, OSError) as exc:
             raise FormatError(f"{self.name}: row group {g} is unreadable: {exc}") from exc
         self.decodes += 1
@@ -266,14 +309,151 @@ class ParquetShardReader(ColumnarReader):
         return entry
 
     def _read_groups(
-        self, positions: list[int], columns: Sequence[str]
+        self, positions: list[int], columns: Sequence[str], skip: frozenset[str] = frozenset()
     ) -> Iterator[tuple[pa.Table, np.ndarray | None, int, dict[str, Any]]]:
         """Each row group's cached table with the rows asked of it (no ``take`` copy)."""
         cols = tuple(columns)
         for g, batch in self._group_batches(positions):
-            table, memo = self._group(g, cols)
+            table, memo = self._group(g, cols, skip)
             local = np.asarray(batch, dtype=np.int64) - self._starts[g]
+            memo.setdefault("__group__", g)
             yield table, (None if len(local) == table.num_rows else local), len(batch), memo
+
+    # -- direct reads of blob bytes ------------------------------------------------------
+    def _decode_unique(
+        self, positions: list[int], columns: Sequence[str], out: Out | None
+    ) -> list[dict[str, FieldValue]]:
+        """As decoding does, but a blob field's bytes go from the mapped file to ``out``.
+
+        For the loader's bulk reads (an ``out`` with ``many``) of an uncompressed shard on
+        a local path: the blob fields' byte columns are not decoded; their rows' bytes
+        are copied from the pages (checked by ``_pages``: CRC-32 until the reader is
+        trusted, layout always). A field whose pages or shapes do not allow it (ragged,
+        compressed, nulls) is decoded as before.
+        """
+        direct = [c for c in columns if c in self._direct]
+        if not direct or out is None or getattr(out, "many", None) is None:
+            return super()._decode_unique(positions, columns, out)
+        skip = frozenset(f"{c}.data" for c in direct)
+        pieces = list(self._read_groups(positions, columns, skip))
+        rest = {k: v for k, v in self.plans.items() if k not in direct}
+        result = decode_pieces(pieces, rest, out)
+        failed = [c for c in direct if not self._gather(c, pieces, len(positions), out, result)]
+        if failed:
+            again = decode_pieces(list(self._read_groups(positions, failed)),
+                                  {c: self.plans[c] for c in failed}, out)
+            for mine, theirs in zip(result, again, strict=True):
+                mine.update(theirs)
+        return result
+
+    def _gather(self, name: str, pieces: Sequence[Any], n: int, out: Out,
+                result: list[dict[str, FieldValue]]) -> bool:
+        """Copy field ``name``'s rows of ``pieces`` into ``out``'s buffer; False to decline."""
+        plan = self.plans[name]
+        native = np.dtype(plan.spec.dtype)
+        plans = []
+        shape: tuple[int, ...] | None = None
+        for table, rows, _count, memo in pieces:
+            g = int(memo["__group__"])
+            key = f"__direct__{name}"
+            if key not in memo:
+                memo[key] = self._group_pages(g, name, table, native)
+            got = memo[key]
+            if got is None or (shape is not None and got[0] != shape):
+                return False
+            shape = got[0]
+            plans.append((got[1], rows))
+        assert shape is not None
+        bulk = _many(out, n, name, shape, native)
+        if bulk is None:
+            return False
+        buffer, index, rows_out = bulk
+        target = buffer.reshape(len(buffer), -1).view(np.uint8)
+        done = 0
+        for (paged, mats), rows in plans:
+            count = paged.num_rows if rows is None else len(rows)
+            where = index[done : done + count]
+            local = np.arange(count) if rows is None else rows
+            if len(mats) == 1:
+                src = mats[0]
+                if src.shape[1] < (64 << 10):
+                    target[where] = src[local]
+                else:
+                    for k, r in zip(where.tolist(), local.tolist(), strict=True):
+                        target[k] = src[r]
+            else:
+                page = np.searchsorted(paged.starts, local, side="right") - 1
+                for k, r, p in zip(where.tolist(), local.tolist(), page.tolist(), strict=True):
+                    target[k] = mats[p][r - int(paged.starts[p])]
+            done += count
+        for i, row in enumerate(rows_out):
+            result[i][name] = row
+        self.direct_rows += n
+        return True
+
+    def _group_pages(
+        self, g: int, name: str, table: pa.Table, native: np.dtype[Any]
+    ) -> tuple[tuple[int, ...], tuple[PagedColumn, list[np.ndarray]]] | None:
+        """``(shape, (pages, their row views))`` of field ``name`` in row group ``g``, or None.
+
+        None unless every row of the group is present with one shape and every page of
+        its byte column is plain, uncompressed and of that width.
+        """
+        col = table.column(name)
+        col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+        if col.null_count or len(col) == 0:
+            return None
+        shape_col = col.field("shape")
+        if shape_col.null_count:
+            return None
+        shape_at = np.frombuffer(shape_col.buffers()[1], dtype=np.int32)[
+            shape_col.offset : shape_col.offset + len(col) + 1
+        ]
+        ndims = np.diff(shape_at)
+        if (ndims != ndims[0]).any():
+            return None
+        d = int(ndims[0])
+        values = shape_col.values.to_numpy(zero_copy_only=False)
+        start = int(shape_at[0])
+        dims = values[start : start + d * len(col)].reshape(len(col), d)
+        if d and (dims != dims[0]).any():
+            return None
+        shape = tuple(int(x) for x in dims[0]) if d else ()
+        width = math.prod(shape) * native.itemsize
+        paged = self._pages_of(g, name)
+        if paged is None or paged.num_rows != len(col) or width <= 0:
+            return None
+        data = self._mapped()
+        mats = []
+        for p, page in enumerate(paged.pages):
+            check = self.verifies_pages and (g, name, p) not in self._crc_checked
+            mat = page_rows(data, page, width, check_crc=check, name=self.name)
+            if mat is None:
+                return None
+            if check:
+                self._crc_checked.add((g, name, p))
+            mats.append(mat)
+        return shape, (paged, mats)
+
+    def _pages_of(self, g: int, name: str) -> PagedColumn | None:
+        key = (g, name)
+        if key not in self._paged:
+            leaf, max_def = self._direct[name]
+            chunk = self._pf.metadata.row_group(g).column(leaf)
+            paged = None
+            if chunk.compression == "UNCOMPRESSED" and chunk.dictionary_page_offset is None:
+                paged = column_pages(
+                    self._mapped(), chunk.data_page_offset, chunk.total_compressed_size,
+                    self._pf.metadata.row_group(g).num_rows, max_def=max_def, max_rep=0,
+                )
+            self._paged[key] = paged
+        return self._paged[key]
+
+    def _mapped(self) -> np.ndarray:
+        if self._map is None:
+            assert isinstance(self._source, str)
+            self._map = np.memmap(self._source, dtype=np.uint8, mode="r")
+        return self._map
 
     def _read_positions(self, positions: Sequence[int], columns: Sequence[str]) -> pa.Table:
         cols = tuple(columns)
@@ -291,6 +471,7 @@ class ParquetShardReader(ColumnarReader):
         """Release the file handle and this reader's cached row groups."""
         self._blocks.drop(self._token)
         self._pf.close()
+        self._map = None  # unmapped once no row of it is referenced
 
 
 class ParquetFormat:

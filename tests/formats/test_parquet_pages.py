@@ -1,0 +1,165 @@
+"""Direct reads of blob bytes from uncompressed Parquet pages (``formats._pages``)."""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from simstore.formats import ParquetFormat, open_shard
+from simstore.formats._pages import column_pages, page_rows
+
+from simstore.errors import FormatError
+from simstore.ingest import ShardOptions
+from simstore.sample import Sample
+
+
+class BulkOut:
+    """An ``out=`` like the loader's: one buffer per field, filled a batch at a time."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.buffers: dict[str, np.ndarray] = {}
+
+    def __call__(self, i, name, shape, dtype):
+        return None
+
+    def many(self, rows, name, shape, dtype):
+        buf = self.buffers.setdefault(name, np.empty((self.n, *shape), dtype))
+        if buf.shape[1:] != tuple(shape) or buf.dtype != dtype:
+            return None
+        rows = list(rows)
+        return buf, np.asarray(rows, dtype=np.intp), [buf[r] for r in rows]
+
+
+def _samples(n: int, *, ragged: bool = False, seed: int = 0) -> list[Sample]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        side = 32 + (i % 3 if ragged else 0)
+        out.append(Sample(f"s{i:04d}", {
+            "u": rng.standard_normal((2, side, 32)).astype(np.float32),  # 8 KiB: a blob
+            "Re": float(i),
+        }))
+    return out
+
+
+def _write(tmp_path, samples, compression="none"):
+    path = str(tmp_path / "shard.parquet")
+    # small row groups: a read spans several, each one page
+    ParquetFormat(ShardOptions(compression=compression, row_group_bytes=64 << 10)).write(
+        samples, path)
+    return path
+
+
+def _bulk(reader, positions):
+    return list(reader.read(positions, ["u", "Re"], out=BulkOut(len(positions))))
+
+
+def test_direct_reads_copy_the_rows_asked_and_equal_decoding(tmp_path):
+    samples = _samples(40)
+    reader = open_shard(_write(tmp_path, samples))
+    assert pq.ParquetFile(reader._source).metadata.num_row_groups > 3
+    positions = [int(p) for p in np.random.default_rng(1).permutation(40)[:25]]
+    got = _bulk(reader, positions)
+    assert reader.direct_rows == len(positions)
+    decoded = list(reader.read(positions, ["u", "Re"]))  # no out: decoded by Arrow
+    for g, d, p in zip(got, decoded, positions, strict=True):
+        np.testing.assert_array_equal(g["u"], samples[p].fields["u"])
+        np.testing.assert_array_equal(d["u"], samples[p].fields["u"])
+        assert g["Re"] == d["Re"] == float(p)
+    reader.close()
+
+
+def test_a_flipped_byte_fails_its_page_crc_until_the_reader_is_trusted(tmp_path):
+    samples = _samples(20)
+    path = _write(tmp_path, samples)
+    target = samples[7].fields["u"].tobytes()
+    with open(path, "rb") as f:
+        raw = bytearray(f.read())
+    at = raw.find(target)
+    assert at > 0
+    raw[at + 100] ^= 0x01
+    with open(path, "wb") as f:
+        f.write(bytes(raw))
+    reader = open_shard(path)
+    with pytest.raises(FormatError, match=r"page at byte \d+ fails its CRC-32"):
+        _bulk(reader, [3, 7, 11])
+    reader.close()
+    # rows of the other pages still read, and a trusted reader (its file hashed to its
+    # id) skips the CRC-32s
+    reader = open_shard(path)
+    other = [p for p in range(20) if reader._group_batches([p]).__next__()[0]
+             != reader._group_batches([7]).__next__()[0]][:2]
+    got = _bulk(reader, other)
+    np.testing.assert_array_equal(got[1]["u"], samples[other[1]].fields["u"])
+    reader.trust()
+    assert _bulk(reader, [7])[0]["u"].tobytes() != target
+    reader.close()
+
+
+def test_compressed_blobs_are_decoded(tmp_path):
+    samples = _samples(30)
+    reader = open_shard(_write(tmp_path, samples, "zstd:3"))
+    positions = [29, 3, 17, 0]
+    got = _bulk(reader, positions)
+    assert reader.direct_rows == 0
+    for g, p in zip(got, positions, strict=True):
+        np.testing.assert_array_equal(g["u"], samples[p].fields["u"])
+    reader.close()
+
+
+def test_ragged_row_groups_fall_back_per_read(tmp_path):
+    # a row group whose rows differ in shape declines; equal ones still read directly
+    samples = _samples(30, ragged=True)
+    reader = open_shard(_write(tmp_path, samples))
+    got = _bulk(reader, [0, 3])
+    for g, p in zip(got, [0, 3], strict=True):
+        np.testing.assert_array_equal(g["u"], samples[p].fields["u"])
+    assert reader.direct_rows == 0  # their row groups hold other shapes too
+    reader.close()
+
+
+@pytest.mark.parametrize("version", ["1.0", "2.0"])
+def test_page_walker_finds_every_value_in_v1_and_v2_pages(tmp_path, version):
+    rng = np.random.default_rng(0)
+    values = [rng.integers(0, 255, 4096, dtype=np.uint8).tobytes() for _ in range(300)]
+    table = pa.table({"b": pa.StructArray.from_arrays(
+        [pa.array(values, pa.large_binary()), pa.array([[4096]] * 300, pa.list_(pa.int64()))],
+        ["data", "shape"])})
+    path = str(tmp_path / "t.parquet")
+    pq.write_table(table, path, compression="none", use_dictionary=False,
+                   write_page_checksum=True, row_group_size=128, data_page_version=version,
+                   data_page_size=64 << 10, write_batch_size=4)
+    meta = pq.ParquetFile(path).metadata
+    data = np.fromfile(path, dtype=np.uint8)
+    leaf = meta.schema.column(0)
+    assert leaf.path == "b.data"
+    row = 0
+    for g in range(meta.num_row_groups):
+        chunk = meta.row_group(g).column(0)
+        paged = column_pages(data, chunk.data_page_offset, chunk.total_compressed_size,
+                             meta.row_group(g).num_rows,
+                             max_def=leaf.max_definition_level, max_rep=0)
+        assert paged is not None and paged.num_rows == meta.row_group(g).num_rows
+        assert len(paged.pages) > 1  # 64 KiB pages of 4 KiB values
+        for page in paged.pages:
+            rows = page_rows(data, page, 4096, check_crc=True, name="t")
+            assert rows is not None
+            for r in range(page.rows):
+                assert bytes(rows[r]) == values[row + page.first_row + r]
+            assert page_rows(data, page, 4095, check_crc=False, name="t") is None
+        row += meta.row_group(g).num_rows
+    assert row == 300
+
+
+def test_page_walker_declines_compressed_and_dictionary_chunks(tmp_path):
+    table = pa.table({"s": pa.array([b"x" * 100] * 50, pa.large_binary())})
+    for kwargs in ({"compression": "zstd", "use_dictionary": False},
+                   {"compression": "none", "use_dictionary": True}):
+        path = str(tmp_path / "t.parquet")
+        pq.write_table(table, path, **kwargs)
+        meta = pq.ParquetFile(path).metadata
+        chunk = meta.row_group(0).column(0)
+        start = chunk.dictionary_page_offset or chunk.data_page_offset
+        data = np.fromfile(path, dtype=np.uint8)
+        assert column_pages(data, start, chunk.total_compressed_size, 50, max_def=1,
+                            max_rep=0) is None
