@@ -22,7 +22,7 @@ import os
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Generator, Iterator, Sequence
-from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Executor, Future, InvalidStateError, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol, TypeVar
 
@@ -262,6 +262,41 @@ class _Check:
             self.future.result()
 
 
+class _Published(Future[Any]):
+    """A local shard's whole-object hash that a sibling DataLoader worker runs.
+
+    Nothing runs it here: :meth:`done` is true once the sibling has published the match
+    (see ``VerifiedTable``), and :meth:`result` of one still unpublished hashes the shard
+    on the calling thread (a wrong hash is then this worker's error, as before).
+    """
+
+    def __init__(self, access: ShardAccess, shard_id: str) -> None:
+        super().__init__()
+        self._access = access
+        self._shard_id = shard_id
+
+    def done(self) -> bool:
+        if super().done():
+            return True
+        if self._access.sibling_verified(self._shard_id):
+            with contextlib.suppress(InvalidStateError):
+                self.set_result(None)
+            return True
+        return False
+
+    def result(self, timeout: float | None = None) -> Any:
+        if not self.done():
+            try:
+                value = self._access.prepare(self._shard_id)
+            except BaseException as exc:
+                with contextlib.suppress(InvalidStateError):
+                    self.set_exception(exc)
+            else:
+                with contextlib.suppress(InvalidStateError):
+                    self.set_result(value)
+        return super().result(timeout)
+
+
 class _Entry:
     __slots__ = ("checking", "handle", "lock", "reader", "users")
 
@@ -308,10 +343,11 @@ class ReaderPool:
         return next(self._turns)
 
     def is_pending(self, key: tuple[int, str]) -> bool:
-        """Whether the shard's preparation (cache fill, verification) is scheduled, unfinished."""
+        """Whether the shard's preparation (cache fill, verification) is scheduled and no
+        reader has opened the shard yet (a fetched copy waiting for its reader still
+        holds its place in the cache)."""
         with self._lock:
-            fut = self._prepared.get(key)
-        return fut is not None and not fut.done()
+            return key in self._prepared
 
     def is_known(self, key: tuple[int, str]) -> bool:
         """Whether the shard is open or its preparation is scheduled."""
@@ -332,9 +368,12 @@ class ReaderPool:
             self._io = pool
             access = self.access[key[0]]
             if access.verify and access.mode(key[1]) == "local":
-                self._prepared[key] = pool.submit(
-                    self._later, functools.partial(access.prepare, key[1])
-                )
+                if access.sibling_hashes(key[1]):
+                    self._prepared[key] = _Published(access, key[1])
+                else:
+                    self._prepared[key] = pool.submit(
+                        self._later, functools.partial(access.prepare, key[1])
+                    )
             else:
                 self._prepared[key] = pool.submit(access.prepare, key[1])
 
@@ -772,13 +811,15 @@ def prefetched(
 
 
 def _shards_ahead(ahead: deque[Chunk], pool: ReaderPool) -> int:
-    """Shards of the chunks ahead whose fetch is still running (or waiting to).
+    """Shards of the chunks ahead that are scheduled but not yet open in a reader.
 
-    A shard already fetched does not count: once the shards of one shuffle window are in
-    the cache, the chunks of the next window are resolved and their shards fetched while
-    this one decodes. (Counting every shard ahead stopped resolving at the window's own
+    A shard a reader has opened does not count: once the shards of one shuffle window are
+    open, the chunks of the next window are resolved and their shards fetched while this
+    one decodes. (Counting every shard ahead stopped resolving at the window's own
     shards: a cold epoch of three windows from S3 fetched a window, decoded it, then
-    fetched the next.)
+    fetched the next.) A fetched shard still waiting for its reader counts, so at most
+    ``prefetch.shards`` copies wait in the cache (not counting them let a reader with a
+    small cache fetch far ahead and evict copies before their use).
     """
     keys = {(r.source, r.shard_id) for c in ahead for r in c.reads}
     return sum(map(pool.is_pending, keys))
