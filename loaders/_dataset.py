@@ -23,7 +23,7 @@ from typing import Any, TypedDict
 import numpy as np
 import torch
 from simstore.loaders._collate import Collate
-from simstore.loaders._fetch import RateLimiter, ShardAccess, tier_of
+from simstore.loaders._fetch import RateLimiter, ShardAccess, VerifiedTable, tier_of
 from simstore.loaders._metrics import Metrics, timed
 from simstore.loaders._opener import FormatOpener
 from simstore.loaders._options import LoaderOptions, cache_config, parse_bytes
@@ -473,6 +473,7 @@ class SimDataset(IterableDataset[Sample]):
         *,
         drop_last: bool = False,
         shared_pool: SharedPool | None = None,
+        siblings: VerifiedTable | None = None,
     ) -> Iterator[tuple[Any, int, dict[str, float], tuple[tuple[int, int], ...]]]:
         """One reader's batches, collated, each with its running count, counters and marks.
 
@@ -483,11 +484,12 @@ class SimDataset(IterableDataset[Sample]):
         values outside the buffers) go through ``collate`` as samples. In a DataLoader
         worker with ``shared_pool``, chunk buffers come from that pool and each batch's
         marks say which of them it may hold (see :class:`SharedPool`); else no marks.
+        ``siblings``: the table in which the workers share local shards' hashes.
         """
         opts = self._options
         per_sample = any(s.transform is not None for s in self._sources)
         count = 0
-        with self._decoded(world, epoch, remaining, batch_size, shared_pool) as (
+        with self._decoded(world, epoch, remaining, batch_size, shared_pool, siblings) as (
             chunks, counters
         ):
             for chunk, (values, buffers) in chunks:
@@ -539,6 +541,7 @@ class SimDataset(IterableDataset[Sample]):
     def _decoded(
         self, world: World, epoch: int, remaining: Sequence[Interval], batch_size: int,
         shared_pool: SharedPool | None = None,
+        siblings: VerifiedTable | None = None,
     ) -> Iterator[tuple[Iterator[tuple[Any, tuple[list[dict[str, Any]], ChunkBuffers]]],
                         Counters]]:
         """The decoded chunks of one reader's share of the epoch, and its counters."""
@@ -558,7 +561,7 @@ class SimDataset(IterableDataset[Sample]):
             access = [
                 ShardAccess(s.store, counters=counters, limiter=limiter, cache=opts.cache,
                             verify=opts.verify, referenced_by=s.snapshot_id,
-                            block_bytes=opts.prefetch.range_block_bytes)
+                            block_bytes=opts.prefetch.range_block_bytes, siblings=siblings)
                 for s in sources
             ]
             pool = ReaderPool(access, opener, opts.prefetch.max_open_shards,

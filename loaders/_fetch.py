@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO, Literal, Protocol, cast, runtime_checkable
 
+import numpy as np
 from simstore.loaders._cache import CacheConfig, PinnedCopy, ShardCache
 from simstore.loaders._stats import Counters
 
@@ -38,7 +39,16 @@ from simstore.errors import IntegrityError, NotFoundError, StorageError
 from simstore.hashing import hash_bytes, hash_file, object_key
 from simstore.storage import ObjectStore
 
-__all__ = ["AccessMode", "RangedFile", "RateLimiter", "ShardAccess", "ShardHandle", "tier_of"]
+__all__ = [
+    "VERIFIED_SLOTS",
+    "AccessMode",
+    "RangedFile",
+    "RateLimiter",
+    "ShardAccess",
+    "ShardHandle",
+    "VerifiedTable",
+    "tier_of",
+]
 
 AccessMode = Literal["local", "cache", "ranged"]
 _FILL_BLOCK_BYTES = 64 * 1024 * 1024
@@ -222,6 +232,51 @@ class ShardHandle:
     its id (a local shard checked, a cache copy filled here), or ``verify`` is off."""
 
 
+VERIFIED_SLOTS = 4096
+"""Slots of the table in which a loader's workers publish the local shards they hashed."""
+
+
+class VerifiedTable:
+    """Local shards whose whole-object hash one of a loader's workers has matched.
+
+    A DataLoader's workers read the same shards (each takes every K-th batch of the same
+    stream), and each hashed every shard it read: K times the hashing. The loader makes
+    this table in shared memory before it starts the workers (as torch makes its own
+    queues: nothing named, nothing left behind by a crash); worker ``w`` of ``K`` hashes
+    the shards it *owns* (by their id, ``w`` mod ``K``) and publishes each match here,
+    and its siblings read those shards with page checks until the match is published,
+    then trust them. A shard whose owner has not published it when a sibling needs the
+    answer (a wrong hash is the better error, the epoch's end) is hashed by that sibling
+    itself, so every shard read is verified in every worker that read it, by someone.
+
+    A slot holds one 8-byte tag of the shard id (one aligned store, so a reader sees a
+    whole tag or the old one); two shards whose ids meet in a slot overwrite each other,
+    which only costs a hash.
+    """
+
+    def __init__(self, table: np.ndarray, worker: int, workers: int) -> None:
+        self.table = table
+        self.worker = worker
+        self.workers = workers
+
+    def _slot_tag(self, shard_id: str) -> tuple[int, int]:
+        tag = (int(shard_id[:15], 16) << 1) | 1
+        return int(shard_id[16:24], 16) % len(self.table), tag
+
+    def owns(self, shard_id: str) -> bool:
+        """Whether this worker hashes ``shard_id`` for its siblings."""
+        return int(shard_id[24:32], 16) % self.workers == self.worker
+
+    def has(self, shard_id: str) -> bool:
+        """Whether a worker has published ``shard_id`` as matching its id."""
+        slot, tag = self._slot_tag(shard_id)
+        return int(self.table[slot]) == tag
+
+    def publish(self, shard_id: str) -> None:
+        slot, tag = self._slot_tag(shard_id)
+        self.table[slot] = tag
+
+
 class ShardAccess:
     """Fetches and opens shards of one store for one reading process (not shared)."""
 
@@ -235,8 +290,11 @@ class ShardAccess:
         verify: bool,
         referenced_by: str = "",
         block_bytes: int = 1 << 20,
+        siblings: VerifiedTable | None = None,
     ) -> None:
         self.store = store
+        self.siblings = siblings
+        """Where this DataLoader worker and its siblings share local shards' hashes."""
         self.counters = counters
         self.limiter = limiter
         self.verify = verify
@@ -314,7 +372,7 @@ class ShardAccess:
 
     # -- the modes ---------------------------------------------------------------------
     def _verify_local(self, shard_id: str) -> None:
-        if not self._unchecked(shard_id):
+        if not self._unchecked(shard_id) or self.sibling_verified(shard_id):
             return
         key = object_key(shard_id)
         path = self._local.get(shard_id) or self.store.local_path(key)
@@ -348,7 +406,25 @@ class ShardAccess:
             return actual
         with self._lock:
             self._verified.add(shard_id)
+        if self.siblings is not None and tier != "cache":
+            self.siblings.publish(shard_id)
         return None
+
+    def sibling_hashes(self, shard_id: str) -> bool:
+        """Whether a sibling worker hashes this local shard (this one waits for its word)."""
+        siblings = self.siblings
+        return (siblings is not None and self.verify
+                and self.mode(shard_id) == "local" and not siblings.owns(shard_id))
+
+    def sibling_verified(self, shard_id: str) -> bool:
+        """Whether a sibling worker has published this shard's hash as matching."""
+        siblings = self.siblings
+        if siblings is None or not siblings.has(shard_id):
+            return False
+        with self._lock:
+            self._verified.add(shard_id)
+        self.counters.add("shards_verified_by_sibling")
+        return True
 
     def _by(self) -> str:
         return f"; referenced by snapshot {self.referenced_by}" if self.referenced_by else ""

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, cast
 import torch
 from simstore.loaders._collate import Collate, MeshMode
 from simstore.loaders._dataset import LoaderState, Sample, SimDataset
+from simstore.loaders._fetch import VERIFIED_SLOTS, VerifiedTable
 from simstore.loaders._metrics import timed
 from simstore.loaders._plan import Interval
 from simstore.loaders._stats import LoaderStats, RunReport
@@ -148,15 +149,21 @@ class _BatchStream(_Stream):
         self.released: torch.Tensor | None = None
         """Release counters of the workers' pooled buffers (see ``SharedPool``), made by
         the loader in shared memory before it starts them; None with no workers."""
+        self.verified: torch.Tensor | None = None
+        """The workers' table of local shards hashed (see ``VerifiedTable``), made with
+        ``released``; None with no workers."""
 
     def __iter__(self) -> Iterator[_Tagged]:
         world = self._reader()
         pool = None
+        siblings = None
         if self.released is not None and in_worker():
             pool = SharedPool(self.released[world.worker].numpy())
+        if self.verified is not None and in_worker() and world.num_workers > 1:
+            siblings = VerifiedTable(self.verified.numpy(), world.worker, world.num_workers)
         for batch, count, counters, marks in self.dataset.read_batches(
             world, self.epoch, self.remaining, self.batch_size, self.collate,
-            drop_last=self.drop_last, shared_pool=pool,
+            drop_last=self.drop_last, shared_pool=pool, siblings=siblings,
         ):
             yield _Tagged(batch, _Tag(world.worker, count, counters, marks))
 
@@ -277,12 +284,15 @@ class SimDataLoader(DataLoader[Any]):
         self._stream.remaining = ds._begin(world.world_size, workers, self._stream.batch_size)
         tracker = None
         if isinstance(self._stream, _BatchStream):
-            released = None
+            released = verified = None
             if self.num_workers > 0:
                 released = torch.zeros((self.num_workers, SHARED_SLOTS), dtype=torch.int64)
                 released.share_memory_()  # type: ignore[no-untyped-call]
                 tracker = ReleaseTracker(released)
+                verified = torch.zeros(VERIFIED_SLOTS, dtype=torch.int64)
+                verified.share_memory_()  # type: ignore[no-untyped-call]
             self._stream.released = released
+            self._stream.verified = verified
         tagged = super().__iter__()
 
         def untag() -> Iterator[Any]:

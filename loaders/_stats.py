@@ -42,6 +42,7 @@ _FIELDS = (
     "manifest_cache_misses",
     "shards_opened",
     "shards_verified",
+    "shards_verified_by_sibling",
     "throttle_s",
 )
 
@@ -109,6 +110,8 @@ class LoaderStats(TypedDict):
     manifest_parts: int
     manifest_bytes: int
     manifest_cache_hits: int
+    shards_hashed: int
+    shards_verified_by_sibling: int
     wait_s: float
     data_stall: float | None
     throttle_s: float
@@ -177,6 +180,8 @@ def summarise(
         "manifest_parts": int(counters.get("manifest_parts", 0)),
         "manifest_bytes": int(counters.get("manifest_bytes", 0)),
         "manifest_cache_hits": int(counters.get("manifest_cache_hits", 0)),
+        "shards_hashed": int(counters.get("shards_verified", 0)),
+        "shards_verified_by_sibling": int(counters.get("shards_verified_by_sibling", 0)),
         "wait_s": wait_s,
         "data_stall": wait_s / looped if looped > 0 else None,
         "throttle_s": float(counters.get("throttle_s", 0)),

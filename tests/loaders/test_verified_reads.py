@@ -278,3 +278,84 @@ def test_manifest_parts_come_from_the_cache_and_a_damaged_one_is_replaced(tmp_pa
     got, again = epoch()  # downloaded again
     assert all(np.array_equal(got[k], arrays[k]) for k in arrays)
     assert os.path.exists(copy) and again["manifest_cache_hits"] == again["manifest_parts"] - 1
+
+
+# -- DataLoader workers share local shards' hashes ----------------------------------------
+def _worker_pool(store, table, worker, workers=2):
+    from simstore.loaders._fetch import VerifiedTable
+
+    counters = Counters()
+    access = ShardAccess(open_store(store), counters=counters, limiter=RateLimiter(None),
+                         cache=None, verify=True,
+                         siblings=VerifiedTable(table, worker, workers))
+    return ReaderPool([access], FormatOpener(), max_open=8, referenced_by=["snap"]), counters
+
+
+def _read_all(pool, shards):
+    with ThreadPoolExecutor(2) as io:
+        for shard in shards:
+            pool.schedule((0, shard), io)
+        pool.start_hashing()
+        for shard in shards:
+            with pool.reader((0, shard)) as reader:
+                list(reader.read([0]))
+        pool.finish()
+    pool.close()
+
+
+def test_verified_table_gives_each_shard_one_owner_and_matches_whole_tags():
+    from simstore.loaders._fetch import VERIFIED_SLOTS, VerifiedTable
+
+    table = np.zeros(VERIFIED_SLOTS, dtype=np.int64)
+    rng = np.random.default_rng(5)
+    ids = [bytes(rng.integers(0, 256, 16, dtype=np.uint8)).hex() for _ in range(200)]
+    workers = [VerifiedTable(table, w, 3) for w in range(3)]
+    assert all(sum(t.owns(i) for t in workers) == 1 for i in ids)
+    assert {w for w in range(3) for i in ids if workers[w].owns(i)} == {0, 1, 2}
+    workers[0].publish(ids[0])
+    assert workers[2].has(ids[0]) and not workers[2].has(ids[1])
+    # another id in the same slot replaces the first: neither is mistaken for the other
+    other = ("f" if ids[0][0] != "f" else "e") + ids[0][1:]  # same slot, another tag
+    assert workers[0]._slot_tag(other)[0] == workers[0]._slot_tag(ids[0])[0]
+    workers[1].publish(other)
+    assert workers[0].has(other) and not workers[0].has(ids[0])
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "zarr"])
+def test_a_worker_trusts_the_shards_its_sibling_hashed(tmp_path, sources, fmt):
+    store, _ = _ingest(tmp_path, sources, fmt)
+    shards = _shard_ids(store)
+    assert len(shards) >= 3
+    table = np.zeros(4096, dtype=np.int64)
+    first, c1 = _worker_pool(store, table, 0)
+    _read_all(first, shards)
+    # the first worker hashed every shard it read: those it owns, and at its epoch's end
+    # the others, whose owner had not published them
+    assert c1.snapshot()["shards_verified"] == len(shards)
+    second, c2 = _worker_pool(store, table, 1)
+    _read_all(second, shards)
+    counts = c2.snapshot()
+    assert counts["shards_verified"] == 0
+    assert counts["shards_verified_by_sibling"] == len(shards)
+
+
+def test_a_damaged_shard_that_no_sibling_published_fails_in_the_worker_that_read_it(
+    tmp_path, sources
+):
+    store, _ = _ingest(tmp_path, sources, "zarr")
+    shards = _shard_ids(store)
+    table = np.zeros(4096, dtype=np.int64)
+    pool, counters = _worker_pool(store, table, 1)
+    from simstore.loaders._fetch import VerifiedTable
+
+    theirs = next(s for s in shards if not VerifiedTable(table, 1, 2).owns(s))
+    _flip_in_pages(os.path.join(store, "objects", theirs[:2], theirs))
+    with pytest.raises(IntegrityError) as info, ThreadPoolExecutor(2) as io:
+        pool.schedule((0, theirs), io)
+        pool.start_hashing()
+        with pool.reader((0, theirs)) as reader:
+            reader.read  # opened with page checks while the sibling's word is awaited
+        pool.finish()  # no word came: hashed here, and wrong
+    pool.close()
+    assert theirs in str(info.value)
+    assert counters.snapshot()["shards_verified_by_sibling"] == 0
