@@ -199,11 +199,11 @@ def column_pages(
     data: np.ndarray, start: int, length: int, num_rows: int,
     *, max_def: int, max_rep: int,
 ) -> PagedColumn | None:
-    """The data pages of an uncompressed, PLAIN, unnested column chunk at ``data[start:]``
-    (``data``: the file as a uint8 array).
+    """The data pages of an uncompressed, PLAIN, unnested column chunk at ``data[start:]``.
 
-    None when the chunk is anything else (a dictionary page, another encoding, repeated
-    values, pages that do not add up to ``num_rows``): the caller decodes it instead.
+    ``data`` is the file as a uint8 array. None when the chunk is anything else (a
+    dictionary page, another encoding, repeated values, pages that do not add up to
+    ``num_rows``): the caller decodes it instead.
     """
     if max_rep:
         return None

@@ -343,9 +343,10 @@ class ReaderPool:
         return next(self._turns)
 
     def is_pending(self, key: tuple[int, str]) -> bool:
-        """Whether the shard's preparation (cache fill, verification) is scheduled and no
-        reader has opened the shard yet (a fetched copy waiting for its reader still
-        holds its place in the cache)."""
+        """Whether the shard is scheduled (cache fill, verification) and not yet open.
+
+        A fetched copy waiting for its reader still holds its place in the cache.
+        """
         with self._lock:
             return key in self._prepared
 

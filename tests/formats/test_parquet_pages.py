@@ -1,5 +1,7 @@
 """Direct reads of blob bytes from uncompressed Parquet pages (``formats._pages``)."""
 
+import os
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -163,3 +165,18 @@ def test_page_walker_declines_compressed_and_dictionary_chunks(tmp_path):
         data = np.fromfile(path, dtype=np.uint8)
         assert column_pages(data, start, chunk.total_compressed_size, 50, max_def=1,
                             max_rep=0) is None
+
+
+def test_page_read_blob_bytes_do_not_count_as_checked_by_arrow(tmp_path):
+    # the loader hashes a shard first when a read would check a quarter of it in Arrow;
+    # blob bytes read from the pages are checked by a cheaper CRC-32 and do not count
+    samples = _samples(40)
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "zstd").mkdir()
+    plain = open_shard(_write(tmp_path / "plain", samples))
+    packed = open_shard(_write(tmp_path / "zstd", samples, "zstd:3"))
+    everything = list(range(40))
+    assert plain.checked_bytes(everything, ["u"]) * 100 < os.path.getsize(plain._source)
+    assert packed.checked_bytes(everything, ["u"]) * 2 > os.path.getsize(packed._source)
+    plain.close()
+    packed.close()

@@ -354,7 +354,7 @@ def test_a_damaged_shard_that_no_sibling_published_fails_in_the_worker_that_read
         pool.schedule((0, theirs), io)
         pool.start_hashing()
         with pool.reader((0, theirs)) as reader:
-            reader.read  # opened with page checks while the sibling's word is awaited
+            assert reader.verifies_pages  # read with page checks while awaiting the word
         pool.finish()  # no word came: hashed here, and wrong
     pool.close()
     assert theirs in str(info.value)
