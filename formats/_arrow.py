@@ -434,16 +434,38 @@ def _blob_buffers(col: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
     ``shape values[shape offsets[r]:shape offsets[r + 1]]``.
     """
     data = col.field("data")
-    shape_col = col.field("shape")
-    shape_at = np.frombuffer(shape_col.buffers()[1], dtype=np.int32)[
-        shape_col.offset : shape_col.offset + len(col) + 1
-    ]
-    shape_values = shape_col.values.to_numpy(zero_copy_only=False)
+    shape_at, shape_values = blob_shapes(col.field("shape"), len(col))
     bufs = data.buffers()
     offsets = np.frombuffer(bufs[1], dtype=np.int64)[data.offset : data.offset + len(data) + 1]
     buf = bufs[2]
     raw = np.frombuffer(buf, dtype=np.uint8) if buf is not None else np.zeros(0, np.uint8)
     return raw, offsets, shape_at, shape_values
+
+
+def blob_shapes(shape_col: pa.Array, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """A blob column's ``shape`` child of ``n`` rows as ``(offsets, values)``.
+
+    Row ``r``'s shape is ``values[offsets[r]:offsets[r + 1]]``.
+    """
+    shape_at = np.frombuffer(shape_col.buffers()[1], dtype=np.int32)[
+        shape_col.offset : shape_col.offset + n + 1
+    ]
+    return shape_at, shape_col.values.to_numpy(zero_copy_only=False)
+
+
+def uniform_shape(
+    shape_at: np.ndarray, shape_values: np.ndarray, n: int
+) -> tuple[int, ...] | None:
+    """The one shape of ``n`` rows (see :func:`blob_shapes`), or None if they differ."""
+    ndims = np.diff(shape_at)
+    if (ndims != ndims[0]).any():
+        return None
+    d = int(ndims[0])
+    start = int(shape_at[0])
+    dims = shape_values[start : start + d * n].reshape(n, d)
+    if d and (dims != dims[0]).any():
+        return None
+    return tuple(int(x) for x in dims[0]) if d else ()
 
 
 def _decode_column(
@@ -673,15 +695,9 @@ def _prepare(
     ) != native:
         return False
     raw, offsets, shape_at, shape_values = _blob_buffers(col)
-    ndims = np.diff(shape_at)
-    if (ndims != ndims[0]).any():
+    shape = uniform_shape(shape_at, shape_values, len(col))
+    if shape is None:
         return False
-    d = int(ndims[0])
-    start = int(shape_at[0])
-    dims = shape_values[start : start + d * len(col)].reshape(len(col), d)
-    if d and (dims != dims[0]).any():
-        return False
-    shape = tuple(int(x) for x in dims[0]) if d else ()
     width = math.prod(shape) * native.itemsize
     if width == 0 or (np.diff(offsets) != width).any() or len(raw) < int(offsets[-1]):
         return False

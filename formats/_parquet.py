@@ -32,9 +32,11 @@ from ._arrow import (
     ColumnPlan,
     Out,
     _many,
+    blob_shapes,
     decode_pieces,
     memory_pool,
     plans_from_schema,
+    uniform_shape,
 )
 from ._columnar import ColumnarReader, ColumnarWriter
 from ._pages import PagedColumn, column_pages, page_rows
@@ -418,19 +420,9 @@ class ParquetShardReader(ColumnarReader):
         shape_col = col.field("shape")
         if shape_col.null_count:
             return None
-        shape_at = np.frombuffer(shape_col.buffers()[1], dtype=np.int32)[
-            shape_col.offset : shape_col.offset + len(col) + 1
-        ]
-        ndims = np.diff(shape_at)
-        if (ndims != ndims[0]).any():
+        shape = uniform_shape(*blob_shapes(shape_col, len(col)), len(col))
+        if shape is None:
             return None
-        d = int(ndims[0])
-        values = shape_col.values.to_numpy(zero_copy_only=False)
-        start = int(shape_at[0])
-        dims = values[start : start + d * len(col)].reshape(len(col), d)
-        if d and (dims != dims[0]).any():
-            return None
-        shape = tuple(int(x) for x in dims[0]) if d else ()
         width = math.prod(shape) * native.itemsize
         paged = self._pages_of(g, name)
         if paged is None or paged.num_rows != len(col) or width <= 0:
