@@ -10,11 +10,13 @@ more of the manifest than it needs.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from simstore.loaders._fetch import tier_of
 from simstore.loaders._order import (
     BLOCK_BYTES,
     BUFFER_BLOCKS,
@@ -92,9 +94,23 @@ def open_source(
 ) -> Source:
     """Resolve ``ref`` once and pin its snapshot; check the requested fields exist."""
     catalog = Catalog(store)
-    catalog.check_initialised()
-    sid = catalog.resolve(ref)
-    snap = catalog.snapshot(sid)
+    if tier_of(store) in ("local", "memory"):
+        catalog.check_initialised()
+        sid = catalog.resolve(ref)
+        snap = catalog.snapshot(sid)
+    else:
+        # a remote store: the store's metadata and the ref are two round trips that need
+        # not wait for each other; the metadata's error (not a simstore store, another
+        # format version) still comes first
+        with ThreadPoolExecutor(1, thread_name_prefix="simstore-meta") as pool:
+            meta = pool.submit(catalog.check_initialised)
+            try:
+                sid = catalog.resolve(ref)
+                snap = catalog.snapshot(sid)
+            except Exception:
+                meta.result()
+                raise
+            meta.result()
     names = {spec.name for spec in snap.schema}
     if fields is not None:
         fields = tuple(fields)

@@ -125,3 +125,33 @@ def test_a_dead_endpoint_fails_clearly_and_commits_nothing(s3_bucket, fault_prox
     cat = Catalog.open(store, storage_options=opts)
     assert cat.staged("d") == []
     assert cat.branches("d").get_versioned("main") == (None, None)
+
+
+def test_a_loader_on_a_prefix_that_is_not_a_store_says_so(s3_bucket, tmp_path):
+    # the store's metadata and the ref are read side by side on a remote store; the
+    # store's own error comes first
+    from simstore.loaders import SimDataset
+
+    from simstore.errors import FormatError, NotFoundError
+
+    bucket = s3_bucket()
+    with pytest.raises(NotFoundError, match=r"not a simstore store .*simstore init"):
+        SimDataset(f"s3://{bucket}/nothing-here", "d")
+    store = f"s3://{bucket}/ok"
+    Catalog.init(store)
+    src = _write_sources(tmp_path / "src", count=4, seed=2)
+    ingest([str(src)], dataset="d", store=Catalog.open(store), snapshot=True, message="x")
+    assert len(_epoch(store, "d")) == 4
+    with pytest.raises(NotFoundError):
+        SimDataset(store, "no-such-dataset")
+    # a store written by another format version is refused, whatever the ref
+    from simstore.storage import open_store
+
+    s3 = open_store(store)
+    meta = json.loads(s3.get("simstore.json"))
+    meta["format_version"] = 99
+    s3.put("simstore.json", json.dumps(meta).encode())
+    with pytest.raises(FormatError, match="format_version 99"):
+        SimDataset(store, "d")
+    with pytest.raises(FormatError, match="format_version 99"):
+        SimDataset(store, "no-such-dataset")
