@@ -561,8 +561,9 @@ class SimDataset(IterableDataset[Sample]):
             access = [
                 ShardAccess(s.store, counters=counters, limiter=limiter, cache=opts.cache,
                             verify=opts.verify, referenced_by=s.snapshot_id,
-                            block_bytes=opts.prefetch.range_block_bytes, siblings=siblings)
-                for s in sources
+                            block_bytes=opts.prefetch.range_block_bytes,
+                            siblings=siblings.scoped(i) if siblings is not None else None)
+                for i, s in enumerate(sources)
             ]
             pool = ReaderPool(access, opener, opts.prefetch.max_open_shards,
                               [s.snapshot_id for s in sources],

@@ -254,14 +254,21 @@ class VerifiedTable:
     which only costs a hash.
     """
 
-    def __init__(self, table: np.ndarray, worker: int, workers: int) -> None:
+    def __init__(self, table: np.ndarray, worker: int, workers: int, scope: int = 0) -> None:
         self.table = table
         self.worker = worker
         self.workers = workers
+        self.scope = scope
+        """Which source of a mixture (their stores are different files under one id)."""
+
+    def scoped(self, scope: int) -> VerifiedTable:
+        """The same table for the shards of source ``scope``."""
+        return VerifiedTable(self.table, self.worker, self.workers, scope)
 
     def _slot_tag(self, shard_id: str) -> tuple[int, int]:
-        tag = (int(shard_id[:15], 16) << 1) | 1
-        return int(shard_id[16:24], 16) % len(self.table), tag
+        mix = (self.scope * 0x9E3779B97F4A7C15) & ((1 << 60) - 1)
+        tag = ((int(shard_id[:15], 16) ^ mix) << 1) | 1
+        return (int(shard_id[16:24], 16) + self.scope) % len(self.table), tag
 
     def owns(self, shard_id: str) -> bool:
         """Whether this worker hashes ``shard_id`` for its siblings."""

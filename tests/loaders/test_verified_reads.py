@@ -319,6 +319,12 @@ def test_verified_table_gives_each_shard_one_owner_and_matches_whole_tags():
     assert workers[0]._slot_tag(other)[0] == workers[0]._slot_tag(ids[0])[0]
     workers[1].publish(other)
     assert workers[0].has(other) and not workers[0].has(ids[0])
+    # the sources of a mixture are different files under one id: a match for one source
+    # is not one for another
+    workers[0].publish(ids[2])
+    assert workers[1].has(ids[2]) and not workers[1].scoped(1).has(ids[2])
+    workers[1].scoped(1).publish(ids[2])
+    assert workers[0].scoped(1).has(ids[2]) and workers[0].has(ids[2])
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "zarr"])
