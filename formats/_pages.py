@@ -29,10 +29,9 @@ from simstore.errors import FormatError
 
 from ._zip import crc32
 
-__all__ = ["Page", "PagedColumn", "column_pages", "read_page_header"]
+__all__ = ["Page", "PagedColumn", "column_pages", "page_rows", "read_page_header"]
 
 _DATA_PAGE = 0
-_DICTIONARY_PAGE = 2
 _DATA_PAGE_V2 = 3
 _PLAIN = 0
 
@@ -218,7 +217,7 @@ def column_pages(
         except (ValueError, IndexError):
             return None
         body = pos + h.header_bytes
-        if h.type == _DICTIONARY_PAGE or h.encoding != _PLAIN:
+        if h.type not in (_DATA_PAGE, _DATA_PAGE_V2) or h.encoding != _PLAIN:
             return None
         if h.compressed_size != h.uncompressed_size or body + h.compressed_size > end:
             return None
@@ -229,12 +228,9 @@ def column_pages(
                 if h.compressed_size < 4:
                     return None
                 levels = 4 + struct.unpack_from("<I", view, body)[0]
-        elif h.type == _DATA_PAGE_V2:
+        else:  # a data page v2 (any other page has no PLAIN encoding: declined above)
             rows = h.num_rows if h.num_rows is not None else h.num_values
             levels = h.levels_bytes or 0
-        else:  # an index page: no values
-            pos = body + h.compressed_size
-            continue
         if levels > h.compressed_size:
             return None
         pages.append(Page(row, rows, body, h.compressed_size, body + levels, h.crc))

@@ -11,6 +11,7 @@ plan records it, and a stock reader undoes it with ``Shuffle(itemsize).decode``)
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import accumulate
@@ -31,7 +32,7 @@ from ._arrow import (
     KEY_COLUMN,
     ColumnPlan,
     Out,
-    _many,
+    _decode_prepared,
     blob_shapes,
     decode_pieces,
     memory_pool,
@@ -362,46 +363,30 @@ class ParquetShardReader(ColumnarReader):
 
     def _gather(self, name: str, pieces: Sequence[Any], n: int, out: Out,
                 result: list[dict[str, FieldValue]]) -> bool:
-        """Copy field ``name``'s rows of ``pieces`` into ``out``'s buffer; False to decline."""
-        plan = self.plans[name]
-        native = np.dtype(plan.spec.dtype)
-        plans = []
-        shape: tuple[int, ...] | None = None
-        for table, rows, _count, memo in pieces:
-            g = int(memo["__group__"])
-            key = f"__direct__{name}"
+        """Copy field ``name``'s rows of ``pieces`` into ``out``'s buffer; False to decline.
+
+        Each page of a row group is a rows matrix over the mapped file, scattered into the
+        buffer as a decoded row group's is (``_decode_prepared``). A piece's rows ascend,
+        so the rows it takes from each page are one run of them.
+        """
+        native = np.dtype(self.plans[name].spec.dtype)
+        parts: list[Any] = []
+        key = f"__direct__{name}"
+        for table, rows, count, memo in pieces:
             if key not in memo:
-                memo[key] = self._group_pages(g, name, table, native)
+                memo[key] = self._group_pages(int(memo["__group__"]), name, table, native)
             got = memo[key]
-            if got is None or (shape is not None and got[0] != shape):
+            if got is None:
                 return False
-            shape = got[0]
-            plans.append((got[1], rows))
-        assert shape is not None
-        bulk = _many(out, n, name, shape, native)
-        if bulk is None:
-            return False
-        buffer, index, rows_out = bulk
-        target = buffer.reshape(len(buffer), -1).view(np.uint8)
-        done = 0
-        for (paged, mats), rows in plans:
-            count = paged.num_rows if rows is None else len(rows)
-            where = index[done : done + count]
+            shape, (paged, mats) = got
             local = np.arange(count) if rows is None else rows
-            if len(mats) == 1:
-                src = mats[0]
-                if src.shape[1] < (64 << 10):
-                    target[where] = src[local]
-                else:
-                    for k, r in zip(where.tolist(), local.tolist(), strict=True):
-                        target[k] = src[r]
-            else:
-                page = np.searchsorted(paged.starts, local, side="right") - 1
-                for k, r, p in zip(where.tolist(), local.tolist(), page.tolist(), strict=True):
-                    target[k] = mats[p][r - int(paged.starts[p])]
-            done += count
-        for i, row in enumerate(rows_out):
-            result[i][name] = row
+            cuts = [0, *np.searchsorted(local, paged.starts[1:]).tolist(), len(local)]
+            for p, (lo, hi) in enumerate(itertools.pairwise(cuts)):
+                if hi > lo:
+                    parts.append(((mats[p], shape, native),
+                                  local[lo:hi] - int(paged.starts[p]), hi - lo))
+        if not _decode_prepared(self.plans[name], parts, n, out, result):
+            return False
         self.direct_rows += n
         return True
 

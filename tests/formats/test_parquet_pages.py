@@ -180,3 +180,21 @@ def test_page_read_blob_bytes_do_not_count_as_checked_by_arrow(tmp_path):
     assert packed.checked_bytes(everything, ["u"]) * 2 > os.path.getsize(packed._source)
     plain.close()
     packed.close()
+
+
+def test_direct_reads_span_row_groups_of_several_pages(tmp_path):
+    # pyarrow cuts a page per 1,024 values: 2 KiB blobs in 4 MiB row groups are two pages
+    rng = np.random.default_rng(4)
+    samples = [Sample(f"s{i:05d}", {"u": rng.standard_normal(512).astype(np.float32)})
+               for i in range(5000)]
+    path = str(tmp_path / "shard.parquet")
+    ParquetFormat(ShardOptions(compression="none")).write(samples, path)
+    reader = open_shard(path)
+    groups = reader._pf.metadata.num_row_groups
+    assert max(len(reader._pages_of(g, "u").pages) for g in range(groups)) > 1
+    positions = rng.permutation(5000)[:700].tolist()
+    got = list(reader.read(positions, ["u"], out=BulkOut(len(positions))))
+    assert reader.direct_rows == len(positions)
+    for g, p in zip(got, positions, strict=True):
+        np.testing.assert_array_equal(g["u"], samples[p].fields["u"])
+    reader.close()
