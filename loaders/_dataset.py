@@ -583,11 +583,13 @@ class SimDataset(IterableDataset[Sample]):
                 first.append(ThreadPoolExecutor(spare, thread_name_prefix="simstore-first"))
                 stack.callback(first[0].shutdown)
 
+            depth = decode_depth(opts.prefetch, world.num_workers if shared else 0, _cores())
+
             def decode(chunk: Any) -> tuple[list[dict[str, Any]], ChunkBuffers]:
                 buffers = ChunkBuffers(len(chunk), shared=shared, pool=shared_pool)
                 fan_out = first.pop() if first else None
                 values = read_chunk(chunk, pool, sources, limiter, counters, tiers, buffers,
-                                    fan_out)
+                                    fan_out, side_by_side=depth > 1)
                 if fan_out is not None:
                     fan_out.shutdown(wait=False)
                 pool.start_hashing()  # the first chunk is decoded: hashes may run now
@@ -595,7 +597,6 @@ class SimDataset(IterableDataset[Sample]):
 
             samples = sum(s.num_samples for s in sources)
             mean = sum(s.sample_bytes for s in sources) / samples if samples else 0.0
-            depth = decode_depth(opts.prefetch, world.num_workers if shared else 0, _cores())
             chunks = prefetched(plan, epoch, resolver, pool,
                                 dataclasses.replace(opts.prefetch, chunks=depth), decode,
                                 mean_sample_bytes=mean)

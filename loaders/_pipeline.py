@@ -594,6 +594,7 @@ def read_chunk(
     tiers: Sequence[str],
     buffers: OutBuffers | None = None,
     fan_out: Executor | None = None,
+    side_by_side: bool = True,
 ) -> list[Decoded]:
     """Decode a chunk's samples, in chunk order, reading each shard's rows in one call.
 
@@ -630,9 +631,11 @@ def read_chunk(
 
     out: list[Decoded | None] = [None] * len(chunk)
     # chunks decoding side by side start at different shards, so their threads do not
-    # queue for the same reader (one user at a time) while another sits idle
+    # queue for the same reader (one user at a time) while another sits idle; one chunk
+    # at a time reads its shards in stream order (out of it, the reader-count limit could
+    # close a shard the next chunk opens again)
     reads = chunk.reads
-    k = pool.rotation() % len(reads) if reads else 0
+    k = pool.rotation() % len(reads) if reads and side_by_side else 0
     for read, values, inverse in _map(one, reads[k:] + reads[:k], fan_out):
         for j, o in enumerate(read.out.tolist()):
             value = values[int(inverse[j])]
