@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import mmap
 import operator
 import os
+import sys
 import threading
 import warnings
 import weakref
@@ -173,7 +175,8 @@ class SharedPool:
     """Shared-memory chunk buffers of one DataLoader worker, reused once released.
 
     Fresh shared memory costs about 0.55 ms per MiB here to fault in (tmpfs pages, zeroed
-    one 4 KiB page at a time), against 0.08 ms to rewrite memory already mapped: more than
+    one 4 KiB page at a time; 0.42 ms faulted in by one ``MADV_POPULATE_WRITE``, see
+    :func:`_populate`), against 0.08 ms to rewrite memory already mapped: more than
     reading the samples themselves. A worker's batches are views of its chunk buffers and
     reach the main process as those buffers' shared memory, so a buffer may be written
     again only when (1) the worker has moved past its chunk (:meth:`retire`) and (2) the
@@ -246,7 +249,47 @@ class SharedPool:
 
 
 def _new_shared(nbytes: int) -> torch.UntypedStorage:
-    return torch.UntypedStorage._new_shared(nbytes)  # type: ignore[no-untyped-call, no-any-return]
+    storage: torch.UntypedStorage = torch.UntypedStorage._new_shared(nbytes)  # type: ignore[no-untyped-call]
+    if nbytes >= SHARED_MIN_BYTES:
+        _populate(storage.data_ptr(), storage.nbytes())
+    return storage
+
+
+_MADV_POPULATE_WRITE = 23
+"""Linux 5.14+: fault a range in for writing in one call."""
+
+
+def _populate(addr: int, nbytes: int) -> bool:
+    """Fault fresh shared memory in with one system call instead of a fault per page.
+
+    The pages are allocated and zeroed either way; a worker then writes them without
+    trapping once per 4 KiB (32 MiB: 13-15 ms against 16-18 ms here). Where the kernel
+    lacks the call it fails and the pages fault in as they are written. Returns whether
+    the kernel did it.
+    """
+    libc = _libc()
+    if libc is None:
+        return False
+    page = mmap.PAGESIZE
+    start = addr - addr % page
+    return bool(libc.madvise(start, nbytes + (addr - start), _MADV_POPULATE_WRITE) == 0)
+
+
+_LIBC: list[Any] = []
+
+
+def _libc() -> Any:
+    if not _LIBC:
+        lib = None
+        if sys.platform.startswith("linux"):
+            try:
+                lib = ctypes.CDLL(None, use_errno=True)
+                lib.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+                lib.madvise.restype = ctypes.c_int
+            except (OSError, AttributeError):
+                lib = None
+        _LIBC.append(lib)
+    return _LIBC[0]
 
 
 class ReleaseTracker:

@@ -424,3 +424,27 @@ def test_decode_depth_defaults_by_process_and_keeps_an_explicit_value():
         1, 2, 4, 1,
     ]
     assert decode_depth(PrefetchConfig(chunks=3), 2, 2) == 3
+
+
+def test_fresh_shared_buffers_are_faulted_in_at_once_and_zeroed():
+    import ctypes
+    import mmap
+
+    from simstore.loaders._tensors import _libc, _new_shared
+
+    nbytes = 4 << 20
+    storage = _new_shared(nbytes)
+    array = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
+    libc = _libc()
+    assert libc is not None  # Linux
+    page = mmap.PAGESIZE
+    start = storage.data_ptr() - storage.data_ptr() % page
+    length = nbytes + storage.data_ptr() - start
+    resident = (ctypes.c_ubyte * (-(-length // page)))()
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    assert libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(length), resident) == 0
+    # every page is in memory before anything was written (MADV_POPULATE_WRITE)
+    assert all(b & 1 for b in resident)
+    assert not array.any()
+    array[::page] = 7
+    assert int(array.sum()) == 7 * len(range(0, nbytes, page))
