@@ -116,6 +116,11 @@ class _RssSampler:
 def run_runner(python: str, args: list[str], env: dict[str, str] | None = None,
                timeout_s: float = RUN_TIMEOUT_S) -> dict[str, Any]:
     """Run :mod:`.runner` with ``args``; its RESULT plus ``peak_rss_mib`` and ``wall_s``."""
+    # every system runs with cached bytecode, as an installed package has it: an
+    # environment that turns the cache off would compile simstore (run from the
+    # repository) in each fresh process, and not the peers (compiled at install)
+    env = dict(os.environ if env is None else env)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     t0 = time.perf_counter()
     proc = subprocess.Popen([python, "-m", "benchmarks.suite.runner", *args], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
