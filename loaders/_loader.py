@@ -15,13 +15,21 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple, cast
 
 import torch
+from simstore.loaders import _tensors
 from simstore.loaders._collate import Collate, MeshMode
 from simstore.loaders._dataset import LoaderState, Sample, SimDataset
 from simstore.loaders._fetch import VERIFIED_SLOTS, VerifiedTable
 from simstore.loaders._metrics import timed
 from simstore.loaders._plan import Interval
 from simstore.loaders._stats import LoaderStats, RunReport
-from simstore.loaders._tensors import SHARED_SLOTS, ReleaseTracker, SharedPool
+from simstore.loaders._tensors import (
+    SHARED_SLOTS,
+    InArena,
+    ReleaseTracker,
+    SharedArena,
+    SharedPool,
+    set_worker_arena,
+)
 from simstore.loaders._world import World, exit_with_parent, in_worker, worker_context
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -82,6 +90,8 @@ def _pack(value: Any) -> Any:
                 return _ByValue(value.numpy())
             except (TypeError, RuntimeError):  # a dtype NumPy lacks (bfloat16, ...)
                 return value
+        if value.device.type == "cpu" and not value.requires_grad:
+            return InArena.of(value) or value
         return value
     if kind is dict:
         return {k: _pack(v) for k, v in value.items()}
@@ -94,6 +104,8 @@ def _unpack(value: Any) -> Any:
     kind = type(value)
     if kind is _ByValue:
         return torch.from_numpy(value.array)
+    if kind is InArena:
+        return value.tensor()
     if kind is dict:
         return {k: _unpack(v) for k, v in value.items()}
     if kind is list or kind is tuple:
@@ -152,13 +164,18 @@ class _BatchStream(_Stream):
         self.verified: torch.Tensor | None = None
         """The workers' table of local shards hashed (see ``VerifiedTable``), made with
         ``released``; None with no workers."""
+        self.arenas: list[SharedArena | None] = []
+        """Each fork worker's arena (see ``SharedArena``), mapped before the workers
+        start; empty with no workers or another start method (None once pickled)."""
 
     def __iter__(self) -> Iterator[_Tagged]:
         world = self._reader()
         pool = None
         siblings = None
         if self.released is not None and in_worker():
-            pool = SharedPool(self.released[world.worker].numpy())
+            arena = self.arenas[world.worker] if world.worker < len(self.arenas) else None
+            set_worker_arena(arena)
+            pool = SharedPool(self.released[world.worker].numpy(), arena=arena)
         if self.verified is not None and in_worker() and world.num_workers > 1:
             siblings = VerifiedTable(self.verified.numpy(), world.worker, world.num_workers)
         for batch, count, counters, marks in self.dataset.read_batches(
@@ -198,6 +215,15 @@ class _TaggingCollate:
             return _Tagged(sample, tag)
         samples = [s for s, _ in items]
         return _Tagged(self.collate(samples), items[-1][1])
+
+
+def _forks(loader: DataLoader[Any]) -> bool:
+    """Whether ``loader``'s workers start by fork (they inherit mappings made before)."""
+    import multiprocessing
+
+    ctx = loader.multiprocessing_context
+    method = ctx.get_start_method() if ctx is not None else multiprocessing.get_start_method()
+    return bool(method == "fork")
 
 
 class SimDataLoader(DataLoader[Any]):
@@ -293,6 +319,7 @@ class SimDataLoader(DataLoader[Any]):
                 verified.share_memory_()  # type: ignore[no-untyped-call]
             self._stream.released = released
             self._stream.verified = verified
+            self._stream.arenas = self._fork_arenas()
         tagged = super().__iter__()
 
         def untag() -> Iterator[Any]:
@@ -305,6 +332,20 @@ class SimDataLoader(DataLoader[Any]):
                 yield batch
 
         return timed(untag(), ds._metrics, log_every_s=ds._options.log_every_s)
+
+    def _fork_arenas(self) -> list[SharedArena | None]:
+        """One arena per worker when workers fork (kept for later epochs), else none."""
+        if self.num_workers <= 0 or _tensors.ARENA_BYTES <= 0 or not _forks(self):
+            return []
+        arenas: list[SharedArena | None] = getattr(self, "_arenas", [])
+        if len(arenas) != self.num_workers or any(
+                a is None or a.nbytes != _tensors.ARENA_BYTES for a in arenas):
+            arenas = [SharedArena(_tensors.ARENA_BYTES) for _ in range(self.num_workers)]
+            self._arenas = arenas
+        for arena in arenas:
+            assert arena is not None
+            arena.hold_views()
+        return list(arenas)
 
     def __len__(self) -> int:
         n = len(self.sim_dataset)

@@ -190,13 +190,17 @@ class SharedPool:
     """
 
     def __init__(self, released: np.ndarray, idle_bytes: int = 128 << 20,
-                 min_bytes: int | None = None) -> None:
+                 min_bytes: int | None = None, arena: SharedArena | None = None) -> None:
         self.released = released
         self.idle_bytes = idle_bytes
         self.min_bytes = SHARED_MIN_BYTES if min_bytes is None else min_bytes
+        self.arena = arena
+        """Where new buffers are carved first (a fork worker's :class:`SharedArena`)."""
         self._storages: list[torch.UntypedStorage | None] = []
         self._sent: list[int] = []
         self._idle: list[int] = []
+        self._carved: set[int] = set()
+        """Slots whose buffer is a region of the arena (kept: the arena cannot take it back)."""
         self._lock = threading.Lock()
 
     def storage(self, nbytes: int) -> tuple[int, torch.UntypedStorage]:
@@ -211,9 +215,12 @@ class SharedPool:
                     self._idle.remove(slot)
                     return slot, st
             slot = self._new_slot()
-            storage = _new_shared(size)
+            carved = self.arena.carve(size) if self.arena is not None and slot >= 0 else None
+            storage = carved if carved is not None else _new_shared(size)
             if slot >= 0:
                 self._storages[slot] = storage
+                if carved is not None:
+                    self._carved.add(slot)
             return slot, storage
 
     def _free(self, slot: int) -> bool:
@@ -240,8 +247,11 @@ class SharedPool:
         """The worker is done with ``slot``'s buffer; keep it for reuse, within the budget."""
         with self._lock:
             self._idle.append(slot)
-            while sum(self._size(s) for s in self._idle) > self.idle_bytes:
-                self._storages[self._idle.pop(0)] = None
+            loose = [s for s in self._idle if s not in self._carved]
+            while loose and sum(self._size(s) for s in loose) > self.idle_bytes:
+                old = loose.pop(0)
+                self._idle.remove(old)
+                self._storages[old] = None
 
     def _size(self, slot: int) -> int:
         st = self._storages[slot]
@@ -253,6 +263,152 @@ def _new_shared(nbytes: int) -> torch.UntypedStorage:
     if nbytes >= SHARED_MIN_BYTES:
         _populate(storage.data_ptr(), storage.nbytes())
     return storage
+
+
+ARENA_BYTES = 256 << 20
+"""Address space of each fork worker's :class:`SharedArena` (only pages written cost
+memory); 0 turns arenas off."""
+
+_ARENAS: weakref.WeakValueDictionary[str, SharedArena] = weakref.WeakValueDictionary()
+"""This process's arenas by token: where a batch's arena references are looked up."""
+
+_WORKER_ARENA: list[SharedArena | None] = [None]
+"""The arena of the DataLoader worker this process is (set by its batch stream)."""
+
+
+class SharedArena:
+    """Shared memory that a DataLoader's main process maps before it forks a worker.
+
+    The worker inherits the mapping at the same address. It carves its pooled chunk
+    buffers out of it (:meth:`carve`), and a batch whose tensors lie in it crosses to
+    the main process as ``(offset, shape, strides, dtype)`` (:class:`InArena`), which the
+    main process turns back into tensors over its own view of the same pages
+    (:meth:`view`). Torch would instead send each buffer's file descriptor through a
+    socket that a thread of the worker serves (a handshake per batch, slowest just when
+    the worker's decode threads hold the GIL) and map it afresh in the main process,
+    faulting its pages in again for every batch. Nothing is named: the mapping is
+    anonymous, so a crash leaves nothing behind. A spawned worker gets no arena (a
+    mapping cannot be pickled) and falls back to fresh shared memory, as does a worker
+    whose arena is full. Regions are reused under :class:`SharedPool`'s release counters.
+    """
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
+        self.token = f"{os.getpid()}-{id(self):x}-{os.urandom(4).hex()}"
+        self._map = mmap.mmap(-1, self.nbytes, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
+        self.base = int(np.frombuffer(self._map, dtype=np.uint8, count=1)
+                        .__array_interface__["data"][0])
+        self._top = 0
+        self._lock = threading.Lock()
+        self._views: dict[int, tuple[int, int]] = {}
+        """Byte ranges of this (main) process's live views of the arena, by view number."""
+        self._numbers = itertools.count()
+        self.reserved: list[tuple[int, int]] = []
+        """Ranges a worker must not carve: views still alive when it was forked."""
+        _ARENAS[self.token] = self
+
+    def hold_views(self) -> None:
+        """Before forking workers: keep their regions clear of the views still alive.
+
+        A worker of a new epoch carves its buffers afresh; batches of an earlier epoch
+        that the caller still holds (a loop's last batch, a list of kept ones) are views
+        of regions a worker of that epoch carved, so the new workers skip those ranges.
+        """
+        with self._lock:
+            self.reserved = sorted(self._views.values())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_no_arena, ())  # a spawned worker: fresh shared memory instead
+
+    def contains(self, address: int) -> bool:
+        """Whether ``address`` lies in this arena."""
+        return self.base <= address < self.base + self.nbytes
+
+    def carve(self, nbytes: int) -> torch.UntypedStorage | None:
+        """A new region of ``nbytes`` (its pages faulted in), or None when full."""
+        size = -(-max(1, nbytes) // mmap.PAGESIZE) * mmap.PAGESIZE
+        with self._lock:
+            top = self._top
+            for lo, hi in self.reserved:  # sorted by start
+                if top < hi and lo < top + size:
+                    top = -(-hi // mmap.PAGESIZE) * mmap.PAGESIZE
+            if top + size > self.nbytes:
+                return None
+            offset, self._top = top, top + size
+        region = torch.frombuffer(self._map, dtype=torch.uint8, count=size, offset=offset)
+        _populate(self.base + offset, size)
+        return region.untyped_storage()
+
+    def view(self, offset: int, shape: tuple[int, ...], stride: tuple[int, ...],
+             dtype: torch.dtype) -> torch.Tensor:
+        """The tensor of ``shape`` and ``stride`` (in items) at ``offset`` in the arena."""
+        if not all(shape):
+            return torch.empty(shape, dtype=dtype)
+        span = 1 + sum((n - 1) * st for n, st in zip(shape, stride, strict=True))
+        nbytes = span * torch.empty(0, dtype=dtype).element_size()
+        # the tensor's storage holds this array (and so the mapping) while it lives
+        window = np.frombuffer(self._map, dtype=np.uint8, count=nbytes, offset=offset)
+        number = next(self._numbers)
+        with self._lock:
+            self._views[number] = (offset, offset + nbytes)
+        weakref.finalize(window, self._view_gone, number)
+        flat = torch.frombuffer(window, dtype=dtype, count=span)
+        return flat.as_strided(shape, stride)
+
+    def _view_gone(self, number: int) -> None:
+        with self._lock:
+            self._views.pop(number, None)
+
+
+def _no_arena() -> None:
+    return None
+
+
+def set_worker_arena(arena: SharedArena | None) -> None:
+    """Record the arena of this DataLoader worker (None: it has none)."""
+    _WORKER_ARENA[0] = arena
+
+
+def worker_arena() -> SharedArena | None:
+    """The arena of this DataLoader worker, if any."""
+    return _WORKER_ARENA[0]
+
+
+def in_an_arena(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s memory lies in one of this process's arenas."""
+    address = tensor.data_ptr()
+    return any(a.contains(address) for a in list(_ARENAS.values()))
+
+
+class InArena:
+    """A tensor in the sending worker's arena, on its way to the main process."""
+
+    __slots__ = ("token", "offset", "shape", "stride", "dtype")
+
+    def __init__(self, token: str, offset: int, shape: tuple[int, ...],
+                 stride: tuple[int, ...], dtype: torch.dtype) -> None:
+        self.token, self.offset, self.shape, self.stride, self.dtype = (
+            token, offset, shape, stride, dtype)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (InArena, (self.token, self.offset, self.shape, self.stride, self.dtype))
+
+    @staticmethod
+    def of(tensor: torch.Tensor) -> InArena | None:
+        """The reference for ``tensor`` if it lies in this worker's arena, else None."""
+        arena = _WORKER_ARENA[0]
+        if arena is None or not arena.contains(tensor.data_ptr()):
+            return None
+        return InArena(arena.token, tensor.data_ptr() - arena.base, tuple(tensor.shape),
+                       tuple(tensor.stride()), tensor.dtype)
+
+    def tensor(self) -> torch.Tensor:
+        """The tensor, over this (main) process's view of the arena."""
+        arena = _ARENAS.get(self.token)
+        if arena is None:
+            raise RuntimeError(f"a batch refers to an arena this process does not have "
+                               f"({self.token})")
+        return arena.view(self.offset, self.shape, self.stride, self.dtype)
 
 
 _MADV_POPULATE_WRITE = 23
@@ -330,7 +486,7 @@ class ReleaseTracker:
 
 def _shared_tensors(value: Any) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
-        return [value] if value.is_shared() else []  # type: ignore[no-untyped-call]
+        return [value] if value.is_shared() or in_an_arena(value) else []  # type: ignore[no-untyped-call]
     if isinstance(value, Mapping):
         return [t for v in value.values() for t in _shared_tensors(v)]
     if isinstance(value, list | tuple):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import random
 
 import numpy as np
@@ -347,25 +348,82 @@ def _storage_inode(t: torch.Tensor) -> int:
     return os.fstat(fd).st_ino
 
 
+@pytest.mark.parametrize("arena", [False, True])
 @pytest.mark.parametrize("fmt", ["parquet", "zarr"])
 def test_workers_reuse_shared_buffers_the_main_process_let_go(
-    tmp_path, many_sources, fmt, monkeypatch
+    tmp_path, many_sources, fmt, arena, monkeypatch
 ):
     monkeypatch.setattr(_tensors, "SHARED_MIN_BYTES", 0)  # forked workers inherit it
     monkeypatch.setattr(_loader, "BY_VALUE_BYTES", -1)  # every tensor through shared memory
+    if not arena:  # each buffer its own shared memory, sent as a file descriptor
+        monkeypatch.setattr(_tensors, "ARENA_BYTES", 0)
     store, arrays = _ingest(tmp_path, many_sources, fmt)
     ds = SimDataset(store, "d", seed=7, prefetch={"chunk_samples": 4, "chunks": 1})
     loader = SimDataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork")
-    inodes, seen = [], []
+    places, seen = [], []
     for batch in loader:
-        assert batch["u"].is_shared()
-        inodes.append(_storage_inode(batch["u"]))
+        if arena:  # a view of the worker's arena, mapped by this process before the fork
+            assert _tensors.in_an_arena(batch["u"]) and not batch["u"].is_shared()
+            places.append(batch["u"].data_ptr())
+        else:
+            assert batch["u"].is_shared() and not _tensors.in_an_arena(batch["u"])
+            places.append(_storage_inode(batch["u"]))
         for k, u in zip(batch["__key__"], batch["u"], strict=True):
             assert np.array_equal(u.numpy(), arrays[k]), k
             seen.append(k)
         del batch
     assert sorted(seen) == sorted(arrays)
-    assert len(set(inodes)) < len(inodes)  # some buffer carried more than one batch
+    assert len(set(places)) < len(places)  # some buffer carried more than one batch
+
+
+def test_a_full_arena_falls_back_to_fresh_shared_memory(tmp_path, many_sources, monkeypatch):
+    monkeypatch.setattr(_tensors, "SHARED_MIN_BYTES", 0)
+    monkeypatch.setattr(_loader, "BY_VALUE_BYTES", -1)
+    monkeypatch.setattr(_tensors, "ARENA_BYTES", 4096)  # room for one small buffer or none
+    store, arrays = _ingest(tmp_path, many_sources, "zarr")
+    ds = SimDataset(store, "d", seed=3, prefetch={"chunk_samples": 4, "chunks": 1})
+    loader = SimDataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork")
+    kept, seen, fresh = [], [], 0
+    for batch in loader:
+        fresh += int(batch["u"].is_shared())
+        kept.append(batch)  # held: nothing may be written over them
+    for batch in kept:
+        for k, u in zip(batch["__key__"], batch["u"], strict=True):
+            assert np.array_equal(u.numpy(), arrays[k]), k
+            seen.append(k)
+    assert sorted(seen) == sorted(arrays)
+    assert fresh > 0
+
+
+def test_spawned_workers_get_no_arena(tmp_path, many_sources):
+    store, arrays = _ingest(tmp_path, many_sources, "zarr")
+    ds = SimDataset(store, "d", seed=5)
+    loader = SimDataLoader(ds, batch_size=8, num_workers=1, multiprocessing_context="spawn")
+    seen = []
+    for batch in loader:
+        assert not _tensors.in_an_arena(batch["u"])
+        for k, u in zip(batch["__key__"], batch["u"], strict=True):
+            assert np.array_equal(u.numpy(), arrays[k]), k
+            seen.append(k)
+    assert sorted(seen) == sorted(arrays)
+    assert loader._stream.arenas == []  # type: ignore[attr-defined]
+
+
+def test_arena_views_rebuild_strided_tensors_and_empty_ones():
+    arena = _tensors.SharedArena(1 << 20)
+    storage = arena.carve(4096)
+    assert storage is not None and arena.contains(storage.data_ptr())
+    src = torch.empty(0, dtype=torch.float32).set_(storage)[:1024].view(32, 32)
+    src.copy_(torch.arange(1024, dtype=torch.float32).view(32, 32))
+    for t in (src, src[::2, 1::3], src.t(), src[5]):
+        ref = _tensors.InArena(arena.token, t.data_ptr() - arena.base, tuple(t.shape),
+                               tuple(t.stride()), t.dtype)
+        back = pickle.loads(pickle.dumps(ref)).tensor()
+        assert torch.equal(back, t) and back.data_ptr() == t.data_ptr()
+    assert arena.view(0, (0, 3), (3, 1), torch.float32).shape == (0, 3)
+    assert arena.carve(2 << 20) is None  # past the arena's end: the caller falls back
+    with pytest.raises(RuntimeError, match="arena"):
+        _tensors.InArena("gone", 0, (1,), (1,), torch.float32).tensor()
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "zarr"])
@@ -448,3 +506,26 @@ def test_fresh_shared_buffers_are_faulted_in_at_once_and_zeroed():
     assert not array.any()
     array[::page] = 7
     assert int(array.sum()) == 7 * len(range(0, nbytes, page))
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "zarr"])
+def test_batches_kept_from_an_epoch_survive_the_next_epochs_workers(
+    tmp_path, many_sources, fmt, monkeypatch
+):
+    monkeypatch.setattr(_tensors, "SHARED_MIN_BYTES", 0)
+    monkeypatch.setattr(_loader, "BY_VALUE_BYTES", -1)
+    store, arrays = _ingest(tmp_path, many_sources, fmt)
+    ds = SimDataset(store, "d", seed=11, prefetch={"chunk_samples": 4, "chunks": 1})
+    loader = SimDataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork")
+    kept: list[dict] = []
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        for i, batch in enumerate(loader):
+            assert _tensors.in_an_arena(batch["u"])
+            if i % 3 == epoch:
+                kept.append(batch)  # some batches of every epoch outlive it
+        # ``batch``, the loop's last, is still held when the next epoch's workers start
+    for batch in kept:
+        for k, u in zip(batch["__key__"], batch["u"], strict=True):
+            assert np.array_equal(u.numpy(), arrays[k]), k
+    assert len(kept) >= 3
