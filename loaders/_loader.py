@@ -11,6 +11,7 @@ or repeated on resume.
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple, cast
 
@@ -321,8 +322,14 @@ class SimDataLoader(DataLoader[Any]):
             self._stream.verified = verified
             self._stream.arenas = self._fork_arenas()
         tagged = super().__iter__()
+        # this iteration's arenas live as long as it does, even once the loader has
+        # newer ones (its batches are looked up in them as they arrive)
+        arenas = list(self._stream.arenas) if isinstance(self._stream, _BatchStream) else []
+        if arenas:
+            self._arena_iter = weakref.ref(tagged)
 
         def untag() -> Iterator[Any]:
+            assert arenas is not None  # held by this generator
             for item in tagged:
                 batch, tag = item
                 ds._delivered(tag.worker, tag.delivered, tag.counters)
@@ -338,6 +345,10 @@ class SimDataLoader(DataLoader[Any]):
         if self.num_workers <= 0 or _tensors.ARENA_BYTES <= 0 or not _forks(self):
             return []
         arenas: list[SharedArena | None] = getattr(self, "_arenas", [])
+        running = getattr(self, "_arena_iter", None)
+        running = running() if running is not None else None
+        if running is not None and not getattr(running, "_shutdown", True):
+            arenas = []  # an earlier iterator's workers may still write into theirs
         if len(arenas) != self.num_workers or any(
                 a is None or a.nbytes != _tensors.ARENA_BYTES for a in arenas):
             arenas = [SharedArena(_tensors.ARENA_BYTES) for _ in range(self.num_workers)]

@@ -529,3 +529,22 @@ def test_batches_kept_from_an_epoch_survive_the_next_epochs_workers(
         for k, u in zip(batch["__key__"], batch["u"], strict=True):
             assert np.array_equal(u.numpy(), arrays[k]), k
     assert len(kept) >= 3
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "zarr"])
+def test_an_iterator_left_running_does_not_share_arenas_with_the_next(
+    tmp_path, many_sources, fmt, monkeypatch
+):
+    monkeypatch.setattr(_tensors, "SHARED_MIN_BYTES", 0)
+    monkeypatch.setattr(_loader, "BY_VALUE_BYTES", -1)
+    store, arrays = _ingest(tmp_path, many_sources, fmt)
+    ds = SimDataset(store, "d", seed=13, prefetch={"chunk_samples": 4, "chunks": 1})
+    loader = SimDataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork")
+    first = iter(loader)
+    held = [next(first)]  # its workers stay alive, decoding ahead into their buffers
+    second = list(loader)  # a second iterator while the first one's workers run
+    held += list(first)
+    assert len(held) > 1 and second
+    for batch in held + second:  # every batch intact, whichever iterator made it
+        for k, u in zip(batch["__key__"], batch["u"], strict=True):
+            assert np.array_equal(u.numpy(), arrays[k]), k
