@@ -223,7 +223,11 @@ def _forks(loader: DataLoader[Any]) -> bool:
     import multiprocessing
 
     ctx = loader.multiprocessing_context
-    method = ctx.get_start_method() if ctx is not None else multiprocessing.get_start_method()
+    if ctx is not None:
+        method = ctx.get_start_method()
+    else:  # the default, without fixing it (the first of the methods is the platform's)
+        method = (multiprocessing.get_start_method(allow_none=True)
+                  or multiprocessing.get_all_start_methods()[0])
     return bool(method == "fork")
 
 

@@ -548,3 +548,15 @@ def test_an_iterator_left_running_does_not_share_arenas_with_the_next(
     for batch in held + second:  # every batch intact, whichever iterator made it
         for k, u in zip(batch["__key__"], batch["u"], strict=True):
             assert np.array_equal(u.numpy(), arrays[k]), k
+
+
+def test_the_default_start_method_decides_arenas_without_being_fixed(tmp_path, many_sources):
+    import multiprocessing
+
+    store, arrays = _ingest(tmp_path, many_sources, "zarr")
+    before = multiprocessing.get_start_method(allow_none=True)
+    loader = SimDataLoader(SimDataset(store, "d", seed=2), batch_size=8, num_workers=1)
+    default = before or multiprocessing.get_all_start_methods()[0]
+    assert (len(loader._fork_arenas()) == 1) == (default == "fork")
+    # asking did not fix the process's start method for the caller
+    assert multiprocessing.get_start_method(allow_none=True) == before
