@@ -348,18 +348,29 @@ def _storage_inode(t: torch.Tensor) -> int:
     return os.fstat(fd).st_ino
 
 
+def _pooled_fork_loader(tmp_path, sources, fmt, monkeypatch, seed):
+    """Two fork workers whose every tensor goes through their pooled buffers."""
+    monkeypatch.setattr(_tensors, "SHARED_MIN_BYTES", 0)  # forked workers inherit it
+    monkeypatch.setattr(_loader, "BY_VALUE_BYTES", -1)  # no tensor by value
+    store, arrays = _ingest(tmp_path, sources, fmt)
+    ds = SimDataset(store, "d", seed=seed, prefetch={"chunk_samples": 4, "chunks": 1})
+    return SimDataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork"), arrays
+
+
+def _assert_intact(batches, arrays):
+    for batch in batches:
+        for k, u in zip(batch["__key__"], batch["u"], strict=True):
+            assert np.array_equal(u.numpy(), arrays[k]), k
+
+
 @pytest.mark.parametrize("arena", [False, True])
 @pytest.mark.parametrize("fmt", ["parquet", "zarr"])
 def test_workers_reuse_shared_buffers_the_main_process_let_go(
     tmp_path, many_sources, fmt, arena, monkeypatch
 ):
-    monkeypatch.setattr(_tensors, "SHARED_MIN_BYTES", 0)  # forked workers inherit it
-    monkeypatch.setattr(_loader, "BY_VALUE_BYTES", -1)  # every tensor through shared memory
     if not arena:  # each buffer its own shared memory, sent as a file descriptor
         monkeypatch.setattr(_tensors, "ARENA_BYTES", 0)
-    store, arrays = _ingest(tmp_path, many_sources, fmt)
-    ds = SimDataset(store, "d", seed=7, prefetch={"chunk_samples": 4, "chunks": 1})
-    loader = SimDataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork")
+    loader, arrays = _pooled_fork_loader(tmp_path, many_sources, fmt, monkeypatch, 7)
     places, seen = [], []
     for batch in loader:
         if arena:  # a view of the worker's arena, mapped by this process before the fork
@@ -377,12 +388,8 @@ def test_workers_reuse_shared_buffers_the_main_process_let_go(
 
 
 def test_a_full_arena_falls_back_to_fresh_shared_memory(tmp_path, many_sources, monkeypatch):
-    monkeypatch.setattr(_tensors, "SHARED_MIN_BYTES", 0)
-    monkeypatch.setattr(_loader, "BY_VALUE_BYTES", -1)
     monkeypatch.setattr(_tensors, "ARENA_BYTES", 4096)  # room for one small buffer or none
-    store, arrays = _ingest(tmp_path, many_sources, "zarr")
-    ds = SimDataset(store, "d", seed=3, prefetch={"chunk_samples": 4, "chunks": 1})
-    loader = SimDataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork")
+    loader, arrays = _pooled_fork_loader(tmp_path, many_sources, "zarr", monkeypatch, 3)
     kept, seen, fresh = [], [], 0
     for batch in loader:
         fresh += int(batch["u"].is_shared())
@@ -512,11 +519,7 @@ def test_fresh_shared_buffers_are_faulted_in_at_once_and_zeroed():
 def test_batches_kept_from_an_epoch_survive_the_next_epochs_workers(
     tmp_path, many_sources, fmt, monkeypatch
 ):
-    monkeypatch.setattr(_tensors, "SHARED_MIN_BYTES", 0)
-    monkeypatch.setattr(_loader, "BY_VALUE_BYTES", -1)
-    store, arrays = _ingest(tmp_path, many_sources, fmt)
-    ds = SimDataset(store, "d", seed=11, prefetch={"chunk_samples": 4, "chunks": 1})
-    loader = SimDataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork")
+    loader, arrays = _pooled_fork_loader(tmp_path, many_sources, fmt, monkeypatch, 11)
     kept: list[dict] = []
     for epoch in range(3):
         loader.set_epoch(epoch)
@@ -525,9 +528,7 @@ def test_batches_kept_from_an_epoch_survive_the_next_epochs_workers(
             if i % 3 == epoch:
                 kept.append(batch)  # some batches of every epoch outlive it
         # ``batch``, the loop's last, is still held when the next epoch's workers start
-    for batch in kept:
-        for k, u in zip(batch["__key__"], batch["u"], strict=True):
-            assert np.array_equal(u.numpy(), arrays[k]), k
+    _assert_intact(kept, arrays)
     assert len(kept) >= 3
 
 
@@ -535,19 +536,13 @@ def test_batches_kept_from_an_epoch_survive_the_next_epochs_workers(
 def test_an_iterator_left_running_does_not_share_arenas_with_the_next(
     tmp_path, many_sources, fmt, monkeypatch
 ):
-    monkeypatch.setattr(_tensors, "SHARED_MIN_BYTES", 0)
-    monkeypatch.setattr(_loader, "BY_VALUE_BYTES", -1)
-    store, arrays = _ingest(tmp_path, many_sources, fmt)
-    ds = SimDataset(store, "d", seed=13, prefetch={"chunk_samples": 4, "chunks": 1})
-    loader = SimDataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork")
+    loader, arrays = _pooled_fork_loader(tmp_path, many_sources, fmt, monkeypatch, 13)
     first = iter(loader)
     held = [next(first)]  # its workers stay alive, decoding ahead into their buffers
     second = list(loader)  # a second iterator while the first one's workers run
     held += list(first)
     assert len(held) > 1 and second
-    for batch in held + second:  # every batch intact, whichever iterator made it
-        for k, u in zip(batch["__key__"], batch["u"], strict=True):
-            assert np.array_equal(u.numpy(), arrays[k]), k
+    _assert_intact(held + second, arrays)  # whichever iterator made them
 
 
 def test_the_default_start_method_decides_arenas_without_being_fixed(tmp_path, many_sources):
