@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, cast
 
 import torch
@@ -165,7 +165,7 @@ class _BatchStream(_Stream):
         self.verified: torch.Tensor | None = None
         """The workers' table of local shards hashed (see ``VerifiedTable``), made with
         ``released``; None with no workers."""
-        self.arenas: list[SharedArena | None] = []
+        self.arenas: Sequence[SharedArena | None] = ()
         """Each fork worker's arena (see ``SharedArena``), mapped before the workers
         start; empty with no workers or another start method (None once pickled)."""
 
@@ -314,6 +314,7 @@ class SimDataLoader(DataLoader[Any]):
         self._stream.epoch = ds.epoch
         self._stream.remaining = ds._begin(world.world_size, workers, self._stream.batch_size)
         tracker = None
+        arenas: list[SharedArena] = []
         if isinstance(self._stream, _BatchStream):
             released = verified = None
             if self.num_workers > 0:
@@ -324,16 +325,18 @@ class SimDataLoader(DataLoader[Any]):
                 verified.share_memory_()  # type: ignore[no-untyped-call]
             self._stream.released = released
             self._stream.verified = verified
-            self._stream.arenas = self._fork_arenas()
+            arenas = self._fork_arenas()
+            self._stream.arenas = arenas
         tagged = super().__iter__()
-        # this iteration's arenas live as long as it does, even once the loader has
-        # newer ones (its batches are looked up in them as they arrive)
-        arenas = list(self._stream.arenas) if isinstance(self._stream, _BatchStream) else []
         if arenas:
             self._arena_iter = weakref.ref(tagged)
 
-        def untag() -> Iterator[Any]:
-            assert arenas is not None  # held by this generator
+        def untag(held: Sequence[SharedArena]) -> Iterator[Any]:
+            """The batches, untagged.
+
+            ``held``, this iteration's arenas, live as long as it does, even once the
+            loader has newer ones: its batches are looked up in them as they arrive.
+            """
             for item in tagged:
                 batch, tag = item
                 ds._delivered(tag.worker, tag.delivered, tag.counters)
@@ -342,23 +345,22 @@ class SimDataLoader(DataLoader[Any]):
                     tracker.poll()
                 yield batch
 
-        return timed(untag(), ds._metrics, log_every_s=ds._options.log_every_s)
+        return timed(untag(arenas), ds._metrics, log_every_s=ds._options.log_every_s)
 
-    def _fork_arenas(self) -> list[SharedArena | None]:
+    def _fork_arenas(self) -> list[SharedArena]:
         """One arena per worker when workers fork (kept for later epochs), else none."""
         if self.num_workers <= 0 or _tensors.ARENA_BYTES <= 0 or not _forks(self):
             return []
-        arenas: list[SharedArena | None] = getattr(self, "_arenas", [])
+        arenas: list[SharedArena] = getattr(self, "_arenas", [])
         running = getattr(self, "_arena_iter", None)
         running = running() if running is not None else None
         if running is not None and not getattr(running, "_shutdown", True):
             arenas = []  # an earlier iterator's workers may still write into theirs
         if len(arenas) != self.num_workers or any(
-                a is None or a.nbytes != _tensors.ARENA_BYTES for a in arenas):
+                a.nbytes != _tensors.ARENA_BYTES for a in arenas):
             arenas = [SharedArena(_tensors.ARENA_BYTES) for _ in range(self.num_workers)]
             self._arenas = arenas
         for arena in arenas:
-            assert arena is not None
             arena.hold_views()
         return list(arenas)
 

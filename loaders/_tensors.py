@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 import mmap
 import operator
@@ -133,7 +134,7 @@ class BufferPool:
                 self._idle.remove(best)
                 self.reused += 1
                 return best
-        size = -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
+        size = _whole_pages(nbytes)
         # no MADV_HUGEPAGE: a fresh process's huge pages are 2 MiB blocks the host has
         # often not backed, and their first touch ran at 0.4-2 GiB/s here, against a
         # steady 2.4 GiB/s for 4 KiB pages (the kernel's recently freed ones)
@@ -150,6 +151,11 @@ class BufferPool:
                     old.close()
                 except BufferError:
                     pass
+
+
+def _whole_pages(nbytes: int) -> int:
+    """``nbytes`` rounded up to whole memory pages."""
+    return -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
 
 
 POOL = BufferPool()
@@ -293,7 +299,7 @@ class SharedArena:
     """
 
     def __init__(self, nbytes: int) -> None:
-        self.nbytes = -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
+        self.nbytes = _whole_pages(nbytes)
         self.token = f"{os.getpid()}-{id(self):x}-{os.urandom(4).hex()}"
         self._map = mmap.mmap(-1, self.nbytes, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
         self.base = int(np.frombuffer(self._map, dtype=np.uint8, count=1)
@@ -326,12 +332,12 @@ class SharedArena:
 
     def carve(self, nbytes: int) -> torch.UntypedStorage | None:
         """A new region of ``nbytes`` (its pages faulted in), or None when full."""
-        size = -(-max(1, nbytes) // mmap.PAGESIZE) * mmap.PAGESIZE
+        size = _whole_pages(max(1, nbytes))
         with self._lock:
             top = self._top
             for lo, hi in self.reserved:  # sorted by start
                 if top < hi and lo < top + size:
-                    top = -(-hi // mmap.PAGESIZE) * mmap.PAGESIZE
+                    top = _whole_pages(hi)
             if top + size > self.nbytes:
                 return None
             offset, self._top = top, top + size
@@ -345,7 +351,7 @@ class SharedArena:
         if not all(shape):
             return torch.empty(shape, dtype=dtype)
         span = 1 + sum((n - 1) * st for n, st in zip(shape, stride, strict=True))
-        nbytes = span * torch.empty(0, dtype=dtype).element_size()
+        nbytes = span * dtype.itemsize
         # the tensor's storage holds this array (and so the mapping) while it lives
         window = np.frombuffer(self._map, dtype=np.uint8, count=nbytes, offset=offset)
         number = next(self._numbers)
@@ -367,11 +373,6 @@ def _no_arena() -> None:
 def set_worker_arena(arena: SharedArena | None) -> None:
     """Record the arena of this DataLoader worker (None: it has none)."""
     _WORKER_ARENA[0] = arena
-
-
-def worker_arena() -> SharedArena | None:
-    """The arena of this DataLoader worker, if any."""
-    return _WORKER_ARENA[0]
 
 
 def in_an_arena(tensor: torch.Tensor) -> bool:
@@ -431,21 +432,18 @@ def _populate(addr: int, nbytes: int) -> bool:
     return bool(libc.madvise(start, nbytes + (addr - start), _MADV_POPULATE_WRITE) == 0)
 
 
-_LIBC: list[Any] = []
-
-
+@functools.cache
 def _libc() -> Any:
-    if not _LIBC:
-        lib = None
-        if sys.platform.startswith("linux"):
-            try:
-                lib = ctypes.CDLL(None, use_errno=True)
-                lib.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-                lib.madvise.restype = ctypes.c_int
-            except (OSError, AttributeError):
-                lib = None
-        _LIBC.append(lib)
-    return _LIBC[0]
+    """The C library with ``madvise`` declared, on Linux; else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        lib = ctypes.CDLL(None, use_errno=True)
+        lib.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        lib.madvise.restype = ctypes.c_int
+    except (OSError, AttributeError):
+        return None
+    return lib
 
 
 class ReleaseTracker:
