@@ -4,13 +4,16 @@ The key is the file's path relative to the ingest root without its extension; an
 fields are its arrays' names, an .npy's single field is ``data``. Pickles are never read
 (``allow_pickle=False``): an object array is refused with an error naming the field.
 Arrays stored plainly (every .npy, and the members of an .npz written by ``np.savez``) are
-read in slices straight from the file with ``pread`` (not memory-mapped: mapped pages
-would count as resident memory); a large member of a compressed .npz is first inflated to
-a temporary .npy file, never into memory.
+read straight from the file: one that fits the in-memory limit and sits aligned in the
+file (every .npy) becomes a read-only view of the file's pages (a shared read-only
+mapping, populated at once), any other with ``pread`` into fresh memory (a large one in
+slices), so resident memory never holds more of a source than the limit. A large member
+of a compressed .npz is first inflated to a temporary .npy file, never into memory.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import shutil
 import struct
@@ -59,11 +62,11 @@ def _check_dtype(dtype: np.dtype[Any], path: str, name: str) -> None:
 
 
 class FileArray:
-    """An array stored plainly in a file (C or Fortran order), read by ``pread``.
+    """An array stored plainly in a file (C or Fortran order).
 
-    Nothing is memory-mapped, so resident memory holds only what a read returns (a mapped
-    file's touched pages would count as resident until unmapped). A box is read as runs
-    of contiguous bytes straight into the result's buffer.
+    A box is read by ``pread`` as runs of contiguous bytes straight into the result's
+    buffer, so a read of part of a large array holds only that part. :meth:`mapped` gives
+    the whole array without a copy instead.
     """
 
     def __init__(
@@ -79,6 +82,46 @@ class FileArray:
         fd = os.open(path, os.O_RDONLY)
         self._fd = fd
         weakref.finalize(self, os.close, fd)
+
+    @property
+    def aligned(self) -> bool:
+        """Whether the values start at a multiple of their dtype's alignment in the file.
+
+        A mapped array shares the file's alignment, and NumPy runs its slow unaligned
+        loops over a misaligned one: the members of an .npz written by ``np.savez`` sit
+        at odd offsets (its zip headers are not padded), every .npy's values at a
+        multiple of 64.
+        """
+        return self._offset % self.dtype.alignment == 0
+
+    def mapped(self) -> np.ndarray:
+        """The whole array as a read-only view of the file's pages, in C order.
+
+        The region is mapped shared and read-only with ``MAP_POPULATE`` (its pages are
+        entered in one call instead of one fault each) and unmapped when the last view of
+        it goes: against a ``pread`` into fresh memory this saves the copy and the zeroing
+        of the fresh pages (about half the adapter's CPU for 16 MiB arrays). A file that
+        cannot be mapped (a pipe, some network file systems) is read instead. The file's
+        size was checked when it was opened; a file truncated by another process while
+        it is being ingested ends the process (SIGBUS), as it would for any mapped read.
+        """
+        size = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        start = self._offset - self._offset % mmap.ALLOCATIONGRANULARITY
+        try:
+            region = mmap.mmap(
+                self._fd,
+                self._offset - start + size,
+                flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                prot=mmap.PROT_READ,
+                offset=start,
+            )
+        except (OSError, ValueError):
+            return np.ascontiguousarray(self[()])
+        count = int(np.prod(self.shape, dtype=np.int64))
+        flat = np.frombuffer(region, dtype=self.dtype, count=count, offset=self._offset - start)
+        if self._fortran:
+            return np.ascontiguousarray(flat.reshape(self.shape[::-1]).T)
+        return flat.reshape(self.shape)
 
     def __getitem__(self, key: Any) -> np.ndarray:
         """The values in a box of slices (step 1)."""
@@ -124,7 +167,11 @@ def _value(arr: Any, path: str, name: str, max_bytes: int) -> Any:
             return item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)
         return {"values": json_safe(np.asarray(arr))}
     src = SlicedArray(arr, path=path, field=name)
-    return src.read() if src.nbytes <= max_bytes else src
+    if src.nbytes > max_bytes:
+        return src
+    if isinstance(arr, FileArray) and arr.dtype.isnative and arr.aligned:
+        return arr.mapped()
+    return src.read()
 
 
 def _file_array(path: str, offset: int, name: str) -> FileArray | np.ndarray:

@@ -407,3 +407,47 @@ def test_npy_file_array_reads_any_box_without_mapping_the_file(tmp_path, order):
             box.append(slice(a, int(rng.integers(a + 1, n + 1))))
         np.testing.assert_array_equal(lazy[tuple(box)], data[tuple(box)])
     assert lazy[tuple(box)].dtype == np.dtype("float32")  # native byte order
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_an_in_memory_npy_array_is_a_view_of_the_file_pages(tmp_path, order):
+    """Within the in-memory limit an aligned .npy becomes a read-only mapped view (no
+    copy into fresh memory); it outlives the adapter's file handle; Fortran order comes
+    back in C order."""
+    import gc
+
+    data = np.asarray(np.arange(6 * 7 * 3, dtype="<f4").reshape(6, 7, 3), order=order)
+    np.save(tmp_path / "a.npy", data)
+    sample = next(NpyAdapter().iter_samples(str(tmp_path / "a.npy"), "a.npy", {}))
+    gc.collect()  # the FileArray and its descriptor are gone; the mapping stays
+    got = sample.fields["data"]
+    np.testing.assert_array_equal(got, data)
+    assert got.flags.c_contiguous
+    if order == "C":
+        assert not got.flags.owndata and not got.flags.writeable
+        with pytest.raises(ValueError, match="read-only"):
+            got[0, 0, 0] = 1.0
+
+
+def test_misaligned_npz_members_are_read_into_aligned_memory(tmp_path):
+    """``np.savez`` puts members at odd offsets: those are read (a mapped view of them
+    would be misaligned, and NumPy's unaligned loops are slow), and still equal."""
+    from simstore.formats.adapters._numpy import FileArray, _file_array, _local_data_offset
+
+    path = tmp_path / "a.npz"
+    arrays = {"x": np.arange(1000, dtype=np.float64), "yy": np.ones((4, 5), np.float32)}
+    np.savez(path, **arrays)
+    with zipfile.ZipFile(path) as zf, open(path, "rb") as raw:
+        offsets = {
+            i.filename[:-4]: _file_array(str(path), _local_data_offset(raw, i), i.filename)
+            for i in zf.infolist()
+        }
+    assert all(isinstance(a, FileArray) for a in offsets.values())
+    assert not all(a.aligned for a in offsets.values())
+    sample = next(NpzAdapter().iter_samples(str(path), "a.npz", {}))
+    for name, want in arrays.items():
+        got = sample.fields[name]
+        np.testing.assert_array_equal(got, want)
+        assert got.flags.aligned
+        if not offsets[name].aligned:
+            assert got.flags.owndata

@@ -271,6 +271,35 @@ def test_two_workers_give_the_same_snapshot_content_and_shards(tmp_path, npz_dir
     assert len(out[0][2]) > 1
 
 
+@pytest.mark.multiprocess
+def test_a_forked_pool_gets_work_before_this_process_finishes_its_first_task(
+    tmp_path, monkeypatch
+):
+    """Two tasks, two workers: one runs here, one in the forked process, however slowly
+    a start-up probe would answer (a pool that waited for one first left its process
+    idle through this one's first task; here this process would have run both)."""
+    import os
+    import time
+
+    import simstore.ingest._engine as engine
+
+    def slow_probe(plugins):
+        time.sleep(2)
+        return os.getpid()
+
+    monkeypatch.setattr(engine, "warm_up", slow_probe)
+
+    (tmp_path / "src").mkdir()
+    for i in range(2):
+        sf.write_npz(tmp_path / "src" / f"run{i}.npz", seed=i)
+    cat = Catalog.init(str(tmp_path / "store"))
+    r = ingest([tmp_path / "src"], dataset="d", store=cat, workers=2, shard_size=1,
+               start_method="fork")
+    assert len(r.tasks) == 2 and r.engine == "process-pool"
+    ran = sorted(t.worker for t in r.tasks)
+    assert ran[0] == "local" and ran[1].startswith("pid ") and ran[1] != f"pid {os.getpid()}"
+
+
 def test_the_pool_forks_only_while_no_other_python_thread_runs(monkeypatch):
     import sys
     import threading
