@@ -206,9 +206,12 @@ class ZarrShardWriter:
         self.path = path
         self.options = options
         try:
-            self._zip = zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True)
+            self._file = _zip.HashingFile(path)
         except OSError as exc:
             raise write_error(path, exc) from exc
+        self._zip = zipfile.ZipFile(
+            self._file, "w", compression=zipfile.ZIP_STORED, allowZip64=True
+        )
         self._nodes: dict[str, dict[str, Any]] = {}
         self._written: list[WrittenSample] = []
         self._specs: dict[str, FieldSpec] = {}
@@ -380,6 +383,8 @@ class ZarrShardWriter:
         try:
             self._entry("zarr.json", json.dumps(root, sort_keys=True).encode())
             self._zip.close()
+            object_id = self._file.object_id()
+            self._file.close()
         except OSError as exc:
             self.abort()
             raise write_error(self.path, exc) from exc
@@ -387,15 +392,20 @@ class ZarrShardWriter:
             self.abort()
             raise
         return ShardWriteResult(
-            path=self.path, samples=tuple(self._written), schema=schema, stats=dict(stats or {})
+            path=self.path,
+            samples=tuple(self._written),
+            schema=schema,
+            stats=dict(stats or {}),
+            object_id=object_id,
         )
 
     def abort(self) -> None:
         """Close and remove the partial zip."""
-        try:
-            self._zip.close()
-        except (OSError, ValueError):
-            pass
+        for close in (self._zip.close, self._file.close):
+            try:
+                close()
+            except (OSError, ValueError):
+                pass
         Path(self.path).unlink(missing_ok=True)
 
 

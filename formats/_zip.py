@@ -1,7 +1,8 @@
 """The zip container of Zarr shards: fast stored writes, and an index in one read.
 
-Stored entries are written with ISA-L's CRC-32, and a zip's entries are indexed from one
-read of its central directory. Both keep to the plain zip format: stock readers
+Stored entries are written with ISA-L's CRC-32 through a file that hashes what it writes
+(so a finished shard needs no second read for its object id), and a zip's entries are
+indexed from one read of its central directory. Both keep to the plain zip format: stock readers
 (zipfile, zarr-python's ``ZipStore``) read what is written, and zips the index does not
 handle are left to ``zipfile``.
 """
@@ -14,15 +15,112 @@ import zipfile
 import zlib
 from typing import Any, NamedTuple
 
+from simstore.hashing import Hasher, ObjectId
+
 try:  # ISA-L's CRC-32: the zip format's polynomial at about 8x zlib's speed here
     from isal.isal_zlib import crc32
 except ImportError:  # pragma: no cover - a platform without isal wheels
     crc32 = zlib.crc32
 
-__all__ = ["MAGIC", "ZipEntry", "crc32", "write_stored", "zip_index"]
+__all__ = ["MAGIC", "HashingFile", "ZipEntry", "crc32", "write_stored", "zip_index"]
 
 MAGIC = b"PK\x03\x04"
 """A zip file's (and its every local header's) first four bytes."""
+
+
+class HashingFile:
+    """A new file written front to back that hashes its bytes on the way out.
+
+    The file object a ``ZipFile`` writes a shard through: ``object_id()`` is the xxh3-128
+    of the whole file once it is complete, from the bytes as they were written (while a
+    chunk is still in cache after its CRC-32), so the shard is not read again to be
+    stored under its hash. Small writes (zip headers) wait in a buffer and go out with
+    the next large one in one ``writev``; ``tell`` is counted, not asked of the kernel.
+    A seek anywhere but the end, or a failed write, leaves no id (``None``): the caller
+    then hashes the file.
+    """
+
+    _SMALL = 64 << 10
+
+    def __init__(self, path: str) -> None:
+        self.name = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        self._pos = 0
+        self._pending = bytearray()
+        self._hasher: Hasher | None = Hasher()
+        self.closed = False
+
+    def writable(self) -> bool:
+        """Always (a write-only file)."""
+        return True
+
+    def seekable(self) -> bool:
+        """Always (``ZipFile`` then writes sizes into local headers, not descriptors)."""
+        return True
+
+    def tell(self) -> int:
+        """The position: bytes written so far (and seeks)."""
+        return self._pos + len(self._pending)
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        """Append ``data``; returns its length."""
+        view = memoryview(data).cast("B")
+        n = view.nbytes
+        if self._hasher is not None:
+            self._hasher.update(view)
+        if n < self._SMALL:
+            self._pending += view
+            if len(self._pending) >= self._SMALL:
+                self.flush()
+            return n
+        self._out([memoryview(self._pending), view] if self._pending else [view])
+        self._pending = bytearray()
+        return n
+
+    def _out(self, parts: list[memoryview]) -> None:
+        try:
+            while parts:
+                done = os.writev(self._fd, parts)
+                self._pos += done
+                while parts and done >= parts[0].nbytes:
+                    done -= parts[0].nbytes
+                    parts.pop(0)
+                if parts and done:
+                    parts[0] = parts[0][done:]
+        except BaseException:
+            self._hasher = None
+            raise
+
+    def flush(self) -> None:
+        """Write out the buffered small writes."""
+        if self._pending:
+            self._out([memoryview(self._pending)])
+            self._pending = bytearray()
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        """Move the position; anywhere but the end gives up the running hash."""
+        if whence == os.SEEK_SET and offset == self.tell():
+            return offset
+        self.flush()
+        self._pos = os.lseek(self._fd, offset, whence)
+        if self._hasher is None or self._pos != self._hasher.size_bytes:
+            self._hasher = None
+        return self._pos
+
+    def object_id(self) -> ObjectId | None:
+        """The id of everything written, if it was written front to back (else None)."""
+        self.flush()
+        return None if self._hasher is None else self._hasher.hexdigest()
+
+    def close(self) -> None:
+        """Write out what is buffered and close the descriptor (once)."""
+        if self.closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self.closed = True
+            os.close(self._fd)
 
 
 def write_stored(zf: zipfile.ZipFile, info: zipfile.ZipInfo, data: bytes | memoryview) -> None:

@@ -41,6 +41,9 @@ class ShardWriteResult:
     samples: tuple[WrittenSample, ...]
     schema: Schema
     stats: Mapping[str, Any] = field(default_factory=dict)
+    object_id: str | None = None
+    """The file's object id when the writer hashed its bytes as it wrote them (the caller
+    then need not read the file again to hash it); None: the caller hashes the file."""
 
 
 @runtime_checkable

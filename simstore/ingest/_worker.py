@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from simstore.errors import InvalidInputError, SimstoreError, SourceError
-from simstore.hashing import object_key
+from simstore.hashing import ObjectId, object_key
 from simstore.ingest._arrays import (
     hash_sample_blocks,
     is_array_source,
@@ -128,8 +128,12 @@ class TaskRunner:
 
     def _close(self, kind: str) -> None:
         b = self.open.pop(kind)
-        b.writer.close(stats=b.stats.to_json())
-        oid, size = hash_file(b.path)
+        written = b.writer.close(stats=b.stats.to_json())
+        known = getattr(written, "object_id", None)  # hashed on the way out (Zarr)
+        if known is not None:
+            oid, size = ObjectId(known), os.path.getsize(b.path)
+        else:
+            oid, size = hash_file(b.path)
         store = self.ctx.store
         if isinstance(store, SupportsMoveFile):
             if store.move_file(object_key(oid), b.path):  # consumes b.path

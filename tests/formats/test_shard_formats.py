@@ -294,6 +294,53 @@ def test_zarr_entries_are_the_bytes_zipfile_writes_with_valid_crcs(tmp_path, mon
     assert (tmp_path / "fast").read_bytes() == (tmp_path / "stock").read_bytes()
 
 
+def test_a_zarr_shard_is_hashed_as_it_is_written(tmp_path, monkeypatch):
+    """The writer's object id is the file's (so ingest need not read it again); a write
+    that seeks back over what it wrote (zipfile's own ``writestr``) leaves no id."""
+    from simstore.formats import _zip
+
+    from simstore.hashing import hash_file
+
+    rng = np.random.default_rng(5)
+    samples = [
+        Sample(f"k{i}", {"u": rng.standard_normal((2, 300, 400)).astype(np.float32), "n": i})
+        for i in range(3)
+    ]
+    fmt = ZarrFormat(ShardOptions(chunk_bytes=96 << 10, compression="none"))
+    writer = fmt.open_writer(str(tmp_path / "a"))
+    for s in samples:
+        writer.add(s, sample_hash=hash_sample(s), size_bytes=0)
+    result = writer.close()
+    assert result.object_id == hash_file(str(tmp_path / "a"))[0]
+    monkeypatch.setattr(_zip, "write_stored", lambda zf, info, data: zf.writestr(info, data))
+    writer = fmt.open_writer(str(tmp_path / "b"))
+    writer.add(samples[0], sample_hash=hash_sample(samples[0]), size_bytes=0)
+    assert writer.close().object_id is None
+
+
+def test_hashing_file_counts_small_and_large_writes_and_gives_up_on_seeking_back(tmp_path):
+    from simstore.formats._zip import HashingFile
+
+    from simstore.hashing import hash_bytes
+
+    parts = [b"h" * 10, bytes(range(256)) * 1024, b"t" * 70_000, b"", b"x"]
+    f = HashingFile(str(tmp_path / "f"))
+    for p in parts:
+        assert f.write(p) == len(p)
+    assert f.tell() == sum(map(len, parts))
+    assert f.seek(f.tell()) == f.tell()  # to where it is: nothing changes
+    assert f.object_id() == hash_bytes(b"".join(parts))
+    f.close()
+    assert (tmp_path / "f").read_bytes() == b"".join(parts)
+    g = HashingFile(str(tmp_path / "g"))
+    g.write(b"abcdef")
+    g.seek(2)
+    g.write(b"Z")
+    assert g.object_id() is None
+    g.close()
+    assert (tmp_path / "g").read_bytes() == b"abZdef"
+
+
 @pytest.mark.parametrize("source", ["path", "file object"])
 def test_parquet_row_groups_decode_into_the_shard_memory_pool(tmp_path, source):
     # pyarrow's default allocator hands freed row groups back to the system at once; the
