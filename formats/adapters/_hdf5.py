@@ -4,6 +4,8 @@ Datasets become fields named by their path (``velocity``, ``group/pressure``); a
 of the file, groups and datasets become parameters (``Re``, ``group/units``,
 ``velocity.units``). Big datasets are read in slices, never whole; ``time_window`` and
 ``stride`` cut time-dependent datasets into one sample per window (see ``_tree``).
+Datasets chunked without filters are read with no chunk cache (straight into the
+result); compressed ones keep HDF5's chunk cache.
 String datasets become string parameters (scalar) or metadata lists.
 """
 
@@ -30,6 +32,20 @@ def _h5py() -> Any:
     except ImportError as exc:
         raise ImportError("the hdf5 adapter needs h5py: pip install 'simstore[hdf5]'") from exc
     return h5py
+
+
+def _uncached(h5py: Any, f: Any, name: str) -> Any:
+    """Dataset ``name`` of ``f`` opened again with no chunk cache.
+
+    For chunks stored unfiltered the cache only adds a copy: without it HDF5 reads a
+    selection's bytes straight into the result (a 768 MiB run chunked by time step read
+    in windows of four: 0.16 s against 0.23 s). The caller has closed its own handle of
+    the dataset (HDF5 hands an open dataset's existing handle to a second open, with
+    the first one's cache).
+    """
+    dapl = h5py.h5p.create(h5py.h5p.DATASET_ACCESS)
+    dapl.set_chunk_cache(0, 0, 1.0)
+    return h5py.Dataset(h5py.h5d.open(f.id, name.encode(), dapl))
 
 
 class HDF5Adapter:
@@ -82,6 +98,9 @@ class HDF5Adapter:
                             f"{path}: field {name!r}: unsupported HDF5 dtype {dtype} "
                             "(numeric, bool and string datasets are read)"
                         )
+                    if obj.chunks is not None and not obj.id.get_create_plist().get_nfilters():
+                        del obj
+                        obj = _uncached(h5py, f, name)
                     entries.append(ArrayEntry(name, SlicedArray(obj, path=path, field=name)))
             except SourceError:
                 raise

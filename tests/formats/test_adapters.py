@@ -87,6 +87,26 @@ def test_hdf5_big_datasets_stay_in_the_file(tmp_path):
         lazy[(slice(0, 1),)]
 
 
+def test_hdf5_unfiltered_chunks_are_read_without_a_chunk_cache(tmp_path):
+    """Chunked, unfiltered datasets (in groups too) are opened with no chunk cache and
+    read the same values in any box; a compressed one keeps HDF5's cache."""
+    import h5py
+
+    rng = np.random.default_rng(3)
+    plain = rng.standard_normal((10, 24, 20)).astype(np.float32)
+    with h5py.File(tmp_path / "c.h5", "w") as f:
+        f.create_dataset("g/plain", data=plain, chunks=(1, 24, 20))
+        f.create_dataset("packed", data=plain * 2, chunks=(4, 8, 8), compression="gzip")
+    samples = HDF5Adapter().iter_samples(str(tmp_path / "c.h5"), "c.h5", {"max_in_memory_bytes": 8})
+    fields = next(samples).fields
+    caches = {n: fields[n]._handle.id.get_access_plist().get_chunk_cache() for n in ("g/plain", "packed")}
+    assert caches["g/plain"][1] == 0 and caches["packed"][1] > 0
+    for box in [(slice(0, 10),), (slice(3, 7), slice(5, 19), slice(2, 20)), (slice(9, 10),)]:
+        np.testing.assert_array_equal(fields["g/plain"][box], plain[box])
+        np.testing.assert_array_equal(fields["packed"][box], plain[box] * 2)
+    samples.close()
+
+
 def test_hdf5_window_longer_than_the_run_names_the_file(tmp_path):
     path = tmp_path / "short.h5"
     sf.write_h5(path, t=3)
