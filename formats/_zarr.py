@@ -19,6 +19,9 @@ endian), then ``zstd`` or, for float fields under ``shuffle-zstd``, ``blosc`` (z
 byte shuffle), all standard Zarr v3 codecs. Reads go straight to the zip entries of the
 chunks a request touches (see :class:`ZarrShardReader`); ``array()`` hands out
 zarr-python's arrays.
+
+This module holds the reader and the format; the writer is in :mod:`._zarr_write`, the
+chunk grid and codecs both share in :mod:`._zarr_layout`.
 """
 
 from __future__ import annotations
@@ -32,381 +35,36 @@ import struct
 import threading
 import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
 from simstore.errors import FormatError, InvalidInputError
-from simstore.ingest import (
-    ShardOptions,
-    hash_sample_blocks,
-    parse_compression,
-    sample_nbytes,
-    spec_of_value,
-)
-from simstore.protocols import ShardWriteResult, WrittenSample
+from simstore.ingest import ShardOptions, hash_sample_blocks, sample_nbytes
+from simstore.protocols import ShardWriteResult
 from simstore.sample import FieldSpec, FieldValue, Sample, Schema
 
 from . import _zip
-from ._arrow import SHARD_FORMAT_VERSION, scalar_out
-from ._columnar import write_error
+from ._arrow import SHARD_FORMAT_VERSION
+from ._zarr_layout import (
+    SLAB_CHUNKS,
+    ChunkDecoder,
+    _scalar_from_json,
+    _zarr,
+    auto_chunks,
+    slab_axes,
+)
+from ._zarr_write import ZarrShardWriter
 from ._zip import MAGIC, ZipEntry, crc32
 
-__all__ = ["ZarrFormat", "ZarrShardReader", "ZarrShardWriter", "auto_chunks"]
-
-_EPOCH = (1980, 1, 1, 0, 0, 0)
-
-
-def _zarr() -> Any:
-    try:
-        import zarr
-    except ImportError as exc:  # pragma: no cover - zarr is a core dependency
-        raise ImportError("Zarr shards need zarr-python 3: pip install 'zarr>=3'") from exc
-    return zarr
-
-
-CONTIGUOUS_FIELD_CHUNKS = 8
-"""A field of at most this many target chunks is chunked in C order (see ``auto_chunks``)."""
-
-
-def auto_chunks(shape: Sequence[int], itemsize: int, target_bytes: int) -> tuple[int, ...]:
-    """A chunk shape of at most about ``target_bytes`` for a field of ``shape``.
-
-    A field of at most ``CONTIGUOUS_FIELD_CHUNKS`` target chunks (8 MiB by default), which
-    a training job reads whole, gets chunks that are contiguous runs of the C-order array
-    (``[1, ..., 1, k, n, ..., n]``, ``k`` dividing its axis): a whole read then lands
-    each chunk straight in its place in the batch, with no gather, and a window along the
-    leading (time) axis reads whole chunks. A larger field halves its longest axis until
-    a chunk fits, so chunks stay near-cubic and a crop along any axis of a big grid reads
-    little it does not need.
-    """
-    dims = [max(1, int(n)) for n in shape]
-    if math.prod(dims) * itemsize <= CONTIGUOUS_FIELD_CHUNKS * target_bytes:
-        chunk = list(dims)
-        for i in range(len(dims)):
-            rest = math.prod(dims[i + 1 :]) * itemsize
-            if rest * dims[i] <= target_bytes:
-                break
-            if rest <= target_bytes:
-                chunk[i] = _run_length(dims[i], target_bytes // rest)
-                break
-            chunk[i] = 1
-        return tuple(chunk)
-    chunk = list(dims)
-    while math.prod(chunk) * itemsize > target_bytes and max(chunk, default=1) > 1:
-        i = int(np.argmax(chunk))
-        chunk[i] = (chunk[i] + 1) // 2
-    return tuple(chunk)
-
-
-SLAB_CHUNKS = 64
-"""A Zarr writer reads a field at most ``SLAB_CHUNKS * chunk_bytes`` at a time."""
-
-
-def slab_axes(shape: Sequence[int], chunk: Sequence[int], itemsize: int, limit: int) -> int:
-    """How many leading axes the writer steps through chunk by chunk, reading slabs.
-
-    A slab spans one chunk on each of the first ``d`` axes and the whole field on the
-    rest; ``d`` is the fewest leading axes whose slabs fit in ``limit`` bytes (at most
-    every axis: one chunk per read). A slab over whole trailing axes is one contiguous
-    read of a C-ordered source, and each of its chunks is cut from memory: a source
-    chunked by time step (an HDF5 dataset's ``(1, ny, nx)``) is read once, where reading
-    it box by box read each of its chunks once per box (16x more with ``(16, 128,
-    128)`` boxes of ``(64, 512, 512)`` float32).
-    """
-    for d in range(len(shape) + 1):
-        if math.prod(chunk[:d]) * math.prod(shape[d:]) * itemsize <= limit:
-            return d
-    return len(shape)
-
-
-def _run_length(n: int, fit: int) -> int:
-    """Rows per chunk along an axis of ``n``.
-
-    The largest divisor of ``n`` up to ``fit`` (no padded edge chunk), unless that is
-    under half of ``fit``: then ``fit``, with a padded edge chunk.
-    """
-    best = max(
-        (d for i in range(1, math.isqrt(n) + 1) if n % i == 0 for d in (i, n // i) if d <= fit),
-        default=1,
-    )
-    return best if 2 * best >= fit else fit
-
-
-def _fill(dtype: np.dtype[Any]) -> Any:
-    if dtype.kind == "b":
-        return False
-    if dtype.kind == "f":
-        return 0.0
-    return 0
-
-
-def _json_scalar(value: Any, dtype: str) -> Any:
-    v = np.asarray(value, dtype=dtype).item()
-    if isinstance(v, float) and not math.isfinite(v):
-        return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
-    return v
-
-
-def _scalar_from_json(value: Any, dtype: str) -> Any:
-    if isinstance(value, str):
-        value = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[value]
-    return scalar_out(np.asarray(value, dtype=dtype)[()], dtype)
-
-
-class _Codec:
-    """Chunk encoder for one array: its Zarr v3 codec list and the bytes it produces."""
-
-    def __init__(self, compression: str, dtype: np.dtype[Any]) -> None:
-        codec, level = parse_compression(compression)
-        self.codecs: list[dict[str, Any]] = (
-            [{"name": "bytes", "configuration": {"endian": "little"}}]
-            if dtype.itemsize > 1
-            else [{"name": "bytes"}]
-        )
-        self._encode: Any = None
-        if codec == "shuffle-zstd" and dtype.kind == "f":
-            from numcodecs import Blosc
-
-            self.codecs.append(
-                {
-                    "name": "blosc",
-                    "configuration": {
-                        "typesize": dtype.itemsize,
-                        "cname": "zstd",
-                        "clevel": level,
-                        "shuffle": "shuffle",
-                        "blocksize": 0,
-                    },
-                }
-            )
-            self._encode = Blosc(
-                cname="zstd", clevel=level, shuffle=Blosc.SHUFFLE, blocksize=0
-            ).encode
-        elif codec != "none":
-            from numcodecs import Zstd
-
-            self.codecs.append(
-                {"name": "zstd", "configuration": {"level": level, "checksum": False}}
-            )
-            self._encode = Zstd(level=level, checksum=False).encode
-
-    def encode(self, chunk: np.ndarray) -> bytes | memoryview:
-        raw = np.ascontiguousarray(chunk.astype(chunk.dtype.newbyteorder("<"), copy=False))
-        if self._encode is None:
-            return raw.reshape(-1).view(np.uint8).data  # the zip entry's bytes, uncopied
-        return bytes(self._encode(raw))
-
-
-class ZarrShardWriter:
-    """Writes samples into a deterministic zip of a Zarr v3 hierarchy, chunk by chunk."""
-
-    def __init__(self, path: str, options: ShardOptions) -> None:
-        self.path = path
-        self.options = options
-        try:
-            self._file = _zip.HashingFile(path)
-        except OSError as exc:
-            raise write_error(path, exc) from exc
-        self._zip = zipfile.ZipFile(
-            self._file, "w", compression=zipfile.ZIP_STORED, allowZip64=True
-        )
-        self._nodes: dict[str, dict[str, Any]] = {}
-        self._written: list[WrittenSample] = []
-        self._specs: dict[str, FieldSpec] = {}
-
-    def _entry(self, name: str, data: bytes | memoryview) -> None:
-        info = zipfile.ZipInfo(name, date_time=_EPOCH)
-        info.compress_type = zipfile.ZIP_STORED
-        info.create_system = 3
-        info.external_attr = 0o100644 << 16
-        try:
-            _zip.write_stored(self._zip, info, data)
-        except OSError as exc:  # a full disk: the caller aborts the shard
-            raise write_error(self.path, exc) from exc
-
-    def _node(self, path: str, meta: dict[str, Any]) -> None:
-        self._nodes[path] = meta
-        self._entry(f"{path}/zarr.json", json.dumps(meta, sort_keys=True).encode())
-
-    def _group(self, path: str, attributes: dict[str, Any]) -> None:
-        self._node(path, {"zarr_format": 3, "node_type": "group", "attributes": attributes})
-
-    def _array(self, path: str, value: Any, kind: str) -> None:
-        dtype = np.dtype(value.dtype)
-        shape = tuple(int(n) for n in value.shape)
-        name = path.split("/", 1)[1]
-        chunk = tuple(
-            self.options.chunks.get(name)
-            or auto_chunks(shape, dtype.itemsize, self.options.chunk_bytes)
-        )
-        if len(chunk) != len(shape) or any(c < 1 for c in chunk):
-            raise InvalidInputError(
-                f"chunk shape {chunk} for field {name!r} does not fit its shape {shape}"
-            )
-        codec = _Codec(self.options.compression, dtype)
-        self._node(
-            path,
-            {
-                "zarr_format": 3,
-                "node_type": "array",
-                "shape": list(shape),
-                "data_type": str(dtype),
-                "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunk)}},
-                "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-                "fill_value": _fill(dtype),
-                "codecs": codec.codecs,
-                "attributes": {"simstore": {"kind": kind}},
-                "storage_transformers": [],
-            },
-        )
-        if len(shape) == 0:
-            self._entry(f"{path}/c", codec.encode(np.asarray(value[()], dtype=dtype).reshape(())))
-            return
-        if math.prod(shape) == 0:
-            return
-        grid = tuple(math.ceil(n / c) for n, c in zip(shape, chunk, strict=True))
-        lead = slab_axes(shape, chunk, dtype.itemsize, SLAB_CHUNKS * self.options.chunk_bytes)
-        for outer in np.ndindex(*grid[:lead]):
-            # one read of the source per slab: a lazy source (an HDF5 dataset chunked by
-            # time step) read box by box re-reads each of its chunks once per box it spans
-            start = [i * c for i, c in zip(outer, chunk[:lead], strict=True)] + [0] * (
-                len(shape) - lead
-            )
-            stop = [min(n, a + c) for a, c, n in zip(start, chunk[:lead], shape, strict=False)]
-            stop += list(shape[lead:])
-            slab = np.asarray(
-                value[tuple(slice(a, b) for a, b in zip(start, stop, strict=True))], dtype=dtype
-            )
-            for inner in np.ndindex(*grid[lead:]):
-                idx = (*outer, *inner)
-                box = tuple(
-                    slice(i * c - a, min(n, (i + 1) * c) - a)
-                    for i, c, n, a in zip(idx, chunk, shape, start, strict=True)
-                )
-                data = slab[box]
-                if data.shape != chunk:
-                    padded = np.zeros(chunk, dtype=dtype)
-                    padded[tuple(slice(0, n) for n in data.shape)] = data
-                    data = padded
-                self._entry(f"{path}/c/{'/'.join(str(i) for i in idx)}", codec.encode(data))
-
-    def add(self, sample: Sample, *, sample_hash: str, size_bytes: int) -> WrittenSample:
-        """Write one sample's group and arrays now (lazy fields chunk by chunk)."""
-        position = len(self._written)
-        base = str(position)
-        scalars: dict[str, Any] = {}
-        strings: dict[str, str] = {}
-        jsons: dict[str, Any] = {}
-        arrays: list[tuple[str, Any, str]] = []
-        for name in sorted(sample.fields):
-            value = sample.fields[name]
-            spec = spec_of_value(name, value)
-            prev = self._specs.setdefault(name, spec)
-            if prev != spec:
-                raise InvalidInputError(
-                    f"sample {sample.key!r}: field {name!r} is {spec.describe()}, but earlier "
-                    f"samples of this shard have {prev.describe()}"
-                )
-            if spec.kind == "tensor":
-                arrays.append((name, value, "tensor"))
-            elif spec.kind == "bytes":
-                arrays.append((name, np.frombuffer(bytes(value), dtype=np.uint8), "bytes"))  # type: ignore[arg-type]
-            elif spec.kind == "scalar":
-                scalars[name] = [spec.dtype, _json_scalar(value, spec.dtype)]
-            elif spec.kind == "string":
-                strings[name] = str(value)
-            else:
-                jsons[name] = value
-        names = [a[0] for a in arrays]
-        groups = sorted(
-            {"/".join(n.split("/")[:i]) for n in names for i in range(1, n.count("/") + 1)}
-        )
-        clash = sorted(set(groups) & set(names))
-        if clash:
-            raise InvalidInputError(
-                f"sample {sample.key!r}: field {clash[0]!r} is both an array and a group of "
-                "other fields; a Zarr shard cannot hold both"
-            )
-        attrs = {
-            "simstore": {"key": sample.key, "scalars": scalars, "strings": strings, "json": jsons}
-        }
-        self._group(base, attrs)
-        for g in groups:
-            self._group(f"{base}/{g}", {})
-        for name, value, kind in arrays:
-            self._array(f"{base}/{name}", value, kind)
-        ws = WrittenSample(
-            key=sample.key, sample_hash=sample_hash, position=position, size_bytes=size_bytes
-        )
-        self._written.append(ws)
-        return ws
-
-    def close(self, stats: Mapping[str, Any] | None = None) -> ShardWriteResult:
-        """Write the root group (with consolidated metadata) and finish the zip."""
-        schema = tuple(self._specs[n] for n in sorted(self._specs))
-        root_attrs = {
-            "simstore": {
-                "kind": "shard",
-                "format_version": SHARD_FORMAT_VERSION,
-                "samples": len(self._written),
-                "keys": [w.key for w in self._written],
-                "schema": [s.to_json() for s in schema],
-                "stats": dict(stats or {}),
-            }
-        }
-        root = {
-            "zarr_format": 3,
-            "node_type": "group",
-            "attributes": root_attrs,
-            "consolidated_metadata": {
-                "kind": "inline",
-                "must_understand": False,
-                "metadata": {
-                    path: (
-                        {
-                            **meta,
-                            "consolidated_metadata": {
-                                "kind": "inline",
-                                "must_understand": False,
-                                "metadata": {},
-                            },
-                        }
-                        if meta["node_type"] == "group"
-                        else meta
-                    )
-                    for path, meta in self._nodes.items()
-                },
-            },
-        }
-        try:
-            self._entry("zarr.json", json.dumps(root, sort_keys=True).encode())
-            self._zip.close()
-            object_id = self._file.object_id()
-            self._file.close()
-        except OSError as exc:
-            self.abort()
-            raise write_error(self.path, exc) from exc
-        except BaseException:
-            self.abort()
-            raise
-        return ShardWriteResult(
-            path=self.path,
-            samples=tuple(self._written),
-            schema=schema,
-            stats=dict(stats or {}),
-            object_id=object_id,
-        )
-
-    def abort(self) -> None:
-        """Close and remove the partial zip."""
-        for close in (self._zip.close, self._file.close):
-            try:
-                close()
-            except (OSError, ValueError):
-                pass
-        Path(self.path).unlink(missing_ok=True)
+__all__ = [
+    "SLAB_CHUNKS",
+    "ZarrFormat",
+    "ZarrShardReader",
+    "ZarrShardWriter",
+    "auto_chunks",
+    "slab_axes",
+]
 
 
 def _zip_store(source: str | BinaryIO) -> Any:
@@ -429,37 +87,6 @@ def _zip_store(source: str | BinaryIO) -> Any:
             self._is_open = True
 
     return _FileZipStore(source)
-
-
-class _ChunkDecoder:
-    """Decodes the chunks of one array written with the codecs simstore uses."""
-
-    def __init__(self, meta: Mapping[str, Any]) -> None:
-        self.shape = tuple(int(n) for n in meta["shape"])
-        self.chunks = tuple(int(n) for n in meta["chunk_grid"]["configuration"]["chunk_shape"])
-        self.dtype = np.dtype(str(meta["data_type"]))
-        self.fill = meta.get("fill_value", 0)
-        codecs = list(meta["codecs"])
-        if not codecs or codecs[0]["name"] != "bytes":
-            raise ValueError("first codec is not bytes")
-        endian = codecs[0].get("configuration", {}).get("endian", "little")
-        self.stored = self.dtype.newbyteorder("<" if endian == "little" else ">")
-        self._decode: Any = None
-        if len(codecs) == 2 and codecs[1]["name"] == "zstd":
-            from numcodecs import Zstd
-
-            self._decode = Zstd().decode
-        elif len(codecs) == 2 and codecs[1]["name"] == "blosc":
-            from numcodecs import Blosc
-
-            self._decode = Blosc().decode
-        elif len(codecs) != 1:
-            raise ValueError(f"codecs {[c['name'] for c in codecs]} are not simstore's")
-
-    def decode(self, raw: bytes) -> np.ndarray:
-        data = self._decode(raw) if self._decode is not None else raw
-        arr = np.frombuffer(data, dtype=self.stored).reshape(self.chunks)
-        return arr if self.stored == self.dtype else arr.astype(self.dtype)
 
 
 class _Nodes(Mapping[str, Any]):
@@ -523,8 +150,8 @@ class ZarrShardReader:
         self._root: Any = None
         self._store: Any = None
         self._offsets: dict[str, tuple[int, int]] = {}
-        self._decoders: dict[str, _ChunkDecoder | None] = {}
-        self._decoder_of: dict[int, _ChunkDecoder] = {}
+        self._decoders: dict[str, ChunkDecoder | None] = {}
+        self._decoder_of: dict[int, ChunkDecoder] = {}
         """Decoders by the id of the metadata they were made from (shared, see _Nodes)."""
         self._scratch: dict[tuple[tuple[int, ...], str], np.ndarray] = {}
         self._chunk_bytes: dict[tuple[str, str], int] | None = None
@@ -702,7 +329,7 @@ class ZarrShardReader:
             raise FormatError(f"{self.name}: zip entry {key} fails its CRC-32 check")
 
     def _read_whole(
-        self, path: str, dec: _ChunkDecoder, into: Callable[..., Any] | None = None
+        self, path: str, dec: ChunkDecoder, into: Callable[..., Any] | None = None
     ) -> np.ndarray | None:
         """A whole field whose chunks are contiguous runs of it, read with no extra copy.
 
@@ -780,13 +407,13 @@ class ZarrShardReader:
         self._check_crc(key, data)
         return data
 
-    def _decoder(self, path: str) -> _ChunkDecoder | None:
+    def _decoder(self, path: str) -> ChunkDecoder | None:
         if path not in self._decoders:
             try:
                 meta = self._nodes[path]
                 dec = self._decoder_of.get(id(meta))
                 if dec is None:
-                    dec = self._decoder_of[id(meta)] = _ChunkDecoder(meta)
+                    dec = self._decoder_of[id(meta)] = ChunkDecoder(meta)
                 self._decoders[path] = dec
             except (KeyError, ValueError, TypeError):
                 self._decoders[path] = None  # not simstore's codecs: zarr-python reads it
@@ -845,7 +472,7 @@ class ZarrShardReader:
                 out[tuple(dst)] = chunk[tuple(src)]
         return out
 
-    def _chunk(self, key: str, dec: _ChunkDecoder) -> np.ndarray | None:
+    def _chunk(self, key: str, dec: ChunkDecoder) -> np.ndarray | None:
         """One decoded chunk, or None when it was never written.
 
         An uncompressed chunk is read into a scratch array reused for every chunk of its

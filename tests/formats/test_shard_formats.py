@@ -142,9 +142,9 @@ def test_stock_zarr_opens_the_zip_and_windows_read_only_their_chunks(tmp_path):
 
 
 def test_zarr_writes_lazy_sources_slab_by_slab(tmp_path, monkeypatch):
-    import simstore.formats._zarr as zarr_format
+    import simstore.formats._zarr_write as zarr_writer
 
-    monkeypatch.setattr(zarr_format, "SLAB_CHUNKS", 5)  # 40,960 bytes of 8 KiB chunks
+    monkeypatch.setattr(zarr_writer, "SLAB_CHUNKS", 5)  # 40,960 bytes of 8 KiB chunks
     class Counting:
         """A sliceable handle that records how much each read returns."""
 

@@ -1,0 +1,200 @@
+"""How simstore lays out the arrays of a Zarr v3 shard: chunk shapes, slabs, codecs.
+
+Shared by the writer (:mod:`._zarr_write`) and the reader (:mod:`._zarr`): the chunk grid
+a field gets (:func:`auto_chunks`), how much of a lazy source the writer reads at a time
+(:func:`slab_axes`), fill values, the JSON form of scalars, and the codecs (``bytes``,
+then ``zstd`` or ``blosc``) that encode a chunk and decode it again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from simstore.ingest import parse_compression
+
+from ._arrow import scalar_out
+
+__all__ = [
+    "CONTIGUOUS_FIELD_CHUNKS",
+    "SLAB_CHUNKS",
+    "ChunkCodec",
+    "ChunkDecoder",
+    "auto_chunks",
+    "slab_axes",
+]
+
+
+def _zarr() -> Any:
+    try:
+        import zarr
+    except ImportError as exc:  # pragma: no cover - zarr is a core dependency
+        raise ImportError("Zarr shards need zarr-python 3: pip install 'zarr>=3'") from exc
+    return zarr
+
+
+CONTIGUOUS_FIELD_CHUNKS = 8
+"""A field of at most this many target chunks is chunked in C order (see ``auto_chunks``)."""
+
+
+def auto_chunks(shape: Sequence[int], itemsize: int, target_bytes: int) -> tuple[int, ...]:
+    """A chunk shape of at most about ``target_bytes`` for a field of ``shape``.
+
+    A field of at most ``CONTIGUOUS_FIELD_CHUNKS`` target chunks (8 MiB by default), which
+    a training job reads whole, gets chunks that are contiguous runs of the C-order array
+    (``[1, ..., 1, k, n, ..., n]``, ``k`` dividing its axis): a whole read then lands
+    each chunk straight in its place in the batch, with no gather, and a window along the
+    leading (time) axis reads whole chunks. A larger field halves its longest axis until
+    a chunk fits, so chunks stay near-cubic and a crop along any axis of a big grid reads
+    little it does not need.
+    """
+    dims = [max(1, int(n)) for n in shape]
+    if math.prod(dims) * itemsize <= CONTIGUOUS_FIELD_CHUNKS * target_bytes:
+        chunk = list(dims)
+        for i in range(len(dims)):
+            rest = math.prod(dims[i + 1 :]) * itemsize
+            if rest * dims[i] <= target_bytes:
+                break
+            if rest <= target_bytes:
+                chunk[i] = _run_length(dims[i], target_bytes // rest)
+                break
+            chunk[i] = 1
+        return tuple(chunk)
+    chunk = list(dims)
+    while math.prod(chunk) * itemsize > target_bytes and max(chunk, default=1) > 1:
+        i = int(np.argmax(chunk))
+        chunk[i] = (chunk[i] + 1) // 2
+    return tuple(chunk)
+
+
+SLAB_CHUNKS = 64
+"""A Zarr writer reads a field at most ``SLAB_CHUNKS * chunk_bytes`` at a time."""
+
+
+def slab_axes(shape: Sequence[int], chunk: Sequence[int], itemsize: int, limit: int) -> int:
+    """How many leading axes the writer steps through chunk by chunk, reading slabs.
+
+    A slab spans one chunk on each of the first ``d`` axes and the whole field on the
+    rest; ``d`` is the fewest leading axes whose slabs fit in ``limit`` bytes (at most
+    every axis: one chunk per read). A slab over whole trailing axes is one contiguous
+    read of a C-ordered source, and each of its chunks is cut from memory: a source
+    chunked by time step (an HDF5 dataset's ``(1, ny, nx)``) is read once, where reading
+    it box by box read each of its chunks once per box (16x more with ``(16, 128,
+    128)`` boxes of ``(64, 512, 512)`` float32).
+    """
+    for d in range(len(shape) + 1):
+        if math.prod(chunk[:d]) * math.prod(shape[d:]) * itemsize <= limit:
+            return d
+    return len(shape)
+
+
+def _run_length(n: int, fit: int) -> int:
+    """Rows per chunk along an axis of ``n``.
+
+    The largest divisor of ``n`` up to ``fit`` (no padded edge chunk), unless that is
+    under half of ``fit``: then ``fit``, with a padded edge chunk.
+    """
+    best = max(
+        (d for i in range(1, math.isqrt(n) + 1) if n % i == 0 for d in (i, n // i) if d <= fit),
+        default=1,
+    )
+    return best if 2 * best >= fit else fit
+
+
+def _fill(dtype: np.dtype[Any]) -> Any:
+    if dtype.kind == "b":
+        return False
+    if dtype.kind == "f":
+        return 0.0
+    return 0
+
+
+def _json_scalar(value: Any, dtype: str) -> Any:
+    v = np.asarray(value, dtype=dtype).item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
+    return v
+
+
+def _scalar_from_json(value: Any, dtype: str) -> Any:
+    if isinstance(value, str):
+        value = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[value]
+    return scalar_out(np.asarray(value, dtype=dtype)[()], dtype)
+
+
+class ChunkCodec:
+    """Chunk encoder for one array: its Zarr v3 codec list and the bytes it produces."""
+
+    def __init__(self, compression: str, dtype: np.dtype[Any]) -> None:
+        codec, level = parse_compression(compression)
+        self.codecs: list[dict[str, Any]] = (
+            [{"name": "bytes", "configuration": {"endian": "little"}}]
+            if dtype.itemsize > 1
+            else [{"name": "bytes"}]
+        )
+        self._encode: Any = None
+        if codec == "shuffle-zstd" and dtype.kind == "f":
+            from numcodecs import Blosc
+
+            self.codecs.append(
+                {
+                    "name": "blosc",
+                    "configuration": {
+                        "typesize": dtype.itemsize,
+                        "cname": "zstd",
+                        "clevel": level,
+                        "shuffle": "shuffle",
+                        "blocksize": 0,
+                    },
+                }
+            )
+            self._encode = Blosc(
+                cname="zstd", clevel=level, shuffle=Blosc.SHUFFLE, blocksize=0
+            ).encode
+        elif codec != "none":
+            from numcodecs import Zstd
+
+            self.codecs.append(
+                {"name": "zstd", "configuration": {"level": level, "checksum": False}}
+            )
+            self._encode = Zstd(level=level, checksum=False).encode
+
+    def encode(self, chunk: np.ndarray) -> bytes | memoryview:
+        raw = np.ascontiguousarray(chunk.astype(chunk.dtype.newbyteorder("<"), copy=False))
+        if self._encode is None:
+            return raw.reshape(-1).view(np.uint8).data  # the zip entry's bytes, uncopied
+        return bytes(self._encode(raw))
+
+
+class ChunkDecoder:
+    """Decodes the chunks of one array written with the codecs simstore uses."""
+
+    def __init__(self, meta: Mapping[str, Any]) -> None:
+        self.shape = tuple(int(n) for n in meta["shape"])
+        self.chunks = tuple(int(n) for n in meta["chunk_grid"]["configuration"]["chunk_shape"])
+        self.dtype = np.dtype(str(meta["data_type"]))
+        self.fill = meta.get("fill_value", 0)
+        codecs = list(meta["codecs"])
+        if not codecs or codecs[0]["name"] != "bytes":
+            raise ValueError("first codec is not bytes")
+        endian = codecs[0].get("configuration", {}).get("endian", "little")
+        self.stored = self.dtype.newbyteorder("<" if endian == "little" else ">")
+        self._decode: Any = None
+        if len(codecs) == 2 and codecs[1]["name"] == "zstd":
+            from numcodecs import Zstd
+
+            self._decode = Zstd().decode
+        elif len(codecs) == 2 and codecs[1]["name"] == "blosc":
+            from numcodecs import Blosc
+
+            self._decode = Blosc().decode
+        elif len(codecs) != 1:
+            raise ValueError(f"codecs {[c['name'] for c in codecs]} are not simstore's")
+
+    def decode(self, raw: bytes) -> np.ndarray:
+        data = self._decode(raw) if self._decode is not None else raw
+        arr = np.frombuffer(data, dtype=self.stored).reshape(self.chunks)
+        return arr if self.stored == self.dtype else arr.astype(self.dtype)
