@@ -10,6 +10,7 @@ or repeated on resume.
 
 from __future__ import annotations
 
+import gc
 import os
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -191,13 +192,24 @@ def _passthrough(item: _Tagged) -> _Tagged:
 
 
 class _WorkerInit:
-    """The workers' init function: tie the worker to this process, then the caller's."""
+    """The workers' init function: freeze, tie the worker to this process, run the caller's.
+
+    Freezing puts what the worker started with out of the garbage collector's sight. A
+    forked worker inherits every object of this process (torch, NumPy, pyarrow: some
+    hundreds of thousands); each full collection in the worker walked them all, about a
+    tenth of a worker's CPU over an epoch of 4 MiB samples (``perf record``), and wrote to
+    their pages, copying them. ``gc.freeze()`` moves them to the permanent generation,
+    which collections skip (what Python's documentation advises for forked children); in
+    a spawned worker it does the same for its imports. Objects made later are collected
+    as usual.
+    """
 
     def __init__(self, user: Callable[[int], None] | None) -> None:
         self.user = user
         self.parent_pid = os.getpid()
 
     def __call__(self, worker_id: int) -> None:
+        gc.freeze()
         exit_with_parent(self.parent_pid)
         if self.user is not None:
             self.user(worker_id)

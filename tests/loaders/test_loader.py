@@ -175,3 +175,27 @@ def test_per_sample_mode_without_batching(small):
     loader2.load_state_dict(state)
     rest = [s["__key__"] for s in loader2]
     assert sorted(got + rest) == sorted(samples)
+
+
+def _record_frozen(out, worker_id: int) -> None:
+    import gc
+
+    out.value = gc.get_freeze_count()
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_workers_freeze_what_they_start_with_out_of_the_collectors_sight(store_path, context):
+    """A worker's full collections would walk every object it inherited (or imported):
+    by the time the caller's init runs they are in the permanent generation."""
+    import functools
+    import gc
+    import multiprocessing
+
+    commit_samples(store_path, "sim", make_samples(8), per_shard=4)
+    frozen = multiprocessing.get_context(context).Value("q", -1)
+    ds = SimDataset(store_path, "sim", shard_opener=open_test_shard)
+    loader = SimDataLoader(ds, batch_size=2, num_workers=1, multiprocessing_context=context,
+                           worker_init_fn=functools.partial(_record_frozen, frozen))
+    assert len(list(loader)) == 4
+    assert gc.get_freeze_count() == 0  # this process collects as before
+    assert frozen.value > 10_000, frozen.value
