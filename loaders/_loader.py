@@ -197,8 +197,8 @@ class _WorkerInit:
     Freezing puts what the worker started with out of the garbage collector's sight. A
     forked worker inherits every object of this process (torch, NumPy, pyarrow: some
     hundreds of thousands); each full collection in the worker walked them all, about a
-    tenth of a worker's CPU over an epoch of 4 MiB samples (``perf record``), and wrote to
-    their pages, copying them. ``gc.freeze()`` moves them to the permanent generation,
+    tenth of the workers' CPU over repeated epochs of 4 MiB samples (``perf record``), and
+    wrote to their pages, copying them. ``gc.freeze()`` moves them to the permanent generation,
     which collections skip (what Python's documentation advises for forked children); in
     a spawned worker it does the same for its imports. Objects made later are collected
     as usual.
