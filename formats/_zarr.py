@@ -49,9 +49,9 @@ from ._arrow import SHARD_FORMAT_VERSION
 from ._zarr_layout import (
     SLAB_CHUNKS,
     ChunkDecoder,
-    _scalar_from_json,
-    _zarr,
     auto_chunks,
+    import_zarr,
+    scalar_from_json,
     slab_axes,
 )
 from ._zarr_write import ZarrShardWriter
@@ -68,7 +68,7 @@ __all__ = [
 
 
 def _zip_store(source: str | BinaryIO) -> Any:
-    zarr = _zarr()
+    zarr = import_zarr()
     if isinstance(source, str):
         return zarr.storage.ZipStore(source, mode="r")
     # zarr's ZipStore opens paths only; this one-level subclass opens the caller's seekable
@@ -275,7 +275,7 @@ class ZarrShardReader:
             )
         if self._root is None:
             self._store = _zip_store(self._source)
-            self._root = _zarr().open_group(self._store, mode="r", use_consolidated=True)
+            self._root = import_zarr().open_group(self._store, mode="r", use_consolidated=True)
         return self._root[path]
 
     # -- direct chunk reads ------------------------------------------------------------
@@ -503,7 +503,7 @@ class ZarrShardReader:
         out: dict[str, FieldValue] = {}
         for name, (dtype, value) in attrs.get("scalars", {}).items():
             if wanted is None or name in wanted:
-                out[name] = _scalar_from_json(value, dtype)
+                out[name] = scalar_from_json(value, dtype)
         for name, value in attrs.get("strings", {}).items():
             if wanted is None or name in wanted:
                 out[name] = str(value)

@@ -24,11 +24,16 @@ __all__ = [
     "ChunkCodec",
     "ChunkDecoder",
     "auto_chunks",
+    "fill_value_of",
+    "import_zarr",
+    "json_scalar",
+    "scalar_from_json",
     "slab_axes",
 ]
 
 
-def _zarr() -> Any:
+def import_zarr() -> Any:
+    """zarr-python, imported when first needed (with a hint where it is missing)."""
     try:
         import zarr
     except ImportError as exc:  # pragma: no cover - zarr is a core dependency
@@ -104,7 +109,8 @@ def _run_length(n: int, fit: int) -> int:
     return best if 2 * best >= fit else fit
 
 
-def _fill(dtype: np.dtype[Any]) -> Any:
+def fill_value_of(dtype: np.dtype[Any]) -> Any:
+    """An array's ``fill_value`` in its metadata: false or zero of its dtype."""
     if dtype.kind == "b":
         return False
     if dtype.kind == "f":
@@ -112,14 +118,16 @@ def _fill(dtype: np.dtype[Any]) -> Any:
     return 0
 
 
-def _json_scalar(value: Any, dtype: str) -> Any:
+def json_scalar(value: Any, dtype: str) -> Any:
+    """A scalar parameter as JSON (NaN and infinities as Zarr's strings)."""
     v = np.asarray(value, dtype=dtype).item()
     if isinstance(v, float) and not math.isfinite(v):
         return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
     return v
 
 
-def _scalar_from_json(value: Any, dtype: str) -> Any:
+def scalar_from_json(value: Any, dtype: str) -> Any:
+    """The inverse of :func:`json_scalar`."""
     if isinstance(value, str):
         value = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[value]
     return scalar_out(np.asarray(value, dtype=dtype)[()], dtype)

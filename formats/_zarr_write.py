@@ -26,7 +26,14 @@ from simstore.sample import FieldSpec, Sample
 from . import _zip
 from ._arrow import SHARD_FORMAT_VERSION
 from ._columnar import write_error
-from ._zarr_layout import SLAB_CHUNKS, ChunkCodec, _fill, _json_scalar, auto_chunks, slab_axes
+from ._zarr_layout import (
+    SLAB_CHUNKS,
+    ChunkCodec,
+    auto_chunks,
+    fill_value_of,
+    json_scalar,
+    slab_axes,
+)
 
 __all__ = ["ZarrShardWriter"]
 
@@ -89,7 +96,7 @@ class ZarrShardWriter:
                 "data_type": str(dtype),
                 "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunk)}},
                 "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-                "fill_value": _fill(dtype),
+                "fill_value": fill_value_of(dtype),
                 "codecs": codec.codecs,
                 "attributes": {"simstore": {"kind": kind}},
                 "storage_transformers": [],
@@ -148,7 +155,7 @@ class ZarrShardWriter:
             elif spec.kind == "bytes":
                 arrays.append((name, np.frombuffer(bytes(value), dtype=np.uint8), "bytes"))  # type: ignore[arg-type]
             elif spec.kind == "scalar":
-                scalars[name] = [spec.dtype, _json_scalar(value, spec.dtype)]
+                scalars[name] = [spec.dtype, json_scalar(value, spec.dtype)]
             elif spec.kind == "string":
                 strings[name] = str(value)
             else:

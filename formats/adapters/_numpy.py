@@ -76,7 +76,8 @@ class FileArray:
         self.dtype = np.dtype(dtype)
         self._fortran = fortran
         self._offset = offset
-        need = offset + int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        self._count = int(np.prod(self.shape, dtype=np.int64))
+        need = offset + self._count * self.dtype.itemsize
         if os.path.getsize(path) < need:
             raise ValueError(f"file is truncated: {os.path.getsize(path)} bytes, need {need}")
         fd = os.open(path, os.O_RDONLY)
@@ -105,7 +106,7 @@ class FileArray:
         size was checked when it was opened; a file truncated by another process while
         it is being ingested ends the process (SIGBUS), as it would for any mapped read.
         """
-        size = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        size = self._count * self.dtype.itemsize
         start = self._offset - self._offset % mmap.ALLOCATIONGRANULARITY
         try:
             region = mmap.mmap(
@@ -117,8 +118,8 @@ class FileArray:
             )
         except (OSError, ValueError):
             return np.ascontiguousarray(self[()])
-        count = int(np.prod(self.shape, dtype=np.int64))
-        flat = np.frombuffer(region, dtype=self.dtype, count=count, offset=self._offset - start)
+        flat = np.frombuffer(region, dtype=self.dtype, count=self._count,
+                             offset=self._offset - start)
         if self._fortran:
             return np.ascontiguousarray(flat.reshape(self.shape[::-1]).T)
         return flat.reshape(self.shape)
