@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, cast
@@ -34,6 +35,7 @@ from simstore.loaders._tensors import (
 )
 from simstore.loaders._world import World, exit_with_parent, in_worker, worker_context
 from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from simstore.errors import InvalidInputError
 
@@ -243,6 +245,42 @@ def _forks(loader: DataLoader[Any]) -> bool:
     return bool(method == "fork")
 
 
+class _WorkersIter(_MultiProcessingDataLoaderIter):
+    """Torch's worker iterator, except that an epoch read to its end does not wait for exits.
+
+    Once every worker has reported its stream exhausted (after its last batch and its
+    shards' final hash checks), torch stops the workers before it ends the epoch: it
+    tells each to exit and joins it, and a forked worker's exit unmaps the address space
+    it inherited, 9-16 ms after the last batch here (2 workers) with nothing left to
+    deliver. Those joins run on a thread instead, so the epoch ends at once; a later
+    shutdown call (the iterator collected) finds that thread's work done or under way.
+    An epoch cut short (a break, an error) shuts down as torch does: its workers may
+    still be writing.
+    """
+
+    _sim_reaper: threading.Thread | None = None
+
+    def _shutdown_workers(self) -> None:
+        if self._sim_reaper is not None:
+            return  # the reaper does it (and holds this iterator until it has)
+        status = getattr(self, "_workers_status", None)
+        if (getattr(self, "_shutdown", True) or getattr(self, "_persistent_workers", True)
+                or status is None or any(status)):
+            super()._shutdown_workers()
+            return
+        # not a daemon: the interpreter waits for it at exit (a daemon thread stopped
+        # inside torch's shutdown aborts the process)
+        reaper = threading.Thread(target=super()._shutdown_workers,
+                                  name="simstore-reap-workers", daemon=False)
+        self._sim_reaper = reaper
+        reaper.start()
+
+    @property
+    def finished(self) -> bool:
+        """Whether every worker has ended its stream (so none writes into its arena)."""
+        return self._sim_reaper is not None or bool(getattr(self, "_shutdown", True))
+
+
 class SimDataLoader(DataLoader[Any]):
     """A ``DataLoader`` over a :class:`SimDataset` with ``state_dict``/``load_state_dict``.
 
@@ -317,6 +355,12 @@ class SimDataLoader(DataLoader[Any]):
             **kwargs,
         )
 
+    def _get_iterator(self) -> Any:
+        if self.num_workers == 0:
+            return super()._get_iterator()
+        self.check_worker_number_rationality()
+        return _WorkersIter(self)
+
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ds = self.sim_dataset
         self._init.parent_pid = os.getpid()  # the process about to start the workers
@@ -366,7 +410,7 @@ class SimDataLoader(DataLoader[Any]):
         arenas: list[SharedArena] = getattr(self, "_arenas", [])
         running = getattr(self, "_arena_iter", None)
         running = running() if running is not None else None
-        if running is not None and not getattr(running, "_shutdown", True):
+        if running is not None and not getattr(running, "finished", True):
             arenas = []  # an earlier iterator's workers may still write into theirs
         if len(arenas) != self.num_workers or any(
                 a.nbytes != _tensors.ARENA_BYTES for a in arenas):

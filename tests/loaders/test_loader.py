@@ -199,3 +199,68 @@ def test_workers_freeze_what_they_start_with_out_of_the_collectors_sight(store_p
     assert len(list(loader)) == 4
     assert gc.get_freeze_count() == 0  # this process collects as before
     assert frozen.value > 10_000, frozen.value
+
+
+def _exit_slowly(pids, release, worker_id: int) -> None:
+    """Record this worker's pid; make its exit wait until ``release`` is set."""
+    import multiprocessing.util
+    import os
+
+    pids[worker_id] = os.getpid()
+    multiprocessing.util.Finalize(None, release.wait, args=(60,), exitpriority=100)
+
+
+def _state_of(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self"), reason="needs /proc")
+def test_an_epoch_read_to_its_end_does_not_wait_for_the_workers_to_exit(store_path):
+    """The last batch ends the epoch; the workers' exits are joined on a thread."""
+    import functools
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    commit_samples(store_path, "sim", make_samples(12), per_shard=4)
+    pids = ctx.Array("q", 2)
+    release = ctx.Event()
+    ds = SimDataset(store_path, "sim", shard_opener=open_test_shard)
+    loader = SimDataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context="fork",
+                           worker_init_fn=functools.partial(_exit_slowly, pids, release))
+    it = iter(loader)
+    assert len(list(it)) == 6
+    # both workers are still in their exit (torch would have joined them, waited 5 s
+    # and killed them)
+    assert all(p > 0 for p in pids)
+    assert [_state_of(p) for p in pids] != ["Z", "Z"]
+    assert ds.state_dict()["delivered"] == 12
+    release.set()
+    # the reaper joins them: they end by themselves, and the next epoch reads them all
+    reapers = [t for t in __import__("threading").enumerate()
+               if t.name == "simstore-reap-workers"]
+    assert reapers
+    for t in reapers:
+        t.join(30)
+    for p in pids:
+        with pytest.raises(FileNotFoundError):
+            _state_of(p)
+    assert len(list(loader)) == 6
+
+
+def test_an_epoch_cut_short_stops_its_workers_before_the_next(store_path):
+    """A loop that breaks off leaves no worker running once its iterator is gone."""
+    import gc
+
+    commit_samples(store_path, "sim", make_samples(24), per_shard=4)
+    ds = SimDataset(store_path, "sim", shard_opener=open_test_shard)
+    loader = SimDataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context="fork")
+    it = iter(loader)
+    first = next(it)
+    assert first["__key__"]
+    assert ds.state_dict()["delivered"] == 2
+    del it
+    gc.collect()
+    assert not [t for t in __import__("threading").enumerate()
+                if t.name == "simstore-reap-workers"]
+    assert sum(len(b["__key__"]) for b in loader) == 24
