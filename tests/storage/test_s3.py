@@ -190,6 +190,25 @@ def test_profile_from_config_file(
     assert fault_proxy.count(None, "PUT") == 1  # the endpoint came from the profile
 
 
+def test_client_is_made_without_listing_every_service(
+    store: S3Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """botocore lists its ~400 service folders before loading a model; the store's
+    session knows only S3 and still finds its model (and AWS_DATA_PATH's folders)."""
+    import botocore.loaders
+
+    def listed(*_args: Any, **_kwargs: Any) -> list[str]:
+        raise AssertionError("every service listed")
+
+    with monkeypatch.context() as patched:  # the fixtures' own clients list as usual
+        patched.setattr(botocore.loaders.Loader, "list_available_services", listed)
+        patched.setenv("AWS_DATA_PATH", str(tmp_path))
+        store.put("k", b"v")
+        assert store.get("k") == b"v"
+    loader = store._session.get_component("data_loader")
+    assert str(tmp_path) in loader.search_paths
+
+
 # -- uploads ---------------------------------------------------------------------------
 def multipart_store(bucket: str, **extra: Any) -> S3Store:
     options = {**FAST, "multipart_threshold_bytes": 6 * MiB, "multipart_part_bytes": 5 * MiB}
