@@ -28,7 +28,9 @@ resolved by botocore.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import io
+import json
 import math
 import os
 import random
@@ -71,15 +73,29 @@ from simstore.storage._s3_options import MaskedOptions, S3Options, parse_tuning,
 class _S3Loader(botocore.loaders.Loader):  # type: ignore[misc]
     """botocore's data loader for a session that only ever makes S3 clients.
 
-    Before loading a service model, botocore lists every service it knows to check the
-    name: some 400 folders of its data directory, each listed and its files stat'ed,
-    about 12 ms of the 56 ms a fresh process spent making its first client here (most of
-    the rest is parsing the S3 model and endpoint rules). Here the only service is S3; its model is
-    still found and loaded from the same search paths.
+    Making a fresh process's first client took 56 ms on the test machine, nearly all of it
+    botocore's data: before loading a service model botocore lists every service it knows
+    to check the name (some 400 folders, each listed and its files stat'ed: 12 ms), and
+    it parses its JSON files into ``OrderedDict`` (the endpoints of every service, 1.2 MB,
+    the S3 model and its endpoint rules: 19 ms). Here the only service is S3, and the
+    files parse into plain dicts (which keep their order too): 30 ms. Models are still
+    found on the same search paths, ``AWS_DATA_PATH`` included.
     """
 
     def list_available_services(self, type_name: str) -> list[str]:
         return ["s3"]
+
+
+class _JSONFiles(botocore.loaders.JSONFileLoader):  # type: ignore[misc]
+    """botocore's ``.json`` / ``.json.gz`` data files, parsed into plain dicts."""
+
+    def load_file(self, file_path: str) -> Any:
+        for ext, opener in ((".json", open), (".json.gz", gzip.open)):
+            path = file_path + ext
+            if os.path.isfile(path):
+                with opener(path, "rb") as fp:
+                    return json.loads(fp.read().decode("utf-8"))
+        return None
 
 
 def _s3_session(profile: str | None) -> Any:
@@ -88,7 +104,8 @@ def _s3_session(profile: str | None) -> Any:
     paths = session.get_config_variable("data_path")
     extra = ([os.path.expanduser(os.path.expandvars(p)) for p in paths.split(os.pathsep)]
              if paths else [])
-    session.register_component("data_loader", _S3Loader(extra_search_paths=extra))
+    session.register_component(
+        "data_loader", _S3Loader(extra_search_paths=extra, file_loader=_JSONFiles()))
     return session
 
 

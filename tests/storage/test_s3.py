@@ -207,6 +207,8 @@ def test_client_is_made_without_listing_every_service(
         assert store.get("k") == b"v"
     loader = store._session.get_component("data_loader")
     assert str(tmp_path) in loader.search_paths
+    # botocore's data parses into plain dicts (not OrderedDict: twice as slow to parse)
+    assert type(loader.load_data("_retry")) is dict
 
 
 # -- uploads ---------------------------------------------------------------------------
