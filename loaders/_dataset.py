@@ -592,14 +592,15 @@ class SimDataset(IterableDataset[Sample]):
                                     fan_out, side_by_side=depth > 1)
                 if fan_out is not None:
                     fan_out.shutdown(wait=False)
-                pool.start_hashing()  # the first chunk is decoded: hashes may run now
+                if not shared:  # a worker starts them once its first batch is out
+                    pool.start_hashing()  # the first chunk is decoded: hashes may run now
                 return values, buffers
 
             samples = sum(s.num_samples for s in sources)
             mean = sum(s.sample_bytes for s in sources) / samples if samples else 0.0
             chunks = prefetched(plan, epoch, resolver, pool,
                                 dataclasses.replace(opts.prefetch, chunks=depth), decode,
-                                mean_sample_bytes=mean)
+                                mean_sample_bytes=mean, first_alone=shared)
             stack.callback(chunks.close)
             yield chunks, counters
             pool.finish()  # the whole-shard hashes still running for shards read

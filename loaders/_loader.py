@@ -59,7 +59,18 @@ class _Tagged(NamedTuple):
     tag: _Tag
 
     def __reduce__(self) -> tuple[Any, ...]:
+        sent = _FIRST_SENT[0]
+        if sent is not None:  # a worker's first batch is being pickled to go out
+            _FIRST_SENT[0] = None
+            sent.set()
         return (_unpacked, (_pack(self.batch), self.tag))
+
+
+FIRST_HANDOVER_WAIT_S = 0.05
+"""The longest a worker waits for its first batch to leave before it reads on."""
+
+_FIRST_SENT: list[threading.Event | None] = [None]
+"""In a DataLoader worker, until its first batch is pickled: set when it is."""
 
 
 BY_VALUE_BYTES = 64 << 10
@@ -182,11 +193,22 @@ class _BatchStream(_Stream):
             pool = SharedPool(self.released[world.worker].numpy(), arena=arena)
         if self.verified is not None and in_worker() and world.num_workers > 1:
             siblings = VerifiedTable(self.verified.numpy(), world.worker, world.num_workers)
+        # The first batch goes out before the worker reads on. Torch's queue pickles and
+        # sends it from a thread of this process; with the next chunk's decode and the
+        # shards' hashes already running here, that thread waited 1-30 ms for the
+        # interpreter and a core (2 workers on 2 cores). The worker's pipeline starts
+        # them only when asked for the second batch (``first_alone``), and waits here
+        # until the first is pickled (at most ``FIRST_HANDOVER_WAIT_S``).
+        sent = threading.Event() if in_worker() else None
+        _FIRST_SENT[0] = sent
         for batch, count, counters, marks in self.dataset.read_batches(
             world, self.epoch, self.remaining, self.batch_size, self.collate,
             drop_last=self.drop_last, shared_pool=pool, siblings=siblings,
         ):
             yield _Tagged(batch, _Tag(world.worker, count, counters, marks))
+            if sent is not None:
+                sent.wait(FIRST_HANDOVER_WAIT_S)
+                sent = None
 
 
 def _passthrough(item: _Tagged) -> _Tagged:

@@ -735,8 +735,15 @@ def prefetched(
     decode: Callable[[Chunk], T],
     *,
     mean_sample_bytes: float = 0.0,
+    first_alone: bool = False,
 ) -> Generator[tuple[Chunk, T], None, None]:
-    """Decoded chunks of ``plan`` in order, with fetches and decodes running ahead."""
+    """Decoded chunks of ``plan`` in order, with fetches and decodes running ahead.
+
+    ``first_alone``: nothing more starts (decodes, fetches, the local shards' hashes)
+    until the consumer asks for the chunk after the first one: in a DataLoader worker,
+    the first batch then leaves the process without this process's threads holding the
+    cores and the interpreter (see ``SimDataLoader``).
+    """
     per_chunk = config.chunk_samples
     if mean_sample_bytes > 0:
         per_chunk = max(1, min(per_chunk, int(config.chunk_bytes // mean_sample_bytes)))
@@ -803,6 +810,12 @@ def prefetched(
             value = fut.result()
             if first:
                 first = False
+                if first_alone:
+                    yield chunk, value
+                    pool.start_hashing()
+                    resolve_ahead(4)
+                    submit(depth)
+                    continue
                 resolve_ahead(4)
                 submit(depth)  # decoding while the first chunk's batches go out
             yield chunk, value

@@ -296,6 +296,53 @@ def test_first_chunk_over_several_shards_reads_alike_on_one_or_two_threads(
         assert all(torch.equal(a, b) for (_, a), (_, b) in zip(runs[0], other, strict=True))
 
 
+def test_a_workers_first_chunk_goes_out_before_more_work_starts(tmp_path, sources, monkeypatch):
+    """In a DataLoader worker, the next chunk's decode (and the shards' hashes) start only
+    when the second batch is asked for: the first leaves the process first."""
+    import concurrent.futures
+
+    import simstore.loaders._dataset as dataset_mod
+    import simstore.loaders._pipeline as pipeline_mod
+
+    store, arrays = _ingest(tmp_path, sources, "parquet")
+    submitted = []
+
+    class Counting(concurrent.futures.ThreadPoolExecutor):
+        def submit(self, fn, /, *args, **kwargs):
+            if self._thread_name_prefix == "simstore-decode":
+                submitted.append(fn)
+            return super().submit(fn, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline_mod, "ThreadPoolExecutor", Counting)
+    expected = [b["__key__"] for b in SimDataLoader(SimDataset(store, "d", seed=3),
+                                                     batch_size=4, num_workers=0)]
+    submitted.clear()
+    monkeypatch.setattr(dataset_mod, "in_worker", lambda: True)  # read as a worker would
+    it = iter(SimDataLoader(SimDataset(store, "d", seed=3), batch_size=4, num_workers=0))
+    got = [next(it)["__key__"]]
+    assert len(submitted) == 1  # the first chunk alone
+    got.append(next(it)["__key__"])
+    assert len(submitted) == 2  # the rest of the 16 samples: one more chunk
+    got.extend(b["__key__"] for b in it)
+    assert got == expected and len(arrays) == 16
+
+
+def test_a_worker_learns_when_its_first_batch_is_pickled():
+    """The batch stream of a worker waits on this before it reads on (torch pickles the
+    batch on a thread of the worker)."""
+    import threading
+
+    sent = threading.Event()
+    _loader._FIRST_SENT[0] = sent
+    try:
+        tagged = _loader._Tagged({"u": torch.zeros(2)}, _loader._Tag(0, 2, {}))
+        back = pickle.loads(pickle.dumps(tagged))
+        assert sent.is_set() and _loader._FIRST_SENT[0] is None
+        assert torch.equal(back.batch["u"], torch.zeros(2))
+    finally:
+        _loader._FIRST_SENT[0] = None
+
+
 def test_buffer_pool_reuses_memory_only_once_every_view_is_gone():
     pool = BufferPool(idle_bytes=8 << 20, min_bytes=0)
     first = pool.array((4, 1024), np.dtype(np.float32))
