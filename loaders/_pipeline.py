@@ -232,7 +232,7 @@ class Resolver:
                     rows = self._group(i, e, g)
                     idx = epos[groups == g] - int(lay.group_starts[g])
                     out = esel[groups == g]
-                    gkeys = rows.keys.take(idx).to_pylist()
+                    gkeys = rows.keys[idx].tolist()
                     for o, k in zip(out.tolist(), gkeys, strict=True):
                         keys[o] = k
                     size += int(rows.size_bytes[idx].sum())

@@ -156,7 +156,8 @@ class GroupRows:
     shard: np.ndarray
     position: np.ndarray
     size_bytes: np.ndarray
-    keys: pa.Array
+    keys: np.ndarray
+    """The sample keys, as Python strings in a NumPy object array."""
 
 
 PartReader = Callable[[str], "tuple[bytes, str] | None"]
@@ -231,5 +232,7 @@ def load_group(
         shard=codes[order],
         position=np.asarray(positions[order], dtype=np.int64),
         size_bytes=np.asarray(sizes[order], dtype=np.int64),
-        keys=table.column("key").combine_chunks().take(pa.array(order)),
+        # Python strings once per group: a chunk then picks its keys by index (an Arrow
+        # take and a conversion per chunk cost more than making them all here)
+        keys=table.column("key").combine_chunks().to_numpy(zero_copy_only=False)[order],
     )
