@@ -219,16 +219,16 @@ class Resolver:
         keys: list[str] = [""] * n
         reads: list[ShardRead] = []
         size = 0
-        for i in np.unique(src).tolist():
+        for i in _distinct(src):
             sel = np.flatnonzero(src == i)
             total = self.sources[i].num_samples
             sub_epoch, pos = np.divmod(q[sel], total)
-            for e in np.unique(sub_epoch).tolist():
+            for e in _distinct(sub_epoch):
                 esel = sel[sub_epoch == e]
                 epos = pos[sub_epoch == e]
                 lay = self._layout(i, e)
                 groups = lay.group_of(epos)
-                for g in np.unique(groups).tolist():
+                for g in _distinct(groups):
                     rows = self._group(i, e, g)
                     idx = epos[groups == g] - int(lay.group_starts[g])
                     out = esel[groups == g]
@@ -244,6 +244,13 @@ class Resolver:
                             tuple(itertools.compress(gkeys, m.tolist())),
                         ))
         return Chunk(source=src, is_pad=is_pad, keys=keys, reads=tuple(reads), size_bytes=size)
+
+
+def _distinct(values: np.ndarray) -> list[int]:
+    """The distinct values of ``values`` in ascending order (usually one: checked first)."""
+    if len(values) and (values == values[0]).all():
+        return [int(values[0])]
+    return [int(v) for v in np.unique(values)]
 
 
 @dataclass(frozen=True, slots=True)
