@@ -95,7 +95,7 @@ class _JSONFiles(botocore.loaders.JSONFileLoader):  # type: ignore[misc]
             if os.path.isfile(path):
                 with opener(path, "rb") as fp:
                     return json.loads(fp.read().decode("utf-8"))
-        return None
+        return super().load_file(file_path)  # any other form botocore knows
 
 
 def _s3_session(profile: str | None) -> Any:
