@@ -592,8 +592,6 @@ class SimDataset(IterableDataset[Sample]):
                                     fan_out, side_by_side=depth > 1)
                 if fan_out is not None:
                     fan_out.shutdown(wait=False)
-                if not shared:  # a worker starts them once its first batch is out
-                    pool.start_hashing()  # the first chunk is decoded: hashes may run now
                 return values, buffers
 
             samples = sum(s.num_samples for s in sources)

@@ -746,10 +746,12 @@ def prefetched(
 ) -> Generator[tuple[Chunk, T], None, None]:
     """Decoded chunks of ``plan`` in order, with fetches and decodes running ahead.
 
-    ``first_alone``: nothing more starts (decodes, fetches, the local shards' hashes)
-    until the consumer asks for the chunk after the first one: in a DataLoader worker,
-    the first batch then leaves the process without this process's threads holding the
-    cores and the interpreter (see ``SimDataLoader``).
+    The local shards' whole-object hashes wait for the first chunk (see
+    :meth:`ReaderPool.schedule`); this generator lets them start. ``first_alone``: nothing
+    more starts (decodes, fetches, those hashes) until the consumer asks for the chunk
+    after the first one: in a DataLoader worker, the first batch then leaves the process
+    without this process's threads holding the cores and the interpreter (see
+    ``SimDataLoader``).
     """
     per_chunk = config.chunk_samples
     if mean_sample_bytes > 0:
@@ -817,14 +819,15 @@ def prefetched(
             value = fut.result()
             if first:
                 first = False
-                if first_alone:
+                if first_alone:  # resumed once the first chunk is out
                     yield chunk, value
-                    pool.start_hashing()
-                    resolve_ahead(4)
-                    submit(depth)
-                    continue
+                # the first chunk is decoded: the local shards' hashes may run now, and
+                # the next chunks decode while its batches go out
+                pool.start_hashing()
                 resolve_ahead(4)
-                submit(depth)  # decoding while the first chunk's batches go out
+                submit(depth)
+                if first_alone:
+                    continue
             yield chunk, value
     finally:
         for _, fut in decoding:
