@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import os
+import threading
 
 import pytest
 import torch
@@ -204,7 +206,6 @@ def test_workers_freeze_what_they_start_with_out_of_the_collectors_sight(store_p
 def _exit_slowly(pids, release, worker_id: int) -> None:
     """Record this worker's pid; make its exit wait until ``release`` is set."""
     import multiprocessing.util
-    import os
 
     pids[worker_id] = os.getpid()
     multiprocessing.util.Finalize(None, release.wait, args=(60,), exitpriority=100)
@@ -215,7 +216,7 @@ def _state_of(pid: int) -> str:
         return f.read().rsplit(")", 1)[1].split()[0]
 
 
-@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self"), reason="needs /proc")
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
 def test_an_epoch_read_to_its_end_does_not_wait_for_the_workers_to_exit(store_path):
     """The last batch ends the epoch; the workers' exits are joined on a thread."""
     import functools
@@ -237,7 +238,7 @@ def test_an_epoch_read_to_its_end_does_not_wait_for_the_workers_to_exit(store_pa
     assert ds.state_dict()["delivered"] == 12
     release.set()
     # the reaper joins them: they end by themselves, and the next epoch reads them all
-    reapers = [t for t in __import__("threading").enumerate()
+    reapers = [t for t in threading.enumerate()
                if t.name == "simstore-reap-workers"]
     assert reapers
     for t in reapers:
@@ -261,6 +262,6 @@ def test_an_epoch_cut_short_stops_its_workers_before_the_next(store_path):
     assert ds.state_dict()["delivered"] == 2
     del it
     gc.collect()
-    assert not [t for t in __import__("threading").enumerate()
+    assert not [t for t in threading.enumerate()
                 if t.name == "simstore-reap-workers"]
     assert sum(len(b["__key__"]) for b in loader) == 24
