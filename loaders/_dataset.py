@@ -117,6 +117,19 @@ class _Phase:
     counts: list[int]
 
 
+def _snapshot_from_cache(access: ShardAccess, sid: str) -> tuple[bytes, str] | None:
+    """Snapshot ``sid``'s bytes from the disk cache (filled on a miss), or None.
+
+    A snapshot is immutable, so a node that has read it before needs only the ref's round
+    trip. None (read it from the store) when the cache cannot hold it: a cache limit
+    below an object's size is reported by the first shard that does not fit.
+    """
+    try:
+        return access.read_cached(sid)
+    except InvalidInputError:
+        return None
+
+
 class SimDataset(IterableDataset[Sample]):
     """Samples of one snapshot (or a mixture) as dicts of tensors plus ``__key__``/``__pad__``.
 
@@ -184,17 +197,23 @@ class SimDataset(IterableDataset[Sample]):
         log_every_s: float | None = None,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
+        cache = cache_config(cache_dir, parse_bytes(cache_limit, "cache_limit"))
         backend = open_store(store, storage_options=storage_options, read_only=True)
+        read = None
+        if cache is not None and tier_of(backend) not in ("local", "memory"):
+            read = functools.partial(_snapshot_from_cache, ShardAccess(
+                backend, counters=Counters(), limiter=RateLimiter(None), cache=cache,
+                verify=True))
         source = open_source(
             backend, ref, fields=fields, shuffle=shuffle, seed=seed,
             window_shards=window_shards, group_parts=group_parts, transform=transform,
             block_bytes=parse_bytes(shuffle_block_bytes, "shuffle_block_bytes") or 0,
-            buffer_blocks=shuffle_buffer_blocks, crop=crop, window=window,
+            buffer_blocks=shuffle_buffer_blocks, crop=crop, window=window, read=read,
         )
         prefetch = _prefetch_config(prefetch)
         options = LoaderOptions(
             remainder=remainder,
-            cache=cache_config(cache_dir, parse_bytes(cache_limit, "cache_limit")),
+            cache=cache,
             prefetch=prefetch or PrefetchConfig(),
             verify=verify,
             max_bandwidth=parse_bytes(max_bandwidth, "max_bandwidth"),

@@ -32,6 +32,7 @@ from simstore.errors import FormatError, IntegrityError, InvalidInputError
 from simstore.hashing import hash_bytes, object_key
 from simstore.manifest import decode_part
 from simstore.sample import Schema
+from simstore.snapshot import Snapshot
 from simstore.storage import ObjectStore
 
 __all__ = ["GroupRows", "PartReader", "Source", "load_group", "open_source"]
@@ -91,8 +92,14 @@ def open_source(
     buffer_blocks: int = BUFFER_BLOCKS,
     crop: Mapping[str, Any] | None = None,
     window: Mapping[str, Any] | None = None,
+    read: PartReader | None = None,
 ) -> Source:
-    """Resolve ``ref`` once and pin its snapshot; check the requested fields exist."""
+    """Resolve ``ref`` once and pin its snapshot; check the requested fields exist.
+
+    ``read``: how immutable objects come from a remote store's disk cache (see
+    :data:`PartReader`); the snapshot object is read through it, so a node that has read
+    this snapshot before makes one round trip for the ref and none for the snapshot.
+    """
     catalog = Catalog(store)
     if tier_of(store) in ("local", "memory"):
         catalog.check_initialised()
@@ -106,7 +113,9 @@ def open_source(
             meta = pool.submit(catalog.check_initialised)
             try:
                 sid = catalog.resolve(ref)
-                snap = catalog.snapshot(sid)
+                got = read(sid) if read is not None else None
+                snap = (Snapshot.from_bytes(got[0], object_id=sid) if got is not None
+                        else catalog.snapshot(sid))
             except Exception:
                 meta.result()
                 raise

@@ -192,6 +192,13 @@ def test_a_cold_fill_is_one_get_per_shard_and_counted(dataset, fault_proxy, tmp_
     same(warm, expected)
     assert not [r for r in fault_proxy.records if any(s in r.path for s in shards)]
     assert ds.stats()["cache_hits"] == len(shards)
+    # a warm node reads the store's metadata and the ref; the snapshot it names, the
+    # manifest parts and the shards come from the disk cache
+    sid = Catalog.open(url, storage_options=FAST).resolve("d")
+    prefix = "/" + url[len("s3://"):]
+    assert sorted((r.method, r.path) for r in fault_proxy.records) == [
+        ("GET", f"{prefix}/datasets/d/refs/heads/main"), ("GET", f"{prefix}/simstore.json")]
+    assert not [r for r in fault_proxy.records if sid in r.path]
 
 
 def test_fills_through_cut_bodies_yield_exact_data(dataset, fault_proxy, tmp_path):

@@ -211,6 +211,26 @@ def test_client_is_made_without_listing_every_service(
     assert type(loader.load_data("_retry")) is dict
 
 
+def test_credentials_from_a_web_identity_role(
+    s3_bucket: BucketFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A role assumed with a web identity token (EKS service accounts) makes botocore
+    create an STS client from the store's own session: that session must know STS too."""
+    bucket = s3_bucket()
+    token = tmp_path / "token"
+    token.write_text("a-web-identity-token")
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.setenv("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/simstore-reader")
+    monkeypatch.setenv("AWS_WEB_IDENTITY_TOKEN_FILE", str(token))
+    s = S3Store(f"s3://{bucket}", storage_options=FAST)
+    s.put("k", b"v")
+    assert s.get("k") == b"v"
+    credentials = s._session.get_credentials()
+    assert credentials.method == "assume-role-with-web-identity"
+    s.close()
+
+
 # -- uploads ---------------------------------------------------------------------------
 def multipart_store(bucket: str, **extra: Any) -> S3Store:
     options = {**FAST, "multipart_threshold_bytes": 6 * MiB, "multipart_part_bytes": 5 * MiB}
