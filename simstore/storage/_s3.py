@@ -28,6 +28,7 @@ resolved by botocore.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gzip
 import io
 import json
@@ -68,7 +69,13 @@ from simstore.storage._s3_files import (
     S3ObjectReader,
     TruncatedBody,
 )
-from simstore.storage._s3_options import MaskedOptions, S3Options, parse_tuning, secrets_of
+from simstore.storage._s3_options import (
+    MaskedOptions,
+    S3Options,
+    extra_parameters,
+    parse_tuning,
+    secrets_of,
+)
 
 
 class _Services:
@@ -203,6 +210,19 @@ class _Refused(Exception):
         return self.status == 501 or self.code == "NotImplemented"
 
 
+def _add_parameters(extra: Mapping[str, Any], params: dict[str, Any], model: Any,
+                    **_: Any) -> None:
+    """Add ``extra``'s parameters that the operation takes and the call did not set.
+
+    A ``provide-client-params`` hook of the store's botocore client.
+    """
+    shape = model.input_shape
+    members = shape.members if shape is not None else {}
+    for name, value in extra.items():
+        if name in members:
+            params.setdefault(name, value)
+
+
 class S3Store:
     """An :class:`~simstore.storage.ObjectStore` under ``s3://bucket/prefix``.
 
@@ -231,6 +251,7 @@ class S3Store:
         self.read_only = read_only
         self.storage_options: dict[str, Any] = MaskedOptions(storage_options or {})
         self._tuning = parse_tuning(self.storage_options)
+        self._extra = extra_parameters(self.storage_options)
         self.supports_atomic_cas = self._tuning.conditional_writes
         self._secrets = secrets_of(self.storage_options)
         self._lock = threading.Lock()
@@ -312,12 +333,17 @@ class S3Store:
             with _s3_models.gc_paused():
                 if self._session is None:
                     self._session = _s3_session(opts.get("profile"))
-                return self._session.create_client("s3", config=Config(**config_kwargs),
-                                                   **kwargs)
+                client = self._session.create_client("s3", config=Config(**config_kwargs),
+                                                     **kwargs)
         except Exception as exc:
             raise StorageError(
                 f"{self.url}: cannot create an S3 client: {self._scrub(str(exc))}"
             ) from exc
+        if self._extra:
+            client.meta.events.register(
+                "provide-client-params.s3", functools.partial(_add_parameters, self._extra)
+            )
+        return client
 
     # -- plumbing ------------------------------------------------------------------------
     def _object_key(self, key: str) -> str:

@@ -14,7 +14,15 @@ from typing import Any, TypedDict
 
 from simstore.errors import InvalidInputError
 
-__all__ = ["MaskedOptions", "S3Options", "Tuning", "parse_tuning", "secrets_of"]
+__all__ = [
+    "ADDITIONAL_PARAMETERS",
+    "MaskedOptions",
+    "S3Options",
+    "Tuning",
+    "extra_parameters",
+    "parse_tuning",
+    "secrets_of",
+]
 
 _MiB = 1024 * 1024
 
@@ -45,6 +53,14 @@ class S3Options(TypedDict, total=False):
             (``max_pool_connections``, ``s3={"addressing_style": "path"}``,
             ``request_checksum_calculation="when_required"`` for older servers, ...).
 
+    Request parameters (s3fs's names; added to every request whose operation takes them):
+        requester_pays: the reader pays for requests and transfer of a Requester Pays
+            bucket (``x-amz-request-payer: requester``).
+        s3_additional_kwargs: more parameters of S3's API, from
+            :data:`ADDITIONAL_PARAMETERS`, e.g. ``{"ServerSideEncryption": "aws:kms",
+            "SSEKMSKeyId": "alias/data"}`` for buckets whose policy requires SSE-KMS,
+            ``{"ACL": "bucket-owner-full-control"}`` across accounts.
+
     Behaviour:
         conditional_writes: whether the server enforces If-None-Match/If-Match (default
             True; record :func:`probe_conditional_writes`). False makes compare-and-swap
@@ -70,6 +86,8 @@ class S3Options(TypedDict, total=False):
     use_ssl: bool
     client_kwargs: Mapping[str, Any]
     config_kwargs: Mapping[str, Any]
+    requester_pays: bool
+    s3_additional_kwargs: Mapping[str, Any]
     conditional_writes: bool
     max_attempts: int
     backoff_base_s: float
@@ -101,8 +119,23 @@ class Tuning:
 _TUNING_NAMES = frozenset(f.name for f in fields(Tuning))
 _CLIENT_NAMES = frozenset(
     {"endpoint_url", "key", "secret", "token", "profile", "region_name", "anon", "use_ssl",
-     "client_kwargs", "config_kwargs"}
+     "client_kwargs", "config_kwargs", "requester_pays", "s3_additional_kwargs"}
 )  # fmt: skip
+
+ADDITIONAL_PARAMETERS = frozenset(
+    {
+        "ServerSideEncryption", "SSEKMSKeyId", "SSEKMSEncryptionContext", "BucketKeyEnabled",
+        "StorageClass", "ACL", "GrantFullControl", "GrantRead", "GrantReadACP",
+        "GrantWriteACP", "ExpectedBucketOwner", "RequestPayer", "Tagging",
+    }
+)  # fmt: skip
+"""S3 parameters ``s3_additional_kwargs`` may set: encryption with a KMS key, storage
+class, ACLs and grants, the expected bucket owner, request payment, tags. Each goes to the
+requests whose operation takes it (PutObject, CreateMultipartUpload and CopyObject for
+encryption; every object request for ``ExpectedBucketOwner``). Parameters the store sets
+itself (keys, bodies, conditions, ranges) cannot be overridden; customer-provided keys
+(SSE-C) are not supported: a copy onto itself, which refreshes an object's age, would
+need them twice."""
 
 
 class MaskedOptions(dict[str, Any]):
@@ -136,6 +169,30 @@ def parse_tuning(options: Mapping[str, Any]) -> Tuning:
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
             raise InvalidInputError(f"S3 storage option {name} must be a positive number")
     return tuning
+
+
+def extra_parameters(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The request parameters ``requester_pays`` and ``s3_additional_kwargs`` ask for, checked."""
+    extra: dict[str, Any] = {}
+    given = options.get("s3_additional_kwargs")
+    if given is not None:
+        if not isinstance(given, Mapping):
+            raise InvalidInputError(
+                "S3 storage option s3_additional_kwargs must be a mapping of S3 parameters"
+            )
+        unknown = sorted(str(k) for k in given if k not in ADDITIONAL_PARAMETERS)
+        if unknown:
+            raise InvalidInputError(
+                f"S3 storage option s3_additional_kwargs: {unknown[0]!r} is not a parameter "
+                f"simstore adds to requests; allowed: {sorted(ADDITIONAL_PARAMETERS)}"
+            )
+        extra.update(given)
+    payer = options.get("requester_pays", False)
+    if not isinstance(payer, bool):
+        raise InvalidInputError("S3 storage option requester_pays must be True or False")
+    if payer:
+        extra["RequestPayer"] = "requester"
+    return extra
 
 
 def secrets_of(options: Mapping[str, Any]) -> tuple[str, ...]:

@@ -77,6 +77,13 @@ class ProxyRecord:
     method: str
     path: str
     fault: Fault | None
+    headers: tuple[tuple[str, str], ...] = ()
+    """The request's headers as received (names lower-cased)."""
+
+    def header(self, name: str) -> str | None:
+        """The value of header ``name`` (any case), or None."""
+        name = name.lower()
+        return next((v for k, v in self.headers if k == name), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +176,8 @@ class FaultProxy:
         self._server.server_close()
         self._thread.join()
 
-    def _choose(self, method: str, path: str) -> Fault | None:
+    def _choose(self, method: str, path: str,
+                headers: tuple[tuple[str, str], ...] = ()) -> Fault | None:
         with self._lock:
             fault: Fault | None = None
             for i, rule in enumerate(self._queue):
@@ -181,7 +189,7 @@ class FaultProxy:
                     share, rule, rng = self._share
                     if rule.matches(method, path) and rng.random() < share:
                         fault = rule.fault
-            self.records.append(ProxyRecord(method, path, fault))
+            self.records.append(ProxyRecord(method, path, fault, headers))
             return fault
 
     def _forward(
@@ -229,7 +237,8 @@ class FaultProxy:
                 body = self._body()
                 if proxy.latency_s:
                     time.sleep(proxy.latency_s)
-                fault = proxy._choose(self.command, self.path)
+                fault = proxy._choose(self.command, self.path, tuple(
+                    (k.lower(), v) for k, v in self.headers.items()))
                 if fault in ("drop", "stall"):
                     if fault == "stall":
                         proxy._closing.wait(proxy.stall_s)

@@ -231,6 +231,70 @@ def test_credentials_from_a_web_identity_role(
     s.close()
 
 
+def test_requester_pays_goes_with_every_request(
+    s3_bucket: BucketFactory, fault_proxy: FaultProxy, tmp_path: Path
+) -> None:
+    bucket = s3_bucket()
+    opts = {**FAST, "endpoint_url": fault_proxy.endpoint_url, "requester_pays": True,
+            "multipart_threshold_bytes": 6 * MiB, "multipart_part_bytes": 5 * MiB}
+    s = S3Store(f"s3://{bucket}/rp", storage_options=opts)
+    s.put("a", b"1")
+    big = tmp_path / "big"
+    big.write_bytes(b"z" * (11 * MiB))
+    s.put_file("objects/big", str(big))  # CreateMultipartUpload, UploadPart, Complete
+    assert s.put_if_absent("a", b"1") is False  # and the copy onto itself
+    assert s.get("a") == b"1" and s.info("a").size_bytes == 1
+    assert sorted(s.list("")) == ["a", "objects/big"]
+    s.delete("a")
+    s.close()
+    assert len(fault_proxy.records) >= 9
+    assert [r for r in fault_proxy.records if r.header("x-amz-request-payer") != "requester"] == []
+
+
+def test_additional_parameters_encrypt_every_write(
+    s3_bucket: BucketFactory, tmp_path: Path
+) -> None:
+    bucket = s3_bucket()
+    sse = {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": "alias/simstore-data"}
+    opts = {**FAST, "s3_additional_kwargs": sse,
+            "multipart_threshold_bytes": 6 * MiB, "multipart_part_bytes": 5 * MiB}
+    s = S3Store(f"s3://{bucket}/sse", storage_options=opts)
+    s.put("small", b"x")
+    big = tmp_path / "big"
+    big.write_bytes(b"y" * (11 * MiB))
+    s.put_file("objects/big", str(big))
+    assert s.put_if_absent("small", b"x") is False  # refreshed by a copy onto itself
+    assert s.get("objects/big") == big.read_bytes()  # reads take none of them
+    s.close()
+    client = raw_client()
+    try:
+        for key in ("sse/small", "sse/objects/big"):
+            head = client.head_object(Bucket=bucket, Key=key)
+            assert (head["ServerSideEncryption"], head["SSEKMSKeyId"]) == (
+                "aws:kms", "alias/simstore-data"), key
+        plain = S3Store(f"s3://{bucket}/plain", storage_options=FAST)
+        plain.put("k", b"v")
+        plain.close()
+        assert "SSEKMSKeyId" not in client.head_object(Bucket=bucket, Key="plain/k")
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"s3_additional_kwargs": {"IfMatch": "*"}}, "'IfMatch' is not a parameter"),
+        ({"s3_additional_kwargs": {"Bucket": "other"}}, "'Bucket' is not a parameter"),
+        ({"s3_additional_kwargs": {"ServerSideEncyption": "AES256"}}, "'ServerSideEncyption'"),
+        ({"s3_additional_kwargs": "aws:kms"}, "must be a mapping"),
+        ({"requester_pays": "yes"}, "requester_pays must be True or False"),
+    ],
+)
+def test_bad_request_parameters_are_refused(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidInputError, match=message):
+        S3Store("s3://b/p", storage_options=options)
+
+
 # -- uploads ---------------------------------------------------------------------------
 def multipart_store(bucket: str, **extra: Any) -> S3Store:
     options = {**FAST, "multipart_threshold_bytes": 6 * MiB, "multipart_part_bytes": 5 * MiB}
