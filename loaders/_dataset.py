@@ -65,7 +65,7 @@ from simstore.loaders._world import (
 )
 from torch.utils.data import IterableDataset
 
-from simstore.errors import InvalidInputError
+from simstore.errors import IntegrityError, InvalidInputError
 from simstore.storage import ObjectStore, open_store
 
 __all__ = ["LoaderState", "SimDataset"]
@@ -121,12 +121,13 @@ def _snapshot_from_cache(access: ShardAccess, sid: str) -> tuple[bytes, str] | N
     """Snapshot ``sid``'s bytes from the disk cache (filled on a miss), or None.
 
     A snapshot is immutable, so a node that has read it before needs only the ref's round
-    trip. None (read it from the store) when the cache cannot hold it: a cache limit
-    below an object's size is reported by the first shard that does not fit.
+    trip. None (read it from the store, which checks it too) when the cache cannot hold
+    it (a cache limit below an object's size is reported by the first shard that does not
+    fit) or its copy there was damaged (taken out of the cache by ``read_cached``).
     """
     try:
         return access.read_cached(sid)
-    except InvalidInputError:
+    except (InvalidInputError, IntegrityError):
         return None
 
 

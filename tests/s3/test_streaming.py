@@ -201,6 +201,21 @@ def test_a_cold_fill_is_one_get_per_shard_and_counted(dataset, fault_proxy, tmp_
     assert not [r for r in fault_proxy.records if sid in r.path]
 
 
+def test_a_damaged_cached_snapshot_is_read_from_the_store(dataset, tmp_path):
+    url, _, expected = dataset
+    cache = tmp_path / "cache"
+    epoch(url, FAST, cache_dir=str(cache))
+    sid = Catalog.open(url, storage_options=FAST).resolve("d")
+    copy = next(p for p in cache.rglob(sid))
+    copy.write_bytes(copy.read_bytes()[:-1] + b"!")
+    ds, data = epoch(url, FAST, cache_dir=str(cache))
+    same(data, expected)
+    assert ds.snapshot_ids == [sid]
+    assert not copy.exists()  # the damaged copy was taken out; the store served it
+    epoch(url, FAST, cache_dir=str(cache))  # and the next build fills the cache again
+    assert Catalog.open(url, storage_options=FAST).snapshot(sid).to_bytes() == copy.read_bytes()
+
+
 def test_fills_through_cut_bodies_yield_exact_data(dataset, fault_proxy, tmp_path):
     url, shards, expected = dataset
     opts = {**FAST, "endpoint_url": fault_proxy.endpoint_url}
