@@ -327,6 +327,32 @@ def test_a_workers_first_chunk_goes_out_before_more_work_starts(tmp_path, source
     assert got == expected and len(arrays) == 16
 
 
+def test_without_workers_one_chunk_is_resolved_ahead_of_the_first_batch(
+    tmp_path, sources, monkeypatch
+):
+    """Resolving chunks is the consuming thread's work: before the first batch goes out
+    only the next chunk is resolved (its decode overlaps the first batch's use); the
+    others wait until the consumer asks again."""
+    import simstore.loaders._pipeline as pipeline_mod
+
+    store, arrays = _ingest(tmp_path, sources, "parquet")
+    resolved = []
+    plain = pipeline_mod.Resolver.resolve
+
+    def counting(self, *args, **kwargs):
+        resolved.append(args)
+        return plain(self, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline_mod.Resolver, "resolve", counting)
+    ds = SimDataset(store, "d", seed=5, prefetch={"chunk_samples": 4})
+    it = iter(SimDataLoader(ds, batch_size=2, num_workers=0))
+    got = [next(it)["__key__"]]
+    assert len(resolved) == 2  # the first chunk (one batch) and the next
+    got.extend(b["__key__"] for b in it)
+    assert len(resolved) == 5  # 2 + 4 + 4 + 4 + 2 samples
+    assert sorted(k for keys in got for k in keys) == sorted(arrays)
+
+
 def test_a_worker_learns_when_its_first_batch_is_pickled():
     """The batch stream of a worker waits on this before it reads on (torch pickles the
     batch on a thread of the worker)."""
