@@ -33,6 +33,7 @@ from simstore.loaders._pipeline import (
     ReaderPool,
     Resolver,
     ShardOpener,
+    chunk_limit,
     decode_depth,
     prefetched,
     read_chunk,
@@ -617,7 +618,10 @@ class SimDataset(IterableDataset[Sample]):
             samples = sum(s.num_samples for s in sources)
             mean = sum(s.sample_bytes for s in sources) / samples if samples else 0.0
             chunks = prefetched(plan, epoch, resolver, pool,
-                                dataclasses.replace(opts.prefetch, chunks=depth), decode,
+                                dataclasses.replace(
+                                    opts.prefetch, chunks=depth,
+                                    chunk_samples=chunk_limit(opts.prefetch, shared)),
+                                decode,
                                 mean_sample_bytes=mean, first_alone=shared)
             stack.callback(chunks.close)
             yield chunks, counters

@@ -564,6 +564,16 @@ def test_decode_depth_defaults_by_process_and_keeps_an_explicit_value():
     assert decode_depth(PrefetchConfig(chunks=3), 2, 2) == 3
 
 
+def test_chunk_limit_defaults_by_process_and_keeps_an_explicit_value():
+    from simstore.loaders._pipeline import PrefetchConfig, chunk_limit
+
+    auto = PrefetchConfig()
+    assert chunk_limit(auto, in_worker=False) == 2048
+    assert chunk_limit(auto, in_worker=True) == 64
+    assert chunk_limit(PrefetchConfig(chunk_samples=8), in_worker=False) == 8
+    assert chunk_limit(PrefetchConfig(chunk_samples=8), in_worker=True) == 8
+
+
 def test_fresh_shared_buffers_are_faulted_in_at_once_and_zeroed():
     import ctypes
     import mmap
