@@ -24,6 +24,7 @@ import hashlib
 import marshal
 import os
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -80,7 +81,7 @@ def _write(directory: str, entry: str, data: Any) -> None:
         payload = marshal.dumps(data)
     except ValueError:  # not plain data: nothing to keep
         return
-    tmp = f"{entry}.{os.getpid()}.tmp"
+    tmp = f"{entry}.{uuid.uuid4().hex}.tmp"  # writers in several threads and processes
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
         with open(tmp, "wb") as f:

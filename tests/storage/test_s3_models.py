@@ -121,3 +121,17 @@ def test_gc_paused_restores_the_collector() -> None:
     with pytest.raises(RuntimeError), _s3_models.gc_paused():
         raise RuntimeError("boom")
     assert gc.isenabled()
+
+
+def test_many_threads_filling_one_entry_leave_one_valid_entry(cache: Path, tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    data = {"partitions": [{"region": f"r{i}", "v": list(range(200))} for i in range(200)]}
+    path = data_file(tmp_path, data)
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda _: _s3_models.load(path, parser(path, [])), range(32)))
+    assert all(g == data for g in got)
+    entries = sorted(p.name for p in cache.iterdir())
+    assert len(entries) == 1 and entries[0].endswith(".marshal")  # no temporary left
+    calls: list[str] = []
+    assert _s3_models.load(path, parser(path, calls)) == data and calls == []
