@@ -1,6 +1,5 @@
 """Shared fixtures: the S3 ones (moto server on 127.0.0.1, buckets, fault proxy)."""
 
-import os
 import signal
 
 import pytest
@@ -21,10 +20,3 @@ def _sigpipe_ignored():
     yield
     if hasattr(signal, "SIGPIPE"):
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-
-
-@pytest.fixture(autouse=True, scope="session")
-def _botocore_model_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The S3 stores' parsed botocore files go to the run's temporary directory, not the
-    user's cache (subprocesses inherit it)."""
-    os.environ["SIMSTORE_MODEL_CACHE"] = str(tmp_path_factory.mktemp("botocore-models"))

@@ -61,7 +61,6 @@ from simstore.errors import (
     ReadOnlyError,
     StorageError,
 )
-from simstore.storage import _s3_models
 from simstore.storage._base import ObjectInfo, check_key
 from simstore.storage._s3_files import (
     TRANSPORT_ERRORS,
@@ -113,10 +112,9 @@ class _S3Loader(botocore.loaders.Loader):  # type: ignore[misc]
     to check the name (some 400 folders, each listed and its files stat'ed: 12 ms), and
     it parses its JSON files into ``OrderedDict`` (the endpoints of every service, 1.2 MB,
     the S3 model and its endpoint rules: 19 ms). Here S3 is known without a listing (other
-    services, which credential providers ask for, are listed as before), the files parse
-    into plain dicts (which keep their order too) and are kept parsed per user
-    (:mod:`._s3_models`). Models are still found on the same search paths,
-    ``AWS_DATA_PATH`` included.
+    services, which credential providers ask for, are listed as before) and the files
+    parse into plain dicts (which keep their order too). Models are still found on the
+    same search paths, ``AWS_DATA_PATH`` included.
     """
 
     def list_available_services(self, type_name: str) -> _Services:
@@ -126,22 +124,14 @@ class _S3Loader(botocore.loaders.Loader):  # type: ignore[misc]
 
 
 class _JSONFiles(botocore.loaders.JSONFileLoader):  # type: ignore[misc]
-    """botocore's ``.json`` / ``.json.gz`` data files, parsed into plain dicts.
-
-    A parsed file is kept in the per-user model cache (:func:`._s3_models.load`): the next
-    process reads it from there, about four times faster than parsing the JSON.
-    """
+    """botocore's ``.json`` / ``.json.gz`` data files, parsed into plain dicts."""
 
     def load_file(self, file_path: str) -> Any:
         for ext, opener in ((".json", open), (".json.gz", gzip.open)):
             path = file_path + ext
             if os.path.isfile(path):
-
-                def parse(path: str = path, opener: Any = opener) -> Any:
-                    with opener(path, "rb") as fp:
-                        return json.loads(fp.read().decode("utf-8"))
-
-                return _s3_models.load(path, parse)
+                with opener(path, "rb") as fp:
+                    return json.loads(fp.read().decode("utf-8"))
         return super().load_file(file_path)  # any other form botocore knows
 
 
@@ -330,11 +320,9 @@ class S3Store:
             if opts.get(option) is not None:
                 kwargs[arg] = opts[option]
         try:
-            with _s3_models.gc_paused():
-                if self._session is None:
-                    self._session = _s3_session(opts.get("profile"))
-                client = self._session.create_client("s3", config=Config(**config_kwargs),
-                                                     **kwargs)
+            if self._session is None:
+                self._session = _s3_session(opts.get("profile"))
+            client = self._session.create_client("s3", config=Config(**config_kwargs), **kwargs)
         except Exception as exc:
             raise StorageError(
                 f"{self.url}: cannot create an S3 client: {self._scrub(str(exc))}"
