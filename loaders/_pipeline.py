@@ -783,7 +783,9 @@ def prefetched(
     without this process's threads holding the cores and the interpreter (see
     ``SimDataLoader``).
     """
-    per_chunk = chunk_limit(config, in_worker=first_alone)
+    # the caller (SimDataset) resolves chunk_samples and chunks for its process; unset,
+    # they are a process's without workers
+    per_chunk = chunk_limit(config, in_worker=False)
     if mean_sample_bytes > 0:
         per_chunk = max(1, min(per_chunk, int(config.chunk_bytes // mean_sample_bytes)))
     # whole batches per chunk, so a batch is consecutive rows of its chunk's buffers
