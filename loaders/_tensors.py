@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from simstore._buffers import BufferPool, whole_pages
+
 __all__ = [
     "BufferPool",
     "ChunkBuffers",
@@ -89,77 +91,9 @@ def sample_bytes(sample: Mapping[str, Any]) -> int:
     return sum(value_bytes(v) for v in sample.values())
 
 
-class BufferPool:
-    """Reused memory for the chunk buffers of one process (not the shared-memory ones).
-
-    A chunk buffer of large samples is tens of MiB. Fresh memory for each one costs a
-    page fault and a page of zeroes per page, which on a virtual machine whose host has
-    not backed the pages yet ran at under 1 GiB/s and more than doubled some epochs
-    (``python -m benchmarks.ab_epochs``). The pool hands out arrays over anonymous
-    mappings it keeps: when every view of an array (the batch tensors made from it) is
-    gone, its mapping comes back and the next chunk of a similar size reads into memory
-    that is already faulted in. Idle mappings are kept up to ``idle_bytes``; anything
-    past that is unmapped. A caller that keeps batches simply makes the pool map more.
-    """
-
-    def __init__(self, idle_bytes: int = 256 << 20, min_bytes: int = 1 << 20) -> None:
-        self.idle_bytes = idle_bytes
-        self.min_bytes = min_bytes
-        self._idle: list[mmap.mmap] = []
-        self._lock = threading.Lock()
-        self.reused = 0
-        """Arrays handed out over a mapping that came back (for tests and metrics)."""
-
-    def array(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
-        """An uninitialised C-contiguous array of ``shape`` and ``dtype``.
-
-        Over pooled memory when it is big enough to matter (``min_bytes``, 1 MiB by
-        default); smaller ones come from NumPy.
-        """
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if nbytes < max(1, self.min_bytes):
-            return np.empty(shape, dtype=dtype)
-        mapping = self._take(nbytes)
-        out = np.frombuffer(mapping, dtype=dtype, count=nbytes // dtype.itemsize)
-        # ``out`` is the base of every view of it (its own base is the mapping, not an
-        # array), so it lives exactly as long as the last view
-        weakref.finalize(out, self._give_back, mapping)
-        return out.reshape(shape)
-
-    def _take(self, nbytes: int) -> mmap.mmap:
-        with self._lock:
-            fits = [m for m in self._idle if nbytes <= len(m) <= 2 * nbytes]
-            if fits:
-                best = min(fits, key=len)
-                self._idle.remove(best)
-                self.reused += 1
-                return best
-        size = _whole_pages(nbytes)
-        # no MADV_HUGEPAGE: a fresh process's huge pages are 2 MiB blocks the host has
-        # often not backed, and their first touch ran at 0.4-2 GiB/s here, against a
-        # steady 2.4 GiB/s for 4 KiB pages (the kernel's recently freed ones)
-        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-
-    def _give_back(self, mapping: mmap.mmap) -> None:
-        with self._lock:
-            self._idle.append(mapping)
-            # newest first out of the pool's keep: the oldest idle mappings are unmapped
-            # (once nothing exports them; a mapping still exported is dropped, not closed)
-            while sum(len(m) for m in self._idle) > self.idle_bytes:
-                old = self._idle.pop(0)
-                try:
-                    old.close()
-                except BufferError:
-                    pass
-
-
-def _whole_pages(nbytes: int) -> int:
-    """``nbytes`` rounded up to whole memory pages."""
-    return -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
-
-
 POOL = BufferPool()
-"""The process's pool of chunk-buffer memory."""
+"""The process's pool of chunk-buffer memory (see :class:`BufferPool`: a chunk buffer of
+large samples is tens of MiB, and reusing it more than halved some epochs here)."""
 
 
 def _fresh_pool_after_fork() -> None:
@@ -299,7 +233,7 @@ class SharedArena:
     """
 
     def __init__(self, nbytes: int) -> None:
-        self.nbytes = _whole_pages(nbytes)
+        self.nbytes = whole_pages(nbytes)
         self.token = f"{os.getpid()}-{id(self):x}-{os.urandom(4).hex()}"
         self._map = mmap.mmap(-1, self.nbytes, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
         self.base = int(np.frombuffer(self._map, dtype=np.uint8, count=1)
@@ -332,12 +266,12 @@ class SharedArena:
 
     def carve(self, nbytes: int) -> torch.UntypedStorage | None:
         """A new region of ``nbytes`` (its pages faulted in), or None when full."""
-        size = _whole_pages(max(1, nbytes))
+        size = whole_pages(max(1, nbytes))
         with self._lock:
             top = self._top
             for lo, hi in self.reserved:  # sorted by start
                 if top < hi and lo < top + size:
-                    top = _whole_pages(hi)
+                    top = whole_pages(hi)
             if top + size > self.nbytes:
                 return None
             offset, self._top = top, top + size

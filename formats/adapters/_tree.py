@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from simstore import _buffers
 from simstore.errors import SourceError
 from simstore.sample import FieldValue, Sample
 
@@ -106,12 +107,33 @@ class SlicedArray:
             parts[0] = slice(self._offset + start, self._offset + stop)
             box = tuple(parts)
         try:
-            data = np.asarray(self._handle[box])
+            data = self._read_pooled(box)
+            if data is None:
+                data = np.asarray(self._handle[box])
         except Exception as exc:  # any reader failure means a bad source file
             raise SourceError(f"{self._path}: field {self._field!r}: read failed: {exc}") from exc
         if data.dtype != self._dtype:
             data = data.astype(self._dtype)
         return data
+
+    def _read_pooled(self, box: Any) -> np.ndarray | None:
+        """An h5py read of ``box`` into pooled memory (None: read it the plain way).
+
+        h5py's slicing returns fresh memory for every read; ``read_direct`` fills an array
+        given to it, here one of the process's pool (see ``simstore._buffers``), so a run
+        of windows of the same size reads into pages faulted in once.
+        """
+        reader = getattr(self._handle, "read_direct", None)
+        if reader is None or not box or self._dtype.kind not in "biuf":
+            return None
+        full = tuple(int(n) for n in self._handle.shape)
+        bounds = (p.indices(n) for p, n in zip(box, full, strict=True))
+        shape = tuple(max(0, b - a) for a, b, _ in bounds)
+        if math.prod(shape) * self._dtype.itemsize < _buffers.POOL.min_bytes:
+            return None
+        out = _buffers.POOL.array(shape, self._dtype)
+        reader(out, source_sel=box)
+        return out
 
     def read(self) -> np.ndarray:
         """The whole (windowed) array in memory."""

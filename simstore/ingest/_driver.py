@@ -16,6 +16,7 @@ from typing import Any, Unpack
 
 import pyarrow as pa
 
+from simstore import _buffers
 from simstore.catalog import Catalog
 from simstore.errors import InvalidInputError, SourceError
 from simstore.hashing import Hasher, hash_bytes
@@ -160,7 +161,11 @@ def ingest(
 
         run = run_dask(ctx, tasks, plugins, report)
     else:
-        run = run_local(ctx, tasks, plugins, report)
+        try:
+            run = run_local(ctx, tasks, plugins, report)
+        finally:
+            # this process read sources into its pool of memory: give the idle part back
+            _buffers.POOL.release()
     return _finish(catalog, ctx, files, ignored, run, tasks, head, t0)
 
 

@@ -471,3 +471,44 @@ def test_misaligned_npz_members_are_read_into_aligned_memory(tmp_path):
         assert got.flags.aligned
         if not offsets[name].aligned:
             assert got.flags.owndata
+
+
+def test_big_source_reads_land_in_pooled_memory_and_kept_arrays_stay_intact(tmp_path, monkeypatch):
+    """Misaligned .npz members and HDF5 windows of 1 MiB and more are read into the
+    process's pool: memory comes back only once every view of an array is gone, so an
+    array a caller keeps is never overwritten by a later read, and a released one is
+    reused. Big-endian HDF5 data arrives in native byte order."""
+    import h5py
+
+    from simstore import _buffers
+
+    pool = _buffers.BufferPool()
+    monkeypatch.setattr(_buffers, "POOL", pool)
+    rng = np.random.default_rng(11)
+    runs = [rng.standard_normal((4, 256, 256)).astype(np.float32) for _ in range(3)]
+    for i, run in enumerate(runs):
+        np.savez(tmp_path / f"r{i}.npz", u=run)
+    with h5py.File(tmp_path / "w.h5", "w") as f:
+        f.create_dataset("u", data=np.concatenate(runs).astype(">f4"), chunks=(1, 256, 256))
+
+    def npz(i):
+        return next(NpzAdapter().iter_samples(str(tmp_path / f"r{i}.npz"), f"r{i}", {})).fields["u"]
+
+    kept = npz(0)
+    second = npz(1)
+    assert pool.reused == 0 and not np.shares_memory(kept, second)
+    np.testing.assert_array_equal(kept, runs[0])
+    del second
+    third = npz(2)
+    assert pool.reused == 1
+    np.testing.assert_array_equal(third, runs[2])
+    np.testing.assert_array_equal(kept, runs[0])
+    del third
+
+    windows = HDF5Adapter().iter_samples(str(tmp_path / "w.h5"), "w.h5", {"time_window": 4})
+    got = [next(windows).fields["u"] for _ in range(3)]  # all three kept
+    windows.close()
+    for window, run in zip(got, runs, strict=True):
+        assert window.dtype == np.dtype("float32") and window.dtype.isnative
+        np.testing.assert_array_equal(window, run)
+    assert pool.reused == 2  # the .npz read memory (released above) came back for h5py

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+import simstore.stats as stats_module
 from simstore.catalog import Catalog
 from simstore.ingest import ingest
 from simstore.stats import (
@@ -201,10 +202,19 @@ def _reference(values, k):
     return out
 
 
+@pytest.fixture(params=["default", "small"])
+def sub_blocks(request, monkeypatch):
+    """Summaries with the default sub-blocks and with small ones (many sub-blocks per
+    array: their moments merge at the end, and a NaN lands in a sub-block of its own)."""
+    if request.param == "small":
+        monkeypatch.setattr(stats_module, "_SUB_BLOCK_ELEMENTS", 1 << 14)
+    return request.param
+
+
 @pytest.mark.parametrize(
     ("dtype", "shape"),
     [
-        (np.float32, (200_003,)),  # several sub-blocks and a ragged tail, one component
+        (np.float32, (600_003,)),  # sub-blocks and a ragged tail with either size  # several sub-blocks and a ragged tail, one component
         (np.float32, (70_001, 3)),  # vector field: per-component sums over a transposed copy
         (np.float64, (9_000, 2, 2)),
         (np.float16, (40_000, 9)),
@@ -213,7 +223,7 @@ def _reference(values, k):
         (np.bool_, (123_457,)),
     ],
 )
-def test_summaries_equal_a_plain_float64_computation(dtype, shape):
+def test_summaries_equal_a_plain_float64_computation(dtype, shape, sub_blocks):
     rng = np.random.default_rng(7)
     if dtype == np.int64:
         x = rng.integers(-(2**62), 2**62, size=shape, dtype=np.int64)
@@ -238,7 +248,7 @@ def test_summaries_equal_a_plain_float64_computation(dtype, shape):
         assert type(s["min"][j]) is (int if x.dtype.kind in "biu" else float)
 
 
-def test_non_finite_and_overflowing_sub_blocks_are_summarised_the_careful_way():
+def test_non_finite_and_overflowing_sub_blocks_are_summarised_the_careful_way(sub_blocks):
     rng = np.random.default_rng(8)
     x = rng.standard_normal((150_000, 2))
     x[70_000, 1] = np.nan  # a NaN in the second sub-block
