@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["POOL", "BufferPool", "whole_pages"]
+__all__ = ["INGEST_IDLE_BYTES", "POOL", "BufferPool", "whole_pages"]
 
 
 class BufferPool:
@@ -94,7 +94,11 @@ def whole_pages(nbytes: int) -> int:
     return -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
 
 
-POOL = BufferPool()
+INGEST_IDLE_BYTES = 128 << 20
+"""Idle memory the ingest pool keeps: a sample's arrays up to ``--dense-threshold`` (16
+MiB each by default) and a Zarr writer's slab (64 MiB), with room for sizes that vary."""
+
+POOL = BufferPool(INGEST_IDLE_BYTES)
 """This process's pool for source arrays read by ingest (the loader keeps its own)."""
 
 

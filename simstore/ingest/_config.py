@@ -40,8 +40,9 @@ class IngestConfig:
     """Every option of an ingest (the CLI flags map one to one onto these fields).
 
     Memory per worker is about ``shard_size`` (a columnar shard is buffered until it is
-    written) plus ``dense_threshold`` and ``block_bytes``; it never depends on a source
-    file's size. Fields that shape the stored bytes (adapter, its options, format, shard
+    written) plus ``dense_threshold`` and ``block_bytes``, plus up to 128 MiB of read
+    buffers kept for reuse (``simstore._buffers``); it never depends on a source file's
+    size. Fields that shape the stored bytes (adapter, its options, format, shard
     options, ``shard_size``, ``dense_threshold``, ``zarr_threshold``, ``block_bytes``)
     also key the journal.
 
