@@ -1,10 +1,12 @@
 """Ingest benchmarks: throughput against a plain copy, peak RSS, codec ratio and read cost.
 
     python -m benchmarks.bench_ingest [--quick] [--out results.json] [--workdir DIR]
-        [--baseline TREE] [--reps N] [--cases LABELS] [--only throughput|rss|codecs|phases]
+        [--baseline TREE] [--reps N] [--cases LABELS] [--sources NAMES]
+        [--only throughput|rss|codecs|phases]
 
-1. Throughput: .npz folders, HDF5 runs (time-windowed) and many small .npz files into
-   Parquet, Zarr and Lance, with 1 and 2 worker processes, against ``shutil.copyfile`` of
+1. Throughput: .npz folders, HDF5 runs (time-windowed), many small .npz files, NetCDF-4
+   runs (time-windowed) and VTU meshes (``--sources`` picks some) into Parquet, Zarr and
+   Lance, with 1 and 2 worker processes, against ``shutil.copyfile`` of
    the same source files (same disk, page cache warm, the target emptied before the
    clock). Every ingest runs in a fresh process that imports and opens its store before
    the clock, so each repetition times the ingest alone; ``os.sync()`` before every timed
@@ -83,6 +85,52 @@ def make_h5(root: Path, files: int, t: int, n: int) -> int:
             f["time"] = np.arange(t, dtype=np.float64)
             f.create_dataset("density", data=base + np.float32(i), chunks=(1, n, n))
             f.create_dataset("pressure", data=base * 2, chunks=(1, n, n))
+    return sum(p.stat().st_size for p in root.iterdir())
+
+
+def make_netcdf(root: Path, files: int, t: int, n: int) -> int:
+    """NetCDF-4 runs like the HDF5 ones: two [time, y, x] float32 variables, a time axis."""
+    import netCDF4
+
+    root.mkdir(parents=True, exist_ok=True)
+    base = smooth_fields(n, t, 3)
+    for i in range(files):
+        with netCDF4.Dataset(root / f"run{i:03d}.nc", "w") as ds:
+            ds.createDimension("time", t)
+            ds.createDimension("y", n)
+            ds.createDimension("x", n)
+            ds.Re = 100.0 + i
+            ds.createVariable("time", "f8", ("time",))[:] = np.arange(t, dtype=np.float64)
+            for name, values in (("density", base + np.float32(i)), ("pressure", base * 2)):
+                var = ds.createVariable(name, "f4", ("time", "y", "x"), chunksizes=(1, n, n))
+                var[:] = values
+    return sum(p.stat().st_size for p in root.iterdir())
+
+
+def make_vtu(root: Path, files: int, points: int) -> int:
+    """VTU meshes written by meshio: a triangulated surface of ``points`` points with a
+    float32 point field and a cell field (meshio's default: zlib-compressed binary)."""
+    import meshio
+
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(4)
+    side = int(np.sqrt(points))
+    gy, gx = np.mgrid[0:side, 0:side]
+    pts = np.stack([gx.ravel(), gy.ravel(), np.zeros(side * side)], axis=1).astype(np.float64)
+    quad = (gy[:-1, :-1] * side + gx[:-1, :-1]).ravel()
+    lower = np.stack([quad, quad + 1, quad + side], 1)
+    upper = np.stack([quad + 1, quad + side + 1, quad + side], 1)
+    tris = np.concatenate([lower, upper]).astype(np.int64)
+    for i in range(files):
+        z = smooth_fields(side, 1, 10 + i)[0].ravel()
+        mesh = meshio.Mesh(
+            pts + np.stack([0 * z, 0 * z, z / 100], axis=1),
+            [("triangle", tris)],
+            point_data={"pressure": z},
+            cell_data={"id": [np.arange(len(tris), dtype=np.int32) + i]},
+        )
+        mesh.write(root / f"part{i:03d}.vtu")
+    del rng
     return sum(p.stat().st_size for p in root.iterdir())
 
 
@@ -190,16 +238,36 @@ def run_ingest(
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _sources(work: Path, quick: bool) -> dict[str, tuple[Path, int, dict]]:
-    h5 = make_h5(work / "h5", 2 if quick else 6, 64, 512)
-    return {
-        "npz": (work / "npz", make_npz(work / "npz", 8 if quick else 24, 16, 512), {}),
-        "hdf5": (work / "h5", h5, {"time_window": 4, "stride": 4}),
-        # the same files, a run per sample: two (64, 512, 512) fields chunked by time step
-        # in the file, near-cubic in the shard, so the Zarr writer reads them in slabs
-        "hdf5 runs": (work / "h5", h5, {}),
-        "small npz": (work / "small", make_small(work / "small", 1024 if quick else 4096), {}),
-    }
+SOURCES = ("npz", "hdf5", "hdf5 runs", "small npz", "netcdf", "vtu")
+"""The throughput benchmark's sources (``--sources`` picks some)."""
+
+
+def _sources(
+    work: Path, quick: bool, names: tuple[str, ...] = ()
+) -> dict[str, tuple[Path, int, dict]]:
+    """The sources named (all by default), written under ``work``: (folder, bytes, options)."""
+    wanted = [n for n in SOURCES if not names or n in names]
+    out: dict[str, tuple[Path, int, dict]] = {}
+    for name in wanted:
+        if name == "npz":
+            out[name] = (work / "npz", make_npz(work / "npz", 8 if quick else 24, 16, 512), {})
+        elif name in ("hdf5", "hdf5 runs"):
+            if "hdf5" not in out:  # the two share their files
+                make_h5(work / "h5", 2 if quick else 6, 64, 512)
+            size = sum(p.stat().st_size for p in (work / "h5").iterdir())
+            # "hdf5 runs": the same files, a run per sample: two (64, 512, 512) fields
+            # chunked by time step in the file, near-cubic in the shard, so the Zarr writer
+            # reads them in slabs
+            opts = {"time_window": 4, "stride": 4} if name == "hdf5" else {}
+            out[name] = (work / "h5", size, opts)
+        elif name == "small npz":
+            out[name] = (work / "small", make_small(work / "small", 1024 if quick else 4096), {})
+        elif name == "netcdf":  # NetCDF-4 runs like the HDF5 ones, cut in windows
+            size = make_netcdf(work / "nc", 2 if quick else 6, 64, 512)
+            out[name] = (work / "nc", size, {"time_window": 4, "stride": 4})
+        elif name == "vtu":  # meshes from meshio's VTU writer
+            out[name] = (work / "vtu", make_vtu(work / "vtu", 4 if quick else 16, 512 * 512), {})
+    return out
 
 
 def _cases(source: str, quick: bool) -> list[tuple[str, dict, tuple[int, ...]]]:
@@ -217,6 +285,11 @@ def _cases(source: str, quick: bool) -> list[tuple[str, dict, tuple[int, ...]]]:
         ]
     if source == "hdf5 runs":
         return [("zarr none", {"format": "zarr", "compression": "none"}, both)]
+    if source in ("netcdf", "vtu"):
+        return [
+            ("parquet none", {"format": "parquet", "compression": "none"}, both),
+            ("zarr none", {"format": "zarr", "compression": "none"}, both),
+        ]
     cases = [
         ("parquet none", {"format": "parquet", "compression": "none"}, both),
         ("zarr none", {"format": "zarr", "compression": "none"}, both),
@@ -236,7 +309,12 @@ def _cases(source: str, quick: bool) -> list[tuple[str, dict, tuple[int, ...]]]:
 
 
 def throughput(
-    work: Path, quick: bool, reps: int, baseline: str = "", only: tuple[str, ...] = ()
+    work: Path,
+    quick: bool,
+    reps: int,
+    baseline: str = "",
+    only: tuple[str, ...] = (),
+    sources: tuple[str, ...] = (),
 ) -> list[dict]:
     """Each ingest case against copying the same files, round by round.
 
@@ -245,7 +323,7 @@ def throughput(
     rounds; each ratio divides the copy's median seconds by the case's.
     """
     rows = []
-    for name, (src, size, opts) in _sources(work, quick).items():
+    for name, (src, size, opts) in _sources(work, quick, sources).items():
         runs: dict[tuple[str, int, str], list[dict]] = {}
         copies: dict[str, list[float]] = {"copy": [], "copy+fsync": []}
         trees = [("after", _TREE)] + ([("before", baseline)] if baseline else [])
@@ -395,7 +473,7 @@ print(json.dumps({"cpu_s": total, "phases": dict(T)}))
 def phases(work: Path, quick: bool) -> list[dict]:
     """Where an ingest's CPU goes, phase by phase, for the cases of the target (1 worker)."""
     rows = []
-    srcs = _sources(work, quick)
+    srcs = _sources(work, quick, ("npz", "hdf5", "small npz"))
     for name, fmt in [
         ("npz", "parquet"),
         ("npz", "zarr"),
@@ -586,6 +664,11 @@ def main() -> None:
     )
     ap.add_argument("--reps", type=int, default=None, help="rounds (default 3, 1 with --quick)")
     ap.add_argument(
+        "--sources",
+        default="",
+        help=f"comma-separated throughput sources (of {', '.join(SOURCES)}); default all",
+    )
+    ap.add_argument(
         "--cases",
         default="",
         help="comma-separated case labels to run (e.g. 'parquet none,zarr none'); default all",
@@ -598,7 +681,11 @@ def main() -> None:
     try:
         if args.only in (None, "throughput"):
             only = tuple(c.strip() for c in args.cases.split(",") if c.strip())
-            results["throughput"] = throughput(work, args.quick, reps, baseline, only)
+            names = tuple(n.strip() for n in args.sources.split(",") if n.strip())
+            unknown = sorted(set(names) - set(SOURCES))
+            if unknown:
+                ap.error(f"unknown sources {unknown}: expected some of {', '.join(SOURCES)}")
+            results["throughput"] = throughput(work, args.quick, reps, baseline, only, names)
             if baseline:
                 results["baseline"] = baseline
             cols = ["source", "what", "workers", "mib", "mib_s", "ratio", "cpu_s"]
