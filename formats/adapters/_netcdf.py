@@ -67,6 +67,47 @@ def _check_classic_size(ds: Any, path: str) -> None:
         )
 
 
+def _hdf5_view(ds: Any, path: str) -> Any:
+    """The file opened with h5py too when it is NetCDF-4 (an HDF5 file), else None.
+
+    netCDF4 reads a window of a [time, y, x] variable at about 1 GB/s here, h5py's
+    ``read_direct`` into reused memory at about 4.5 (768 MiB of windows: 0.74 against 0.17
+    CPU-seconds), so the numeric variables whose HDF5 dataset matches them exactly are
+    read through h5py; everything else (metadata, names, dimensions) still comes from
+    netCDF4. None where h5py cannot open the file (classic NetCDF-3, h5py missing).
+    """
+    if not str(getattr(ds, "data_model", "")).startswith("NETCDF4"):
+        return None
+    try:
+        import h5py
+
+        return h5py.File(path, "r")
+    except (ImportError, OSError, ValueError):
+        return None
+
+
+def _hdf5_dataset(h5: Any, name: str, var: Any, dtype: np.dtype[Any]) -> Any:
+    """The HDF5 dataset holding variable ``name`` exactly (same shape and type), or None.
+
+    A variable along an unlimited dimension may be shorter in the file than netCDF4
+    reports (it pads with fill values up to the dimension's length): such a variable, and
+    any whose type or shape differs, is read through netCDF4.
+    """
+    if h5 is None:
+        return None
+    try:
+        dset = h5.get(name)
+        if dset is None or not hasattr(dset, "read_direct"):
+            return None
+        if tuple(dset.shape) != tuple(var.shape):
+            return None
+        if np.dtype(dset.dtype).newbyteorder("=") != dtype.newbyteorder("="):
+            return None
+        return dset
+    except (OSError, KeyError, ValueError, TypeError):
+        return None
+
+
 class NetCDFAdapter:
     """NetCDF files (``.nc``, ``.nc4``, ``.cdf``, ``.netcdf`` or the classic signature)."""
 
@@ -85,8 +126,10 @@ class NetCDFAdapter:
             ds = nc.Dataset(path, "r")
         except (OSError, RuntimeError, ValueError) as exc:
             raise SourceError(f"{path}: not a readable NetCDF file: {exc}") from exc
+        h5 = None
         try:
             _check_classic_size(ds, path)
+            h5 = _hdf5_view(ds, path)
             ds.set_auto_maskandscale(False)
             ds.set_always_mask(False)
             entries: list[ArrayEntry] = []
@@ -131,20 +174,29 @@ class NetCDFAdapter:
                         raise SourceError(
                             f"{path}: field {name!r}: unsupported NetCDF dtype {dtype}"
                         )
+                    handle = _hdf5_dataset(h5, name, var, dtype)
                     entries.append(
                         ArrayEntry(
-                            name, SlicedArray(var, path=path, field=name), tuple(var.dimensions)
+                            name,
+                            SlicedArray(var if handle is None else handle, path=path, field=name),
+                            tuple(var.dimensions),
                         )
                     )
         except SourceError:
-            ds.close()
+            _close(ds, h5)
             raise
         except (OSError, RuntimeError, KeyError, ValueError, IndexError) as exc:
-            ds.close()
+            _close(ds, h5)
             raise SourceError(f"{path}: corrupt NetCDF structure: {exc}") from exc
         try:
             yield from tree_samples(
                 path, key, entries, params, metadata, options, time_dim=time_dim
             )
         finally:
-            ds.close()
+            _close(ds, h5)
+
+
+def _close(ds: Any, h5: Any) -> None:
+    ds.close()
+    if h5 is not None:
+        h5.close()

@@ -512,3 +512,46 @@ def test_big_source_reads_land_in_pooled_memory_and_kept_arrays_stay_intact(tmp_
         assert window.dtype == np.dtype("float32") and window.dtype.isnative
         np.testing.assert_array_equal(window, run)
     assert pool.reused == 2  # the .npz read memory (released above) came back for h5py
+
+
+def test_netcdf4_variables_are_read_through_h5py_where_the_dataset_matches(tmp_path):
+    """A NetCDF-4 file is an HDF5 file: numeric variables whose HDF5 dataset has their
+    shape and type are read with h5py (faster, into reused memory); a variable shorter
+    than its unlimited dimension (netCDF4 pads it with fill values), and every variable
+    of a classic file, are read with netCDF4. Values are the same either way."""
+    import h5py
+    import netCDF4
+
+    rng = np.random.default_rng(12)
+    u = rng.standard_normal((6, 8, 5)).astype(np.float32)
+    short = rng.standard_normal((3, 8)).astype(">f8")
+    path = tmp_path / "g.nc"
+    with netCDF4.Dataset(path, "w") as ds:
+        ds.createDimension("time", None)
+        ds.createDimension("y", 8)
+        ds.createDimension("x", 5)
+        grp = ds.createGroup("flow")
+        grp.createVariable("u", "f4", ("time", "y", "x"))[:] = u
+        v = ds.createVariable("short", np.dtype(">f8"), ("time", "y"), fill_value=-7.0, endian="big")
+        v[0:3] = short
+    with netCDF4.Dataset(tmp_path / "c.nc", "w", format="NETCDF3_CLASSIC") as ds:
+        ds.createDimension("y", 8)
+        ds.createVariable("w", "f4", ("y",))[:] = u[0, :, 0]
+
+    samples = NetCDFAdapter().iter_samples(str(path), "g.nc", {"max_in_memory_bytes": 8})
+    fields = next(samples).fields
+    assert isinstance(fields["flow/u"]._handle, h5py.Dataset)
+    assert not isinstance(fields["short"]._handle, h5py.Dataset)  # 3 of 6 steps written
+    np.testing.assert_array_equal(fields["flow/u"][(slice(1, 5),)], u[1:5])
+    got = fields["short"][(slice(0, 6),)]
+    np.testing.assert_array_equal(got[:3], short)
+    assert (got[3:] == -7.0).all() and got.dtype.isnative
+    samples.close()
+
+    classic = NetCDFAdapter().iter_samples(
+        str(tmp_path / "c.nc"), "c.nc", {"max_in_memory_bytes": 8}
+    )
+    w = next(classic).fields["w"]
+    assert not isinstance(w._handle, h5py.Dataset)
+    np.testing.assert_array_equal(w[(slice(0, 8),)], u[0, :, 0])
+    classic.close()
