@@ -19,7 +19,14 @@ import numpy as np
 from simstore.errors import SourceError
 from simstore.sample import FieldValue, Sample
 
-from ._tree import ArrayEntry, SlicedArray, attribute_fields, json_safe, tree_samples
+from ._tree import (
+    ArrayEntry,
+    SlicedArray,
+    attribute_fields,
+    json_safe,
+    tree_sample_count,
+    tree_samples,
+)
 
 __all__ = ["HDF5_MAGIC", "HDF5Adapter"]
 
@@ -59,51 +66,73 @@ class HDF5Adapter:
         """HDF5 by extension or by the 8-byte HDF5 signature."""
         return head.startswith(HDF5_MAGIC) or path.lower().endswith(self.extensions)
 
+    supports_sample_ranges = True
+    """Time windows of a run can be read in ranges, so ingest cuts a large file into
+    pieces that run on several workers (see ``simstore.ingest.SupportsSampleRanges``)."""
+
+    def count_samples(self, path: str, options: Mapping[str, Any]) -> int:
+        """How many samples :meth:`iter_samples` yields: 1, or the number of windows."""
+        with self._open(path) as f:
+            entries, _, _ = self._tree(f, path)
+            return tree_sample_count(path, entries, options)
+
     def iter_samples(self, path: str, key: str, options: Mapping[str, Any]) -> Iterator[Sample]:
-        """One sample per file, or one per time window."""
+        """One sample per file, or one per time window (``sample_range``: some of them)."""
+        with self._open(path) as f:
+            entries, params, metadata = self._tree(f, path)
+            yield from tree_samples(path, key, entries, params, metadata, options)
+
+    @staticmethod
+    def _open(path: str) -> Any:
         h5py = _h5py()
         try:
-            f = h5py.File(path, "r")
+            return h5py.File(path, "r")
         except (OSError, ValueError) as exc:
             raise SourceError(f"{path}: not a readable HDF5 file: {exc}") from exc
-        with f:
-            entries: list[ArrayEntry] = []
-            params: dict[str, FieldValue] = {}
-            metadata: dict[str, Any] = {}
-            try:
-                attribute_fields("", dict(f.attrs), params, metadata)
-                names: list[str] = []
-                f.visit(names.append)
-                for name in sorted(names):
-                    obj = f.get(name, getlink=False)
-                    is_array = isinstance(obj, h5py.Dataset)
-                    attribute_fields(name, dict(obj.attrs), params, metadata, is_array=is_array)
-                    if not isinstance(obj, h5py.Dataset):
-                        continue
-                    dtype = obj.dtype
-                    if h5py.check_string_dtype(dtype) is not None or dtype.kind in "SUO":
-                        value = obj[()]
-                        if isinstance(value, bytes | str | np.bytes_ | np.str_):
-                            raw = (
-                                value.decode("utf-8", "replace")
-                                if isinstance(value, bytes)
-                                else str(value)
-                            )
-                            params[name] = raw
-                        else:
-                            metadata[name] = json_safe(np.asarray(value))
-                        continue
-                    if dtype.kind not in "biuf":
-                        raise SourceError(
-                            f"{path}: field {name!r}: unsupported HDF5 dtype {dtype} "
-                            "(numeric, bool and string datasets are read)"
+
+    @staticmethod
+    def _tree(
+        f: Any, path: str
+    ) -> tuple[list[ArrayEntry], dict[str, FieldValue], dict[str, Any]]:
+        """The file's arrays, parameters and metadata."""
+        h5py = _h5py()
+        entries: list[ArrayEntry] = []
+        params: dict[str, FieldValue] = {}
+        metadata: dict[str, Any] = {}
+        try:
+            attribute_fields("", dict(f.attrs), params, metadata)
+            names: list[str] = []
+            f.visit(names.append)
+            for name in sorted(names):
+                obj = f.get(name, getlink=False)
+                is_array = isinstance(obj, h5py.Dataset)
+                attribute_fields(name, dict(obj.attrs), params, metadata, is_array=is_array)
+                if not isinstance(obj, h5py.Dataset):
+                    continue
+                dtype = obj.dtype
+                if h5py.check_string_dtype(dtype) is not None or dtype.kind in "SUO":
+                    value = obj[()]
+                    if isinstance(value, bytes | str | np.bytes_ | np.str_):
+                        raw = (
+                            value.decode("utf-8", "replace")
+                            if isinstance(value, bytes)
+                            else str(value)
                         )
-                    if obj.chunks is not None and not obj.id.get_create_plist().get_nfilters():
-                        del obj
-                        obj = _uncached(h5py, f, name)
-                    entries.append(ArrayEntry(name, SlicedArray(obj, path=path, field=name)))
-            except SourceError:
-                raise
-            except (OSError, RuntimeError, KeyError, ValueError) as exc:
-                raise SourceError(f"{path}: corrupt HDF5 structure: {exc}") from exc
-            yield from tree_samples(path, key, entries, params, metadata, options)
+                        params[name] = raw
+                    else:
+                        metadata[name] = json_safe(np.asarray(value))
+                    continue
+                if dtype.kind not in "biuf":
+                    raise SourceError(
+                        f"{path}: field {name!r}: unsupported HDF5 dtype {dtype} "
+                        "(numeric, bool and string datasets are read)"
+                    )
+                if obj.chunks is not None and not obj.id.get_create_plist().get_nfilters():
+                    del obj
+                    obj = _uncached(h5py, f, name)
+                entries.append(ArrayEntry(name, SlicedArray(obj, path=path, field=name)))
+        except SourceError:
+            raise
+        except (OSError, RuntimeError, KeyError, ValueError) as exc:
+            raise SourceError(f"{path}: corrupt HDF5 structure: {exc}") from exc
+        return entries, params, metadata

@@ -20,7 +20,14 @@ import numpy as np
 from simstore.errors import SourceError
 from simstore.sample import FieldValue, Sample
 
-from ._tree import ArrayEntry, SlicedArray, attribute_fields, json_safe, tree_samples
+from ._tree import (
+    ArrayEntry,
+    SlicedArray,
+    attribute_fields,
+    json_safe,
+    tree_sample_count,
+    tree_samples,
+)
 
 __all__ = ["NetCDFAdapter"]
 
@@ -119,8 +126,33 @@ class NetCDFAdapter:
         """NetCDF by extension or by the classic ``CDF`` signature."""
         return head[:3] == b"CDF" or path.lower().endswith(self.extensions)
 
+    supports_sample_ranges = True
+    """Time windows can be read in ranges, so ingest cuts a large file into pieces that run
+    on several workers (see ``simstore.ingest.SupportsSampleRanges``)."""
+
+    def count_samples(self, path: str, options: Mapping[str, Any]) -> int:
+        """How many samples :meth:`iter_samples` yields: 1, or the number of windows."""
+        ds, h5, entries, _, _, time_dim = self._prepare(path, options, fast_reads=False)
+        try:
+            return tree_sample_count(path, entries, options, time_dim=time_dim)
+        finally:
+            _close(ds, h5)
+
     def iter_samples(self, path: str, key: str, options: Mapping[str, Any]) -> Iterator[Sample]:
-        """One sample per file, or one per time window."""
+        """One sample per file, or one per time window (``sample_range``: some of them)."""
+        ds, h5, entries, params, metadata, time_dim = self._prepare(path, options)
+        try:
+            yield from tree_samples(
+                path, key, entries, params, metadata, options, time_dim=time_dim
+            )
+        finally:
+            _close(ds, h5)
+
+    @staticmethod
+    def _prepare(
+        path: str, options: Mapping[str, Any], *, fast_reads: bool = True
+    ) -> tuple[Any, Any, list[ArrayEntry], dict[str, FieldValue], dict[str, Any], str | None]:
+        """The open file (and its h5py view), its arrays, parameters, metadata, time axis."""
         nc = _netcdf4()
         try:
             ds = nc.Dataset(path, "r")
@@ -129,7 +161,7 @@ class NetCDFAdapter:
         h5 = None
         try:
             _check_classic_size(ds, path)
-            h5 = _hdf5_view(ds, path)
+            h5 = _hdf5_view(ds, path) if fast_reads else None
             ds.set_auto_maskandscale(False)
             ds.set_always_mask(False)
             entries: list[ArrayEntry] = []
@@ -188,12 +220,7 @@ class NetCDFAdapter:
         except (OSError, RuntimeError, KeyError, ValueError, IndexError) as exc:
             _close(ds, h5)
             raise SourceError(f"{path}: corrupt NetCDF structure: {exc}") from exc
-        try:
-            yield from tree_samples(
-                path, key, entries, params, metadata, options, time_dim=time_dim
-            )
-        finally:
-            _close(ds, h5)
+        return ds, h5, entries, params, metadata, time_dim
 
 
 def _close(ds: Any, h5: Any) -> None:

@@ -35,6 +35,7 @@ __all__ = [
     "attribute_fields",
     "json_safe",
     "native_dtype",
+    "tree_sample_count",
     "tree_samples",
 ]
 
@@ -229,6 +230,44 @@ def _time_axis(
     return t_len, [len(e.array.shape) >= 1 and e.array.shape[0] == t_len for e in entries]
 
 
+def _window_starts(
+    path: str, entries: Sequence[ArrayEntry], options: Mapping[str, Any], time_dim: str | None
+) -> range | None:
+    """The first time steps of the windows (None without ``time_window``)."""
+    window = options.get("time_window")
+    if not window:
+        return None
+    n = int(window)
+    stride = int(options.get("stride") or n)
+    if n < 1 or stride < 1:
+        raise SourceError(f"{path}: --time-window and --stride must be positive")
+    t_len, _ = _time_axis(path, entries, options.get("time_name"), time_dim)
+    if t_len < n:
+        raise SourceError(f"{path}: time axis has {t_len} steps, fewer than --time-window {n}")
+    return range(0, t_len - n + 1, stride)
+
+
+def _sample_range(options: Mapping[str, Any], count: int) -> tuple[int, int]:
+    """``options["sample_range"]`` as ``(first, stop)`` within ``count`` (all by default)."""
+    got = options.get("sample_range")
+    if got is None:
+        return 0, count
+    first, stop = (int(v) for v in got)
+    return max(0, first), min(count, stop)
+
+
+def tree_sample_count(
+    path: str,
+    entries: Sequence[ArrayEntry],
+    options: Mapping[str, Any],
+    *,
+    time_dim: str | None = None,
+) -> int:
+    """How many samples :func:`tree_samples` yields for these entries and options."""
+    starts = _window_starts(path, entries, options, time_dim)
+    return 1 if starts is None else len(starts)
+
+
 def _value(array: SlicedArray, max_bytes: int) -> FieldValue | SlicedArray:
     return array.read() if array.nbytes <= max_bytes else array
 
@@ -243,7 +282,12 @@ def tree_samples(
     *,
     time_dim: str | None = None,
 ) -> Iterator[Sample]:
-    """The samples of one array tree: the whole file, or one per time window."""
+    """The samples of one array tree: the whole file, or one per time window.
+
+    ``options["sample_range"] = [first, stop]`` yields only samples ``first`` to ``stop - 1``
+    of that sequence (a piece of a large file, see ``SupportsSampleRanges``), with the same
+    keys and values, reading only their windows.
+    """
     max_bytes = int(options.get("max_in_memory_bytes") or DEFAULT_MAX_IN_MEMORY)
     names = {e.name for e in entries}
     clash = sorted(names & set(params))
@@ -253,24 +297,23 @@ def tree_samples(
     if metadata:
         base["metadata"] = dict(metadata)
     window = options.get("time_window")
+    starts = _window_starts(path, entries, options, time_dim)
+    first, stop = _sample_range(options, len(starts) if starts is not None else 1)
     if not window:
-        fields = dict(base)
-        for e in entries:
-            fields[e.name] = _value(e.array, max_bytes)
-        yield Sample(key, fields)
+        if first < stop:
+            fields = dict(base)
+            for e in entries:
+                fields[e.name] = _value(e.array, max_bytes)
+            yield Sample(key, fields)
         return
+    assert starts is not None
     n = int(window)
-    stride = int(options.get("stride") or n)
-    if n < 1 or stride < 1:
-        raise SourceError(f"{path}: --time-window and --stride must be positive")
     t_len, windowed = _time_axis(path, entries, options.get("time_name"), time_dim)
-    if t_len < n:
-        raise SourceError(f"{path}: time axis has {t_len} steps, fewer than --time-window {n}")
     constants = {
         e.name: _value(e.array, max_bytes) for e, w in zip(entries, windowed, strict=True) if not w
     }
     width = max(4, len(str(t_len - 1)))
-    for start in range(0, t_len - n + 1, stride):
+    for start in starts[first:stop]:
         fields = dict(base)
         fields.update(constants)
         for e, w in zip(entries, windowed, strict=True):
