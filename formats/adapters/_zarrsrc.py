@@ -13,7 +13,7 @@ from typing import Any
 from simstore.errors import SourceError
 from simstore.sample import FieldValue, Sample
 
-from ._tree import ArrayEntry, SlicedArray, attribute_fields, tree_samples
+from ._tree import ArrayEntry, SlicedArray, attribute_fields, tree_sample_count, tree_samples
 
 __all__ = ["ZarrAdapter", "is_zarr_dir"]
 
@@ -36,8 +36,33 @@ class ZarrAdapter:
         """A Zarr directory, or a zip named ``*.zarr.zip``."""
         return is_zarr_dir(path) or path.lower().endswith(".zarr.zip")
 
+    supports_sample_ranges = True
+    """Time windows can be read in ranges, so ingest cuts a large group into pieces that
+    run on several workers (see ``simstore.ingest.SupportsSampleRanges``)."""
+
+    def count_samples(self, path: str, options: Mapping[str, Any]) -> int:
+        """How many samples :meth:`iter_samples` yields: 1, or the number of windows."""
+        store, entries, _, _ = self._open(path)
+        try:
+            return tree_sample_count(path, entries, options)
+        finally:
+            if store is not None:
+                store.close()
+
     def iter_samples(self, path: str, key: str, options: Mapping[str, Any]) -> Iterator[Sample]:
-        """One sample per group, or one per time window."""
+        """One sample per group, or one per time window (``sample_range``: some of them)."""
+        store, entries, params, metadata = self._open(path)
+        try:
+            yield from tree_samples(path, key, entries, params, metadata, options)
+        finally:
+            if store is not None:
+                store.close()
+
+    @staticmethod
+    def _open(
+        path: str,
+    ) -> tuple[Any, list[ArrayEntry], dict[str, FieldValue], dict[str, Any]]:
+        """The group's zip store (None for a directory), arrays, parameters and metadata."""
         import zarr
 
         store: Any = None
@@ -62,13 +87,11 @@ class ZarrAdapter:
                         )
                     entries.append(ArrayEntry(name, SlicedArray(node, path=path, field=name)))
         except SourceError:
+            if store is not None:
+                store.close()
             raise
         except Exception as exc:  # zarr raises many kinds on a broken hierarchy
             if store is not None:
                 store.close()
             raise SourceError(f"{path}: not a readable Zarr group: {exc}") from exc
-        try:
-            yield from tree_samples(path, key, entries, params, metadata, options)
-        finally:
-            if store is not None:
-                store.close()
+        return store, entries, params, metadata

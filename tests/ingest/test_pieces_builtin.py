@@ -1,10 +1,11 @@
-"""HDF5 and NetCDF-4 runs cut in time windows are large files that ingest splits into pieces."""
+"""HDF5, NetCDF-4 and Zarr runs cut in time windows: large ones are ingested in pieces."""
 
 import h5py
 import netCDF4
 import numpy as np
 import pytest
-from simstore.formats.adapters import HDF5Adapter, NetCDFAdapter
+import zarr
+from simstore.formats.adapters import HDF5Adapter, NetCDFAdapter, ZarrAdapter
 
 from simstore.catalog import Catalog
 from simstore.ingest import ingest
@@ -18,6 +19,11 @@ def _write(kind, path, u, re):
             f.attrs["Re"] = re
             f["time"] = np.arange(len(u), dtype=np.float64)
             f.create_dataset("u", data=u, chunks=(1, *u.shape[1:]))
+    elif kind == "zarr":
+        group = zarr.open_group(str(path), mode="w")
+        group.attrs["Re"] = re
+        group.create_array("time", data=np.arange(len(u), dtype=np.float64))
+        group.create_array("u", data=u, chunks=(1, *u.shape[1:]))
     else:
         with netCDF4.Dataset(path, "w") as ds:
             ds.createDimension("time", len(u))
@@ -33,7 +39,7 @@ def _rows(catalog, result):
     return snap.content_hash, [(x["key"], x["sample_hash"]) for x in catalog.manifest(snap).to_pylist()]
 
 
-@pytest.mark.parametrize(("kind", "suffix"), [("hdf5", "h5"), ("netcdf", "nc")])
+@pytest.mark.parametrize(("kind", "suffix"), [("hdf5", "h5"), ("netcdf", "nc"), ("zarr", "zarr")])
 def test_a_long_run_is_ingested_in_pieces_with_the_keys_and_values_of_the_whole(
     tmp_path, kind, suffix
 ):
@@ -44,7 +50,7 @@ def test_a_long_run_is_ingested_in_pieces_with_the_keys_and_values_of_the_whole(
     for i, (name, u) in enumerate(runs.items()):
         _write(kind, src / name, u, 100.0 + i)
     opts = {"time_window": 4, "stride": 3}
-    adapter = HDF5Adapter() if kind == "hdf5" else NetCDFAdapter()
+    adapter = {"hdf5": HDF5Adapter, "netcdf": NetCDFAdapter, "zarr": ZarrAdapter}[kind]()
     path = str(src / f"run0.{suffix}")
     assert adapter.count_samples(path, opts) == 13  # windows starting at 0, 3, ..., 36
     piece = list(adapter.iter_samples(path, "run0", {**opts, "sample_range": [5, 9]}))
