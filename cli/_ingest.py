@@ -164,6 +164,12 @@ def _summary(r: IngestResult) -> str:
 @click.option("--stride", type=int, default=None, help="Time steps between windows.")
 @click.option("--shard-size", default="256MiB", show_default=True, help="Target shard size.")
 @click.option(
+    "--piece-size",
+    default="256MiB",
+    show_default=True,
+    help="A windowed file over twice max(shard size, this) runs as pieces of about that size.",
+)
+@click.option(
     "--compression",
     default=DEFAULT_COMPRESSION,
     show_default=True,
@@ -220,6 +226,7 @@ def ingest_cmd(
     time_window: int | None,
     stride: int | None,
     shard_size: str,
+    piece_size: str,
     compression: str,
     chunk_bytes: str,
     dense_threshold: str,
@@ -245,6 +252,7 @@ def ingest_cmd(
         time_window=time_window,
         stride=stride,
         shard_size=parse_size(shard_size),
+        piece_bytes=parse_size(piece_size),
         compression=compression,
         chunk_bytes=parse_size(chunk_bytes),
         dense_threshold=parse_size(dense_threshold),

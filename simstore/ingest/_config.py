@@ -43,8 +43,8 @@ class IngestConfig:
     written) plus ``dense_threshold`` and ``block_bytes``, plus up to 128 MiB of read
     buffers kept for reuse (``simstore._buffers``); it never depends on a source file's
     size. Fields that shape the stored bytes (adapter, its options, format, shard
-    options, ``shard_size``, ``dense_threshold``, ``zarr_threshold``, ``block_bytes``)
-    also key the journal.
+    options, ``shard_size``, ``dense_threshold``, ``zarr_threshold``, ``block_bytes``,
+    ``piece_bytes``) also key the journal.
 
     ``engine`` says where tasks run: ``local`` (in process, or, with ``workers`` N > 1,
     in this process and a pool of N - 1 processes, forked where safe, else spawned) or ``dask`` (a
@@ -78,6 +78,11 @@ class IngestConfig:
     Parquet and of 1-4 MiB 2-7x, at 64 KiB the two are about even
     (``python -m benchmarks.bench_loader --only formats``; docs/performance.md)."""
     block_bytes: int = 4 * MiB
+    piece_bytes: int = 256 * MiB
+    """A file its adapter can read in sample ranges (time windows) is cut into pieces, one
+    task each, when it is larger than twice ``max(shard_size, piece_bytes)``, in pieces of
+    about that many bytes. Each piece opens its file again (about 5 ms for HDF5, 15-25 ms
+    for NetCDF-4 here), so pieces are kept large however small the shards are."""
     adapter_options: Mapping[str, Any] = field(default_factory=dict)
     resume: bool = True
     tmp_dir: str | None = None
@@ -120,6 +125,7 @@ class IngestConfig:
             "dense_threshold",
             "zarr_threshold",
             "block_bytes",
+            "piece_bytes",
         ):
             if int(getattr(self, name)) < 1:
                 raise InvalidInputError(f"invalid {name} {getattr(self, name)}: must be positive")
@@ -155,6 +161,7 @@ class IngestConfig:
             "dense_threshold": self.dense_threshold,
             "zarr_threshold": self.zarr_threshold,
             "block_bytes": self.block_bytes,
+            "piece_bytes": self.piece_bytes,
         }
 
 

@@ -136,7 +136,9 @@ def ingest(
         base_schema=tuple(head.schema) if head else (),
         params_digest=hash_bytes(canonical_json(cfg.output_params())),
     )
-    tasks = plan_tasks(files, cfg.shard_size, sample_counter(plugins[0], cfg.adapter_params()))
+    tasks = plan_tasks(
+        files, cfg.shard_size, sample_counter(plugins[0], cfg.adapter_params()), cfg.piece_bytes
+    )
     totals = {"files": 0, "bytes": 0, "samples": 0}
     bytes_total = sum(f.size for f in files)
 

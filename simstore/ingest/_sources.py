@@ -253,25 +253,29 @@ def plan_tasks(
     files: Sequence[SourceFile],
     shard_size: int,
     count_samples: Callable[[SourceFile], int | None] | None = None,
+    piece_bytes: int = 0,
 ) -> list[list[SourceFile]]:
     """Runs of files in key order with about ``shard_size`` source bytes each.
 
     With ``count_samples`` (see :func:`sample_counter`), a file of more than twice
-    ``shard_size`` bytes that it can count is cut into pieces of about ``shard_size``
-    bytes, one task each, so one huge file spreads over many workers.
+    ``max(shard_size, piece_bytes)`` bytes that it can count is cut into pieces of about
+    that many bytes, one task each, so one huge file spreads over many workers. (Each
+    piece opens its file again: ``piece_bytes`` keeps that cost small against the piece's
+    work however small the shards are.)
     """
+    piece = max(shard_size, piece_bytes)
     tasks: list[list[SourceFile]] = []
     current: list[SourceFile] = []
     acc = 0
     for f in files:
         samples = None
-        if count_samples is not None and f.size > 2 * shard_size:
+        if count_samples is not None and f.size > 2 * piece:
             samples = count_samples(f)
         if samples is not None and samples > 1:
             if current:
                 tasks.append(current)
                 current, acc = [], 0
-            tasks.extend([piece] for piece in _pieces(f, samples, shard_size))
+            tasks.extend([p] for p in _pieces(f, samples, piece))
             continue
         current.append(f)
         acc += f.size

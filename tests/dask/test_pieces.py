@@ -37,7 +37,7 @@ def rows_of(catalog, r):
 def test_a_large_file_runs_as_pieces_with_the_same_keys_and_content(
     catalog_at, series_dir, test_adapter, dask_address
 ):
-    opts = dict(shard_size=SHARD, snapshot=True)
+    opts = dict(shard_size=SHARD, piece_bytes=SHARD, snapshot=True)
     whole_cat, local_cat, dask_cat = catalog_at("whole"), catalog_at("local"), catalog_at("dask")
     whole = ingest([series_dir], dataset="d", store=whole_cat, adapter="testvals-whole", **opts)
     seen = []
@@ -94,7 +94,10 @@ def test_a_large_file_runs_as_pieces_with_the_same_keys_and_content(
 
 def test_pieces_are_journaled_one_by_one(catalog_at, series_dir, test_adapter, dask_address):
     cat = catalog_at("s")
-    opts = dict(shard_size=SHARD, adapter=test_adapter, engine="dask", address=dask_address)
+    opts = dict(
+        shard_size=SHARD, piece_bytes=SHARD, adapter=test_adapter, engine="dask",
+        address=dask_address,
+    )
     first = ingest([series_dir], dataset="d", store=cat, snapshot=True, **opts)
     records = list(cat.store.list("journal/d/"))
     assert len(records) == 2 + len(first.tasks) - 1  # a0, a1 and one per piece

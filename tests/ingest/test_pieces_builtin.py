@@ -59,9 +59,13 @@ def test_a_long_run_is_ingested_in_pieces_with_the_keys_and_values_of_the_whole(
 
     whole_cat = Catalog.init(str(tmp_path / "whole"))
     cut_cat = Catalog.init(str(tmp_path / "cut"))
-    whole = ingest([src], dataset="d", store=whole_cat, shard_size=1 << 30, snapshot=True, **opts)
-    cut = ingest([src], dataset="d", store=cut_cat, shard_size=SHARD, snapshot=True, **opts)
-    assert [t.files for t in whole.tasks] == [2]
+    whole = ingest([src], dataset="d", store=whole_cat, shard_size=SHARD, snapshot=True, **opts)
+    cut = ingest(
+        [src], dataset="d", store=cut_cat, shard_size=SHARD, piece_bytes=SHARD, snapshot=True,
+        **opts,
+    )
+    # small shards alone do not cut a file: pieces are at least piece_bytes (256 MiB)
+    assert [t.files for t in whole.tasks] == [1, 1]
     assert len(cut.tasks) > 4 and all(t.files == 1 for t in cut.tasks)
     assert sum(t.samples for t in cut.tasks) == cut.samples == whole.samples == 26
     assert _rows(cut_cat, cut) == _rows(whole_cat, whole)
