@@ -113,7 +113,6 @@ def make_vtu(root: Path, files: int, points: int) -> int:
     import meshio
 
     root.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(4)
     side = int(np.sqrt(points))
     gy, gx = np.mgrid[0:side, 0:side]
     pts = np.stack([gx.ravel(), gy.ravel(), np.zeros(side * side)], axis=1).astype(np.float64)
@@ -130,7 +129,6 @@ def make_vtu(root: Path, files: int, points: int) -> int:
             cell_data={"id": [np.arange(len(tris), dtype=np.int32) + i]},
         )
         mesh.write(root / f"part{i:03d}.vtu")
-    del rng
     return sum(p.stat().st_size for p in root.iterdir())
 
 

@@ -69,20 +69,23 @@ class BufferPool:
     def _give_back(self, mapping: mmap.mmap) -> None:
         with self._lock:
             self._idle.append(mapping)
-            # newest first out of the pool's keep: the oldest idle mappings are unmapped
-            # (once nothing exports them; a mapping still exported is dropped, not closed)
-            while sum(len(m) for m in self._idle) > self.idle_bytes:
-                old = self._idle.pop(0)
-                try:
-                    old.close()
-                except BufferError:
-                    pass
+        self._trim(self.idle_bytes)
 
     def release(self) -> None:
         """Unmap every idle mapping (arrays still in use keep theirs until they go)."""
+        self._trim(0)
+
+    def _trim(self, keep_bytes: int) -> None:
+        """Unmap the oldest idle mappings until at most ``keep_bytes`` stay idle.
+
+        Newest first out of the pool's keep; a mapping something still exports is dropped,
+        not closed.
+        """
         with self._lock:
-            idle, self._idle = self._idle, []
-        for old in idle:
+            dropped = []
+            while self._idle and sum(len(m) for m in self._idle) > keep_bytes:
+                dropped.append(self._idle.pop(0))
+        for old in dropped:
             try:
                 old.close()
             except BufferError:

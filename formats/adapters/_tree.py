@@ -230,10 +230,13 @@ def _time_axis(
     return t_len, [len(e.array.shape) >= 1 and e.array.shape[0] == t_len for e in entries]
 
 
-def _window_starts(
+def _windows(
     path: str, entries: Sequence[ArrayEntry], options: Mapping[str, Any], time_dim: str | None
-) -> range | None:
-    """The first time steps of the windows (None without ``time_window``)."""
+) -> tuple[range, int, list[bool]] | None:
+    """The windows of the time axis, or None without ``time_window``.
+
+    Returns (the first time step of each window, T, which entries are windowed).
+    """
     window = options.get("time_window")
     if not window:
         return None
@@ -241,10 +244,10 @@ def _window_starts(
     stride = int(options.get("stride") or n)
     if n < 1 or stride < 1:
         raise SourceError(f"{path}: --time-window and --stride must be positive")
-    t_len, _ = _time_axis(path, entries, options.get("time_name"), time_dim)
+    t_len, windowed = _time_axis(path, entries, options.get("time_name"), time_dim)
     if t_len < n:
         raise SourceError(f"{path}: time axis has {t_len} steps, fewer than --time-window {n}")
-    return range(0, t_len - n + 1, stride)
+    return range(0, t_len - n + 1, stride), t_len, windowed
 
 
 def _sample_range(options: Mapping[str, Any], count: int) -> tuple[int, int]:
@@ -264,8 +267,8 @@ def tree_sample_count(
     time_dim: str | None = None,
 ) -> int:
     """How many samples :func:`tree_samples` yields for these entries and options."""
-    starts = _window_starts(path, entries, options, time_dim)
-    return 1 if starts is None else len(starts)
+    windows = _windows(path, entries, options, time_dim)
+    return 1 if windows is None else len(windows[0])
 
 
 def _value(array: SlicedArray, max_bytes: int) -> FieldValue | SlicedArray:
@@ -296,19 +299,18 @@ def tree_samples(
     base: dict[str, Any] = dict(params)
     if metadata:
         base["metadata"] = dict(metadata)
-    window = options.get("time_window")
-    starts = _window_starts(path, entries, options, time_dim)
-    first, stop = _sample_range(options, len(starts) if starts is not None else 1)
-    if not window:
+    windows = _windows(path, entries, options, time_dim)
+    if windows is None:
+        first, stop = _sample_range(options, 1)
         if first < stop:
             fields = dict(base)
             for e in entries:
                 fields[e.name] = _value(e.array, max_bytes)
             yield Sample(key, fields)
         return
-    assert starts is not None
-    n = int(window)
-    t_len, windowed = _time_axis(path, entries, options.get("time_name"), time_dim)
+    starts, t_len, windowed = windows
+    first, stop = _sample_range(options, len(starts))
+    n = int(options["time_window"])
     constants = {
         e.name: _value(e.array, max_bytes) for e, w in zip(entries, windowed, strict=True) if not w
     }
