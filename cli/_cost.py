@@ -319,7 +319,7 @@ def _cache_opener(directory: str) -> Callable[[int], CacheFiller]:
 @pass_ctx
 @handle_errors
 def du_cmd(ctx: CliContext, ref: str | None, cache_dir: str | None, as_json: bool) -> None:
-    """Where REF's shards and manifest parts live: the store's tier and a cache.
+    """Where REF's snapshot, manifest parts and shards live: the store's tier and a cache.
 
     Without REF, what the store and the cache hold in all. Sends one HEAD per shard.
     """
@@ -344,8 +344,8 @@ def _du_text(usage: DiskUsage, out: dict[str, Any]) -> str:
         head = f"store: {usage.objects} objects, {_bytes(usage.bytes)}"
     else:
         head = (
-            f"snapshot {usage.snapshot}: {usage.objects} objects (shards and manifest parts), "
-            f"{_bytes(usage.bytes)}"
+            f"snapshot {usage.snapshot}: {usage.objects} objects (the snapshot, manifest "
+            f"parts and shards), {_bytes(usage.bytes)}"
             + (f"; {usage.unknown_size} of unknown size" if usage.unknown_size else "")
         )
     lines = [head, f"{'tier':<8}  {'objects':>15}  {'bytes':>10}  {'missing':>22}  location"]
@@ -401,10 +401,10 @@ def pull_cmd(
     jobs: int,
     as_json: bool,
 ) -> None:
-    """Warm a node's cache: copy REF's shards and manifest parts into --cache DIR.
+    """Warm a node's cache: copy REF's snapshot, manifest parts and shards into --cache DIR.
 
     Every copy is hash-checked as it lands; objects already cached are kept. A later
-    SimDataset with cache_dir=DIR reads its first batch from local disk.
+    SimDataset with cache_dir=DIR reads only the ref from the store, the rest from local disk.
     """
     report = warm_cache(
         ctx.catalog(read_only=True),

@@ -517,10 +517,11 @@ class TierPresence:
 class DiskUsage:
     """Where the objects of a snapshot (or of the whole store) live, tier by tier.
 
-    With a snapshot, ``objects``/``bytes`` count its shards and manifest parts (the
-    objects a loader reads), and each tier says how many of them it holds. Without one,
-    each tier reports everything it holds. ``unknown_size`` counts objects missing from
-    the store whose size is not known (they count as 0 bytes in ``bytes``).
+    With a snapshot, ``objects``/``bytes`` count the snapshot object, its manifest parts
+    and its shards (the objects a loader reads), and each tier says how many of them it
+    holds. Without one, each tier reports everything it holds. ``unknown_size`` counts
+    objects missing from the store whose size is not known (they count as 0 bytes in
+    ``bytes``).
     """
 
     snapshot: str | None
@@ -545,17 +546,25 @@ class DiskUsage:
 def _load_objects(
     cat: Catalog, sid: str
 ) -> tuple[Snapshot, dict[str, PartRef], set[str], dict[str, int]]:
-    """A snapshot, its parts by id, its shards and the sizes the store has for them."""
+    """A snapshot, its parts by id, its shards and the sizes the store has for them.
+
+    ``sizes`` covers the snapshot object itself too (:func:`_objects_of`).
+    """
     snap = cat.snapshot(sid)
     parts: dict[str, PartRef] = {p.id: p for p in snap.parts}
     reach = _Reach(cat)
     shards: set[str] = set()
     for part in snap.parts:
         shards |= reach.shards_of(part, sid)
-    sizes = _head_sizes(cat.store, shards)
+    sizes = _head_sizes(cat.store, shards | {sid})
     # the parts were just read, so they are there; their sizes are in the snapshot
     sizes.update({pid: p.size_bytes for pid, p in parts.items()})
     return snap, parts, shards, sizes
+
+
+def _objects_of(sid: str, parts: Mapping[str, PartRef], shards: set[str]) -> set[str]:
+    """Every object a reader of snapshot ``sid`` fetches: the snapshot, its parts, shards."""
+    return shards | set(parts) | {sid}
 
 
 def _copy_size(cache: CacheCopies, oid: str) -> int | None:
@@ -570,7 +579,7 @@ def _copy_size(cache: CacheCopies, oid: str) -> int | None:
 def disk_usage(
     cat: Catalog, ref: str | None = None, *, cache: CacheCopies | None = None
 ) -> DiskUsage:
-    """Where the shards and manifest parts of ``ref`` live: the store, and ``cache``.
+    """Where ``ref``'s snapshot object, manifest parts and shards live: store and cache.
 
     Without ``ref``, totals of everything the store and the cache hold.
     """
@@ -598,7 +607,7 @@ def disk_usage(
         )
     sid = counted.resolve(ref)
     _snap, parts, shards, sizes = _load_objects(counted, sid)
-    wanted = shards | set(parts)
+    wanted = _objects_of(sid, parts, shards)
     known = {oid: sizes.get(oid) for oid in wanted}
     total = sum(n for n in known.values() if n is not None)
     unknown = sum(1 for n in known.values() if n is None)
@@ -681,7 +690,10 @@ def warm_cache(
     max_workers: int = 8,
     block_bytes: int = DEFAULT_FILL_BLOCK_BYTES,
 ) -> PullReport:
-    """Copy every shard and manifest part of ``ref`` into the hot tier at ``cache_dir``.
+    """Copy ``ref``'s snapshot object, manifest parts and shards into the hot tier.
+
+    The hot tier is the loader's disk cache at ``cache_dir``: a ``SimDataset`` with that
+    cache then reads nothing from the store but the ref (and the store's metadata).
 
     ``open_cache(limit_bytes)`` opens the loader's cache there (``ShardCache``); each
     object goes in through its ``acquire``, which downloads on a miss and keeps the copy
@@ -705,7 +717,7 @@ def warm_cache(
         raise InvalidInputError(
             f"snapshot {sid} has no field {unknown[0]!r}; its fields: {', '.join(sorted(names))}"
         )
-    wanted = sorted(shards | set(parts))
+    wanted = sorted(_objects_of(sid, parts, shards))
     missing = [oid for oid in wanted if oid not in sizes]
     if missing:
         raise NotFoundError(
@@ -724,7 +736,8 @@ def warm_cache(
     if total > limit_bytes:
         raise InvalidInputError(
             f"snapshot {sid} needs {total} bytes ({_human(total)}) of cache for "
-            f"{len(wanted)} shards and manifest parts, but {where} {limit_bytes} bytes "
+            f"{len(wanted)} objects (the snapshot, its manifest parts and shards), but {where} "
+            f"{limit_bytes} bytes "
             f"({_human(limit_bytes)}); a limit of at least {total} bytes is needed"
         )
     cache = open_cache(limit_bytes)

@@ -160,13 +160,14 @@ def test_disk_usage_per_tier(cat, tmp_path):
     usage = disk_usage(cat, "ds", cache=cache)
     snap = cat.snapshot(sid)
     assert usage.snapshot == sid
-    assert usage.objects == 2 + len(snap.parts)
-    assert usage.bytes == 3000 + snap.manifest_bytes
+    assert usage.objects == 3 + len(snap.parts)  # the snapshot object, its parts, 2 shards
+    assert usage.bytes == 3000 + snap.manifest_bytes + len(cat.store.get(object_key(sid)))
     store, hot = usage.tiers
     assert (store.tier, store.objects, store.missing_objects) == ("local", usage.objects, 0)
     assert (hot.tier, hot.objects, hot.bytes) == ("cache", 1, 1000)
     assert hot.missing_bytes == usage.bytes - 1000
-    assert sum(t.usage(OpClass.HEAD).requests for t in usage.read) == 2  # one per shard
+    # one per shard and one for the snapshot object (parts: sizes from the snapshot)
+    assert sum(t.usage(OpClass.HEAD).requests for t in usage.read) == 3
 
 
 def test_disk_usage_of_the_whole_store(cat, tmp_path):
@@ -198,10 +199,11 @@ def test_pull_fills_the_loader_cache(cat, tmp_path, shard_cache):
     d = str(tmp_path / "hot")
     report = warm_cache(cat, "ds", d, lambda limit: shard_cache(d, limit), fields=["u"])
     snap = cat.snapshot(sid)
-    assert report.objects == 2 + len(snap.parts) and report.fetched == report.objects
-    assert report.fetched_bytes == 3000 + snap.manifest_bytes == report.bytes
+    snap_bytes = len(cat.store.get(object_key(sid)))
+    assert report.objects == 3 + len(snap.parts) and report.fetched == report.objects
+    assert report.fetched_bytes == 3000 + snap.manifest_bytes + snap_bytes == report.bytes
     cache = shard_cache(d, 1 << 30)
-    for oid in [hash_bytes(A), hash_bytes(B), *(p.id for p in snap.parts)]:
+    for oid in [sid, hash_bytes(A), hash_bytes(B), *(p.id for p in snap.parts)]:
         with open(cache.path_of(oid), "rb") as f:
             assert hash_bytes(f.read()) == oid
     usage = disk_usage(cat, "ds", cache=cache)
@@ -223,7 +225,7 @@ def test_pull_reads_big_objects_in_ranges(cat, tmp_path, shard_cache):
 
 def test_pull_refuses_a_limit_smaller_than_the_snapshot(cat, tmp_path, shard_cache):
     sid = commit(cat, "ds", {"a": A, "b": B})
-    need = 3000 + cat.snapshot(sid).manifest_bytes
+    need = 3000 + cat.snapshot(sid).manifest_bytes + len(cat.store.get(object_key(sid)))
     d = str(tmp_path / "hot")
     with pytest.raises(InvalidInputError, match=f"needs {need} bytes") as info:
         warm_cache(cat, "ds", d, lambda limit: shard_cache(d, limit), limit_bytes=2000)
