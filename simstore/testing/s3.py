@@ -21,6 +21,7 @@ from __future__ import annotations
 import http.client
 import logging
 import random
+import sys
 import threading
 import time
 import uuid
@@ -98,6 +99,19 @@ class _Rule:
         )
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """The proxy's server: a client that hangs up mid-answer is no error of the proxy.
+
+    Clients time out and close connections by design under stalls and truncations;
+    socketserver would print each such broken pipe's traceback to stderr.
+    """
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return
+        super().handle_error(request, client_address)
+
+
 class FaultProxy:
     """A threaded HTTP/1.1 proxy on 127.0.0.1 that forwards to ``upstream_url``.
 
@@ -119,7 +133,7 @@ class FaultProxy:
         self._share: tuple[float, _Rule, random.Random] | None = None
         self._lock = threading.Lock()
         self._closing = threading.Event()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+        self._server = _QuietServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
         self._server.block_on_close = False
         self._thread = threading.Thread(
