@@ -29,6 +29,7 @@ from simstore.loaders._opener import FormatOpener
 from simstore.loaders._options import LoaderOptions, cache_config, parse_bytes
 from simstore.loaders._order import BLOCK_BYTES, BUFFER_BLOCKS, Mixture
 from simstore.loaders._pipeline import (
+    CorruptShards,
     PrefetchConfig,
     ReaderPool,
     Resolver,
@@ -152,6 +153,10 @@ class SimDataset(IterableDataset[Sample]):
         prefetch: a :class:`PrefetchConfig`, or how many chunks to decode ahead.
         transform: applied to each sample (a dict of tensors) in the reading process.
         remainder: ``"pad"`` (default) or ``"drop"``.
+        on_corrupt: ``"raise"`` (default): a corrupt shard stops the iteration with an
+            error naming it. ``"skip"``: its samples are logged, counted
+            (``stats().corrupt_samples``) and stood in for by copies of intact samples
+            marked ``__pad__``, so every rank keeps its count (see docs/loader.md).
         window, crop: ``{field: region}`` reads of part of an array field (Zarr shards).
         window_shards: shards shuffled together (the shuffle window).
         group_parts: manifest parts per shuffle group.
@@ -185,6 +190,7 @@ class SimDataset(IterableDataset[Sample]):
         transform: Transform | None = None,
         *,
         remainder: Remainder = "pad",
+        on_corrupt: str = "raise",
         window: Mapping[str, Any] | None = None,
         crop: Mapping[str, Any] | None = None,
         window_shards: int = 8,
@@ -215,6 +221,7 @@ class SimDataset(IterableDataset[Sample]):
         prefetch = _prefetch_config(prefetch)
         options = LoaderOptions(
             remainder=remainder,
+            on_corrupt=on_corrupt,
             cache=cache,
             prefetch=prefetch or PrefetchConfig(),
             verify=verify,
@@ -240,6 +247,10 @@ class SimDataset(IterableDataset[Sample]):
     ) -> None:
         if options.remainder not in ("pad", "drop"):
             raise InvalidInputError(f"invalid remainder {options.remainder!r}: 'pad' or 'drop'")
+        if options.on_corrupt not in ("raise", "skip"):
+            raise InvalidInputError(
+                f"invalid on_corrupt {options.on_corrupt!r}: 'raise' or 'skip'"
+            )
         self._sources = sources
         self._mixture = Mixture.of(weights, seed=seed, shuffle=shuffle)
         self._epoch_length = (
@@ -605,12 +616,34 @@ class SimDataset(IterableDataset[Sample]):
                 stack.callback(first[0].shutdown)
 
             depth = decode_depth(opts.prefetch, world.num_workers if shared else 0, _cores())
+            corrupt = None
+            if opts.on_corrupt == "skip":
+
+                def probe() -> dict[str, Any] | None:
+                    # a chunk made only of corrupt shards' samples, before any intact one
+                    # was read here: walk the stream for one (its own resolver: the
+                    # consumer thread resolves with the other)
+                    walk = Resolver(sources, self._mixture, self._epoch_length, Counters(),
+                                    tiers, part_readers=[a.read_cached for a in access])
+                    for start in range(0, self._epoch_length, 64):
+                        stop = min(self._epoch_length, start + 64)
+                        chunk = walk.resolve(epoch, np.arange(start, stop, dtype=np.int64),
+                                             np.zeros(stop - start, dtype=np.bool_))
+                        got = read_chunk(chunk, pool, sources, limiter, Counters(), tiers,
+                                         corrupt=corrupt, stand_in=False)
+                        intact = [v for v, r in zip(got, _read_ok(chunk, corrupt),
+                                                    strict=True) if r]
+                        if intact:
+                            return intact[0]
+                    return None
+
+                corrupt = CorruptShards(counters, probe)
 
             def decode(chunk: Any) -> tuple[list[dict[str, Any]], ChunkBuffers]:
                 buffers = ChunkBuffers(len(chunk), shared=shared, pool=shared_pool)
                 fan_out = first.pop() if first else None
                 values = read_chunk(chunk, pool, sources, limiter, counters, tiers, buffers,
-                                    fan_out, side_by_side=depth > 1)
+                                    fan_out, side_by_side=depth > 1, corrupt=corrupt)
                 if fan_out is not None:
                     fan_out.shutdown(wait=False)
                 return values, buffers
@@ -625,7 +658,18 @@ class SimDataset(IterableDataset[Sample]):
                                 mean_sample_bytes=mean, first_alone=shared)
             stack.callback(chunks.close)
             yield chunks, counters
-            pool.finish()  # the whole-shard hashes still running for shards read
+            pool.finish(corrupt)  # the whole-shard hashes still running for shards read
+
+
+def _read_ok(chunk: Any, corrupt: CorruptShards | None) -> list[bool]:
+    """Per slot of ``chunk``, whether its shard is not known to be corrupt."""
+    ok = [True] * len(chunk)
+    if corrupt is not None:
+        for read in chunk.reads:
+            if corrupt.is_bad((read.source, read.shard_id)):
+                for o in read.out.tolist():
+                    ok[o] = False
+    return ok
 
 
 def _cores() -> int:

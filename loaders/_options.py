@@ -20,6 +20,7 @@ class LoaderOptions:
     """How a dataset reads (shared by the sources of a mixture)."""
 
     remainder: Remainder = "pad"
+    on_corrupt: str = "raise"
     cache: CacheConfig | None = None
     prefetch: PrefetchConfig = field(default_factory=PrefetchConfig)
     verify: bool = True

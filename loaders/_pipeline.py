@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import logging
 import os
 import threading
 from collections import OrderedDict, deque
@@ -34,12 +35,19 @@ from simstore.loaders._source import GroupRows, PartReader, Source, load_group
 from simstore.loaders._stats import Counters
 
 from simstore._blockcache import BlockCache
-from simstore.errors import FormatError, InvalidInputError, SimstoreError
+from simstore.errors import (
+    FormatError,
+    IntegrityError,
+    InvalidInputError,
+    NotFoundError,
+    SimstoreError,
+)
 from simstore.hashing import object_key
 from simstore.protocols import ShardReader
 
 __all__ = [
     "Chunk",
+    "CorruptShards",
     "PrefetchConfig",
     "ReaderPool",
     "Resolver",
@@ -66,6 +74,7 @@ class OutBuffers(Protocol):
 Decoded = dict[str, Any]
 T = TypeVar("T")
 U = TypeVar("U")
+log = logging.getLogger("simstore.loaders")
 _HASH_DELAY_S = 5.0
 """Longest a local shard's whole-object hash waits for the first chunk to be decoded."""
 _HASH_THREADS = 1
@@ -364,7 +373,7 @@ class ReaderPool:
         self._lock = threading.Lock()
         self._entries: OrderedDict[tuple[int, str], _Entry] = OrderedDict()
         self._prepared: dict[tuple[int, str], Future[ShardHandle | None]] = {}
-        self._checked_after_close: list[_Check] = []
+        self._checked_after_close: list[tuple[tuple[int, str], _Check]] = []
         self._hash_now = threading.Event()
         self._hashing = threading.Semaphore(_HASH_THREADS)
         """Background hashes run one at a time: at ~7 GiB/s one thread keeps ahead of the
@@ -539,15 +548,24 @@ class ReaderPool:
                 check()
                 _trust(entry.reader)
 
-    def finish(self) -> None:
-        """Wait for the hashes still running of shards already read; raise a wrong one."""
+    def finish(self, corrupt: CorruptShards | None = None) -> None:
+        """Wait for the hashes still running of shards already read; raise a wrong one.
+
+        With ``corrupt`` (``on_corrupt="skip"``), a wrong one is recorded there instead.
+        """
         self.start_hashing()
         with self._lock:
-            checking = [e.checking for e in self._entries.values() if e.checking is not None]
+            checking = [(k, e.checking) for k, e in self._entries.items()
+                        if e.checking is not None]
             checking += self._checked_after_close
             self._checked_after_close = []
-        for check in checking:
-            check.wait()
+        for key, check in checking:
+            try:
+                check.wait()
+            except IntegrityError as exc:
+                if corrupt is None:
+                    raise
+                corrupt.failed(key, exc)
 
     def _open(self, key: tuple[int, str], handle: ShardHandle) -> ShardReader:
         try:
@@ -575,7 +593,7 @@ class ReaderPool:
             key = idle.pop(0)
             entry = self._entries.pop(key)
             if entry.checking is not None:
-                self._checked_after_close.append(entry.checking)
+                self._checked_after_close.append((key, entry.checking))
                 entry.checking = None
             _close(entry)
 
@@ -622,6 +640,89 @@ def _release(fut: Future[ShardHandle | None]) -> None:
             handle.release()
 
 
+class CorruptShards:
+    """``on_corrupt="skip"``: the shards found corrupt in this reading process.
+
+    A shard whose read fails its checks (:class:`IntegrityError`: a wrong hash;
+    :class:`FormatError`: an unreadable shard, row group or page; :class:`NotFoundError`:
+    gone from the store) is logged once, counted (``corrupt_shards``), and not read again
+    by this process: its samples in every later chunk are stood in for as well (see
+    :func:`read_chunk`). Errors of the storage itself (timeouts, throttling past the
+    retries) are not corruption and still fail the read.
+    """
+
+    SKIPPED = (IntegrityError, FormatError, NotFoundError)
+
+    def __init__(
+        self, counters: Counters, probe: Callable[[], Decoded | None] | None = None
+    ) -> None:
+        self.counters = counters
+        self.probe = probe
+        """Finds an intact sample elsewhere in the stream (for a chunk with none)."""
+        self._bad: dict[tuple[int, str], str] = {}
+        self._lock = threading.Lock()
+        self._spare: Decoded | None = None
+
+    def is_bad(self, key: tuple[int, str]) -> bool:
+        """Whether shard ``key`` (source, shard id) was found corrupt."""
+        return key in self._bad
+
+    def failed(self, key: tuple[int, str], exc: Exception) -> None:
+        """Record shard ``key``'s failure (once per shard)."""
+        with self._lock:
+            if key in self._bad:
+                return
+            self._bad[key] = str(exc)
+        self.counters.add("corrupt_shards")
+        log.warning("on_corrupt='skip': skipping the samples of a corrupt shard: %s", exc)
+
+    def stand_in(self, chunk: Chunk, values: list[Decoded], slots: list[int],
+                 buffers: OutBuffers | None) -> None:
+        """Fill ``slots`` (samples of corrupt shards) with copies of an intact sample.
+
+        The copies are marked as padding (``__pad__``), as the samples that even out the
+        ranks are, so every rank still delivers its share and a training loop that masks
+        padding leaves them out; their keys stay those of the skipped samples.
+        """
+        skipped = set(slots)
+        good = next((j for j in range(len(values)) if j not in skipped), None)
+        model = values[good] if good is not None else self.spare()
+        if model is None:
+            shards = sorted({r.shard_id for r in chunk.reads})
+            raise IntegrityError(
+                f"on_corrupt='skip': the samples of corrupt shards "
+                f"({', '.join(object_key(s) for s in shards)}) need a stand-in, and no "
+                f"intact sample is left in the stream"
+            )
+        copy = getattr(buffers, "stand_in", None)
+        for o in slots:
+            values[o] = copy(o, model) if callable(copy) else _copied(model)
+            chunk.is_pad[o] = True
+        self.counters.add("corrupt_samples", len(slots))
+
+    def keep(self, values: list[Decoded], skipped: list[int]) -> None:
+        """Keep a copy of one intact sample of a chunk, the first time there is one."""
+        if self._spare is not None:
+            return
+        bad = set(skipped)
+        good = next((j for j in range(len(values)) if j not in bad), None)
+        if good is not None:
+            self._spare = _copied(values[good])
+
+    def spare(self) -> Decoded | None:
+        """An intact sample read earlier, else one the probe finds, else None."""
+        if self._spare is None and self.probe is not None:
+            found = self.probe()
+            if found is not None and self._spare is None:
+                self._spare = _copied(found)
+        return self._spare
+
+
+def _copied(value: Decoded) -> Decoded:
+    """A sample's fields with arrays copied (a chunk's buffers are reused later)."""
+    return {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in value.items()}
+
+
 def read_chunk(
     chunk: Chunk,
     pool: ReaderPool,
@@ -632,12 +733,17 @@ def read_chunk(
     buffers: OutBuffers | None = None,
     fan_out: Executor | None = None,
     side_by_side: bool = True,
+    corrupt: CorruptShards | None = None,
+    stand_in: bool = True,
 ) -> list[Decoded]:
     """Decode a chunk's samples, in chunk order, reading each shard's rows in one call.
 
     With ``buffers``, readers that can (``supports_out``) decode fixed-shape fields straight
     into the chunk's buffers, in chunk order. With ``fan_out``, the shards' reads run on
     its threads as well as this one (the first chunk, decoded alone, uses every core).
+    With ``corrupt`` (``on_corrupt="skip"``), the samples of a shard that fails its checks
+    are stood in for by an intact sample, marked as padding (``stand_in=False``: left
+    empty, for :meth:`CorruptShards.probe`).
     """
 
     def one(read: ShardRead) -> tuple[ShardRead, list[Decoded], np.ndarray]:
@@ -666,18 +772,38 @@ def read_chunk(
             counters.add_read("cache" if mode == "cache" else tiers[read.source], nbytes)
         return read, values, inverse
 
+    def guarded(read: ShardRead) -> tuple[ShardRead, list[Decoded] | None, np.ndarray]:
+        key = (read.source, read.shard_id)
+        assert corrupt is not None
+        if not corrupt.is_bad(key):
+            try:
+                return one(read)
+            except CorruptShards.SKIPPED as exc:
+                corrupt.failed(key, exc)
+        return read, None, read.out
+
     out: list[Decoded | None] = [None] * len(chunk)
+    skipped: list[int] = []
     # chunks decoding side by side start at different shards, so their threads do not
     # queue for the same reader (one user at a time) while another sits idle; one chunk
     # at a time reads its shards in stream order (out of it, the reader-count limit could
     # close a shard the next chunk opens again)
     reads = chunk.reads
     k = pool.rotation() % len(reads) if reads and side_by_side else 0
-    for read, values, inverse in _map(one, reads[k:] + reads[:k], fan_out):
+    each = one if corrupt is None else guarded
+    for read, values, inverse in _map(each, reads[k:] + reads[:k], fan_out):
+        if values is None:
+            skipped += read.out.tolist()
+            continue
         for j, o in enumerate(read.out.tolist()):
             value = values[int(inverse[j])]
             out[o] = value if out[o] is None else dict(value)
-    return [v if v is not None else {} for v in out]
+    result = [v if v is not None else {} for v in out]
+    if corrupt is not None:
+        corrupt.keep(result, skipped)
+        if skipped and stand_in:
+            corrupt.stand_in(chunk, result, skipped, buffers)
+    return result
 
 
 def _checked_bytes(positions: np.ndarray, fields: Sequence[str] | None,

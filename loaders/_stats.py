@@ -29,6 +29,8 @@ _MIB = 1024 * 1024
 _FIELDS = (
     "samples",
     "pad_samples",
+    "corrupt_shards",
+    "corrupt_samples",
     "sample_bytes",
     "cache_hits",
     "cache_misses",
@@ -97,6 +99,8 @@ class LoaderStats(TypedDict):
 
     samples: int
     pad_samples: int
+    corrupt_shards: int
+    corrupt_samples: int
     seconds: float
     samples_per_s: float
     mib_per_s: float
@@ -167,6 +171,8 @@ def summarise(
     return {
         "samples": samples,
         "pad_samples": int(counters.get("pad_samples", 0)),
+        "corrupt_shards": int(counters.get("corrupt_shards", 0)),
+        "corrupt_samples": int(counters.get("corrupt_samples", 0)),
         "seconds": seconds,
         "samples_per_s": samples / seconds if seconds > 0 else 0.0,
         "mib_per_s": counters.get("sample_bytes", 0) / _MIB / seconds if seconds > 0 else 0.0,

@@ -485,6 +485,29 @@ class ChunkBuffers:
                 given[slot] = row
         return array, np.asarray(slots, dtype=np.intp), rows
 
+    def stand_in(self, slot: int, value: Mapping[str, Any]) -> dict[str, Any]:
+        """Another slot's sample ``value`` copied into slot ``slot`` (its rows where it has them).
+
+        For ``on_corrupt="skip"``: a field with a row of its buffer for ``slot`` (given
+        already, to a read that then failed, or taken now) gets the copy there, so the
+        batch stays a view of the buffer; any other array is copied on its own.
+        """
+        out: dict[str, Any] = {}
+        for name, v in value.items():
+            if not isinstance(v, np.ndarray):
+                out[name] = v
+                continue
+            with self._lock:
+                row = self._given[name][slot] if name in self._given else None
+            if row is None:
+                row = self.take(slot, name, v.shape, v.dtype)
+            if row is not None and row.shape == v.shape and row.dtype == v.dtype:
+                np.copyto(row, v)
+                out[name] = row
+            else:
+                out[name] = v.copy()
+        return out
+
     def _buffer(
         self, name: str, shape: tuple[int, ...], dtype: np.dtype[Any]
     ) -> tuple[torch.Tensor, np.ndarray] | None:

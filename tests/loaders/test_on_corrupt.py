@@ -1,0 +1,140 @@
+"""``on_corrupt="skip"``: a corrupt shard's samples are stood in for, counted and logged.
+
+A training run of days should not stop at one damaged shard when its owner says so; the
+ranks must still deliver equal counts (DDP hangs otherwise), so each skipped sample's
+slot carries a copy of an intact sample marked ``__pad__``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from loader_helpers import corrupt_object, keys_of, open_test_shard, write_npz_sources
+from simstore.loaders import SimDataLoader, SimDataset
+
+from simstore.catalog import Catalog
+from simstore.errors import IntegrityError, InvalidInputError
+from simstore.hashing import object_key
+from simstore.ingest import ingest
+
+
+def _keys_by_shard(store: str, ref: str) -> dict[str, list[str]]:
+    cat = Catalog.open(store)
+    out: dict[str, list[str]] = {}
+    for table in cat.iter_parts(cat.snapshot(cat.resolve(ref))):
+        for key, shard in zip(table.column("key").to_pylist(),
+                              table.column("shard").to_pylist(), strict=True):
+            out.setdefault(shard, []).append(key)
+    return out
+
+
+def test_skip_stands_in_for_a_corrupt_shard_and_counts_it(small, caplog):
+    store, ref, samples = small
+    shards = _keys_by_shard(store, ref)
+    bad = sorted(shards)[2]
+    corrupt_object(store, bad)
+    ds = SimDataset(store, ref, shard_opener=open_test_shard, on_corrupt="skip", seed=3)
+    with caplog.at_level("WARNING", logger="simstore.loaders"):
+        out = list(ds)
+    assert len(out) == len(samples)  # the rank's count is kept
+    pads = [s for s in out if s["__pad__"]]
+    kept = [s for s in out if not s["__pad__"]]
+    assert sorted(s["__key__"] for s in pads) == sorted(shards[bad])
+    assert sorted(s["__key__"] for s in kept) == sorted(set(samples) - set(shards[bad]))
+    for s in kept:
+        assert np.array_equal(s["u"].numpy(), samples[s["__key__"]].fields["u"])
+    intact = [s["u"].numpy() for s in kept]
+    for s in pads:  # a copy of an intact sample, never the damaged bytes
+        assert any(np.array_equal(s["u"].numpy(), u) for u in intact)
+    stats = ds.stats()
+    assert stats["corrupt_samples"] == len(shards[bad]) and stats["corrupt_shards"] == 1
+    assert any(object_key(bad) in r.getMessage() for r in caplog.records)
+
+
+def test_raise_is_the_default_and_names_the_shard(small):
+    store, ref, _ = small
+    bad = sorted(_keys_by_shard(store, ref))[2]
+    corrupt_object(store, bad)
+    with pytest.raises(IntegrityError, match=object_key(bad)):
+        list(SimDataset(store, ref, shard_opener=open_test_shard))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_skip_with_the_loader_and_workers(small, workers):
+    store, ref, samples = small
+    shards = _keys_by_shard(store, ref)
+    bad = sorted(shards)[4]
+    corrupt_object(store, bad)
+    ds = SimDataset(store, ref, shard_opener=open_test_shard, on_corrupt="skip", seed=1)
+    loader = SimDataLoader(ds, batch_size=4, num_workers=workers)
+    batches = list(loader)
+    assert sum(len(b["__key__"]) for b in batches) == len(samples)
+    assert sorted(keys_of(batches)) == sorted(set(samples) - set(shards[bad]))
+    skipped = [k for b in batches for k, p in zip(b["__key__"], b["__pad__"].tolist(),
+                                                   strict=True) if p]
+    assert sorted(skipped) == sorted(shards[bad])
+    assert ds.stats()["corrupt_samples"] == len(shards[bad])
+
+
+def test_every_shard_corrupt_is_an_error_naming_them(small):
+    store, ref, _ = small
+    for shard in _keys_by_shard(store, ref):
+        corrupt_object(store, shard)
+    with pytest.raises(IntegrityError, match="no intact sample"):
+        list(SimDataset(store, ref, shard_opener=open_test_shard, on_corrupt="skip"))
+
+
+def test_an_unknown_choice_is_refused(small):
+    store, ref, _ = small
+    with pytest.raises(InvalidInputError, match="on_corrupt"):
+        SimDataset(store, ref, shard_opener=open_test_shard, on_corrupt="ignore")
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "zarr"])
+def test_skip_over_a_damaged_shard_of_each_format(tmp_path, fmt):
+    src = tmp_path / "src"
+    src.mkdir()
+    arrays = write_npz_sources(str(src), 24, seed=5)
+    store = str(tmp_path / "store")
+    Catalog.init(store)
+    ingest([str(src)], dataset="ds", store=store, format=fmt, snapshot=True, message="m",
+           shard_size=40_000)
+    shards = _keys_by_shard(store, "ds")
+    assert len(shards) >= 3
+    bad = sorted(shards)[1]
+    corrupt_object(store, bad)
+    with pytest.raises(IntegrityError, match=object_key(bad)):
+        list(SimDataset(store, "ds", shuffle=False))
+    ds = SimDataset(store, "ds", shuffle=False, on_corrupt="skip")
+    out = list(ds)
+    assert len(out) == 24
+    kept = {s["__key__"]: s["u"].numpy() for s in out if not s["__pad__"]}
+    skipped = sorted(s["__key__"] for s in out if s["__pad__"])
+    # every sample is delivered once, intact, or stood in for; the stood-in ones are the
+    # damaged shard's (a Parquet shard's intact pages may still be read before the
+    # damage is found, so some of its samples can come through, checked)
+    assert sorted([*kept, *skipped]) == sorted(arrays)
+    assert skipped and set(skipped) <= set(shards[bad])
+    for key, u in kept.items():
+        assert np.array_equal(u, arrays[key]), key
+    assert ds.stats()["corrupt_samples"] == len(skipped)
+    assert os.path.exists(os.path.join(store, object_key(bad)))  # nothing deleted
+
+
+def test_a_first_chunk_made_only_of_corrupt_samples_gets_a_stand_in_from_the_stream(small):
+    """Without workers the first chunk is one batch (here one sample): when its shard is
+    the corrupt one, the stand-in is found further on in the stream."""
+    store, ref, samples = small
+    shards = _keys_by_shard(store, ref)
+    first = min(samples)  # shuffle=False reads in key order
+    bad = next(s for s, keys in shards.items() if first in keys)
+    corrupt_object(store, bad)
+    ds = SimDataset(store, ref, shard_opener=open_test_shard, on_corrupt="skip", shuffle=False)
+    out = list(ds)
+    assert [s["__key__"] for s in out] == sorted(samples)
+    assert out[0]["__pad__"] and sorted(s["__key__"] for s in out if s["__pad__"]) == sorted(
+        shards[bad])
+    intact = [s["u"].numpy() for s in out if not s["__pad__"]]
+    assert any(np.array_equal(out[0]["u"].numpy(), u) for u in intact)
