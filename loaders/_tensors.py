@@ -488,24 +488,26 @@ class ChunkBuffers:
     def stand_in(self, slot: int, value: Mapping[str, Any]) -> dict[str, Any]:
         """Another slot's sample ``value`` copied into slot ``slot`` (its rows where it has them).
 
-        For ``on_corrupt="skip"``: a field with a row of its buffer for ``slot`` (given
-        already, to a read that then failed, or taken now) gets the copy there, so the
-        batch stays a view of the buffer; any other array is copied on its own.
+        For ``on_corrupt="skip"``: a field whose buffer has rows of its shape and type gets
+        the copy in slot ``slot``'s row (given to that slot now, whether or not a read that
+        then failed had taken it), so the batch stays a view of the buffer; any other
+        array is copied on its own.
         """
         out: dict[str, Any] = {}
         for name, v in value.items():
-            if not isinstance(v, np.ndarray):
+            if not isinstance(v, np.ndarray | np.generic):
                 out[name] = v
                 continue
             with self._lock:
-                row = self._given[name][slot] if name in self._given else None
-            if row is None:
-                row = self.take(slot, name, v.shape, v.dtype)
-            if row is not None and row.shape == v.shape and row.dtype == v.dtype:
-                np.copyto(row, v)
-                out[name] = row
-            else:
-                out[name] = v.copy()
+                entry = self._buffer(name, v.shape, v.dtype)
+                array = entry[1] if entry is not None else None
+                if array is not None and array.shape[1:] == v.shape and array.dtype == v.dtype:
+                    array[slot] = v
+                    row = array[slot]
+                    self._given_rows(name)[slot] = row
+                    out[name] = row
+                    continue
+            out[name] = v.copy()
         return out
 
     def _buffer(

@@ -138,3 +138,26 @@ def test_a_first_chunk_made_only_of_corrupt_samples_gets_a_stand_in_from_the_str
         shards[bad])
     intact = [s["u"].numpy() for s in out if not s["__pad__"]]
     assert any(np.array_equal(out[0]["u"].numpy(), u) for u in intact)
+
+
+def test_stand_in_copies_into_the_slot_rows_of_arrays_and_scalars():
+    from simstore.loaders._tensors import ChunkBuffers
+
+    buffers = ChunkBuffers(3, shared=False)
+    scatter = buffers.take_many([0, 1], "a", (2,), np.dtype(np.float32))
+    assert scatter is not None
+    buf, index, rows = scatter
+    buf[index] = [[1, 2], [3, 4]]
+    count = buffers.take_many([0, 1], "n", (), np.dtype(np.int64))
+    assert count is not None
+    count[0][count[1]] = [7, 8]
+    taken = buffers.take(2, "a", (2,), np.dtype(np.float32))  # a failed read's row
+    assert taken is not None
+    model = {"a": rows[1], "n": count[0][1], "name": "run1"}
+    got = buffers.stand_in(2, model)
+    assert got["name"] == "run1" and int(got["n"]) == 8
+    assert np.array_equal(got["a"], [3, 4])
+    values = [{"a": rows[0], "n": count[2][0]}, {"a": rows[1], "n": count[2][1]}, got]
+    batch = buffers.rows("a", 0, 3, values)  # still one view of the buffer
+    assert batch is not None and batch.tolist() == [[1, 2], [3, 4], [3, 4]]
+    assert buffers.rows("n", 0, 3, values).tolist() == [7, 8, 8]
