@@ -20,6 +20,7 @@ import numpy as np
 from simstore.errors import SourceError
 from simstore.sample import FieldValue, Sample
 
+from ._cdf_header import check_classic_header
 from ._tree import (
     ArrayEntry,
     SlicedArray,
@@ -154,6 +155,7 @@ class NetCDFAdapter:
     ) -> tuple[Any, Any, list[ArrayEntry], dict[str, FieldValue], dict[str, Any], str | None]:
         """The open file (and its h5py view), its arrays, parameters, metadata, time axis."""
         nc = _netcdf4()
+        check_classic_header(path)  # before netCDF-C allocates what a header declares
         try:
             ds = nc.Dataset(path, "r")
         except (OSError, RuntimeError, ValueError) as exc:

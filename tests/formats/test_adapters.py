@@ -555,3 +555,45 @@ def test_netcdf4_variables_are_read_through_h5py_where_the_dataset_matches(tmp_p
     assert not isinstance(w._handle, h5py.Dataset)
     np.testing.assert_array_equal(w[(slice(0, 8),)], u[0, :, 0])
     classic.close()
+
+
+@pytest.mark.parametrize("fmt", ["NETCDF3_CLASSIC", "NETCDF3_64BIT_OFFSET", "NETCDF3_64BIT_DATA"])
+def test_classic_netcdf_headers_are_bounds_checked_before_netcdf_c_reads_them(tmp_path, fmt):
+    """netCDF-C allocates what a classic header declares before checking the file holds
+    it (fuzzing: a 204-byte file whose attribute claimed 2^30 characters cost 1 GiB of
+    memory). Valid headers of each classic version pass; a count that the file cannot
+    hold is a one-line error naming the file, and netCDF-C never sees it."""
+    import netCDF4
+    from simstore.formats.adapters._cdf_header import check_classic_header
+
+    path = tmp_path / "c.nc"
+    with netCDF4.Dataset(path, "w", format=fmt) as ds:
+        ds.createDimension("t", None)
+        ds.createDimension("x", 7)
+        ds.title = "classic"
+        ds.levels = np.arange(5, dtype="f8")
+        v = ds.createVariable("u", "f4", ("t", "x"))
+        v[0:3] = np.ones((3, 7), dtype=np.float32)
+        v.units = "m/s"
+        ds.createVariable("s", "f8").assignValue(1.5)
+        if fmt == "NETCDF3_64BIT_DATA":
+            q = ds.createVariable("q", "u8", ("x",))
+            q[:] = np.arange(7, dtype=np.uint64)
+            q.flags = np.array([1, 2], dtype=np.uint16)
+    check_classic_header(str(path))  # a valid header passes
+    fields = next(NetCDFAdapter().iter_samples(str(path), "c.nc", {})).fields
+    np.testing.assert_array_equal(np.asarray(fields["u"][(slice(0, 3),)]), np.ones((3, 7)))
+
+    data = bytearray(path.read_bytes())
+    at = data.index(b"title") - (8 if fmt == "NETCDF3_64BIT_DATA" else 4)  # its name length
+    count_at = at + (8 if fmt == "NETCDF3_64BIT_DATA" else 4) + 8 + 4  # name, padding, type
+    width = 8 if fmt == "NETCDF3_64BIT_DATA" else 4
+    assert int.from_bytes(data[count_at : count_at + width], "big") == len("classic")
+    data[count_at : count_at + width] = (1 << 30).to_bytes(width, "big")
+    bad = tmp_path / "bad.nc"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(SourceError, match=r"bad\.nc: corrupt NetCDF header: .*1073741824"):
+        next(NetCDFAdapter().iter_samples(str(bad), "bad.nc", {}))
+    bad.write_bytes(bytes(data[:40]))  # a header cut short
+    with pytest.raises(SourceError, match=r"bad\.nc: corrupt NetCDF header"):
+        NetCDFAdapter().count_samples(str(bad), {})

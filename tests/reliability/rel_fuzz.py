@@ -94,6 +94,13 @@ class FuzzWorker:
             }
         return answer
 
+    def restart(self) -> None:
+        """A fresh process: a case that grew the peak RSS past the limit is judged alone
+        (the peak of a process never comes down, so every later case would look like it)."""
+        self.close()
+        self.restarts += 1
+        self._start()
+
     def close(self) -> None:
         if self.proc is not None:
             if self.proc.stdin is not None:
@@ -396,6 +403,8 @@ def fuzz(
             names.append(hash_bytes(data))
             names += seed.extra.get("names", [])
         outcome = classify(answer, names)
+        if outcome == "memory":
+            worker.restart()
         detail: dict[str, Any] = {}
         if outcome not in GOOD:
             keep = os.path.join(workdir, "findings")
