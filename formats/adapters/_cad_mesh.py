@@ -36,6 +36,8 @@ MAX_EXTENT = 1e12
 _STEP_POINT = re.compile(
     rb"#(\d+)\s*=\s*CARTESIAN_POINT\s*\(\s*(?:'(?:[^']|'')*'|\$)\s*,\s*\(([^)]*)\)"
 )
+_LEADING_NUMBER = re.compile(rb"\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)")
+"""The number at the start of a token, as a C reader takes it (``-1e308.`` is -1e308)."""
 
 
 class MeshError(Exception):
@@ -83,10 +85,15 @@ def _check_step_points(path: str) -> None:
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
             for match in _STEP_POINT.finditer(data):
                 for token in match.group(2).split(b","):
-                    try:
-                        value = float(token)
-                    except ValueError:
+                    # the leading number, as OpenCASCADE's reader takes it: fuzzing found
+                    # "-1e308." (not a Python float) imported as -1e308, and the mesher spun
+                    number = _LEADING_NUMBER.match(token)
+                    if number is None:
                         continue  # not a number: the STEP reader reports it
+                    try:
+                        value = float(number.group(1))
+                    except ValueError:
+                        continue
                     if not abs(value) <= MAX_EXTENT:
                         raise MeshError(
                             f"{path}: field 'points': CARTESIAN_POINT #{int(match.group(1))} "

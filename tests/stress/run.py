@@ -719,6 +719,12 @@ def main() -> int:
     finally:
         if s3 is not None:
             s3.close()
+        kept = os.path.join(work, "findings")
+        if os.path.isdir(kept):  # the inputs of fuzz findings outlive the work folder
+            keep = os.path.splitext(os.path.abspath(args.out))[0] + "-findings"
+            shutil.rmtree(keep, ignore_errors=True)
+            shutil.copytree(kept, keep)
+            print(f"fuzz findings' inputs kept in {keep}", flush=True)
         if args.workdir is None:
             with contextlib.suppress(OSError):
                 shutil.rmtree(work, ignore_errors=True)
