@@ -30,11 +30,17 @@ def _keys_by_shard(store: str, ref: str) -> dict[str, list[str]]:
     return out
 
 
-def test_skip_stands_in_for_a_corrupt_shard_and_counts_it(small, caplog):
+def _damaged(small, index: int):
+    """``small`` with its ``index``-th shard (by id) damaged; plus keys by shard and it."""
     store, ref, samples = small
     shards = _keys_by_shard(store, ref)
-    bad = sorted(shards)[2]
+    bad = sorted(shards)[index]
     corrupt_object(store, bad)
+    return store, ref, samples, shards, bad
+
+
+def test_skip_stands_in_for_a_corrupt_shard_and_counts_it(small, caplog):
+    store, ref, samples, shards, bad = _damaged(small, 2)
     ds = SimDataset(store, ref, shard_opener=open_test_shard, on_corrupt="skip", seed=3)
     with caplog.at_level("WARNING", logger="simstore.loaders"):
         out = list(ds)
@@ -54,19 +60,14 @@ def test_skip_stands_in_for_a_corrupt_shard_and_counts_it(small, caplog):
 
 
 def test_raise_is_the_default_and_names_the_shard(small):
-    store, ref, _ = small
-    bad = sorted(_keys_by_shard(store, ref))[2]
-    corrupt_object(store, bad)
+    store, ref, _, _, bad = _damaged(small, 2)
     with pytest.raises(IntegrityError, match=object_key(bad)):
         list(SimDataset(store, ref, shard_opener=open_test_shard))
 
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_skip_with_the_loader_and_workers(small, workers):
-    store, ref, samples = small
-    shards = _keys_by_shard(store, ref)
-    bad = sorted(shards)[4]
-    corrupt_object(store, bad)
+    store, ref, samples, shards, bad = _damaged(small, 4)
     ds = SimDataset(store, ref, shard_opener=open_test_shard, on_corrupt="skip", seed=1)
     loader = SimDataLoader(ds, batch_size=4, num_workers=workers)
     batches = list(loader)
