@@ -133,6 +133,7 @@ class RunReport(TypedDict):
     seconds: float
     samples: int
     sample_bytes: int
+    corrupt: dict[str, int]
     tiers: dict[str, TierReport]
     cache: dict[str, int]
     manifest: dict[str, int]
@@ -198,9 +199,11 @@ def one_line(stats: LoaderStats) -> str:
     """The periodic log line."""
     stall = "n/a" if stats["data_stall"] is None else f"{100 * stats['data_stall']:.1f}%"
     hit = "n/a" if stats["cache_hit_ratio"] is None else f"{100 * stats['cache_hit_ratio']:.0f}%"
+    corrupt = (f", {stats['corrupt_samples']} samples of corrupt shards stood in for"
+               if stats["corrupt_samples"] else "")
     return (
         f"simstore loader: {stats['samples']} samples, {stats['samples_per_s']:.1f} samples/s, "
-        f"{stats['mib_per_s']:.1f} MiB/s, stall {stall}, cache hits {hit}"
+        f"{stats['mib_per_s']:.1f} MiB/s, stall {stall}, cache hits {hit}{corrupt}"
     )
 
 
@@ -224,6 +227,7 @@ def run_report(
         "seconds": stats["seconds"],
         "samples": stats["samples"],
         "sample_bytes": int(counters.get("sample_bytes", 0)),
+        "corrupt": {"shards": stats["corrupt_shards"], "samples": stats["corrupt_samples"]},
         "tiers": stats["tiers"],
         "cache": {
             "hits": stats["cache_hits"],

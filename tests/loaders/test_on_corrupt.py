@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from loader_helpers import corrupt_object, keys_of, open_test_shard, write_npz_sources
 from simstore.loaders import SimDataLoader, SimDataset
+from simstore.loaders._stats import one_line
 
 from simstore.catalog import Catalog
 from simstore.errors import IntegrityError, InvalidInputError
@@ -57,6 +58,8 @@ def test_skip_stands_in_for_a_corrupt_shard_and_counts_it(small, caplog):
     stats = ds.stats()
     assert stats["corrupt_samples"] == len(shards[bad]) and stats["corrupt_shards"] == 1
     assert any(object_key(bad) in r.getMessage() for r in caplog.records)
+    assert ds.report()["corrupt"] == {"shards": 1, "samples": len(shards[bad])}
+    assert f"{len(shards[bad])} samples of corrupt shards stood in for" in one_line(stats)
 
 
 def test_raise_is_the_default_and_names_the_shard(small):
