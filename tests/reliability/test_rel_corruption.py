@@ -14,6 +14,7 @@ import json
 import os
 import random
 
+import numpy as np
 import pytest
 import rel_harness as h
 from click.testing import CliRunner
@@ -54,6 +55,14 @@ def _epoch(url, **kw):
     from simstore.loaders import SimDataset
 
     return {s["__key__"]: s["u"].numpy().copy() for s in SimDataset(url, "ds", shuffle=False, **kw)}
+
+
+def _epoch_with_pads(url, **kw):
+    """``{key: (stood in for, u)}`` of one in-order epoch (which must not raise)."""
+    from simstore.loaders import SimDataset
+
+    return {s["__key__"]: (bool(s["__pad__"]), s["u"].numpy().copy())
+            for s in SimDataset(url, "ds", shuffle=False, **kw)}
 
 
 def _cli(root, *args):
@@ -389,7 +398,8 @@ def test_bit_flipped_shard_on_s3_is_caught_by_the_cache(tmp_path, s3_bucket, mot
     Catalog.init(url, storage_options=options)
     cat = Catalog.open(url, storage_options=options)
     ingest([src], dataset="ds", store=cat, snapshot=True, message="v0", shard_size=8 * 1024)
-    assert _epoch(url, storage_options=options)  # reads clean before the flip
+    clean = _epoch(url, storage_options=options)  # reads clean before the flip
+    assert clean
     shard = _shards(cat)[0]
     client = make_s3_client(moto_server)
     body = bytearray(
@@ -408,3 +418,13 @@ def test_bit_flipped_shard_on_s3_is_caught_by_the_cache(tmp_path, s3_bucket, mot
     with pytest.raises(SimstoreError) as info:
         _epoch(url, storage_options=options)
     assert shard in str(info.value)
+    # on_corrupt="skip": the epoch goes on, through the cache and without one; the damaged
+    # shard's samples are stood in for (marked __pad__) and every other sample is intact
+    for kw in ({"cache_dir": str(tmp_path / "cache2")}, {}):
+        got = _epoch_with_pads(url, storage_options=options, on_corrupt="skip", **kw)
+        assert sorted(got) == sorted(clean)
+        stood_in = [k for k, (pad, _) in got.items() if pad]
+        assert stood_in, kw
+        for key, (pad, u) in got.items():
+            if not pad:
+                assert np.array_equal(u, clean[key]), (kw, key)
