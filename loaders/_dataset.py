@@ -23,13 +23,13 @@ from typing import Any, TypedDict
 import numpy as np
 import torch
 from simstore.loaders._collate import Collate
+from simstore.loaders._corrupt import CorruptShards
 from simstore.loaders._fetch import RateLimiter, ShardAccess, VerifiedTable, tier_of
 from simstore.loaders._metrics import Metrics, timed
 from simstore.loaders._opener import FormatOpener
 from simstore.loaders._options import LoaderOptions, cache_config, parse_bytes
 from simstore.loaders._order import BLOCK_BYTES, BUFFER_BLOCKS, Mixture
 from simstore.loaders._pipeline import (
-    CorruptShards,
     PrefetchConfig,
     ReaderPool,
     Resolver,
@@ -631,8 +631,9 @@ class SimDataset(IterableDataset[Sample]):
                                              np.zeros(stop - start, dtype=np.bool_))
                         got = read_chunk(chunk, pool, sources, limiter, Counters(), tiers,
                                          corrupt=corrupt, stand_in=False)
-                        intact = [v for v, r in zip(got, _read_ok(chunk, corrupt),
-                                                    strict=True) if r]
+                        assert corrupt is not None
+                        intact = [v for v, ok in zip(got, corrupt.intact(chunk), strict=True)
+                                  if ok]
                         if intact:
                             return intact[0]
                     return None
@@ -659,17 +660,6 @@ class SimDataset(IterableDataset[Sample]):
             stack.callback(chunks.close)
             yield chunks, counters
             pool.finish(corrupt)  # the whole-shard hashes still running for shards read
-
-
-def _read_ok(chunk: Any, corrupt: CorruptShards | None) -> list[bool]:
-    """Per slot of ``chunk``, whether its shard is not known to be corrupt."""
-    ok = [True] * len(chunk)
-    if corrupt is not None:
-        for read in chunk.reads:
-            if corrupt.is_bad((read.source, read.shard_id)):
-                for o in read.out.tolist():
-                    ok[o] = False
-    return ok
 
 
 def _cores() -> int:

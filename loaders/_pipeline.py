@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-import logging
 import os
 import threading
 from collections import OrderedDict, deque
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol, TypeVar
 
 import numpy as np
+from simstore.loaders._corrupt import CorruptShards
 from simstore.loaders._fetch import RateLimiter, ShardAccess, ShardHandle
 from simstore.loaders._order import Mixture, SourceLayout
 from simstore.loaders._plan import EpochPlan
@@ -35,19 +35,12 @@ from simstore.loaders._source import GroupRows, PartReader, Source, load_group
 from simstore.loaders._stats import Counters
 
 from simstore._blockcache import BlockCache
-from simstore.errors import (
-    FormatError,
-    IntegrityError,
-    InvalidInputError,
-    NotFoundError,
-    SimstoreError,
-)
+from simstore.errors import FormatError, IntegrityError, InvalidInputError, SimstoreError
 from simstore.hashing import object_key
 from simstore.protocols import ShardReader
 
 __all__ = [
     "Chunk",
-    "CorruptShards",
     "PrefetchConfig",
     "ReaderPool",
     "Resolver",
@@ -74,7 +67,6 @@ class OutBuffers(Protocol):
 Decoded = dict[str, Any]
 T = TypeVar("T")
 U = TypeVar("U")
-log = logging.getLogger("simstore.loaders")
 _HASH_DELAY_S = 5.0
 """Longest a local shard's whole-object hash waits for the first chunk to be decoded."""
 _HASH_THREADS = 1
@@ -638,89 +630,6 @@ def _release(fut: Future[ShardHandle | None]) -> None:
         handle = fut.result()
         if handle is not None:
             handle.release()
-
-
-class CorruptShards:
-    """``on_corrupt="skip"``: the shards found corrupt in this reading process.
-
-    A shard whose read fails its checks (:class:`IntegrityError`: a wrong hash;
-    :class:`FormatError`: an unreadable shard, row group or page; :class:`NotFoundError`:
-    gone from the store) is logged once, counted (``corrupt_shards``), and not read again
-    by this process: its samples in every later chunk are stood in for as well (see
-    :func:`read_chunk`). Errors of the storage itself (timeouts, throttling past the
-    retries) are not corruption and still fail the read.
-    """
-
-    SKIPPED = (IntegrityError, FormatError, NotFoundError)
-
-    def __init__(
-        self, counters: Counters, probe: Callable[[], Decoded | None] | None = None
-    ) -> None:
-        self.counters = counters
-        self.probe = probe
-        """Finds an intact sample elsewhere in the stream (for a chunk with none)."""
-        self._bad: dict[tuple[int, str], str] = {}
-        self._lock = threading.Lock()
-        self._spare: Decoded | None = None
-
-    def is_bad(self, key: tuple[int, str]) -> bool:
-        """Whether shard ``key`` (source, shard id) was found corrupt."""
-        return key in self._bad
-
-    def failed(self, key: tuple[int, str], exc: Exception) -> None:
-        """Record shard ``key``'s failure (once per shard)."""
-        with self._lock:
-            if key in self._bad:
-                return
-            self._bad[key] = str(exc)
-        self.counters.add("corrupt_shards")
-        log.warning("on_corrupt='skip': skipping the samples of a corrupt shard: %s", exc)
-
-    def stand_in(self, chunk: Chunk, values: list[Decoded], slots: list[int],
-                 buffers: OutBuffers | None) -> None:
-        """Fill ``slots`` (samples of corrupt shards) with copies of an intact sample.
-
-        The copies are marked as padding (``__pad__``), as the samples that even out the
-        ranks are, so every rank still delivers its share and a training loop that masks
-        padding leaves them out; their keys stay those of the skipped samples.
-        """
-        skipped = set(slots)
-        good = next((j for j in range(len(values)) if j not in skipped), None)
-        model = values[good] if good is not None else self.spare()
-        if model is None:
-            shards = sorted({r.shard_id for r in chunk.reads})
-            raise IntegrityError(
-                f"on_corrupt='skip': the samples of corrupt shards "
-                f"({', '.join(object_key(s) for s in shards)}) need a stand-in, and no "
-                f"intact sample is left in the stream"
-            )
-        copy = getattr(buffers, "stand_in", None)
-        for o in slots:
-            values[o] = copy(o, model) if callable(copy) else _copied(model)
-            chunk.is_pad[o] = True
-        self.counters.add("corrupt_samples", len(slots))
-
-    def keep(self, values: list[Decoded], skipped: list[int]) -> None:
-        """Keep a copy of one intact sample of a chunk, the first time there is one."""
-        if self._spare is not None:
-            return
-        bad = set(skipped)
-        good = next((j for j in range(len(values)) if j not in bad), None)
-        if good is not None:
-            self._spare = _copied(values[good])
-
-    def spare(self) -> Decoded | None:
-        """An intact sample read earlier, else one the probe finds, else None."""
-        if self._spare is None and self.probe is not None:
-            found = self.probe()
-            if found is not None and self._spare is None:
-                self._spare = _copied(found)
-        return self._spare
-
-
-def _copied(value: Decoded) -> Decoded:
-    """A sample's fields with arrays copied (a chunk's buffers are reused later)."""
-    return {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in value.items()}
 
 
 def read_chunk(

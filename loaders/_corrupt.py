@@ -1,0 +1,118 @@
+"""``on_corrupt="skip"``: the shards a reading process found corrupt, and stand-ins.
+
+Used by :func:`simstore.loaders._pipeline.read_chunk`; see docs/loader.md (Where the bytes
+come from) for what the option promises.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from simstore.loaders._stats import Counters
+
+from simstore.errors import FormatError, IntegrityError, NotFoundError
+from simstore.hashing import object_key
+
+if TYPE_CHECKING:
+    from simstore.loaders._pipeline import Chunk, OutBuffers
+
+__all__ = ["CorruptShards"]
+
+log = logging.getLogger("simstore.loaders")
+Decoded = dict[str, Any]
+
+
+class CorruptShards:
+    """``on_corrupt="skip"``: the shards found corrupt in this reading process.
+
+    A shard whose read fails its checks (:class:`IntegrityError`: a wrong hash;
+    :class:`FormatError`: an unreadable shard, row group or page; :class:`NotFoundError`:
+    gone from the store) is logged once, counted (``corrupt_shards``), and not read again
+    by this process: its samples in every later chunk are stood in for as well (see
+    :func:`~simstore.loaders._pipeline.read_chunk`). Errors of the storage itself
+    (timeouts, throttling past the retries) are not corruption and still fail the read.
+    """
+
+    SKIPPED = (IntegrityError, FormatError, NotFoundError)
+
+    def __init__(
+        self, counters: Counters, probe: Callable[[], Decoded | None] | None = None
+    ) -> None:
+        self.counters = counters
+        self.probe = probe
+        """Finds an intact sample elsewhere in the stream (for a chunk with none)."""
+        self._bad: dict[tuple[int, str], str] = {}
+        self._lock = threading.Lock()
+        self._spare: Decoded | None = None
+
+    def is_bad(self, key: tuple[int, str]) -> bool:
+        """Whether shard ``key`` (source, shard id) was found corrupt."""
+        return key in self._bad
+
+    def intact(self, chunk: Chunk) -> list[bool]:
+        """Per slot of ``chunk``, whether its shard is not known to be corrupt."""
+        ok = [True] * len(chunk)
+        for read in chunk.reads:
+            if self.is_bad((read.source, read.shard_id)):
+                for o in read.out.tolist():
+                    ok[o] = False
+        return ok
+
+    def failed(self, key: tuple[int, str], exc: Exception) -> None:
+        """Record shard ``key``'s failure (once per shard)."""
+        with self._lock:
+            if key in self._bad:
+                return
+            self._bad[key] = str(exc)
+        self.counters.add("corrupt_shards")
+        log.warning("on_corrupt='skip': skipping the samples of a corrupt shard: %s", exc)
+
+    def stand_in(self, chunk: Chunk, values: list[Decoded], slots: list[int],
+                 buffers: OutBuffers | None) -> None:
+        """Fill ``slots`` (samples of corrupt shards) with copies of an intact sample.
+
+        The copies are marked as padding (``__pad__``), as the samples that even out the
+        ranks are, so every rank still delivers its share and a training loop that masks
+        padding leaves them out; their keys stay those of the skipped samples.
+        """
+        skipped = set(slots)
+        good = next((j for j in range(len(values)) if j not in skipped), None)
+        model = values[good] if good is not None else self.spare()
+        if model is None:
+            shards = sorted({r.shard_id for r in chunk.reads})
+            raise IntegrityError(
+                f"on_corrupt='skip': the samples of corrupt shards "
+                f"({', '.join(object_key(s) for s in shards)}) need a stand-in, and no "
+                f"intact sample is left in the stream"
+            )
+        copy = getattr(buffers, "stand_in", None)
+        for o in slots:
+            values[o] = copy(o, model) if callable(copy) else _copied(model)
+            chunk.is_pad[o] = True
+        self.counters.add("corrupt_samples", len(slots))
+
+    def keep(self, values: list[Decoded], skipped: list[int]) -> None:
+        """Keep a copy of one intact sample of a chunk, the first time there is one."""
+        if self._spare is not None:
+            return
+        bad = set(skipped)
+        good = next((j for j in range(len(values)) if j not in bad), None)
+        if good is not None:
+            self._spare = _copied(values[good])
+
+    def spare(self) -> Decoded | None:
+        """An intact sample read earlier, else one the probe finds, else None."""
+        if self._spare is None and self.probe is not None:
+            found = self.probe()
+            if found is not None and self._spare is None:
+                self._spare = _copied(found)
+        return self._spare
+
+
+def _copied(value: Decoded) -> Decoded:
+    """A sample's fields with arrays copied (a chunk's buffers are reused later)."""
+    return {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in value.items()}
