@@ -90,10 +90,7 @@ def _check_step_points(path: str) -> None:
                     number = _LEADING_NUMBER.match(token)
                     if number is None:
                         continue  # not a number: the STEP reader reports it
-                    try:
-                        value = float(number.group(1))
-                    except ValueError:
-                        continue
+                    value = float(number.group(1))  # the pattern is a float literal
                     if not abs(value) <= MAX_EXTENT:
                         raise MeshError(
                             f"{path}: field 'points': CARTESIAN_POINT #{int(match.group(1))} "

@@ -41,18 +41,20 @@ class _Header:
             f"{self.path}: corrupt NetCDF header: {what} (at byte {self.pos} of {self.size})"
         )
 
-    def take(self, n: int, what: str) -> bytes:
+    def _fits(self, n: int, what: str) -> None:
         if n < 0 or self.pos + n > self.size:
             raise self.fail(f"{what} runs past the end of the file")
+
+    def take(self, n: int, what: str) -> bytes:
+        self._fits(n, what)
         out = self.f.read(n)
-        if len(out) != n:
+        if len(out) != n:  # the file shrank under us
             raise self.fail(f"{what} runs past the end of the file")
         self.pos += n
         return out
 
     def skip(self, n: int, what: str) -> None:
-        if n < 0 or self.pos + n > self.size:
-            raise self.fail(f"{what} runs past the end of the file")
+        self._fits(n, what)
         self.f.seek(n, 1)
         self.pos += n
 
