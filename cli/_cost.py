@@ -404,7 +404,8 @@ def pull_cmd(
     """Warm a node's cache: copy REF's snapshot, manifest parts and shards into --cache DIR.
 
     Every copy is hash-checked as it lands; objects already cached are kept. A later
-    SimDataset with cache_dir=DIR reads only the ref from the store, the rest from local disk.
+    SimDataset with cache_dir=DIR reads only the ref from the store, the rest from local disk
+    (nothing at all for a REF that names the snapshot by its full id).
     """
     report = warm_cache(
         ctx.catalog(read_only=True),

@@ -166,6 +166,18 @@ class ShardCache:
             os.utime(path)
         return PinnedCopy(path, fd, hit=hit)
 
+    def peek(self, object_id: str, *, counted_as: str = "cache") -> PinnedCopy | None:
+        """A pinned copy of ``object_id`` if the cache holds one (counted as a hit), else None.
+
+        Never fills: for a caller that would rather ask the store something else on a miss.
+        """
+        if not is_object_id(object_id):
+            raise InvalidInputError(f"not an object id: {object_id!r}")
+        pinned = self._pin(object_id, hit=True)
+        if pinned is not None:
+            self.counters.add(f"{counted_as}_hits")
+        return pinned
+
     def acquire(self, object_id: str, size_bytes: Callable[[], int], download: Download,
                 *, referenced_by: str = "", counted_as: str = "cache") -> PinnedCopy:
         """A pinned, verified copy of ``object_id``; fills it with ``download`` on a miss.

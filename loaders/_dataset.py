@@ -119,16 +119,21 @@ class _Phase:
     counts: list[int]
 
 
-def _snapshot_from_cache(access: ShardAccess, sid: str) -> tuple[bytes, str] | None:
+def _snapshot_from_cache(
+    access: ShardAccess, sid: str, *, fill: bool = True
+) -> tuple[bytes, str] | None:
     """Snapshot ``sid``'s bytes from the disk cache (filled on a miss), or None.
 
     A snapshot is immutable, so a node that has read it before needs only the ref's round
-    trip. None (read it from the store, which checks it too) when the cache cannot hold
-    it (a cache limit below an object's size is reported by the first shard that does not
-    fit) or its copy there was damaged (taken out of the cache by ``read_cached``).
+    trip (none for a REF that names it by its full id). None (read it from the store,
+    which checks it too) when the cache cannot hold it (a cache limit below an object's
+    size is reported by the first shard that does not fit) or its copy there was damaged
+    (taken out of the cache by ``read_cached``); with ``fill=False`` also on a miss and
+    for a cached object that is not a snapshot (canonical JSON: it starts with its
+    ``author`` key).
     """
     try:
-        return access.read_cached(sid)
+        return access.read_cached(sid, fill=fill, starts_with=b'{"author":')
     except (InvalidInputError, IntegrityError):
         return None
 
@@ -144,7 +149,8 @@ class SimDataset(IterableDataset[Sample]):
 
     Args:
         store: a store URL or an ``ObjectStore``.
-        ref: ``name``, ``name@branch``, ``name@tag`` or ``name@<snapshot id prefix>``.
+        ref: ``name``, ``name@branch``, ``name@tag`` or ``name@<snapshot id prefix>``; a
+            full snapshot id found in ``cache_dir`` asks nothing of a remote store.
         fields: fields to read (default all); only their bytes are read.
         shuffle: shuffle (default) or read in manifest order (validation).
         seed: the shuffle seed.
@@ -207,16 +213,18 @@ class SimDataset(IterableDataset[Sample]):
     ) -> None:
         cache = cache_config(cache_dir, parse_bytes(cache_limit, "cache_limit"))
         backend = open_store(store, storage_options=storage_options, read_only=True)
-        read = None
+        read = peek = None
         if cache is not None and tier_of(backend) not in ("local", "memory"):
-            read = functools.partial(_snapshot_from_cache, ShardAccess(
-                backend, counters=Counters(), limiter=RateLimiter(None), cache=cache,
-                verify=True))
+            access = ShardAccess(backend, counters=Counters(), limiter=RateLimiter(None),
+                                 cache=cache, verify=True)
+            read = functools.partial(_snapshot_from_cache, access)
+            peek = functools.partial(_snapshot_from_cache, access, fill=False)
         source = open_source(
             backend, ref, fields=fields, shuffle=shuffle, seed=seed,
             window_shards=window_shards, group_parts=group_parts, transform=transform,
             block_bytes=parse_bytes(shuffle_block_bytes, "shuffle_block_bytes") or 0,
             buffer_blocks=shuffle_buffer_blocks, crop=crop, window=window, read=read,
+            peek=peek,
         )
         prefetch = _prefetch_config(prefetch)
         options = LoaderOptions(

@@ -455,7 +455,9 @@ class ShardAccess:
         if wrong is not None:
             raise self._remove_damaged(path, wrong, shard_id)
 
-    def read_cached(self, object_id: str) -> tuple[bytes, str] | None:
+    def read_cached(
+        self, object_id: str, *, fill: bool = True, starts_with: bytes = b""
+    ) -> tuple[bytes, str] | None:
         """A small immutable object (a manifest part) from the disk cache, and its tier.
 
         With a disk cache in front of a remote store, the node's copy is read: filled on a
@@ -463,7 +465,9 @@ class ShardAccess:
         reads nothing from the remote tier; the bytes returned match ``object_id``. A copy
         that no longer matches is taken out of the cache and raises
         :class:`IntegrityError`; the next read downloads it again. None when this store
-        has no cache in front of it: read (and check) the object from the store.
+        has no cache in front of it: read (and check) the object from the store; with
+        ``fill=False``, also None on a miss (nothing is asked of the store), and when the
+        copy does not begin with ``starts_with`` (not read further, nor hashed).
         """
         if self.mode(object_id) != "cache":
             return None
@@ -477,14 +481,23 @@ class ShardAccess:
         def download(out: BinaryIO) -> None:
             out.write(fetched[0] if fetched else self.store.get(key))
 
-        copy = self._shard_cache().acquire(object_id, size_bytes, download,
-                                           referenced_by=self.referenced_by,
-                                           counted_as="manifest_cache")
+        cache = self._shard_cache()
+        if fill:
+            copy = cache.acquire(object_id, size_bytes, download,
+                                 referenced_by=self.referenced_by, counted_as="manifest_cache")
+        else:
+            peeked = cache.peek(object_id, counted_as="manifest_cache")
+            if peeked is None:
+                return None
+            copy = peeked
         try:
             if not copy.hit:
                 return fetched[0], self.tier
             try:
                 with open(copy.path, "rb") as f:
+                    if not fill and f.read(len(starts_with)) != starts_with:
+                        return None
+                    f.seek(0)
                     data = f.read()
             except OSError as exc:
                 raise StorageError(f"cache copy {copy.path}: read failed: {exc}") from exc

@@ -29,10 +29,11 @@ from simstore.loaders._window import Regions, parse_regions
 
 from simstore.catalog import Catalog
 from simstore.errors import FormatError, IntegrityError, InvalidInputError
-from simstore.hashing import hash_bytes, object_key
+from simstore.hashing import hash_bytes, is_object_id, object_key
 from simstore.manifest import decode_part
+from simstore.names import parse_ref
 from simstore.sample import Schema
-from simstore.snapshot import Snapshot
+from simstore.snapshot import Snapshot, SnapshotId
 from simstore.storage import ObjectStore
 
 __all__ = ["GroupRows", "PartReader", "Source", "load_group", "open_source"]
@@ -93,15 +94,23 @@ def open_source(
     crop: Mapping[str, Any] | None = None,
     window: Mapping[str, Any] | None = None,
     read: PartReader | None = None,
+    peek: PartReader | None = None,
 ) -> Source:
     """Resolve ``ref`` once and pin its snapshot; check the requested fields exist.
 
     ``read``: how immutable objects come from a remote store's disk cache (see
     :data:`PartReader`); the snapshot object is read through it, so a node that has read
     this snapshot before makes one round trip for the ref and none for the snapshot.
+    ``peek``: the same, but None on a miss. A REF that names its snapshot by the full id
+    and finds it in the cache asks nothing of the store (it is immutable, and its copy
+    hashes to that id); the store is first contacted, if ever, for an object the cache
+    does not hold.
     """
     catalog = Catalog(store)
-    if tier_of(store) in ("local", "memory"):
+    pinned = _pinned_in_cache(ref, peek) if peek is not None else None
+    if pinned is not None:
+        sid, snap = pinned
+    elif tier_of(store) in ("local", "memory"):
         catalog.check_initialised()
         sid = catalog.resolve(ref)
         snap = catalog.snapshot(sid)
@@ -155,6 +164,22 @@ def open_source(
         transform=transform,
         regions=regions,
     )
+
+
+def _pinned_in_cache(ref: str, peek: PartReader) -> tuple[SnapshotId, Snapshot] | None:
+    """The snapshot a REF names by its full id, if the disk cache holds it; else None."""
+    r = parse_ref(ref)
+    sid = r.rev.lower()
+    if not is_object_id(sid):
+        return None
+    got = peek(sid)
+    if got is None:
+        return None
+    try:
+        snap = Snapshot.from_bytes(got[0], object_id=sid)
+    except FormatError:
+        return None  # not a snapshot: the store's lookup says what it is
+    return (SnapshotId(sid), snap) if snap.dataset == r.dataset else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)

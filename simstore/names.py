@@ -5,7 +5,8 @@ or ``-``. That rules out ``..``, ``/``, NUL and every other control character, s
 can never reach outside the store's root when it becomes part of a key.
 
 A REF is ``NAME`` (meaning ``NAME@main``) or ``NAME@REV`` where REV is a branch, a tag or
-a snapshot id or unique prefix of one (at least 4 hex characters).
+a snapshot id or unique prefix of one (at least 4 hex characters). A full snapshot id (32
+hex characters) always names that snapshot: no branch or tag may take such a name.
 """
 
 from __future__ import annotations

@@ -333,8 +333,19 @@ class Catalog:
         return Tags(self.store, check_name(dataset, "dataset name"))
 
     def resolve(self, ref: str | Ref) -> SnapshotId:
-        """The snapshot id a REF names: a branch, then a tag, then an id or unique prefix."""
+        """The snapshot id a REF names: a full snapshot id, a branch, a tag, a unique prefix.
+
+        A full id (32 hex characters, which no branch or tag may be named) is looked up as
+        an object first: two small reads, with no ref lookups or listing.
+        """
         r = parse_ref(ref) if isinstance(ref, str) else ref
+        full = r.rev.lower()
+        if is_object_id(full):
+            if self._is_snapshot_of(full, r.dataset):
+                return SnapshotId(full)
+            if not self.has_dataset(r.dataset):
+                raise NotFoundError(f"{self.store.url}: unknown dataset {r.dataset!r}")
+            raise NotFoundError(f"dataset {r.dataset!r} has no snapshot {r.rev!r}")
         sid, _ = self.branches(r.dataset).get_versioned(r.rev)
         if sid is not None:
             return SnapshotId(sid)
@@ -367,7 +378,10 @@ class Catalog:
     def _is_snapshot_of(self, oid: str, dataset: str) -> bool:
         # Canonical JSON sorts keys, so a snapshot starts with '{"author":'; check that
         # with a small ranged read before parsing, so shards are never read whole.
-        head = self.store.get(object_key(oid), byte_range=(0, 10))
+        try:
+            head = self.store.get(object_key(oid), byte_range=(0, 10))
+        except NotFoundError:
+            return False
         if head != b'{"author":':
             return False
         try:

@@ -5,7 +5,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-from simstore.errors import AlreadyExistsError, ConflictError, FormatError, NotFoundError
+from simstore.errors import (
+    AlreadyExistsError,
+    ConflictError,
+    FormatError,
+    InvalidInputError,
+    NotFoundError,
+)
 from simstore.hashing import is_object_id
 from simstore.names import check_name
 from simstore.sample import canonical_json
@@ -57,6 +63,19 @@ class _Refs:
     def key(self, name: str) -> str:
         return ref_key(self.dataset, self.kind, name)
 
+    def new_key(self, name: str) -> str:
+        """:meth:`key` of a ref about to be written: not a name that reads as a snapshot id.
+
+        A REF whose revision is a full snapshot id (32 hex characters) names that snapshot
+        before any branch or tag (:meth:`Catalog.resolve`), so no ref may take such a name.
+        """
+        if is_object_id(name.lower()):
+            what = "branch" if self.kind == "heads" else "tag"
+            raise InvalidInputError(
+                f"invalid {what} name {name!r}: 32 hex characters read as a snapshot id"
+            )
+        return self.key(name)
+
     def get(self, name: str) -> str:
         """The snapshot id a ref points at; NotFoundError when absent."""
         key = self.key(name)
@@ -98,14 +117,14 @@ class Branches(_Refs):
     def create(self, name: str, snapshot_id: str) -> None:
         """Create a branch at a snapshot; AlreadyExistsError when it exists."""
         try:
-            self._store.compare_and_swap(self.key(name), None, encode_ref(snapshot_id))
+            self._store.compare_and_swap(self.new_key(name), None, encode_ref(snapshot_id))
         except ConflictError:
             raise AlreadyExistsError(f"{self.dataset}: branch {name!r} already exists") from None
 
     def move(self, name: str, expected_version: str | None, snapshot_id: str) -> str | None:
         """Move a branch by compare-and-swap from the version read earlier."""
         return self._store.compare_and_swap(
-            self.key(name), expected_version, encode_ref(snapshot_id)
+            self.new_key(name), expected_version, encode_ref(snapshot_id)
         )
 
     def delete(self, name: str) -> None:
@@ -124,7 +143,7 @@ class Tags(_Refs):
     def create(self, name: str, snapshot_id: str) -> None:
         """Create a tag; AlreadyExistsError when it exists (tags never move)."""
         try:
-            self._store.compare_and_swap(self.key(name), None, encode_ref(snapshot_id))
+            self._store.compare_and_swap(self.new_key(name), None, encode_ref(snapshot_id))
         except ConflictError:
             raise AlreadyExistsError(f"{self.dataset}: tag {name!r} already exists") from None
 

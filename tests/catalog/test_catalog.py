@@ -13,7 +13,7 @@ from simstore.errors import (
     NotFoundError,
 )
 from simstore.hashing import object_key
-from simstore.storage import LocalStore
+from simstore.storage import CountingStore, LocalStore
 
 
 def test_uninitialised_store_is_a_clear_error(tmp_path):
@@ -45,6 +45,30 @@ def test_unknown_refs_are_named(cat):
     cat.commit("ds", message="m")
     with pytest.raises(NotFoundError, match="no branch, tag or snapshot 'v9'"):
         cat.resolve("ds@v9")
+
+
+def test_a_full_snapshot_id_names_that_snapshot_first(cat):
+    """A full id is looked up as an object (no refs, no listing); no ref takes such a name."""
+    stage_samples(cat, "ds", {"a": b"1"})
+    sid = cat.commit("ds", message="one").snapshot_id
+    stage_samples(cat, "other", {"b": b"2"})
+    other = cat.commit("other", message="two").snapshot_id
+    store = CountingStore(cat.store)
+    assert Catalog(store).resolve(f"ds@{sid}") == sid == cat.resolve(f"ds@{sid.upper()}")
+    # the snapshot's first bytes, then the snapshot: no ref read, no listing
+    assert {op: u["requests"] for op, u in store.traffic.to_json()["local"].items()} == {
+        "range_get": 1, "get": 1}
+    with pytest.raises(NotFoundError, match=f"dataset 'ds' has no snapshot '{other}'"):
+        cat.resolve(f"ds@{other}")  # a snapshot, but of another dataset
+    with pytest.raises(NotFoundError, match="has no snapshot"):
+        cat.resolve(f"ds@{'0' * 32}")
+    with pytest.raises(NotFoundError, match="unknown dataset 'nope'"):
+        cat.resolve(f"nope@{sid}")
+    for refs in (cat.branches("ds"), cat.tags("ds")):
+        with pytest.raises(InvalidInputError, match="read as a snapshot id"):
+            refs.create(other.upper(), sid)
+    with pytest.raises(InvalidInputError, match="read as a snapshot id"):
+        cat.branches("ds").move(other, None, sid)
 
 
 def test_ambiguous_prefix(cat):

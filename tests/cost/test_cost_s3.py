@@ -99,12 +99,10 @@ def test_cost_du_and_pull_on_s3(s3_catalog, tmp_path):
         assert f.read() == b"B" * 3000
 
 
-def test_pulled_cache_serves_a_whole_epoch_and_the_run_is_priced(s3_catalog, tmp_path):
-    """pull, then a SimDataset over S3 with the same cache_dir reads no shard from S3."""
+def _ingest_and_pull(s3_catalog, tmp_path):
+    """12 samples of dataset ``cfd`` over several shards, pulled into a cache; (dir, pull)."""
     np = pytest.importorskip("numpy")
     pytest.importorskip("torch")
-    from simstore.loaders import SimDataset
-
     import simstore
 
     src = tmp_path / "src"
@@ -124,7 +122,14 @@ def test_pulled_cache_serves_a_whole_epoch_and_the_run_is_priced(s3_catalog, tmp
             cache_mod.CacheConfig(directory=d, limit_bytes=limit), stats_mod.Counters()
         )
 
-    pulled = warm_cache(s3_catalog, "cfd", d, open_cache)
+    return d, warm_cache(s3_catalog, "cfd", d, open_cache)
+
+
+def test_pulled_cache_serves_a_whole_epoch_and_the_run_is_priced(s3_catalog, tmp_path):
+    """pull, then a SimDataset over S3 with the same cache_dir reads no shard from S3."""
+    from simstore.loaders import SimDataset
+
+    d, pulled = _ingest_and_pull(s3_catalog, tmp_path)
     snap = s3_catalog.snapshot(pulled.snapshot)
     shards = pulled.objects - len(snap.parts) - 1  # less the snapshot object
     assert shards >= 2 and pulled.fetched == pulled.objects
@@ -144,3 +149,39 @@ def test_pulled_cache_serves_a_whole_epoch_and_the_run_is_priced(s3_catalog, tmp
     cost = run_cost([str(path)], read_price_table())
     assert cost.cold_tier == "s3" and cost.cache_hits == report["cache"]["hits"]
     assert cost.cache_saved_usd > 0 and cost.cold_start_usd > cost.total_usd
+
+
+def test_a_pinned_snapshot_in_the_cache_starts_without_the_store(s3_catalog, tmp_path):
+    """REF by full snapshot id, all of it pulled: no request at all, so a dead endpoint
+    streams the same epoch; a branch REF through that endpoint fails (it is dead)."""
+    import socket
+
+    np = pytest.importorskip("numpy")
+    from simstore.loaders import SimDataset
+
+    from simstore.errors import StorageError
+
+    d, pulled = _ingest_and_pull(s3_catalog, tmp_path)
+    sid = pulled.snapshot
+
+    def epoch(store, ref):
+        ds = SimDataset(store, ref, cache_dir=d, cache_limit=1 << 30, shuffle=False)
+        return ds, [(s["__key__"], s["u"].numpy()) for s in ds]
+
+    _, live = epoch(s3_catalog.store, f"cfd@{sid}")
+    with socket.socket() as sock:  # a loopback port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dead = S3Store(f"s3://{s3_catalog.store.bucket}/data", storage_options={
+        **FAST, "endpoint_url": f"http://127.0.0.1:{port}", "max_attempts": 1,
+        "connect_timeout_s": 1})
+    try:
+        ds, offline = epoch(dead, f"cfd@{sid.upper()}")
+        assert ds.snapshot_id == sid and len(offline) == len(live) == 12
+        for (k1, a1), (k2, a2) in zip(live, offline, strict=True):
+            assert k1 == k2 and np.array_equal(a1, a2)
+        assert ds.report()["tiers"]["s3"] == {"bytes": 0, "requests": 0}
+        with pytest.raises(StorageError):
+            epoch(dead, "cfd")  # the branch is asked of the store, which is not there
+    finally:
+        dead.close()
