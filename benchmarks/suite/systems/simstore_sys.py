@@ -39,7 +39,20 @@ def tier_imports(options: dict[str, Any]) -> tuple[str, ...]:
 
 
 def prepare(out: str, profile: str, options: dict[str, Any]) -> dict[str, Any]:
-    """Untimed setup: the memory tier's copy; the S3 endpoint's options."""
+    """Untimed setup: the REF; the memory tier's copy; the S3 endpoint's options.
+
+    Every tier reads ``profile@<snapshot id>``, as a reproducible training job pins its
+    snapshot (the other systems read a fixed directory or prefix): on a warm cache that
+    REF asks nothing of S3. The id is read here, from the local copy of the same objects.
+    """
+    from simstore.catalog import Catalog
+    from simstore.storage import LocalStore
+
+    ref = f"{profile}@{Catalog(LocalStore(out)).resolve(profile)}"
+    return {**_prepare(out, options), "ref": ref}
+
+
+def _prepare(out: str, options: dict[str, Any]) -> dict[str, Any]:
     tier = options.get("tier", "local")
     if tier == "memory":
         from simstore.storage import open_store
@@ -63,7 +76,7 @@ def loader(out: str, profile: str, workers: int, batch_size: int | None,
     from simstore.loaders import SimDataLoader, SimDataset
 
     cache_dir = options.get("cache_dir")
-    ds = SimDataset(prepared["store"], profile, shuffle=True, seed=0, cache_dir=cache_dir,
+    ds = SimDataset(prepared["store"], prepared["ref"], shuffle=True, seed=0, cache_dir=cache_dir,
                     cache_limit="8GiB" if cache_dir else None,
                     storage_options=prepared.get("storage_options"))
     return SimDataLoader(ds, batch_size=batch_size, num_workers=workers,
