@@ -413,15 +413,19 @@ class ShardAccess:
             return actual
         with self._lock:
             self._verified.add(shard_id)
-        if self.siblings is not None and tier != "cache":
+        if self.siblings is not None:
             self.siblings.publish(shard_id)
         return None
 
     def sibling_hashes(self, shard_id: str) -> bool:
-        """Whether a sibling worker hashes this local shard (this one waits for its word)."""
+        """Whether a sibling worker hashes this shard (this one waits for its word).
+
+        Local shards and cache copies: the workers of one loader on one node read the
+        same file for a shard id.
+        """
         siblings = self.siblings
         return (siblings is not None and self.verify
-                and self.mode(shard_id) == "local" and not siblings.owns(shard_id))
+                and self.mode(shard_id) in ("local", "cache") and not siblings.owns(shard_id))
 
     def sibling_verified(self, shard_id: str) -> bool:
         """Whether a sibling worker has published this shard's hash as matching."""
@@ -436,24 +440,27 @@ class ShardAccess:
     def _by(self) -> str:
         return f"; referenced by snapshot {self.referenced_by}" if self.referenced_by else ""
 
-    def check_copy(self, shard_id: str, path: str) -> None:
+    def check_copy(self, shard_id: str, path: str) -> bool:
         """Hash a cache hit's copy once in this process (its reader checks pages meanwhile).
 
         A copy was verified when it was filled, perhaps by another process long ago; this
         catches a copy damaged since. A wrong copy is taken out of the cache (the next use
-        downloads it again) and raises :class:`IntegrityError`. A copy evicted after its
-        reader let go is not checked: nothing reads it any more.
+        downloads it again) and raises :class:`IntegrityError`. True once the copy (here
+        or in a sibling worker) hashed to its id; False when it is gone from the cache
+        (evicted after its reader let go, or taken out as damaged by another process):
+        it was not hashed, so its reader must go on checking pages.
         """
-        if not self._unchecked(shard_id):
-            return
+        if not self._unchecked(shard_id) or self.sibling_verified(shard_id):
+            return True
         try:
             wrong = self._hash_against(shard_id, path, "cache")
         except FileNotFoundError:
-            return
+            return False
         except OSError as exc:
             raise StorageError(f"cache copy {path}: read failed: {exc}") from exc
         if wrong is not None:
             raise self._remove_damaged(path, wrong, shard_id)
+        return True
 
     def read_cached(
         self, object_id: str, *, fill: bool = True, starts_with: bytes = b""

@@ -292,26 +292,30 @@ class _Check:
     redo: Callable[[], object]
     """The same hash, run here if the future never ran."""
 
-    def wait(self) -> None:
-        """The hash's outcome (IntegrityError if wrong); hashed here if it never ran."""
+    def wait(self) -> bool:
+        """The hash's outcome (IntegrityError if wrong); hashed here if it never ran.
+
+        False: the copy could not be hashed (gone from the cache); its reader goes on
+        checking pages.
+        """
         if self.future.cancelled():  # the I/O pool shut down before it started
-            self.redo()
-        else:
-            self.future.result()
+            return self.redo() is not False
+        return self.future.result() is not False
 
 
 class _Published(Future[Any]):
-    """A local shard's whole-object hash that a sibling DataLoader worker runs.
+    """A shard's whole-object hash (a local file, a cache copy) that a sibling worker runs.
 
     Nothing runs it here: :meth:`done` is true once the sibling has published the match
-    (see ``VerifiedTable``), and :meth:`result` of one still unpublished hashes the shard
-    on the calling thread (a wrong hash is then this worker's error, as before).
+    (see ``VerifiedTable``), and :meth:`result` of one still unpublished runs ``work``
+    (the hash) on the calling thread (a wrong hash is then this worker's error, as before).
     """
 
-    def __init__(self, access: ShardAccess, shard_id: str) -> None:
+    def __init__(self, access: ShardAccess, shard_id: str, work: Callable[[], Any]) -> None:
         super().__init__()
         self._access = access
         self._shard_id = shard_id
+        self._work = work
 
     def done(self) -> bool:
         if super().done():
@@ -325,7 +329,7 @@ class _Published(Future[Any]):
     def result(self, timeout: float | None = None) -> Any:
         if not self.done():
             try:
-                value = self._access.prepare(self._shard_id)
+                value = self._work()
             except BaseException as exc:
                 with contextlib.suppress(InvalidStateError):
                     self.set_exception(exc)
@@ -408,7 +412,8 @@ class ReaderPool:
             access = self.access[key[0]]
             if access.verify and access.mode(key[1]) == "local":
                 if access.sibling_hashes(key[1]):
-                    self._prepared[key] = _Published(access, key[1])
+                    self._prepared[key] = _Published(
+                        access, key[1], functools.partial(access.prepare, key[1]))
                 else:
                     self._prepared[key] = pool.submit(
                         self._later, functools.partial(access.prepare, key[1])
@@ -461,9 +466,10 @@ class ReaderPool:
                     _release(prepared)
                 checking = entry.checking
                 if checking is not None and checking.future.done():
-                    checking.wait()  # raises IntegrityError for a wrong hash, each use
+                    hashed = checking.wait()  # IntegrityError for a wrong hash, each use
                     entry.checking = None
-                    _trust(entry.reader)
+                    if hashed:
+                        _trust(entry.reader)
                 elif checking is not None and checks is not None:
                     self._maybe_hash_first(entry, checks)
                 assert entry.reader is not None
@@ -494,9 +500,10 @@ class ReaderPool:
         check = entry.checking
         if not check.future.cancel():  # running (maybe waiting for the first chunk)
             self.start_hashing()
-        check.wait()  # hashed here if it had not started; IntegrityError if wrong
+        hashed = check.wait()  # hashed here if it had not started; IntegrityError if wrong
         entry.checking = None
-        _trust(entry.reader)
+        if hashed:
+            _trust(entry.reader)
 
     def _open_entry(
         self, key: tuple[int, str], entry: _Entry, prepared: Future[ShardHandle | None] | None
@@ -532,13 +539,17 @@ class ReaderPool:
             and access.mode(key[1]) == "cache"
             and getattr(entry.reader, "verifies_pages", False)
         ):
-            # a cache hit: hashed once in this process, like a local shard
+            # a cache hit: hashed once in this process (or by the sibling worker that
+            # owns it), like a local shard
             check = functools.partial(access.check_copy, key[1], entry.handle.source)
             try:
-                entry.checking = _Check(self._io.submit(self._later, check), check)
+                hashing: Future[Any] = (
+                    _Published(access, key[1], check) if access.sibling_hashes(key[1])
+                    else self._io.submit(self._later, check))
+                entry.checking = _Check(hashing, check)
             except RuntimeError:  # that pool has shut down: hash it now
-                check()
-                _trust(entry.reader)
+                if check():
+                    _trust(entry.reader)
 
     def finish(self, corrupt: CorruptShards | None = None) -> None:
         """Wait for the hashes still running of shards already read; raise a wrong one.

@@ -281,12 +281,17 @@ def test_manifest_parts_come_from_the_cache_and_a_damaged_one_is_replaced(tmp_pa
 
 
 # -- DataLoader workers share local shards' hashes ----------------------------------------
-def _worker_pool(store, table, worker, workers=2):
+def _worker_pool(store, table, worker, workers=2, cache=None):
+    """A DataLoader worker's reader pool; ``cache``: a cache directory in front of
+    ``store`` read as a remote store."""
+    from simstore.loaders._cache import CacheConfig
     from simstore.loaders._fetch import VerifiedTable
 
     counters = Counters()
-    access = ShardAccess(open_store(store), counters=counters, limiter=RateLimiter(None),
-                         cache=None, verify=True,
+    backend = open_store(store) if cache is None else RemoteLikeStore(store)
+    config = None if cache is None else CacheConfig(directory=cache, limit_bytes=1 << 26)
+    access = ShardAccess(backend, counters=counters, limiter=RateLimiter(None),
+                         cache=config, verify=True,
                          siblings=VerifiedTable(table, worker, workers))
     return ReaderPool([access], FormatOpener(), max_open=8, referenced_by=["snap"]), counters
 
@@ -328,17 +333,22 @@ def test_verified_table_gives_each_shard_one_owner_and_matches_whole_tags():
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "zarr"])
-def test_a_worker_trusts_the_shards_its_sibling_hashed(tmp_path, sources, fmt):
+@pytest.mark.parametrize("tier", ["local", "cache"])
+def test_a_worker_trusts_the_shards_its_sibling_hashed(tmp_path, sources, fmt, tier):
     store, _ = _ingest(tmp_path, sources, fmt)
     shards = _shard_ids(store)
     assert len(shards) >= 3
+    cache = None
+    if tier == "cache":  # copies filled earlier: each worker's read of one is a hit
+        cache = str(tmp_path / "cache")
+        _values(SimDataset(RemoteLikeStore(store), "d", cache_dir=cache, cache_limit=1 << 26))
     table = np.zeros(4096, dtype=np.int64)
-    first, c1 = _worker_pool(store, table, 0)
+    first, c1 = _worker_pool(store, table, 0, cache=cache)
     _read_all(first, shards)
     # the first worker hashed every shard it read: those it owns, and at its epoch's end
     # the others, whose owner had not published them
     assert c1.snapshot()["shards_verified"] == len(shards)
-    second, c2 = _worker_pool(store, table, 1)
+    second, c2 = _worker_pool(store, table, 1, cache=cache)
     _read_all(second, shards)
     counts = c2.snapshot()
     assert counts["shards_verified"] == 0
@@ -365,3 +375,29 @@ def test_a_damaged_shard_that_no_sibling_published_fails_in_the_worker_that_read
     pool.close()
     assert theirs in str(info.value)
     assert counters.snapshot()["shards_verified_by_sibling"] == 0
+
+
+def test_a_cache_copy_gone_before_its_hash_leaves_its_reader_checking_pages(tmp_path, sources):
+    """A sibling's copy taken out of the cache (by the worker that found it damaged) is
+    not hashed here: its reader must not be trusted, and goes on checking pages."""
+    store, _ = _ingest(tmp_path, sources, "zarr")
+    shards = _shard_ids(store)
+    cache = str(tmp_path / "cache")
+    _values(SimDataset(RemoteLikeStore(store), "d", cache_dir=cache, cache_limit=1 << 26))
+    table = np.zeros(4096, dtype=np.int64)
+    pool, counters = _worker_pool(store, table, 1, cache=cache)
+    from simstore.loaders._fetch import VerifiedTable
+
+    theirs = next(s for s in shards if not VerifiedTable(table, 1, 2).owns(s))
+    with ThreadPoolExecutor(2) as io:
+        pool.schedule((0, theirs), io)
+        pool.start_hashing()
+        with pool.reader((0, theirs)) as reader:
+            assert reader.verifies_pages  # awaiting the owner's word
+            os.unlink(os.path.join(cache, "objects", theirs[:2], theirs))
+        pool.finish()  # no word came, and the copy is gone: nothing to hash
+        with pool.reader((0, theirs)) as reader:
+            assert reader.verifies_pages
+            list(reader.read([0]))  # still readable: the pinned copy is open
+    pool.close()
+    assert counters.snapshot()["shards_verified"] == 0
