@@ -268,10 +268,10 @@ def fill(endpoint: str, url: str, keys: list[str], threads: int, cache: str) -> 
 
 
 def epoch(
-    store: str, options: dict[str, Any] | None, cache: str | None, workers: int
+    store: str, options: dict[str, Any] | None, cache: str | None, workers: int, ref: str
 ) -> dict[str, Any]:
-    """One epoch in a fresh process; see :func:`child`."""
-    spec = {"store": store, "options": options, "cache": cache, "workers": workers}
+    """One epoch of ``ref`` in a fresh process; see :func:`child`."""
+    spec = {"store": store, "options": options, "cache": cache, "workers": workers, "ref": ref}
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.bench_s3", "--child", json.dumps(spec)],
         cwd=REPO,
@@ -300,7 +300,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     ds = SimDataset(
         spec["store"],
-        "large",
+        spec["ref"],
         shuffle=True,
         seed=0,
         cache_dir=spec["cache"],
@@ -417,6 +417,11 @@ def main(argv: list[str] | None = None) -> int:
             upload(endpoint, local, fmt)
             keys = [f"{fmt}/{k}" for k, _ in shard_keys(local)]
             url = f"s3://{BUCKET}/{fmt}"
+            # the snapshot pinned by its id, as a reproducible job does (a warm node then
+            # asks nothing of S3; a branch would cost a round trip and the S3 client)
+            from simstore.catalog import Catalog
+
+            ref = f"large@{Catalog.open(local).resolve('large')}"
             runs: dict[str, list[dict[str, Any]]] = {}
             for rep in range(reps):
                 cache = os.path.join(caches, f"{fmt}-{rep}")
@@ -425,13 +430,14 @@ def main(argv: list[str] | None = None) -> int:
                     "get8": raw_get(endpoint, keys, 8),
                     "get4_disk": raw_get_to_disk(endpoint, keys, 4, cache + "-get"),
                     "fill4": fill(endpoint, url, keys, 4, cache + "-fill"),
-                    "cold": epoch(url, _options(endpoint), cache, args.workers),
-                    "warm": epoch(url, _options(endpoint), cache, args.workers),
-                    "local": epoch(local, None, None, args.workers),
+                    "cold": epoch(url, _options(endpoint), cache, args.workers, ref),
+                    "warm": epoch(url, _options(endpoint), cache, args.workers, ref),
+                    "local": epoch(local, None, None, args.workers, ref),
                 }
                 if slow is not None:
                     one["slow_get8"] = raw_get(slow, keys, 8)
-                    one["slow_cold"] = epoch(url, _options(slow), cache + "-slow", args.workers)
+                    one["slow_cold"] = epoch(url, _options(slow), cache + "-slow", args.workers,
+                                             ref)
                 shutil.rmtree(cache, ignore_errors=True)
                 shutil.rmtree(cache + "-slow", ignore_errors=True)
                 for name, r in one.items():
