@@ -22,6 +22,7 @@ from simstore.accounting import (
 )
 from simstore.cost import PriceTable, RunCost
 from simstore.errors import InvalidInputError
+from simstore.names import parse_ref
 
 __all__ = ["COMMANDS", "parse_size"]
 
@@ -420,10 +421,12 @@ def pull_cmd(
 
 
 def _pull_text(ref: str, r: PullReport) -> str:
+    pinned = f"{parse_ref(ref).dataset}@{r.snapshot}"
     return (
         f"pulled {ref} ({r.snapshot[:12]}) into {r.cache_dir}: {r.objects} objects, "
         f"{_bytes(r.bytes)}; fetched {r.fetched} ({_bytes(r.fetched_bytes)}), "
-        f"{r.already_cached} already cached; {r.seconds:.1f} s"
+        f"{r.already_cached} already cached; {r.seconds:.1f} s\n"
+        f"a job that reads {pinned} with this cache_dir asks nothing of the store"
     )
 
 

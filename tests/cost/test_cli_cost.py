@@ -146,6 +146,7 @@ def test_du_and_pull(store_url, tmp_path):
     assert after["tiers"][1]["bytes"] == after["bytes"]
     text = run(store_url, "pull", "ds", "--cache", str(d), "--fields", "u").output
     assert f"{before['objects']} already cached" in text
+    assert f"reads ds@{sid} with this cache_dir" in text  # the REF that needs no request
     assert (
         "no field 'zz'"
         in run(store_url, "pull", "ds", "--cache", str(d), "--fields", "zz", code=2).output
