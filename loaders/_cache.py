@@ -188,11 +188,8 @@ class ShardCache:
         Hits, misses and filled bytes are counted as ``<counted_as>_hits`` and so on
         (shards as ``cache_*``, manifest parts as ``manifest_cache_*``).
         """
-        if not is_object_id(object_id):
-            raise InvalidInputError(f"not an object id: {object_id!r}")
-        pinned = self._pin(object_id, hit=True)
+        pinned = self.peek(object_id, counted_as=counted_as)
         if pinned is not None:
-            self.counters.add(f"{counted_as}_hits")
             return pinned
         with self._lock(_stripe(object_id)):
             pinned = self._pin(object_id, hit=True)
