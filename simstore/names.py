@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from simstore.errors import InvalidInputError
 
-__all__ = ["DEFAULT_BRANCH", "MAX_NAME_LEN", "Ref", "check_name", "parse_ref"]
+__all__ = ["DEFAULT_BRANCH", "MAX_NAME_LEN", "Ref", "check_name", "check_ref_name", "parse_ref"]
 
 DEFAULT_BRANCH = "main"
 MAX_NAME_LEN = 200
@@ -40,6 +40,23 @@ def check_name(name: str, what: str = "name") -> str:
         raise InvalidInputError(
             f"invalid {what} {name!r}: use letters, digits, '.', '_' and '-' "
             "(no '/', '..', '@' or spaces; must not start with '.' or '-')"
+        )
+    return name
+
+
+_FULL_ID_RE = re.compile(r"^[0-9A-Fa-f]{32}$")
+
+
+def check_ref_name(name: str, what: str = "branch name") -> str:
+    """:func:`check_name` for a branch or tag to be written: not 32 hex characters either.
+
+    A REF whose revision is a full snapshot id names that snapshot before any branch or
+    tag, so no branch or tag may take such a name.
+    """
+    check_name(name, what)
+    if _FULL_ID_RE.match(name):
+        raise InvalidInputError(
+            f"invalid {what} {name!r}: 32 hex characters read as a snapshot id"
         )
     return name
 

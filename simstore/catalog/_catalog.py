@@ -40,7 +40,7 @@ from simstore.manifest import (
     encode_part,
     part_ref,
 )
-from simstore.names import DEFAULT_BRANCH, Ref, check_name, parse_ref
+from simstore.names import DEFAULT_BRANCH, Ref, check_name, check_ref_name, parse_ref
 from simstore.sample import FieldSpec, Schema, canonical_json, merge_schema
 from simstore.snapshot import Snapshot, SnapshotId, content_hash_of
 from simstore.stats import merge_stats
@@ -538,7 +538,7 @@ class Catalog:
         response was lost but which landed is recognised as this writer's own success.
         """
         check_name(dataset, "dataset name")
-        check_name(branch, "branch name")
+        check_ref_name(branch, "branch name")
         rng = rng or random.Random(int.from_bytes(os.urandom(8), "little"))
         author = author if author is not None else _default_author()
         all_entries = self.staged(dataset)

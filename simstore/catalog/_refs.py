@@ -5,15 +5,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-from simstore.errors import (
-    AlreadyExistsError,
-    ConflictError,
-    FormatError,
-    InvalidInputError,
-    NotFoundError,
-)
+from simstore.errors import AlreadyExistsError, ConflictError, FormatError, NotFoundError
 from simstore.hashing import is_object_id
-from simstore.names import check_name
+from simstore.names import check_name, check_ref_name
 from simstore.sample import canonical_json
 from simstore.storage import ObjectStore
 
@@ -69,11 +63,7 @@ class _Refs:
         A REF whose revision is a full snapshot id (32 hex characters) names that snapshot
         before any branch or tag (:meth:`Catalog.resolve`), so no ref may take such a name.
         """
-        if is_object_id(name.lower()):
-            what = "branch" if self.kind == "heads" else "tag"
-            raise InvalidInputError(
-                f"invalid {what} name {name!r}: 32 hex characters read as a snapshot id"
-            )
+        check_ref_name(name, "branch name" if self.kind == "heads" else "tag name")
         return self.key(name)
 
     def get(self, name: str) -> str:

@@ -11,7 +11,7 @@ from typing import Any, Literal, TypedDict
 from simstore.errors import InvalidInputError
 from simstore.ingest._arrays import MiB
 from simstore.ingest._shards import DEFAULT_COMPRESSION, ShardOptions
-from simstore.names import DEFAULT_BRANCH, check_name
+from simstore.names import DEFAULT_BRANCH, check_ref_name
 from simstore.sample import Schema
 
 KiB = 1 << 10
@@ -129,7 +129,7 @@ class IngestConfig:
         ):
             if int(getattr(self, name)) < 1:
                 raise InvalidInputError(f"invalid {name} {getattr(self, name)}: must be positive")
-        check_name(self.branch, "branch name")
+        check_ref_name(self.branch, "branch name")
         self.shard_options()
 
     def shard_options(self) -> ShardOptions:

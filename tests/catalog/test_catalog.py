@@ -69,6 +69,10 @@ def test_a_full_snapshot_id_names_that_snapshot_first(cat):
             refs.create(other.upper(), sid)
     with pytest.raises(InvalidInputError, match="read as a snapshot id"):
         cat.branches("ds").move(other, None, sid)
+    stage_samples(cat, "ds", {"c": b"3"})
+    with pytest.raises(InvalidInputError, match="read as a snapshot id"):
+        cat.commit("ds", message="m", branch=other)  # refused before anything is written
+    assert cat.staged("ds")
 
 
 def test_ambiguous_prefix(cat):
