@@ -8,6 +8,7 @@ found, named and taken out of the cache.
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +24,7 @@ from simstore.loaders._stats import Counters
 
 import simstore
 from simstore.catalog import Catalog
-from simstore.errors import IntegrityError
+from simstore.errors import FormatError, IntegrityError
 from simstore.storage import open_store
 
 
@@ -143,6 +144,49 @@ def test_a_cache_copy_damaged_after_its_fill_is_found_and_refetched(tmp_path, so
     assert got.keys() == arrays.keys()
     assert all(np.array_equal(got[k], arrays[k]) for k in arrays)
     assert os.path.exists(copy)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "zarr"])
+def test_a_damaged_cache_copy_fails_an_epoch_read_by_two_workers(tmp_path, sources, fmt):
+    """Workers share cache copies' hashes: a damaged copy still fails the epoch, named,
+    whichever worker meets it first (its hash, a page's CRC, or a sibling's copy gone
+    when this worker opens it), and the next epoch downloads it again."""
+    from simstore.loaders import SimDataLoader
+
+    store, arrays = _ingest(tmp_path, sources, fmt)
+    cache = str(tmp_path / "cache")
+    remote = RemoteLikeStore(store)
+
+    def epoch():
+        ds = SimDataset(remote, "d", cache_dir=cache, cache_limit="64MiB")
+        loader = SimDataLoader(ds, batch_size=4, num_workers=2,
+                               multiprocessing_context="fork")
+        try:
+            return {k: u.numpy().copy()
+                    for b in loader for k, u in zip(b["__key__"], b["u"], strict=True)}
+        except (IntegrityError, FormatError) as exc:
+            error = type(exc)(str(exc))
+        # raised without the failed epoch's frames, so its iterator goes and stops its
+        # workers now: a worker left running would hash the copy damaged next
+        gc.collect()
+        raise error
+
+    assert epoch().keys() == arrays.keys()  # fills
+    from simstore.loaders._fetch import VerifiedTable
+
+    owners = [VerifiedTable(np.zeros(8, dtype=np.int64), w, 2) for w in (0, 1)]
+    shards = _shard_ids(store)
+    for shard in [next(s for s in shards if o.owns(s)) for o in owners]:  # one per worker
+        copy = os.path.join(cache, "objects", shard[:2], shard)
+        os.chmod(copy, 0o644)
+        _flip_in_pages(copy)
+        with pytest.raises((IntegrityError, FormatError), match=shard):
+            epoch()
+        if os.path.exists(copy):  # a worker met a bad page before any hash: drop it
+            os.unlink(copy)
+    got = epoch()
+    assert got.keys() == arrays.keys()
+    assert all(np.array_equal(got[k], arrays[k]) for k in arrays)
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "zarr"])
