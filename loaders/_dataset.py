@@ -68,6 +68,7 @@ from simstore.loaders._world import (
 from torch.utils.data import IterableDataset
 
 from simstore.errors import IntegrityError, InvalidInputError
+from simstore.snapshot import SNAPSHOT_HEAD
 from simstore.storage import ObjectStore, open_store
 
 __all__ = ["LoaderState", "SimDataset"]
@@ -128,12 +129,11 @@ def _snapshot_from_cache(
     trip (none for a REF that names it by its full id). None (read it from the store,
     which checks it too) when the cache cannot hold it (a cache limit below an object's
     size is reported by the first shard that does not fit) or its copy there was damaged
-    (taken out of the cache by ``read_cached``); with ``fill=False`` also on a miss and
-    for a cached object that is not a snapshot (canonical JSON: it starts with its
-    ``author`` key).
+    (taken out of the cache by ``read_cached``) or is not a snapshot; with ``fill=False``
+    also on a miss.
     """
     try:
-        return access.read_cached(sid, fill=fill, starts_with=b'{"author":')
+        return access.read_cached(sid, fill=fill, starts_with=SNAPSHOT_HEAD)
     except (InvalidInputError, IntegrityError):
         return None
 

@@ -472,9 +472,9 @@ class ShardAccess:
         reads nothing from the remote tier; the bytes returned match ``object_id``. A copy
         that no longer matches is taken out of the cache and raises
         :class:`IntegrityError`; the next read downloads it again. None when this store
-        has no cache in front of it: read (and check) the object from the store; with
-        ``fill=False``, also None on a miss (nothing is asked of the store), and when the
-        copy does not begin with ``starts_with`` (not read further, nor hashed).
+        has no cache in front of it: read (and check) the object from the store; also None
+        when the cached copy does not begin with ``starts_with`` (not read further, nor
+        hashed), and with ``fill=False`` on a miss (nothing is asked of the store).
         """
         if self.mode(object_id) != "cache":
             return None
@@ -502,7 +502,7 @@ class ShardAccess:
                 return fetched[0], self.tier
             try:
                 with open(copy.path, "rb") as f:
-                    if not fill and f.read(len(starts_with)) != starts_with:
+                    if starts_with and f.read(len(starts_with)) != starts_with:
                         return None
                     f.seek(0)
                     data = f.read()

@@ -29,7 +29,7 @@ from simstore.loaders._window import Regions, parse_regions
 
 from simstore.catalog import Catalog
 from simstore.errors import FormatError, IntegrityError, InvalidInputError
-from simstore.hashing import hash_bytes, is_object_id, object_key
+from simstore.hashing import hash_bytes, object_key
 from simstore.manifest import decode_part
 from simstore.names import parse_ref
 from simstore.sample import Schema
@@ -169,8 +169,8 @@ def open_source(
 def _pinned_in_cache(ref: str, peek: PartReader) -> tuple[SnapshotId, Snapshot] | None:
     """The snapshot a REF names by its full id, if the disk cache holds it; else None."""
     r = parse_ref(ref)
-    sid = r.rev.lower()
-    if not is_object_id(sid):
+    sid = r.full_id
+    if sid is None:
         return None
     got = peek(sid)
     if got is None:

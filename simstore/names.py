@@ -68,6 +68,15 @@ class Ref:
     dataset: str
     rev: str = DEFAULT_BRANCH
 
+    @property
+    def full_id(self) -> str | None:
+        """The snapshot id the revision spells out in full (lower case), else None.
+
+        Such a revision names that snapshot before any branch or tag (none may take such
+        a name: :func:`check_ref_name`).
+        """
+        return self.rev.lower() if _FULL_ID_RE.match(self.rev) else None
+
     def __str__(self) -> str:
         return f"{self.dataset}@{self.rev}"
 

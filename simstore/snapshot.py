@@ -20,6 +20,7 @@ from simstore.sample import FieldSpec, FieldSpecJSON, Schema, canonical_json
 
 __all__ = [
     "SNAPSHOT_FORMAT_VERSION",
+    "SNAPSHOT_HEAD",
     "Snapshot",
     "SnapshotId",
     "SnapshotJSON",
@@ -27,6 +28,9 @@ __all__ = [
 ]
 
 SNAPSHOT_FORMAT_VERSION = 1
+SNAPSHOT_HEAD = b'{"author":'
+"""The first bytes of every snapshot object: canonical JSON sorts keys, ``author`` first.
+Enough to tell a snapshot from a shard or manifest part without reading it whole."""
 SnapshotId = NewType("SnapshotId", str)
 
 

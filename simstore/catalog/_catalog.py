@@ -42,7 +42,7 @@ from simstore.manifest import (
 )
 from simstore.names import DEFAULT_BRANCH, Ref, check_name, check_ref_name, parse_ref
 from simstore.sample import FieldSpec, Schema, canonical_json, merge_schema
-from simstore.snapshot import Snapshot, SnapshotId, content_hash_of
+from simstore.snapshot import SNAPSHOT_HEAD, Snapshot, SnapshotId, content_hash_of
 from simstore.stats import merge_stats
 from simstore.storage import ObjectStore, open_store
 
@@ -339,8 +339,8 @@ class Catalog:
         an object first: two small reads, with no ref lookups or listing.
         """
         r = parse_ref(ref) if isinstance(ref, str) else ref
-        full = r.rev.lower()
-        if is_object_id(full):
+        full = r.full_id
+        if full is not None:
             if self._is_snapshot_of(full, r.dataset):
                 return SnapshotId(full)
             if not self.has_dataset(r.dataset):
@@ -376,13 +376,13 @@ class Catalog:
                 yield oid
 
     def _is_snapshot_of(self, oid: str, dataset: str) -> bool:
-        # Canonical JSON sorts keys, so a snapshot starts with '{"author":'; check that
-        # with a small ranged read before parsing, so shards are never read whole.
+        # a small ranged read of the snapshot's head before parsing, so shards are never
+        # read whole
         try:
-            head = self.store.get(object_key(oid), byte_range=(0, 10))
+            head = self.store.get(object_key(oid), byte_range=(0, len(SNAPSHOT_HEAD)))
         except NotFoundError:
             return False
-        if head != b'{"author":':
+        if head != SNAPSHOT_HEAD:
             return False
         try:
             return self.snapshot(oid).dataset == dataset
