@@ -79,8 +79,7 @@ class CorruptShards:
         ranks are, so every rank still delivers its share and a training loop that masks
         padding leaves them out; their keys stay those of the skipped samples.
         """
-        skipped = set(slots)
-        good = next((j for j in range(len(values)) if j not in skipped), None)
+        good = _first_intact(values, slots)
         model = values[good] if good is not None else self.spare()
         if model is None:
             shards = sorted({r.shard_id for r in chunk.reads})
@@ -99,8 +98,7 @@ class CorruptShards:
         """Keep a copy of one intact sample of a chunk, the first time there is one."""
         if self._spare is not None:
             return
-        bad = set(skipped)
-        good = next((j for j in range(len(values)) if j not in bad), None)
+        good = _first_intact(values, skipped)
         if good is not None:
             self._spare = _copied(values[good])
 
@@ -111,6 +109,12 @@ class CorruptShards:
             if found is not None and self._spare is None:
                 self._spare = _copied(found)
         return self._spare
+
+
+def _first_intact(values: list[Decoded], skipped: list[int]) -> int | None:
+    """The first slot of a chunk's ``values`` that is not one of the ``skipped`` ones."""
+    bad = set(skipped)
+    return next((j for j in range(len(values)) if j not in bad), None)
 
 
 def _copied(value: Decoded) -> Decoded:
