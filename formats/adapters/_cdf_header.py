@@ -32,7 +32,7 @@ class _Header:
         self.f = f
         self.size = size  # of the whole file: the header's lengths must fit in it
         self.pos = 4
-        self.wide = version == 5  # CDF-5: 64-bit counts and lengths
+        self.word = 8 if version == 5 else 4  # CDF-5: 64-bit counts and lengths
         self.version = version
         self.path = path
 
@@ -63,7 +63,7 @@ class _Header:
 
     def count(self, what: str, each: int) -> int:
         """A non-negative count (32 or 64 bits) of items of at least ``each`` bytes each."""
-        raw = self.take(8 if self.wide else 4, what)
+        raw = self.take(self.word, what)
         n = int.from_bytes(raw, "big", signed=True)
         if n < 0:
             raise self.fail(f"{what} is negative ({n})")
@@ -131,7 +131,7 @@ def check_classic_header(path: str) -> None:
 
 def _walk(h: _Header) -> None:
     version = h.version
-    h.take(8 if h.wide else 4, "the record count")
+    h.take(h.word, "the record count")
     for i in range(h.list_header(_DIMENSION, "dimension", 8)):
         h.name(f"dimension {i}")
         h.count(f"dimension {i}'s length", 0)
@@ -140,9 +140,9 @@ def _walk(h: _Header) -> None:
     for i in range(h.list_header(_VARIABLE, "variable", 16)):
         label = f"variable {i}"
         h.name(label)
-        ndims = h.count(f"{label}'s number of dimensions", 8 if h.wide else 4)
-        h.take(ndims * (8 if h.wide else 4), f"{label}'s dimension ids")
+        ndims = h.count(f"{label}'s number of dimensions", h.word)
+        h.take(ndims * h.word, f"{label}'s dimension ids")
         h.attributes(label)
         h.int32(f"{label}'s type")
-        h.take(8 if h.wide else 4, f"{label}'s size")
+        h.take(h.word, f"{label}'s size")
         h.take(offset, f"{label}'s data offset")
