@@ -64,66 +64,96 @@ def run_local(
     pool = cf.ProcessPoolExecutor(
         max_workers=workers - 1, mp_context=multiprocessing.get_context(method)
     )
+    # Tasks are handed out one at a time from one queue. A pool process gets its next task
+    # from a callback on the pool's result thread the moment its last one is done (a
+    # round trip of a millisecond or two), not when this process next looks up from a
+    # task of its own; so no process holds a second task queued behind its current one,
+    # and at the end no process waits with nothing to do while another still has two
+    # tasks to run (with two workers that tail was up to two tasks, a quarter of an
+    # ingest of 24 files when one process ran slow).
+    lock = threading.Condition()
+    queue = iter(enumerate(tasks))
+    pending: dict[cf.Future[TaskResult], int] = {}
+    probes: list[cf.Future[Any]] = []
+    finished = 0
+    stop = False
+
+    def take() -> tuple[int, Sequence[SourceFile]] | None:
+        with lock:
+            return None if stop else next(queue, None)
+
+    def feed(last: cf.Future[Any] | None = None) -> None:
+        # on the pool's result thread (or here): the process that finished ``last`` takes
+        # the next task; none after a failure, which this process raises when it collects
+        if last is None or (not last.cancelled() and last.exception() is None):
+            nxt = take()
+            if nxt is not None:
+                try:
+                    fut = pool.submit(run_task, ctx, list(nxt[1]), plugins)
+                except RuntimeError:  # shut down after a failure: nothing more runs
+                    return
+                with lock:
+                    pending[fut] = nxt[0]
+                fut.add_done_callback(feed)
+        with lock:
+            lock.notify_all()
+
+    def collect() -> None:
+        # the pool's finished tasks, in this process; a failure is raised here
+        nonlocal finished
+        for probe in [p for p in probes if p.done()]:
+            probes.remove(probe)
+            probe.result()
+        with lock:
+            done = [f for f in pending if f.done()]
+        for fut in done:
+            try:
+                res = fut.result()
+            except cf.process.BrokenProcessPool as exc:
+                raise SimstoreError(
+                    f"an ingest worker process died ({exc}); out of memory? Lower "
+                    "--workers or --shard-size; a re-run resumes where this one stopped"
+                ) from exc
+            with lock:
+                i = pending.pop(fut)
+            results[i] = res
+            finished += 1
+            report(
+                sum(f.completes_file for f in tasks[i]),
+                sum(f.size for f in tasks[i]),
+                sum(len(f.rows) for f in res.files),
+            )
+
     try:
-        queue = iter(enumerate(tasks))
-        pending: dict[cf.Future[TaskResult], int] = {}
         if method == "fork":
             # a forked process starts in a few milliseconds with this one's imports: it
-            # gets its tasks at once (waiting for a probe left it idle through this
+            # gets its first task at once (waiting for a probe left it idle through this
             # process's whole first task: two workers 1.04-1.30x faster without)
-            probes: set[cf.Future[Any]] = set()
-            ready = workers - 1
+            for _ in range(workers - 1):
+                feed()
         else:
-            # one probe per process: it returns once the process has imported what a
-            # task needs; only started processes get tasks, so none waits queued behind
-            # a start of about a second
-            probes = {pool.submit(warm_up, plugins) for _ in range(workers - 1)}
-            ready = 0
-
-        def submit(depth: int = 2) -> None:
-            # each started process has a next task queued behind its current one
-            while len(pending) < depth * ready:
-                nxt = next(queue, None)
-                if nxt is None:
-                    return
-                pending[pool.submit(run_task, ctx, list(nxt[1]), plugins)] = nxt[0]
-
-        def collect(timeout: float | None) -> None:
-            nonlocal ready
-            waiting: list[cf.Future[Any]] = [*pending, *probes]
-            done, _ = cf.wait(waiting, timeout=timeout, return_when=cf.FIRST_COMPLETED)
-            for fut in done:
-                try:
-                    res = fut.result()
-                except cf.process.BrokenProcessPool as exc:
-                    raise SimstoreError(
-                        f"an ingest worker process died ({exc}); out of memory? Lower "
-                        "--workers or --shard-size; a re-run resumes where this one stopped"
-                    ) from exc
-                if fut in probes:
-                    probes.discard(fut)
-                    ready += 1
-                    continue
-                i = pending.pop(fut)
-                results[i] = res
-                report(
-                    sum(f.completes_file for f in tasks[i]),
-                    sum(f.size for f in tasks[i]),
-                    sum(len(f.rows) for f in res.files),
-                )
-
-        first = True
+            # a spawned one gets its first task once its probe says it has imported what
+            # a task needs, so no task waits queued behind a start of about a second
+            probes.extend(pool.submit(warm_up, plugins) for _ in range(workers - 1))
+            for probe in probes:
+                probe.add_done_callback(feed)
         while True:
-            collect(0)
-            submit(1 if first else 2)  # at first one each: this process takes the next
-            first = False
-            mine = next(queue, None)
+            collect()
+            mine = take()
             if mine is None:
                 break
             results[mine[0]] = _run_here(ctx, mine[1], plugins, report)
-        while pending:
-            collect(None)
+            finished += 1
+        while True:
+            collect()
+            if finished == len(tasks):
+                break
+            with lock:
+                if not any(f.done() for f in pending):
+                    lock.wait(timeout=1.0)
     except BaseException:
+        with lock:
+            stop = True
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     pool.shutdown(wait=True)

@@ -346,3 +346,78 @@ def test_a_journal_record_cut_short_by_a_crash_is_ignored_and_its_file_redone(tm
     assert again.files_ingested == 2 and again.files_reused == 4
     assert again.snapshot_id == first.snapshot_id  # same samples, nothing new to commit
     assert again.files_unchanged == 6
+
+
+def _gated_run_task(ctx, task, plugins):
+    """A pool process's task that starts only once the gate file exists (or 20 s pass)."""
+    import os
+    import time
+
+    import simstore.ingest._worker as worker
+
+    gate = os.environ["SIMSTORE_TEST_GATE"]
+    deadline = time.monotonic() + 20
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return worker.run_task(ctx, task, plugins)
+
+
+@pytest.mark.multiprocess
+def test_a_busy_pool_process_holds_no_task_this_process_could_run(tmp_path, monkeypatch):
+    """Six tasks, two workers, the pool's process stuck in its first task until this
+    process has run five: it ran the other five, as none was queued behind the stuck one
+    (the pool used to keep a second task queued per process, which this process could not
+    take: the stuck process then ran two and this one four)."""
+    import simstore.ingest._engine as engine
+
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("SIMSTORE_TEST_GATE", str(gate))
+    monkeypatch.setattr(engine, "run_task", _gated_run_task)
+    here = engine._run_here
+    ran_here = []
+
+    def run_here(*args):
+        out = here(*args)
+        ran_here.append(out)
+        if len(ran_here) == 5:
+            gate.touch()
+        return out
+
+    monkeypatch.setattr(engine, "_run_here", run_here)
+    (tmp_path / "src").mkdir()
+    for i in range(6):
+        sf.write_npz(tmp_path / "src" / f"run{i}.npz", seed=i)
+    cat = Catalog.init(str(tmp_path / "store"))
+    r = ingest([tmp_path / "src"], dataset="d", store=cat, workers=2, shard_size=1,
+               start_method="fork", snapshot=True)
+    workers = [t.worker for t in r.tasks]
+    assert len(workers) == 6 and workers.count("local") == 5
+    assert r.samples == 6 and r.snapshot_id is not None
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_bad_file_in_either_process_fails_a_pooled_ingest_and_stages_nothing(
+    tmp_path, method
+):
+    from simstore.errors import SourceError
+
+    root = tmp_path / "src"
+    root.mkdir()
+    for i in range(8):
+        sf.write_npz(root / f"run{i}.npz", seed=i)
+    # every other file is bad: whichever process takes one fails the run
+    for i in (1, 3, 5, 7):
+        (root / f"run{i}.npz").write_bytes(b"PK\x03\x04 not a zip")
+    cat = Catalog.init(str(tmp_path / "store"))
+    with pytest.raises(SourceError, match=r"run\d\.npz"):
+        ingest([root], dataset="d", store=cat, workers=2, shard_size=1, snapshot=True,
+               start_method=method)
+    assert cat.staged("d") == []
+    assert cat.branches("d").get_versioned("main")[0] is None
+    r = ingest([root], dataset="d", store=cat, workers=2, shard_size=1, snapshot=True,
+               start_method=method, on_error="skip")
+    assert sorted(s.path.rsplit("/", 1)[1] for s in r.files_skipped) == [
+        f"run{i}.npz" for i in (1, 3, 5, 7)
+    ]
+    assert r.samples == 4
