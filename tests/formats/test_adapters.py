@@ -449,13 +449,24 @@ def test_an_in_memory_npy_array_is_a_view_of_the_file_pages(tmp_path, order):
             got[0, 0, 0] = 1.0
 
 
-def test_misaligned_npz_members_are_read_into_aligned_memory(tmp_path):
-    """``np.savez`` puts members at odd offsets: those are read (a mapped view of them
-    would be misaligned, and NumPy's unaligned loops are slow), and still equal."""
-    from simstore.formats.adapters._numpy import FileArray, _file_array, _local_data_offset
+def test_misaligned_npz_members_are_read_when_small_and_mapped_when_big(tmp_path):
+    """``np.savez`` puts members at odd offsets: small ones are read into aligned memory
+    (cheaper than a mapping), ones of 1 MiB and more become a read-only view of the
+    file's pages however they sit (ingest's work on them costs the same misaligned, and
+    the read is saved); all equal their source."""
+    from simstore.formats.adapters._numpy import (
+        MAP_MISALIGNED_BYTES,
+        FileArray,
+        _file_array,
+        _local_data_offset,
+    )
 
     path = tmp_path / "a.npz"
-    arrays = {"x": np.arange(1000, dtype=np.float64), "yy": np.ones((4, 5), np.float32)}
+    arrays = {
+        "x": np.arange(1000, dtype=np.float64),
+        "yy": np.ones((4, 5), np.float32),
+        "large": np.random.default_rng(2).standard_normal((3, 300, 301)).astype(np.float32),
+    }
     np.savez(path, **arrays)
     with zipfile.ZipFile(path) as zf, open(path, "rb") as raw:
         offsets = {
@@ -465,25 +476,33 @@ def test_misaligned_npz_members_are_read_into_aligned_memory(tmp_path):
     assert all(isinstance(a, FileArray) for a in offsets.values())
     assert not all(a.aligned for a in offsets.values())
     sample = next(NpzAdapter().iter_samples(str(path), "a.npz", {}))
+    assert not offsets["large"].aligned and arrays["large"].nbytes >= MAP_MISALIGNED_BYTES
     for name, want in arrays.items():
         got = sample.fields[name]
         np.testing.assert_array_equal(got, want)
-        assert got.flags.aligned
-        if not offsets[name].aligned:
-            assert got.flags.owndata
+        if name == "large":
+            assert not got.flags.aligned and not got.flags.owndata
+            assert not got.flags.writeable
+        else:
+            assert got.flags.aligned
+            if not offsets[name].aligned:
+                assert got.flags.owndata
 
 
 def test_big_source_reads_land_in_pooled_memory_and_kept_arrays_stay_intact(tmp_path, monkeypatch):
-    """Misaligned .npz members and HDF5 windows of 1 MiB and more are read into the
+    """Misaligned .npz members read rather than mapped (all of them here, with the mapping
+    threshold out of reach) and HDF5 windows of 1 MiB and more are read into the
     process's pool: memory comes back only once every view of an array is gone, so an
     array a caller keeps is never overwritten by a later read, and a released one is
     reused. Big-endian HDF5 data arrives in native byte order."""
     import h5py
+    from simstore.formats.adapters import _numpy
 
     from simstore import _buffers
 
     pool = _buffers.BufferPool()
     monkeypatch.setattr(_buffers, "POOL", pool)
+    monkeypatch.setattr(_numpy, "MAP_MISALIGNED_BYTES", 1 << 62)
     rng = np.random.default_rng(11)
     runs = [rng.standard_normal((4, 256, 256)).astype(np.float32) for _ in range(3)]
     for i, run in enumerate(runs):
