@@ -329,24 +329,28 @@ def throughput(
 ) -> list[dict]:
     """Each ingest case against copying the same files, round by round.
 
-    A round times, back to back: the copy, the copy with fsync, then every case (and, with
-    ``baseline``, the same case with the baseline tree right after it). Medians over the
-    rounds; each ratio divides the copy's median seconds by the case's.
+    A round times, back to back: the copy, the copy with fsync, then (after one untimed
+    ingest) every case (and, with ``baseline``, the same case with the baseline tree right
+    after it, or right before it in every other round). Medians over the rounds; each
+    ratio divides the copy's median seconds by the case's.
     """
     rows = []
     for name, (src, size, opts) in _sources(work, quick, sources).items():
         runs: dict[tuple[str, int, str], list[dict]] = {}
         copies: dict[str, list[float]] = {"copy": [], "copy+fsync": []}
         trees = [("after", _TREE)] + ([("before", baseline)] if baseline else [])
-        for _ in range(reps):
+        for rnd in range(reps):
             copies["copy"].append(copy_tree(src, work / "copy", False))
             copies["copy+fsync"].append(copy_tree(src, work / "copy", True))
-            shutil.rmtree(work / "copy", ignore_errors=True)
+            # untimed: the first ingest after the copies ran up to 1.6x slower than the
+            # same one later in the round on the build VM, whichever tree it imported
+            run_ingest(src, work / "store", workers=1, shard_size=32 * MiB, **opts)
             for label, options, workers_list in _cases(name, quick):
                 if only and label not in only:
                     continue
                 for workers in workers_list:
-                    for which, tree in trees:
+                    # the trees take turns going first, so neither always follows the other
+                    for which, tree in trees if rnd % 2 == 0 else trees[::-1]:
                         runs.setdefault((label, workers, which), []).append(
                             run_ingest(
                                 src,
@@ -357,17 +361,23 @@ def throughput(
                                 **{**opts, **options},
                             )
                         )
-            fsync_run = run_ingest(
-                src,
-                work / "store",
-                fsync=True,
-                format="parquet",
-                compression="none",
-                shard_size=32 * MiB,
-                **opts,
-            )
-            runs.setdefault(("parquet none, store fsync on", 1, "after"), []).append(fsync_run)
-        shutil.rmtree(work / "store", ignore_errors=True)  # each run left its store for the next
+            # the default store (fsync on) against the copy that fsyncs too
+            for workers in (1, 2):
+                fsync_run = run_ingest(
+                    src,
+                    work / "store",
+                    fsync=True,
+                    workers=workers,
+                    format="parquet",
+                    compression="none",
+                    shard_size=32 * MiB,
+                    **opts,
+                )
+                key = ("parquet none, store fsync on", workers, "after")
+                runs.setdefault(key, []).append(fsync_run)
+        # each run left its output for the next of its kind to remove (see copy_tree)
+        shutil.rmtree(work / "store", ignore_errors=True)
+        shutil.rmtree(work / "copy", ignore_errors=True)
         copy_s = statistics.median(copies["copy"])
         fsync_s = statistics.median(copies["copy+fsync"])
         rows.append(_row(name, "copy", 1, size, copy_s, copy_s))
