@@ -271,6 +271,16 @@ def test_two_workers_give_the_same_snapshot_content_and_shards(tmp_path, npz_dir
     assert len(out[0][2]) > 1
 
 
+def _forked_pool_ingest(tmp_path, files, **options):
+    """``files`` .npz runs, one task each, ingested by two workers (a forked pool)."""
+    (tmp_path / "src").mkdir()
+    for i in range(files):
+        sf.write_npz(tmp_path / "src" / f"run{i}.npz", seed=i)
+    cat = Catalog.init(str(tmp_path / "store"))
+    return ingest([tmp_path / "src"], dataset="d", store=cat, workers=2, shard_size=1,
+                  start_method="fork", **options)
+
+
 @pytest.mark.multiprocess
 def test_a_forked_pool_gets_work_before_this_process_finishes_its_first_task(
     tmp_path, monkeypatch
@@ -288,13 +298,7 @@ def test_a_forked_pool_gets_work_before_this_process_finishes_its_first_task(
         return os.getpid()
 
     monkeypatch.setattr(engine, "warm_up", slow_probe)
-
-    (tmp_path / "src").mkdir()
-    for i in range(2):
-        sf.write_npz(tmp_path / "src" / f"run{i}.npz", seed=i)
-    cat = Catalog.init(str(tmp_path / "store"))
-    r = ingest([tmp_path / "src"], dataset="d", store=cat, workers=2, shard_size=1,
-               start_method="fork")
+    r = _forked_pool_ingest(tmp_path, files=2)
     assert len(r.tasks) == 2 and r.engine == "process-pool"
     ran = sorted(t.worker for t in r.tasks)
     assert ran[0] == "local" and ran[1].startswith("pid ") and ran[1] != f"pid {os.getpid()}"
@@ -384,12 +388,7 @@ def test_a_busy_pool_process_holds_no_task_this_process_could_run(tmp_path, monk
         return out
 
     monkeypatch.setattr(engine, "_run_here", run_here)
-    (tmp_path / "src").mkdir()
-    for i in range(6):
-        sf.write_npz(tmp_path / "src" / f"run{i}.npz", seed=i)
-    cat = Catalog.init(str(tmp_path / "store"))
-    r = ingest([tmp_path / "src"], dataset="d", store=cat, workers=2, shard_size=1,
-               start_method="fork", snapshot=True)
+    r = _forked_pool_ingest(tmp_path, files=6, snapshot=True)
     workers = [t.worker for t in r.tasks]
     assert len(workers) == 6 and workers.count("local") == 5
     assert r.samples == 6 and r.snapshot_id is not None
