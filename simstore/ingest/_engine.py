@@ -75,6 +75,7 @@ def run_local(
     queue = iter(enumerate(tasks))
     pending: dict[cf.Future[TaskResult], int] = {}
     probes: list[cf.Future[Any]] = []
+    refused: list[RuntimeError] = []
     finished = 0
     stop = False
 
@@ -90,7 +91,10 @@ def run_local(
             if nxt is not None:
                 try:
                     fut = pool.submit(run_task, ctx, list(nxt[1]), plugins)
-                except RuntimeError:  # shut down after a failure: nothing more runs
+                except RuntimeError as exc:  # a broken pool, or one shut down after a failure
+                    with lock:
+                        refused.append(exc)  # the task is not lost: collect raises this
+                        lock.notify_all()
                     return
                 with lock:
                     pending[fut] = nxt[0]
@@ -106,14 +110,12 @@ def run_local(
             probe.result()
         with lock:
             done = [f for f in pending if f.done()]
+            lost = refused[:1]
         for fut in done:
             try:
                 res = fut.result()
             except cf.process.BrokenProcessPool as exc:
-                raise SimstoreError(
-                    f"an ingest worker process died ({exc}); out of memory? Lower "
-                    "--workers or --shard-size; a re-run resumes where this one stopped"
-                ) from exc
+                raise _died(exc) from exc
             with lock:
                 i = pending.pop(fut)
             results[i] = res
@@ -123,6 +125,8 @@ def run_local(
                 sum(f.size for f in tasks[i]),
                 sum(len(f.rows) for f in res.files),
             )
+        if lost:  # a task the pool would not take: the run cannot finish
+            raise _died(lost[0]) from lost[0]
 
     try:
         if method == "fork":
@@ -158,6 +162,13 @@ def run_local(
         raise
     pool.shutdown(wait=True)
     return EngineRun([r for r in results if r is not None], "process-pool", ctx.config.workers)
+
+
+def _died(exc: BaseException) -> SimstoreError:
+    return SimstoreError(
+        f"an ingest worker process died ({exc}); out of memory? Lower "
+        "--workers or --shard-size; a re-run resumes where this one stopped"
+    )
 
 
 def start_method(chosen: str | None = None) -> str:

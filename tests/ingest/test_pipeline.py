@@ -420,3 +420,49 @@ def test_a_bad_file_in_either_process_fails_a_pooled_ingest_and_stages_nothing(
         f"run{i}.npz" for i in (1, 3, 5, 7)
     ]
     assert r.samples == 4
+
+
+def _dying_run_task(ctx, task, plugins):
+    """A pool process's task that ends its process, as a native crash or the OOM killer."""
+    import os
+
+    os._exit(3)
+
+
+@pytest.mark.multiprocess
+def test_a_pool_process_that_dies_fails_the_ingest_clearly(tmp_path, monkeypatch):
+    import simstore.ingest._engine as engine
+    from simstore.errors import SimstoreError
+
+    monkeypatch.setattr(engine, "run_task", _dying_run_task)
+    with pytest.raises(SimstoreError, match="ingest worker process died"):
+        _forked_pool_ingest(tmp_path, files=4, snapshot=True)
+    cat = Catalog.init(str(tmp_path / "store"))  # idempotent: opens the store
+    assert cat.staged("d") == []
+
+
+@pytest.mark.multiprocess
+def test_a_task_the_pool_refuses_fails_the_ingest_instead_of_waiting_for_it(
+    tmp_path, monkeypatch
+):
+    """The pool breaks between one task's result and the next task's submission (its
+    process died in between): the task it refuses is not silently dropped, which would
+    leave the ingest waiting for it forever."""
+    import concurrent.futures as cf
+
+    import simstore.ingest._engine as engine
+    from simstore.errors import SimstoreError
+
+    class BreaksAfterOne(cf.ProcessPoolExecutor):
+        submitted = 0
+
+        def submit(self, *args, **kwargs):
+            BreaksAfterOne.submitted += 1
+            if BreaksAfterOne.submitted > 1:
+                raise cf.process.BrokenProcessPool("a child process terminated abruptly")
+            return super().submit(*args, **kwargs)
+
+    monkeypatch.setattr(engine.cf, "ProcessPoolExecutor", BreaksAfterOne)
+    with pytest.raises(SimstoreError, match="ingest worker process died"):
+        _forked_pool_ingest(tmp_path, files=6, snapshot=True)
+    assert BreaksAfterOne.submitted == 2
