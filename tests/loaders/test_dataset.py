@@ -179,3 +179,47 @@ def test_set_epoch_keeps_a_resume_for_the_same_epoch(small):
     assert len(list(ds2)) == 59
     ds2.set_epoch(3)
     assert len(list(ds2)) == 60
+
+
+def _parts_side_by_side(monkeypatch: pytest.MonkeyPatch, on: bool) -> None:
+    import simstore.loaders._source as source_mod
+
+    monkeypatch.setattr(source_mod, "_PARALLEL_PART_ROWS", 1 if on else 1 << 62)
+
+
+def test_parts_read_side_by_side_give_the_same_stream(tmp_path, monkeypatch):
+    store = str(tmp_path / "s")
+    samples = make_samples(300, runs=6)
+    commit_samples(store, "ds", samples, per_shard=25, target_rows=16)
+    epochs = []
+    for on in (False, True):
+        _parts_side_by_side(monkeypatch, on)
+        ds = SimDataset(store, "ds@main", shuffle=True, seed=4, shard_opener=open_test_shard)
+        assert len(ds._sources[0].part_ids) >= 8  # groups of several parts
+        ds.set_epoch(1)
+        epochs.append(keys_of(ds))
+    assert epochs[0] == epochs[1]
+    assert sorted(epochs[1]) == sorted(s.key for s in samples)
+
+
+def test_parts_read_side_by_side_name_the_first_damaged_part(tmp_path, monkeypatch):
+    import os
+
+    from simstore.errors import SimstoreError
+    from simstore.hashing import object_key
+
+    store = str(tmp_path / "s")
+    commit_samples(store, "ds", make_samples(300, runs=6), per_shard=25, target_rows=16)
+    _parts_side_by_side(monkeypatch, True)
+    ds = SimDataset(store, "ds@main", shuffle=True, seed=4, shard_opener=open_test_shard)
+    src = ds._sources[0]
+    group = [src.part_ids[p].decode() for p in src.layout(0).parts_of(0)]
+    assert len(group) > 2
+    for part in group[1:]:  # every part but the first of the first group
+        path = os.path.join(store, object_key(part))
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) // 2)
+    with pytest.raises(SimstoreError) as info:
+        next(iter(ds))
+    assert group[1] in str(info.value)
+    assert not any(p in str(info.value) for p in group[2:])

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from simstore.loaders._order import Mixture, group_order, permutation, source_layout
+from simstore.loaders._order import Mixture, _sort_by, group_order, permutation, source_layout
 from simstore.loaders._plan import (
     advance,
     intervals_total,
@@ -17,6 +17,7 @@ from simstore.loaders._plan import (
     subtract_intervals,
     take_intervals,
 )
+from simstore.loaders._source import GroupKeys
 from simstore.loaders._world import World
 
 from simstore.errors import InvalidInputError
@@ -259,6 +260,46 @@ def test_block_order_bounds_row_group_decodes_of_a_large_window():
     assert same_shard < 0.3
 
 
+@settings(deadline=None)
+@given(
+    keys=st.lists(st.integers(0, 2**20), max_size=300),
+    spread=st.sampled_from([1, 3, 2**64 - 1]),
+    key_range=st.sampled_from([1, 5, 2**16, 2**20]),
+    seed=st.integers(0, 2**32),
+)
+def test_sort_by_is_lexsort(keys, spread, key_range, seed):
+    # a narrow spread of words forces equal words (the lexsort fallback); keys of 16 bits
+    # and more take both stable sorts
+    key = np.asarray(keys, dtype=np.int64) % key_range
+    words = np.random.default_rng(seed).integers(0, spread, len(key), dtype=np.uint64,
+                                                 endpoint=True)
+    got = _sort_by(key, words)
+    assert got.dtype == np.int64
+    assert np.array_equal(got, np.lexsort((words, key)))
+
+
+def test_group_order_is_the_same_as_in_earlier_versions():
+    # a checkpoint taken with one version resumes with another: the order of a (snapshot,
+    # seed, epoch) must not change. Digests of orders made by the version that wrote them.
+    import hashlib
+
+    rng = np.random.default_rng(5)
+
+    def digest(n: int, shards: int, rows_per_block: int) -> str:
+        codes = rng.integers(0, shards, n).astype(np.int64)
+        positions = np.zeros(n, np.int64)
+        for c in range(shards):
+            sel = codes == c
+            positions[sel] = np.arange(sel.sum())
+        order = group_order(codes, window_shards=8, seed=3, epoch=2, snapshot_id="ab" * 16,
+                            group=1, positions=positions, sizes=np.full(n, 1000),
+                            block_bytes=1000 * rows_per_block, buffer_blocks=16)
+        return hashlib.sha256(order.astype("<i8").tobytes()).hexdigest()[:16]
+
+    assert [digest(5000, 20, 50), digest(3000, 40, 1), digest(70000, 3, 2)] == [
+        "38c1db6f4be3d002", "3ea7cc614bb89b33", "085e80b73f747b6b"]
+
+
 def test_different_epochs_give_different_orders():
     assert not np.array_equal(permutation(100, 0, 1, "ab" * 16), permutation(100, 0, 2, "ab" * 16))
 
@@ -289,3 +330,16 @@ def test_mixture_slots_are_exact_and_contiguous_per_source(weights, start, lengt
 def test_mixture_rejects_bad_weights():
     with pytest.raises(InvalidInputError):
         Mixture.of([1.0, 0.0], seed=0, shuffle=True)
+
+
+def test_group_keys_give_the_keys_of_stream_rows_before_and_after_converting_all():
+    import pyarrow as pa
+
+    keys = [f"run{i:03d}/t{i % 7}" for i in range(500)]
+    order = np.random.default_rng(1).permutation(500).astype(np.int64)
+    expected = np.asarray(keys, dtype=object)[order]
+    group = GroupKeys(pa.array(keys), order)
+    assert len(group) == 500
+    for idx in (np.arange(3, 40), np.arange(0, 500, 7), np.asarray([499, 0, 250]),
+                np.arange(500)):
+        assert group.take(idx) == expected[idx].tolist()
