@@ -24,7 +24,14 @@ import numpy as np
 import torch
 from simstore.loaders._collate import Collate
 from simstore.loaders._corrupt import CorruptShards
-from simstore.loaders._fetch import RateLimiter, ShardAccess, VerifiedTable, tier_of
+from simstore.loaders._fetch import (
+    TRUSTED_SLOTS,
+    RateLimiter,
+    ShardAccess,
+    TrustTable,
+    VerifiedTable,
+    tier_of,
+)
 from simstore.loaders._metrics import Metrics, timed
 from simstore.loaders._opener import FormatOpener
 from simstore.loaders._options import LoaderOptions, cache_config, parse_bytes
@@ -274,6 +281,8 @@ class SimDataset(IterableDataset[Sample]):
         self._resume: tuple[Interval, ...] | None = None
         self._phase: _Phase | None = None
         self._metrics = Metrics()
+        self._trusted = np.zeros(TRUSTED_SLOTS, dtype=np.int64)
+        """Shards hashed by this process's reads, for its later epochs (``TrustTable``)."""
 
     # -- construction of mixtures ----------------------------------------------------
     @classmethod
@@ -514,6 +523,7 @@ class SimDataset(IterableDataset[Sample]):
         drop_last: bool = False,
         shared_pool: SharedPool | None = None,
         siblings: VerifiedTable | None = None,
+        trusted: TrustTable | None = None,
     ) -> Iterator[tuple[Any, int, dict[str, float], tuple[tuple[int, int], ...]]]:
         """One reader's batches, collated, each with its running count, counters and marks.
 
@@ -524,12 +534,15 @@ class SimDataset(IterableDataset[Sample]):
         values outside the buffers) go through ``collate`` as samples. In a DataLoader
         worker with ``shared_pool``, chunk buffers come from that pool and each batch's
         marks say which of them it may hold (see :class:`SharedPool`); else no marks.
-        ``siblings``: the table in which the workers share local shards' hashes.
+        ``siblings``: the table in which the workers share local shards' hashes;
+        ``trusted``: the loader's table of files hashed in earlier epochs (else the
+        dataset's own).
         """
         opts = self._options
         per_sample = any(s.transform is not None for s in self._sources)
         count = 0
-        with self._decoded(world, epoch, remaining, batch_size, shared_pool, siblings) as (
+        with self._decoded(world, epoch, remaining, batch_size, shared_pool, siblings,
+                           trusted) as (
             chunks, counters
         ):
             for chunk, (values, buffers) in chunks:
@@ -582,6 +595,7 @@ class SimDataset(IterableDataset[Sample]):
         self, world: World, epoch: int, remaining: Sequence[Interval], batch_size: int,
         shared_pool: SharedPool | None = None,
         siblings: VerifiedTable | None = None,
+        trusted: TrustTable | None = None,
     ) -> Iterator[tuple[Iterator[tuple[Any, tuple[list[dict[str, Any]], ChunkBuffers]]],
                         Counters]]:
         """The decoded chunks of one reader's share of the epoch, and its counters."""
@@ -597,12 +611,14 @@ class SimDataset(IterableDataset[Sample]):
         for tier in tiers:  # each store's tier is in the report, even if the cache served all
             counters.add_read(tier, 0, requests=0)
         opener = opts.shard_opener or FormatOpener()
+        trust = trusted if trusted is not None else TrustTable(self._trusted)
         with contextlib.ExitStack() as stack:
             access = [
                 ShardAccess(s.store, counters=counters, limiter=limiter, cache=opts.cache,
                             verify=opts.verify, referenced_by=s.snapshot_id,
                             block_bytes=opts.prefetch.range_block_bytes,
-                            siblings=siblings.scoped(i) if siblings is not None else None)
+                            siblings=siblings.scoped(i) if siblings is not None else None,
+                            trusted=trust.scoped(i))
                 for i, s in enumerate(sources)
             ]
             pool = ReaderPool(access, opener, opts.prefetch.max_open_shards,

@@ -21,7 +21,7 @@ import torch
 from simstore.loaders import _tensors
 from simstore.loaders._collate import Collate, MeshMode
 from simstore.loaders._dataset import LoaderState, Sample, SimDataset
-from simstore.loaders._fetch import VERIFIED_SLOTS, VerifiedTable
+from simstore.loaders._fetch import TRUSTED_SLOTS, VERIFIED_SLOTS, TrustTable, VerifiedTable
 from simstore.loaders._metrics import timed
 from simstore.loaders._plan import Interval
 from simstore.loaders._stats import LoaderStats, RunReport
@@ -179,6 +179,9 @@ class _BatchStream(_Stream):
         self.verified: torch.Tensor | None = None
         """The workers' table of local shards hashed (see ``VerifiedTable``), made with
         ``released``; None with no workers."""
+        self.trusted: torch.Tensor | None = None
+        """The workers' table of files hashed in earlier epochs (see ``TrustTable``), made
+        once per loader in shared memory; None with no workers."""
         self.arenas: Sequence[SharedArena | None] = ()
         """Each fork worker's arena (see ``SharedArena``), mapped before the workers
         start; empty with no workers or another start method (None once pickled)."""
@@ -193,6 +196,8 @@ class _BatchStream(_Stream):
             pool = SharedPool(self.released[world.worker].numpy(), arena=arena)
         if self.verified is not None and in_worker() and world.num_workers > 1:
             siblings = VerifiedTable(self.verified.numpy(), world.worker, world.num_workers)
+        trusted = (TrustTable(self.trusted.numpy())
+                   if self.trusted is not None and in_worker() else None)
         # The first batch goes out before the worker reads on. Torch's queue pickles and
         # sends it from a thread of this process; with the next chunk's decode and the
         # shards' hashes already running here, that thread waited 1-30 ms for the
@@ -203,7 +208,7 @@ class _BatchStream(_Stream):
         _FIRST_SENT[0] = sent
         for batch, count, counters, marks in self.dataset.read_batches(
             world, self.epoch, self.remaining, self.batch_size, self.collate,
-            drop_last=self.drop_last, shared_pool=pool, siblings=siblings,
+            drop_last=self.drop_last, shared_pool=pool, siblings=siblings, trusted=trusted,
         ):
             yield _Tagged(batch, _Tag(world.worker, count, counters, marks))
             if sent is not None:
@@ -401,6 +406,10 @@ class SimDataLoader(DataLoader[Any]):
                 tracker = ReleaseTracker(released)
                 verified = torch.zeros(VERIFIED_SLOTS, dtype=torch.int64)
                 verified.share_memory_()  # type: ignore[no-untyped-call]
+                if self._stream.trusted is None:  # kept for the later epochs' workers
+                    trusted = torch.zeros(TRUSTED_SLOTS, dtype=torch.int64)
+                    trusted.share_memory_()  # type: ignore[no-untyped-call]
+                    self._stream.trusted = trusted
             self._stream.released = released
             self._stream.verified = verified
             arenas = self._fork_arenas()

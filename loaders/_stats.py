@@ -45,6 +45,7 @@ _FIELDS = (
     "shards_opened",
     "shards_verified",
     "shards_verified_by_sibling",
+    "shards_trusted",
     "throttle_s",
 )
 
@@ -116,6 +117,7 @@ class LoaderStats(TypedDict):
     manifest_cache_hits: int
     shards_hashed: int
     shards_verified_by_sibling: int
+    shards_trusted: int
     wait_s: float
     data_stall: float | None
     throttle_s: float
@@ -189,6 +191,7 @@ def summarise(
         "manifest_cache_hits": int(counters.get("manifest_cache_hits", 0)),
         "shards_hashed": int(counters.get("shards_verified", 0)),
         "shards_verified_by_sibling": int(counters.get("shards_verified_by_sibling", 0)),
+        "shards_trusted": int(counters.get("shards_trusted", 0)),
         "wait_s": wait_s,
         "data_stall": wait_s / looped if looped > 0 else None,
         "throttle_s": float(counters.get("throttle_s", 0)),
