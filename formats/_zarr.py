@@ -174,7 +174,7 @@ class ZarrShardReader:
                     i.filename: ZipEntry(i.header_offset, i.compress_size, i.compress_type, i.CRC)
                     for i in self._zip.infolist()
                 }
-            self._infos: dict[str, ZipEntry] = index
+            self._infos: Mapping[str, ZipEntry] = index
             text = self._root_text()
             if text.startswith(_ROOT_HEAD):  # the writer's layout: parse the attributes only
                 root, _ = json.JSONDecoder().raw_decode(text, len(_ROOT_HEAD))

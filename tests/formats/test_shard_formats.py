@@ -455,3 +455,41 @@ def test_zarr_gathers_boxes_of_every_size_and_dtype_into_right_chunks(tmp_path, 
         samples[1].fields["p"][30:40, 250:300],
     )
     reader.close()
+
+
+def test_zip_index_fast_path_agrees_with_the_loop_and_declines_what_it_cannot_read(
+    tmp_path,
+):
+    import struct
+
+    from simstore.formats import _zip
+
+    def listing(path):
+        with zipfile.ZipFile(path) as zf:
+            return {i.filename: (i.header_offset, i.compress_size, i.compress_type, i.CRC)
+                    for i in zf.infolist()}
+
+    def directory(path):
+        data = (tmp_path / path).read_bytes()
+        _, _, _, count, size, offset = struct.unpack("<4H2L", data[-22 + 4:-22 + 20])
+        return data[offset:offset + size], count
+
+    plain = tmp_path / "plain.zip"
+    with zipfile.ZipFile(plain, "w", zipfile.ZIP_STORED) as zf:
+        for i in range(300):
+            zf.writestr(f"{i}/u/c/{i % 7}", bytes([i % 251]) * (i % 13))
+        zf.writestr("extra", b"x" * 5, compress_type=zipfile.ZIP_DEFLATED)
+    odd = tmp_path / "odd.zip"
+    with zipfile.ZipFile(odd, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("a", b"1")
+        zf.writestr("PK\x01\x02 inside a name", b"2")  # a signature's bytes in a name
+        zf.writestr("caf\u00e9", b"3")  # a UTF-8 name
+    fast = _zip._directory(*directory("plain.zip"))
+    assert fast is not None
+    assert {n: tuple(e) for n, e in fast.items()} == listing(plain)
+    assert "0/u/c/0" in fast and "missing" not in fast and len(fast) == 301
+    assert _zip._directory(*directory("odd.zip")) is None  # the loop reads it
+    for path in (plain, odd):
+        with open(path, "rb") as f:
+            got = _zip.zip_index(f)
+        assert got is not None and {n: tuple(e) for n, e in got.items()} == listing(path)
