@@ -291,6 +291,8 @@ class VerifiedTable:
 TRUSTED_SLOTS = 4096
 """Slots of a :class:`TrustTable` (8 bytes each)."""
 
+_MASK63 = (1 << 63) - 1
+
 
 def file_stamp(path: str) -> int | None:
     """A 63-bit digest of a file's identity and state, or None if it cannot be read.
@@ -345,9 +347,6 @@ class TrustTable:
         self.table[slot] = value
 
 
-_MASK63 = (1 << 63) - 1
-
-
 class ShardAccess:
     """Fetches and opens shards of one store for one reading process (not shared)."""
 
@@ -366,9 +365,9 @@ class ShardAccess:
     ) -> None:
         self.store = store
         self.siblings = siblings
+        """Where this DataLoader worker and its siblings share local shards' hashes."""
         self.trusted = trusted
         """Files hashed to their ids in earlier epochs of this job (see ``TrustTable``)."""
-        """Where this DataLoader worker and its siblings share local shards' hashes."""
         self.counters = counters
         self.limiter = limiter
         self.verify = verify
