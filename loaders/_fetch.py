@@ -310,7 +310,7 @@ def file_stamp(path: str) -> int | None:
 
 
 class TrustTable:
-    """Local files (shards, cache copies) hashed to their ids earlier in this job.
+    """A store's local shard files hashed to their ids earlier in this job.
 
     A shard is hashed as a whole the first time a loader reads it; later epochs trust the
     same file without hashing it again, while its :func:`file_stamp` is unchanged (with
@@ -465,15 +465,18 @@ class ShardAccess:
     def unchecked(self, shard_id: str, path: str | None = None) -> bool:
         """Whether ``shard_id`` still needs its whole-object hash in this process.
 
-        Not if it was hashed here, or if its file (``path``, else the store's local file)
-        hashed to its id in an earlier epoch and is unchanged (``trusted``).
+        Not if it was hashed here, or if the store's local file for it hashed to its id
+        in an earlier epoch and is unchanged (``trusted``). A cache copy (``path``) is
+        hashed once per epoch still: its modification time is the cache's LRU clock,
+        moved by every hit, so its stamp never stays the same.
         """
         with self._lock:
             if not self.verify or shard_id in self._verified:
                 return False
-            path = path or self._local.get(shard_id)
-        if self.trusted is None or path is None:
+            local = None if path is not None else self._local.get(shard_id)
+        if self.trusted is None or local is None:
             return True
+        path = local
         stamp = file_stamp(path)
         if stamp is None or not self.trusted.has(shard_id, stamp):
             return True
@@ -483,7 +486,7 @@ class ShardAccess:
         return False
 
     def _remember(self, shard_id: str, stamp: int | None) -> None:
-        """Record a file (its stamp taken before it was hashed) as matching ``shard_id``."""
+        """Record a local file (its stamp taken before it was hashed) as ``shard_id``."""
         if self.trusted is not None and stamp is not None:
             self.trusted.add(shard_id, stamp)
 
@@ -500,7 +503,8 @@ class ShardAccess:
             return actual
         with self._lock:
             self._verified.add(shard_id)
-        self._remember(shard_id, stamp)
+        if tier != "cache":
+            self._remember(shard_id, stamp)
         if self.siblings is not None:
             self.siblings.publish(shard_id)
         return None
@@ -647,8 +651,6 @@ class ShardAccess:
             for stream in streams:
                 self.counters.add_read(self.tier, 0, requests=stream.requests)
                 stream.close()
-        if not copy.hit:  # hashed as it was written
-            self._remember(shard_id, file_stamp(copy.path))
         trusted = not copy.hit or not self.unchecked(shard_id, copy.path)
         return ShardHandle(copy.path, copy.release, trusted=trusted)
 

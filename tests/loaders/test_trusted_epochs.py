@@ -103,3 +103,25 @@ def test_trust_table_keys_on_the_shard_and_the_file_stamp(tmp_path):
     assert not table.scoped(1).has(shard, sa)  # another source of a mixture
     assert not table.has("f" * 32, sa)
     assert file_stamp(str(tmp_path / "missing")) is None
+
+
+def test_cache_copies_are_hashed_every_epoch_and_a_damaged_one_is_found(store, tmp_path):
+    # a copy's modification time is the cache's LRU clock (every hit moves it), so
+    # copies are not trusted across epochs: each epoch hashes the ones it reads
+    from loader_helpers import RemoteLikeStore
+
+    cache = str(tmp_path / "cache")
+    ds = SimDataset(RemoteLikeStore(store), "d@main", shuffle=True, seed=1, cache_dir=cache,
+                    cache_limit="64MiB")
+    shards = _shards(store)
+    _epoch(ds, None, 0)  # fills the cache (hashed as written)
+    hashed, trusted = _epoch(ds, None, 1)
+    assert hashed >= len(shards) and trusted == 0
+    copy = os.path.join(cache, "objects", shards[0][:2], shards[0])
+    assert os.path.exists(copy), os.listdir(cache)
+    with open(copy, "r+b") as f:  # damaged on the node's disk since
+        f.seek(100)
+        f.write(b"\xff" * 8)
+    with pytest.raises(IntegrityError) as info:
+        _epoch(ds, None, 2)
+    assert shards[0] in str(info.value)
