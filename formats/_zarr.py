@@ -235,25 +235,50 @@ class ZarrShardReader:
         """
         if not self.verifies_pages or len(positions) == 0:
             return 0
-        if self._chunk_bytes is None:
-            sizes: dict[tuple[str, str], int] = {}
-            for key, info in self._infos.items():
-                head, sep, _ = key.rpartition("/c/")
-                if not sep and key.endswith("/c"):  # a 0-d field's one chunk
-                    head, sep = key[:-2], "/c"
-                if sep:
-                    p, _, field = head.partition("/")
-                    sizes[(p, field)] = sizes.get((p, field), 0) + info.compress_size
-            self._chunk_bytes = sizes
         names = [n for n, s in self._specs.items() if s.kind in ("tensor", "bytes")]
         if fields is not None:
             wanted = set(fields)
             names = [n for n in names if n in wanted]
-        return sum(
-            self._chunk_bytes.get((str(int(p)), n), 0)
-            for p in set(np.asarray(positions).tolist())
-            for n in names
-        )
+        return sum(self._stored_chunk_bytes(p, n)
+                   for p in set(np.asarray(positions).tolist()) for n in names)
+
+    def _stored_chunk_bytes(self, position: int, name: str) -> int:
+        """Stored bytes of the chunks of one sample's array field (0 if it has none).
+
+        Found from the field's chunk grid, for the samples asked about: a scan of every
+        entry of a shard of 38,561 (8 KiB samples) cost 113 ms before its first read.
+        """
+        if self._chunk_bytes is None:
+            self._chunk_bytes = {}
+        key = (str(int(position)), name)
+        known = self._chunk_bytes.get(key)
+        if known is not None:
+            return known
+        path = f"{key[0]}/{name}"
+        total = 0
+        if path in self._nodes:
+            meta = self._nodes[path]
+            try:
+                shape = [int(n) for n in meta.get("shape", [])]
+                chunks = [int(c) for c in meta["chunk_grid"]["configuration"]["chunk_shape"]]
+                grid = [-(-n // c) for n, c in zip(shape, chunks, strict=True)]
+            except (KeyError, TypeError, ValueError, ZeroDivisionError):
+                grid = None
+            if grid is None:  # not the layout this reader writes: count every entry
+                prefix = f"{path}/c"
+                total = sum(self._infos[k].compress_size for k in self._infos
+                            if k == prefix or k.startswith(prefix + "/"))
+            elif not shape:
+                total = self._entry_size(f"{path}/c")
+            else:
+                total = sum(self._entry_size(f"{path}/c/" + "/".join(map(str, idx)))
+                            for idx in np.ndindex(*grid))
+        self._chunk_bytes[key] = total
+        return total
+
+    def _entry_size(self, key: str) -> int:
+        info = self._infos.get(key)
+        return 0 if info is None else info.compress_size
 
     def _check(self, position: int) -> int:
         p = int(position)

@@ -493,3 +493,36 @@ def test_zip_index_fast_path_agrees_with_the_loop_and_declines_what_it_cannot_re
         with open(path, "rb") as f:
             got = _zip.zip_index(f)
         assert got is not None and {n: tuple(e) for n, e in got.items()} == listing(path)
+
+
+def test_zarr_checked_bytes_are_the_chunk_entries_of_the_asked_samples(tmp_path):
+    # found from each field's chunk grid; the same as summing the zip's chunk entries
+    samples = [
+        Sample(key=f"s{i}", fields={
+            "u": np.full((8, 24), i, dtype=np.float32),  # several chunks of 64 bytes
+            "w": np.float64(i),  # a 0-d field: one chunk, "c"
+            **({"extra": np.arange(i + 1, dtype=np.int16)} if i % 2 else {}),
+        })
+        for i in range(6)
+    ]
+    path = str(tmp_path / "z")
+    ZarrFormat(ShardOptions(chunk_bytes=64)).write(samples, path)
+    with zipfile.ZipFile(path) as zf:
+        sizes = {i.filename: i.compress_size for i in zf.infolist()}
+
+    def entries(p, names):
+        return sum(n for k, n in sizes.items() for f in names
+                   if k == f"{p}/{f}/c" or k.startswith(f"{p}/{f}/c/"))
+
+    reader = ZarrFormat().open(path)
+    try:
+        arrays = [n for n, s in reader._specs.items() if s.kind in ("tensor", "bytes")]
+        assert {"u", "extra"} <= set(arrays)
+        for positions, fields in (([0, 1, 2, 3, 4, 5], None), ([1, 3, 3], ["extra"]),
+                                  ([2], ["u", "w"]), ([4, 0], ["missing"])):
+            names = [n for n in arrays if fields is None or n in fields]
+            want = sum(entries(p, names) for p in set(positions))
+            assert reader.checked_bytes(positions, fields) == want
+        assert reader.checked_bytes([0, 1], None) > 0
+    finally:
+        reader.close()
