@@ -494,16 +494,19 @@ class SimDataset(IterableDataset[Sample]):
         batch_size: int,
         *,
         numbers_as_tensors: bool = True,
+        trusted: TrustTable | None = None,
     ) -> Iterator[tuple[Sample, int, dict[str, float]]]:
         """One reader's samples, each with its running count and the reading counters.
 
         The plan -> prefetch -> decode pipeline; used by ``__iter__`` and by
         :class:`SimDataLoader`'s workers when they hand the DataLoader single samples
         (whose default collate turns a batch's Python numbers into one tensor, so they pass
-        ``numbers_as_tensors=False``).
+        ``numbers_as_tensors=False``). ``trusted``: as for :meth:`read_batches`.
         """
         count = 0
-        with self._decoded(world, epoch, remaining, batch_size) as (chunks, counters):
+        with self._decoded(world, epoch, remaining, batch_size, trusted=trusted) as (
+            chunks, counters
+        ):
             for chunk, (values, buffers) in chunks:
                 for j in range(len(values)):
                     sample = self._sample(chunk, j, values, buffers, numbers_as_tensors)

@@ -141,12 +141,21 @@ class _Stream(IterableDataset[Any]):
         self.world = dataset.world
         self.epoch = 0
         self.remaining: tuple[Interval, ...] = ()
+        self.trusted: torch.Tensor | None = None
+        """The workers' table of files hashed in earlier epochs (see ``TrustTable``), made
+        once per loader in shared memory; None with no workers."""
 
     def _reader(self) -> World:
         """The world of the process iterating (a DataLoader worker, or the main one)."""
         worker, num_workers = worker_context()
         return World(rank=self.world.rank, world_size=self.world.world_size,
                      worker=worker, num_workers=num_workers)
+
+    def _trust(self) -> TrustTable | None:
+        """This worker's view of the loader's ``trusted`` table (None outside workers)."""
+        if self.trusted is None or not in_worker():
+            return None
+        return TrustTable(self.trusted.numpy())
 
 
 class _WorkerStream(_Stream):
@@ -155,7 +164,7 @@ class _WorkerStream(_Stream):
     def __iter__(self) -> Iterator[tuple[Sample, _Tag]]:
         world = self._reader()
         for sample, count, counters in self.dataset.read(
-            world, self.epoch, self.remaining, self.batch_size
+            world, self.epoch, self.remaining, self.batch_size, trusted=self._trust()
         ):
             yield sample, _Tag(world.worker, count, counters)
 
@@ -179,9 +188,6 @@ class _BatchStream(_Stream):
         self.verified: torch.Tensor | None = None
         """The workers' table of local shards hashed (see ``VerifiedTable``), made with
         ``released``; None with no workers."""
-        self.trusted: torch.Tensor | None = None
-        """The workers' table of files hashed in earlier epochs (see ``TrustTable``), made
-        once per loader in shared memory; None with no workers."""
         self.arenas: Sequence[SharedArena | None] = ()
         """Each fork worker's arena (see ``SharedArena``), mapped before the workers
         start; empty with no workers or another start method (None once pickled)."""
@@ -196,8 +202,7 @@ class _BatchStream(_Stream):
             pool = SharedPool(self.released[world.worker].numpy(), arena=arena)
         if self.verified is not None and in_worker() and world.num_workers > 1:
             siblings = VerifiedTable(self.verified.numpy(), world.worker, world.num_workers)
-        trusted = (TrustTable(self.trusted.numpy())
-                   if self.trusted is not None and in_worker() else None)
+        trusted = self._trust()
         # The first batch goes out before the worker reads on. Torch's queue pickles and
         # sends it from a thread of this process; with the next chunk's decode and the
         # shards' hashes already running here, that thread waited 1-30 ms for the
@@ -398,6 +403,10 @@ class SimDataLoader(DataLoader[Any]):
         self._stream.remaining = ds._begin(world.world_size, workers, self._stream.batch_size)
         tracker = None
         arenas: list[SharedArena] = []
+        if self.num_workers > 0 and self._stream.trusted is None:
+            trusted = torch.zeros(TRUSTED_SLOTS, dtype=torch.int64)  # kept for later epochs
+            trusted.share_memory_()  # type: ignore[no-untyped-call]
+            self._stream.trusted = trusted
         if isinstance(self._stream, _BatchStream):
             released = verified = None
             if self.num_workers > 0:
@@ -406,10 +415,6 @@ class SimDataLoader(DataLoader[Any]):
                 tracker = ReleaseTracker(released)
                 verified = torch.zeros(VERIFIED_SLOTS, dtype=torch.int64)
                 verified.share_memory_()  # type: ignore[no-untyped-call]
-                if self._stream.trusted is None:  # kept for the later epochs' workers
-                    trusted = torch.zeros(TRUSTED_SLOTS, dtype=torch.int64)
-                    trusted.share_memory_()  # type: ignore[no-untyped-call]
-                    self._stream.trusted = trusted
             self._stream.released = released
             self._stream.verified = verified
             arenas = self._fork_arenas()

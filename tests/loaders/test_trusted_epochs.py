@@ -48,13 +48,18 @@ def _epoch(ds: SimDataset, loader: SimDataLoader | None, epoch: int) -> tuple[in
             after["shards_trusted"] - before["shards_trusted"])
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_later_epochs_trust_unchanged_shards_and_hash_a_changed_one(store, workers):
+def _own_collate(samples):
+    return samples  # a caller's collate: the loader hands it single samples
+
+
+@pytest.mark.parametrize(("workers", "collate"), [(0, None), (2, None), (2, _own_collate)])
+def test_later_epochs_trust_unchanged_shards_and_hash_a_changed_one(store, workers, collate):
     shards = _shards(store)
     assert len(shards) > 2
     ds = SimDataset(store, "d@main", shuffle=True, seed=1)
+    kw = {"collate_fn": collate} if collate is not None else {}
     loader = SimDataLoader(ds, batch_size=4, num_workers=workers,
-                           multiprocessing_context="fork") if workers else None
+                           multiprocessing_context="fork", **kw) if workers else None
     hashed, _ = _epoch(ds, loader, 0)  # (a worker may trust what its sibling hashed)
     assert hashed >= len(shards)
     hashed, trusted = _epoch(ds, loader, 1)
