@@ -154,7 +154,7 @@ class ZarrShardReader:
         self._decoder_of: dict[int, ChunkDecoder] = {}
         """Decoders by the id of the metadata they were made from (shared, see _Nodes)."""
         self._scratch: dict[tuple[tuple[int, ...], str], np.ndarray] = {}
-        self._chunk_bytes: dict[tuple[str, str], int] | None = None
+        self._chunk_bytes: dict[tuple[str, str], int] = {}
         self._zip: zipfile.ZipFile | None = None
         self._own: BinaryIO | None = None
         self.verifies_pages = True
@@ -248,8 +248,6 @@ class ZarrShardReader:
         Found from the field's chunk grid, for the samples asked about: a scan of every
         entry of a shard of 38,561 (8 KiB samples) cost 113 ms before its first read.
         """
-        if self._chunk_bytes is None:
-            self._chunk_bytes = {}
         key = (str(int(position)), name)
         known = self._chunk_bytes.get(key)
         if known is not None:

@@ -462,21 +462,20 @@ class ShardAccess:
                 f"{self.store.url}: {key} has hash {wrong}, expected {shard_id}{self._by()}"
             )
 
-    def unchecked(self, shard_id: str, path: str | None = None) -> bool:
+    def unchecked(self, shard_id: str) -> bool:
         """Whether ``shard_id`` still needs its whole-object hash in this process.
 
         Not if it was hashed here, or if the store's local file for it hashed to its id
-        in an earlier epoch and is unchanged (``trusted``). A cache copy (``path``) is
-        hashed once per epoch still: its modification time is the cache's LRU clock,
+        in an earlier epoch and is unchanged (``trusted``). A cache copy (no local file)
+        is hashed once per epoch still: its modification time is the cache's LRU clock,
         moved by every hit, so its stamp never stays the same.
         """
         with self._lock:
             if not self.verify or shard_id in self._verified:
                 return False
-            local = None if path is not None else self._local.get(shard_id)
-        if self.trusted is None or local is None:
+            path = self._local.get(shard_id)
+        if self.trusted is None or path is None:
             return True
-        path = local
         stamp = file_stamp(path)
         if stamp is None or not self.trusted.has(shard_id, stamp):
             return True
@@ -542,7 +541,7 @@ class ShardAccess:
         (evicted after its reader let go, or taken out as damaged by another process):
         it was not hashed, so its reader must go on checking pages.
         """
-        if not self.unchecked(shard_id, path) or self.sibling_verified(shard_id):
+        if not self.unchecked(shard_id) or self.sibling_verified(shard_id):
             return True
         try:
             wrong = self._hash_against(shard_id, path, "cache")
@@ -651,8 +650,9 @@ class ShardAccess:
             for stream in streams:
                 self.counters.add_read(self.tier, 0, requests=stream.requests)
                 stream.close()
-        trusted = not copy.hit or not self.unchecked(shard_id, copy.path)
-        return ShardHandle(copy.path, copy.release, trusted=trusted)
+        return ShardHandle(
+            copy.path, copy.release, trusted=not copy.hit or not self.unchecked(shard_id)
+        )
 
     def _copy_stream(self, stream: ObjectStream, out: BinaryIO) -> None:
         """Copy a streamed object into ``out`` block by block, within ``max_bandwidth``."""

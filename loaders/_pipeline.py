@@ -410,14 +410,14 @@ class ReaderPool:
                 return
             self._io = pool
             access = self.access[key[0]]
-            if access.verify and access.mode(key[1]) == "local" and not access.unchecked(key[1]):
-                # hashed here already, or in an earlier epoch and unchanged: nothing to wait
-                # for, and its reader is trusted from the start
-                done: Future[ShardHandle | None] = Future()
-                done.set_result(None)
-                self._prepared[key] = done
-            elif access.verify and access.mode(key[1]) == "local":
-                if access.sibling_hashes(key[1]):
+            if access.verify and access.mode(key[1]) == "local":
+                if not access.unchecked(key[1]):
+                    # hashed here already, or in an earlier epoch and unchanged: nothing
+                    # to wait for, and its reader is trusted from the start
+                    done: Future[ShardHandle | None] = Future()
+                    done.set_result(None)
+                    self._prepared[key] = done
+                elif access.sibling_hashes(key[1]):
                     self._prepared[key] = _Published(
                         access, key[1], functools.partial(access.prepare, key[1]))
                 else:
