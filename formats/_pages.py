@@ -21,6 +21,8 @@ the caller decodes through Arrow as before.
 from __future__ import annotations
 
 import struct
+import threading
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,7 +31,10 @@ from simstore.errors import FormatError
 
 from ._zip import crc32
 
-__all__ = ["Page", "PagedColumn", "column_pages", "page_rows", "read_page_header"]
+__all__ = [
+    "Page", "PagedColumn", "SharedWork", "check_page", "column_pages", "page_rows",
+    "read_page_header",
+]
 
 _DATA_PAGE = 0
 _DATA_PAGE_V2 = 3
@@ -253,13 +258,8 @@ def page_rows(data: np.ndarray, page: Page, width: int, *, check_crc: bool,
     end = page.body + page.body_bytes
     if end - page.values != page.rows * step or width <= 0:
         return None
-    if check_crc and page.crc is not None:
-        actual = crc32(data[page.body:end]) & 0xFFFFFFFF
-        if actual != page.crc:
-            raise FormatError(
-                f"{name}: page at byte {page.body} fails its CRC-32 "
-                f"(stored {page.crc:08x}, computed {actual:08x})"
-            )
+    if check_crc:
+        check_page(data, page, name)
     if page.rows == 0:
         return np.empty((0, width), dtype=np.uint8)
     region = data[page.values:end]
@@ -271,3 +271,80 @@ def page_rows(data: np.ndarray, page: Page, width: int, *, check_crc: bool,
     return np.lib.stride_tricks.as_strided(
         region[4:], shape=(page.rows, width), strides=(step, 1), writeable=False
     )
+
+
+def check_page(data: np.ndarray, page: Page, name: str) -> None:
+    """Raise :class:`FormatError` naming ``name`` if ``page``'s stored CRC-32 is wrong."""
+    if page.crc is None:
+        return
+    actual = crc32(data[page.body:page.body + page.body_bytes]) & 0xFFFFFFFF
+    if actual != page.crc:
+        raise FormatError(
+            f"{name}: page at byte {page.body} fails its CRC-32 "
+            f"(stored {page.crc:08x}, computed {actual:08x})"
+        )
+
+
+class SharedWork:
+    """A read's units of work (a row group to decode and check), shared with helpers.
+
+    The reading thread goes through its units in order, calling :meth:`do` for each: a
+    unit no helper has begun is done there and then; one a helper has begun is waited
+    for (its error raised there). Helpers (:meth:`help`, on other threads) take units
+    from the far end, so both meet in the middle. :meth:`close` ends the sharing: no
+    helper begins a unit after it, and it returns once the units begun are done.
+    ``work(unit)`` must be safe to run on two threads at once for different units.
+    """
+
+    def __init__(self, units: Iterable[Hashable], work: Callable[[Hashable], None]) -> None:
+        self._queued = dict.fromkeys(units)
+        self._begun: dict[Hashable, threading.Event] = {}
+        self._errors: dict[Hashable, BaseException] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._work = work
+        self.helped = 0
+        """Units a helper did."""
+
+    def help(self) -> None:
+        """Do queued units, the last first, until none is left or the sharing is closed."""
+        while True:
+            with self._lock:
+                if self._closed or not self._queued:
+                    return
+                unit, _ = self._queued.popitem()
+                done = self._begun[unit] = threading.Event()
+            try:
+                self._work(unit)
+            except BaseException as exc:  # raised on the reading thread by ``do``
+                with self._lock:
+                    self._errors[unit] = exc
+                return
+            finally:
+                done.set()
+            with self._lock:
+                self.helped += 1
+
+    def do(self, unit: Hashable) -> None:
+        """Have ``unit`` done: here, unless a helper has begun it (then wait for it)."""
+        with self._lock:
+            queued = self._queued.pop(unit, self) is not self
+            done = None if queued else self._begun.get(unit)
+        if queued:
+            self._work(unit)
+            return
+        if done is None:
+            return
+        done.wait()
+        error = self._errors.get(unit)
+        if error is not None:
+            raise error
+
+    def close(self) -> None:
+        """No unit begins after this; the ones begun are done when it returns."""
+        with self._lock:
+            self._closed = True
+            self._queued.clear()
+            begun = list(self._begun.values())
+        for done in begun:
+            done.wait()

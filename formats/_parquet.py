@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import threading
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Executor
 from itertools import accumulate
 from typing import Any, BinaryIO
 
@@ -40,7 +42,7 @@ from ._arrow import (
     uniform_shape,
 )
 from ._columnar import ColumnarReader, ColumnarWriter
-from ._pages import PagedColumn, column_pages, page_rows
+from ._pages import PagedColumn, SharedWork, check_page, column_pages, page_rows
 
 __all__ = ["ParquetFormat", "ParquetShardReader", "ParquetShardWriter"]
 
@@ -49,6 +51,8 @@ PAGE_CRC_KEY = b"simstore.page_checksums"
 """Schema metadata of a shard whose every page carries a CRC-32 (``crc32``)."""
 OWN_CACHE_BYTES = 64 << 20
 """Decoded row groups a reader keeps when no shared :class:`BlockCache` is given."""
+HELP_TASKS = 4
+"""At most this many tasks a read hands its ``out``'s helpers (see ``_share``)."""
 
 
 def _float_leaf_paths(plans: Sequence[ColumnPlan]) -> list[str]:
@@ -202,8 +206,11 @@ class ParquetShardReader(ColumnarReader):
         self._map: np.ndarray | None = None
         self._paged: dict[tuple[int, str], PagedColumn | None] = {}
         self._crc_checked: set[tuple[int, str, int]] = set()
+        self._sharing: SharedWork | None = None
         self.direct_rows = 0
         """Rows whose blob bytes were copied straight from the file (for tests, metrics)."""
+        self.helped_groups = 0
+        """Row groups an ``out``'s helpers decoded and checked (for tests)."""
 
     def _direct_leaves(self) -> dict[str, tuple[int, int]]:
         schema = self._pf.metadata.schema
@@ -307,15 +314,19 @@ class ParquetShardReader(ColumnarReader):
         return (self._token, g, columns, skip)
 
     def _group(
-        self, g: int, columns: tuple[str, ...], skip: frozenset[str] = frozenset()
+        self, g: int, columns: tuple[str, ...], skip: frozenset[str] = frozenset(),
+        pf: _PooledFile | None = None,
     ) -> tuple[pa.Table, dict[str, Any]]:
-        """A decoded row group and its memo (what decoding its columns prepared once)."""
+        """A decoded row group and its memo (what decoding its columns prepared once).
+
+        ``pf``: the file to decode it from (a helper thread's own; else the reader's).
+        """
         key = self._block_key(g, columns, skip)
         cached: tuple[pa.Table, dict[str, Any]] | None = self._blocks.get(key)
         if cached is not None:
             return cached
         try:
-            table = self._pf.read_row_group(g, columns, skip)
+            table = (pf or self._pf).read_row_group(g, columns, skip)
         except (pa.ArrowException, OSError) as exc:
             raise FormatError(f"{self.name}: row group {g} is unreadable: {exc}") from exc
         self.decodes += 1
@@ -329,6 +340,8 @@ class ParquetShardReader(ColumnarReader):
         """Each row group's cached table with the rows asked of it (no ``take`` copy)."""
         cols = tuple(columns)
         for g, batch in self._group_batches(positions):
+            if self._sharing is not None:
+                self._sharing.do(g)  # decoded and checked here, or by a helper
             table, memo = self._group(g, cols, skip)
             local = np.asarray(batch, dtype=np.int64) - self._starts[g]
             memo.setdefault("__group__", g)
@@ -350,16 +363,70 @@ class ParquetShardReader(ColumnarReader):
         if not direct or out is None or getattr(out, "many", None) is None:
             return super()._decode_unique(positions, columns, out)
         skip = frozenset(f"{c}.data" for c in direct)
-        pieces = list(self._read_groups(positions, columns, skip))
-        rest = {k: v for k, v in self.plans.items() if k not in direct}
-        result = decode_pieces(pieces, rest, out)
-        failed = [c for c in direct if not self._gather(c, pieces, len(positions), out, result)]
+        helpers = getattr(out, "helpers", None)
+        self._sharing = self._share(positions, columns, skip, helpers) if helpers else None
+        try:
+            pieces = list(self._read_groups(positions, columns, skip))
+            rest = {k: v for k, v in self.plans.items() if k not in direct}
+            result = decode_pieces(pieces, rest, out)
+            failed = [c for c in direct
+                      if not self._gather(c, pieces, len(positions), out, result)]
+        finally:
+            if self._sharing is not None:
+                self._sharing.close()
+                self.helped_groups += self._sharing.helped
+                self._sharing = None
         if failed:
             again = decode_pieces(list(self._read_groups(positions, failed)),
                                   {c: self.plans[c] for c in failed}, out)
             for mine, theirs in zip(result, again, strict=True):
                 mine.update(theirs)
         return result
+
+    def _share(
+        self, positions: list[int], columns: Sequence[str], skip: frozenset[str],
+        helpers: Executor,
+    ) -> SharedWork | None:
+        """This read's row groups, shared with ``helpers``' threads, or None for one group.
+
+        A shuffled first chunk takes a few rows from each of many row groups (256 rows of
+        8 KiB from a buffer of 16 row groups of 4 MiB), and each group costs the same
+        whether one row of it is asked or all: decoding its other columns in Arrow and,
+        until the shard's hash is in, the CRC-32 of every page of its blob columns. With
+        the chunk's shards read side by side, the thread of the biggest shard had most of
+        them to itself. A unit is a row group, decoded (with a helper's own handle on the
+        file: one Arrow reader is not shared between threads) into the block cache and its
+        blob pages checked; this thread takes units in order, helpers from the other end
+        (see :class:`SharedWork`).
+        """
+        groups = [g for g, _ in self._group_batches(positions)]
+        if len(groups) < 2:
+            return None
+        cols = tuple(columns)
+        direct = [name for name in cols if f"{name}.data" in skip]
+        data = self._mapped()  # mapped here: a helper never maps the file itself
+        verify = self.verifies_pages
+        reading = threading.get_ident()
+        own = threading.local()
+
+        def unit(g: Hashable) -> None:
+            assert isinstance(g, int)
+            pf = self._pf if threading.get_ident() == reading else getattr(own, "pf", None)
+            if pf is None:
+                pf = own.pf = _PooledFile(self._source, self.name, verify=verify,
+                                          metadata=self._pf.metadata)
+            self._group(g, cols, skip, pf)
+            for name in direct if verify else ():
+                paged = self._pages_of(g, name) if self._plain_blob(g, name) else None
+                for p, page in enumerate(paged.pages if paged is not None else ()):
+                    if (g, name, p) not in self._crc_checked:
+                        check_page(data, page, self.name)
+                        self._crc_checked.add((g, name, p))
+
+        shared = SharedWork(groups, unit)
+        for _ in range(min(HELP_TASKS, len(groups) // 2)):
+            helpers.submit(shared.help)
+        return shared
 
     def _gather(self, name: str, pieces: Sequence[Any], n: int, out: Out,
                 result: list[dict[str, FieldValue]]) -> bool:

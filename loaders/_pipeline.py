@@ -682,7 +682,7 @@ def read_chunk(
                 keys = [read.keys[int(j)] for j in first]
                 alloc = None
                 if buffers is not None and getattr(reader, "supports_out", False):
-                    alloc = _SlotAlloc(buffers, read.out[first].tolist())
+                    alloc = _SlotAlloc(buffers, read.out[first].tolist(), fan_out)
                 values = _read(reader, uniq.tolist(), src, read.epoch, keys, alloc)
             except SimstoreError as exc:
                 raise type(exc)(f"{pool._name(key)}: {exc}") from exc
@@ -716,8 +716,13 @@ def read_chunk(
     # close a shard the next chunk opens again)
     reads = chunk.reads
     k = pool.rotation() % len(reads) if reads and side_by_side else 0
+    reads = reads[k:] + reads[:k]
+    if fan_out is not None:
+        # the most rows on this thread, the rest first on fan_out's, which then help
+        # this one with its checks (``_SlotAlloc.helpers``)
+        reads = tuple(sorted(reads, key=lambda r: -len(r.positions)))
     each = one if corrupt is None else guarded
-    for read, values, inverse in _map(each, reads[k:] + reads[:k], fan_out):
+    for read, values, inverse in _map(each, reads, fan_out):
         if values is None:
             skipped += read.out.tolist()
             continue
@@ -756,10 +761,15 @@ def _map(fn: Callable[[T], U], items: Sequence[T], executor: Executor | None) ->
 
 @dataclass(frozen=True, slots=True)
 class _SlotAlloc:
-    """A reader's ``out=``: the ``j``-th asked position's arrays, from its chunk slot."""
+    """A reader's ``out=``: the ``j``-th asked position's arrays, from its chunk slot.
+
+    ``helpers``: threads the read may hand some of its checks to (the first chunk's
+    ``fan_out``; see ``ParquetShardReader._share``).
+    """
 
     buffers: OutBuffers
     slots: list[int]
+    helpers: Executor | None = None
 
     def __call__(self, j: int, name: str, shape: Any, dtype: Any) -> Any:
         return self.buffers.take(self.slots[j], name, shape, dtype)

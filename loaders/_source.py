@@ -228,6 +228,9 @@ class GroupKeys:
 _PARTIAL_TAKES = 2
 """Requests for a group's keys answered by converting only the keys asked for."""
 
+STREAM_COLUMNS = ("key", "shard", "position", "size_bytes")
+"""The manifest columns a stream reads (not the sample hashes)."""
+
 _PART_THREADS = 4
 """Manifest parts of a group read and decoded side by side (a group has at most
 ``group_parts`` of them, 4 by default)."""
@@ -260,7 +263,7 @@ def _read_part(
     counters.add_read(tier, len(data))
     counters.add("manifest_parts")
     counters.add("manifest_bytes", len(data))
-    table = decode_part(data, object_id=part_id)
+    table = decode_part(data, object_id=part_id, columns=STREAM_COLUMNS)
     if table.num_rows != rows:
         # the stream's positions come from the snapshot's row counts: a part that holds
         # more or fewer rows would shift every later position of its group
@@ -293,12 +296,11 @@ def load_group(
             tables = [f.result() for f in futures]
     else:
         tables = [part(p) for p in parts]
-    # only the columns the stream needs (not the sample hashes) are combined: a group of
-    # 131,072 rows took 2-21 ms to combine whole in a new process (fresh memory)
-    needed = [t.select(["key", "shard", "position", "size_bytes"]) for t in tables]
-    table = pa.concat_tables(needed).combine_chunks() if len(needed) > 1 else needed[0]
-    encoded = table.column("shard").combine_chunks().dictionary_encode()
-    codes = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+    # only the columns the stream needs are read (not the sample hashes), the shard ids
+    # as the parts store them, dictionary-encoded: a group of 131,072 rows took 2-21 ms
+    # to combine whole in a new process (fresh memory)
+    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    shard_ids, codes = _shard_codes(table.column("shard"))
     positions = table.column("position").to_numpy()
     sizes = table.column("size_bytes").to_numpy()
     if source.shuffle:
@@ -317,9 +319,33 @@ def load_group(
     else:
         order = np.arange(len(codes), dtype=np.int64)
     return GroupRows(
-        shard_ids=tuple(encoded.dictionary.to_pylist()),
+        shard_ids=shard_ids,
         shard=codes[order],
         position=np.asarray(positions[order], dtype=np.int64),
         size_bytes=np.asarray(sizes[order], dtype=np.int64),
         keys=GroupKeys(table.column("key").combine_chunks(), order),
     )
+
+
+def _shard_codes(column: pa.ChunkedArray) -> tuple[tuple[str, ...], np.ndarray]:
+    """``(shard ids, each row's code)``, coded in order of first appearance in the rows.
+
+    The order is part of the stream: :func:`group_order` numbers a group's pieces by their
+    codes. Each part's dictionary is already in that order (a Parquet writer adds values
+    as it meets them), but unifying the parts' dictionaries need not keep it, nor a
+    dictionary that holds values no row uses; so the codes are renumbered here, in
+    O(rows): the first row of each code found, and the codes ranked by it.
+    """
+    column = column.unify_dictionaries()
+    combined = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    indices = np.asarray(combined.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+    m = len(combined.dictionary)
+    n = len(indices)
+    first = np.full(m, n, dtype=np.int64)
+    np.minimum.at(first, indices, np.arange(n, dtype=np.int64))
+    used = np.flatnonzero(first < n)
+    used = used[np.argsort(first[used], kind="stable")]
+    rank = np.empty(m, dtype=np.int64)
+    rank[used] = np.arange(len(used), dtype=np.int64)
+    ids = combined.dictionary.take(pa.array(used)).to_pylist()
+    return tuple(ids), rank[indices]

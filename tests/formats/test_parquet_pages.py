@@ -198,3 +198,85 @@ def test_direct_reads_span_row_groups_of_several_pages(tmp_path):
     for g, p in zip(got, positions, strict=True):
         np.testing.assert_array_equal(g["u"], samples[p].fields["u"])
     reader.close()
+
+
+class HelpedOut(BulkOut):
+    """A ``BulkOut`` whose read may hand row groups to ``helpers``."""
+
+    def __init__(self, n: int, helpers) -> None:
+        super().__init__(n)
+        self.helpers = helpers
+
+
+class RightAway:
+    """An executor that runs each task to its end on a thread of its own as it is
+    submitted: a helper that starts, and finishes, before the reading thread goes on."""
+
+    def __init__(self) -> None:
+        self.ran = 0
+
+    def submit(self, fn, *args):
+        import threading
+
+        self.ran += 1
+        t = threading.Thread(target=fn, args=args)
+        t.start()
+        t.join()
+
+
+def test_helpers_take_row_groups_from_the_far_end_and_none_is_done_twice(tmp_path):
+    samples = _samples(60)
+    reader = open_shard(_write(tmp_path, samples))
+    groups = reader._pf.metadata.num_row_groups
+    assert groups > 4
+    positions = list(range(0, 60, 3))
+    decodes = []
+    plain = reader._pf.read_row_group
+    reader._pf.read_row_group = lambda g, *a: decodes.append(g) or plain(g, *a)
+    helpers = RightAway()  # the helper does every row group before this thread starts
+    got = list(reader.read(positions, ["u", "Re"], out=HelpedOut(len(positions), helpers)))
+    assert helpers.ran >= 1
+    assert reader.helped_groups == len({reader._group_batches([p]).__next__()[0]
+                                        for p in positions})
+    assert decodes == []  # every row group came from the helpers' own handles
+    assert reader.decodes == reader.helped_groups  # and each was decoded once
+    assert reader.direct_rows == len(positions)
+    for g, p in zip(got, positions, strict=True):
+        np.testing.assert_array_equal(g["u"], samples[p].fields["u"])
+        assert g["Re"] == float(p)
+    reader.close()
+
+
+def test_helper_threads_read_the_same_rows(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    samples = _samples(80, seed=3)
+    path = _write(tmp_path, samples)
+    positions = sorted(np.random.default_rng(2).permutation(80)[:50].tolist())
+    with ThreadPoolExecutor(2) as pool:
+        for _ in range(5):
+            reader = open_shard(path)
+            got = list(reader.read(positions, ["u", "Re"],
+                                   out=HelpedOut(len(positions), pool)))
+            assert reader.decodes == len({reader._group_batches([p]).__next__()[0]
+                                          for p in positions})
+            for g, p in zip(got, positions, strict=True):
+                np.testing.assert_array_equal(g["u"], samples[p].fields["u"])
+            reader.close()
+
+
+def test_a_bad_page_a_helper_found_fails_the_read(tmp_path):
+    samples = _samples(40)
+    path = _write(tmp_path, samples)
+    target = samples[38].fields["u"].tobytes()  # in the last row group: a helper's first
+    with open(path, "rb") as f:
+        raw = bytearray(f.read())
+    at = raw.find(target)
+    raw[at + 10] ^= 0x01
+    with open(path, "wb") as f:
+        f.write(bytes(raw))
+    reader = open_shard(path)
+    positions = [0, 10, 20, 30, 38]
+    with pytest.raises(FormatError, match=r"shard\.parquet.*page at byte \d+ fails its CRC-32"):
+        list(reader.read(positions, ["u"], out=HelpedOut(len(positions), RightAway())))
+    reader.close()
