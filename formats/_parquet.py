@@ -416,12 +416,10 @@ class ParquetShardReader(ColumnarReader):
                 pf = own.pf = _PooledFile(self._source, self.name, verify=verify,
                                           metadata=self._pf.metadata)
             self._group(g, cols, skip, pf)
-            for name in direct if verify else ():
-                paged = self._pages_of(g, name) if self._plain_blob(g, name) else None
+            for name in direct if verify else ():  # trusted: no pages to walk
+                paged = self._pages_of(g, name)
                 for p, page in enumerate(paged.pages if paged is not None else ()):
-                    if (g, name, p) not in self._crc_checked:
-                        check_page(data, page, self.name)
-                        self._crc_checked.add((g, name, p))
+                    self._check_page(data, g, name, p, page)
 
         shared = SharedWork(groups, unit)
         for _ in range(min(HELP_TASKS, len(groups) // 2)):
@@ -482,14 +480,18 @@ class ParquetShardReader(ColumnarReader):
         data = self._mapped()
         mats = []
         for p, page in enumerate(paged.pages):
-            check = self.verifies_pages and (g, name, p) not in self._crc_checked
-            mat = page_rows(data, page, width, check_crc=check, name=self.name)
+            mat = page_rows(data, page, width, check_crc=False, name=self.name)
             if mat is None:
                 return None
-            if check:
-                self._crc_checked.add((g, name, p))
+            self._check_page(data, g, name, p, page)
             mats.append(mat)
         return shape, (paged, mats)
+
+    def _check_page(self, data: np.ndarray, g: int, name: str, p: int, page: Any) -> None:
+        """Check page ``p`` of field ``name`` in row group ``g`` once, until trusted."""
+        if self.verifies_pages and (g, name, p) not in self._crc_checked:
+            check_page(data, page, self.name)
+            self._crc_checked.add((g, name, p))
 
     def _pages_of(self, g: int, name: str) -> PagedColumn | None:
         key = (g, name)

@@ -229,18 +229,14 @@ def decode_part(
         # thousands of rows that decode in a few milliseconds
         pf = pq.ParquetFile(pa.BufferReader(data), read_dictionary=as_dictionary)
         meta = pf.schema_arrow.metadata or {}
-        kind_ok = meta.get(b"simstore.kind") == b"manifest-part"
+        if meta.get(b"simstore.kind") != b"manifest-part":  # (not caught below)
+            raise FormatError(f"{name} is not a simstore manifest part")
         version = meta.get(b"simstore.format_version", b"?").decode(errors="replace")
-        if not kind_ok or version != str(MANIFEST_FORMAT_VERSION):
-            table = None
-        else:
-            table = pf.read(columns=names, use_threads=False)
+        if version != str(MANIFEST_FORMAT_VERSION):
+            raise FormatError(f"{name} has format_version {version}, this simstore reads 1")
+        table = pf.read(columns=names, use_threads=False)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise FormatError(f"{name} is not a readable Parquet file: {exc}") from exc
-    if not kind_ok:
-        raise FormatError(f"{name} is not a simstore manifest part")
-    if table is None:
-        raise FormatError(f"{name} has format_version {version}, this simstore reads 1")
     try:
         wanted = pa.schema([_read_type(MANIFEST_SCHEMA.field(c), as_dictionary)
                             for c in names], metadata=MANIFEST_SCHEMA.metadata)
