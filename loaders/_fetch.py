@@ -390,16 +390,6 @@ class ShardAccess:
             return "local"
         return "cache" if self._cache_config is not None else "ranged"
 
-    def will_download(self, shard_id: str) -> bool:
-        """Whether preparing this shard fetches it: read through the cache, no copy yet.
-
-        One ``stat`` of the copy's path; a copy another process fills meanwhile only makes
-        the answer stale, never wrong in effect (the fill finds it and counts a hit).
-        """
-        if self.mode(shard_id) != "cache":
-            return False
-        return not os.path.exists(self._shard_cache().path_of(shard_id))
-
     def _shard_cache(self) -> ShardCache:
         with self._lock:
             if self._cache is None:

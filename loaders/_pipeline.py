@@ -392,10 +392,6 @@ class ReaderPool:
         with self._lock:
             return key in self._prepared
 
-    def downloads(self, key: tuple[int, str]) -> bool:
-        """Whether preparing the shard fetches it from a remote store into the cache."""
-        return self.access[key[0]].will_download(key[1])
-
     def is_known(self, key: tuple[int, str]) -> bool:
         """Whether the shard is open or its preparation is scheduled."""
         with self._lock:
@@ -910,12 +906,6 @@ def prefetched(
             if not first:
                 resolve_ahead(4)
                 submit(depth)
-            elif decoding and any(pool.downloads((r.source, r.shard_id))
-                                  for r in decoding[0][0].reads):
-                # the first chunk waits for downloads: the next chunks' shards are
-                # fetched now, queued behind its own (the I/O pool takes work in order),
-                # instead of once it is out, and the thread waits either way
-                resolve_ahead(4)
             if not decoding:
                 return
             chunk, fut = decoding.popleft()

@@ -7,7 +7,6 @@ import multiprocessing
 import os
 import pickle
 import signal
-import threading
 import time
 
 import numpy as np
@@ -66,40 +65,6 @@ def test_cold_cache_reads_each_shard_once_then_hits(small, tmp_path):
     assert again["manifest_cache_hits"] == stats["manifest_parts"] > 0
     assert again["manifest_parts"] == 2 * stats["manifest_parts"]
     assert again["cache_hit_ratio"] == pytest.approx(0.5)
-
-
-class GatedStore(RemoteLikeStore):
-    """Holds every shard read until ``want`` distinct shards have been asked for."""
-
-    def __init__(self, root, shards, want):
-        super().__init__(root, read_only=True)
-        self.shards, self.want = {f"objects/{s[:2]}/{s}" for s in shards}, want
-        self.asked = set()
-        self.lock = threading.Lock()
-        self.enough = threading.Event()
-
-    def get(self, key, byte_range=None):
-        if key in self.shards:
-            with self.lock:
-                self.asked.add(key)
-                if len(self.asked) >= self.want:
-                    self.enough.set()
-            self.enough.wait(20)
-        return super().get(key, byte_range)
-
-
-def test_a_cold_first_chunk_fetches_the_next_shards_meanwhile(small, tmp_path):
-    # the first sample's shard is held until a second shard is asked for: the fetches
-    # of the chunks after the first start while the first waits for its download
-    store, _, samples = small
-    gated = GatedStore(store, shard_ids(store), want=2)
-    ds = SimDataset(gated, "sim", shard_opener=open_test_shard,
-                    cache_dir=str(tmp_path / "cache"), cache_limit="1MiB")
-    it = iter(ds)
-    first = next(it)
-    assert gated.enough.is_set(), "only the first chunk's shard was fetched before it"
-    assert sorted(keys_of([first, *it])) == sorted(samples)
-    assert ds.stats()["cache_misses"] == len(shard_ids(store))
 
 
 def test_cache_limit_smaller_than_a_shard_is_an_error(small, tmp_path):
