@@ -21,6 +21,11 @@ measures side by side, repetition by repetition:
 - ``warm``: the same epoch again through the now full cache (no request for shard bytes);
 - ``local``: the same epoch from the local store holding the same objects.
 
+Next to each throughput it reports the CPU seconds of the moto server process and of
+the reader over the same clock (the benchmark's own threads, or the epoch's process and
+its workers, imports excluded) and how many cores the two kept busy: on a machine where
+the server shares the reader's cores, raw GETs alone can keep them all busy.
+
 Every epoch runs in a fresh process (so its time to first batch includes making the S3
 client and reading the catalog, as a job's first batch does; library imports are done
 before the clock) and touches every 4 KiB page of every batch, as a
@@ -60,6 +65,44 @@ SHARD_BYTES = 64 * MiB
 
 
 # -- servers ---------------------------------------------------------------------------
+SERVER_PIDS: dict[str, int] = {}
+"""The process serving each endpoint of :func:`_serve`, for its CPU time."""
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system, all threads) of a running process; None off Linux."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def with_cpu(endpoint: str, measure: Any, *args: Any) -> dict[str, Any]:
+    """``measure(*args)``'s result with the CPU seconds it cost: the server's (``server_cpu_s``),
+    this process's and its waited-for children's (``client_cpu_s``; an epoch's child
+    reports its own, imports excluded) and both over the wall time (``cores``).
+
+    On this benchmark's machines the server and the reader share the cores, so a reader
+    that takes more CPU per byte leaves the server less: these say how close a
+    measurement ran to the machine's cores.
+    """
+    pid = SERVER_PIDS.get(endpoint)
+    server0 = process_cpu_s(pid) if pid else None
+    own0 = sum(os.times()[:4])
+    result: dict[str, Any] = measure(*args)
+    server1 = process_cpu_s(pid) if pid else None
+    client = result.pop("cpu_s", None)
+    if client is None:
+        client = sum(os.times()[:4]) - own0
+    result["client_cpu_s"] = client
+    if server0 is not None and server1 is not None:
+        result["server_cpu_s"] = server1 - server0
+        result["cores"] = (result["server_cpu_s"] + client) / result["s"]
+    return result
+
+
 @contextmanager
 def _serve(args: list[str]) -> Iterator[str]:
     """A helper process (``moto`` or ``proxy``) of this module; yields its endpoint."""
@@ -75,6 +118,7 @@ def _serve(args: list[str]) -> Iterator[str]:
         line = proc.stdout.readline()
         if not line.startswith("ENDPOINT "):
             raise RuntimeError(f"S3 helper {args[0]} did not start: {line!r}")
+        SERVER_PIDS[line.split()[1]] = proc.pid
         yield line.split()[1]
     finally:
         assert proc.stdin is not None
@@ -202,12 +246,14 @@ def raw_get(endpoint: str, keys: list[str], threads: int) -> dict[str, float]:
         body = s3.get_object(Bucket=BUCKET, Key=key)["Body"]
         return len(body.read())
 
+    cpu0 = sum(os.times()[:2])
     t0 = time.perf_counter()
     with ThreadPoolExecutor(threads) as pool:
         total = sum(pool.map(get, keys))
     secs = time.perf_counter() - t0
     s3.close()
-    return {"bytes": total, "s": secs, "mib_s": total / secs / MiB}
+    cpu = sum(os.times()[:2]) - cpu0
+    return {"bytes": total, "s": secs, "mib_s": total / secs / MiB, "cpu_s": cpu}
 
 
 def raw_get_to_disk(endpoint: str, keys: list[str], threads: int, where: str) -> dict[str, float]:
@@ -224,13 +270,15 @@ def raw_get_to_disk(endpoint: str, keys: list[str], threads: int, where: str) ->
                 n += f.write(chunk)
         return n
 
+    cpu0 = sum(os.times()[:2])
     t0 = time.perf_counter()
     with ThreadPoolExecutor(threads) as pool:
         total = sum(pool.map(get, keys))
     secs = time.perf_counter() - t0
     s3.close()
     shutil.rmtree(where, ignore_errors=True)
-    return {"bytes": total, "s": secs, "mib_s": total / secs / MiB}
+    cpu = sum(os.times()[:2]) - cpu0
+    return {"bytes": total, "s": secs, "mib_s": total / secs / MiB, "cpu_s": cpu}
 
 
 def fill(endpoint: str, url: str, keys: list[str], threads: int, cache: str) -> dict[str, float]:
@@ -252,10 +300,12 @@ def fill(endpoint: str, url: str, keys: list[str], threads: int, cache: str) -> 
         cache=CacheConfig(directory=cache, limit_bytes=8 << 30),
         verify=True,
     )
+    cpu0 = sum(os.times()[:2])
     t0 = time.perf_counter()
     with ThreadPoolExecutor(threads) as pool:
         handles = list(pool.map(access.prepare, ids))
     secs = time.perf_counter() - t0
+    cpu = sum(os.times()[:2]) - cpu0
     total = 0
     for h in handles:
         assert h is not None and isinstance(h.source, str)
@@ -264,7 +314,7 @@ def fill(endpoint: str, url: str, keys: list[str], threads: int, cache: str) -> 
     access.close()
     store.close()
     shutil.rmtree(cache, ignore_errors=True)
-    return {"bytes": total, "s": secs, "mib_s": total / secs / MiB}
+    return {"bytes": total, "s": secs, "mib_s": total / secs / MiB, "cpu_s": cpu}
 
 
 def epoch(
@@ -297,6 +347,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     for module in ("simstore.formats", "simstore.storage._s3"):
         importlib.import_module(module)
 
+    cpu0 = sum(os.times()[:4])
     t0 = time.perf_counter()
     ds = SimDataset(
         spec["store"],
@@ -332,6 +383,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         "ttfb_s": t_first,
         "mib_s": nbytes / secs / MiB,
         "after_first_mib_s": rest,
+        "cpu_s": sum(os.times()[:4]) - cpu0,  # DataLoader workers are joined by now
         "tiers": stats.get("tiers"),
         "cache_hits": stats.get("cache_hits"),
         "cache_misses": stats.get("cache_misses"),
@@ -426,14 +478,16 @@ def main(argv: list[str] | None = None) -> int:
             for rep in range(reps):
                 cache = os.path.join(caches, f"{fmt}-{rep}")
                 one = {
-                    "get4": raw_get(endpoint, keys, 4),
-                    "get8": raw_get(endpoint, keys, 8),
-                    "get4_disk": raw_get_to_disk(endpoint, keys, 4, cache + "-get"),
-                    "fill4": fill(endpoint, url, keys, 4, cache + "-fill"),
-                    "cold": epoch(url, _options(endpoint), cache, args.workers, ref),
-                    "warm": epoch(url, _options(endpoint), cache, args.workers, ref),
-                    "local": epoch(local, None, None, args.workers, ref),
+                    "get4": with_cpu(endpoint, raw_get, endpoint, keys, 4),
+                    "get8": with_cpu(endpoint, raw_get, endpoint, keys, 8),
+                    "get4_disk": with_cpu(endpoint, raw_get_to_disk, endpoint, keys, 4,
+                                          cache + "-get"),
+                    "fill4": with_cpu(endpoint, fill, endpoint, url, keys, 4, cache + "-fill"),
                 }
+                options = _options(endpoint)
+                for name in ("cold", "warm"):
+                    one[name] = with_cpu(endpoint, epoch, url, options, cache, args.workers, ref)
+                one["local"] = with_cpu(endpoint, epoch, local, None, None, args.workers, ref)
                 if slow is not None:
                     one["slow_get8"] = raw_get(slow, keys, 8)
                     one["slow_cold"] = epoch(url, _options(slow), cache + "-slow", args.workers,
@@ -473,6 +527,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"{ratios['warm_over_local_after_first']:.2f}x)",
                 flush=True,
             )
+            cpu = [
+                f"{n} {_median(runs[n], 'cores'):.2f} (server "
+                f"{_median(runs[n], 'server_cpu_s'):.2f} s, reader "
+                f"{_median(runs[n], 'client_cpu_s'):.2f} s)"
+                for n in ("get4", "fill4", "cold", "warm")
+                if all("cores" in r for r in runs[n])
+            ]
+            if cpu:
+                print(f"{fmt}: cores busy, of {os.cpu_count()}: " + ", ".join(cpu), flush=True)
             if slow is not None:
                 print(
                     f"{fmt} +{args.latency_ms:g} ms: raw GET {med['slow_get8']['mib_s']:.0f}, "
