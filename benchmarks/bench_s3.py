@@ -2,7 +2,7 @@
 
     python -m benchmarks.bench_s3 [--quick] [--reps N] [--formats parquet zarr]
                                   [--workers N] [--latency-ms MS] [--samples N] [--store PATH]
-                                  [--json FILE]
+                                  [--pin-server] [--json FILE]
 
 One run starts a moto server in a process of its own on 127.0.0.1 (so that serving S3
 does not share a GIL with the reader), ingests the suite's ``large`` pool (96 samples of
@@ -135,6 +135,9 @@ def serve(argv: list[str]) -> None:
     import logging
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    if len(argv) > 1 and argv[-2] == "--cpu":  # this server on one core (--pin-server)
+        os.sched_setaffinity(0, {int(argv[-1])})
+        argv = argv[:-2]
     if argv[0] == "moto":
         from moto.server import ThreadedMotoServer
 
@@ -440,6 +443,12 @@ def main(argv: list[str] | None = None) -> int:
         help="samples of the pool (default 96, 24 with --quick): 384 makes 24 shards, three "
         "shuffle windows, where fills of the next window overlap decoding this one",
     )
+    ap.add_argument(
+        "--pin-server",
+        action="store_true",
+        help="run moto on the first core and the reader on the others (Linux), so the "
+        "two do not take CPU from each other",
+    )
     ap.add_argument("--workdir", default=os.path.join(REPO, ".bench", "s3"))
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args(argv)
@@ -457,7 +466,13 @@ def main(argv: list[str] | None = None) -> int:
         "formats": {},
     }
     with ExitStack() as stack:
-        endpoint = stack.enter_context(_serve(["moto"]))
+        pinned = args.pin_server and len(os.sched_getaffinity(0)) > 1
+        if pinned:  # the server on the first core, this process and its children on the rest
+            cores = sorted(os.sched_getaffinity(0))
+            endpoint = stack.enter_context(_serve(["moto", "--cpu", str(cores[0])]))
+            os.sched_setaffinity(0, set(cores[1:]))
+        else:
+            endpoint = stack.enter_context(_serve(["moto"]))
         slow = (
             stack.enter_context(_serve(["proxy", endpoint, str(args.latency_ms / 1e3)]))
             if args.latency_ms
