@@ -81,8 +81,9 @@ def process_cpu_s(pid: int) -> float | None:
 
 def with_cpu(endpoint: str, measure: Any, *args: Any) -> dict[str, Any]:
     """``measure(*args)``'s result with the CPU seconds it cost: the server's (``server_cpu_s``),
-    this process's and its waited-for children's (``client_cpu_s``; an epoch's child
-    reports its own, imports excluded) and both over the wall time (``cores``).
+    the reader's (``client_cpu_s``: the ``cpu_s`` every measurement here reports over its
+    own clock, an epoch's child with its workers, imports excluded) and both over the wall
+    time (``cores``).
 
     On this benchmark's machines the server and the reader share the cores, so a reader
     that takes more CPU per byte leaves the server less: these say how close a
@@ -90,12 +91,9 @@ def with_cpu(endpoint: str, measure: Any, *args: Any) -> dict[str, Any]:
     """
     pid = SERVER_PIDS.get(endpoint)
     server0 = process_cpu_s(pid) if pid else None
-    own0 = sum(os.times()[:4])
     result: dict[str, Any] = measure(*args)
     server1 = process_cpu_s(pid) if pid else None
-    client = result.pop("cpu_s", None)
-    if client is None:
-        client = sum(os.times()[:4]) - own0
+    client = result.pop("cpu_s")
     result["client_cpu_s"] = client
     if server0 is not None and server1 is not None:
         result["server_cpu_s"] = server1 - server0
