@@ -17,15 +17,12 @@ quartiles.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 
 from benchmarks import bench_s3
-from benchmarks.bench_ingest import TREE_IMPORTS
+from benchmarks.bench_ingest import TREE_IMPORTS, run_child
 
 _CHILD = r"""
 import json, os, sys
@@ -35,19 +32,13 @@ tree = args["tree"]
 import simstore
 assert (not tree) or simstore.__file__.startswith(tree), simstore.__file__
 from benchmarks import bench_s3
-print("RESULT " + json.dumps(bench_s3.child(args["spec"])))
+print(json.dumps(bench_s3.child(args["spec"])))
 """
 
 
 def _epoch(tree: str, spec: dict) -> dict:
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, json.dumps({"tree": tree, "spec": spec})],
-        cwd=bench_s3.REPO, capture_output=True, text=True, check=False,
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"epoch with {tree} failed ({proc.returncode}): {proc.stderr[-3000:]}")
-    result: dict = json.loads(lines[-1][len("RESULT "):])
+    result: dict = run_child(_CHILD, {"tree": tree, "spec": spec}, cwd=bench_s3.REPO,
+                             what=f"cold epoch with {tree or 'installed'}")
     return result
 
 

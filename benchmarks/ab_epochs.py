@@ -29,14 +29,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 
-from benchmarks.bench_ingest import TREE_IMPORTS
+from benchmarks.bench_ingest import TREE_IMPORTS, run_child
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -90,9 +87,8 @@ def _one(tree: str, store: str, args: argparse.Namespace, workers: int,
             "epochs": epochs or args.epochs, "cache_dir": cache_dir,
             "one_loader": args.one_loader,
             "store": store if store.startswith("s3://") else os.path.abspath(store)}
-    out = subprocess.run([sys.executable, "-c", _RUN, json.dumps(spec)], cwd=_ROOT,
-                         check=True, capture_output=True, text=True, env=env)
-    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    result: dict[str, float] = run_child(_RUN, spec, cwd=_ROOT, env=env,
+                                         what=f"epochs with {tree or 'installed'}")
     return result
 
 

@@ -3,8 +3,9 @@
     python -m benchmarks.ab_first_batch --store STORE --dataset NAME --trees TREE [TREE ...]
         [--batch 256] [--workers 0] [--rounds 31] [--step-ms 50]
 
-Each round runs one new process per tree, in turn (alternating, so a noisy minute hits
-every tree alike). A process imports simstore from its tree (a checkout, e.g. ``git
+Each round runs one new process per tree, in turn (the order alternating from round to
+round, so a noisy minute and the second place hit every tree alike; runs recorded before
+2026-12-02 kept one order). A process imports simstore from its tree (a checkout, e.g. ``git
 worktree add TREE REV``; ``installed`` for the installed one), pins ``DATASET`` to its
 snapshot id, and then times, from building ``SimDataset`` and ``SimDataLoader``: the first
 batch; after a pretend training step of ``--step-ms`` (a sleep), the wait for the second
@@ -16,13 +17,10 @@ less work must not make the second one wait: the step is where prefetching hides
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
 
-from benchmarks.bench_ingest import TREE_IMPORTS
+from benchmarks.bench_ingest import TREE_IMPORTS, run_child
 
 _CHILD = r"""
 import json, os, sys, time
@@ -60,11 +58,7 @@ def _run(tree: str, args: argparse.Namespace) -> dict[str, float]:
     spec = {"tree": "" if tree == "installed" else os.path.abspath(tree), "store": args.store,
             "dataset": args.dataset, "batch": args.batch, "workers": args.workers,
             "step_ms": args.step_ms}
-    out = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(spec)],
-                         capture_output=True, text=True, check=False)
-    if out.returncode:
-        raise SystemExit(f"{tree}: the timed process failed: {out.stderr.strip()[-2000:]}")
-    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    result: dict[str, float] = run_child(_CHILD, spec, what=f"first batch with {tree}")
     return result
 
 
@@ -80,8 +74,8 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     got: dict[str, dict[str, list[float]]] = {
         t: {"first": [], "second": [], "fifth": []} for t in args.trees}
-    for _ in range(args.rounds):
-        for tree in args.trees:
+    for r in range(args.rounds):
+        for tree in args.trees if r % 2 == 0 else args.trees[::-1]:
             for key, value in _run(tree, args).items():
                 got[tree][key].append(value * 1000)
     for tree in args.trees:

@@ -40,6 +40,7 @@ import tempfile
 import time
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -198,6 +199,21 @@ if tree:
 """Child-process code that makes ``import simstore`` load the source tree named by the
 variable ``tree`` (nothing when it is empty); ``os`` and ``sys`` must be imported."""
 
+
+def run_child(code: str, payload: Any, *, what: str = "child process",
+              cwd: str | None = None, env: dict[str, str] | None = None) -> Any:
+    """Run ``python -c code JSON(payload)`` and return its last line of output, parsed as JSON.
+
+    The benchmarks' timed processes all end by printing one JSON line; a process that
+    fails raises an error naming ``what``, with the end of its stderr.
+    """
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(payload)], cwd=cwd, env=env,
+                         capture_output=True, text=True, check=False)
+    lines = out.stdout.strip().splitlines()
+    if out.returncode or not lines:
+        raise RuntimeError(f"{what} failed (exit {out.returncode}): {out.stderr.strip()[-3000:]}")
+    return json.loads(lines[-1])
+
 # One timed ingest in a fresh process: imports, store and sync happen before the clock, so
 # every repetition (the first too) times the ingest alone, and the tree it imports is the
 # one named (the working tree, or a --baseline checkout of an earlier revision). The
@@ -243,10 +259,8 @@ def run_ingest(
         "fsync": fsync,
         "options": {"resume": False, **options},
     }
-    out = subprocess.run(
-        [sys.executable, "-c", _RUN, json.dumps(args)], check=True, capture_output=True, text=True
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    result: dict = run_child(_RUN, args, what=f"ingest of {src}")
+    return result
 
 
 SOURCES = ("npz", "hdf5", "hdf5 runs", "small npz", "netcdf", "vtu")
@@ -516,13 +530,7 @@ def phases(work: Path, quick: bool) -> list[dict]:
                 **opts,
             },
         }
-        out = subprocess.run(
-            [sys.executable, "-c", _PHASES, json.dumps(args)],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        got = json.loads(out.stdout.strip().splitlines()[-1])
+        got = run_child(_PHASES, args, what="phases of an ingest")
         for phase, secs in sorted(got["phases"].items(), key=lambda kv: -kv[1]):
             rows.append(
                 {
@@ -566,10 +574,7 @@ for line in open("/proc/self/status"):
 
 
 def child_rss(args: dict) -> int:
-    out = subprocess.run(
-        [sys.executable, "-c", _CHILD, json.dumps(args)], check=True, capture_output=True, text=True
-    )
-    return int(out.stdout.strip().splitlines()[-1])
+    return int(run_child(_CHILD, args, what="peak RSS ingest"))
 
 
 def peak_rss(work: Path, quick: bool) -> list[dict]:
