@@ -534,20 +534,38 @@ class ReaderPool:
         if prepared is not None and not prepared.done():
             self.start_hashing()  # never wait on work queued behind delayed hashes
         handle_ready = prepared.result() if prepared is not None else None
-        entry.handle = access.open(key[1], handle_ready)
-        entry.reader = self._open(key, entry.handle)
-        if entry.handle.trusted:
-            _trust(entry.reader)
-        elif (
-            access.verify
-            and self._io is not None
-            and isinstance(entry.handle.source, str)
-            and access.mode(key[1]) == "cache"
-            and getattr(entry.reader, "verifies_pages", False)
-        ):
-            # a cache hit: hashed once in this process (or by the sibling worker that
-            # owns it), like a local shard
-            check = functools.partial(access.check_copy, key[1], entry.handle.source)
+        handle = access.open(key[1], handle_ready)
+        source = handle.source
+        check: Callable[[], bool] | None = None
+        if (not handle.trusted and access.verify and isinstance(source, str)
+                and access.mode(key[1]) == "cache"):
+            # a cache hit: hashed once in this process (or by the sibling worker that owns
+            # it), like a local shard
+            check = functools.partial(access.check_copy, key[1], source)
+        try:
+            reader = self._open(key, handle)
+        except Exception:
+            if check is not None:
+                check()  # a damaged copy is the better error
+            raise
+        if check is not None and not getattr(reader, "verifies_pages", False):
+            # a reader that checks nothing itself reads a hit only once it has hashed
+            try:
+                if not check():  # a pinned copy goes only when found damaged
+                    raise IntegrityError(
+                        f"{self._name(key)}: cache copy {source} was taken out of the "
+                        "cache as damaged before this reader could hash it")
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    reader.close()
+                handle.release()
+                raise
+            check = None
+            _trust(reader)
+        entry.handle, entry.reader = handle, reader
+        if handle.trusted:
+            _trust(reader)
+        elif check is not None and self._io is not None:
             try:
                 hashing: Future[Any] = (
                     _Published(access, key[1], check) if access.sibling_hashes(key[1])

@@ -121,8 +121,10 @@ def _flip_in_pages(path):
         f.write(data)
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "zarr"])
+@pytest.mark.parametrize("fmt", ["parquet", "zarr", "lance"])
 def test_a_cache_copy_damaged_after_its_fill_is_found_and_refetched(tmp_path, sources, fmt):
+    """Parquet and Zarr readers check pages while the hit is hashed; a Lance reader
+    checks nothing itself, so its hit is hashed before the first read."""
     store, arrays = _ingest(tmp_path, sources, fmt)
     cache = str(tmp_path / "cache")
     remote = RemoteLikeStore(store)
@@ -187,6 +189,39 @@ def test_a_damaged_cache_copy_fails_an_epoch_read_by_two_workers(tmp_path, sourc
     got = epoch()
     assert got.keys() == arrays.keys()
     assert all(np.array_equal(got[k], arrays[k]) for k in arrays)
+
+
+def test_a_damaged_lance_cache_copy_is_never_read_by_workers(tmp_path, sources):
+    """A Lance reader checks no pages: each worker hashes a hit before reading it, so a
+    copy damaged since its fill fails the epoch, named, and yields none of its rows."""
+    from simstore.loaders import SimDataLoader
+
+    store, arrays = _ingest(tmp_path, sources, "lance")
+    cache = str(tmp_path / "cache")
+    remote = RemoteLikeStore(store)
+
+    def loader():
+        ds = SimDataset(remote, "d", shuffle=False, cache_dir=cache, cache_limit="64MiB")
+        # Lance is not fork-safe once this process has used it (docs/loader.md)
+        return SimDataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="spawn")
+
+    got = {k: u.numpy().copy() for b in loader() for k, u in zip(b["__key__"], b["u"],
+                                                                  strict=True)}
+    assert got.keys() == arrays.keys()  # fills
+    shard = _shard_ids(store)[0]
+    copy = os.path.join(cache, "objects", shard[:2], shard)
+    os.chmod(copy, 0o644)
+    with open(copy, "r+b") as f:  # a byte in the middle: inside the column data
+        f.seek(os.path.getsize(copy) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    seen = []
+    with pytest.raises(IntegrityError, match=shard):
+        for b in loader():
+            seen += [(k, u.numpy().copy()) for k, u in zip(b["__key__"], b["u"], strict=True)]
+    assert all(np.array_equal(u, arrays[k]) for k, u in seen)  # nothing damaged came out
+    assert not os.path.exists(copy)
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "zarr"])
