@@ -93,6 +93,7 @@ class LoaderState(TypedDict):
     seeds: list[int]
     weights: list[int]
     mix_seed: int
+    mix_shuffle: bool
     epoch: int
     epoch_length: int
     remaining: list[list[int]]
@@ -395,6 +396,7 @@ class SimDataset(IterableDataset[Sample]):
             "seeds": [s.seed for s in self._sources],
             "weights": list(self._mixture.weights),
             "mix_seed": self._mixture.seed,
+            "mix_shuffle": self._mixture.shuffle,
             "epoch": self._epoch,
             "epoch_length": self._epoch_length,
             "remaining": [[a, b] for a, b in remaining],
@@ -411,12 +413,15 @@ class SimDataset(IterableDataset[Sample]):
                 f"loader state format_version {state.get('format_version')!r}, this "
                 f"simstore reads {STATE_FORMAT_VERSION}"
             )
-        mine = self.state_dict()
-        for name in ("snapshots", "seeds", "weights", "mix_seed", "epoch_length", "order"):
-            if name == "order" and name not in state:
+        mine: Mapping[str, Any] = self.state_dict()
+        names = ["snapshots", "seeds", "weights", "mix_seed", "epoch_length", "order"]
+        if len(self._sources) > 1:  # interleaves sources: one source's order ignores it
+            names.append("mix_shuffle")
+        for name in names:
+            if name in ("order", "mix_shuffle") and name not in state:
                 raise InvalidInputError(
-                    "loader state has no 'order' (it was saved by an earlier simstore, whose "
-                    "shuffle differs): it cannot resume this stream exactly"
+                    f"loader state has no {name!r} (it was saved by an earlier simstore, "
+                    "whose shuffle differs): it cannot resume this stream exactly"
                 )
             if state.get(name) != mine[name]:
                 raise InvalidInputError(

@@ -159,6 +159,33 @@ def test_mixture_refuses_bad_input(two):
         SimDataset.mix([SimDataset.mix([a, b]), b])
 
 
+def test_a_mixture_state_resumes_only_its_own_interleaving(two):
+    """``mix(shuffle=...)`` decides how the sources interleave: a state of the other
+    setting would repeat some samples and skip others, so it is refused."""
+    store, *_ = two
+
+    def mix(shuffle):
+        parts = [build(store, r) for r in ("a", "b")]
+        return SimDataset.mix(parts, weights=[2, 5], seed=9, shuffle=shuffle)
+
+    loader = SimDataLoader(mix(True), batch_size=4)
+    first = [k for b in itertools.islice(loader, 5) for k in b["__key__"]]
+    state = loader.state_dict()
+    assert state["mix_shuffle"] is True
+    with pytest.raises(InvalidInputError, match="mix_shuffle"):
+        mix(False).load_state_dict(state)
+    older = {k: v for k, v in state.items() if k != "mix_shuffle"}
+    with pytest.raises(InvalidInputError, match="earlier simstore"):
+        mix(True).load_state_dict(older)
+    again = mix(True)
+    again.load_state_dict(state)  # the same interleaving: accepted, and exact
+    rest = [k for b in SimDataLoader(again, batch_size=4) for k in b["__key__"]]
+    whole = [k for b in SimDataLoader(mix(True), batch_size=4) for k in b["__key__"]]
+    assert first + rest == whole
+    plain = build(store, "a")  # one source: no interleaving to check
+    plain.load_state_dict({k: v for k, v in plain.state_dict().items() if k != "mix_shuffle"})
+
+
 def test_persistent_workers_are_refused(small):
     store, ref, _ = small
     with pytest.raises(InvalidInputError, match="persistent_workers"):
