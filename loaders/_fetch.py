@@ -495,7 +495,7 @@ class ShardAccess:
         A match is remembered: the shard is not hashed again in this process.
         """
         stamp = file_stamp(path)  # before: a file changed while hashed is hashed again
-        actual, size = hash_file(path)
+        actual, size = hash_file(path, pace=self._pace if self.limiter.rate else None)
         self.counters.add_read(tier, size)
         self.counters.add("shards_verified")
         if actual != shard_id:
@@ -507,6 +507,10 @@ class ShardAccess:
         if self.siblings is not None:
             self.siblings.publish(shard_id)
         return None
+
+    def _pace(self, nbytes: int) -> None:
+        """A whole-shard hash reads the file: ``max_bandwidth`` caps it like any read."""
+        self.counters.add("throttle_s", self.limiter.take(nbytes))
 
     def sibling_hashes(self, shard_id: str) -> bool:
         """Whether a sibling worker hashes this shard (this one waits for its word).

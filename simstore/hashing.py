@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import mmap
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import BinaryIO, NewType
 
 import xxhash
@@ -66,10 +66,20 @@ def hash_chunks(chunks: Iterable[bytes | bytearray | memoryview]) -> ObjectId:
     return h.hexdigest()
 
 
-def hash_stream(stream: BinaryIO, block_bytes: int = _BLOCK_BYTES) -> tuple[ObjectId, int]:
-    """Hash a binary stream in bounded blocks; returns (id, size in bytes)."""
+def hash_stream(
+    stream: BinaryIO,
+    block_bytes: int = _BLOCK_BYTES,
+    *,
+    pace: Callable[[int], object] | None = None,
+) -> tuple[ObjectId, int]:
+    """Hash a binary stream in bounded blocks; returns (id, size in bytes).
+
+    ``pace(block_bytes)``, when given, is called before each block is read.
+    """
     h = Hasher()
     while True:
+        if pace is not None:
+            pace(block_bytes)
         block = stream.read(block_bytes)
         if not block:
             break
@@ -77,18 +87,22 @@ def hash_stream(stream: BinaryIO, block_bytes: int = _BLOCK_BYTES) -> tuple[Obje
     return h.hexdigest(), h.size_bytes
 
 
-def hash_file(path: str, block_bytes: int = _BLOCK_BYTES) -> tuple[ObjectId, int]:
+def hash_file(
+    path: str, block_bytes: int = _BLOCK_BYTES, *, pace: Callable[[int], object] | None = None
+) -> tuple[ObjectId, int]:
     """Hash a local file in bounded blocks; returns (id, size in bytes).
 
     The file is memory-mapped and hashed in windows of 16 MiB, each dropped from the
     mapping once hashed (no read copy: 6,960 against 3,883 MiB/s from the page cache,
     64 MiB shards); a file that cannot be mapped (empty, a pipe) is read in blocks.
+    ``pace(nbytes)``, when given, is called before each window or block is read (a
+    bandwidth cap waits there).
     """
     with open(path, "rb") as f:
         try:
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except (ValueError, OSError):
-            return hash_stream(f, block_bytes)
+            return hash_stream(f, block_bytes, pace=pace)
         with mapped:
             h = Hasher()
             size = len(mapped)
@@ -96,6 +110,8 @@ def hash_file(path: str, block_bytes: int = _BLOCK_BYTES) -> tuple[ObjectId, int
             try:
                 for lo in range(0, size, _MAP_WINDOW_BYTES):
                     hi = min(size, lo + _MAP_WINDOW_BYTES)
+                    if pace is not None:
+                        pace(hi - lo)
                     h.update(view[lo:hi])
                     if hasattr(mapped, "madvise"):
                         mapped.madvise(mmap.MADV_DONTNEED, lo, hi - lo)

@@ -197,6 +197,35 @@ def test_max_bandwidth_throttles_reads(store_path):
     assert ds.stats()["throttle_s"] > 0
 
 
+def test_max_bandwidth_paces_the_whole_shard_hash_of_a_local_shard(store_path):
+    """A projected read decodes few bytes, but verifying a local shard reads all of it:
+    the cap applies to that read too, window by window."""
+    from simstore.loaders._fetch import ShardAccess
+
+    from simstore.storage import open_store
+
+    commit_samples(store_path, "sim", big_samples(8, 64 * 1024), per_shard=4)
+    cat = Catalog.open(store_path)
+    snap = cat.snapshot(cat.resolve("sim"))
+    shard = sorted({s for t in cat.iter_parts(snap) for s in t.column("shard").to_pylist()})[0]
+    store = open_store(store_path)
+    size = store.info(f"objects/{shard[:2]}/{shard}").size_bytes
+    now, slept = [0.0], []
+
+    def sleep(seconds):
+        slept.append(seconds)
+        now[0] += seconds
+
+    rate = 64 * 1024.0
+    limiter = RateLimiter(rate, burst_s=0.0, clock=lambda: now[0], sleep=sleep)
+    counters = Counters()
+    access = ShardAccess(store, counters=counters, limiter=limiter, cache=None, verify=True)
+    assert access.mode(shard) == "local"
+    access.prepare(shard)  # the whole-shard hash
+    assert sum(slept) == pytest.approx(size / rate)
+    assert counters.snapshot()["throttle_s"] == pytest.approx(size / rate)
+
+
 def test_stats_and_report(small, tmp_path):
     store, _, _ = small
     ds = remote_ds(store, cache_dir=str(tmp_path / "cache"), cache_limit="1MiB")
