@@ -4,6 +4,9 @@ A record ``journal/<dataset>/<digest>`` is keyed by the file's key, size and mti
 the digest of every output parameter; it holds the file's manifest rows, schema and
 statistics. It is written only after the shards its rows point to are stored, and a
 record whose shards are gone (gc) is ignored, so a record never vouches for missing data.
+Reusing a record refreshes its shards' modification times (``refresh`` on the store), as
+storing them again would: gc's grace period then protects them until the rows are
+staged, whenever the record was written.
 Nothing else reads the journal; deleting records only makes a re-run read files again.
 
 A record is a hint, so it needs no durability of its own: on a local store it is written
@@ -90,9 +93,13 @@ def read_journal(
     rows: list[Row] = [(str(k), str(h), str(s), int(p), int(b)) for k, h, s, p, b in rec["rows"]]
     needed = {r[2] for r in rows} | ({rec["source_object"]} if rec.get("source_object") else set())
     known = present if present is not None else {}
+    refresh = getattr(ctx.store, "refresh", None)
     for oid in needed:
         if oid not in known:
-            known[oid] = ctx.store.exists(object_key(oid))
+            # reused: its time is refreshed, as a write of it would, so that a gc running
+            # before this ingest stages its rows keeps it (within the grace period)
+            key = object_key(oid)
+            known[oid] = refresh(key) if callable(refresh) else ctx.store.exists(key)
         if not known[oid]:
             return None  # gc removed what it pointed to: redo the file
     return FileResult(

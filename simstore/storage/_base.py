@@ -48,7 +48,10 @@ class ObjectStore(Protocol):
     - ``put`` writes atomically: a reader sees the old object, the new one or none, never
       a partial one. ``put_if_absent``/``put_file`` return whether they wrote; when the
       object already exists they refresh its modification time, so garbage collection's
-      grace period protects an object a writer has just reused.
+      grace period protects an object a writer has just reused. Stores may also offer
+      ``refresh(key) -> bool`` (refresh the time of an object a writer reuses without
+      writing it; False when absent): ingest uses it for shards a journal record names,
+      and falls back to ``exists`` where it is missing.
     - ``get_versioned``/``compare_and_swap`` implement atomic ref updates: the swap
       succeeds only when the current version token equals ``expected`` (``None``: the key
       must not exist) and otherwise raises ``ConflictError``. ``data=None`` deletes.

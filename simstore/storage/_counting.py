@@ -244,6 +244,13 @@ class CountingStore:
         """Whether the key exists; one HEAD."""
         return self._call(OpClass.HEAD, lambda: self.inner.exists(key))
 
+    def refresh(self, key: str) -> bool:
+        """Refresh the modification time; False when absent (one copy request on S3)."""
+        refresh = getattr(self.inner, "refresh", None)
+        if not callable(refresh):
+            return self.exists(key)
+        return bool(self._call(OpClass.PUT, lambda: refresh(key)))
+
     def info(self, key: str) -> ObjectInfo:
         """Size and modification time; one HEAD."""
         return self._call(OpClass.HEAD, lambda: self.inner.info(key))

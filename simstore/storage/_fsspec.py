@@ -156,6 +156,14 @@ class FsspecStore:
             self.put(key, data)
             return hash_bytes(data)
 
+    def refresh(self, key: str) -> bool:
+        """Refresh the modification time (gc's grace; memory:// only); False when absent."""
+        self._check_writable(key)
+        if not self.exists(key):
+            return False
+        self._touch(key)
+        return True
+
     def exists(self, key: str) -> bool:
         """Whether the key exists."""
         path = self._path(key)

@@ -123,6 +123,17 @@ class LocalStore:
         """Whether the key exists as a file."""
         return os.path.isfile(self._path(key))
 
+    def refresh(self, key: str) -> bool:
+        """Refresh an object's modification time (gc's grace); False when it is absent."""
+        self._check_writable(key)
+        try:
+            os.utime(self._path(key))
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise self._error("touch", key, exc) from exc
+        return True
+
     def info(self, key: str) -> ObjectInfo:
         """Size and modification time."""
         try:

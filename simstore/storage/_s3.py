@@ -439,6 +439,11 @@ class S3Store:
         """Whether the key exists (one HEAD request)."""
         return self._head(key) is not None
 
+    def refresh(self, key: str) -> bool:
+        """Refresh LastModified (gc's grace) by a copy onto itself; False when absent."""
+        obj = self._check_writable(key)
+        return self._refresh(key, obj)
+
     def info(self, key: str) -> ObjectInfo:
         """Size and LastModified (whole seconds on S3) of one object."""
         head = self._head(key)

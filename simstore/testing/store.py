@@ -97,6 +97,17 @@ class ObjectStoreTests:
         store.put_if_absent("obj", b"data")
         assert store.info("obj").mtime > before
 
+    def test_refresh_moves_mtime_and_reports_absence(self, store: ObjectStore) -> None:
+        refresh = getattr(store, "refresh", None)
+        assert callable(refresh), "a store of simstore's own offers refresh"
+        assert refresh("nothing/here") is False
+        store.put("obj", b"data")
+        before = store.info("obj").mtime
+        time.sleep(1.1)
+        assert refresh("obj") is True
+        assert store.info("obj").mtime > before
+        assert store.get("obj") == b"data"
+
     def test_put_file(self, store: ObjectStore, tmp_path: Any) -> None:
         src = tmp_path / "src.bin"
         src.write_bytes(b"file body" * 1000)

@@ -10,7 +10,7 @@ from simstore.formats.testing import assert_fields_equal
 
 import simstore
 from simstore.catalog import Catalog
-from simstore.errors import InvalidInputError
+from simstore.errors import InvalidInputError, SourceError
 from simstore.hashing import object_key
 from simstore.ingest import IngestConfig, ingest
 from simstore.sample import Sample, hash_sample
@@ -466,3 +466,41 @@ def test_a_task_the_pool_refuses_fails_the_ingest_instead_of_waiting_for_it(
     with pytest.raises(SimstoreError, match="ingest worker process died"):
         _forked_pool_ingest(tmp_path, files=6, snapshot=True)
     assert BreaksAfterOne.submitted == 2
+
+
+def test_shards_reused_from_the_journal_survive_a_gc_before_they_are_staged(
+    tmp_path, monkeypatch
+):
+    """A failed ingest leaves a finished file's shard and record behind; hours later the
+    re-run reuses them. The reuse refreshes the shard's time as a write would, so a gc
+    that runs before the rows are staged keeps it, and the snapshot is complete."""
+    import os
+    import time
+
+    from simstore.catalog import gc, verify
+
+    src = tmp_path / "src"
+    src.mkdir()
+    np.savez(src / "a.npz", x=np.arange(5, dtype=np.float32))
+    np.savez(src / "b.npz", x=np.arange(5, dtype=np.float64))  # breaks a's schema
+    cat = Catalog.init(str(tmp_path / "store"))
+    with pytest.raises(SourceError, match="b.npz"):
+        ingest([str(src)], dataset="d", store=cat, snapshot=True)
+    hours_ago = time.time() - 7200
+    for folder in ("objects", "journal"):
+        for path in (tmp_path / "store" / folder).rglob("*"):
+            if path.is_file():
+                os.utime(path, (hours_ago, hours_ago))
+    np.savez(src / "b.npz", x=np.arange(5, dtype=np.float32))
+    stage = Catalog.stage
+    collected = []
+
+    def gc_then_stage(self, *args, **kwargs):
+        collected.append(gc(self, grace_s=3600))
+        return stage(self, *args, **kwargs)
+
+    monkeypatch.setattr(Catalog, "stage", gc_then_stage)
+    result = ingest([str(src)], dataset="d", store=cat, snapshot=True)
+    assert result.files_reused == 1 and collected  # a.npz came from its record
+    report = verify(cat, "d", deep=True)
+    assert report.ok, report.problems
