@@ -500,6 +500,18 @@ class Catalog:
             out.append(StagedEntry.from_bytes(data, key))
         return sorted(out, key=lambda e: e.id)
 
+    def staged_keys(self, dataset: str) -> dict[str, frozenset[str] | None]:
+        """Per staged entry of the dataset (oldest first), the keys it changes.
+
+        Upserts and deletions alike; None for an entry that replaces the whole dataset
+        (every key may change).
+        """
+        return {
+            e.id: None if e.mode == "replace"
+            else frozenset(self._read_changes(e).column("key").to_pylist())
+            for e in self.staged(dataset)
+        }
+
     def discard_staged(self, dataset: str, ids: Sequence[str]) -> None:
         """Remove staging entries (their objects stay until gc)."""
         for sid in ids:

@@ -11,7 +11,7 @@ import bisect
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Unpack
 
 import pyarrow as pa
@@ -303,10 +303,16 @@ def _finish(
         accepted.append(res)
     unchanged: set[str] = set()
     known: dict[str, str] = {}
+    pending = catalog.staged_keys(ctx.dataset) if accepted else {}
     if head is not None and cfg.mode == "upsert" and accepted:
         known = _head_hashes(catalog, head, sorted(owner))
+        # a key a staged entry changes is not the head's any more: its file is staged
+        # again, so this ingest's samples are the last change when the entries commit
+        touched: set[str] = set()
+        for keys in pending.values():
+            touched.update(keys if keys is not None else owner)
         for res in accepted:
-            if res.rows and all(known.get(k) == h for k, h, *_ in res.rows):
+            if res.rows and all(known.get(k) == h and k not in touched for k, h, *_ in res.rows):
                 unchanged.add(res.path)
     staged = [r for r in accepted if r.path not in unchanged]
     rows = [row for r in staged for row in r.rows]
@@ -319,7 +325,7 @@ def _finish(
     final_schema = tuple(schema[n] for n in sorted(schema))
     if staged:
         staging_id, snapshot_id, extra = _stage(
-            catalog, ctx, run, staged, rows, shards, final_schema, new_keys_in
+            catalog, ctx, run, staged, rows, shards, final_schema, new_keys_in, pending
         )
         new_bytes += extra
     elif cfg.snapshot and head is not None:
@@ -376,11 +382,17 @@ def _stage(
     shards: Sequence[str],
     schema: Schema,
     new_keys_in: str | None,
+    pending: Mapping[str, frozenset[str] | None],
 ) -> tuple[str, str | None, int]:
     """Stage the rows (reusing an identical pending entry) and commit when asked.
 
     ``new_keys_in``: the snapshot every staged key was checked to be absent from; the
     commit trusts it (skipping its own key-range test) only when that is its parent.
+    ``pending``: the keys each earlier staged entry changes. The commit takes, with this
+    entry, every earlier one that changes one of its keys: they apply first, so this
+    ingest's samples are the last change (left staged, such an entry would apply over
+    them at the next commit). An identical pending entry is reused only when no later
+    entry changes its keys.
     """
     cfg = ctx.config
     rows_digest = _rows_digest(rows)
@@ -413,11 +425,16 @@ def _stage(
         "objects": objects,
         "rows_digest": rows_digest,
     }
+    mine = {r[0] for r in rows}
+    overlapping = [
+        eid for eid, keys in pending.items() if keys is None or not mine.isdisjoint(keys)
+    ]
     entry = next(
         (
             e
             for e in catalog.staged(ctx.dataset)
             if e.lineage.get("rows_digest") == rows_digest and e.mode == cfg.mode
+            and all(eid <= e.id for eid in overlapping)
         ),
         None,
     )
@@ -439,7 +456,7 @@ def _stage(
             message=message,
             branch=cfg.branch,
             author=cfg.author,
-            staging_ids=[entry.id],
+            staging_ids=sorted({*overlapping, entry.id}),
             allow_schema_change=cfg.allow_schema_change,
         )
         snapshot_id = commit.snapshot_id

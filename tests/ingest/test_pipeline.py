@@ -504,3 +504,62 @@ def test_shards_reused_from_the_journal_survive_a_gc_before_they_are_staged(
     assert result.files_reused == 1 and collected  # a.npz came from its record
     report = verify(cat, "d", deep=True)
     assert report.ok, report.problems
+
+
+def test_a_file_changed_by_a_staged_entry_is_staged_again_and_its_last_ingest_wins(
+    tmp_path, read
+):
+    """Unchanged against the head is not unchanged when a staged entry changes the key:
+    a file changed and staged, then reverted and ingested with a snapshot, must commit
+    the reverted values, not the staged ones."""
+    src = tmp_path / "src"
+    src.mkdir()
+    np.savez(src / "a.npz", x=np.zeros(4, dtype=np.float32))
+    cat = Catalog.init(str(tmp_path / "store"))
+    ingest([str(src)], dataset="d", store=cat, snapshot=True)
+    np.savez(src / "a.npz", x=np.ones(4, dtype=np.float32))
+    assert ingest([str(src)], dataset="d", store=cat).staging_id is not None  # staged only
+    np.savez(src / "a.npz", x=np.zeros(4, dtype=np.float32))
+    last = ingest([str(src)], dataset="d", store=cat, snapshot=True)
+    assert last.files_unchanged == 0 and last.samples_staged == 1
+    assert cat.staged("d") == []
+    _, got = read(cat, "d")
+    np.testing.assert_array_equal(got["a"]["x"], np.zeros(4, dtype=np.float32))
+
+
+def test_a_file_whose_key_has_a_staged_deletion_is_ingested_again(tmp_path, read):
+    from click.testing import CliRunner
+    from simstore.cli import main
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("a", "b"):
+        np.savez(src / f"{name}.npz", x=np.arange(3, dtype=np.float32))
+    store = str(tmp_path / "store")
+    cat = Catalog.init(store)
+    ingest([str(src)], dataset="d", store=cat, snapshot=True)
+    out = CliRunner().invoke(main, ["--store", store, "delete", "d", "a"])
+    assert out.exit_code == 0, out.output
+    again = ingest([str(src)], dataset="d", store=cat, snapshot=True)
+    assert again.files_unchanged == 1 and again.samples_staged == 1  # b only is unchanged
+    assert cat.staged("d") == []
+    _, got = read(cat, "d")
+    assert sorted(got) == ["a", "b"]
+
+
+def test_an_identical_staged_entry_is_not_reused_when_a_later_one_changes_its_keys(
+    tmp_path, read
+):
+    src = tmp_path / "src"
+    src.mkdir()
+    cat = Catalog.init(str(tmp_path / "store"))
+    staged = []
+    for value in (2, 0, 1):  # committed twos; then zeros staged, ones staged
+        np.savez(src / "a.npz", x=np.full(4, value, dtype=np.float32))
+        staged.append(ingest([str(src)], dataset="d", store=cat, snapshot=value == 2))
+    np.savez(src / "a.npz", x=np.zeros(4, dtype=np.float32))
+    last = ingest([str(src)], dataset="d", store=cat, snapshot=True)
+    assert last.staging_id not in {s.staging_id for s in staged}  # a new, later entry
+    assert cat.staged("d") == []
+    _, got = read(cat, "d")
+    np.testing.assert_array_equal(got["a"]["x"], np.zeros(4, dtype=np.float32))
