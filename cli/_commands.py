@@ -9,7 +9,7 @@ import click
 from simstore.cli._common import CliContext, emit, handle_errors, pass_ctx
 
 from simstore.catalog import Catalog, gc, verify
-from simstore.errors import InvalidInputError
+from simstore.errors import InvalidInputError, NotFoundError
 from simstore.manifest import rows_from_list
 from simstore.names import parse_ref
 from simstore.snapshot import Snapshot
@@ -86,7 +86,8 @@ def snapshot_cmd(
     """Commit everything staged for DATASET as a new snapshot on a branch."""
     cat = ctx.catalog()
     if not cat.staged(dataset) and not cat.has_dataset(dataset):
-        raise InvalidInputError(f"unknown dataset {dataset!r}: nothing staged and no branches")
+        # An unknown dataset is a NotFoundError (exit 3), as for every other command.
+        raise NotFoundError(f"unknown dataset {dataset!r}: nothing staged and no branches")
     res = cat.commit(
         dataset,
         message=message,

@@ -98,6 +98,56 @@ class _Refs:
         """Whether the ref exists."""
         return self._store.exists(self.key(name))
 
+    def _what(self, name: str) -> str:
+        return f"{'branch' if self.kind == 'heads' else 'tag'} {name!r}"
+
+    def _create(self, name: str, snapshot_id: str) -> None:
+        """Create a ref at ``snapshot_id`` unless it exists; idempotent.
+
+        On a conflict the ref is read back, as :meth:`Catalog.commit` does after a lost
+        swap: when the response to the create is lost, the store sends it again and the
+        retry's 412 is against the first attempt's own write. If the ref now holds exactly
+        the bytes this call writes, the create is done. Refs carry no writer identity (and
+        on S3 the ETag of a PUT is the MD5 of the body), so this writer's earlier attempt
+        cannot be told from another writer's create of the same ref at the same snapshot;
+        both leave the state that was asked for, so both count as success. A ref at any
+        other snapshot raises :class:`AlreadyExistsError`.
+        """
+        key = self.new_key(name)
+        body = encode_ref(snapshot_id)
+        try:
+            self._store.compare_and_swap(key, None, body)
+        except ConflictError as exc:
+            try:
+                now = self._store.get(key)
+            except NotFoundError:
+                raise ConflictError(
+                    f"{self.dataset}: {self._what(name)} was created and deleted concurrently"
+                ) from exc
+            if now != body:
+                raise AlreadyExistsError(
+                    f"{self.dataset}: {self._what(name)} already exists"
+                ) from None
+
+    def _delete(self, name: str) -> None:
+        """Delete a ref by compare-and-swap against the version just read; idempotent.
+
+        A retried conditional DELETE whose first attempt landed gets 404 (the ref is
+        gone), which the store reports as a conflict. So on a conflict the ref is looked up
+        again: gone means the delete is done (by this call or a concurrent one, the end
+        state is the one asked for); still there means it changed meanwhile, and the
+        :class:`ConflictError` stands.
+        """
+        key = self.key(name)
+        _, version = self.get_versioned(name)
+        if version is None:
+            raise NotFoundError(f"{self.dataset}: no {self._what(name)}")
+        try:
+            self._store.compare_and_swap(key, version, None)
+        except ConflictError:
+            if self._store.exists(key):
+                raise
+
 
 class Branches(_Refs):
     """Branches of one dataset: ``datasets/<name>/refs/heads/<branch>``, moved by CAS."""
@@ -105,11 +155,12 @@ class Branches(_Refs):
     kind = "heads"
 
     def create(self, name: str, snapshot_id: str) -> None:
-        """Create a branch at a snapshot; AlreadyExistsError when it exists."""
-        try:
-            self._store.compare_and_swap(self.new_key(name), None, encode_ref(snapshot_id))
-        except ConflictError:
-            raise AlreadyExistsError(f"{self.dataset}: branch {name!r} already exists") from None
+        """Create a branch at a snapshot; AlreadyExistsError when it exists elsewhere.
+
+        A branch that already points at ``snapshot_id`` counts as created (see
+        :meth:`_create`: a create retried after a lost response must not fail).
+        """
+        self._create(name, snapshot_id)
 
     def move(self, name: str, expected_version: str | None, snapshot_id: str) -> str | None:
         """Move a branch by compare-and-swap from the version read earlier."""
@@ -118,11 +169,8 @@ class Branches(_Refs):
         )
 
     def delete(self, name: str) -> None:
-        """Delete a branch (CAS against its current version)."""
-        _, version = self.get_versioned(name)
-        if version is None:
-            raise NotFoundError(f"{self.dataset}: no branch {name!r}")
-        self._store.compare_and_swap(self.key(name), version, None)
+        """Delete a branch (CAS against its current version); see :meth:`_delete`."""
+        self._delete(name)
 
 
 class Tags(_Refs):
@@ -131,15 +179,13 @@ class Tags(_Refs):
     kind = "tags"
 
     def create(self, name: str, snapshot_id: str) -> None:
-        """Create a tag; AlreadyExistsError when it exists (tags never move)."""
-        try:
-            self._store.compare_and_swap(self.new_key(name), None, encode_ref(snapshot_id))
-        except ConflictError:
-            raise AlreadyExistsError(f"{self.dataset}: tag {name!r} already exists") from None
+        """Create a tag; AlreadyExistsError when it points elsewhere (tags never move).
+
+        A tag that already points at ``snapshot_id`` counts as created (see
+        :meth:`_create`: a create retried after a lost response must not fail).
+        """
+        self._create(name, snapshot_id)
 
     def delete(self, name: str) -> None:
-        """Delete a tag."""
-        _, version = self.get_versioned(name)
-        if version is None:
-            raise NotFoundError(f"{self.dataset}: no tag {name!r}")
-        self._store.compare_and_swap(self.key(name), version, None)
+        """Delete a tag; a tag gone after a conflict counts as deleted (:meth:`_delete`)."""
+        self._delete(name)

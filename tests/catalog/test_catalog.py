@@ -97,11 +97,14 @@ def test_tags_are_write_once_and_branches_independent(cat):
     stage_samples(cat, "ds", {"a": b"1"})
     r1 = cat.commit("ds", message="one")
     cat.tags("ds").create("v1", r1.snapshot_id)
-    with pytest.raises(AlreadyExistsError):
-        cat.tags("ds").create("v1", r1.snapshot_id)
+    cat.tags("ds").create("v1", r1.snapshot_id)  # where it already points: done (idempotent)
     cat.branches("ds").create("dev", r1.snapshot_id)
     stage_samples(cat, "ds", {"b": b"2"})
-    cat.commit("ds", message="dev work", branch="dev")
+    r2 = cat.commit("ds", message="dev work", branch="dev")
+    with pytest.raises(AlreadyExistsError, match="tag 'v1' already exists"):
+        cat.tags("ds").create("v1", r2.snapshot_id)
+    with pytest.raises(AlreadyExistsError, match="branch 'main' already exists"):
+        cat.branches("ds").create("main", r2.snapshot_id)
     assert set(content(cat, "ds@dev")) == {"a", "b"}
     assert set(content(cat, "ds@v1")) == {"a"}
     assert set(content(cat, "ds")) == {"a"}

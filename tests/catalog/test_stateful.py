@@ -24,6 +24,7 @@ class CatalogMachine(RuleBasedStateMachine):
         self.branches: dict[str, dict[str, str]] = {}
         self.tags: dict[str, dict[str, str]] = {}
         self.ids: dict[str, str] = {}
+        self.tag_ids: dict[str, str] = {}
 
     @rule(
         branch=BRANCHES,
@@ -56,6 +57,10 @@ class CatalogMachine(RuleBasedStateMachine):
         if src not in self.branches:
             return
         if tag in self.tags:
+            if self.tag_ids[tag] == self.ids[src]:
+                # Creating a tag where it already points is done already (idempotent).
+                self.cat.tags("ds").create(tag, self.ids[src])
+                return
             try:
                 self.cat.tags("ds").create(tag, self.ids[src])
             except AlreadyExistsError:
@@ -63,6 +68,7 @@ class CatalogMachine(RuleBasedStateMachine):
             raise AssertionError("tag was overwritten")
         self.cat.tags("ds").create(tag, self.ids[src])
         self.tags[tag] = dict(self.branches[src])
+        self.tag_ids[tag] = self.ids[src]
 
     @precondition(lambda self: len(self.branches) >= 2)
     @rule(a=BRANCHES, b=BRANCHES)

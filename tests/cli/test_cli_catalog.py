@@ -69,6 +69,7 @@ def test_full_workflow(store_url):
         (["branch", "ds", "x" * 201], 2, "201 characters"),
         (["gc", "--grace", "soon"], 2, "invalid duration"),
         (["delete", "ds", "missing-key"], 2, "no sample 'missing-key'"),
+        (["snapshot", "nods", "-m", "x"], 3, "unknown dataset 'nods'"),
     ],
 )
 def test_errors_are_one_line_with_exit_codes(store_url, args, code, words):
@@ -93,6 +94,9 @@ def test_tag_exists_is_an_error(store_url):
     _stage(store_url, {"a": b"1"})
     run(store_url, "snapshot", "ds", "-m", "m")
     run(store_url, "tag", "ds", "v1")
+    run(store_url, "tag", "ds", "v1")  # where it already points: done, exit 0
+    _stage(store_url, {"b": b"2"})
+    run(store_url, "snapshot", "ds", "-m", "m2")
     result = run(store_url, "tag", "ds", "v1", ok=False)
     assert result.exit_code == 4 and "already exists" in result.output
 
