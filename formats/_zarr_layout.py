@@ -9,7 +9,7 @@ then ``zstd`` or ``blosc``) that encode a chunk and decode it again.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -133,6 +133,27 @@ def scalar_from_json(value: Any, dtype: str) -> Any:
     return scalar_out(np.asarray(value, dtype=dtype)[()], dtype)
 
 
+def _one_thread(encode: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``encode`` with Blosc's own threads off, so its output is the same every time.
+
+    numcodecs' Blosc compresses with several threads by default, and then the bytes of a
+    chunk differ from run to run (the values decode the same): equal samples must give
+    equal shards and equal object ids. The switch is numcodecs' process-wide
+    ``use_threads``, set for the call and put back.
+    """
+    from numcodecs import blosc
+
+    def encode_one_thread(buf: Any) -> Any:
+        prior = blosc.use_threads
+        blosc.use_threads = False
+        try:
+            return encode(buf)
+        finally:
+            blosc.use_threads = prior
+
+    return encode_one_thread
+
+
 class ChunkCodec:
     """Chunk encoder for one array: its Zarr v3 codec list and the bytes it produces."""
 
@@ -159,9 +180,9 @@ class ChunkCodec:
                     },
                 }
             )
-            self._encode = Blosc(
-                cname="zstd", clevel=level, shuffle=Blosc.SHUFFLE, blocksize=0
-            ).encode
+            self._encode = _one_thread(
+                Blosc(cname="zstd", clevel=level, shuffle=Blosc.SHUFFLE, blocksize=0).encode
+            )
         elif codec != "none":
             from numcodecs import Zstd
 

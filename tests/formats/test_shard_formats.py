@@ -526,3 +526,23 @@ def test_zarr_checked_bytes_are_the_chunk_entries_of_the_asked_samples(tmp_path)
         assert reader.checked_bytes([0, 1], None) > 0
     finally:
         reader.close()
+
+
+def test_blosc_chunks_are_the_same_bytes_every_time(monkeypatch):
+    """numcodecs' Blosc is multi-threaded by default and then its bytes vary from call to
+    call; a shard's chunks must not (equal samples, equal object ids). Importing zarr
+    turns Blosc's threads off process-wide; an ingest worker need not import it."""
+    from numcodecs import blosc
+    from simstore.formats._zarr_layout import ChunkCodec
+
+    monkeypatch.setattr(blosc, "use_threads", None)  # numcodecs' default
+
+    values = np.random.default_rng(0).random((64, 64, 32)).astype(np.float32)  # 512 KiB
+    codec = ChunkCodec("shuffle-zstd", values.dtype)
+    assert codec.codecs[-1]["name"] == "blosc"
+    outputs = {bytes(codec.encode(values)) for _ in range(40)}
+    assert len(outputs) == 1
+    from numcodecs import Blosc
+
+    decoded = np.frombuffer(Blosc().decode(outputs.pop()), dtype=np.float32)
+    np.testing.assert_array_equal(decoded.reshape(values.shape), values)
