@@ -203,6 +203,10 @@ class TaskRunner:
         if self.cfg.resume:
             reused = read_journal(self.ctx, src, self._present)
             if reused is not None:
+                # the schema of the task's later files, as if this one were read again
+                for spec in reused.schema:
+                    found = FieldSpec.from_json(spec)
+                    self.run_specs[found.name] = found
                 return reused, []
         try:
             return self._ingest(src, res)

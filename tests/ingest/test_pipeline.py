@@ -563,3 +563,22 @@ def test_an_identical_staged_entry_is_not_reused_when_a_later_one_changes_its_ke
     assert cat.staged("d") == []
     _, got = read(cat, "d")
     np.testing.assert_array_equal(got["a"]["x"], np.zeros(4, dtype=np.float32))
+
+
+def test_a_resumed_skip_run_skips_what_a_fresh_one_skips(tmp_path):
+    """A file reused from the journal counts in the schema of its task's later files, as
+    a file read again would: a bad file after it is the one skipped, not the good one."""
+    src = tmp_path / "src"
+    src.mkdir()
+    np.savez(src / "a.npz", x=np.arange(10.0))
+    np.savez(src / "b.npz", x=np.arange(10, dtype=np.float32))  # the odd one out
+    np.savez(src / "c.npz", x=np.arange(10.0))
+    fresh = ingest([str(src)], dataset="d", store=Catalog.init(str(tmp_path / "fresh")),
+                   on_error="skip")
+    cat = Catalog.init(str(tmp_path / "store"))
+    with pytest.raises(SourceError, match="b.npz"):
+        ingest([str(src)], dataset="d", store=cat)  # fails at b; a is journaled
+    resumed = ingest([str(src)], dataset="d", store=cat, on_error="skip")
+    assert resumed.files_reused == 1
+    assert [s.path for s in resumed.files_skipped] == [s.path for s in fresh.files_skipped]
+    assert resumed.samples == fresh.samples == 2
