@@ -6,7 +6,8 @@ of the file, groups and datasets become parameters (``Re``, ``group/units``,
 ``stride`` cut time-dependent datasets into one sample per window (see ``_tree``).
 Datasets chunked without filters are read with no chunk cache (straight into the
 result); compressed ones keep HDF5's chunk cache.
-String datasets become string parameters (scalar) or metadata lists.
+String datasets become string parameters (scalar) or metadata lists. A dataset with a
+null dataspace (``h5py.Empty``) is refused with an error naming it.
 """
 
 from __future__ import annotations
@@ -109,6 +110,15 @@ class HDF5Adapter:
                 attribute_fields(name, dict(obj.attrs), params, metadata, is_array=is_array)
                 if not isinstance(obj, h5py.Dataset):
                     continue
+                if obj.shape is None:
+                    # a null dataspace (h5py.Empty): valid HDF5 that holds no values, not
+                    # even an empty array. Dropping it would lose a field without a word,
+                    # and no value stands for it, so the file is refused (see
+                    # docs/adapters.md)
+                    raise SourceError(
+                        f"{path}: field {name!r}: the dataset has a null dataspace "
+                        "(h5py.Empty: no shape and no values), which no field can hold"
+                    )
                 dtype = obj.dtype
                 if h5py.check_string_dtype(dtype) is not None or dtype.kind in "SUO":
                     value = obj[()]

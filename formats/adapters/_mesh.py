@@ -13,7 +13,11 @@ ingested (meshes are bounded by their own size, not by any time axis).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import re
+import threading
 import warnings
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Mapping, Sequence
@@ -39,14 +43,52 @@ def _meshio() -> Any:
     return meshio
 
 
+_OUTPUT_LOCK = threading.Lock()
+"""Held while :func:`_quietly` has ``sys.stdout``/``sys.stderr`` swapped: the swap is the
+whole process's, and two threads swapping at once (a dask worker with several threads)
+would leave one of them restoring the other's buffer for good."""
+
+
+def _reason(printed: str, banner: str) -> str:
+    """The first meaningful line of what meshio printed while it failed.
+
+    meshio ``print``s each reader's ``ReadError`` to stdout (``Expected ply``), then
+    writes a ``Couldn't read file ... as ply`` banner to stderr with rich, wrapped at
+    the console's width, and calls ``sys.exit``. The reader's line says why; the banner
+    (its lines joined) is the fallback when a reader's error was empty.
+    """
+    for line in printed.splitlines():
+        if line.strip():
+            return line.strip()
+    text = " ".join(banner.split()).removeprefix("Error: ")
+    # the banner repeats the path our message starts with: keep the formats tried
+    text = re.sub(r"^Couldn't read file .* as (.+)$", r"meshio could not read it as \1", text)
+    return text or "the reader gave up on this file"
+
+
 def _quietly(fn: Any, *args: Any) -> Any:
-    """Call a meshio reader; its warnings are noise, and it may call sys.exit on bad input."""
-    with warnings.catch_warnings():
+    """Call a meshio reader with what it prints captured, and every failure an exception.
+
+    On bad input meshio prints to stdout and (through rich) to stderr, then calls
+    ``sys.exit``: left alone, that put text before ``ingest --json``'s JSON on stdout
+    and extra lines on stderr, and lost the reason. Its output is redirected at the
+    Python level (rich writes to ``sys.stderr`` as it is when it prints), and the first
+    meaningful line of it becomes the error's message. Its warnings are noise. Each
+    ingest worker is a process; threads of one process take turns (``_OUTPUT_LOCK``).
+    """
+    out, err = io.StringIO(), io.StringIO()
+    with _OUTPUT_LOCK, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            return fn(*args)
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                return fn(*args)
         except SystemExit as exc:
-            raise ValueError("the reader gave up on this file") from exc
+            raise ValueError(_reason(out.getvalue(), err.getvalue())) from exc
+        except Exception as exc:
+            if str(exc).strip():
+                raise
+            # an empty ReadError(): what the reader printed is the only reason
+            raise ValueError(_reason(out.getvalue(), err.getvalue())) from exc
 
 
 def _native(arr: Any) -> np.ndarray:
@@ -176,11 +218,9 @@ class MeshAdapter:
             return
         if low.endswith((".xdmf", ".xmf")) and _xdmf_is_temporal(path):
             try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    reader = meshio.xdmf.TimeSeriesReader(path)
-                    points, cells = reader.read_points_cells()
-                    n = reader.num_steps
+                reader = _quietly(meshio.xdmf.TimeSeriesReader, path)
+                points, cells = _quietly(reader.read_points_cells)
+                n = reader.num_steps
             except Exception as exc:  # meshio raises many kinds on bad XML or data
                 raise SourceError(f"{path}: not a readable XDMF time series: {exc}") from exc
             width = max(4, len(str(n - 1)))
@@ -198,6 +238,8 @@ class MeshAdapter:
 
     def _read(self, meshio: Any, path: str) -> Any:
         try:
+            if os.path.getsize(path) == 0:  # meshio's readers say nothing useful of it
+                raise ValueError("the file is empty")
             return _quietly(meshio.read, path)
         except Exception as exc:  # meshio raises ReadError, ValueError, KeyError, ...
             raise SourceError(f"{path}: not a readable mesh: {exc}") from exc
