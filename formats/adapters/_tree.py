@@ -164,6 +164,8 @@ def json_safe(value: Any) -> Any:
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     if isinstance(value, str | int | float | bool) or value is None:
         return value
+    if type(value).__name__ == "Empty" and hasattr(value, "dtype"):
+        return None  # h5py.Empty: an attribute with a null dataspace holds no value
     return str(value)
 
 

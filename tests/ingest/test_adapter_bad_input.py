@@ -205,3 +205,14 @@ def test_hdf5_null_dataspace_is_refused_naming_the_dataset(tmp_path, dtype):
     with pytest.raises(SourceError) as info:
         samples(HDF5Adapter(), src)
     assert "null dataspace" in one_line_naming(info, src, "group/empty")
+
+
+def test_hdf5_attribute_with_a_null_dataspace_is_null_metadata(tmp_path):
+    from simstore.formats.adapters._tree import json_safe
+
+    path = tmp_path / "a.h5"
+    with h5py.File(path, "w") as f:
+        f["x"] = np.arange(3.0)
+        f.attrs["nothing"] = h5py.Empty("f8")
+    with h5py.File(path, "r") as f:
+        assert json_safe(f.attrs["nothing"]) is None
