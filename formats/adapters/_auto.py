@@ -9,6 +9,7 @@ after, so a pipeline's own adapter is picked for the files only it recognises.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -23,9 +24,15 @@ _BUILTIN = ("netcdf", "hdf5", "npz", "npy", "zarr", "mesh", "cad")
 
 
 def read_head(path: str, n: int = 64) -> bytes:
-    """The first ``n`` bytes of a file (empty for a directory, such as a Zarr group)."""
-    if os.path.isdir(path):
+    """The first ``n`` bytes of a file (empty for a directory, such as a Zarr group).
+
+    A named pipe, socket or device is refused, never opened: reading a pipe blocks.
+    """
+    mode = os.stat(path).st_mode
+    if stat.S_ISDIR(mode):
         return b""
+    if not stat.S_ISREG(mode):
+        raise SourceError(f"{path}: not a regular file or directory (not opened)")
     with open(path, "rb") as f:
         return f.read(n)
 
@@ -52,8 +59,13 @@ class AutoAdapter:
         """The adapter for this file (None when no installed adapter reads it).
 
         The first adapter whose extensions match and whose ``can_read`` agrees, else the
-        first whose ``can_read`` accepts the name and first bytes.
+        first whose ``can_read`` accepts the name and first bytes. A directory is offered
+        with a trailing separator (``case.h5/``), as the ingest pipeline offers it: only an
+        adapter that reads directories by what they hold (Zarr) claims it, not one that
+        judges by extension.
         """
+        if not head and os.path.isdir(path):
+            path = os.path.join(path, "")
         low = path.lower()
         candidates = self._candidates()
         for adapter in candidates:

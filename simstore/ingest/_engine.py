@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing
+import os
+import select
+import signal
 import sys
 import threading
 import time
@@ -21,7 +24,7 @@ from simstore.ingest._plugins import Plugins
 from simstore.ingest._records import SourceFile, TaskContext, TaskResult
 from simstore.ingest._worker import TaskRunner, run_task, warm_up
 
-__all__ = ["EngineRun", "Report", "run_local"]
+__all__ = ["EngineRun", "Report", "exit_with_parent", "run_local"]
 
 Report = Callable[[int, int, int], None]
 """Progress callback of an engine: files, source bytes and samples just finished."""
@@ -62,7 +65,11 @@ def run_local(
     results: list[TaskResult | None] = [None] * len(tasks)
     method = start_method(ctx.config.start_method)
     pool = cf.ProcessPoolExecutor(
-        max_workers=workers - 1, mp_context=multiprocessing.get_context(method)
+        max_workers=workers - 1,
+        mp_context=multiprocessing.get_context(method),
+        initializer=exit_with_parent,
+        # a forkserver's processes are its children, not this process's
+        initargs=(os.getpid(), method != "forkserver"),
     )
     # Tasks are handed out one at a time from one queue. A pool process gets its next task
     # from a callback on the pool's result thread the moment its last one is done (a
@@ -162,6 +169,91 @@ def run_local(
         raise
     pool.shutdown(wait=True)
     return EngineRun([r for r in results if r is not None], "process-pool", ctx.config.workers)
+
+
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def exit_with_parent(parent: int, direct: bool = True, interval_s: float = 1.0) -> None:
+    """Pool initializer: end this worker process as soon as the ingesting process dies.
+
+    A pool process otherwise outlives a ``kill -9`` of the ingest for ever: it waits for
+    its next task on the call queue's pipe, whose write end it and its siblings inherited
+    with the fork, so no end of file ever comes (and it holds the dead ingest's stdout and
+    stderr open, so a shell pipeline reading them never ends either). On Linux the kernel
+    sends SIGKILL when the parent dies (``prctl(PR_SET_PDEATHSIG)``); elsewhere a daemon
+    thread polls the parent's pid, as the loader's ``exit_with_parent`` does for
+    DataLoader workers. Either way the worker leaves without cleanup, which loses
+    nothing: a shard is stored whole or not at all, and journal records are hints.
+
+    ``parent`` is the ingesting process's pid, taken before the fork: a parent that died
+    between the fork and the ``prctl`` sends no signal (this process was re-parented
+    already), and the check after it notices. ``direct=False`` (``forkserver``): this
+    process is the fork server's child, and the fork server lives as long as its
+    children do (each holds the pipe whose end of file would stop it), so a thread
+    watches the ingesting process itself: it waits on a pidfd (Linux 5.3+), else polls.
+    """
+    if direct:
+        armed = _parent_death_signal(signal.SIGKILL)
+        if os.getppid() != parent:
+            os._exit(0)
+        if armed:
+            return
+
+        def reparented() -> None:
+            while os.getppid() == parent:
+                time.sleep(interval_s)
+
+        wait = reparented
+    else:
+        wait = _waiter(parent, interval_s)
+
+    def watch() -> None:
+        wait()
+        os._exit(0)
+
+    threading.Thread(target=watch, name="simstore-ingest-parent-watch", daemon=True).start()
+
+
+def _waiter(pid: int, interval_s: float) -> Callable[[], None]:
+    """A function that returns once process ``pid`` (not this one's parent) has ended."""
+    pidfd_open = getattr(os, "pidfd_open", None)
+    fd: int | None = None
+    if pidfd_open is not None:
+        try:
+            fd = int(pidfd_open(pid))
+        except ProcessLookupError:  # gone already
+            os._exit(0)
+        except OSError:  # a kernel without pidfds
+            fd = None
+
+    def wait() -> None:
+        if fd is not None:
+            select.select([fd], [], [])  # readable once the process has exited
+            return
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            except PermissionError:  # alive, as another user
+                pass
+            time.sleep(interval_s)
+
+    return wait
+
+
+def _parent_death_signal(sig: int) -> bool:
+    """Ask Linux to send ``sig`` to this process when its parent dies; False elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)) == 0
+    except (OSError, AttributeError):  # no libc to call (a static or unusual build)
+        return False
 
 
 def _died(exc: BaseException) -> SimstoreError:

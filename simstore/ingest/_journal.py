@@ -1,9 +1,10 @@
 """The journal: one record per finished file, so a re-run redoes none of them.
 
-A record ``journal/<dataset>/<digest>`` is keyed by the file's key, size and mtime and by
-the digest of every output parameter; it holds the file's manifest rows, schema and
-statistics. It is written only after the shards its rows point to are stored, and a
-record whose shards are gone (gc) is ignored, so a record never vouches for missing data.
+A record ``journal/<dataset>/<digest>`` is keyed by the file's key, size, mtime, path and
+identity (device, inode and change time) and by the digest of every output parameter; it
+holds the file's manifest rows, schema and statistics. It is written only after the
+shards its rows point to are stored, and a record whose shards are gone (gc) is ignored,
+so a record never vouches for missing data.
 Reusing a record refreshes its shards' modification times (``refresh`` on the store), as
 storing them again would: gc's grace period then protects them until the rows are
 staged, whenever the record was written.
@@ -28,7 +29,9 @@ from simstore.storage import LocalStore, ObjectStore
 
 __all__ = ["JOURNAL_FORMAT_VERSION", "journal_key", "read_journal", "write_journal"]
 
-JOURNAL_FORMAT_VERSION = 1
+JOURNAL_FORMAT_VERSION = 2
+"""2: records are keyed by the file's path and identity too (version 1 records, keyed by
+key, size and mtime alone, are never read: their files are read again once)."""
 
 
 def journal_key(ctx: TaskContext, src: SourceFile) -> str:
@@ -38,6 +41,8 @@ def journal_key(ctx: TaskContext, src: SourceFile) -> str:
         "key": src.key,
         "size": src.size,
         "mtime_ns": src.mtime_ns,
+        "path": src.path,
+        "identity": src.identity,
         "params": ctx.params_digest,
     }
     if src.piece is not None:

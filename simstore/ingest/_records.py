@@ -45,6 +45,10 @@ class SourceFile:
     size: int
     mtime_ns: int
     piece: Piece | None = None
+    identity: str = ""
+    """What else tells this file from another with the same key, size and mtime (a copy
+    unpacked with its times kept, another folder's file of the same name): its device,
+    inode and change time, which no program sets (see ``_sources._stat``)."""
 
     @property
     def completes_file(self) -> bool:

@@ -7,6 +7,7 @@ or the worker count, so every engine stores the same shards.
 
 from __future__ import annotations
 
+import errno
 import math
 import mmap
 import os
@@ -14,7 +15,7 @@ import stat
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from simstore.errors import InvalidInputError
+from simstore.errors import InvalidInputError, SourceError
 from simstore.hashing import Hasher, ObjectId
 from simstore.ingest._arrays import MiB
 from simstore.ingest._records import Piece, SourceFile
@@ -53,22 +54,83 @@ class SupportsSampleRanges(Protocol):
         ...
 
 
+_KINDS = {
+    stat.S_IFIFO: "a named pipe",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+
+
+def _unreadable(path: str, exc: OSError) -> SourceError:
+    """The one-line error for an entry that cannot be opened: which link broke, or why."""
+    if exc.errno == errno.ELOOP:
+        return SourceError(f"{path}: a symbolic link loop")
+    if exc.errno == errno.ENOENT and os.path.islink(path):
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        return SourceError(f"{path}: a dangling symbolic link (to {target}, which does not exist)")
+    return SourceError(f"{path}: unreadable: {exc.strerror or exc}")
+
+
+def _check_kind(path: str, mode: int) -> None:
+    """Refuse what is neither a regular file nor a directory, by its ``stat`` mode.
+
+    Reading a named pipe blocks until some writer appears (for ever, usually), and a
+    device or a socket is no source.
+    """
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        kind = _KINDS.get(stat.S_IFMT(mode), "an entry of an unknown kind")
+        raise SourceError(f"{path}: {kind}, not a regular file or directory (not opened)")
+
+
 def read_head(path: str) -> bytes:
-    """The first 64 bytes of a file (adapters sniff them); empty for a directory."""
+    """The first 64 bytes of a file (adapters sniff them); empty for a directory.
+
+    Raises :class:`SourceError`, one line naming the path, for an entry that is no file to
+    read: a dangling symbolic link, a link loop, a named pipe, socket or device (never
+    opened: a pipe would block), or a file that cannot be opened. A walk lists such an
+    entry as a source of its own (see :func:`discover`), so its task reports it like any
+    bad file: an error, or a skipped file with this reason under ``on_error="skip"``.
+    """
     try:
-        with open(path, "rb") as f:
-            return f.read(64)
-    except (IsADirectoryError, PermissionError):  # Windows says PermissionError
-        if os.path.isdir(path):
-            return b""
-        raise
+        st = os.stat(path)
+    except OSError as exc:
+        raise _unreadable(path, exc) from exc
+    if stat.S_ISDIR(st.st_mode):
+        return b""
+    _check_kind(path, st.st_mode)
+    # O_NONBLOCK: should the entry have become a pipe since the stat, the open still
+    # returns, and the fstat below refuses it (no effect on a regular file)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    except OSError as exc:
+        raise _unreadable(path, exc) from exc
+    try:
+        _check_kind(path, os.fstat(fd).st_mode)
+        return os.read(fd, 64)
+    except OSError as exc:
+        raise _unreadable(path, exc) from exc
+    finally:
+        os.close(fd)
 
 
 _ADAPTER_TYPES: set[type] = set()  # types that passed the (slow) runtime protocol check
 
 
 def resolve_adapter(adapter: SourceAdapter, path: str, head: bytes) -> SourceAdapter | None:
-    """The adapter that reads ``path`` (``auto`` picks one), or None when none does."""
+    """The adapter that reads ``path`` (``auto`` picks one), or None when none does.
+
+    A directory is judged under its path with a trailing separator (``runs/case.h5/``):
+    an adapter that reads directories looks at what is inside (the Zarr adapter finds
+    ``zarr.json`` or ``.zgroup`` there) and still accepts it, while one that judges by
+    extension no longer claims a folder that merely has its extension in its name, so
+    that folder is walked like any other.
+    """
+    if head == b"" and os.path.isdir(path):
+        path = os.path.join(path, "")
     resolve = getattr(adapter, "resolve", None)
     if callable(resolve):
         found = resolve(path, head)
@@ -82,38 +144,67 @@ def resolve_adapter(adapter: SourceAdapter, path: str, head: bytes) -> SourceAda
     return adapter if adapter.can_read(path, head) else None
 
 
-def _stat(path: str) -> tuple[int, int]:
+def _stat(path: str) -> tuple[int, int, str]:
+    """Size, mtime and identity of a source (a directory: its files' sums and maxima).
+
+    The identity is what the journal needs beyond size and mtime to tell a file from
+    another: device, inode and change time. A copy unpacked with its times kept (``tar``,
+    ``rsync -a``) or a file of the same name in another folder has the same key, size and
+    mtime, but no program sets a change time, so its record is not taken for the other's.
+    """
     st = os.stat(path)
     if stat.S_ISDIR(st.st_mode):
-        size, mtime = 0, 0
+        size, mtime, ctime, count = 0, 0, st.st_ctime_ns, 0
         for root, _, files in os.walk(path):
             for name in files:
-                st = os.stat(os.path.join(root, name))
+                try:
+                    st = os.stat(os.path.join(root, name))
+                except OSError:  # a broken link inside: hashing the directory names it
+                    continue
                 size += st.st_size
                 mtime = max(mtime, st.st_mtime_ns)
-        return size, mtime
-    return st.st_size, st.st_mtime_ns
+                ctime = max(ctime, st.st_ctime_ns)
+                count += 1
+        return size, mtime, f"dir:{count}:{ctime}"
+    return st.st_size, st.st_mtime_ns, f"{st.st_dev}:{st.st_ino}:{st.st_ctime_ns}"
 
 
 def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[SourceFile], list[str]]:
-    """Source files in key order, and the walked files no adapter reads."""
+    """Source files in key order, and the walked files no adapter reads.
+
+    Nothing here fails on a bad entry in a walked folder, whatever ``on_error`` says: a
+    dangling symbolic link, a link loop, a named pipe, socket or device, or a file that
+    cannot be opened is still listed as a source (size 0) when its name is one an
+    adapter reads, and its task then fails on it with one line naming it (see
+    :func:`read_head`): an error, or a skipped file under ``on_error="skip"``. Such an
+    entry is never opened here (a pipe would block the walk for ever); one whose name no
+    adapter reads is ignored like any other such file.
+    """
     found: dict[str, SourceFile] = {}
     walked: set[str] = set()
     ignored: list[str] = []
     claimed: set[str] = set()
     chosen: dict[str, SourceAdapter | None] = {}  # the adapter each walked file resolved to
+    broken: set[str] = set()  # entries read_head refuses: their tasks report them
 
     def add(path: str, key: str) -> None:
         if key in found and found[key].path != path:
             raise InvalidInputError(
                 f"two sources map to the key {key!r}: {found[key].path} and {path}"
             )
-        size, mtime = _stat(path)
-        found[key] = SourceFile(path, key, size, mtime)
+        size, mtime, identity = (0, 0, "") if path in broken else _stat(path)
+        found[key] = SourceFile(path, key, size, mtime, identity=identity)
+
+    def sniff(path: str) -> bytes:
+        try:
+            return read_head(path)
+        except SourceError:
+            broken.add(path)
+            return b""  # judged by its name alone
 
     for src in sources:
         path = os.path.abspath(os.fspath(src))
-        if not os.path.exists(path):
+        if not os.path.lexists(path):
             raise InvalidInputError(f"{src}: no such file or directory")
         if os.path.isdir(path) and resolve_adapter(adapter, path, b"") is None:
             for root, dirs, names in os.walk(path):
@@ -133,19 +224,23 @@ def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[Sourc
                     if name.startswith("."):
                         continue
                     full = os.path.join(root, name)
-                    picked = resolve_adapter(adapter, full, read_head(full))
+                    picked = resolve_adapter(adapter, full, sniff(full))
                     if picked is None:
                         ignored.append(full)
                         continue
-                    chosen[full] = picked
+                    if full not in broken:
+                        chosen[full] = picked
                     add(full, os.path.relpath(full, path).replace(os.sep, "/"))
                     walked.add(full)
         else:
+            sniff(path)  # a broken entry named explicitly: its task says what is wrong
             add(path, os.path.basename(path))
     for found_src in list(found.values()):
+        if found_src.path in broken:
+            continue
         picked = chosen.get(found_src.path)
         if picked is None:
-            picked = resolve_adapter(adapter, found_src.path, read_head(found_src.path))
+            picked = resolve_adapter(adapter, found_src.path, sniff(found_src.path))
         companions = getattr(picked, "companions", None)
         if callable(companions):
             claimed.update(os.path.normpath(os.path.abspath(p)) for p in companions(found_src.path))
@@ -205,6 +300,10 @@ def hash_source(path: str) -> tuple[str, int]:
             full = os.path.join(root, name)
             entries.append((os.path.relpath(full, path).replace(os.sep, "/"), full))
     for rel, full in sorted(entries):
+        try:  # a member that is no regular file is refused by name, never opened
+            _check_kind(full, os.stat(full).st_mode)
+        except OSError as exc:
+            raise _unreadable(full, exc) from exc
         oid, size = hash_file(full)
         total += size
         h.update(f"{rel}\0{oid}\0{size}\n".encode())
@@ -244,6 +343,7 @@ def _pieces(src: SourceFile, samples: int, shard_size: int) -> list[SourceFile]:
             shares[i + 1] - shares[i],
             src.mtime_ns,
             Piece(index=i, count=count, start=bounds[i], stop=bounds[i + 1]),
+            identity=src.identity,
         )
         for i in range(count)
     ]

@@ -582,3 +582,20 @@ def test_a_resumed_skip_run_skips_what_a_fresh_one_skips(tmp_path):
     assert resumed.files_reused == 1
     assert [s.path for s in resumed.files_skipped] == [s.path for s in fresh.files_skipped]
     assert resumed.samples == fresh.samples == 2
+
+
+def test_a_file_with_the_key_size_and_mtime_of_a_journaled_one_is_read(tmp_path, read):
+    """Two folders' run.npz, written with the same size and mtime (as tar or rsync -a
+    keep them): the second is not taken from the first's journal record."""
+    import os
+
+    cat = Catalog.init(str(tmp_path / "store"))
+    for value in (1.0, 2.0):
+        folder = tmp_path / f"v{int(value)}"
+        folder.mkdir()
+        np.savez(folder / "run.npz", x=np.full(4, value))
+        os.utime(folder / "run.npz", ns=(1_700_000_000_000_000_000,) * 2)
+        result = ingest([str(folder)], dataset="d", store=cat, snapshot=True)
+        assert result.files_reused == 0
+        _, got = read(cat, "d")
+        np.testing.assert_array_equal(got["run"]["x"], np.full(4, value))
