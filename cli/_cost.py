@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,7 +23,7 @@ from simstore.accounting import (
     warm_cache,
 )
 from simstore.cost import PriceTable, RunCost
-from simstore.errors import InvalidInputError
+from simstore.errors import InvalidInputError, SimstoreError
 from simstore.names import parse_ref
 
 __all__ = ["COMMANDS", "parse_size"]
@@ -62,6 +64,41 @@ def _usd(x: float) -> str:
     if abs(x) >= 1:
         return f"${x:,.2f}"
     return f"${x:.3g}"
+
+
+def _emit(as_json: bool, obj: Any, text: str | Callable[[], str]) -> None:
+    """:func:`emit`, except that ``--json`` refuses NaN and Infinity.
+
+    Python's json writes them as bare ``NaN``/``Infinity``, which are not JSON and which
+    strict parsers (jq, JavaScript) refuse. The inputs are checked, so one here is a slip,
+    and an error naming the figure is better than a document that breaks the caller.
+    """
+    if not as_json:
+        emit(as_json, obj, text)
+        return
+    try:
+        out = json.dumps(obj, indent=2, sort_keys=True, default=str, allow_nan=False)
+    except ValueError:
+        where = _non_finite_at(obj) or "a figure"
+        raise SimstoreError(f"{where} is not a finite number; not writing invalid JSON") from None
+    click.echo(out)
+
+
+def _non_finite_at(obj: Any, path: str = "") -> str | None:
+    """The path (``cache.saved_usd``, ``tiers[0].egress_usd``) of a NaN or an infinity."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return path or "the result"
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            found = _non_finite_at(value, f"{path}.{key}" if path else str(key))
+            if found:
+                return found
+    if isinstance(obj, list | tuple):
+        for i, value in enumerate(obj):
+            found = _non_finite_at(value, f"{path}[{i}]")
+            if found:
+                return found
+    return None
 
 
 def _prices(files: Sequence[str], overrides: Sequence[str]) -> PriceTable:
@@ -157,13 +194,13 @@ def cost_cmd(
             raise InvalidInputError("--last applies to a dataset, not to --run")
         result = run_cost(runs, prices, tier_prices=_tier_map(tier_map), cold_tier=cold,
                           egress=egress)  # fmt: skip
-        emit(as_json, result.to_json(), lambda: _run_text(result))
+        _emit(as_json, result.to_json(), lambda: _run_text(result))
         return
     if tier_map or cold or egress:
         raise InvalidInputError("--tier, --cold and --egress apply to --run")
     assert target is not None
     report = dataset_cost(ctx.catalog(read_only=True), target, prices, last=last)
-    emit(as_json, report.to_json(), lambda: _cost_text(report))
+    _emit(as_json, report.to_json(), lambda: _cost_text(report))
 
 
 def _cost_text(report: CostReport) -> str:
@@ -283,7 +320,7 @@ def prices_cmd(
         lines.append(_prices_note(prices))
         return "\n".join(lines)
 
-    emit(as_json, prices.to_json(), text)
+    _emit(as_json, prices.to_json(), text)
 
 
 # -- du --------------------------------------------------------------------------------
@@ -337,7 +374,7 @@ def du_cmd(ctx: CliContext, ref: str | None, cache_dir: str | None, as_json: boo
             {"tier": "cache", "location": os.path.abspath(cache_dir), "objects": 0, "bytes": 0,
              "missing_objects": usage.objects, "missing_bytes": usage.bytes}
         )  # fmt: skip
-    emit(as_json, out, lambda: _du_text(usage, out))
+    _emit(as_json, out, lambda: _du_text(usage, out))
 
 
 def _du_text(usage: DiskUsage, out: dict[str, Any]) -> str:
@@ -417,7 +454,7 @@ def pull_cmd(
         fields=tuple(f.strip() for f in fields.split(",") if f.strip()) if fields else (),
         max_workers=jobs,
     )
-    emit(as_json, report.to_json(), lambda: _pull_text(ref, report))
+    _emit(as_json, report.to_json(), lambda: _pull_text(ref, report))
 
 
 def _pull_text(ref: str, r: PullReport) -> str:

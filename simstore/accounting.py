@@ -51,6 +51,7 @@ from simstore.cost import (
     SnapshotObjects,
     TierUsage,
     apply_price_overrides,
+    check_price_data,
     merge_price_data,
     merge_run_usage,
     parse_price_table,
@@ -102,6 +103,10 @@ def read_price_table(files: Sequence[str] = (), overrides: Sequence[str] = ()) -
     A file may be partial: it changes the fields it names and may add tiers (see
     :func:`~simstore.cost.merge_price_data`). ``overrides`` are ``TIER.FIELD=VALUE``
     strings. A missing or unreadable file is an :class:`InvalidInputError` naming it.
+
+    Each file is checked on its own before it is merged (a later file or flag setting
+    the same field must not hide a bad value), so an error names the one file that
+    holds it; a file that is not UTF-8 TOML is a :class:`FormatError` too.
     """
     import tomllib
 
@@ -110,14 +115,24 @@ def read_price_table(files: Sequence[str] = (), overrides: Sequence[str] = ()) -
     for path in files:
         try:
             with open(path, "rb") as f:
-                extra = tomllib.load(f)
+                raw = f.read()
         except OSError as exc:
             raise InvalidInputError(f"cannot read price table {path}: {exc.strerror}") from exc
+        try:
+            extra = tomllib.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise FormatError(
+                f"price table {path} is not valid TOML: not UTF-8 text ({exc.reason} at byte "
+                f"{exc.start})"
+            ) from exc
         except tomllib.TOMLDecodeError as exc:
             raise FormatError(f"price table {path} is not valid TOML: {exc}") from exc
+        check_price_data(extra, origin=f"price table {path}")
         data = merge_price_data(data, extra)
         origins.append(path)
     data = apply_price_overrides(data, overrides)
+    if overrides:
+        origins.append("--price flags")
     return parse_price_table(data, origin=" + ".join(origins))
 
 

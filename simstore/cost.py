@@ -10,8 +10,9 @@ Google's price list states GiB, so both are read as per GiB.
 
 Three groups of functions:
 
-- **Prices**: :func:`parse_price_table` (TOML text or a mapping), :func:`merge_price_data`
-  (a partial override file), :func:`apply_price_overrides` (``tier.field=value``).
+- **Prices**: :func:`parse_price_table` (TOML text or a mapping), :func:`check_price_data`
+  and :func:`merge_price_data` (a partial override file), :func:`apply_price_overrides`
+  (``tier.field=value``).
 - **Storage**: a :class:`Footprint` is the objects, bytes and small-object padding of a
   set of objects; :func:`summarise_history` turns the object sets of snapshots, in order,
   into :class:`SnapshotFigures` (new, shared, stored after dedup, dedup ratio).
@@ -51,6 +52,7 @@ __all__ = [
     "TierUsage",
     "amortised_per_gib_month",
     "apply_price_overrides",
+    "check_price_data",
     "dedup_ratio",
     "footprint_of",
     "merge_price_data",
@@ -146,10 +148,15 @@ class TierUsage:
         return {op.value: self.ops[op].to_json() for op in OpClass if op in self.ops}
 
     @classmethod
-    def from_json(cls, tier: str, obj: object) -> TierUsage:
-        """Parse ``{op: {"requests": n, "bytes": b}}``; FormatError names what is wrong."""
+    def from_json(cls, tier: str, obj: object, *, origin: str = "") -> TierUsage:
+        """Parse ``{op: {"requests": n, "bytes": b}}``; FormatError names what is wrong.
+
+        ``origin`` (a run report's name) starts each message, so an error in one of
+        several rank reports says which.
+        """
+        at = f"{origin}: " if origin else ""
         if not isinstance(obj, Mapping):
-            raise FormatError(f"usage of tier {tier!r} must be an object, got {obj!r}")
+            raise FormatError(f"{at}usage of tier {tier!r} must be an object, got {obj!r}")
         ops: dict[OpClass, OpUsage] = {}
         for name, value in obj.items():
             try:
@@ -157,22 +164,34 @@ class TierUsage:
             except ValueError:
                 known = ", ".join(o.value for o in OpClass)
                 raise FormatError(
-                    f"usage of tier {tier!r}: unknown request class {name!r} (known: {known})"
+                    f"{at}usage of tier {tier!r}: unknown request class {name!r} (known: {known})"
                 ) from None
             if not isinstance(value, Mapping):
-                raise FormatError(f"usage of tier {tier!r}, {name}: expected an object")
+                raise FormatError(f"{at}usage of tier {tier!r}, {name}: expected an object")
             ops[op] = OpUsage(
-                requests=_count(value.get("requests", 0), f"{tier}.{name}.requests"),
-                bytes=_count(value.get("bytes", 0), f"{tier}.{name}.bytes"),
+                requests=_count(value.get("requests", 0), f"{at}{tier}.{name}.requests"),
+                bytes=_count(value.get("bytes", 0), f"{at}{tier}.{name}.bytes"),
             )
         return cls(tier=tier, ops=ops)
 
 
+_MAX_COUNT = 2**63 - 1
+"""The largest count a report may give: counts are int64 wherever they are made, and a
+larger one (JSON numbers have no bound) would overflow float prices."""
+
+
 def _count(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+    # NaN compares false with everything, so finiteness is checked before the sign
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise FormatError(f"{what} must be a non-negative number, got {value!r}")
+    if isinstance(value, float) and not _is_finite(value):
+        raise FormatError(f"{what} must be a finite, non-negative number, got {value!r}")
+    if value < 0:
         raise FormatError(f"{what} must be a non-negative number, got {value!r}")
     if isinstance(value, float) and not value.is_integer():
         raise FormatError(f"{what} must be a whole number, got {value!r}")
+    if value > _MAX_COUNT:
+        raise FormatError(f"{what} is too large: {value!r} is over 2**63 - 1")
     return int(value)
 
 
@@ -292,8 +311,35 @@ def parse_price_table(
     error messages. Raises :class:`FormatError` for malformed tables and unknown fields.
     """
     data = _load(source, origin)
+    raw_tiers = _check_header(data, origin)
+    if not raw_tiers:
+        raise FormatError(f"{origin} has no [tiers.<name>] tables")
+    return PriceTable(
+        tiers=tuple(_parse_tier(str(n), body, origin) for n, body in raw_tiers.items()),
+        currency=str(data.get("currency", "USD")),
+    )
+
+
+def check_price_data(data: Mapping[str, Any], *, origin: str) -> None:
+    """Check a partial price table (a ``--prices`` file) on its own, before it is merged.
+
+    A later file or flag may set the same field again, so a check of the merged table
+    alone would let a bad value through (and name the whole chain of files). Checked
+    here: the shape, ``format_version`` and ``currency`` when given, and each field's
+    name, type and range, and that no tier gives both a direct storage price and the
+    drive fields. Whether an amortised tier has all three drive fields can only be
+    known once merged (a file may change one), so :func:`parse_price_table` checks that.
+    Raises :class:`FormatError` starting with ``origin``.
+    """
+    for name, body in _check_header(data, origin).items():
+        _parse_tier(str(name), body, origin, partial=True)
+
+
+def _check_header(data: Mapping[str, Any], origin: str) -> Mapping[str, Any]:
+    """Check a price table's top level; return its ``tiers`` mapping (maybe empty)."""
     version = data.get("format_version", PRICE_TABLE_FORMAT_VERSION)
-    if version != PRICE_TABLE_FORMAT_VERSION:
+    # ``true == 1`` and ``1.0 == 1`` in Python; neither is a format version
+    if type(version) is not int or version != PRICE_TABLE_FORMAT_VERSION:
         raise FormatError(
             f"{origin} has format_version {version!r}, this simstore reads "
             f"{PRICE_TABLE_FORMAT_VERSION}"
@@ -305,12 +351,12 @@ def parse_price_table(
     if unknown_top:
         raise FormatError(f"{origin}: unknown top-level keys {sorted(unknown_top)}")
     raw_tiers = data.get("tiers", {})
-    if not isinstance(raw_tiers, Mapping) or not raw_tiers:
-        raise FormatError(f"{origin} has no [tiers.<name>] tables")
-    return PriceTable(
-        tiers=tuple(_parse_tier(str(n), body, origin) for n, body in raw_tiers.items()),
-        currency=currency,
-    )
+    if not isinstance(raw_tiers, Mapping):
+        raise FormatError(
+            f"{origin}: tiers must be [tiers.<name>] tables, got {type(raw_tiers).__name__} "
+            f"{raw_tiers!r}"
+        )
+    return raw_tiers
 
 
 def _load(source: str | Mapping[str, Any], origin: str) -> Mapping[str, Any]:
@@ -322,39 +368,57 @@ def _load(source: str | Mapping[str, Any], origin: str) -> Mapping[str, Any]:
     return source
 
 
-def _parse_tier(name: str, body: object, origin: str) -> TierPrice:
+_KNOWN_FIELDS = frozenset({*_PRICE_FIELDS, *_INT_FIELDS, *_AMORTISED_FIELDS, *_TEXT_FIELDS})
+
+
+def _field_value(key: str, value: object, what: str) -> Any:
+    """One tier field checked on its own and converted; ``what`` starts the message.
+
+    Shared by price files and ``--price`` flags, so both refuse the same values.
+    """
+    if key in _TEXT_FIELDS:
+        return str(value)
+    if key in _INT_FIELDS:
+        return _whole(value, what)
+    if key == "drive_capacity_bytes":
+        capacity = _whole(value, what)
+        if capacity <= 0:
+            raise FormatError(f"{what} must be positive, got {value!r}")
+        return capacity
+    price = _price(value, what)
+    if key == "life_months" and price <= 0:
+        raise FormatError(f"{what} must be positive, got {value!r}")
+    return price
+
+
+def _parse_tier(name: str, body: object, origin: str, *, partial: bool = False) -> TierPrice:
+    """One tier; ``partial`` (an override file) skips the check that needs the whole table."""
     where = f"{origin}, tier {name!r}"
     if not isinstance(body, Mapping):
-        raise FormatError(f"{where}: expected a table of prices")
-    known = {*_PRICE_FIELDS, *_INT_FIELDS, *_AMORTISED_FIELDS, *_TEXT_FIELDS}
-    unknown = set(body) - known
+        raise FormatError(f"{where}: expected a table of prices, got {body!r}")
+    unknown = set(body) - _KNOWN_FIELDS
     if unknown:
-        raise FormatError(f"{where}: unknown fields {sorted(unknown)}; known: {sorted(known)}")
-    values: dict[str, Any] = {"name": name}
-    for key in _PRICE_FIELDS:
-        if key in body:
-            values[key] = _price(body[key], f"{where}, {key}")
-    for key in _INT_FIELDS:
-        if key in body:
-            values[key] = _whole(body[key], f"{where}, {key}")
-    for key in _TEXT_FIELDS:
-        if key in body:
-            values[key] = str(body[key])
+        raise FormatError(
+            f"{where}: unknown fields {sorted(unknown)}; known: {sorted(_KNOWN_FIELDS)}"
+        )
+    checked = {key: _field_value(key, body[key], f"{where}, {key}") for key in body}
     given = [k for k in _AMORTISED_FIELDS if k in body]
+    if given and "storage_per_gib_month" in body:
+        raise FormatError(
+            f"{where}: give either storage_per_gib_month or the drive fields "
+            f"{list(_AMORTISED_FIELDS)}, not both"
+        )
+    values: dict[str, Any] = {"name": name}
+    values.update({k: v for k, v in checked.items() if k not in _AMORTISED_FIELDS})
+    if partial:
+        return TierPrice(**values)
     if given:
         if len(given) != len(_AMORTISED_FIELDS):
             missing = sorted(set(_AMORTISED_FIELDS) - set(given))
             raise FormatError(f"{where}: an amortised drive price also needs {missing}")
-        if "storage_per_gib_month" in body:
-            raise FormatError(
-                f"{where}: give either storage_per_gib_month or the drive fields "
-                f"{list(_AMORTISED_FIELDS)}, not both"
-            )
-        usd = _price(body["drive_usd"], f"{where}, drive_usd")
-        capacity = _whole(body["drive_capacity_bytes"], f"{where}, drive_capacity_bytes")
-        months = _price(body["life_months"], f"{where}, life_months")
-        if capacity <= 0 or months <= 0:
-            raise FormatError(f"{where}: drive_capacity_bytes and life_months must be positive")
+        usd = checked["drive_usd"]
+        capacity = checked["drive_capacity_bytes"]
+        months = checked["life_months"]
         values["storage_per_gib_month"] = amortised_per_gib_month(usd, capacity, months)
         if "assumption" not in body:
             values["assumption"] = (
@@ -368,10 +432,18 @@ def amortised_per_gib_month(drive_usd: float, capacity_bytes: int, life_months: 
     return drive_usd / (capacity_bytes / GIB) / life_months
 
 
+def _is_finite(value: float) -> bool:
+    """``math.isfinite`` that says False, not OverflowError, for an int beyond a float."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def _price(value: object, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise FormatError(f"{what} must be a number, got {value!r}")
-    if not math.isfinite(value) or value < 0:
+    if not _is_finite(value) or value < 0:
         raise FormatError(f"{what} must be a finite, non-negative number, got {value!r}")
     return float(value)
 
@@ -379,6 +451,8 @@ def _price(value: object, what: str) -> float:
 def _whole(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise FormatError(f"{what} must be a non-negative whole number, got {value!r}")
+    if value > _MAX_COUNT:
+        raise FormatError(f"{what} is too large: {value!r} is over 2**63 - 1")
     return value
 
 
@@ -395,7 +469,10 @@ def merge_price_data(base: Mapping[str, Any], override: Mapping[str, Any]) -> di
     tiers: dict[str, dict[str, Any]] = {
         str(n): dict(body) for n, body in dict(base.get("tiers", {})).items()
     }
-    for name, body in dict(override.get("tiers", {})).items():
+    raw_tiers = override.get("tiers", {})
+    if not isinstance(raw_tiers, Mapping):
+        raise FormatError(f"price override tiers must be a table, got {raw_tiers!r}")
+    for name, body in raw_tiers.items():
         if not isinstance(body, Mapping):
             raise FormatError(f"price override for tier {name!r} must be a table")
         merged = tiers.setdefault(str(name), {})
@@ -412,11 +489,13 @@ def merge_price_data(base: Mapping[str, Any], override: Mapping[str, Any]) -> di
 def apply_price_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """Apply ``tier.field=value`` overrides (from ``--price``) to raw price-table data.
 
-    Values are numbers, except the text fields (``source``, ``as_of``...). The tier
-    must exist in ``data`` unless the override creates a field of a new tier. Raises
-    :class:`InvalidInputError` naming the override when it is malformed.
+    Values are numbers, except the text fields (``source``, ``as_of``...); a field of a
+    new tier creates it. Each value gets the checks a price file's value gets (a whole
+    number is given as one: ``min_object_bytes=1.5`` is refused, not truncated), and the
+    overrides apply in order, like files, so a later one wins. Raises
+    :class:`InvalidInputError` naming the flag (``--price TIER.FIELD=VALUE``).
     """
-    patch: dict[str, dict[str, Any]] = {}
+    out = dict(data)
     for item in overrides:
         target, sep, text = item.partition("=")
         tier, dot, name = target.strip().rpartition(".")
@@ -425,21 +504,26 @@ def apply_price_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> 
                 f"invalid price override {item!r}: expected TIER.FIELD=VALUE, "
                 "e.g. s3-standard.storage_per_gib_month=0.021"
             )
-        if name in _TEXT_FIELDS:
-            value: Any = text
-        else:
+        flag = f"invalid price override --price {item}"
+        if name not in _KNOWN_FIELDS:
+            raise InvalidInputError(
+                f"{flag}: unknown field {name!r}; known: {sorted(_KNOWN_FIELDS)}"
+            )
+        value: Any = text
+        if name not in _TEXT_FIELDS:
             try:
-                number = float(text)
+                value = int(text)
             except ValueError:
-                raise InvalidInputError(
-                    f"invalid price override {item!r}: {text!r} is not a number"
-                ) from None
-            value = int(number) if name in (*_INT_FIELDS, "drive_capacity_bytes") else number
-        patch.setdefault(tier, {})[name] = value
-    try:
-        return merge_price_data(data, {"tiers": patch})
-    except FormatError as exc:
-        raise InvalidInputError(str(exc)) from None
+                try:
+                    value = float(text)
+                except ValueError:
+                    raise InvalidInputError(f"{flag}: {text!r} is not a number") from None
+        try:
+            value = _field_value(name, value, f"{flag}: {name}")
+            out = merge_price_data(out, {"tiers": {tier: {name: value}}})
+        except FormatError as exc:
+            raise InvalidInputError(str(exc)) from None
+    return out
 
 
 # -- storage footprints ----------------------------------------------------------------
@@ -728,11 +812,20 @@ def parse_run_report(obj: object, *, origin: str = "run report") -> RunUsage:
     """
     if not isinstance(obj, Mapping):
         raise FormatError(f"{origin} is not a JSON object")
-    kind = obj.get("kind", RUN_REPORT_KIND)
+    # no defaults: any JSON object would otherwise read as a valid run that cost $0
+    if "kind" not in obj:
+        raise FormatError(
+            f"{origin} is not a loader run report: it has no kind (expected {RUN_REPORT_KIND!r})"
+        )
+    kind = obj["kind"]
     if kind != RUN_REPORT_KIND:
         raise FormatError(f"{origin} has kind {kind!r}, expected {RUN_REPORT_KIND!r}")
-    version = obj.get("format_version", RUN_REPORT_FORMAT_VERSION)
-    if version != RUN_REPORT_FORMAT_VERSION:
+    if "format_version" not in obj:
+        raise FormatError(
+            f"{origin} has no format_version (this simstore reads {RUN_REPORT_FORMAT_VERSION})"
+        )
+    version = obj["format_version"]
+    if type(version) is not int or version != RUN_REPORT_FORMAT_VERSION:
         raise FormatError(
             f"{origin} has format_version {version!r}, this simstore reads "
             f"{RUN_REPORT_FORMAT_VERSION}"
@@ -743,8 +836,16 @@ def parse_run_report(obj: object, *, origin: str = "run report") -> RunUsage:
     else:
         epochs = _count(epochs_raw, f"{origin}: epochs")
     seconds = obj.get("seconds", 0.0)
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
-        raise FormatError(f"{origin}: seconds must be a non-negative number, got {seconds!r}")
+    # ``NaN < 0`` is false: finiteness has to be asked for (JSON decoders accept NaN)
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not _is_finite(seconds)
+        or seconds < 0
+    ):
+        raise FormatError(
+            f"{origin}: seconds must be a finite, non-negative number, got {seconds!r}"
+        )
     raw_tiers = obj.get("tiers", {})
     if not isinstance(raw_tiers, Mapping):
         raise FormatError(f"{origin}: tiers must be an object")
@@ -785,7 +886,7 @@ def _tier_usage(tier: str, body: object, origin: str) -> TierUsage:
             bytes=_count(body.get("bytes", 0), f"{origin}: {tier}.bytes"),
         )
         return TierUsage(tier=tier, ops={OpClass.GET: usage})
-    return TierUsage.from_json(tier, body)
+    return TierUsage.from_json(tier, body, origin=origin)
 
 
 def merge_run_usage(usages: Sequence[RunUsage]) -> RunUsage:

@@ -539,10 +539,20 @@ def normalisation(
 
     Each value is a pair of float64 arrays of shape ``(components,)``, so ``(x - mean) / std``
     broadcasts over a vector field's last axis and over any scalar field. A component with
-    no finite values or a zero standard deviation gets mean 0 and std 1, so the expression
-    is always safe. ``snapshot`` may also be a snapshot's ``stats`` mapping.
+    no finite values gets mean 0 and std 1; one with zero spread (a constant) gets std 1
+    and keeps its mean, so it normalises to 0 rather than to the constant. Either way the
+    expression is always safe. ``snapshot`` may also be a snapshot's ``stats`` mapping.
+
+    Given a :class:`Snapshot` with statistics, every numeric field of its schema has an
+    entry: one whose arrays were all empty has no summary (ingest summarises values, and
+    an empty array has none), so it gets ``([0.], [1.])``, one component, which
+    broadcasts over any shape.
     """
-    stats = _fields_of(snapshot)
+    stats = dict(_fields_of(snapshot))
+    if isinstance(snapshot, Snapshot) and "fields" in snapshot.stats:
+        for spec in snapshot.schema:
+            if spec.kind in ("tensor", "scalar") and spec.name not in stats:
+                stats[spec.name] = _empty(1)
     wanted = set(fields) if fields is not None else None
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for name in sorted(stats):

@@ -265,7 +265,15 @@ def test_price_files_and_run_reports(tmp_path):
     assert (s3.get_per_1000, s3.put_per_1000, s3.storage_per_gib_month) == (0.001, 1.0, 0.023)
     report = tmp_path / "run.json"
     report.write_text(
-        json.dumps({"epochs": [0], "seconds": 10, "tiers": {"s3": {"bytes": 5, "requests": 2000}}})
+        json.dumps(
+            {
+                "kind": "simstore-loader-report",
+                "format_version": 1,
+                "epochs": [0],
+                "seconds": 10,
+                "tiers": {"s3": {"bytes": 5, "requests": 2000}},
+            }
+        )
     )
     assert read_run_reports([str(report)]).tiers[0].requests == 2000
     cost = run_cost([str(report)], prices)

@@ -167,6 +167,22 @@ def test_normalisation_guards_zero_std_and_empty_components():
     assert [r["field"] for r in rows] == ["c", "e"] and rows[1]["mean"] is None
 
 
+def test_a_field_with_only_empty_arrays_normalises_to_zero_and_one(catalog, tmp_path):
+    root = tmp_path / "src"
+    root.mkdir()
+    for name in ("a", "b"):
+        np.savez(root / f"{name}.npz", e=np.zeros(0, np.float32), x=np.full(3, 5.0))
+    r = ingest([root], dataset="d", store=catalog, snapshot=True)
+    snap = catalog.snapshot(r.snapshot_id)
+    assert {s.name for s in snap.schema} == {"e", "x"}
+    norm = normalisation(snap)
+    assert norm["e"][0].tolist() == [0.0] and norm["e"][1].tolist() == [1.0]
+    assert normalisation(snap, ["e"]).keys() == {"e"}
+    # zero spread: std 1, and the mean is kept, so (x - mean) / std is 0, not x
+    assert norm["x"][0].tolist() == [5.0] and norm["x"][1].tolist() == [1.0]
+    assert ((np.full(3, 5.0) - norm["x"][0]) / norm["x"][1]).tolist() == [0.0] * 3
+
+
 def test_scalar_parameters_have_statistics(catalog, h5_dir):
     root, _ = h5_dir
     r = ingest([root], dataset="d", store=catalog, snapshot=True)
