@@ -681,8 +681,8 @@ def _prepare(
     column of equal-sized rows: its bytes); nulls, byte-swapped, shuffled or ragged columns
     are False and go through :func:`_decode_column`.
     """
-    if col.null_count or len(col) == 0:
-        return False
+    if plan.encoding not in ("fixed", "blob") or col.null_count or len(col) == 0:
+        return False  # strings, bytes, JSON and plain scalars have no array layout
     native = np.dtype(plan.spec.dtype)
     if plan.encoding == "fixed":
         values = _fixed_values(plan, col)

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from simstore.loaders._tensors import stacked_view
+from simstore.loaders._tensors import number_tensor, stacked_view
 
 from simstore.errors import InvalidInputError
 
@@ -109,7 +109,7 @@ class Collate:
                     always_pad=variable,
                 )
             elif all(isinstance(v, bool | int | float) for v in values):
-                out[name] = torch.tensor(values)
+                out[name] = number_tensor(values)
             else:
                 out[name] = list(values)
         if self.mesh == "pack":

@@ -12,7 +12,7 @@ import sys
 import threading
 import warnings
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,7 @@ import torch
 from simstore._buffers import BufferPool, whole_pages
 
 __all__ = [
+    "number_tensor",
     "BufferPool",
     "ChunkBuffers",
     "ReleaseTracker",
@@ -54,12 +55,23 @@ def to_tensors(
         elif isinstance(value, np.ndarray):
             out[name] = _array_to_tensor(value, zero_copy)
         elif isinstance(value, np.generic):
-            out[name] = torch.as_tensor(value.item())
+            out[name] = torch.from_numpy(np.asarray(value))  # keeps its dtype
         elif isinstance(value, bool | int | float):
-            out[name] = torch.tensor(value) if numbers else value
+            out[name] = number_tensor([value]).reshape(()) if numbers else value
         else:
             out[name] = value
     return out
+
+
+def number_tensor(values: Sequence[bool | int | float]) -> torch.Tensor:
+    """Python numbers as a tensor of the type a scalar field is stored in.
+
+    A Python float is a float64 field's value and an int an int64's: ``torch.tensor``
+    alone would make floats float32 (torch's default dtype) and lose half their digits.
+    """
+    if any(isinstance(v, float) for v in values):
+        return torch.tensor(values, dtype=torch.float64)
+    return torch.tensor(values)
 
 
 def _array_to_tensor(arr: np.ndarray, zero_copy: bool) -> torch.Tensor:

@@ -638,3 +638,33 @@ def test_the_default_start_method_decides_arenas_without_being_fixed(tmp_path, m
     assert (len(loader._fork_arenas()) == 1) == (default == "fork")
     # asking did not fix the process's start method for the caller
     assert multiprocessing.get_start_method(allow_none=True) == before
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "zarr"])
+def test_json_fields_and_float64_parameters_read_back_as_stored(tmp_path, fmt):
+    """HDF5 runs with a list attribute (a JSON metadata field) and float64 attributes (scalar
+    parameters): a shuffled read (the chunk decode asks every column for an array layout)
+    gives the JSON as Python values and the parameters as float64, to the last digit."""
+    import h5py
+
+    src = tmp_path / "src"
+    src.mkdir()
+    res = [0.1 + i / 3 for i in range(6)]
+    for i, re in enumerate(res):
+        with h5py.File(src / f"run{i}.h5", "w") as f:
+            f["u"] = np.full((4, 4), float(i), dtype=np.float32)
+            f.attrs["Re"] = re
+            f.attrs["tags"] = ["a", "b"]
+    store = str(tmp_path / "store")
+    Catalog.init(store)
+    simstore.ingest([str(src)], dataset="h", store=store, format=fmt, snapshot=True,
+                    message="t")
+    samples = list(SimDataset(store, "h", seed=1))
+    assert len(samples) == 6
+    for s in samples:
+        i = int(s["u"][0, 0])
+        assert s["Re"].dtype == torch.float64 and s["Re"].item() == res[i]
+        assert isinstance(s["metadata"], dict)
+    batch = next(iter(SimDataLoader(SimDataset(store, "h", seed=1), batch_size=3)))
+    assert batch["Re"].dtype == torch.float64
+    assert len(batch["metadata"]) == 3 and isinstance(batch["metadata"][0], dict)
