@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from simstore.errors import SourceError
+from simstore.errors import InvalidInputError, SourceError
 from simstore.hashing import hash_file
 from simstore.sample import Sample
 
@@ -111,6 +111,28 @@ def mesh_isolated(
         return fields
 
 
+def _mesh_options(options: Mapping[str, Any]) -> tuple[float, bool]:
+    """``(cad_tolerance, whether cad_mesh asks for a volume mesh)``, checked.
+
+    A tolerance is a fraction of the bounding-box diagonal: a number above 0 and at most
+    1 (0 or a negative one used to become the default, or a size gmsh ignored while the
+    sample recorded it). ``cad_mesh`` is ``surface`` or ``volume``.
+    """
+    raw = options.get("cad_tolerance")
+    try:
+        tolerance = 0.02 if raw is None else float(raw)
+    except (TypeError, ValueError):
+        tolerance = float("nan")
+    if not 0 < tolerance <= 1:  # NaN fails too
+        raise InvalidInputError(
+            f"cad_tolerance {raw!r}: a fraction of the part's diagonal above 0 and at most 1"
+        )
+    mesh = str(options.get("cad_mesh") or "surface")
+    if mesh not in ("surface", "volume"):
+        raise InvalidInputError(f"cad_mesh {mesh!r}: 'surface' or 'volume'")
+    return tolerance, mesh == "volume"
+
+
 class CadAdapter:
     """CAD parts through gmsh/OpenCASCADE, each meshed in its own process."""
 
@@ -125,8 +147,7 @@ class CadAdapter:
 
     def iter_samples(self, path: str, key: str, options: Mapping[str, Any]) -> Iterator[Sample]:
         """The part's one sample."""
-        tolerance = float(options.get("cad_tolerance") or 0.02)
-        want_volume = str(options.get("cad_mesh") or "surface") == "volume"
+        tolerance, want_volume = _mesh_options(options)
         timeout_s = float(options.get("cad_timeout_s") or DEFAULT_TIMEOUT_S)
         source_hash = str(options.get("source_hash") or hash_file(path)[0])
         _check_gmsh()

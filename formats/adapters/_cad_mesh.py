@@ -134,7 +134,14 @@ def mesh_part(gmsh: Any, path: str, tolerance: float, want_volume: bool) -> dict
                 f"{path}: field 'points': the part's bounding box {list(box)} reaches beyond "
                 f"{MAX_EXTENT:g} units from the origin: corrupt coordinates?"
             )
-        size = max(diag * tolerance, 1e-12)
+        # OpenCASCADE's quick box follows B-spline control polygons (an IGES cylinder
+        # of radius 5 came out 6% wider, lopsided); bounds from its own triangulation are
+        # the part's. Only after the check above: a corrupt coordinate would have it
+        # triangulate something enormous first
+        gmsh.option.setNumber("Geometry.OCCBoundsUseStl", 1)
+        box = gmsh.model.getBoundingBox(-1, -1)
+        diag = float(np.linalg.norm(np.subtract(box[3:], box[:3])))
+        size = diag * tolerance
         gmsh.option.setNumber("Mesh.MeshSizeMax", size)
         gmsh.option.setNumber("Mesh.MeshSizeFromCurvature", 12)
         area = float(sum(gmsh.model.occ.getMass(2, t) for _, t in surfaces))

@@ -350,6 +350,40 @@ def test_cad_finer_tolerance_gives_more_triangles(step_file):
     assert len(fine.fields["cells/triangle"]) > len(coarse.fields["cells/triangle"])
 
 
+@pytest.mark.parametrize(
+    "options, words",
+    [({"cad_tolerance": 0}, "cad_tolerance 0"), ({"cad_tolerance": -0.05}, "cad_tolerance"),
+     ({"cad_tolerance": "fine"}, "cad_tolerance"), ({"cad_tolerance": float("nan")}, "above 0"),
+     ({"cad_mesh": "volumes"}, "cad_mesh 'volumes'")],
+)
+def test_cad_mesh_options_are_checked(step_file, options, words):
+    from simstore.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match=words):
+        next(CadAdapter().iter_samples(str(step_file), "b", options))
+
+
+def test_an_iges_cylinders_bounding_box_is_the_parts(tmp_path):
+    """IGES brings B-spline surfaces, whose quick box follows their control polygon."""
+    import gmsh
+
+    path = tmp_path / "cyl.iges"
+    gmsh.initialize(readConfigFiles=False)
+    try:
+        gmsh.option.setNumber("General.Terminal", 0)
+        gmsh.model.add("cyl")
+        gmsh.model.occ.addCylinder(0, 0, 0, 0, 0, 10, 5)
+        gmsh.model.occ.synchronize()
+        gmsh.write(str(path))
+    finally:
+        gmsh.finalize()
+    (sample,) = CadAdapter().iter_samples(str(path), "c", {"cad_tolerance": 0.1})
+    f = sample.fields
+    got = [f[f"bbox/{a}{m}"] for m in ("min", "max") for a in "xyz"]
+    assert got == pytest.approx([-5, -5, 0, 5, 5, 10], abs=1e-3)
+    assert f["mesh_size"] == pytest.approx(0.1 * np.linalg.norm([10, 10, 10]), rel=1e-3)
+
+
 @pytest.mark.slow
 def test_cad_volume_mesh_of_overlapping_solids_says_what_it_did(tmp_path):
     path = tmp_path / "assembly.step"
