@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import sys
 import traceback
@@ -42,10 +43,27 @@ pass_ctx: Callable[[Callable[..., Any]], Callable[..., Any]] = click.make_pass_d
 )
 
 
+def _finite(obj: Any) -> Any:
+    """``obj`` with NaN and infinities as the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``.
+
+    JSON has no such numbers (Python's ``json`` writes bare ``NaN``, which strict parsers
+    refuse); the strings are the ones simstore uses for them in metadata.
+    """
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "NaN" if math.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
+
 def emit(as_json: bool, obj: Any, text: str | Callable[[], str]) -> None:
-    """Print ``obj`` as JSON (``--json``) or the human text."""
+    """Print ``obj`` as JSON (``--json``: one valid document) or the human text."""
     if as_json:
-        click.echo(json.dumps(obj, indent=2, sort_keys=True, default=str))
+        click.echo(
+            json.dumps(_finite(obj), indent=2, sort_keys=True, default=str, allow_nan=False)
+        )
     else:
         click.echo(text() if callable(text) else text)
 

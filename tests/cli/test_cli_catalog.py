@@ -120,3 +120,16 @@ def test_store_from_environment(store_url, monkeypatch):
     monkeypatch.setenv("SIMSTORE_STORE", store_url)
     result = CliRunner().invoke(main, ["init"])
     assert result.exit_code == 0 and store_url.split("://")[1] in result.output
+
+
+def test_json_output_is_strict_json_whatever_the_numbers(capsys):
+    from simstore.cli._common import emit
+
+    emit(True, {"mean": [float("nan"), 1.5], "max": float("inf"), "min": -float("inf")}, "")
+    text = capsys.readouterr().out
+
+    def refuse(name):
+        raise ValueError(f"non-standard JSON number {name}")
+
+    assert json.loads(text, parse_constant=refuse) == {
+        "mean": ["NaN", 1.5], "max": "Infinity", "min": "-Infinity"}
