@@ -142,11 +142,11 @@ class FileArray:
                 offset=start,
             )
         except (OSError, ValueError):
-            return np.ascontiguousarray(self[()])
+            return np.require(self[()], requirements="C")  # keeps a 0-d array 0-d
         flat = np.frombuffer(region, dtype=self.dtype, count=self._count,
                              offset=self._offset - start)
         if self._fortran:
-            return np.ascontiguousarray(flat.reshape(self.shape[::-1]).T)
+            return np.require(flat.reshape(self.shape[::-1]).T, requirements="C")
         return flat.reshape(self.shape)
 
     def __getitem__(self, key: Any) -> np.ndarray:

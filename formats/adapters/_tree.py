@@ -138,7 +138,8 @@ class SlicedArray:
 
     def read(self) -> np.ndarray:
         """The whole (windowed) array in memory."""
-        return np.ascontiguousarray(self[tuple(slice(0, n) for n in self._shape)])
+        # np.require, not np.ascontiguousarray: that one makes a 0-d array 1-d
+        return np.require(self[tuple(slice(0, n) for n in self._shape)], requirements="C")
 
 
 @dataclass(frozen=True, slots=True)

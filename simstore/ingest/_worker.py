@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from simstore.errors import InvalidInputError, SimstoreError, SourceError
+from simstore.errors import InvalidInputError, SimstoreError, SourceError, StorageError
 from simstore.hashing import ObjectId, object_key
 from simstore.ingest._arrays import (
     hash_sample_blocks,
@@ -104,7 +104,13 @@ class TaskRunner:
         if scratch is None and isinstance(ctx.store, SupportsMoveFile):
             # build shards on the store's filesystem so storing one is a link, not a copy
             scratch = ctx.store.scratch_dir()
-        self.tmp = tempfile.mkdtemp(prefix="simstore-ingest-", dir=scratch)
+        try:
+            self.tmp = tempfile.mkdtemp(prefix="simstore-ingest-", dir=scratch)
+        except OSError as exc:  # a read-only store, a full disk, a missing --tmp-dir
+            where = scratch or tempfile.gettempdir()
+            raise StorageError(
+                f"{where}: cannot create the ingest's scratch folder: {exc.strerror or exc}"
+            ) from exc
         self.open: dict[str, _Builder] = {}
         self.shard_of: dict[int, str] = {}
         self.shards: dict[str, int] = {}

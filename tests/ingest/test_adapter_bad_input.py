@@ -216,3 +216,30 @@ def test_hdf5_attribute_with_a_null_dataspace_is_null_metadata(tmp_path):
         f.attrs["nothing"] = h5py.Empty("f8")
     with h5py.File(path, "r") as f:
         assert json_safe(f.attrs["nothing"]) is None
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "zarr"])
+def test_a_0d_array_keeps_its_shape_on_every_read_path(tmp_path, fmt):
+    """A stored .npz member at an odd offset, a compressed one and an HDF5 scalar dataset
+    are read through the sliced path: each stays 0-d (rank 0 in the schema)."""
+    from simstore.loaders import SimDataset
+
+    from simstore.catalog import Catalog
+    from simstore.ingest import ingest
+
+    src = tmp_path / "src"
+    src.mkdir()
+    np.savez(src / "r.npz", x=np.array(1.5, "f4"), y=np.array(7, "i8"))
+    np.savez_compressed(src / "c.npz", x=np.array(2.5, "f4"), y=np.array(8, "i8"))
+    with h5py.File(src / "h.h5", "w") as f:
+        f["x"] = np.float32(3.5)
+        f["y"] = np.int64(9)
+    cat = Catalog.init(str(tmp_path / "store"))
+    ingest([str(src)], dataset="d", store=cat, format=fmt, snapshot=True)
+    snap = cat.snapshot(cat.resolve("d"))
+    assert {s.name: s.ndim for s in snap.schema} == {"x": 0, "y": 0}
+    got = {s["__key__"]: (s["x"], s["y"]) for s in SimDataset(str(tmp_path / "store"), "d")}
+    assert got.keys() == {"r", "c", "h.h5"}
+    for key, (x, y) in got.items():
+        assert x.shape == () and y.shape == ()
+        assert (float(x), int(y)) == {"r": (1.5, 7), "c": (2.5, 8), "h.h5": (3.5, 9)}[key]

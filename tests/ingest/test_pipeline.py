@@ -599,3 +599,20 @@ def test_a_file_with_the_key_size_and_mtime_of_a_journaled_one_is_read(tmp_path,
         assert result.files_reused == 0
         _, got = read(cat, "d")
         np.testing.assert_array_equal(got["run"]["x"], np.full(4, value))
+
+
+def test_a_scratch_folder_that_cannot_be_made_is_a_storage_error_naming_it(tmp_path):
+    """A read-only store (or a --tmp-dir that is a file) fails in one line, not a
+    traceback; nothing is staged."""
+    from simstore.errors import StorageError
+
+    src = tmp_path / "src"
+    src.mkdir()
+    np.savez(src / "a.npz", x=np.arange(3.0))
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    cat = Catalog.init(str(tmp_path / "store"))
+    with pytest.raises(StorageError, match="scratch folder") as info:
+        ingest([str(src)], dataset="d", store=cat, tmp_dir=str(not_a_folder))
+    assert str(not_a_folder) in str(info.value) and "\n" not in str(info.value)
+    assert cat.staged("d") == []
