@@ -27,6 +27,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,14 +127,55 @@ def _client(cfg: IngestConfig) -> Iterator[Any]:
         finally:
             cluster.close()
         return
+    _check_scheduler(cfg.address)
     try:
         client = distributed.Client(cfg.address, set_as_default=False)
-    except (OSError, TimeoutError) as exc:
+    except (OSError, TimeoutError, ValueError) as exc:
         raise InvalidInputError(
             f"cannot reach the dask scheduler at {cfg.address}: {type(exc).__name__}: {exc}"
         ) from exc
     with client:
         yield client
+
+
+def _check_scheduler(address: str) -> None:
+    """Refuse an address that is no dask scheduler, within dask's connect timeout.
+
+    ``Client`` waits for ever on a port whose server accepts the connection but never
+    answers dask's handshake (the dashboard's 8787 for the scheduler's 8786), and raises
+    a bare ``ValueError`` on a malformed address. One ``identity`` call, bounded by
+    ``distributed.comm.timeouts.connect``, tells a scheduler from anything else first. It
+    runs on a thread of its own, so a caller with a running event loop (a notebook) can
+    still ingest.
+    """
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    import dask.config
+    from dask.utils import parse_timedelta
+    from distributed.core import rpc
+
+    timeout_s = float(parse_timedelta(dask.config.get("distributed.comm.timeouts.connect")))
+
+    async def identity() -> Any:
+        remote = rpc(address, timeout=timeout_s)  # type: ignore[no-untyped-call]
+        try:
+            return await asyncio.wait_for(remote.identity(), timeout_s)
+        finally:
+            await remote.close_rpc()  # type: ignore[no-untyped-call]
+
+    with ThreadPoolExecutor(1) as pool:
+        try:
+            found = pool.submit(asyncio.run, identity()).result()
+        except (OSError, TimeoutError, ValueError) as exc:
+            why = f"{type(exc).__name__}: {exc}" if str(exc) else (
+                f"no answer to dask's handshake within {timeout_s:g} s (not a scheduler?)")
+            raise InvalidInputError(f"cannot reach the dask scheduler at {address}: {why}") from exc
+    kind = found.get("type") if isinstance(found, dict) else None
+    if kind != "Scheduler":
+        raise InvalidInputError(
+            f"{address} is not a dask scheduler (it answers as {kind or 'something else'})"
+        )
 
 
 def _describe(exc: BaseException) -> str:
@@ -181,7 +223,13 @@ def _collect(fut: Any, i: int, task: Sequence[SourceFile], cfg: IngestConfig) ->
             f"ingest task {i} was {fut.status} on the dask cluster (scheduler restarted?); "
             "a re-run resumes where this one stopped"
         )
-    outcome: TaskOutcome = fut.result()
+    try:
+        outcome: TaskOutcome = fut.result()
+    except CancelledError as exc:  # released since its status was read: a restart
+        raise SimstoreError(
+            f"ingest task {i} was cancelled on the dask cluster (scheduler restarted?); "
+            "a re-run resumes where this one stopped"
+        ) from exc
     if outcome.error is not None:
         raise outcome.error
     assert outcome.result is not None

@@ -202,6 +202,7 @@ def test_an_unreachable_scheduler_is_a_clear_error(catalog_at, npz_dir):
     import socket
 
     import dask
+    import distributed  # noqa: F401  (its config defaults first: the set below restores them)
 
     with socket.socket() as s:  # a loopback port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -213,6 +214,41 @@ def test_an_unreachable_scheduler_is_a_clear_error(catalog_at, npz_dir):
             InvalidInputError, match=f"cannot reach the dask scheduler at {address}"
         ):
             ingest([npz_dir], dataset="d", store=catalog_at("s"), engine="dask", address=address)
+
+
+@pytest.mark.parametrize("kind", ["malformed", "no-port", "silent", "worker"])
+def test_an_address_that_is_no_scheduler_is_a_clear_error(catalog_at, npz_dir, kind):
+    """A malformed address raised a bare ValueError; a port that accepts connections but
+    never answers dask's handshake (a dashboard, any HTTP server) hung for ever."""
+    import socket
+
+    import dask
+    import distributed
+
+    silent = socket.socket()  # accepts (the kernel's backlog) but never says a word
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    worker_cluster = None
+    try:
+        if kind == "worker":
+            worker_cluster = distributed.LocalCluster(
+                host="127.0.0.1", n_workers=1, threads_per_worker=1, processes=True,
+                dashboard_address=None, scheduler_kwargs={"dashboard_address": "127.0.0.1:0"})
+            address = next(iter(worker_cluster.workers.values())).address
+            words = "is not a dask scheduler"
+        else:
+            address = {"malformed": "http://127.0.0.1:8786", "no-port": "not an address",
+                       "silent": f"tcp://127.0.0.1:{silent.getsockname()[1]}"}[kind]
+            words = f"cannot reach the dask scheduler at {address}"
+        with dask.config.set({"distributed.comm.timeouts.connect": "2s"}):
+            with pytest.raises(InvalidInputError, match=words) as info:
+                ingest([npz_dir], dataset="d", store=catalog_at("s"), engine="dask",
+                       address=address)
+        assert "\n" not in str(info.value)
+    finally:
+        silent.close()
+        if worker_cluster is not None:
+            worker_cluster.close()
 
 
 def test_a_worker_that_cannot_see_the_store_says_so(tmp_path, npz_dir):
