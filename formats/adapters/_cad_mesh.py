@@ -139,6 +139,7 @@ def mesh_part(gmsh: Any, path: str, tolerance: float, want_volume: bool) -> dict
         # the part's. Only after the check above: a corrupt coordinate would have it
         # triangulate something enormous first
         gmsh.option.setNumber("Geometry.OCCBoundsUseStl", 1)
+        gmsh.model.occ.synchronize()  # entities' boxes are computed when synchronised
         box = gmsh.model.getBoundingBox(-1, -1)
         diag = float(np.linalg.norm(np.subtract(box[3:], box[:3])))
         size = diag * tolerance

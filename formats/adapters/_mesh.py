@@ -206,15 +206,25 @@ class MeshAdapter:
         meshio = _meshio()
         low = path.lower()
         if low.endswith(".pvd"):
-            steps = _pvd_datasets(path)
-            if not steps:
+            datasets = _pvd_datasets(path)
+            if not datasets:
                 raise SourceError(f"{path}: .pvd collection lists no data sets")
+            # a time step may have several parts (a partitioned mesh): one sample per part,
+            # keyed t<step>/p<part> with a ``part`` field; one part per step keeps t<step>
+            steps: dict[float, list[str]] = {}
+            for t, file in datasets:
+                steps.setdefault(t, []).append(file)
             width = max(4, len(str(len(steps) - 1)))
-            for i, (t, file) in enumerate(steps):
-                mesh = self._read(meshio, file)
-                fields = self._fields(file, mesh)
-                fields["time"] = float(t)
-                yield Sample(f"{key}/t{i:0{width}d}", fields)
+            parted = any(len(files) > 1 for files in steps.values())
+            for i, (t, files) in enumerate(steps.items()):
+                for j, file in enumerate(files):
+                    mesh = self._read(meshio, file)
+                    fields = self._fields(file, mesh)
+                    fields["time"] = float(t)
+                    if parted:
+                        fields["part"] = j
+                    step_key = f"{key}/t{i:0{width}d}"
+                    yield Sample(f"{step_key}/p{j:04d}" if parted else step_key, fields)
             return
         if low.endswith((".xdmf", ".xmf")) and _xdmf_is_temporal(path):
             try:

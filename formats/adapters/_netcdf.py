@@ -104,7 +104,16 @@ def _hdf5_dataset(h5: Any, name: str, var: Any, dtype: np.dtype[Any]) -> Any:
     if h5 is None:
         return None
     try:
-        dset = h5.get(name)
+        # netCDF-C keeps a variable named like a dimension it does not run along under
+        # ``_nc4_non_coord_<name>``; the dataset called ``<name>`` is then the dimension's
+        # marker (no values, perhaps the very same shape and type)
+        parent, _, leaf = name.rpartition("/")
+        hidden = f"{parent}/_nc4_non_coord_{leaf}" if parent else f"_nc4_non_coord_{leaf}"
+        dset = h5.get(hidden)
+        if dset is None:
+            dset = h5.get(name)
+            if dset is not None and _is_dimension_marker(dset):
+                return None
         if dset is None or not hasattr(dset, "read_direct"):
             return None
         if tuple(dset.shape) != tuple(var.shape):
@@ -114,6 +123,36 @@ def _hdf5_dataset(h5: Any, name: str, var: Any, dtype: np.dtype[Any]) -> Any:
         return dset
     except (OSError, KeyError, ValueError, TypeError):
         return None
+
+
+def _dimension_names(var: Any) -> tuple[str, ...]:
+    """A variable's dimensions, a group's own ones named with the group's path.
+
+    The time axis is a root dimension (``time``); a group may define a dimension of the
+    same name and another length, which is not it (``/sub/time``).
+    """
+    try:
+        dims = var.get_dims()
+    except (AttributeError, RuntimeError, KeyError):
+        return tuple(var.dimensions)
+    out = []
+    for d in dims:
+        where = d.group().path
+        out.append(d.name if where == "/" else f"{where}/{d.name}")
+    return tuple(out)
+
+
+def _is_dimension_marker(dset: Any) -> bool:
+    """Whether an HDF5 dataset is netCDF-C's stand-in for a dimension (no variable's values)."""
+    try:
+        label = dset.attrs.get("NAME")
+    except (OSError, KeyError, TypeError):
+        return False
+    if isinstance(label, np.ndarray):
+        label = label.tobytes()
+    if isinstance(label, bytes):
+        label = label.decode("latin-1")
+    return isinstance(label, str) and label.startswith("This is a netCDF dimension but not")
 
 
 class NetCDFAdapter:
@@ -213,7 +252,7 @@ class NetCDFAdapter:
                         ArrayEntry(
                             name,
                             SlicedArray(var if handle is None else handle, path=path, field=name),
-                            tuple(var.dimensions),
+                            _dimension_names(var),
                         )
                     )
         except SourceError:

@@ -209,6 +209,9 @@ def _time_axis(
     """(T, which entries are windowed)."""
     if time_dim is not None:
         lengths = {e.array.shape[0] for e in entries if e.dims and e.dims[0] == time_dim}
+        if len(lengths) > 1:  # one dimension, one length: an adapter's bug, not the file's
+            raise SourceError(f"{path}: the time dimension {time_dim!r} has lengths "
+                              f"{sorted(lengths)}")
         if lengths:
             t = lengths.pop()
             return t, [bool(e.dims) and e.dims[0] == time_dim for e in entries]  # type: ignore[index]

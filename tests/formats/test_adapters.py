@@ -650,3 +650,74 @@ def test_classic_netcdf_headers_are_bounds_checked_before_netcdf_c_reads_them(tm
     bad.write_bytes(bytes(data[:40]))  # a header cut short
     with pytest.raises(SourceError, match=r"bad\.nc: corrupt NetCDF header"):
         NetCDFAdapter().count_samples(str(bad), {})
+
+
+def _nc_samples(tmp_path, write, **options):
+    import netCDF4
+    from simstore.loaders import SimDataset
+
+    from simstore.catalog import Catalog
+    from simstore.ingest import ingest
+
+    src = tmp_path / "src"
+    src.mkdir()
+    with netCDF4.Dataset(src / "f.nc", "w", format="NETCDF4") as ds:
+        write(ds)
+    store = str(tmp_path / "store")
+    ingest([str(src)], dataset="d", store=Catalog.init(store), snapshot=True, **options)
+    return list(SimDataset(store, "d", shuffle=False))
+
+
+def test_netcdf_variable_named_like_another_dimension_reads_its_values(tmp_path):
+    """netCDF-C keeps it as _nc4_non_coord_x; the dataset 'x' is the dimension's marker,
+    of the same shape and type, and holds no values."""
+
+    def write(ds):
+        ds.createDimension("x", 3)
+        ds.createDimension("y", 3)
+        ds.createVariable("x", "f4", ("y",))[:] = [10, 20, 30]
+        g = ds.createGroup("g")
+        g.createDimension("z", 2)
+        g.createDimension("w", 2)
+        g.createVariable("z", "f8", ("w",))[:] = [1.5, 2.5]
+
+    (s,) = _nc_samples(tmp_path, write)
+    np.testing.assert_array_equal(s["x"].numpy(), [10, 20, 30])
+    np.testing.assert_array_equal(s["g/z"].numpy(), [1.5, 2.5])
+
+
+def test_netcdf_windows_follow_the_root_time_dimension_not_a_groups_own(tmp_path):
+    def write(ds):
+        ds.createDimension("time", None)
+        ds.createVariable("v", "f8", ("time",))[:] = range(6)
+        g = ds.createGroup("sub")
+        g.createDimension("time", 3)
+        g.createVariable("w", "f8", ("time",))[:] = [100, 101, 102]
+
+    got = _nc_samples(tmp_path, write, time_window=2)
+    assert [s["__key__"] for s in got] == ["f.nc/t0000", "f.nc/t0002", "f.nc/t0004"]
+    assert [s["v"].tolist() for s in got] == [[0, 1], [2, 3], [4, 5]]
+    assert all(s["sub/w"].tolist() == [100, 101, 102] for s in got)
+
+
+def test_a_pvd_with_several_parts_per_step_keys_steps_and_parts(tmp_path):
+    import meshio
+    from simstore.formats.adapters import MeshAdapter
+
+    entries = []
+    for step in range(2):
+        for part in range(2):
+            name = f"s{step}p{part}.vtu"
+            meshio.write_points_cells(
+                str(tmp_path / name), np.random.default_rng(step).random((4, 3)),
+                [("triangle", np.array([[0, 1, 2]]))],
+                point_data={"u": np.full(4, 10.0 * step + part)})
+            entries.append(f'<DataSet timestep="{step}" part="{part}" file="{name}"/>')
+    (tmp_path / "multi.pvd").write_text(
+        '<VTKFile type="Collection" version="0.1"><Collection>'
+        + "".join(entries) + "</Collection></VTKFile>")
+    got = list(MeshAdapter().iter_samples(str(tmp_path / "multi.pvd"), "multi.pvd", {}))
+    assert [s.key for s in got] == ["multi.pvd/t0000/p0000", "multi.pvd/t0000/p0001",
+                                    "multi.pvd/t0001/p0000", "multi.pvd/t0001/p0001"]
+    assert [(s.fields["time"], s.fields["part"], float(s.fields["point_data/u"][0]))
+            for s in got] == [(0.0, 0, 0.0), (0.0, 1, 1.0), (1.0, 0, 10.0), (1.0, 1, 11.0)]
