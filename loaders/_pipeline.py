@@ -476,10 +476,12 @@ class ReaderPool:
                     entry.checking = None
                     if hashed:
                         _trust(entry.reader)
-                elif checking is not None and checks is not None:
-                    self._maybe_hash_first(entry, checks)
                 assert entry.reader is not None
                 try:
+                    if checking is not None and entry.checking is not None and checks:
+                        # reads the shard's metadata (a Zarr sample's zarr.json), which
+                        # may be what is damaged: its error waits for the hash below
+                        self._maybe_hash_first(entry, checks)
                     yield entry.reader
                 except Exception:
                     if entry.checking is not None:
@@ -544,17 +546,15 @@ class ReaderPool:
             check = functools.partial(access.check_copy, key[1], source)
         try:
             reader = self._open(key, handle)
-        except Exception:
-            if check is not None:
-                check()  # a damaged copy is the better error
+        except Exception as exc:
+            if check is not None and not check():  # a damaged copy is the better error
+                raise self._gone(key, source) from exc
             raise
         if check is not None and not getattr(reader, "verifies_pages", False):
             # a reader that checks nothing itself reads a hit only once it has hashed
             try:
-                if not check():  # a pinned copy goes only when found damaged
-                    raise IntegrityError(
-                        f"{self._name(key)}: cache copy {source} was taken out of the "
-                        "cache as damaged before this reader could hash it")
+                if not check():
+                    raise self._gone(key, source)
             except BaseException:
                 with contextlib.suppress(Exception):
                     reader.close()
@@ -574,6 +574,13 @@ class ReaderPool:
             except RuntimeError:  # that pool has shut down: hash it now
                 if check():
                     _trust(entry.reader)
+
+    def _gone(self, key: tuple[int, str], source: object) -> IntegrityError:
+        """A pinned cache copy that vanished: another reader found it damaged."""
+        return IntegrityError(
+            f"{self._name(key)}: cache copy {source} was taken out of the cache as damaged "
+            "before this reader could hash it"
+        )
 
     def finish(self, corrupt: CorruptShards | None = None) -> None:
         """Wait for the hashes still running of shards already read; raise a wrong one.
