@@ -835,17 +835,8 @@ def parse_run_report(obj: object, *, origin: str = "run report") -> RunUsage:
         epochs = len(epochs_raw)
     else:
         epochs = _count(epochs_raw, f"{origin}: epochs")
-    seconds = obj.get("seconds", 0.0)
-    # ``NaN < 0`` is false: finiteness has to be asked for (JSON decoders accept NaN)
-    if (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, int | float)
-        or not _is_finite(seconds)
-        or seconds < 0
-    ):
-        raise FormatError(
-            f"{origin}: seconds must be a finite, non-negative number, got {seconds!r}"
-        )
+    # a price's checks: a number, finite (JSON decoders accept NaN), not negative
+    seconds = _price(obj.get("seconds", 0.0), f"{origin}: seconds")
     raw_tiers = obj.get("tiers", {})
     if not isinstance(raw_tiers, Mapping):
         raise FormatError(f"{origin}: tiers must be an object")
