@@ -9,32 +9,18 @@ after, so a pipeline's own adapter is picked for the files only it recognises.
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from simstore.errors import SourceError
 from simstore.ingest import load_adapters
+from simstore.ingest._sources import read_head  # one sniff: refuses pipes, names bad links
 from simstore.protocols import SourceAdapter
 from simstore.sample import Sample
 
 __all__ = ["AutoAdapter", "read_head"]
 
 _BUILTIN = ("netcdf", "hdf5", "npz", "npy", "zarr", "mesh", "cad")
-
-
-def read_head(path: str, n: int = 64) -> bytes:
-    """The first ``n`` bytes of a file (empty for a directory, such as a Zarr group).
-
-    A named pipe, socket or device is refused, never opened: reading a pipe blocks.
-    """
-    mode = os.stat(path).st_mode
-    if stat.S_ISDIR(mode):
-        return b""
-    if not stat.S_ISREG(mode):
-        raise SourceError(f"{path}: not a regular file or directory (not opened)")
-    with open(path, "rb") as f:
-        return f.read(n)
 
 
 class AutoAdapter:

@@ -86,8 +86,8 @@ def _check_kind(path: str, mode: int) -> None:
         raise SourceError(f"{path}: {kind}, not a regular file or directory (not opened)")
 
 
-def read_head(path: str) -> bytes:
-    """The first 64 bytes of a file (adapters sniff them); empty for a directory.
+def read_head(path: str, n: int = 64) -> bytes:
+    """The first ``n`` bytes of a file (adapters sniff them); empty for a directory.
 
     Raises :class:`SourceError`, one line naming the path, for an entry that is no file to
     read: a dangling symbolic link, a link loop, a named pipe, socket or device (never
@@ -110,7 +110,7 @@ def read_head(path: str) -> bytes:
         raise _unreadable(path, exc) from exc
     try:
         _check_kind(path, os.fstat(fd).st_mode)
-        return os.read(fd, 64)
+        return os.read(fd, n)
     except OSError as exc:
         raise _unreadable(path, exc) from exc
     finally:
