@@ -478,7 +478,7 @@ class ReaderPool:
                         _trust(entry.reader)
                 assert entry.reader is not None
                 try:
-                    if checking is not None and entry.checking is not None and checks:
+                    if entry.checking is not None and checks is not None:
                         # reads the shard's metadata (a Zarr sample's zarr.json), which
                         # may be what is damaged: its error waits for the hash below
                         self._maybe_hash_first(entry, checks)
