@@ -11,6 +11,7 @@ or repeated on resume.
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import threading
 import weakref
@@ -38,6 +39,8 @@ from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from simstore.errors import InvalidInputError
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["SimDataLoader"]
 
@@ -288,9 +291,35 @@ class _WorkersIter(_MultiProcessingDataLoaderIter):
     shutdown call (the iterator collected) finds that thread's work done or under way.
     An epoch cut short (a break, an error) shuts down as torch does: its workers may
     still be writing.
+
+    An error raised out of the epoch stops the workers before it leaves: its traceback
+    holds this iterator in a reference cycle, and the garbage collector runs the queues'
+    finalizers (which unlink their semaphores) before the iterator's own, so a worker
+    still starting up would die on a missing semaphore and torch's SIGCHLD check would
+    raise that inside whatever code the collection interrupted.
     """
 
     _sim_reaper: threading.Thread | None = None
+
+    def _next_data(self) -> Any:
+        try:
+            return super()._next_data()  # type: ignore[no-untyped-call]
+        except StopIteration:
+            raise
+        except BaseException:
+            try:
+                self._shutdown_workers()
+            except Exception as exc:  # the error being raised says more than this one
+                _log.debug("stopping the workers after an error: %s", exc)
+            raise
+
+    def __del__(self) -> None:
+        try:
+            self._shutdown_workers()
+        except RuntimeError as exc:
+            # torch's SIGCHLD check: a worker of an iterator no one reads any more died
+            # while it was being stopped (torch's shutdown has stopped the others)
+            _log.debug("stopping a collected iterator's workers: %s", exc)
 
     def _shutdown_workers(self) -> None:
         if self._sim_reaper is not None:

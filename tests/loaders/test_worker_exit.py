@@ -99,3 +99,61 @@ def test_spawned_worker_exits_cleanly_while_batches_are_in_flight():
         proc.join(120)
         codes.append(proc.exitcode)
     assert codes == [0, 0]
+
+
+def _second_waits(folder: str) -> _FailingTransform:
+    """Unpickled in each spawned worker: the first goes on, the second waits until the first
+    has raised (and a little more, for the error to reach the training process)."""
+    try:
+        os.close(os.open(os.path.join(folder, "first"), os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        deadline = time.monotonic() + 60  # a liveness bound
+        while not os.path.exists(os.path.join(folder, "raised")):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        time.sleep(0.5)
+    return _FailingTransform(folder)
+
+
+class _FailingTransform:
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def __reduce__(self):
+        return _second_waits, (self.folder,)
+
+    def __call__(self, sample):
+        open(os.path.join(self.folder, "raised"), "w").close()
+        raise ValueError("transform refuses every sample")
+
+
+@pytest.mark.multiprocess
+def test_a_worker_error_stops_the_other_workers_before_it_is_raised(small, tmp_path,
+                                                                    monkeypatch):
+    # Left to the garbage collector (the error's traceback holds the iterator in a cycle),
+    # the queues' semaphores were unlinked before the iterator's shutdown: a worker still
+    # starting up then died on them (exit code 1), and torch's SIGCHLD check raised that
+    # inside a later, unrelated piece of code.
+    from loader_helpers import open_test_shard
+    from simstore.loaders import SimDataLoader, SimDataset, _loader
+
+    store, ref, _ = small
+    folder = str(tmp_path / "markers")
+    os.mkdir(folder)
+    iters = []
+    real_init = _loader._WorkersIter.__init__
+
+    def keep(self, loader):
+        iters.append(self)
+        real_init(self, loader)
+
+    monkeypatch.setattr(_loader._WorkersIter, "__init__", keep)
+    ds = SimDataset(store, ref, shuffle=False, transform=_FailingTransform(folder),
+                    shard_opener=open_test_shard)
+    loader = SimDataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context="spawn")
+    with pytest.raises(ValueError, match="refuses every sample"):
+        for _ in loader:
+            pass
+    (it,) = iters
+    assert [w.exitcode for w in it._workers] == [0, 0]
