@@ -414,9 +414,9 @@ class SimDataset(IterableDataset[Sample]):
                 f"simstore reads {STATE_FORMAT_VERSION}"
             )
         mine: Mapping[str, Any] = self.state_dict()
-        names = ["snapshots", "seeds", "weights", "mix_seed", "epoch_length", "order"]
-        if len(self._sources) > 1:  # interleaves sources: one source's order ignores it
-            names.append("mix_shuffle")
+        names = ["snapshots", "seeds", "weights", "epoch_length", "order"]
+        if len(self._sources) > 1:  # interleaves sources: one source's order ignores them
+            names += ["mix_seed", "mix_shuffle"]
         for name in names:
             if name in ("order", "mix_shuffle") and name not in state:
                 raise InvalidInputError(

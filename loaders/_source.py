@@ -131,6 +131,11 @@ def open_source(
             meta.result()
     names = {spec.name for spec in snap.schema}
     if fields is not None:
+        if isinstance(fields, str | bytes):
+            raise InvalidInputError(
+                f"fields= takes a list of field names, not the string {fields!r} "
+                f"(for one field: fields=[{fields!r}])"
+            )
         fields = tuple(fields)
         unknown = [f for f in fields if f not in names]
         if unknown:
@@ -146,6 +151,12 @@ def open_source(
         if value < 1:
             raise InvalidInputError(f"{name} must be at least 1, got {value}")
     regions = parse_regions(crop, window, snap.schema) if crop or window else None
+    if regions is not None and fields is not None:
+        left_out = sorted(regions.fields - set(fields))
+        if left_out:
+            raise InvalidInputError(
+                f"a crop or window names {left_out[0]!r}, which fields= does not read"
+            )
     return Source(
         store=store,
         dataset=snap.dataset,

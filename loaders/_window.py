@@ -36,10 +36,20 @@ def _as_slice(item: Any, field: str) -> slice:
             raise InvalidInputError(f"crop of {field!r}: steps are not supported")
         return item
     if isinstance(item, Sequence) and len(item) == 2:
-        return slice(int(item[0]), int(item[1]))
+        return slice(*(None if b is None else int(b) for b in item))
     raise InvalidInputError(
         f"crop of {field!r}: give a slice, a (start, stop) pair or None per dimension"
     )
+
+
+def _within(part: slice, size: int) -> bool:
+    """Whether a crop's explicit bounds lie inside a dimension of ``size``."""
+    return all(b is None or (-size <= b <= size if i else -size <= b < size)
+               for i, b in enumerate((part.start, part.stop)))
+
+
+def _show(part: slice) -> str:
+    return f"{'' if part.start is None else part.start}:{'' if part.stop is None else part.stop}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,6 +73,12 @@ class Regions:
                     f"crop of {field!r} has {len(crop)} dimensions, the array has shape "
                     f"{tuple(shape)}"
                 )
+            for d, part in enumerate(crop):
+                if not _within(part, shape[d]):
+                    raise InvalidInputError(
+                        f"crop of {field!r} ({_show(part)} along dimension {d}) runs past "
+                        f"the array of sample {key!r} (shape {tuple(shape)})"
+                    )
             return crop
         sizes = self.windows[field]
         if len(sizes) > len(shape):

@@ -96,6 +96,24 @@ def test_zarr_crops_and_windows_read_only_their_chunks(tmp_path, sources):
     assert len(offsets) > 1  # windows move from sample to sample
 
 
+def test_regions_and_fields_that_do_not_fit_are_refused(tmp_path, sources):
+    store, arrays = ingested(tmp_path, sources, "zarr", chunks={"u": (4, 32, 32)},
+                             compression="none")
+    with pytest.raises(InvalidInputError, match="'u', which fields= does not read"):
+        SimDataset(store, "cfd", fields=["p"], window={"u": 3})
+    with pytest.raises(InvalidInputError, match="'u', which fields= does not read"):
+        SimDataset(store, "cfd", fields=["p"], crop={"u": (0, 2)})
+    with pytest.raises(InvalidInputError, match="not the string 'up'"):
+        SimDataset(store, "cfd", fields="up")
+    for crop in [(10, 20), slice(16, None), slice(-17, None)]:  # the arrays have 16 rows
+        with pytest.raises(InvalidInputError, match="crop of 'u' .* runs past the array of "
+                                                    "sample 'run0/t000' \\(shape \\(16, 32, 32"):
+            list(SimDataset(store, "cfd", fields=["u"], crop={"u": crop}, shuffle=False))
+    whole = [s["u"].numpy() for s in SimDataset(store, "cfd", fields=["u"], shuffle=False,
+                                                crop={"u": [(0, 16), (-32, None)]})]
+    assert np.array_equal(whole[0], arrays["run0/t000"])  # the whole extent is in bounds
+
+
 def test_regions_need_a_format_with_region_reads(tmp_path, sources):
     store, _ = ingested(tmp_path, sources, "parquet")
     with pytest.raises(InvalidInputError, match="region reads"):

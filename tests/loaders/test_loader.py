@@ -186,6 +186,21 @@ def test_a_mixture_state_resumes_only_its_own_interleaving(two):
     plain.load_state_dict({k: v for k, v in plain.state_dict().items() if k != "mix_shuffle"})
 
 
+def test_a_dataset_and_its_one_source_mixture_share_their_states(two):
+    """"One dataset is the mixture of one source": the two streams are one, so each
+    resumes from the other's state (a lone source's order ignores the mixture's seed)."""
+    store, *_ = two
+    plain = build(store, "a", seed=3)
+    mixed = SimDataset.mix([build(store, "a", seed=3)])
+    assert plain.state_dict()["mix_seed"] != mixed.state_dict()["mix_seed"]
+    loader = SimDataLoader(plain, batch_size=4)
+    first = [k for b in itertools.islice(loader, 3) for k in b["__key__"]]
+    mixed.load_state_dict(loader.state_dict())
+    rest = [k for b in SimDataLoader(mixed, batch_size=4) for k in b["__key__"]]
+    assert first + rest == [k for b in SimDataLoader(build(store, "a", seed=3), batch_size=4)
+                            for k in b["__key__"]]
+
+
 def test_persistent_workers_are_refused(small):
     store, ref, _ = small
     with pytest.raises(InvalidInputError, match="persistent_workers"):
