@@ -14,7 +14,7 @@ from simstore.catalog._refs import Branches, Tags
 from simstore.errors import FormatError, IntegrityError, NotFoundError, SimstoreError
 from simstore.hashing import Hasher, is_object_id, object_key
 from simstore.names import Ref
-from simstore.snapshot import Snapshot, content_hash_of
+from simstore.snapshot import SNAPSHOT_HEAD, Snapshot, content_hash_of
 
 __all__ = ["GcReport", "VerifyReport", "gc", "reachable_objects", "verify"]
 
@@ -130,9 +130,17 @@ def _all_ref_targets(cat: Catalog) -> Iterator[str]:
                 yield sid
 
 
-def reachable_objects(cat: Catalog, roots: Iterable[str]) -> set[str]:
-    """Every object id reachable from snapshot ids ``roots`` (snapshots, parts, shards)."""
-    seen_snaps: set[str] = set()
+def reachable_objects(
+    cat: Catalog, roots: Iterable[str], *, missing_ok: bool = False,
+    seen: set[str] | None = None,
+) -> set[str]:
+    """Every object id reachable from snapshot ids ``roots`` (snapshots, parts, shards).
+
+    ``missing_ok``: a snapshot or manifest part that is gone is passed over instead of
+    raising (a snapshot no ref names may have lost its ancestors to an earlier gc).
+    ``seen``: snapshot ids already walked (updated), whose objects are not returned again.
+    """
+    seen_snaps: set[str] = set() if seen is None else seen
     seen_parts: set[str] = set()
     keep: set[str] = set()
     stack = list(roots)
@@ -141,18 +149,42 @@ def reachable_objects(cat: Catalog, roots: Iterable[str]) -> set[str]:
         if sid in seen_snaps:
             continue
         seen_snaps.add(sid)
+        try:
+            snap: Snapshot = cat.snapshot(sid)
+        except NotFoundError:
+            if not missing_ok:
+                raise
+            continue
         keep.add(sid)
-        snap: Snapshot = cat.snapshot(sid)
         stack.extend(snap.parents)
         keep.update(str(o) for o in snap.lineage.get("objects", []))
         for part in snap.parts:
             if part.id in seen_parts:
                 continue
             seen_parts.add(part.id)
+            try:
+                table = cat.read_part(part, snapshot=sid)
+            except NotFoundError:
+                if not missing_ok:
+                    raise
+                continue
             keep.add(part.id)
-            table = cat.read_part(part, snapshot=sid)
             keep.update(pc.unique(table.column("shard")).to_pylist())
     return keep
+
+
+# A snapshot is a small JSON object; anything larger is not read to find out whether it is one.
+_SNAPSHOT_MAX_BYTES = 64 * 1024 * 1024
+
+
+def _is_snapshot(cat: Catalog, key: str, size: int) -> bool:
+    """Whether object ``key`` is a snapshot (by its first bytes; see docs/format.md)."""
+    if size < len(SNAPSHOT_HEAD) or size > _SNAPSHOT_MAX_BYTES:
+        return False
+    try:
+        return cat.store.get(key, byte_range=(0, len(SNAPSHOT_HEAD))) == SNAPSHOT_HEAD
+    except NotFoundError:
+        return False
 
 
 @dataclass(slots=True, kw_only=True)
@@ -181,6 +213,27 @@ class GcReport:
         }
 
 
+def _restore(cat: Catalog, roots: Iterable[str], removed: dict[str, tuple[Any, bytes]]) -> None:
+    """Write back the snapshots in ``removed`` (taken out of it) that ``roots`` reach."""
+    seen: set[str] = set()
+    stack = list(roots)
+    while stack:
+        sid = stack.pop()
+        if sid in seen:
+            continue
+        seen.add(sid)
+        if sid in removed:
+            data = removed.pop(sid)[1]
+            cat.store.put_if_absent(object_key(sid), data)
+            snap = Snapshot.from_bytes(data, object_id=sid)
+        else:
+            try:
+                snap = cat.snapshot(sid)
+            except NotFoundError:
+                continue
+        stack.extend(snap.parents)
+
+
 def gc(
     cat: Catalog, *, grace_s: float = 3600.0, dry_run: bool = False, now: float | None = None
 ) -> GcReport:
@@ -190,8 +243,16 @@ def gc(
     manifest parts and shards and lineage objects, and everything a staging entry names.
     Objects modified within ``grace_s`` are kept whatever they are: a writer that has
     stored (or reused, which refreshes the time) objects but not yet committed is
-    protected as long as it commits within the grace period. Temporary files of killed
-    writers older than the grace period are removed too.
+    protected as long as it commits within the grace period. A snapshot modified within
+    it is a root as well, kept with everything it reaches: a branch deleted a moment ago
+    can be created again at its head, and creating a branch or tag refreshes its
+    snapshot first. Temporary files of killed writers older than the grace period are
+    removed too.
+
+    Snapshots are deleted before anything else, each read first; then the refs are read
+    again, and a snapshot deleted here that a ref created meanwhile names is written
+    back, with everything it reaches kept. A ref created after that second reading finds
+    its snapshot gone (the create checks) and is removed again by its writer.
     """
     now = time.time() if now is None else now
     report = GcReport(dry_run=dry_run, grace_s=grace_s)
@@ -206,17 +267,51 @@ def gc(
     for dataset in cat.datasets():
         for entry in cat.staged(dataset):
             keep.update(entry.referenced_objects())
-    roots = set(_all_ref_targets(cat))
-    keep |= reachable_objects(cat, roots)
-    report.reachable = len(keep)
+    walked: set[str] = set()
+    keep |= reachable_objects(cat, set(_all_ref_targets(cat)), seen=walked)
     cutoff = now - grace_s
-    for info in listing:
+
+    def unreached(infos: Iterable[Any]) -> list[Any]:
+        return [i for i in infos if i.key.rsplit("/", 1)[-1] not in keep]
+
+    recent_snaps = [i.key.rsplit("/", 1)[-1] for i in unreached(listing)
+                    if i.mtime >= cutoff and _is_snapshot(cat, i.key, i.size_bytes)]
+    keep |= reachable_objects(cat, recent_snaps, missing_ok=True, seen=walked)
+    report.reachable = len(keep)
+    old = [i for i in unreached(listing) if i.mtime < cutoff]
+    report.kept_recent = len(unreached(listing)) - len(old)
+    snaps = [i for i in old if _is_snapshot(cat, i.key, i.size_bytes)]
+    removed: dict[str, tuple[Any, bytes]] = {}  # snapshot id -> (listing entry, its bytes)
+    refreshed: list[str] = []
+    for info in snaps:
         oid = info.key.rsplit("/", 1)[-1]
-        if oid in keep:
+        if dry_run:
+            removed[oid] = (info, b"")
             continue
-        if info.mtime >= cutoff:
-            report.kept_recent += 1
+        try:
+            if cat.store.info(info.key).mtime >= cutoff:  # refreshed: a ref is on its way
+                report.kept_recent += 1
+                refreshed.append(oid)
+                continue
+            data = cat.store.get(info.key)
+        except NotFoundError:
             continue
+        cat.store.delete(info.key)
+        removed[oid] = (info, data)
+    if not dry_run and (removed or refreshed):
+        # refs created since the first reading, and snapshots refreshed for one: they and
+        # their ancestors come back if deleted above, and all they reach stays
+        late = [*(set(_all_ref_targets(cat)) - walked), *refreshed]
+        _restore(cat, late, removed)
+        keep |= reachable_objects(cat, late, missing_ok=True)
+    snap_keys = {i.key for i in snaps}
+    others = [i for i in old
+              if i.key not in snap_keys and i.key.rsplit("/", 1)[-1] not in keep]
+    for oid, (info, _) in removed.items():
+        report.deleted.append(oid)
+        report.deleted_bytes += info.size_bytes
+    for info in others:
+        oid = info.key.rsplit("/", 1)[-1]
         if not dry_run:
             # re-check: a writer may have reused (and so refreshed) it since the listing
             try:

@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterator
 
 from simstore.errors import AlreadyExistsError, ConflictError, FormatError, NotFoundError
-from simstore.hashing import is_object_id
+from simstore.hashing import is_object_id, object_key
 from simstore.names import check_name, check_ref_name
 from simstore.sample import canonical_json
 from simstore.storage import ObjectStore
@@ -86,13 +86,17 @@ class _Refs:
         return decode_ref(data, key), version
 
     def list(self) -> Iterator[tuple[str, str]]:
-        """(name, snapshot id) pairs, sorted by name."""
+        """(name, snapshot id) pairs, sorted by name; a ref deleted since the listing is skipped."""
         prefix = f"{dataset_prefix(self.dataset)}refs/{self.kind}/"
         for key in self._store.list(prefix):
             name = key[len(prefix) :]
             if "/" in name:
                 continue
-            yield name, decode_ref(self._store.get(key), key)
+            try:
+                data = self._store.get(key)
+            except NotFoundError:
+                continue
+            yield name, decode_ref(data, key)
 
     def exists(self, name: str) -> bool:
         """Whether the ref exists."""
@@ -115,6 +119,13 @@ class _Refs:
         """
         key = self.new_key(name)
         body = encode_ref(snapshot_id)
+        # gc keeps a snapshot modified within its grace period (and all it reaches), so a
+        # ref to a snapshot nothing else names refreshes it first; a gc that deleted it
+        # anyway (between its check and its delete) is caught by the check after the write
+        target = object_key(snapshot_id)
+        refresh = getattr(self._store, "refresh", None)
+        if not (refresh(target) if callable(refresh) else self._store.exists(target)):
+            raise NotFoundError(f"{self.dataset}: no snapshot {snapshot_id}")
         try:
             self._store.compare_and_swap(key, None, body)
         except ConflictError as exc:
@@ -128,6 +139,13 @@ class _Refs:
                 raise AlreadyExistsError(
                     f"{self.dataset}: {self._what(name)} already exists"
                 ) from None
+        if not self._store.exists(target):
+            self._delete(name)
+            raise NotFoundError(
+                f"{self.dataset}: snapshot {snapshot_id} was deleted by a garbage collection "
+                f"while {self._what(name)} was being created; the {self._what(name)} was "
+                "not created"
+            )
 
     def _delete(self, name: str) -> None:
         """Delete a ref by compare-and-swap against the version just read; idempotent.

@@ -10,8 +10,8 @@ import pytest
 import rel_harness as h
 
 from simstore.catalog import Catalog, gc
-from simstore.errors import ConflictError
-from simstore.hashing import hash_bytes
+from simstore.errors import ConflictError, NotFoundError
+from simstore.hashing import hash_bytes, object_key
 from simstore.storage import LocalStore
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "catalog"))
@@ -112,3 +112,115 @@ def test_a_lost_swap_response_with_a_commit_on_top_is_recognised(tmp_path):
     assert result.snapshot_id == log[1][0]
     assert h.content(cat, "ds")["shared"] == hash_bytes(b"s" + b"theirs")
     assert cat.staged("ds") == []
+
+
+def _deleted_branch(tmp_path, *, age_head: bool):
+    """main at {a}; branch exp with two more commits ({a,b}, then {a,b,c}), deleted.
+
+    Every object is aged past the grace period, but for ``age_head=False`` the head
+    commit's objects, written after the ageing. Returns (root, exp head id)."""
+    root = str(tmp_path / "store")
+    cat = Catalog.init(root)
+    stage_samples(cat, "ds", {"a": b"A" * 100})
+    cat.commit("ds", message="base")
+    cat.branches("ds").create("exp", cat.resolve("ds"))
+    stage_samples(cat, "ds", {"b": b"B" * 100})
+    cat.commit("ds", message="b", branch="exp")
+    if not age_head:
+        _age_all_objects(root, 7200)
+    stage_samples(cat, "ds", {"c": b"C" * 100})
+    exp = cat.commit("ds", message="c", branch="exp").snapshot_id
+    if age_head:
+        _age_all_objects(root, 7200)
+    cat.branches("ds").delete("exp")
+    return root, exp
+
+
+def test_a_recent_snapshot_no_ref_names_keeps_everything_it_reaches(tmp_path):
+    """A branch deleted by mistake, its head younger than the grace period: gc kept the
+    head but deleted the older snapshot and shard it reaches; the branch re-created
+    there failed verify, and every later gc failed on the missing parent."""
+    root, exp = _deleted_branch(tmp_path, age_head=False)
+    gc(Catalog.open(root), grace_s=3600)
+    cat = Catalog.open(root)
+    cat.branches("ds").create("exp", exp)
+    assert h.store_problems(cat) == []
+    assert set(h.content(cat, "ds@exp")) == {"a", "b", "c"}
+    gc(cat, grace_s=3600)
+    assert h.store_problems(Catalog.open(root)) == []
+
+
+@pytest.mark.parametrize("at", ["list refs", "info", "get", "delete", "list refs again"])
+def test_a_branch_created_at_an_old_snapshot_while_gc_runs(tmp_path, at):
+    """`simstore branch ds@<id> exp` on a snapshot no ref names, at each step of a gc
+    that would delete it. Either the branch is created and everything it reaches stays,
+    or the create fails naming the snapshot and leaves no ref; the store stays clean."""
+    root, exp = _deleted_branch(tmp_path, age_head=True)
+    fired: list[object] = []
+    ref_lists: list[str] = []
+
+    def before(method, key, n):
+        if fired:
+            return
+        if method == "list" and "/refs/heads/" in key:
+            ref_lists.append(key)
+        hit = {"list refs": len(ref_lists) == 1,
+               "info": method == "info" and exp in key,
+               "get": method == "get" and exp in key,
+               "delete": method == "delete",
+               "list refs again": len(ref_lists) == 2}[at]
+        if hit:
+            try:
+                Catalog(LocalStore(root)).branches("ds").create("exp", exp)
+                fired.append("created")
+            except NotFoundError as exc:
+                assert exp in str(exc)
+                fired.append("refused")
+
+    gc(Catalog(h.HookStore(LocalStore(root), before=before)), grace_s=3600)
+    assert fired, "the branch was never created inside gc"
+    cat = Catalog.open(root)
+    assert h.store_problems(cat) == []
+    if fired == ["created"]:
+        assert set(h.content(cat, "ds@exp")) == {"a", "b", "c"}
+    else:
+        assert not cat.branches("ds").exists("exp")
+    gc(cat, grace_s=3600)
+    assert h.store_problems(Catalog.open(root)) == []
+
+
+def test_refs_deleted_while_they_are_listed_are_skipped(tmp_path):
+    """A tag deleted between the listing of tags and the read of it made gc and ls fail
+    ("no object datasets/ds/refs/tags/t")."""
+    root = str(tmp_path / "store")
+    cat = Catalog.init(root)
+    stage_samples(cat, "ds", {"a": b"A" * 100})
+    cat.commit("ds", message="base")
+    for name in ("t0", "t1"):
+        cat.tags("ds").create(name, cat.resolve("ds"))
+
+    def before(method, key, n):
+        if method == "get" and key.endswith("/refs/tags/t0"):
+            LocalStore(root).delete(key)
+
+    hooked = Catalog(h.HookStore(LocalStore(root), before=before))
+    assert [name for name, _ in hooked.tags("ds").list()] == ["t1"]
+    gc(hooked, grace_s=0)
+    assert h.store_problems(Catalog.open(root)) == []
+
+
+def test_a_ref_whose_snapshot_goes_while_it_is_written_is_taken_back(tmp_path):
+    """gc deleted the snapshot after the create refreshed it but before the ref landed:
+    the create removes its ref and fails naming the snapshot (no ref to a missing one)."""
+    root, exp = _deleted_branch(tmp_path, age_head=True)
+
+    def after(method, key, n):
+        if method == "compare_and_swap" and key.endswith("/refs/heads/exp"):
+            LocalStore(root).delete(object_key(exp))
+
+    cat = Catalog(h.HookStore(LocalStore(root), after=after))
+    with pytest.raises(NotFoundError, match=f"snapshot {exp} was deleted by a garbage"):
+        cat.branches("ds").create("exp", exp)
+    assert not Catalog.open(root).branches("ds").exists("exp")
+    with pytest.raises(NotFoundError, match=f"no snapshot {exp}"):
+        Catalog.open(root).tags("ds").create("t", exp)
