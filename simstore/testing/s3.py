@@ -18,6 +18,7 @@ This module needs the test extras (pytest, moto[server], boto3).
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import logging
 import random
@@ -34,6 +35,7 @@ from urllib.parse import urlsplit
 import pytest
 
 __all__ = [
+    "atomic_moto_writes",
     "FAKE_ACCESS_KEY",
     "FAKE_SECRET_KEY",
     "Fault",
@@ -312,9 +314,47 @@ def make_s3_client(endpoint_url: str) -> Any:
     )
 
 
+_MOTO_WRITES = threading.RLock()
+
+
+@contextlib.contextmanager
+def atomic_moto_writes() -> Iterator[None]:
+    """Make each of moto's object writes atomic, as S3's are, while the block runs.
+
+    moto 5 checks ``If-Match``/``If-None-Match`` and then writes, with nothing held
+    between the two: two server threads can both pass the check on one ETag and both
+    answer 200, so one compare-and-swap silently overwrites the other (an update lost by
+    the stand-in, not by the store; seen on a loaded machine in the store conformance
+    suite's concurrent increments and in rounds of committing processes). S3 evaluates
+    a conditional write atomically; this serialises moto's PutObject and DeleteObject
+    handlers (check and write together) for servers in this process. Blocks may nest.
+    """
+    from moto.s3.responses import S3Response
+
+    originals = {name: getattr(S3Response, name) for name in ("put_object", "delete_object")}
+
+    def atomic(method: Callable[..., Any]) -> Callable[..., Any]:
+        def handler(self: Any) -> Any:
+            with _MOTO_WRITES:
+                return method(self)
+
+        return handler
+
+    for name, method in originals.items():
+        setattr(S3Response, name, atomic(method))
+    try:
+        yield
+    finally:
+        for name, method in originals.items():
+            setattr(S3Response, name, method)
+
+
 @pytest.fixture(scope="session")
 def moto_server() -> Iterator[str]:
-    """Start moto's S3 server on 127.0.0.1, port 0; yield its endpoint URL."""
+    """Start moto's S3 server on 127.0.0.1, port 0; yield its endpoint URL.
+
+    Its conditional writes are atomic, as S3's are (:func:`atomic_moto_writes`).
+    """
     from moto.server import ThreadedMotoServer
 
     # werkzeug logs every request at INFO; keep test output about the tests.
@@ -323,7 +363,8 @@ def moto_server() -> Iterator[str]:
     server.start()
     host, port = server.get_host_and_port()
     try:
-        yield f"http://{host}:{port}"
+        with atomic_moto_writes():
+            yield f"http://{host}:{port}"
     finally:
         server.stop()
 

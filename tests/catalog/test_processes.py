@@ -33,8 +33,10 @@ def test_sigkill_during_commits_leaves_old_or_new_snapshot(tmp_path):
     for trial in range(20):
         before = cat.branches("ds").get_versioned("main")[0]
         proc = _start(store, trial, 1000)
-        # let it start (imports take a while) then kill it at a random instant
-        time.sleep(rng.uniform(0.4, 1.2))
+        # once it has committed (its start-up takes as long as the machine's load makes
+        # it), kill it at a random instant of the commits that follow
+        assert proc.stdout.readline().startswith("committed")
+        time.sleep(rng.uniform(0, 0.3))
         proc.send_signal(signal.SIGKILL)
         out, _ = proc.communicate()
         head = Catalog.open(store).branches("ds").get_versioned("main")[0]

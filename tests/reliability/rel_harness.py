@@ -22,7 +22,6 @@ import json
 import os
 import random
 import signal
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -34,6 +33,7 @@ import numpy as np
 from simstore.catalog import Catalog, gc, verify
 from simstore.hashing import is_object_id, object_key
 from simstore.storage import LocalStore, ObjectInfo, ObjectStore
+from simstore.testing.s3 import atomic_moto_writes  # noqa: F401  (re-exported)
 
 MUTATING = ("put", "put_if_absent", "put_file", "move_file", "compare_and_swap", "delete")
 PRELOAD = [
@@ -178,40 +178,6 @@ class CacheOnlyStore(LocalStore):
         return None
 
 
-# -- the S3 stand-in ---------------------------------------------------------------------
-_MOTO_WRITES = threading.Lock()
-
-
-@contextlib.contextmanager
-def atomic_moto_writes() -> Iterator[None]:
-    """Make each of moto's object writes atomic, as S3's are, while the block runs.
-
-    moto 5 checks ``If-Match``/``If-None-Match`` and then writes, with no lock between
-    the two: two server threads can both pass the check on the same ETag and both answer
-    200, so one compare-and-swap silently overwrites another (a commit lost by the stand-in,
-    not by the store; seen once in 60 rounds of 6 committing processes on a loaded
-    machine, and at will with a few milliseconds' pause between moto's check and write).
-    S3 evaluates a conditional write atomically; this serialises moto's PutObject and
-    DeleteObject handlers (check and write together) for servers in this process.
-    """
-    from moto.s3.responses import S3Response
-
-    originals = {name: getattr(S3Response, name) for name in ("put_object", "delete_object")}
-
-    def atomic(method: Callable[..., Any]) -> Callable[..., Any]:
-        def handler(self: Any) -> Any:
-            with _MOTO_WRITES:
-                return method(self)
-
-        return handler
-
-    for name, method in originals.items():
-        setattr(S3Response, name, atomic(method))
-    try:
-        yield
-    finally:
-        for name, method in originals.items():
-            setattr(S3Response, name, method)
 
 
 # -- sources ---------------------------------------------------------------------------
