@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from simstore.errors import InvalidInputError
 from simstore.snapshot import Snapshot
 
 __all__ = [
@@ -527,13 +528,23 @@ class StatsAccumulator:
 
 
 def _fields_of(source: Snapshot | Mapping[str, Any]) -> Mapping[str, Any]:
+    """The per-field summaries; of a snapshot, those of fields its schema has as numeric.
+
+    A field whose kind changed keeps its old summary in the merged statistics.
+    """
     stats = source.stats if isinstance(source, Snapshot) else source
     fields = stats.get("fields", stats)
-    return fields if isinstance(fields, Mapping) else {}
+    if not isinstance(fields, Mapping):
+        return {}
+    if isinstance(source, Snapshot):
+        numeric = {s.name for s in source.schema if s.kind in ("tensor", "scalar")}
+        return {name: s for name, s in fields.items() if name in numeric}
+    return fields
 
 
 def normalisation(
-    snapshot: Snapshot | Mapping[str, Any], fields: Iterable[str] | None = None
+    snapshot: Snapshot | Mapping[str, Any], fields: Iterable[str] | None = None, *,
+    allow_inexact: bool = False,
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``{field: (mean, std)}`` from a snapshot's merged statistics, for normalising.
 
@@ -546,8 +557,22 @@ def normalisation(
     Given a :class:`Snapshot` with statistics, every numeric field of its schema has an
     entry: one whose arrays were all empty has no summary (ingest summarises values, and
     an empty array has none), so it gets ``([0.], [1.])``, one component, which
-    broadcasts over any shape.
+    broadcasts over any shape; a field the schema no longer has as numeric (its kind
+    changed under ``--allow-schema-change``) has none.
+
+    Statistics marked inexact (``"exact": false``: samples were overwritten or deleted
+    since they were merged, and the old values still count) raise
+    :class:`InvalidInputError` unless ``allow_inexact``: constants that still hold the
+    values of samples the snapshot no longer has would normalise silently wrong.
     """
+    source = snapshot.stats if isinstance(snapshot, Snapshot) else snapshot
+    if not allow_inexact and isinstance(source, Mapping) and source.get("exact") is False:
+        what = f"snapshot {snapshot.id}" if isinstance(snapshot, Snapshot) else "these statistics"
+        raise InvalidInputError(
+            f"{what}: statistics are not exact (samples were overwritten or deleted since "
+            "they were merged, and their old values still count); ingest the dataset again "
+            "with --mode replace for exact ones, or pass allow_inexact=True"
+        )
     stats = dict(_fields_of(snapshot))
     if isinstance(snapshot, Snapshot) and "fields" in snapshot.stats:
         for spec in snapshot.schema:

@@ -5,6 +5,7 @@ import pytest
 
 import simstore.stats as stats_module
 from simstore.catalog import Catalog
+from simstore.errors import InvalidInputError
 from simstore.ingest import ingest
 from simstore.stats import (
     StatsAccumulator,
@@ -181,6 +182,40 @@ def test_a_field_with_only_empty_arrays_normalises_to_zero_and_one(catalog, tmp_
     # zero spread: std 1, and the mean is kept, so (x - mean) / std is 0, not x
     assert norm["x"][0].tolist() == [5.0] and norm["x"][1].tolist() == [1.0]
     assert ((np.full(3, 5.0) - norm["x"][0]) / norm["x"][1]).tolist() == [0.0] * 3
+
+
+def test_normalisation_refuses_inexact_statistics_unless_asked(catalog, tmp_path):
+    """An overwrite leaves the old sample's values in the merged statistics: constants
+    from them would silently include a run the snapshot no longer has."""
+    root = tmp_path / "src"
+    root.mkdir()
+    np.savez(root / "a.npz", u=np.full(100, 1000.0))
+    np.savez(root / "b.npz", u=np.full(100, 1.0))
+    ingest([root], dataset="d", store=catalog, snapshot=True)
+    np.savez(root / "a.npz", u=np.full(100, 1.0))  # the bad run, fixed
+    r = ingest([root], dataset="d", store=catalog, snapshot=True)
+    snap = catalog.snapshot(r.snapshot_id)
+    assert snap.stats["exact"] is False
+    with pytest.raises(InvalidInputError, match=f"snapshot {r.snapshot_id}: statistics are "
+                                                "not exact .* --mode replace"):
+        normalisation(snap)
+    assert normalisation(snap, allow_inexact=True)["u"][0].tolist() == [334.0]
+    r = ingest([root], dataset="d", store=catalog, snapshot=True, mode="replace")
+    assert normalisation(catalog.snapshot(r.snapshot_id))["u"][0].tolist() == [1.0]
+
+
+def test_a_field_no_longer_numeric_has_no_constants(catalog, tmp_path):
+    root = tmp_path / "src"
+    root.mkdir()
+    np.savez(root / "a.npz", u=np.ones(3), w=np.float64(0.5))
+    ingest([root], dataset="d", store=catalog, snapshot=True)
+    (root / "a.npz").unlink()
+    np.savez(root / "b.npz", u=np.ones(3), w=np.str_("laminar"))
+    r = ingest([root], dataset="d", store=catalog, snapshot=True, allow_schema_change=True)
+    snap = catalog.snapshot(r.snapshot_id)
+    assert {s.name: s.kind for s in snap.schema}["w"] == "string"
+    assert normalisation(snap).keys() == {"u"}
+    assert [row["field"] for row in field_table(snap)] == ["u"]
 
 
 def test_scalar_parameters_have_statistics(catalog, h5_dir):
