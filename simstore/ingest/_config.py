@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
 from simstore.errors import InvalidInputError
 from simstore.ingest._arrays import MiB
-from simstore.ingest._shards import DEFAULT_COMPRESSION, ShardOptions
+from simstore.ingest._shards import DEFAULT_COMPRESSION, ShardOptions, parse_size
 from simstore.names import DEFAULT_BRANCH, check_ref_name
 from simstore.sample import Schema
 
@@ -127,8 +128,23 @@ class IngestConfig:
             "block_bytes",
             "piece_bytes",
         ):
-            if int(getattr(self, name)) < 1:
-                raise InvalidInputError(f"invalid {name} {getattr(self, name)}: must be positive")
+            value = getattr(self, name)
+            if isinstance(value, str):  # "256MiB", as on the command line
+                try:
+                    value = parse_size(value)
+                except InvalidInputError as exc:
+                    raise InvalidInputError(f"{name}: {exc}") from None
+                object.__setattr__(self, name, value)
+            elif isinstance(value, numbers.Integral | float) and not isinstance(value, bool) \
+                    and float(value).is_integer():
+                value = int(value)
+                object.__setattr__(self, name, value)
+            else:
+                raise InvalidInputError(
+                    f"invalid {name} {value!r}: give a number of bytes or a size such as '256MiB'"
+                )
+            if value < 1:
+                raise InvalidInputError(f"invalid {name} {value}: must be positive")
         check_ref_name(self.branch, "branch name")
         self.shard_options()
 

@@ -214,6 +214,16 @@ def test_options_are_validated(catalog, npz_dir):
         ingest([root], dataset="d", store=mem, workers=2)
     with pytest.raises(InvalidInputError, match="no such file"):
         ingest([root / "missing"], dataset="d", store=catalog)
+    with pytest.raises(InvalidInputError, match="shard_size: invalid size 'lots'"):
+        ingest([root], dataset="d", store=catalog, shard_size="lots")
+    with pytest.raises(InvalidInputError, match="invalid chunk_bytes 2.5: give a number"):
+        ingest([root], dataset="d", store=catalog, chunk_bytes=2.5)
+
+
+def test_sizes_may_be_given_as_on_the_command_line(catalog, npz_dir):
+    root, _ = npz_dir
+    r = ingest([root], dataset="d", store=catalog, shard_size="1KiB", row_group_bytes=4e3)
+    assert r.shards == r.samples == 6  # each sample is larger than 1 KiB: one per shard
 
 
 def test_two_sources_with_the_same_key_are_refused(catalog, tmp_path):
