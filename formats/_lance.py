@@ -8,11 +8,23 @@ through Lance's ``lance-encoding:compression`` field metadata, at Lance's defaul
 level (a second metadata entry for the level would make the bytes nondeterministic:
 Lance writes metadata maps in hash order). Lance reads paths, not
 Python file objects: ``open`` on a file object copies it to a temporary file first.
+
+Column names: Lance refuses a top-level column name with a ``.`` (the adapters name an
+array's attribute ``velocity.units``), and its projections cannot name a column with a
+backtick or a NUL. Such a field is stored under an escaped column name: ``%`` and those
+three characters become ``%XX`` (the character's hex code, upper case: ``.`` is ``%2E``,
+``%`` is ``%25``), so ``velocity.units`` is the column ``velocity%2Eunits`` and a field
+already named ``p%2Ex`` is ``p%252Ex``. ``urllib.parse.unquote`` gives the field name
+back (:func:`field_name`). A name without those characters is its own column name, so
+such shards are the bytes they always were. The reader maps columns to fields by position
+(``__key__``, then the ``columns`` of the ``simstore`` metadata, in order), so a shard
+written before the escaping (a ``%`` stored as is) reads as it did.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
@@ -28,9 +40,28 @@ from simstore.sample import Sample
 from ._arrow import KEY_COLUMN, ColumnPlan, arrow_schema, plans_from_schema
 from ._columnar import ColumnarReader, ColumnarWriter
 
-__all__ = ["LanceFormat", "LanceShardReader", "LanceShardWriter"]
+__all__ = ["LanceFormat", "LanceShardReader", "LanceShardWriter", "column_name", "field_name"]
 
 MAGIC = b"LANC"
+
+_ESCAPED = frozenset("%.`\x00")
+"""Characters a Lance column name holds as ``%XX``: the escape itself, ``.`` (refused in a
+top-level name), backtick and NUL (a projection cannot name them)."""
+_UNESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
+
+
+def column_name(field: str) -> str:
+    """The Lance column name of a field: ``%``, ``.``, backtick and NUL as ``%XX``."""
+    if _ESCAPED.isdisjoint(field):
+        return field
+    return "".join(f"%{ord(c):02X}" if c in _ESCAPED else c for c in field)
+
+
+def field_name(column: str) -> str:
+    """The field a Lance column holds: the inverse of :func:`column_name`."""
+    if "%" not in column:
+        return column
+    return _UNESCAPE.sub(lambda m: chr(int(m.group(1), 16)), column)
 
 
 def _lance_file() -> Any:
@@ -53,14 +84,41 @@ class LanceShardWriter(ColumnarWriter):
     def _write(
         self, plans: Sequence[ColumnPlan], schema: pa.Schema, groups: Sequence[slice]
     ) -> None:
-        writer = _lance_file().LanceFileWriter(self.path, schema)
+        names = [KEY_COLUMN, *(column_name(p.name) for p in plans)]
+        stored = schema
+        if names != schema.names:  # a field Lance cannot name as it is: escaped columns
+            fields = [f.with_name(n) for f, n in zip(schema, names, strict=True)]
+            stored = pa.schema(fields, metadata=schema.metadata)
+        writer = _lance_file().LanceFileWriter(self.path, stored)
         for table in self._tables(plans, schema, groups):
+            if stored is not schema:
+                table = pa.Table.from_arrays(table.columns, schema=stored)
             writer.write_batch(table)
         writer.close()
 
 
+def _columns_of(schema: pa.Schema, plans: Mapping[str, ColumnPlan], name: str) -> dict[str, str]:
+    """Each field's column in a shard's Lance schema (escaped or, written before, as is)."""
+    names = list(schema.names)
+    if len(names) != len(plans) + 1 or names[0] != KEY_COLUMN:
+        raise FormatError(
+            f"{name}: its {len(names)} columns are not {KEY_COLUMN} and the "
+            f"{len(plans)} fields of its simstore metadata"
+        )
+    columns = {KEY_COLUMN: KEY_COLUMN}
+    for field, column in zip(plans, names[1:], strict=True):
+        if column not in (column_name(field), field):
+            raise FormatError(f"{name}: column {column!r} does not hold field {field!r}")
+        columns[field] = column
+    return columns
+
+
 class LanceShardReader(ColumnarReader):
-    """An open Lance shard; ``take_rows`` of only the requested columns."""
+    """An open Lance shard; ``take_rows`` of only the requested columns.
+
+    Fields are read and returned under their own names; the columns that hold them may be
+    escaped (:func:`column_name`).
+    """
 
     def __init__(self, path: str, name: str = "lance shard", cleanup: str | None = None) -> None:
         self._path = path
@@ -72,7 +130,11 @@ class LanceShardReader(ColumnarReader):
             schema = reader.metadata().schema
         except (OSError, ValueError, RuntimeError) as exc:
             raise FormatError(f"{name} is not a readable Lance file: {exc}") from exc
-        super().__init__(name, schema, plans_from_schema(schema, source=name), num_rows)
+        plans = plans_from_schema(schema, source=name)
+        self._column = _columns_of(schema, plans, name)
+        self._field = {c: f for f, c in self._column.items()}
+        self._escaped = any(f != c for f, c in self._column.items())
+        super().__init__(name, schema, plans, num_rows)
 
     def _reader(self, columns: tuple[str, ...]) -> Any:
         reader = self._readers.get(columns)
@@ -84,10 +146,14 @@ class LanceShardReader(ColumnarReader):
         return reader
 
     def _read_positions(self, positions: Sequence[int], columns: Sequence[str]) -> pa.Table:
+        stored = tuple(self._column[c] for c in columns)
         try:
-            return self._reader(tuple(columns)).take_rows(list(positions)).to_table()
+            table = self._reader(stored).take_rows(list(positions)).to_table()
         except (OSError, ValueError, RuntimeError) as exc:
             raise FormatError(f"{self.name}: read failed: {exc}") from exc
+        if self._escaped:  # the fields' own names, as the decoder looks them up
+            table = table.rename_columns([self._field[c] for c in table.column_names])
+        return table
 
     def keys(self) -> list[str]:
         """Every sample key in position order."""
