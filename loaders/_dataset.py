@@ -33,6 +33,7 @@ from simstore.loaders._fetch import (
     tier_of,
 )
 from simstore.loaders._metrics import Metrics, timed
+from simstore.loaders._normalise import NormaliseSpec
 from simstore.loaders._opener import FormatOpener
 from simstore.loaders._options import LoaderOptions, cache_config, parse_bytes
 from simstore.loaders._order import BLOCK_BYTES, BUFFER_BLOCKS, Mixture
@@ -166,6 +167,12 @@ class SimDataset(IterableDataset[Sample]):
         cache_dir, cache_limit: local disk cache for remote stores and its byte limit.
         prefetch: a :class:`PrefetchConfig`, or how many chunks to decode ahead.
         transform: applied to each sample (a dict of tensors) in the reading process.
+        normalise: ``(x - mean) / std`` with the pinned snapshot's exact statistics, before
+            ``transform``: True (every numeric field read), a list of field names, or
+            ``{field: (mean, std)}`` (constants given, e.g. another snapshot's). Per
+            component on a vector field's last axis; floating fields keep their dtype,
+            integer ones become float32. Statistics marked inexact are refused (see
+            ``simstore.stats.normalisation``).
         remainder: ``"pad"`` (default) or ``"drop"``.
         on_corrupt: ``"raise"`` (default): a corrupt shard stops the iteration with an
             error naming it. ``"skip"``: its samples are logged, counted
@@ -218,6 +225,7 @@ class SimDataset(IterableDataset[Sample]):
         world_detector: WorldDetector | None = None,
         log_every_s: float | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        normalise: NormaliseSpec = None,
     ) -> None:
         cache = cache_config(cache_dir, parse_bytes(cache_limit, "cache_limit"))
         backend = open_store(store, storage_options=storage_options, read_only=True)
@@ -232,7 +240,7 @@ class SimDataset(IterableDataset[Sample]):
             window_shards=window_shards, group_parts=group_parts, transform=transform,
             block_bytes=parse_bytes(shuffle_block_bytes, "shuffle_block_bytes") or 0,
             buffer_blocks=shuffle_buffer_blocks, crop=crop, window=window, read=read,
-            peek=peek,
+            peek=peek, normalise=normalise,
         )
         prefetch = _prefetch_config(prefetch)
         options = LoaderOptions(

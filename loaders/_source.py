@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 from simstore.loaders._fetch import tier_of
+from simstore.loaders._normalise import NormaliseSpec, normaliser
 from simstore.loaders._order import (
     BLOCK_BYTES,
     BUFFER_BLOCKS,
@@ -95,6 +96,7 @@ def open_source(
     window: Mapping[str, Any] | None = None,
     read: PartReader | None = None,
     peek: PartReader | None = None,
+    normalise: NormaliseSpec = None,
 ) -> Source:
     """Resolve ``ref`` once and pin its snapshot; check the requested fields exist.
 
@@ -151,6 +153,7 @@ def open_source(
         if value < 1:
             raise InvalidInputError(f"{name} must be at least 1, got {value}")
     regions = parse_regions(crop, window, snap.schema) if crop or window else None
+    transform = normaliser(normalise, snap, fields, ref, transform)
     if regions is not None and fields is not None:
         left_out = sorted(regions.fields - set(fields))
         if left_out:

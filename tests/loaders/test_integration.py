@@ -143,3 +143,54 @@ def test_cached_remote_parquet_matches_local(tmp_path, sources):
     got = {s["__key__"]: s["u"].numpy() for s in ds}
     assert sorted(keys_of([{"__key__": k, "__pad__": False} for k in got])) == sorted(arrays)
     assert all(np.array_equal(v, arrays[k]) for k, v in got.items())
+
+
+def test_normalise_uses_the_pinned_snapshots_statistics(tmp_path):
+    """SimDataset(normalise=...) applies (x - mean) / std from the snapshot's exact merged
+    statistics: per component on a vector field, the same with workers, and refused where
+    it cannot be right."""
+    root = tmp_path / "src"
+    root.mkdir()
+    rng = np.random.default_rng(3)
+    vel, re = {}, {}
+    for i in range(12):
+        v = (rng.standard_normal((20, 3)) * [1.0, 10.0, 100.0] + [5.0, -3.0, 0.5])
+        vel[f"r{i:02d}"], re[f"r{i:02d}"] = v.astype(np.float32), 100 * (i + 1)
+        np.savez(root / f"r{i:02d}.npz", v=vel[f"r{i:02d}"], re=np.int64(100 * (i + 1)),
+                 name=np.str_(f"run{i}"))
+    store = str(tmp_path / "store")
+    Catalog.init(store)
+    simstore.ingest([str(root)], dataset="d", store=store, snapshot=True, message="m")
+    allv = np.concatenate(list(vel.values())).astype(np.float64)
+    mean, std = allv.mean(axis=0), allv.std(axis=0)
+    re_all = np.array(list(re.values()), dtype=np.float64)
+
+    def check(samples):
+        assert len(samples) == 12
+        for s in samples:
+            k = s["__key__"]
+            assert s["v"].dtype == torch.float32 and s["re"].dtype == torch.float32
+            expect = ((vel[k].astype(np.float64) - mean) / std).astype(np.float32)
+            np.testing.assert_allclose(s["v"].numpy(), expect, rtol=2e-5, atol=2e-5)
+            assert float(s["re"]) == pytest.approx((re[k] - re_all.mean()) / re_all.std(),
+                                                   rel=1e-6)
+            assert s["name"] == f"run{int(k[1:3])}"  # not numeric: untouched
+
+    check(list(SimDataset(store, "d", normalise=True)))
+    loader = SimDataLoader(SimDataset(store, "d", normalise=["v", "re"]), batch_size=None,
+                           num_workers=2, multiprocessing_context="fork")
+    check(list(loader))
+    given = SimDataset(store, "d", normalise={"re": (100.0, 2.0)}, shuffle=False)
+    first = next(iter(given))
+    assert float(first["re"]) == 0.0 and first["v"].dtype == torch.float32
+    assert np.array_equal(first["v"].numpy(), vel["r00"])  # not named: untouched
+    with pytest.raises(InvalidInputError, match="'name', which is not a numeric field"):
+        SimDataset(store, "d", normalise=["name"])
+    with pytest.raises(InvalidInputError, match="'v', which fields= does not read"):
+        SimDataset(store, "d", fields=["re"], normalise=["v"])
+    with pytest.raises(InvalidInputError, match="not 'v'"):
+        SimDataset(store, "d", normalise="v")
+    np.savez(root / "r00.npz", v=vel["r00"] * 2, re=np.int64(1), name=np.str_("run0"))
+    simstore.ingest([str(root)], dataset="d", store=store, snapshot=True, message="m2")
+    with pytest.raises(InvalidInputError, match="statistics are not exact"):
+        SimDataset(store, "d", normalise=True)

@@ -1,0 +1,120 @@
+"""``SimDataset(normalise=...)``: fields normalised with the pinned snapshot's statistics.
+
+The constants come from the snapshot the dataset pins (``simstore.stats.normalisation``:
+exact, versioned with the data), so a run and its resume, or a rerun a year later on the
+same snapshot id, normalise identically. Each source of a mixture uses its own snapshot's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from simstore.errors import InvalidInputError
+from simstore.snapshot import Snapshot
+from simstore.stats import normalisation
+
+__all__ = ["Normalise", "NormaliseSpec", "normaliser"]
+
+Transform = Any  # Callable[[dict[str, Any]], dict[str, Any]] (see _source.Transform)
+NormaliseSpec = bool | Sequence[str] | Mapping[str, tuple[Any, Any]] | None
+
+
+class Normalise:
+    """A transform: ``(x - mean) / std`` per field, then the caller's transform.
+
+    Per component on a vector field's last axis. Floating tensors keep their dtype;
+    integer and bool tensors and plain numbers become float32. A field a sample lacks
+    (older samples of an evolved schema) is left out. Picklable, for DataLoader workers.
+    """
+
+    def __init__(self, constants: Mapping[str, tuple[np.ndarray, np.ndarray]],
+                 then: Transform | None = None) -> None:
+        self.constants = {name: (np.asarray(m, dtype=np.float64), np.asarray(s, dtype=np.float64))
+                          for name, (m, s) in constants.items()}
+        self.then = then
+        self._tensors: dict[tuple[str, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"constants": self.constants, "then": self.then}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["constants"], state["then"])  # type: ignore[misc]
+
+    def _pair(self, name: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        pair = self._tensors.get((name, dtype))
+        if pair is None:
+            mean, std = self.constants[name]
+            pair = (torch.from_numpy(mean).to(dtype), torch.from_numpy(std).to(dtype))
+            self._tensors[(name, dtype)] = pair
+        return pair
+
+    def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
+        for name in self.constants:
+            value = sample.get(name)
+            if value is None:
+                continue
+            if isinstance(value, torch.Tensor):
+                t = value if torch.is_floating_point(value) else value.to(torch.float32)
+                mean, std = self._pair(name, t.dtype)
+                if t.ndim == 0 or mean.numel() == 1:
+                    mean, std = mean.reshape(()), std.reshape(())
+                sample[name] = (t - mean) / std
+            elif isinstance(value, int | float | np.number | bool):
+                mean_a, std_a = self.constants[name]
+                sample[name] = float((float(value) - mean_a[0]) / std_a[0])
+        return self.then(sample) if self.then is not None else sample
+
+
+def normaliser(
+    spec: NormaliseSpec, snap: Snapshot, fields: tuple[str, ...] | None, ref: str,
+    then: Transform | None,
+) -> Transform | None:
+    """The transform ``SimDataset(normalise=spec)`` applies (None: nothing to normalise).
+
+    ``spec``: True (every numeric field read), field names (their snapshot constants), or
+    ``{field: (mean, std)}`` (given constants, e.g. another snapshot's).
+    """
+    if spec is None or spec is False:
+        return then
+    numeric = {s.name for s in snap.schema if s.kind in ("tensor", "scalar")}
+    read = set(fields) if fields is not None else {s.name for s in snap.schema}
+    if isinstance(spec, Mapping):
+        constants = {str(k): (np.asarray(m, dtype=np.float64).reshape(-1),
+                              np.asarray(s, dtype=np.float64).reshape(-1))
+                     for k, (m, s) in spec.items()}
+        for name, (mean, std) in constants.items():
+            if mean.shape != std.shape or not mean.size:
+                raise InvalidInputError(
+                    f"normalise={{{name!r}: (mean, std)}}: mean and std need one value per "
+                    f"component, got {mean.size} and {std.size}"
+                )
+            if not np.all(np.isfinite(std)) or np.any(std == 0):
+                raise InvalidInputError(f"normalise: the std of {name!r} must be finite, nonzero")
+        names = list(constants)
+    elif spec is True:
+        names = sorted(numeric & read)
+        constants = {}
+    elif isinstance(spec, str | bytes) or not isinstance(spec, Sequence):
+        raise InvalidInputError(
+            f"normalise= takes True, a list of field names or {{field: (mean, std)}}, "
+            f"not {spec!r}"
+        )
+    else:
+        names = [str(n) for n in spec]
+        constants = {}
+    for name in names:
+        if name not in numeric:
+            raise InvalidInputError(f"normalise= names {name!r}, which is not a numeric field "
+                                    f"of {ref} (snapshot {snap.id})")
+        if name not in read:
+            raise InvalidInputError(f"normalise= names {name!r}, which fields= does not read")
+    if not isinstance(spec, Mapping):
+        if not snap.stats.get("fields"):
+            raise InvalidInputError(f"{ref} (snapshot {snap.id}) carries no statistics to "
+                                    "normalise with; give normalise={field: (mean, std)}")
+        constants = normalisation(snap, names)
+    return Normalise(constants, then) if constants else then
