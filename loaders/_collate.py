@@ -14,6 +14,13 @@ cannot be stacked. Two layouts, chosen by ``mesh=``:
   offsets, so packed cells address packed points.
 
 Strings, bytes and JSON fields become lists; Python numbers and booleans become tensors.
+
+A field that only some samples of a batch have (a dataset whose later snapshot added it,
+or a mixture of sources with different fields) is batched anyway, with a boolean
+``<field>__present`` of shape ``(B,)`` marking the samples that have it. The others get
+``pad_value`` entries of the present samples' shape and dtype (by the padding rules above
+where those shapes differ; zero rows when packed), or None in a list field. A field that
+every sample has gets no ``__present``.
 """
 
 from __future__ import annotations
@@ -78,45 +85,78 @@ class Collate:
         if not samples:
             return {}
         names = list(samples[0])
-        for s in samples[1:]:
-            if set(s) != set(names):
-                diff = sorted(set(s) ^ set(names))
-                raise InvalidInputError(
-                    f"cannot batch samples with different fields (differ in {diff}); "
-                    "give the mixture's datasets a transform that aligns them"
-                )
-        return self.columns({name: [s[name] for s in samples] for name in names})
+        known = samples[0].keys()
+        present: dict[str, list[bool]] = {}
+        if not all(map(known.__eq__, (s.keys() for s in samples[1:]))):
+            seen = set(names)
+            for s in samples[1:]:
+                names.extend(n for n in s if n not in seen)
+                seen.update(s)
+            present = {n: [n in s for s in samples] for n in names
+                       if not all(n in s for s in samples)}
+        return self.columns({name: [s.get(name) for s in samples] if name in present
+                             else [s[name] for s in samples] for name in names},
+                            present=present)
 
-    def columns(self, columns: Mapping[str, list[Any] | torch.Tensor]) -> dict[str, Any]:
+    def columns(
+        self,
+        columns: Mapping[str, list[Any] | torch.Tensor],
+        *,
+        present: Mapping[str, Sequence[bool]] | None = None,
+    ) -> dict[str, Any]:
         """A batch from its columns; the same as ``__call__`` gives for the same samples.
 
         A column is a field's values in sample order: a list, or one tensor whose rows are
         the samples' values (already stacked, as the loader's decode buffers hold them).
+        ``present`` maps a field that some samples lack to one flag per sample; the values
+        at its unset flags are ignored (None, or any placeholder row), and the batch gets
+        ``<field>__present`` (see the module's docstring).
         """
         out: dict[str, Any] = {}
         lengths: dict[str, list[int]] = {}
         for name, values in columns.items():
+            flags = present.get(name) if present else None
+            if flags is not None and all(flags):
+                flags = None
             if isinstance(values, torch.Tensor):
                 variable = self._is_variable(name)
-                if not self._packs(name, variable) and not (variable and values.dim() > 1):
+                if flags is None and not self._packs(name, variable) and not (
+                    variable and values.dim() > 1
+                ):
                     out[name] = values
                     continue
                 values = list(values.unbind(0))
-            if all(isinstance(v, torch.Tensor) for v in values):
+            real = values if flags is None else [v for v, p in zip(values, flags, strict=True)
+                                                  if p]
+            if real and all(isinstance(v, torch.Tensor) for v in real):
                 variable = self._is_variable(name)
                 self._tensors(
                     name, values, out, lengths, always_pack=self._packs(name, variable),
-                    always_pad=variable,
+                    always_pad=variable, present=flags,
                 )
-            elif all(isinstance(v, bool | int | float) for v in values):
-                out[name] = number_tensor(values)
-            else:
+            elif real and all(isinstance(v, bool | int | float) for v in real):
+                out[name] = self._numbers(values, flags)
+            elif flags is None:
                 out[name] = list(values)
+            else:
+                out[name] = [v if p else None for v, p in zip(values, flags, strict=True)]
+            if flags is not None:
+                out[f"{name}__present"] = torch.tensor(flags, dtype=torch.bool)
         if self.mesh == "pack":
             for name, target in self.index_fields.items():
-                if name in out and target in lengths:
-                    self._shift(name, target, columns[name], out, lengths)
+                flags = present.get(name) if present else None
+                if name in out and target in lengths and (flags is None or any(flags)):
+                    self._shift(name, target, columns[name], out, lengths, flags)
         return out
+
+    def _numbers(self, values: list[Any], present: Sequence[bool] | None) -> torch.Tensor:
+        """A column of Python numbers as a tensor; absent samples get ``pad_value``."""
+        if present is None:
+            return number_tensor(values)
+        real = number_tensor([v for v, p in zip(values, present, strict=True) if p])
+        column = torch.full((len(values),), self.pad_value, dtype=real.dtype)
+        column[torch.tensor(present, dtype=torch.bool)] = real
+        return column
 
     def _packs(self, name: str, variable: bool) -> bool:
         return self.mesh == "pack" and (
@@ -126,42 +166,60 @@ class Collate:
     def _tensors(
         self,
         name: str,
-        values: list[torch.Tensor],
+        values: list[Any],
         out: dict[str, Any],
         lengths: dict[str, list[int]],
         *,
         always_pack: bool,
         always_pad: bool = False,
+        present: Sequence[bool] | None = None,
     ) -> None:
-        shapes = {tuple(v.shape) for v in values}
-        if len(shapes) == 1 and not always_pack and not (always_pad and values[0].dim() > 0):
+        """Stack, pad or pack a column of tensors into ``out`` (and ``lengths``, packed).
+
+        ``present``: one flag per sample where some samples lack the field; the shapes are
+        those of the samples that have it, and the others get ``pad_value`` entries (in
+        the stacked and padded layouts, their mask all False) or zero rows (packed).
+        """
+        real: list[torch.Tensor] = values if present is None else [
+            v for v, p in zip(values, present, strict=True) if p
+        ]
+        first = real[0]
+        shapes = {tuple(v.shape) for v in real}
+        if len(shapes) == 1 and not always_pack and not (always_pad and first.dim() > 0):
+            if present is not None:
+                fill = torch.full(first.shape, self.pad_value, dtype=first.dtype,
+                                  device=first.device)
+                values = [v if p else fill for v, p in zip(values, present, strict=True)]
             out[name] = _stack(values)
             return
-        ndims = {v.dim() for v in values}
+        flags = [True] * len(values) if present is None else present
+        ndims = {v.dim() for v in real}
         if len(ndims) != 1 or 0 in ndims:  # a 0-d field can only differ in rank
             raise InvalidInputError(
                 f"field {name!r} has tensors of different ranks in one batch: {sorted(shapes)}"
             )
         if self.mesh == "pack":
-            tails = {tuple(v.shape[1:]) for v in values}
+            tails = {tuple(v.shape[1:]) for v in real}
             if len(tails) != 1:
                 raise InvalidInputError(
                     f"field {name!r} cannot be packed: shapes differ beyond the first "
                     f"dimension ({sorted(shapes)}); use mesh='pad'"
                 )
-            sizes = [int(v.shape[0]) for v in values]
+            sizes = [int(v.shape[0]) if p else 0 for v, p in zip(values, flags, strict=True)]
             lengths[name] = sizes
-            out[name] = torch.cat(values)
+            out[name] = torch.cat(real)
             offsets = torch.zeros(len(values) + 1, dtype=torch.int64)
             offsets[1:] = torch.cumsum(torch.tensor(sizes, dtype=torch.int64), 0)
             out[f"{name}__offsets"] = offsets
             return
-        biggest = [max(s[d] for s in shapes) for d in range(values[0].dim())]
+        biggest = [max(s[d] for s in shapes) for d in range(first.dim())]
         varying = [d for d in range(len(biggest)) if len({s[d] for s in shapes}) > 1]
         depth = varying[-1] + 1 if varying else 1
-        padded = torch.full((len(values), *biggest), self.pad_value, dtype=values[0].dtype)
+        padded = torch.full((len(values), *biggest), self.pad_value, dtype=first.dtype)
         mask = torch.zeros((len(values), *biggest[:depth]), dtype=torch.bool)
-        for i, v in enumerate(values):
+        for i, (v, p) in enumerate(zip(values, flags, strict=True)):
+            if not p:
+                continue
             region: tuple[int | slice, ...] = tuple(slice(0, int(n)) for n in v.shape)
             padded[(i, *region)] = v
             mask[(i, *region[:depth])] = True
@@ -180,14 +238,17 @@ class Collate:
         values: Sequence[Any] | torch.Tensor,
         out: dict[str, Any],
         lengths: dict[str, list[int]],
+        present: Sequence[bool] | None = None,
     ) -> None:
         starts = [0]
         for n in lengths[target][:-1]:
             starts.append(starts[-1] + n)
-        parts = [v + start for v, start in zip(values, starts, strict=True)]
-        out[name] = torch.cat(parts)
+        flags = [True] * len(starts) if present is None else present
+        parts = [v + start if p else None
+                 for v, start, p in zip(values, starts, flags, strict=True)]
+        out[name] = torch.cat([p for p in parts if p is not None])
         if f"{name}__offsets" not in out:
-            sizes = [int(p.shape[0]) for p in parts]
+            sizes = [int(p.shape[0]) if p is not None else 0 for p in parts]
             offsets = torch.zeros(len(parts) + 1, dtype=torch.int64)
             offsets[1:] = torch.cumsum(torch.tensor(sizes, dtype=torch.int64), 0)
             out[f"{name}__offsets"] = offsets

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from loader_helpers import commit_samples, make_samples, open_test_shard
 from simstore.loaders import Collate, SimDataLoader, SimDataset
 
+import simstore
+from simstore.catalog import Catalog
 from simstore.errors import InvalidInputError
 
 
@@ -36,9 +39,143 @@ def test_pack_refuses_shapes_that_differ_beyond_the_first_dimension():
         Collate(mesh="pack")([{"x": torch.ones(2, 3)}, {"x": torch.ones(2, 4)}])
 
 
-def test_samples_with_different_fields_are_refused():
-    with pytest.raises(InvalidInputError, match="different fields"):
-        Collate()([{"x": torch.ones(1)}, {"y": torch.ones(1)}])
+def test_a_field_some_samples_lack_is_padded_with_a_present_flag():
+    a = {"u": torch.ones(2), "re": 1.5, "img": torch.ones(2, 3, dtype=torch.int32)}
+    b = {"u": torch.ones(2) * 2}
+    out = Collate(pad_value=-1)([b, a, b])
+    assert out["re"].dtype == torch.float64 and out["re"].tolist() == [-1.0, 1.5, -1.0]
+    assert out["re__present"].dtype == torch.bool
+    assert out["re__present"].tolist() == [False, True, False]
+    assert out["img"].shape == (3, 2, 3) and out["img"].dtype == torch.int32
+    assert (out["img"][1] == 1).all() and (out["img"][[0, 2]] == -1).all()
+    assert out["img__present"].tolist() == [False, True, False]
+    assert "img__mask" not in out
+    assert out["u"].tolist() == [[2, 2], [1, 1], [2, 2]] and "u__present" not in out
+
+
+def test_samples_with_disjoint_fields_are_batched():
+    out = Collate()([{"x": torch.ones(1)}, {"y": torch.full((1,), 2.0)}])
+    assert out["x"].tolist() == [[1.0], [0.0]] and out["x__present"].tolist() == [True, False]
+    assert out["y"].tolist() == [[0.0], [2.0]] and out["y__present"].tolist() == [False, True]
+
+
+def test_a_missing_list_field_is_none():
+    samples = [{"name": "a", "meta": {"k": 1}}, {"name": "b"}, {"name": "c", "meta": None}]
+    out = Collate()(samples)
+    assert out["name"] == ["a", "b", "c"] and "name__present" not in out
+    assert out["meta"] == [{"k": 1}, None, None]
+    assert out["meta__present"].tolist() == [True, False, True]
+
+
+def test_a_missing_field_of_varying_shapes_is_padded_by_the_present_shapes():
+    a = {"k": 0, "points": torch.ones(2, 3)}
+    b = {"k": 1, "points": torch.ones(4, 3) * 2}
+    out = Collate(pad_value=-1)([a, {"k": 2}, b])
+    assert out["points"].shape == (3, 4, 3)
+    # the mask spans only the dimension in which the present shapes vary
+    assert out["points__mask"].tolist() == [[True, True, False, False], [False] * 4,
+                                            [True] * 4]
+    assert (out["points"][1] == -1).all() and (out["points"][2] == 2).all()
+    assert out["points__present"].tolist() == [True, False, True]
+
+
+def test_a_missing_packed_field_has_no_rows_and_its_indices_still_shift():
+    a = {"points": torch.zeros(3, 3), "cells": torch.tensor([[0, 1, 2]])}
+    b = {"points": torch.ones(4, 3), "cells": torch.tensor([[0, 1, 2], [1, 2, 3]])}
+    out = Collate(mesh="pack", index_fields={"cells": "points"})([a, {}, b])
+    assert out["points"].shape == (7, 3)
+    assert out["points__offsets"].tolist() == [0, 3, 3, 7]
+    assert out["cells"].tolist() == [[0, 1, 2], [3, 4, 5], [4, 5, 6]]
+    assert out["cells__offsets"].tolist() == [0, 1, 1, 3]
+    assert out["points__present"].tolist() == [True, False, True]
+    assert out["cells__present"].tolist() == [True, False, True]
+
+
+def test_columns_with_present_flags_match_the_samples_batch():
+    samples = [{"u": torch.ones(2), "re": 2.5}, {"u": torch.zeros(2)}]
+    want = Collate()(samples)
+    got = Collate().columns(
+        {"u": torch.stack([torch.ones(2), torch.zeros(2)]), "re": [2.5, None]},
+        present={"u": [True, True], "re": [True, False]},
+    )
+    assert sorted(got) == sorted(want) == ["re", "re__present", "u"]
+    for name in want:
+        assert torch.equal(got[name], want[name])
+
+
+def test_a_field_of_different_ranks_is_still_refused_when_some_samples_lack_it():
+    with pytest.raises(InvalidInputError, match="different ranks"):
+        Collate()([{"x": torch.ones(2)}, {}, {"x": torch.ones(2, 2)}])
+
+
+@pytest.fixture(scope="module")
+def evolved(tmp_path_factory):
+    """A parquet store whose snapshot 1 has ``u`` (6 samples) and snapshot 2 adds ``re``
+    (6 more); returns (store, {key: (u, re or None)})."""
+    root = tmp_path_factory.mktemp("evolved")
+    store = str(root / "store")
+    Catalog.init(store)
+    rng = np.random.default_rng(3)
+    want: dict[str, tuple[np.ndarray, float | None]] = {}
+    for part, with_re in (("a", False), ("b", True)):
+        src = root / part
+        src.mkdir()
+        for i in range(6):
+            key = f"{part}{i:02d}"
+            u = rng.standard_normal((4, 5)).astype(np.float32)
+            extra = {"re": np.float64(100 + len(want))} if with_re else {}
+            np.savez(src / f"{key}.npz", u=u, **extra)
+            want[key] = (u, 100.0 + len(want) if with_re else None)
+        simstore.ingest([str(src)], dataset="d", store=store, format="parquet",
+                        snapshot=True, message=part)
+    return store, want
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_evolved_dataset_batches_through_the_loader(evolved, workers):
+    store, want = evolved
+    for batch_size in (3, 4):
+        loader = SimDataLoader(SimDataset(store, "d", shuffle=True), batch_size=batch_size,
+                               num_workers=workers,
+                               multiprocessing_context="fork" if workers else None)
+        seen: list[str] = []
+        mixed = 0
+        for batch in loader:
+            keys = batch["__key__"]
+            assert batch["u"].shape == (len(keys), 4, 5) and "u__present" not in batch
+            has = [want[k][1] is not None for k in keys]
+            if not any(has):
+                assert "re" not in batch and "re__present" not in batch
+            elif all(has):
+                assert "re__present" not in batch
+            else:
+                mixed += 1
+                assert batch["re__present"].tolist() == has
+            for i, k in enumerate(keys):
+                u, re = want[k]
+                assert np.array_equal(batch["u"][i].numpy(), u)
+                if any(has):
+                    assert batch["re"].dtype == torch.float64
+                    assert float(batch["re"][i]) == (re if re is not None else 0.0)
+            seen.extend(keys)
+        assert sorted(seen) == sorted(want)
+        assert mixed  # the shuffle mixes the snapshots' samples in some batch
+
+
+def test_a_mixture_of_sources_with_different_fields_batches(store_path):
+    samples = make_samples(8)
+    commit_samples(store_path, "sim", samples, per_shard=4)
+    by_key = {s.key: s for s in samples}
+    only_u = SimDataset(store_path, "sim", fields=["u"], shard_opener=open_test_shard, seed=1)
+    with_v = SimDataset(store_path, "sim", fields=["u", "v"], shard_opener=open_test_shard)
+    loader = SimDataLoader(SimDataset.mix([only_u, with_v], samples_per_epoch=16),
+                           batch_size=16)
+    (batch,) = list(loader)
+    present = batch["v__present"]
+    assert 0 < int(present.sum()) < 16
+    for i, k in enumerate(batch["__key__"]):
+        want = by_key[k].fields["v"] if present[i] else np.zeros(3, dtype=np.int64)
+        assert np.array_equal(batch["v"][i].numpy(), want)
 
 
 @pytest.mark.parametrize("mesh", ["pad", "pack"])
