@@ -286,16 +286,45 @@ class ZarrShardReader:
             )
         return p
 
+    def _has_array(self, position: int, field: str) -> bool:
+        """Whether the sample at ``position`` holds array field ``field`` (False: it lacks it).
+
+        Raises :class:`FormatError` when a group of fields sits at the field's path: a
+        shard holding array ``a`` in one sample and ``a/b`` in another (ingest refuses
+        such a dataset; a shard written before it did may hold one).
+        """
+        path = f"{position}/{field}"
+        if self._decoders.get(path) is not None:
+            return True  # read before: an array
+        if path not in self._nodes:
+            return False
+        try:
+            node_type = self._nodes[path].get("node_type")
+        except AttributeError:
+            node_type = None
+        if node_type == "group":
+            raise FormatError(
+                f"{self.name}: sample at position {position}: field {field!r} is a group of "
+                "other fields there, not an array (a field cannot also be a group of fields)"
+            )
+        if node_type != "array":
+            raise FormatError(
+                f"{self.name}: sample at position {position}: field {field!r} is a Zarr node "
+                f"of node_type {node_type!r}, not an array"
+            )
+        return True
+
     def array(self, position: int, field: str) -> Any:
         """The stock ``zarr.Array`` of one tensor field of one sample (for custom reads)."""
         spec = self._specs.get(field)
         if spec is None or spec.kind not in ("tensor", "bytes"):
             raise InvalidInputError(f"{self.name}: no array field {field!r}")
-        path = f"{self._check(position)}/{field}"
-        if path not in self._nodes:
+        p = self._check(position)
+        if not self._has_array(p, field):
             raise InvalidInputError(
                 f"{self.name}: sample at position {position} has no field {field!r}"
             )
+        path = f"{p}/{field}"
         if self._root is None:
             self._store = _zip_store(self._source)
             self._root = import_zarr().open_group(self._store, mode="r", use_consolidated=True)
@@ -526,7 +555,12 @@ class ZarrShardReader:
         out: dict[str, FieldValue] = {}
         for name, (dtype, value) in attrs.get("scalars", {}).items():
             if wanted is None or name in wanted:
-                out[name] = scalar_from_json(value, dtype)
+                try:
+                    out[name] = scalar_from_json(value, dtype)
+                except (ValueError, TypeError) as exc:
+                    raise FormatError(
+                        f"{self.name}: sample at position {p}: scalar field {name!r}: {exc}"
+                    ) from exc
         for name, value in attrs.get("strings", {}).items():
             if wanted is None or name in wanted:
                 out[name] = str(value)
@@ -536,7 +570,7 @@ class ZarrShardReader:
         for name in sorted(n for n, s in self._specs.items() if s.kind in ("tensor", "bytes")):
             if wanted is not None and name not in wanted:
                 continue
-            if f"{p}/{name}" not in self._nodes:
+            if not self._has_array(p, name):
                 continue  # this sample lacks the field
             fill = None
             if into is not None and self._specs[name].kind == "tensor":
@@ -576,7 +610,7 @@ class ZarrShardReader:
         out: dict[str, np.ndarray] = {}
         for name, box in windows.items():
             spec = self._specs.get(name)
-            if spec is None or spec.kind != "tensor" or f"{p}/{name}" not in self._nodes:
+            if spec is None or spec.kind != "tensor" or not self._has_array(p, name):
                 raise InvalidInputError(
                     f"{self.name}: sample at position {p} has no tensor field {name!r}"
                 )

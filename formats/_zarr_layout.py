@@ -2,13 +2,16 @@
 
 Shared by the writer (:mod:`._zarr_write`) and the reader (:mod:`._zarr`): the chunk grid
 a field gets (:func:`auto_chunks`), how much of a lazy source the writer reads at a time
-(:func:`slab_axes`), fill values, the JSON form of scalars, and the codecs (``bytes``,
-then ``zstd`` or ``blosc``) that encode a chunk and decode it again.
+(:func:`slab_axes`), fill values, the JSON form of scalars (bit for bit, NaN payloads
+included), and the codecs (``bytes``, then ``zstd`` or ``blosc``) that encode a chunk and
+decode it again.
 """
 
 from __future__ import annotations
 
 import math
+import string
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -118,18 +121,60 @@ def fill_value_of(dtype: np.dtype[Any]) -> Any:
     return 0
 
 
+_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+"""The strings Zarr v3 spells non-finite floats with (the ``fill_value`` convention)."""
+
+
+def _native(dtype: str) -> np.dtype[Any]:
+    return np.dtype(dtype).newbyteorder("=")
+
+
 def json_scalar(value: Any, dtype: str) -> Any:
-    """A scalar parameter as JSON (NaN and infinities as Zarr's strings)."""
-    v = np.asarray(value, dtype=dtype).item()
-    if isinstance(v, float) and not math.isfinite(v):
-        return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
-    return v
+    """A scalar parameter as JSON, its bits kept exactly.
+
+    A finite value is a JSON number (which gives back the same bits); ``+Inf`` and
+    ``-Inf`` are Zarr's strings ``"Infinity"`` and ``"-Infinity"``; the NaN
+    ``float("nan")`` gives in ``dtype`` (``0x7ff8000000000000`` for float64,
+    ``0x7fc00000`` for float32) is ``"NaN"``; any other NaN (the sign bit set, as 0/0
+    gives on x86, or another payload) is Zarr's raw-bits string: ``"0x"`` and the value's
+    bits as an unsigned integer in ``2 * itemsize`` lower-case hex digits (its bytes in
+    big-endian order), so ``"0xfff8000000000000"`` for a float64 -NaN.
+    """
+    arr = np.asarray(value, dtype=_native(dtype))
+    v = arr.item()
+    if not isinstance(v, float) or math.isfinite(v):
+        return v
+    if not math.isnan(v):
+        return "Infinity" if v > 0 else "-Infinity"
+    raw = arr.tobytes()
+    if raw == np.asarray(math.nan, dtype=arr.dtype).tobytes():
+        return "NaN"
+    return f"0x{int.from_bytes(raw, sys.byteorder):0{2 * arr.dtype.itemsize}x}"
 
 
 def scalar_from_json(value: Any, dtype: str) -> Any:
-    """The inverse of :func:`json_scalar`."""
+    """The inverse of :func:`json_scalar`, bit for bit.
+
+    ``"NaN"`` (all a shard written before raw-bits strings holds for any NaN) reads as
+    ``float("nan")`` in ``dtype``. Raises ``ValueError`` for a string that is neither
+    one of Zarr's names nor the raw bits of a float of ``dtype``.
+    """
     if isinstance(value, str):
-        value = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[value]
+        if value in _NON_FINITE:
+            value = _NON_FINITE[value]
+        else:
+            native = _native(dtype)
+            width = 2 * native.itemsize
+            digits = value[2:]
+            if (
+                native.kind != "f"
+                or not value.startswith("0x")
+                or len(digits) != width
+                or any(c not in string.hexdigits for c in digits)
+            ):
+                raise ValueError(f"{value!r} is not a {dtype} value")
+            bits = int(digits, 16).to_bytes(native.itemsize, sys.byteorder)
+            value = np.frombuffer(bits, dtype=native)[0]
     return scalar_out(np.asarray(value, dtype=dtype)[()], dtype)
 
 

@@ -546,3 +546,151 @@ def test_blosc_chunks_are_the_same_bytes_every_time(monkeypatch):
 
     decoded = np.frombuffer(Blosc().decode(outputs.pop()), dtype=np.float32)
     np.testing.assert_array_equal(decoded.reshape(values.shape), values)
+
+
+def _bits(value, dtype):
+    return np.asarray(value, dtype=dtype).tobytes().hex()
+
+
+NON_FINITE_SCALARS = {
+    # name: (little-endian bytes of the value, dtype)
+    "nan64_sign": ("000000000000f8ff", "float64"),  # 0.0 / 0.0 on x86
+    "nan64_payload": ("214365870000f07f", "float64"),  # signalling, with a payload
+    "nan64_quiet": ("000000000000f87f", "float64"),  # float("nan")
+    "nan32_sign": ("0000c0ff", "float32"),  # np.float32(-np.nan)
+    "nan32_payload": ("0100c07f", "float32"),
+    "nan32_signalling": ("0100807f", "float32"),
+    "nan16_payload": ("01fe", "float16"),
+    "inf64": ("000000000000f07f", "float64"),
+    "minus_inf64": ("000000000000f0ff", "float64"),
+    "minus_inf32": ("000080ff", "float32"),
+    "minus_zero64": ("0000000000000080", "float64"),
+}
+
+
+def _non_finite_fields():
+    out = {}
+    for name, (raw, dtype) in NON_FINITE_SCALARS.items():
+        value = np.frombuffer(bytes.fromhex(raw), dtype=dtype)[0]
+        out[name] = float(value) if dtype == "float64" else value
+    return out
+
+
+@pytest.mark.parametrize(
+    "fmt",
+    [ParquetFormat(), LanceFormat(), ZarrFormat(), ZarrFormat(ShardOptions(compression="none"))],
+    ids=["parquet", "lance", "zarr", "zarr-none"],
+)
+def test_non_finite_scalars_read_back_bit_for_bit(tmp_path, fmt):
+    # a NaN's sign and payload and the infinities survive a shard: the read sample hashes
+    # to what was written (Zarr kept scalars in JSON and gave back float("nan") for any NaN)
+    fields = {**_non_finite_fields(), "u": np.arange(3, dtype=np.float32), "Re": 1e-300}
+    sample = Sample("k", fields)
+    fmt.write([sample], str(tmp_path / "s"))
+    reader = fmt.open(str(tmp_path / "s"))
+    got = next(iter(reader.read([0])))
+    reader.close()
+    for name, (raw, dtype) in NON_FINITE_SCALARS.items():
+        assert _bits(got[name], dtype) == raw, name
+        assert type(got[name]) is (float if dtype == "float64" else np.dtype(dtype).type)
+    assert got["Re"] == 1e-300
+    assert hash_sample(Sample("k", got)) == hash_sample(sample)
+
+
+def test_zarr_spells_a_nan_other_than_float_nan_as_its_raw_bits(tmp_path):
+    """The documented spelling (docs/format-shards.md): finite values are JSON numbers as
+    before, infinities and float("nan") Zarr's strings as before, any other NaN "0x" and
+    its bits in hex; stock zarr-python users decode it as the docs say."""
+    import zarr
+
+    fields = {
+        **_non_finite_fields(),
+        "Re": 250.5,
+        "f32": np.float32(0.1),
+        "n": 7,
+        "flag": True,
+    }
+    ZarrFormat().write([Sample("k", fields)], str(tmp_path / "s"))
+    store = zarr.storage.ZipStore(str(tmp_path / "s"), mode="r")
+    scalars = zarr.open_group(store, mode="r")["0"].attrs["simstore"]["scalars"]
+    store.close()
+    assert scalars["nan64_sign"] == ["float64", "0xfff8000000000000"]
+    assert scalars["nan64_payload"] == ["float64", "0x7ff0000087654321"]
+    assert scalars["nan32_sign"] == ["float32", "0xffc00000"]
+    assert scalars["nan32_payload"] == ["float32", "0x7fc00001"]
+    assert scalars["nan16_payload"] == ["float16", "0xfe01"]
+    assert scalars["nan64_quiet"] == ["float64", "NaN"]
+    assert scalars["inf64"] == ["float64", "Infinity"]
+    assert scalars["minus_inf32"] == ["float32", "-Infinity"]
+    assert scalars["minus_zero64"] == ["float64", -0.0]
+    assert scalars["Re"] == ["float64", 250.5]
+    assert scalars["f32"] == ["float32", float(np.float32(0.1))]
+    assert scalars["n"] == ["int64", 7] and scalars["flag"] == ["bool", True]
+
+    def decode(dtype, value):  # the recipe of docs/format-shards.md
+        if isinstance(value, str) and value.startswith("0x"):  # a NaN's raw bits
+            big = np.dtype(dtype).newbyteorder(">")
+            raw = int(value, 16).to_bytes(big.itemsize, "big")
+            return np.frombuffer(raw, dtype=big).astype(dtype)[0]
+        return np.array(float(value) if isinstance(value, str) else value, dtype=dtype)[()]
+
+    for name, (raw, dtype) in NON_FINITE_SCALARS.items():
+        assert _bits(decode(*scalars[name]), dtype) == raw, name
+
+
+def test_zarr_reads_the_nan_string_of_shards_written_before_raw_bits():
+    from simstore.formats._zarr_layout import scalar_from_json
+
+    for dtype in ("float64", "float32", "float16"):
+        assert _bits(scalar_from_json("NaN", dtype), dtype) == _bits(np.nan, dtype)
+        assert scalar_from_json("-Infinity", dtype) == -np.inf
+    for bad, dtype in (("0x7fc0", "float32"), ("0xfff8zz0000000000", "float64"), ("nan", "float64"),
+                       ("0x0000000000000001", "int64")):
+        with pytest.raises(ValueError, match="is not a"):
+            scalar_from_json(bad, dtype)
+
+
+def _field_and_group_shard(path):
+    """A Zarr shard holding array 'fields' in sample 0 and group 'fields' (with array
+    'fields/density') in sample 1, as writers before the cross-sample check wrote it."""
+    from simstore.ingest import hash_sample_blocks, sample_nbytes
+
+    writer = ZarrFormat().open_writer(path)
+    for sample in (Sample("a", {"fields": np.ones((2, 3), np.float32), "Re": 1.0}),
+                   Sample("b", {"fields/density": np.zeros((2, 3), np.float32), "Re": 2.0})):
+        writer._arrays.clear()  # what the writer checks now (see the test below)
+        writer._groups.clear()
+        writer.add(sample, sample_hash=hash_sample_blocks(sample), size_bytes=sample_nbytes(sample))
+    writer.close()
+
+
+def test_zarr_reader_names_shard_and_field_where_a_field_is_a_group(tmp_path):
+    path = str(tmp_path / "s")
+    _field_and_group_shard(path)
+    reader = open_shard(path)
+    try:
+        got = next(iter(reader.read([0])))
+        np.testing.assert_array_equal(got["fields"], np.ones((2, 3), np.float32))
+        for read in (lambda: next(iter(reader.read([1]))),
+                     lambda: next(iter(reader.read([1], ["fields"]))),
+                     lambda: reader.read_slices(1, {"fields": (slice(0, 1),)}),
+                     lambda: reader.array(1, "fields")):
+            with pytest.raises(FormatError) as info:
+                read()
+            assert path in str(info.value) and "field 'fields'" in str(info.value)
+            assert "group" in str(info.value) and "position 1" in str(info.value)
+        # the fields that are not in the way still read
+        got = next(iter(reader.read([1], ["fields/density", "Re"])))
+        assert got["Re"] == 2.0 and got["fields/density"].shape == (2, 3)
+    finally:
+        reader.close()
+
+
+def test_zarr_writer_refuses_a_field_that_is_a_group_in_another_sample(tmp_path):
+    for first, second in (("fields", "fields/density"), ("a/b/c", "a/b"), ("a/b", "a")):
+        samples = [Sample("x", {first: np.zeros(2)}), Sample("y", {second: np.zeros(2)})]
+        with pytest.raises(InvalidInputError, match="array in some samples of this shard"):
+            ZarrFormat().write(samples, str(tmp_path / "s"))
+        assert not (tmp_path / "s").exists()
+    ZarrFormat().write([Sample("x", {"a/b": np.zeros(2)}), Sample("y", {"a/c": np.zeros(2)})],
+                       str(tmp_path / "s"))
