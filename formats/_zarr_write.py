@@ -57,6 +57,10 @@ class ZarrShardWriter:
         self._nodes: dict[str, dict[str, Any]] = {}
         self._written: list[WrittenSample] = []
         self._specs: dict[str, FieldSpec] = {}
+        self._arrays: set[str] = set()
+        """Array fields of the samples written so far."""
+        self._groups: set[str] = set()
+        """Groups of fields (the parents of array fields with '/') written so far."""
         self._gather: np.ndarray | None = None
 
     def _contiguous(self, box: np.ndarray, chunk: tuple[int, ...]) -> np.ndarray:
@@ -190,6 +194,15 @@ class ZarrShardWriter:
                 f"sample {sample.key!r}: field {clash[0]!r} is both an array and a group of "
                 "other fields; a Zarr shard cannot hold both"
             )
+        # across samples too: a reader takes the node at <position>/<field> for the field
+        clash = sorted((set(groups) & self._arrays) | (set(names) & self._groups))
+        if clash:
+            raise InvalidInputError(
+                f"sample {sample.key!r}: field {clash[0]!r} is an array in some samples of "
+                "this shard and a group of other fields in others; a Zarr shard cannot hold both"
+            )
+        self._arrays.update(names)
+        self._groups.update(groups)
         attrs = {
             "simstore": {"key": sample.key, "scalars": scalars, "strings": strings, "json": jsons}
         }

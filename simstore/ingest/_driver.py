@@ -32,6 +32,7 @@ from simstore.ingest._engine import EngineRun, run_local
 from simstore.ingest._plugins import plugins_for
 from simstore.ingest._records import FileResult, Row, SourceFile, TaskContext, TaskResult
 from simstore.ingest._sources import discover, plan_tasks, sample_counter
+from simstore.ingest._worker import group_clash, group_clash_message
 from simstore.manifest import MANIFEST_SCHEMA
 from simstore.names import check_name
 from simstore.sample import FieldSpec, Schema, canonical_json, merge_schema
@@ -231,6 +232,26 @@ def _join(pieces: Sequence[FileResult], cfg: IngestConfig) -> FileResult:
     return whole
 
 
+def _group_clash(
+    path: str, specs: Sequence[FieldSpec], field_from: Mapping[str, str]
+) -> str | None:
+    """The error for a field of file ``path`` that is a group of another field, or None.
+
+    The other field is one of the run's merged schema (``field_from``: the head
+    snapshot's fields and the accepted files', each with where it came from) or of the
+    file itself (its pieces, read on different workers, or its samples): ``a`` and
+    ``a/b`` cannot both be fields of a dataset, in any order and on any worker.
+    """
+    own = {s.name for s in specs}
+    known = own | field_from.keys()
+    for name in sorted(own - field_from.keys()):  # fields already merged were checked
+        other = group_clash(name, known)
+        if other is not None:
+            where = "this file" if other not in field_from else field_from[other]
+            return group_clash_message(path, name, other, where)
+    return None
+
+
 def _timings(run: EngineRun, tasks: Sequence[Sequence[SourceFile]]) -> tuple[TaskTiming, ...]:
     return tuple(
         TaskTiming(
@@ -264,6 +285,8 @@ def _finish(
     skipped: list[SkippedFile] = []
     accepted: list[FileResult] = []
     owner: dict[str, str] = {}
+    # where each field of the merged schema comes from: the head snapshot or a file
+    field_from = dict.fromkeys(schema, f"dataset {ctx.dataset!r}")
     file_results = _whole_files(results, tasks, cfg)
 
     def reject(res: FileResult, message: str) -> None:
@@ -285,6 +308,10 @@ def _finish(
                 "(use --allow-schema-change to accept)",
             )
             continue
+        clash = _group_clash(res.path, specs, field_from)
+        if clash is not None:
+            reject(res, clash)
+            continue
         dup = next((r[0] for r in res.rows if r[0] in owner), None)
         if dup is not None:
             reject(res, f"{res.path}: sample key {dup!r} is also produced by {owner[dup]}")
@@ -300,6 +327,8 @@ def _finish(
                 allow_change=cfg.allow_schema_change,
             )
         }
+        for spec in specs:
+            field_from.setdefault(spec.name, res.path)
         accepted.append(res)
     unchanged: set[str] = set()
     known: dict[str, str] = {}

@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +39,32 @@ from simstore.sample import FieldSpec, Sample
 from simstore.stats import StatsAccumulator
 from simstore.storage import SupportsMoveFile
 
-__all__ = ["TaskRunner", "run_task", "warm_up"]
+__all__ = ["TaskRunner", "group_clash", "group_clash_message", "run_task", "warm_up"]
+
+
+def group_clash(name: str, known: Collection[str]) -> str | None:
+    """A field of ``known`` that ``name`` lies under or that lies under ``name``, or None.
+
+    ``a/b`` lies under ``a``: field ``a`` would also be a group of fields, which no shard
+    can hold (a Zarr shard stores ``a`` as the array at ``<position>/a`` and ``a/b``
+    inside a group there), whether the two come in one sample, one file or two files.
+    """
+    parts = name.split("/")
+    for i in range(1, len(parts)):
+        parent = "/".join(parts[:i])
+        if parent in known:
+            return parent
+    prefix = name + "/"
+    return min((n for n in known if n.startswith(prefix)), default=None)
+
+
+def group_clash_message(path: str, name: str, other: str, where: str) -> str:
+    """The one-line error for field ``name`` of file ``path`` against ``other`` of ``where``."""
+    if name.startswith(other + "/"):
+        clash = f"field {name!r} lies under field {other!r} of {where}"
+    else:
+        clash = f"field {other!r} of {where} lies under field {name!r}"
+    return f"{path}: {clash}; a field cannot also be a group of fields"
 
 
 class _BufferedWriter:
@@ -117,6 +142,9 @@ class TaskRunner:
         self.new_bytes = 0
         self._seq = 0
         self.run_specs: dict[str, FieldSpec] = {}
+        self.spec_from: dict[str, str] = {}
+        """The file of this task that first had each field of ``run_specs``."""
+        self._head_fields = frozenset(s.name for s in ctx.base_schema)
         self._present: dict[str, bool] = {}  # objects the journal's records need (re-runs)
 
     # -- shards ------------------------------------------------------------------------
@@ -213,6 +241,7 @@ class TaskRunner:
                 for spec in reused.schema:
                     found = FieldSpec.from_json(spec)
                     self.run_specs[found.name] = found
+                    self.spec_from.setdefault(found.name, src.path)
                 return reused, []
         try:
             return self._ingest(src, res)
@@ -296,8 +325,14 @@ class TaskRunner:
             size = sample_nbytes(sample)
             kind = self._route(sample)
             b = self._builder(kind)
-            if any(b.specs.get(n, s) != s for n, s in specs.items() if n in sample.fields):
-                # an accepted type change (allow_schema_change) starts a new shard
+            if any(b.specs.get(n, s) != s for n, s in specs.items() if n in sample.fields) or any(
+                n not in b.specs and group_clash(n, b.specs.keys()) is not None
+                for n in sample.fields
+            ):
+                # an accepted type change (allow_schema_change) starts a new shard, and so
+                # does a field that is a group of one of the shard's (or lies under one),
+                # which a Zarr shard cannot hold: a dataset that has both from before they
+                # were refused, or a sample left in the shard by a file skipped part way
                 self._close(kind)
                 b = self._builder(kind)
             b.specs.update({n: specs[n] for n in sample.fields})
@@ -322,6 +357,8 @@ class TaskRunner:
         res.schema = [specs[n].to_json() for n in sorted(specs)]  # type: ignore[misc]
         res.stats = file_stats.to_json()
         self.run_specs.update(specs)
+        for name in specs:
+            self.spec_from.setdefault(name, path)
         return res, raw
 
     def _route(self, sample: Sample) -> str:
@@ -347,6 +384,18 @@ class TaskRunner:
                         f"{path}: field {name!r} lies under field {'/'.join(parts[:i])!r}; a "
                         "field cannot also be a group of fields"
                     )
+            if name not in specs and name not in base:
+                # a new field: neither a group of nor under a field of earlier samples (of
+                # this file, of the task's earlier files, of the dataset)
+                other = group_clash(name, specs.keys() | base.keys())
+                if other is not None:
+                    if other in specs:
+                        where = "this file"
+                    elif other in self._head_fields:
+                        where = f"dataset {self.ctx.dataset!r}"
+                    else:
+                        where = self.spec_from.get(other, "an earlier file")
+                    raise SourceError(group_clash_message(path, name, other, where))
             try:
                 spec = spec_of_value(name, sample.fields[name])
             except InvalidInputError as exc:

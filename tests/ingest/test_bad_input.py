@@ -136,3 +136,116 @@ def test_explicit_file_no_adapter_reads_is_a_source_error(catalog, tmp_path):
     odd.write_text("hello")
     with pytest.raises(SourceError, match=r"notes\.xyz: no installed adapter reads this file"):
         ingest([odd], dataset="d", store=catalog)
+
+
+def _field_file(path):
+    np.savez(path, fields=np.ones((2, 3), np.float32))
+
+
+def _group_file(path):
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        f.create_dataset("fields/density", data=np.zeros((2, 3), np.float32))
+
+
+def _assert_group_clash(message, path, under, over):
+    assert "\n" not in message
+    assert message.startswith(f"{path}: ")
+    assert f"field {under!r}" in message and f"field {over!r}" in message
+    assert "a field cannot also be a group of fields" in message
+
+
+@pytest.mark.parametrize("shard_size", [None, 1], ids=["one-task", "a-task-per-file"])
+@pytest.mark.parametrize("group_first", [False, True], ids=["field-first", "group-first"])
+@pytest.mark.parametrize("fmt", ["zarr", "parquet"])
+def test_a_field_that_is_a_group_in_another_file_is_refused(
+    catalog, tmp_path, shard_size, group_first, fmt
+):
+    # one file's field 'fields' and another's 'fields/density': a Zarr shard holding both
+    # could not read the second; refused whether the files share a task (the worker sees
+    # both) or not (the driver merges the run's schema), in either order
+    src = tmp_path / "src"
+    src.mkdir()
+    first, second = ("a.h5", "b.npz") if group_first else ("a.npz", "b.h5")
+    (_group_file if group_first else _field_file)(src / first)
+    (_field_file if group_first else _group_file)(src / second)
+    opts = {"shard_size": shard_size} if shard_size else {}
+    with pytest.raises(SourceError) as info:
+        ingest([src], dataset="d", store=catalog, snapshot=True, format=fmt, **opts)
+    _assert_group_clash(str(info.value), str(src / second), "fields/density", "fields")
+    assert str(src / first) in str(info.value)  # where the other field comes from
+    assert catalog.staged("d") == []
+    assert catalog.branches("d").get_versioned("main")[0] is None
+
+    r = ingest([src], dataset="d", store=catalog, snapshot=True, format=fmt, on_error="skip", **opts)
+    assert [s.path for s in r.files_skipped] == [str(src / second)]
+    assert [s.name for s in r.schema] == ["fields/density" if group_first else "fields"]
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_a_field_that_is_a_group_of_a_field_of_the_dataset_is_refused(catalog, tmp_path, allow):
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    new.mkdir()
+    _field_file(old / "a.npz")
+    ingest([old], dataset="d", store=catalog, snapshot=True, format="zarr")
+    head = catalog.branches("d").get_versioned("main")[0]
+    _group_file(new / "b.h5")
+    with pytest.raises(SourceError) as info:
+        ingest([new], dataset="d", store=catalog, snapshot=True, allow_schema_change=allow)
+    _assert_group_clash(str(info.value), str(new / "b.h5"), "fields/density", "fields")
+    assert "dataset 'd'" in str(info.value)
+    assert catalog.staged("d") == [] and catalog.branches("d").get_versioned("main")[0] == head
+
+
+def test_the_driver_refuses_a_field_and_its_group_from_the_pieces_of_one_file():
+    # the pieces of one file run on different workers: only the joined schema has both
+    from simstore.ingest._driver import _group_clash
+    from simstore.sample import FieldSpec
+
+    def spec(name):
+        return FieldSpec(name=name, kind="tensor", dtype="float32", ndim=2)
+
+    both = [spec("a/b/c"), spec("a/b"), spec("x")]
+    message = _group_clash("f.h5", both, {})
+    assert message is not None
+    _assert_group_clash(message, "f.h5", "a/b/c", "a/b")
+    assert "of this file" in message
+    message = _group_clash("g.h5", [spec("a")], {"a/b/c": "f.h5", "x": "dataset 'd'"})
+    assert message == (
+        "g.h5: field 'a/b/c' of f.h5 lies under field 'a'; a field cannot also be a group of "
+        "fields"
+    )
+    assert _group_clash("g.h5", [spec("a/c"), spec("ab"), spec("a/b")], {"a/b": "f.h5"}) is None
+    # fields already in the merged schema were checked when they came in
+    assert _group_clash("g.h5", [spec("a"), spec("a/b")], {"a": "x", "a/b": "y"}) is None
+
+
+def test_a_dataset_that_has_a_field_and_its_group_from_before_still_ingests_readable_shards(
+    catalog, tmp_path, monkeypatch, read
+):
+    # a head written before the check holds both 'fields' and 'fields/density': the new
+    # files' samples with each go to separate Zarr shards (one shard cannot hold both)
+    import simstore.ingest._driver as driver
+    import simstore.ingest._worker as worker
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    new.mkdir()
+    _field_file(old / "a.npz")
+    _group_file(old / "b.h5")
+    with monkeypatch.context() as m:
+        m.setattr(worker, "group_clash", lambda name, known: None)
+        m.setattr(driver, "group_clash", lambda name, known: None)
+        ingest([old], dataset="d", store=catalog, snapshot=True, format="zarr", shard_size=1)
+    _field_file(new / "c.npz")
+    _group_file(new / "d.h5")
+    _field_file(new / "e.npz")
+    r = ingest([new], dataset="d", store=catalog, snapshot=True, format="zarr")
+    assert r.samples_staged == 3 and r.shards == 3
+    _, samples = read(catalog, f"d@{r.snapshot_id}")
+    assert {k: sorted(v) for k, v in samples.items()} == {
+        "a": ["fields"], "b.h5": ["fields/density"], "c": ["fields"],
+        "d.h5": ["fields/density"], "e": ["fields"],
+    }

@@ -165,3 +165,23 @@ def test_an_adapter_from_another_package_is_found_by_entry_point(catalog, tmp_pa
     snap = catalog.snapshot(r.snapshot_id)
     assert snap.lineage["ingests"][0]["adapters"] == {"xyz": "1"}
     assert snap.stats["fields"]["points"]["count"] == [3, 3, 3]
+
+
+def test_cli_a_field_that_is_a_group_in_another_file_is_exit_code_8(tmp_path):
+    import h5py
+
+    src = tmp_path / "src"
+    src.mkdir()
+    np.savez(src / "a.npz", fields=np.ones((2, 3), np.float32))
+    with h5py.File(src / "b.h5", "w") as f:
+        f.create_dataset("fields/density", data=np.zeros((2, 3), np.float32))
+    store = str(tmp_path / "store")
+    run(store, "init")
+    result = run(store, "ingest", str(src), "--dataset", "d", "--format", "zarr",
+                 "--shard-size", "1", "--snapshot", code=8)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "b.h5" in lines[0]
+    assert "field 'fields/density' lies under field 'fields'" in lines[0]
+    from simstore.catalog import Catalog
+
+    assert Catalog.open(store).staged("d") == []
