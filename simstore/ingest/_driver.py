@@ -130,11 +130,18 @@ def ingest(
         )
     head_id, _ = catalog.branches(dataset).get_versioned(cfg.branch)
     head = catalog.snapshot(head_id) if head_id else None
+    # what the next commit's schema will be before this run's files: the head's, then
+    # each staged entry's (a commit applies them in that order, and one accepted with
+    # --allow-schema-change wins), so a file that breaks a staged entry's types is
+    # refused here, naming it, not at the commit that would meet both
+    base: Schema = tuple(head.schema) if head else ()
+    for entry in catalog.staged(dataset):
+        base = merge_schema(base, tuple(entry.schema), allow_change=True)
     ctx = TaskContext(
         store=catalog.store,
         dataset=dataset,
         config=cfg,
-        base_schema=tuple(head.schema) if head else (),
+        base_schema=base,
         params_digest=hash_bytes(canonical_json(cfg.output_params())),
     )
     tasks = plan_tasks(

@@ -5,7 +5,7 @@ import pytest
 
 import simstore.stats as stats_module
 from simstore.catalog import Catalog
-from simstore.errors import InvalidInputError
+from simstore.errors import InvalidInputError, SourceError
 from simstore.ingest import ingest
 from simstore.stats import (
     StatsAccumulator,
@@ -202,6 +202,22 @@ def test_normalisation_refuses_inexact_statistics_unless_asked(catalog, tmp_path
     assert normalisation(snap, allow_inexact=True)["u"][0].tolist() == [334.0]
     r = ingest([root], dataset="d", store=catalog, snapshot=True, mode="replace")
     assert normalisation(catalog.snapshot(r.snapshot_id))["u"][0].tolist() == [1.0]
+
+
+def test_a_file_that_breaks_a_staged_entrys_types_is_refused_at_ingest(catalog, tmp_path):
+    """Two ingests staged without --snapshot, the second changing a field's dtype: it
+    was accepted, and the commit of both then failed naming only a staged entry."""
+    for name, dtype in (("a", np.float32), ("b", np.int64)):
+        (tmp_path / name).mkdir()
+        np.savez(tmp_path / name / f"{name}.npz", n=np.ones(4, dtype=dtype))
+    ingest([tmp_path / "a"], dataset="d", store=catalog)  # staged only
+    with pytest.raises(SourceError, match="b.npz: field 'n' changes type from tensor "
+                                          "float32 rank 1 to tensor int64 rank 1"):
+        ingest([tmp_path / "b"], dataset="d", store=catalog)
+    assert len(catalog.staged("d")) == 1
+    ingest([tmp_path / "b"], dataset="d", store=catalog, allow_schema_change=True)
+    sid = catalog.commit("d", message="both", allow_schema_change=True).snapshot_id
+    assert {s.name: s.dtype for s in catalog.snapshot(sid).schema} == {"n": "int64"}
 
 
 def test_a_field_no_longer_numeric_has_no_constants(catalog, tmp_path):
