@@ -11,6 +11,7 @@ from typing import Any
 import click
 from simstore.cli._common import CliContext, emit, handle_errors, pass_ctx
 
+from simstore.errors import InvalidInputError
 from simstore.ingest import (
     DEFAULT_COMPRESSION,
     IngestConfig,
@@ -238,6 +239,11 @@ def ingest_cmd(
     as_json: bool,
 ) -> None:
     """Ingest SOURCE files or folders into a dataset (staged; --snapshot commits)."""
+    if message is not None and not snapshot:
+        raise InvalidInputError(
+            "-m/--message names a snapshot: it needs --snapshot (staged entries are "
+            "committed later with `simstore snapshot NAME -m MSG`)"
+        )
     config = IngestConfig(
         adapter=adapter,
         format=shard_format,

@@ -338,6 +338,8 @@ class Catalog:
         A full id (32 hex characters, which no branch or tag may be named) is looked up as
         an object first: two small reads, with no ref lookups or listing.
         """
+        if not isinstance(ref, str | Ref):
+            raise InvalidInputError(f"a REF is a string such as 'name@branch', not {ref!r}")
         r = parse_ref(ref) if isinstance(ref, str) else ref
         full = r.full_id
         if full is not None:
@@ -409,6 +411,8 @@ class Catalog:
 
     def snapshot(self, sid: str) -> Snapshot:
         """Read (and cache) a snapshot, checking its hash."""
+        if not isinstance(sid, str) or not is_object_id(sid):
+            raise InvalidInputError(f"{sid!r} is not a snapshot id (32 hex characters)")
         cached = self._snapshots.get(sid)
         if cached is not None:
             return cached
@@ -551,6 +555,17 @@ class Catalog:
         """
         check_name(dataset, "dataset name")
         check_ref_name(branch, "branch name")
+        if not isinstance(message, str):
+            raise InvalidInputError(f"commit message must be a string, not {message!r}")
+        if author is not None and not isinstance(author, str):
+            raise InvalidInputError(f"author must be a string, not {author!r}")
+        if isinstance(staging_ids, str):
+            raise InvalidInputError(
+                f"staging_ids takes a list of ids, not the string {staging_ids!r}"
+            )
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) \
+                or max_attempts < 1:
+            raise InvalidInputError(f"max_attempts must be a positive integer: {max_attempts!r}")
         rng = rng or random.Random(int.from_bytes(os.urandom(8), "little"))
         author = author if author is not None else _default_author()
         all_entries = self.staged(dataset)
@@ -811,6 +826,9 @@ class Catalog:
         self, ref: str | Ref, *, limit: int | None = None
     ) -> Iterator[tuple[SnapshotId, Snapshot]]:
         """Snapshots from ``ref`` back along first parents, newest first."""
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                                  or limit < 0):
+            raise InvalidInputError(f"limit must be a non-negative integer, got {limit!r}")
         sid: str | None = self.resolve(ref)
         n = 0
         while sid and (limit is None or n < limit):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -11,7 +12,13 @@ import pyarrow.compute as pc
 
 from simstore.catalog._catalog import Catalog
 from simstore.catalog._refs import Branches, Tags
-from simstore.errors import FormatError, IntegrityError, NotFoundError, SimstoreError
+from simstore.errors import (
+    FormatError,
+    IntegrityError,
+    InvalidInputError,
+    NotFoundError,
+    SimstoreError,
+)
 from simstore.hashing import Hasher, is_object_id, object_key
 from simstore.names import Ref
 from simstore.snapshot import SNAPSHOT_HEAD, Snapshot, content_hash_of
@@ -254,6 +261,12 @@ def gc(
     back, with everything it reaches kept. A ref created after that second reading finds
     its snapshot gone (the create checks) and is removed again by its writer.
     """
+    if isinstance(grace_s, bool) or not isinstance(grace_s, int | float) \
+            or not math.isfinite(grace_s) or grace_s < 0:
+        raise InvalidInputError(
+            f"grace_s must be a non-negative number of seconds, got {grace_s!r} (objects "
+            "written within the grace period are what protects writers in flight)"
+        )
     now = time.time() if now is None else now
     report = GcReport(dry_run=dry_run, grace_s=grace_s)
     # Objects first listed, then roots read: an object written after the listing is

@@ -5,10 +5,18 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-from simstore.errors import AlreadyExistsError, ConflictError, FormatError, NotFoundError
+from simstore.errors import (
+    AlreadyExistsError,
+    ConflictError,
+    FormatError,
+    IntegrityError,
+    InvalidInputError,
+    NotFoundError,
+)
 from simstore.hashing import is_object_id, object_key
 from simstore.names import check_name, check_ref_name
 from simstore.sample import canonical_json
+from simstore.snapshot import Snapshot
 from simstore.storage import ObjectStore
 
 __all__ = ["Branches", "Tags", "dataset_prefix", "encode_ref", "decode_ref", "ref_key"]
@@ -122,10 +130,15 @@ class _Refs:
         # gc keeps a snapshot modified within its grace period (and all it reaches), so a
         # ref to a snapshot nothing else names refreshes it first; a gc that deleted it
         # anyway (between its check and its delete) is caught by the check after the write
+        if not is_object_id(snapshot_id):
+            raise InvalidInputError(
+                f"{self.dataset}: {self._what(name)}: {snapshot_id!r} is not a snapshot id"
+            )
         target = object_key(snapshot_id)
         refresh = getattr(self._store, "refresh", None)
         if not (refresh(target) if callable(refresh) else self._store.exists(target)):
             raise NotFoundError(f"{self.dataset}: no snapshot {snapshot_id}")
+        self._check_target(name, snapshot_id)
         try:
             self._store.compare_and_swap(key, None, body)
         except ConflictError as exc:
@@ -145,6 +158,23 @@ class _Refs:
                 f"{self.dataset}: snapshot {snapshot_id} was deleted by a garbage collection "
                 f"while {self._what(name)} was being created; the {self._what(name)} was "
                 "not created"
+            )
+
+    def _check_target(self, name: str, snapshot_id: str) -> None:
+        """Refuse a ref to an object that is not a snapshot of this dataset."""
+        try:
+            data = self._store.get(object_key(snapshot_id))
+            dataset = Snapshot.from_bytes(data, object_id=snapshot_id).dataset
+        except NotFoundError:
+            raise NotFoundError(f"{self.dataset}: no snapshot {snapshot_id}") from None
+        except (FormatError, IntegrityError):
+            raise InvalidInputError(
+                f"{self.dataset}: {self._what(name)}: object {snapshot_id} is not a snapshot"
+            ) from None
+        if dataset != self.dataset:
+            raise InvalidInputError(
+                f"{self.dataset}: {self._what(name)}: snapshot {snapshot_id} belongs to "
+                f"dataset {dataset!r}"
             )
 
     def _delete(self, name: str) -> None:

@@ -94,6 +94,20 @@ class IngestConfig:
     None: ``fork`` on Linux while no other Python thread runs, else ``spawn``."""
 
     def __post_init__(self) -> None:
+        for name in ("snapshot", "allow_schema_change", "resume"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidInputError(
+                    f"invalid {name} {getattr(self, name)!r}: must be True or False"
+                )
+        for name in ("message", "author", "tmp_dir", "address", "start_method"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise InvalidInputError(f"invalid {name} {value!r}: must be a string")
+        for name in ("workers", "time_window", "stride"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool)
+                                      or not isinstance(value, numbers.Integral)):
+                raise InvalidInputError(f"invalid {name} {value!r}: must be a whole number")
         if self.workers < 1:
             raise InvalidInputError(f"invalid workers {self.workers}: must be at least 1")
         if self.engine not in ("local", "dask"):

@@ -72,7 +72,7 @@ def parse_size(text: str | int) -> int:
         unit = s[len(num) :]
         try:
             value = int(float(num) * units[unit])
-        except (KeyError, ValueError):
+        except (KeyError, ValueError, OverflowError):
             raise InvalidInputError(f"invalid size {text!r}: use e.g. 256MiB, 1GiB") from None
     if value < 1:
         raise InvalidInputError(f"invalid size {text!r}: must be positive")

@@ -8,6 +8,7 @@ repr or an error message.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, TypedDict
@@ -153,6 +154,10 @@ def _mask(name: str, value: Any) -> Any:
     return value
 
 
+_INTEGER_TUNING = frozenset({"max_attempts", "multipart_threshold_bytes", "multipart_part_bytes",
+                             "multipart_concurrency"})
+
+
 def parse_tuning(options: Mapping[str, Any]) -> Tuning:
     """The behaviour options of ``options``, checked; an unknown option is an error."""
     unknown = set(options) - _TUNING_NAMES - _CLIENT_NAMES - _IGNORED_S3FS_OPTIONS
@@ -166,8 +171,22 @@ def parse_tuning(options: Mapping[str, Any]) -> Tuning:
         raise InvalidInputError("S3 storage option conditional_writes must be True or False")
     for name in _TUNING_NAMES - {"conditional_writes"}:
         value = getattr(tuning, name)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise InvalidInputError(f"S3 storage option {name} must be a positive number")
+        if isinstance(value, bool) or not isinstance(value, int | float) \
+                or not math.isfinite(value) or value <= 0:
+            raise InvalidInputError(
+                f"S3 storage option {name} must be a positive finite number, got {value!r}"
+            )
+        if name in _INTEGER_TUNING and not float(value).is_integer():
+            raise InvalidInputError(f"S3 storage option {name} must be a whole number: {value!r}")
+    if tuning.multipart_part_bytes < 5 * _MiB:
+        raise InvalidInputError(
+            "S3 storage option multipart_part_bytes must be at least 5 MiB (S3's smallest "
+            f"part), got {tuning.multipart_part_bytes}"
+        )
+    for name in ("client_kwargs", "config_kwargs"):
+        if options.get(name) is not None and not isinstance(options[name], Mapping):
+            raise InvalidInputError(f"S3 storage option {name} must be a mapping of "
+                                    f"keyword arguments, got {options[name]!r}")
     return tuning
 
 

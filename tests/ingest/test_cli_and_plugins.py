@@ -185,3 +185,18 @@ def test_cli_a_field_that_is_a_group_in_another_file_is_exit_code_8(tmp_path):
     from simstore.catalog import Catalog
 
     assert Catalog.open(store).staged("d") == []
+
+
+def test_cli_refuses_a_message_without_snapshot_and_sizes_beyond_reason(tmp_path, npz_dir):
+    root, _ = npz_dir
+    store = str(tmp_path / "store")
+    run(store, "init")
+    out = run(store, "ingest", str(root), "--dataset", "d", "-m", "first", code=2).output
+    assert "-m/--message names a snapshot: it needs --snapshot" in out  # it was dropped
+    for size in ("inf", "1e400"):  # a traceback (OverflowError)
+        out = run(store, "ingest", str(root), "--dataset", "d", "--shard-size", size,
+                  code=2).output
+        assert f"invalid size '{size}'" in out
+    from simstore.catalog import Catalog
+
+    assert Catalog.open(store).staged("d") == []

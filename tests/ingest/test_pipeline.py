@@ -218,6 +218,14 @@ def test_options_are_validated(catalog, npz_dir):
         ingest([root], dataset="d", store=catalog, shard_size="lots")
     with pytest.raises(InvalidInputError, match="invalid chunk_bytes 2.5: give a number"):
         ingest([root], dataset="d", store=catalog, chunk_bytes=2.5)
+    for kw, message in [({"snapshot": "no"}, "invalid snapshot 'no': must be True or False"),
+                        ({"resume": "no"}, "invalid resume 'no'"),
+                        ({"message": 123, "snapshot": True}, "invalid message 123: must be a"),
+                        ({"workers": 2.5}, "invalid workers 2.5: must be a whole number"),
+                        ({"time_window": 2.5}, "invalid time_window 2.5")]:
+        with pytest.raises(InvalidInputError, match=message):  # truthy, truncated, str()
+            ingest([root], dataset="d", store=catalog, **kw)
+    assert catalog.staged("d") == []
 
 
 def test_sizes_may_be_given_as_on_the_command_line(catalog, npz_dir):

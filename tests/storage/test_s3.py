@@ -141,6 +141,14 @@ def test_options_are_checked(s3_env: str) -> None:
         S3Store("s3://b", storage_options={"bogus": 1})
     with pytest.raises(InvalidInputError, match="max_attempts"):
         S3Store("s3://b", storage_options={"max_attempts": 0})
+    bad = [({"max_attempts": float("nan")}, "max_attempts must be a positive finite"),
+           ({"retry_deadline_s": float("inf")}, "retry_deadline_s must be a positive finite"),
+           ({"max_attempts": 2.5}, "max_attempts must be a whole number"),
+           ({"multipart_part_bytes": 1}, "multipart_part_bytes must be at least 5 MiB"),
+           ({"client_kwargs": "x"}, "client_kwargs must be a mapping")]
+    for options, message in bad:  # NaN retried for ever; the rest failed later or raw
+        with pytest.raises(InvalidInputError, match=message):
+            S3Store("s3://b", storage_options=options)
     with pytest.raises(InvalidInputError):
         S3Store("gs://b/x")
     with pytest.raises(InvalidInputError) as info:
