@@ -302,6 +302,9 @@ class IngestResult:
     samples: int
     samples_staged: int
     bytes_in: int
+    bytes_read: int
+    """Bytes of the files this run read (``bytes_in`` less the files taken from the
+    journal): what ``mib_per_s`` is a rate of."""
     bytes_stored: int
     new_bytes: int
     shards: int
@@ -315,7 +318,7 @@ class IngestResult:
 
     def to_json(self) -> dict[str, Any]:
         """The machine-readable summary."""
-        mib_s = self.bytes_in / MiB / self.seconds if self.seconds > 0 else 0.0
+        mib_s = self.bytes_read / MiB / self.seconds if self.seconds > 0 else 0.0
         return {
             "dataset": self.dataset,
             "files": self.files,
@@ -327,6 +330,7 @@ class IngestResult:
             "samples": self.samples,
             "samples_staged": self.samples_staged,
             "bytes_in": self.bytes_in,
+            "bytes_read": self.bytes_read,
             "bytes_stored": self.bytes_stored,
             "new_bytes": self.new_bytes,
             "shards": self.shards,

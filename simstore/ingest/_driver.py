@@ -378,6 +378,7 @@ def _finish(
         samples=sum(len(r.rows) for r in accepted),
         samples_staged=len(rows),
         bytes_in=sum(r.size_bytes for r in file_results),
+        bytes_read=sum(r.size_bytes for r in file_results if not r.reused),
         bytes_stored=sum(written.values()),
         new_bytes=new_bytes,
         shards=len(written),

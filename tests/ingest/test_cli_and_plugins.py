@@ -59,6 +59,12 @@ def test_cli_ingest_json_summary_and_stats(tmp_path, npz_dir):
     assert ids[0]["count"] == 30 and ids[0]["mean"] == pytest.approx(2.0)
     text = run(store, "stats", "cfd").output
     assert "exact" in text and "mask" in text
+    assert out["bytes_read"] == out["bytes_in"] > 0
+    again = json.loads(run(store, "ingest", str(root), "--dataset", "cfd", "--compression",
+                           "none", "--json").output)
+    # everything from the journal: no bytes read, so no rate (it counted bytes_in)
+    assert again["files_reused"] == 6 and again["bytes_read"] == 0
+    assert again["mib_per_s"] == 0 and again["bytes_in"] == out["bytes_in"]
     human = run(store, "ingest", str(root), "--dataset", "cfd", "--compression", "none").output
     assert "reused 6" in human and "nothing new to stage" in human
     # other writer settings re-read the files, but equal samples stage nothing
