@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+from simstore.loaders._checks import check_number, shown
 from simstore.loaders._tensors import number_tensor, stacked_view
 
 from simstore.errors import InvalidInputError
@@ -80,6 +81,13 @@ class Collate:
     def __post_init__(self) -> None:
         if self.mesh not in ("pad", "pack"):
             raise InvalidInputError(f"invalid mesh layout {self.mesh!r}: expected 'pad' or 'pack'")
+        check_number(self.pad_value, "pad_value", finite=False)
+        if not isinstance(self.index_fields, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in self.index_fields.items()):
+            raise InvalidInputError(
+                "index_fields must map an index field to the field it indexes, e.g. "
+                f"{{'cells/triangle': 'points'}}, got {shown(self.index_fields)}"
+            )
 
     def __call__(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if not samples:

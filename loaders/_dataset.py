@@ -15,13 +15,25 @@ import contextlib
 import dataclasses
 import functools
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
 import numpy as np
 import torch
+from simstore.loaders._checks import (
+    check_bool,
+    check_bytes,
+    check_callable,
+    check_int,
+    check_number,
+    check_optional_int,
+    is_int,
+    parse_bytes,
+    shown,
+    to_list,
+)
 from simstore.loaders._collate import Collate
 from simstore.loaders._corrupt import CorruptShards
 from simstore.loaders._fetch import (
@@ -33,9 +45,9 @@ from simstore.loaders._fetch import (
     tier_of,
 )
 from simstore.loaders._metrics import Metrics, timed
-from simstore.loaders._normalise import NormaliseSpec
+from simstore.loaders._normalise import Normalise, NormaliseSpec
 from simstore.loaders._opener import FormatOpener
-from simstore.loaders._options import LoaderOptions, cache_config, parse_bytes
+from simstore.loaders._options import LoaderOptions, cache_config
 from simstore.loaders._order import BLOCK_BYTES, BUFFER_BLOCKS, Mixture
 from simstore.loaders._pipeline import (
     PrefetchConfig,
@@ -227,7 +239,49 @@ class SimDataset(IterableDataset[Sample]):
         storage_options: Mapping[str, Any] | None = None,
         normalise: NormaliseSpec = None,
     ) -> None:
+        if not isinstance(store, str | os.PathLike | ObjectStore):
+            raise InvalidInputError(
+                f"store must be a store URL or an ObjectStore, got {shown(store)}"
+            )
+        if not isinstance(ref, str):
+            raise InvalidInputError(
+                f"ref must be a string such as 'name' or 'name@tag', got {shown(ref)}"
+            )
+        if fields is not None:
+            if isinstance(fields, str | bytes):
+                raise InvalidInputError(
+                    f"fields= takes a list of field names, not the string {fields!r} "
+                    f"(for one field: fields=[{fields!r}])"
+                )
+            fields = to_list(fields, "fields", "field names")
+            for name in fields:
+                if not isinstance(name, str):
+                    raise InvalidInputError(f"fields: a field name must be a string, "
+                                            f"got {shown(name)}")
+        shuffle = check_bool(shuffle, "shuffle")
+        seed = check_int(seed, "seed", minimum=0)
+        rank = check_optional_int(rank, "rank", minimum=0)
+        world_size = check_optional_int(world_size, "world_size", minimum=1)
+        if transform is not None:
+            check_callable(transform, "transform")
+        window_shards = check_int(window_shards, "window_shards", minimum=1)
+        group_parts = check_int(group_parts, "group_parts", minimum=1)
+        block_bytes = check_bytes(shuffle_block_bytes, "shuffle_block_bytes")
+        buffer_blocks = check_int(shuffle_buffer_blocks, "shuffle_buffer_blocks", minimum=1)
+        verify = check_bool(verify, "verify")
+        zero_copy = check_bool(zero_copy, "zero_copy")
+        bandwidth = parse_bytes(max_bandwidth, "max_bandwidth")
+        for name, value in (("shard_opener", shard_opener), ("world_detector", world_detector)):
+            if value is not None:
+                check_callable(value, name)
+        if log_every_s is not None:
+            log_every_s = check_number(log_every_s, "log_every_s", positive=True)
+        if storage_options is not None and not isinstance(storage_options, Mapping):
+            raise InvalidInputError(
+                f"storage_options must be a mapping, got {shown(storage_options)}"
+            )
         cache = cache_config(cache_dir, parse_bytes(cache_limit, "cache_limit"))
+        prefetch = _prefetch_config(prefetch)
         backend = open_store(store, storage_options=storage_options, read_only=True)
         read = peek = None
         if cache is not None and tier_of(backend) not in ("local", "memory"):
@@ -238,18 +292,16 @@ class SimDataset(IterableDataset[Sample]):
         source = open_source(
             backend, ref, fields=fields, shuffle=shuffle, seed=seed,
             window_shards=window_shards, group_parts=group_parts, transform=transform,
-            block_bytes=parse_bytes(shuffle_block_bytes, "shuffle_block_bytes") or 0,
-            buffer_blocks=shuffle_buffer_blocks, crop=crop, window=window, read=read,
-            peek=peek, normalise=normalise,
+            block_bytes=block_bytes, buffer_blocks=buffer_blocks, crop=crop, window=window,
+            read=read, peek=peek, normalise=normalise,
         )
-        prefetch = _prefetch_config(prefetch)
         options = LoaderOptions(
             remainder=remainder,
             on_corrupt=on_corrupt,
             cache=cache,
-            prefetch=prefetch or PrefetchConfig(),
+            prefetch=prefetch,
             verify=verify,
-            max_bandwidth=parse_bytes(max_bandwidth, "max_bandwidth"),
+            max_bandwidth=bandwidth,
             zero_copy=zero_copy,
             shard_opener=shard_opener,
             log_every_s=log_every_s,
@@ -285,7 +337,7 @@ class SimDataset(IterableDataset[Sample]):
         self._detector: WorldDetector = detector or functools.partial(
             detect_world, rank, world_size
         )
-        self._world = self._detector()
+        self._world = self._detect()
         self._epoch = 0
         self._resume: tuple[Interval, ...] | None = None
         self._phase: _Phase | None = None
@@ -311,10 +363,19 @@ class SimDataset(IterableDataset[Sample]):
         samples (default: all datasets' samples together); a dataset whose share runs
         past its end starts its next epoch. See docs/loader.md for the algorithm.
         """
+        if isinstance(datasets, SimDataset):
+            raise InvalidInputError(
+                "mix takes a list of SimDatasets, got one SimDataset (for one: mix([dataset]))"
+            )
+        datasets = to_list(datasets, "mix: datasets", "SimDatasets")
         if not datasets:
             raise InvalidInputError("mix needs at least one dataset")
         sources: list[Source] = []
-        for ds in datasets:
+        for i, ds in enumerate(datasets):
+            if not isinstance(ds, SimDataset):
+                raise InvalidInputError(
+                    f"mix: datasets[{i}] must be a SimDataset, got {shown(ds)}"
+                )
             if len(ds._sources) != 1:
                 raise InvalidInputError("mix takes plain datasets, not mixtures")
             if ds._sources[0].num_samples == 0:
@@ -323,11 +384,17 @@ class SimDataset(IterableDataset[Sample]):
                     f"{ds._sources[0].snapshot_id}) has no samples to mix"
                 )
             sources.append(ds._sources[0])
-        w = tuple(float(x) for x in weights) if weights is not None else (1.0,) * len(sources)
+        if weights is None:
+            w = (1.0,) * len(sources)
+        else:
+            w = tuple(check_number(x, f"mix: weights[{i}]")
+                      for i, x in enumerate(to_list(weights, "mix: weights", "numbers")))
         if len(w) != len(sources):
             raise InvalidInputError(f"{len(w)} weights for {len(sources)} datasets")
-        if samples_per_epoch is not None and samples_per_epoch < 0:
-            raise InvalidInputError("samples_per_epoch must be non-negative")
+        seed = check_int(seed, "mix: seed", minimum=0)
+        shuffle = check_bool(shuffle, "mix: shuffle")
+        samples_per_epoch = check_optional_int(samples_per_epoch, "samples_per_epoch",
+                                               minimum=0, maximum=(1 << 63) - 1)
         first = datasets[0]
         out = cls.__new__(cls)
         out._setup(tuple(sources), w, seed, shuffle, samples_per_epoch, first._options,
@@ -360,6 +427,18 @@ class SimDataset(IterableDataset[Sample]):
         """The rank and world size this dataset reads as."""
         return self._world
 
+    def _fields_read(self) -> set[str] | None:
+        """The fields samples hold (all sources); None when a transform may add others."""
+        names: set[str] = set()
+        for source in self._sources:
+            transform = source.transform
+            if transform is not None and not (
+                    isinstance(transform, Normalise) and transform.then is None):
+                return None
+            names.update(source.fields if source.fields is not None
+                         else (spec.name for spec in source.schema))
+        return names
+
     def __len__(self) -> int:
         """Samples this rank delivers in a full epoch."""
         return samples_per_rank(self._epoch_length, self._world.world_size,
@@ -367,12 +446,17 @@ class SimDataset(IterableDataset[Sample]):
 
     def set_epoch(self, epoch: int) -> None:
         """Read epoch ``epoch`` next; a resume loaded for this same epoch is kept."""
-        if epoch < 0:
-            raise InvalidInputError(f"epoch must be non-negative, got {epoch}")
+        epoch = self._check_epoch(epoch, "epoch")
         if epoch != self._epoch:
             self._epoch = epoch
             self._resume = None
             self._phase = None
+
+    def _check_epoch(self, epoch: object, name: str) -> int:
+        """``epoch`` as an int; refused unless an integer whose stream positions fit int64."""
+        # the stream positions of epoch e are e * L .. (e + 1) * L - 1 (see ``Resolver``)
+        most = (1 << 63) // max(self._epoch_length, 1) - 1
+        return check_int(epoch, name, minimum=0, maximum=most)
 
     # -- state -----------------------------------------------------------------------
     def _full(self) -> tuple[Interval, ...]:
@@ -414,6 +498,10 @@ class SimDataset(IterableDataset[Sample]):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from :meth:`state_dict`; the next iteration reads exactly what was left."""
+        if not isinstance(state, Mapping):
+            raise InvalidInputError(
+                f"a loader state is the mapping state_dict() returns, got {shown(state)}"
+            )
         if state.get("kind") != "simstore-loader-state":
             raise InvalidInputError("not a simstore loader state")
         if state.get("format_version") != STATE_FORMAT_VERSION:
@@ -436,10 +524,12 @@ class SimDataset(IterableDataset[Sample]):
                     f"loader state has {name} {state.get(name)!r}, but this dataset reads "
                     f"{mine[name]!r}: a state resumes only the stream it came from"
                 )
-        remaining = normalise_intervals(state["remaining"])
-        if remaining and (remaining[0][0] < 0 or remaining[-1][1] > self._epoch_length):
-            raise InvalidInputError("loader state has positions outside the epoch")
-        self._epoch = int(state["epoch"])
+        for name in ("epoch", "remaining"):
+            if name not in state:
+                raise InvalidInputError(f"loader state has no {name!r}")
+        epoch = self._check_epoch(state["epoch"], "loader state field 'epoch'")
+        remaining = _state_intervals(state["remaining"], self._epoch_length)
+        self._epoch = epoch
         self._resume = remaining
         self._phase = None
 
@@ -474,8 +564,14 @@ class SimDataset(IterableDataset[Sample]):
     # -- iteration -------------------------------------------------------------------
     def refresh_world(self) -> World:
         """Detect rank and world size again (call in the main process, before reading)."""
-        self._world = self._detector()
+        self._world = self._detect()
         return self._world
+
+    def _detect(self) -> World:
+        world = self._detector()
+        if not isinstance(world, World):
+            raise InvalidInputError(f"world_detector returned {shown(world)}, not a World")
+        return world
 
     def __iter__(self) -> Iterator[Sample]:
         if in_worker():
@@ -602,6 +698,11 @@ class SimDataset(IterableDataset[Sample]):
         transform = self._sources[int(chunk.source[j])].transform
         if transform is not None:
             sample = transform(sample)
+            if not isinstance(sample, MutableMapping):
+                raise InvalidInputError(
+                    f"transform {_transform_name(transform)} returned "
+                    f"{type(sample).__name__}, not a dict"
+                )
         sample["__key__"] = chunk.keys[j]
         sample["__pad__"] = bool(chunk.is_pad[j])
         return sample
@@ -710,6 +811,32 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
+def _transform_name(transform: Any) -> str:
+    """The caller's transform, for a message (inside the normalisation that wraps it)."""
+    while isinstance(transform, Normalise) and transform.then is not None:
+        transform = transform.then
+    name = getattr(transform, "__qualname__", None) or type(transform).__qualname__
+    return str(name)
+
+
+def _state_intervals(value: object, epoch_length: int) -> tuple[Interval, ...]:
+    """A state's ``remaining``: ``[start, stop]`` pairs of positions within the epoch."""
+    what = "loader state field 'remaining'"
+    pairs = to_list(value, what, "[start, stop] pairs of positions")
+    out = []
+    for i, pair in enumerate(pairs):
+        if isinstance(pair, str | bytes) or not isinstance(pair, Sequence) or len(pair) != 2:
+            raise InvalidInputError(
+                f"{what}: item {i} must be a [start, stop] pair, got {shown(pair)}"
+            )
+        a = check_int(pair[0], f"{what}: item {i} start", minimum=0)
+        b = check_int(pair[1], f"{what}: item {i} stop", maximum=epoch_length)
+        if a >= b:
+            raise InvalidInputError(f"{what}: item {i} [{a}, {b}] holds no position")
+        out.append((a, b))
+    return normalise_intervals(out)
+
+
 def _prefetch_config(value: object) -> PrefetchConfig:
     """``prefetch=`` as a :class:`PrefetchConfig`.
 
@@ -720,8 +847,8 @@ def _prefetch_config(value: object) -> PrefetchConfig:
         return PrefetchConfig()
     if isinstance(value, PrefetchConfig):
         return value
-    if isinstance(value, int) and not isinstance(value, bool):
-        return PrefetchConfig(chunks=value)
+    if is_int(value):
+        return PrefetchConfig(chunks=check_int(value, "prefetch"))
     if isinstance(value, Mapping):
         known = {f.name for f in dataclasses.fields(PrefetchConfig)}
         unknown = sorted(str(k) for k in value if k not in known)
@@ -729,10 +856,11 @@ def _prefetch_config(value: object) -> PrefetchConfig:
             raise InvalidInputError(
                 f"prefetch: unknown field {unknown[0]!r} (fields: {', '.join(sorted(known))})"
             )
-        bad = sorted(str(k) for k, v in value.items() if type(v) is not int)
-        if bad:
-            raise InvalidInputError(f"prefetch: field {bad[0]!r} must be an integer")
-        return PrefetchConfig(**value)
+        given: dict[str, Any] = {
+            str(k): None if v is None else check_int(v, f"prefetch: field {k!r}")
+            for k, v in sorted(value.items())
+        }
+        return PrefetchConfig(**given)
     raise InvalidInputError(
         f"prefetch must be a PrefetchConfig, a mapping of its fields or a chunk count, "
         f"not {type(value).__name__}"

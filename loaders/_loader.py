@@ -10,6 +10,7 @@ or repeated on resume.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -20,6 +21,14 @@ from typing import Any, NamedTuple, cast
 
 import torch
 from simstore.loaders import _tensors
+from simstore.loaders._checks import (
+    check_bool,
+    check_callable,
+    check_int,
+    check_number,
+    check_optional_int,
+    shown,
+)
 from simstore.loaders._collate import Collate, MeshMode
 from simstore.loaders._dataset import LoaderState, Sample, SimDataset
 from simstore.loaders._fetch import TRUSTED_SLOTS, VERIFIED_SLOTS, TrustTable, VerifiedTable
@@ -324,6 +333,8 @@ class _WorkersIter(_MultiProcessingDataLoaderIter):
     def _shutdown_workers(self) -> None:
         if self._sim_reaper is not None:
             return  # the reaper does it (and holds this iterator until it has)
+        if not hasattr(self, "_shutdown"):
+            return  # torch's __init__ failed before it started any worker
         status = getattr(self, "_workers_status", None)
         if (getattr(self, "_shutdown", True) or getattr(self, "_persistent_workers", True)
                 or status is None or any(status)):
@@ -340,6 +351,68 @@ class _WorkersIter(_MultiProcessingDataLoaderIter):
     def finished(self) -> bool:
         """Whether every worker has ended its stream (so none writes into its arena)."""
         return self._sim_reaper is not None or bool(getattr(self, "_shutdown", True))
+
+
+def _check_torch_options(num_workers: int, kwargs: Mapping[str, Any]) -> None:
+    """Refuse, naming them, the DataLoader options torch would refuse late or with asserts.
+
+    torch checks ``prefetch_factor`` only when an iterator starts its workers (an
+    ``AssertionError``, which left a half-made iterator behind).
+    """
+    factor = kwargs.get("prefetch_factor")
+    if factor is not None:
+        if num_workers == 0:
+            raise InvalidInputError(
+                "prefetch_factor applies only with workers: give num_workers > 0"
+            )
+        check_int(factor, "prefetch_factor", minimum=1)
+    if "timeout" in kwargs and check_number(kwargs["timeout"], "timeout") < 0:
+        raise InvalidInputError(f"timeout must be non-negative, got {kwargs['timeout']}")
+    init = kwargs.get("worker_init_fn")
+    if init is not None:
+        check_callable(init, "worker_init_fn")
+
+
+@contextlib.contextmanager
+def _torch_refusals() -> Iterator[None]:
+    """An option torch's ``DataLoader`` refuses (a ``ValueError``) as an InvalidInputError."""
+    try:
+        yield
+    except InvalidInputError:
+        raise
+    except ValueError as exc:
+        raise InvalidInputError(f"SimDataLoader: {exc}") from None
+
+
+def _index_fields(value: object, dataset: SimDataset) -> dict[str, str]:
+    """``index_fields=``: ``{index field: field it indexes}``, both fields the dataset reads.
+
+    Not checked against the fields when a source has a transform of its own (it may add
+    fields).
+    """
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidInputError(
+            "index_fields must be a mapping {index field: field it indexes}, e.g. "
+            f"{{'cells/triangle': 'points'}}, got {shown(value)}"
+        )
+    out: dict[str, str] = {}
+    for key, target in value.items():
+        if not isinstance(key, str) or not isinstance(target, str):
+            raise InvalidInputError(
+                f"index_fields: field names must be strings, got {key!r}: {target!r}"
+            )
+        out[key] = target
+    known = dataset._fields_read()
+    if known is not None:
+        for name in (n for pair in out.items() for n in pair):
+            if name not in known:
+                raise InvalidInputError(
+                    f"index_fields names {name!r}, which the dataset does not read "
+                    f"(fields: {sorted(known)})"
+                )
+    return out
 
 
 class SimDataLoader(DataLoader[Any]):
@@ -379,10 +452,15 @@ class SimDataLoader(DataLoader[Any]):
         for name in ("sampler", "batch_sampler", "shuffle"):
             if kwargs.get(name) is not None:
                 raise InvalidInputError(f"{name}= does not apply: the dataset plans its order")
-        if batch_size is not None and batch_size < 1:
-            raise InvalidInputError(f"batch_size must be at least 1, got {batch_size}")
+        batch_size = check_optional_int(batch_size, "batch_size", minimum=1)
+        num_workers = check_int(num_workers, "num_workers", minimum=0)
+        pin_memory = check_bool(pin_memory, "pin_memory")
+        drop_last = check_bool(drop_last, "drop_last")
+        _check_torch_options(num_workers, kwargs)
+        if collate_fn is not None:
+            check_callable(collate_fn, "collate_fn")
         collate = collate_fn or Collate(mesh=mesh, pad_value=pad_value,
-                                        index_fields=dict(index_fields or {}))
+                                        index_fields=_index_fields(index_fields, dataset))
         self._init = _WorkerInit(kwargs.pop("worker_init_fn", None))
         kwargs["worker_init_fn"] = self._init
         self.sim_dataset = dataset
@@ -391,14 +469,15 @@ class SimDataLoader(DataLoader[Any]):
             # the default collate: workers make whole batches from their decode buffers
             assert isinstance(collate, Collate)
             self._stream = _BatchStream(dataset, batch_size, collate, drop_last)
-            super().__init__(
-                self._stream,
-                batch_size=None,
-                num_workers=num_workers,
-                collate_fn=cast(Any, _passthrough),
-                pin_memory=pin_memory,
-                **kwargs,
-            )
+            with _torch_refusals():
+                super().__init__(
+                    self._stream,
+                    batch_size=None,
+                    num_workers=num_workers,
+                    collate_fn=cast(Any, _passthrough),
+                    pin_memory=pin_memory,
+                    **kwargs,
+                )
             # what the caller asked for, for whoever reads these attributes (the
             # DataLoader batches nothing itself: its batch sampler stays None)
             object.__setattr__(self, "batch_size", batch_size)
@@ -406,15 +485,22 @@ class SimDataLoader(DataLoader[Any]):
             return
         # a caller's collate gets the samples' tensors, as a DataLoader gathers them
         self._stream = _WorkerStream(dataset, batch_size or 1)
-        super().__init__(
-            self._stream,
-            batch_size=batch_size,
-            num_workers=num_workers,
-            collate_fn=_TaggingCollate(collate, batch_size is not None),
-            pin_memory=pin_memory,
-            drop_last=drop_last,
-            **kwargs,
-        )
+        # torch's batch sampler makes a list of batch_size items per batch; a rank reads at
+        # most an epoch's samples, so a batch of one more is as good as any larger one
+        # (with drop_last too: it is never full)
+        torch_batch = (min(batch_size, dataset.num_samples + 1)
+                       if batch_size is not None else None)
+        with _torch_refusals():
+            super().__init__(
+                self._stream,
+                batch_size=torch_batch,
+                num_workers=num_workers,
+                collate_fn=_TaggingCollate(collate, batch_size is not None),
+                pin_memory=pin_memory,
+                drop_last=drop_last,
+                **kwargs,
+            )
+        object.__setattr__(self, "batch_size", batch_size)
 
     def _get_iterator(self) -> Any:
         if self.num_workers == 0:

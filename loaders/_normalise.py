@@ -7,11 +7,13 @@ same snapshot id, normalise identically. Each source of a mixture uses its own s
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
+from simstore.loaders._checks import shown
 
 from simstore.errors import InvalidInputError
 from simstore.snapshot import Snapshot
@@ -69,6 +71,60 @@ class Normalise:
         return self.then(sample) if self.then is not None else sample
 
 
+def _given_constants(name: str, value: object) -> tuple[np.ndarray, np.ndarray]:
+    """``normalise={name: (mean, std)}``'s constants, one value of each per component."""
+    where = f"normalise={{{name!r}: (mean, std)}}"
+    pair = value
+    if not isinstance(value, str | bytes | Sequence) and hasattr(value, "__array__"):
+        try:  # a NumPy array or a torch tensor of both rows
+            array = np.asarray(value)
+        except (TypeError, ValueError, RuntimeError):
+            array = None
+        if array is not None and array.ndim:
+            pair = list(array)
+    if isinstance(pair, str | bytes) or not isinstance(pair, Sequence) or len(pair) != 2:
+        raise InvalidInputError(f"{where}: give a (mean, std) pair, got {shown(value)}")
+    arrays = []
+    for part, given in zip(("mean", "std"), pair, strict=True):
+        array = None
+        if _numbers(given):
+            try:
+                array = np.asarray(given, dtype=np.float64).reshape(-1)
+            except ValueError:  # ragged lists
+                array = None
+        if array is None:
+            raise InvalidInputError(
+                f"{where}: the {part} must be a number or a list of numbers, got {shown(given)}"
+            )
+        arrays.append(array)
+    mean, std = arrays
+    if mean.shape != std.shape or not mean.size:
+        raise InvalidInputError(
+            f"{where}: mean and std need one value per component, got {mean.size} and {std.size}"
+        )
+    if not np.all(np.isfinite(mean)):
+        raise InvalidInputError(f"normalise: the mean of {name!r} must be finite")
+    if not np.all(np.isfinite(std)) or not np.all(std > 0):
+        raise InvalidInputError(f"normalise: the std of {name!r} must be finite and positive")
+    return mean, std
+
+
+def _numbers(value: object) -> bool:
+    """Whether ``value`` is a real number (not a bool) or a (nested) list or array of them."""
+    if isinstance(value, numbers.Real):
+        return not isinstance(value, bool | np.bool_)
+    if isinstance(value, str | bytes):
+        return False
+    if isinstance(value, Sequence):
+        return all(map(_numbers, value))
+    if hasattr(value, "__array__"):  # a NumPy array, a torch tensor
+        try:
+            return bool(np.asarray(value).dtype.kind in "iuf")
+        except (TypeError, ValueError, RuntimeError):
+            return False
+    return False
+
+
 def normaliser(
     spec: NormaliseSpec, snap: Snapshot, fields: tuple[str, ...] | None, ref: str,
     then: Transform | None,
@@ -83,17 +139,7 @@ def normaliser(
     numeric = {s.name for s in snap.schema if s.kind in ("tensor", "scalar")}
     read = set(fields) if fields is not None else {s.name for s in snap.schema}
     if isinstance(spec, Mapping):
-        constants = {str(k): (np.asarray(m, dtype=np.float64).reshape(-1),
-                              np.asarray(s, dtype=np.float64).reshape(-1))
-                     for k, (m, s) in spec.items()}
-        for name, (mean, std) in constants.items():
-            if mean.shape != std.shape or not mean.size:
-                raise InvalidInputError(
-                    f"normalise={{{name!r}: (mean, std)}}: mean and std need one value per "
-                    f"component, got {mean.size} and {std.size}"
-                )
-            if not np.all(np.isfinite(std)) or np.any(std == 0):
-                raise InvalidInputError(f"normalise: the std of {name!r} must be finite, nonzero")
+        constants = {str(k): _given_constants(str(k), v) for k, v in spec.items()}
         names = list(constants)
     elif spec is True:
         names = sorted(numeric & read)

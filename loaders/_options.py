@@ -7,10 +7,11 @@ import shutil
 from dataclasses import dataclass, field
 
 from simstore.loaders._cache import CacheConfig
+from simstore.loaders._checks import parse_bytes, shown
 from simstore.loaders._pipeline import PrefetchConfig, ShardOpener
 from simstore.loaders._plan import Remainder
 
-from simstore.errors import InvalidInputError
+from simstore.errors import InvalidInputError, StorageError
 
 __all__ = ["LoaderOptions", "cache_config", "parse_bytes"]
 
@@ -30,22 +31,6 @@ class LoaderOptions:
     log_every_s: float | None = None
 
 
-def parse_bytes(value: int | str | None, what: str) -> int | None:
-    """Bytes from an int or a string such as ``"512MiB"`` or ``"20GB"``."""
-    if value is None or isinstance(value, int):
-        return value
-    text = value.strip().replace(" ", "")
-    units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
-             "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "B": 1}
-    for unit, scale in units.items():
-        if text.endswith(unit):
-            try:
-                return int(float(text[: -len(unit)]) * scale)
-            except ValueError:
-                break
-    raise InvalidInputError(f"invalid {what} {value!r}: give bytes or e.g. '512MiB', '20GB'")
-
-
 def cache_config(
     cache_dir: str | os.PathLike[str] | None, limit: int | None
 ) -> CacheConfig | None:
@@ -54,8 +39,18 @@ def cache_config(
         if limit is not None:
             raise InvalidInputError("cache_limit given without cache_dir")
         return None
+    if not isinstance(cache_dir, str | os.PathLike):
+        raise InvalidInputError(f"cache_dir must be a directory path, got {shown(cache_dir)}")
     directory = os.fspath(cache_dir)
+    if not isinstance(directory, str) or not directory:
+        raise InvalidInputError(f"cache_dir must be a directory path, got {shown(cache_dir)}")
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise InvalidInputError(f"cache_dir {directory!r} exists and is not a directory")
     if limit is None:
-        os.makedirs(directory, exist_ok=True)
-        limit = min(32 << 30, shutil.disk_usage(directory).free // 2)
+        try:
+            os.makedirs(directory, exist_ok=True)
+            free = shutil.disk_usage(directory).free
+        except OSError as exc:
+            raise StorageError(f"cache_dir {directory!r}: {exc.strerror or exc}") from exc
+        limit = min(32 << 30, free // 2)
     return CacheConfig(directory=directory, limit_bytes=limit)

@@ -16,6 +16,7 @@ worker owns its threads and a dataset object holds none.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import os
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol, TypeVar
 
 import numpy as np
+from simstore.loaders._checks import check_int
 from simstore.loaders._corrupt import CorruptShards
 from simstore.loaders._fetch import RateLimiter, ShardAccess, ShardHandle
 from simstore.loaders._order import Mixture, SourceLayout
@@ -124,12 +126,14 @@ class PrefetchConfig:
     decode_cache_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
-        for name in ("chunks", "shards", "budget_bytes", "chunk_samples", "chunk_bytes",
-                     "io_threads",
-                     "decode_threads", "max_open_shards", "range_block_bytes"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise InvalidInputError(f"prefetch {name} must be at least 1")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.name in ("chunks", "chunk_samples"):
+                continue
+            # 0 decode cache bytes: none; every other field counts something there must be
+            minimum = 0 if f.name == "decode_cache_bytes" else 1
+            object.__setattr__(self, f.name,
+                               check_int(value, f"prefetch {f.name}", minimum=minimum))
 
 
 WORKER_CHUNK_SAMPLES = 64

@@ -139,7 +139,10 @@ class EpochPlan:
         ``first_samples``, when given), so a chunk is usually one contiguous run of the
         stream. How the stream is cut into chunks never changes the stream.
         """
-        n, bsize = self.samples_per_rank, self.batch_size
+        n = self.samples_per_rank
+        # a batch larger than the rank's block is the one batch of the whole block: the
+        # same positions as a batch of exactly n, without arrays of the batch's size
+        bsize = min(self.batch_size, max(n, 1))
         k, nworkers = self.world.worker, self.world.num_workers
         per_chunk = max(1, max_samples // bsize)
         per_first = per_chunk if first_samples is None else max(1, first_samples // bsize)

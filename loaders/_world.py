@@ -15,6 +15,8 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from simstore.loaders._checks import check_int
+
 from simstore.errors import InvalidInputError
 
 __all__ = [
@@ -41,6 +43,8 @@ class World:
     num_workers: int = 1
 
     def __post_init__(self) -> None:
+        for name in ("rank", "world_size", "worker", "num_workers"):
+            object.__setattr__(self, name, check_int(getattr(self, name), name))
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise InvalidInputError(
                 f"invalid rank {self.rank} of world size {self.world_size}: "

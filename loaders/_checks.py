@@ -1,0 +1,157 @@
+"""Checks of the arguments a user gives the loader, each naming the parameter.
+
+Bad input is a one-line :class:`InvalidInputError` that names the parameter (or the state
+field) and what is wrong with it, raised where the value is given (construction, not the
+first iteration). Integers are Python or NumPy integers, never ``bool`` (a subclass of
+``int`` that would read as 0 or 1), floats or strings. A leaf module: the loader's
+modules all import it.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import reprlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from simstore.errors import InvalidInputError
+
+__all__ = [
+    "check_bool",
+    "check_bytes",
+    "check_callable",
+    "check_int",
+    "check_number",
+    "check_optional_int",
+    "is_int",
+    "parse_bytes",
+    "shown",
+    "to_list",
+]
+
+_repr = reprlib.Repr()
+_repr.maxstring = 60
+_repr.maxother = 60
+
+
+def shown(value: object) -> str:
+    """``value`` for a one-line message: a short repr and its type, e.g. ``'2' (str)``."""
+    text = _repr.repr(value).replace("\n", " ")
+    return f"{text} ({type(value).__name__})"
+
+
+def is_int(value: object) -> bool:
+    """Whether ``value`` is a Python or NumPy integer (not a bool)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_)
+
+
+def _bounded(value: int, name: str, minimum: int | None, maximum: int | None) -> int:
+    if minimum is not None and value < minimum:
+        need = {0: "non-negative", 1: "at least 1"}.get(minimum, f"at least {minimum}")
+        raise InvalidInputError(f"{name} must be {need}, got {value}")
+    if maximum is not None and value > maximum:
+        raise InvalidInputError(f"{name} must be at most {maximum}, got {value}")
+    return value
+
+
+def check_int(
+    value: object, name: str, *, minimum: int | None = None, maximum: int | None = None
+) -> int:
+    """``value`` as an ``int`` within ``[minimum, maximum]``; refuses bools, floats, strings."""
+    if not is_int(value):
+        raise InvalidInputError(f"{name} must be an integer, got {shown(value)}")
+    return _bounded(int(value), name, minimum, maximum)  # type: ignore[call-overload]
+
+
+def check_optional_int(
+    value: object, name: str, *, minimum: int | None = None, maximum: int | None = None
+) -> int | None:
+    """:func:`check_int`, or None for None."""
+    return None if value is None else check_int(value, name, minimum=minimum, maximum=maximum)
+
+
+def check_bool(value: object, name: str) -> bool:
+    """``value`` as a ``bool``: True or False only (a string such as ``'no'`` is refused)."""
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    raise InvalidInputError(f"{name} must be True or False, got {shown(value)}")
+
+
+def check_number(
+    value: object, name: str, *, positive: bool = False, finite: bool = True
+) -> float:
+    """``value`` (a real number, not a bool) as a float; finite and > 0 when asked."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool | np.bool_):
+        raise InvalidInputError(f"{name} must be a number, got {shown(value)}")
+    out = float(value)
+    if finite and not math.isfinite(out):
+        raise InvalidInputError(f"{name} must be finite, got {out}")
+    if positive and not out > 0:
+        raise InvalidInputError(f"{name} must be positive, got {out}")
+    return out
+
+
+def check_callable(value: object, name: str) -> None:
+    """Refuse a ``value`` that cannot be called."""
+    if not callable(value):
+        raise InvalidInputError(f"{name} must be callable, got {shown(value)}")
+
+
+def to_list(value: object, name: str, what: str) -> list[Any]:
+    """The items of a list-like ``value`` (not a string, bytes or a mapping)."""
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+        raise InvalidInputError(f"{name} must be a list of {what}, got {shown(value)}")
+    return list(value)
+
+
+_UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
+          "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "B": 1}
+
+
+def parse_bytes(value: object, name: str, *, minimum: int = 1) -> int | None:
+    """:func:`check_bytes`, or None for None."""
+    return None if value is None else check_bytes(value, name, minimum=minimum)
+
+
+def check_bytes(value: object, name: str, *, minimum: int = 1) -> int:
+    """Bytes from an integer, an integral float or a string such as ``"512MiB"``.
+
+    At least ``minimum``. A float must be a whole, finite number (``1.5e9``, as ingest
+    takes sizes); the number of a string may have a fraction (``"1.5GiB"``).
+    """
+    n: int
+    if is_int(value):
+        n = int(value)  # type: ignore[call-overload]
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_):
+        f = float(value)
+        if not (math.isfinite(f) and f.is_integer()):
+            raise InvalidInputError(f"{name} must be a whole number of bytes, got {f}")
+        n = int(f)
+    elif isinstance(value, str):
+        n = _parse_size(value, name)
+    else:
+        raise InvalidInputError(
+            f"{name} must be a number of bytes or a size such as '512MiB', got {shown(value)}"
+        )
+    if n < minimum:
+        need = "positive" if minimum == 1 else f"at least {minimum}"
+        raise InvalidInputError(f"{name} must be {need}, got {n} bytes")
+    return n
+
+
+def _parse_size(value: str, name: str) -> int:
+    text = value.strip().replace(" ", "")
+    for unit, scale in _UNITS.items():
+        if text.endswith(unit):
+            try:
+                number = float(text[: -len(unit)])
+            except ValueError:
+                break
+            if not math.isfinite(number):
+                break
+            return int(number * scale)
+    raise InvalidInputError(f"invalid {name} {value!r}: give bytes or e.g. '512MiB', '20GB'")
+
