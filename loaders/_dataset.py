@@ -73,7 +73,6 @@ from simstore.loaders._stats import Counters, LoaderStats, RunReport, run_report
 from simstore.loaders._tensors import (
     ChunkBuffers,
     SharedPool,
-    sample_bytes,
     to_tensors,
     value_bytes,
 )
@@ -620,7 +619,8 @@ class SimDataset(IterableDataset[Sample]):
                 for j in range(len(values)):
                     sample = self._sample(chunk, j, values, buffers, numbers_as_tensors)
                     counters.add("pad_samples" if sample["__pad__"] else "samples")
-                    counters.add("sample_bytes", sample_bytes(sample))
+                    if not sample["__pad__"]:
+                        counters.add("sample_bytes", _payload_bytes(sample))
                     count += 1
                     yield sample, count, counters.snapshot()
 
@@ -669,10 +669,10 @@ class SimDataset(IterableDataset[Sample]):
                     if columns is None:
                         samples = [self._sample(chunk, j, values, buffers, False)
                                    for j in range(lo, hi)]
-                        nbytes = sum(sample_bytes(x) for x in samples)
+                        nbytes = sum(_payload_bytes(x) for x in samples if not x["__pad__"])
                         batch = collate(samples)
                     else:
-                        nbytes = _columns_bytes(columns)
+                        nbytes = _columns_bytes(columns, ~np.asarray(pads, dtype=np.bool_))
                         batch = collate.columns(columns)
                     npad = int(np.count_nonzero(pads))
                     counters.add("samples", hi - lo - npad)
@@ -903,19 +903,24 @@ def _columns(
     return columns
 
 
-def _columns_bytes(columns: Mapping[str, Any]) -> int:
-    """Logical bytes of a batch's columns, as :func:`sample_bytes` counts a sample's.
+def _payload_bytes(sample: Mapping[str, Any]) -> int:
+    """Logical bytes of a sample's fields (not its key and flags), as the manifest counts."""
+    return sum(value_bytes(v) for k, v in sample.items() if not k.startswith("__"))
 
-    The pad flags count nothing (a sample's flag is a bool) and the keys their lengths.
+
+def _columns_bytes(columns: Mapping[str, Any], real: np.ndarray) -> int:
+    """Logical bytes of the fields of a batch's rows that are not padding (``real``).
+
+    Counted as :func:`_payload_bytes` counts a sample's: keys and flags count nothing; a
+    tensor column's rows are all one size.
     """
     total = 0
+    n, kept = len(real), int(np.count_nonzero(real))
     for name, column in columns.items():
-        if name == "__pad__":
+        if name.startswith("__") or not kept:
             continue
         if isinstance(column, torch.Tensor):
-            total += value_bytes(column)
-        elif name == "__key__":
-            total += sum(map(len, column))
+            total += value_bytes(column) * kept // n
         else:
-            total += sum(map(value_bytes, column))
+            total += sum(value_bytes(v) for v, r in zip(column, real, strict=True) if r)
     return total

@@ -90,11 +90,21 @@ def _array_to_tensor(arr: np.ndarray, zero_copy: bool) -> torch.Tensor:
 
 
 def value_bytes(value: Any) -> int:
-    """Logical bytes of one value: a tensor's elements, a string's or bytes' length."""
+    """Logical bytes of one value: a tensor's elements, a string's or bytes' length.
+
+    A number counts its width: 8 for a Python int or float, as the tensor a sample makes
+    of it.
+    """
     if isinstance(value, torch.Tensor):
         return value.element_size() * value.nelement()
     if isinstance(value, bytes | str):
         return len(value)
+    if isinstance(value, np.generic):
+        return int(value.nbytes)
+    if isinstance(value, bool):
+        return 1
+    if isinstance(value, int | float):
+        return 8
     return 0
 
 

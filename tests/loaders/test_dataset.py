@@ -223,3 +223,24 @@ def test_parts_read_side_by_side_name_the_first_damaged_part(tmp_path, monkeypat
         next(iter(ds))
     assert group[1] in str(info.value)
     assert not any(p in str(info.value) for p in group[2:])
+
+
+@pytest.mark.parametrize("batch_size", [None, 4, 5])
+def test_sample_bytes_count_delivered_fields_only(small, batch_size):
+    """stats()'s sample_bytes (and so mib_per_s and the run report) count the fields of
+    the samples delivered: not the padding a short rank gets, not the keys."""
+    from simstore.loaders import SimDataLoader
+    from simstore.loaders._tensors import value_bytes
+
+    store, ref, samples = small  # 60 samples: 7 ranks of 9, 3 of them padding on rank 6
+    expected = 0
+    ds = SimDataset(store, ref, rank=6, world_size=7, shard_opener=open_test_shard)
+    for s in ds:
+        if not s["__pad__"]:
+            expected += sum(value_bytes(v) for k, v in s.items() if not k.startswith("__"))
+    ds = SimDataset(store, ref, rank=6, world_size=7, shard_opener=open_test_shard)
+    pads = 0
+    for b in SimDataLoader(ds, batch_size=batch_size):
+        pads += int(b["__pad__"].sum()) if batch_size else int(b["__pad__"])
+    assert pads == ds.stats()["pad_samples"] > 0
+    assert ds.report()["sample_bytes"] == expected
