@@ -133,12 +133,7 @@ def open_source(
             meta.result()
     names = {spec.name for spec in snap.schema}
     if fields is not None:
-        if isinstance(fields, str | bytes):
-            raise InvalidInputError(
-                f"fields= takes a list of field names, not the string {fields!r} "
-                f"(for one field: fields=[{fields!r}])"
-            )
-        fields = tuple(fields)
+        fields = tuple(fields)  # a list of names (SimDataset refuses a string)
         unknown = [f for f in fields if f not in names]
         if unknown:
             raise InvalidInputError(

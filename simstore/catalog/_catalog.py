@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from simstore.catalog._merge import CHANGES_SCHEMA, merge_manifest, normalise_changes
-from simstore.catalog._refs import Branches, Tags, dataset_prefix
+from simstore.catalog._refs import Branches, Tags, dataset_prefix, is_snapshot_object
 from simstore.diff import Diff, diff_tables, parts_to_open
 from simstore.errors import (
     ConflictError,
@@ -42,7 +42,7 @@ from simstore.manifest import (
 )
 from simstore.names import DEFAULT_BRANCH, Ref, check_name, check_ref_name, parse_ref
 from simstore.sample import FieldSpec, Schema, canonical_json, merge_schema
-from simstore.snapshot import SNAPSHOT_HEAD, Snapshot, SnapshotId, content_hash_of
+from simstore.snapshot import Snapshot, SnapshotId, content_hash_of
 from simstore.stats import merge_stats
 from simstore.storage import ObjectStore, open_store
 
@@ -378,13 +378,7 @@ class Catalog:
                 yield oid
 
     def _is_snapshot_of(self, oid: str, dataset: str) -> bool:
-        # a small ranged read of the snapshot's head before parsing, so shards are never
-        # read whole
-        try:
-            head = self.store.get(object_key(oid), byte_range=(0, len(SNAPSHOT_HEAD)))
-        except NotFoundError:
-            return False
-        if head != SNAPSHOT_HEAD:
+        if not is_snapshot_object(self.store, oid):  # shards are never read whole
             return False
         try:
             return self.snapshot(oid).dataset == dataset

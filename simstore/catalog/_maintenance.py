@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow.compute as pc
 
 from simstore.catalog._catalog import Catalog
-from simstore.catalog._refs import Branches, Tags
+from simstore.catalog._refs import Branches, Tags, is_snapshot_object
 from simstore.errors import (
     FormatError,
     IntegrityError,
@@ -188,10 +188,7 @@ def _is_snapshot(cat: Catalog, key: str, size: int) -> bool:
     """Whether object ``key`` is a snapshot (by its first bytes; see docs/format.md)."""
     if size < len(SNAPSHOT_HEAD) or size > _SNAPSHOT_MAX_BYTES:
         return False
-    try:
-        return cat.store.get(key, byte_range=(0, len(SNAPSHOT_HEAD))) == SNAPSHOT_HEAD
-    except NotFoundError:
-        return False
+    return is_snapshot_object(cat.store, key.rsplit("/", 1)[-1])
 
 
 @dataclass(slots=True, kw_only=True)

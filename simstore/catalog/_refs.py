@@ -16,12 +16,31 @@ from simstore.errors import (
 from simstore.hashing import is_object_id, object_key
 from simstore.names import check_name, check_ref_name
 from simstore.sample import canonical_json
-from simstore.snapshot import Snapshot
+from simstore.snapshot import SNAPSHOT_HEAD, Snapshot
 from simstore.storage import ObjectStore
 
-__all__ = ["Branches", "Tags", "dataset_prefix", "encode_ref", "decode_ref", "ref_key"]
+__all__ = [
+    "Branches",
+    "Tags",
+    "dataset_prefix",
+    "decode_ref",
+    "encode_ref",
+    "is_snapshot_object",
+    "ref_key",
+]
 
 REF_FORMAT_VERSION = 1
+
+
+def is_snapshot_object(store: ObjectStore, oid: str) -> bool:
+    """Whether object ``oid`` begins as every snapshot does (docs/format.md).
+
+    One small ranged read, so a shard is never read whole to find out; False when absent.
+    """
+    try:
+        return store.get(object_key(oid), byte_range=(0, len(SNAPSHOT_HEAD))) == SNAPSHOT_HEAD
+    except NotFoundError:
+        return False
 
 
 def dataset_prefix(dataset: str) -> str:
@@ -162,6 +181,10 @@ class _Refs:
 
     def _check_target(self, name: str, snapshot_id: str) -> None:
         """Refuse a ref to an object that is not a snapshot of this dataset."""
+        if not is_snapshot_object(self._store, snapshot_id):
+            raise InvalidInputError(
+                f"{self.dataset}: {self._what(name)}: object {snapshot_id} is not a snapshot"
+            )
         try:
             data = self._store.get(object_key(snapshot_id))
             dataset = Snapshot.from_bytes(data, object_id=snapshot_id).dataset
