@@ -90,3 +90,18 @@ def test_exports_are_pinned():
         "parse_ref",
         "verify",
     ]
+
+
+def test_every_package_directory_is_listed_for_the_wheel():
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    found = set()
+    for name, folder in config["package-dir"].items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder).parts
+            if "__pycache__" not in rel:
+                found.add(".".join((name, *rel)))
+    assert found - listed == set(), f"packages missing from pyproject.toml: {sorted(found - listed)}"
+    assert listed - found == set(), f"listed packages with no folder: {sorted(listed - found)}"

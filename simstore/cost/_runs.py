@@ -1,0 +1,330 @@
+"""Loader run reports and their price per run and per epoch. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from simstore.errors import FormatError, InvalidInputError
+
+from ._prices import PriceTable
+from ._usage import OpClass, OpUsage, TierUsage
+from ._values import GIB, _count, _price
+
+RUN_REPORT_KIND = "simstore-loader-report"
+RUN_REPORT_FORMAT_VERSION = 1
+HOT_TIERS = frozenset({"cache", "local", "file", "memory"})
+DEFAULT_TIER_PRICES: Mapping[str, str | None] = {
+    "s3": "s3-standard",
+    "s3a": "s3-standard",
+    "gs": "gcs-standard",
+    "gcs": "gcs-standard",
+    "local": "local-nvme",
+    "file": "local-nvme",
+    "cache": "local-nvme",
+    "memory": None,
+}
+"""Which price tier a run report's tier names are priced at unless told otherwise."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunUsage:
+    """What a loader run read, as its run report (or several, one per rank) gives it.
+
+    ``tiers`` holds requests and bytes per tier; a report that gives only a tier's total
+    ``requests`` and ``bytes`` has them counted as GETs (a loader only reads).
+    ``cache_hits``/``cache_hit_bytes`` are reads the local cache served that would
+    otherwise have been fetched from ``cold_tier``; ``hit_bytes_estimated`` says that
+    the report gave no hit bytes and they were estimated (see :func:`parse_run_report`).
+    """
+
+    epochs: int
+    seconds: float
+    tiers: tuple[TierUsage, ...]
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_hit_bytes: int = 0
+    cache_fill_bytes: int = 0
+    hit_bytes_estimated: bool = False
+    cold_tier: str | None = None
+    reports: int = 1
+
+
+def parse_run_report(obj: object, *, origin: str = "run report") -> RunUsage:
+    """Parse one loader run report (the JSON of docs/loader.md, already decoded).
+
+    Read: ``epochs`` (a list of epoch numbers, or a count), ``seconds``, ``tiers``
+    (``{tier: {"bytes": b, "requests": n}}``, or per request class
+    ``{tier: {"get": {"requests": n, "bytes": b}, ...}}`` as :class:`TierUsage` writes
+    it) and ``cache`` (``hits``, ``misses``, ``fill_bytes`` and, when present,
+    ``hit_bytes``). Other fields are ignored. Without ``hit_bytes``, the bytes a hit
+    saved are estimated as the mean fill (``fill_bytes / misses``) times the hits, or,
+    with no misses, as the bytes read from the ``cache`` tier. The cold tier is the one
+    tier that is not local (``cache``, ``local``, ``file``, ``memory``), if there is
+    exactly one. Raises :class:`FormatError` naming ``origin`` when malformed.
+    """
+    if not isinstance(obj, Mapping):
+        raise FormatError(f"{origin} is not a JSON object")
+    # no defaults: any JSON object would otherwise read as a valid run that cost $0
+    if "kind" not in obj:
+        raise FormatError(
+            f"{origin} is not a loader run report: it has no kind (expected {RUN_REPORT_KIND!r})"
+        )
+    kind = obj["kind"]
+    if kind != RUN_REPORT_KIND:
+        raise FormatError(f"{origin} has kind {kind!r}, expected {RUN_REPORT_KIND!r}")
+    if "format_version" not in obj:
+        raise FormatError(
+            f"{origin} has no format_version (this simstore reads {RUN_REPORT_FORMAT_VERSION})"
+        )
+    version = obj["format_version"]
+    if type(version) is not int or version != RUN_REPORT_FORMAT_VERSION:
+        raise FormatError(
+            f"{origin} has format_version {version!r}, this simstore reads "
+            f"{RUN_REPORT_FORMAT_VERSION}"
+        )
+    epochs_raw = obj.get("epochs", 1)
+    if isinstance(epochs_raw, list):
+        epochs = len(epochs_raw)
+    else:
+        epochs = _count(epochs_raw, f"{origin}: epochs")
+    # a price's checks: a number, finite (JSON decoders accept NaN), not negative
+    seconds = _price(obj.get("seconds", 0.0), f"{origin}: seconds")
+    raw_tiers = obj.get("tiers", {})
+    if not isinstance(raw_tiers, Mapping):
+        raise FormatError(f"{origin}: tiers must be an object")
+    tiers = tuple(_tier_usage(str(name), body, origin) for name, body in raw_tiers.items())
+    cache = obj.get("cache", {})
+    if not isinstance(cache, Mapping):
+        raise FormatError(f"{origin}: cache must be an object")
+    hits = _count(cache.get("hits", 0), f"{origin}: cache.hits")
+    misses = _count(cache.get("misses", 0), f"{origin}: cache.misses")
+    fill_bytes = _count(cache.get("fill_bytes", 0), f"{origin}: cache.fill_bytes")
+    estimated = "hit_bytes" not in cache and hits > 0
+    if "hit_bytes" in cache:
+        hit_bytes = _count(cache["hit_bytes"], f"{origin}: cache.hit_bytes")
+    elif misses > 0:
+        hit_bytes = round(hits * fill_bytes / misses)
+    else:
+        hit_bytes = sum(t.bytes_read for t in tiers if t.tier == "cache") if hits else 0
+    remote = [t.tier for t in tiers if t.tier not in HOT_TIERS]
+    return RunUsage(
+        epochs=epochs,
+        seconds=float(seconds),
+        tiers=tiers,
+        cache_hits=hits,
+        cache_misses=misses,
+        cache_hit_bytes=hit_bytes,
+        cache_fill_bytes=fill_bytes,
+        hit_bytes_estimated=estimated,
+        cold_tier=remote[0] if len(remote) == 1 else None,
+    )
+
+
+def _tier_usage(tier: str, body: object, origin: str) -> TierUsage:
+    if not isinstance(body, Mapping):
+        raise FormatError(f"{origin}: tier {tier!r} must be an object")
+    if set(body) <= {"bytes", "requests"}:
+        usage = OpUsage(
+            requests=_count(body.get("requests", 0), f"{origin}: {tier}.requests"),
+            bytes=_count(body.get("bytes", 0), f"{origin}: {tier}.bytes"),
+        )
+        return TierUsage(tier=tier, ops={OpClass.GET: usage})
+    return TierUsage.from_json(tier, body, origin=origin)
+
+
+def merge_run_usage(usages: Sequence[RunUsage]) -> RunUsage:
+    """The reports of the ranks of one run as one: traffic and cache counts summed.
+
+    Ranks run side by side, so the run lasts as long as its slowest rank and has as many
+    epochs as the rank that saw most. The cold tier is kept when all reports agree.
+    """
+    if not usages:
+        raise InvalidInputError("no run reports to merge")
+    tiers: dict[str, TierUsage] = {}
+    for u in usages:
+        for t in u.tiers:
+            tiers[t.tier] = tiers[t.tier] + t if t.tier in tiers else t
+    colds = {u.cold_tier for u in usages}
+    return RunUsage(
+        epochs=max(u.epochs for u in usages),
+        seconds=max(u.seconds for u in usages),
+        tiers=tuple(tiers[name] for name in sorted(tiers)),
+        cache_hits=sum(u.cache_hits for u in usages),
+        cache_misses=sum(u.cache_misses for u in usages),
+        cache_hit_bytes=sum(u.cache_hit_bytes for u in usages),
+        cache_fill_bytes=sum(u.cache_fill_bytes for u in usages),
+        hit_bytes_estimated=any(u.hit_bytes_estimated for u in usages),
+        cold_tier=colds.pop() if len(colds) == 1 else None,
+        reports=sum(u.reports for u in usages),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TierRunCost:
+    """What one tier's traffic in a run cost, split into requests, retrieval and egress."""
+
+    tier: str
+    price_tier: str | None
+    requests: int
+    bytes_read: int
+    requests_usd: float
+    retrieval_usd: float
+    egress_usd: float
+
+    @property
+    def total_usd(self) -> float:
+        """All three parts."""
+        return self.requests_usd + self.retrieval_usd + self.egress_usd
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON shape."""
+        return {
+            "tier": self.tier,
+            "price_tier": self.price_tier,
+            "requests": self.requests,
+            "bytes_read": self.bytes_read,
+            "requests_usd": self.requests_usd,
+            "retrieval_usd": self.retrieval_usd,
+            "egress_usd": self.egress_usd,
+            "total_usd": self.total_usd,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunCost:
+    """A run priced: per tier, per run, per epoch, per hour, and what the cache saved.
+
+    ``cache_saved_usd`` is what the cache hits would have cost as GETs (one per hit) and
+    bytes read from the cold tier; ``cold_start_usd`` is the run's cost had every hit
+    gone to the cold tier (``total_usd + cache_saved_usd``).
+    """
+
+    tiers: tuple[TierRunCost, ...]
+    epochs: int
+    seconds: float
+    egress: bool
+    cold_tier: str | None
+    cold_price_tier: str | None
+    cache_hits: int
+    cache_hit_bytes: int
+    cache_hit_rate: float
+    cache_saved_usd: float
+    hit_bytes_estimated: bool = False
+    reports: int = 1
+
+    @property
+    def total_usd(self) -> float:
+        """The whole run."""
+        return sum(t.total_usd for t in self.tiers)
+
+    @property
+    def per_epoch_usd(self) -> float:
+        """The run divided by its epochs (the run itself when it has none)."""
+        return self.total_usd / self.epochs if self.epochs > 0 else self.total_usd
+
+    @property
+    def per_hour_usd(self) -> float:
+        """The run's cost per hour of its duration (0 when the duration is unknown)."""
+        return self.total_usd / (self.seconds / 3600) if self.seconds > 0 else 0.0
+
+    @property
+    def cold_start_usd(self) -> float:
+        """What the run would have cost with a cold (empty) cache."""
+        return self.total_usd + self.cache_saved_usd
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON shape."""
+        return {
+            "tiers": [t.to_json() for t in self.tiers],
+            "epochs": self.epochs,
+            "seconds": self.seconds,
+            "egress": self.egress,
+            "reports": self.reports,
+            "total_usd": self.total_usd,
+            "per_epoch_usd": self.per_epoch_usd,
+            "per_hour_usd": self.per_hour_usd,
+            "cache": {
+                "hits": self.cache_hits,
+                "hit_bytes": self.cache_hit_bytes,
+                "hit_rate": self.cache_hit_rate,
+                "hit_bytes_estimated": self.hit_bytes_estimated,
+                "cold_tier": self.cold_tier,
+                "cold_price_tier": self.cold_price_tier,
+                "saved_usd": self.cache_saved_usd,
+                "cold_start_usd": self.cold_start_usd,
+            },
+        }
+
+
+def price_run(
+    usage: RunUsage,
+    table: PriceTable,
+    tier_prices: Mapping[str, str | None],
+    *,
+    egress: bool = False,
+) -> RunCost:
+    """Price a run's traffic.
+
+    ``tier_prices`` maps each tier name of the run to a price tier of ``table`` (None: not
+    priced, e.g. ``memory``); a run tier it does not map is an
+    :class:`InvalidInputError` naming it. Requests are priced per class; bytes read pay
+    the tier's retrieval price, and its egress price when ``egress`` is true (a job
+    outside the provider's region or network; same-region reads carry no transfer fee).
+    """
+    costs = []
+    for tu in usage.tiers:
+        if tu.tier not in tier_prices:
+            raise InvalidInputError(
+                f"run tier {tu.tier!r} has no price tier; map it, e.g. --tier {tu.tier}=s3-standard"
+            )
+        name = tier_prices[tu.tier]
+        if name is None:
+            costs.append(
+                TierRunCost(
+                    tier=tu.tier,
+                    price_tier=None,
+                    requests=tu.requests,
+                    bytes_read=tu.bytes_read,
+                    requests_usd=0.0,
+                    retrieval_usd=0.0,
+                    egress_usd=0.0,
+                )
+            )
+            continue
+        price = table.tier(name)
+        requests_usd = sum(u.requests / 1000 * price.request_price(op) for op, u in tu.ops.items())
+        gib = tu.bytes_read / GIB
+        costs.append(
+            TierRunCost(
+                tier=tu.tier,
+                price_tier=name,
+                requests=tu.requests,
+                bytes_read=tu.bytes_read,
+                requests_usd=requests_usd,
+                retrieval_usd=gib * price.retrieval_per_gib,
+                egress_usd=gib * price.egress_per_gib if egress else 0.0,
+            )
+        )
+    cold_name = tier_prices.get(usage.cold_tier) if usage.cold_tier is not None else None
+    saved = 0.0
+    if cold_name is not None:
+        cold = table.tier(cold_name)
+        per_gib = cold.retrieval_per_gib + (cold.egress_per_gib if egress else 0.0)
+        saved = usage.cache_hits / 1000 * cold.get_per_1000 + usage.cache_hit_bytes / GIB * per_gib
+    looked_up = usage.cache_hits + usage.cache_misses
+    return RunCost(
+        tiers=tuple(costs),
+        epochs=usage.epochs,
+        seconds=usage.seconds,
+        egress=egress,
+        cold_tier=usage.cold_tier,
+        cold_price_tier=cold_name,
+        cache_hits=usage.cache_hits,
+        cache_hit_bytes=usage.cache_hit_bytes,
+        cache_hit_rate=usage.cache_hits / looked_up if looked_up else 0.0,
+        cache_saved_usd=saved,
+        hit_bytes_estimated=usage.hit_bytes_estimated,
+        reports=usage.reports,
+    )
