@@ -1,8 +1,9 @@
 """``SimDataset``: a torch ``IterableDataset`` over one pinned snapshot, or a mixture of several.
 
-``__iter__`` only wires stages: the epoch plan (:mod:`._plan`, pure) -> resolution of stream
-positions to manifest rows and background fetches (:mod:`._pipeline`) -> decode in
-threads -> conversion to tensors and the sample's transform. The shuffle is part of the
+``__iter__`` only wires stages, through :class:`._reading.EpochReader`: the epoch plan
+(:mod:`._plan`, pure) -> resolution of stream positions to manifest rows and background
+fetches (:mod:`._pipeline`, readers from :mod:`._readers`) -> decode in threads ->
+conversion to tensors and the sample's transform. The shuffle is part of the
 stream order (:mod:`._order`), so a checkpoint needs only the positions still to read.
 
 The object holds values only (stores pickle, readers and threads are created inside each
@@ -11,17 +12,14 @@ worker when it starts reading), so it survives ``fork`` and ``spawn``.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import os
-from collections.abc import Iterator, Mapping, MutableMapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
 import numpy as np
-import torch
 from simstore.loaders._checks import (
     check_bool,
     check_bytes,
@@ -35,7 +33,6 @@ from simstore.loaders._checks import (
     to_list,
 )
 from simstore.loaders._collate import Collate
-from simstore.loaders._corrupt import CorruptShards
 from simstore.loaders._fetch import (
     TRUSTED_SLOTS,
     RateLimiter,
@@ -46,18 +43,11 @@ from simstore.loaders._fetch import (
 )
 from simstore.loaders._metrics import Metrics, timed
 from simstore.loaders._normalise import Normalise, NormaliseSpec
-from simstore.loaders._opener import FormatOpener
 from simstore.loaders._options import LoaderOptions, cache_config
 from simstore.loaders._order import BLOCK_BYTES, BUFFER_BLOCKS, Mixture
 from simstore.loaders._pipeline import (
     PrefetchConfig,
-    ReaderPool,
-    Resolver,
     ShardOpener,
-    chunk_limit,
-    decode_depth,
-    prefetched,
-    read_chunk,
 )
 from simstore.loaders._plan import (
     Interval,
@@ -65,16 +55,13 @@ from simstore.loaders._plan import (
     advance,
     intervals_total,
     normalise_intervals,
-    plan_epoch,
     samples_per_rank,
 )
+from simstore.loaders._reading import EpochReader
 from simstore.loaders._source import Source, Transform, open_source
 from simstore.loaders._stats import Counters, LoaderStats, RunReport, run_report
 from simstore.loaders._tensors import (
-    ChunkBuffers,
     SharedPool,
-    to_tensors,
-    value_bytes,
 )
 from simstore.loaders._world import (
     World,
@@ -594,6 +581,10 @@ class SimDataset(IterableDataset[Sample]):
 
         yield from timed(tracked(), self._metrics, log_every_s=self._options.log_every_s)
 
+    def _reader(self) -> EpochReader:
+        return EpochReader(self._sources, self._mixture, self._epoch_length, self._options,
+                           self._trusted)
+
     def read(
         self,
         world: World,
@@ -606,23 +597,11 @@ class SimDataset(IterableDataset[Sample]):
     ) -> Iterator[tuple[Sample, int, dict[str, float]]]:
         """One reader's samples, each with its running count and the reading counters.
 
-        The plan -> prefetch -> decode pipeline; used by ``__iter__`` and by
-        :class:`SimDataLoader`'s workers when they hand the DataLoader single samples
-        (whose default collate turns a batch's Python numbers into one tensor, so they pass
-        ``numbers_as_tensors=False``). ``trusted``: as for :meth:`read_batches`.
+        See :meth:`EpochReader.samples <simstore.loaders._reading.EpochReader.samples>`;
+        used by ``__iter__`` and by :class:`SimDataLoader`'s workers.
         """
-        count = 0
-        with self._decoded(world, epoch, remaining, batch_size, trusted=trusted) as (
-            chunks, counters
-        ):
-            for chunk, (values, buffers) in chunks:
-                for j in range(len(values)):
-                    sample = self._sample(chunk, j, values, buffers, numbers_as_tensors)
-                    counters.add("pad_samples" if sample["__pad__"] else "samples")
-                    if not sample["__pad__"]:
-                        counters.add("sample_bytes", _payload_bytes(sample))
-                    count += 1
-                    yield sample, count, counters.snapshot()
+        return self._reader().samples(world, epoch, remaining, batch_size,
+                                      numbers_as_tensors=numbers_as_tensors, trusted=trusted)
 
     def read_batches(
         self,
@@ -639,184 +618,11 @@ class SimDataset(IterableDataset[Sample]):
     ) -> Iterator[tuple[Any, int, dict[str, float], tuple[tuple[int, int], ...]]]:
         """One reader's batches, collated, each with its running count, counters and marks.
 
-        What a DataLoader would make of :meth:`read`'s samples in batches of
-        ``batch_size`` with ``collate``, made a batch at a time: a fixed-shape field of a
-        batch is a view of its chunk's decode buffer, with no per-sample tensors or dicts.
-        Samples of a batch that need per-sample work (a transform, fields that differ,
-        values outside the buffers) go through ``collate`` as samples. In a DataLoader
-        worker with ``shared_pool``, chunk buffers come from that pool and each batch's
-        marks say which of them it may hold (see :class:`SharedPool`); else no marks.
-        ``siblings``: the table in which the workers share local shards' hashes;
-        ``trusted``: the loader's table of files hashed in earlier epochs (else the
-        dataset's own).
+        See :meth:`EpochReader.batches <simstore.loaders._reading.EpochReader.batches>`.
         """
-        opts = self._options
-        per_sample = any(s.transform is not None for s in self._sources)
-        count = 0
-        with self._decoded(world, epoch, remaining, batch_size, shared_pool, siblings,
-                           trusted) as (
-            chunks, counters
-        ):
-            for chunk, (values, buffers) in chunks:
-                n = len(values)
-                for lo in range(0, n, batch_size):
-                    hi = min(n, lo + batch_size)
-                    if hi - lo < batch_size and drop_last:
-                        continue
-                    pads = chunk.is_pad[lo:hi]
-                    columns = None if per_sample else _columns(
-                        values, buffers, lo, hi, chunk.keys[lo:hi], pads, opts.zero_copy)
-                    if columns is None:
-                        samples = [self._sample(chunk, j, values, buffers, False)
-                                   for j in range(lo, hi)]
-                        nbytes = sum(_payload_bytes(x) for x in samples if not x["__pad__"])
-                        batch = collate(samples)
-                    else:
-                        nbytes = _columns_bytes(columns, ~np.asarray(pads, dtype=np.bool_))
-                        batch = collate.columns(columns)
-                    npad = int(np.count_nonzero(pads))
-                    counters.add("samples", hi - lo - npad)
-                    if npad:
-                        counters.add("pad_samples", npad)
-                    counters.add("sample_bytes", nbytes)
-                    count += hi - lo
-                    yield batch, count, counters.snapshot(), buffers.sent()
-                buffers.retire()
-
-    def _sample(
-        self,
-        chunk: Any,
-        j: int,
-        values: list[dict[str, Any]],
-        buffers: ChunkBuffers,
-        numbers: bool,
-    ) -> Sample:
-        """Slot ``j`` of a decoded chunk as a sample: tensors, transform, key, pad flag."""
-        fields = values[j]
-        sample = to_tensors(fields, zero_copy=self._options.zero_copy,
-                            given=buffers.tensors(j, fields), numbers=numbers)
-        transform = self._sources[int(chunk.source[j])].transform
-        if transform is not None:
-            sample = transform(sample)
-            if not isinstance(sample, MutableMapping):
-                raise InvalidInputError(
-                    f"transform {_transform_name(transform)} returned "
-                    f"{type(sample).__name__}, not a dict"
-                )
-        sample["__key__"] = chunk.keys[j]
-        sample["__pad__"] = bool(chunk.is_pad[j])
-        return sample
-
-    @contextlib.contextmanager
-    def _decoded(
-        self, world: World, epoch: int, remaining: Sequence[Interval], batch_size: int,
-        shared_pool: SharedPool | None = None,
-        siblings: VerifiedTable | None = None,
-        trusted: TrustTable | None = None,
-    ) -> Iterator[tuple[Iterator[tuple[Any, tuple[list[dict[str, Any]], ChunkBuffers]]],
-                        Counters]]:
-        """The decoded chunks of one reader's share of the epoch, and its counters."""
-        plan = plan_epoch(remaining, world, batch_size=batch_size,
-                          remainder=self._options.remainder)
-        counters = Counters()
-        opts = self._options
-        rate = opts.max_bandwidth / (world.world_size * world.num_workers) if (
-            opts.max_bandwidth) else None
-        limiter = RateLimiter(rate)
-        sources = self._sources
-        tiers = [tier_of(s.store) for s in sources]
-        for tier in tiers:  # each store's tier is in the report, even if the cache served all
-            counters.add_read(tier, 0, requests=0)
-        opener = opts.shard_opener or FormatOpener()
-        trust = trusted if trusted is not None else TrustTable(self._trusted)
-        with contextlib.ExitStack() as stack:
-            access = [
-                ShardAccess(s.store, counters=counters, limiter=limiter, cache=opts.cache,
-                            verify=opts.verify, referenced_by=s.snapshot_id,
-                            block_bytes=opts.prefetch.range_block_bytes,
-                            siblings=siblings.scoped(i) if siblings is not None else None,
-                            trusted=trust.scoped(i))
-                for i, s in enumerate(sources)
-            ]
-            pool = ReaderPool(access, opener, opts.prefetch.max_open_shards,
-                              [s.snapshot_id for s in sources],
-                              decode_cache_bytes=opts.prefetch.decode_cache_bytes)
-            stack.callback(pool.close)
-            resolver = Resolver(sources, self._mixture, self._epoch_length, counters, tiers,
-                                part_readers=[a.read_cached for a in access])
-
-            shared = in_worker()
-            # the first chunk is decoded alone: its shards' reads share the cores that
-            # this process's sibling workers leave (measured: 0.074 -> 0.055 s to the first
-            # batch of 256 x 8 KiB with no workers; no gain with 2 workers on 2 cores)
-            first: list[ThreadPoolExecutor] = []
-            spare = min(opts.prefetch.decode_threads,
-                        _cores() // max(1, world.num_workers)) - 1
-            if spare > 0:
-                first.append(ThreadPoolExecutor(spare, thread_name_prefix="simstore-first"))
-                stack.callback(first[0].shutdown)
-
-            depth = decode_depth(opts.prefetch, world.num_workers if shared else 0, _cores())
-            corrupt = None
-            if opts.on_corrupt == "skip":
-
-                def probe() -> dict[str, Any] | None:
-                    # a chunk made only of corrupt shards' samples, before any intact one
-                    # was read here: walk the stream for one (its own resolver: the
-                    # consumer thread resolves with the other)
-                    walk = Resolver(sources, self._mixture, self._epoch_length, Counters(),
-                                    tiers, part_readers=[a.read_cached for a in access])
-                    for start in range(0, self._epoch_length, 64):
-                        stop = min(self._epoch_length, start + 64)
-                        chunk = walk.resolve(epoch, np.arange(start, stop, dtype=np.int64),
-                                             np.zeros(stop - start, dtype=np.bool_))
-                        got = read_chunk(chunk, pool, sources, limiter, Counters(), tiers,
-                                         corrupt=corrupt, stand_in=False)
-                        assert corrupt is not None
-                        intact = [v for v, ok in zip(got, corrupt.intact(chunk), strict=True)
-                                  if ok]
-                        if intact:
-                            return intact[0]
-                    return None
-
-                corrupt = CorruptShards(counters, probe)
-
-            def decode(chunk: Any) -> tuple[list[dict[str, Any]], ChunkBuffers]:
-                buffers = ChunkBuffers(len(chunk), shared=shared, pool=shared_pool)
-                fan_out = first.pop() if first else None
-                values = read_chunk(chunk, pool, sources, limiter, counters, tiers, buffers,
-                                    fan_out, side_by_side=depth > 1, corrupt=corrupt)
-                if fan_out is not None:
-                    fan_out.shutdown(wait=False)
-                return values, buffers
-
-            samples = sum(s.num_samples for s in sources)
-            mean = sum(s.sample_bytes for s in sources) / samples if samples else 0.0
-            chunks = prefetched(plan, epoch, resolver, pool,
-                                dataclasses.replace(
-                                    opts.prefetch, chunks=depth,
-                                    chunk_samples=chunk_limit(opts.prefetch, shared)),
-                                decode,
-                                mean_sample_bytes=mean, first_alone=shared)
-            stack.callback(chunks.close)
-            yield chunks, counters
-            pool.finish(corrupt)  # the whole-shard hashes still running for shards read
-
-
-def _cores() -> int:
-    """CPUs this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def _transform_name(transform: Any) -> str:
-    """The caller's transform, for a message (inside the normalisation that wraps it)."""
-    while isinstance(transform, Normalise) and transform.then is not None:
-        transform = transform.then
-    name = getattr(transform, "__qualname__", None) or type(transform).__qualname__
-    return str(name)
+        return self._reader().batches(world, epoch, remaining, batch_size, collate,
+                                      drop_last=drop_last, shared_pool=shared_pool,
+                                      siblings=siblings, trusted=trusted)
 
 
 def _state_intervals(value: object, epoch_length: int) -> tuple[Interval, ...]:
@@ -865,62 +671,3 @@ def _prefetch_config(value: object) -> PrefetchConfig:
         f"prefetch must be a PrefetchConfig, a mapping of its fields or a chunk count, "
         f"not {type(value).__name__}"
     )
-
-
-def _columns(
-    values: list[dict[str, Any]],
-    buffers: ChunkBuffers,
-    lo: int,
-    hi: int,
-    keys: list[str],
-    pads: np.ndarray,
-    zero_copy: bool,
-) -> dict[str, Any] | None:
-    """Samples ``lo:hi`` of a decoded chunk as batch columns, or None if they differ in fields.
-
-    A field whose values are consecutive rows of a decode buffer becomes a view of those
-    rows; any other becomes the list of its values (as tensors, Python numbers, strings).
-    """
-    first = values[lo]
-    names = first.keys()
-    if not all(map(names.__eq__, map(dict.keys, values[lo + 1:hi]))):
-        return None
-    columns: dict[str, Any] = {}
-    for name in names:
-        rows = buffers.rows(name, lo, hi, values)
-        if rows is not None:
-            columns[name] = rows
-            continue
-        column = [values[j][name] for j in range(lo, hi)]
-        if any(isinstance(v, np.ndarray | np.generic) for v in column):
-            column = [to_tensors({name: v}, zero_copy=zero_copy, numbers=False)[name]
-                      for v in column]
-        columns[name] = column
-    columns["__key__"] = keys
-    # the flags as the bool tensor collate would make of them (a copy: ``pads`` is a view
-    # of the chunk's flags)
-    columns["__pad__"] = torch.from_numpy(np.array(pads, dtype=np.bool_))
-    return columns
-
-
-def _payload_bytes(sample: Mapping[str, Any]) -> int:
-    """Logical bytes of a sample's fields (not its key and flags), as the manifest counts."""
-    return sum(value_bytes(v) for k, v in sample.items() if not k.startswith("__"))
-
-
-def _columns_bytes(columns: Mapping[str, Any], real: np.ndarray) -> int:
-    """Logical bytes of the fields of a batch's rows that are not padding (``real``).
-
-    Counted as :func:`_payload_bytes` counts a sample's: keys and flags count nothing; a
-    tensor column's rows are all one size.
-    """
-    total = 0
-    n, kept = len(real), int(np.count_nonzero(real))
-    for name, column in columns.items():
-        if name.startswith("__") or not kept:
-            continue
-        if isinstance(column, torch.Tensor):
-            total += value_bytes(column) * kept // n
-        else:
-            total += sum(value_bytes(v) for v, r in zip(column, real, strict=True) if r)
-    return total

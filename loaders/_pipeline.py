@@ -6,8 +6,9 @@
   fills, verification) on an I/O thread pool for the next ``prefetch.shards`` shards, and
   chunk decodes on a decode pool, at most ``prefetch.chunks`` chunks and about
   ``prefetch.budget_bytes`` of decoded samples ahead.
-- :class:`ReaderPool` opens shard readers lazily (so nothing is open before a worker
-  starts, whatever the start method) and keeps at most ``max_open_shards`` open.
+- :func:`read_chunk` reads a chunk's rows from the shards' readers, which a
+  :class:`~simstore.loaders._readers.ReaderPool` opens lazily (so nothing is open before
+  a worker starts, whatever the start method) and keeps at most ``max_open_shards`` open.
 
 The pools are created inside the generator that uses them and shut down by it, so a
 worker owns its threads and a dataset object holds none.
@@ -15,30 +16,26 @@ worker owns its threads and a dataset object holds none.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import itertools
-import os
-import threading
 from collections import OrderedDict, deque
-from collections.abc import Callable, Generator, Iterator, Sequence
-from concurrent.futures import Executor, Future, InvalidStateError, ThreadPoolExecutor, wait
+from collections.abc import Callable, Generator, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 from simstore.loaders._checks import check_int
 from simstore.loaders._corrupt import CorruptShards
-from simstore.loaders._fetch import RateLimiter, ShardAccess, ShardHandle
+from simstore.loaders._fetch import RateLimiter
 from simstore.loaders._order import Mixture, SourceLayout
 from simstore.loaders._plan import EpochPlan
+from simstore.loaders._readers import ReaderPool, ShardOpener
 from simstore.loaders._source import GroupRows, PartReader, Source, load_group
 from simstore.loaders._stats import Counters
 
-from simstore._blockcache import BlockCache
-from simstore.errors import FormatError, IntegrityError, InvalidInputError, SimstoreError
-from simstore.hashing import object_key
+from simstore.errors import FormatError, InvalidInputError, SimstoreError
 from simstore.protocols import ShardReader
 
 __all__ = [
@@ -51,7 +48,6 @@ __all__ = [
     "prefetched",
 ]
 
-ShardOpener = Callable[[str | BinaryIO], ShardReader]
 
 
 class OutBuffers(Protocol):
@@ -69,14 +65,6 @@ class OutBuffers(Protocol):
 Decoded = dict[str, Any]
 T = TypeVar("T")
 U = TypeVar("U")
-_HASH_DELAY_S = 5.0
-"""Longest a local shard's whole-object hash waits for the first chunk to be decoded."""
-_HASH_THREADS = 1
-"""Background whole-object hashes running at once in one reading process."""
-HASH_FIRST_SHARE = 4
-"""A read that would check at least 1/4 of a local shard's bytes page by page hashes the
-whole shard first (xxh3 from the page cache: ~0.14 ms/MiB; Parquet's page CRC-32s add
-~0.55 ms per MiB decoded, a 60 MiB shard's 16 row groups 45 against 12 ms)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -286,396 +274,6 @@ def _distinct(values: np.ndarray) -> list[int]:
     if len(values) and (values == values[0]).all():
         return [int(values[0])]
     return [int(v) for v in np.unique(values)]
-
-
-@dataclass(frozen=True, slots=True)
-class _Check:
-    """A shard's whole-object hash (a local file, a cache hit), running while it is read."""
-
-    future: Future[Any]
-    redo: Callable[[], object]
-    """The same hash, run here if the future never ran."""
-
-    def wait(self) -> bool:
-        """The hash's outcome (IntegrityError if wrong); hashed here if it never ran.
-
-        False: the copy could not be hashed (gone from the cache); its reader goes on
-        checking pages.
-        """
-        if self.future.cancelled():  # the I/O pool shut down before it started
-            return self.redo() is not False
-        return self.future.result() is not False
-
-
-class _Published(Future[Any]):
-    """A shard's whole-object hash (a local file, a cache copy) that a sibling worker runs.
-
-    Nothing runs it here: :meth:`done` is true once the sibling has published the match
-    (see ``VerifiedTable``), and :meth:`result` of one still unpublished runs ``work``
-    (the hash) on the calling thread (a wrong hash is then this worker's error, as before).
-    """
-
-    def __init__(self, access: ShardAccess, shard_id: str, work: Callable[[], Any]) -> None:
-        super().__init__()
-        self._access = access
-        self._shard_id = shard_id
-        self._work = work
-
-    def done(self) -> bool:
-        if super().done():
-            return True
-        if self._access.sibling_verified(self._shard_id):
-            with contextlib.suppress(InvalidStateError):
-                self.set_result(None)
-            return True
-        return False
-
-    def result(self, timeout: float | None = None) -> Any:
-        if not self.done():
-            try:
-                value = self._work()
-            except BaseException as exc:
-                with contextlib.suppress(InvalidStateError):
-                    self.set_exception(exc)
-            else:
-                with contextlib.suppress(InvalidStateError):
-                    self.set_result(value)
-        return super().result(timeout)
-
-
-class _Entry:
-    __slots__ = ("checking", "handle", "lock", "reader", "users")
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.reader: ShardReader | None = None
-        self.handle: ShardHandle | None = None
-        self.users = 0
-        self.checking: _Check | None = None
-        """The whole-object hash still running for a reader that checks its own pages."""
-
-
-class ReaderPool:
-    """Open shard readers of one worker, at most ``max_open`` idle ones kept (LRU)."""
-
-    def __init__(
-        self,
-        access: Sequence[ShardAccess],
-        opener: ShardOpener,
-        max_open: int,
-        referenced_by: Sequence[str],
-        decode_cache_bytes: int = 256 << 20,
-    ) -> None:
-        self.access = access
-        self.opener = opener
-        self.max_open = max_open
-        self.referenced_by = referenced_by
-        self._lock = threading.Lock()
-        self._entries: OrderedDict[tuple[int, str], _Entry] = OrderedDict()
-        self._prepared: dict[tuple[int, str], Future[ShardHandle | None]] = {}
-        self._checked_after_close: list[tuple[tuple[int, str], _Check]] = []
-        self._hash_now = threading.Event()
-        self._hashing = threading.Semaphore(_HASH_THREADS)
-        """Background hashes run one at a time: at ~7 GiB/s one thread keeps ahead of the
-        reads, and all I/O threads hashing at once took every core just as the first
-        batch was handed to the main process."""
-        self._io: ThreadPoolExecutor | None = None
-        """The I/O pool of the current epoch (where a cache hit's hash runs)."""
-        self.blocks = BlockCache(decode_cache_bytes)
-        self._turns = itertools.count()
-
-    def rotation(self) -> int:
-        """A new number for each call (thread-safe): where a chunk starts in its shards."""
-        return next(self._turns)
-
-    def is_pending(self, key: tuple[int, str]) -> bool:
-        """Whether the shard is scheduled (cache fill, verification) and not yet open.
-
-        A fetched copy waiting for its reader still holds its place in the cache.
-        """
-        with self._lock:
-            return key in self._prepared
-
-    def is_known(self, key: tuple[int, str]) -> bool:
-        """Whether the shard is open or its preparation is scheduled."""
-        with self._lock:
-            return key in self._entries or key in self._prepared
-
-    def schedule(self, key: tuple[int, str], pool: ThreadPoolExecutor) -> None:
-        """Start preparing a shard (verify or cache fill) in the background.
-
-        The whole-object hash of a local shard waits until the first chunk is decoded
-        (:meth:`start_hashing`), or until a reader has to wait for background work: a
-        Parquet reader checks its pages meanwhile, and the first batch does not share
-        the cores with hashing.
-        """
-        with self._lock:
-            if key in self._entries or key in self._prepared:
-                return
-            self._io = pool
-            access = self.access[key[0]]
-            if access.verify and access.mode(key[1]) == "local":
-                if not access.unchecked(key[1]):
-                    # hashed here already, or in an earlier epoch and unchanged: nothing
-                    # to wait for, and its reader is trusted from the start
-                    done: Future[ShardHandle | None] = Future()
-                    done.set_result(None)
-                    self._prepared[key] = done
-                elif access.sibling_hashes(key[1]):
-                    self._prepared[key] = _Published(
-                        access, key[1], functools.partial(access.prepare, key[1]))
-                else:
-                    self._prepared[key] = pool.submit(
-                        self._later, functools.partial(access.prepare, key[1])
-                    )
-            else:
-                self._prepared[key] = pool.submit(access.prepare, key[1])
-
-    def _later(self, check: Callable[[], T]) -> T:
-        """A background hash: once the first chunk is out, one at a time."""
-        self._hash_now.wait(_HASH_DELAY_S)
-        with self._hashing:
-            return check()
-
-    def start_hashing(self) -> None:
-        """Let the local shards' whole-object hashes run (the first chunk is out)."""
-        self._hash_now.set()
-
-    @contextlib.contextmanager
-    def reader(
-        self, key: tuple[int, str], checks: Callable[[ShardReader], int] | None = None
-    ) -> Iterator[ShardReader]:
-        """Use the reader of a shard (opening it if needed); one user at a time.
-
-        A local shard is hash-checked as a whole in the background (:meth:`schedule`).
-        A reader that verifies each page it decodes (``verifies_pages``: Parquet's
-        CRC-32s) starts reading before that hash is known, so the first batch does not
-        wait for whole shards to be hashed; an error while the hash is pending waits for
-        it (a wrong hash is the better error), and a wrong hash found later fails the
-        next use of the shard, or :meth:`finish`. Any other reader waits for the hash.
-
-        ``checks(reader)``, when given, says how many bytes the coming read would check
-        page by page. When that is at least ``1 / HASH_FIRST_SHARE`` of the file, the
-        hash runs here first and the read goes unchecked: hashing a file costs about a
-        quarter of checking its pages' CRC-32s (a shuffled first chunk decodes every row
-        group of a shard that holds one buffer of them).
-        """
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                entry = self._entries[key] = _Entry()
-            entry.users += 1
-            self._entries.move_to_end(key)
-            prepared = self._prepared.pop(key, None)
-        try:
-            with entry.lock:
-                if entry.reader is None:
-                    self._open_entry(key, entry, prepared)
-                    prepared = None
-                elif prepared is not None:
-                    _release(prepared)
-                checking = entry.checking
-                if checking is not None and checking.future.done():
-                    hashed = checking.wait()  # IntegrityError for a wrong hash, each use
-                    entry.checking = None
-                    if hashed:
-                        _trust(entry.reader)
-                assert entry.reader is not None
-                try:
-                    if entry.checking is not None and checks is not None:
-                        # reads the shard's metadata (a Zarr sample's zarr.json), which
-                        # may be what is damaged: its error waits for the hash below
-                        self._maybe_hash_first(entry, checks)
-                    yield entry.reader
-                except Exception:
-                    if entry.checking is not None:
-                        self.start_hashing()
-                        entry.checking.wait()
-                    raise
-        finally:
-            with self._lock:
-                entry.users -= 1
-                self._evict_idle()
-
-    def _maybe_hash_first(self, entry: _Entry, checks: Callable[[ShardReader], int]) -> None:
-        """Hash the shard now, then read it unchecked, if the read would check enough of it."""
-        assert entry.reader is not None and entry.checking is not None
-        source = entry.handle.source if entry.handle is not None else None
-        if not isinstance(source, str):
-            return
-        try:
-            size = os.path.getsize(source)
-        except OSError:
-            return
-        if checks(entry.reader) * HASH_FIRST_SHARE < size:
-            return
-        check = entry.checking
-        if not check.future.cancel():  # running (maybe waiting for the first chunk)
-            self.start_hashing()
-        hashed = check.wait()  # hashed here if it had not started; IntegrityError if wrong
-        entry.checking = None
-        if hashed:
-            _trust(entry.reader)
-
-    def _open_entry(
-        self, key: tuple[int, str], entry: _Entry, prepared: Future[ShardHandle | None] | None
-    ) -> None:
-        access = self.access[key[0]]
-        if prepared is not None and not prepared.done() and access.mode(key[1]) == "local":
-            handle = access.open(key[1], None, verified=False)
-            try:
-                reader = self._open(key, handle)
-            except Exception:
-                self.start_hashing()
-                prepared.result()  # a wrong hash is the better error
-                raise
-            entry.handle, entry.reader = handle, reader
-            if getattr(reader, "verifies_pages", False):
-                entry.checking = _Check(prepared, functools.partial(access.prepare, key[1]))
-            else:
-                self.start_hashing()
-                prepared.result()
-                _trust(reader)
-            return
-        if prepared is not None and not prepared.done():
-            self.start_hashing()  # never wait on work queued behind delayed hashes
-        handle_ready = prepared.result() if prepared is not None else None
-        handle = access.open(key[1], handle_ready)
-        source = handle.source
-        check: Callable[[], bool] | None = None
-        if (not handle.trusted and access.verify and isinstance(source, str)
-                and access.mode(key[1]) == "cache"):
-            # a cache hit: hashed once in this process (or by the sibling worker that owns
-            # it), like a local shard
-            check = functools.partial(access.check_copy, key[1], source)
-        try:
-            reader = self._open(key, handle)
-        except Exception as exc:
-            if check is not None and not check():  # a damaged copy is the better error
-                raise self._gone(key, source) from exc
-            raise
-        if check is not None and not getattr(reader, "verifies_pages", False):
-            # a reader that checks nothing itself reads a hit only once it has hashed
-            try:
-                if not check():
-                    raise self._gone(key, source)
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    reader.close()
-                handle.release()
-                raise
-            check = None
-            _trust(reader)
-        entry.handle, entry.reader = handle, reader
-        if handle.trusted:
-            _trust(reader)
-        elif check is not None and self._io is not None:
-            try:
-                hashing: Future[Any] = (
-                    _Published(access, key[1], check) if access.sibling_hashes(key[1])
-                    else self._io.submit(self._later, check))
-                entry.checking = _Check(hashing, check)
-            except RuntimeError:  # that pool has shut down: hash it now
-                if check():
-                    _trust(entry.reader)
-
-    def _gone(self, key: tuple[int, str], source: object) -> IntegrityError:
-        """A pinned cache copy that vanished: another reader found it damaged."""
-        return IntegrityError(
-            f"{self._name(key)}: cache copy {source} was taken out of the cache as damaged "
-            "before this reader could hash it"
-        )
-
-    def finish(self, corrupt: CorruptShards | None = None) -> None:
-        """Wait for the hashes still running of shards already read; raise a wrong one.
-
-        With ``corrupt`` (``on_corrupt="skip"``), a wrong one is recorded there instead.
-        """
-        self.start_hashing()
-        with self._lock:
-            checking = [(k, e.checking) for k, e in self._entries.items()
-                        if e.checking is not None]
-            checking += self._checked_after_close
-            self._checked_after_close = []
-        for key, check in checking:
-            try:
-                check.wait()
-            except IntegrityError as exc:
-                if corrupt is None:
-                    raise
-                corrupt.failed(key, exc)
-
-    def _open(self, key: tuple[int, str], handle: ShardHandle) -> ShardReader:
-        try:
-            reader = self.opener(handle.source)
-        except SimstoreError as exc:
-            handle.release()
-            raise type(exc)(f"{self._name(key)}: {exc}") from exc
-        except Exception as exc:
-            handle.release()
-            raise FormatError(f"{self._name(key)} is not a readable shard: {exc}") from exc
-        self.access[key[0]].counters.add("shards_opened")
-        share = getattr(reader, "share_cache", None)
-        if callable(share):
-            share(self.blocks)
-        return reader
-
-    def _name(self, key: tuple[int, str]) -> str:
-        src, shard = key
-        by = self.referenced_by[src]
-        return f"{self.access[src].store.url}: shard {object_key(shard)} of snapshot {by}"
-
-    def _evict_idle(self) -> None:
-        idle = [k for k, e in self._entries.items() if e.users == 0]
-        while len(self._entries) > self.max_open and idle:
-            key = idle.pop(0)
-            entry = self._entries.pop(key)
-            if entry.checking is not None:
-                self._checked_after_close.append((key, entry.checking))
-                entry.checking = None
-            _close(entry)
-
-    def close(self) -> None:
-        """Close every reader and release every prepared shard."""
-        with self._lock:
-            entries = list(self._entries.values())
-            prepared = list(self._prepared.values())
-            self._entries.clear()
-            self._prepared.clear()
-        for entry in entries:
-            _close(entry)
-        for fut in prepared:
-            _release(fut)
-        for access in self.access:
-            access.close()
-
-
-def _trust(reader: ShardReader | None) -> None:
-    """Let a reader skip its page checks: its shard's whole-object hash has matched."""
-    trust = getattr(reader, "trust", None)
-    if callable(trust):
-        trust()
-
-
-def _close(entry: _Entry) -> None:
-    with entry.lock:
-        if entry.reader is not None:
-            with contextlib.suppress(Exception):
-                entry.reader.close()
-            entry.reader = None
-        if entry.handle is not None:
-            entry.handle.release()
-            entry.handle = None
-
-
-def _release(fut: Future[ShardHandle | None]) -> None:
-    fut.cancel()
-    if fut.cancelled():
-        return
-    with contextlib.suppress(Exception):
-        handle = fut.result()
-        if handle is not None:
-            handle.release()
 
 
 def read_chunk(

@@ -19,7 +19,7 @@ from loader_helpers import RemoteLikeStore, write_npz_sources
 from simstore.loaders import SimDataset
 from simstore.loaders._fetch import RateLimiter, ShardAccess
 from simstore.loaders._opener import FormatOpener
-from simstore.loaders._pipeline import ReaderPool
+from simstore.loaders._readers import ReaderPool
 from simstore.loaders._stats import Counters
 
 import simstore

@@ -102,7 +102,7 @@ def slow_hash(monkeypatch):
     import time
 
     import simstore.loaders._fetch as fetch
-    import simstore.loaders._pipeline as pipeline
+    import simstore.loaders._readers as pipeline
 
     monkeypatch.setattr(pipeline, "HASH_FIRST_SHARE", 0)
 
@@ -248,7 +248,7 @@ def test_a_shard_that_cannot_be_opened_does_not_wait_for_the_first_chunk(
     to end, with the shard named, long before the hashes' own deadline)."""
     import threading
 
-    import simstore.loaders._pipeline as pipeline
+    import simstore.loaders._readers as pipeline
 
     monkeypatch.setattr(pipeline, "_HASH_DELAY_S", 3600.0)
     cat = Catalog.open(store)
