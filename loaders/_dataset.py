@@ -533,6 +533,19 @@ class SimDataset(IterableDataset[Sample]):
             self._phase.counts[worker] = count
         self._metrics.update(worker, counters)
 
+    def _watched_counters(self) -> Counters:
+        """Counters for reading in this process, watched by the metrics.
+
+        Call after ``_begin``: reads made after the last delivered batch count too.
+        """
+        counters = Counters()
+        self._metrics.watch(0, counters.snapshot)
+        return counters
+
+    def _tiers(self) -> list[str]:
+        """The storage tiers of the sources' stores, as the reading counters name them."""
+        return [tier_of(s.store) for s in self._sources]
+
     # -- metrics ---------------------------------------------------------------------
     def stats(self) -> LoaderStats:
         """Throughput, time to first batch, cache, bytes and requests per tier, data stall."""
@@ -572,7 +585,8 @@ class SimDataset(IterableDataset[Sample]):
             return
         world = self.refresh_world()
         remaining = self._begin(world.world_size, 1, 1)
-        items = self.read(world, self._epoch, remaining, 1)
+        counters = self._watched_counters()
+        items = self.read(world, self._epoch, remaining, 1, counters=counters)
 
         def tracked() -> Iterator[Sample]:
             for sample, count, counters in items:
@@ -594,6 +608,7 @@ class SimDataset(IterableDataset[Sample]):
         *,
         numbers_as_tensors: bool = True,
         trusted: TrustTable | None = None,
+        counters: Counters | None = None,
     ) -> Iterator[tuple[Sample, int, dict[str, float]]]:
         """One reader's samples, each with its running count and the reading counters.
 
@@ -601,7 +616,8 @@ class SimDataset(IterableDataset[Sample]):
         used by ``__iter__`` and by :class:`SimDataLoader`'s workers.
         """
         return self._reader().samples(world, epoch, remaining, batch_size,
-                                      numbers_as_tensors=numbers_as_tensors, trusted=trusted)
+                                      numbers_as_tensors=numbers_as_tensors, trusted=trusted,
+                                      counters=counters)
 
     def read_batches(
         self,
@@ -615,6 +631,7 @@ class SimDataset(IterableDataset[Sample]):
         shared_pool: SharedPool | None = None,
         siblings: VerifiedTable | None = None,
         trusted: TrustTable | None = None,
+        counters: Counters | None = None,
     ) -> Iterator[tuple[Any, int, dict[str, float], tuple[tuple[int, int], ...]]]:
         """One reader's batches, collated, each with its running count, counters and marks.
 
@@ -622,7 +639,7 @@ class SimDataset(IterableDataset[Sample]):
         """
         return self._reader().batches(world, epoch, remaining, batch_size, collate,
                                       drop_last=drop_last, shared_pool=shared_pool,
-                                      siblings=siblings, trusted=trusted)
+                                      siblings=siblings, trusted=trusted, counters=counters)
 
 
 def _state_intervals(value: object, epoch_length: int) -> tuple[Interval, ...]:

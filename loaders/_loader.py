@@ -11,6 +11,7 @@ or repeated on resume.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -34,7 +35,7 @@ from simstore.loaders._dataset import LoaderState, Sample, SimDataset
 from simstore.loaders._fetch import TRUSTED_SLOTS, VERIFIED_SLOTS, TrustTable, VerifiedTable
 from simstore.loaders._metrics import timed
 from simstore.loaders._plan import Interval
-from simstore.loaders._stats import LoaderStats, RunReport
+from simstore.loaders._stats import Counters, LoaderStats, RunReport, ledger_keys, read_ledger
 from simstore.loaders._tensors import (
     SHARED_SLOTS,
     InArena,
@@ -156,6 +157,12 @@ class _Stream(IterableDataset[Any]):
         self.trusted: torch.Tensor | None = None
         """The workers' table of files hashed in earlier epochs (see ``TrustTable``), made
         once per loader in shared memory; None with no workers."""
+        self.ledger: torch.Tensor | None = None
+        """The workers' reading counters, a float64 row each in shared memory (see
+        ``Counters``), made per iteration; None with no workers."""
+        self.ledger_keys: tuple[str, ...] = ()
+        self.counters: Counters | None = None
+        """The reading counters of an iteration with no workers (never pickled)."""
 
     def _reader(self) -> World:
         """The world of the process iterating (a DataLoader worker, or the main one)."""
@@ -169,6 +176,20 @@ class _Stream(IterableDataset[Any]):
             return None
         return TrustTable(self.trusted.numpy())
 
+    def _counters(self, world: World) -> Counters | None:
+        """Where this process counts its reads.
+
+        Its ledger row in a worker; with no workers, the counters the metrics watch.
+        """
+        if self.ledger is not None and in_worker():
+            return Counters(self.ledger[world.worker].numpy(), self.ledger_keys)
+        return None if in_worker() else self.counters
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["counters"] = None  # a lock; workers count into their ledger rows
+        return state
+
 
 class _WorkerStream(_Stream):
     """Single samples with their tags, for a caller's collate (or no batching)."""
@@ -176,7 +197,8 @@ class _WorkerStream(_Stream):
     def __iter__(self) -> Iterator[tuple[Sample, _Tag]]:
         world = self._reader()
         for sample, count, counters in self.dataset.read(
-            world, self.epoch, self.remaining, self.batch_size, trusted=self._trust()
+            world, self.epoch, self.remaining, self.batch_size, trusted=self._trust(),
+            counters=self._counters(world),
         ):
             yield sample, _Tag(world.worker, count, counters)
 
@@ -226,6 +248,7 @@ class _BatchStream(_Stream):
         for batch, count, counters, marks in self.dataset.read_batches(
             world, self.epoch, self.remaining, self.batch_size, self.collate,
             drop_last=self.drop_last, shared_pool=pool, siblings=siblings, trusted=trusted,
+            counters=self._counters(world),
         ):
             yield _Tagged(batch, _Tag(world.worker, count, counters, marks))
             if sent is not None:
@@ -516,6 +539,7 @@ class SimDataLoader(DataLoader[Any]):
         self._stream.world = world
         self._stream.epoch = ds.epoch
         self._stream.remaining = ds._begin(world.world_size, workers, self._stream.batch_size)
+        self._watch(ds)
         tracker = None
         arenas: list[SharedArena] = []
         if self.num_workers > 0 and self._stream.trusted is None:
@@ -553,6 +577,25 @@ class SimDataLoader(DataLoader[Any]):
                 yield batch
 
         return timed(untag(arenas), ds._metrics, log_every_s=ds._options.log_every_s)
+
+    def _watch(self, ds: SimDataset) -> None:
+        """Counters for this iteration's readers that the metrics read as they are.
+
+        A worker counts into its row of a ledger in shared memory as it reads, so the
+        reads it makes after its last delivered batch (fetching ahead, a loop that stops
+        early, evictions at close) are in the stats and the run report too.
+        """
+        if self.num_workers == 0:
+            self._stream.ledger = None
+            self._stream.counters = ds._watched_counters()
+            return
+        keys = ledger_keys(ds._tiers())
+        ledger = torch.zeros((self.num_workers, len(keys)), dtype=torch.float64)
+        ledger.share_memory_()  # type: ignore[no-untyped-call]
+        self._stream.ledger, self._stream.ledger_keys = ledger, keys
+        self._stream.counters = None
+        for w in range(self.num_workers):
+            ds._metrics.watch(w, functools.partial(read_ledger, ledger[w].numpy(), keys))
 
     def _fork_arenas(self) -> list[SharedArena]:
         """One arena per worker when workers fork (kept for later epochs), else none."""

@@ -9,10 +9,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TypeVar
 
-from simstore.loaders._stats import LoaderStats, merge_counters, one_line, summarise
+from simstore.loaders._stats import (
+    DELIVERY_FIELDS,
+    LoaderStats,
+    merge_counters,
+    one_line,
+    summarise,
+)
 
 __all__ = ["Metrics", "timed"]
 
@@ -31,11 +37,13 @@ class Metrics:
         self.epochs: list[int] = []
         self._done: dict[str, float] = {}
         self._live: dict[int, dict[str, float]] = {}
+        self._reading: dict[int, Callable[[], Mapping[str, float]]] = {}
 
     def start(self, epoch: int) -> None:
         """A new iteration begins: fold the last one's counters into the totals."""
-        self._done = merge_counters([self._done, *self._live.values()])
+        self._done = merge_counters([self._done, *self._current()])
         self._live = {}
+        self._reading = {}
         if epoch not in self.epochs:
             self.epochs.append(epoch)
 
@@ -43,9 +51,34 @@ class Metrics:
         """The latest counter snapshot of one reading process of this iteration."""
         self._live[worker] = counters
 
+    def watch(self, worker: int, read: Callable[[], Mapping[str, float]]) -> None:
+        """Read ``worker``'s counters as they are now with ``read``.
+
+        For the reading work it did after its last delivered batch, which no batch
+        carries (see :data:`~simstore.loaders._stats.DELIVERY_FIELDS`).
+        """
+        self._reading[worker] = read
+
+    def _current(self) -> list[dict[str, float]]:
+        """This iteration's counters, one mapping per reading process.
+
+        What its last batch carried, with the reading counters brought up to what the
+        process has done since.
+        """
+        out = []
+        for worker in sorted(set(self._live) | set(self._reading)):
+            merged = dict(self._live.get(worker, {}))
+            read = self._reading.get(worker)
+            if read is not None:
+                for key, value in read().items():
+                    if key not in DELIVERY_FIELDS:
+                        merged[key] = max(merged.get(key, 0), value)
+            out.append(merged)
+        return out
+
     def counters(self) -> dict[str, float]:
         """All counters so far."""
-        return merge_counters([self._done, *self._live.values()])
+        return merge_counters([self._done, *self._current()])
 
     def stats(self) -> LoaderStats:
         """The summary of everything so far."""

@@ -71,16 +71,19 @@ class EpochReader:
         *,
         numbers_as_tensors: bool = True,
         trusted: TrustTable | None = None,
+        counters: Counters | None = None,
     ) -> Iterator[tuple[Sample, int, dict[str, float]]]:
         """One reader's samples, each with its running count and the reading counters.
 
         The plan -> prefetch -> decode pipeline; used by ``SimDataset.__iter__`` and by
         :class:`~simstore.loaders.SimDataLoader`'s workers when they hand the DataLoader
         single samples (whose default collate turns a batch's Python numbers into one
-        tensor, so they pass ``numbers_as_tensors=False``). ``trusted``: as for :meth:`batches`.
+        tensor, so they pass ``numbers_as_tensors=False``). ``trusted`` and ``counters``:
+        as for :meth:`batches`.
         """
         count = 0
-        with self._decoded(world, epoch, remaining, batch_size, trusted=trusted) as (
+        with self._decoded(world, epoch, remaining, batch_size, trusted=trusted,
+                           counters=counters) as (
             chunks, counters
         ):
             for chunk, (values, buffers) in chunks:
@@ -104,6 +107,7 @@ class EpochReader:
         shared_pool: SharedPool | None = None,
         siblings: VerifiedTable | None = None,
         trusted: TrustTable | None = None,
+        counters: Counters | None = None,
     ) -> Iterator[tuple[Any, int, dict[str, float], tuple[tuple[int, int], ...]]]:
         """One reader's batches, collated, each with its running count, counters and marks.
 
@@ -116,13 +120,14 @@ class EpochReader:
         marks say which of them it may hold (see :class:`SharedPool`); else no marks.
         ``siblings``: the table in which the workers share local shards' hashes;
         ``trusted``: the loader's table of files hashed in earlier epochs (else the
-        dataset's own).
+        dataset's own). ``counters``: where the reading counts (else new ones); the
+        caller may read them after the last batch, for the work done ahead of it.
         """
         opts = self.options
         per_sample = any(s.transform is not None for s in self.sources)
         count = 0
         with self._decoded(world, epoch, remaining, batch_size, shared_pool, siblings,
-                           trusted) as (
+                           trusted, counters) as (
             chunks, counters
         ):
             for chunk, (values, buffers) in chunks:
@@ -181,12 +186,14 @@ class EpochReader:
         shared_pool: SharedPool | None = None,
         siblings: VerifiedTable | None = None,
         trusted: TrustTable | None = None,
+        counters: Counters | None = None,
     ) -> Iterator[tuple[Iterator[tuple[Any, tuple[list[dict[str, Any]], ChunkBuffers]]],
                         Counters]]:
         """The decoded chunks of one reader's share of the epoch, and its counters."""
         plan = plan_epoch(remaining, world, batch_size=batch_size,
                           remainder=self.options.remainder)
-        counters = Counters()
+        if counters is None:
+            counters = Counters()
         opts = self.options
         rate = opts.max_bandwidth / (world.world_size * world.num_workers) if (
             opts.max_bandwidth) else None

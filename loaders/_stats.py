@@ -9,16 +9,19 @@ is the summary's JSON shape for the cost accounting; its schema is in docs/loade
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypedDict
 
 __all__ = [
+    "DELIVERY_FIELDS",
     "REPORT_FORMAT_VERSION",
     "Counters",
     "LoaderStats",
     "RunReport",
     "TierReport",
+    "ledger_keys",
     "merge_counters",
+    "read_ledger",
     "summarise",
 ]
 
@@ -50,28 +53,64 @@ _FIELDS = (
 )
 
 
+DELIVERY_FIELDS = frozenset({"samples", "pad_samples", "sample_bytes"})
+"""Counters of what the training loop received: they travel with its batches only. Every
+other counter measures reading work, which a reader may do after its last delivered batch
+(fetching ahead, hashing, evicting at close)."""
+
+
+def ledger_keys(tiers: Iterable[str]) -> tuple[str, ...]:
+    """The counters a reading process mirrors into its row of a shared ledger.
+
+    Every named counter, and bytes and requests of each of ``tiers`` and of ``cache``.
+    """
+    keys = list(_FIELDS)
+    for tier in sorted({*tiers, "cache"}):
+        keys += [f"tier:{tier}:bytes", f"tier:{tier}:requests"]
+    return tuple(keys)
+
+
+def read_ledger(row: Any, keys: Sequence[str]) -> dict[str, float]:
+    """A ledger row (a float64 array, see :class:`Counters`) as counters by name."""
+    return {k: float(v) for k, v in zip(keys, row.tolist(), strict=True)}
+
+
 class Counters:
     """Thread-safe running totals of one reading process.
 
     ``tier:<name>:bytes`` and ``tier:<name>:requests`` count reads per storage tier: the
     store's own (``local``, ``memory``, ``s3``, ...) and ``cache`` for the local disk cache.
+
+    With ``row`` (a float64 array, one row of a ledger in shared memory) and its ``keys``
+    (:func:`ledger_keys`), every change of a counter named in ``keys`` is also written to
+    its slot: the process that runs the training loop can then read a DataLoader worker's
+    counters as they are, including reads done after the worker's last delivered batch,
+    which no batch carries.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, row: Any = None, keys: Sequence[str] = ()) -> None:
         self._lock = threading.Lock()
         self._values: dict[str, float] = dict.fromkeys(_FIELDS, 0)
+        self._row = row
+        self._slots = {k: i for i, k in enumerate(keys)} if row is not None else {}
 
     def add(self, name: str, value: float = 1) -> None:
         """Add ``value`` to counter ``name``."""
         with self._lock:
-            self._values[name] = self._values.get(name, 0) + value
+            total = self._values[name] = self._values.get(name, 0) + value
+            slot = self._slots.get(name)
+            if slot is not None:
+                self._row[slot] = total
 
     def add_read(self, tier: str, nbytes: int, requests: int = 1) -> None:
         """Count ``requests`` reads of ``nbytes`` in all from ``tier``."""
         with self._lock:
             for suffix, value in (("bytes", nbytes), ("requests", requests)):
                 key = f"tier:{tier}:{suffix}"
-                self._values[key] = self._values.get(key, 0) + value
+                total = self._values[key] = self._values.get(key, 0) + value
+                slot = self._slots.get(key)
+                if slot is not None:
+                    self._row[slot] = total
 
     def snapshot(self) -> dict[str, float]:
         """A copy of every counter."""
