@@ -264,8 +264,8 @@ def test_first_chunk_over_several_shards_reads_alike_on_one_or_two_threads(
     tmp_path, sources, monkeypatch
 ):
     """The first chunk's shards are read on spare threads; the batches are the same."""
-    import simstore.loaders._reading as dataset_mod
     import simstore.loaders._pipeline as pipeline_mod
+    import simstore.loaders._reading as dataset_mod
     from simstore.loaders._pipeline import PrefetchConfig
 
     store, _ = _ingest(tmp_path, sources, "parquet")
@@ -301,8 +301,8 @@ def test_a_workers_first_chunk_goes_out_before_more_work_starts(tmp_path, source
     when the second batch is asked for: the first leaves the process first."""
     import concurrent.futures
 
-    import simstore.loaders._reading as dataset_mod
     import simstore.loaders._pipeline as pipeline_mod
+    import simstore.loaders._reading as dataset_mod
 
     store, arrays = _ingest(tmp_path, sources, "parquet")
     submitted = []
