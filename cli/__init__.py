@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import click
-from simstore.cli._common import DEFAULT_STORE, CliContext, parse_storage_options
+from simstore.cli._common import (
+    DEFAULT_STORE,
+    CliContext,
+    SimstoreGroup,
+    parse_storage_options,
+)
 
 __all__ = ["main"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    "simstore", cls=SimstoreGroup, context_settings={"help_option_names": ["-h", "--help"]}
+)
 @click.option(
     "--store",
     "store_url",
@@ -29,10 +36,12 @@ __all__ = ["main"]
 @click.pass_context
 def main(ctx: click.Context, store_url: str, storage_options: tuple[str, ...], debug: bool) -> None:
     """simstore: versioned training data for physics foundation models."""
+    from_env = ctx.get_parameter_source("store_url") is click.core.ParameterSource.ENVIRONMENT
     ctx.obj = CliContext(
         store_url=store_url,
         storage_options=parse_storage_options(storage_options),
         debug=debug,
+        store_flag="SIMSTORE_STORE" if from_env else "--store",
     )
 
 

@@ -6,7 +6,7 @@ import re
 from typing import Any
 
 import click
-from simstore.cli._common import CliContext, emit, handle_errors, pass_ctx
+from simstore.cli._common import CliContext, check_at_least, emit, handle_errors, pass_ctx
 
 from simstore.catalog import Catalog, gc, verify
 from simstore.errors import InvalidInputError, NotFoundError
@@ -20,11 +20,17 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 
 
-def parse_duration(text: str) -> float:
-    """Seconds in ``30s``, ``15m``, ``1h``, ``7d``, ``2w`` or a bare number of seconds."""
+def parse_duration(text: str, flag: str | None = None) -> float:
+    """Seconds in ``30s``, ``15m``, ``1h``, ``7d``, ``2w`` or a bare number of seconds.
+
+    An error names ``flag`` (``--grace``) when it is given.
+    """
     m = _DURATION.match(text)
     if not m:
-        raise InvalidInputError(f"invalid duration {text!r}: expected e.g. 30s, 15m, 1h, 7d")
+        where = f"{flag}: " if flag else ""
+        raise InvalidInputError(
+            f"{where}invalid duration {text!r}: expected e.g. 30s, 15m, 1h, 7d"
+        )
     return float(m.group(1)) * _UNIT_S[m.group(2)]
 
 
@@ -59,6 +65,7 @@ def snapshot_summary(sid: str, snap: Snapshot) -> dict[str, Any]:
 @handle_errors
 def init_cmd(ctx: CliContext) -> None:
     """Initialise a store (idempotent)."""
+    ctx.check_local_store()  # a file there: one line naming it, and the file untouched
     cat = Catalog.init(ctx.store_url, storage_options=ctx.storage_options)
     meta = cat.check_initialised()
     cw = "yes" if meta.get("conditional_writes") else "no"
@@ -184,6 +191,7 @@ def _present_keys(cat: Catalog, snap: Snapshot, keys: set[str]) -> set[str]:
 @handle_errors
 def log_cmd(ctx: CliContext, ref: str, limit: int | None, as_json: bool) -> None:
     """Snapshots of REF, newest first."""
+    check_at_least(limit, "-n/--limit", 0)
     cat = ctx.catalog(read_only=True)
     entries = [snapshot_summary(sid, s) for sid, s in cat.log(ref, limit=limit)]
 
@@ -367,7 +375,7 @@ def verify_cmd(ctx: CliContext, ref: str, deep: bool, as_json: bool) -> None:
 def gc_cmd(ctx: CliContext, dry_run: bool, grace: str, as_json: bool) -> None:
     """Delete objects no branch, tag, staging entry or recent write reaches."""
     cat = ctx.catalog()
-    report = gc(cat, grace_s=parse_duration(grace), dry_run=dry_run)
+    report = gc(cat, grace_s=parse_duration(grace, "--grace"), dry_run=dry_run)
     verb = "would delete" if dry_run else "deleted"
     emit(
         as_json,

@@ -8,16 +8,26 @@ import math
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import click
 
+from simstore._sizes import SizeError, parse_size
 from simstore.catalog import Catalog
-from simstore.errors import SimstoreError
+from simstore.errors import InvalidInputError, SimstoreError
 
-__all__ = ["CliContext", "emit", "handle_errors", "pass_ctx"]
+__all__ = [
+    "CliContext",
+    "SimstoreGroup",
+    "check_at_least",
+    "emit",
+    "handle_errors",
+    "parse_size_flag",
+    "pass_ctx",
+]
 
 DEFAULT_STORE = "./.simstore"
 F = TypeVar("F", bound=Callable[..., Any])
@@ -30,12 +40,48 @@ class CliContext:
     store_url: str = DEFAULT_STORE
     storage_options: dict[str, Any] = field(default_factory=dict)
     debug: bool = False
+    store_flag: str = "--store"
 
     def catalog(self, *, read_only: bool = False) -> Catalog:
         """Open the (initialised) store's catalog."""
+        self.check_local_store()
         return Catalog.open(
             self.store_url, storage_options=self.storage_options, read_only=read_only
         )
+
+    def check_local_store(self) -> None:
+        """Refuse a local store path that is, or lies under, a file rather than a folder.
+
+        Without this, ``init`` on a file failed with the backend's "File exists" on
+        ``FILE/simstore.json`` (exit 10), and the other commands with "Not a directory".
+        """
+        url = self.store_url
+        if "://" in url:
+            scheme, _, rest = url.partition("://")
+            if scheme not in ("file", "local"):
+                return
+            url = rest
+        if not url:
+            return
+        path = os.path.normpath(url)
+        while not os.path.isdir(path):
+            if os.path.lexists(path):
+                break
+            parent = os.path.dirname(path)
+            if not parent or parent == path:
+                return
+            path = parent
+        else:
+            return
+        given = (
+            f"{self.store_flag} {self.store_url}"
+            if self.store_flag.startswith("-")
+            else f"{self.store_flag}={self.store_url}"
+        )
+        if not os.path.isfile(path):  # a dangling link, a socket...
+            raise InvalidInputError(f"{given}: {path} is not a directory")
+        what = "store directory" if path == os.path.normpath(url) else "directory"
+        raise InvalidInputError(f"{given}: {path} is a file, not a {what}")
 
 
 pass_ctx: Callable[[Callable[..., Any]], Callable[..., Any]] = click.make_pass_decorator(
@@ -98,3 +144,95 @@ def parse_storage_options(values: tuple[str, ...]) -> dict[str, Any]:
         except ValueError:
             out[key] = value
     return out
+
+
+def check_at_least(value: int | None, flag: str, minimum: int) -> None:
+    """Refuse a number flag below ``minimum`` with one line naming the flag (None passes).
+
+    The library checks the same value again, but its error names its parameter
+    (``max_workers``), not the flag the user typed (``--jobs``).
+    """
+    if value is not None and value < minimum:
+        raise InvalidInputError(f"invalid {flag} {value}: must be at least {minimum}")
+
+
+def parse_size_flag(text: str, flag: str | None = None, *, minimum: int = 0) -> int:
+    """Bytes in the value of a size flag (``--shard-size 256MiB``), at least ``minimum``.
+
+    The rule of :mod:`simstore._sizes`, the same as the library's: ``KB``/``MB``/... are
+    powers of 1000, ``KiB``/``MiB``/... and a bare ``K``/``M``/... powers of 1024, a bare
+    number is bytes, a fraction rounds down. A bad value is an :class:`InvalidInputError`
+    (exit 2) naming the flag: ``--shard-size: invalid size '1XB': unknown unit 'XB'; ...``.
+    """
+    where = f"{flag}: " if flag else ""
+    try:
+        value = parse_size(text)
+    except SizeError as exc:
+        raise InvalidInputError(f"{where}invalid size {text!r}: {exc}") from None
+    if value < minimum:
+        need = "positive" if minimum == 1 else f"at least {minimum} bytes"
+        raise InvalidInputError(f"{where}invalid size {text!r}: must be {need}, got {value} bytes")
+    return value
+
+
+class _OneLineUsageError(click.UsageError):
+    """A click usage error shown as one line: ``error: simstore CMD: what is wrong``."""
+
+    def __init__(self, line: str, ctx: click.Context | None) -> None:
+        super().__init__(line, ctx)
+        self.line = line
+
+    def show(self, file: Any = None) -> None:
+        """Print the one line on stderr (no usage block, no "Try --help")."""
+        click.echo(f"error: {self.line}", file=file if file is not None else sys.stderr)
+
+
+def _usage_line(exc: click.UsageError, ctx: click.Context | None) -> str:
+    """``simstore ingest: no such option '--wokers'...``: the command, then click's reason."""
+    names: list[str] = []
+    if exc.ctx is None and ctx is not None and ctx.invoked_subcommand:
+        names.append(ctx.invoked_subcommand)  # raised while parsing the command's arguments
+    ctx = exc.ctx or ctx
+    while ctx is not None and ctx.parent is not None:
+        names.append(ctx.info_name or ctx.command.name or "")
+        ctx = ctx.parent
+    command = " ".join(["simstore", *reversed([n for n in names if n])])
+    message = " ".join(exc.format_message().split()).rstrip(".")
+    if message[:1].isupper() and message[1:2].islower():
+        message = message[0].lower() + message[1:]
+    return f"{command}: {message}"
+
+
+@contextmanager
+def _one_line_usage_errors(ctx: click.Context | None) -> Iterator[None]:
+    try:
+        yield
+    except (_OneLineUsageError, click.exceptions.NoArgsIsHelpError):
+        raise  # already one line; or ``simstore`` alone, which prints the help
+    except click.UsageError as exc:
+        raise _OneLineUsageError(_usage_line(exc, ctx), exc.ctx or ctx) from exc
+
+
+class SimstoreGroup(click.Group):
+    """The ``simstore`` group, whose usage errors are one line on stderr.
+
+    An unknown option, a bad value or a missing argument prints ``error: simstore CMD:
+    what is wrong``, naming the option, and exits 2 (click's code), like a library error;
+    ``--help`` and ``simstore`` alone still print the help.
+    """
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        """Parse the global options; a usage error among them is one line."""
+        with _one_line_usage_errors(None):
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command; a usage error of its arguments is one line."""
+        with _one_line_usage_errors(ctx):
+            return super().invoke(ctx)

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
-from simstore.cli._common import CliContext, emit, handle_errors, pass_ctx
+from simstore.cli._common import (
+    CliContext,
+    check_at_least,
+    emit,
+    handle_errors,
+    parse_size_flag,
+    pass_ctx,
+)
 
 from simstore.accounting import (
     CacheFiller,
@@ -28,24 +34,10 @@ from simstore.names import parse_ref
 
 __all__ = ["COMMANDS", "parse_size"]
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgtp])(i?)(b?))?\s*$", re.IGNORECASE)
-_POWERS = {"k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
 
-
-def parse_size(text: str) -> int:
-    """Bytes in ``1000000``, ``500M``, ``20GiB`` or ``20GB``.
-
-    ``KiB``/``MiB``/... and bare ``K``/``M``/... are powers of 1024; ``KB``/``MB``/... are
-    powers of 1000, as SimDataset's ``cache_limit`` reads them.
-    """
-    m = _SIZE.match(text)
-    if not m:
-        raise InvalidInputError(f"invalid size {text!r}: expected bytes or e.g. 500M, 20GiB, 20GB")
-    number, prefix, binary, b = m.group(1), m.group(2), m.group(3), m.group(4)
-    if not prefix:
-        return int(float(number))
-    base = 1000 if b and not binary else 1024
-    return int(float(number) * base ** _POWERS[prefix.lower()])
+def parse_size(text: str, flag: str | None = None) -> int:
+    """Bytes in ``1000000``, ``500M``, ``20GiB`` or ``20GB``: :func:`parse_size_flag`."""
+    return parse_size_flag(text, flag)
 
 
 def _bytes(n: float) -> str:
@@ -102,6 +94,14 @@ def _non_finite_at(obj: Any, path: str = "") -> str | None:
 
 
 def _prices(files: Sequence[str], overrides: Sequence[str]) -> PriceTable:
+    for item in overrides:  # the library checks the rest, naming --price
+        target, sep, _ = item.partition("=")
+        tier, dot, name = target.strip().rpartition(".")
+        if not sep or not dot or not tier or not name:
+            raise InvalidInputError(
+                f"invalid price override --price {item!r}: expected TIER.FIELD=VALUE, "
+                "e.g. s3-standard.storage_per_gib_month=0.021"
+            )
     return read_price_table(files, overrides)
 
 
@@ -188,6 +188,7 @@ def cost_cmd(
     """
     if bool(target) == bool(runs):
         raise InvalidInputError("give either a dataset (NAME or NAME@REV) or --run REPORT.json")
+    check_at_least(last, "--last", 1)
     prices = _prices(price_files, price_overrides)
     if runs:
         if last is not None:
@@ -445,12 +446,13 @@ def pull_cmd(
     SimDataset with cache_dir=DIR reads only the ref from the store, the rest from local disk
     (nothing at all for a REF that names the snapshot by its full id).
     """
+    check_at_least(jobs, "--jobs", 1)
     report = warm_cache(
         ctx.catalog(read_only=True),
         ref,
         cache_dir,
         _cache_opener(cache_dir),
-        limit_bytes=parse_size(limit) if limit is not None else None,
+        limit_bytes=parse_size_flag(limit, "--limit") if limit is not None else None,
         fields=tuple(f.strip() for f in fields.split(",") if f.strip()) if fields else (),
         max_workers=jobs,
     )

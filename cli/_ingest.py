@@ -9,16 +9,27 @@ import time
 from typing import Any
 
 import click
-from simstore.cli._common import CliContext, emit, handle_errors, pass_ctx
+from simstore.cli._common import (
+    CliContext,
+    check_at_least,
+    emit,
+    handle_errors,
+    parse_size_flag,
+    pass_ctx,
+)
 
-from simstore.errors import InvalidInputError
+from simstore.errors import InvalidInputError, SimstoreError
 from simstore.ingest import (
+    ADAPTER_GROUP,
     DEFAULT_COMPRESSION,
+    FORMAT_GROUP,
     IngestConfig,
     IngestProgress,
     IngestResult,
+    adapter_names,
     ingest,
-    parse_size,
+    parse_compression,
+    shard_format_names,
 )
 from simstore.stats import field_table
 
@@ -244,6 +255,29 @@ def ingest_cmd(
             "-m/--message names a snapshot: it needs --snapshot (staged entries are "
             "committed later with `simstore snapshot NAME -m MSG`)"
         )
+    check_at_least(workers, "--workers", 1)
+    check_at_least(time_window, "--time-window", 1)
+    check_at_least(stride, "--stride", 1)
+    if stride is not None and time_window is None:
+        raise InvalidInputError("--stride needs --time-window (the windows it steps between)")
+    if address is not None and engine != "dask":
+        raise InvalidInputError(
+            f"--address {address} names a dask scheduler: it needs engine='dask' (--engine dask)"
+        )
+    for flag, name, installed, group in (
+        ("--format", shard_format, shard_format_names, FORMAT_GROUP),
+        ("--adapter", adapter, adapter_names, ADAPTER_GROUP),
+    ):
+        names = installed()
+        if name not in names:
+            raise InvalidInputError(
+                f"invalid {flag} {name!r}: installed: {', '.join(names) or 'none'} "
+                f"(entry-point group {group})"
+            )
+    try:
+        parse_compression(compression)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"--compression: {exc}") from None
     config = IngestConfig(
         adapter=adapter,
         format=shard_format,
@@ -257,12 +291,12 @@ def ingest_cmd(
         nan=nan,  # type: ignore[arg-type]
         time_window=time_window,
         stride=stride,
-        shard_size=parse_size(shard_size),
-        piece_bytes=parse_size(piece_size),
+        shard_size=parse_size_flag(shard_size, "--shard-size", minimum=1),
+        piece_bytes=parse_size_flag(piece_size, "--piece-size", minimum=1),
         compression=compression,
-        chunk_bytes=parse_size(chunk_bytes),
-        dense_threshold=parse_size(dense_threshold),
-        zarr_threshold=parse_size(zarr_threshold),
+        chunk_bytes=parse_size_flag(chunk_bytes, "--chunk-bytes", minimum=1),
+        dense_threshold=parse_size_flag(dense_threshold, "--dense-threshold", minimum=1),
+        zarr_threshold=parse_size_flag(zarr_threshold, "--zarr-threshold", minimum=1),
         adapter_options=_parse_options(adapter_options),
         resume=not no_resume,
         tmp_dir=tmp_dir,
@@ -276,7 +310,7 @@ def ingest_cmd(
     try:
         result = ingest(list(sources), dataset=dataset, store=catalog, config=config, progress=bar)
     except ImportError as exc:  # a missing extra (dask): one line, like a library error
-        raise click.ClickException(str(exc)) from exc
+        raise SimstoreError(str(exc)) from exc
     finally:
         if bar is not None:
             bar.finish()

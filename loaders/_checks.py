@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from simstore._sizes import SizeError, parse_size
 from simstore.errors import InvalidInputError
 
 __all__ = [
@@ -107,10 +108,6 @@ def to_list(value: object, name: str, what: str) -> list[Any]:
     return list(value)
 
 
-_UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
-          "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "B": 1}
-
-
 def parse_bytes(value: object, name: str, *, minimum: int = 1) -> int | None:
     """:func:`check_bytes`, or None for None."""
     return None if value is None else check_bytes(value, name, minimum=minimum)
@@ -120,7 +117,9 @@ def check_bytes(value: object, name: str, *, minimum: int = 1) -> int:
     """Bytes from an integer, an integral float or a string such as ``"512MiB"``.
 
     At least ``minimum``. A float must be a whole, finite number (``1.5e9``, as ingest
-    takes sizes); the number of a string may have a fraction (``"1.5GiB"``).
+    takes sizes). A string is read by the rule of :mod:`simstore._sizes`: ``"20GB"`` is
+    20 * 1000**3 bytes, ``"512MiB"`` 512 * 1024**2, ``"4096"`` bytes; its number may have
+    a fraction (``"1.5GiB"``), rounded down to whole bytes.
     """
     n: int
     if is_int(value):
@@ -143,15 +142,12 @@ def check_bytes(value: object, name: str, *, minimum: int = 1) -> int:
 
 
 def _parse_size(value: str, name: str) -> int:
-    text = value.strip().replace(" ", "")
-    for unit, scale in _UNITS.items():
-        if text.endswith(unit):
-            try:
-                number = float(text[: -len(unit)])
-            except ValueError:
-                break
-            if not math.isfinite(number):
-                break
-            return int(number * scale)
-    raise InvalidInputError(f"invalid {name} {value!r}: give bytes or e.g. '512MiB', '20GB'")
+    """Bytes in a size string, or an error naming ``name``.
 
+    The rule of :mod:`simstore._sizes`: ``KB`` is 1000 bytes, ``KiB`` 1024, a fraction
+    rounds down.
+    """
+    try:
+        return parse_size(value)
+    except SizeError as exc:
+        raise InvalidInputError(f"invalid {name} {value!r}: {exc}") from None

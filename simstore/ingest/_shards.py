@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from simstore._sizes import SizeError
+from simstore._sizes import parse_size as _parse_size
 from simstore.errors import InvalidInputError
 from simstore.ingest._arrays import MiB
 from simstore.protocols import ShardWriteResult, WrittenSample
@@ -49,33 +51,21 @@ def parse_compression(text: str) -> tuple[str, int]:
     return name, level
 
 
-def parse_size(text: str | int) -> int:
-    """Parse a byte size: ``268435456``, ``256MiB``, ``1GiB``, ``64k``; at least 1."""
+def parse_size(text: str | int, name: str = "size") -> int:
+    """Parse a byte size: ``268435456``, ``256MiB``, ``1GB``, ``64K``; at least 1.
+
+    The rule of :mod:`simstore._sizes` (``KB`` is 1000 bytes, ``KiB`` and ``K`` 1024). An
+    error names ``name``: ``invalid size '1XB': unknown unit 'XB'...`` by default.
+    """
     if isinstance(text, int):
         value = text
     else:
-        s = text.strip().lower().replace(" ", "")
-        units = {
-            "": 1,
-            "b": 1,
-            "k": 1 << 10,
-            "kb": 1 << 10,
-            "kib": 1 << 10,
-            "m": MiB,
-            "mb": MiB,
-            "mib": MiB,
-            "g": 1 << 30,
-            "gb": 1 << 30,
-            "gib": 1 << 30,
-        }
-        num = s.rstrip("abgikm")
-        unit = s[len(num) :]
         try:
-            value = int(float(num) * units[unit])
-        except (KeyError, ValueError, OverflowError):
-            raise InvalidInputError(f"invalid size {text!r}: use e.g. 256MiB, 1GiB") from None
+            value = _parse_size(text)
+        except SizeError as exc:
+            raise InvalidInputError(f"invalid {name} {text!r}: {exc}") from None
     if value < 1:
-        raise InvalidInputError(f"invalid size {text!r}: must be positive")
+        raise InvalidInputError(f"invalid {name} {text!r}: must be positive")
     return value
 
 
