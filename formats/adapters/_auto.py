@@ -41,6 +41,22 @@ class AutoAdapter:
             self._adapters = [installed[n] for n in names]
         return self._adapters
 
+    @property
+    def options(self) -> frozenset[str] | None:
+        """The options of every adapter this one may pick.
+
+        An option is known to an ``auto`` ingest when some installed adapter takes it. None
+        (any option) when an installed adapter does not declare its ``options``: an option
+        may then be that adapter's.
+        """
+        accepted: set[str] = set()
+        for adapter in self._candidates():
+            declared = getattr(adapter, "options", None)
+            if declared is None:
+                return None
+            accepted.update(declared)
+        return frozenset(accepted)
+
     def resolve(self, path: str, head: bytes) -> SourceAdapter | None:
         """The adapter for this file (None when no installed adapter reads it).
 

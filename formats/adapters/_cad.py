@@ -139,6 +139,7 @@ class CadAdapter:
     name = "cad"
     version = "1"
     extensions = _EXTS
+    options = frozenset({"cad_tolerance", "cad_mesh", "cad_timeout_s"})
     stores_source = True
 
     def can_read(self, path: str, head: bytes) -> bool:

@@ -21,6 +21,7 @@ from simstore.errors import SourceError
 from simstore.sample import FieldValue, Sample
 
 from ._tree import (
+    TIME_OPTIONS,
     ArrayEntry,
     SlicedArray,
     attribute_fields,
@@ -62,6 +63,7 @@ class HDF5Adapter:
     name = "hdf5"
     version = "1"
     extensions = (".h5", ".hdf5", ".hdf", ".he5")
+    options = TIME_OPTIONS
 
     def can_read(self, path: str, head: bytes) -> bool:
         """HDF5 by extension or by the 8-byte HDF5 signature."""

@@ -187,6 +187,7 @@ class MeshAdapter:
     name = "mesh"
     version = "1"
     extensions = _EXTS
+    options: frozenset[str] = frozenset()
 
     def can_read(self, path: str, head: bytes) -> bool:
         """Mesh files by extension."""

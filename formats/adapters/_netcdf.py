@@ -22,6 +22,7 @@ from simstore.sample import FieldValue, Sample
 
 from ._cdf_header import check_classic_header
 from ._tree import (
+    TIME_OPTIONS,
     ArrayEntry,
     SlicedArray,
     attribute_fields,
@@ -161,6 +162,7 @@ class NetCDFAdapter:
     name = "netcdf"
     version = "1"
     extensions = (".nc", ".nc4", ".cdf", ".netcdf")
+    options = TIME_OPTIONS
 
     def can_read(self, path: str, head: bytes) -> bool:
         """NetCDF by extension or by the classic ``CDF`` signature."""

@@ -223,6 +223,7 @@ class NpyAdapter:
     name = "npy"
     version = "1"
     extensions = (".npy",)
+    options = frozenset({"npy_field"})
 
     def can_read(self, path: str, head: bytes) -> bool:
         """``.npy`` by extension or the NumPy magic."""
@@ -296,6 +297,7 @@ class NpzAdapter:
     name = "npz"
     version = "1"
     extensions = (".npz",)
+    options: frozenset[str] = frozenset()
 
     def can_read(self, path: str, head: bytes) -> bool:
         """``.npz`` by extension (it is a zip file)."""

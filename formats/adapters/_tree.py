@@ -30,6 +30,7 @@ from simstore.sample import FieldValue, Sample
 
 __all__ = [
     "DEFAULT_MAX_IN_MEMORY",
+    "TIME_OPTIONS",
     "ArrayEntry",
     "SlicedArray",
     "attribute_fields",
@@ -38,6 +39,9 @@ __all__ = [
     "tree_sample_count",
     "tree_samples",
 ]
+
+TIME_OPTIONS = frozenset({"time_window", "stride", "time_name"})
+"""The options of adapters that cut a run into time windows (hdf5, netcdf, zarr)."""
 
 DEFAULT_MAX_IN_MEMORY = 16 << 20
 

@@ -13,7 +13,14 @@ from typing import Any
 from simstore.errors import SourceError
 from simstore.sample import FieldValue, Sample
 
-from ._tree import ArrayEntry, SlicedArray, attribute_fields, tree_sample_count, tree_samples
+from ._tree import (
+    TIME_OPTIONS,
+    ArrayEntry,
+    SlicedArray,
+    attribute_fields,
+    tree_sample_count,
+    tree_samples,
+)
 
 __all__ = ["ZarrAdapter", "is_zarr_dir"]
 
@@ -31,6 +38,7 @@ class ZarrAdapter:
     name = "zarr"
     version = "1"
     extensions = (".zarr", ".zarr.zip")
+    options = TIME_OPTIONS
 
     def can_read(self, path: str, head: bytes) -> bool:
         """A Zarr directory, or a zip named ``*.zarr.zip``."""

@@ -541,6 +541,10 @@ class Catalog:
     ) -> CommitResult:
         """Commit staged entries as a new snapshot on ``branch`` (created if absent).
 
+        The dataset must exist: an unknown dataset (nothing staged, no branch or tag) is a
+        NotFoundError, so a mistyped name never creates an empty dataset. A dataset comes
+        into being with its first staged change (an ingest or :meth:`stage`).
+
         Atomic: every object is written before the branch moves by one compare-and-swap.
         A writer that loses the swap re-applies its staged changes on the new head and
         tries again (backing off with jitter); keys that a concurrent commit also wrote are
@@ -573,6 +577,13 @@ class Catalog:
                 )
         else:
             entries = all_entries
+        if not all_entries and not self.has_dataset(dataset):
+            # Nothing staged and no branch or tag: a dataset is created by its first staged
+            # change (an ingest, Catalog.stage), never by a commit of a mistyped name.
+            raise NotFoundError(
+                f"unknown dataset {dataset!r}: nothing staged and no branches or tags; "
+                f"create it by ingesting into it (simstore ingest SOURCE --dataset {dataset})"
+            )
         branches = self.branches(dataset)
         first_head: str | None = None
         overwritten: set[str] = set()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import numbers
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
@@ -13,11 +13,13 @@ from simstore.errors import InvalidInputError
 from simstore.ingest._arrays import MiB
 from simstore.ingest._shards import DEFAULT_COMPRESSION, ShardOptions, parse_size
 from simstore.names import DEFAULT_BRANCH, check_ref_name
+from simstore.protocols import SourceAdapter
 from simstore.sample import Schema
 
 KiB = 1 << 10
 
 __all__ = [
+    "PIPELINE_OPTIONS",
     "EngineName",
     "IngestConfig",
     "IngestOptions",
@@ -29,6 +31,14 @@ __all__ = [
     "SkippedFile",
     "TaskTiming",
 ]
+
+PIPELINE_OPTIONS = {
+    "max_in_memory_bytes": "from dense_threshold, --dense-threshold",
+    "tmp_dir": "from tmp_dir, --tmp-dir",
+    "source_hash": "the content hash of each file",
+    "sample_range": "the samples of one piece of a large file",
+}
+"""Options ingest hands every adapter itself, whatever the user's options say."""
 
 OnError = Literal["fail", "skip"]
 Mode = Literal["upsert", "replace"]
@@ -160,7 +170,66 @@ class IngestConfig:
             if value < 1:
                 raise InvalidInputError(f"invalid {name} {value}: must be positive")
         check_ref_name(self.branch, "branch name")
+        self._check_option_types()
         self.shard_options()
+
+    def _check_option_types(self) -> None:
+        """``adapter_options`` and ``chunks`` are mappings of names (no raw TypeError later)."""
+        if not isinstance(self.adapter_options, Mapping) or not all(
+            isinstance(k, str) for k in self.adapter_options
+        ):
+            raise InvalidInputError(
+                f"invalid adapter_options {self.adapter_options!r}: "
+                "must map option names to values"
+            )
+        if not isinstance(self.chunks, Mapping):
+            raise InvalidInputError(
+                f"invalid chunks {self.chunks!r}: must map field names to chunk shapes"
+            )
+        for name, shape in self.chunks.items():
+            if not isinstance(name, str) or isinstance(shape, str | bytes) or not isinstance(
+                shape, Sequence
+            ) or not shape or not all(
+                isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 1
+                for n in shape
+            ):
+                raise InvalidInputError(
+                    f"invalid chunks entry {name!r}: {shape!r}: give a field name and a chunk "
+                    "shape of positive whole numbers, such as (1, 64, 64)"
+                )
+
+    def check_adapter_options(self, adapter: SourceAdapter) -> None:
+        """Refuse an option that ``adapter`` does not take, before anything is read or written.
+
+        The options checked are ``adapter_options`` and ``time_window``/``stride``. An
+        adapter lists the options it takes in ``options`` (``auto``: those of every adapter
+        it may pick); one that declares no ``options`` takes any. The options ingest itself
+        sets (:data:`PIPELINE_OPTIONS`) are refused from a user: ingest would replace them.
+        """
+        for key in self.adapter_options:
+            if key in PIPELINE_OPTIONS:
+                raise InvalidInputError(
+                    f"adapter option {key!r} is set by ingest itself ({PIPELINE_OPTIONS[key]}): "
+                    "remove it"
+                )
+        given = set(self.adapter_options)
+        if self.time_window is not None:
+            given.add("time_window")
+        if self.stride is not None:
+            given.add("stride")
+        if "stride" in given and "time_window" not in given:
+            raise InvalidInputError("adapter option 'stride' needs a time_window")
+        declared = getattr(adapter, "options", None)
+        if declared is None:
+            return
+        unknown = sorted(given - set(declared))
+        if unknown:
+            takes = ", ".join(sorted(declared)) or "none"
+            raise InvalidInputError(
+                f"unknown adapter option{'s' if len(unknown) > 1 else ''} "
+                f"{', '.join(repr(k) for k in unknown)} for adapter {adapter.name!r} "
+                f"(options it takes: {takes})"
+            )
 
     def shard_options(self) -> ShardOptions:
         """The options every shard format gets."""

@@ -122,6 +122,7 @@ def ingest(
     if not srcs:
         raise InvalidInputError("no sources given")
     plugins = plugins_for(cfg)
+    cfg.check_adapter_options(plugins[0])
     files, ignored = discover([os.fspath(s) for s in srcs], plugins[0])
     if not files:
         raise InvalidInputError(
@@ -337,6 +338,8 @@ def _finish(
         for spec in specs:
             field_from.setdefault(spec.name, res.path)
         accepted.append(res)
+    if accepted and cfg.chunks:
+        _check_chunks(cfg, accepted)
     unchanged: set[str] = set()
     known: dict[str, str] = {}
     pending = catalog.staged_keys(ctx.dataset) if accepted else {}
@@ -390,6 +393,39 @@ def _finish(
         schema=final_schema,
         tasks=_timings(run, tasks),
     )
+
+
+def _check_chunks(cfg: IngestConfig, accepted: Sequence[FileResult]) -> None:
+    """Refuse a ``chunks`` entry that names no array field of this ingest, or another rank.
+
+    Field names are known only once the files are read, so this runs after the tasks and
+    before anything is staged: the dataset is left as it was (the shards written meanwhile
+    are reachable from nothing, and gc reclaims them).
+    """
+    arrays: dict[str, int] = {}
+    for res in accepted:
+        for obj in res.schema:
+            spec = FieldSpec.from_json(obj)
+            if spec.kind in ("tensor", "bytes"):
+                arrays.setdefault(spec.name, spec.ndim if spec.kind == "tensor" else 1)
+    for name, shape in sorted(cfg.chunks.items()):
+        if name not in arrays:
+            raise InvalidInputError(
+                f"chunks names field {name!r}, which no sample of this ingest has as an "
+                f"array; array fields: {_listing(sorted(arrays))}"
+            )
+        if len(shape) != arrays[name]:
+            raise InvalidInputError(
+                f"chunks for field {name!r} has {len(shape)} axes; the field has "
+                f"{arrays[name]}"
+            )
+
+
+def _listing(names: Sequence[str], most: int = 20) -> str:
+    if not names:
+        return "none"
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
 
 
 def _rows_digest(rows: Sequence[Row], chunk_rows: int = 8192) -> str:

@@ -35,20 +35,49 @@ def open_store(
     """Open the store at ``url``.
 
     ``url`` is a local path, ``file://``, ``memory://``, ``s3://bucket/prefix`` or any
-    fsspec URL; an ``ObjectStore`` passed in is returned as it is.
+    fsspec URL; an ``ObjectStore`` passed in is returned as it is. ``storage_options`` go
+    to the S3 or fsspec backend; a local or ``memory://`` store takes none, and options
+    given to one, or with a store already open, are an error rather than ignored.
     """
+    if storage_options is not None and not isinstance(storage_options, Mapping):
+        raise InvalidInputError(
+            f"invalid storage_options {storage_options!r}: must map option names to values"
+        )
     if not isinstance(url, str | os.PathLike):
+        if storage_options:
+            raise InvalidInputError(
+                f"{getattr(url, 'url', url)}: storage options {_names(storage_options)} apply "
+                "when a store is opened from its URL, not to a store already open"
+            )
         return url
     text = os.fspath(url)
     if not text:
         raise InvalidInputError("empty store URL")
     if "://" not in text:
+        _takes_no_options(text, "local", storage_options)
         return LocalStore(text, read_only=read_only)
     protocol = text.split("://", 1)[0]
     if protocol in ("file", "local"):
+        _takes_no_options(text, "local", storage_options)
         return LocalStore(text.split("://", 1)[1], read_only=read_only)
+    if protocol == "memory":
+        _takes_no_options(text, "memory://", storage_options)
     if protocol in ("s3", "s3a"):
         from simstore.storage._s3 import S3Store
 
         return S3Store(text, storage_options=storage_options, read_only=read_only)
     return FsspecStore(text, storage_options=storage_options, read_only=read_only)
+
+
+def _names(options: Mapping[str, Any]) -> str:
+    return ", ".join(repr(k) for k in sorted(options, key=str))
+
+
+def _takes_no_options(url: str, kind: str, options: Mapping[str, Any] | None) -> None:
+    """Refuse storage options for a store that has none (they were once silently dropped)."""
+    if options:
+        plural = "s" if len(options) > 1 else ""
+        raise InvalidInputError(
+            f"{url}: a {kind} store takes no storage options; got storage option{plural} "
+            f"{_names(options)}"
+        )
