@@ -324,6 +324,26 @@ class Catalog:
         """Whether anything exists under the dataset's prefix."""
         return next(iter(self.store.list(dataset_prefix(dataset))), None) is not None
 
+    def check_commit_branch(self, dataset: str, branch: str) -> None:
+        """Refuse a commit to ``branch`` of a dataset that has branches, none of them it.
+
+        A commit creates its branch only for a dataset's first snapshot: anywhere else a
+        new branch starts at a snapshot (:meth:`Branches.create`, ``simstore branch``), so
+        a mistyped ``--branch`` never takes staged changes off to an orphan history.
+        """
+        branches = self.branches(dataset)
+        if branches.exists(branch):
+            return
+        names = [name for name, _ in branches.list()]
+        if names:
+            at = "main" if "main" in names else names[0]
+            more = f" and {len(names) - 10} more" if len(names) > 10 else ""
+            shown = ", ".join(names[:10]) + more
+            raise NotFoundError(
+                f"dataset {dataset!r} has no branch {branch!r} (branches: {shown}); "
+                f"create it at a snapshot first: simstore branch {dataset}@{at} {branch}"
+            )
+
     def branches(self, dataset: str) -> Branches:
         """The dataset's branches."""
         return Branches(self.store, check_name(dataset, "dataset name"))
@@ -539,7 +559,10 @@ class Catalog:
         rng: random.Random | None = None,
         allow_schema_change: bool = False,
     ) -> CommitResult:
-        """Commit staged entries as a new snapshot on ``branch`` (created if absent).
+        """Commit staged entries as a new snapshot on ``branch``.
+
+        ``branch`` must exist, unless this is the dataset's first snapshot (which creates
+        it): see :meth:`check_commit_branch`.
 
         The dataset must exist: an unknown dataset (nothing staged, no branch or tag) is a
         NotFoundError, so a mistyped name never creates an empty dataset. A dataset comes
@@ -584,6 +607,7 @@ class Catalog:
                 f"unknown dataset {dataset!r}: nothing staged and no branches or tags; "
                 f"create it by ingesting into it (simstore ingest SOURCE --dataset {dataset})"
             )
+        self.check_commit_branch(dataset, branch)
         branches = self.branches(dataset)
         first_head: str | None = None
         overwritten: set[str] = set()

@@ -121,6 +121,8 @@ def ingest(
     srcs = [sources] if isinstance(sources, str | os.PathLike) else list(sources)
     if not srcs:
         raise InvalidInputError("no sources given")
+    if cfg.snapshot:
+        catalog.check_commit_branch(dataset, cfg.branch)  # before anything is read
     plugins = plugins_for(cfg)
     cfg.check_adapter_options(plugins[0])
     files, ignored = discover([os.fspath(s) for s in srcs], plugins[0])

@@ -3,12 +3,13 @@
 import tempfile
 
 import hypothesis.strategies as st
+import pytest
 from catalog_helpers import content, expected_hash, stage_samples
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from simstore.catalog import Catalog, gc, verify
-from simstore.errors import AlreadyExistsError
+from simstore.errors import AlreadyExistsError, NotFoundError
 
 KEYS = st.sampled_from([f"k{i}" for i in range(8)])
 PAYLOADS = st.binary(min_size=1, max_size=8)
@@ -34,6 +35,12 @@ class CatalogMachine(RuleBasedStateMachine):
     def commit(self, branch, upserts, deletes):
         deletes = sorted(set(deletes) - set(upserts))
         entry = stage_samples(self.cat, "ds", upserts, deleted=deletes)
+        if self.branches and branch not in self.branches:
+            # only a dataset's first commit creates its branch; the entry stays staged
+            with pytest.raises(NotFoundError, match=f"has no branch '{branch}'"):
+                self.cat.commit("ds", message="m", branch=branch, staging_ids=[entry.id])
+            self.cat.discard_staged("ds", [entry.id])
+            return
         res = self.cat.commit("ds", message="m", branch=branch, staging_ids=[entry.id])
         state = dict(self.branches.get(branch, {}))
         for k in deletes:
