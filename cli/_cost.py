@@ -94,15 +94,7 @@ def _non_finite_at(obj: Any, path: str = "") -> str | None:
 
 
 def _prices(files: Sequence[str], overrides: Sequence[str]) -> PriceTable:
-    for item in overrides:  # the library checks the rest, naming --price
-        target, sep, _ = item.partition("=")
-        tier, dot, name = target.strip().rpartition(".")
-        if not sep or not dot or not tier or not name:
-            raise InvalidInputError(
-                f"invalid price override --price {item!r}: expected TIER.FIELD=VALUE, "
-                "e.g. s3-standard.storage_per_gib_month=0.021"
-            )
-    return read_price_table(files, overrides)
+    return read_price_table(files, overrides)  # its errors name --price
 
 
 def _tier_map(items: Sequence[str]) -> dict[str, str | None]:

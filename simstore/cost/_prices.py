@@ -295,7 +295,7 @@ def apply_price_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> 
         tier, dot, name = target.strip().rpartition(".")
         if not sep or not dot or not tier or not name:
             raise InvalidInputError(
-                f"invalid price override {item!r}: expected TIER.FIELD=VALUE, "
+                f"invalid price override --price {item!r}: expected TIER.FIELD=VALUE, "
                 "e.g. s3-standard.storage_per_gib_month=0.021"
             )
         flag = f"invalid price override --price {item}"
