@@ -439,13 +439,16 @@ def pull_cmd(
     (nothing at all for a REF that names the snapshot by its full id).
     """
     check_at_least(jobs, "--jobs", 1)
+    wanted = tuple(f.strip() for f in fields.split(",")) if fields is not None else ()
+    if any(not f for f in wanted):
+        raise InvalidInputError(f"invalid --fields {fields!r}: an empty field name")
     report = warm_cache(
         ctx.catalog(read_only=True),
         ref,
         cache_dir,
         _cache_opener(cache_dir),
         limit_bytes=parse_size_flag(limit, "--limit") if limit is not None else None,
-        fields=tuple(f.strip() for f in fields.split(",") if f.strip()) if fields else (),
+        fields=wanted,
         max_workers=jobs,
     )
     _emit(as_json, report.to_json(), lambda: _pull_text(ref, report))

@@ -189,6 +189,8 @@ def test_bad_ingest_flags_are_named(store, source, args, message):
          "--limit: invalid size '-1': a size cannot be negative"),
         (["pull", "ds", "--cache", "C", "--limit", "2XB"],
          "--limit: invalid size '2XB': unknown unit 'XB'"),
+        (["pull", "ds", "--cache", "C", "--fields", ","], "invalid --fields ',': an empty field"),
+        (["pull", "ds", "--cache", "C", "--fields", "u,,p"], "invalid --fields 'u,,p'"),
         (["prices", "--price", "x"], "invalid price override --price 'x': expected TIER.FIELD="),
         (["prices", "--price", "=1"], "invalid price override --price '=1'"),
         (["gc", "--grace", "soon"], "--grace: invalid duration 'soon'"),
