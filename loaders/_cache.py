@@ -70,9 +70,11 @@ class CacheConfig:
 class PinnedCopy:
     """A cached copy held open (pinned against eviction) until :meth:`release`."""
 
-    def __init__(self, path: str, fd: int, *, hit: bool) -> None:
+    def __init__(self, path: str, fd: int, *, hit: bool, size: int = 0) -> None:
         self.path = path
         self.hit = hit
+        self.size = size
+        """The copy's bytes (what a hit saved fetching)."""
         self._fd: int | None = fd
 
     def release(self) -> None:
@@ -159,12 +161,13 @@ class ShardCache:
         except OSError as exc:
             raise StorageError(f"cache copy {path}: {exc.strerror or exc}") from exc
         fcntl.flock(fd, fcntl.LOCK_SH)
-        if os.fstat(fd).st_nlink == 0:  # evicted between open and lock
+        st = os.fstat(fd)
+        if st.st_nlink == 0:  # evicted between open and lock
             os.close(fd)
             return None
         with contextlib.suppress(OSError):
             os.utime(path)
-        return PinnedCopy(path, fd, hit=hit)
+        return PinnedCopy(path, fd, hit=hit, size=st.st_size)
 
     def peek(self, object_id: str, *, counted_as: str = "cache") -> PinnedCopy | None:
         """A pinned copy of ``object_id`` if the cache holds one (counted as a hit), else None.
@@ -175,8 +178,12 @@ class ShardCache:
             raise InvalidInputError(f"not an object id: {object_id!r}")
         pinned = self._pin(object_id, hit=True)
         if pinned is not None:
-            self.counters.add(f"{counted_as}_hits")
+            self._count_hit(pinned, counted_as)
         return pinned
+
+    def _count_hit(self, pinned: PinnedCopy, counted_as: str) -> None:
+        self.counters.add(f"{counted_as}_hits")
+        self.counters.add(f"{counted_as}_hit_bytes", pinned.size)
 
     def acquire(self, object_id: str, size_bytes: Callable[[], int], download: Download,
                 *, referenced_by: str = "", counted_as: str = "cache") -> PinnedCopy:
@@ -194,7 +201,7 @@ class ShardCache:
         with self._lock(_stripe(object_id)):
             pinned = self._pin(object_id, hit=True)
             if pinned is not None:  # another process filled it while we waited
-                self.counters.add(f"{counted_as}_hits")
+                self._count_hit(pinned, counted_as)
                 return pinned
             pinned = self._fill(object_id, size_bytes(), download, referenced_by, counted_as)
         self.counters.add(f"{counted_as}_misses")

@@ -36,6 +36,7 @@ _FIELDS = (
     "corrupt_samples",
     "sample_bytes",
     "cache_hits",
+    "cache_hit_bytes",
     "cache_misses",
     "cache_fill_bytes",
     "cache_evictions",
@@ -273,6 +274,7 @@ def run_report(
         "tiers": stats["tiers"],
         "cache": {
             "hits": stats["cache_hits"],
+            "hit_bytes": int(counters.get("cache_hit_bytes", 0)),
             "misses": stats["cache_misses"],
             "fill_bytes": stats["cache_fill_bytes"],
             "evictions": stats["cache_evictions"],

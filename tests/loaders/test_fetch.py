@@ -368,3 +368,24 @@ def test_memory_store_reads_ranged_and_through_the_cache(tmp_path):
                         cache_dir=str(tmp_path / "c"), cache_limit="1MiB")
     assert sorted(keys_of(cached)) == sorted(s.key for s in samples)
     assert cached.stats()["cache_misses"] == 5
+
+
+def test_a_warm_reports_hit_bytes_are_the_copies_a_cold_run_fetched(small, tmp_path):
+    from simstore.cost import parse_run_report
+
+    store, _, _ = small
+    cache = str(tmp_path / "cache")
+    cold = remote_ds(store, cache_dir=cache, cache_limit="1MiB")
+    list(cold)
+    warm = remote_ds(store, cache_dir=cache, cache_limit="1MiB")
+    list(warm)
+    cold_report = json.loads(json.dumps(cold.report()))
+    warm_report = json.loads(json.dumps(warm.report()))
+    assert cold_report["cache"]["misses"] == 6 and cold_report["cache"]["hit_bytes"] == 0
+    assert warm_report["cache"]["hits"] == 6 and warm_report["cache"]["misses"] == 0
+    # every hit found a copy of the size a miss fetched: no more, whatever the reader
+    # decoded or hashed from it (the cache tier's bytes count those)
+    assert warm_report["cache"]["hit_bytes"] == cold_report["cache"]["fill_bytes"]
+    assert warm_report["cache"]["hit_bytes"] == shard_bytes(store)
+    usage = parse_run_report(warm_report)
+    assert usage.cache_hit_bytes == shard_bytes(store) and not usage.hit_bytes_estimated
