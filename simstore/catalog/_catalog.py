@@ -371,9 +371,9 @@ class Catalog:
         sid, _ = self.branches(r.dataset).get_versioned(r.rev)
         if sid is not None:
             return SnapshotId(sid)
-        tags = self.tags(r.dataset)
-        if tags.exists(r.rev):
-            return SnapshotId(tags.get(r.rev))
+        sid, _ = self.tags(r.dataset).get_versioned(r.rev)  # one GET, none on a miss
+        if sid is not None:
+            return SnapshotId(sid)
         rev = r.rev.lower()
         if 4 <= len(rev) <= 32 and all(c in "0123456789abcdef" for c in rev):
             matches = [

@@ -205,3 +205,24 @@ def test_catalog_runs_through_a_counting_store(tmp_path):
 )
 def test_tier_of_url(url, tier):
     assert tier_of_url(url) == tier
+
+
+def test_resolving_a_branch_or_a_tag_costs_one_get_each_lookup(counted):
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "catalog"))
+    from catalog_helpers import stage_samples
+
+    cat = Catalog.init(counted)
+    stage_samples(cat, "ds", {"a": b"1"})
+    sid = cat.commit("ds", message="m").snapshot_id
+    cat.tags("ds").create("v1", sid)
+    counted.traffic.reset()
+    assert cat.resolve("ds@main") == sid
+    ops = _ops(counted)
+    assert ops[OpClass.GET].requests == 1 and sum(u.requests for u in ops.values()) == 1
+    counted.traffic.reset()
+    assert cat.resolve("ds@v1") == sid
+    ops = _ops(counted)
+    # the branch of that name first (a miss), then the tag: no HEAD before the tag's GET
+    assert ops[OpClass.GET].requests == 2 and sum(u.requests for u in ops.values()) == 2
