@@ -155,3 +155,25 @@ def test_a_loader_on_a_prefix_that_is_not_a_store_says_so(s3_bucket, tmp_path):
         SimDataset(store, "d")
     with pytest.raises(FormatError, match="format_version 99"):
         SimDataset(store, "no-such-dataset")
+
+
+def test_deep_verify_reads_each_object_with_one_get(s3_bucket, fault_proxy, tmp_path):
+    from simstore.catalog import verify
+    from simstore.hashing import object_key
+
+    store = f"s3://{s3_bucket()}/deep"
+    opts = {"endpoint_url": fault_proxy.endpoint_url}
+    Catalog.init(store, storage_options=opts)
+    src = _write_sources(tmp_path / "src", count=8, seed=5)
+    ingest([str(src)], dataset="d", store=Catalog.open(store, storage_options=opts),
+           snapshot=True, message="m")
+    cat = Catalog.open(store, storage_options=opts)
+    snap = cat.snapshot(cat.resolve("d"))
+    shards = sorted({s for t in cat.iter_parts(snap) for s in t.column("shard").to_pylist()})
+    assert shards
+    fault_proxy.records.clear()
+    report = verify(cat, "d", deep=True)
+    assert report.ok and report.objects_checked >= len(shards)
+    for shard in shards:
+        seen = [r.method for r in fault_proxy.records if r.path.endswith(object_key(shard))]
+        assert seen == ["GET"], (shard, seen)  # one whole-object GET; no HEAD, no ranges
