@@ -29,6 +29,7 @@ from simstore.errors import (
     IntegrityError,
     InvalidInputError,
     NotFoundError,
+    StorageError,
 )
 from simstore.hashing import ObjectId, hash_bytes, is_object_id, object_key
 from simstore.manifest import (
@@ -239,6 +240,10 @@ class Catalog:
         self.store = store
         self.target_rows = target_rows
         self._snapshots: dict[str, Snapshot] = {}
+        self.conditional_writes: bool | None = None
+        """What the store's metadata records (set by :meth:`open` and :meth:`init`):
+        False for a store whose server ignores conditional writes, where no commit can
+        move a ref safely; None when not read."""
 
     # -- opening -----------------------------------------------------------------------
     @classmethod
@@ -253,7 +258,8 @@ class Catalog:
         store = open_store(url, storage_options=storage_options, read_only=read_only)
         cat = cls(store)
         meta = cat.check_initialised()
-        if meta.get("conditional_writes") is False:
+        cat.conditional_writes = meta.get("conditional_writes")
+        if cat.conditional_writes is False:
             # init found no conditional writes: ref updates must fail loudly, not race
             store.supports_atomic_cas = False
         return cat
@@ -266,7 +272,14 @@ class Catalog:
         storage_options: Mapping[str, Any] | None = None,
         exist_ok: bool = True,
     ) -> Catalog:
-        """Initialise a store (idempotent with ``exist_ok``) and return its catalog."""
+        """Initialise a store (idempotent with ``exist_ok``) and return its catalog.
+
+        On a store that exists, a store that can probe for conditional writes (S3) probes
+        again, through this endpoint: an endpoint that ignores them where the store was
+        made with one that enforces them is a StorageError (refs would move unsafely
+        through it), and one that enforces them where the store recorded none updates
+        the record (so commits work from then on).
+        """
         store = open_store(url, storage_options=storage_options)
         cat = cls(store)
         if store.exists(STORE_META_KEY):
@@ -274,7 +287,7 @@ class Catalog:
                 from simstore.errors import AlreadyExistsError
 
                 raise AlreadyExistsError(f"{store.url}: store already initialised")
-            cat.check_initialised()
+            cat.conditional_writes = cat._probe_again(cat.check_initialised())
             return cat
         conditional = bool(store.supports_atomic_cas)
         probe = getattr(store, "probe_conditional_writes", None)
@@ -288,7 +301,37 @@ class Catalog:
             "conditional_writes": conditional,
         }
         store.put_if_absent(STORE_META_KEY, canonical_json(meta))
+        cat.conditional_writes = conditional
         return cat
+
+    def _probe_again(self, meta: Mapping[str, Any]) -> bool | None:
+        """``init`` of an existing store: check the recorded conditional writes anew.
+
+        Returns what the store records from now on.
+        """
+        store = self.store
+        recorded = meta.get("conditional_writes")
+        probe = getattr(store, "probe_conditional_writes", None)
+        if not callable(probe) or store.read_only:
+            if recorded is False:
+                store.supports_atomic_cas = False
+            return recorded if isinstance(recorded, bool) else None
+        enforced = bool(probe())
+        if recorded is not False and not enforced:
+            raise StorageError(
+                f"{store.url}: this endpoint ignores conditional writes (If-None-Match, "
+                "If-Match), but the store was initialised through one that enforces them: "
+                "refs cannot move safely through it; use an endpoint that enforces them"
+            )
+        if recorded is False and enforced:
+            # the endpoint enforces them now: record it, so commits work from here on
+            data, version = store.get_versioned(STORE_META_KEY)
+            now = {**json.loads(data), "conditional_writes": True}
+            try:
+                store.compare_and_swap(STORE_META_KEY, version, canonical_json(now))
+            except ConflictError:
+                self.check_initialised()  # another init changed it meanwhile: still valid
+        return enforced
 
     def check_initialised(self) -> dict[str, Any]:
         """The store's metadata; NotFoundError/FormatError when missing or unsupported."""
@@ -303,6 +346,11 @@ class Catalog:
             meta = json.loads(data)
         except ValueError as exc:
             raise FormatError(f"{self.store.url}/{STORE_META_KEY} is not valid JSON") from exc
+        if not isinstance(meta, dict) or meta.get("kind") != "simstore-store":
+            raise FormatError(
+                f"{self.store.url}/{STORE_META_KEY} is not a simstore store's metadata "
+                '(a JSON object with "kind": "simstore-store")'
+            )
         if meta.get("format_version") != STORE_FORMAT_VERSION:
             raise FormatError(
                 f"{self.store.url}: store format_version {meta.get('format_version')!r}, "
@@ -325,12 +373,21 @@ class Catalog:
         return next(iter(self.store.list(dataset_prefix(dataset))), None) is not None
 
     def check_commit_branch(self, dataset: str, branch: str) -> None:
-        """Refuse a commit to ``branch`` of a dataset that has branches, none of them it.
+        """Refuse a commit that cannot or should not land, before anything is written.
+
+        On a store recorded without conditional writes: a StorageError. To ``branch`` of
+        a dataset that has branches, none of them it: a NotFoundError.
 
         A commit creates its branch only for a dataset's first snapshot: anywhere else a
         new branch starts at a snapshot (:meth:`Branches.create`, ``simstore branch``), so
         a mistyped ``--branch`` never takes staged changes off to an orphan history.
         """
+        if self.conditional_writes is False:
+            raise StorageError(
+                f"{self.store.url}: the store's server ignores conditional writes (recorded "
+                "by init), so no commit can move a ref safely; run `simstore init` through "
+                "an endpoint that enforces them"
+            )
         branches = self.branches(dataset)
         if branches.exists(branch):
             return
