@@ -56,7 +56,9 @@ def open_store(
     if "://" not in text:
         _takes_no_options(text, "local", storage_options)
         return LocalStore(text, read_only=read_only)
-    protocol = text.split("://", 1)[0]
+    scheme, rest = text.split("://", 1)
+    protocol = scheme.lower()  # URL schemes are case-insensitive: S3:// is s3://
+    text = f"{protocol}://{rest}"
     if protocol in ("file", "local"):
         _takes_no_options(text, "local", storage_options)
         return LocalStore(text.split("://", 1)[1], read_only=read_only)
@@ -66,7 +68,26 @@ def open_store(
         from simstore.storage._s3 import S3Store
 
         return S3Store(text, storage_options=storage_options, read_only=read_only)
+    _check_fsspec_protocol(text, protocol)
     return FsspecStore(text, storage_options=storage_options, read_only=read_only)
+
+
+def _check_fsspec_protocol(url: str, protocol: str) -> None:
+    """Refuse a scheme fsspec does not know, or whose package is not installed, by name."""
+    import fsspec
+
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except ValueError:
+        raise InvalidInputError(
+            f"{url}: unknown storage scheme {protocol + '://'!r}; give a local path, "
+            "file://, memory://, s3://bucket/prefix or another fsspec URL"
+        ) from None
+    except ImportError as exc:
+        raise InvalidInputError(
+            f"{url}: the {protocol + '://'!r} scheme needs a package that is not "
+            f"installed: {exc}"
+        ) from None
 
 
 def _names(options: Mapping[str, Any]) -> str:
