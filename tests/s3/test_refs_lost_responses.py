@@ -8,6 +8,9 @@ ref at another snapshot is still an error.
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 from click.testing import CliRunner
 from simstore.cli import main
@@ -17,6 +20,9 @@ from simstore.errors import AlreadyExistsError, ConflictError
 from simstore.testing.s3 import FAKE_ACCESS_KEY, FAKE_SECRET_KEY
 
 pytestmark = pytest.mark.s3
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "catalog"))
+from catalog_helpers import stage_samples  # noqa: E402
 
 KIND_DIR = {"tags": "tags", "branches": "heads"}
 
@@ -38,6 +44,7 @@ def lossy(s3_bucket, fault_proxy):
     """(catalog through the fault proxy, URL, two snapshot ids, the proxy)."""
     url = f"s3://{s3_bucket()}/refs"
     cat = Catalog.init(url, storage_options=_options(fault_proxy.endpoint_url))
+    stage_samples(cat, "ds", {"a": b"1"})  # a dataset is made by its first staged change
     first = cat.commit("ds", message="one").snapshot_id
     second = cat.commit("ds", message="two").snapshot_id
     assert first != second
