@@ -57,6 +57,20 @@ class AutoAdapter:
             accepted.update(declared)
         return frozenset(accepted)
 
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        """Have every adapter this one may pick check the values of its own options.
+
+        An adapter sees only the options it declares (all of them when it declares none),
+        so a value is judged by the adapter that reads it; a bad one is an
+        ``InvalidInputError`` before anything is read.
+        """
+        for adapter in self._candidates():
+            check = getattr(adapter, "check_options", None)
+            if not callable(check):
+                continue
+            declared = getattr(adapter, "options", None)
+            check({k: v for k, v in options.items() if declared is None or k in declared})
+
     def resolve(self, path: str, head: bytes) -> SourceAdapter | None:
         """The adapter for this file (None when no installed adapter reads it).
 

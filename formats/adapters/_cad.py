@@ -1,7 +1,9 @@
 """The ``cad`` adapter (gmsh, which bundles OpenCASCADE): STEP, IGES and BREP parts.
 
 One sample per file: a tessellated surface mesh (``points``, ``cells/triangle``) at a
-configurable tolerance, the part's bounding box (``bbox/xmin`` ... ``bbox/zmax``), surface
+configurable tolerance, the part's bounding box (``bbox/xmin`` ... ``bbox/zmax``, from
+OpenCASCADE's own triangulation, whatever the tolerance: on a curved face it can lie
+slightly inside the exact box, by up to about 0.2% of the radius of curvature), surface
 area (``surface_area``) and volume (``volume``) as parameters, and ``source_object``: the
 id of the original file's bytes, which the pipeline stores content-addressed next to the
 shards (the adapter declares ``stores_source``) and lists in the snapshot's lineage.
@@ -11,12 +13,18 @@ diagonal, default 0.02; curvature adds elements where needed) and ``cad_mesh``
 (``surface``, the default, or ``volume``). A volume mesh of a real assembly with
 overlapping solids often fails; the adapter then meshes each solid on its own, and if that
 fails too keeps only the surface. The sample's ``metadata`` says which (``mesh``:
-``volume``, ``per-solid`` or ``surface``) and why.
+``volume``, ``per-solid`` or ``surface``) and why. Option values are checked by
+:meth:`CadAdapter.check_options`, which ingest calls before it reads anything.
+
+A STEP file is recognised by its ``ISO-10303-21`` header whatever its name; gmsh picks
+its reader by extension, so such a file is read through a link named ``part.step`` in the
+part's temporary folder.
 
 Each part is meshed in its own short-lived process (``_cad_mesh.py``, numpy and gmsh
 only): OpenCASCADE crashes the process on some malformed STEP files (found by fuzzing),
 and a crash there must be a ``SourceError`` naming the file, not the death of the ingest.
-``cad_timeout_s`` (default 900) bounds one part's import and meshing, and a part with a
+``cad_timeout_s`` (seconds, above 0 and finite; default 900) bounds one part's import and
+meshing, and a part with a
 coordinate beyond 1e12 units (a corrupt number, which can keep OpenCASCADE busy for
 minutes) is refused before meshing with a ``SourceError`` naming the file.
 """
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,6 +50,8 @@ from simstore.sample import Sample
 __all__ = ["CadAdapter"]
 
 _EXTS = (".step", ".stp", ".iges", ".igs", ".brep", ".brp")
+_UPPER_EXTS = tuple(e.upper() for e in _EXTS)
+_STEP_MAGIC = b"ISO-10303-21"
 _MESHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_cad_mesh.py")
 DEFAULT_TIMEOUT_S = 900.0
 
@@ -52,6 +63,40 @@ def _check_gmsh() -> None:
         raise ImportError("the cad adapter needs gmsh: pip install 'simstore[cad]'") from exc
 
 
+def _suffix_for_gmsh(path: str) -> str | None:
+    """The suffix gmsh needs to read ``path``, or None when its own name will do.
+
+    gmsh picks its reader by the extension alone, in lower or upper case (``.step``,
+    ``.STEP``; ``.Step`` is an "Unknown file type"). A STEP file known by its
+    ``ISO-10303-21`` header whatever its name (``box_rev2``, ``part.step.v2``) needs
+    ``.step``, one with a mixed-case extension that extension in lower case.
+    """
+    ext = os.path.splitext(path)[1]
+    if ext in _EXTS or ext in _UPPER_EXTS:
+        return None
+    if ext.lower() in _EXTS:
+        return ext.lower()
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_STEP_MAGIC))
+    except OSError:
+        return None  # the mesher names the file and says why
+    return ".step" if head == _STEP_MAGIC else None
+
+
+def _readable_name(path: str, tmp: str) -> str:
+    """``path``, or a link (a copy where links fail) to it in ``tmp`` named for gmsh."""
+    suffix = _suffix_for_gmsh(path)
+    if suffix is None:
+        return path
+    alias = os.path.join(tmp, "part" + suffix)
+    try:
+        os.symlink(os.path.abspath(path), alias)
+    except OSError:
+        shutil.copyfile(path, alias)
+    return alias
+
+
 def mesh_isolated(
     path: str, tolerance: float, want_volume: bool, *, timeout_s: float, tmp_dir: str | None
 ) -> dict[str, Any]:
@@ -59,14 +104,21 @@ def mesh_isolated(
 
     A crash of the CAD kernel (a signal), a run past ``timeout_s`` and an import or
     meshing error all become a :class:`SourceError`; the arrays come back through an
-    ``.npz`` read with ``allow_pickle=False``.
+    ``.npz`` read with ``allow_pickle=False``. A file whose name gmsh cannot pick a
+    reader by (a STEP file known by its header) is read through a link in the temporary
+    folder named with the suffix of its kind; errors still name ``path``.
     """
     with tempfile.TemporaryDirectory(prefix="simstore-cad-", dir=tmp_dir) as tmp:
         out = os.path.join(tmp, "mesh")
+        source = _readable_name(path, tmp)
+
+        def named(message: str) -> str:
+            return message if source == path else message.replace(source, path)
+
         cmd = [
             sys.executable,
             _MESHER,
-            path,
+            source,
             repr(tolerance),
             "volume" if want_volume else "surface",
             out,
@@ -99,10 +151,10 @@ def mesh_isolated(
             tail = proc.stderr.decode(errors="replace").strip().splitlines()[-1:]
             raise SourceError(
                 f"{path}: field 'points': CAD meshing failed (exit {proc.returncode}"
-                f"{': ' + tail[0] if tail else ''})"
+                f"{': ' + named(tail[0]) if tail else ''})"
             ) from None
         if "error" in result:
-            raise SourceError(str(result["error"]))
+            raise SourceError(named(str(result["error"])))
         fields: dict[str, Any] = {k: float(v) for k, v in result["values"].items()}
         with np.load(out + ".npz", allow_pickle=False) as arrays:
             for i, name in enumerate(result["arrays"]):
@@ -120,17 +172,46 @@ def _mesh_options(options: Mapping[str, Any]) -> tuple[float, bool]:
     """
     raw = options.get("cad_tolerance")
     try:
-        tolerance = 0.02 if raw is None else float(raw)
+        tolerance = 0.02 if raw is None else float(_number(raw))
     except (TypeError, ValueError):
         tolerance = float("nan")
     if not 0 < tolerance <= 1:  # NaN fails too
         raise InvalidInputError(
-            f"cad_tolerance {raw!r}: a fraction of the part's diagonal above 0 and at most 1"
+            f"adapter option cad_tolerance {raw!r}: a fraction of the part's diagonal above 0 "
+            "and at most 1"
         )
     mesh = str(options.get("cad_mesh") or "surface")
     if mesh not in ("surface", "volume"):
-        raise InvalidInputError(f"cad_mesh {mesh!r}: 'surface' or 'volume'")
+        raise InvalidInputError(f"adapter option cad_mesh {mesh!r}: 'surface' or 'volume'")
     return tolerance, mesh == "volume"
+
+
+def _number(raw: Any) -> Any:
+    """``raw`` unless it is a bool (``float(True)`` is 1.0, no number anyone meant)."""
+    if isinstance(raw, bool):
+        raise TypeError("a bool")
+    return raw
+
+
+def _timeout_s(options: Mapping[str, Any]) -> float:
+    """``cad_timeout_s``, checked: a finite number of seconds above 0 (default 900).
+
+    0 does not mean "no limit" (it is an error, like a negative number, NaN or
+    infinity): a part that may take hours gets a large number instead.
+    """
+    raw = options.get("cad_timeout_s")
+    if raw is None:
+        return DEFAULT_TIMEOUT_S
+    try:
+        timeout = float(_number(raw))
+    except (TypeError, ValueError):
+        timeout = float("nan")
+    if not 0 < timeout < float("inf"):  # NaN fails too
+        raise InvalidInputError(
+            f"adapter option cad_timeout_s {raw!r}: a finite number of seconds above 0 that "
+            "one part may take to import and mesh"
+        )
+    return timeout
 
 
 class CadAdapter:
@@ -146,10 +227,20 @@ class CadAdapter:
         """STEP by its ``ISO-10303-21`` header or extension; IGES and BREP by extension."""
         return head.startswith(b"ISO-10303-21") or path.lower().endswith(_EXTS)
 
+    @staticmethod
+    def check_options(options: Mapping[str, Any]) -> None:
+        """Refuse a bad ``cad_tolerance``, ``cad_mesh`` or ``cad_timeout_s`` value.
+
+        Called by ingest before anything is read, so a bad value fails the ingest once
+        (``InvalidInputError``) instead of every CAD file, one by one.
+        """
+        _mesh_options(options)
+        _timeout_s(options)
+
     def iter_samples(self, path: str, key: str, options: Mapping[str, Any]) -> Iterator[Sample]:
         """The part's one sample."""
         tolerance, want_volume = _mesh_options(options)
-        timeout_s = float(options.get("cad_timeout_s") or DEFAULT_TIMEOUT_S)
+        timeout_s = _timeout_s(options)
         source_hash = str(options.get("source_hash") or hash_file(path)[0])
         _check_gmsh()
         fields = mesh_isolated(

@@ -25,6 +25,7 @@ from ._tree import (
     ArrayEntry,
     SlicedArray,
     attribute_fields,
+    check_time_options,
     json_safe,
     tree_sample_count,
     tree_samples,
@@ -64,6 +65,7 @@ class HDF5Adapter:
     version = "1"
     extensions = (".h5", ".hdf5", ".hdf", ".he5")
     options = TIME_OPTIONS
+    check_options = staticmethod(check_time_options)
 
     def can_read(self, path: str, head: bytes) -> bool:
         """HDF5 by extension or by the 8-byte HDF5 signature."""

@@ -1,14 +1,18 @@
 """The ``mesh`` adapter (meshio): VTK/VTU, ParaView .pvd series, Gmsh .msh, OBJ, PLY, STL, XDMF.
 
 A mesh becomes the fields ``points`` (N x 3, or N x 2 for planar formats),
-``cells/<type>`` (connectivity, int64, every block of that type concatenated),
-``point_data/<name>`` and ``cell_data/<name>`` (rows follow the cells of all types in
-sorted type order, each type's blocks in file order), plus a ``metadata`` JSON field with
-the cell types and counts and the file's field data. A .pvd collection or a temporal XDMF
-file yields one sample per time step (``<key>/t0003``) with the step's time as the
-parameter ``time``; the files a .pvd or .xdmf references are its companions and are not
-ingested on their own. meshio reads a file whole: a mesh sits in memory while it is
-ingested (meshes are bounded by their own size, not by any time axis).
+``cells/<type>`` (connectivity, int64, every block of that type concatenated; a type
+whose blocks have different numbers of nodes, such as polygons of several sizes, gives
+one field per size: ``cells/polygon5``, ``cells/polygon6``), ``point_data/<name>`` and
+``cell_data/<name>`` (rows follow the cells fields in sorted type order, then size, each
+field's blocks in file order), plus a ``metadata`` JSON field with the cell field names
+(``cell_types``) and counts and the file's field data. A cell index outside the points is
+a ``SourceError`` naming the file and its ``cells/<type>`` field. A .pvd collection or a
+temporal XDMF file yields one sample per time step (``<key>/t0003``) with the step's time
+as the parameter ``time``; a .pvd's steps are ordered by timestep (stable: data sets of
+equal time keep their file order), and the files a .pvd or .xdmf references are its
+companions and are not ingested on their own. meshio reads a file whole: a mesh sits in
+memory while it is ingested (meshes are bounded by their own size, not by any time axis).
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from ._tree import json_safe, native_dtype
 
 __all__ = ["MeshAdapter"]
 
-_EXTS = (".vtk", ".vtu", ".pvd", ".msh", ".obj", ".ply", ".stl", ".xdmf", ".xmf", ".vtp")
+_EXTS = (".vtk", ".vtu", ".pvd", ".msh", ".obj", ".ply", ".stl", ".xdmf", ".xmf")
+"""Extensions meshio reads (5.3: no ``.vtp``; VTK PolyData is not among its formats)."""
 
 
 def _meshio() -> Any:
@@ -97,6 +102,60 @@ def _native(arr: Any) -> np.ndarray:
     return out.astype(native_dtype(out.dtype), copy=False)
 
 
+def _cell_blocks(
+    path: str, cells: Sequence[Any], n_points: int
+) -> list[tuple[int, str, np.ndarray]]:
+    """``(index in cells, field suffix, connectivity)`` of each block, in stored order.
+
+    A type whose blocks all have one width (nodes per cell) keeps its name (``triangle``);
+    a type whose blocks differ in width (meshio splits polygons of different sizes into
+    blocks of one size each) gets one name per width (``polygon5``, ``polygon6``). Blocks
+    are ordered by type, then width, then file order: the order of ``cell_data`` rows.
+    Every index must point at a point (checked by each block's minimum and maximum).
+    """
+    blocks: list[tuple[str, int, np.ndarray]] = []
+    for block in cells:
+        try:
+            data = np.asarray(block.data, dtype=np.int64)
+        except (TypeError, ValueError) as exc:
+            raise SourceError(
+                f"{path}: field 'cells/{block.type}': not integer connectivity: {exc}"
+            ) from exc
+        if data.ndim != 2:
+            raise SourceError(
+                f"{path}: field 'cells/{block.type}': connectivity of shape {data.shape}, "
+                "not cells x nodes"
+            )
+        if data.size:
+            low, high = int(data.min()), int(data.max())
+            if low < 0 or high >= n_points:
+                bad = low if low < 0 else high
+                raise SourceError(
+                    f"{path}: field 'cells/{block.type}': index {bad} out of range for "
+                    f"{n_points} points"
+                )
+        blocks.append((str(block.type), data.shape[1], data))
+    widths: dict[str, set[int]] = {}
+    for ctype, width, _ in blocks:
+        widths.setdefault(ctype, set()).add(width)
+    split = {t for t, w in widths.items() if len(w) > 1}
+    order = sorted(
+        range(len(blocks)),
+        key=lambda i: (blocks[i][0], blocks[i][1] if blocks[i][0] in split else 0, i),
+    )
+    out = []
+    for i in order:
+        ctype, width, data = blocks[i]
+        name = f"{ctype}{width}" if ctype in split else ctype
+        if ctype in split and name in widths:
+            raise SourceError(
+                f"{path}: field 'cells/{name}': {ctype} blocks of {width} nodes would take "
+                f"the name of the file's own {name} cells"
+            )
+        out.append((i, name, data))
+    return out
+
+
 def mesh_fields(
     path: str,
     points: np.ndarray,
@@ -109,14 +168,15 @@ def mesh_fields(
     points = _native(points)
     if points.ndim != 2 or points.shape[0] == 0:
         raise SourceError(f"{path}: field 'points': mesh has no points (malformed or empty file)")
-    order = sorted(range(len(cells)), key=lambda i: (cells[i].type, i))
-    by_type: dict[str, list[np.ndarray]] = {}
-    for i in order:
-        by_type.setdefault(cells[i].type, []).append(np.asarray(cells[i].data, dtype=np.int64))
-    fields: dict[str, Any] = {"points": points}
-    for ctype, blocks in by_type.items():
-        fields[f"cells/{ctype}"] = np.ascontiguousarray(np.concatenate(blocks, axis=0))
     n_points = points.shape[0]
+    blocks = _cell_blocks(path, cells, n_points)
+    order = [i for i, _, _ in blocks]  # cell_data rows follow the cells in this order
+    by_type: dict[str, list[np.ndarray]] = {}
+    for _, name, data in blocks:
+        by_type.setdefault(name, []).append(data)
+    fields: dict[str, Any] = {"points": points}
+    for ctype, arrays in by_type.items():
+        fields[f"cells/{ctype}"] = np.ascontiguousarray(np.concatenate(arrays, axis=0))
     for name in sorted(point_data):
         arr = _native(point_data[name])
         if arr.shape[:1] != (n_points,):
@@ -127,6 +187,20 @@ def mesh_fields(
         fields[f"point_data/{name}"] = arr
     for name in sorted(cell_data):
         parts = cell_data[name]
+        if len(parts) == 0:  # an OBJ point cloud: meshio gives obj:group_ids = []
+            continue
+        if len(parts) != len(cells):
+            raise SourceError(
+                f"{path}: field 'cell_data/{name}': {len(parts)} blocks for "
+                f"{len(cells)} cell blocks"
+            )
+        for i in order:
+            rows = np.shape(parts[i])[:1]
+            if rows != (len(cells[i].data),):
+                raise SourceError(
+                    f"{path}: field 'cell_data/{name}': {rows[0] if rows else 0} values for "
+                    f"{len(cells[i].data)} {cells[i].type} cells"
+                )
         try:
             arr = np.concatenate([np.asarray(parts[i]) for i in order], axis=0)
         except (ValueError, IndexError) as exc:
@@ -147,18 +221,39 @@ def mesh_fields(
     return fields
 
 
-def _pvd_datasets(path: str) -> list[tuple[float, str]]:
+def _pvd_entries(path: str) -> list[tuple[str | None, str]]:
+    """``(timestep as written, file path)`` of each ``DataSet`` of a .pvd, in file order."""
     try:
         root = ET.parse(path).getroot()
     except (ET.ParseError, OSError) as exc:
         raise SourceError(f"{path}: not a readable .pvd collection: {exc}") from exc
+    return [
+        (ds.get("timestep"), os.path.join(os.path.dirname(path), file))
+        for ds in root.iter("DataSet")
+        if (file := ds.get("file"))
+    ]
+
+
+def _pvd_datasets(path: str) -> list[tuple[float, str]]:
+    """``(time, file path)`` of each data set, sorted by time.
+
+    The sort is stable: data sets of equal time (the parts of one step) keep their file
+    order. A data set without a ``timestep`` takes its position in the file as its time.
+    A timestep that is not a finite number is a :class:`SourceError` naming the file.
+    """
     out: list[tuple[float, str]] = []
-    for ds in root.iter("DataSet"):
-        file = ds.get("file")
-        if not file:
-            continue
-        out.append((float(ds.get("timestep", len(out))), os.path.join(os.path.dirname(path), file)))
-    return out
+    for raw, file in _pvd_entries(path):
+        try:
+            t = float(len(out) if raw is None else raw)
+        except ValueError:
+            t = float("nan")
+        if not np.isfinite(t):
+            raise SourceError(
+                f"{path}: DataSet {len(out)} ({os.path.basename(file)}): timestep {raw!r} "
+                "is not a finite number"
+            )
+        out.append((t, file))
+    return sorted(out, key=lambda d: d[0])
 
 
 def _xdmf_is_temporal(path: str) -> bool:
@@ -197,7 +292,8 @@ class MeshAdapter:
         """Files a .pvd or .xdmf references (ingested as part of it, never alone)."""
         low = path.lower()
         if low.endswith(".pvd"):
-            return [os.path.normpath(f) for _, f in _pvd_datasets(path)]
+            # the files alone: a bad timestep is the .pvd's own error, its steps are still its
+            return [os.path.normpath(f) for _, f in _pvd_entries(path)]
         if low.endswith((".xdmf", ".xmf")):
             return [os.path.normpath(f) for f in _xdmf_heavy_files(path)]
         return []

@@ -26,6 +26,7 @@ from ._tree import (
     ArrayEntry,
     SlicedArray,
     attribute_fields,
+    check_time_options,
     json_safe,
     tree_sample_count,
     tree_samples,
@@ -163,6 +164,7 @@ class NetCDFAdapter:
     version = "1"
     extensions = (".nc", ".nc4", ".cdf", ".netcdf")
     options = TIME_OPTIONS
+    check_options = staticmethod(check_time_options)
 
     def can_read(self, path: str, head: bytes) -> bool:
         """NetCDF by extension or by the classic ``CDF`` signature."""

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from simstore import _buffers
-from simstore.errors import SourceError
+from simstore.errors import InvalidInputError, SourceError
 from simstore.sample import FieldValue, Sample
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "ArrayEntry",
     "SlicedArray",
     "attribute_fields",
+    "check_time_options",
     "json_safe",
     "native_dtype",
     "tree_sample_count",
@@ -44,6 +45,31 @@ TIME_OPTIONS = frozenset({"time_window", "stride", "time_name"})
 """The options of adapters that cut a run into time windows (hdf5, netcdf, zarr)."""
 
 DEFAULT_MAX_IN_MEMORY = 16 << 20
+
+
+def check_time_options(options: Mapping[str, Any]) -> None:
+    """Refuse a ``time_window`` or ``stride`` that is not a whole number of at least 1.
+
+    The adapters' ``check_options``: ingest calls it before anything is read, so
+    ``--option time_window=abc`` fails once instead of in every file, and ``0`` or
+    ``2.5`` are errors rather than no windows or windows of 2.
+    """
+    for name in ("time_window", "stride"):
+        raw = options.get(name)
+        if raw is None:
+            continue
+        value = None
+        if isinstance(raw, int | np.integer) and not isinstance(raw, bool):
+            value = int(raw)
+        elif isinstance(raw, str):
+            try:
+                value = int(raw.strip())
+            except ValueError:
+                value = None
+        if value is None or value < 1:
+            raise InvalidInputError(
+                f"adapter option {name} {raw!r}: a whole number of time steps, at least 1"
+            )
 
 
 def native_dtype(dtype: Any) -> np.dtype[Any]:

@@ -18,6 +18,7 @@ from ._tree import (
     ArrayEntry,
     SlicedArray,
     attribute_fields,
+    check_time_options,
     tree_sample_count,
     tree_samples,
 )
@@ -39,6 +40,7 @@ class ZarrAdapter:
     version = "1"
     extensions = (".zarr", ".zarr.zip")
     options = TIME_OPTIONS
+    check_options = staticmethod(check_time_options)
 
     def can_read(self, path: str, head: bytes) -> bool:
         """A Zarr directory, or a zip named ``*.zarr.zip``."""

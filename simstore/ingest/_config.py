@@ -205,6 +205,9 @@ class IngestConfig:
         adapter lists the options it takes in ``options`` (``auto``: those of every adapter
         it may pick); one that declares no ``options`` takes any. The options ingest itself
         sets (:data:`PIPELINE_OPTIONS`) are refused from a user: ingest would replace them.
+        An adapter with a ``check_options(options)`` hook then checks the values given
+        (``auto``: each adapter it may pick, its own options only) and raises
+        ``InvalidInputError`` for a bad one.
         """
         for key in self.adapter_options:
             if key in PIPELINE_OPTIONS:
@@ -220,16 +223,18 @@ class IngestConfig:
         if "stride" in given and "time_window" not in given:
             raise InvalidInputError("adapter option 'stride' needs a time_window")
         declared = getattr(adapter, "options", None)
-        if declared is None:
-            return
-        unknown = sorted(given - set(declared))
-        if unknown:
-            takes = ", ".join(sorted(declared)) or "none"
-            raise InvalidInputError(
-                f"unknown adapter option{'s' if len(unknown) > 1 else ''} "
-                f"{', '.join(repr(k) for k in unknown)} for adapter {adapter.name!r} "
-                f"(options it takes: {takes})"
-            )
+        if declared is not None:
+            unknown = sorted(given - set(declared))
+            if unknown:
+                takes = ", ".join(sorted(declared)) or "none"
+                raise InvalidInputError(
+                    f"unknown adapter option{'s' if len(unknown) > 1 else ''} "
+                    f"{', '.join(repr(k) for k in unknown)} for adapter {adapter.name!r} "
+                    f"(options it takes: {takes})"
+                )
+        check = getattr(adapter, "check_options", None)
+        if callable(check):
+            check({k: v for k, v in self.adapter_params().items() if k in given})
 
     def shard_options(self) -> ShardOptions:
         """The options every shard format gets."""

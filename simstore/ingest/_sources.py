@@ -178,7 +178,8 @@ def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[Sourc
     adapter reads, and its task then fails on it with one line naming it (see
     :func:`read_head`): an error, or a skipped file under ``on_error="skip"``. Such an
     entry is never opened here (a pipe would block the walk for ever); one whose name no
-    adapter reads is ignored like any other such file.
+    adapter reads is ignored like any other such file. A file whose ``companions`` cannot
+    be listed (a malformed ``.pvd``) claims none and stays a source: its task reports it.
     """
     found: dict[str, SourceFile] = {}
     walked: set[str] = set()
@@ -242,8 +243,13 @@ def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[Sourc
         if picked is None:
             picked = resolve_adapter(adapter, found_src.path, sniff(found_src.path))
         companions = getattr(picked, "companions", None)
-        if callable(companions):
-            claimed.update(os.path.normpath(os.path.abspath(p)) for p in companions(found_src.path))
+        if not callable(companions):
+            continue
+        try:
+            referenced = list(companions(found_src.path))
+        except Exception:  # a malformed .pvd: its own task reports it, naming the file
+            continue
+        claimed.update(os.path.normpath(os.path.abspath(p)) for p in referenced)
     files = [s for s in found.values() if not (s.path in walked and s.path in claimed)]
     return sorted(files, key=lambda s: s.key), sorted(ignored)
 

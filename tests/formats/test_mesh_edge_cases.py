@@ -1,0 +1,193 @@
+"""The mesh adapter on edge cases of real files written by meshio: cell indices past the
+points, OBJ point clouds, polygons of several sizes, .pvd series out of time order or
+with a bad timestep, and .vtp (which meshio does not read)."""
+
+import warnings
+
+import meshio
+import numpy as np
+import pytest
+from simstore.formats.adapters import AutoAdapter, MeshAdapter
+
+from simstore.errors import SourceError
+
+RNG = np.random.default_rng(7)
+POINTS = RNG.random((12, 3))
+
+
+def _write(path, mesh):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        meshio.write(path, mesh)
+    return str(path)
+
+
+def _sample(path, key=None):
+    (sample,) = MeshAdapter().iter_samples(str(path), key or path.name, {})
+    return sample.fields
+
+
+@pytest.mark.parametrize("bad, name", [(99, "vtu"), (4, "vtk"), (-1, "vtu")])
+def test_a_cell_index_outside_the_points_names_the_file_and_the_cells(tmp_path, bad, name):
+    path = tmp_path / f"oob.{name}"
+    cells = [("line", np.array([[0, 1]])), ("triangle", np.array([[0, 1, 2], [0, 1, bad]]))]
+    _write(path, meshio.Mesh(POINTS[:4], cells))
+    with pytest.raises(SourceError) as err:
+        _sample(path)
+    assert str(err.value) == (
+        f"{path}: field 'cells/triangle': index {bad} out of range for 4 points"
+    )
+
+
+def test_cells_using_every_point_are_kept(tmp_path):
+    path = tmp_path / "ok.vtu"
+    tris = np.array([[0, 1, 2], [1, 2, 3]])
+    _write(path, meshio.Mesh(POINTS[:4], [("triangle", tris)]))
+    np.testing.assert_array_equal(_sample(path)["cells/triangle"], tris)
+
+
+def test_an_obj_point_cloud_is_its_points(tmp_path):
+    path = tmp_path / "cloud.obj"
+    _write(path, meshio.Mesh(POINTS[:7], []))
+    read = meshio.read(path)
+    assert read.cell_data == {"obj:group_ids": []}  # what the adapter has to cope with
+    fields = _sample(path)
+    assert sorted(fields) == ["metadata", "points"]
+    np.testing.assert_array_equal(fields["points"], read.points)
+    assert fields["metadata"]["cell_types"] == [] and fields["metadata"]["cell_counts"] == {}
+
+
+def _polygon_mesh(path):
+    """Polygons of 5, 6 and 5 nodes around a triangle block, each with cell data."""
+    cells = [
+        ("polygon", np.array([[0, 1, 2, 3, 4], [1, 2, 3, 4, 5]])),
+        ("triangle", np.array([[0, 1, 2]])),
+        ("polygon", np.array([[5, 6, 7, 8, 9, 10]])),
+        ("polygon", np.array([[2, 3, 4, 5, 6]])),
+    ]
+    cell_data = {"c": [np.array([1.0, 2.0]), np.array([3.0]), np.array([4.0]), np.array([5.0])]}
+    return _write(path, meshio.Mesh(POINTS, cells, cell_data=cell_data))
+
+
+@pytest.mark.parametrize("suffix", [".vtu", ".vtk", ".obj", ".ply"])
+def test_polygons_of_several_sizes_get_one_field_per_size(tmp_path, suffix):
+    path = _polygon_mesh(tmp_path / f"poly{suffix}")
+    read = meshio.read(path)
+    assert [(c.type, c.data.shape[1]) for c in read.cells] == [
+        ("polygon", 5), ("triangle", 3), ("polygon", 6), ("polygon", 5)
+    ]
+    fields = _sample(tmp_path / f"poly{suffix}")
+    blocks = read.cells
+    np.testing.assert_array_equal(
+        fields["cells/polygon5"], np.concatenate([blocks[0].data, blocks[3].data])
+    )
+    np.testing.assert_array_equal(fields["cells/polygon6"], blocks[2].data)
+    np.testing.assert_array_equal(fields["cells/triangle"], blocks[1].data)
+    assert "cells/polygon" not in fields
+    meta = fields["metadata"]
+    assert meta["cell_types"] == ["polygon5", "polygon6", "triangle"]
+    assert meta["cell_counts"] == {"polygon5": 3, "polygon6": 1, "triangle": 1}
+    # cell data rows follow the cells fields: polygon5 (file order), polygon6, triangle
+    for name, parts in read.cell_data.items():
+        want = np.concatenate([parts[0], parts[3], parts[2], parts[1]])
+        np.testing.assert_array_equal(fields[f"cell_data/{name}"], want)
+    if suffix in (".vtu", ".vtk"):
+        np.testing.assert_array_equal(fields["cell_data/c"], [1.0, 2.0, 5.0, 4.0, 3.0])
+
+
+def test_polygons_of_one_size_keep_the_type_name(tmp_path):
+    path = tmp_path / "quads.vtu"
+    blocks = [np.array([[0, 1, 2, 3, 4]]), np.array([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]])]
+    _write(path, meshio.Mesh(
+        POINTS, [("polygon", blocks[0]), ("polygon", blocks[1])],
+        cell_data={"c": [np.array([1.0]), np.array([2.0, 3.0])]},
+    ))
+    fields = _sample(path)
+    np.testing.assert_array_equal(fields["cells/polygon"], np.concatenate(blocks))
+    assert not any(k.startswith("cells/polygon") and k != "cells/polygon" for k in fields)
+    np.testing.assert_array_equal(fields["cell_data/c"], [1.0, 2.0, 3.0])
+
+
+def _pvd(folder, entries):
+    """A .pvd of ``(timestep, part, name)`` data sets; each file's point data is its name's
+    number, so a sample tells which file it came from."""
+    lines = []
+    for t, part, name in entries:
+        number = float(name.removeprefix("s").removesuffix(".vtu"))
+        meshio.write(folder / name, meshio.Mesh(
+            POINTS[:4], [("triangle", np.array([[0, 1, 2]]))],
+            point_data={"n": np.full(4, number)},
+        ))
+        lines.append(f'<DataSet timestep="{t}" part="{part}" file="{name}"/>')
+    (folder / "run.pvd").write_text(
+        '<?xml version="1.0"?>\n<VTKFile type="Collection" version="0.1"><Collection>\n'
+        + "\n".join(lines) + "\n</Collection></VTKFile>\n"
+    )
+    return folder / "run.pvd"
+
+
+def test_pvd_steps_follow_their_timesteps_not_the_file_order(tmp_path):
+    path = _pvd(tmp_path, [(0.2, 0, "s0.vtu"), (0.0, 0, "s1.vtu"), (0.1, 0, "s2.vtu"),
+                           (1e-3, 0, "s3.vtu")])
+    samples = list(MeshAdapter().iter_samples(str(path), "run.pvd", {}))
+    assert [s.key for s in samples] == [f"run.pvd/t{i:04d}" for i in range(4)]
+    assert [s.fields["time"] for s in samples] == [0.0, 1e-3, 0.1, 0.2]
+    assert [s.fields["point_data/n"][0] for s in samples] == [1.0, 3.0, 2.0, 0.0]
+
+
+def test_pvd_parts_of_one_step_stay_together_in_file_order(tmp_path):
+    path = _pvd(tmp_path, [(1, 0, "s0.vtu"), (0, 0, "s1.vtu"), (1, 1, "s2.vtu"),
+                           (0, 1, "s3.vtu")])
+    samples = list(MeshAdapter().iter_samples(str(path), "run.pvd", {}))
+    got = [(s.key, s.fields["time"], s.fields["part"], s.fields["point_data/n"][0])
+           for s in samples]
+    assert got == [
+        ("run.pvd/t0000/p0000", 0.0, 0, 1.0),
+        ("run.pvd/t0000/p0001", 0.0, 1, 3.0),
+        ("run.pvd/t0001/p0000", 1.0, 0, 0.0),
+        ("run.pvd/t0001/p0001", 1.0, 1, 2.0),
+    ]
+
+
+@pytest.mark.parametrize("timestep", ["abc", "nan", "inf", ""])
+def test_a_pvd_timestep_that_is_no_number_is_a_source_error(tmp_path, timestep):
+    path = _pvd(tmp_path, [(0, 0, "s0.vtu"), (timestep, 0, "s1.vtu")])
+    with pytest.raises(SourceError) as err:
+        list(MeshAdapter().iter_samples(str(path), "run.pvd", {}))
+    message = str(err.value)
+    assert "\n" not in message
+    assert message == (
+        f"{path}: DataSet 1 (s1.vtu): timestep {timestep!r} is not a finite number"
+    )
+    # its files are still its own: not ingested alone
+    assert sorted(MeshAdapter().companions(str(path))) == [
+        str(tmp_path / "s0.vtu"), str(tmp_path / "s1.vtu")
+    ]
+
+
+def test_a_pvd_that_is_not_xml_is_a_source_error_also_for_its_companions(tmp_path):
+    meshio.write(tmp_path / "s0.vtu", meshio.Mesh(POINTS[:4], [("triangle", [[0, 1, 2]])]))
+    path = tmp_path / "run.pvd"
+    path.write_text('<VTKFile type="Collection"><Collection><DataSet timestep="0" file="s0.vtu"/>')
+    for call in (lambda: MeshAdapter().companions(str(path)),
+                 lambda: list(MeshAdapter().iter_samples(str(path), "run.pvd", {}))):
+        with pytest.raises(SourceError, match=r"run\.pvd: not a readable \.pvd collection: "):
+            call()
+
+
+def test_vtp_is_not_claimed_since_meshio_has_no_reader_for_it(tmp_path):
+    path = tmp_path / "tri.vtp"
+    path.write_text(
+        '<?xml version="1.0"?><VTKFile type="PolyData" version="0.1"><PolyData>'
+        '<Piece NumberOfPoints="3" NumberOfPolys="1"><Points><DataArray type="Float64" '
+        'NumberOfComponents="3" format="ascii">0 0 0 1 0 0 0 1 0</DataArray></Points>'
+        '<Polys><DataArray type="Int64" Name="connectivity" format="ascii">0 1 2</DataArray>'
+        '<DataArray type="Int64" Name="offsets" format="ascii">3</DataArray></Polys>'
+        "</Piece></PolyData></VTKFile>"
+    )
+    with pytest.raises(meshio.ReadError):
+        meshio.read(path)
+    head = path.read_bytes()[:64]
+    assert ".vtp" not in MeshAdapter.extensions
+    assert not MeshAdapter().can_read(str(path), head)
+    assert AutoAdapter().resolve(str(path), head) is None
