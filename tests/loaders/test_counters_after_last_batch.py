@@ -39,15 +39,15 @@ def _wait_for(condition, what: str, timeout_s: float = 60.0) -> None:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("workers", [0, 2])
-def test_fills_after_the_last_delivered_batch_are_counted(small, tmp_path, workers):
+@pytest.mark.parametrize(("workers", "start"), [(0, None), (2, "fork"), (2, "spawn")])
+def test_fills_after_the_last_delivered_batch_are_counted(small, tmp_path, workers, start):
     store, _, _ = small
     cache = str(tmp_path / "cache")
     ds = SimDataset(RemoteLikeStore(store, delay_s=0.05), "sim", shuffle=False, cache_dir=cache,
                     cache_limit="64MiB", shard_opener=open_test_shard,
                     prefetch=PrefetchConfig(shards=8))
     loader = SimDataLoader(ds, batch_size=2, num_workers=workers,
-                           multiprocessing_context="fork" if workers else None)
+                           multiprocessing_context=start)
     it = iter(loader)
     next(it)  # one batch (one shard's samples); the readers fetch the other shards ahead
     _wait_for(lambda: len(_shard_copies(store, cache)) == 6, "every shard in the cache")
