@@ -5,14 +5,20 @@ it: a 204-byte file whose attribute declares 2^30 characters made the library al
 and touch 1 GiB (found by fuzzing). This walks the header as the format specification
 lays it out (``magic numrecs dim_list gatt_list var_list``) and refuses any count or
 length whose bytes cannot fit in what is left of the file, so a damaged header costs a
-few microseconds and a one-line error, never the memory it claims. It checks only the
-header's own sizes; the variables' data sizes are checked after the open, against the
-file's size (``_check_classic_size``).
+few microseconds and a one-line error, never the memory it claims.
+
+Then every variable's values must lie inside the file: a fixed-size variable's from its
+``begin`` offset for the size its shape and type give, a record variable's last record at
+``begin + (numrecs - 1) * recsize`` likewise. netCDF-C reads the missing tail of a
+truncated file as fill values (zeros), so a file short by a few bytes would otherwise be
+ingested with made-up values.
 """
 
 from __future__ import annotations
 
+import math
 import struct
+from dataclasses import dataclass
 from typing import BinaryIO
 
 from simstore.errors import SourceError
@@ -25,6 +31,18 @@ _TYPE_SIZES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 4, 6: 8, 7: 1, 8: 2, 9: 4, 10: 8, 11: 
 """Bytes per value of each ``nc_type`` (NC_BYTE .. NC_UINT64; 7-11 are CDF-5 only)."""
 _MAX_NAME = 256 * 4
 """netCDF-C's NC_MAX_NAME is 256 characters of up to 4 bytes of UTF-8 each."""
+_STREAMING = -1
+"""A CDF-1/CDF-2 record count of 0xFFFFFFFF: "indeterminate", netCDF-C counts the records
+that the file holds (so none can be missing)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Variable:
+    name: str
+    shape: tuple[int, ...]  # the record dimension's length is 0
+    record: bool
+    itemsize: int
+    begin: int
 
 
 class _Header:
@@ -77,11 +95,18 @@ class _Header:
     def padded(self, n: int, what: str) -> None:
         self.skip(n + (-n % 4), what)
 
-    def name(self, what: str) -> None:
+    def name(self, what: str) -> str:
         n = self.count(f"the length of {what}'s name", 1)
         if n > _MAX_NAME:
             raise self.fail(f"{what}'s name is {n} bytes long")
-        self.padded(n, f"{what}'s name")
+        raw = self.take(n, f"{what}'s name")
+        self.skip(-n % 4, f"{what}'s name padding")
+        # for messages only: netCDF-C itself refuses a name that is not UTF-8
+        return raw.decode("utf-8", errors="backslashreplace")
+
+    def unsigned(self, what: str) -> int:
+        """A 32-bit (64 in CDF-5) unsigned word."""
+        return int.from_bytes(self.take(self.word, what), "big", signed=False)
 
     def list_header(self, tag: int, what: str, each: int) -> int:
         """The item count of a list (0 when ABSENT); refuses a wrong tag."""
@@ -131,18 +156,63 @@ def check_classic_header(path: str) -> None:
 
 def _walk(h: _Header) -> None:
     version = h.version
-    h.take(h.word, "the record count")
+    numrecs = int.from_bytes(h.take(h.word, "the record count"), "big", signed=True)
+    dims: list[int] = []
     for i in range(h.list_header(_DIMENSION, "dimension", 8)):
         h.name(f"dimension {i}")
-        h.count(f"dimension {i}'s length", 0)
+        dims.append(h.count(f"dimension {i}'s length", 0))
     h.attributes("the file")
     offset = 8 if version in (2, 5) else 4
+    variables: list[_Variable] = []
     for i in range(h.list_header(_VARIABLE, "variable", 16)):
         label = f"variable {i}"
-        h.name(label)
+        name = h.name(label)
         ndims = h.count(f"{label}'s number of dimensions", h.word)
-        h.take(ndims * h.word, f"{label}'s dimension ids")
+        ids = [h.unsigned(f"{label}'s dimension ids") for _ in range(ndims)]
+        if any(d >= len(dims) for d in ids):
+            raise h.fail(f"{label} ({name!r}) names dimension {max(ids)} of {len(dims)}")
         h.attributes(label)
-        h.int32(f"{label}'s type")
-        h.take(h.word, f"{label}'s size")
-        h.take(offset, f"{label}'s data offset")
+        kind = h.int32(f"{label}'s type")
+        itemsize = _TYPE_SIZES.get(kind)
+        if itemsize is None or (kind > 6 and version != 5):
+            raise h.fail(f"{label} ({name!r}) has unknown type {kind}")
+        h.take(h.word, f"{label}'s size")  # vsize: redundant, and capped for big variables
+        begin = int.from_bytes(h.take(offset, f"{label}'s data offset"), "big", signed=False)
+        shape = tuple(dims[d] for d in ids)
+        # the record dimension (length 0 in the header) can only be a variable's first
+        record = bool(shape) and shape[0] == 0 and dims.count(0) == 1
+        variables.append(_Variable(name, shape, record, itemsize, begin))
+    _check_data(h, numrecs, variables)
+
+
+def _check_data(h: _Header, numrecs: int, variables: list[_Variable]) -> None:
+    """Refuse a variable whose values the header places (partly) past the end of the file.
+
+    A fixed-size variable's values are ``product(shape) * itemsize`` bytes from ``begin``.
+    Records interleave the record variables' slabs: record ``r`` of a variable starts at
+    ``begin + r * recsize``, where ``recsize`` is the sum of their slab sizes, each padded
+    to 4 bytes (unpadded when there is one record variable). Only the values' own bytes
+    must be in the file, not the padding after the last one.
+    """
+    slabs = {v.name: math.prod(v.shape[1:]) * v.itemsize for v in variables if v.record}
+    if len(slabs) == 1:
+        recsize = next(iter(slabs.values()))
+    else:
+        recsize = sum(n + (-n % 4) for n in slabs.values())
+    for v in variables:
+        if v.record:
+            if numrecs == _STREAMING or numrecs <= 0 or slabs[v.name] == 0:
+                continue
+            end = v.begin + (numrecs - 1) * recsize + slabs[v.name]
+            what = f"{numrecs} records of {slabs[v.name]} bytes"
+        else:
+            nbytes = math.prod(v.shape) * v.itemsize
+            if nbytes == 0:
+                continue
+            end = v.begin + nbytes
+            what = f"{nbytes} bytes"
+        if end > h.size:
+            raise SourceError(
+                f"{h.path}: field {v.name!r}: the header declares {what} ending at byte "
+                f"{end} but the file holds {h.size}: truncated or corrupt NetCDF file"
+            )

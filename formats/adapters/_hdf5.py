@@ -8,6 +8,14 @@ Datasets chunked without filters are read with no chunk cache (straight into the
 result); compressed ones keep HDF5's chunk cache.
 String datasets become string parameters (scalar) or metadata lists. A dataset with a
 null dataspace (``h5py.Empty``) is refused with an error naming it.
+
+Every link path that leads to a dataset is a field: a second hard link or a soft link to
+a dataset is a second field with the same values, so adding an alias never renames a
+field. A dangling soft link, a link that leads back into a group that contains it (a
+cycle), and an external link (to another file, not followed) are errors naming the link.
+Object references become the referenced objects' paths (``/velocity``; a null reference
+``""``); region references are refused. Byte strings that are not UTF-8 keep their exact
+bytes (see ``_tree.json_safe``).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from ._tree import (
     attribute_fields,
     check_time_options,
     json_safe,
+    text_or_bytes,
     tree_sample_count,
     tree_samples,
 )
@@ -34,6 +43,10 @@ from ._tree import (
 __all__ = ["HDF5_MAGIC", "HDF5Adapter"]
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+
+_MAX_LINK_PATHS = 1_000_000
+"""Link paths one file may have: aliases of groups multiply paths (30 nested groups of
+two hard links each would make 2^30), so a file past this is refused, not walked."""
 
 
 def _h5py() -> Any:
@@ -96,22 +109,24 @@ class HDF5Adapter:
             raise SourceError(f"{path}: not a readable HDF5 file: {exc}") from exc
 
     @staticmethod
-    def _tree(
-        f: Any, path: str
-    ) -> tuple[list[ArrayEntry], dict[str, FieldValue], dict[str, Any]]:
+    def _tree(f: Any, path: str) -> tuple[list[ArrayEntry], dict[str, FieldValue], dict[str, Any]]:
         """The file's arrays, parameters and metadata."""
         h5py = _h5py()
         entries: list[ArrayEntry] = []
         params: dict[str, FieldValue] = {}
         metadata: dict[str, Any] = {}
         try:
-            attribute_fields("", dict(f.attrs), params, metadata)
-            names: list[str] = []
-            f.visit(names.append)
-            for name in sorted(names):
-                obj = f.get(name, getlink=False)
+            attribute_fields("", _attributes(h5py, f, f, "", path), params, metadata)
+            for name in _link_paths(h5py, f, path):
+                obj = f[name]
                 is_array = isinstance(obj, h5py.Dataset)
-                attribute_fields(name, dict(obj.attrs), params, metadata, is_array=is_array)
+                attribute_fields(
+                    name,
+                    _attributes(h5py, f, obj, name, path),
+                    params,
+                    metadata,
+                    is_array=is_array,
+                )
                 if not isinstance(obj, h5py.Dataset):
                     continue
                 if obj.shape is None:
@@ -124,15 +139,19 @@ class HDF5Adapter:
                         "(h5py.Empty: no shape and no values), which no field can hold"
                     )
                 dtype = obj.dtype
+                if h5py.check_ref_dtype(dtype) is not None:
+                    refs = _references(h5py, f, obj[()], name, path)
+                    if isinstance(refs, str):
+                        params[name] = refs
+                    else:
+                        metadata[name] = refs
+                    continue
                 if h5py.check_string_dtype(dtype) is not None or dtype.kind in "SUO":
                     value = obj[()]
-                    if isinstance(value, bytes | str | np.bytes_ | np.str_):
-                        raw = (
-                            value.decode("utf-8", "replace")
-                            if isinstance(value, bytes)
-                            else str(value)
-                        )
-                        params[name] = raw
+                    if isinstance(value, bytes | np.bytes_):
+                        params[name] = text_or_bytes(bytes(value))
+                    elif isinstance(value, str | np.str_):
+                        params[name] = str(value)
                     else:
                         metadata[name] = json_safe(np.asarray(value))
                     continue
@@ -150,3 +169,103 @@ class HDF5Adapter:
         except (OSError, RuntimeError, KeyError, ValueError) as exc:
             raise SourceError(f"{path}: corrupt HDF5 structure: {exc}") from exc
         return entries, params, metadata
+
+
+def _link_paths(h5py: Any, f: Any, path: str) -> list[str]:
+    """Every link path below the root, sorted (each one opens with ``f[path]``).
+
+    Hard and soft links are followed, so an object with several names appears once per
+    name (h5py's ``visit`` and ``visit_links`` give each object, or each group's links,
+    once, and skip soft links). A dangling soft link, a link back into a group that
+    contains it, and an external link are errors naming the link. No dataset stays open
+    (see ``_uncached``).
+    """
+    out: list[str] = []
+
+    # depth first with a stack of its own: a file may nest groups deeper than Python's
+    # recursion limit
+    pending: list[tuple[Any, str, tuple[Any, ...]]] = [(f, "", (f,))]
+    while pending:
+        group, prefix, above = pending.pop()
+        for link_name in sorted(group.keys()):
+            where = f"{prefix}/{link_name}" if prefix else link_name
+            link = group.get(link_name, getlink=True)
+            if isinstance(link, h5py.ExternalLink):
+                raise SourceError(
+                    f"{path}: link {where!r}: an external link to {link.path!r} in file "
+                    f"{link.filename!r}: external links are not followed; ingest the "
+                    "target file"
+                )
+            if isinstance(link, h5py.SoftLink):
+                obj = group.get(link_name)
+                if obj is None:
+                    raise SourceError(
+                        f"{path}: link {where!r}: a dangling soft link to {link.path!r} "
+                        "(no such object)"
+                    )
+                how = f"a soft link to {link.path!r}"
+            elif isinstance(link, h5py.HardLink):
+                obj = group.get(link_name)
+                how = "a hard link"
+            else:
+                raise SourceError(f"{path}: link {where!r}: an unsupported kind of link ({link!r})")
+            if isinstance(obj, h5py.Group) and any(obj.id == g.id for g in above):
+                raise SourceError(
+                    f"{path}: link {where!r}: {how} makes a cycle (it leads back to a "
+                    "group that contains it)"
+                )
+            out.append(where)
+            if len(out) > _MAX_LINK_PATHS:
+                raise SourceError(
+                    f"{path}: more than {_MAX_LINK_PATHS} link paths (groups linked under "
+                    "many names multiply them)"
+                )
+            if isinstance(obj, h5py.Group):
+                pending.append((obj, where, (*above, obj)))
+            del obj
+    out.sort()
+    return out
+
+
+def _attributes(h5py: Any, f: Any, obj: Any, name: str, path: str) -> dict[str, Any]:
+    """An object's attributes, object references as the referenced objects' paths."""
+    out: dict[str, Any] = {}
+    for attr in obj.attrs:
+        value = obj.attrs[attr]
+        if h5py.check_ref_dtype(obj.attrs.get_id(attr).dtype) is not None:
+            field = f"{name}{'.' if isinstance(obj, h5py.Dataset) else '/'}{attr}" if name else attr
+            value = _references(h5py, f, value, field, path)
+        out[attr] = value
+    return out
+
+
+def _references(h5py: Any, f: Any, value: Any, field: str, path: str) -> str | list[Any]:
+    """Object references as the paths of the objects (``""`` for a null reference).
+
+    A scalar gives one string, an array a nested list. Region references (a selection of
+    a dataset) have no such form and are refused.
+    """
+    arr = np.asarray(value, dtype=object)
+
+    def one(ref: Any) -> str:
+        if isinstance(ref, h5py.RegionReference):
+            raise SourceError(f"{path}: field {field!r}: HDF5 region references are not supported")
+        if not isinstance(ref, h5py.Reference):
+            raise SourceError(f"{path}: field {field!r}: not an HDF5 reference: {ref!r}")
+        if not ref:
+            return ""
+        try:
+            return str(f[ref].name)
+        except (KeyError, ValueError, OSError, RuntimeError) as exc:
+            raise SourceError(
+                f"{path}: field {field!r}: an object reference that leads nowhere: "
+                f"{' '.join(str(exc).split())}"
+            ) from exc
+
+    if arr.ndim == 0:
+        return one(arr[()])
+    paths = np.empty(arr.shape, dtype=object)
+    for index, ref in np.ndenumerate(arr):
+        paths[index] = one(ref)
+    result: list[Any] = paths.tolist()
+    return result

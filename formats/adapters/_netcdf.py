@@ -11,7 +11,6 @@ the dimension named by ``time_name``, else the first unlimited dimension, else o
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -28,6 +27,7 @@ from ._tree import (
     attribute_fields,
     check_time_options,
     json_safe,
+    text_or_bytes,
     tree_sample_count,
     tree_samples,
 )
@@ -51,30 +51,61 @@ def _groups(ds: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
         yield from _groups(ds.groups[name], f"{prefix}/{name}" if prefix else name)
 
 
-def _check_classic_size(ds: Any, path: str) -> None:
-    """Refuse a classic (NetCDF-3) file whose header declares more data than it holds.
+def _attributes(obj: Any) -> dict[str, Any]:
+    """A group's or variable's attributes, text ones with their exact bytes.
 
-    Classic files store every variable uncompressed and disjoint, so their bytes fit in
-    the file. A corrupt header (fuzzing found one: a 204-byte file declaring a dimension
-    of 3.6 billion) would otherwise have ingest read tens of GB of fill values.
+    netCDF4 decodes text attributes as UTF-8 with replacement characters; read as
+    Latin-1 (one character per byte) and encoded back, they are the file's bytes (less
+    the NUL characters netCDF4 strips), which ``attribute_fields`` turns into text when
+    they are UTF-8 and keeps as bytes otherwise.
     """
-    if not str(getattr(ds, "data_model", "")).startswith("NETCDF3"):
-        return
-    size = os.path.getsize(path)
-    total = 0
-    biggest = ("", -1)
-    for name, var in ds.variables.items():
-        try:
-            nbytes = int(var.size) * np.dtype(var.dtype).itemsize
-        except TypeError:
-            continue
-        total += nbytes
-        biggest = max(biggest, (name, nbytes), key=lambda item: item[1])
-    if total > size:
+    out: dict[str, Any] = {}
+    for name in obj.ncattrs():
+        value = obj.getncattr(name, encoding="latin-1")
+        if isinstance(value, str):
+            value = value.encode("latin-1")
+        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+            value = [v.encode("latin-1") for v in value]
+        out[name] = value
+    return out
+
+
+def _string_values(nc: Any, var: Any, name: str, path: str) -> Any:
+    """A character or string variable's values: one ``str`` (or ``bytes``), or a JSON list.
+
+    A character (NC_CHAR) variable's last axis is the string length. Its raw characters
+    are read (netCDF4's own conversion off: with an ``_Encoding`` attribute it would
+    hand back strings already) and joined once. Declared ``_Encoding`` text is decoded
+    with that encoding, strictly; undeclared characters are text when they are valid
+    UTF-8 (ASCII included), else they keep their exact bytes (see ``_tree.json_safe``).
+    """
+    encoding = None
+    is_char = not isinstance(var.dtype, type) and np.dtype(var.dtype).kind == "S"
+    try:
+        if is_char:
+            var.set_auto_chartostring(False)
+            if "_Encoding" in var.ncattrs():
+                encoding = str(var.getncattr("_Encoding"))
+            raw = np.asarray(var[...])
+            words = nc.chartostring(raw, encoding="bytes") if raw.ndim else raw
+            if encoding is not None:
+                words = np.vectorize(lambda b: bytes(b).decode(encoding), otypes=[object])(words)
+        else:
+            words = np.asarray(var[...])
+    except (LookupError, UnicodeDecodeError) as exc:
+        what = f"its _Encoding {encoding!r}" if encoding is not None else "UTF-8"
         raise SourceError(
-            f"{path}: field {biggest[0]!r}: the header declares {total} bytes of variables "
-            f"but the file holds {size}: truncated or corrupt NetCDF file"
-        )
+            f"{path}: field {name!r}: character data that is not valid text in {what}: "
+            f"{' '.join(str(exc).split())}"
+        ) from exc
+    except (OSError, RuntimeError, ValueError, TypeError, IndexError) as exc:
+        raise SourceError(
+            f"{path}: field {name!r}: unreadable string variable: {' '.join(str(exc).split())}"
+        ) from exc
+    if words.ndim == 0:
+        item = words.item() if isinstance(words, np.ndarray) else words
+        return text_or_bytes(bytes(item)) if isinstance(item, bytes) else str(item)
+    return json_safe(words)
 
 
 def _hdf5_view(ds: Any, path: str) -> Any:
@@ -198,14 +229,15 @@ class NetCDFAdapter:
     ) -> tuple[Any, Any, list[ArrayEntry], dict[str, FieldValue], dict[str, Any], str | None]:
         """The open file (and its h5py view), its arrays, parameters, metadata, time axis."""
         nc = _netcdf4()
-        check_classic_header(path)  # before netCDF-C allocates what a header declares
+        # before netCDF-C allocates what a header declares, or reads a truncated file's
+        # missing values as fill values
+        check_classic_header(path)
         try:
             ds = nc.Dataset(path, "r")
         except (OSError, RuntimeError, ValueError) as exc:
             raise SourceError(f"{path}: not a readable NetCDF file: {exc}") from exc
         h5 = None
         try:
-            _check_classic_size(ds, path)
             h5 = _hdf5_view(ds, path) if fast_reads else None
             ds.set_auto_maskandscale(False)
             ds.set_always_mask(False)
@@ -218,34 +250,30 @@ class NetCDFAdapter:
                 named = [d for d in ("time", "t") if d in ds.dimensions]
                 time_dim = (unlimited or named or [None])[0]
             for prefix, group in _groups(ds):
-                attribute_fields(
-                    prefix, {a: group.getncattr(a) for a in group.ncattrs()}, params, metadata
-                )
+                attribute_fields(prefix, _attributes(group), params, metadata)
                 for vname in sorted(group.variables):
                     var = group.variables[vname]
                     name = f"{prefix}/{vname}" if prefix else vname
                     attribute_fields(
                         name,
-                        {a: var.getncattr(a) for a in var.ncattrs()},
+                        _attributes(var),
                         params,
                         metadata,
                         is_array=True,
                     )
+                    if getattr(var, "_isvlen", False) and var.dtype is not str:
+                        raise SourceError(
+                            f"{path}: field {name!r}: unsupported NetCDF type (variable-length "
+                            f"{np.dtype(var.dtype)}): only fixed-size numeric, character and "
+                            "string variables are read"
+                        )
                     dtype = np.dtype(var.dtype) if not isinstance(var.dtype, type) else None
                     if dtype is None or dtype.kind in "SUO":
-                        value = var[...]
-                        if dtype is not None and dtype.kind == "S":
-                            value = nc.chartostring(value) if value.ndim else value
-                        value = np.asarray(value)
-                        if value.ndim == 0:
-                            item = value.item()
-                            params[name] = (
-                                item.decode("utf-8", "replace")
-                                if isinstance(item, bytes)
-                                else str(item)
-                            )
+                        value = _string_values(nc, var, name, path)
+                        if isinstance(value, str | bytes):
+                            params[name] = value
                         else:
-                            metadata[name] = json_safe(value)
+                            metadata[name] = value
                         continue
                     if dtype.kind not in "biuf":
                         raise SourceError(

@@ -5,7 +5,9 @@ by its path; an array larger than ``max_in_memory_bytes`` stays in the file as a
 :class:`SlicedArray` (an :class:`~simstore.ingest.ArraySource`) and is read slice by slice.
 Attributes become parameters (scalars and strings) or, when they are lists, entries of the
 sample's ``metadata`` JSON field: ``Re`` (root), ``grid/units`` (a group's) and
-``velocity.units`` (an array's).
+``velocity.units`` (an array's). Byte strings that are valid UTF-8 become ``str``; any
+other byte string keeps its exact bytes: a ``bytes`` parameter, or in JSON metadata the
+object ``{"__bytes_hex__": "<hex digits>"}`` (see :func:`json_safe`).
 
 Time windows (``time_window`` N, ``stride`` S) cut arrays that have a time axis into
 samples ``<key>/t<start>``, one per window, the way trajectory datasets such as The Well
@@ -29,6 +31,7 @@ from simstore.errors import InvalidInputError, SourceError
 from simstore.sample import FieldValue, Sample
 
 __all__ = [
+    "BYTES_HEX",
     "DEFAULT_MAX_IN_MEMORY",
     "TIME_OPTIONS",
     "ArrayEntry",
@@ -37,6 +40,7 @@ __all__ = [
     "check_time_options",
     "json_safe",
     "native_dtype",
+    "text_or_bytes",
     "tree_sample_count",
     "tree_samples",
 ]
@@ -45,6 +49,17 @@ TIME_OPTIONS = frozenset({"time_window", "stride", "time_name"})
 """The options of adapters that cut a run into time windows (hdf5, netcdf, zarr)."""
 
 DEFAULT_MAX_IN_MEMORY = 16 << 20
+
+BYTES_HEX = "__bytes_hex__"
+"""The key of the JSON object standing for a byte string that is not UTF-8 text."""
+
+
+def text_or_bytes(value: bytes) -> str | bytes:
+    """A byte string as text when it is valid UTF-8, else its exact bytes (never altered)."""
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return bytes(value)
 
 
 def check_time_options(options: Mapping[str, Any]) -> None:
@@ -141,10 +156,12 @@ class SlicedArray:
             data = self._read_pooled(box)
             if data is None:
                 data = np.asarray(self._handle[box])
+            if data.dtype != self._dtype:
+                data = data.astype(self._dtype)
         except Exception as exc:  # any reader failure means a bad source file
-            raise SourceError(f"{self._path}: field {self._field!r}: read failed: {exc}") from exc
-        if data.dtype != self._dtype:
-            data = data.astype(self._dtype)
+            raise SourceError(
+                f"{self._path}: field {self._field!r}: read failed: {_one_line(exc)}"
+            ) from exc
         return data
 
     def _read_pooled(self, box: Any) -> np.ndarray | None:
@@ -181,14 +198,24 @@ class ArrayEntry:
     dims: tuple[str, ...] | None = None
 
 
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def json_safe(value: Any) -> Any:
-    """A JSON-serialisable version of an attribute value (NaN and Inf become strings)."""
+    """A JSON-serialisable version of an attribute value (NaN and Inf become strings).
+
+    A byte string becomes text when it is valid UTF-8, else ``{"__bytes_hex__": hex}``
+    holding its exact bytes (``bytes.fromhex`` gives them back).
+    """
     if isinstance(value, np.ndarray):
         return json_safe(value.tolist())
     if isinstance(value, list | tuple):
         return [json_safe(v) for v in value]
     if isinstance(value, bytes | np.bytes_):
-        return bytes(value).decode("utf-8", errors="replace")
+        text = text_or_bytes(bytes(value))
+        return text if isinstance(text, str) else {BYTES_HEX: text.hex()}
     if isinstance(value, np.generic):
         return json_safe(value.item())
     if isinstance(value, float) and not math.isfinite(value):
@@ -220,7 +247,7 @@ def attribute_fields(
         if isinstance(value, np.ndarray) and value.size == 1 and value.dtype.kind in "biufSU":
             value = value.reshape(()).item() if value.dtype.kind in "SU" else value.reshape(())[()]
         if isinstance(value, bytes | np.bytes_):
-            params[key] = bytes(value).decode("utf-8", errors="replace")
+            params[key] = text_or_bytes(bytes(value))
         elif isinstance(value, str | np.str_):
             params[key] = str(value)
         elif isinstance(value, bool | np.bool_):

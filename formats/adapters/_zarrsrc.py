@@ -2,6 +2,10 @@
 
 Arrays become fields named by their path in the group, attributes become parameters, and
 arrays are read chunk-aligned slice by slice (see ``_tree``; windows work as for HDF5).
+String arrays become string parameters (0-d) or metadata lists, as string datasets and
+variables do in the HDF5 and NetCDF adapters. Consolidated metadata is not trusted: the
+hierarchy is listed from the store itself, so an array added after
+``zarr.consolidate_metadata`` is read like any other.
 """
 
 from __future__ import annotations
@@ -9,6 +13,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
+
+import numpy as np
 
 from simstore.errors import SourceError
 from simstore.sample import FieldValue, Sample
@@ -19,6 +25,8 @@ from ._tree import (
     SlicedArray,
     attribute_fields,
     check_time_options,
+    json_safe,
+    text_or_bytes,
     tree_sample_count,
     tree_samples,
 )
@@ -77,11 +85,13 @@ class ZarrAdapter:
 
         store: Any = None
         try:
+            # use_consolidated=False: consolidated metadata is a copy that nothing keeps up
+            # to date, and an array written after it would be left out without a word
             if os.path.isdir(path):
-                group = zarr.open_group(path, mode="r")
+                group = zarr.open_group(path, mode="r", use_consolidated=False)
             else:
                 store = zarr.storage.ZipStore(path, mode="r")
-                group = zarr.open_group(store, mode="r")
+                group = zarr.open_group(store, mode="r", use_consolidated=False)
             entries: list[ArrayEntry] = []
             params: dict[str, FieldValue] = {}
             metadata: dict[str, Any] = {}
@@ -91,7 +101,15 @@ class ZarrAdapter:
                 is_array = isinstance(node, zarr.Array)
                 attribute_fields(name, dict(node.attrs), params, metadata, is_array=is_array)
                 if isinstance(node, zarr.Array):
-                    if node.dtype.kind not in "biuf":
+                    kind = getattr(node.dtype, "kind", "")
+                    if kind and kind in "SUOT":
+                        value = _strings(node, name, path)
+                        if isinstance(value, str | bytes):
+                            params[name] = value
+                        else:
+                            metadata[name] = value
+                        continue
+                    if not kind or kind not in "biuf":
                         raise SourceError(
                             f"{path}: field {name!r}: unsupported Zarr dtype {node.dtype}"
                         )
@@ -105,3 +123,30 @@ class ZarrAdapter:
                 store.close()
             raise SourceError(f"{path}: not a readable Zarr group: {exc}") from exc
         return store, entries, params, metadata
+
+
+def _strings(node: Any, name: str, path: str) -> Any:
+    """A string array's values: one ``str`` (0-d array) or a JSON list.
+
+    Fixed-length (``U``, ``S``), variable-length (``StringDType``, ``str``) and object
+    arrays of strings are read whole, like string datasets in HDF5; byte strings that are
+    not UTF-8 keep their exact bytes (see ``_tree.json_safe``). An object array holding
+    anything but strings is refused.
+    """
+    try:
+        values = np.asarray(node[...])
+    except Exception as exc:  # zarr raises many kinds on a broken chunk
+        raise SourceError(
+            f"{path}: field {name!r}: unreadable string array: {' '.join(str(exc).split())}"
+        ) from exc
+    if values.dtype.kind == "O":
+        for item in values.flat:
+            if not isinstance(item, str | bytes):
+                raise SourceError(
+                    f"{path}: field {name!r}: unsupported Zarr object array holding "
+                    f"{type(item).__name__} values (string arrays are read)"
+                )
+    if values.ndim == 0:
+        item = values.item()
+        return text_or_bytes(bytes(item)) if isinstance(item, bytes) else str(item)
+    return json_safe(values)

@@ -1,0 +1,189 @@
+"""HDF5 content that was dropped or altered without a word: aliases, soft and external
+links, object references and byte strings that are not UTF-8.
+
+Files are written by h5py, ingested into a local store and read back through the shard
+reader; values are compared bit for bit with what h5py reads from the source.
+"""
+
+import h5py
+import numpy as np
+import pytest
+from simstore.formats.adapters import HDF5Adapter
+
+from simstore.catalog import Catalog
+from simstore.errors import SourceError
+from simstore.ingest import ingest
+
+
+def stored(tmp_path, src, **options):
+    """{key: fields} of what ingest stored from ``src``, read through the shard reader."""
+    from simstore.formats import open_shard
+
+    from simstore.hashing import object_key
+
+    catalog = Catalog.init(str(tmp_path / "store"))
+    ingest([str(src)], dataset="d", store=catalog, snapshot=True, **options)
+    snap = catalog.snapshot(catalog.resolve("d@main"))
+    out = {}
+    for row in catalog.manifest(snap).to_pylist():
+        reader = open_shard(catalog.store.local_path(object_key(row["shard"])))
+        try:
+            (out[row["key"]],) = list(reader.read([row["position"]]))
+        finally:
+            reader.close()
+    return out
+
+
+def refused(path):
+    with pytest.raises(SourceError) as info:
+        HDF5Adapter().count_samples(str(path), {})
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(str(path))
+    return message
+
+
+def same(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.dtype == b.dtype and a.shape == b.shape
+    assert a.tobytes() == b.tobytes()
+
+
+# -- links
+
+
+def test_a_second_hard_link_adds_a_field_and_renames_none(tmp_path):
+    """h5py's visit gives each object once, under one name: adding `alias` used to turn
+    the field `velocity` into `alias`."""
+    (tmp_path / "src").mkdir()
+    path = tmp_path / "src" / "run.h5"
+    velocity = np.arange(6.0).reshape(2, 3)
+    x = np.linspace(0, 1, 4, dtype=np.float32)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("velocity", data=velocity).attrs["units"] = "m/s"
+        f["alias"] = f["velocity"]
+        g = f.create_group("grid")
+        g["x"] = x
+        f["mesh"] = g  # a group under two names: its datasets under both
+    got = stored(tmp_path, tmp_path / "src")["run.h5"]
+    assert sorted(k for k in got if not k.endswith(".units")) == [
+        "alias",
+        "grid/x",
+        "mesh/x",
+        "velocity",
+    ]
+    same(got["velocity"], velocity)
+    same(got["alias"], velocity)
+    same(got["grid/x"], x)
+    same(got["mesh/x"], x)
+    assert got["velocity.units"] == got["alias.units"] == "m/s"
+
+
+def test_a_soft_link_to_a_dataset_is_a_field_under_its_own_name(tmp_path):
+    (tmp_path / "src").mkdir()
+    path = tmp_path / "src" / "run.h5"
+    values = np.arange(5, dtype=np.int32)
+    with h5py.File(path, "w") as f:
+        f.create_group("steps").create_dataset("s0042", data=values)
+        f["latest"] = h5py.SoftLink("/steps/s0042")
+        f["view"] = h5py.SoftLink("/steps")
+    got = stored(tmp_path, tmp_path / "src")["run.h5"]
+    same(got["steps/s0042"], values)
+    same(got["latest"], values)
+    same(got["view/s0042"], values)
+
+
+def test_a_dangling_soft_link_is_refused_naming_it(tmp_path):
+    path = tmp_path / "run.h5"
+    with h5py.File(path, "w") as f:
+        f["velocity"] = np.arange(3.0)
+        f.create_group("g")["latest"] = h5py.SoftLink("/gone")
+    message = refused(path)
+    assert "link 'g/latest'" in message and "'/gone'" in message and "dangling" in message
+
+
+@pytest.mark.parametrize("link", ["soft", "hard"])
+def test_a_link_back_into_its_own_group_is_a_cycle(tmp_path, link):
+    path = tmp_path / "run.h5"
+    with h5py.File(path, "w") as f:
+        g = f.create_group("a")
+        g["x"] = np.arange(3.0)
+        g["up"] = h5py.SoftLink("/a") if link == "soft" else g
+    assert "link 'a/up'" in (message := refused(path)) and "cycle" in message
+
+
+def test_an_external_link_is_refused_naming_its_target(tmp_path):
+    (tmp_path / "src").mkdir()
+    with h5py.File(tmp_path / "data.h5", "w") as f:
+        f["pressure"] = np.arange(4.0)
+    path = tmp_path / "src" / "run.h5"
+    with h5py.File(path, "w") as f:
+        f["velocity"] = np.arange(3.0)
+        f["pressure"] = h5py.ExternalLink(str(tmp_path / "data.h5"), "/pressure")
+    with h5py.File(path, "r") as f:  # h5py follows it: the field existed, and was dropped
+        same(f["pressure"][()], np.arange(4.0))
+    message = refused(path)
+    assert "link 'pressure'" in message and str(tmp_path / "data.h5") in message
+    assert "external links are not followed" in message
+    with pytest.raises(SourceError):
+        stored(tmp_path, tmp_path / "src")
+
+
+# -- references
+
+
+def test_object_references_are_stored_as_the_objects_paths(tmp_path):
+    (tmp_path / "src").mkdir()
+    path = tmp_path / "src" / "run.h5"
+    with h5py.File(path, "w") as f:
+        d = f.create_dataset("velocity", data=np.arange(3.0))
+        g = f.create_group("grid")
+        refs = f.create_dataset("refs", shape=(3,), dtype=h5py.ref_dtype)
+        refs[0] = d.ref
+        refs[1] = g.ref  # refs[2] stays a null reference
+        f.create_dataset("main", data=d.ref, dtype=h5py.ref_dtype)
+        d.attrs["grid"] = g.ref
+        f.attrs["order"] = np.array([g.ref, d.ref], dtype=h5py.ref_dtype)
+    got = stored(tmp_path, tmp_path / "src")["run.h5"]
+    assert got["metadata"]["refs"] == ["/velocity", "/grid", ""]
+    assert got["metadata"]["order"] == ["/grid", "/velocity"]
+    assert got["main"] == "/velocity"
+    assert got["velocity.grid"] == "/grid"
+    same(got["velocity"], np.arange(3.0))
+
+
+def test_region_references_are_refused_naming_the_field(tmp_path):
+    path = tmp_path / "run.h5"
+    with h5py.File(path, "w") as f:
+        d = f.create_dataset("velocity", data=np.arange(10.0))
+        r = f.create_dataset("window", shape=(1,), dtype=h5py.regionref_dtype)
+        r[0] = d.regionref[2:5]
+    assert "field 'window'" in (message := refused(path)) and "region" in message
+
+
+# -- byte strings that are not UTF-8
+
+
+def test_byte_strings_that_are_not_utf8_keep_their_exact_bytes(tmp_path):
+    (tmp_path / "src").mkdir()
+    path = tmp_path / "src" / "run.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("tag", data=b"\xde\xad\xbe\xef", dtype=h5py.string_dtype("ascii"))
+        f.create_dataset("ok", data=b"plain", dtype=h5py.string_dtype("ascii"))
+        f.create_dataset(
+            "names",
+            data=[b"inlet", b"\xff\xfe", "outlét".encode()],
+            dtype=h5py.string_dtype("ascii"),
+        )
+        f.attrs["raw"] = np.bytes_(b"\xff\x00\x01")
+        f.attrs["raws"] = np.array([b"\xff\x00\x01", b"fine"])
+        f.attrs["text"] = np.bytes_("héllo".encode())
+        f["v"] = np.arange(2.0)
+    got = stored(tmp_path, tmp_path / "src")["run.h5"]
+    assert got["tag"] == b"\xde\xad\xbe\xef"
+    assert got["ok"] == "plain"
+    assert got["raw"] == b"\xff\x00\x01"
+    assert got["text"] == "héllo"
+    assert got["metadata"]["names"] == ["inlet", {"__bytes_hex__": "fffe"}, "outlét"]
+    assert got["metadata"]["raws"] == [{"__bytes_hex__": "ff0001"}, "fine"]
+    assert bytes.fromhex(got["metadata"]["raws"][0]["__bytes_hex__"]) == b"\xff\x00\x01"

@@ -1,0 +1,248 @@
+"""NetCDF files that were ingested wrong: truncated classic files, `_Encoding` character
+variables, variable-length variables and text attributes that are not UTF-8.
+
+Every file is written by netCDF4 (the damaged ones are then cut short the way an
+interrupted copy cuts them), ingested into a local store and read back through the
+shard reader.
+"""
+
+import numpy as np
+import pytest
+from simstore.formats.adapters import NetCDFAdapter
+from simstore.formats.adapters._tree import SlicedArray
+
+from simstore.catalog import Catalog
+from simstore.errors import SourceError
+from simstore.ingest import ingest
+
+netCDF4 = pytest.importorskip("netCDF4")
+
+CLASSIC = ["NETCDF3_CLASSIC", "NETCDF3_64BIT_OFFSET", "NETCDF3_64BIT_DATA"]
+
+
+def stored(tmp_path, src, **options):
+    """{key: fields} of what ingest stored from ``src``, read through the shard reader."""
+    from simstore.formats import open_shard
+
+    from simstore.hashing import object_key
+
+    catalog = Catalog.init(str(tmp_path / "store"))
+    ingest([str(src)], dataset="d", store=catalog, snapshot=True, **options)
+    snap = catalog.snapshot(catalog.resolve("d@main"))
+    out = {}
+    for row in catalog.manifest(snap).to_pylist():
+        reader = open_shard(catalog.store.local_path(object_key(row["shard"])))
+        try:
+            (out[row["key"]],) = list(reader.read([row["position"]]))
+        finally:
+            reader.close()
+    return out
+
+
+def one_line(info, path, field):
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(str(path))
+    assert f"field {field!r}" in message
+    return message
+
+
+# -- truncated classic files: netCDF-C reads the missing tail as zeros
+
+
+@pytest.mark.parametrize("fmt", CLASSIC)
+def test_a_classic_file_short_by_less_than_its_header_is_refused(tmp_path, fmt):
+    """The last 6 of 1,000 doubles missing (48 bytes, less than the header): netCDF-C
+    opens the file and reads zeros for them."""
+    full = tmp_path / "full.nc"
+    values = np.arange(1000.0) + 1
+    with netCDF4.Dataset(full, "w", format=fmt) as ds:
+        ds.createDimension("x", 1000)
+        ds.createVariable("v", "f8", ("x",))[:] = values
+    np.testing.assert_array_equal(stored(tmp_path / "a", full)["full.nc"]["v"], values)
+
+    data = full.read_bytes()
+    bad = tmp_path / "trunc.nc"
+    bad.write_bytes(data[:-48])
+    with netCDF4.Dataset(bad) as ds:  # what made this silent: netCDF-C reads it
+        assert (ds["v"][-6:] == 0).all()
+    with pytest.raises(SourceError) as info:
+        next(NetCDFAdapter().iter_samples(str(bad), "trunc.nc", {}))
+    message = one_line(info, bad, "v")
+    assert f"ending at byte {len(data)}" in message
+    assert f"the file holds {len(data) - 48}" in message
+    with pytest.raises(SourceError):
+        stored(tmp_path / "b", bad)
+
+
+@pytest.mark.parametrize("fmt", CLASSIC)
+def test_a_classic_file_missing_its_last_records_is_refused(tmp_path, fmt):
+    """Record variables interleave: the last record of each lies at
+    begin + (numrecs - 1) * recsize; cutting into the last one is caught for the
+    variable whose values are lost."""
+    full = tmp_path / "rec.nc"
+    u = np.arange(5 * 3, dtype=np.float32).reshape(5, 3)
+    w = np.arange(5, dtype=np.int16) + 7  # 2 bytes a record, padded to 4
+    with netCDF4.Dataset(full, "w", format=fmt) as ds:
+        ds.createDimension("t", None)
+        ds.createDimension("x", 3)
+        ds.createVariable("u", "f4", ("t", "x"))[:] = u
+        ds.createVariable("w", "i2", ("t",))[:] = w
+        ds.createVariable("c", "f8", ("x",))[:] = [1.5, 2.5, 3.5]
+    got = stored(tmp_path / "a", full)["rec.nc"]
+    np.testing.assert_array_equal(got["u"], u)
+    np.testing.assert_array_equal(got["w"], w)
+
+    data = full.read_bytes()
+    (tmp_path / "pad.nc").write_bytes(data[:-2])  # only the last record's padding
+    got = stored(tmp_path / "b", tmp_path / "pad.nc")["pad.nc"]
+    np.testing.assert_array_equal(got["w"], w)
+
+    bad = tmp_path / "cut.nc"
+    bad.write_bytes(data[:-3])  # one byte of w's last value
+    with pytest.raises(SourceError) as info:
+        NetCDFAdapter().count_samples(str(bad), {})
+    assert "5 records" in one_line(info, bad, "w")
+
+    bad.write_bytes(data[:-8])  # w's last record and the end of u's
+    with pytest.raises(SourceError) as info:
+        next(NetCDFAdapter().iter_samples(str(bad), "cut.nc", {}))
+    one_line(info, bad, "u")
+
+
+def test_a_single_record_variable_has_unpadded_records(tmp_path):
+    """With one record variable of bytes or shorts, records are not padded: 7 records of
+    3 bytes end 21 bytes after its offset, and the file may end there."""
+    full = tmp_path / "one.nc"
+    b = np.arange(21, dtype=np.int8).reshape(7, 3)
+    with netCDF4.Dataset(full, "w", format="NETCDF3_CLASSIC") as ds:
+        ds.createDimension("t", None)
+        ds.createDimension("x", 3)
+        ds.createVariable("b", "i1", ("t", "x"))[:] = b
+    np.testing.assert_array_equal(stored(tmp_path / "a", full)["one.nc"]["b"], b)
+    data = full.read_bytes()
+    (tmp_path / "bad.nc").write_bytes(data[:-1])
+    with pytest.raises(SourceError) as info:
+        NetCDFAdapter().count_samples(str(tmp_path / "bad.nc"), {})
+    one_line(info, tmp_path / "bad.nc", "b")
+
+
+# -- character variables with _Encoding (what xarray writes for strings)
+
+
+def _chars(words, strlen):
+    """The NC_CHAR array of ``words`` in UTF-8, NUL-padded to ``strlen`` bytes."""
+    raw = b"".join(w.encode().ljust(strlen, b"\0") for w in words)
+    return np.frombuffer(raw, dtype="S1").reshape(len(words), strlen)
+
+
+def _labels(path, words, encoding, strlen=6):
+    with netCDF4.Dataset(path, "w") as ds:
+        ds.createDimension("n", len(words))
+        ds.createDimension("strlen", strlen)
+        v = ds.createVariable("labels", "S1", ("n", "strlen"))
+        v[:] = _chars(words, strlen)
+        if encoding is not None:
+            v._Encoding = encoding
+        s = ds.createVariable("name", "S1", ("strlen",))
+        s[:] = _chars(words[:1], strlen)[0]
+        if encoding is not None:
+            s._Encoding = encoding
+
+
+@pytest.mark.parametrize("words", [["ab", "cde"], ["é", "b", "naïf"]])
+def test_encoded_character_variables_read_as_the_same_strings(tmp_path, words):
+    (tmp_path / "src").mkdir()
+    _labels(tmp_path / "src" / "plain.nc", words, None)
+    _labels(tmp_path / "src" / "enc.nc", words, "utf-8")
+    with netCDF4.Dataset(tmp_path / "src" / "enc.nc") as ds:  # netCDF4 joins them itself
+        assert ds["labels"][:].tolist() == words
+    got = stored(tmp_path, tmp_path / "src")
+    assert got["plain.nc"]["metadata"] == {"labels": words}
+    assert got["enc.nc"]["metadata"] == {"labels": words}
+    assert got["plain.nc"]["name"] == got["enc.nc"]["name"] == words[0]
+    assert got["enc.nc"]["labels._Encoding"] == "utf-8"
+
+
+def test_character_data_invalid_in_its_encoding_names_the_field(tmp_path):
+    path = tmp_path / "bad.nc"
+    with netCDF4.Dataset(path, "w") as ds:
+        ds.createDimension("n", 2)
+        ds.createDimension("strlen", 2)
+        v = ds.createVariable("labels", "S1", ("n", "strlen"))
+        v.set_auto_chartostring(False)
+        v[:] = np.array([[b"o", b"k"], [b"\xff", b"\xfe"]])
+        v._Encoding = "ascii"
+    with pytest.raises(SourceError) as info:
+        next(NetCDFAdapter().iter_samples(str(path), "bad.nc", {}))
+    assert "'ascii'" in one_line(info, path, "labels")
+
+
+def test_undeclared_character_data_that_is_not_utf8_keeps_its_bytes(tmp_path):
+    (tmp_path / "src").mkdir()
+    path = tmp_path / "src" / "raw.nc"
+    with netCDF4.Dataset(path, "w") as ds:
+        ds.createDimension("n", 2)
+        ds.createDimension("strlen", 3)
+        v = ds.createVariable("labels", "S1", ("n", "strlen"))
+        v[:] = np.array([[b"o", b"k", b""], [b"\xff", b"\x00", b"\x01"]])
+        s = ds.createVariable("tag", "S1", ("strlen",))
+        s[:] = np.array([b"\xde", b"\xad", b"\xbe"])
+    got = stored(tmp_path, tmp_path / "src")["raw.nc"]
+    assert got["metadata"] == {"labels": ["ok", {"__bytes_hex__": "ff0001"}]}
+    assert got["tag"] == b"\xde\xad\xbe"
+
+
+def test_text_attributes_that_are_not_utf8_keep_their_bytes(tmp_path):
+    """netCDF4 decodes text attributes with replacement characters; the adapter keeps the
+    bytes. Valid UTF-8 (and NC_STRING lists) read as before."""
+    (tmp_path / "src").mkdir()
+    path = tmp_path / "src" / "attrs.nc"
+    with netCDF4.Dataset(path, "w", format="NETCDF3_CLASSIC") as ds:
+        ds.title = "démo"
+        ds.setncattr("raw", b"\xffA\x01")
+        ds.createDimension("x", 2)
+        ds.createVariable("v", "f8", ("x",))[:] = [1.0, 2.0]
+    with netCDF4.Dataset(path) as ds:
+        assert ds.raw != "\xffA\x01"  # what netCDF4 alone gives: a replacement character
+    with netCDF4.Dataset(tmp_path / "src" / "list.nc", "w") as ds:
+        ds.setncattr_string("names", ["inlet", "outlét"])
+    got = stored(tmp_path, tmp_path / "src")
+    assert got["attrs.nc"]["title"] == "démo"
+    assert got["attrs.nc"]["raw"] == b"\xffA\x01"
+    assert got["list.nc"]["metadata"] == {"names": ["inlet", "outlét"]}
+
+
+# -- variable-length variables
+
+
+def test_variable_length_variables_are_refused_naming_the_field(tmp_path):
+    path = tmp_path / "vlen.nc"
+    with netCDF4.Dataset(path, "w") as ds:
+        ds.createDimension("n", 2)
+        ds.createVariable("ok", "f8", ("n",))[:] = [1.0, 2.0]
+        v = ds.createVariable("ragged", ds.createVLType(np.int32, "vi"), ("n",))
+        v[0] = np.arange(3, dtype="i4")
+        v[1] = np.arange(1, dtype="i4")
+    with pytest.raises(SourceError) as info:
+        NetCDFAdapter().count_samples(str(path), {})
+    assert "unsupported NetCDF type (variable-length" in one_line(info, path, "ragged")
+    with pytest.raises(SourceError) as info:
+        stored(tmp_path, path)
+    one_line(info, path, "ragged")
+
+
+def test_a_value_conversion_failure_in_a_sliced_read_names_the_field(tmp_path):
+    """SlicedArray converts what a handle returns to its dtype: a ragged object array
+    cannot be, and the error says which field."""
+    path = tmp_path / "vlen.nc"
+    with netCDF4.Dataset(path, "w") as ds:
+        ds.createDimension("n", 2)
+        v = ds.createVariable("ragged", ds.createVLType(np.int32, "vi"), ("n",))
+        v[0] = np.arange(3, dtype="i4")
+        v[1] = np.arange(1, dtype="i4")
+    with netCDF4.Dataset(path) as ds:
+        array = SlicedArray(ds["ragged"], path=str(path), field="ragged")
+        with pytest.raises(SourceError) as info:
+            array.read()
+    assert "read failed" in one_line(info, path, "ragged")
