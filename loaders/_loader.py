@@ -256,6 +256,12 @@ class _BatchStream(_Stream):
                 sent = None
 
 
+def _workers_stopped(ref: weakref.ref[Any]) -> bool:
+    """Whether the workers of the iterator ``ref`` have stopped reading (or it is gone)."""
+    it = ref()
+    return it is None or bool(getattr(it, "finished", True))
+
+
 def _passthrough(item: _Tagged) -> _Tagged:
     return item
 
@@ -559,6 +565,10 @@ class SimDataLoader(DataLoader[Any]):
             arenas = self._fork_arenas()
             self._stream.arenas = arenas
         tagged = super().__iter__()
+        if self.num_workers > 0:
+            # the metrics watch this iteration's workers until they stop, even if a
+            # later iteration starts while this iterator is still alive (reading ahead)
+            ds._metrics.until(functools.partial(_workers_stopped, weakref.ref(tagged)))
         if arenas:
             self._arena_iter = weakref.ref(tagged)
 

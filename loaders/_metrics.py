@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import TypeVar
 
 from simstore.loaders._stats import (
@@ -38,12 +39,29 @@ class Metrics:
         self._done: dict[str, float] = {}
         self._live: dict[int, dict[str, float]] = {}
         self._reading: dict[int, Callable[[], Mapping[str, float]]] = {}
+        self._stopped: Callable[[], bool] = _always
+        self._earlier: list[_Iteration] = []
+        """Earlier iterations whose readers may still be reading (a DataLoader iterator
+        left alive while a new one started): watched until they stop."""
 
     def start(self, epoch: int) -> None:
-        """A new iteration begins: fold the last one's counters into the totals."""
-        self._done = merge_counters([self._done, *self._current()])
+        """A new iteration begins: the last one's counters are kept with the totals.
+
+        An earlier iteration whose readers have stopped is folded into the totals (its
+        counters are final); one whose readers still run (an iterator left alive, its
+        workers reading ahead) stays watched, so what they read is still counted.
+        """
+        self._earlier.append(_Iteration(self._live, self._reading, self._stopped))
+        still = []
+        for it in self._earlier:
+            if it.stopped():
+                self._done = merge_counters([self._done, *it.counters()])
+            else:
+                still.append(it)
+        self._earlier = still
         self._live = {}
         self._reading = {}
+        self._stopped = _always
         if epoch not in self.epochs:
             self.epochs.append(epoch)
 
@@ -59,22 +77,18 @@ class Metrics:
         """
         self._reading[worker] = read
 
-    def _current(self) -> list[dict[str, float]]:
-        """This iteration's counters, one mapping per reading process.
+    def until(self, stopped: Callable[[], bool]) -> None:
+        """This iteration's readers have stopped once ``stopped()`` says so.
 
-        What its last batch carried, with the reading counters brought up to what the
-        process has done since.
+        Until then a later iteration keeps reading their counters (by default an
+        iteration's readers stop when the next one starts: one process reading).
         """
-        out = []
-        for worker in sorted(set(self._live) | set(self._reading)):
-            merged = dict(self._live.get(worker, {}))
-            read = self._reading.get(worker)
-            if read is not None:
-                for key, value in read().items():
-                    if key not in DELIVERY_FIELDS:
-                        merged[key] = max(merged.get(key, 0), value)
-            out.append(merged)
-        return out
+        self._stopped = stopped
+
+    def _current(self) -> list[dict[str, float]]:
+        """This iteration's counters and those of earlier ones still reading."""
+        now = _Iteration(self._live, self._reading, self._stopped)
+        return [c for it in (*self._earlier, now) for c in it.counters()]
 
     def counters(self) -> dict[str, float]:
         """All counters so far."""
@@ -89,6 +103,36 @@ class Metrics:
             busy_s=self.busy_s,
             first_batch_s=self.first_batch_s,
         )
+
+
+def _always() -> bool:
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class _Iteration:
+    """One iteration's counters: what batches carried, and its readers' own counts."""
+
+    live: dict[int, dict[str, float]]
+    reading: dict[int, Callable[[], Mapping[str, float]]]
+    stopped: Callable[[], bool]
+
+    def counters(self) -> list[dict[str, float]]:
+        """One mapping per reading process.
+
+        What its last batch carried, with the reading counters brought up to what the
+        process has done since.
+        """
+        out = []
+        for worker in sorted(set(self.live) | set(self.reading)):
+            merged = dict(self.live.get(worker, {}))
+            read = self.reading.get(worker)
+            if read is not None:
+                for key, value in read().items():
+                    if key not in DELIVERY_FIELDS:
+                        merged[key] = max(merged.get(key, 0), value)
+            out.append(merged)
+        return out
 
 
 def timed(

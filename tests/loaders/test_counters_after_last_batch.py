@@ -96,3 +96,31 @@ def test_metrics_take_delivered_samples_and_the_readers_latest_reads():
     metrics.start(1)  # the next iteration keeps the totals, and watches nothing yet
     live["cache_fill_bytes"] = 10**9
     assert metrics.counters()["cache_fill_bytes"] == 900
+
+
+@pytest.mark.multiprocess
+def test_an_iterator_left_alive_keeps_counting_after_a_new_one_starts(small, tmp_path):
+    store, _, _ = small
+    cache = str(tmp_path / "cache")
+    ds = SimDataset(RemoteLikeStore(store, delay_s=0.05), "sim", cache_dir=cache,
+                    cache_limit="64MiB", shard_opener=open_test_shard,
+                    prefetch=PrefetchConfig(shards=8))
+    loader = SimDataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context="fork")
+    first = iter(loader)
+    next(first)  # its workers go on fetching ahead; the loop moves to a new epoch
+    ds.set_epoch(1)
+    n = sum(len(batch["__key__"]) for batch in loader)
+    assert n == 60
+    _wait_for(lambda: len(_shard_copies(store, cache)) == 6, "every shard in the cache")
+    fetched = lambda: sum(  # noqa: E731  (every object the readers fetched, bar the snapshot)
+        os.path.getsize(os.path.join(d, f))
+        for d, _, files in os.walk(os.path.join(cache, "objects"))
+        for f in files if f != ds.snapshot_id)
+    _wait_for(lambda: ds.report()["tiers"]["fake-remote"]["bytes"] == fetched(),
+              "the report to count every fetch, the first iterator's included")
+    del first
+    gc.collect()
+    report = ds.report()
+    assert report["tiers"]["fake-remote"]["bytes"] == fetched()
+    assert report["cache"]["misses"] == 6  # each shard filled once, whichever iterator did
+    assert report["samples"] == 62  # one batch of the first iteration, then a whole epoch
