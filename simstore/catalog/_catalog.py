@@ -388,11 +388,10 @@ class Catalog:
                 "by init), so no commit can move a ref safely; run `simstore init` through "
                 "an endpoint that enforces them"
             )
-        branches = self.branches(dataset)
-        if branches.exists(branch):
-            return
-        names = [name for name, _ in branches.list()]
-        if names:
+        # one listing decides (a HEAD first, then a listing, raced with a concurrent
+        # first commit that created the branch in between)
+        names = self.branches(dataset).names()
+        if names and branch not in names:
             at = "main" if "main" in names else names[0]
             more = f" and {len(names) - 10} more" if len(names) > 10 else ""
             shown = ", ".join(names[:10]) + more

@@ -112,6 +112,12 @@ class _Refs:
             return None, None
         return decode_ref(data, key), version
 
+    def names(self) -> list[str]:
+        """The refs' names, sorted, from one listing (no ref is read)."""
+        prefix = f"{dataset_prefix(self.dataset)}refs/{self.kind}/"
+        names = (key[len(prefix) :] for key in self._store.list(prefix))
+        return sorted(name for name in names if name and "/" not in name)
+
     def list(self) -> Iterator[tuple[str, str]]:
         """(name, snapshot id) pairs, sorted by name; a ref deleted since the listing is skipped."""
         prefix = f"{dataset_prefix(self.dataset)}refs/{self.kind}/"
