@@ -270,20 +270,48 @@ def _run_text(result: RunCost) -> str:
         f"total {_usd(result.total_usd)} per run, {_usd(result.per_epoch_usd)} per epoch, "
         f"{_usd(result.per_hour_usd)} per hour",
     ]
+    lines.append(_cache_line(c, result.total_usd))
+    return "\n".join(lines)
+
+
+def _cache_line(c: dict[str, Any], total_usd: float) -> str:
+    """What the warm cache saved, in words.
+
+    Measured (the reports count warm copies: those in the cache before the run): the
+    copies and what a cold cache would have cost; a run that found none saved nothing.
+    Estimated (older reports): every hit priced as a GET, said to be an upper bound.
+    """
+    lookups = f"cache: {c['hits']} hits ({100 * c['hit_rate']:.0f}% of lookups)"
+    warm = c["warm_hits"]
     if c["cold_price_tier"] is None:
-        lines.append(
-            f"cache: {c['hits']} hits ({100 * c['hit_rate']:.0f}%); no cold tier to price "
-            "them against (give --cold TIER)"
-        )
-    else:
-        lines.append(
-            f"cache: {c['hits']} hits ({100 * c['hit_rate']:.0f}%), "
-            f"{_bytes(c['hit_bytes'])}{' (estimated)' if c['hit_bytes_estimated'] else ''} "
-            f"not read from {c['cold_tier']} ({c['cold_price_tier']}): saved "
+        found = "" if warm is None else f", {warm} warm copies (in the cache before the run)"
+        return f"{lookups}{found}; no cold tier to price them against (give --cold TIER)"
+    source = f"{c['cold_tier']} ({c['cold_price_tier']})"
+    if not c["saved_estimated"]:
+        if not c["saved_gets"]:
+            return (
+                f"{lookups}, none on a copy from before the run: the warm cache saved "
+                f"nothing; with a cold cache the run would cost what it cost "
+                f"({_usd(total_usd)})"
+            )
+        return (
+            f"{lookups}; {c['saved_gets']} warm copies (in the cache before the run), "
+            f"{_bytes(c['saved_bytes'])} not read from {source}: saved "
             f"{_usd(c['saved_usd'])}; with a cold cache the run would cost "
             f"{_usd(c['cold_start_usd'])}"
         )
-    return "\n".join(lines)
+    if warm is None:
+        what = "the reports do not count warm copies, so every hit is priced as a GET"
+    else:
+        what = "some reports do not count warm copies, whose hits are each priced as a GET"
+    hit_bytes = " (bytes estimated)" if c["hit_bytes_estimated"] else ""
+    return (
+        f"{lookups}, {c['saved_gets']} reads of {_bytes(c['saved_bytes'])}{hit_bytes} "
+        f"not sent to {source}: saved at most {_usd(c['saved_usd'])} (estimated: {what}, "
+        f"though hits on copies the run filled itself, and repeated hits on one copy, saved "
+        f"nothing); with a cold cache the run would cost at most "
+        f"{_usd(c['cold_start_usd'])} (estimated)"
+    )
 
 
 # -- prices ----------------------------------------------------------------------------

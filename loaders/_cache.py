@@ -15,15 +15,19 @@ Promises and how they are kept:
   copy.
 - *One download per object.* A fill holds the exclusive lock of the object's stripe, so
   processes that want the same shard wait for one download and then hit.
-- *LRU within a byte limit.* Hits refresh the file's modification time; a fill first
-  evicts the least recently used copies until the new one fits. A copy in use (prefetched
-  or open in a reader) is *pinned* by a shared ``flock`` on an open descriptor and is
-  never evicted; eviction takes an exclusive non-blocking lock before unlinking, so it
-  cannot race a reader. When pinned copies alone exceed the limit the fill goes ahead
-  (counted as ``cache_over_limit``) rather than wait, so the cache cannot deadlock, and a
-  reader trims the cache back to its limit when it finishes; a shard larger than the whole
-  limit is an :class:`InvalidInputError`. Size the limit for at least the shards a node
-  pins at once: (``prefetch.shards`` + ``max_open_shards``) per reading process.
+- *LRU within a byte limit.* A copy's access time is its last use: a hit sets it to now
+  (keeping the modification time) and a fill sets it when the copy appears; a fill first
+  evicts the copies of oldest access time until the new one fits. The modification time
+  stays the fill's, so a reader can tell a copy that was in the cache before its job
+  started (a *warm* copy, see :class:`ShardCache`) from one its job filled. A copy in
+  use (prefetched or open in a reader) is *pinned* by a shared ``flock`` on an open
+  descriptor and is never evicted; eviction takes an exclusive non-blocking lock before
+  unlinking, so it cannot race a reader. When pinned copies alone exceed the limit the
+  fill goes ahead (counted as ``cache_over_limit``) rather than wait, so the cache
+  cannot deadlock, and a reader trims the cache back to its limit when it finishes; a
+  shard larger than the whole limit is an :class:`InvalidInputError`. Size the limit for
+  at least the shards a node pins at once: (``prefetch.shards`` + ``max_open_shards``)
+  per reading process.
 - *Only cache copies are deleted*: names under ``objects/`` that are object ids, and
   ``tmp/`` files of dead fills. A non-empty directory without the marker is refused.
 - *Crash safety.* Locks are ``flock`` locks, which the kernel drops with their process;
@@ -39,6 +43,7 @@ import fcntl
 import json
 import os
 import stat
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -70,11 +75,14 @@ class CacheConfig:
 class PinnedCopy:
     """A cached copy held open (pinned against eviction) until :meth:`release`."""
 
-    def __init__(self, path: str, fd: int, *, hit: bool, size: int = 0) -> None:
+    def __init__(self, path: str, fd: int, *, hit: bool, size: int = 0,
+                 filled_ns: int = 0) -> None:
         self.path = path
         self.hit = hit
         self.size = size
         """The copy's bytes (what a hit saved fetching)."""
+        self.filled_ns = filled_ns
+        """When the copy was filled (its modification time, ns since the epoch)."""
         self._fd: int | None = fd
 
     def release(self) -> None:
@@ -89,11 +97,21 @@ Download = Callable[[BinaryIO], None]
 
 
 class ShardCache:
-    """The disk cache of one process; cheap to create, holds no lock between calls."""
+    """The disk cache of one process; cheap to create, holds no lock between calls.
 
-    def __init__(self, config: CacheConfig, counters: Counters) -> None:
+    ``job_start`` (seconds since the epoch, ``time.time()``): when the job reading through
+    this cache started. A hit on a copy filled before then is a *warm* hit: besides the
+    lookup's ``<counted_as>_hits``, the copy is given to ``counters.add_warm`` (each
+    process keeps each copy once), so the job can count the distinct copies a cold cache
+    would have had to fetch. None: no warm hits are told.
+    """
+
+    def __init__(
+        self, config: CacheConfig, counters: Counters, *, job_start: float | None = None
+    ) -> None:
         self.config = config
         self.counters = counters
+        self.job_start_ns = None if job_start is None else int(job_start * 1e9)
         self.root = os.path.abspath(config.directory)
         self._objects = os.path.join(self.root, "objects")
         self._tmp = os.path.join(self.root, "tmp")
@@ -165,9 +183,8 @@ class ShardCache:
         if st.st_nlink == 0:  # evicted between open and lock
             os.close(fd)
             return None
-        with contextlib.suppress(OSError):
-            os.utime(path)
-        return PinnedCopy(path, fd, hit=hit, size=st.st_size)
+        _touch(path, st)
+        return PinnedCopy(path, fd, hit=hit, size=st.st_size, filled_ns=st.st_mtime_ns)
 
     def peek(self, object_id: str, *, counted_as: str = "cache") -> PinnedCopy | None:
         """A pinned copy of ``object_id`` if the cache holds one (counted as a hit), else None.
@@ -178,12 +195,14 @@ class ShardCache:
             raise InvalidInputError(f"not an object id: {object_id!r}")
         pinned = self._pin(object_id, hit=True)
         if pinned is not None:
-            self._count_hit(pinned, counted_as)
+            self._count_hit(object_id, pinned, counted_as)
         return pinned
 
-    def _count_hit(self, pinned: PinnedCopy, counted_as: str) -> None:
+    def _count_hit(self, object_id: str, pinned: PinnedCopy, counted_as: str) -> None:
         self.counters.add(f"{counted_as}_hits")
         self.counters.add(f"{counted_as}_hit_bytes", pinned.size)
+        if self.job_start_ns is not None and pinned.filled_ns < self.job_start_ns:
+            self.counters.add_warm(counted_as, object_id, pinned.size)
 
     def acquire(self, object_id: str, size_bytes: Callable[[], int], download: Download,
                 *, referenced_by: str = "", counted_as: str = "cache") -> PinnedCopy:
@@ -201,7 +220,7 @@ class ShardCache:
         with self._lock(_stripe(object_id)):
             pinned = self._pin(object_id, hit=True)
             if pinned is not None:  # another process filled it while we waited
-                self._count_hit(pinned, counted_as)
+                self._count_hit(object_id, pinned, counted_as)
                 return pinned
             pinned = self._fill(object_id, size_bytes(), download, referenced_by, counted_as)
         self.counters.add(f"{counted_as}_misses")
@@ -241,6 +260,9 @@ class ShardCache:
             fd = os.open(tmp, os.O_RDONLY)
             fcntl.flock(fd, fcntl.LOCK_SH)
             try:
+                # used now (the access time); the modification time, the last write's,
+                # says when it was filled
+                _touch(tmp, os.fstat(fd))
                 os.replace(tmp, dest)
             except OSError:
                 os.close(fd)
@@ -256,7 +278,8 @@ class ShardCache:
         return PinnedCopy(dest, fd, hit=False)
 
     # -- eviction ----------------------------------------------------------------------
-    def _entries(self) -> list[tuple[float, int, str]]:
+    def _entries(self) -> list[tuple[int, int, str]]:
+        """``(last use, bytes, path)`` of each copy; the last use is its access time (ns)."""
         out = []
         for sub in _listdir(self._objects):
             d = os.path.join(self._objects, sub)
@@ -269,7 +292,7 @@ class ShardCache:
                 except FileNotFoundError:
                     continue
                 if stat.S_ISREG(st.st_mode):
-                    out.append((st.st_mtime, st.st_size, path))
+                    out.append((st.st_atime_ns, st.st_size, path))
         return out
 
     def usage_bytes(self) -> int:
@@ -286,9 +309,9 @@ class ShardCache:
             self._make_room(0)
 
     def _make_room(self, size: int) -> None:
-        entries = sorted(self._entries())
+        entries = sorted(self._entries())  # least recently used first
         used = self.usage_bytes()
-        for _mtime, nbytes, path in entries:
+        for _used_ns, nbytes, path in entries:
             if used + size <= self.config.limit_bytes:
                 return
             if self._evict(path):
@@ -328,6 +351,17 @@ class _HashingWriter:
     def write(self, data: bytes | bytearray | memoryview) -> int:
         self.hasher.update(data)
         return self.raw.write(data)
+
+
+def _touch(path: str, st: os.stat_result) -> None:
+    """Mark a copy used now: its access time, the LRU's clock; its modification time kept.
+
+    Setting given times needs the file's owner: in a cache shared by several users a
+    reader cannot mark others' copies (they age as if unused), as a reader without write
+    access could not touch them before either.
+    """
+    with contextlib.suppress(OSError):
+        os.utime(path, ns=(time.time_ns(), st.st_mtime_ns))
 
 
 def _stripe(object_id: str) -> str:

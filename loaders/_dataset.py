@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
@@ -59,7 +60,14 @@ from simstore.loaders._plan import (
 )
 from simstore.loaders._reading import EpochReader
 from simstore.loaders._source import Source, Transform, open_source
-from simstore.loaders._stats import Counters, LoaderStats, RunReport, run_report
+from simstore.loaders._stats import (
+    Counters,
+    LoaderStats,
+    RunReport,
+    WarmCopies,
+    WarmHit,
+    run_report,
+)
 from simstore.loaders._tensors import (
     SharedPool,
 )
@@ -225,6 +233,9 @@ class SimDataset(IterableDataset[Sample]):
         storage_options: Mapping[str, Any] | None = None,
         normalise: NormaliseSpec = None,
     ) -> None:
+        # the job starts now: cache copies filled before are warm (see ``report``), the
+        # snapshot's and manifest's copies this construction fills are not
+        job_start = time.time()
         if not isinstance(store, str | os.PathLike | ObjectStore):
             raise InvalidInputError(
                 f"store must be a store URL or an ObjectStore, got {shown(store)}"
@@ -293,7 +304,7 @@ class SimDataset(IterableDataset[Sample]):
             log_every_s=log_every_s,
         )
         self._setup((source,), (1.0,), seed, shuffle, None, options,
-                    rank, world_size, world_detector)
+                    rank, world_size, world_detector, job_start)
 
     def _setup(
         self,
@@ -306,6 +317,7 @@ class SimDataset(IterableDataset[Sample]):
         rank: int | None,
         world_size: int | None,
         detector: WorldDetector | None,
+        job_start: float,
     ) -> None:
         if options.remainder not in ("pad", "drop"):
             raise InvalidInputError(f"invalid remainder {options.remainder!r}: 'pad' or 'drop'")
@@ -330,6 +342,12 @@ class SimDataset(IterableDataset[Sample]):
         self._metrics = Metrics()
         self._trusted = np.zeros(TRUSTED_SLOTS, dtype=np.int64)
         """Shards hashed by this process's reads, for its later epochs (``TrustTable``)."""
+        self._job_start = job_start
+        """When the job started (``time.time()`` at construction, in the process that
+        built the dataset; pickled to workers): cache copies filled before are warm."""
+        self._warm = WarmCopies()
+        """The distinct warm copies this job's readers hit, across epochs and iterations
+        (kept in the process that runs the loop; a worker gets an empty one)."""
 
     # -- construction of mixtures ----------------------------------------------------
     @classmethod
@@ -383,8 +401,11 @@ class SimDataset(IterableDataset[Sample]):
                                                minimum=0, maximum=(1 << 63) - 1)
         first = datasets[0]
         out = cls.__new__(cls)
+        # the job started when its first dataset was made (copies filled since are not
+        # warm for it)
+        job_start = min(ds._job_start for ds in datasets)
         out._setup(tuple(sources), w, seed, shuffle, samples_per_epoch, first._options,
-                   None, None, first._detector)
+                   None, None, first._detector, job_start)
         return out
 
     # -- properties ------------------------------------------------------------------
@@ -527,18 +548,26 @@ class SimDataset(IterableDataset[Sample]):
         self._metrics.start(self._epoch)
         return remaining
 
-    def _delivered(self, worker: int, count: int, counters: dict[str, float]) -> None:
-        """A batch came out of ``worker``: it has now delivered ``count`` samples."""
+    def _delivered(self, worker: int, count: int, counters: dict[str, float],
+                   warm: Sequence[WarmHit] = ()) -> None:
+        """A batch came out of ``worker``: it has now delivered ``count`` samples.
+
+        ``warm``: the warm copies the worker found since its last batch (see
+        ``Counters.take_warm``).
+        """
         if self._phase is not None:
             self._phase.counts[worker] = count
         self._metrics.update(worker, counters)
+        if warm:
+            self._warm.add_all(warm)
 
     def _watched_counters(self) -> Counters:
         """Counters for reading in this process, watched by the metrics.
 
-        Call after ``_begin``: reads made after the last delivered batch count too.
+        Call after ``_begin``: reads made after the last delivered batch count too, and
+        the warm copies found go straight into the job's set.
         """
-        counters = Counters()
+        counters = Counters(on_warm=self._warm.add)
         self._metrics.watch(0, counters.snapshot)
         return counters
 
@@ -549,12 +578,16 @@ class SimDataset(IterableDataset[Sample]):
     # -- metrics ---------------------------------------------------------------------
     def stats(self) -> LoaderStats:
         """Throughput, time to first batch, cache, bytes and requests per tier, data stall."""
-        return self._metrics.stats()
+        stats = self._metrics.stats()
+        warm = self._warm.counters()
+        stats["cache_warm_hits"] = int(warm["cache_warm_hits"])
+        stats["cache_warm_hit_bytes"] = int(warm["cache_warm_hit_bytes"])
+        return stats
 
     def report(self) -> RunReport:
         """The JSON run report for the cost accounting (schema in docs/loader.md)."""
         return run_report(
-            self._metrics.stats(), self._metrics.counters(),
+            self.stats(), {**self._metrics.counters(), **self._warm.counters()},
             snapshots=self.snapshot_ids, epochs=list(self._metrics.epochs),
             world_size=self._world.world_size, num_workers=len(self._phase.counts)
             if self._phase else 1,
@@ -597,7 +630,7 @@ class SimDataset(IterableDataset[Sample]):
 
     def _reader(self) -> EpochReader:
         return EpochReader(self._sources, self._mixture, self._epoch_length, self._options,
-                           self._trusted)
+                           self._trusted, self._job_start)
 
     def read(
         self,

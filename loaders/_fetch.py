@@ -362,8 +362,12 @@ class ShardAccess:
         block_bytes: int = 1 << 20,
         siblings: VerifiedTable | None = None,
         trusted: TrustTable | None = None,
+        job_start: float | None = None,
     ) -> None:
         self.store = store
+        self.job_start = job_start
+        """When the job started (``time.time()``): cache hits on copies filled before are
+        warm hits (see ``ShardCache``); None counts none."""
         self.siblings = siblings
         """Where this DataLoader worker and its siblings share local shards' hashes."""
         self.trusted = trusted
@@ -394,7 +398,8 @@ class ShardAccess:
         with self._lock:
             if self._cache is None:
                 assert self._cache_config is not None
-                self._cache = ShardCache(self._cache_config, self.counters)
+                self._cache = ShardCache(self._cache_config, self.counters,
+                                         job_start=self.job_start)
             return self._cache
 
     def prepare(self, shard_id: str) -> ShardHandle | None:
@@ -467,8 +472,8 @@ class ShardAccess:
 
         Not if it was hashed here, or if the store's local file for it hashed to its id
         in an earlier epoch and is unchanged (``trusted``). A cache copy (no local file)
-        is hashed once per epoch still: its modification time is the cache's LRU clock,
-        moved by every hit, so its stamp never stays the same.
+        is hashed once per epoch still: every hit sets its access time (the cache's LRU
+        clock), which moves its change time, so its stamp never stays the same.
         """
         with self._lock:
             if not self.verify or shard_id in self._verified:

@@ -35,7 +35,14 @@ from simstore.loaders._dataset import LoaderState, Sample, SimDataset
 from simstore.loaders._fetch import TRUSTED_SLOTS, VERIFIED_SLOTS, TrustTable, VerifiedTable
 from simstore.loaders._metrics import timed
 from simstore.loaders._plan import Interval
-from simstore.loaders._stats import Counters, LoaderStats, RunReport, ledger_keys, read_ledger
+from simstore.loaders._stats import (
+    Counters,
+    LoaderStats,
+    RunReport,
+    WarmHit,
+    ledger_keys,
+    read_ledger,
+)
 from simstore.loaders._tensors import (
     SHARED_SLOTS,
     InArena,
@@ -60,6 +67,9 @@ class _Tag(NamedTuple):
     delivered: int
     counters: dict[str, float]
     marks: tuple[tuple[int, int], ...] = ()
+    warm: tuple[WarmHit, ...] = ()
+    """Warm cache copies the worker found for the first time since its last batch (see
+    ``Counters.take_warm``); those found after its last delivered batch are not carried."""
 
 
 class _Tagged(NamedTuple):
@@ -176,14 +186,16 @@ class _Stream(IterableDataset[Any]):
             return None
         return TrustTable(self.trusted.numpy())
 
-    def _counters(self, world: World) -> Counters | None:
+    def _counters(self, world: World) -> Counters:
         """Where this process counts its reads.
 
         Its ledger row in a worker; with no workers, the counters the metrics watch.
         """
         if self.ledger is not None and in_worker():
             return Counters(self.ledger[world.worker].numpy(), self.ledger_keys)
-        return None if in_worker() else self.counters
+        if in_worker() or self.counters is None:
+            return Counters()
+        return self.counters
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -196,11 +208,12 @@ class _WorkerStream(_Stream):
 
     def __iter__(self) -> Iterator[tuple[Sample, _Tag]]:
         world = self._reader()
+        reading = self._counters(world)
         for sample, count, counters in self.dataset.read(
             world, self.epoch, self.remaining, self.batch_size, trusted=self._trust(),
-            counters=self._counters(world),
+            counters=reading,
         ):
-            yield sample, _Tag(world.worker, count, counters)
+            yield sample, _Tag(world.worker, count, counters, warm=reading.take_warm())
 
 
 class _BatchStream(_Stream):
@@ -245,12 +258,14 @@ class _BatchStream(_Stream):
         # until the first is pickled (at most ``FIRST_HANDOVER_WAIT_S``).
         sent = threading.Event() if in_worker() else None
         _FIRST_SENT[0] = sent
+        reading = self._counters(world)
         for batch, count, counters, marks in self.dataset.read_batches(
             world, self.epoch, self.remaining, self.batch_size, self.collate,
             drop_last=self.drop_last, shared_pool=pool, siblings=siblings, trusted=trusted,
-            counters=self._counters(world),
+            counters=reading,
         ):
-            yield _Tagged(batch, _Tag(world.worker, count, counters, marks))
+            yield _Tagged(batch, _Tag(world.worker, count, counters, marks,
+                                      reading.take_warm()))
             if sent is not None:
                 sent.wait(FIRST_HANDOVER_WAIT_S)
                 sent = None
@@ -291,7 +306,11 @@ class _WorkerInit:
 
 
 class _TaggingCollate:
-    """Collates the samples of a batch and keeps the tag of its last sample."""
+    """Collates the samples of a batch and keeps the tag of its last sample.
+
+    With the warm copies of all its samples' tags (each sample's tag carries those found
+    since the one before).
+    """
 
     def __init__(self, collate: Callable[[list[Sample]], Any], batched: bool) -> None:
         self.collate = collate
@@ -302,7 +321,9 @@ class _TaggingCollate:
             sample, tag = items
             return _Tagged(sample, tag)
         samples = [s for s, _ in items]
-        return _Tagged(self.collate(samples), items[-1][1])
+        tag = items[-1][1]
+        warm = tuple(hit for _, t in items for hit in t.warm)
+        return _Tagged(self.collate(samples), tag._replace(warm=warm) if warm else tag)
 
 
 def _forks(loader: DataLoader[Any]) -> bool:
@@ -580,7 +601,7 @@ class SimDataLoader(DataLoader[Any]):
             """
             for item in tagged:
                 batch, tag = item
-                ds._delivered(tag.worker, tag.delivered, tag.counters)
+                ds._delivered(tag.worker, tag.delivered, tag.counters, tag.warm)
                 if tracker is not None:
                     tracker.track(tag.worker, tag.marks, batch)
                     tracker.poll()

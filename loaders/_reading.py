@@ -53,7 +53,9 @@ class EpochReader:
     """The reading side of a dataset: its pinned sources, order and options.
 
     ``trusted`` is the dataset's table of local files hashed earlier in this process,
-    shared by every epoch read through it.
+    shared by every epoch read through it. ``job_start`` (``time.time()``) is when the
+    dataset was made: cache hits on copies filled before are warm hits (see
+    ``ShardCache``); None counts none.
     """
 
     sources: Sequence[Source]
@@ -61,6 +63,7 @@ class EpochReader:
     epoch_length: int
     options: LoaderOptions
     trusted: np.ndarray
+    job_start: float | None = None
 
     def samples(
         self,
@@ -210,7 +213,7 @@ class EpochReader:
                             verify=opts.verify, referenced_by=s.snapshot_id,
                             block_bytes=opts.prefetch.range_block_bytes,
                             siblings=siblings.scoped(i) if siblings is not None else None,
-                            trusted=trust.scoped(i))
+                            trusted=trust.scoped(i), job_start=self.job_start)
                 for i, s in enumerate(sources)
             ]
             pool = ReaderPool(access, opener, opts.prefetch.max_open_shards,

@@ -9,20 +9,24 @@ is the summary's JSON shape for the cost accounting; its schema is in docs/loade
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypedDict
 
 __all__ = [
     "DELIVERY_FIELDS",
     "REPORT_FORMAT_VERSION",
+    "WARM_KINDS",
     "Counters",
     "LoaderStats",
     "RunReport",
     "TierReport",
+    "WarmCopies",
+    "WarmHit",
     "ledger_keys",
     "merge_counters",
     "read_ledger",
     "summarise",
+    "warm_key",
 ]
 
 REPORT_FORMAT_VERSION = 1
@@ -60,6 +64,26 @@ other counter measures reading work, which a reader may do after its last delive
 (fetching ahead, hashing, evicting at close)."""
 
 
+WARM_KINDS = ("cache", "manifest_cache")
+"""What a warm hit found: a shard's copy, or a manifest part's (the counters' prefixes)."""
+
+WarmHit = tuple[str, str, int]
+"""``(kind, key, size)``: a copy a reading process found in the cache that was there
+before the job started (a *warm* copy; see :class:`WarmCopies`). ``kind`` is one of
+:data:`WARM_KINDS`, ``key`` the copy's :func:`warm_key`, ``size`` its bytes."""
+
+_WARM_KEY_HEX = 16
+
+
+def warm_key(object_id: str) -> str:
+    """The compact name of a warm copy: the first 16 hex digits of its object id.
+
+    Two objects of one job whose ids share them would count as one copy: with 64 bits of
+    a cryptographic hash, about one chance in 10^10 for a million copies.
+    """
+    return object_id[:_WARM_KEY_HEX]
+
+
 def ledger_keys(tiers: Iterable[str]) -> tuple[str, ...]:
     """The counters a reading process mirrors into its row of a shared ledger.
 
@@ -89,11 +113,17 @@ class Counters:
     which no batch carries.
     """
 
-    def __init__(self, row: Any = None, keys: Sequence[str] = ()) -> None:
+    def __init__(
+        self, row: Any = None, keys: Sequence[str] = (), *,
+        on_warm: Callable[[WarmHit], None] | None = None,
+    ) -> None:
         self._lock = threading.Lock()
         self._values: dict[str, float] = dict.fromkeys(_FIELDS, 0)
         self._row = row
         self._slots = {k: i for i, k in enumerate(keys)} if row is not None else {}
+        self._on_warm = on_warm
+        self._warm_seen: set[str] = set()
+        self._warm_new: list[WarmHit] = []
 
     def add(self, name: str, value: float = 1) -> None:
         """Add ``value`` to counter ``name``."""
@@ -117,6 +147,74 @@ class Counters:
         """A copy of every counter."""
         with self._lock:
             return dict(self._values)
+
+    def add_warm(self, kind: str, object_id: str, size: int) -> None:
+        """A hit found a warm copy (one filled before the job started).
+
+        Given ``on_warm`` (the process that runs the loop reads), it is told at once;
+        otherwise (a DataLoader worker) a copy new to this process waits for
+        :meth:`take_warm`, which the worker calls for each batch it sends. Each copy is
+        kept once per process: a set of :func:`warm_key` strings, whose size is bounded
+        by the copies the cache held when the job started.
+        """
+        hit = (kind, warm_key(object_id), int(size))
+        if self._on_warm is not None:
+            self._on_warm(hit)
+            return
+        with self._lock:
+            if hit[1] in self._warm_seen:
+                return
+            self._warm_seen.add(hit[1])
+            self._warm_new.append(hit)
+
+    def take_warm(self) -> tuple[WarmHit, ...]:
+        """The warm copies this process found since the last call (each once per process)."""
+        with self._lock:
+            if not self._warm_new:
+                return ()
+            out = tuple(self._warm_new)
+            self._warm_new.clear()
+            return out
+
+
+class WarmCopies:
+    """The distinct warm copies one job's readers hit: what a cold cache would have fetched.
+
+    A copy is *warm* for a job when the cache held it before the job started (its
+    modification time, the fill's, is before the dataset's construction). Kept by the
+    dataset of the process that runs the loop, across epochs and iterations: each copy
+    counts once however many lookups, reading processes and epochs hit it. About 100
+    bytes per distinct copy (its :func:`warm_key` and size in a dict); the copies are
+    at most those the cache held when the job started. Pickles empty (a worker's own
+    finds travel with its batches, see :meth:`Counters.take_warm`).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sizes: dict[str, dict[str, int]] = {kind: {} for kind in WARM_KINDS}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (WarmCopies, ())
+
+    def add(self, hit: WarmHit) -> None:
+        """One warm copy found (again, perhaps)."""
+        kind, key, size = hit
+        with self._lock:
+            self._sizes.setdefault(kind, {}).setdefault(key, int(size))
+
+    def add_all(self, hits: Iterable[WarmHit]) -> None:
+        """Several warm copies (a batch's tag)."""
+        for hit in hits:
+            self.add(hit)
+
+    def counters(self) -> dict[str, float]:
+        """``<kind>_warm_hits`` (distinct copies) and ``<kind>_warm_hit_bytes`` per kind."""
+        with self._lock:
+            out: dict[str, float] = {}
+            for kind, sizes in self._sizes.items():
+                out[f"{kind}_warm_hits"] = len(sizes)
+                out[f"{kind}_warm_hit_bytes"] = sum(sizes.values())
+            return out
 
 
 def merge_counters(snapshots: Iterable[Mapping[str, float]]) -> dict[str, float]:
@@ -149,6 +247,8 @@ class LoaderStats(TypedDict):
     cache_hits: int
     cache_misses: int
     cache_hit_ratio: float | None
+    cache_warm_hits: int
+    cache_warm_hit_bytes: int
     cache_fill_bytes: int
     cache_evictions: int
     tiers: dict[str, TierReport]
@@ -223,6 +323,8 @@ def summarise(
         "cache_hits": hits,
         "cache_misses": misses,
         "cache_hit_ratio": hits / (hits + misses) if hits + misses else None,
+        "cache_warm_hits": int(counters.get("cache_warm_hits", 0)),
+        "cache_warm_hit_bytes": int(counters.get("cache_warm_hit_bytes", 0)),
         "cache_fill_bytes": int(counters.get("cache_fill_bytes", 0)),
         "cache_evictions": int(counters.get("cache_evictions", 0)),
         "tiers": tiers_of(counters),
@@ -275,13 +377,17 @@ def run_report(
         "cache": {
             "hits": stats["cache_hits"],
             "hit_bytes": int(counters.get("cache_hit_bytes", 0)),
+            "warm_hits": int(counters.get("cache_warm_hits", 0)),
+            "warm_hit_bytes": int(counters.get("cache_warm_hit_bytes", 0)),
             "misses": stats["cache_misses"],
             "fill_bytes": stats["cache_fill_bytes"],
             "evictions": stats["cache_evictions"],
             "evicted_bytes": int(counters.get("cache_evicted_bytes", 0)),
         },
         "manifest": {"parts": stats["manifest_parts"], "bytes": stats["manifest_bytes"],
-                     "cache_hits": stats["manifest_cache_hits"]},
+                     "cache_hits": stats["manifest_cache_hits"],
+                     "warm_hits": int(counters.get("manifest_cache_warm_hits", 0)),
+                     "warm_hit_bytes": int(counters.get("manifest_cache_warm_hit_bytes", 0))},
         "time_to_first_batch_s": stats["time_to_first_batch_s"],
         "data_stall": stats["data_stall"],
         "wait_s": stats["wait_s"],

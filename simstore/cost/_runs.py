@@ -34,9 +34,17 @@ class RunUsage:
 
     ``tiers`` holds requests and bytes per tier; a report that gives only a tier's total
     ``requests`` and ``bytes`` has them counted as GETs (a loader only reads).
-    ``cache_hits``/``cache_hit_bytes`` are reads the local cache served that would
-    otherwise have been fetched from ``cold_tier``; ``hit_bytes_estimated`` says that
-    the report gave no hit bytes and they were estimated (see :func:`parse_run_report`).
+    ``cache_hits``/``cache_hit_bytes`` are the shard lookups the local cache answered and
+    the sizes of the copies they found (one per lookup: per reading process, epoch and
+    reopen); ``hit_bytes_estimated`` says that the report gave no hit bytes and they
+    were estimated (see :func:`parse_run_report`).
+
+    ``warm_hits``/``warm_hit_bytes``: the distinct copies (shards and manifest parts)
+    that were in the cache before the run started and that it read, and their bytes:
+    what a cold (empty) cache would have fetched from ``cold_tier`` on top of what the
+    run fetched. None when the report does not say (an older one): the savings are then
+    estimated from the lookups, an upper bound. ``warm_estimated``: some of the warm
+    figures are such estimates (ranks merged from reports with and without them).
     """
 
     epochs: int
@@ -49,6 +57,19 @@ class RunUsage:
     hit_bytes_estimated: bool = False
     cold_tier: str | None = None
     reports: int = 1
+    warm_hits: int | None = None
+    warm_hit_bytes: int = 0
+    warm_estimated: bool = False
+
+    def saved_reads(self) -> tuple[int, int, bool]:
+        """``(GETs, bytes, estimated)`` a cold cache would have added to the run.
+
+        The warm copies when the report counted them; else every lookup the cache
+        answered (``estimated``: an upper bound, each hit priced as its own GET).
+        """
+        if self.warm_hits is not None:
+            return self.warm_hits, self.warm_hit_bytes, self.warm_estimated
+        return self.cache_hits, self.cache_hit_bytes, self.cache_hits > 0
 
 
 def parse_run_report(obj: object, *, origin: str = "run report") -> RunUsage:
@@ -57,12 +78,16 @@ def parse_run_report(obj: object, *, origin: str = "run report") -> RunUsage:
     Read: ``epochs`` (a list of epoch numbers, or a count), ``seconds``, ``tiers``
     (``{tier: {"bytes": b, "requests": n}}``, or per request class
     ``{tier: {"get": {"requests": n, "bytes": b}, ...}}`` as :class:`TierUsage` writes
-    it) and ``cache`` (``hits``, ``misses``, ``fill_bytes`` and, when present,
-    ``hit_bytes``). Other fields are ignored. Without ``hit_bytes``, the bytes a hit
-    saved are estimated as the mean fill (``fill_bytes / misses``) times the hits, or,
-    with no misses, as the bytes read from the ``cache`` tier. The cold tier is the one
-    tier that is not local (``cache``, ``local``, ``file``, ``memory``), if there is
-    exactly one. Raises :class:`FormatError` naming ``origin`` when malformed.
+    it), ``cache`` (``hits``, ``misses``, ``fill_bytes`` and, when present,
+    ``hit_bytes``, ``warm_hits`` and ``warm_hit_bytes``) and ``manifest.warm_hits`` and
+    ``.warm_hit_bytes`` when present. Other fields are ignored. Without ``hit_bytes``,
+    the bytes a hit saved are estimated as the mean fill (``fill_bytes / misses``) times
+    the hits, or, with no misses, as the bytes read from the ``cache`` tier. With
+    ``cache.warm_hits`` the warm copies (shards and manifest parts) are what a cold cache
+    would have fetched; without it :attr:`RunUsage.warm_hits` is None (estimated from the
+    hits). The cold tier is the one tier that is not local (``cache``, ``local``,
+    ``file``, ``memory``), if there is exactly one. Raises :class:`FormatError` naming
+    ``origin`` when malformed.
     """
     if not isinstance(obj, Mapping):
         raise FormatError(f"{origin} is not a JSON object")
@@ -108,6 +133,17 @@ def parse_run_report(obj: object, *, origin: str = "run report") -> RunUsage:
         hit_bytes = round(hits * fill_bytes / misses)
     else:
         hit_bytes = sum(t.bytes_read for t in tiers if t.tier == "cache") if hits else 0
+    warm_hits: int | None = None
+    warm_bytes = 0
+    if "warm_hits" in cache:
+        warm_hits = _count(cache["warm_hits"], f"{origin}: cache.warm_hits")
+        warm_bytes = _count(cache.get("warm_hit_bytes", 0), f"{origin}: cache.warm_hit_bytes")
+        manifest = obj.get("manifest", {})
+        if not isinstance(manifest, Mapping):
+            raise FormatError(f"{origin}: manifest must be an object")
+        warm_hits += _count(manifest.get("warm_hits", 0), f"{origin}: manifest.warm_hits")
+        warm_bytes += _count(manifest.get("warm_hit_bytes", 0),
+                             f"{origin}: manifest.warm_hit_bytes")
     remote = [t.tier for t in tiers if t.tier not in HOT_TIERS]
     return RunUsage(
         epochs=epochs,
@@ -119,6 +155,8 @@ def parse_run_report(obj: object, *, origin: str = "run report") -> RunUsage:
         cache_fill_bytes=fill_bytes,
         hit_bytes_estimated=estimated,
         cold_tier=remote[0] if len(remote) == 1 else None,
+        warm_hits=warm_hits,
+        warm_hit_bytes=warm_bytes,
     )
 
 
@@ -139,6 +177,9 @@ def merge_run_usage(usages: Sequence[RunUsage]) -> RunUsage:
 
     Ranks run side by side, so the run lasts as long as its slowest rank and has as many
     epochs as the rank that saw most. The cold tier is kept when all reports agree.
+    Warm copies are summed over ranks (each rank counts its own; ranks of one node that
+    read the same warm copy count it once each); a report without them adds its
+    estimate (its hits) and marks the sum ``warm_estimated``.
     """
     if not usages:
         raise InvalidInputError("no run reports to merge")
@@ -147,6 +188,13 @@ def merge_run_usage(usages: Sequence[RunUsage]) -> RunUsage:
         for t in u.tiers:
             tiers[t.tier] = tiers[t.tier] + t if t.tier in tiers else t
     colds = {u.cold_tier for u in usages}
+    warm_hits = warm_bytes = None
+    warm_estimated = False
+    if any(u.warm_hits is not None for u in usages):
+        saved = [u.saved_reads() for u in usages]
+        warm_hits = sum(s[0] for s in saved)
+        warm_bytes = sum(s[1] for s in saved)
+        warm_estimated = any(s[2] for s in saved)
     return RunUsage(
         epochs=max(u.epochs for u in usages),
         seconds=max(u.seconds for u in usages),
@@ -158,6 +206,9 @@ def merge_run_usage(usages: Sequence[RunUsage]) -> RunUsage:
         hit_bytes_estimated=any(u.hit_bytes_estimated for u in usages),
         cold_tier=colds.pop() if len(colds) == 1 else None,
         reports=sum(u.reports for u in usages),
+        warm_hits=warm_hits,
+        warm_hit_bytes=warm_bytes or 0,
+        warm_estimated=warm_estimated,
     )
 
 
@@ -194,11 +245,16 @@ class TierRunCost:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunCost:
-    """A run priced: per tier, per run, per epoch, per hour, and what the cache saved.
+    """A run priced: per tier, per run, per epoch, per hour, and what the warm cache saved.
 
-    ``cache_saved_usd`` is what the cache hits would have cost as GETs (one per hit) and
-    bytes read from the cold tier; ``cold_start_usd`` is the run's cost had every hit
-    gone to the cold tier (``total_usd + cache_saved_usd``).
+    ``cache_saved_usd`` is what the warm copies the run read (those in the cache before
+    it started) would have cost from the cold tier: one GET each and their bytes;
+    ``cold_start_usd`` is the run's cost with a cold (empty) cache
+    (``total_usd + cache_saved_usd``). ``saved_estimated``: the report did not count warm
+    copies, so every cache hit (lookup) was priced as a GET and its copy's bytes, an
+    upper bound (a hit on a copy the run itself filled saved nothing, and one copy is
+    hit once per reading process and epoch). ``warm_hits``: the warm copies the reports
+    counted (None when none did); ``saved_gets``/``saved_bytes``: what was priced.
     """
 
     tiers: tuple[TierRunCost, ...]
@@ -213,6 +269,10 @@ class RunCost:
     cache_saved_usd: float
     hit_bytes_estimated: bool = False
     reports: int = 1
+    warm_hits: int | None = None
+    saved_gets: int = 0
+    saved_bytes: int = 0
+    saved_estimated: bool = False
 
     @property
     def total_usd(self) -> float:
@@ -231,7 +291,10 @@ class RunCost:
 
     @property
     def cold_start_usd(self) -> float:
-        """What the run would have cost with a cold (empty) cache."""
+        """What the run would have cost with a cold (empty) cache.
+
+        An upper bound when ``saved_estimated``.
+        """
         return self.total_usd + self.cache_saved_usd
 
     def to_json(self) -> dict[str, Any]:
@@ -250,6 +313,10 @@ class RunCost:
                 "hit_bytes": self.cache_hit_bytes,
                 "hit_rate": self.cache_hit_rate,
                 "hit_bytes_estimated": self.hit_bytes_estimated,
+                "warm_hits": self.warm_hits,
+                "saved_gets": self.saved_gets,
+                "saved_bytes": self.saved_bytes,
+                "saved_estimated": self.saved_estimated,
                 "cold_tier": self.cold_tier,
                 "cold_price_tier": self.cold_price_tier,
                 "saved_usd": self.cache_saved_usd,
@@ -272,6 +339,7 @@ def price_run(
     :class:`InvalidInputError` naming it. Requests are priced per class; bytes read pay
     the tier's retrieval price, and its egress price when ``egress`` is true (a job
     outside the provider's region or network; same-region reads carry no transfer fee).
+    What the warm cache saved is priced at the cold tier: see :meth:`RunUsage.saved_reads`.
     """
     costs = []
     for tu in usage.tiers:
@@ -309,10 +377,11 @@ def price_run(
         )
     cold_name = tier_prices.get(usage.cold_tier) if usage.cold_tier is not None else None
     saved = 0.0
+    saved_gets, saved_bytes, saved_estimated = usage.saved_reads()
     if cold_name is not None:
         cold = table.tier(cold_name)
         per_gib = cold.retrieval_per_gib + (cold.egress_per_gib if egress else 0.0)
-        saved = usage.cache_hits / 1000 * cold.get_per_1000 + usage.cache_hit_bytes / GIB * per_gib
+        saved = saved_gets / 1000 * cold.get_per_1000 + saved_bytes / GIB * per_gib
     looked_up = usage.cache_hits + usage.cache_misses
     return RunCost(
         tiers=tuple(costs),
@@ -327,4 +396,8 @@ def price_run(
         cache_saved_usd=saved,
         hit_bytes_estimated=usage.hit_bytes_estimated,
         reports=usage.reports,
+        warm_hits=usage.warm_hits,
+        saved_gets=saved_gets,
+        saved_bytes=saved_bytes,
+        saved_estimated=saved_estimated,
     )

@@ -1,0 +1,170 @@
+"""Warm cache copies: those in the cache before a job started, each counted once per job.
+
+``cache.hits`` counts lookups (per reading process, epoch and reopen); what a warm cache
+saved a run is the distinct copies it held before the run started (``warm_hits``), which
+the cost accounting prices as a cold start (docs/loader.md, Metrics; docs/cost.md).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from loader_helpers import RemoteLikeStore, open_test_shard
+from simstore.loaders import SimDataLoader, SimDataset
+from simstore.loaders._cache import CacheConfig, ShardCache
+from simstore.loaders._stats import Counters
+
+from simstore.catalog import Catalog
+from simstore.hashing import hash_bytes
+
+
+def _shards(store: str) -> dict[str, int]:
+    """The dataset's shard ids and their sizes in the store."""
+    cat = Catalog.open(store)
+    snap = cat.snapshot(cat.resolve("sim"))
+    ids = {r for t in cat.iter_parts(snap) for r in t.column("shard").to_pylist()}
+    return {s: os.path.getsize(os.path.join(store, "objects", s[:2], s)) for s in ids}
+
+
+def _dataset(store: str, cache: str) -> SimDataset:
+    return SimDataset(RemoteLikeStore(store), "sim", cache_dir=cache, cache_limit="64MiB",
+                      shard_opener=open_test_shard)
+
+
+def _run(ds: SimDataset, epochs: int, workers: int = 0, context: str | None = None,
+         **kw: object) -> dict:
+    loader = SimDataLoader(ds, batch_size=4, num_workers=workers,
+                           multiprocessing_context=context if workers else None, **kw)
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        for _ in loader:
+            pass
+    return dict(loader.report())
+
+
+def test_a_cold_run_reports_no_warm_hits(small, tmp_path):
+    store, _, _ = small
+    report = _run(_dataset(store, str(tmp_path / "cache")), epochs=2, workers=2,
+                  context="fork")
+    cache = report["cache"]
+    # its lookups hit the copies its own misses filled: none was there before it started
+    assert cache["misses"] == len(_shards(store)) and cache["hits"] > 0
+    assert cache["warm_hits"] == 0 and cache["warm_hit_bytes"] == 0
+    assert report["manifest"]["warm_hits"] == 0 and report["manifest"]["warm_hit_bytes"] == 0
+
+
+@pytest.mark.parametrize(
+    ("workers", "context", "epochs"),
+    [(0, None, 3), (2, "fork", 3), (2, "spawn", 2)],
+)
+def test_a_warm_run_counts_each_copy_once(small, tmp_path, workers, context, epochs):
+    store, _, _ = small
+    cache = str(tmp_path / "cache")
+    _run(_dataset(store, cache), epochs=1)  # fills the cache
+    shards = _shards(store)
+    ds = _dataset(store, cache)
+    report = _run(ds, epochs=epochs, workers=workers, context=context)
+    c = report["cache"]
+    assert c["misses"] == 0
+    # every worker and epoch looked each shard up again...
+    assert c["hits"] >= epochs * len(shards)
+    # ...but each warm copy counts once for the job
+    assert c["warm_hits"] == len(shards)
+    assert c["warm_hit_bytes"] == sum(shards.values())
+    assert report["manifest"]["warm_hits"] >= 1
+    stats = ds.stats()
+    assert stats["cache_warm_hits"] == len(shards)
+    assert stats["cache_warm_hit_bytes"] == sum(shards.values())
+
+
+def test_warm_copies_ride_a_callers_collate(small, tmp_path):
+    """Workers handing single samples to a caller's collate: the batch keeps every
+    sample's warm copies, not only its last sample's."""
+    store, _, _ = small
+    cache = str(tmp_path / "cache")
+    _run(_dataset(store, cache), epochs=1)
+    shards = _shards(store)
+    report = _run(_dataset(store, cache), epochs=2, workers=2, context="fork",
+                  collate_fn=lambda samples: [s["__key__"] for s in samples])
+    assert report["cache"]["warm_hits"] == len(shards)
+    assert report["cache"]["warm_hit_bytes"] == sum(shards.values())
+
+
+def test_a_copy_filled_during_the_run_is_not_warm(small, tmp_path):
+    store, _, _ = small
+    cache = str(tmp_path / "cache")
+    ds = _dataset(store, cache)  # the job starts here
+    time.sleep(0.01)
+    _run(_dataset(store, cache), epochs=1)  # another job fills the cache meanwhile
+    report = _run(ds, epochs=2, workers=2, context="fork")
+    assert report["cache"]["misses"] == 0 and report["cache"]["hits"] > 0
+    assert report["cache"]["warm_hits"] == 0 and report["cache"]["warm_hit_bytes"] == 0
+    assert report["manifest"]["warm_hits"] == 0
+
+
+def test_without_workers_warm_copies_count_once_over_iterations(small, tmp_path):
+    """``SimDataset`` iterated directly, twice: one set per job."""
+    store, _, _ = small
+    cache = str(tmp_path / "cache")
+    list(_dataset(store, cache))
+    ds = _dataset(store, cache)
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        list(ds)
+    shards = _shards(store)
+    report = ds.report()
+    assert report["cache"]["hits"] == 2 * len(shards)
+    assert report["cache"]["warm_hits"] == len(shards)
+    assert report["cache"]["warm_hit_bytes"] == sum(shards.values())
+
+
+# -- the cache's clocks ------------------------------------------------------------------
+
+
+def _fill(cache: ShardCache, data: bytes) -> str:
+    oid = hash_bytes(data)
+    cache.acquire(oid, lambda: len(data), lambda out: out.write(data)).release()
+    return oid
+
+
+def test_a_hit_keeps_the_fill_time_and_lru_evicts_the_least_recently_used(tmp_path):
+    counters = Counters()
+    cache = ShardCache(CacheConfig(directory=str(tmp_path / "c"), limit_bytes=2500),
+                       counters)
+    a, b = _fill(cache, b"a" * 1000), _fill(cache, b"b" * 1000)
+    now = time.time_ns()
+    # a was filled first, b later; neither used since
+    os.utime(cache.path_of(a), ns=(now - 100 * 10**9, now - 100 * 10**9))
+    os.utime(cache.path_of(b), ns=(now - 50 * 10**9, now - 50 * 10**9))
+    hit = cache.peek(a)
+    assert hit is not None
+    hit.release()
+    st = os.stat(cache.path_of(a))
+    assert st.st_mtime_ns == now - 100 * 10**9  # still its fill time
+    assert st.st_atime_ns >= now  # used now
+    _fill(cache, b"c" * 1000)  # room for one more: the least recently used goes
+    assert os.path.exists(cache.path_of(a))  # filled first, but used last
+    assert not os.path.exists(cache.path_of(b))
+    assert counters.snapshot()["cache_evictions"] == 1
+
+
+def test_a_hit_on_a_copy_filled_before_the_job_is_warm_once(tmp_path):
+    config = CacheConfig(directory=str(tmp_path / "c"), limit_bytes=1 << 20)
+    old = _fill(ShardCache(config, Counters()), b"o" * 700)
+    then = time.time_ns()
+    os.utime(os.path.join(str(tmp_path / "c"), "objects", old[:2], old),
+             ns=(then - 10**9, then - 10**9))
+    counters = Counters()
+    cache = ShardCache(config, counters, job_start=then / 1e9)
+    new = _fill(cache, b"n" * 300)  # filled by this job
+    for _ in range(3):
+        for oid in (old, new):
+            copy = cache.peek(oid)
+            assert copy is not None
+            copy.release()
+    assert counters.snapshot()["cache_hits"] == 6
+    # once, by the first 16 hex digits of its id, whatever the lookups
+    assert counters.take_warm() == (("cache", old[:16], 700),)
+    assert counters.take_warm() == ()
