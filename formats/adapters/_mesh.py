@@ -238,11 +238,21 @@ def _pvd_datasets(path: str) -> list[tuple[float, str]]:
     """``(time, file path)`` of each data set, sorted by time.
 
     The sort is stable: data sets of equal time (the parts of one step) keep their file
-    order. A data set without a ``timestep`` takes its position in the file as its time.
-    A timestep that is not a finite number is a :class:`SourceError` naming the file.
+    order. With no ``timestep`` anywhere, each data set's position in the file is its
+    time. A timestep that is not a finite number, or a file where some data sets have a
+    timestep and others none (a position could equal a real time and silently make a
+    part of that step), is a :class:`SourceError` naming the file and the data set.
     """
     out: list[tuple[float, str]] = []
-    for raw, file in _pvd_entries(path):
+    entries = list(_pvd_entries(path))
+    timed = [raw is not None for raw, _ in entries]
+    if any(timed) and not all(timed):
+        i = timed.index(False)
+        raise SourceError(
+            f"{path}: DataSet {i} ({os.path.basename(entries[i][1])}) has no timestep, "
+            "while others have one: give every data set a timestep, or none"
+        )
+    for raw, file in entries:
         try:
             t = float(len(out) if raw is None else raw)
         except ValueError:

@@ -165,6 +165,28 @@ def test_a_pvd_timestep_that_is_no_number_is_a_source_error(tmp_path, timestep):
     ]
 
 
+def test_a_pvd_mixing_data_sets_with_and_without_a_timestep_is_a_source_error(tmp_path):
+    # a position taken as a time could equal a real timestep and silently make a part
+    path = _pvd(tmp_path, [(2.0, 0, "s0.vtu"), (0.0, 0, "s1.vtu"), (1.0, 0, "s3.vtu")])
+    text = path.read_text().replace('timestep="0.0" part="0" file="s1.vtu"',
+                                    'part="0" file="s1.vtu"')
+    path.write_text(text)
+    with pytest.raises(SourceError) as err:
+        list(MeshAdapter().iter_samples(str(path), "run.pvd", {}))
+    assert str(err.value) == (
+        f"{path}: DataSet 1 (s1.vtu) has no timestep, while others have one: give every "
+        "data set a timestep, or none"
+    )
+
+
+def test_a_pvd_without_timesteps_numbers_its_steps_by_position(tmp_path):
+    path = _pvd(tmp_path, [(0, 0, "s0.vtu"), (0, 0, "s1.vtu")])
+    path.write_text(path.read_text().replace('timestep="0" ', ""))
+    samples = list(MeshAdapter().iter_samples(str(path), "run.pvd", {}))
+    assert [(s.key, s.fields["time"]) for s in samples] == [
+        ("run.pvd/t0000", 0.0), ("run.pvd/t0001", 1.0)]
+
+
 def test_a_pvd_that_is_not_xml_is_a_source_error_also_for_its_companions(tmp_path):
     meshio.write(tmp_path / "s0.vtu", meshio.Mesh(POINTS[:4], [("triangle", [[0, 1, 2]])]))
     path = tmp_path / "run.pvd"
