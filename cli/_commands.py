@@ -251,15 +251,16 @@ def ls_cmd(ctx: CliContext, as_json: bool) -> None:
         branches = dict(cat.branches(name).list())
         tags = dict(cat.tags(name).list())
         staged = len(cat.staged(name))
-        main = branches.get("main")
-        samples = cat.snapshot(main).samples if main else 0
+        # samples per branch (a dataset need not have a main)
+        counts = {b: cat.snapshot(sid).samples for b, sid in branches.items()}
         out.append(
             {
                 "dataset": name,
                 "branches": branches,
                 "tags": tags,
                 "staged": staged,
-                "samples": samples,
+                "samples": counts.get("main"),
+                "branch_samples": counts,
             }
         )
 
@@ -268,10 +269,13 @@ def ls_cmd(ctx: CliContext, as_json: bool) -> None:
             return "(no datasets)"
         lines = []
         for d in out:
-            br = ", ".join(f"{b}={s[:8]}" for b, s in d["branches"].items()) or "-"
+            br = ", ".join(
+                f"{b}={s[:8]} ({d['branch_samples'][b]} samples)"
+                for b, s in d["branches"].items()
+            ) or "-"
             tg = ", ".join(d["tags"]) or "-"
             lines.append(
-                f"{d['dataset']}  {d['samples']} samples  branches: {br}  tags: {tg}"
+                f"{d['dataset']}  branches: {br}  tags: {tg}"
                 + (f"  staged: {d['staged']}" if d["staged"] else "")
             )
         return "\n".join(lines)

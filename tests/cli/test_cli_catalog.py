@@ -133,3 +133,13 @@ def test_json_output_is_strict_json_whatever_the_numbers(capsys):
 
     assert json.loads(text, parse_constant=refuse) == {
         "mean": ["NaN", 1.5], "max": "Infinity", "min": "-Infinity"}
+
+
+def test_ls_counts_samples_on_every_branch_and_needs_no_main(store_url):
+    run(store_url, "init")
+    _stage(store_url, {"a": b"1", "b": b"2"})
+    run(store_url, "snapshot", "ds", "-m", "first", "--branch", "dev")  # a first snapshot
+    listed = json.loads(run(store_url, "ls", "--json").output)
+    assert listed[0]["branch_samples"] == {"dev": 2} and listed[0]["samples"] is None
+    line = run(store_url, "ls").output.strip()
+    assert line.startswith("ds  branches: dev=") and "(2 samples)" in line
