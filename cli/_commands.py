@@ -9,7 +9,7 @@ import click
 from simstore.cli._common import CliContext, check_at_least, emit, handle_errors, pass_ctx
 
 from simstore.catalog import Catalog, gc, verify
-from simstore.errors import InvalidInputError, NotFoundError
+from simstore.errors import InvalidInputError
 from simstore.manifest import rows_from_list
 from simstore.names import parse_ref
 from simstore.snapshot import Snapshot
@@ -78,6 +78,8 @@ def init_cmd(ctx: CliContext) -> None:
 @click.option("--branch", default="main", show_default=True)
 @click.option("--author", default=None, help="Author (default: the current user).")
 @click.option("--allow-schema-change", is_flag=True, help="Accept changed field types.")
+@click.option("--allow-empty", is_flag=True,
+              help="Make a snapshot even with nothing staged (its parent's content).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_ctx
 @handle_errors
@@ -88,19 +90,19 @@ def snapshot_cmd(
     branch: str,
     author: str | None,
     allow_schema_change: bool,
+    allow_empty: bool,
     as_json: bool,
 ) -> None:
     """Commit everything staged for DATASET as a new snapshot on a branch."""
     cat = ctx.catalog()
-    if not cat.staged(dataset) and not cat.has_dataset(dataset):
-        # An unknown dataset is a NotFoundError (exit 3), as for every other command.
-        raise NotFoundError(f"unknown dataset {dataset!r}: nothing staged and no branches")
+    # an unknown dataset is the library's NotFoundError (exit 3), as for every command
     res = cat.commit(
         dataset,
         message=message,
         branch=branch,
         author=author,
         allow_schema_change=allow_schema_change,
+        allow_empty=allow_empty,
     )
     lines = [f"{dataset}@{branch} -> {res.snapshot_id} ({res.samples} samples)"]
     if res.overwritten_concurrent:

@@ -687,7 +687,10 @@ class Catalog:
                 overwritten |= self._keys_changed_between(first_head, head, change_tables)
             parent = self.snapshot(head) if head else None
             if not todo and not allow_empty and parent is not None:
-                raise InvalidInputError(f"dataset {dataset!r}: nothing staged to commit")
+                raise InvalidInputError(
+                    f"dataset {dataset!r}: nothing staged to commit (a snapshot would repeat "
+                    f"{head}; allow_empty / --allow-empty makes one anyway)"
+                )
             snap, counters = self._build_snapshot(
                 dataset, parent, head, todo, change_tables, message, author, allow_schema_change
             )

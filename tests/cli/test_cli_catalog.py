@@ -143,3 +143,15 @@ def test_ls_counts_samples_on_every_branch_and_needs_no_main(store_url):
     assert listed[0]["branch_samples"] == {"dev": 2} and listed[0]["samples"] is None
     line = run(store_url, "ls").output.strip()
     assert line.startswith("ds  branches: dev=") and "(2 samples)" in line
+
+
+def test_snapshot_with_nothing_staged_needs_allow_empty(store_url):
+    run(store_url, "init")
+    _stage(store_url, {"a": b"1"})
+    first = json.loads(run(store_url, "snapshot", "ds", "-m", "first", "--json").output)
+    refused = run(store_url, "snapshot", "ds", "-m", "again", ok=False)
+    assert refused.exit_code == 2 and "nothing staged to commit" in refused.output
+    assert Catalog.open(store_url).resolve("ds") == first["snapshot"]
+    empty = json.loads(run(store_url, "snapshot", "ds", "-m", "again", "--allow-empty",
+                           "--json").output)
+    assert empty["parent"] == first["snapshot"] and empty["samples"] == 1
