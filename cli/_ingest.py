@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import sys
 import time
 from typing import Any
@@ -100,6 +102,15 @@ def _parse_options(values: tuple[str, ...]) -> dict[str, Any]:
         except ValueError:
             out[key] = value
     return out
+
+
+def _dask_logs(engine: str, *, debug: bool) -> contextlib.AbstractContextManager[None]:
+    """Dask's log lines kept off stderr for the run (the error is one line), but with --debug."""
+    if engine != "dask":
+        return contextlib.nullcontext()
+    from simstore.ingest._dask import quiet_dask_logs  # dask is an optional extra
+
+    return quiet_dask_logs(not debug)
 
 
 def _summary(r: IngestResult) -> str:
@@ -308,7 +319,10 @@ def ingest_cmd(
     bar = ProgressBar() if show else None
     catalog = ctx.catalog()
     try:
-        result = ingest(list(sources), dataset=dataset, store=catalog, config=config, progress=bar)
+        with _dask_logs(engine, debug=ctx.debug or bool(os.environ.get("SIMSTORE_DEBUG"))):
+            result = ingest(
+                list(sources), dataset=dataset, store=catalog, config=config, progress=bar
+            )
     except ImportError as exc:  # a missing extra (dask): one line, like a library error
         raise SimstoreError(str(exc)) from exc
     finally:

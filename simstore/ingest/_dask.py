@@ -23,11 +23,13 @@ snapshot and no staging entry; its finished tasks are journaled, so a re-run reu
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from concurrent.futures import CancelledError
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,13 +41,17 @@ from simstore.ingest._plugins import Plugins
 from simstore.ingest._records import FileResult, SourceFile, TaskContext, TaskResult
 from simstore.ingest._worker import TaskRunner
 
-__all__ = ["TASK_RETRIES", "TaskOutcome", "ingest_task", "run_dask"]
+__all__ = ["TASK_RETRIES", "TaskOutcome", "ingest_task", "quiet_dask_logs", "run_dask"]
 
 TASK_RETRIES = 2
 """Extra attempts dask makes for a task that raised (a worker's death counts separately,
 under the scheduler's ``distributed.scheduler.allowed-failures``)."""
 
 _REFRESH_S = 5.0  # how often the driver re-reads the cluster's size (it may scale)
+
+_QUIET: ContextVar[bool | None] = ContextVar("simstore_quiet_dask_logs", default=None)
+"""Set by :func:`quiet_dask_logs`: True (the command line), False (``--debug``), or None
+(a library call: the logging of this process is its caller's)."""
 
 
 def _distributed() -> Any:
@@ -79,15 +85,37 @@ def _worker_name() -> str:
         return f"pid {os.getpid()}"
 
 
-def ingest_task(ctx: TaskContext, files: Sequence[SourceFile], plugins: Plugins) -> TaskOutcome:
+def ingest_task(
+    ctx: TaskContext,
+    files: Sequence[SourceFile],
+    plugins: Plugins,
+    since: float | None = None,
+) -> TaskOutcome:
     """Run one ingest task on a dask worker; pure in its arguments, safe to run twice.
 
     Checks first that this worker sees the store (a local store must sit on a filesystem
-    every worker mounts at the same path).
+    every worker mounts at the same path, an object store needs credentials the worker
+    has or that travel with the task). ``since``: when the run started (epoch seconds):
+    shards and journal records stored after it are this run's, by an earlier attempt of
+    this task (see :class:`TaskRunner`).
     """
     worker = _worker_name()
     t0 = time.perf_counter()
-    if not ctx.store.exists(STORE_META_KEY):
+    try:
+        seen = ctx.store.exists(STORE_META_KEY)
+    except (SimstoreError, OSError) as exc:
+        # no credentials, no route, access denied: the store is there, but not for this
+        # worker (the driver opened it); a retry on the same worker would fail the same way
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        return TaskOutcome(
+            None,
+            InvalidInputError(
+                f"dask worker {worker} cannot see the store {ctx.store.url}: {reason}; the "
+                "workers need their own access to it (credentials, network) or storage "
+                "options that grant it"
+            ),
+        )
+    if not seen:
         return TaskOutcome(
             None,
             InvalidInputError(
@@ -97,12 +125,68 @@ def ingest_task(ctx: TaskContext, files: Sequence[SourceFile], plugins: Plugins)
             ),
         )
     try:
-        result = TaskRunner(ctx, plugins=plugins).run(files)
+        result = TaskRunner(ctx, plugins=plugins, since=since).run(files)
     except SourceError as exc:
         return TaskOutcome(None, exc)
     result.seconds = time.perf_counter() - t0
     result.worker = worker
     return TaskOutcome(result)
+
+
+def _quiet_here() -> list[tuple[logging.Logger, int]]:
+    """Raise every ``distributed`` logger of this process to CRITICAL; their old levels.
+
+    Loggers made later have no level of their own and take the ``distributed`` logger's.
+    """
+    saved = []
+    for name, logger in list(logging.root.manager.loggerDict.items()):
+        if isinstance(logger, logging.Logger) and (
+            name == "distributed" or name.startswith("distributed.")
+        ):
+            saved.append((logger, logger.level))
+            logger.setLevel(logging.CRITICAL)
+    return saved
+
+
+@contextlib.contextmanager
+def quiet_dask_logs(quiet: bool = True) -> Iterator[None]:
+    """Keep dask's own log lines off stderr during an ingest; restore them after.
+
+    The command line's errors are one line: dask logs a traceback when the scheduler
+    dies, and warnings from worker processes about tasks the run cancels, before the one
+    line that says what happened. With ``quiet`` the ``distributed`` loggers of this
+    process are raised to CRITICAL until the block ends, and a ``LocalCluster`` the
+    engine starts quiets its worker processes too. ``quiet=False`` (``--debug``) leaves
+    every log line, the cluster's included. Without this block (a library call), this
+    process's logging is left as its caller set it.
+    """
+    token = _QUIET.set(quiet)
+    saved: list[tuple[logging.Logger, int]] = []
+    try:
+        if quiet:
+            _distributed()  # configures its loggers on import: quiet what that set up
+            saved = _quiet_here()
+        yield
+    finally:
+        for logger, level in saved:
+            logger.setLevel(level)
+        _QUIET.reset(token)
+
+
+def _quiet_workers(client: Any) -> None:
+    """Quiet the ``distributed`` loggers of the cluster's worker processes, now and later.
+
+    A worker plugin, so a worker process its nanny restarts after a death is quiet too.
+    """
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    class QuietLogs(WorkerPlugin):
+        name = "simstore-quiet-logs"
+
+        def setup(self, worker: Any) -> None:
+            _quiet_here()
+
+    client.register_plugin(QuietLogs())
 
 
 @contextlib.contextmanager
@@ -121,8 +205,13 @@ def _client(cfg: IngestConfig) -> Iterator[Any]:
             dashboard_address=None,
             scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
         )
+        quiet = _QUIET.get()
+        if quiet is None:  # a library call: this run's own processes are quiet
+            quiet = not os.environ.get("SIMSTORE_DEBUG")
         try:
             with distributed.Client(cluster, set_as_default=False) as client:
+                if quiet:
+                    _quiet_workers(client)
                 yield client
         finally:
             cluster.close()
@@ -252,6 +341,7 @@ def run_dask(
     cfg = ctx.config
     results: list[TaskResult | None] = [None] * len(tasks)
     run_id = uuid.uuid4().hex[:12]
+    since = time.time()  # what tasks store from now on is this run's (new_bytes)
     with _client(cfg) as client:
         pending: dict[Any, int] = {}
         finished = distributed.as_completed(loop=client.loop)
@@ -273,6 +363,7 @@ def run_dask(
                     ctx,
                     list(task),
                     plugins,
+                    since,
                     key=f"simstore-ingest-{run_id}-{i:07d}",
                     retries=TASK_RETRIES,
                 )
@@ -294,8 +385,15 @@ def run_dask(
                     sum(len(f.rows) for f in res.files),
                 )
                 submit()
-        except BaseException:
-            client.cancel(list(pending))
+        except BaseException as exc:
+            with contextlib.suppress(Exception):  # the scheduler may be gone
+                client.cancel(list(pending))
+            if isinstance(exc, OSError):  # a call to the scheduler whose connection closed
+                where = cfg.address or "of the LocalCluster"
+                raise SimstoreError(
+                    f"lost the dask scheduler {where} mid-run ({_describe(exc)}; scheduler "
+                    "restarted?); a re-run resumes where this one stopped"
+                ) from exc
             raise
     done = [r for r in results if r is not None]
     return EngineRun(done, "dask", len({r.worker for r in done if not r.failed}))

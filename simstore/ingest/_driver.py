@@ -200,6 +200,18 @@ def _whole_files(
     return out
 
 
+def _bytes_read(results: Sequence[TaskResult]) -> int:
+    """Source bytes this run read: files and pieces not taken from the journal.
+
+    Counted per planned entry, before pieces are joined: a file of which only some
+    pieces were redone counts those pieces' shares of its bytes (a piece's share is an
+    estimate, the file's size split in proportion to its samples), not the whole file.
+    The first piece also hashes the whole file, as a whole file is hashed as well as
+    read: that pass is not counted again, for pieces as for whole files.
+    """
+    return sum(fr.size_bytes for res in results for fr in res.files if not fr.reused)
+
+
 def _join(pieces: Sequence[FileResult], cfg: IngestConfig) -> FileResult:
     """One file's result from its pieces' (in order): rows, schema and exact statistics.
 
@@ -383,7 +395,7 @@ def _finish(
         samples=sum(len(r.rows) for r in accepted),
         samples_staged=len(rows),
         bytes_in=sum(r.size_bytes for r in file_results),
-        bytes_read=sum(r.size_bytes for r in file_results if not r.reused),
+        bytes_read=_bytes_read(results),
         bytes_stored=sum(written.values()),
         new_bytes=new_bytes,
         shards=len(written),

@@ -22,7 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from simstore.errors import InvalidInputError, SimstoreError, SourceError, StorageError
+from simstore.errors import (
+    InvalidInputError,
+    NotFoundError,
+    SimstoreError,
+    SourceError,
+    StorageError,
+)
 from simstore.hashing import ObjectId, object_key
 from simstore.ingest._arrays import (
     hash_sample_blocks,
@@ -30,7 +36,7 @@ from simstore.ingest._arrays import (
     sample_nbytes,
     spec_of_value,
 )
-from simstore.ingest._journal import read_journal, write_journal
+from simstore.ingest._journal import journal_key, read_journal, write_journal
 from simstore.ingest._plugins import Plugins, plugins_for
 from simstore.ingest._records import FileResult, Row, SourceFile, TaskContext, TaskResult
 from simstore.ingest._sources import hash_file, hash_source, read_head, resolve_adapter
@@ -120,8 +126,15 @@ class TaskRunner:
         ctx: TaskContext,
         progress: Callable[[SourceFile, int], None] | None = None,
         plugins: Plugins | None = None,
+        since: float | None = None,
     ):
         self.ctx = ctx
+        self.since = since
+        """When the run started (epoch seconds; the dask engine, whose tasks may run
+        again). A shard this task finds already stored but last modified after that was
+        stored by this run (an earlier attempt of this task, on a worker that died), so
+        it counts in ``new_bytes``; a journal record written after that is this run's too,
+        and its file is read again rather than reused."""
         self.cfg = ctx.config
         self.progress = progress
         self.adapter, self.formats = plugins or plugins_for(self.cfg)
@@ -168,16 +181,54 @@ class TaskRunner:
             oid, size = ObjectId(known), os.path.getsize(b.path)
         else:
             oid, size = hash_file(b.path)
-        store = self.ctx.store
-        if isinstance(store, SupportsMoveFile):
-            if store.move_file(object_key(oid), b.path):  # consumes b.path
-                self.new_bytes += size
-        else:
-            if store.put_file(object_key(oid), b.path):
-                self.new_bytes += size
-            os.unlink(b.path)
+        if self._store(object_key(oid), b.path):
+            self.new_bytes += size
         self.shard_of[b.seq] = str(oid)
         self.shards[str(oid)] = size
+
+    def _store(self, key: str, path: str, *, consume: bool = True) -> bool:
+        """Store the file at ``path`` under ``key`` unless present; ``consume``: remove it.
+
+        True when the object is new to the store in this run: written now, or (with
+        ``since``) found with a modification time after the run started, which only this
+        run's earlier attempt of the task (or a run alongside) can have given it. That
+        takes one stat (a HEAD on S3) before the store's own put-if-absent; the time is
+        read before the put refreshes it.
+        """
+        store = self.ctx.store
+        stored_at = self._stored_at(key) if self.since is not None else None
+        if stored_at is not None:
+            refresh = getattr(store, "refresh", None)
+            if callable(refresh) and refresh(key):  # gc's grace, as a put would
+                if consume:
+                    os.unlink(path)
+                return stored_at >= self._cutoff()
+            # gone since the stat (gc): store it again, below
+        if consume and isinstance(store, SupportsMoveFile):
+            wrote = store.move_file(key, path)  # consumes path
+        else:
+            wrote = store.put_file(key, path)
+            if consume:
+                os.unlink(path)
+        if wrote or self.since is None:
+            return wrote
+        # absent at the stat, present at the put: stored meanwhile, by a duplicate of this
+        # task (or a run alongside); or present at both, the time says whose
+        return stored_at is None or stored_at >= self._cutoff()
+
+    def _cutoff(self) -> float:
+        # No margin: an object of a run that ended a moment before this one must not
+        # count as this run's (a journal record would be redone). S3 keeps whole seconds,
+        # so what this run stores in its first second may count as earlier (as before).
+        assert self.since is not None
+        return self.since
+
+    def _stored_at(self, key: str) -> float | None:
+        """The object's modification time, or None when it is absent."""
+        try:
+            return self.ctx.store.info(key).mtime
+        except NotFoundError:
+            return None
 
     def abort(self) -> None:
         for b in self.open.values():
@@ -234,7 +285,7 @@ class TaskRunner:
 
     def _file(self, src: SourceFile) -> tuple[FileResult, list[tuple[int, int, Row]]]:
         res = FileResult(path=src.path, key=src.key, size_bytes=src.size)
-        if self.cfg.resume:
+        if self.cfg.resume and self._may_reuse(src):
             reused = read_journal(self.ctx, src, self._present)
             if reused is not None:
                 # the schema of the task's later files, as if this one were read again
@@ -254,6 +305,26 @@ class TaskRunner:
                 raise SourceError(message) from exc
             res.error = message
             return res, []
+
+    def _may_reuse(self, src: SourceFile) -> bool:
+        """Whether the file's journal record may be reused: not one this run wrote.
+
+        Without ``since``, any record. With it, a record last written after the run
+        started was written by an earlier attempt of this task whose result was lost
+        with its worker: the file is read again (its shards, stored then, are found and
+        count as new), so the summary counts it as ingested, not reused. No record:
+        one stat instead of the read that would miss.
+        """
+        if self.since is None:
+            return True
+        key = journal_key(self.ctx, src)
+        try:
+            written = self.ctx.store.info(key).mtime
+        except NotFoundError:
+            return False
+        except StorageError:
+            return True  # let the read say what is wrong, or find nothing
+        return written < self._cutoff()
 
     def _ingest(
         self, src: SourceFile, res: FileResult
@@ -351,7 +422,7 @@ class TaskRunner:
             )
         first = src.piece is None or src.piece.index == 0
         if first and getattr(adapter, "stores_source", False) and not os.path.isdir(path):
-            if self.ctx.store.put_file(object_key(res.source_hash), path):
+            if self._store(object_key(res.source_hash), path, consume=False):
                 res.new_bytes += res.size_bytes
             res.source_object = res.source_hash
         res.schema = [specs[n].to_json() for n in sorted(specs)]  # type: ignore[misc]
