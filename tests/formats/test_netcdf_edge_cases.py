@@ -10,33 +10,15 @@ import numpy as np
 import pytest
 from simstore.formats.adapters import NetCDFAdapter
 from simstore.formats.adapters._tree import SlicedArray
+from stored_samples import stored
 
-from simstore.catalog import Catalog
 from simstore.errors import SourceError
-from simstore.ingest import ingest
 
 netCDF4 = pytest.importorskip("netCDF4")
 
 CLASSIC = ["NETCDF3_CLASSIC", "NETCDF3_64BIT_OFFSET", "NETCDF3_64BIT_DATA"]
 
 
-def stored(tmp_path, src, **options):
-    """{key: fields} of what ingest stored from ``src``, read through the shard reader."""
-    from simstore.formats import open_shard
-
-    from simstore.hashing import object_key
-
-    catalog = Catalog.init(str(tmp_path / "store"))
-    ingest([str(src)], dataset="d", store=catalog, snapshot=True, **options)
-    snap = catalog.snapshot(catalog.resolve("d@main"))
-    out = {}
-    for row in catalog.manifest(snap).to_pylist():
-        reader = open_shard(catalog.store.local_path(object_key(row["shard"])))
-        try:
-            (out[row["key"]],) = list(reader.read([row["position"]]))
-        finally:
-            reader.close()
-    return out
 
 
 def one_line(info, path, field):

@@ -10,10 +10,9 @@ import warnings
 import numpy as np
 import pytest
 from simstore.formats.adapters import ZarrAdapter
+from stored_samples import stored
 
-from simstore.catalog import Catalog
 from simstore.errors import SourceError
-from simstore.ingest import ingest
 
 zarr = pytest.importorskip("zarr")
 
@@ -21,23 +20,6 @@ zarr = pytest.importorskip("zarr")
 pytestmark = pytest.mark.filterwarnings("ignore::zarr.errors.UnstableSpecificationWarning")
 
 
-def stored(tmp_path, src, **options):
-    """{key: fields} of what ingest stored from ``src``, read through the shard reader."""
-    from simstore.formats import open_shard
-
-    from simstore.hashing import object_key
-
-    catalog = Catalog.init(str(tmp_path / "store"))
-    ingest([str(src)], dataset="d", store=catalog, snapshot=True, **options)
-    snap = catalog.snapshot(catalog.resolve("d@main"))
-    out = {}
-    for row in catalog.manifest(snap).to_pylist():
-        reader = open_shard(catalog.store.local_path(object_key(row["shard"])))
-        try:
-            (out[row["key"]],) = list(reader.read([row["position"]]))
-        finally:
-            reader.close()
-    return out
 
 
 def same(a, b):
