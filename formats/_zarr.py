@@ -519,9 +519,14 @@ class ZarrShardReader:
             key = f"{path}/c/{'/'.join(str(i) for i in idx)}"
             chunk = self._chunk(key, dec)
             if chunk is None:
-                out[tuple(dst)] = dec.fill  # a chunk never written holds the fill value
-            else:
-                out[tuple(dst)] = chunk[tuple(src)]
+                # simstore writes every chunk of an array with values: a missing one is a
+                # damaged index (a zip's central directory is covered by no CRC), never
+                # Zarr's "never written, so the fill value"
+                raise FormatError(
+                    f"{self.name}: zip entry {key} is missing from the shard's index: the "
+                    "shard is damaged"
+                )
+            out[tuple(dst)] = chunk[tuple(src)]
         return out
 
     def _chunk(self, key: str, dec: ChunkDecoder) -> np.ndarray | None:
