@@ -314,6 +314,13 @@ class ZarrShardReader:
             )
         return True
 
+    def has_field(self, position: int, field: str) -> bool:
+        """Whether the sample at ``position`` holds array field ``field``."""
+        spec = self._specs.get(field)
+        return spec is not None and spec.kind in ("tensor", "bytes") and self._has_array(
+            self._check(position), field
+        )
+
     def array(self, position: int, field: str) -> Any:
         """The stock ``zarr.Array`` of one tensor field of one sample (for custom reads)."""
         spec = self._specs.get(field)

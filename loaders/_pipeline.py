@@ -416,25 +416,32 @@ def _read(
     alloc: Callable[[int, str, Any, Any], Any] | None = None,
 ) -> list[Decoded]:
     regions = src.regions
-    if regions is None:
+    names = list(src.fields) if src.fields is not None else [s.name for s in src.schema]
+    # the cropped fields this shard holds (an evolved dataset's older shards may hold none,
+    # and a shard of small samples routed to Parquet may lack a large field)
+    shard_schema = getattr(reader, "schema", None)
+    held = {s.name for s in shard_schema} if shard_schema is not None else set(names)
+    boxed = [n for n in names if regions is not None and n in regions.fields and n in held]
+    if regions is None or not boxed:
         if alloc is not None:
             return list(reader.read(positions, src.fields, out=alloc))  # type: ignore[call-arg]
         return list(reader.read(positions, src.fields))
     read_slices = getattr(reader, "read_slices", None)
     array = getattr(reader, "array", None)
+    has_field = getattr(reader, "has_field", None)
     if not callable(read_slices) or not callable(array):
         raise InvalidInputError(
             f"crop= and window= need a shard format with region reads (Zarr); this shard "
             f"is read by {type(reader).__name__}"
         )
-    names = list(src.fields) if src.fields is not None else [s.name for s in src.schema]
-    boxed = [n for n in names if n in regions.fields]
     values = list(reader.read(positions, [n for n in names if n not in regions.fields]))
     for value, position, key in zip(values, positions, keys, strict=True):
         boxes = {
             name: regions.box(name, array(position, name).shape, seed=src.seed, epoch=epoch,
                               key=key)
             for name in boxed
+            # a sample without the field reads as without a crop: it lacks it
+            if not callable(has_field) or has_field(position, name)
         }
         value.update(read_slices(position, boxes))
     return values
