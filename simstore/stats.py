@@ -200,10 +200,11 @@ def _fast_block(
     m = flat.size
     n = m // k
     b = buf[:m].reshape(k, n)
-    if k == 1:
-        np.copyto(b[0], flat, casting="unsafe")
-    else:
-        np.copyto(b, flat.reshape(n, k).T, casting="unsafe")
+    with np.errstate(invalid="ignore"):  # a signalling NaN's cast: found just below
+        if k == 1:
+            np.copyto(b[0], flat, casting="unsafe")
+        else:
+            np.copyto(b, flat.reshape(n, k).T, casting="unsafe")
     if k == 1:
         lo, hi = [np.minimum.reduce(flat)], [np.maximum.reduce(flat)]
     elif _exact_in_float64(flat.dtype):

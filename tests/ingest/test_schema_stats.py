@@ -390,3 +390,15 @@ def test_scalar_summaries_keep_the_value_and_its_type(value):
     assert s["min"] == [want] and s["max"] == [want] and type(s["min"][0]) is type(want)
     nan = summarise_scalar(float("nan"))
     assert nan["count"] == [0] and nan["nan_count"] == [1] and nan["min"] == [None]
+
+
+def test_a_signalling_nan_is_counted_without_a_warning():
+    import warnings
+
+    values = np.array([1.0, 2.0, 3.0], np.float32)
+    values.view(np.uint32)[1] = 0x7F800001  # a signalling NaN: its cast to float64 sets "invalid"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        summary = summarise_array(values)
+    assert summary["nan_count"] == [1] and summary["count"] == [2]
+    assert summary["mean"] == [2.0]
