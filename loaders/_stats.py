@@ -96,8 +96,19 @@ def ledger_keys(tiers: Iterable[str]) -> tuple[str, ...]:
 
 
 def read_ledger(row: Any, keys: Sequence[str]) -> dict[str, float]:
-    """A ledger row (a float64 array, see :class:`Counters`) as counters by name."""
-    return {k: float(v) for k, v in zip(keys, row.tolist(), strict=True)}
+    """A ledger row (a float64 array, see :class:`Counters`) as counters by name.
+
+    A tier nothing was read from is left out (the row has a slot for the cache whether
+    or not the job has one); the sources' own tiers come with every batch anyway.
+    """
+    values = dict(zip(keys, row.tolist(), strict=True))
+    idle = {
+        k.rsplit(":", 1)[0]
+        for k, v in values.items()
+        if k.startswith("tier:") and k.endswith(":bytes") and not v
+        and not values.get(k[: -len("bytes")] + "requests")
+    }
+    return {k: float(v) for k, v in values.items() if k.rsplit(":", 1)[0] not in idle}
 
 
 class Counters:

@@ -124,3 +124,15 @@ def test_an_iterator_left_alive_keeps_counting_after_a_new_one_starts(small, tmp
     assert report["tiers"]["fake-remote"]["bytes"] == fetched()
     assert report["cache"]["misses"] == 6  # each shard filled once, whichever iterator did
     assert report["samples"] == 62  # one batch of the first iteration, then a whole epoch
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_job_without_a_cache_reports_no_cache_tier(small, workers):
+    store, _, _ = small
+    ds = SimDataset(store, "sim", shard_opener=open_test_shard)
+    loader = SimDataLoader(ds, batch_size=4, num_workers=workers,
+                           multiprocessing_context="fork" if workers else None)
+    assert sum(len(b["__key__"]) for b in loader) == 60
+    tiers = ds.report()["tiers"]
+    assert set(tiers) == {"local"} and tiers["local"]["bytes"] > 0
