@@ -309,6 +309,21 @@ def file_stamp(path: str) -> int | None:
     return xxhash.xxh3_64_intdigest(packed) & _MASK63
 
 
+def copy_stamp(path: str) -> int | None:
+    """:func:`file_stamp` of a cache copy: its change time left out.
+
+    Every cache hit sets the copy's access time (the cache's LRU clock), which moves its
+    change time; its modification time stays the time it was filled. A copy rewritten or
+    replaced (evicted and filled again: a new inode) still gets another stamp.
+    """
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    packed = struct.pack("<6q", st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, 0, 1)
+    return xxhash.xxh3_64_intdigest(packed) & _MASK63
+
+
 class TrustTable:
     """A store's local shard files hashed to their ids earlier in this job.
 
@@ -470,18 +485,22 @@ class ShardAccess:
     def unchecked(self, shard_id: str) -> bool:
         """Whether ``shard_id`` still needs its whole-object hash in this process.
 
-        Not if it was hashed here, or if the store's local file for it hashed to its id
-        in an earlier epoch and is unchanged (``trusted``). A cache copy (no local file)
-        is hashed once per epoch still: every hit sets its access time (the cache's LRU
-        clock), which moves its change time, so its stamp never stays the same.
+        Not if it was hashed here, or if the store's local file for it (or its cache
+        copy) hashed to its id in an earlier epoch and is unchanged (``trusted``; a cache
+        copy by :func:`copy_stamp`, as every hit moves its change time).
         """
         with self._lock:
             if not self.verify or shard_id in self._verified:
                 return False
             path = self._local.get(shard_id)
-        if self.trusted is None or path is None:
+        if self.trusted is None:
             return True
-        stamp = file_stamp(path)
+        if path is not None:
+            stamp = file_stamp(path)
+        elif self._cache_config is not None:
+            stamp = copy_stamp(self._shard_cache().path_of(shard_id))
+        else:
+            return True
         if stamp is None or not self.trusted.has(shard_id, stamp):
             return True
         with self._lock:
@@ -499,7 +518,8 @@ class ShardAccess:
 
         A match is remembered: the shard is not hashed again in this process.
         """
-        stamp = file_stamp(path)  # before: a file changed while hashed is hashed again
+        # the stamp before: a file changed while hashed is hashed again
+        stamp = copy_stamp(path) if tier == "cache" else file_stamp(path)
         actual, size = hash_file(path, pace=self._pace if self.limiter.rate else None)
         self.counters.add_read(tier, size)
         self.counters.add("shards_verified")
@@ -507,8 +527,7 @@ class ShardAccess:
             return actual
         with self._lock:
             self._verified.add(shard_id)
-        if tier != "cache":
-            self._remember(shard_id, stamp)
+        self._remember(shard_id, stamp)
         if self.siblings is not None:
             self.siblings.publish(shard_id)
         return None

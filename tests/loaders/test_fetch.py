@@ -389,3 +389,33 @@ def test_a_warm_reports_hit_bytes_are_the_copies_a_cold_run_fetched(small, tmp_p
     assert warm_report["cache"]["hit_bytes"] == shard_bytes(store)
     usage = parse_run_report(warm_report)
     assert usage.cache_hit_bytes == shard_bytes(store) and not usage.hit_bytes_estimated
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_later_epochs_trust_unchanged_cache_copies_and_hash_changed_ones(small, tmp_path,
+                                                                        workers):
+    store, _, samples = small
+    cache = str(tmp_path / "cache")
+    shards = len(shard_ids(store))
+    ds = remote_ds(store, cache_dir=cache, cache_limit="1MiB", shuffle=False)
+    loader = SimDataLoader(ds, batch_size=4, num_workers=workers,
+                           multiprocessing_context="fork" if workers else None)
+    for epoch in range(2):  # the first fills the cache, the second hits it
+        ds.set_epoch(epoch)
+        assert sorted(keys_of(loader)) == sorted(samples)
+    hashed = ds.stats()["shards_hashed"]
+    ds.set_epoch(2)  # unchanged copies: trusted, not hashed again
+    assert sorted(keys_of(loader)) == sorted(samples)
+    stats = ds.stats()
+    assert stats["shards_hashed"] == hashed and stats["shards_trusted"] >= shards
+    # a copy rewritten in place (a new modification time) is hashed again, and caught
+    victim = os.path.join(cache, "objects", shard_ids(store)[0][:2], shard_ids(store)[0])
+    os.chmod(victim, 0o644)
+    with open(victim, "r+b") as f:
+        f.seek(40)
+        byte = f.read(1)
+        f.seek(40)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    ds.set_epoch(3)
+    with pytest.raises(IntegrityError, match=shard_ids(store)[0]):
+        list(keys_of(loader))
