@@ -47,12 +47,11 @@ __all__ = [
 
 MAX_COMPONENTS = 9
 _FLOAT_MAX = sys.float_info.max
-_SUB_BLOCK_ELEMENTS = 1 << 18
-"""Values per sub-block: a float64 scratch of 2 MiB. Four times fewer, longer passes than
-with a 512 KiB scratch that stays in L2 ran 1.3-1.4x faster (the per-pass overhead
-weighs more than the cache misses), and the cast reads the values from memory anyway."""
-_DOT_RUN = 8192  # values per BLAS dot product (see _sum_squares)
-_vecdot = getattr(np, "vecdot", None)
+_SUB_BLOCK_ELEMENTS = 1 << 17
+"""Values per sub-block: a float64 scratch of 1 MiB, which with its 512 KiB of float32
+source stays in a 2 MiB L2. Part of the shard format in effect: the statistics embedded in
+a shard depend on where the sub-blocks split, so this is fixed, never tuned per machine
+(see :func:`_sum_squares`)."""
 _SCRATCH = threading.local()
 _LISTS = ("count", "nan_count", "inf_count", "mean", "m2", "min", "max")
 
@@ -96,7 +95,7 @@ def _finite_block(x: np.ndarray) -> dict[str, Any]:
     with np.errstate(over="ignore", invalid="ignore"):
         mean = d.sum(axis=1) / n
         d -= mean[:, None]
-        m2 = np.einsum("ij,ij->i", d, d)
+        m2 = _sum_squares(d)
     if not (np.isfinite(mean).all() and np.isfinite(m2).all()):
         mean, m2 = _scaled_moments(cols)
     lo, hi = cols.min(axis=1), cols.max(axis=1)
@@ -125,7 +124,7 @@ def _scaled_moments(cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     d /= scale[:, None]
     mean = d.sum(axis=1) / d.shape[1]
     d -= mean[:, None]
-    squares = np.einsum("ij,ij->i", d, d)
+    squares = _sum_squares(d)
     with np.errstate(over="ignore"):
         m2 = np.where(squares > 0, squares * scale * scale, 0.0)
         return mean * scale, m2
@@ -166,24 +165,17 @@ def _exact_in_float64(dtype: np.dtype[Any]) -> bool:
 
 
 def _sum_squares(rows: np.ndarray) -> np.ndarray:
-    """Per row, the sum of squares of a C-contiguous float64 (k, n) array.
+    """Per row, the sum of squares of a C-contiguous float64 (k, n) array (squared in place).
 
-    Dot products over runs of at most ``_DOT_RUN`` values: a BLAS dot product that long
-    runs on the calling thread (OpenBLAS starts its thread pool past 10,000 values, and
-    those threads stall on a busy machine), about 2.5x faster than squaring and summing.
+    Squares, then numpy's pairwise sum: plain C whose order of additions is fixed, so the
+    result is the same on every CPU. Statistics are embedded in shards, and equal samples
+    must give equal bytes wherever they are ingested; a BLAS dot product (faster by about
+    a fifth) rounds differently per CPU, as OpenBLAS picks its kernel at run time (its
+    Sandy Bridge and Haswell kernels differ in the last bit), and ``np.einsum`` sums in
+    SIMD loops whose order may depend on how numpy was built for the platform.
     """
-    k, n = rows.shape
-    full = n - n % _DOT_RUN
-    if _vecdot is None:  # numpy < 2
-        return np.asarray(np.einsum("ij,ij->i", rows, rows))
-    out = np.zeros(k)
-    if full:
-        runs = rows[:, :full].reshape(k, -1, _DOT_RUN)
-        out += np.add.reduce(_vecdot(runs, runs), axis=1)
-    if full < n:
-        tail = rows[:, full:]
-        out += _vecdot(tail, tail)
-    return out
+    np.multiply(rows, rows, out=rows)
+    return np.add.reduce(rows, axis=1)
 
 
 def _fast_block(
@@ -314,7 +306,7 @@ def summarise_array(values: np.ndarray, components: int | None = None) -> dict[s
     ``components`` defaults to :func:`components_of` the array's shape; it must divide the
     array's size (the array's last axis). Work happens in float64 sub-blocks of bounded size,
     so the temporary memory does not grow with the array. Cost: one cast into a cache-sized
-    float64 scratch per sub-block and a few in-cache passes over it (sum, deviations, dot),
+    float64 scratch per sub-block and a few in-cache passes over it (sum, deviations, squares),
     plus min and max over the values; a sub-block that holds NaN or Inf, or whose moments
     overflow, is summarised again the careful way (masked, scaled).
     """
@@ -327,8 +319,7 @@ def summarise_array(values: np.ndarray, components: int | None = None) -> dict[s
     flat = arr.reshape(-1)
     if flat.size % k:
         raise ValueError(f"{k} components do not divide an array of {flat.size} values")
-    # whole dot-product runs per component, so only the array's last sub-block has a tail
-    step = max(_DOT_RUN, _SUB_BLOCK_ELEMENTS // k // _DOT_RUN * _DOT_RUN) * k
+    step = max(1, _SUB_BLOCK_ELEMENTS // k) * k
     buf = _scratch(min(step, flat.size))
     # the leading finite sub-blocks in one run (one sub-block: the loop below has less
     # to set up); from the first with NaN, Inf or an overflow on, sub-block by sub-block

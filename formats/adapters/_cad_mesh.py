@@ -20,6 +20,7 @@ Output: ``OUT.json`` holds ``{"error": message}`` or ``{"arrays": [names], "valu
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import re
@@ -42,6 +43,15 @@ _LEADING_NUMBER = re.compile(rb"\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)")
 
 class MeshError(Exception):
     """A part that does not import or tessellate; the message names the file and field."""
+
+
+def _diagonal(box: Any) -> float:
+    """The length of a bounding box's diagonal, the same on every CPU.
+
+    The diagonal sets the mesh size, so it must not depend on a BLAS dot product's kernel,
+    which OpenBLAS picks by CPU.
+    """
+    return math.hypot(*(float(hi) - float(lo) for lo, hi in zip(box[:3], box[3:], strict=True)))
 
 
 def _mesh_arrays(gmsh: Any, dim: int, etype: int) -> tuple[np.ndarray, np.ndarray]:
@@ -125,8 +135,7 @@ def mesh_part(gmsh: Any, path: str, tolerance: float, want_volume: bool) -> dict
         if not surfaces:
             raise MeshError(f"{path}: field 'points': the part has no surfaces to tessellate")
         box = gmsh.model.getBoundingBox(-1, -1)
-        with np.errstate(over="ignore", invalid="ignore"):
-            diag = float(np.linalg.norm(np.subtract(box[3:], box[:3])))
+        diag = _diagonal(box)
         if not (np.abs(box) <= MAX_EXTENT).all() or not diag <= MAX_EXTENT:
             # a corrupt coordinate (fuzzing found -1e308) can keep OpenCASCADE's mesher
             # busy for minutes on some runs and not others; IGES and BREP parts get here
@@ -141,7 +150,7 @@ def mesh_part(gmsh: Any, path: str, tolerance: float, want_volume: bool) -> dict
         gmsh.option.setNumber("Geometry.OCCBoundsUseStl", 1)
         gmsh.model.occ.synchronize()  # entities' boxes are computed when synchronised
         box = gmsh.model.getBoundingBox(-1, -1)
-        diag = float(np.linalg.norm(np.subtract(box[3:], box[:3])))
+        diag = _diagonal(box)
         size = diag * tolerance
         gmsh.option.setNumber("Mesh.MeshSizeMax", size)
         gmsh.option.setNumber("Mesh.MeshSizeFromCurvature", 12)
