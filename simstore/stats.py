@@ -175,7 +175,7 @@ def _sum_squares(rows: np.ndarray) -> np.ndarray:
     SIMD loops whose order may depend on how numpy was built for the platform.
     """
     np.multiply(rows, rows, out=rows)
-    return np.add.reduce(rows, axis=1)
+    return np.asarray(np.add.reduce(rows, axis=1))
 
 
 def _fast_block(
