@@ -26,6 +26,7 @@ loader's.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import json
 import os
@@ -403,7 +404,8 @@ def dataset_cost(
     if last is not None and last < 1:
         raise InvalidInputError(f"last must be at least 1, got {last}")
     counting = CountingStore(cat.store)
-    counted = Catalog(counting)
+    # every snapshot read once: the walks below pass over the history five times
+    counted = Catalog(counting, snapshot_cache=None)
     dataset, heads = _heads(counted, target)
     chosen, truncated = _select(counted, heads, last)
     order = _topological(counted, chosen)
@@ -591,6 +593,12 @@ def _copy_size(cache: CacheCopies, oid: str) -> int | None:
         raise StorageError(f"cache copy {cache.path_of(oid)}: {exc.strerror or exc}") from exc
 
 
+def _whole_copy(cache: CacheCopies, oid: str, size: int | None) -> bool:
+    """Whether the cache holds a copy of ``oid`` of the object's size (when known)."""
+    held = _copy_size(cache, oid)
+    return held is not None and (size is None or held == size)
+
+
 def disk_usage(
     cat: Catalog, ref: str | None = None, *, cache: CacheCopies | None = None
 ) -> DiskUsage:
@@ -629,7 +637,8 @@ def disk_usage(
     in_store = [oid for oid in wanted if oid in sizes]
     present = [_presence(store_tier, cat.store.url, in_store, known, wanted)]
     if cache is not None:
-        in_cache = [oid for oid in wanted if _copy_size(cache, oid) is not None]
+        # a copy whose size is not its object's is damaged (a loader would drop it)
+        in_cache = [oid for oid in wanted if _whole_copy(cache, oid, known[oid])]
         present.append(_presence("cache", cache.root, in_cache, known, wanted))
     return DiskUsage(
         snapshot=sid,
@@ -768,6 +777,11 @@ def warm_cache(
             for start in range(0, size, block_bytes):
                 out.write(counting.get(key, (start, min(size, start + block_bytes))))
 
+        if _copy_size(cache, oid) not in (None, size):
+            # damaged on the node's disk (cut short, or grown): fetched again, as a
+            # loader reading it would
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(cache.path_of(oid))
         copy = cache.acquire(oid, lambda: size, download, referenced_by=sid)
         try:
             return copy.hit, size

@@ -232,14 +232,22 @@ class _Counters:
 class Catalog:
     """Datasets, refs, snapshots, staging and commits in one store.
 
-    Cheap to construct; holds only the store (which pickles) and a small per-instance
-    cache of immutable snapshot objects.
+    Cheap to construct; holds only the store (which pickles) and a per-instance cache of
+    immutable snapshot objects: up to ``snapshot_cache`` of them (emptied when full), or
+    every one read with None, for a command that walks a long history several times.
     """
 
-    def __init__(self, store: ObjectStore, *, target_rows: int = DEFAULT_TARGET_ROWS) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        target_rows: int = DEFAULT_TARGET_ROWS,
+        snapshot_cache: int | None = 1024,
+    ) -> None:
         self.store = store
         self.target_rows = target_rows
         self._snapshots: dict[str, Snapshot] = {}
+        self._snapshot_cache = snapshot_cache
         self.conditional_writes: bool | None = None
         """What the store's metadata records (set by :meth:`open` and :meth:`init`):
         False for a store whose server ignores conditional writes, where no commit can
@@ -491,7 +499,7 @@ class Catalog:
         except NotFoundError:
             raise NotFoundError(f"{self.store.url}: no snapshot {sid}") from None
         snap = Snapshot.from_bytes(data, object_id=sid)
-        if len(self._snapshots) > 1024:
+        if self._snapshot_cache is not None and len(self._snapshots) >= self._snapshot_cache:
             self._snapshots.clear()
         self._snapshots[sid] = snap
         return snap

@@ -123,6 +123,20 @@ def test_each_manifest_part_is_read_once(tmp_path, prices):
     assert sum(t.usage(OpClass.LIST).requests for t in report.read) >= 1
 
 
+def test_a_history_longer_than_the_snapshot_cache_is_read_once(tmp_path, prices):
+    """cost walks the history five times: each snapshot object is still one GET."""
+    Catalog.init(str(tmp_path / "s"))
+    cat = Catalog.open(str(tmp_path / "s"))
+    commit(cat, "ds", {"a": A})
+    for i in range(1030):  # more than a Catalog keeps by default
+        cat.commit("ds", message=f"e{i}", allow_empty=True)
+    report = dataset_cost(cat, "ds", prices)
+    parts = {p.id for f in report.snapshots for p in cat.snapshot(f.snapshot_id).parts}
+    gets = sum(t.usage(OpClass.GET).requests for t in report.read)
+    assert len(report.snapshots) == 1031
+    assert gets == 1 + len(report.snapshots) + len(parts)
+
+
 def test_missing_shard_is_reported(cat, prices):
     sid = commit(cat, "ds", {"a": A, "b": B})
     cat.store.delete(object_key(hash_bytes(B)))
@@ -210,6 +224,25 @@ def test_pull_fills_the_loader_cache(cat, tmp_path, shard_cache):
     assert usage.tiers[1].objects == usage.objects and usage.tiers[1].missing_objects == 0
     again = warm_cache(cat, "ds", d, lambda limit: shard_cache(d, limit))
     assert again.already_cached == again.objects and again.fetched == 0
+
+
+def test_a_cut_cache_copy_is_missing_for_du_and_fetched_again_by_pull(
+    cat, tmp_path, shard_cache
+):
+    commit(cat, "ds", {"a": A, "b": B})
+    d = str(tmp_path / "hot")
+    warm_cache(cat, "ds", d, lambda limit: shard_cache(d, limit))
+    cache = shard_cache(d, 1 << 30)
+    with open(cache.path_of(hash_bytes(B)), "r+b") as f:
+        f.truncate(100)
+    usage = disk_usage(cat, "ds", cache=cache)
+    hot = usage.tiers[1]
+    assert (hot.objects, hot.missing_objects) == (usage.objects - 1, 1)
+    assert (hot.bytes, hot.missing_bytes) == (usage.bytes - len(B), len(B))
+    again = warm_cache(cat, "ds", d, lambda limit: shard_cache(d, limit))
+    assert (again.fetched, again.fetched_bytes) == (1, len(B))
+    with open(cache.path_of(hash_bytes(B)), "rb") as f:
+        assert f.read() == B
 
 
 def test_pull_reads_big_objects_in_ranges(cat, tmp_path, shard_cache):
