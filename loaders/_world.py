@@ -86,21 +86,29 @@ _WATCH_THREAD = "simstore-parent-watch"
 
 
 def exit_with_parent(parent: int | None = None, interval_s: float = 1.0) -> None:
-    """In a DataLoader worker: end this process as soon as its parent is gone.
+    """In a DataLoader worker: end this process as soon as its training process is gone.
 
     torch's worker notices a dead parent only between batches, and may then wait for
     ever in its exit path: its queue's feeder thread blocks writing to a pipe whose read
-    end sibling workers still hold. A daemon thread polls the parent's pid and leaves
-    with ``os._exit`` instead; a worker holds nothing that must be saved (cache fills
-    are atomic, as for a SIGKILL). ``parent`` is the pid recorded before the fork (a
-    parent that died while this worker started is then noticed too; torch's own watchdog
-    records whatever parent the worker has once started). Started once per process,
-    together with :func:`join_queue_feeders` at exit.
+    end sibling workers still hold. A daemon thread polls and leaves with ``os._exit``
+    instead; a worker holds nothing that must be saved (cache fills are atomic, as for a
+    SIGKILL). ``parent`` is the pid of the training process, recorded before the workers
+    start: a fork or spawn worker is its child, so a parent that died while this worker
+    started is noticed too (torch's own watchdog records whatever parent the worker has
+    once started); a forkserver worker is the fork server's child, and then both are
+    watched: the training process by its pid, the fork server as the parent. Started
+    once per process, together with :func:`join_queue_feeders` at exit.
     """
     import threading
 
-    expected = os.getppid() if parent is None else parent
-    if os.getppid() != expected:
+    expected = os.getppid()
+    # the training process, when it is not this worker's parent (forkserver)
+    watched = parent if parent is not None and parent != expected else None
+
+    def gone() -> bool:
+        return os.getppid() != expected or (watched is not None and not _alive(watched))
+
+    if gone():
         os._exit(0)
     if any(t.name == _WATCH_THREAD for t in threading.enumerate()):
         return
@@ -110,13 +118,24 @@ def exit_with_parent(parent: int | None = None, interval_s: float = 1.0) -> None
 
         while True:
             time.sleep(interval_s)
-            if os.getppid() != expected:
+            if gone():
                 os._exit(0)
 
     threading.Thread(target=watch, name=_WATCH_THREAD, daemon=True).start()
     import atexit
 
     atexit.register(join_queue_feeders)
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (this user's or not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 _FEEDER_THREAD = "QueueFeederThread"  # multiprocessing.Queue's sending thread

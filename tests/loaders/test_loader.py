@@ -85,7 +85,7 @@ def test_resume_golden_in_process(small, world_size, workers, new_world, new_wor
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
 def test_resume_with_worker_processes(small, context):
     store, ref, samples = small
     first, state, _ = run_job(store, ref, world_size=2, workers=2, batch=4, epoch=1,

@@ -18,7 +18,7 @@ sys.path.insert(0, sys.argv[2])
 from loader_helpers import open_test_shard
 from simstore.loaders import SimDataLoader, SimDataset
 ds = SimDataset(sys.argv[1], "sim", shard_opener=open_test_shard)
-loader = SimDataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context="fork")
+loader = SimDataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context=sys.argv[3])
 it = iter(loader)
 next(it)
 print("ready", flush=True)
@@ -49,13 +49,24 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_workers_exit_when_the_training_process_is_killed(store_path):
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        kids = _children(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
+@pytest.mark.parametrize("context", ["fork", "forkserver"])
+def test_workers_exit_when_the_training_process_is_killed(store_path, context):
     commit_samples(store_path, "sim", make_samples(200), per_shard=20)
     here = os.path.dirname(os.path.abspath(__file__))
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, store_path, here],
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, store_path, here, context],
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
-    pids = _children(proc.pid)  # the two workers (and nothing else forks here)
+    # the two workers (and, with forkserver, the fork server and its resource tracker)
+    pids = _descendants(proc.pid)
     assert len(pids) >= 2 and all(_alive(p) for p in pids)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
