@@ -12,7 +12,9 @@ null dataspace (``h5py.Empty``) is refused with an error naming it.
 Every link path that leads to a dataset is a field: a second hard link or a soft link to
 a dataset is a second field with the same values, so adding an alias never renames a
 field. A dangling soft link, a link that leads back into a group that contains it (a
-cycle), and an external link (to another file, not followed) are errors naming the link.
+cycle), and an external link (to another file, not followed) are errors naming the link;
+so are, naming the field, a virtual dataset and one with external raw storage (their
+values live in other files), and a variable-length numeric dataset.
 Object references become the referenced objects' paths (``/velocity``; a null reference
 ``""``); region references are refused. Byte strings that are not UTF-8 keep their exact
 bytes (see ``_tree.json_safe``).
@@ -28,6 +30,7 @@ import numpy as np
 from simstore.errors import SourceError
 from simstore.sample import FieldValue, Sample
 
+from ._limits import check_whole_value
 from ._tree import (
     TIME_OPTIONS,
     ArrayEntry,
@@ -35,6 +38,8 @@ from ._tree import (
     attribute_fields,
     check_time_options,
     json_safe,
+    put_value,
+    read_strings,
     text_or_bytes,
     tree_sample_count,
     tree_samples,
@@ -116,7 +121,7 @@ class HDF5Adapter:
         params: dict[str, FieldValue] = {}
         metadata: dict[str, Any] = {}
         try:
-            attribute_fields("", _attributes(h5py, f, f, "", path), params, metadata)
+            attribute_fields("", _attributes(h5py, f, f, "", path), params, metadata, path=path)
             for name in _link_paths(h5py, f, path):
                 obj = f[name]
                 is_array = isinstance(obj, h5py.Dataset)
@@ -126,6 +131,7 @@ class HDF5Adapter:
                     params,
                     metadata,
                     is_array=is_array,
+                    path=path,
                 )
                 if not isinstance(obj, h5py.Dataset):
                     continue
@@ -138,37 +144,79 @@ class HDF5Adapter:
                         f"{path}: field {name!r}: the dataset has a null dataspace "
                         "(h5py.Empty: no shape and no values), which no field can hold"
                     )
+                _check_storage(obj, name, path)
                 dtype = obj.dtype
                 if h5py.check_ref_dtype(dtype) is not None:
+                    check_whole_value(path, name, obj.size * dtype.itemsize)
                     refs = _references(h5py, f, obj[()], name, path)
-                    if isinstance(refs, str):
-                        params[name] = refs
-                    else:
-                        metadata[name] = refs
+                    put_value(path, name, refs, params, metadata)
                     continue
-                if h5py.check_string_dtype(dtype) is not None or dtype.kind in "SUO":
-                    value = obj[()]
+                is_string = h5py.check_string_dtype(dtype) is not None
+                if not is_string and h5py.check_vlen_dtype(dtype) is not None:
+                    # as the NetCDF adapter does: a list per element has no array form,
+                    # and as JSON it would lose its dtype and have NaN as a string
+                    raise SourceError(
+                        f"{path}: field {name!r}: unsupported HDF5 type (variable-length "
+                        f"{np.dtype(h5py.check_vlen_dtype(dtype))}): only fixed-size "
+                        "numeric, bool and string datasets are read"
+                    )
+                if is_string or dtype.kind in "SUO":
+                    vlen = dtype.kind == "O"
+                    value = read_strings(obj, path, name, vlen=vlen)
+                    if value.ndim == 0:
+                        value = value.item()
                     if isinstance(value, bytes | np.bytes_):
-                        params[name] = text_or_bytes(bytes(value))
+                        put_value(path, name, text_or_bytes(bytes(value)), params, metadata)
                     elif isinstance(value, str | np.str_):
-                        params[name] = str(value)
+                        put_value(path, name, str(value), params, metadata)
                     else:
-                        metadata[name] = json_safe(np.asarray(value))
+                        put_value(path, name, json_safe(np.asarray(value)), params, metadata)
                     continue
                 if dtype.kind not in "biuf":
                     raise SourceError(
                         f"{path}: field {name!r}: unsupported HDF5 dtype {dtype} "
                         "(numeric, bool and string datasets are read)"
                     )
+                chunks = None
                 if obj.chunks is not None and not obj.id.get_create_plist().get_nfilters():
                     del obj
                     obj = _uncached(h5py, f, name)
-                entries.append(ArrayEntry(name, SlicedArray(obj, path=path, field=name)))
+                elif obj.chunks is not None:
+                    chunks = obj.chunks  # filtered: a read decodes whole chunks
+                entries.append(
+                    ArrayEntry(name, SlicedArray(obj, path=path, field=name, chunks=chunks))
+                )
         except SourceError:
             raise
         except (OSError, RuntimeError, KeyError, ValueError) as exc:
             raise SourceError(f"{path}: corrupt HDF5 structure: {exc}") from exc
         return entries, params, metadata
+
+
+def _check_storage(obj: Any, name: str, path: str) -> None:
+    """Refuse a dataset whose values live in other files (virtual or external storage).
+
+    Like an external link, such a dataset reads files that are not the source: they may
+    be elsewhere, change on their own or be ingested twice, and HDF5 reads a missing
+    virtual source as fill values without an error.
+    """
+    if obj.is_virtual:
+        try:
+            files = sorted({str(m.file_name) for m in obj.virtual_sources()})
+        except (OSError, RuntimeError, ValueError):
+            files = []
+        raise SourceError(
+            f"{path}: field {name!r}: a virtual dataset (values mapped from "
+            f"{', '.join(map(repr, files)) or 'other datasets'}): virtual datasets are not "
+            "read; ingest the source files, or copy the values in"
+        )
+    if obj.external:
+        files = sorted({str(e[0]) for e in obj.external})
+        raise SourceError(
+            f"{path}: field {name!r}: raw values stored in external file(s) "
+            f"{', '.join(map(repr, files))}: external storage is not read; copy the "
+            "values into the file"
+        )
 
 
 def _link_paths(h5py: Any, f: Any, path: str) -> list[str]:

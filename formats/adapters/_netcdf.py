@@ -27,6 +27,8 @@ from ._tree import (
     attribute_fields,
     check_time_options,
     json_safe,
+    put_value,
+    read_strings,
     text_or_bytes,
     tree_sample_count,
     tree_samples,
@@ -86,12 +88,12 @@ def _string_values(nc: Any, var: Any, name: str, path: str) -> Any:
             var.set_auto_chartostring(False)
             if "_Encoding" in var.ncattrs():
                 encoding = str(var.getncattr("_Encoding"))
-            raw = np.asarray(var[...])
+            raw = read_strings(var, path, name, vlen=False)
             words = nc.chartostring(raw, encoding="bytes") if raw.ndim else raw
             if encoding is not None:
                 words = np.vectorize(lambda b: bytes(b).decode(encoding), otypes=[object])(words)
         else:
-            words = np.asarray(var[...])
+            words = read_strings(var, path, name, vlen=True)
     except (LookupError, UnicodeDecodeError) as exc:
         what = f"its _Encoding {encoding!r}" if encoding is not None else "UTF-8"
         raise SourceError(
@@ -156,6 +158,24 @@ def _hdf5_dataset(h5: Any, name: str, var: Any, dtype: np.dtype[Any]) -> Any:
         return dset
     except (OSError, KeyError, ValueError, TypeError):
         return None
+
+
+def _decoded_chunks(var: Any) -> tuple[int, ...] | None:
+    """The chunk shape of a compressed (filtered) NetCDF-4 variable, else None.
+
+    A read of such a variable decodes whole chunks, with netCDF4 and h5py alike (see
+    ``_tree.SlicedArray``); an uncompressed or classic variable reads only its bytes.
+    """
+    try:
+        chunking = var.chunking()
+        filters = var.filters() or {}
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+    if not isinstance(chunking, list | tuple):
+        return None
+    if not any(v for k, v in filters.items() if k not in ("complevel",)):
+        return None
+    return tuple(int(c) for c in chunking)
 
 
 def _dimension_names(var: Any) -> tuple[str, ...]:
@@ -250,7 +270,7 @@ class NetCDFAdapter:
                 named = [d for d in ("time", "t") if d in ds.dimensions]
                 time_dim = (unlimited or named or [None])[0]
             for prefix, group in _groups(ds):
-                attribute_fields(prefix, _attributes(group), params, metadata)
+                attribute_fields(prefix, _attributes(group), params, metadata, path=path)
                 for vname in sorted(group.variables):
                     var = group.variables[vname]
                     name = f"{prefix}/{vname}" if prefix else vname
@@ -260,6 +280,7 @@ class NetCDFAdapter:
                         params,
                         metadata,
                         is_array=True,
+                        path=path,
                     )
                     if getattr(var, "_isvlen", False) and var.dtype is not str:
                         raise SourceError(
@@ -270,10 +291,7 @@ class NetCDFAdapter:
                     dtype = np.dtype(var.dtype) if not isinstance(var.dtype, type) else None
                     if dtype is None or dtype.kind in "SUO":
                         value = _string_values(nc, var, name, path)
-                        if isinstance(value, str | bytes):
-                            params[name] = value
-                        else:
-                            metadata[name] = value
+                        put_value(path, name, value, params, metadata)
                         continue
                     if dtype.kind not in "biuf":
                         raise SourceError(
@@ -283,7 +301,12 @@ class NetCDFAdapter:
                     entries.append(
                         ArrayEntry(
                             name,
-                            SlicedArray(var if handle is None else handle, path=path, field=name),
+                            SlicedArray(
+                                var if handle is None else handle,
+                                path=path,
+                                field=name,
+                                chunks=_decoded_chunks(var),
+                            ),
                             _dimension_names(var),
                         )
                     )

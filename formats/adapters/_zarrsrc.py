@@ -26,6 +26,8 @@ from ._tree import (
     attribute_fields,
     check_time_options,
     json_safe,
+    put_value,
+    read_strings,
     text_or_bytes,
     tree_sample_count,
     tree_samples,
@@ -95,25 +97,28 @@ class ZarrAdapter:
             entries: list[ArrayEntry] = []
             params: dict[str, FieldValue] = {}
             metadata: dict[str, Any] = {}
-            attribute_fields("", dict(group.attrs), params, metadata)
+            attribute_fields("", dict(group.attrs), params, metadata, path=path)
             members = sorted(group.members(max_depth=None), key=lambda m: m[0])
             for name, node in members:
                 is_array = isinstance(node, zarr.Array)
-                attribute_fields(name, dict(node.attrs), params, metadata, is_array=is_array)
+                attribute_fields(
+                    name, dict(node.attrs), params, metadata, is_array=is_array, path=path
+                )
                 if isinstance(node, zarr.Array):
                     kind = getattr(node.dtype, "kind", "")
                     if kind and kind in "SUOT":
-                        value = _strings(node, name, path)
-                        if isinstance(value, str | bytes):
-                            params[name] = value
-                        else:
-                            metadata[name] = value
+                        put_value(path, name, _strings(node, name, path), params, metadata)
                         continue
                     if not kind or kind not in "biuf":
                         raise SourceError(
                             f"{path}: field {name!r}: unsupported Zarr dtype {node.dtype}"
                         )
-                    entries.append(ArrayEntry(name, SlicedArray(node, path=path, field=name)))
+                    # a read decodes whole chunks (Zarr keeps no chunk cache)
+                    entries.append(
+                        ArrayEntry(
+                            name, SlicedArray(node, path=path, field=name, chunks=node.chunks)
+                        )
+                    )
         except SourceError:
             if store is not None:
                 store.close()
@@ -129,12 +134,15 @@ def _strings(node: Any, name: str, path: str) -> Any:
     """A string array's values: one ``str`` (0-d array) or a JSON list.
 
     Fixed-length (``U``, ``S``), variable-length (``StringDType``, ``str``) and object
-    arrays of strings are read whole, like string datasets in HDF5; byte strings that are
+    arrays of strings are read whole (within the cap of ``_limits``), like string
+    datasets in HDF5; byte strings that are
     not UTF-8 keep their exact bytes (see ``_tree.json_safe``). An object array holding
     anything but strings is refused.
     """
     try:
-        values = np.asarray(node[...])
+        values = read_strings(node, path, name, vlen=np.dtype(node.dtype).kind in "OT")
+    except SourceError:
+        raise
     except Exception as exc:  # zarr raises many kinds on a broken chunk
         raise SourceError(
             f"{path}: field {name!r}: unreadable string array: {' '.join(str(exc).split())}"
