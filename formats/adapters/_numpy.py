@@ -1,8 +1,12 @@
 """The ``npz`` and ``npy`` adapters: one sample per file.
 
 The key is the file's path relative to the ingest root without its extension; an .npz's
-fields are its arrays' names, an .npy's single field is ``data``. Pickles are never read
-(``allow_pickle=False``): an object array is refused with an error naming the field.
+fields are its arrays' names as ``np.load`` gives them (``x.npy`` is ``x``, ``y.NPY`` is
+``y.NPY``; a member that is no array is refused, naming it), an .npy's single field is
+``data``. Pickles are never read (``allow_pickle=False``): an object array is refused with
+an error naming the field, and so is a dtype no shard stores exactly (``float128``). A
+header that claims more values than the bytes after it hold is refused before anything
+is allocated. String arrays are read whole, up to the cap of :mod:`._limits`.
 Arrays stored plainly (every .npy, and the members of an .npz written by ``np.savez``) are
 read straight from the file: one that fits the in-memory limit and sits aligned in the
 file (every .npy), or is 1 MiB or more (the members of an .npz), becomes a read-only view
@@ -20,6 +24,7 @@ a snapshot.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import shutil
@@ -39,6 +44,7 @@ from simstore.errors import SourceError
 from simstore.sample import Sample
 
 from .._zip import crc32
+from ._limits import check_whole_value
 from ._tree import DEFAULT_MAX_IN_MEMORY, SlicedArray, json_safe
 
 __all__ = ["NPY_MAGIC", "NpyAdapter", "NpzAdapter"]
@@ -81,6 +87,14 @@ def _check_dtype(dtype: np.dtype[Any], path: str, name: str) -> None:
         )
     if dtype.kind not in "biufSU":
         raise SourceError(f"{path}: field {name!r}: unsupported dtype {dtype}")
+    if dtype.kind == "f" and dtype.type not in _FLOAT_TYPES:
+        raise SourceError(
+            f"{path}: field {name!r}: unsupported dtype {dtype} (extended precision: no "
+            "shard format stores it and reads it back exactly, and it is not converted)"
+        )
+
+
+_FLOAT_TYPES = (np.float16, np.float32, np.float64)
 
 
 class FileArray:
@@ -189,10 +203,13 @@ class FileArray:
 def _value(arr: Any, path: str, name: str, max_bytes: int) -> Any:
     """A field value: strings as str/JSON, small arrays in memory, big ones as slices."""
     if arr.dtype.kind in "SU":
+        # read whole into a str or a JSON list (several times the source's bytes): capped
+        check_whole_value(path, name, math.prod(arr.shape) * arr.dtype.itemsize)
         arr = arr if isinstance(arr, np.ndarray) else arr[tuple(slice(0, n) for n in arr.shape)]
         if arr.ndim == 0:
+            # text, or (bytes that are not UTF-8) {"__bytes_hex__": ...}, as in a 1-d array
             item = arr.item()
-            return item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)
+            return json_safe(item) if isinstance(item, bytes) else str(item)
         return {"values": json_safe(np.asarray(arr))}
     src = SlicedArray(arr, path=path, field=name)
     if src.nbytes > max_bytes:
@@ -206,15 +223,66 @@ def _value(arr: Any, path: str, name: str, max_bytes: int) -> Any:
     return src.read()
 
 
-def _file_array(path: str, offset: int, name: str) -> FileArray | np.ndarray:
-    with open(path, "rb") as f:
+def _check_size(
+    shape: tuple[int, ...], dtype: np.dtype[Any], available: int, path: str, name: str
+) -> None:
+    """Refuse a header that claims more values than the ``available`` bytes after it hold.
+
+    Checked before anything is allocated: a damaged (or hostile) header that claims
+    10^13 values is an error naming the field, never a MemoryError.
+    """
+    need = math.prod(shape) * dtype.itemsize
+    if need > available:
+        raise SourceError(
+            f"{path}: field {name!r}: the header claims shape {shape} of {dtype} "
+            f"({need:,} bytes), but only {max(available, 0):,} bytes follow it "
+            "(truncated or corrupt)"
+        )
+
+
+def _file_array(
+    path: str, offset: int, name: str, *, end: int | None = None, data_path: str | None = None
+) -> FileArray | np.ndarray:
+    """The array whose .npy header is at ``offset`` of ``data_path`` (default: ``path``).
+
+    ``end``: where its bytes end in that file (an .npz member's end), else the file's end.
+    Errors name ``path``, the source file.
+    """
+    data_path = data_path or path
+    with open(data_path, "rb") as f:
         f.seek(offset)
         shape, fortran, dtype = _header(f, path, name)
         data_offset = f.tell()
     _check_dtype(dtype, path, name)
+    if end is not None:
+        _check_size(shape, dtype, end - data_offset, path, name)
     if np.prod(shape, dtype=np.int64) == 0 or dtype.itemsize == 0:
         return np.zeros(shape, dtype=dtype)
-    return FileArray(path, data_offset, shape, dtype, fortran)
+    return FileArray(data_path, data_offset, shape, dtype, fortran)
+
+
+def _member_field(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: str) -> str:
+    """The field an .npz member gives, named as ``np.load`` names it; refuse a non-array.
+
+    ``np.load`` names a member ``x.npy`` ``x`` and any other member by its whole name
+    (``y.NPY``), and reads every member that starts with the .npy magic as an array. So
+    does this; a member that is no .npy array (``notes.txt``) is refused, naming it, not
+    dropped unseen.
+    """
+    name = info.filename
+    if name.endswith(".npy"):
+        return name[: -len(".npy")]
+    try:
+        with zf.open(info) as member:
+            head = member.read(len(NPY_MAGIC))
+    except (OSError, EOFError, zipfile.BadZipFile, zlib.error, RuntimeError) as exc:
+        raise SourceError(f"{path}: member {name!r}: unreadable: {exc}") from exc
+    if head != NPY_MAGIC:
+        raise SourceError(
+            f"{path}: member {name!r} is not a NumPy array (.npy); an .npz is read as "
+            "arrays only"
+        )
+    return name
 
 
 class NpyAdapter:
@@ -314,20 +382,33 @@ class NpzAdapter:
             except (zipfile.BadZipFile, OSError, EOFError) as exc:
                 raise SourceError(f"{path}: not a readable .npz (zip) file: {exc}") from exc
             fields: dict[str, Any] = {}
+            members: dict[str, str] = {}  # field name -> the member that gave it
             with zf, open(path, "rb") as raw:
                 for info in infos:
-                    if not info.filename.endswith(".npy"):
+                    if info.is_dir():
                         continue
-                    name = info.filename[: -len(".npy")]
+                    name = _member_field(zf, info, path)
+                    if name in members:
+                        raise SourceError(
+                            f"{path}: members {members[name]!r} and {info.filename!r} both "
+                            f"give field {name!r}"
+                        )
+                    members[name] = info.filename
                     try:
                         if info.compress_type == zipfile.ZIP_STORED:
                             offset = _local_data_offset(raw, info)
                             _check_stored_crc(raw, info, offset)
-                            arr = _file_array(path, offset, name)
+                            arr = _file_array(path, offset, name, end=offset + info.file_size)
                         elif info.file_size <= max_bytes:
                             with zf.open(info) as member:
                                 shape, fortran, dtype = _header(member, path, name)
                                 _check_dtype(dtype, path, name)
+                                _check_size(shape, dtype, info.file_size - member.tell(),
+                                            path, name)
+                                if dtype.kind in "SU":  # refused before np.load reads it
+                                    check_whole_value(
+                                        path, name, math.prod(shape) * dtype.itemsize
+                                    )
                             with zf.open(info) as member:
                                 arr = np.load(member, allow_pickle=False)
                                 # to the member's end: zipfile checks the CRC-32 there
@@ -339,7 +420,8 @@ class NpzAdapter:
                             target = os.path.join(tmp_dir, f"{len(fields)}.npy")
                             with zf.open(info) as member, open(target, "wb") as out:
                                 shutil.copyfileobj(member, out, 4 << 20)
-                            arr = _file_array(target, 0, name)
+                            arr = _file_array(path, 0, name, end=info.file_size,
+                                              data_path=target)
                     except SourceError:
                         raise
                     except (

@@ -19,6 +19,7 @@ from simstore.hashing import Hasher, ObjectId
 from simstore.sample import FieldSpec, Sample, canonical_json, spec_of
 
 __all__ = [
+    "RESERVED_FIELD_NAMES",
     "MiB",
     "ArraySource",
     "hash_sample_blocks",
@@ -102,15 +103,62 @@ def iter_blocks(array: np.ndarray | ArraySource, max_bytes: int) -> Iterator[np.
             yield _native(np.asarray(array[box]))
 
 
+RESERVED_FIELD_NAMES: dict[str, str] = {
+    "__key__": "the sample's key (a column of every Parquet and Lance shard, and a "
+    "key of every sample the loader gives)",
+    "__pad__": "the flag the loader gives every sample to mark padding",
+}
+"""Names no field may take, and what each is used for: a field of such a name would be
+overwritten by the loader (or refused by a shard format), so it is refused at ingest."""
+
+_STORABLE_TYPES = frozenset(
+    np.dtype(t).type
+    for t in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+              "uint64", "float16", "float32", "float64")
+)
+"""The dtypes every shard format stores and the loader reads back exactly (as tensors)."""
+
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _check_storable(dtype: np.dtype[Any]) -> None:
+    """Refuse a numeric dtype that cannot be stored and read back exactly."""
+    if dtype.type not in _STORABLE_TYPES:
+        raise InvalidInputError(
+            f"unsupported dtype {dtype}: no shard format stores it and reads it back "
+            "exactly (it is not converted; convert it in the source, e.g. to float64)"
+        )
+
+
 def spec_of_value(name: str, value: object) -> FieldSpec:
-    """The :class:`FieldSpec` of a field value, lazy array sources included."""
+    """The :class:`FieldSpec` of a field value, lazy array sources included.
+
+    Raises :class:`InvalidInputError` for a reserved name (:data:`RESERVED_FIELD_NAMES`),
+    a dtype that cannot be stored and read back exactly (``float128``: extended
+    precision), or a Python int outside the range of int64 (as which it is stored).
+    """
+    used = RESERVED_FIELD_NAMES.get(name)
+    if used is not None:
+        raise InvalidInputError(f"the name {name!r} is reserved for {used}; rename the field")
     if isinstance(value, _PLAIN_VALUES):
-        return spec_of(name, value)  # type: ignore[arg-type]
+        spec = spec_of(name, value)  # type: ignore[arg-type]
+        if spec.kind == "tensor" or spec.kind == "scalar":
+            if isinstance(value, np.ndarray | np.generic):
+                _check_storable(value.dtype)
+            elif isinstance(value, int) and not _INT64_MIN <= value <= _INT64_MAX:
+                bits = value.bit_length()
+                shown = str(value) if bits <= 128 else f"an integer of {bits} bits"
+                raise InvalidInputError(
+                    f"the integer value {shown} is out of the range of int64, as which an "
+                    "integer parameter is stored"
+                )
+        return spec
     if is_array_source(value):
         src: ArraySource = value  # type: ignore[assignment]
         dtype = np.dtype(src.dtype)
         if dtype.kind not in "biuf":
             raise InvalidInputError(f"field {name!r}: unsupported array dtype {dtype}")
+        _check_storable(dtype)
         return FieldSpec(name=name, kind="tensor", dtype=str(dtype), ndim=len(src.shape))
     return spec_of(name, value)  # type: ignore[arg-type]
 
@@ -149,7 +197,12 @@ def hash_sample_blocks(
     h.update(b"simstore-sample-v1")
     for name in sorted(sample.fields):
         value = sample.fields[name]
-        spec = spec_of_value(name, value)
+        try:
+            spec = spec_of_value(name, value)
+        except InvalidInputError as exc:
+            if exc.message.startswith("field "):
+                raise
+            raise InvalidInputError(f"field {name!r}: {exc.message}") from exc
         _put(h, name.encode("utf-8"))
         _put(h, spec.kind.encode())
         if spec.kind == "tensor":
@@ -168,15 +221,22 @@ def hash_sample_blocks(
                     block = block.astype(block.dtype.newbyteorder("<"))
                 h.update(np.ascontiguousarray(block).data.cast("B"))
         elif spec.kind == "scalar":
+            try:
+                # first: a value that does not convert never reaches the statistics
+                data = (
+                    np.asarray(value, dtype=spec.dtype)
+                    .astype(np.dtype(spec.dtype).newbyteorder("<"))
+                    .tobytes()
+                )
+            except (OverflowError, ValueError, TypeError) as exc:
+                raise InvalidInputError(
+                    f"field {name!r}: the value does not convert to {spec.dtype}: "
+                    f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+                ) from exc
             if on_scalar is not None:
                 on_scalar(name, value)
             _put(h, spec.dtype.encode())
-            _put(
-                h,
-                np.asarray(value, dtype=spec.dtype)
-                .astype(np.dtype(spec.dtype).newbyteorder("<"))
-                .tobytes(),
-            )
+            _put(h, data)
         elif spec.kind == "string":
             _put(h, str(value).encode("utf-8"))
         elif spec.kind == "bytes":

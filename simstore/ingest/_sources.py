@@ -12,7 +12,7 @@ import math
 import mmap
 import os
 import stat
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from simstore.errors import InvalidInputError, SourceError
@@ -86,15 +86,34 @@ def _check_kind(path: str, mode: int) -> None:
         raise SourceError(f"{path}: {kind}, not a regular file or directory (not opened)")
 
 
+def _printable_path(path: str) -> str:
+    r"""``path`` for a message: bytes of a name that are not UTF-8 as ``\xe9`` escapes."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def _check_name(path: str) -> None:
+    """Refuse a path whose name is not valid UTF-8 (it cannot become a key)."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise SourceError(
+            f"{_printable_path(path)}: the name is not valid UTF-8 (keys are text); "
+            "rename the file"
+        ) from None
+
+
 def read_head(path: str, n: int = 64) -> bytes:
-    """The first ``n`` bytes of a file (adapters sniff them); empty for a directory.
+    r"""The first ``n`` bytes of a file (adapters sniff them); empty for a directory.
 
     Raises :class:`SourceError`, one line naming the path, for an entry that is no file to
     read: a dangling symbolic link, a link loop, a named pipe, socket or device (never
-    opened: a pipe would block), or a file that cannot be opened. A walk lists such an
-    entry as a source of its own (see :func:`discover`), so its task reports it like any
-    bad file: an error, or a skipped file with this reason under ``on_error="skip"``.
+    opened: a pipe would block), a file that cannot be opened, or one whose path is not
+    valid UTF-8 (``caf\xe9.npy``: no key can name it; the message escapes the bytes that
+    are not UTF-8). A walk lists such an entry as a source of its own (see
+    :func:`discover`), so its task reports it like any bad file: an error, or a skipped
+    file with this reason under ``on_error="skip"``.
     """
+    _check_name(path)
     try:
         st = os.stat(path)
     except OSError as exc:
@@ -144,6 +163,41 @@ def resolve_adapter(adapter: SourceAdapter, path: str, head: bytes) -> SourceAda
     return adapter if adapter.can_read(path, head) else None
 
 
+def _dir_identity(path: str) -> tuple[int, int] | None:
+    """Device and inode of the directory at ``path`` (a link followed), None if unreadable."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _walk(top: str) -> Iterator[tuple[str, list[str], list[str]]]:
+    """``os.walk(top)`` that follows links to directories, each real directory once.
+
+    A directory reached again (a link to an ancestor, a second link to one directory, a
+    link to a directory that is also walked under its own name) is left out of ``dirs``
+    before the walk descends, so a loop ends and nothing is read twice: of the names a
+    directory is reached under, the walk keeps the one it meets first (top-down, names
+    sorted). The caller may prune ``dirs`` further, as with ``os.walk``.
+    """
+    seen = {_dir_identity(top)}
+    for root, dirs, names in os.walk(top, followlinks=True):
+        dirs.sort()
+        idents = {d: _dir_identity(os.path.join(root, d)) for d in dirs}
+        dirs[:] = [d for d in dirs if idents[d] is not None and idents[d] not in seen]
+        yield root, dirs, names
+        # what the caller kept is walked next (what it pruned, a hidden folder, is not
+        # taken as walked): once each
+        keep = []
+        for d in dirs:
+            ident = idents.get(d) or _dir_identity(os.path.join(root, d))
+            if ident is not None and ident not in seen:
+                seen.add(ident)
+                keep.append(d)
+        dirs[:] = keep
+
+
 def _stat(path: str) -> tuple[int, int, str]:
     """Size, mtime and identity of a source (a directory: its files' sums and maxima).
 
@@ -155,7 +209,7 @@ def _stat(path: str) -> tuple[int, int, str]:
     st = os.stat(path)
     if stat.S_ISDIR(st.st_mode):
         size, mtime, ctime, count = 0, 0, st.st_ctime_ns, 0
-        for root, _, files in os.walk(path):
+        for root, _, files in _walk(path):
             for name in files:
                 try:
                     st = os.stat(os.path.join(root, name))
@@ -180,6 +234,10 @@ def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[Sourc
     entry is never opened here (a pipe would block the walk for ever); one whose name no
     adapter reads is ignored like any other such file. A file whose ``companions`` cannot
     be listed (a malformed ``.pvd``) claims none and stays a source: its task reports it.
+
+    A walk follows symbolic links, to files and to directories alike, and walks each real
+    directory once (see :func:`_walk`): a link to an ancestor ends there, and of two
+    links to one directory the first met (names sorted, top-down) gives its files' keys.
     """
     found: dict[str, SourceFile] = {}
     walked: set[str] = set()
@@ -208,8 +266,7 @@ def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[Sourc
         if not os.path.lexists(path):
             raise InvalidInputError(f"{src}: no such file or directory")
         if os.path.isdir(path) and resolve_adapter(adapter, path, b"") is None:
-            for root, dirs, names in os.walk(path):
-                dirs.sort()
+            for root, dirs, names in _walk(path):
                 keep = []
                 for d in dirs:
                     full = os.path.join(root, d)
@@ -301,7 +358,7 @@ def hash_source(path: str) -> tuple[str, int]:
     h = Hasher()
     total = 0
     entries = []
-    for root, _, files in os.walk(path):
+    for root, _, files in _walk(path):
         for name in files:
             full = os.path.join(root, name)
             entries.append((os.path.relpath(full, path).replace(os.sep, "/"), full))
