@@ -22,6 +22,7 @@ from simstore.errors import (
 from simstore.hashing import Hasher, is_object_id, object_key
 from simstore.names import Ref
 from simstore.snapshot import SNAPSHOT_HEAD, Snapshot, content_hash_of
+from simstore.storage import sweep_scratch
 
 __all__ = ["GcReport", "VerifyReport", "gc", "reachable_objects", "verify"]
 
@@ -258,7 +259,8 @@ def gc(
     it is a root as well, kept with everything it reaches: a branch deleted a moment ago
     can be created again at its head, and creating a branch or tag refreshes its
     snapshot first. Temporary files of killed writers older than the grace period are
-    removed too.
+    removed too, and the scratch folders of killed ingests in this machine's temp dir
+    (their owner's lock tells them from a live ingest's).
 
     Snapshots are deleted before anything else, each read first; then the refs are read
     again, and a snapshot deleted here that a ref created meanwhile names is written
@@ -356,4 +358,8 @@ def gc(
                     os.unlink(path)
                 except OSError:
                     pass
+    # ingest scratch folders in this machine's temp dir (where shards for a store that
+    # cannot link a local file into place are built) whose owner died: a live ingest
+    # holds its folder's lock, so whatever store it writes to, its folder stays
+    report.temporary_removed += len(sweep_scratch(unmarked_before=cutoff, dry_run=dry_run))
     return report

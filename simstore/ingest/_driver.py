@@ -17,8 +17,8 @@ from typing import Any, Unpack
 import pyarrow as pa
 
 from simstore import _buffers
-from simstore.catalog import Catalog
-from simstore.errors import InvalidInputError, SourceError
+from simstore.catalog import Catalog, StagedEntry
+from simstore.errors import InvalidInputError, SimstoreError, SourceError
 from simstore.hashing import Hasher, hash_bytes
 from simstore.ingest._config import (
     IngestConfig,
@@ -138,8 +138,17 @@ def ingest(
     # --allow-schema-change wins), so a file that breaks a staged entry's types is
     # refused here, naming it, not at the commit that would meet both
     base: Schema = tuple(head.schema) if head else ()
+    # what the commit of an --snapshot ingest merges this run's entry into, whatever else
+    # it takes: the head's schema, or the last staged replace's (always taken, as it
+    # changes every key). Entries staged with --allow-schema-change that the commit does
+    # not take do not count: a file must agree with this as well, unless this run allows
+    # the change too (the commit would refuse it, with this run's entry staged)
+    committed: Schema = tuple(head.schema) if head else ()
     for entry in catalog.staged(dataset):
         base = merge_schema(base, tuple(entry.schema), allow_change=True)
+        if entry.mode == "replace":
+            committed = tuple(entry.schema)
+    strict = cfg.snapshot and cfg.mode == "upsert" and not cfg.allow_schema_change
     ctx = TaskContext(
         store=catalog.store,
         dataset=dataset,
@@ -179,7 +188,9 @@ def ingest(
         finally:
             # this process read sources into its pool of memory: give the idle part back
             _buffers.POOL.release()
-    return _finish(catalog, ctx, files, ignored, run, tasks, head, t0)
+    return _finish(
+        catalog, ctx, files, ignored, run, tasks, head, committed if strict else (), t0
+    )
 
 
 def _whole_files(
@@ -298,9 +309,15 @@ def _finish(
     run: EngineRun,
     tasks: Sequence[Sequence[SourceFile]],
     head: Any,
+    committed: Schema,
     t0: float,
 ) -> IngestResult:
-    """Check the run as a whole (schema across files, unique keys), then stage and commit."""
+    """Check the run as a whole (schema across files, unique keys), then stage and commit.
+
+    ``committed``: the schema the commit will merge the staged entry into, for a
+    ``--snapshot`` run that does not allow schema changes (else empty): a file that
+    changes a field type of it is a bad file, as one that breaks the run's schema.
+    """
     cfg = ctx.config
     results: Sequence[TaskResult] = run.results
     schema: dict[str, FieldSpec] = {s.name: s for s in ctx.base_schema}
@@ -309,6 +326,7 @@ def _finish(
     owner: dict[str, str] = {}
     # where each field of the merged schema comes from: the head snapshot or a file
     field_from = dict.fromkeys(schema, f"dataset {ctx.dataset!r}")
+    commit_schema = {s.name: s for s in committed}
     file_results = _whole_files(results, tasks, cfg)
 
     def reject(res: FileResult, message: str) -> None:
@@ -321,12 +339,16 @@ def _finish(
             skipped.append(SkippedFile(path=res.path, reason=res.error))
             continue
         specs = [FieldSpec.from_json(s) for s in res.schema]
-        bad = next((s for s in specs if s.name in schema and schema[s.name] != s), None)
+        bad = None
+        for known_types in (schema, commit_schema):
+            bad = next((s for s in specs if known_types.get(s.name, s) != s), None)
+            if bad is not None:
+                break
         if bad is not None and not cfg.allow_schema_change:
             reject(
                 res,
                 f"{res.path}: field {bad.name!r} changes type from "
-                f"{schema[bad.name].describe()} to {bad.describe()} "
+                f"{known_types[bad.name].describe()} to {bad.describe()} "
                 "(use --allow-schema-change to accept)",
             )
             continue
@@ -378,7 +400,7 @@ def _finish(
     final_schema = tuple(schema[n] for n in sorted(schema))
     if staged:
         staging_id, snapshot_id, extra = _stage(
-            catalog, ctx, run, staged, rows, shards, final_schema, new_keys_in, pending
+            catalog, ctx, run, staged, rows, shards, final_schema, new_keys_in, pending, head
         )
         new_bytes += extra
     elif cfg.snapshot and head is not None:
@@ -470,6 +492,7 @@ def _stage(
     schema: Schema,
     new_keys_in: str | None,
     pending: Mapping[str, frozenset[str] | None],
+    head: Any,
 ) -> tuple[str, str | None, int]:
     """Stage the rows (reusing an identical pending entry) and commit when asked.
 
@@ -480,6 +503,10 @@ def _stage(
     ingest's samples are the last change (left staged, such an entry would apply over
     them at the next commit). An identical pending entry is reused only when no later
     entry changes its keys.
+
+    A commit that would refuse the schema is refused before anything is staged; a commit
+    that fails all the same (a concurrent commit changed a field type, it lost too many
+    swaps, it was interrupted) removes the entry this call wrote, unless it landed.
     """
     cfg = ctx.config
     rows_digest = _rows_digest(rows)
@@ -516,16 +543,20 @@ def _stage(
     overlapping = [
         eid for eid, keys in pending.items() if keys is None or not mine.isdisjoint(keys)
     ]
+    pending_entries = catalog.staged(ctx.dataset)
     entry = next(
         (
             e
-            for e in catalog.staged(ctx.dataset)
+            for e in pending_entries
             if e.lineage.get("rows_digest") == rows_digest and e.mode == cfg.mode
             and all(eid <= e.id for eid in overlapping)
         ),
         None,
     )
+    written = entry is None
     if entry is None:
+        if cfg.snapshot and not cfg.allow_schema_change:
+            _check_commit_schema(ctx, head, pending_entries, overlapping, staged, schema)
         entry = catalog.stage(
             ctx.dataset,
             changes=_rows_table(rows),
@@ -538,13 +569,87 @@ def _stage(
     snapshot_id: str | None = None
     if cfg.snapshot:
         message = cfg.message or f"ingest {len(staged)} files ({len(rows)} samples)"
-        commit = catalog.commit(
-            ctx.dataset,
-            message=message,
-            branch=cfg.branch,
-            author=cfg.author,
-            staging_ids=sorted({*overlapping, entry.id}),
-            allow_schema_change=cfg.allow_schema_change,
-        )
+        try:
+            commit = catalog.commit(
+                ctx.dataset,
+                message=message,
+                branch=cfg.branch,
+                author=cfg.author,
+                staging_ids=sorted({*overlapping, entry.id}),
+                allow_schema_change=cfg.allow_schema_change,
+            )
+        except BaseException as exc:
+            if not written or not _discard_unless_landed(catalog, ctx, entry):
+                raise
+            # the error names this run's entry, which is gone: say whose it was
+            own = f"staged entry {entry.id}"
+            if isinstance(exc, SimstoreError) and own in str(exc):
+                raise type(exc)(str(exc).replace(own, f"{own} (this ingest's, removed)")) \
+                    from exc
+            raise
         snapshot_id = commit.snapshot_id
     return entry.id, snapshot_id, extra
+
+
+def _check_commit_schema(
+    ctx: TaskContext,
+    head: Any,
+    pending: Sequence[StagedEntry],
+    overlapping: Sequence[str],
+    staged: Sequence[FileResult],
+    schema: Schema,
+) -> None:
+    """Refuse, before staging, an entry whose commit would refuse its schema.
+
+    The commit merges, without schema changes, the head's schema (or the last replace's)
+    with the earlier entries it takes, then this entry's ``schema``, which holds every
+    staged entry's fields too. The error names the file, or else the staged entry, the
+    conflicting type comes from.
+    """
+    if ctx.config.mode == "replace":
+        return  # the commit starts from this entry's schema alone
+    taken = [e for e in pending if e.id in overlapping]
+    replaces = [i for i, e in enumerate(taken) if e.mode == "replace"]
+    if replaces:
+        taken = taken[replaces[-1] :]  # the commit starts from the last replace
+    merged: Schema = tuple(head.schema) if head is not None and not replaces else ()
+    for e in taken:
+        merged = merge_schema(merged, tuple(e.schema), source=f"staged entry {e.id}")
+    known = {s.name: s for s in merged}
+    for spec in schema:
+        if known.get(spec.name, spec) == spec:
+            continue
+        path = next(
+            (
+                r.path
+                for r in staged
+                if any(FieldSpec.from_json(s) == spec for s in r.schema)
+            ),
+            None,
+        )
+        if path is not None:
+            merge_schema(merged, (spec,), source=path)  # raises, naming the file and field
+        source = next(
+            (f"staged entry {e.id}" for e in reversed(pending) if spec in e.schema),
+            f"dataset {ctx.dataset!r}",
+        )
+        merge_schema(merged, (spec,), source=source)  # raises, naming the entry and field
+
+
+def _discard_unless_landed(catalog: Catalog, ctx: TaskContext, entry: StagedEntry) -> bool:
+    """Remove this run's staged ``entry`` after its commit failed; whether it did.
+
+    Kept when a snapshot on the branch consumed it (the commit landed though it raised,
+    or another writer committed it), or when that cannot be told: a consumed entry is
+    harmless, and gc keeps what a kept entry references. A failure here is swallowed, so
+    the commit's own error is the one reported.
+    """
+    try:
+        head, _ = catalog.branches(ctx.dataset).get_versioned(ctx.config.branch)
+        # the test the commit's own retries use to recognise a swap that landed
+        if catalog._consumed_in_history(head, [entry]):
+            return False
+        catalog.discard_staged(ctx.dataset, [entry.id])
+    except Exception:
+        return False
+    return True

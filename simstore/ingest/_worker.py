@@ -13,7 +13,6 @@ a task twice (a retry, a duplicate) stores nothing new the second time.
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -43,7 +42,7 @@ from simstore.ingest._sources import hash_file, hash_source, read_head, resolve_
 from simstore.protocols import ShardFormat, ShardWriteResult, WrittenSample
 from simstore.sample import FieldSpec, Sample
 from simstore.stats import StatsAccumulator
-from simstore.storage import SupportsMoveFile
+from simstore.storage import Scratch, SupportsMoveFile, sweep_scratch
 
 __all__ = ["TaskRunner", "group_clash", "group_clash_message", "run_task", "warm_up"]
 
@@ -142,8 +141,12 @@ class TaskRunner:
         if scratch is None and isinstance(ctx.store, SupportsMoveFile):
             # build shards on the store's filesystem so storing one is a link, not a copy
             scratch = ctx.store.scratch_dir()
+        # the scratch folders of killed ingests (here or in any process on this machine)
+        # go first; a live one's is locked by its owner and stays
+        sweep_scratch(scratch)
         try:
-            self.tmp = tempfile.mkdtemp(prefix="simstore-ingest-", dir=scratch)
+            self._scratch = Scratch(scratch)
+            self.tmp = self._scratch.path
         except OSError as exc:  # a read-only store, a full disk, a missing --tmp-dir
             where = scratch or tempfile.gettempdir()
             raise StorageError(
@@ -234,7 +237,7 @@ class TaskRunner:
         for b in self.open.values():
             b.writer.abort()
         self.open.clear()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        self._scratch.remove()
 
     # -- files -------------------------------------------------------------------------
     def run(self, files: Sequence[SourceFile]) -> TaskResult:
@@ -274,7 +277,7 @@ class TaskRunner:
         except BaseException:
             self.abort()
             raise
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        self._scratch.remove()
         for src, res, raw in zip(files, results, slots, strict=False):
             if res.error or res.reused:
                 continue

@@ -11,6 +11,7 @@ from simstore.storage._base import ObjectInfo, ObjectStore, SupportsMoveFile, ch
 from simstore.storage._counting import CountingStore, Traffic, tier_of_url
 from simstore.storage._fsspec import FsspecStore
 from simstore.storage._local import LocalStore
+from simstore.storage._scratch import Scratch, scratch_in_use, sweep_scratch
 
 __all__ = [
     "CountingStore",
@@ -18,10 +19,13 @@ __all__ = [
     "LocalStore",
     "ObjectInfo",
     "ObjectStore",
+    "Scratch",
     "SupportsMoveFile",
     "Traffic",
     "check_key",
     "open_store",
+    "scratch_in_use",
+    "sweep_scratch",
     "tier_of_url",
 ]
 

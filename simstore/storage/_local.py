@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from simstore.errors import ConflictError, NotFoundError, ReadOnlyError, StorageError
 from simstore.hashing import hash_bytes
 from simstore.storage._base import ObjectInfo, check_key
+from simstore.storage._scratch import scratch_in_use
 
 __all__ = ["LocalStore"]
 
@@ -164,7 +165,8 @@ class LocalStore:
         """Paths of temporary files and scratch entries left by killed writers.
 
         Only entries last modified before ``older_than`` are listed; a scratch entry may
-        be a directory (a killed ingest's working folder).
+        be a directory (a killed ingest's working folder), never one whose ingest is alive
+        (it holds the folder's lock: see :class:`~simstore.storage.Scratch`).
         """
         scratch = os.path.join(self.root, SCRATCH_DIR)
         for dirpath, dirs, files in os.walk(self.root):
@@ -172,7 +174,9 @@ class LocalStore:
                 for name in sorted(dirs + files):
                     path = os.path.join(dirpath, name)
                     with contextlib.suppress(OSError):
-                        if _newest_mtime(path) < older_than:
+                        if _newest_mtime(path) < older_than and not (
+                            name in dirs and scratch_in_use(path)
+                        ):
                             yield path
                 dirs[:] = []
                 continue

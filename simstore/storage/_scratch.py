@@ -1,0 +1,135 @@
+"""Scratch folders that say whether their owner lives: ingest builds shards in them.
+
+A scratch folder ``simstore-ingest-XXXX`` holds a marker file, ``.owner``, that its
+process keeps open under an exclusive ``flock`` for the folder's whole life (and writes
+its pid and host into, for people). The kernel drops the lock when the process dies,
+SIGKILL included, so a later process tells a killed ingest's folder from a live one by
+trying the lock: taken, the owner is dead and the folder is garbage (a half-written shard
+nothing reuses); refused, it is in use and left alone. No pid is compared, so a reused
+pid never makes a dead folder look alive, nor a live one dead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import socket
+import tempfile
+import time
+
+__all__ = ["SCRATCH_PREFIX", "Scratch", "scratch_in_use", "sweep_scratch"]
+
+SCRATCH_PREFIX = "simstore-ingest-"
+OWNER_FILE = ".owner"
+UNMARKED_GRACE_S = 24 * 3600.0
+"""A folder without a marker (made by a version before markers, or one being created this
+instant) is removed by an ingest's sweep only when nothing in it changed for this long."""
+
+
+class Scratch:
+    """A fresh scratch folder under ``parent`` (the system temp dir when None), locked.
+
+    Raises OSError when it cannot be created. :meth:`remove` deletes it and drops the lock
+    (in that order, so no sweep sees it unlocked while it still exists).
+    """
+
+    def __init__(self, parent: str | None = None) -> None:
+        self.path = tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=parent)
+        # locked before it takes its name: a sweep never finds the marker unlocked
+        pending = os.path.join(self.path, OWNER_FILE + ".new")
+        try:
+            fd = os.open(pending, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except OSError:
+            shutil.rmtree(self.path, ignore_errors=True)
+            raise
+        self._fd: int | None = fd
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh file: always free
+            os.write(fd, f"pid {os.getpid()} host {socket.gethostname()}\n".encode())
+            os.rename(pending, os.path.join(self.path, OWNER_FILE))
+        except OSError:
+            self.remove()
+            raise
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def __del__(self) -> None:  # a runner dropped without finishing: no fd leaks
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def scratch_in_use(path: str) -> bool | None:
+    """Whether a live process holds the scratch folder ``path``; None without a marker.
+
+    Takes the owner's lock for a moment when it is free (so two sweeps never both see a
+    folder as dead) and gives it back.
+    """
+    try:
+        fd = os.open(os.path.join(path, OWNER_FILE), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return True  # unreadable: not ours to judge
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return True  # a filesystem without locks: never remove on a guess
+    finally:
+        os.close(fd)
+    return False
+
+
+def _newest_mtime(path: str) -> float:
+    newest = os.lstat(path).st_mtime
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                newest = max(newest, os.lstat(os.path.join(dirpath, name)).st_mtime)
+        with contextlib.suppress(OSError):
+            newest = max(newest, os.lstat(dirpath).st_mtime)
+    return newest
+
+
+def sweep_scratch(
+    parent: str | None = None, *, unmarked_before: float | None = None, dry_run: bool = False
+) -> list[str]:
+    """Remove the scratch folders under ``parent`` whose owner died; the paths removed.
+
+    ``parent``: the system temp dir when None. A folder whose owner lives is kept; one
+    without a marker only when something in it changed after ``unmarked_before`` (epoch
+    seconds; :data:`UNMARKED_GRACE_S` ago when None). ``dry_run``: list, remove nothing.
+    Never raises: a folder that cannot be read or removed is skipped.
+    """
+    parent = parent if parent is not None else tempfile.gettempdir()
+    cutoff = time.time() - UNMARKED_GRACE_S if unmarked_before is None else unmarked_before
+    try:
+        entries = [e for e in os.scandir(parent) if e.name.startswith(SCRATCH_PREFIX)]
+    except OSError:
+        return []
+    removed = []
+    for entry in sorted(entries, key=lambda e: e.name):
+        try:
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            in_use = scratch_in_use(entry.path)
+            if in_use or (in_use is None and _newest_mtime(entry.path) >= cutoff):
+                continue
+        except OSError:
+            continue
+        if not dry_run:
+            shutil.rmtree(entry.path, ignore_errors=True)
+            if os.path.lexists(entry.path):
+                continue
+        removed.append(entry.path)
+    return removed

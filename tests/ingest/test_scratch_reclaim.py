@@ -1,0 +1,130 @@
+"""A killed ingest's scratch folder is reclaimed by the next ingest and by gc; a live one's
+never is.
+
+Shards are built in a scratch folder (``--tmp-dir``, a local store's ``.scratch``, else
+the system temp dir) that its process keeps locked for its life: SIGKILL drops the lock.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pytest
+
+from simstore.catalog import gc
+from simstore.ingest import ingest
+
+CHILD = """
+import sys, time
+from simstore.storage import Scratch
+s = Scratch(sys.argv[1])
+with open(s.path + "/0.zarr", "wb") as f:
+    f.write(b"half a shard" * 1000)
+print(s.path, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def owners():
+    """Start processes that each create a scratch folder under a parent and wait."""
+    procs = []
+
+    def start(parent):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+        proc = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(parent)], stdout=subprocess.PIPE, text=True,
+            env=env,
+        )
+        procs.append(proc)
+        path = proc.stdout.readline().strip()
+        assert os.path.isdir(path), path
+        return proc, path
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        proc.stdout.close()
+
+
+def _killed(start, parent):
+    proc, path = start(parent)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return path
+
+
+def _scratch_folders(parent):
+    return sorted(n for n in os.listdir(parent) if n.startswith("simstore-ingest-"))
+
+
+@pytest.fixture
+def source(tmp_path):
+    root = tmp_path / "src"
+    root.mkdir()
+    np.savez(root / "run0.npz", u=np.zeros(4, np.float32))
+    return root
+
+
+def test_the_next_ingest_removes_a_killed_ingests_scratch_and_keeps_a_live_one(
+    catalog, tmp_path, owners, source
+):
+    parent = tmp_path / "scratch"
+    parent.mkdir()
+    dead = _killed(owners, parent)
+    _, live = owners(parent)
+    assert len(_scratch_folders(parent)) == 2
+    ingest([source], dataset="d", store=catalog, tmp_dir=str(parent), snapshot=True)
+    assert not os.path.exists(dead)
+    assert _scratch_folders(parent) == [os.path.basename(live)]  # its own went as well
+    assert os.path.exists(os.path.join(live, "0.zarr"))
+
+
+def test_an_unmarked_folder_is_removed_only_once_nothing_in_it_changed_for_a_day(
+    catalog, tmp_path, source
+):
+    """A folder of a version before markers (or one being created) has no owner to ask."""
+    parent = tmp_path / "scratch"
+    old, recent = parent / "simstore-ingest-old", parent / "simstore-ingest-recent"
+    for folder in (old, recent):
+        folder.mkdir(parents=True)
+        (folder / "0.parquet").write_bytes(b"x")
+    day_ago = time.time() - 25 * 3600
+    for path in (old / "0.parquet", old):
+        os.utime(path, (day_ago, day_ago))
+    ingest([source], dataset="d", store=catalog, tmp_dir=str(parent))
+    assert _scratch_folders(parent) == ["simstore-ingest-recent"]
+
+
+def test_gc_removes_a_killed_ingests_scratch_in_the_temp_dir_and_keeps_a_live_one(
+    catalog, tmp_path, owners, monkeypatch
+):
+    """An ingest to S3 builds its shards in the system temp dir, outside the store."""
+    parent = tmp_path / "systemp"
+    parent.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(parent))
+    dead = _killed(owners, parent)
+    _, live = owners(parent)
+    report = gc(catalog, grace_s=0, dry_run=True)
+    assert report.temporary_removed == 1 and os.path.exists(dead)
+    report = gc(catalog, grace_s=0)
+    assert report.temporary_removed == 1
+    assert _scratch_folders(parent) == [os.path.basename(live)]
+
+
+def test_gc_of_a_local_store_keeps_a_live_ingests_scratch_however_old(catalog, owners):
+    scratch = catalog.store.scratch_dir()
+    dead = _killed(owners, scratch)
+    _, live = owners(scratch)
+    long_ago = time.time() - 30 * 86400
+    for folder in (dead, live):
+        for path in [os.path.join(folder, n) for n in os.listdir(folder)] + [folder]:
+            os.utime(path, (long_ago, long_ago))
+    gc(catalog, grace_s=3600)
+    assert _scratch_folders(scratch) == [os.path.basename(live)]
