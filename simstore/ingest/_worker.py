@@ -12,6 +12,7 @@ a task twice (a retry, a duplicate) stores nothing new the second time.
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 import time
@@ -149,8 +150,9 @@ class TaskRunner:
             self.tmp = self._scratch.path
         except OSError as exc:  # a read-only store, a full disk, a missing --tmp-dir
             where = scratch or tempfile.gettempdir()
+            why = "no space left on device" if exc.errno == errno.ENOSPC else exc.strerror or exc
             raise StorageError(
-                f"{where}: cannot create the ingest's scratch folder: {exc.strerror or exc}"
+                f"{where}: cannot create the ingest's scratch folder: {why}"
             ) from exc
         self.open: dict[str, _Builder] = {}
         self.shard_of: dict[int, str] = {}
