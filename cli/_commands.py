@@ -6,10 +6,19 @@ import re
 from typing import Any
 
 import click
-from simstore.cli._common import CliContext, check_at_least, emit, handle_errors, pass_ctx
+from simstore.cli._common import (
+    CliContext,
+    check_at_least,
+    check_branch,
+    check_message,
+    check_not_empty,
+    emit,
+    handle_errors,
+    pass_ctx,
+)
 
 from simstore.catalog import Catalog, gc, verify
-from simstore.errors import InvalidInputError
+from simstore.errors import InvalidInputError, NotFoundError
 from simstore.manifest import rows_from_list
 from simstore.names import parse_ref
 from simstore.snapshot import Snapshot
@@ -94,6 +103,8 @@ def snapshot_cmd(
     as_json: bool,
 ) -> None:
     """Commit everything staged for DATASET as a new snapshot on a branch."""
+    check_message(message)
+    check_not_empty(author, "--author", "empty (leave --author out for the current user)")
     cat = ctx.catalog()
     # an unknown dataset is the library's NotFoundError (exit 3), as for every command
     res = cat.commit(
@@ -132,8 +143,28 @@ def delete_cmd(
     as_json: bool,
 ) -> None:
     """Stage the deletion of sample KEYS from DATASET (missing keys are an error)."""
+    if message is not None and not do_snapshot:
+        raise InvalidInputError(
+            "-m/--message names a snapshot: it needs --snapshot (staged entries are "
+            "committed later with `simstore snapshot NAME -m MSG`)"
+        )
+    check_message(message)
     cat = ctx.catalog()
-    head = cat.snapshot(cat.resolve(f"{dataset}@{branch}"))
+    # --branch must name a branch, as the commit's: a tag or a snapshot id would have the
+    # keys checked against one snapshot and the deletion committed onto another (or not
+    # at all, with the entry left staged for the next snapshot)
+    if do_snapshot:
+        cat.check_commit_branch(dataset, branch)  # before anything is staged
+    head_id, _ = cat.branches(dataset).get_versioned(branch)
+    if head_id is None:
+        check_branch(cat, dataset, branch)  # names the branches there are
+        # a dataset without branches: unknown, or one with only tags
+        cat.resolve(f"{dataset}@{branch}")  # an unknown dataset or revision: its error
+        raise NotFoundError(
+            f"dataset {dataset!r} has no branch {branch!r}: a deletion is staged against "
+            "a branch"
+        )
+    head = cat.snapshot(head_id)
     present = _present_keys(cat, head, set(keys))
     missing = sorted(set(keys) - present)
     if missing:
@@ -155,12 +186,17 @@ def delete_cmd(
     out: dict[str, Any] = {"staged": entry.id, "deleted": len(rows)}
     text = f"staged deletion of {len(rows)} samples ({entry.id})"
     if do_snapshot:
-        res = cat.commit(
-            dataset,
-            message=message or f"delete {len(rows)} samples",
-            branch=branch,
-            staging_ids=[entry.id],
-        )
+        try:
+            res = cat.commit(
+                dataset,
+                message=message or f"delete {len(rows)} samples",
+                branch=branch,
+                staging_ids=[entry.id],
+            )
+        except BaseException:
+            # a failed (or interrupted) commit leaves nothing staged for the next snapshot
+            cat.discard_unless_committed(dataset, branch, entry)
+            raise
         out["commit"] = res.to_json()
         text += f"\n{dataset}@{branch} -> {res.snapshot_id} ({res.samples} samples)"
     emit(as_json, out, text)

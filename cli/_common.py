@@ -17,12 +17,18 @@ import click
 
 from simstore._sizes import SizeError, parse_size
 from simstore.catalog import Catalog
-from simstore.errors import InvalidInputError, SimstoreError
+from simstore.errors import InvalidInputError, NotFoundError, SimstoreError
+from simstore.storage import local_path
 
 __all__ = [
+    "EXIT_INTERRUPTED",
     "CliContext",
     "SimstoreGroup",
     "check_at_least",
+    "check_branch",
+    "check_message",
+    "check_not_empty",
+    "debug_on",
     "emit",
     "handle_errors",
     "parse_size_flag",
@@ -55,14 +61,11 @@ class CliContext:
         Without this, ``init`` on a file failed with the backend's "File exists" on
         ``FILE/simstore.json`` (exit 10), and the other commands with "Not a directory".
         """
-        url = self.store_url
-        if "://" in url:
-            scheme, _, rest = url.partition("://")
-            if scheme not in ("file", "local"):
-                return
-            url = rest
+        if not self.store_url:
+            raise InvalidInputError(f"{self._given()}: empty store URL")
+        url = local_path(self.store_url)
         if not url:
-            return
+            return  # another scheme (or a ``file://`` with no path: this folder)
         path = os.path.normpath(url)
         while not os.path.isdir(path):
             if os.path.lexists(path):
@@ -73,15 +76,18 @@ class CliContext:
             path = parent
         else:
             return
-        given = (
-            f"{self.store_flag} {self.store_url}"
-            if self.store_flag.startswith("-")
-            else f"{self.store_flag}={self.store_url}"
-        )
+        given = self._given()
         if not os.path.isfile(path):  # a dangling link, a socket...
             raise InvalidInputError(f"{given}: {path} is not a directory")
         what = "store directory" if path == os.path.normpath(url) else "directory"
         raise InvalidInputError(f"{given}: {path} is a file, not a {what}")
+
+    def _given(self) -> str:
+        """``--store URL`` or ``SIMSTORE_STORE=URL``: the value as the user gave it."""
+        url = self.store_url or "''"
+        if self.store_flag.startswith("-"):
+            return f"{self.store_flag} {url}"
+        return f"{self.store_flag}={url}"
 
 
 pass_ctx: Callable[[Callable[..., Any]], Callable[..., Any]] = click.make_pass_decorator(
@@ -114,6 +120,28 @@ def emit(as_json: bool, obj: Any, text: str | Callable[[], str]) -> None:
         click.echo(text() if callable(text) else text)
 
 
+_FALSE = frozenset({"", "0", "false", "no", "off"})
+
+#: The exit code of a command stopped by Ctrl-C (SIGINT): 128 + the signal's number, as
+#: shells report it.
+EXIT_INTERRUPTED = 130
+
+
+def env_debug() -> bool:
+    """Whether ``SIMSTORE_DEBUG`` turns debug on.
+
+    Any value but ``0``, ``false``, ``no``, ``off`` (any case, blanks around ignored) or
+    an empty one is on; unset is off.
+    """
+    return os.environ.get("SIMSTORE_DEBUG", "").strip().lower() not in _FALSE
+
+
+def debug_on() -> bool:
+    """``--debug``, or ``SIMSTORE_DEBUG`` set to a true value."""
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx and isinstance(ctx.obj, CliContext) and ctx.obj.debug) or env_debug()
+
+
 def handle_errors(fn: F) -> F:
     """Turn library errors into one line on stderr and the class's exit code."""
 
@@ -122,9 +150,7 @@ def handle_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except SimstoreError as exc:
-            ctx = click.get_current_context(silent=True)
-            debug = bool(ctx and isinstance(ctx.obj, CliContext) and ctx.obj.debug)
-            if debug or os.environ.get("SIMSTORE_DEBUG"):
+            if debug_on():
                 traceback.print_exc(file=sys.stderr)
             click.echo(f"error: {exc}", err=True)
             sys.exit(exc.exit_code)
@@ -154,6 +180,38 @@ def check_at_least(value: int | None, flag: str, minimum: int) -> None:
     """
     if value is not None and value < minimum:
         raise InvalidInputError(f"invalid {flag} {value}: must be at least {minimum}")
+
+
+def check_branch(cat: Catalog, dataset: str, branch: str) -> None:
+    """Refuse a ``--branch`` that names none of the branches ``dataset`` has (exit 3).
+
+    A dataset without branches (new, or unknown) passes: its first snapshot creates the
+    branch. The same rule and words as a commit's (:meth:`Catalog.check_commit_branch`),
+    without its check of the store's conditional writes, for commands that only stage.
+    """
+    names = cat.branches(dataset).names()
+    if names and branch not in names:
+        at = "main" if "main" in names else names[0]
+        more = f" and {len(names) - 10} more" if len(names) > 10 else ""
+        raise NotFoundError(
+            f"dataset {dataset!r} has no branch {branch!r} (branches: "
+            f"{', '.join(names[:10])}{more}); create it at a snapshot first: "
+            f"simstore branch {dataset}@{at} {branch}"
+        )
+
+
+def check_not_empty(value: str | None, flag: str, reason: str) -> None:
+    """Refuse a text flag given as empty or blanks, naming it (None: not given, passes).
+
+    ``snapshot -m "" --author ""`` made a snapshot that ``log`` showed as ``: ``.
+    """
+    if value is not None and not value.strip():
+        raise InvalidInputError(f"invalid {flag} {value!r}: {reason}")
+
+
+def check_message(message: str | None) -> None:
+    """Refuse an empty snapshot message (``-m ""``), naming the flag."""
+    check_not_empty(message, "-m/--message", "a snapshot needs a message")
 
 
 def parse_size_flag(text: str, flag: str | None = None, *, minimum: int = 0) -> int:
@@ -233,6 +291,17 @@ class SimstoreGroup(click.Group):
             return super().make_context(info_name, args, parent, **extra)
 
     def invoke(self, ctx: click.Context) -> Any:
-        """Run the command; a usage error of its arguments is one line."""
-        with _one_line_usage_errors(ctx):
-            return super().invoke(ctx)
+        """Run the command; a usage error of its arguments is one line, and so is Ctrl-C.
+
+        An interrupt (SIGINT) prints ``error: interrupted`` and exits 130, not click's
+        ``Aborted!`` with exit 1, the code of other errors; the commands write nothing
+        half-way (an ingest stages once, at its end; a failed commit's entry is removed).
+        """
+        try:
+            with _one_line_usage_errors(ctx):
+                return super().invoke(ctx)
+        except KeyboardInterrupt:
+            if debug_on():
+                traceback.print_exc(file=sys.stderr)
+            click.echo("error: interrupted", err=True)
+            raise click.exceptions.Exit(EXIT_INTERRUPTED) from None

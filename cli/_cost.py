@@ -22,6 +22,7 @@ from simstore.accounting import (
     CostReport,
     DiskUsage,
     PullReport,
+    _existing_folder,
     dataset_cost,
     disk_usage,
     read_price_table,
@@ -467,6 +468,7 @@ def pull_cmd(
     (nothing at all for a REF that names the snapshot by its full id).
     """
     check_at_least(jobs, "--jobs", 1)
+    _existing_folder(cache_dir, "--cache")  # under a file: one line naming the flag
     wanted = tuple(f.strip() for f in fields.split(",")) if fields is not None else ()
     if any(not f for f in wanted):
         raise InvalidInputError(f"invalid --fields {fields!r}: an empty field name")

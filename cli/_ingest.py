@@ -14,6 +14,9 @@ import click
 from simstore.cli._common import (
     CliContext,
     check_at_least,
+    check_branch,
+    check_message,
+    debug_on,
     emit,
     handle_errors,
     parse_size_flag,
@@ -33,6 +36,7 @@ from simstore.ingest import (
     parse_compression,
     shard_format_names,
 )
+from simstore.ingest._config import printable_path
 from simstore.stats import field_table
 
 __all__ = ["COMMANDS", "ProgressBar"]
@@ -113,6 +117,19 @@ def _dask_logs(engine: str, *, debug: bool) -> contextlib.AbstractContextManager
     return quiet_dask_logs(not debug)
 
 
+def _check_tmp_dir(tmp_dir: str) -> None:
+    """Refuse a ``--tmp-dir`` that is not an existing folder, naming the flag (exit 2)."""
+    if os.path.isdir(tmp_dir):
+        return
+    if not os.path.lexists(tmp_dir):
+        problem = "no such directory"
+    elif os.path.isfile(tmp_dir):
+        problem = "a file, not a directory"
+    else:
+        problem = "not a directory"
+    raise InvalidInputError(f"invalid --tmp-dir {tmp_dir}: {problem}")
+
+
 def _summary(r: IngestResult) -> str:
     lines = [
         f"ingested {r.files_ingested} files, reused {r.files_reused}, unchanged "
@@ -128,7 +145,7 @@ def _summary(r: IngestResult) -> str:
     if not r.staging_id and not r.files_skipped:
         lines.append("nothing new to stage")
     for s in r.files_skipped:
-        lines.append(f"skipped {s.path}: {s.reason}")
+        lines.append(f"skipped {printable_path(s.path)}: {s.reason}")
     if r.files_ignored:
         lines.append(f"ignored {len(r.files_ignored)} files no adapter reads")
     return "\n".join(lines)
@@ -266,6 +283,7 @@ def ingest_cmd(
             "-m/--message names a snapshot: it needs --snapshot (staged entries are "
             "committed later with `simstore snapshot NAME -m MSG`)"
         )
+    check_message(message)
     check_at_least(workers, "--workers", 1)
     check_at_least(time_window, "--time-window", 1)
     check_at_least(stride, "--stride", 1)
@@ -289,6 +307,8 @@ def ingest_cmd(
         parse_compression(compression)
     except InvalidInputError as exc:
         raise InvalidInputError(f"--compression: {exc}") from None
+    if tmp_dir is not None and address is None:  # a cluster's workers use their own disks
+        _check_tmp_dir(tmp_dir)
     config = IngestConfig(
         adapter=adapter,
         format=shard_format,
@@ -318,8 +338,12 @@ def ingest_cmd(
     show = sys.stderr.isatty() if progress is None else progress
     bar = ProgressBar() if show else None
     catalog = ctx.catalog()
+    # a staged run dedups against --branch, and a later snapshot commits onto one: a name
+    # the dataset has no branch of is refused with or without --snapshot (the first
+    # ingest into a dataset has none, and its first snapshot creates it)
+    check_branch(catalog, dataset, branch)
     try:
-        with _dask_logs(engine, debug=ctx.debug or bool(os.environ.get("SIMSTORE_DEBUG"))):
+        with _dask_logs(engine, debug=debug_on()):
             result = ingest(
                 list(sources), dataset=dataset, store=catalog, config=config, progress=bar
             )

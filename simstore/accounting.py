@@ -61,7 +61,13 @@ from simstore.cost import (
     storage_prices,
     summarise_history,
 )
-from simstore.errors import FormatError, InvalidInputError, NotFoundError, StorageError
+from simstore.errors import (
+    FormatError,
+    IntegrityError,
+    InvalidInputError,
+    NotFoundError,
+    StorageError,
+)
 from simstore.hashing import is_object_id, object_key
 from simstore.manifest import PartRef
 from simstore.names import parse_ref
@@ -723,7 +729,9 @@ def warm_cache(
     object goes in through its ``acquire``, which downloads on a miss and keeps the copy
     only if its bytes hash to its id. ``limit_bytes`` defaults to what the cache holds
     plus the free space of its file system; when the snapshot needs more, nothing is
-    downloaded and :class:`InvalidInputError` says how much is needed. ``fields`` must be
+    downloaded, no folder is made, and :class:`InvalidInputError` says how much is needed;
+    a ``cache_dir`` under a file is an :class:`InvalidInputError` too, and an object the
+    snapshot references that the store lacks an :class:`IntegrityError`. ``fields`` must be
     fields of the snapshot's schema; every shard object holds all fields of its samples,
     so whole shards are pulled whatever fields are named. Objects are fetched by
     ``max_workers`` threads, each in ranged reads of at most ``block_bytes``.
@@ -744,16 +752,21 @@ def warm_cache(
     wanted = sorted(_objects_of(sid, parts, shards))
     missing = [oid for oid in wanted if oid not in sizes]
     if missing:
-        raise NotFoundError(
+        # an object a snapshot references and the store lacks is damage, as for verify
+        raise IntegrityError(
             f"{cat.store.url}: {object_key(missing[0])} is missing"
             + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
             + f"; referenced by snapshot {sid}"
         )
     total = sum(sizes[o] for o in wanted)
-    os.makedirs(cache_dir, exist_ok=True)
+    # a refused pull creates nothing: the folder is made only once the snapshot fits
+    existing = _existing_folder(cache_dir)
     if limit_bytes is None:
-        cache = open_cache(1)  # only to measure what it holds: nothing is filled with it
-        limit_bytes = cache.usage_bytes() + shutil.disk_usage(cache.root).free
+        # only to measure what it holds: nothing is filled with it; a folder that is not
+        # there, or is empty, holds nothing (and opening it would make it a cache)
+        empty = not os.path.isdir(cache_dir) or not os.listdir(cache_dir)
+        held = 0 if empty else open_cache(1).usage_bytes()
+        limit_bytes = held + shutil.disk_usage(existing).free
         where = f"the free space of {cache_dir} and its current copies come to"
     else:
         where = "the cache limit is"
@@ -764,6 +777,10 @@ def warm_cache(
             f"{limit_bytes} bytes "
             f"({_human(limit_bytes)}); a limit of at least {total} bytes is needed"
         )
+    try:
+        os.makedirs(cache_dir, exist_ok=True)
+    except OSError as exc:
+        raise StorageError(f"cache directory {cache_dir}: {exc.strerror or exc}") from exc
     cache = open_cache(limit_bytes)
 
     def fetch(oid: str) -> tuple[bool, int]:
@@ -809,6 +826,25 @@ def warm_cache(
         fields=tuple(fields),
         read=counting.traffic.usage(),
     )
+
+
+def _existing_folder(cache_dir: str, name: str = "cache directory") -> str:
+    """``cache_dir``, or the nearest folder above it that exists (the one to make it in).
+
+    A path that is, or lies under, something other than a folder (a file) is an
+    :class:`InvalidInputError` naming ``name`` (the CLI's ``--cache``) and both paths: no
+    cache can be made there.
+    """
+    path = os.path.normpath(cache_dir)
+    while not os.path.isdir(path):
+        if os.path.lexists(path):
+            what = "a file, not a directory" if os.path.isfile(path) else "not a directory"
+            raise InvalidInputError(f"{name} {cache_dir}: {path} is {what}")
+        parent = os.path.dirname(path) or "."
+        if parent == path:
+            break
+        path = parent
+    return path
 
 
 def _human(n: float) -> str:

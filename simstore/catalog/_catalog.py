@@ -599,6 +599,25 @@ class Catalog:
         for sid in ids:
             self.store.delete(f"{dataset_prefix(dataset)}staging/{check_name(sid, 'staging id')}")
 
+    def discard_unless_committed(self, dataset: str, branch: str, entry: StagedEntry) -> bool:
+        """After a commit that raised: remove ``entry`` unless a snapshot consumed it.
+
+        For a command that staged ``entry`` and then failed to commit it: the entry is kept
+        when a snapshot on ``branch`` consumed it (the commit landed though it raised, or
+        another writer committed it), or when that cannot be told: a consumed entry is
+        harmless, and gc keeps what a kept entry references. A failure here is swallowed,
+        so the commit's own error is the one reported. Returns whether it was removed.
+        """
+        try:
+            head, _ = self.branches(dataset).get_versioned(branch)
+            # the test the commit's own retries use to recognise a swap that landed
+            if self._consumed_in_history(head, [entry]):
+                return False
+            self.discard_staged(dataset, [entry.id])
+        except Exception:
+            return False
+        return True
+
     def _read_changes(self, entry: StagedEntry) -> pa.Table:
         data = self.get_object(entry.changes)
         try:

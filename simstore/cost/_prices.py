@@ -283,8 +283,10 @@ def merge_price_data(base: Mapping[str, Any], override: Mapping[str, Any]) -> di
 def apply_price_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """Apply ``tier.field=value`` overrides (from ``--price``) to raw price-table data.
 
-    Values are numbers, except the text fields (``source``, ``as_of``...); a field of a
-    new tier creates it. Each value gets the checks a price file's value gets (a whole
+    Values are numbers, except the text fields (``source``, ``as_of``...). The tier must
+    be one ``data`` defines (the defaults, or a price file): a mistyped name would add a
+    tier that prices nothing, so a new tier comes from a file. Each value gets the checks
+    a price file's value gets (a whole
     number is given as one: ``min_object_bytes=1.5`` is refused, not truncated), and the
     overrides apply in order, like files, so a later one wins. Raises
     :class:`InvalidInputError` naming the flag (``--price TIER.FIELD=VALUE``).
@@ -302,6 +304,12 @@ def apply_price_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> 
         if name not in _KNOWN_FIELDS:
             raise InvalidInputError(
                 f"{flag}: unknown field {name!r}; known: {sorted(_KNOWN_FIELDS)}"
+            )
+        known_tiers = out.get("tiers", {})
+        if tier not in known_tiers:
+            raise InvalidInputError(
+                f"{flag}: unknown tier {tier!r}; known: {', '.join(sorted(known_tiers))} "
+                "(a --prices file may add a tier)"
             )
         value: Any = text
         if name not in _TEXT_FIELDS:

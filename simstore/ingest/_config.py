@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import numbers
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
@@ -357,6 +358,16 @@ class TaskTiming:
         }
 
 
+def printable_path(path: str) -> str:
+    r"""``path`` as valid text: the bytes of a name that are not UTF-8 as ``\xe9`` escapes.
+
+    Such a name reaches Python as lone surrogates (``\udce9``), which strict JSON parsers
+    refuse and a terminal cannot show; the escapes are those of the skip reason
+    (``_sources._printable_path``, which this module cannot import without a cycle).
+    """
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class IngestResult:
     """What an ingest did (``to_json`` is the ``--json`` summary).
@@ -399,8 +410,10 @@ class IngestResult:
             "files_ingested": self.files_ingested,
             "files_reused": self.files_reused,
             "files_unchanged": self.files_unchanged,
-            "skipped": [{"path": s.path, "reason": s.reason} for s in self.files_skipped],
-            "ignored": list(self.files_ignored),
+            "skipped": [
+                {"path": printable_path(s.path), "reason": s.reason} for s in self.files_skipped
+            ],
+            "ignored": [printable_path(p) for p in self.files_ignored],
             "samples": self.samples,
             "samples_staged": self.samples_staged,
             "bytes_in": self.bytes_in,

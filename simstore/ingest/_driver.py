@@ -579,7 +579,9 @@ def _stage(
                 allow_schema_change=cfg.allow_schema_change,
             )
         except BaseException as exc:
-            if not written or not _discard_unless_landed(catalog, ctx, entry):
+            if not written or not catalog.discard_unless_committed(
+                ctx.dataset, ctx.config.branch, entry
+            ):
                 raise
             # the error names this run's entry, which is gone: say whose it was
             own = f"staged entry {entry.id}"
@@ -634,22 +636,3 @@ def _check_commit_schema(
             f"dataset {ctx.dataset!r}",
         )
         merge_schema(merged, (spec,), source=source)  # raises, naming the entry and field
-
-
-def _discard_unless_landed(catalog: Catalog, ctx: TaskContext, entry: StagedEntry) -> bool:
-    """Remove this run's staged ``entry`` after its commit failed; whether it did.
-
-    Kept when a snapshot on the branch consumed it (the commit landed though it raised,
-    or another writer committed it), or when that cannot be told: a consumed entry is
-    harmless, and gc keeps what a kept entry references. A failure here is swallowed, so
-    the commit's own error is the one reported.
-    """
-    try:
-        head, _ = catalog.branches(ctx.dataset).get_versioned(ctx.config.branch)
-        # the test the commit's own retries use to recognise a swap that landed
-        if catalog._consumed_in_history(head, [entry]):
-            return False
-        catalog.discard_staged(ctx.dataset, [entry.id])
-    except Exception:
-        return False
-    return True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +24,7 @@ __all__ = [
     "SupportsMoveFile",
     "Traffic",
     "check_key",
+    "local_path",
     "open_store",
     "scratch_in_use",
     "sweep_scratch",
@@ -57,15 +59,13 @@ def open_store(
     text = os.fspath(url)
     if not text:
         raise InvalidInputError("empty store URL")
-    if "://" not in text:
+    path = local_path(text)
+    if path is not None:
         _takes_no_options(text, "local", storage_options)
-        return LocalStore(text, read_only=read_only)
+        return LocalStore(path, read_only=read_only)
     scheme, rest = text.split("://", 1)
     protocol = scheme.lower()  # URL schemes are case-insensitive: S3:// is s3://
     text = f"{protocol}://{rest}"
-    if protocol in ("file", "local"):
-        _takes_no_options(text, "local", storage_options)
-        return LocalStore(text.split("://", 1)[1], read_only=read_only)
     if protocol == "memory":
         _takes_no_options(text, "memory://", storage_options)
     if protocol in ("s3", "s3a"):
@@ -74,6 +74,27 @@ def open_store(
         return S3Store(text, storage_options=storage_options, read_only=read_only)
     _check_fsspec_protocol(text, protocol)
     return FsspecStore(text, storage_options=storage_options, read_only=read_only)
+
+
+def local_path(url: str) -> str | None:
+    """The folder a local store URL names, or None for a URL of another scheme.
+
+    A plain path is taken as it is. A ``file://`` URL is read as RFC 8089 says: percent
+    escapes are decoded (``file:///data/my%20store`` is ``/data/my store``) and a
+    ``localhost`` authority is this machine (``file://localhost/data`` is ``/data``).
+    ``local://PATH`` (simstore's own) is the path as it is. Schemes are case-insensitive.
+    """
+    if "://" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    protocol = scheme.lower()
+    if protocol == "local":
+        return rest
+    if protocol != "file":
+        return None
+    if rest[:10].lower() == "localhost/":
+        rest = rest[9:]
+    return urllib.parse.unquote(rest)
 
 
 def _check_fsspec_protocol(url: str, protocol: str) -> None:

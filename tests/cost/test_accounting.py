@@ -283,7 +283,7 @@ def test_pull_checks_fields_and_missing_objects(cat, tmp_path, shard_cache):
     with pytest.raises(InvalidInputError, match="no field 'v'"):
         warm_cache(cat, "ds", d, lambda limit: shard_cache(d, limit), fields=["v"])
     cat.store.delete(object_key(hash_bytes(A)))
-    with pytest.raises(NotFoundError, match=hash_bytes(A)):
+    with pytest.raises(IntegrityError, match=hash_bytes(A)):
         warm_cache(cat, "ds", d, lambda limit: shard_cache(d, limit))
 
 

@@ -1,0 +1,355 @@
+"""The CLI's contract (docs/cli.md) where commands broke it.
+
+A failed ``delete --snapshot`` left its deletion staged for the next snapshot; ``delete -m``
+without ``--snapshot`` dropped the message; ``pull`` printed a traceback for a ``--cache``
+under a file, made the cache folder when it refused, and exited 3 for a missing object;
+Ctrl-C printed click's ``Aborted!`` with exit 1; ``ingest --branch TYPO`` staged against a
+branch that does not exist; ``SIMSTORE_DEBUG=0`` turned debug on; and smaller ones: an
+empty ``--store``, ``file://`` URLs with escapes, ``--price`` for an unknown tier,
+``--tmp-dir`` that is no folder, empty snapshot messages and authors, and paths that are
+not UTF-8 in the ingest summary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import uuid
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from simstore.cli import main
+
+from simstore.catalog import Catalog
+from simstore.errors import ConflictError
+from simstore.hashing import object_key
+from simstore.storage import open_store
+
+
+def cli(*args: str, code: int, env: dict[str, str] | None = None) -> str:
+    """Run simstore; a failure must be one ``error:`` line on stderr and nothing on stdout."""
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False, env=env)
+    assert result.exit_code == code, (result.stdout, result.stderr)
+    if code:
+        assert result.stdout == "", result.stdout
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+        return lines[0]
+    return result.stdout
+
+
+@pytest.fixture
+def sources(tmp_path):
+    folder = tmp_path / "src"
+    folder.mkdir()
+    for i in range(3):
+        np.savez(folder / f"run{i}.npz", fields=np.full((2, 3), i, np.float32))
+    return str(folder)
+
+
+@pytest.fixture
+def store(sources):
+    """A store with dataset ``d`` (samples run0..run2) on ``main`` and tag ``v1``."""
+    url = f"memory://contract-{uuid.uuid4().hex}"
+    Catalog.init(url)
+    cli("--store", url, "ingest", sources, "--dataset", "d", "--snapshot", "-m", "a", code=0)
+    cli("--store", url, "tag", "d", "v1", code=0)
+    return url
+
+
+def _keys(url: str) -> list[str]:
+    return sorted(open_store(url).list(""))
+
+
+def _staged(url: str) -> int:
+    return len(Catalog.open(url).staged("d"))
+
+
+# -- 1, 2: delete ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rev", ["tag", "id", "typo"])
+@pytest.mark.parametrize("snapshot", [True, False])
+def test_delete_on_a_branch_that_is_not_one_stages_nothing(store, rev, snapshot):
+    sid = Catalog.open(store).resolve("d")
+    branch = {"tag": "v1", "id": sid, "typo": "mian"}[rev]
+    before = _keys(store)
+    args = ["--snapshot", "-m", "x"] if snapshot else []
+    line = cli("--store", store, "delete", "d", "run0", "--branch", branch, *args, code=3)
+    assert f"has no branch {branch!r}" in line and "branches: main" in line
+    assert _keys(store) == before and _staged(store) == 0
+    # and the next snapshot has nothing to commit: run0 stays
+    cli("--store", store, "snapshot", "d", "-m", "next", code=2)
+    assert Catalog.open(store).snapshot(Catalog.open(store).resolve("d")).samples == 3
+
+
+def test_a_failed_delete_commit_removes_its_staged_deletion(store, monkeypatch):
+    def lose(self, *args, **kwargs):
+        raise ConflictError("gave up after 8 lost swaps")
+
+    monkeypatch.setattr(Catalog, "commit", lose)
+    line = cli("--store", store, "delete", "d", "run0", "--snapshot", "-m", "x", code=5)
+    assert "lost swaps" in line
+    monkeypatch.undo()
+    assert _staged(store) == 0
+    cli("--store", store, "snapshot", "d", "-m", "next", code=2)  # nothing staged
+
+
+def test_delete_message_needs_snapshot(store):
+    before = _keys(store)
+    line = cli("--store", store, "delete", "d", "run0", "-m", "drop", code=2)
+    assert "-m/--message" in line and "--snapshot" in line
+    assert _keys(store) == before
+
+
+def test_delete_on_a_branch_still_stages_and_commits(store):
+    out = json.loads(cli("--store", store, "delete", "d", "run0", "--json", code=0))
+    assert out["deleted"] == 1 and _staged(store) == 1
+    cli("--store", store, "snapshot", "d", "-m", "drop", code=0)
+    assert Catalog.open(store).snapshot(Catalog.open(store).resolve("d")).samples == 2
+
+
+# -- 3, 4: pull ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def local_store(tmp_path, sources):
+    url = str(tmp_path / "store")
+    cli("--store", url, "init", code=0)
+    cli("--store", url, "ingest", sources, "--dataset", "d", "--snapshot", "-m", "a", code=0)
+    return url
+
+
+def test_pull_cache_under_a_file_is_one_line_naming_the_flag(local_store, tmp_path):
+    (tmp_path / "file").write_bytes(b"keep")
+    cache = str(tmp_path / "file" / "x" / "y")
+    line = cli("--store", local_store, "pull", "d", "--cache", cache, code=2)
+    assert line == f"error: --cache {cache}: {tmp_path / 'file'} is a file, not a directory"
+    assert (tmp_path / "file").read_bytes() == b"keep"
+
+
+def test_a_refused_pull_creates_no_cache_directory(local_store, tmp_path):
+    cache = tmp_path / "new" / "cache"
+    line = cli("--store", local_store, "pull", "d", "--cache", str(cache), "--limit", "0",
+               code=2)  # fmt: skip
+    assert "needs" in line
+    assert not (tmp_path / "new").exists()
+    cli("--store", local_store, "pull", "d", "--cache", str(cache), code=0)
+    assert cache.is_dir()
+
+
+def test_pull_of_a_snapshot_missing_an_object_is_an_integrity_error(local_store, tmp_path):
+    cat = Catalog.open(local_store)
+    sid = cat.resolve("d")
+    shard = next(cat.iter_parts(cat.snapshot(sid))).column("shard")[0].as_py()
+    cat.store.delete(object_key(shard))
+    line = cli("--store", local_store, "pull", "d", "--cache", str(tmp_path / "c"), code=6)
+    assert object_key(shard) in line and sid in line and "missing" in line
+
+
+# -- 5: Ctrl-C -------------------------------------------------------------------------
+
+_RUNNER = textwrap.dedent(
+    """
+    import signal, sys, time
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    import simstore.ingest._driver as driver
+    from simstore.catalog import Catalog
+
+    def hang(*args, **kwargs):
+        sys.stderr.write("READY\\n")
+        sys.stderr.flush()
+        time.sleep(120)
+
+    where = sys.argv.pop(1)
+    if where == "engine":  # interrupted after the shards are written, before staging
+        real = driver.run_local
+
+        def run_local(*args, **kwargs):
+            run = real(*args, **kwargs)
+            hang()
+            return run
+
+        driver.run_local = run_local
+    else:  # interrupted in the commit, after staging
+        Catalog.commit = hang
+    from simstore.cli import main
+    main(prog_name="simstore")
+    """
+)
+
+
+def _interrupt(tmp_path, where: str, *args: str) -> subprocess.CompletedProcess[str]:
+    runner = tmp_path / "runner.py"
+    runner.write_text(_RUNNER)
+    p = subprocess.Popen(
+        [sys.executable, str(runner), where, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert p.stderr is not None
+        assert p.stderr.readline() == "READY\n"
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+        p.wait()
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+@pytest.mark.parametrize(
+    ("where", "command"),
+    [
+        ("engine", ["ingest", "{src}", "--dataset", "e", "--no-progress"]),
+        ("commit", ["ingest", "{src}", "--dataset", "e", "--snapshot", "--no-progress"]),
+        ("commit", ["delete", "d", "run0", "--snapshot"]),
+    ],
+)
+def test_an_interrupt_is_one_line_exit_130_and_leaves_nothing_staged(
+    local_store, sources, tmp_path, where, command
+):
+    args = [a.replace("{src}", sources) for a in command]
+    before = _keys(local_store) if command[0] == "delete" else None
+    res = _interrupt(tmp_path, where, "--store", local_store, *args)
+    assert res.returncode == 130, res.stderr
+    assert res.stdout == ""
+    assert res.stderr == "error: interrupted\n"
+    cat = Catalog.open(local_store)
+    dataset = "e" if command[0] == "ingest" else "d"
+    assert cat.staged(dataset) == []
+    assert cat.branches("e").names() == []
+    if before is not None:
+        assert cat.snapshot(cat.resolve("d")).samples == 3
+
+
+# -- 6: ingest --branch ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("snapshot", [True, False])
+def test_ingest_to_a_branch_the_dataset_does_not_have_is_refused(store, sources, snapshot):
+    before = _keys(store)
+    args = ["--snapshot"] if snapshot else []
+    line = cli("--store", store, "ingest", sources, "--dataset", "d", "--branch", "mian",
+               *args, code=3)  # fmt: skip
+    assert "no branch 'mian'" in line and "branches: main" in line
+    assert _keys(store) == before
+
+
+def test_first_ingest_into_a_new_dataset_may_name_any_branch(store, sources):
+    cli("--store", store, "ingest", sources, "--dataset", "n", "--branch", "dev", code=0)
+    cli("--store", store, "snapshot", "n", "-m", "first", "--branch", "dev", code=0)
+    assert Catalog.open(store).branches("n").names() == ["dev"]
+
+
+# -- 7: SIMSTORE_DEBUG -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["0", "false", "No", "off", "", " OFF "])
+def test_simstore_debug_false_values_print_no_traceback(store, value):
+    cli("--store", store, "log", "nope", code=3, env={"SIMSTORE_DEBUG": value})
+
+
+@pytest.mark.parametrize("value", ["1", "true", "yes"])
+def test_simstore_debug_true_values_print_the_traceback(store, value):
+    result = CliRunner().invoke(
+        main, ["--store", store, "log", "nope"], env={"SIMSTORE_DEBUG": value}
+    )
+    assert result.exit_code == 3
+    assert "Traceback" in result.stderr and result.stderr.rstrip().endswith(
+        "error: " + result.stderr.rstrip().rsplit("error: ", 1)[1]
+    )
+
+
+# -- 8: smaller ones -------------------------------------------------------------------
+
+
+def test_an_empty_store_names_the_flag():
+    assert cli("--store", "", "ls", code=2) == "error: --store '': empty store URL"
+
+
+def test_a_file_url_is_percent_decoded(tmp_path):
+    folder = tmp_path / "with space"
+    folder.mkdir()
+    url = f"file://{str(folder / 'st').replace(' ', '%20')}"
+    cli("--store", url, "init", code=0)
+    assert (folder / "st" / "simstore.json").is_file()
+    assert cli("--store", f"file://localhost{folder / 'st'}", "ls", code=0).strip() == (
+        "(no datasets)"
+    )
+    # a plain path is taken as it is: %20 is three characters of a name
+    plain = tmp_path / "a%20b"
+    cli("--store", str(plain), "init", code=0)
+    assert (plain / "simstore.json").is_file()
+
+
+def test_a_price_for_an_unknown_tier_is_refused(tmp_path):
+    line = cli("prices", "--price", "nosuchtier.storage_per_gib_month=1", code=2)
+    assert "unknown tier 'nosuchtier'" in line and "s3-standard" in line
+    # a tier a --prices file adds may be priced by flag
+    extra = tmp_path / "p.toml"
+    extra.write_text("format_version = 1\n[tiers.wasabi]\nstorage_per_gib_month = 0.0068\n")
+    out = json.loads(cli("prices", "--prices", str(extra), "--json",
+                         "--price", "wasabi.storage_per_gib_month=0.007", code=0))  # fmt: skip
+    assert out["tiers"]["wasabi"]["storage_per_gib_month"] == 0.007
+
+
+def test_a_tmp_dir_that_is_no_folder_is_a_usage_error(store, sources, tmp_path):
+    before = _keys(store)
+    missing = str(tmp_path / "nonexistent")
+    line = cli("--store", store, "ingest", sources, "--dataset", "d", "--tmp-dir", missing,
+               code=2)  # fmt: skip
+    assert line == f"error: invalid --tmp-dir {missing}: no such directory"
+    (tmp_path / "f").write_bytes(b"")
+    line = cli("--store", store, "ingest", sources, "--dataset", "d", "--tmp-dir",
+               str(tmp_path / "f"), code=2)  # fmt: skip
+    assert "--tmp-dir" in line and "not a directory" in line
+    assert _keys(store) == before
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["snapshot", "d", "-m", ""], "-m/--message"),
+        (["snapshot", "d", "-m", "  "], "-m/--message"),
+        (["snapshot", "d", "-m", "x", "--author", ""], "--author"),
+        (["delete", "d", "run0", "--snapshot", "-m", ""], "-m/--message"),
+        (["ingest", "{src}", "--dataset", "d", "--snapshot", "-m", ""], "-m/--message"),
+    ],
+)
+def test_an_empty_message_or_author_is_refused(store, sources, args, flag):
+    cli("--store", store, "delete", "d", "run1", code=0)  # something staged
+    before = _keys(store)
+    line = cli("--store", store, *[a.replace("{src}", sources) for a in args], code=2)
+    assert line.startswith(f"error: invalid {flag} ")
+    assert _keys(store) == before
+
+
+# -- 9: names that are not UTF-8 -------------------------------------------------------
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="macOS refuses names that are not UTF-8")
+def test_a_skipped_path_that_is_not_utf8_is_shown_escaped(store, tmp_path):
+    folder = tmp_path / "odd"
+    folder.mkdir()
+    np.savez(folder / "good.npz", fields=np.ones((2, 3), np.float32))
+    bad = os.path.join(os.fsencode(folder), b"caf\xe9.npz")
+    with open(bad, "wb") as f, open(folder / "good.npz", "rb") as g:
+        f.write(g.read())
+    base = ["--store", store, "ingest", str(folder), "--dataset", "u", "--on-error", "skip"]
+    runner = CliRunner()
+    result = runner.invoke(main, [*base, "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    result.stdout_bytes.decode("utf-8")  # strict: no lone surrogates
+    (skipped,) = json.loads(result.stdout)["skipped"]
+    assert skipped["path"] == f"{os.fsdecode(folder)}/caf\\xe9.npz"
+    result = runner.invoke(main, [*base, "--no-resume"], catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    text = result.stdout_bytes.decode("utf-8")
+    assert f"skipped {os.fsdecode(folder)}/caf\\xe9.npz: " in text
