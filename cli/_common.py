@@ -17,7 +17,7 @@ import click
 
 from simstore._sizes import SizeError, parse_size
 from simstore.catalog import Catalog
-from simstore.errors import InvalidInputError, NotFoundError, SimstoreError
+from simstore.errors import InvalidInputError, NotFoundError, SimstoreError, env_debug
 from simstore.storage import local_path
 
 __all__ = [
@@ -120,20 +120,10 @@ def emit(as_json: bool, obj: Any, text: str | Callable[[], str]) -> None:
         click.echo(text() if callable(text) else text)
 
 
-_FALSE = frozenset({"", "0", "false", "no", "off"})
 
 #: The exit code of a command stopped by Ctrl-C (SIGINT): 128 + the signal's number, as
 #: shells report it.
 EXIT_INTERRUPTED = 130
-
-
-def env_debug() -> bool:
-    """Whether ``SIMSTORE_DEBUG`` turns debug on.
-
-    Any value but ``0``, ``false``, ``no``, ``off`` (any case, blanks around ignored) or
-    an empty one is on; unset is off.
-    """
-    return os.environ.get("SIMSTORE_DEBUG", "").strip().lower() not in _FALSE
 
 
 def debug_on() -> bool:

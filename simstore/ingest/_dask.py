@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from simstore.catalog import STORE_META_KEY
-from simstore.errors import InvalidInputError, SimstoreError, SourceError
+from simstore.errors import InvalidInputError, SimstoreError, SourceError, env_debug
 from simstore.ingest._config import IngestConfig
 from simstore.ingest._engine import EngineRun, Report
 from simstore.ingest._plugins import Plugins
@@ -207,7 +207,7 @@ def _client(cfg: IngestConfig) -> Iterator[Any]:
         )
         quiet = _QUIET.get()
         if quiet is None:  # a library call: this run's own processes are quiet
-            quiet = not os.environ.get("SIMSTORE_DEBUG")
+            quiet = not env_debug()
         try:
             with distributed.Client(cluster, set_as_default=False) as client:
                 if quiet:
