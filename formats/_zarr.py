@@ -170,10 +170,13 @@ class ZarrShardReader:
             index = _zip.zip_index(self._fp)
             if index is None:  # not a plain zip: zipfile reads the directory
                 self._zip = zipfile.ZipFile(self._fp, mode="r")
+                infos = self._zip.infolist()
                 index = {
                     i.filename: ZipEntry(i.header_offset, i.compress_size, i.compress_type, i.CRC)
-                    for i in self._zip.infolist()
+                    for i in infos
                 }
+                if len(index) != len(infos):
+                    raise ValueError("a zip entry appears twice in the central directory")
             self._infos: Mapping[str, ZipEntry] = index
             text = self._root_text()
             if text.startswith(_ROOT_HEAD):  # the writer's layout: parse the attributes only
@@ -345,14 +348,22 @@ class ZarrShardReader:
             return None
         where = self._offsets.get(key)
         if where is None:
+            # the local header repeats the entry's name: a name or an offset damaged in
+            # the central directory (which no CRC covers) finds another entry's header
+            name = key.encode("utf-8")
             if self._fd is not None:
-                local = os.pread(self._fd, 30, info.header_offset)
+                local = os.pread(self._fd, 30 + len(name), info.header_offset)
             else:
                 self._fp.seek(info.header_offset)
-                local = self._fp.read(30)
+                local = self._fp.read(30 + len(name))
             if local[:4] != MAGIC:
                 raise FormatError(f"{self.name}: bad zip entry {key}")
             n, m = struct.unpack("<HH", local[26:30])
+            if local[30:] != name or n != len(name):
+                raise FormatError(
+                    f"{self.name}: zip entry {key}: its local header names "
+                    f"{local[30 : 30 + n]!r}: the shard's index is damaged"
+                )
             where = (info.header_offset + 30 + n + m, info.compress_size)
             self._offsets[key] = where
         return where
@@ -508,7 +519,11 @@ class ZarrShardReader:
         if not shape:
             raw = self._entry(f"{path}/c")
             if raw is None:
-                return np.full(dims, dec.fill, dtype=dec.dtype)
+                # written for every 0-d array, as every chunk of the others (see below)
+                raise FormatError(
+                    f"{self.name}: zip entry {path}/c is missing from the shard's index: the "
+                    "shard is damaged"
+                )
             return dec.decode(raw).reshape(()).copy()
         out = into(dims, dec.dtype) if full and into is not None else None
         if out is None:

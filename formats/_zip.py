@@ -212,6 +212,8 @@ def zip_index(f: Any) -> Mapping[str, ZipEntry] | None:
             name = raw.decode("utf-8" if flags & 0x800 else "ascii")
         except UnicodeDecodeError:
             name = raw.decode("cp437")
+        if name in out:  # zipfile would keep the last: a damaged name can copy another's
+            raise ValueError(f"zip entry {name} appears twice in the central directory")
         out[name] = ZipEntry(offset, csize, method, crc)
         pos += 46 + n + m + k
     return out if pos == cd_size else None

@@ -46,3 +46,70 @@ def test_a_chunk_missing_from_the_index_is_an_error_not_zeros(tmp_path):
             for sample in SimDataset(store, "d", shuffle=False, verify=verify, fields=["u"]):
                 seen.append(sample["__key__"])
         assert "r0" not in seen  # the damaged sample was never handed out
+
+
+def _scalar_store(tmp_path):
+    """A Zarr shard of samples with a 0-d field ``k`` (sample ``r<i>`` holds ``k == i``)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(4):
+        np.savez(src / f"r{i}.npz", k=np.array(float(i)), u=np.full((8,), i, np.float32))
+    store = str(tmp_path / "store")
+    Catalog.init(store)
+    ingest([str(src)], dataset="d", store=store, snapshot=True, format="zarr",
+           compression="none")
+    cat = Catalog.open(store)
+    shard = cat.manifest(cat.snapshot(cat.resolve("d"))).to_pylist()[0]["shard"]
+    return store, shard, os.path.join(store, object_key(shard))
+
+
+def _flip_directory_name(path, name, at, new):
+    """Change byte ``at`` of entry ``name`` in the central directory (no CRC covers it)."""
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    where = data.find(name.encode(), data.find(b"PK\x01\x02"))
+    assert where > 0
+    data[where + at] = ord(new)
+    os.chmod(path, 0o644)
+    with open(path, "wb") as f:
+        f.write(bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("at", "new", "error"),
+    [
+        (2, "j", "zip entry 1/k/c is missing"),  # '1/k/c' -> '1/j/c': r1's k gone
+        (0, "0", "appears twice"),  # '1/k/c' -> '0/k/c': a second r0 k (r1's value)
+        (0, "5", "is missing"),  # '1/k/c' -> '5/k/c': a sample the shard does not hold
+    ],
+)
+def test_a_scalar_whose_index_entry_is_damaged_is_an_error_not_another_value(
+    tmp_path, at, new, error
+):
+    store, shard, path = _scalar_store(tmp_path)
+    _flip_directory_name(path, "1/k/c", at, new)
+    with pytest.raises(FormatError, match=error):
+        reader = open_shard(path)
+        try:
+            list(reader.read([0, 1], fields=["k"]))
+        finally:
+            reader.close()
+    seen = []
+    with pytest.raises((FormatError, IntegrityError), match=shard):
+        for sample in SimDataset(store, "d", shuffle=False, fields=["k"]):
+            seen.append((sample["__key__"], float(sample["k"])))
+    assert all(float(key[1:]) == k for key, k in seen)  # nothing handed out was wrong
+
+
+def test_an_index_entry_pointing_at_another_entry_is_an_error(tmp_path):
+    """Two entries' names swapped in the central directory: each finds the other's
+    local header, whose name gives the damage away."""
+    _, _, path = _scalar_store(tmp_path)
+    _flip_directory_name(path, "2/u/c/0", 0, "1")  # now two '1/u/c/0' ...
+    _flip_directory_name(path, "1/u/c/0", 0, "2")  # ... the first of which becomes '2/u/c/0'
+    reader = open_shard(path)
+    try:
+        with pytest.raises(FormatError, match=r"zip entry 1/u/c/0: its local header names"):
+            list(reader.read([1], fields=["u"]))
+    finally:
+        reader.close()
