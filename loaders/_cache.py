@@ -130,7 +130,7 @@ class ShardCache:
                 ours = {MARKER, "objects", "tmp", "locks"}
                 if set(os.listdir(self.root)) - ours:
                     raise InvalidInputError(
-                        f"cache directory {self.root} is not empty and is not a simstore "
+                        f"cache_dir {self.root} is not empty and is not a simstore "
                         f"cache (no {MARKER}); give an empty or dedicated directory"
                     )
                 with contextlib.suppress(FileExistsError):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 import numpy as np
+from simstore.loaders._cache import ShardCache
 from simstore.loaders._checks import (
     check_bool,
     check_bytes,
@@ -282,6 +283,9 @@ class SimDataset(IterableDataset[Sample]):
         backend = open_store(store, storage_options=storage_options, read_only=True)
         read = peek = None
         if cache is not None and tier_of(backend) not in ("local", "memory"):
+            # claim the directory now: one that is not a simstore cache is refused here,
+            # not by the first reader (in a DataLoader worker, whose traceback wraps it)
+            ShardCache(cache, Counters())
             access = ShardAccess(backend, counters=Counters(), limiter=RateLimiter(None),
                                  cache=cache, verify=True)
             read = functools.partial(_snapshot_from_cache, access)
@@ -364,8 +368,8 @@ class SimDataset(IterableDataset[Sample]):
 
         Each dataset keeps its snapshot, fields, shuffle and transform; the mixture takes
         the reading options and world of the first. An epoch is ``samples_per_epoch``
-        samples (default: all datasets' samples together); a dataset whose share runs
-        past its end starts its next epoch. See docs/loader.md for the algorithm.
+        samples (at least 1; default: all datasets' samples together); a dataset whose
+        share runs past its end starts its next epoch. See docs/loader.md for the algorithm.
         """
         if isinstance(datasets, SimDataset):
             raise InvalidInputError(
@@ -398,7 +402,7 @@ class SimDataset(IterableDataset[Sample]):
         seed = check_int(seed, "mix: seed", minimum=0)
         shuffle = check_bool(shuffle, "mix: shuffle")
         samples_per_epoch = check_optional_int(samples_per_epoch, "samples_per_epoch",
-                                               minimum=0, maximum=(1 << 63) - 1)
+                                               minimum=1, maximum=(1 << 63) - 1)
         first = datasets[0]
         out = cls.__new__(cls)
         # the job started when its first dataset was made (copies filled since are not

@@ -109,6 +109,36 @@ def _given_constants(name: str, value: object) -> tuple[np.ndarray, np.ndarray]:
     return mean, std
 
 
+def _components(snap: Snapshot, name: str) -> int | None:
+    """Components of numeric field ``name`` (see ``simstore.stats``); None when not known.
+
+    The snapshot's statistics say; without them, a field of fewer than two dimensions has
+    one (only a vector field's short last axis has more), and a larger one is not known.
+    """
+    fields = snap.stats.get("fields")
+    summary = fields.get(name) if isinstance(fields, Mapping) else None
+    if isinstance(summary, Mapping):
+        count = summary.get("components", len(summary.get("count", ())))
+        if isinstance(count, int) and count >= 1:
+            return count
+    spec = next((s for s in snap.schema if s.name == name), None)
+    if spec is not None and (spec.kind == "scalar" or spec.ndim < 2):
+        return 1
+    return None
+
+
+def _check_components(name: str, given: int, snap: Snapshot) -> None:
+    """Refuse given constants that neither broadcast (one value) nor match the components."""
+    want = _components(snap, name)
+    if given == 1 or want is None or given == want:
+        return
+    raise InvalidInputError(
+        f"normalise={{{name!r}: (mean, std)}}: {name!r} has {want} component"
+        f"{'' if want == 1 else 's'}, got {given} values each; give 1 value (for every "
+        f"component){'' if want == 1 else f' or {want} (one per component)'}"
+    )
+
+
 def _numbers(value: object) -> bool:
     """Whether ``value`` is a real number (not a bool) or a (nested) list or array of them."""
     if isinstance(value, numbers.Real):
@@ -158,6 +188,8 @@ def normaliser(
                                     f"of {ref} (snapshot {snap.id})")
         if name not in read:
             raise InvalidInputError(f"normalise= names {name!r}, which fields= does not read")
+        if name in constants:
+            _check_components(name, constants[name][0].size, snap)
     if not isinstance(spec, Mapping):
         if not snap.stats.get("fields"):
             raise InvalidInputError(f"{ref} (snapshot {snap.id}) carries no statistics to "

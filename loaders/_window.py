@@ -13,10 +13,12 @@ region overlaps.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from simstore.loaders._checks import is_int, shown
 from simstore.loaders._order import random_words
 
 from simstore.errors import InvalidInputError
@@ -28,18 +30,41 @@ __all__ = ["Regions", "parse_regions"]
 Box = tuple[slice, ...]
 
 
+def _bound(value: Any, field: str) -> int | None:
+    """A crop's start or stop: None, or a Python or NumPy integer (not a bool) as an int."""
+    if value is None:
+        return None
+    if not is_int(value):
+        raise InvalidInputError(
+            f"crop of {field!r}: a start or stop must be an integer or None, got {shown(value)}"
+        )
+    return int(value)
+
+
 def _as_slice(item: Any, field: str) -> slice:
     if item is None:
         return slice(None)
     if isinstance(item, slice):
-        if item.step not in (None, 1):
+        if item.step is not None and not (is_int(item.step) and item.step == 1):
             raise InvalidInputError(f"crop of {field!r}: steps are not supported")
-        return item
-    if isinstance(item, Sequence) and len(item) == 2:
-        return slice(*(None if b is None else int(b) for b in item))
+        return slice(_bound(item.start, field), _bound(item.stop, field))
+    if isinstance(item, Sequence) and not isinstance(item, str | bytes) and len(item) == 2:
+        return slice(*(_bound(b, field) for b in item))
     raise InvalidInputError(
-        f"crop of {field!r}: give a slice, a (start, stop) pair or None per dimension"
+        f"crop of {field!r}: give a slice, a (start, stop) pair or None per dimension, "
+        f"got {shown(item)}"
     )
+
+
+def _size(value: Any, field: str) -> int | None:
+    """A window size: None, or a Python or NumPy integer (not a bool) as an int."""
+    if value is None:
+        return None
+    if not is_int(value):
+        raise InvalidInputError(
+            f"window of {field!r}: a size must be an integer or None, got {shown(value)}"
+        )
+    return int(value)
 
 
 def _within(part: slice, size: int) -> bool:
@@ -120,9 +145,9 @@ def parse_regions(
                 raise InvalidInputError(f"field {name!r} has both a crop and a window")
             pair = (
                 what == "crop" and isinstance(value, Sequence) and len(value) == 2
-                and all(isinstance(v, int) for v in value)
-            )
-            if pair or not isinstance(value, Sequence) or isinstance(value, str):
+                and all(isinstance(v, numbers.Real) for v in value)
+            )  # no number is a region of one dimension: two make a (start, stop) pair
+            if pair or not isinstance(value, Sequence) or isinstance(value, str | bytes):
                 items: Sequence[Any] = (value,)
             else:
                 items = value
@@ -133,7 +158,7 @@ def parse_regions(
             if what == "crop":
                 crops[name] = tuple(_as_slice(i, name) for i in items)
             else:
-                sizes = tuple(None if i is None else int(i) for i in items)
+                sizes = tuple(_size(i, name) for i in items)
                 if any(s is not None and s < 1 for s in sizes):
                     raise InvalidInputError(f"window of {name!r}: sizes must be positive")
                 windows[name] = sizes

@@ -1,0 +1,152 @@
+"""Arguments that slipped past construction, now refused there naming the parameter.
+
+normalise= constants of the wrong length for the field's components, crop/window bounds
+and sizes that are not integers (NumPy integers are integers), a cache_dir that is not a
+simstore cache in front of a remote store, and ``mix(samples_per_epoch=0)``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from loader_helpers import RemoteLikeStore, encode_shard, make_samples, open_test_shard
+from simstore.loaders import SimDataLoader, SimDataset
+from simstore.loaders._window import parse_regions
+
+from simstore.catalog import Catalog
+from simstore.errors import InvalidInputError
+from simstore.manifest import ManifestRow, rows_from_list
+from simstore.sample import hash_sample, infer_schema, sample_size_bytes
+from simstore.stats import StatsAccumulator
+
+
+def _commit_with_stats(store: str, samples, per_shard: int = 10) -> None:
+    """``commit_samples``, with the field statistics ingest would merge into the snapshot."""
+    cat = Catalog.init(store)
+    rows, shards = [], []
+    acc = StatsAccumulator()
+    for start in range(0, len(samples), per_shard):
+        chunk = samples[start : start + per_shard]
+        oid, _ = cat.put_object(encode_shard(chunk))
+        shards.append(oid)
+        for pos, s in enumerate(chunk):
+            rows.append(ManifestRow(key=s.key, sample_hash=hash_sample(s), shard=oid,
+                                    position=pos, size_bytes=sample_size_bytes(s)))
+            for name, value in s.fields.items():
+                if isinstance(value, np.ndarray):
+                    acc.add_array(name, value)
+                elif isinstance(value, int | float):
+                    acc.add_scalar(name, value)
+    cat.stage("sim", changes=rows_from_list(rows), shards=shards,
+              schema=infer_schema(samples), stats={"fields": acc.to_json(), "exact": True})
+    cat.commit("sim", message="test data")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """30 mesh samples (points (n, 3): 3 components) with statistics, in 3 shards."""
+    path = os.path.join(str(tmp_path_factory.mktemp("arg_fixes")), "store")
+    _commit_with_stats(path, make_samples(30, mesh=True))
+    return path
+
+
+def dataset(store, ref="sim", **kw):
+    kw.setdefault("shard_opener", open_test_shard)
+    return SimDataset(store, ref, **kw)
+
+
+def refused(match, call, *args, **kwargs):
+    with pytest.raises(InvalidInputError, match=match) as info:
+        call(*args, **kwargs)
+    assert type(info.value) is InvalidInputError
+    assert "\n" not in str(info.value)
+
+
+# -- normalise: given constants against the field's components -------------------------
+
+@pytest.mark.parametrize(("constants", "match"), [
+    # two values for three components failed at the first batch in torch's broadcast
+    (([0, 0], [1, 1]), r"normalise=\{'points': \(mean, std\)\}: 'points' has 3 components, "
+                       r"got 2 values each; give 1 value .* or 3"),
+    ((np.zeros(4), np.ones(4)), "'points' has 3 components, got 4 values each"),
+])
+def test_normalise_constants_of_the_wrong_length_are_refused(store, constants, match):
+    refused(match, dataset, store, fields=["points"], normalise={"points": constants})
+
+
+def test_normalise_of_a_scalar_takes_one_value(store):
+    refused(r"normalise=\{'step': \(mean, std\)\}: 'step' has 1 component, got 2 values each",
+            dataset, store, normalise={"step": ([0, 1], [1, 1])})
+
+
+def test_normalise_constants_that_fit_still_apply(store):
+    plain = {s["__key__"]: s["points"] for s in dataset(store, fields=["points"],
+                                                        shuffle=False)}
+    for constants, mean, std in [
+        (([1.0, 2.0, 3.0], [2.0, 4.0, 8.0]), np.array([1.0, 2.0, 3.0]), np.array([2, 4, 8.0])),
+        ((1.0, 2.0), 1.0, 2.0),  # one value broadcasts over the components
+    ]:
+        ds = dataset(store, fields=["points"], shuffle=False, normalise={"points": constants})
+        for s in SimDataLoader(ds, batch_size=None):
+            want = (plain[s["__key__"]].numpy() - mean) / std
+            assert np.allclose(s["points"].numpy(), want)
+
+
+# -- crop / window: integers only (Python or NumPy, not bool) ---------------------------
+
+@pytest.mark.parametrize(("kw", "match"), [
+    ({"window": {"u": "x"}}, r"window of 'u': a size must be an integer or None, got 'x'"),
+    ({"window": {"u": 2.7}}, r"window of 'u': a size must be an integer or None, got 2.7"),
+    ({"window": {"u": True}}, r"window of 'u': a size must be an integer or None, got True"),
+    ({"window": {"u": [np.float64(2.0)]}}, r"window of 'u': a size must be an integer"),
+    ({"crop": {"u": [(0.5, 3.7)]}}, r"crop of 'u': a start or stop must be an integer or "
+                                    r"None, got 0.5"),
+    ({"crop": {"u": (0.5, 3)}}, r"crop of 'u': a start or stop must be an integer .*got 0.5"),
+    ({"crop": {"u": (True, 3)}}, r"crop of 'u': a start or stop must be an integer .*got True"),
+    ({"crop": {"u": slice(0, 2.5)}}, r"crop of 'u': a start or stop must be an integer"),
+    ({"crop": {"u": ["ab"]}}, r"crop of 'u': give a slice, a \(start, stop\) pair or None"),
+])
+def test_regions_that_are_not_integers_are_refused(store, kw, match):
+    refused(match, dataset, store, fields=["u"], **kw)
+
+
+def test_regions_take_numpy_integers(store):
+    for crop in [(np.int64(0), np.int64(3)), [(np.int32(0), np.uint8(3))],
+                 slice(np.int64(0), np.int64(3))]:
+        crops = dataset(store, fields=["u"], crop={"u": crop})._sources[0].regions.crops
+        assert crops == {"u": (slice(0, 3),)}
+        assert all(type(b) is int for b in (crops["u"][0].start, crops["u"][0].stop))
+    windows = dataset(store, fields=["u"], window={"u": np.int64(2)})._sources[0].regions.windows
+    assert windows == {"u": (2,)} and type(windows["u"][0]) is int
+
+
+def test_parse_regions_keeps_python_integers():
+    schema = infer_schema(make_samples(2))
+    regions = parse_regions({"u": (1, 4)}, {"v": [None]}, schema)
+    assert regions.crops == {"u": (slice(1, 4),)} and regions.windows == {"v": (None,)}
+
+
+# -- cache_dir: refused at construction ------------------------------------------------
+
+def test_a_foreign_cache_dir_is_refused_at_construction(store, tmp_path):
+    foreign = tmp_path / "home"
+    foreign.mkdir()
+    (foreign / "thesis.tex").write_text("precious")
+    refused(r"cache_dir .*home is not empty and is not a simstore cache",
+            dataset, RemoteLikeStore(store), cache_dir=str(foreign), cache_limit="1MiB")
+    assert sorted(os.listdir(foreign)) == ["thesis.tex"]
+    cache = tmp_path / "cache"  # a new directory is claimed, and reads
+    assert len(list(dataset(RemoteLikeStore(store), cache_dir=str(cache)))) == 30
+    assert (cache / "simstore-cache.json").exists()
+
+
+# -- mix(samples_per_epoch=) -----------------------------------------------------------
+
+@pytest.mark.parametrize("n", [0, -1, np.int64(0)])
+def test_mix_refuses_epochs_without_samples(store, n):
+    parts = [dataset(store, fields=["step"]), dataset(store, fields=["step"], seed=1)]
+    refused(f"samples_per_epoch must be at least 1, got {int(n)}",
+            SimDataset.mix, parts, samples_per_epoch=n)
+    assert len(SimDataset.mix(parts, samples_per_epoch=1)) == 1
