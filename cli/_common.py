@@ -15,9 +15,10 @@ from typing import Any, TypeVar
 
 import click
 
+from simstore._env import env_debug
 from simstore._sizes import SizeError, parse_size
 from simstore.catalog import Catalog
-from simstore.errors import InvalidInputError, NotFoundError, SimstoreError, env_debug
+from simstore.errors import InvalidInputError, NotFoundError, SimstoreError
 from simstore.storage import local_path
 
 __all__ = [

@@ -111,17 +111,3 @@ class StorageError(SimstoreError):
 
     code = 9
     exit_code = 10
-
-
-_FALSE = frozenset({"", "0", "false", "no", "off"})
-
-
-def env_debug() -> bool:
-    """Whether ``SIMSTORE_DEBUG`` turns debug on (tracebacks, dask's own logs).
-
-    Any value but ``0``, ``false``, ``no``, ``off`` (any case, blanks around ignored) or
-    an empty one is on; unset is off.
-    """
-    import os
-
-    return os.environ.get("SIMSTORE_DEBUG", "").strip().lower() not in _FALSE

@@ -33,8 +33,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+from simstore._env import env_debug
 from simstore.catalog import STORE_META_KEY
-from simstore.errors import InvalidInputError, SimstoreError, SourceError, env_debug
+from simstore.errors import InvalidInputError, SimstoreError, SourceError
 from simstore.ingest._config import IngestConfig
 from simstore.ingest._engine import EngineRun, Report
 from simstore.ingest._plugins import Plugins

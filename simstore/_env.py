@@ -1,0 +1,16 @@
+"""Settings read from the environment."""
+
+from __future__ import annotations
+
+import os
+
+_FALSE = frozenset({"", "0", "false", "no", "off"})
+
+
+def env_debug() -> bool:
+    """Whether ``SIMSTORE_DEBUG`` turns debug on (tracebacks, dask's own logs).
+
+    Any value but ``0``, ``false``, ``no``, ``off`` (any case, blanks around ignored) or
+    an empty one is on; unset is off.
+    """
+    return os.environ.get("SIMSTORE_DEBUG", "").strip().lower() not in _FALSE
