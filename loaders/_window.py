@@ -30,15 +30,18 @@ __all__ = ["Regions", "parse_regions"]
 Box = tuple[slice, ...]
 
 
-def _bound(value: Any, field: str) -> int | None:
-    """A crop's start or stop: None, or a Python or NumPy integer (not a bool) as an int."""
+def _int_or_none(value: Any, what: str) -> int | None:
+    """None, or a Python or NumPy integer (not a bool) as an int; ``what`` names it."""
     if value is None:
         return None
     if not is_int(value):
-        raise InvalidInputError(
-            f"crop of {field!r}: a start or stop must be an integer or None, got {shown(value)}"
-        )
+        raise InvalidInputError(f"{what} must be an integer or None, got {shown(value)}")
     return int(value)
+
+
+def _bound(value: Any, field: str) -> int | None:
+    """A crop's start or stop."""
+    return _int_or_none(value, f"crop of {field!r}: a start or stop")
 
 
 def _as_slice(item: Any, field: str) -> slice:
@@ -57,14 +60,8 @@ def _as_slice(item: Any, field: str) -> slice:
 
 
 def _size(value: Any, field: str) -> int | None:
-    """A window size: None, or a Python or NumPy integer (not a bool) as an int."""
-    if value is None:
-        return None
-    if not is_int(value):
-        raise InvalidInputError(
-            f"window of {field!r}: a size must be an integer or None, got {shown(value)}"
-        )
-    return int(value)
+    """A window size."""
+    return _int_or_none(value, f"window of {field!r}: a size")
 
 
 def _within(part: slice, size: int) -> bool:

@@ -362,8 +362,7 @@ def printable_path(path: str) -> str:
     r"""``path`` as valid text: the bytes of a name that are not UTF-8 as ``\xe9`` escapes.
 
     Such a name reaches Python as lone surrogates (``\udce9``), which strict JSON parsers
-    refuse and a terminal cannot show; the escapes are those of the skip reason
-    (``_sources._printable_path``, which this module cannot import without a cycle).
+    refuse and a terminal cannot show; skip reasons name such files the same way.
     """
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 

@@ -18,6 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 from simstore.errors import InvalidInputError, SourceError
 from simstore.hashing import Hasher, ObjectId
 from simstore.ingest._arrays import MiB
+from simstore.ingest._config import printable_path
 from simstore.ingest._records import Piece, SourceFile
 from simstore.protocols import SourceAdapter
 
@@ -86,18 +87,13 @@ def _check_kind(path: str, mode: int) -> None:
         raise SourceError(f"{path}: {kind}, not a regular file or directory (not opened)")
 
 
-def _printable_path(path: str) -> str:
-    r"""``path`` for a message: bytes of a name that are not UTF-8 as ``\xe9`` escapes."""
-    return os.fsencode(path).decode("utf-8", "backslashreplace")
-
-
 def _check_name(path: str) -> None:
     """Refuse a path whose name is not valid UTF-8 (it cannot become a key)."""
     try:
         path.encode("utf-8")
     except UnicodeEncodeError:
         raise SourceError(
-            f"{_printable_path(path)}: the name is not valid UTF-8 (keys are text); "
+            f"{printable_path(path)}: the name is not valid UTF-8 (keys are text); "
             "rename the file"
         ) from None
 

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from simstore.errors import ConflictError, NotFoundError, ReadOnlyError, StorageError
 from simstore.hashing import hash_bytes
 from simstore.storage._base import ObjectInfo, check_key
-from simstore.storage._scratch import scratch_in_use
+from simstore.storage._scratch import newest_mtime, scratch_in_use
 
 __all__ = ["LocalStore"]
 
@@ -174,7 +174,7 @@ class LocalStore:
                 for name in sorted(dirs + files):
                     path = os.path.join(dirpath, name)
                     with contextlib.suppress(OSError):
-                        if _newest_mtime(path) < older_than and not (
+                        if newest_mtime(path) < older_than and not (
                             name in dirs and scratch_in_use(path)
                         ):
                             yield path
@@ -348,14 +348,3 @@ class LocalStore:
             return
         except OSError as exc:
             raise self._error("delete", key, exc) from exc
-
-
-def _newest_mtime(path: str) -> float:
-    """Latest modification time of a file, or of anything inside a directory."""
-    newest = os.stat(path).st_mtime
-    if os.path.isdir(path):
-        for dirpath, _dirs, files in os.walk(path):
-            for name in files:
-                with contextlib.suppress(OSError):
-                    newest = max(newest, os.stat(os.path.join(dirpath, name)).st_mtime)
-    return newest

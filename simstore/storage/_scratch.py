@@ -90,7 +90,8 @@ def scratch_in_use(path: str) -> bool | None:
     return False
 
 
-def _newest_mtime(path: str) -> float:
+def newest_mtime(path: str) -> float:
+    """Latest modification time of a file, or of anything inside a directory (itself too)."""
     newest = os.lstat(path).st_mtime
     for dirpath, _dirs, files in os.walk(path):
         for name in files:
@@ -123,7 +124,7 @@ def sweep_scratch(
             if not entry.is_dir(follow_symlinks=False):
                 continue
             in_use = scratch_in_use(entry.path)
-            if in_use or (in_use is None and _newest_mtime(entry.path) >= cutoff):
+            if in_use or (in_use is None and newest_mtime(entry.path) >= cutoff):
                 continue
         except OSError:
             continue

@@ -20,11 +20,13 @@ from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
 import numpy as np
+import pytest
 
 from simstore.catalog import Catalog
-from simstore.errors import FormatError
+from simstore.errors import FormatError, InvalidInputError
 from simstore.manifest import ManifestRow, rows_from_list
 from simstore.sample import Sample, hash_sample, infer_schema, sample_size_bytes
+from simstore.stats import StatsAccumulator
 from simstore.storage import LocalStore
 
 MAGIC = b"SIMTEST1"
@@ -128,13 +130,18 @@ def commit_samples(
     per_shard: int = 10,
     message: str = "test data",
     target_rows: int | None = None,
+    with_stats: bool = False,
 ) -> str:
-    """Write ``samples`` (in order) as test shards, commit them, return the snapshot id."""
+    """Write ``samples`` (in order) as test shards, commit them, return the snapshot id.
+
+    ``with_stats``: the snapshot carries the field statistics ingest would merge into it.
+    """
     cat = Catalog.init(store)
     if target_rows is not None:
         cat.target_rows = target_rows
     rows: list[ManifestRow] = []
     shards = []
+    acc = StatsAccumulator()
     for start in range(0, len(samples), per_shard):
         chunk = samples[start : start + per_shard]
         oid, _ = cat.put_object(encode_shard(chunk))
@@ -142,9 +149,24 @@ def commit_samples(
         for pos, s in enumerate(chunk):
             rows.append(ManifestRow(key=s.key, sample_hash=hash_sample(s), shard=oid,
                                     position=pos, size_bytes=sample_size_bytes(s)))
+            for name, value in s.fields.items() if with_stats else ():
+                if isinstance(value, np.ndarray):
+                    acc.add_array(name, value)
+                elif isinstance(value, int | float):
+                    acc.add_scalar(name, value)
     table = rows_from_list(rows)
-    cat.stage(dataset, changes=table, shards=shards, schema=infer_schema(samples))
+    stats = {"fields": acc.to_json(), "exact": True} if with_stats else None
+    cat.stage(dataset, changes=table, shards=shards, schema=infer_schema(samples), stats=stats)
     return str(cat.commit(dataset, message=message).snapshot_id)
+
+
+def refused(match: str, call: Any, *args: Any, **kwargs: Any) -> Exception:
+    """``call`` raises an InvalidInputError whose one-line message matches ``match``."""
+    with pytest.raises(InvalidInputError, match=match) as info:
+        call(*args, **kwargs)
+    assert type(info.value) is InvalidInputError
+    assert "\n" not in str(info.value)
+    return info.value
 
 
 def make_samples(

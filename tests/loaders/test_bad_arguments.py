@@ -16,10 +16,8 @@ import sys
 
 import numpy as np
 import pytest
-from loader_helpers import commit_samples, keys_of, make_samples, open_test_shard
+from loader_helpers import commit_samples, keys_of, make_samples, open_test_shard, refused
 from simstore.loaders import PrefetchConfig, SimDataLoader, SimDataset, World, detect_world
-
-from simstore.errors import InvalidInputError
 
 NAN = float("nan")
 
@@ -35,15 +33,6 @@ def store(tmp_path_factory):
 def dataset(store, ref="sim", **kw):
     kw.setdefault("shard_opener", open_test_shard)
     return SimDataset(store, ref, **kw)
-
-
-def refused(match, call, *args, **kwargs):
-    """``call`` raises an InvalidInputError whose one-line message matches ``match``."""
-    with pytest.raises(InvalidInputError, match=match) as info:
-        call(*args, **kwargs)
-    assert type(info.value) is InvalidInputError
-    assert "\n" not in str(info.value)
-    return info.value
 
 
 # -- SimDataset(...) ------------------------------------------------------------------

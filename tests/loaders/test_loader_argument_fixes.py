@@ -11,57 +11,30 @@ import os
 
 import numpy as np
 import pytest
-from loader_helpers import RemoteLikeStore, encode_shard, make_samples, open_test_shard
+from loader_helpers import (
+    RemoteLikeStore,
+    commit_samples,
+    make_samples,
+    open_test_shard,
+    refused,
+)
 from simstore.loaders import SimDataLoader, SimDataset
 from simstore.loaders._window import parse_regions
 
-from simstore.catalog import Catalog
-from simstore.errors import InvalidInputError
-from simstore.manifest import ManifestRow, rows_from_list
-from simstore.sample import hash_sample, infer_schema, sample_size_bytes
-from simstore.stats import StatsAccumulator
-
-
-def _commit_with_stats(store: str, samples, per_shard: int = 10) -> None:
-    """``commit_samples``, with the field statistics ingest would merge into the snapshot."""
-    cat = Catalog.init(store)
-    rows, shards = [], []
-    acc = StatsAccumulator()
-    for start in range(0, len(samples), per_shard):
-        chunk = samples[start : start + per_shard]
-        oid, _ = cat.put_object(encode_shard(chunk))
-        shards.append(oid)
-        for pos, s in enumerate(chunk):
-            rows.append(ManifestRow(key=s.key, sample_hash=hash_sample(s), shard=oid,
-                                    position=pos, size_bytes=sample_size_bytes(s)))
-            for name, value in s.fields.items():
-                if isinstance(value, np.ndarray):
-                    acc.add_array(name, value)
-                elif isinstance(value, int | float):
-                    acc.add_scalar(name, value)
-    cat.stage("sim", changes=rows_from_list(rows), shards=shards,
-              schema=infer_schema(samples), stats={"fields": acc.to_json(), "exact": True})
-    cat.commit("sim", message="test data")
+from simstore.sample import infer_schema
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     """30 mesh samples (points (n, 3): 3 components) with statistics, in 3 shards."""
     path = os.path.join(str(tmp_path_factory.mktemp("arg_fixes")), "store")
-    _commit_with_stats(path, make_samples(30, mesh=True))
+    commit_samples(path, "sim", make_samples(30, mesh=True), with_stats=True)
     return path
 
 
 def dataset(store, ref="sim", **kw):
     kw.setdefault("shard_opener", open_test_shard)
     return SimDataset(store, ref, **kw)
-
-
-def refused(match, call, *args, **kwargs):
-    with pytest.raises(InvalidInputError, match=match) as info:
-        call(*args, **kwargs)
-    assert type(info.value) is InvalidInputError
-    assert "\n" not in str(info.value)
 
 
 # -- normalise: given constants against the field's components -------------------------
