@@ -127,7 +127,7 @@ def _check_tmp_dir(tmp_dir: str) -> None:
         problem = "a file, not a directory"
     else:
         problem = "not a directory"
-    raise InvalidInputError(f"invalid --tmp-dir {tmp_dir}: {problem}")
+    raise InvalidInputError(f"invalid --tmp-dir {printable_path(tmp_dir)}: {problem}")
 
 
 def _summary(r: IngestResult) -> str:

@@ -85,10 +85,19 @@ def _suffix_for_gmsh(path: str) -> str | None:
 
 
 def _readable_name(path: str, tmp: str) -> str:
-    """``path``, or a link (a copy where links fail) to it in ``tmp`` named for gmsh."""
+    r"""``path``, or a link (a copy where links fail) to it in ``tmp`` named for gmsh.
+
+    gmsh also takes only names it can encode as UTF-8: a path that is not (a file under a
+    folder named ``run\xff``) is read through a link too, with the file's own suffix.
+    """
     suffix = _suffix_for_gmsh(path)
     if suffix is None:
-        return path
+        try:
+            path.encode("utf-8")
+            return path
+        except UnicodeEncodeError:
+            ext = os.path.splitext(os.path.basename(path))[1]
+            suffix = ext if ext.isascii() and ext.isprintable() else ""
     alias = os.path.join(tmp, "part" + suffix)
     try:
         os.symlink(os.path.abspath(path), alias)

@@ -11,6 +11,9 @@ the dimension named by ``time_name``, else the first unlimited dimension, else o
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -45,6 +48,29 @@ def _netcdf4() -> Any:
             "the netcdf adapter needs netCDF4: pip install 'simstore[netcdf]'"
         ) from exc
     return netCDF4
+
+
+def _open_dataset(nc: Any, path: str) -> Any:
+    r"""``netCDF4.Dataset(path, "r")``, also for a path that is not valid UTF-8.
+
+    netCDF4 takes only names it can encode as UTF-8, so a file under a folder named with
+    other bytes (``/data/run\xff/a.nc``, which Python holds as lone surrogates) is opened
+    through a symbolic link with a UTF-8 name, removed once the file is open (netCDF-C
+    keeps its own descriptor).
+    """
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        pass
+    else:
+        return nc.Dataset(path, "r")
+    folder = tempfile.mkdtemp(prefix="simstore-nc-")
+    try:
+        alias = os.path.join(folder, "source.nc")
+        os.symlink(os.fsencode(os.path.abspath(path)), os.fsencode(alias))
+        return nc.Dataset(alias, "r")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _groups(ds: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -253,7 +279,7 @@ class NetCDFAdapter:
         # missing values as fill values
         check_classic_header(path)
         try:
-            ds = nc.Dataset(path, "r")
+            ds = _open_dataset(nc, path)
         except (OSError, RuntimeError, ValueError) as exc:
             raise SourceError(f"{path}: not a readable NetCDF file: {exc}") from exc
         h5 = None

@@ -367,6 +367,19 @@ def printable_path(path: str) -> str:
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
+def printable_text(text: str) -> str:
+    r"""A message with every path in it as :func:`printable_path` shows it.
+
+    A path whose bytes are not UTF-8 (a source root named ``run\xff``, say) reaches a
+    message as lone surrogates, which a strict UTF-8 stream or a JSON parser refuses:
+    they become ``\xff`` escapes, and the rest of the text is kept as it is.
+    """
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate no file name decodes to
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class IngestResult:
     """What an ingest did (``to_json`` is the ``--json`` summary).

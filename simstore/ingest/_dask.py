@@ -36,7 +36,7 @@ from typing import Any
 from simstore._env import env_debug
 from simstore.catalog import STORE_META_KEY
 from simstore.errors import InvalidInputError, SimstoreError, SourceError
-from simstore.ingest._config import IngestConfig
+from simstore.ingest._config import IngestConfig, printable_path, printable_text
 from simstore.ingest._engine import EngineRun, Report
 from simstore.ingest._plugins import Plugins
 from simstore.ingest._records import FileResult, SourceFile, TaskContext, TaskResult
@@ -283,7 +283,7 @@ def _failed(i: int, task: Sequence[SourceFile], exc: BaseException) -> TaskResul
             path=f.path,
             key=f.key,
             size_bytes=f.size,
-            error=f"{f.path}: ingest task {i} failed on the dask cluster: {reason}",
+            error=printable_text(f"{f.path}: ingest task {i} failed on the dask cluster: {reason}"),
         )
         for f in task
     ]
@@ -303,7 +303,7 @@ def _collect(fut: Any, i: int, task: Sequence[SourceFile], cfg: IngestConfig) ->
             return _failed(i, task, exc)
         if isinstance(exc, SimstoreError):
             raise exc
-        first = task[0].path if task else "-"
+        first = printable_path(task[0].path) if task else "-"
         raise SimstoreError(
             f"ingest task {i} ({len(task)} files from {first}) failed on the dask cluster: "
             f"{_describe(exc)}; a re-run resumes where this one stopped"

@@ -27,6 +27,8 @@ from simstore.ingest._config import (
     IngestResult,
     SkippedFile,
     TaskTiming,
+    printable_path,
+    printable_text,
 )
 from simstore.ingest._engine import EngineRun, run_local
 from simstore.ingest._plugins import plugins_for
@@ -128,7 +130,7 @@ def ingest(
     files, ignored = discover([os.fspath(s) for s in srcs], plugins[0])
     if not files:
         raise InvalidInputError(
-            f"no source files found in {', '.join(os.fspath(s) for s in srcs)}"
+            printable_text(f"no source files found in {', '.join(os.fspath(s) for s in srcs)}")
             + (f" ({len(ignored)} files no adapter reads)" if ignored else "")
         )
     head_id, _ = catalog.branches(dataset).get_versioned(cfg.branch)
@@ -256,8 +258,8 @@ def _join(pieces: Sequence[FileResult], cfg: IngestConfig) -> FileResult:
             )
     except (SourceError, InvalidInputError) as exc:
         if cfg.on_error == "fail":
-            raise SourceError(str(exc)) from exc
-        whole.error = str(exc)
+            raise SourceError(printable_text(str(exc))) from exc
+        whole.error = printable_text(str(exc))
         return whole
     whole.rows = rows
     whole.schema = [s.to_json() for s in schema]  # type: ignore[misc]
@@ -330,13 +332,14 @@ def _finish(
     file_results = _whole_files(results, tasks, cfg)
 
     def reject(res: FileResult, message: str) -> None:
+        message = printable_text(message)  # a path that is not UTF-8: its bytes escaped
         if cfg.on_error == "fail":
             raise SourceError(message)
         skipped.append(SkippedFile(path=res.path, reason=message))
 
     for res in file_results:
         if res.error is not None:
-            skipped.append(SkippedFile(path=res.path, reason=res.error))
+            skipped.append(SkippedFile(path=res.path, reason=printable_text(res.error)))
             continue
         specs = [FieldSpec.from_json(s) for s in res.schema]
         bad = None
@@ -400,11 +403,14 @@ def _finish(
     final_schema = tuple(schema[n] for n in sorted(schema))
     if staged:
         staging_id, snapshot_id, extra = _stage(
-            catalog, ctx, run, staged, rows, shards, final_schema, new_keys_in, pending, head
+            catalog, ctx, run, staged, rows, shards, _own_schema(staged), new_keys_in,
+            pending, head,
         )
         new_bytes += extra
     elif cfg.snapshot and head is not None:
         snapshot_id = head.id
+    if snapshot_id is not None:
+        final_schema = tuple(catalog.snapshot(snapshot_id).schema)  # what was committed
     written = {oid: size for r in results for oid, size in r.shards.items()}
     return IngestResult(
         dataset=ctx.dataset,
@@ -429,6 +435,22 @@ def _finish(
         schema=final_schema,
         tasks=_timings(run, tasks),
     )
+
+
+def _own_schema(staged: Sequence[FileResult]) -> Schema:
+    """The schema of the samples an entry stages: its files' field types, nothing else.
+
+    Not the branch head's nor earlier staged entries' (the files were checked against
+    those): a commit merges the entry's schema into the head's, or, for ``--mode replace``,
+    starts from it, so fields or types carried over from elsewhere would be listed by a
+    snapshot none of whose samples has them. Where files disagree on a field (accepted
+    with ``--allow-schema-change``), the later file's type wins, as in the run's check.
+    """
+    schema: Schema = ()
+    for res in staged:
+        specs = tuple(FieldSpec.from_json(s) for s in res.schema)
+        schema = merge_schema(schema, specs, allow_change=True)
+    return schema
 
 
 def _check_chunks(cfg: IngestConfig, accepted: Sequence[FileResult]) -> None:
@@ -513,7 +535,7 @@ def _stage(
     sources = [
         {
             "key": r.key,
-            "path": r.path,
+            "path": printable_path(r.path),  # JSON text: bytes that are not UTF-8 escaped
             "hash": r.source_hash,
             "size": r.size_bytes,
             "adapter": r.adapter,
@@ -604,9 +626,9 @@ def _check_commit_schema(
     """Refuse, before staging, an entry whose commit would refuse its schema.
 
     The commit merges, without schema changes, the head's schema (or the last replace's)
-    with the earlier entries it takes, then this entry's ``schema``, which holds every
-    staged entry's fields too. The error names the file, or else the staged entry, the
-    conflicting type comes from.
+    with the earlier entries it takes, then this entry's ``schema``, its files' own field
+    types. The error names the file the conflicting type comes from (or, should no file
+    hold it, the staged entry or the dataset).
     """
     if ctx.config.mode == "replace":
         return  # the commit starts from this entry's schema alone
@@ -629,8 +651,8 @@ def _check_commit_schema(
             ),
             None,
         )
-        if path is not None:
-            merge_schema(merged, (spec,), source=path)  # raises, naming the file and field
+        if path is not None:  # raises, naming the file and field
+            merge_schema(merged, (spec,), source=printable_path(path))
         source = next(
             (f"staged entry {e.id}" for e in reversed(pending) if spec in e.schema),
             f"dataset {ctx.dataset!r}",

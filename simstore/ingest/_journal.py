@@ -23,6 +23,7 @@ import json
 
 from simstore.errors import NotFoundError
 from simstore.hashing import hash_bytes, object_key
+from simstore.ingest._config import printable_path
 from simstore.ingest._records import FileResult, Row, SourceFile, TaskContext
 from simstore.sample import canonical_json
 from simstore.storage import LocalStore, ObjectStore
@@ -35,13 +36,18 @@ key, size and mtime alone, are never read: their files are read again once)."""
 
 
 def journal_key(ctx: TaskContext, src: SourceFile) -> str:
-    """The store key of a file's (or a file piece's) record under these output parameters."""
+    r"""The store key of a file's (or a file piece's) record under these output parameters.
+
+    The path is taken as :func:`printable_path` shows it (the same text for a UTF-8 path;
+    a root whose name is not UTF-8 cannot go into JSON as it is): a literal ``\xff`` in a
+    name and that byte meet only in such text, and the identity still tells them apart.
+    """
     fields = {
         "v": JOURNAL_FORMAT_VERSION,
         "key": src.key,
         "size": src.size,
         "mtime_ns": src.mtime_ns,
-        "path": src.path,
+        "path": printable_path(src.path),
         "identity": src.identity,
         "params": ctx.params_digest,
     }
@@ -66,7 +72,7 @@ def write_journal(ctx: TaskContext, src: SourceFile, res: FileResult) -> None:
         "format_version": JOURNAL_FORMAT_VERSION,
         "kind": "ingest-journal",
         "key": res.key,
-        "path": res.path,
+        "path": printable_path(res.path),
         "size_bytes": res.size_bytes,
         "source_hash": res.source_hash,
         "adapter": res.adapter,

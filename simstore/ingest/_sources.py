@@ -18,12 +18,13 @@ from typing import Any, Protocol, runtime_checkable
 from simstore.errors import InvalidInputError, SourceError
 from simstore.hashing import Hasher, ObjectId
 from simstore.ingest._arrays import MiB
-from simstore.ingest._config import printable_path
+from simstore.ingest._config import printable_path, printable_text
 from simstore.ingest._records import Piece, SourceFile
 from simstore.protocols import SourceAdapter
 
 __all__ = [
     "SupportsSampleRanges",
+    "check_key",
     "discover",
     "hash_file",
     "hash_source",
@@ -87,10 +88,16 @@ def _check_kind(path: str, mode: int) -> None:
         raise SourceError(f"{path}: {kind}, not a regular file or directory (not opened)")
 
 
-def _check_name(path: str) -> None:
-    """Refuse a path whose name is not valid UTF-8 (it cannot become a key)."""
+def check_key(path: str, key: str) -> None:
+    r"""Refuse a source whose key is not valid UTF-8 text (no key can name it).
+
+    The key is the path relative to the ingest root (a named file's: its name), so only
+    that part must be UTF-8: a root whose own path is not (``/data/run\xff/``) is fine.
+    The one-line :class:`SourceError` names the whole path, its bytes that are not UTF-8
+    as escapes (``caf\xe9.npy``).
+    """
     try:
-        path.encode("utf-8")
+        key.encode("utf-8")
     except UnicodeEncodeError:
         raise SourceError(
             f"{printable_path(path)}: the name is not valid UTF-8 (keys are text); "
@@ -99,17 +106,15 @@ def _check_name(path: str) -> None:
 
 
 def read_head(path: str, n: int = 64) -> bytes:
-    r"""The first ``n`` bytes of a file (adapters sniff them); empty for a directory.
+    """The first ``n`` bytes of a file (adapters sniff them); empty for a directory.
 
     Raises :class:`SourceError`, one line naming the path, for an entry that is no file to
     read: a dangling symbolic link, a link loop, a named pipe, socket or device (never
-    opened: a pipe would block), a file that cannot be opened, or one whose path is not
-    valid UTF-8 (``caf\xe9.npy``: no key can name it; the message escapes the bytes that
-    are not UTF-8). A walk lists such an entry as a source of its own (see
-    :func:`discover`), so its task reports it like any bad file: an error, or a skipped
-    file with this reason under ``on_error="skip"``.
+    opened: a pipe would block), or a file that cannot be opened. A walk lists such an
+    entry as a source of its own (see :func:`discover`), so its task reports it like any
+    bad file: an error, or a skipped file with this reason under ``on_error="skip"``. (A
+    source whose key is not UTF-8 is refused the same way, by :func:`check_key`.)
     """
-    _check_name(path)
     try:
         st = os.stat(path)
     except OSError as exc:
@@ -245,13 +250,14 @@ def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[Sourc
     def add(path: str, key: str) -> None:
         if key in found and found[key].path != path:
             raise InvalidInputError(
-                f"two sources map to the key {key!r}: {found[key].path} and {path}"
+                printable_text(f"two sources map to the key {key!r}: {found[key].path} and {path}")
             )
         size, mtime, identity = (0, 0, "") if path in broken else _stat(path)
         found[key] = SourceFile(path, key, size, mtime, identity=identity)
 
-    def sniff(path: str) -> bytes:
+    def sniff(path: str, key: str) -> bytes:
         try:
+            check_key(path, key)  # only the part under the root must be UTF-8
             return read_head(path)
         except SourceError:
             broken.add(path)
@@ -260,7 +266,7 @@ def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[Sourc
     for src in sources:
         path = os.path.abspath(os.fspath(src))
         if not os.path.lexists(path):
-            raise InvalidInputError(f"{src}: no such file or directory")
+            raise InvalidInputError(printable_text(f"{src}: no such file or directory"))
         if os.path.isdir(path) and resolve_adapter(adapter, path, b"") is None:
             for root, dirs, names in _walk(path):
                 keep = []
@@ -278,23 +284,25 @@ def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[Sourc
                     if name.startswith("."):
                         continue
                     full = os.path.join(root, name)
-                    picked = resolve_adapter(adapter, full, sniff(full))
+                    key = os.path.relpath(full, path).replace(os.sep, "/")
+                    picked = resolve_adapter(adapter, full, sniff(full, key))
                     if picked is None:
                         ignored.append(full)
                         continue
                     if full not in broken:
                         chosen[full] = picked
-                    add(full, os.path.relpath(full, path).replace(os.sep, "/"))
+                    add(full, key)
                     walked.add(full)
         else:
-            sniff(path)  # a broken entry named explicitly: its task says what is wrong
-            add(path, os.path.basename(path))
+            key = os.path.basename(path)
+            sniff(path, key)  # a broken entry named explicitly: its task says what is wrong
+            add(path, key)
     for found_src in list(found.values()):
         if found_src.path in broken:
             continue
         picked = chosen.get(found_src.path)
         if picked is None:
-            picked = resolve_adapter(adapter, found_src.path, sniff(found_src.path))
+            picked = resolve_adapter(adapter, found_src.path, sniff(found_src.path, found_src.key))
         companions = getattr(picked, "companions", None)
         if not callable(companions):
             continue

@@ -36,10 +36,17 @@ from simstore.ingest._arrays import (
     sample_nbytes,
     spec_of_value,
 )
+from simstore.ingest._config import printable_text
 from simstore.ingest._journal import journal_key, read_journal, write_journal
 from simstore.ingest._plugins import Plugins, plugins_for
 from simstore.ingest._records import FileResult, Row, SourceFile, TaskContext, TaskResult
-from simstore.ingest._sources import hash_file, hash_source, read_head, resolve_adapter
+from simstore.ingest._sources import (
+    check_key,
+    hash_file,
+    hash_source,
+    read_head,
+    resolve_adapter,
+)
 from simstore.protocols import ShardFormat, ShardWriteResult, WrittenSample
 from simstore.sample import FieldSpec, Sample
 from simstore.stats import StatsAccumulator
@@ -313,8 +320,9 @@ class TaskRunner:
         try:
             return self._ingest(src, res)
         except SourceError as exc:
-            # one line, whatever a library put in its message
-            message = " ".join(exc.message.split())
+            # one line, whatever a library put in its message, and printable: a path that
+            # is not UTF-8 (a source root named so) shows its bytes as escapes
+            message = printable_text(" ".join(exc.message.split()))
             if self.cfg.on_error == "fail":
                 if message == exc.message:
                     raise
@@ -346,6 +354,7 @@ class TaskRunner:
         self, src: SourceFile, res: FileResult
     ) -> tuple[FileResult, list[tuple[int, int, Row]]]:
         path = src.path
+        check_key(path, src.key)  # the part under the root; the root's own name may be any
         try:
             adapter = resolve_adapter(self.adapter, path, read_head(path))
         except OSError as exc:

@@ -79,19 +79,6 @@ def test_a_skipped_file_under_on_error_skip_is_the_one_the_commit_would_refuse(
     assert [e.id for e in catalog.staged("d")] == [other]
 
 
-def test_a_type_only_a_staged_entry_carries_is_refused_naming_that_entry(
-    catalog, tmp_path, head_and_staged_change
-):
-    """This run's files have no `u`; its entry carries the staged entry's `u` float64."""
-    head, other = head_and_staged_change
-    c = _npz(tmp_path / "c", "run009", w=_f32())
-    with pytest.raises(InvalidInputError, match=f"^staged entry {other}: field 'u' changes "
-                                                "type from tensor float32 rank 1 to tensor "
-                                                "float64 rank 1"):
-        ingest([c], dataset="d", store=catalog, snapshot=True)
-    assert [e.id for e in catalog.staged("d")] == [other] and _head(catalog) == head
-
-
 class _RacingCatalog(Catalog):
     """Runs ``before_commit`` (another writer) between the ingest's head read and commit."""
 
