@@ -385,19 +385,37 @@ def branch_cmd(ctx: CliContext, ref: str, name: str) -> None:
 
 
 @click.command("verify")
-@click.argument("ref")
-@click.option("--deep", is_flag=True, help="Re-hash every object the snapshot reaches.")
+@click.argument("ref", required=False)
+@click.option("--deep", is_flag=True, help="Re-hash every object the snapshots reach.")
+@click.option("--history", is_flag=True, help="Verify REF's ancestors too.")
+@click.option(
+    "--all", "all_refs", is_flag=True,
+    help="Verify every snapshot every branch and tag of every dataset reaches (no REF).",
+)  # fmt: skip
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @handle_errors
-def verify_cmd(ctx: CliContext, ref: str, deep: bool, as_json: bool) -> None:
-    """Check that a snapshot and everything it reaches is present and intact."""
+def verify_cmd(
+    ctx: CliContext, ref: str | None, deep: bool, history: bool, all_refs: bool, as_json: bool
+) -> None:
+    """Check that a snapshot (or a history, or every ref) and all it reaches is intact."""
+    if all_refs and ref is not None:
+        raise InvalidInputError(f"give a REF ({ref}) or --all, not both")
+    if not all_refs and ref is None:
+        raise click.UsageError("missing argument 'REF' (or --all for every branch and tag)")
     cat = ctx.catalog(read_only=True)
-    report = verify(cat, ref, deep=deep)
+    report = verify(cat, ref, deep=deep, history=history, all_refs=all_refs)
 
     def text() -> str:
+        n = len(report.snapshots)
+        if report.all_refs:
+            what = f"every branch and tag, {n} snapshot{'s' if n != 1 else ''}"
+        elif report.history:
+            what = f"snapshot {report.snapshot} and its history, {n} snapshots"
+        else:
+            what = f"snapshot {report.snapshot}"
         head = (
-            f"{'ok' if report.ok else 'FAILED'}: snapshot {report.snapshot}, "
+            f"{'ok' if report.ok else 'FAILED'}: {what}, "
             f"{report.objects_checked} objects checked"
             + (f", {_human_bytes(report.bytes_hashed)} re-hashed" if deep else "")
         )
@@ -423,7 +441,9 @@ def gc_cmd(ctx: CliContext, dry_run: bool, grace: str, as_json: bool) -> None:
         as_json,
         report.to_json(),
         f"{verb} {len(report.deleted)} objects ({_human_bytes(report.deleted_bytes)}); "
-        f"kept {report.reachable} reachable and {report.kept_recent} recent",
+        f"kept {report.reachable} reachable and {report.kept_recent} recent"
+        + (f" (ages on this machine's clock; {report.clock[len('local: '):]})"
+           if report.clock.startswith("local: ") else ""),
     )
 
 

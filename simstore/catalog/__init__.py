@@ -8,7 +8,14 @@ from simstore.catalog._catalog import (
     StagedEntry,
     utc_now,
 )
-from simstore.catalog._maintenance import GcReport, VerifyReport, gc, reachable_objects, verify
+from simstore.catalog._maintenance import (
+    GcReport,
+    VerifyProblem,
+    VerifyReport,
+    gc,
+    reachable_objects,
+    verify,
+)
 from simstore.catalog._merge import CHANGES_SCHEMA
 from simstore.catalog._refs import Branches, Tags
 
@@ -22,6 +29,7 @@ __all__ = [
     "GcReport",
     "StagedEntry",
     "Tags",
+    "VerifyProblem",
     "VerifyReport",
     "gc",
     "reachable_objects",

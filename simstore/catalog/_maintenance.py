@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 import pyarrow.compute as pc
 
@@ -17,42 +17,103 @@ from simstore.errors import (
     IntegrityError,
     InvalidInputError,
     NotFoundError,
-    SimstoreError,
+    ReadOnlyError,
+    StorageError,
 )
 from simstore.hashing import Hasher, is_object_id, object_key
+from simstore.manifest import decode_part
 from simstore.names import Ref
 from simstore.snapshot import SNAPSHOT_HEAD, Snapshot, content_hash_of
 from simstore.storage import sweep_scratch
 
-__all__ = ["GcReport", "VerifyReport", "gc", "reachable_objects", "verify"]
+__all__ = [
+    "GcReport",
+    "ProblemKind",
+    "VerifyProblem",
+    "VerifyReport",
+    "gc",
+    "reachable_objects",
+    "verify",
+]
 
 _HASH_BLOCK = 8 * 1024 * 1024
 
 
+ProblemKind = Literal["snapshot", "manifest part", "shard", "lineage object", "ref"]
+"""What a damaged object is to the snapshots that reach it."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VerifyProblem:
+    """One missing or damaged object (each object once) and what reaches it.
+
+    ``snapshots``: the snapshots checked that reference it, in the order they were
+    walked (for a snapshot: the children that name it as a parent); ``refs``: the refs
+    verified that name it (snapshots only). ``problem`` is ``missing``, ``damaged`` (a
+    hash mismatch, undecodable, not what its snapshot says) or ``invalid id``.
+    """
+
+    object: str
+    kind: ProblemKind
+    problem: Literal["missing", "damaged", "invalid id"]
+    snapshots: tuple[str, ...] = ()
+    refs: tuple[str, ...] = ()
+    message: str
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON shape."""
+        return {
+            "object": self.object,
+            "kind": self.kind,
+            "problem": self.problem,
+            "snapshots": list(self.snapshots),
+            "refs": list(self.refs),
+            "message": self.message,
+        }
+
+
 @dataclass(slots=True, kw_only=True)
 class VerifyReport:
-    """What ``verify`` checked and what it found wrong."""
+    """What ``verify`` checked and what it found wrong.
 
-    snapshot: str
+    ``snapshot`` is REF's snapshot (None when every ref was verified); ``snapshots``
+    every snapshot checked, in walk order. ``problems`` has one line per problem, and
+    ``problem_objects`` the same problems by object, with the snapshots reaching each.
+    """
+
+    snapshot: str | None
     deep: bool
+    history: bool = False
+    all_refs: bool = False
+    snapshots: list[str] = field(default_factory=list)
     objects_checked: int = 0
     bytes_hashed: int = 0
     problems: list[str] = field(default_factory=list)
+    problem_objects: list[VerifyProblem] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         """Whether nothing was wrong."""
         return not self.problems
 
+    def add(self, problem: VerifyProblem) -> None:
+        """Record a problem (its line in ``problems`` too)."""
+        self.problem_objects.append(problem)
+        self.problems.append(problem.message)
+
     def to_json(self) -> dict[str, Any]:
         """JSON shape."""
         return {
             "snapshot": self.snapshot,
             "deep": self.deep,
+            "history": self.history,
+            "all": self.all_refs,
             "ok": self.ok,
+            "snapshots": list(self.snapshots),
             "objects_checked": self.objects_checked,
             "bytes_hashed": self.bytes_hashed,
             "problems": list(self.problems),
+            "problem_objects": [p.to_json() for p in self.problem_objects],
         }
 
 
@@ -81,61 +142,224 @@ def _hash_object(cat: Catalog, oid: str) -> tuple[str, int]:
     return h.hexdigest(), h.size_bytes
 
 
-def verify(cat: Catalog, ref: str | Ref, *, deep: bool = False) -> VerifyReport:
-    """Check a snapshot and everything it reaches.
+def verify(
+    cat: Catalog,
+    ref: str | Ref | None = None,
+    *,
+    deep: bool = False,
+    history: bool = False,
+    all_refs: bool = False,
+) -> VerifyReport:
+    """Check a snapshot (with ``history``, its ancestors too) and everything it reaches.
 
-    Always: the snapshot hashes to its id, every manifest part exists, hashes to its id,
-    decodes, has the rows and content the snapshot says, and every shard exists. With
-    ``deep``: every shard and lineage object is re-hashed. Problems name the object and
-    the snapshot; the report lists them all rather than stopping at the first.
+    Always: each snapshot hashes to its id, every manifest part exists, hashes to its
+    id, decodes, has the rows and content the snapshot says, and every shard exists.
+    With ``deep``: every shard and lineage object is re-hashed. ``history``: REF's
+    snapshot and every ancestor (parents followed); ``all_refs`` (REF then None): every
+    snapshot reachable from every branch and tag of every dataset. Each object is checked
+    once however many snapshots share it. Problems name the object and the snapshots
+    that reach it (a missing parent: the child naming it); the report lists them all
+    rather than stopping at the first.
     """
-    sid = cat.resolve(ref)
-    report = VerifyReport(snapshot=sid, deep=deep)
-    try:
-        snap = cat.snapshot(sid)
-    except SimstoreError as exc:
-        report.problems.append(str(exc))
-        return report
-    report.objects_checked += 1
-    if content_hash_of(snap.parts) != snap.content_hash:
-        report.problems.append(f"snapshot {sid}: content_hash does not match its parts")
-    shards: dict[str, int] = {}
-    for part in snap.parts:
-        report.objects_checked += 1
-        try:
-            table = cat.read_part(part, snapshot=sid)
-        except (NotFoundError, IntegrityError, FormatError) as exc:
-            report.problems.append(f"{exc} (manifest part of snapshot {sid})")
-            continue
-        if table.num_rows != part.rows:
-            report.problems.append(
-                f"manifest part {part.id} of snapshot {sid} has {table.num_rows} rows, "
-                f"snapshot says {part.rows}"
-            )
-        for shard in pc.unique(table.column("shard")).to_pylist():
-            shards[shard] = shards.get(shard, 0) + 1
-    extra = [str(o) for o in snap.lineage.get("objects", [])]
-    for oid in [*sorted(shards), *extra]:
-        report.objects_checked += 1
-        key = object_key(oid)
-        if not is_object_id(oid):
-            report.problems.append(f"snapshot {sid} references an invalid object id {oid!r}")
-            continue
-        if not deep:
-            if not cat.store.exists(key):
-                report.problems.append(f"{key} is missing; referenced by snapshot {sid}")
-            continue
-        try:
-            actual, size = _hash_object(cat, oid)
-        except NotFoundError:
-            report.problems.append(f"{key} is missing; referenced by snapshot {sid}")
-            continue
-        report.bytes_hashed += size
-        if actual != oid:
-            report.problems.append(
-                f"{key} has hash {actual}, expected {oid}; referenced by snapshot {sid}"
-            )
+    if all_refs and ref is not None:
+        raise InvalidInputError(f"verify checks one REF ({ref}) or every ref (all_refs), not both")
+    if all_refs:
+        report = VerifyReport(snapshot=None, deep=deep, history=True, all_refs=True)
+        roots = _ref_roots(cat, report)
+    elif ref is None:
+        raise InvalidInputError("verify needs a REF, or all_refs=True to verify every ref")
+    else:
+        sid = cat.resolve(ref)
+        report = VerifyReport(snapshot=sid, deep=deep, history=history)
+        roots = [(str(ref), sid)]
+    walk = _Walk(report)
+    walk.snapshots(cat, roots, follow_parents=report.history)
+    walk.parts(cat)
+    walk.objects(cat, deep=deep)
     return report
+
+
+def _ref_roots(cat: Catalog, report: VerifyReport) -> list[tuple[str, str]]:
+    """``(DATASET@NAME, snapshot id)`` of every branch and tag; bad refs are problems."""
+    roots: list[tuple[str, str]] = []
+    for dataset in cat.datasets():
+        for refs in (Branches(cat.store, dataset), Tags(cat.store, dataset)):
+            for name in refs.names():
+                label = f"{dataset}@{name}"
+                try:
+                    roots.append((label, refs.get(name)))
+                except NotFoundError:
+                    continue  # deleted since the listing
+                except FormatError as exc:
+                    report.add(VerifyProblem(
+                        object=label, kind="ref", problem="damaged", refs=(label,),
+                        message=str(exc),
+                    ))  # fmt: skip
+    return roots
+
+
+# A problem line names at most this many snapshots (the JSON lists them all).
+_NAMED_MAX = 10
+
+
+def _named(sids: list[str]) -> str:
+    """``snapshot a`` or ``snapshots a, b`` (at most ``_NAMED_MAX`` shown)."""
+    shown = ", ".join(sids[:_NAMED_MAX])
+    more = f" and {len(sids) - _NAMED_MAX} more" if len(sids) > _NAMED_MAX else ""
+    return f"snapshot{'s' if len(sids) > 1 else ''} {shown}{more}"
+
+
+class _Walk:
+    """verify's state: what each snapshot references, found in three passes.
+
+    Snapshots first (following parents), then each distinct manifest part once, then
+    each distinct shard and lineage object once. Which snapshots reach an object is
+    kept by way of its manifest parts (a shard maps to the parts listing it, a part to
+    the snapshots listing it), so memory grows with distinct parts and shards, not with
+    snapshots times shards; the snapshot list of an object is built only for a problem.
+    """
+
+    def __init__(self, report: VerifyReport) -> None:
+        self.report = report
+        self.rank: dict[str, int] = {}  # snapshot id -> walk order, read or not
+        self.children: dict[str, list[str]] = {}  # snapshot id -> snapshots naming it
+        self.refs: dict[str, list[str]] = {}  # snapshot id -> refs naming it
+        self.claims: dict[str, dict[int, list[str]]] = {}  # part -> rows -> snapshots
+        self.lineage: dict[str, list[str]] = {}  # lineage object -> snapshots
+        self.shard_parts: dict[str, list[str]] = {}  # shard -> parts listing it
+
+    def _ordered(self, sids: Iterable[str]) -> list[str]:
+        return sorted(set(sids), key=self.rank.__getitem__)
+
+    def snapshots(
+        self, cat: Catalog, roots: list[tuple[str, str]], *, follow_parents: bool
+    ) -> None:
+        report = self.report
+        for label, sid in roots:
+            self.refs.setdefault(sid, []).append(label)
+        stack = [sid for _, sid in reversed(roots)]
+        while stack:
+            sid = stack.pop()
+            if sid in self.rank:
+                continue
+            self.rank[sid] = len(self.rank)
+            if not is_object_id(sid):
+                self._snapshot_problem(sid, "invalid id", f"invalid snapshot id {sid!r}")
+                continue
+            try:  # from the store, not the catalog's cache: what is stored is checked
+                snap = Snapshot.from_bytes(cat.get_object(sid), object_id=sid)
+            except NotFoundError:
+                self._snapshot_problem(sid, "missing", f"{cat.store.url}: no snapshot {sid}")
+                continue
+            except (IntegrityError, FormatError) as exc:
+                self._snapshot_problem(sid, "damaged", str(exc))
+                continue
+            report.snapshots.append(sid)
+            report.objects_checked += 1
+            if content_hash_of(snap.parts) != snap.content_hash:
+                self._snapshot_problem(
+                    sid, "damaged", f"snapshot {sid}: content_hash does not match its parts"
+                )
+            for part in snap.parts:
+                self.claims.setdefault(part.id, {}).setdefault(part.rows, []).append(sid)
+            for oid in snap.lineage.get("objects", []):
+                self.lineage.setdefault(str(oid), []).append(sid)
+            if follow_parents:
+                for parent in reversed(snap.parents):
+                    self.children.setdefault(parent, []).append(sid)
+                    stack.append(parent)
+        # the children and refs naming a damaged snapshot are known only now
+        for i, p in enumerate(report.problem_objects):
+            if p.kind != "snapshot":
+                continue
+            children = self._ordered(self.children.get(p.object, []))
+            refs = self.refs.get(p.object, [])
+            how = []
+            if children:
+                how.append(f"parent of {_named(children)}")
+            if refs:
+                how.append(f"named by {', '.join(refs)}")
+            message = "; ".join([p.message, *how])
+            report.problem_objects[i] = replace(
+                p, snapshots=tuple(children), refs=tuple(refs), message=message
+            )
+        report.problems[:] = [p.message for p in report.problem_objects]
+
+    def _snapshot_problem(
+        self, sid: str, problem: Literal["missing", "damaged", "invalid id"], message: str
+    ) -> None:
+        self.report.add(
+            VerifyProblem(object=sid, kind="snapshot", problem=problem, message=message)
+        )
+
+    def parts(self, cat: Catalog) -> None:
+        report = self.report
+        for pid, claims in self.claims.items():
+            report.objects_checked += 1
+            sids = self._ordered(s for listed in claims.values() for s in listed)
+            try:
+                table = decode_part(cat.get_object(pid), object_id=pid)
+            except (NotFoundError, IntegrityError, FormatError) as exc:
+                report.add(VerifyProblem(
+                    object=pid, kind="manifest part", snapshots=tuple(sids),
+                    problem="missing" if isinstance(exc, NotFoundError) else "damaged",
+                    message=f"{exc} (manifest part of {_named(sids)})",
+                ))  # fmt: skip
+                continue
+            for rows, claimed in claims.items():
+                if rows == table.num_rows:
+                    continue
+                by = self._ordered(claimed)
+                report.add(VerifyProblem(
+                    object=pid, kind="manifest part", problem="damaged", snapshots=tuple(by),
+                    message=f"manifest part {pid} of {_named(by)} has {table.num_rows} rows, "
+                    f"snapshot{'s' if len(by) > 1 else ''} say{'' if len(by) > 1 else 's'} "
+                    f"{rows}",
+                ))  # fmt: skip
+            for shard in pc.unique(table.column("shard")).to_pylist():
+                self.shard_parts.setdefault(shard, []).append(pid)
+
+    def _reaching(self, oid: str) -> list[str]:
+        sids = list(self.lineage.get(oid, []))
+        for pid in self.shard_parts.get(oid, []):
+            sids += (s for listed in self.claims[pid].values() for s in listed)
+        return self._ordered(sids)
+
+    def objects(self, cat: Catalog, *, deep: bool) -> None:
+        report = self.report
+        for oid in sorted(self.shard_parts.keys() | self.lineage.keys()):
+            report.objects_checked += 1
+            kind: ProblemKind = "shard" if oid in self.shard_parts else "lineage object"
+            if not is_object_id(oid):
+                by = self._reaching(oid)
+                report.add(VerifyProblem(
+                    object=oid, kind=kind, problem="invalid id", snapshots=tuple(by),
+                    message=f"{_named(by)} reference{'' if len(by) > 1 else 's'} an invalid "
+                    f"object id {oid!r}",
+                ))  # fmt: skip
+                continue
+            key = object_key(oid)
+            actual: str | None = None
+            try:
+                if deep:
+                    actual, size = _hash_object(cat, oid)
+                    report.bytes_hashed += size
+                elif not cat.store.exists(key):
+                    raise NotFoundError(key)
+            except NotFoundError:
+                by = self._reaching(oid)
+                report.add(VerifyProblem(
+                    object=oid, kind=kind, problem="missing", snapshots=tuple(by),
+                    message=f"{key} is missing; referenced by {_named(by)}",
+                ))  # fmt: skip
+                continue
+            if actual is not None and actual != oid:
+                by = self._reaching(oid)
+                report.add(VerifyProblem(
+                    object=oid, kind=kind, problem="damaged", snapshots=tuple(by),
+                    message=f"{key} has hash {actual}, expected {oid}; referenced by "
+                    f"{_named(by)}",
+                ))  # fmt: skip
 
 
 def _all_ref_targets(cat: Catalog) -> Iterator[str]:
@@ -210,12 +434,16 @@ class GcReport:
     deleted: list[str] = field(default_factory=list)
     deleted_bytes: int = 0
     temporary_removed: int = 0
+    clock: str = "store"
+    """Whose time the ages were measured on: ``store`` (its :meth:`~ObjectStore.clock`),
+    ``given`` (``now=``) or, for a dry run only, ``local: <why the store's was not read>``."""
 
     def to_json(self) -> dict[str, Any]:
         """JSON shape."""
         return {
             "dry_run": self.dry_run,
             "grace_s": self.grace_s,
+            "clock": self.clock,
             "reachable": self.reachable,
             "kept_recent": self.kept_recent,
             "deleted": len(self.deleted),
@@ -246,6 +474,18 @@ def _restore(cat: Catalog, roots: Iterable[str], removed: dict[str, tuple[Any, b
         stack.extend(snap.parents)
 
 
+def _store_clock(cat: Catalog) -> float:
+    """The store's current time (:meth:`ObjectStore.clock`); its errors propagate.
+
+    A store without a ``clock`` (a wrapper written before stores had one) is taken to
+    share this machine's clock, as every store was before.
+    """
+    clock = getattr(cat.store, "clock", None)
+    if not callable(clock):
+        return time.time()
+    return float(clock())
+
+
 def gc(
     cat: Catalog, *, grace_s: float = 3600.0, dry_run: bool = False, now: float | None = None
 ) -> GcReport:
@@ -262,6 +502,11 @@ def gc(
     removed too, and the scratch folders of killed ingests in this machine's temp dir
     (their owner's lock tells them from a live ingest's).
 
+    Ages are measured on the store's clock (:meth:`ObjectStore.clock`: the server's for S3,
+    read once, before the listing), not this machine's, unless ``now`` is given; a
+    store that cannot tell its time (a failed probe) fails gc rather than let the local
+    clock decide. Scratch folders in this machine's temp dir are aged on its own clock.
+
     Snapshots are deleted before anything else, each read first; then the refs are read
     again, and a snapshot deleted here that a ref created meanwhile names is written
     back, with everything it reaches kept. A ref created after that second reading finds
@@ -273,8 +518,25 @@ def gc(
             f"grace_s must be a non-negative number of seconds, got {grace_s!r} (objects "
             "written within the grace period are what protects writers in flight)"
         )
-    now = time.time() if now is None else now
-    report = GcReport(dry_run=dry_run, grace_s=grace_s)
+    if now is None:
+        # The store's "now", not this machine's: object times on S3 are the server's, and
+        # a local clock running ahead of it would make what a writer stored a moment ago
+        # look older than the grace period. Read before the listing, so nothing listed is
+        # newer than it. The scratch folders swept below are this machine's files, with
+        # this machine's times.
+        clock = "store"
+        try:
+            now = _store_clock(cat)
+        except (ReadOnlyError, StorageError) as exc:
+            if not dry_run:
+                raise
+            # a dry run deletes nothing: read-only credentials may still see what a gc
+            # would do, with ages on this machine's clock (said in the report)
+            now, clock = time.time(), f"local: {exc}"
+        local_now = time.time()
+    else:
+        local_now, clock = now, "given"
+    report = GcReport(dry_run=dry_run, grace_s=grace_s, clock=clock)
     # Objects first listed, then roots read: an object written after the listing is
     # not considered at all, and one written before it is either reachable or recent.
     listing = list(cat.store.list_info("objects/"))
@@ -361,5 +623,7 @@ def gc(
     # ingest scratch folders in this machine's temp dir (where shards for a store that
     # cannot link a local file into place are built) whose owner died: a live ingest
     # holds its folder's lock, so whatever store it writes to, its folder stays
-    report.temporary_removed += len(sweep_scratch(unmarked_before=cutoff, dry_run=dry_run))
+    report.temporary_removed += len(
+        sweep_scratch(unmarked_before=local_now - grace_s, dry_run=dry_run)
+    )
     return report

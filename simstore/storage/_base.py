@@ -56,6 +56,12 @@ class ObjectStore(Protocol):
       succeeds only when the current version token equals ``expected`` (``None``: the key
       must not exist) and otherwise raises ``ConflictError``. ``data=None`` deletes.
     - ``list``/``list_info`` iterate keys under a prefix with no hidden cache.
+    - ``clock`` is the store's "now", on the clock its modification times come from, so
+      ``gc`` compares times of one clock: this machine's for a local store, the server's
+      for a remote one (whose clock may differ from this machine's). It must never be
+      later than that clock (a later "now" lets gc delete what a writer has just
+      stored); earlier only keeps garbage longer. When it cannot be read it raises
+      (``StorageError``, ``ReadOnlyError``), never guesses from the local clock.
     - Backend exceptions are wrapped in ``StorageError`` (original chained).
     - Instances pickle (DataLoader workers, process pools) and open handles lazily.
     """
@@ -110,6 +116,13 @@ class ObjectStore(Protocol):
 
     def local_path(self, key: str) -> str | None:
         """A local filesystem path holding the object, for zero-copy reads; else None."""
+        ...
+
+    def clock(self) -> float:
+        """The store's current time in epoch seconds, on the clock of its ``mtime``s.
+
+        May cost requests (S3 writes, reads and deletes a probe object); see above.
+        """
         ...
 
 

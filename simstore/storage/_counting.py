@@ -315,6 +315,10 @@ class CountingStore:
             return bool(probe())
         return bool(self.inner.supports_atomic_cas)
 
+    def clock(self) -> float:
+        """``inner``'s clock (its probe requests on S3 are not counted, like the write probe)."""
+        return self.inner.clock()
+
     def close(self) -> None:
         """Close ``inner`` when it has a ``close``."""
         close = getattr(self.inner, "close", None)

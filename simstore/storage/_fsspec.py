@@ -12,8 +12,10 @@ offer conditional writes get their own class (S3). ``supports_atomic_cas`` says 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -24,6 +26,10 @@ from simstore.hashing import hash_bytes
 from simstore.storage._base import ObjectInfo, check_key
 
 __all__ = ["FsspecStore"]
+
+# Filesystems whose files are stamped with this machine's clock (see ``clock``).
+_LOCAL_CLOCK_PROTOCOLS = frozenset({"memory", "file", "local"})
+_PROBE_PREFIX = "_probe/"
 
 # One lock per process guards CAS for in-process filesystems (memory://): fsspec's memory
 # filesystem is itself one per process, so the lock has exactly its scope.
@@ -218,6 +224,40 @@ class FsspecStore:
         """Never local."""
         return None
 
+    def clock(self) -> float:
+        """The store's time: this machine's for ``memory://``, else the server's.
+
+        A remote filesystem's times are its server's; they are read from a probe object
+        written under ``_probe/`` (and deleted), so a read-only store, or one whose
+        listing has no times, raises rather than guess from this machine's clock.
+        """
+        if self.protocol in _LOCAL_CLOCK_PROTOCOLS:
+            return time.time()  # memory:// stamps files with this process's clock
+        if self.read_only:
+            raise ReadOnlyError(
+                f"{self.url}: cannot read the server's clock: the store is read-only and "
+                f"the clock is read from a probe object written under {_PROBE_PREFIX}"
+            )
+        key = f"{_PROBE_PREFIX}clock-{uuid.uuid4().hex}"
+        path = self._path(key)
+        try:
+            self.fs.pipe_file(path, b"")
+            info = self.fs.info(path)
+        except Exception as exc:
+            raise StorageError(
+                f"{self.url}: cannot read the server's clock: probe object {key}: {exc}"
+            ) from exc
+        finally:
+            with contextlib.suppress(Exception):
+                self.fs.rm_file(path)
+        found = _mtime_or_none(info)
+        if found is None:
+            raise StorageError(
+                f"{self.url}: cannot read the server's clock: the filesystem reports no "
+                f"modification time for probe object {key}"
+            )
+        return found
+
 
 def _now_dt() -> Any:
     import datetime
@@ -225,7 +265,7 @@ def _now_dt() -> Any:
     return datetime.datetime.now(tz=datetime.UTC)
 
 
-def _mtime(info: Mapping[str, Any]) -> float:
+def _mtime_or_none(info: Mapping[str, Any]) -> float | None:
     for name in ("mtime", "LastModified", "modified", "created", "updated"):
         value = info.get(name)
         if value is None:
@@ -234,4 +274,9 @@ def _mtime(info: Mapping[str, Any]) -> float:
             return float(value)
         if hasattr(value, "timestamp"):
             return float(value.timestamp())
-    return time.time()
+    return None
+
+
+def _mtime(info: Mapping[str, Any]) -> float:
+    found = _mtime_or_none(info)
+    return time.time() if found is None else found

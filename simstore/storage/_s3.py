@@ -15,6 +15,8 @@ How each promise of :class:`~simstore.storage.ObjectStore` is kept:
 - The version token is the ETag. ``compare_and_swap`` creates with ``If-None-Match: *``,
   updates with ``If-Match: <etag>`` and deletes with DeleteObject ``If-Match``; 412 and
   409 become ``ConflictError`` (and so does 404 on an ``If-Match``: the ref is gone).
+- ``clock`` (gc's "now") is the server's: the LastModified of a probe object written
+  for it, never this machine's time.
 - Retries are ours, not botocore's (its own are switched off): they cover reading the
   body too, their backoff is configurable (full jitter, bounded by attempts and a
   deadline) and a retried conditional PUT whose first attempt landed gets a 412, which
@@ -752,6 +754,40 @@ class S3Store:
         except _Refused as exc:
             if not exc.is_not_found:
                 raise self._error("delete", key, exc) from exc.error
+
+    def clock(self) -> float:
+        """The server's time: the LastModified of a probe object written now.
+
+        gc compares the LastModified of objects with this, so it must come from the
+        server's clock, not this machine's (which may run ahead of it: gc would then
+        delete what a writer stored within the grace period). Writes an empty object
+        under ``_probe/``, reads its LastModified back with a HEAD and deletes it: three
+        requests. LastModified has whole seconds, truncated, so the time returned is up
+        to a second early: that errs on the safe side (an earlier "now" keeps more). A
+        read-only store raises ``ReadOnlyError``; a refused or failing request (read-only
+        credentials) ``StorageError``; both name the store and the reason.
+        """
+        key = f"_probe/clock-{uuid.uuid4().hex}"
+        what = f"{self.url}: cannot read the server's clock"
+        if self.read_only:
+            raise ReadOnlyError(
+                f"{what}: the store is read-only and the clock is read from a probe object "
+                "written under _probe/"
+            )
+        obj = self._object_key(key)
+        try:
+            self._put_object(key, {"Bucket": self.bucket, "Key": obj, "Body": b""})
+            head = self._retry(
+                "stat", key, lambda: self._api.head_object(Bucket=self.bucket, Key=obj)
+            )
+            return float(head["LastModified"].timestamp())
+        except _Refused as exc:
+            raise StorageError(f"{what}: probe object {key}: {self._describe(exc)}") from exc.error
+        except StorageError as exc:
+            raise StorageError(f"{what}: {exc}") from exc
+        finally:
+            with contextlib.suppress(Exception):
+                self.delete(key)
 
     def probe_conditional_writes(self) -> bool:
         """Whether the server enforces conditional PutObject; record it on this store.

@@ -1,0 +1,116 @@
+"""verify with ``history`` (REF's ancestors too) and ``all_refs`` (every branch and tag).
+
+verify checked only the named snapshot: damage to what only an ancestor reaches (a tag
+or a branch reset to it would read it) went unseen until a reader failed.
+"""
+
+import pytest
+from catalog_helpers import stage_samples
+
+from simstore.catalog import Catalog, verify
+from simstore.errors import InvalidInputError
+from simstore.hashing import hash_bytes, object_key
+
+
+def _flip(cat, oid):
+    path = cat.store.local_path(object_key(oid))
+    with open(path, "r+b") as f:
+        byte = f.read(1)[0]
+        f.seek(0)
+        f.write(bytes([byte ^ 0x01]))
+
+
+@pytest.fixture
+def two(cat):
+    """Dataset ``ds``: snapshot s1 {a, b}, then s2 with ``a`` replaced; ``b`` is shared."""
+    stage_samples(cat, "ds", {"a": b"old a" * 50, "b": b"shared b" * 50})
+    s1 = cat.commit("ds", message="first").snapshot_id
+    stage_samples(cat, "ds", {"a": b"new a" * 50})
+    s2 = cat.commit("ds", message="second").snapshot_id
+    return s1, s2, hash_bytes(b"old a" * 50), hash_bytes(b"shared b" * 50)
+
+
+def test_ancestor_shard_deleted_fails_only_with_history(cat, two):
+    s1, s2, only_s1, _ = two
+    cat.store.delete(object_key(only_s1))
+
+    head = verify(cat, "ds")
+    assert head.ok and head.snapshots == [s2] and not head.history
+
+    report = verify(cat, "ds", history=True)
+    assert not report.ok
+    assert report.snapshots == [s2, s1]
+    assert len(report.problems) == 1
+    (p,) = report.problem_objects
+    assert (p.object, p.kind, p.problem, p.snapshots) == (only_s1, "shard", "missing", (s1,))
+    assert object_key(only_s1) in p.message and s1 in p.message and s2 not in p.message
+    assert report.problems == [p.message]
+    assert report.to_json()["problem_objects"][0]["snapshots"] == [s1]
+
+
+def test_damaged_shared_object_is_reported_once_naming_every_snapshot(cat, two):
+    s1, s2, _, shared = two
+    _flip(cat, shared)
+
+    report = verify(cat, "ds", deep=True, history=True)
+    assert len(report.problems) == 1
+    (p,) = report.problem_objects
+    assert (p.object, p.problem, p.snapshots) == (shared, "damaged", (s2, s1))
+    assert f"expected {shared}" in p.message and s1 in p.message and s2 in p.message
+    # each object once: 2 snapshots, 2 manifest parts, 3 shards (a old, a new, b)
+    assert report.objects_checked == 2 + 2 + 3
+    assert verify(cat, "ds", deep=True).problem_objects[0].snapshots == (s2,)
+
+
+def test_all_refs_covers_every_branch_and_tag_of_every_dataset(cat, two):
+    s1, s2, _, _ = two
+    stage_samples(cat, "other", {"x": b"x" * 40})
+    o1 = cat.commit("other", message="o1").snapshot_id
+    cat.tags("other").create("v1", o1)
+    stage_samples(cat, "other", {"x": b"y" * 40})
+    o2 = cat.commit("other", message="o2").snapshot_id
+    cat.branches("ds").create("old", s1)
+
+    clean = verify(cat, all_refs=True)
+    assert clean.ok and clean.snapshot is None and clean.all_refs
+    assert set(clean.snapshots) == {s1, s2, o1, o2} and len(clean.snapshots) == 4
+
+    _flip(cat, hash_bytes(b"x" * 40))  # only o1 (tagged, and o2's parent) reaches it
+    assert verify(cat, all_refs=True).ok  # shallow: the object is there
+    report = verify(cat, all_refs=True, deep=True)
+    (p,) = report.problem_objects
+    assert p.object == hash_bytes(b"x" * 40) and p.snapshots == (o1,)
+    assert report.to_json()["all"] is True and report.to_json()["snapshot"] is None
+
+
+def test_missing_parent_snapshot_is_reported_naming_the_child(cat, two):
+    s1, s2, _, _ = two
+    cat.store.delete(object_key(s1))
+
+    assert verify(cat, "ds").ok  # the head itself reaches all it needs
+    for report in (verify(cat, "ds", history=True), verify(cat, all_refs=True)):
+        assert report.snapshots == [s2]
+        (p,) = report.problem_objects
+        assert (p.object, p.kind, p.problem, p.snapshots) == (s1, "snapshot", "missing", (s2,))
+        assert f"no snapshot {s1}" in p.message and f"parent of snapshot {s2}" in p.message
+
+
+def test_missing_head_snapshot_names_the_ref(cat, two):
+    _, s2, _, _ = two
+    cat.store.delete(object_key(s2))
+    report = verify(cat, all_refs=True)
+    (p,) = report.problem_objects
+    assert (p.object, p.problem, p.refs) == (s2, "missing", ("ds@main",))
+    assert "named by ds@main" in p.message
+
+
+def test_ref_and_all_refs_together_or_neither_are_refused(cat, two):
+    with pytest.raises(InvalidInputError, match="not both"):
+        verify(cat, "ds", all_refs=True)
+    with pytest.raises(InvalidInputError, match="needs a REF"):
+        verify(cat)
+
+
+def test_empty_store_verifies_with_all_refs(tmp_path):
+    report = verify(Catalog.init(str(tmp_path / "empty")), all_refs=True)
+    assert report.ok and report.snapshots == [] and report.objects_checked == 0

@@ -1,0 +1,108 @@
+"""gc on S3 compares object times with the server's clock, never with this machine's.
+
+gc computed its cutoff from ``time.time()`` and compared it with the LastModified the
+server stamped: a machine whose clock ran ahead of the server's by more than the grace
+period deleted objects a writer had stored a moment before (and not yet committed).
+"""
+
+from __future__ import annotations
+
+import time
+import types
+
+import pytest
+
+from simstore.catalog import Catalog, _maintenance, gc
+from simstore.errors import ReadOnlyError, StorageError
+from simstore.hashing import object_key
+from simstore.storage import CountingStore, FsspecStore
+from simstore.storage._s3 import S3Store
+
+pytestmark = pytest.mark.s3
+
+SKEW_S = 2 * 3600.0
+FAST = {"backoff_base_s": 0.01, "backoff_max_s": 0.05, "max_attempts": 2}
+
+
+@pytest.fixture
+def local_clock_ahead(monkeypatch):
+    """This machine's clock, as gc reads it, runs two hours ahead of the server's."""
+    real = time.time
+    monkeypatch.setattr(_maintenance, "time", types.SimpleNamespace(time=lambda: real() + SKEW_S))
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["s3", "counting-s3"])
+def test_object_just_written_survives_gc_when_local_clock_runs_ahead(
+    s3_bucket, local_clock_ahead, wrapped
+):
+    url = f"s3://{s3_bucket()}/store"
+    Catalog.init(url)
+    store = S3Store(url)
+    cat = Catalog(CountingStore(store) if wrapped else store)
+    # a writer in flight: stored, not yet committed, well within the grace period
+    oid, written = cat.put_object(b"a shard a writer has just stored")
+    assert written
+
+    report = gc(cat, grace_s=3600)
+
+    assert cat.store.exists(object_key(oid))
+    assert oid not in report.deleted and report.deleted == []
+    assert report.kept_recent == 1
+    assert list(store.list("_probe/")) == []  # the clock's probe object is gone
+
+
+def test_s3_clock_is_the_servers_time_in_whole_seconds(s3_bucket):
+    store = S3Store(f"s3://{s3_bucket()}/p")
+    store.put("objects/aa/written-first", b"x")
+    written = store.info("objects/aa/written-first").mtime
+    now = store.clock()
+    assert now >= written  # the probe is written after the object, on the same clock
+    assert now == int(now)  # LastModified: whole seconds, truncated
+    assert list(store.list("_probe/")) == []
+
+
+def test_fsspec_s3_clock_is_read_from_a_probe_object(s3_bucket, s3_env):
+    store = FsspecStore(
+        f"s3://{s3_bucket()}/p", storage_options={"client_kwargs": {"endpoint_url": s3_env}}
+    )
+    store.put("objects/aa/written-first", b"x")
+    written = store.info("objects/aa/written-first").mtime
+    assert store.clock() >= written
+    assert list(store.list("_probe/")) == []
+
+
+def test_gc_on_a_read_only_store_fails_naming_the_store_and_deletes_nothing(s3_bucket):
+    url = f"s3://{s3_bucket()}/store"
+    Catalog.init(url)
+    oid, _ = Catalog.open(url).put_object(b"unreferenced")
+    cat = Catalog.open(url, read_only=True)
+    with pytest.raises(ReadOnlyError) as info:
+        gc(cat, grace_s=0)
+    text = str(info.value)
+    assert url in text and "clock" in text and "\n" not in text
+    assert cat.store.exists(object_key(oid))
+
+
+def test_a_dry_run_on_a_read_only_store_uses_the_local_clock_and_says_so(s3_bucket):
+    url = f"s3://{s3_bucket()}/store"
+    Catalog.init(url)
+    oid, _ = Catalog.open(url).put_object(b"unreferenced")
+    report = gc(Catalog.open(url, read_only=True), grace_s=0, dry_run=True)
+    assert report.clock.startswith("local: ") and "clock" in report.clock
+    assert report.to_json()["clock"] == report.clock
+    assert Catalog.open(url).store.exists(object_key(oid))
+    assert gc(Catalog.open(url), grace_s=3600, dry_run=True).clock == "store"
+
+
+def test_gc_fails_when_the_server_refuses_the_clock_probe(s3_bucket, fault_proxy):
+    url = f"s3://{s3_bucket()}/store"
+    Catalog.init(url)
+    oid, _ = Catalog.open(url).put_object(b"unreferenced")
+    cat = Catalog.open(url, storage_options={**FAST, "endpoint_url": fault_proxy.endpoint_url})
+    fault_proxy.fail_next("slowdown", "slowdown", methods=["PUT"], path_contains="/_probe/")
+    with pytest.raises(StorageError) as info:
+        gc(cat, grace_s=0)
+    text = str(info.value)
+    assert text.startswith(f"{url}: cannot read the server's clock") and "\n" not in text
+    assert fault_proxy.count("slowdown", "PUT") == 2
+    assert cat.store.exists(object_key(oid))
