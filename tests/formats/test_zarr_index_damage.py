@@ -113,3 +113,39 @@ def test_an_index_entry_pointing_at_another_entry_is_an_error(tmp_path):
             list(reader.read([1], fields=["u"]))
     finally:
         reader.close()
+
+
+def test_entries_with_an_extra_field_in_their_local_header_read_the_same(tmp_path):
+    """Chunks are read with their local header in one call, which assumes the writer's
+    layout (no extra field); a zip tool's rewrite that adds one is read the careful way."""
+    import zipfile
+
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(1)
+    arrays = {f"r{i}": rng.standard_normal((4, 16, 16)).astype(np.float32) for i in range(4)}
+    for key, u in arrays.items():
+        np.savez(src / f"{key}.npz", u=u)
+    store = str(tmp_path / "store")
+    Catalog.init(store)
+    ingest([str(src)], dataset="d", store=store, snapshot=True, format="zarr",
+           compression="none", chunks={"u": (1, 16, 16)})
+    cat = Catalog.open(store)
+    shard = cat.manifest(cat.snapshot(cat.resolve("d"))).to_pylist()[0]["shard"]
+    path = os.path.join(store, object_key(shard))
+    rewritten = str(tmp_path / "rewritten.zip")
+    with zipfile.ZipFile(path) as old, zipfile.ZipFile(rewritten, "w") as new:
+        for info in old.infolist():
+            copy = zipfile.ZipInfo(info.filename, info.date_time)
+            copy.compress_type = zipfile.ZIP_STORED
+            copy.extra = b"\xca\xfe\x04\x00abcd"  # an unknown extra field, 4 bytes of data
+            new.writestr(copy, old.read(info.filename))
+    with open(rewritten, "rb") as f:
+        assert f.read().count(b"\xca\xfe\x04\x00abcd") >= 2 * len(arrays)  # local + central
+    os.chmod(path, 0o644)
+    os.replace(rewritten, path)
+    got = {s["__key__"]: s["u"].numpy() for s in
+           SimDataset(store, "d", shuffle=False, verify=False, fields=["u"])}
+    assert sorted(got) == sorted(arrays)
+    for key, u in arrays.items():
+        np.testing.assert_array_equal(got[key], u)
