@@ -370,15 +370,10 @@ class ZarrShardReader:
 
     def _read_into(self, key: str, out: np.ndarray) -> bool:
         """Read an uncompressed chunk straight into ``out`` (one copy); False if not possible."""
-        info = self._infos.get(key)
-        if (info is None or info.compress_type != zipfile.ZIP_STORED
-                or info.compress_size != out.nbytes or not out.flags.c_contiguous):
+        where = self._stored_at(key)
+        if where is None or where[1] != out.nbytes or not out.flags.c_contiguous:
             return False
         view = out.reshape(-1).view(np.uint8).data
-        if self._fd is not None and key not in self._offsets and self._head_and_data(key, view):
-            return True
-        where = self._stored_at(key)
-        assert where is not None  # a stored entry that exists
         if self._fd is not None:
             got = os.preadv(self._fd, [view], where[0])
         else:
@@ -386,28 +381,6 @@ class ZarrShardReader:
             got = self._fp.readinto(view)
         if got != where[1]:
             raise FormatError(f"{self.name}: zip entry {key} is truncated")
-        self._check_crc(key, view)
-        return True
-
-    def _head_and_data(self, key: str, view: Any) -> bool:
-        """An entry's local header and data in one ``preadv``, the data straight into ``view``.
-
-        The writer puts a chunk's data right after a local header with no extra field, so
-        one call reads both: the header's name is checked as :meth:`_stored_at` checks it,
-        without a read of its own. False (nothing kept) when the header is not that
-        layout: the careful path reads it again, and names a damaged one.
-        """
-        assert self._fd is not None
-        info = self._infos[key]
-        name = key.encode("utf-8")
-        head = bytearray(30 + len(name))
-        got = os.preadv(self._fd, [head, view], info.header_offset)
-        if (head[:4] != MAGIC or struct.unpack("<HH", head[26:30]) != (len(name), 0)
-                or head[30:] != name):
-            return False
-        if got != len(head) + info.compress_size:
-            raise FormatError(f"{self.name}: zip entry {key} is truncated")
-        self._offsets[key] = (info.header_offset + len(head), info.compress_size)
         self._check_crc(key, view)
         return True
 
