@@ -14,7 +14,14 @@ __all__ = ["main"]
 
 
 @click.group(
-    "simstore", cls=SimstoreGroup, context_settings={"help_option_names": ["-h", "--help"]}
+    "simstore",
+    cls=SimstoreGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    # called with global options and no command too, to print the help as `simstore`
+    # alone does (click's own answer there is "missing command")
+    invoke_without_command=True,
+    no_args_is_help=True,
+    subcommand_metavar="COMMAND [ARGS]...",
 )
 @click.option(
     "--store",
@@ -36,6 +43,8 @@ __all__ = ["main"]
 @click.pass_context
 def main(ctx: click.Context, store_url: str, storage_options: tuple[str, ...], debug: bool) -> None:
     """simstore: versioned training data for physics foundation models."""
+    if ctx.invoked_subcommand is None:  # `simstore --store s1`: the help, exit 2
+        raise click.exceptions.NoArgsIsHelpError(ctx)
     from_env = ctx.get_parameter_source("store_url") is click.core.ParameterSource.ENVIRONMENT
     ctx.obj = CliContext(
         store_url=store_url,

@@ -257,7 +257,7 @@ def _one_line_usage_errors(ctx: click.Context | None) -> Iterator[None]:
     try:
         yield
     except (_OneLineUsageError, click.exceptions.NoArgsIsHelpError):
-        raise  # already one line; or ``simstore`` alone, which prints the help
+        raise  # already one line; or ``simstore`` with no command, which prints the help
     except click.UsageError as exc:
         raise _OneLineUsageError(_usage_line(exc, ctx), exc.ctx or ctx) from exc
 
@@ -267,7 +267,8 @@ class SimstoreGroup(click.Group):
 
     An unknown option, a bad value or a missing argument prints ``error: simstore CMD:
     what is wrong``, naming the option, and exits 2 (click's code), like a library error;
-    ``--help`` and ``simstore`` alone still print the help.
+    ``--help`` and ``simstore`` with no command (alone, or after global options only:
+    see ``main``) still print the help.
     """
 
     def make_context(

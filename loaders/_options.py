@@ -34,7 +34,14 @@ class LoaderOptions:
 def cache_config(
     cache_dir: str | os.PathLike[str] | None, limit: int | None
 ) -> CacheConfig | None:
-    """The cache settings (default limit: 32 GiB or half the free space, the smaller)."""
+    """The cache settings (default limit: 32 GiB or half the free space, the smaller).
+
+    Checks the argument only: the directory is neither created nor opened here (the free
+    space is that of its nearest existing folder, the filesystem it will be made on). A
+    dataset on a local store never reads the cache, so its ``cache_dir`` stays untouched;
+    the cache is claimed (created, marked) by ``SimDataset`` for a remote store and
+    otherwise by the first reader that needs it (see ``ShardCache``).
+    """
     if cache_dir is None:
         if limit is not None:
             raise InvalidInputError("cache_limit given without cache_dir")
@@ -48,9 +55,19 @@ def cache_config(
         raise InvalidInputError(f"cache_dir {directory!r} exists and is not a directory")
     if limit is None:
         try:
-            os.makedirs(directory, exist_ok=True)
-            free = shutil.disk_usage(directory).free
+            free = shutil.disk_usage(_nearest_folder(directory)).free
         except OSError as exc:
             raise StorageError(f"cache_dir {directory!r}: {exc.strerror or exc}") from exc
         limit = min(32 << 30, free // 2)
     return CacheConfig(directory=directory, limit_bytes=limit)
+
+
+def _nearest_folder(path: str) -> str:
+    """``path`` if it is a folder, else its nearest ancestor that is one."""
+    path = os.path.abspath(path)
+    while not os.path.isdir(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path

@@ -298,6 +298,7 @@ class IngestOptions(TypedDict, total=False):
     dense_threshold: int
     zarr_threshold: int
     block_bytes: int
+    piece_bytes: int
     adapter_options: Mapping[str, Any]
     resume: bool
     tmp_dir: str | None

@@ -81,8 +81,11 @@ def local_path(url: str) -> str | None:
 
     A plain path is taken as it is. A ``file://`` URL is read as RFC 8089 says: percent
     escapes are decoded (``file:///data/my%20store`` is ``/data/my store``) and a
-    ``localhost`` authority is this machine (``file://localhost/data`` is ``/data``).
-    ``local://PATH`` (simstore's own) is the path as it is. Schemes are case-insensitive.
+    ``localhost`` authority is this machine (``file://localhost/data`` is ``/data``). Any
+    other authority is refused with an :class:`InvalidInputError`: ``file://data/store``
+    names the host ``data``, not the relative path ``data/store``, and a remote host's
+    files are not this machine's. ``local://PATH`` (simstore's own) is the path as it is.
+    Schemes are case-insensitive.
     """
     if "://" not in url:
         return url
@@ -92,9 +95,13 @@ def local_path(url: str) -> str | None:
         return rest
     if protocol != "file":
         return None
-    if rest[:10].lower() == "localhost/":
-        rest = rest[9:]
-    return urllib.parse.unquote(rest)
+    host, slash, path = rest.partition("/")
+    if host and host.lower() != "localhost":
+        raise InvalidInputError(
+            f"{url}: a file URL's host must be empty or localhost, got {host!r}; "
+            "write file:///absolute/path, or a relative path as a plain path"
+        )
+    return urllib.parse.unquote(slash + path)
 
 
 def _check_fsspec_protocol(url: str, protocol: str) -> None:
