@@ -52,10 +52,11 @@ from simstore.loaders._tensors import (
     set_worker_arena,
 )
 from simstore.loaders._world import World, exit_with_parent, in_worker, worker_context
+from torch._utils import ExceptionWrapper
 from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
-from simstore.errors import InvalidInputError
+from simstore.errors import InvalidInputError, SimstoreError
 
 _log = logging.getLogger(__name__)
 
@@ -360,6 +361,25 @@ class _WorkersIter(_MultiProcessingDataLoaderIter):
 
     _sim_reaper: threading.Thread | None = None
 
+    def _process_data(self, data: Any, worker_idx: int) -> Any:
+        """Torch's, except that a worker's simstore error comes out as it was raised.
+
+        Torch re-raises a worker's exception as a new one of the same class whose message
+        is ``Caught StorageError in DataLoader worker process 0.`` and the worker's whole
+        traceback. For the errors of :mod:`simstore.errors`, whose message is what a user
+        (and the CLI) shows, that is raised again with the worker's own message, chained
+        from torch's exception: the worker's traceback stays reachable as ``__cause__``.
+        """
+        try:
+            return super()._process_data(data, worker_idx)  # type: ignore[no-untyped-call]
+        except SimstoreError as exc:
+            if not isinstance(data, ExceptionWrapper):
+                raise
+            own = _worker_error(data)
+            if own is None:
+                raise
+            raise own from exc
+
     def _next_data(self) -> Any:
         try:
             return super()._next_data()  # type: ignore[no-untyped-call]
@@ -401,6 +421,34 @@ class _WorkersIter(_MultiProcessingDataLoaderIter):
     def finished(self) -> bool:
         """Whether every worker has ended its stream (so none writes into its arena)."""
         return self._sim_reaper is not None or bool(getattr(self, "_shutdown", True))
+
+
+def _worker_error(wrapper: ExceptionWrapper) -> SimstoreError | None:
+    """The simstore error a worker raised, rebuilt from torch's wrapper of it, or None.
+
+    The wrapper keeps the exception's class (``exc_type``) and its formatted traceback
+    (``exc_msg``), which ends with the line ``simstore.errors.StorageError: <message>``
+    (the message may run on over further lines): the message is what follows the last
+    line at the start of which the class is named.
+    """
+    cls = wrapper.exc_type
+    if not (isinstance(cls, type) and issubclass(cls, SimstoreError)):
+        return None
+    name = cls.__qualname__
+    if cls.__module__ not in ("__main__", "builtins"):
+        name = f"{cls.__module__}.{name}"
+    text = str(wrapper.exc_msg)
+    lines = text.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        line = lines[i]
+        if line == name or line.startswith(name + ": "):
+            first = line[len(name) + 2 :]
+            message = "\n".join([first, *lines[i + 1 :]]).rstrip("\n")
+            try:
+                return cls(message)
+            except Exception:  # a subclass that takes other arguments: keep torch's
+                return None
+    return None
 
 
 def _check_torch_options(num_workers: int, kwargs: Mapping[str, Any]) -> None:

@@ -29,6 +29,7 @@ from simstore.errors import (
     IntegrityError,
     InvalidInputError,
     NotFoundError,
+    SimstoreError,
     StorageError,
 )
 from simstore.hashing import ObjectId, hash_bytes, is_object_id, object_key
@@ -655,7 +656,10 @@ class Catalog:
         A writer that loses the swap re-applies its staged changes on the new head and
         tries again (backing off with jitter); keys that a concurrent commit also wrote are
         reported in ``overwritten_concurrent`` (this, the later commit, wins). A swap whose
-        response was lost but which landed is recognised as this writer's own success.
+        response was lost but which landed is recognised as this writer's own success,
+        also when every retry's response was lost too: after a ``StorageError`` the branch
+        is read back, and this commit's snapshot there, or in the history of a commit made
+        on it since, is success; otherwise the error stands.
         """
         check_name(dataset, "dataset name")
         check_ref_name(branch, "branch name")
@@ -723,6 +727,8 @@ class Catalog:
             )
             sid, _ = self.put_object(snap.to_bytes())
             try:
+                # A move that raised StorageError (every response lost) but landed returns
+                # normally: move reads the branch back and finds this snapshot there.
                 branches.move(branch, version, sid)
             except ConflictError:
                 now_head, _ = branches.get_versioned(branch)
@@ -730,6 +736,15 @@ class Catalog:
                     time.sleep(rng.uniform(0, delay))
                     delay = min(delay * 2, 1.0)
                     continue
+            except StorageError:
+                # Not at this snapshot now, but a concurrent commit may have moved the
+                # branch on from it since it landed: found in the history, it counts.
+                landed = self._landed_below(branches, branch, sid, entries)
+                if landed is None:
+                    raise
+                return self._already_committed(
+                    dataset, branch, entries, landed, first_head, change_tables, attempt
+                )
             self.discard_staged(dataset, [e.id for e in entries])
             return CommitResult(
                 dataset=dataset,
@@ -747,6 +762,29 @@ class Catalog:
             f"dataset {dataset!r} branch {branch!r}: gave up after {max_attempts} attempts "
             "lost to concurrent commits"
         )
+
+    def _landed_below(
+        self, branches: Branches, branch: str, sid: str, entries: Sequence[StagedEntry]
+    ) -> dict[str, str] | None:
+        """After a move that raised StorageError: where the branch's history holds ``sid``.
+
+        ``{staging id: snapshot id}`` (as :meth:`_consumed_in_history`) when every entry
+        is consumed on the branch and ``sid``, this commit's snapshot, is among the
+        snapshots that consumed them: the move landed and later commits built on it. A
+        snapshot id is a hash of the snapshot, so ``sid`` there is this commit's content
+        whoever wrote it. None otherwise, or when the branch cannot be read: the error
+        stands. A commit of nothing (no entries) is not looked for.
+        """
+        if not entries:
+            return None
+        try:
+            head, _ = branches.get_versioned(branch)
+            consumed = self._consumed_in_history(head, entries)
+        except SimstoreError:
+            return None
+        if len(consumed) < len(entries) or sid not in consumed.values():
+            return None
+        return consumed
 
     def _consumed_in_history(
         self, head: str | None, entries: Sequence[StagedEntry]

@@ -12,6 +12,8 @@ from simstore.errors import (
     IntegrityError,
     InvalidInputError,
     NotFoundError,
+    SimstoreError,
+    StorageError,
 )
 from simstore.hashing import is_object_id, object_key
 from simstore.names import check_name, check_ref_name
@@ -166,6 +168,10 @@ class _Refs:
         self._check_target(name, snapshot_id)
         try:
             self._store.compare_and_swap(key, None, body)
+        except StorageError:
+            # Every response lost (the retries used up): the create may have landed.
+            if self._read_back(key) != body:
+                raise
         except ConflictError as exc:
             try:
                 now = self._store.get(key)
@@ -213,7 +219,9 @@ class _Refs:
         gone), which the store reports as a conflict. So on a conflict the ref is looked up
         again: gone means the delete is done (by this call or a concurrent one, the end
         state is the one asked for); still there means it changed meanwhile, and the
-        :class:`ConflictError` stands.
+        :class:`ConflictError` stands. A :class:`StorageError` (every attempt's response
+        lost, the retries used up) is checked the same way: the ref gone means done, and
+        otherwise (or when that cannot be read either) the error stands.
         """
         key = self.key(name)
         _, version = self.get_versioned(name)
@@ -224,6 +232,23 @@ class _Refs:
         except ConflictError:
             if self._store.exists(key):
                 raise
+        except StorageError:
+            try:
+                gone = not self._store.exists(key)
+            except SimstoreError:
+                gone = False
+            if not gone:
+                raise
+
+    def _read_back(self, key: str) -> bytes | None:
+        """The ref's bytes now, read (with the store's retries) after a write that failed.
+
+        None when the ref is absent or cannot be read: the write's own error then stands.
+        """
+        try:
+            return self._store.get(key)
+        except SimstoreError:
+            return None
 
 
 class Branches(_Refs):
@@ -240,10 +265,26 @@ class Branches(_Refs):
         self._create(name, snapshot_id)
 
     def move(self, name: str, expected_version: str | None, snapshot_id: str) -> str | None:
-        """Move a branch by compare-and-swap from the version read earlier."""
-        return self._store.compare_and_swap(
-            self.new_key(name), expected_version, encode_ref(snapshot_id)
-        )
+        """Move a branch by compare-and-swap from the version read earlier.
+
+        When the swap raises :class:`StorageError` (on S3: every attempt's response lost,
+        the retries used up), the branch is read back: if it holds ``snapshot_id`` the
+        move landed and its version is returned; otherwise the error stands. Snapshot ids
+        are content hashes (a snapshot names its parent), so a branch at ``snapshot_id``
+        is this move's state whoever wrote it. :meth:`Catalog.commit` relies on this.
+        """
+        key = self.new_key(name)
+        body = encode_ref(snapshot_id)
+        try:
+            return self._store.compare_and_swap(key, expected_version, body)
+        except StorageError:
+            try:
+                data, version = self._store.get_versioned(key)
+            except SimstoreError:
+                data, version = None, None
+            if data != body:
+                raise
+            return version
 
     def delete(self, name: str) -> None:
         """Delete a branch (CAS against its current version); see :meth:`_delete`."""

@@ -20,7 +20,8 @@ How each promise of :class:`~simstore.storage.ObjectStore` is kept:
 - Retries are ours, not botocore's (its own are switched off): they cover reading the
   body too, their backoff is configurable (full jitter, bounded by attempts and a
   deadline) and a retried conditional PUT whose first attempt landed gets a 412, which
-  surfaces as ``ConflictError``; the catalog then re-reads the ref.
+  surfaces as ``ConflictError``; the catalog then re-reads the ref (as it does after a
+  ``StorageError``: every retry's response may have been lost too).
 
 Options are an s3fs-style dict (:class:`S3Options`, checked in ``_s3_options``); endpoint
 and credentials otherwise come from the standard AWS environment and config files,
@@ -65,6 +66,8 @@ from simstore.storage._s3_files import (
     FileSlice,
     S3ObjectReader,
     TruncatedBody,
+    named_timeout,
+    request_url,
 )
 from simstore.storage._s3_options import (
     MaskedOptions,
@@ -280,14 +283,17 @@ class S3Store:
             text = f"{type(exc).__name__}: {exc}"
         return self._scrub(text.strip())
 
-    def _retry(self, op: str, key: str, call: Callable[[], T]) -> T:
+    def _retry(
+        self, op: str, key: str, call: Callable[[], T], *, since: float | None = None
+    ) -> T:
         """Run ``call``, retrying transient failures with exponential backoff, full jitter.
 
         Raises ``_Refused`` for a final answer of the server, and ``StorageError`` naming
-        the object once attempts or the deadline run out, or for any other failure.
+        the object once attempts or the deadline run out, or for any other failure. The
+        deadline counts from ``since`` (on :meth:`_clock`) when given: a request made
+        within a longer run of attempts (a streamed read resuming) shares that run's.
         """
-        tuning = self._tuning
-        start = time.monotonic()
+        start = self._clock() if since is None else since
         attempt = 0
         while True:
             attempt += 1
@@ -301,19 +307,50 @@ class S3Store:
                 last = exc
             except (BotoCoreError, OSError) as exc:
                 raise self._error(op, key, exc) from exc
-            if attempt >= tuning.max_attempts:
-                raise StorageError(
-                    f"{self.url}/{key}: {op} failed after {attempt} attempts: "
-                    f"{self._describe(last)}"
-                ) from last
-            delay = self._backoff_s(attempt)
-            elapsed = time.monotonic() - start
-            if elapsed + delay > tuning.retry_deadline_s:
-                raise StorageError(
-                    f"{self.url}/{key}: {op} failed after {attempt} attempts in {elapsed:.1f} s "
-                    f"(retry deadline {tuning.retry_deadline_s} s): {self._describe(last)}"
-                ) from last
-            time.sleep(delay)
+            self._wait_to_retry(op, key, attempt, start, last)
+
+    def _wait_to_retry(
+        self,
+        op: str,
+        key: str,
+        attempt: int,
+        start: float,
+        last: Exception,
+        where: str = "",
+        *,
+        tries: int | None = None,
+    ) -> None:
+        """Sleep before retry ``attempt`` (from 1) of a run that began at ``start``, or give up.
+
+        Raises ``StorageError`` naming the object and the last error once ``max_attempts``
+        attempts are made, or when the backoff would end past ``retry_deadline_s`` from
+        ``start``. ``where`` is added after the attempts (a streamed read's position);
+        ``tries``, the attempts the message counts, is ``attempt`` unless given (a streamed
+        read counts only the failures that made no progress against ``max_attempts``).
+        """
+        tuning = self._tuning
+        shown = attempt if tries is None else tries
+        if attempt >= tuning.max_attempts:
+            raise StorageError(
+                f"{self.url}/{key}: {op} failed after {shown} attempts{where}: "
+                f"{self._describe(last)}"
+            ) from last
+        delay = self._backoff_s(attempt)
+        elapsed = self._clock() - start
+        if elapsed + delay > tuning.retry_deadline_s:
+            raise StorageError(
+                f"{self.url}/{key}: {op} failed after {shown} attempts{where} in "
+                f"{elapsed:.1f} s (retry deadline {tuning.retry_deadline_s} s reached): "
+                f"{self._describe(last)}"
+            ) from last
+        self._sleep(delay)
+
+    # The clock of the retry deadline and the backoff's sleep: seams for tests.
+    def _clock(self) -> float:
+        return time.monotonic()
+
+    def _sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
 
     def _backoff_s(self, attempt: int) -> float:
         """The sleep before retry ``attempt`` (from 1): full jitter, exponential, capped."""
@@ -352,6 +389,11 @@ class S3Store:
         body = response["Body"]
         try:
             data = bytes(body.read())
+        except TRANSPORT_ERRORS as exc:
+            named = named_timeout(exc, request_url(body) or f"s3://{self.bucket}/{kwargs['Key']}")
+            if named is exc:
+                raise
+            raise named from exc
         finally:
             body.close()
         expected = response.get("ContentLength")
@@ -399,11 +441,13 @@ class S3Store:
         """
         return S3ObjectReader(self, key)
 
-    def _get_object(self, key: str, kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
-        """One GetObject, retried; the response with its body unread."""
+    def _get_object(
+        self, key: str, kwargs: Mapping[str, Any], *, since: float | None = None
+    ) -> Mapping[str, Any]:
+        """One GetObject, retried (deadline from ``since``); the response, body unread."""
         try:
             response: Mapping[str, Any] = self._retry(
-                "read", key, lambda: self._api.get_object(**kwargs)
+                "read", key, lambda: self._api.get_object(**kwargs), since=since
             )
             return response
         except _Refused as exc:
@@ -618,21 +662,25 @@ class S3Store:
             self._retry("upload", key, lambda: client.complete_multipart_upload(**complete))
             return True
         except _Refused as exc:
-            self._abort(ids)
+            self._abort(key, ids)
             if if_absent and exc.is_precondition:
                 return False
             if exc.code == "NoSuchUpload" and exc.attempts > 1 and self._head(key) is not None:
                 return True  # an earlier attempt completed it; its response was lost
             raise self._error("upload", key, exc) from exc.error
         except BaseException:
-            self._abort(ids)
+            self._abort(key, ids)
             raise
 
-    def _abort(self, ids: Mapping[str, Any]) -> None:
-        # Best effort: a bucket lifecycle rule (AbortIncompleteMultipartUpload) removes
-        # the parts of uploads whose writer died before it could abort.
+    def _abort(self, key: str, ids: Mapping[str, Any]) -> None:
+        """Abort a multipart upload, retried like any request; a final failure is swallowed.
+
+        The error that made the upload fail is the one to report. Parts left by an abort
+        that never got through (or by a writer that died) are removed by the bucket's
+        ``AbortIncompleteMultipartUpload`` lifecycle rule (docs/storage-s3.md).
+        """
         with contextlib.suppress(Exception):
-            self._api.abort_multipart_upload(**ids)
+            self._retry("abort upload", key, lambda: self._api.abort_multipart_upload(**ids))
 
     def _refresh(self, key: str, obj: str, size_bytes: int | None = None) -> bool:
         """Refresh LastModified by copying the object onto itself; False if it is gone."""
@@ -695,12 +743,12 @@ class S3Store:
             )
             return True
         except _Refused as exc:
-            self._abort(ids)
+            self._abort(key, ids)
             if exc.is_not_found:
                 return False
             raise self._error("refresh", key, exc) from exc.error
         except BaseException:
-            self._abort(ids)
+            self._abort(key, ids)
             raise
 
     def compare_and_swap(self, key: str, expected: str | None, data: bytes | None) -> str | None:

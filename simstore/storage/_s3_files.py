@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import time
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import (
@@ -22,6 +21,7 @@ from botocore.exceptions import (
     IncompleteReadError,
 )
 from botocore.exceptions import ConnectionError as BotoConnectionError
+from botocore.exceptions import ReadTimeoutError as BotoReadTimeoutError
 from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
 from simstore.errors import StorageError
@@ -29,7 +29,14 @@ from simstore.errors import StorageError
 if TYPE_CHECKING:
     from simstore.storage._s3 import S3Store
 
-__all__ = ["TRANSPORT_ERRORS", "FileSlice", "S3ObjectReader", "TruncatedBody"]
+__all__ = [
+    "TRANSPORT_ERRORS",
+    "FileSlice",
+    "S3ObjectReader",
+    "TruncatedBody",
+    "named_timeout",
+    "request_url",
+]
 
 _MiB = 1024 * 1024
 
@@ -108,9 +115,14 @@ class S3ObjectReader(io.RawIOBase):
     (no copy into a caller's buffer); ``size_bytes`` is the object's size, ``requests``
     the GETs sent so far (1, plus one per resumption). When reading the body fails on
     the way (a reset, a timeout, a body cut short), the next GET asks for the rest
-    (``Range: bytes=<done>-``, ``If-Match: <etag>``) after the store's backoff; a
-    failure that makes no progress counts against ``max_attempts`` and, once they are
-    used up, raises ``StorageError`` naming the object.
+    (``Range: bytes=<done>-``, ``If-Match: <etag>``) after the store's backoff. Once a
+    body has broken off, the reader takes what each receive brings, so every byte that
+    arrived before the next break is kept and the read goes on from there.
+
+    Each ``read`` call is one run of attempts, bounded as the store's requests are:
+    failures that make no progress count against ``max_attempts``, and no retry starts
+    once it would end past ``retry_deadline_s`` from the call's start (progress does not
+    restart that clock). Then ``StorageError`` names the object and where it stopped.
     """
 
     def __init__(self, store: S3Store, key: str) -> None:
@@ -121,17 +133,19 @@ class S3ObjectReader(io.RawIOBase):
         self._pos = 0
         self._body: Any = None
         self._etag = ""
+        self._url = ""
+        self._careful = False
         self.requests = 0
         self.size_bytes = 0
-        self._request()
+        self._request(None)
 
-    def _request(self) -> None:
+    def _request(self, since: float | None) -> None:
         kwargs: dict[str, Any] = {"Bucket": self._store.bucket, "Key": self._obj}
         if self._pos:
             kwargs["Range"] = f"bytes={self._pos}-"
             if self._etag:
                 kwargs["IfMatch"] = self._etag
-        response = self._store._get_object(self.key, kwargs)
+        response = self._store._get_object(self.key, kwargs, since=since)
         self.requests += 1
         length = int(response.get("ContentLength") or 0)
         if not self._pos:
@@ -144,6 +158,7 @@ class S3ObjectReader(io.RawIOBase):
                 f"of {self.size_bytes}, the server sent {length} bytes"
             )
         self._body = response["Body"]
+        self._url = self._url or request_url(self._body)
 
     def readable(self) -> bool:
         return True
@@ -151,36 +166,66 @@ class S3ObjectReader(io.RawIOBase):
     def tell(self) -> int:
         return self._pos
 
+    def _read_some(self, n: int) -> bytes:
+        """Up to ``n`` bytes of the body: all ``n`` at once, or once careful what arrives.
+
+        A whole block read at once (in C, checked by botocore) is lost when the link
+        resets before it is complete. Once a body has broken off, the reader takes what
+        each receive brings (urllib3's ``read1``), so every byte that arrived before the
+        next break is kept. Those bodies skip botocore's whole-object checksum (ranged
+        resumptions carry none anyway); what the reader streams is named by its hash, which
+        its users check (the loader's cache fill, ``verify``).
+        """
+        if self._careful:
+            read1 = getattr(getattr(self._body, "_raw_stream", None), "read1", None)
+            if read1 is not None:
+                return bytes(read1(n))
+        return bytes(self._body.read(n))
+
     def read(self, size: int | None = -1) -> bytes:
         """The next ``size`` bytes at most (all the rest when ``size`` is negative)."""
-        left = self.size_bytes - self._pos
         if size is None or size < 0:
             return b"".join(iter(lambda: self.read(_MiB), b""))
-        if left <= 0 or size == 0:
+        want = min(size, self.size_bytes - self._pos)
+        if want <= 0:
             return b""
-        failures = 0
-        while True:
-            try:
-                if self._body is None:
-                    self._request()
-                data: bytes = self._body.read(min(size, left))
-                if not data:
-                    raise TruncatedBody(f"body ended at byte {self._pos} of {self.size_bytes}")
-                self._pos += len(data)
-                return data
-            except TRANSPORT_ERRORS as exc:
-                self._drop_body()
-                failures += 1
-                if failures >= self._store._tuning.max_attempts:
-                    raise StorageError(
-                        f"{self._store.url}/{self.key}: read failed after {failures} attempts "
-                        f"at byte {self._pos} of {self.size_bytes}: "
-                        f"{self._store._describe(exc)}"
-                    ) from exc
-                time.sleep(self._store._backoff_s(failures))
-            except (BotoCoreError, OSError) as exc:
-                self._drop_body()
-                raise self._store._error("read", self.key, exc) from exc
+        store = self._store
+        start, origin = store._clock(), self._pos
+        got: list[bytes] = []
+        done = failures = tries = 0
+        mark = self._pos  # where the last failure left off
+        try:
+            while done < want:
+                try:
+                    if self._body is None:
+                        self._request(start)
+                    data: bytes = self._read_some(want - done)
+                    if not data:
+                        raise TruncatedBody(
+                            f"body ended at byte {self._pos} of {self.size_bytes}"
+                        )
+                    self._pos += len(data)
+                    done += len(data)
+                    got.append(data)
+                except TRANSPORT_ERRORS as exc:
+                    self._drop_body()
+                    self._careful = True  # a link that broke once may break again
+                    failures = failures + 1 if self._pos == mark else 1
+                    mark = self._pos
+                    tries += 1
+                    store._wait_to_retry(
+                        "read", self.key, failures, start,
+                        named_timeout(exc, self._url or f"{store.url}/{self.key}"),
+                        f" at byte {self._pos} of {self.size_bytes}", tries=tries,
+                    )
+                except (BotoCoreError, OSError) as exc:
+                    raise store._error("read", self.key, exc) from exc
+        except BaseException:
+            # nothing of this call reaches the caller: the next read starts where it did
+            self._drop_body()
+            self._pos = origin
+            raise
+        return got[0] if len(got) == 1 else b"".join(got)
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
@@ -197,3 +242,35 @@ class S3ObjectReader(io.RawIOBase):
     def close(self) -> None:
         self._drop_body()
         super().close()
+
+
+def named_timeout(exc: Exception, url: str) -> Exception:
+    """``exc``, naming ``url`` where botocore leaves the URL out.
+
+    botocore raises a timeout while a body is read without the URL (its message ends
+    ``endpoint URL: "None"``), and urllib3 names only the host; the caller knows which
+    object it was reading. The new error keeps ``exc`` as its cause.
+    """
+    if isinstance(exc, BotoReadTimeoutError) and exc.kwargs.get("endpoint_url") is None:
+        named: Exception = BotoReadTimeoutError(endpoint_url=url, error=exc.kwargs.get("error"))
+    elif isinstance(exc, ReadTimeoutError) and not exc.url:  # urllib3's, from read1
+        named = BotoReadTimeoutError(endpoint_url=url, error=exc)
+    else:
+        return exc
+    named.__cause__ = exc
+    return named
+
+
+def request_url(body: Any) -> str:
+    """The URL a streamed body was requested from (scheme, host, path), or ``""``."""
+    raw = getattr(body, "_raw_stream", None)
+    path = str(getattr(raw, "url", None) or "")
+    if not path or "://" in path:
+        return path
+    pool = getattr(raw, "_pool", None)
+    scheme, host, port = (getattr(pool, name, None) for name in ("scheme", "host", "port"))
+    if not scheme or not host:
+        return ""
+    default = {"http": 80, "https": 443}.get(str(scheme))
+    netloc = str(host) if port in (None, default) else f"{host}:{port}"
+    return f"{scheme}://{netloc}{path}"
