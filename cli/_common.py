@@ -18,7 +18,7 @@ import click
 from simstore._env import env_debug
 from simstore._sizes import SizeError, parse_size
 from simstore.catalog import Catalog
-from simstore.errors import InvalidInputError, NotFoundError, SimstoreError
+from simstore.errors import InvalidInputError, SimstoreError
 from simstore.storage import local_path
 
 __all__ = [
@@ -176,19 +176,10 @@ def check_at_least(value: int | None, flag: str, minimum: int) -> None:
 def check_branch(cat: Catalog, dataset: str, branch: str) -> None:
     """Refuse a ``--branch`` that names none of the branches ``dataset`` has (exit 3).
 
-    A dataset without branches (new, or unknown) passes: its first snapshot creates the
-    branch. The same rule and words as a commit's (:meth:`Catalog.check_commit_branch`),
-    without its check of the store's conditional writes, for commands that only stage.
+    :meth:`Branches.require`: the commit's rule and words, without its check of the
+    store's conditional writes, for commands that only stage.
     """
-    names = cat.branches(dataset).names()
-    if names and branch not in names:
-        at = "main" if "main" in names else names[0]
-        more = f" and {len(names) - 10} more" if len(names) > 10 else ""
-        raise NotFoundError(
-            f"dataset {dataset!r} has no branch {branch!r} (branches: "
-            f"{', '.join(names[:10])}{more}); create it at a snapshot first: "
-            f"simstore branch {dataset}@{at} {branch}"
-        )
+    cat.branches(dataset).require(branch)
 
 
 def check_not_empty(value: str | None, flag: str, reason: str) -> None:

@@ -14,7 +14,6 @@ import click
 from simstore.cli._common import (
     CliContext,
     check_at_least,
-    check_branch,
     check_message,
     debug_on,
     emit,
@@ -337,11 +336,7 @@ def ingest_cmd(
     )
     show = sys.stderr.isatty() if progress is None else progress
     bar = ProgressBar() if show else None
-    catalog = ctx.catalog()
-    # a staged run dedups against --branch, and a later snapshot commits onto one: a name
-    # the dataset has no branch of is refused with or without --snapshot (the first
-    # ingest into a dataset has none, and its first snapshot creates it)
-    check_branch(catalog, dataset, branch)
+    catalog = ctx.catalog()  # ingest() refuses a --branch the dataset has no branch of
     try:
         with _dask_logs(engine, debug=debug_on()):
             result = ingest(

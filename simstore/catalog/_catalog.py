@@ -397,17 +397,7 @@ class Catalog:
                 "by init), so no commit can move a ref safely; run `simstore init` through "
                 "an endpoint that enforces them"
             )
-        # one listing decides (a HEAD first, then a listing, raced with a concurrent
-        # first commit that created the branch in between)
-        names = self.branches(dataset).names()
-        if names and branch not in names:
-            at = "main" if "main" in names else names[0]
-            more = f" and {len(names) - 10} more" if len(names) > 10 else ""
-            shown = ", ".join(names[:10]) + more
-            raise NotFoundError(
-                f"dataset {dataset!r} has no branch {branch!r} (branches: {shown}); "
-                f"create it at a snapshot first: simstore branch {dataset}@{at} {branch}"
-            )
+        self.branches(dataset).require(branch)
 
     def branches(self, dataset: str) -> Branches:
         """The dataset's branches."""

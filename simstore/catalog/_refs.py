@@ -256,6 +256,23 @@ class Branches(_Refs):
 
     kind = "heads"
 
+    def require(self, name: str) -> None:
+        """Refuse ``name`` when the dataset has branches and it is none of them (NotFoundError).
+
+        A dataset without branches (new, or unknown) passes: its first snapshot creates
+        its branch. Anywhere else a branch starts at a snapshot, so a mistyped name never
+        takes staged changes off to an orphan history. One listing decides.
+        """
+        names = self.names()
+        if names and name not in names:
+            at = "main" if "main" in names else names[0]
+            more = f" and {len(names) - 10} more" if len(names) > 10 else ""
+            raise NotFoundError(
+                f"dataset {self.dataset!r} has no branch {name!r} (branches: "
+                f"{', '.join(names[:10])}{more}); create it at a snapshot first: "
+                f"simstore branch {self.dataset}@{at} {name}"
+            )
+
     def create(self, name: str, snapshot_id: str) -> None:
         """Create a branch at a snapshot; AlreadyExistsError when it exists elsewhere.
 

@@ -77,3 +77,26 @@ def test_the_typed_keywords_of_ingest_are_every_config_field():
     from simstore.ingest._config import IngestConfig, IngestOptions
 
     assert set(IngestOptions.__annotations__) == {f.name for f in dataclasses.fields(IngestConfig)}
+
+
+def test_ingest_without_snapshot_refuses_a_branch_the_dataset_lacks(tmp_path):
+    """A staged run dedups against ``branch`` and a later snapshot commits onto it: a
+    mistyped name is refused before any file is read, as with ``snapshot=True``."""
+    import numpy as np
+    import pytest
+
+    from simstore.catalog import Catalog
+    from simstore.errors import NotFoundError
+    from simstore.ingest import ingest
+
+    src = tmp_path / "src"
+    src.mkdir()
+    np.savez(src / "a.npz", u=np.zeros(4, np.float32))
+    store = str(tmp_path / "store")
+    Catalog.init(store)
+    ingest([str(src)], dataset="d", store=store, snapshot=True)
+    with pytest.raises(NotFoundError, match=r"^dataset 'd' has no branch 'mian' \(branches: "
+                                            r"main\); create it at a snapshot first"):
+        ingest([str(src)], dataset="d", store=store, branch="mian")
+    assert Catalog.open(store).staged("d") == []
+    ingest([str(src)], dataset="new", store=store, branch="dev")  # no branches yet: passes
