@@ -8,19 +8,18 @@ import io
 import json
 import os
 import random
-import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from simstore.catalog._merge import CHANGES_SCHEMA, merge_manifest, normalise_changes
+from simstore.catalog._build import WRITE_THREADS, build_snapshot
+from simstore.catalog._merge import CHANGES_SCHEMA, normalise_changes
 from simstore.catalog._refs import Branches, Tags, dataset_prefix, is_snapshot_object
 from simstore.diff import Diff, diff_tables, parts_to_open
 from simstore.errors import (
@@ -39,13 +38,10 @@ from simstore.manifest import (
     PartRef,
     decode_part,
     empty_rows,
-    encode_part,
-    part_ref,
 )
 from simstore.names import DEFAULT_BRANCH, Ref, check_name, check_ref_name, parse_ref
-from simstore.sample import FieldSpec, Schema, canonical_json, merge_schema
-from simstore.snapshot import Snapshot, SnapshotId, content_hash_of
-from simstore.stats import merge_stats
+from simstore.sample import FieldSpec, Schema, canonical_json
+from simstore.snapshot import Snapshot, SnapshotId
 from simstore.storage import ObjectStore, open_store
 
 __all__ = [
@@ -199,7 +195,6 @@ class DiffResult:
         return out
 
 
-_WRITE_THREADS = 4
 CLOCK_SKEW_S = 60.0
 """How far clocks of two writers may disagree when a commit looks for its entries."""
 
@@ -213,21 +208,6 @@ def _epoch_s(iso_time: str) -> float:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=datetime.UTC)
     return moment.timestamp()
-
-
-@dataclass(frozen=True, slots=True)
-class _Pending:
-    """A part whose encoding and upload is still under way."""
-
-    future: Future[PartRef]
-
-
-@dataclass(slots=True)
-class _Counters:
-    parts_read: int = 0
-    bytes_read: int = 0
-    new_part_bytes: int = 0
-    written: list[str] = field(default_factory=list)
 
 
 class Catalog:
@@ -712,8 +692,9 @@ class Catalog:
                     f"dataset {dataset!r}: nothing staged to commit (a snapshot would repeat "
                     f"{head}; allow_empty / --allow-empty makes one anyway)"
                 )
-            snap, counters = self._build_snapshot(
-                dataset, parent, head, todo, change_tables, message, author, allow_schema_change
+            snap, counters = build_snapshot(
+                self, dataset, parent, head, todo, change_tables, message=message,
+                author=author, created=utc_now(), allow_schema_change=allow_schema_change,
             )
             sid, _ = self.put_object(snap.to_bytes())
             try:
@@ -846,124 +827,6 @@ class Catalog:
         theirs |= {new.key for _, new in d.modified}
         return mine & theirs
 
-    def _build_snapshot(
-        self,
-        dataset: str,
-        parent: Snapshot | None,
-        parent_id: str | None,
-        entries: Sequence[StagedEntry],
-        change_tables: Mapping[str, pa.Table],
-        message: str,
-        author: str,
-        allow_schema_change: bool,
-    ) -> tuple[Snapshot, _Counters]:
-        counters = _Counters()
-        base_parts: Sequence[PartRef] = parent.parts if parent else ()
-        schema: Schema = parent.schema if parent else ()
-        stats_list: list[Mapping[str, Any]] = [parent.stats.get("fields", {})] if parent else []
-        stats_exact = bool(parent.stats.get("exact", True)) if parent else True
-        start = 0
-        for i, e in enumerate(entries):
-            if e.mode == "replace":
-                start = i
-        if entries and entries[start].mode == "replace":
-            base_parts = ()
-            stats_list = []
-            stats_exact = True
-            schema = ()
-        tables: list[pa.Table] = []
-        for e in entries[start:]:
-            schema = merge_schema(
-                schema, e.schema, source=f"staged entry {e.id}", allow_change=allow_schema_change
-            )
-            tables.append(change_tables[e.id])
-            stats_list.append(e.stats.get("fields", {}))
-            if e.deletions or not e.stats.get("exact", True):
-                stats_exact = False
-        # a single staged entry was normalised when it was staged
-        changes = tables[0] if len(tables) == 1 else normalise_changes(tables)
-        if sum(e.rows for e in entries[start:]) != changes.num_rows:
-            stats_exact = False  # two staged entries wrote one key: their statistics overlap
-        if parent is not None and base_parts and changes.num_rows:
-            # replacing an existing key makes merged statistics an over-count; a stager that
-            # checked its keys against this very parent vouches that they are all new
-            vouched = all(e.stats.get("new_keys_in") == parent_id for e in entries[start:])
-            if not vouched:
-                stats_exact = stats_exact and not self._touches_existing(base_parts, changes)
-
-        def read_part(p: PartRef) -> pa.Table:
-            counters.parts_read += 1
-            return self.read_part(p, snapshot=parent_id or "")
-
-        # Encoding and storing parts overlaps on a small thread pool (Parquet encoding and
-        # file writes release the GIL); results keep their order.
-        pool = ThreadPoolExecutor(max_workers=_WRITE_THREADS)
-        in_flight: deque[Future[PartRef]] = deque()
-        counters_lock = threading.Lock()
-
-        def store_part(table: pa.Table) -> PartRef:
-            data = encode_part(table)
-            ref = part_ref(table, data)
-            if self.store.put_if_absent(object_key(ref.id), data):
-                with counters_lock:
-                    counters.new_part_bytes += len(data)
-            return ref
-
-        def write_part(table: pa.Table) -> PartRef:
-            future = pool.submit(store_part, table)
-            in_flight.append(future)
-            if len(in_flight) > 2 * _WRITE_THREADS:  # bound memory held by queued parts
-                in_flight.popleft().result()
-            return _Pending(future)  # type: ignore[return-value]
-
-        try:
-            pending = merge_manifest(
-                base_parts,
-                changes,
-                read_part=read_part,
-                write_part=write_part,
-                target_rows=self.target_rows,
-            )
-            parts = [p.future.result() if isinstance(p, _Pending) else p for p in pending]
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
-        consumed = [e.id for e in entries]
-        lineage: dict[str, Any] = {"staging": consumed}
-        ingests = [dict(e.lineage) for e in entries if e.lineage]
-        if ingests:
-            lineage["ingests"] = ingests
-            objects = sorted({str(o) for e in entries for o in e.lineage.get("objects", [])})
-            if objects:
-                lineage["objects"] = objects
-        snap = Snapshot(
-            dataset=dataset,
-            parents=(parent_id,) if parent_id else (),
-            created=utc_now(),
-            author=author,
-            message=message,
-            schema=schema,
-            parts=tuple(parts),
-            samples=sum(p.rows for p in parts),
-            sample_bytes=sum(p.sample_bytes for p in parts),
-            content_hash=content_hash_of(parts),
-            stats={"fields": merge_stats(stats_list), "exact": stats_exact} if stats_list else {},
-            lineage=lineage,
-        )
-        return snap, counters
-
-    def _touches_existing(self, parts: Sequence[PartRef], changes: pa.Table) -> bool:
-        """Whether any change key falls inside a parent part's key range (may replace)."""
-        import bisect
-
-        from simstore.catalog._merge import _ArrowKeys
-
-        keys = _ArrowKeys(changes.column("key"))
-        for part in parts:
-            lo = bisect.bisect_left(keys, part.first_key)
-            if lo < len(keys) and keys[lo] <= part.last_key:
-                return True
-        return False
-
     # -- history -----------------------------------------------------------------------
     def log(
         self, ref: str | Ref, *, limit: int | None = None
@@ -994,7 +857,7 @@ class Catalog:
         jobs = [(a_parts[pid], a or "") for pid in only_a] + [(b_parts[pid], b) for pid in only_b]
         # parts decode independently: read them on a few threads (I/O and Parquet decoding
         # release the GIL)
-        with ThreadPoolExecutor(max_workers=_WRITE_THREADS) as pool:
+        with ThreadPoolExecutor(max_workers=WRITE_THREADS) as pool:
             tables = list(pool.map(lambda job: self.read_part(job[0], snapshot=job[1]), jobs))
         tables_a, tables_b = tables[: len(only_a)], tables[len(only_a) :]
         bytes_read = sum(part.size_bytes for part, _ in jobs)
