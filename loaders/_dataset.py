@@ -451,8 +451,14 @@ class SimDataset(IterableDataset[Sample]):
         return names
 
     def __len__(self) -> int:
-        """Samples this rank delivers in a full epoch."""
-        return samples_per_rank(self._epoch_length, self._world.world_size,
+        """Samples this rank delivers in a full epoch.
+
+        In the main process the world is detected again first (:meth:`refresh_world`),
+        as an iteration does: a dataset built before ``init_process_group`` answers for
+        the process group as it is now.
+        """
+        world = self._world if in_worker() else self.refresh_world()
+        return samples_per_rank(self._epoch_length, world.world_size,
                                 self._options.remainder)
 
     def set_epoch(self, epoch: int) -> None:
@@ -530,6 +536,16 @@ class SimDataset(IterableDataset[Sample]):
                     f"loader state has no {name!r} (it was saved by an earlier simstore, "
                     "whose shuffle differs): it cannot resume this stream exactly"
                 )
+            if name == "order" and state.get(name) != mine[name]:
+                differ = _order_differences(state.get(name), mine[name])
+                if differ is not None:
+                    was, now = differ
+                    sep = ";" if len(was) > 1 else ","
+                    raise InvalidInputError(
+                        f"loader state has another order: it was saved with "
+                        f"{', '.join(was)}{sep} this dataset has {', '.join(now)} (a state "
+                        "resumes only the stream it came from)"
+                    )
             if state.get(name) != mine[name]:
                 raise InvalidInputError(
                     f"loader state has {name} {state.get(name)!r}, but this dataset reads "
@@ -677,6 +693,44 @@ class SimDataset(IterableDataset[Sample]):
         return self._reader().batches(world, epoch, remaining, batch_size, collate,
                                       drop_last=drop_last, shared_pool=shared_pool,
                                       siblings=siblings, trusted=trusted, counters=counters)
+
+
+def _order_differences(saved: object, current: Sequence[Mapping[str, Any]]
+                       ) -> tuple[list[str], list[str]] | None:
+    """The order options that differ, as ``(["k=saved", ...], ["k=current", ...])``.
+
+    Each source's order is compared key by key (a mixture's are prefixed ``source i:``);
+    a key one side lacks shows as ``k=<none>``. None when ``saved`` is not a list of one
+    mapping per source, for the caller's general message.
+    """
+    if (isinstance(saved, str | bytes) or not isinstance(saved, Sequence)
+            or len(saved) != len(current)
+            or not all(isinstance(o, Mapping) for o in saved)):
+        return None
+    old: list[str] = []
+    new: list[str] = []
+    for i, (was, now) in enumerate(zip(saved, current, strict=True)):
+        prefix = f"source {i}: " if len(current) > 1 else ""
+        keys = [*now, *sorted((k for k in was if k not in now), key=str)]
+        for key in keys:
+            a, b = was.get(key, _ABSENT), now.get(key, _ABSENT)
+            if a != b:
+                name = _shown_option(key)
+                old.append(f"{prefix}{name}={_shown_option(a)}")
+                new.append(f"{prefix}{name}={_shown_option(b)}")
+    return (old, new) if old else None
+
+
+_ABSENT = object()
+
+
+def _shown_option(value: object) -> str:
+    """An order option's value for a one-line message."""
+    if value is _ABSENT:
+        return "<none>"
+    text = value if isinstance(value, str) else repr(value)
+    text = " ".join(str(text).split())
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _state_intervals(value: object, epoch_length: int) -> tuple[Interval, ...]:

@@ -6,9 +6,10 @@ depend on the world size. A plan splits what remains of it between readers:
 
 1. The remaining positions (all of them, or what a checkpoint left) are laid end to end,
    ``R`` of them. With ``remainder="pad"`` the sequence is extended to a multiple of the
-   world size by repeating its first positions (marked as padding); with ``"drop"`` it is
-   cut to one. Each rank then reads the same number of samples, so DDP never waits on a
-   rank with a shorter last batch.
+   world size by repeating the epoch's first positions ``0, 1, ...`` (marked as padding),
+   whatever a checkpoint left, so a resume in the same world pads exactly as the
+   uninterrupted epoch; with ``"drop"`` it is cut to one. Each rank then reads the same
+   number of samples, so DDP never waits on a rank with a shorter last batch.
 2. Rank ``r`` takes the ``r``-th contiguous block, so each shard is read by about one rank.
 3. The block is cut into batches of ``batch_size``; worker ``k`` of ``K`` takes batches
    ``k, k+K, k+2K, ...``. A DataLoader hands batches out round-robin, so a rank sees its
@@ -107,8 +108,10 @@ class EpochPlan:
     """What one worker of one rank reads this epoch; iterate :meth:`chunks`.
 
     ``samples_per_rank`` is equal for every rank; ``worker_samples`` is this worker's
-    share. Positions at or past ``remaining_samples`` in the rank's block are padding:
-    they repeat the first remaining positions and come out marked.
+    share. Positions at or past ``remaining_samples`` in the rank's block are padding
+    and come out marked: they repeat the epoch's first positions (see
+    :attr:`pad_offset` and :func:`plan_epoch`), or with ``epoch_length=0`` the ``i``-th
+    pad repeats the ``i``-th remaining position.
     """
 
     remaining: tuple[Interval, ...]
@@ -117,6 +120,34 @@ class EpochPlan:
     remainder: Remainder
     remaining_samples: int
     samples_per_rank: int
+    epoch_length: int = 0
+
+    @property
+    def pad_offset(self) -> int:
+        """Where this rank's pads start in the epoch's positions (with ``epoch_length``).
+
+        A pad at slot ``v >= remaining_samples`` of the laid-out sequence repeats stream
+        position ``(v - remaining_samples + pad_offset) mod epoch_length``. A whole epoch
+        of ``N`` per rank pads its last ``P`` slots with positions ``0 .. P-1``. A plan
+        of ``n`` per rank lines each rank's block up with the end of the rank's block of
+        a whole epoch in this world (slot ``v`` is the whole epoch's slot ``v + (rank +
+        1) * (N - n)``): where every pad slot lines up with a whole epoch's pad, it
+        repeats that pad, so a resume in the same world (which has read the first
+        ``N - n`` slots of every block) pads exactly as the uninterrupted epoch, even
+        after it delivered some of its pads. Otherwise (an elastic resume) the pads
+        repeat positions ``0, 1, ...`` in order.
+        """
+        if not self.epoch_length:
+            return 0
+        total, n = self.remaining_samples, self.samples_per_rank
+        size = self.world.world_size
+        if n == 0 or total >= n * size:
+            return 0  # no padding
+        whole = samples_per_rank(self.epoch_length, size, self.remainder)
+        first = total + (total // n + 1) * (whole - n)  # the first pad's slot, lined up
+        if first < self.epoch_length:
+            return 0
+        return total + (self.world.rank + 1) * (whole - n) - self.epoch_length
 
     @property
     def num_batches(self) -> int:
@@ -158,7 +189,8 @@ class EpochPlan:
             offs = offs[offs < n]
             for lo in range(0, len(offs), max_samples):
                 virtual = base + offs[lo : lo + max_samples]
-                yield _to_real(virtual, self.remaining_samples, starts, cums)
+                yield _to_real(virtual, self.remaining_samples, starts, cums,
+                               self.epoch_length, self.pad_offset)
 
 
 def worker_share(samples_per_rank: int, batch_size: int, worker: int, num_workers: int) -> int:
@@ -179,9 +211,19 @@ def _layout(remaining: Sequence[Interval]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _to_real(
-    virtual: np.ndarray, total: int, starts: np.ndarray, cums: np.ndarray
+    virtual: np.ndarray, total: int, starts: np.ndarray, cums: np.ndarray,
+    epoch_length: int = 0,
+    pad_offset: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
     is_pad = virtual >= total
+    if epoch_length > 0:
+        # padding repeats the epoch's first positions, not the first remaining ones: a
+        # resume in the same world pads as the whole epoch did (see ``pad_offset``)
+        v = np.where(is_pad, 0, virtual)
+        idx = np.searchsorted(cums, v, side="right") - 1
+        real = starts[idx] + (v - cums[idx])
+        pad = (virtual - total + pad_offset) % epoch_length
+        return np.where(is_pad, pad, real), is_pad
     v = np.where(is_pad, (virtual - total) % max(total, 1), virtual)
     idx = np.searchsorted(cums, v, side="right") - 1
     return starts[idx] + (v - cums[idx]), is_pad
@@ -212,15 +254,33 @@ def plan_epoch(
     *,
     batch_size: int = 1,
     remainder: Remainder = "pad",
+    epoch_length: int | None = None,
 ) -> EpochPlan:
     """The plan of ``world``'s reader over the ``remaining`` stream positions.
 
     ``remaining`` is ``((0, L),)`` for a fresh epoch of ``L`` samples, or what
-    :func:`advance` left after a checkpoint. Pure: equal arguments give equal plans.
+    :func:`advance` left after a checkpoint. ``epoch_length`` is ``L``: padding repeats
+    the epoch's first positions, whatever was resumed. A whole epoch in this world pads
+    its last ``P`` slots with positions ``0 .. P-1``; a resume in the same world pads
+    each slot with what the uninterrupted epoch has there (byte-exact, pad rows
+    included), and an elastic resume whose pads do not line up with a whole epoch's
+    pads ``p`` slots with positions ``0 .. p-1`` (see :attr:`EpochPlan.pad_offset`). The
+    pad count, ``world_size`` times the rank's share minus ``R``, does not depend on
+    ``L``. Without ``epoch_length`` padding repeats the first remaining positions. Pure:
+    equal arguments give equal plans.
     """
     _check(world.world_size, world.num_workers, batch_size, remainder)
     rem = normalise_intervals(remaining)
     total = intervals_total(rem)
+    if epoch_length is None:
+        length = 0
+    else:
+        length = int(epoch_length)
+        if length < (rem[-1][1] if rem else 0):
+            raise InvalidInputError(
+                f"epoch_length {length} is shorter than the remaining positions "
+                f"(up to {rem[-1][1]})"
+            )
     return EpochPlan(
         remaining=rem,
         world=world,
@@ -228,6 +288,7 @@ def plan_epoch(
         remainder=remainder,
         remaining_samples=total,
         samples_per_rank=samples_per_rank(total, world.world_size, remainder),
+        epoch_length=length,
     )
 
 

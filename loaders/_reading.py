@@ -194,7 +194,7 @@ class EpochReader:
                         Counters]]:
         """The decoded chunks of one reader's share of the epoch, and its counters."""
         plan = plan_epoch(remaining, world, batch_size=batch_size,
-                          remainder=self.options.remainder)
+                          remainder=self.options.remainder, epoch_length=self.epoch_length)
         if counters is None:
             counters = Counters()
         opts = self.options
