@@ -22,8 +22,10 @@ snapshot and no staging entry; its finished tasks are journaled, so a re-run reu
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import math
 import os
 import time
 import uuid
@@ -40,6 +42,7 @@ from simstore.ingest._config import IngestConfig, printable_path, printable_text
 from simstore.ingest._engine import EngineRun, Report
 from simstore.ingest._plugins import Plugins
 from simstore.ingest._records import FileResult, SourceFile, TaskContext, TaskResult
+from simstore.ingest._sources import SourceGone
 from simstore.ingest._worker import TaskRunner
 
 __all__ = ["TASK_RETRIES", "TaskOutcome", "ingest_task", "quiet_dask_logs", "run_dask"]
@@ -49,6 +52,65 @@ TASK_RETRIES = 2
 under the scheduler's ``distributed.scheduler.allowed-failures``)."""
 
 _REFRESH_S = 5.0  # how often the driver re-reads the cluster's size (it may scale)
+_STEP_S = 0.1  # the longest the driver waits for a result before it looks at the cluster
+_WORKERS_EVERY_S = 1.0  # how often it asks the scheduler for the workers while it waits
+
+NO_WORKERS_ENV = "SIMSTORE_DASK_NO_WORKERS_S"
+NO_WORKERS_S = 60.0
+"""How long the driver waits while a cluster that had workers has none before it fails the
+run (``SIMSTORE_DASK_NO_WORKERS_S`` overrides it): its tasks would wait for ever."""
+
+
+def no_workers_grace_s() -> float:
+    """The grace period for a cluster without workers: the environment's, or 60 s."""
+    text = os.environ.get(NO_WORKERS_ENV, "").strip()
+    if not text:
+        return NO_WORKERS_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise InvalidInputError(
+            f"{NO_WORKERS_ENV}={text!r}: must be a number of seconds, 0 or more"
+        )
+    return value
+
+
+class _NoWorkers:
+    """Fails the run once the cluster, having had workers, has had none for ``grace_s``.
+
+    Dask keeps a task whose workers all died waiting for a worker, for ever; so does the
+    driver's wait for its result. The driver asks the scheduler for its workers about once
+    a second while it waits; a cluster that gets a worker again within the grace period
+    (a nanny restarting it, an adaptive cluster scaling up) goes on. Before the first
+    worker joins nothing is timed: a batch queue may hold the workers' jobs for hours.
+    """
+
+    def __init__(self, client: Any, where: str, grace_s: float) -> None:
+        self.client, self.where, self.grace_s = client, where, grace_s
+        self.asked = -_WORKERS_EVERY_S
+        self.none_since: float | None = None
+        self.had_workers = False
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if now - self.asked < _WORKERS_EVERY_S:
+            return
+        self.asked = now
+        if self.client.nthreads():
+            self.none_since = None
+            self.had_workers = True
+            return
+        if not self.had_workers:
+            return  # none joined yet: queued jobs, not dead workers
+        if self.none_since is None:
+            self.none_since = now
+        if now - self.none_since >= self.grace_s:
+            raise SimstoreError(
+                f"no dask workers at {self.where} for {self.grace_s:g} s (they died); a "
+                "re-run resumes where this one stopped"
+            )
 
 _QUIET: ContextVar[bool | None] = ContextVar("simstore_quiet_dask_logs", default=None)
 """Set by :func:`quiet_dask_logs`: True (the command line), False (``--debug``), or None
@@ -70,7 +132,8 @@ class TaskOutcome:
     """What a dask task returns: its result, or the error that a retry cannot fix.
 
     ``error`` is a :class:`SourceError` (a bad file under ``on_error="fail"``) or an
-    :class:`InvalidInputError` (the worker cannot see the store); the driver raises it.
+    :class:`InvalidInputError` (the worker cannot see the store, or cannot find a source
+    the driver listed); the driver raises it.
     """
 
     result: TaskResult | None
@@ -126,7 +189,18 @@ def ingest_task(
             ),
         )
     try:
-        result = TaskRunner(ctx, plugins=plugins, since=since).run(files)
+        result = TaskRunner(ctx, plugins=plugins, since=since, missing_fails=True).run(files)
+    except SourceGone as exc:
+        # a file the driver listed is not there for this worker: the sources are not at
+        # the same paths on every worker (or it was removed since): no bad file to skip
+        return TaskOutcome(
+            None,
+            InvalidInputError(
+                f"dask worker {worker} cannot find {printable_path(exc.path)}, a source the "
+                "driver listed: the sources must be at the same paths on every worker (a "
+                "shared filesystem mounted alike), and stay until the ingest ends"
+            ),
+        )
     except SourceError as exc:
         return TaskOutcome(None, exc)
     result.seconds = time.perf_counter() - t0
@@ -195,17 +269,7 @@ def _client(cfg: IngestConfig) -> Iterator[Any]:
     """A client of the scheduler at ``cfg.address``, or of a LocalCluster on 127.0.0.1."""
     distributed = _distributed()
     if cfg.address is None:
-        # Loopback only and no dashboard: this cluster serves nobody but this process. The
-        # scheduler's HTTP server (health and metrics routes) still starts; it gets an
-        # ephemeral loopback port rather than 8787, which another cluster may hold.
-        cluster = distributed.LocalCluster(
-            host="127.0.0.1",
-            n_workers=cfg.workers,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=None,
-            scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
-        )
+        cluster = _local_cluster(distributed, cfg.workers)
         quiet = _QUIET.get()
         if quiet is None:  # a library call: this run's own processes are quiet
             quiet = not env_debug()
@@ -226,6 +290,61 @@ def _client(cfg: IngestConfig) -> Iterator[Any]:
         ) from exc
     with client:
         yield client
+
+
+def _local_cluster(distributed: Any, workers: int) -> Any:
+    """A LocalCluster of ``workers`` one-thread processes on 127.0.0.1, no dashboard.
+
+    Loopback only and no dashboard: this cluster serves nobody but this process. The
+    scheduler's HTTP server (health and metrics routes) still starts; it gets an ephemeral
+    loopback port rather than 8787, which another cluster may hold.
+
+    Interrupted while it starts (Ctrl-C), the half-built cluster is closed here, its own
+    errors suppressed: left to distributed's exit handler, closing it would fail on the
+    workers still starting and print a traceback after the run's one line.
+    """
+    # made in two steps so that a cluster interrupted inside its constructor is at hand
+    cluster = distributed.LocalCluster.__new__(distributed.LocalCluster)
+    try:
+        cluster.__init__(
+            host="127.0.0.1",
+            n_workers=workers,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=None,
+            scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
+        )
+    except BaseException:
+        _close_partial(distributed, cluster)
+        raise
+    return cluster
+
+
+def _close_partial(distributed: Any, cluster: Any) -> None:
+    """Close a cluster whose start was cut short, silently, and forget it.
+
+    Its workers may be starting still (their nannies spawning processes): each is let
+    finish its start, then closed, since closing a worker that is starting fails, and a
+    start given up logs its own traceback; then the cluster closes.
+    """
+
+    async def settle() -> None:
+        async def stop(worker: Any) -> None:
+            with contextlib.suppress(Exception):
+                await worker  # its start, already under way: waited for, not repeated
+            with contextlib.suppress(Exception):
+                await worker.close()
+
+        await asyncio.gather(*(stop(w) for w in list(getattr(cluster, "_created", ()))))
+
+    with contextlib.suppress(BaseException):
+        cluster.sync(settle, callback_timeout=30)
+    with contextlib.suppress(BaseException):
+        cluster.close(timeout=10)
+    # a close that failed half-way leaves it for the exit handler to close again (and
+    # fail again, loudly): it is closed as far as it can be
+    with contextlib.suppress(BaseException):
+        distributed.SpecCluster._instances.discard(cluster)
 
 
 def _check_scheduler(address: str) -> None:
@@ -343,6 +462,7 @@ def run_dask(
     results: list[TaskResult | None] = [None] * len(tasks)
     run_id = uuid.uuid4().hex[:12]
     since = time.time()  # what tasks store from now on is this run's (new_bytes)
+    grace_s = no_workers_grace_s()  # a bad setting is refused before a cluster starts
     with _client(cfg) as client:
         pending: dict[Any, int] = {}
         finished = distributed.as_completed(loop=client.loop)
@@ -373,10 +493,40 @@ def run_dask(
                 if len(pending) >= cap:
                     return
 
+        where = cfg.address or getattr(client.scheduler, "address", None) or "the LocalCluster"
+        watch = _NoWorkers(client, where, grace_s)
+
+        def next_done() -> Any:
+            """The next finished future; None once every one was; fails with no workers.
+
+            Waits in steps, as ``as_completed`` does inside, so that a cluster whose
+            workers all died (tasks that no worker will ever run) fails the run instead
+            of waiting for ever.
+            """
+            cond = getattr(finished, "thread_condition", None)
+            while not finished.has_ready():
+                if finished.is_empty():
+                    return None
+                watch.check()
+                if cond is None:
+                    time.sleep(0.05)
+                    continue
+                with cond:
+                    cond.wait(timeout=_STEP_S)
+            return next(finished)
+
+        def settle(fut: Any) -> None:
+            """Wait, in steps, for a result lost with its worker to be computed again."""
+            while fut.status in ("lost", "pending"):
+                with contextlib.suppress(Exception):  # a timeout; a cancel shows in status
+                    distributed.wait([fut], timeout=_STEP_S)
+                watch.check()
+
         try:
             submit()
-            for fut in finished:
+            while (fut := next_done()) is not None:
                 i = pending.pop(fut)
+                settle(fut)
                 res = _collect(fut, i, tasks[i], cfg)
                 del fut  # the cluster forgets the result once no future refers to it
                 results[i] = res

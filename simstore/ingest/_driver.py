@@ -33,7 +33,7 @@ from simstore.ingest._config import (
 from simstore.ingest._engine import EngineRun, run_local
 from simstore.ingest._plugins import plugins_for
 from simstore.ingest._records import FileResult, Row, SourceFile, TaskContext, TaskResult
-from simstore.ingest._sources import discover, plan_tasks, sample_counter
+from simstore.ingest._sources import discover, host_token, plan_tasks, sample_counter
 from simstore.ingest._worker import group_clash, group_clash_message
 from simstore.manifest import MANIFEST_SCHEMA
 from simstore.names import check_name
@@ -161,6 +161,7 @@ def ingest(
         config=cfg,
         base_schema=base,
         params_digest=hash_bytes(canonical_json(cfg.output_params())),
+        listed_on=host_token(),
     )
     tasks = plan_tasks(
         files, cfg.shard_size, sample_counter(plugins[0], cfg.adapter_params()), cfg.piece_bytes

@@ -49,6 +49,15 @@ class SourceFile:
     """What else tells this file from another with the same key, size and mtime (a copy
     unpacked with its times kept, another folder's file of the same name): its device,
     inode and change time, which no program sets (see ``_sources._stat``)."""
+    file_size: int | None = None
+    """The whole file's size as listed (``size`` is a piece's share of it); None: ``size``.
+    A task checks the file against its listing (size, mtime, identity) when it opens it
+    and after reading it (see ``_sources.ListedSource``)."""
+
+    @property
+    def listed_size(self) -> int:
+        """The whole file's size when it was listed."""
+        return self.size if self.file_size is None else self.file_size
 
     @property
     def completes_file(self) -> bool:
@@ -61,7 +70,10 @@ class TaskContext:
     """What every task needs besides its files: the store, the dataset and the options.
 
     ``base_schema`` is the branch head's schema (a task checks field types against it);
-    ``params_digest`` is the digest of every output parameter (it keys the journal).
+    ``params_digest`` is the digest of every output parameter (it keys the journal);
+    ``listed_on``: the machine that listed the sources (``_sources.host_token``), where a
+    task may compare their device and inode numbers too (elsewhere those are another
+    machine's numbers for the same file).
     """
 
     store: ObjectStore
@@ -69,6 +81,7 @@ class TaskContext:
     config: IngestConfig
     base_schema: tuple[FieldSpec, ...]
     params_digest: str
+    listed_on: str = ""
 
 
 @dataclass(slots=True)

@@ -7,10 +7,13 @@ or the worker count, so every engine stores the same shards.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import functools
 import math
 import mmap
 import os
+import socket
 import stat
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -23,11 +26,14 @@ from simstore.ingest._records import Piece, SourceFile
 from simstore.protocols import SourceAdapter
 
 __all__ = [
+    "ListedSource",
+    "SourceGone",
     "SupportsSampleRanges",
     "check_key",
     "discover",
     "hash_file",
     "hash_source",
+    "host_token",
     "plan_tasks",
     "read_head",
     "resolve_adapter",
@@ -224,6 +230,151 @@ def _stat(path: str) -> tuple[int, int, str]:
     return st.st_size, st.st_mtime_ns, f"{st.st_dev}:{st.st_ino}:{st.st_ctime_ns}"
 
 
+@functools.cache
+def host_token() -> str:
+    """Which machine (and boot of it) this process runs on.
+
+    Device numbers, and on some network filesystems inode numbers, are the numbers of
+    one machine's mounts: another machine may give the same file others. A task compares
+    them with its file's listing only where this equals the listing machine's.
+    """
+    boot = ""
+    with contextlib.suppress(OSError):
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+    return f"{socket.gethostname()}/{boot}"
+
+
+class SourceGone(SourceError):
+    """A listed source that is not at its path when its task opens it.
+
+    Removed since it was listed, or, on a dask worker, not visible there at all (the
+    sources are not on a filesystem every worker mounts at the same path).
+    """
+
+    def __init__(self, message: str, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __reduce__(self) -> tuple[type[SourceGone], tuple[str, str]]:  # type: ignore[override]
+        return (type(self), (self.message, self.path))
+
+
+_CHANGED = "changed since it was listed ({}); re-run the ingest"
+
+
+class ListedSource:
+    """One source checked against its listing while a task reads it.
+
+    :meth:`open` (before the adapter opens the file) and :meth:`check` (after the last
+    sample is read) compare the file with what discovery recorded: its size, mtime and
+    change time, and on the machine that listed it its device and inode too. A regular
+    file is opened here and held open while the task reads it, so :meth:`check` looks at
+    the file that was opened (``fstat``: rewritten in place) and at what the path names
+    now (``stat``: replaced by a rename, removed). A directory source (a Zarr group) is
+    walked again after reading: its files' count, total size and latest times. A mismatch
+    is a :class:`SourceError`, ``<path>: changed since it was listed (size/mtime); re-run
+    the ingest``; a source missing at :meth:`open` is a :class:`SourceGone`. A source
+    listed as broken (no identity) is not checked: its task reports what is wrong.
+    """
+
+    def __init__(self, src: SourceFile, same_host: bool) -> None:
+        self.src = src
+        self.same_host = same_host
+        self.is_dir = src.identity.startswith("dir:")
+        self.fd: int | None = None
+
+    @property
+    def active(self) -> bool:
+        return bool(self.src.identity)
+
+    def _changed(self, what: Sequence[str]) -> SourceError:
+        return SourceError(f"{printable_path(self.src.path)}: {_CHANGED.format('/'.join(what))}")
+
+    def _differs(self, st: os.stat_result) -> list[str]:
+        """What of the file's listing ``st`` does not match (a regular file's stat)."""
+        src = self.src
+        what = []
+        if st.st_size != src.listed_size:
+            what.append("size")
+        if st.st_mtime_ns != src.mtime_ns:
+            what.append("mtime")
+        parts = src.identity.split(":")
+        if len(parts) == 3:
+            dev, ino, ctime = parts
+            if self.same_host and (str(st.st_dev), str(st.st_ino)) != (dev, ino):
+                what.append("inode")
+            if str(st.st_ctime_ns) != ctime:
+                what.append("ctime")
+        return what
+
+    def open(self) -> None:
+        """Check the source before it is read; raises if it is gone or changed."""
+        if not self.active:
+            return
+        path = self.src.path
+        try:
+            if self.is_dir:
+                os.stat(path)
+                return
+            flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+            fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR) and not os.path.islink(path):
+                raise SourceGone(
+                    f"{printable_path(path)}: {_CHANGED.format('removed: no such file')}",
+                    path,
+                ) from exc
+            return  # the task's own open says what is wrong (permissions, a dangling link)
+        self.fd = fd
+        try:
+            what = self._differs(os.fstat(fd))
+        except OSError:
+            return
+        if what:
+            raise self._changed(what)
+
+    def check(self) -> None:
+        """Check the source after it was read; raises if it changed since it was listed."""
+        if not self.active:
+            return
+        path = self.src.path
+        if self.is_dir:
+            try:
+                size, mtime, identity = _stat(path)
+            except OSError:
+                raise self._changed(["removed"]) from None
+            differs = [
+                name
+                for name, now, then in (
+                    ("size", size, self.src.listed_size),
+                    ("mtime", mtime, self.src.mtime_ns),
+                    ("files", identity, self.src.identity),
+                )
+                if now != then
+            ]
+            if differs:
+                raise self._changed(differs)
+            return
+        what: set[str] = set()
+        if self.fd is not None:  # the file that was opened: rewritten in place?
+            with contextlib.suppress(OSError):
+                what.update(self._differs(os.fstat(self.fd)))
+        try:  # what the path names now: replaced, removed?
+            what.update(self._differs(os.stat(path)))
+        except OSError:
+            what.add("removed")
+        if what:
+            order = ("size", "mtime", "inode", "ctime", "removed")
+            raise self._changed(sorted(what, key=order.index))
+
+    def close(self) -> None:
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[SourceFile], list[str]]:
     """Source files in key order, and the walked files no adapter reads.
 
@@ -253,7 +404,7 @@ def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[Sourc
                 printable_text(f"two sources map to the key {key!r}: {found[key].path} and {path}")
             )
         size, mtime, identity = (0, 0, "") if path in broken else _stat(path)
-        found[key] = SourceFile(path, key, size, mtime, identity=identity)
+        found[key] = SourceFile(path, key, size, mtime, identity=identity, file_size=size)
 
     def sniff(path: str, key: str) -> bytes:
         try:
@@ -411,6 +562,7 @@ def _pieces(src: SourceFile, samples: int, shard_size: int) -> list[SourceFile]:
             src.mtime_ns,
             Piece(index=i, count=count, start=bounds[i], stop=bounds[i + 1]),
             identity=src.identity,
+            file_size=src.listed_size,
         )
         for i in range(count)
     ]

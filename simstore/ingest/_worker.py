@@ -12,6 +12,7 @@ a task twice (a retry, a duplicate) stores nothing new the second time.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import tempfile
@@ -41,9 +42,12 @@ from simstore.ingest._journal import journal_key, read_journal, write_journal
 from simstore.ingest._plugins import Plugins, plugins_for
 from simstore.ingest._records import FileResult, Row, SourceFile, TaskContext, TaskResult
 from simstore.ingest._sources import (
+    ListedSource,
+    SourceGone,
     check_key,
     hash_file,
     hash_source,
+    host_token,
     read_head,
     resolve_adapter,
 )
@@ -139,8 +143,16 @@ class TaskRunner:
         progress: Callable[[SourceFile, int], None] | None = None,
         plugins: Plugins | None = None,
         since: float | None = None,
+        missing_fails: bool = False,
     ):
         self.ctx = ctx
+        self.missing_fails = missing_fails
+        """A listed source missing at its path when a task opens it fails the task
+        (:class:`SourceGone`), whatever ``on_error`` says: on a dask worker that is a
+        worker that cannot see the sources, not a bad file to skip."""
+        self.same_host = bool(ctx.listed_on) and ctx.listed_on == host_token()
+        """Whether this process runs on the machine that listed the sources (device and
+        inode numbers are compared only there)."""
         self.since = since
         """When the run started (epoch seconds; the dask engine, whose tasks may run
         again). A shard this task finds already stored but last modified after that was
@@ -182,6 +194,8 @@ class TaskRunner:
         """The file of this task that first had each field of ``run_specs``."""
         self._head_fields = frozenset(s.name for s in ctx.base_schema)
         self._present: dict[str, bool] = {}  # objects the journal's records need (re-runs)
+        self.wrote = False
+        """Whether the last :meth:`_store` wrote the object (rather than finding it)."""
 
     # -- shards ------------------------------------------------------------------------
     def _builder(self, kind: str) -> _Builder:
@@ -219,6 +233,7 @@ class TaskRunner:
         read before the put refreshes it.
         """
         store = self.ctx.store
+        self.wrote = False
         stored_at = self._stored_at(key) if self.since is not None else None
         if stored_at is not None:
             refresh = getattr(store, "refresh", None)
@@ -233,6 +248,7 @@ class TaskRunner:
             wrote = store.put_file(key, path)
             if consume:
                 os.unlink(path)
+        self.wrote = wrote
         if wrote or self.since is None:
             return wrote
         # absent at the stat, present at the put: stored meanwhile, by a duplicate of this
@@ -320,6 +336,8 @@ class TaskRunner:
         try:
             return self._ingest(src, res)
         except SourceError as exc:
+            if self.missing_fails and isinstance(exc, SourceGone):
+                raise
             # one line, whatever a library put in its message, and printable: a path that
             # is not UTF-8 (a source root named so) shows its bytes as escapes
             message = printable_text(" ".join(exc.message.split()))
@@ -353,8 +371,51 @@ class TaskRunner:
     def _ingest(
         self, src: SourceFile, res: FileResult
     ) -> tuple[FileResult, list[tuple[int, int, Row]]]:
+        """Read one file (or piece), checked against its listing before and after.
+
+        A file that changed since discovery listed it (rewritten in place, replaced,
+        removed) is a bad file, whatever else went wrong while reading it: its samples
+        would mix two versions of it, or its lineage name another file than was read.
+        """
+        check_key(src.path, src.key)  # the part under the root; the root's own name may be any
+        listed = ListedSource(src, self.same_host)
+        try:
+            listed.open()
+            try:
+                res, raw, adapter, specs = self._read(src, res)
+            except SourceError:
+                listed.check()  # a file that changed meanwhile: say that, not what broke
+                raise
+            listed.check()
+            first = src.piece is None or src.piece.index == 0
+            path = src.path
+            if first and getattr(adapter, "stores_source", False) and not os.path.isdir(path):
+                key = object_key(res.source_hash)
+                new = self._store(key, path, consume=False)
+                try:
+                    listed.check()  # changed while copied: its bytes are not this hash's
+                except SourceError:
+                    if self.wrote:  # the copy this call made, not an object found there
+                        with contextlib.suppress(Exception):
+                            self.ctx.store.delete(key)
+                    raise
+                if new:
+                    res.new_bytes += res.size_bytes
+                res.source_object = res.source_hash
+        finally:
+            listed.close()
+        # the schema of the task's later files (they share its shards): a file that
+        # changed while read is none of it
+        self.run_specs.update(specs)
+        for name in specs:
+            self.spec_from.setdefault(name, path)
+        return res, raw
+
+    def _read(
+        self, src: SourceFile, res: FileResult
+    ) -> tuple[FileResult, list[tuple[int, int, Row]], Any, dict[str, FieldSpec]]:
+        """The adapter's samples of the file into shards; its result, rows, adapter, specs."""
         path = src.path
-        check_key(path, src.key)  # the part under the root; the root's own name may be any
         try:
             adapter = resolve_adapter(self.adapter, path, read_head(path))
         except OSError as exc:
@@ -445,17 +506,9 @@ class TaskRunner:
                 f"{path}: the adapter gave {len(raw)} samples for samples {src.piece.start} "
                 f"to {src.piece.stop - 1} of the file (it must honour sample_range)"
             )
-        first = src.piece is None or src.piece.index == 0
-        if first and getattr(adapter, "stores_source", False) and not os.path.isdir(path):
-            if self._store(object_key(res.source_hash), path, consume=False):
-                res.new_bytes += res.size_bytes
-            res.source_object = res.source_hash
         res.schema = [specs[n].to_json() for n in sorted(specs)]  # type: ignore[misc]
         res.stats = file_stats.to_json()
-        self.run_specs.update(specs)
-        for name in specs:
-            self.spec_from.setdefault(name, path)
-        return res, raw
+        return res, raw, adapter, specs
 
     def _route(self, sample: Sample) -> str:
         if self.cfg.format == "zarr":

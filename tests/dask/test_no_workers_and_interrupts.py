@@ -1,0 +1,190 @@
+"""A cluster left without workers fails the run in one line; Ctrl-C while the engine's
+LocalCluster starts prints one line too. Both through the command line, in real processes."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+from dask_adapters import write_values
+
+from simstore.catalog import Catalog
+from simstore.errors import InvalidInputError
+from simstore.ingest import ingest
+from simstore.ingest._dask import NO_WORKERS_ENV
+
+pytestmark = pytest.mark.dask
+
+TESTS = os.path.dirname(__file__)
+ROOT = os.path.dirname(os.path.dirname(TESTS))
+DASK = os.path.join(os.path.dirname(sys.executable), "dask")
+
+CLI_WITH_TESTVALS = """
+import sys
+from importlib.metadata import EntryPoint
+
+sys.path.insert(0, {tests!r})
+import simstore.ingest as module
+
+real = module.entry_points
+
+
+def fake(group):
+    eps = list(real(group=group))
+    if group == module.ADAPTER_GROUP:
+        eps.append(EntryPoint("testvals", "dask_adapters:ValuesAdapter", group))
+    return eps
+
+
+module.entry_points = fake
+from simstore.cli import main
+
+if __name__ == "__main__":
+    main()
+"""
+
+CLI_INTERRUPTED_AT_START = """
+import os
+import signal
+
+import distributed
+
+real = distributed.Nanny.__init__
+sent = []
+
+
+def init(self, *args, **kwargs):
+    # Ctrl-C while the LocalCluster starts: its first worker is being made
+    if not sent:
+        sent.append(True)
+        os.kill(os.getpid(), signal.SIGINT)
+    real(self, *args, **kwargs)
+
+
+distributed.Nanny.__init__ = init
+from simstore.cli import main
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def wait_for(condition, what, deadline_s=60.0):
+    """Poll until ``condition()``; the deadline only stops a hung test, it measures nothing."""
+    end = time.monotonic() + deadline_s
+    while not condition():
+        assert time.monotonic() < end, f"gave up waiting for {what}"
+        time.sleep(0.05)
+
+
+def env_with_tests(**extra):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (TESTS, ROOT, env.get("PYTHONPATH", "")) if p
+    )
+    env.update(extra)
+    return env
+
+
+def stop(proc):
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+def test_a_cluster_whose_workers_all_died_fails_the_run_in_one_line(tmp_path):
+    """An outside cluster of one worker (no nanny) killed mid-task: the driver does not
+    wait for ever; with the grace period at 0 it fails once it sees no worker."""
+    distributed = pytest.importorskip("distributed")
+    src = write_values(tmp_path / "src", ["a0", "gate0"])
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    store = str(tmp_path / "store")
+    Catalog.init(store)
+    scheduler_file = tmp_path / "scheduler.json"
+    script = tmp_path / "cli.py"
+    script.write_text(textwrap.dedent(CLI_WITH_TESTVALS).format(tests=TESTS))
+    procs = []
+    try:
+        scheduler = subprocess.Popen(
+            [DASK, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+             "--scheduler-file", str(scheduler_file)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env_with_tests(),
+        )
+        procs.append(scheduler)
+        wait_for(lambda: scheduler_file.exists() and scheduler_file.stat().st_size, "scheduler")
+        address = json.loads(scheduler_file.read_text())["address"]
+        assert address.startswith("tcp://127.0.0.1:")
+        worker = subprocess.Popen(
+            [DASK, "worker", address, "--host", "127.0.0.1", "--nthreads", "1",
+             "--no-nanny", "--no-dashboard"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env_with_tests(),
+        )
+        procs.append(worker)
+        with distributed.Client(address, set_as_default=False) as client:
+            client.wait_for_workers(1, timeout=120)  # joined: the run starts with a worker
+        driver = subprocess.Popen(
+            [sys.executable, str(script), "--store", store, "ingest", str(src), "--dataset",
+             "d", "--adapter", "testvals", "--option", f"marker_dir={markers}",
+             "--shard-size", "1", "--engine", "dask", "--address", address, "--no-progress",
+             "--snapshot"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=env_with_tests(**{NO_WORKERS_ENV: "0"}),
+        )
+        procs.append(driver)
+        wait_for(
+            lambda: (markers / "started").exists() or driver.poll() is not None,
+            "gate0's task to start",
+        )
+        assert driver.poll() is None, driver.communicate()
+        worker.kill()  # the cluster's only worker dies mid-task
+        worker.wait()
+        out, err = driver.communicate(timeout=300)
+    finally:
+        (markers / "open").touch()
+        for proc in reversed(procs):
+            stop(proc)
+    assert driver.returncode == 1, (out, err)
+    assert out == ""
+    assert err.splitlines() == [
+        f"error: no dask workers at {address} for 0 s (they died); a re-run resumes where "
+        "this one stopped"
+    ], err
+    cat = Catalog.open(store)
+    assert cat.staged("d") == [] and cat.branches("d").get_versioned("main")[0] is None
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "nan"])
+def test_a_bad_grace_period_is_refused_naming_the_variable(
+    catalog_at, tmp_path, monkeypatch, value
+):
+    src = tmp_path / "src"
+    src.mkdir()
+    np.savez(src / "a.npz", x=np.arange(3.0))
+    monkeypatch.setenv(NO_WORKERS_ENV, value)
+    with pytest.raises(InvalidInputError, match=rf"^{NO_WORKERS_ENV}='{re.escape(value)}': "):
+        ingest([src], dataset="d", store=catalog_at("s"), engine="dask", workers=1)
+
+
+def test_ctrl_c_while_the_local_cluster_starts_prints_one_line(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    np.savez(src / "a.npz", x=np.arange(3.0))
+    store = str(tmp_path / "store")
+    Catalog.init(store)
+    script = tmp_path / "cli.py"
+    script.write_text(textwrap.dedent(CLI_INTERRUPTED_AT_START))
+    p = subprocess.run(
+        [sys.executable, str(script), "--store", store, "ingest", str(src), "--dataset", "d",
+         "--engine", "dask", "--workers", "2", "--no-progress"],
+        capture_output=True, text=True, timeout=300, env=env_with_tests(),
+    )
+    assert p.returncode == 128 + signal.SIGINT, (p.stdout, p.stderr)
+    assert p.stderr == "error: interrupted\n"
+    assert Catalog.open(store).staged("d") == []
