@@ -42,6 +42,7 @@ __all__ = [
     "FaultProxy",
     "ProxyRecord",
     "fault_proxy",
+    "fast_retry_options",
     "make_s3_client",
     "moto_server",
     "s3_bucket",
@@ -299,6 +300,24 @@ class FaultProxy:
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
 
         return Handler
+
+
+def fast_retry_options(endpoint_url: str, attempts: int = 3, **extra: Any) -> dict[str, Any]:
+    """``storage_options`` for the fake server whose retries back off in milliseconds.
+
+    For a fault proxy in front of it too: fault tests run through their attempts quickly.
+    ``extra`` adds or overrides options (timeouts, for instance).
+    """
+    return {
+        "endpoint_url": endpoint_url,
+        "key": FAKE_ACCESS_KEY,
+        "secret": FAKE_SECRET_KEY,
+        "region_name": "us-east-1",
+        "backoff_base_s": 0.005,
+        "backoff_max_s": 0.05,
+        "max_attempts": attempts,
+        **extra,
+    }
 
 
 def make_s3_client(endpoint_url: str) -> Any:

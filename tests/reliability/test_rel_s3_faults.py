@@ -18,7 +18,7 @@ import rel_harness as h
 from simstore.catalog import Catalog, gc, verify
 from simstore.errors import SimstoreError, StorageError
 from simstore.ingest import ingest
-from simstore.testing.s3 import FAKE_ACCESS_KEY, FAKE_SECRET_KEY
+from simstore.testing.s3 import FAKE_ACCESS_KEY, FAKE_SECRET_KEY, fast_retry_options
 
 pytestmark = pytest.mark.s3
 
@@ -26,17 +26,7 @@ FAULTS = ["slowdown", "drop", "drop_response", "stall", "truncate"]
 
 
 def _options(endpoint, attempts):
-    return {
-        "endpoint_url": endpoint,
-        "key": FAKE_ACCESS_KEY,
-        "secret": FAKE_SECRET_KEY,
-        "region_name": "us-east-1",
-        "backoff_base_s": 0.005,
-        "backoff_max_s": 0.05,
-        "max_attempts": attempts,
-        "read_timeout_s": 0.5,
-        "connect_timeout_s": 0.5,
-    }
+    return fast_retry_options(endpoint, attempts, read_timeout_s=0.5, connect_timeout_s=0.5)
 
 
 def _sources(tmp_path, count=8, version=0):

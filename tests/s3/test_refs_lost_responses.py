@@ -17,7 +17,7 @@ from simstore.cli import main
 
 from simstore.catalog import Catalog
 from simstore.errors import AlreadyExistsError, ConflictError
-from simstore.testing.s3 import FAKE_ACCESS_KEY, FAKE_SECRET_KEY
+from simstore.testing.s3 import fast_retry_options
 
 pytestmark = pytest.mark.s3
 
@@ -28,15 +28,7 @@ KIND_DIR = {"tags": "tags", "branches": "heads"}
 
 
 def _options(endpoint):
-    return {
-        "endpoint_url": endpoint,
-        "key": FAKE_ACCESS_KEY,
-        "secret": FAKE_SECRET_KEY,
-        "region_name": "us-east-1",
-        "backoff_base_s": 0.005,
-        "backoff_max_s": 0.05,
-        "max_attempts": 3,
-    }
+    return fast_retry_options(endpoint)
 
 
 @pytest.fixture
