@@ -188,3 +188,50 @@ def test_ctrl_c_while_the_local_cluster_starts_prints_one_line(tmp_path):
     assert p.returncode == 128 + signal.SIGINT, (p.stdout, p.stderr)
     assert p.stderr == "error: interrupted\n"
     assert Catalog.open(store).staged("d") == []
+
+
+def test_a_run_waits_for_its_first_worker_however_long_the_grace_period(tmp_path):
+    """Before any worker has joined nothing is timed (a batch queue may hold the workers'
+    jobs): with the grace period at 0 the run still waits, then ingests once one joins."""
+    distributed = pytest.importorskip("distributed")
+    src = write_values(tmp_path / "src", ["a0", "a1"])
+    store = str(tmp_path / "store")
+    Catalog.init(store)
+    scheduler_file = tmp_path / "scheduler.json"
+    script = tmp_path / "cli.py"
+    script.write_text(textwrap.dedent(CLI_WITH_TESTVALS).format(tests=TESTS))
+    procs = []
+    try:
+        scheduler = subprocess.Popen(
+            [DASK, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+             "--scheduler-file", str(scheduler_file)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env_with_tests(),
+        )
+        procs.append(scheduler)
+        wait_for(lambda: scheduler_file.exists() and scheduler_file.stat().st_size, "scheduler")
+        address = json.loads(scheduler_file.read_text())["address"]
+        driver = subprocess.Popen(
+            [sys.executable, str(script), "--store", store, "ingest", str(src), "--dataset",
+             "d", "--adapter", "testvals", "--engine", "dask", "--address", address,
+             "--no-progress", "--snapshot", "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=env_with_tests(**{NO_WORKERS_ENV: "0"}),
+        )
+        procs.append(driver)
+        with distributed.Client(address, set_as_default=False) as client:
+            wait_for(lambda: client.run_on_scheduler(lambda dask_scheduler: len(
+                dask_scheduler.tasks)) > 0 or driver.poll() is not None, "tasks submitted")
+        time.sleep(2.5)  # the driver has looked for workers at least twice (once a second)
+        assert driver.poll() is None, driver.communicate()
+        worker = subprocess.Popen(
+            [DASK, "worker", address, "--host", "127.0.0.1", "--nthreads", "1",
+             "--no-nanny", "--no-dashboard"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env_with_tests(),
+        )
+        procs.append(worker)
+        out, err = driver.communicate(timeout=300)
+    finally:
+        for proc in reversed(procs):
+            stop(proc)
+    assert driver.returncode == 0, (out, err)
+    assert json.loads(out)["samples"] == 2
