@@ -88,18 +88,21 @@ class VerifyReport:
     snapshots: list[str] = field(default_factory=list)
     objects_checked: int = 0
     bytes_hashed: int = 0
-    problems: list[str] = field(default_factory=list)
     problem_objects: list[VerifyProblem] = field(default_factory=list)
+
+    @property
+    def problems(self) -> list[str]:
+        """One line per problem: each problem's message."""
+        return [p.message for p in self.problem_objects]
 
     @property
     def ok(self) -> bool:
         """Whether nothing was wrong."""
-        return not self.problems
+        return not self.problem_objects
 
     def add(self, problem: VerifyProblem) -> None:
-        """Record a problem (its line in ``problems`` too)."""
+        """Record a problem."""
         self.problem_objects.append(problem)
-        self.problems.append(problem.message)
 
     def to_json(self) -> dict[str, Any]:
         """JSON shape."""
@@ -112,7 +115,7 @@ class VerifyReport:
             "snapshots": list(self.snapshots),
             "objects_checked": self.objects_checked,
             "bytes_hashed": self.bytes_hashed,
-            "problems": list(self.problems),
+            "problems": self.problems,
             "problem_objects": [p.to_json() for p in self.problem_objects],
         }
 
@@ -283,7 +286,6 @@ class _Walk:
             report.problem_objects[i] = replace(
                 p, snapshots=tuple(children), refs=tuple(refs), message=message
             )
-        report.problems[:] = [p.message for p in report.problem_objects]
 
     def _snapshot_problem(
         self, sid: str, problem: Literal["missing", "damaged", "invalid id"], message: str
