@@ -180,6 +180,7 @@ class EpochPlan:
         batches = range(k, self.num_batches, nworkers)
         starts, cums = _layout(self.remaining)
         base = self.world.rank * n
+        pad_offset = self.pad_offset
         i = 0
         while i < len(batches):
             take = per_first if i == 0 else per_chunk
@@ -190,7 +191,7 @@ class EpochPlan:
             for lo in range(0, len(offs), max_samples):
                 virtual = base + offs[lo : lo + max_samples]
                 yield _to_real(virtual, self.remaining_samples, starts, cums,
-                               self.epoch_length, self.pad_offset)
+                               self.epoch_length, pad_offset)
 
 
 def worker_share(samples_per_rank: int, batch_size: int, worker: int, num_workers: int) -> int:
@@ -216,17 +217,15 @@ def _to_real(
     pad_offset: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
     is_pad = virtual >= total
-    if epoch_length > 0:
-        # padding repeats the epoch's first positions, not the first remaining ones: a
-        # resume in the same world pads as the whole epoch did (see ``pad_offset``)
-        v = np.where(is_pad, 0, virtual)
-        idx = np.searchsorted(cums, v, side="right") - 1
-        real = starts[idx] + (v - cums[idx])
-        pad = (virtual - total + pad_offset) % epoch_length
-        return np.where(is_pad, pad, real), is_pad
-    v = np.where(is_pad, (virtual - total) % max(total, 1), virtual)
+    # without epoch_length a pad repeats a remaining position (mapped below with the
+    # others); with it, an epoch position (see ``pad_offset``): a resume in the same
+    # world pads as the whole epoch did
+    v = np.where(is_pad, 0 if epoch_length > 0 else (virtual - total) % max(total, 1), virtual)
     idx = np.searchsorted(cums, v, side="right") - 1
-    return starts[idx] + (v - cums[idx]), is_pad
+    real = starts[idx] + (v - cums[idx])
+    if epoch_length > 0:
+        real = np.where(is_pad, (virtual - total + pad_offset) % epoch_length, real)
+    return real, is_pad
 
 
 def _check(world_size: int, num_workers: int, batch_size: int, remainder: str) -> None:
