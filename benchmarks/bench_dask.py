@@ -60,16 +60,12 @@ def _ingest(src: Path, store_dir: Path, **options: Any) -> tuple[float, Any, str
 
 
 def _cluster(workers: int) -> Any:
-    from distributed import LocalCluster
+    """The LocalCluster an ingest without an address starts (loopback, no dashboard)."""
+    import distributed
 
-    return LocalCluster(
-        host="127.0.0.1",
-        n_workers=workers,
-        threads_per_worker=1,
-        processes=True,
-        dashboard_address=None,
-        scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
-    )
+    from simstore.ingest._dask import _local_cluster
+
+    return _local_cluster(distributed, workers)
 
 
 def throughput(work: Path, quick: bool, reps: int) -> dict[str, Any]:
