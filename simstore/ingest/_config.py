@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import numbers
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
@@ -363,9 +362,10 @@ def printable_path(path: str) -> str:
     r"""``path`` as valid text: the bytes of a name that are not UTF-8 as ``\xe9`` escapes.
 
     Such a name reaches Python as lone surrogates (``\udce9``), which strict JSON parsers
-    refuse and a terminal cannot show; skip reasons name such files the same way.
+    refuse and a terminal cannot show; skip reasons name such files the same way. A
+    path is text like any other here: :func:`printable_text` of it.
     """
-    return os.fsencode(path).decode("utf-8", "backslashreplace")
+    return printable_text(path)
 
 
 def printable_text(text: str) -> str:
