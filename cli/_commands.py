@@ -9,7 +9,6 @@ import click
 from simstore.cli._common import (
     CliContext,
     check_at_least,
-    check_branch,
     check_message,
     check_not_empty,
     emit,
@@ -157,7 +156,7 @@ def delete_cmd(
         cat.check_commit_branch(dataset, branch)  # before anything is staged
     head_id, _ = cat.branches(dataset).get_versioned(branch)
     if head_id is None:
-        check_branch(cat, dataset, branch)  # names the branches there are
+        cat.branches(dataset).require(branch)  # names the branches there are
         # a dataset without branches: unknown, or one with only tags
         cat.resolve(f"{dataset}@{branch}")  # an unknown dataset or revision: its error
         raise NotFoundError(

@@ -26,7 +26,6 @@ __all__ = [
     "CliContext",
     "SimstoreGroup",
     "check_at_least",
-    "check_branch",
     "check_message",
     "check_not_empty",
     "debug_on",
@@ -171,15 +170,6 @@ def check_at_least(value: int | None, flag: str, minimum: int) -> None:
     """
     if value is not None and value < minimum:
         raise InvalidInputError(f"invalid {flag} {value}: must be at least {minimum}")
-
-
-def check_branch(cat: Catalog, dataset: str, branch: str) -> None:
-    """Refuse a ``--branch`` that names none of the branches ``dataset`` has (exit 3).
-
-    :meth:`Branches.require`: the commit's rule and words, without its check of the
-    store's conditional writes, for commands that only stage.
-    """
-    cat.branches(dataset).require(branch)
 
 
 def check_not_empty(value: str | None, flag: str, reason: str) -> None:
