@@ -92,6 +92,30 @@ def env_with_tests(**extra):
     return env
 
 
+def start_scheduler(scheduler_file, procs):
+    """A ``dask scheduler`` on 127.0.0.1 (appended to ``procs``); its address."""
+    procs.append(subprocess.Popen(
+        [DASK, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+         "--scheduler-file", str(scheduler_file)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env_with_tests(),
+    ))  # fmt: skip
+    wait_for(lambda: scheduler_file.exists() and scheduler_file.stat().st_size, "scheduler")
+    address = json.loads(scheduler_file.read_text())["address"]
+    assert address.startswith("tcp://127.0.0.1:")
+    return address
+
+
+def start_worker(address, procs):
+    """One ``dask worker`` of one thread, no nanny, for ``address`` (appended to ``procs``)."""
+    worker = subprocess.Popen(
+        [DASK, "worker", address, "--host", "127.0.0.1", "--nthreads", "1",
+         "--no-nanny", "--no-dashboard"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env_with_tests(),
+    )
+    procs.append(worker)
+    return worker
+
+
 def stop(proc):
     if proc.poll() is None:
         proc.kill()
@@ -107,26 +131,12 @@ def test_a_cluster_whose_workers_all_died_fails_the_run_in_one_line(tmp_path):
     markers.mkdir()
     store = str(tmp_path / "store")
     Catalog.init(store)
-    scheduler_file = tmp_path / "scheduler.json"
     script = tmp_path / "cli.py"
     script.write_text(textwrap.dedent(CLI_WITH_TESTVALS).format(tests=TESTS))
     procs = []
     try:
-        scheduler = subprocess.Popen(
-            [DASK, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-             "--scheduler-file", str(scheduler_file)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env_with_tests(),
-        )
-        procs.append(scheduler)
-        wait_for(lambda: scheduler_file.exists() and scheduler_file.stat().st_size, "scheduler")
-        address = json.loads(scheduler_file.read_text())["address"]
-        assert address.startswith("tcp://127.0.0.1:")
-        worker = subprocess.Popen(
-            [DASK, "worker", address, "--host", "127.0.0.1", "--nthreads", "1",
-             "--no-nanny", "--no-dashboard"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env_with_tests(),
-        )
-        procs.append(worker)
+        address = start_scheduler(tmp_path / "scheduler.json", procs)
+        worker = start_worker(address, procs)
         with distributed.Client(address, set_as_default=False) as client:
             client.wait_for_workers(1, timeout=120)  # joined: the run starts with a worker
         driver = subprocess.Popen(
@@ -197,19 +207,11 @@ def test_a_run_waits_for_its_first_worker_however_long_the_grace_period(tmp_path
     src = write_values(tmp_path / "src", ["a0", "a1"])
     store = str(tmp_path / "store")
     Catalog.init(store)
-    scheduler_file = tmp_path / "scheduler.json"
     script = tmp_path / "cli.py"
     script.write_text(textwrap.dedent(CLI_WITH_TESTVALS).format(tests=TESTS))
     procs = []
     try:
-        scheduler = subprocess.Popen(
-            [DASK, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-             "--scheduler-file", str(scheduler_file)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env_with_tests(),
-        )
-        procs.append(scheduler)
-        wait_for(lambda: scheduler_file.exists() and scheduler_file.stat().st_size, "scheduler")
-        address = json.loads(scheduler_file.read_text())["address"]
+        address = start_scheduler(tmp_path / "scheduler.json", procs)
         driver = subprocess.Popen(
             [sys.executable, str(script), "--store", store, "ingest", str(src), "--dataset",
              "d", "--adapter", "testvals", "--engine", "dask", "--address", address,
@@ -223,12 +225,7 @@ def test_a_run_waits_for_its_first_worker_however_long_the_grace_period(tmp_path
                 dask_scheduler.tasks)) > 0 or driver.poll() is not None, "tasks submitted")
         time.sleep(2.5)  # the driver has looked for workers at least twice (once a second)
         assert driver.poll() is None, driver.communicate()
-        worker = subprocess.Popen(
-            [DASK, "worker", address, "--host", "127.0.0.1", "--nthreads", "1",
-             "--no-nanny", "--no-dashboard"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env_with_tests(),
-        )
-        procs.append(worker)
+        start_worker(address, procs)
         out, err = driver.communicate(timeout=300)
     finally:
         for proc in reversed(procs):
