@@ -44,6 +44,7 @@ from simstore.loaders._fetch import (
     tier_of,
 )
 from simstore.loaders._metrics import Metrics, timed
+from simstore.loaders._node_trust import DEFAULT_VERIFY_EVERY_S, node_records
 from simstore.loaders._normalise import Normalise, NormaliseSpec
 from simstore.loaders._options import LoaderOptions, cache_config
 from simstore.loaders._order import BLOCK_BYTES, BUFFER_BLOCKS, Mixture
@@ -192,7 +193,12 @@ class SimDataset(IterableDataset[Sample]):
             shards' row-group size, the unit a reader decodes; default 4 MiB).
         shuffle_buffer_blocks: blocks whose rows are shuffled together (default 16), so
             a reader keeps at most that many blocks decoded.
-        verify: hash-check each shard once per process (local) or on cache fill.
+        verify: hash-check each shard (a local store's file, a cache copy) as a whole
+            before trusting what is read from it: once per job, or on cache fill.
+        verify_every_s: a shard file whose hash matched in an earlier job on this node
+            within this many seconds (default a day), and which is unchanged since, is
+            not hashed again (records under ``$SIMSTORE_VERIFIED_DIR``, default
+            ``~/.cache/simstore/verified``); 0: every job hashes every shard it reads.
         max_bandwidth: bytes/s cap for the whole job (split over its ranks and workers).
         zero_copy: share memory with decoded buffers where possible (do not modify
             samples in place in a transform when true).
@@ -226,6 +232,7 @@ class SimDataset(IterableDataset[Sample]):
         shuffle_block_bytes: int | str = BLOCK_BYTES,
         shuffle_buffer_blocks: int = BUFFER_BLOCKS,
         verify: bool = True,
+        verify_every_s: float = DEFAULT_VERIFY_EVERY_S,
         max_bandwidth: int | str | None = None,
         zero_copy: bool = True,
         shard_opener: ShardOpener | None = None,
@@ -267,6 +274,9 @@ class SimDataset(IterableDataset[Sample]):
         block_bytes = check_bytes(shuffle_block_bytes, "shuffle_block_bytes")
         buffer_blocks = check_int(shuffle_buffer_blocks, "shuffle_buffer_blocks", minimum=1)
         verify = check_bool(verify, "verify")
+        verify_every_s = check_number(verify_every_s, "verify_every_s", finite=False)
+        if not verify_every_s >= 0:
+            raise InvalidInputError(f"verify_every_s must be >= 0, got {verify_every_s}")
         zero_copy = check_bool(zero_copy, "zero_copy")
         bandwidth = parse_bytes(max_bandwidth, "max_bandwidth")
         for name, value in (("shard_opener", shard_opener), ("world_detector", world_detector)):
@@ -302,6 +312,7 @@ class SimDataset(IterableDataset[Sample]):
             cache=cache,
             prefetch=prefetch,
             verify=verify,
+            node=node_records(verify, verify_every_s),
             max_bandwidth=bandwidth,
             zero_copy=zero_copy,
             shard_opener=shard_opener,

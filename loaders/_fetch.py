@@ -35,6 +35,7 @@ from typing import BinaryIO, Literal, Protocol, cast, runtime_checkable
 import numpy as np
 import xxhash
 from simstore.loaders._cache import CacheConfig, PinnedCopy, ShardCache
+from simstore.loaders._node_trust import NodeRecords
 from simstore.loaders._stats import Counters
 
 from simstore.errors import IntegrityError, NotFoundError, StorageError
@@ -300,13 +301,8 @@ def file_stamp(path: str) -> int | None:
     Device, inode, size, and modification and change times: a file rewritten, replaced
     or touched gets another stamp (the change time cannot be set back by a user).
     """
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    packed = struct.pack("<6q", st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
-                         st.st_ctime_ns, 0)
-    return xxhash.xxh3_64_intdigest(packed) & _MASK63
+    info = stamp_info(path, copy=False)
+    return info[0] if info is not None else None
 
 
 def copy_stamp(path: str) -> int | None:
@@ -316,12 +312,25 @@ def copy_stamp(path: str) -> int | None:
     change time; its modification time stays the time it was filled. A copy rewritten or
     replaced (evicted and filled again: a new inode) still gets another stamp.
     """
+    info = stamp_info(path, copy=True)
+    return info[0] if info is not None else None
+
+
+def stamp_info(path: str, *, copy: bool) -> tuple[int, int] | None:
+    """``(stamp, last change in ns)`` of a file, or None if it cannot be read.
+
+    ``copy``: the :func:`copy_stamp` of a cache copy, whose last change is its
+    modification time.
+    """
     try:
         st = os.stat(path)
     except OSError:
         return None
-    packed = struct.pack("<6q", st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, 0, 1)
-    return xxhash.xxh3_64_intdigest(packed) & _MASK63
+    ctime = 0 if copy else st.st_ctime_ns
+    packed = struct.pack("<6q", st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, ctime,
+                         1 if copy else 0)
+    return (xxhash.xxh3_64_intdigest(packed) & _MASK63,
+            max(st.st_mtime_ns, ctime))
 
 
 class TrustTable:
@@ -377,6 +386,7 @@ class ShardAccess:
         block_bytes: int = 1 << 20,
         siblings: VerifiedTable | None = None,
         trusted: TrustTable | None = None,
+        node: NodeRecords | None = None,
         job_start: float | None = None,
     ) -> None:
         self.store = store
@@ -387,6 +397,8 @@ class ShardAccess:
         """Where this DataLoader worker and its siblings share local shards' hashes."""
         self.trusted = trusted
         """Files hashed to their ids in earlier epochs of this job (see ``TrustTable``)."""
+        self.node = node
+        """Files hashed to their ids by earlier jobs on this node (see ``NodeRecords``)."""
         self.counters = counters
         self.limiter = limiter
         self.verify = verify
@@ -486,14 +498,15 @@ class ShardAccess:
         """Whether ``shard_id`` still needs its whole-object hash in this process.
 
         Not if it was hashed here, or if the store's local file for it (or its cache
-        copy) hashed to its id in an earlier epoch and is unchanged (``trusted``; a cache
-        copy by :func:`copy_stamp`, as every hit moves its change time).
+        copy) hashed to its id in an earlier epoch (``trusted``) or, within
+        ``verify_every_s``, an earlier job on this node (``node``), and is unchanged (a
+        cache copy by :func:`copy_stamp`, as every hit moves its change time).
         """
         with self._lock:
             if not self.verify or shard_id in self._verified:
                 return False
             path = self._local.get(shard_id)
-        if self.trusted is None:
+        if self.trusted is None and self.node is None:
             return True
         if path is not None:
             stamp = file_stamp(path)
@@ -501,25 +514,27 @@ class ShardAccess:
             stamp = copy_stamp(self._shard_cache().path_of(shard_id))
         else:
             return True
-        if stamp is None or not self.trusted.has(shard_id, stamp):
+        if stamp is None:
             return True
+        if self.trusted is None or not self.trusted.has(shard_id, stamp):
+            if self.node is None or not self.node.has(shard_id, stamp):
+                return True
+            if self.trusted is not None:
+                self.trusted.add(shard_id, stamp)
         with self._lock:
             self._verified.add(shard_id)
         self.counters.add("shards_trusted")
         return False
 
-    def _remember(self, shard_id: str, stamp: int | None) -> None:
-        """Record a local file (its stamp taken before it was hashed) as ``shard_id``."""
-        if self.trusted is not None and stamp is not None:
-            self.trusted.add(shard_id, stamp)
-
     def _hash_against(self, shard_id: str, path: str, tier: str) -> str | None:
         """Hash ``path`` (a read of ``tier``); None if it is ``shard_id``, else its hash.
 
-        A match is remembered: the shard is not hashed again in this process.
+        A match is remembered: the shard is not hashed again in this process, nor by a
+        later job on this node while the file is unchanged (``node``).
         """
         # the stamp before: a file changed while hashed is hashed again
-        stamp = copy_stamp(path) if tier == "cache" else file_stamp(path)
+        stamped_ns = time.time_ns()
+        info = stamp_info(path, copy=tier == "cache")
         actual, size = hash_file(path, pace=self._pace if self.limiter.rate else None)
         self.counters.add_read(tier, size)
         self.counters.add("shards_verified")
@@ -527,7 +542,11 @@ class ShardAccess:
             return actual
         with self._lock:
             self._verified.add(shard_id)
-        self._remember(shard_id, stamp)
+        if info is not None:
+            if self.trusted is not None:
+                self.trusted.add(shard_id, info[0])
+            if self.node is not None:
+                self.node.add(shard_id, info[0], info[1], stamped_ns)
         if self.siblings is not None:
             self.siblings.publish(shard_id)
         return None

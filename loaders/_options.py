@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from simstore.loaders._cache import CacheConfig
 from simstore.loaders._checks import parse_bytes, shown
+from simstore.loaders._node_trust import NodeRecords
 from simstore.loaders._pipeline import PrefetchConfig, ShardOpener
 from simstore.loaders._plan import Remainder
 
@@ -25,6 +26,8 @@ class LoaderOptions:
     cache: CacheConfig | None = None
     prefetch: PrefetchConfig = field(default_factory=PrefetchConfig)
     verify: bool = True
+    node: NodeRecords | None = None
+    """Where whole-shard hash matches are remembered for later jobs (``verify_every_s``)."""
     max_bandwidth: float | None = None
     zero_copy: bool = True
     shard_opener: ShardOpener | None = None

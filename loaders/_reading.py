@@ -213,7 +213,8 @@ class EpochReader:
                             verify=opts.verify, referenced_by=s.snapshot_id,
                             block_bytes=opts.prefetch.range_block_bytes,
                             siblings=siblings.scoped(i) if siblings is not None else None,
-                            trusted=trust.scoped(i), job_start=self.job_start)
+                            trusted=trust.scoped(i), node=opts.node,
+                            job_start=self.job_start)
                 for i, s in enumerate(sources)
             ]
             pool = ReaderPool(access, opener, opts.prefetch.max_open_shards,

@@ -73,7 +73,9 @@ def markdown(doc: dict[str, Any]) -> str:
         f" {'Quick run: one run per case (a smoke run, not a claim).' if doc['quick'] else ''}"
         f" Figures are medians of {doc['reps']} alternating runs, each a fresh process;"
         " samples/s count the whole epoch from building the loader to its last batch"
-        " (first batch included); MiB/s are the samples' logical bytes.", "",
+        " (first batch included); MiB/s are the samples' logical bytes. simstore's records"
+        " of shard hashes start empty: its first run of a case hashes every shard it reads"
+        " (a node's first job), later runs trust the records (a node's later jobs).", "",
     ]
     if doc.get("peer_versions"):
         lines += ["Peers: " + ", ".join(f"{k} {v}" for k, v in doc["peer_versions"].items()), ""]

@@ -1,0 +1,116 @@
+"""Whole-shard hash matches remembered on this node, so that a new job need not hash again.
+
+A loader with ``verify=True`` hashes each shard file it reads (a local store's file, or a
+cache copy) once and, within the job, trusts the same file afterwards while its
+:func:`~simstore.loaders._fetch.file_stamp` is unchanged. :class:`NodeRecords` carries
+that across jobs: a match is recorded as an empty file named by the shard id and the
+stamp, whose modification time is when the hash matched. A later job on the node trusts
+a file whose stamp has a record younger than ``verify_every_s`` and hashes it otherwise
+(then refreshes the record). A file written, replaced, truncated or touched since has
+another stamp, so its record does not apply; what no stamp sees is a disk that damages a
+file without writing to it, which the age limit bounds and ``simstore verify`` finds.
+
+Records are only written for files whose last change is at least :data:`SETTLED_S` old
+at the time their stamp was taken: file times come from a coarse clock, so a write in
+the same tick as the stamp could leave the stamp unchanged.
+
+The records' folder must belong to the user and be writable by nobody else (a record
+skips a check); a folder that is not is not used, and nothing is remembered.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from dataclasses import dataclass, field
+
+__all__ = ["DEFAULT_VERIFY_EVERY_S", "NodeRecords", "SETTLED_S", "node_records", "records_dir"]
+
+DEFAULT_VERIFY_EVERY_S = 86_400.0
+"""How long a recorded match is trusted by later jobs on the node (a day)."""
+
+SETTLED_S = 2.0
+"""A file changed less than this long before its stamp was taken is not recorded."""
+
+ENV_DIR = "SIMSTORE_VERIFIED_DIR"
+
+
+def records_dir() -> str | None:
+    """Where this user's records live, or None for nowhere.
+
+    ``$SIMSTORE_VERIFIED_DIR`` (set empty: nowhere), else
+    ``$XDG_CACHE_HOME/simstore/verified`` (``~/.cache`` when unset); nowhere when there
+    is no home folder to put them in.
+    """
+    explicit = os.environ.get(ENV_DIR)
+    if explicit is not None:
+        return os.path.abspath(explicit) if explicit.strip() else None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    if base.startswith("~"):
+        return None
+    return os.path.join(os.path.abspath(base), "simstore", "verified")
+
+
+def node_records(verify: bool, verify_every_s: float) -> NodeRecords | None:
+    """The records a dataset uses: none without ``verify`` or with ``verify_every_s=0``."""
+    root = records_dir() if verify and verify_every_s > 0 else None
+    return NodeRecords(root, verify_every_s) if root is not None else None
+
+
+@dataclass
+class NodeRecords:
+    """One user's records of shard files whose whole-object hash matched on this node."""
+
+    root: str
+    max_age_s: float
+    _usable: bool | None = field(default=None, repr=False, compare=False)
+
+    def __getstate__(self) -> dict[str, object]:
+        # a DataLoader worker looks at the folder itself
+        return {"root": self.root, "max_age_s": self.max_age_s, "_usable": None}
+
+    def _path(self, shard_id: str, stamp: int) -> str:
+        return os.path.join(self.root, shard_id[:2], f"{shard_id}-{stamp:016x}")
+
+    def usable(self) -> bool:
+        """Whether the folder is this user's and writable by nobody else (or can be made)."""
+        if self._usable is None:
+            try:
+                os.makedirs(self.root, mode=0o700, exist_ok=True)
+                st = os.stat(self.root)
+                self._usable = (stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+                                and not st.st_mode & 0o022)
+            except OSError:
+                self._usable = False
+        return self._usable
+
+    def has(self, shard_id: str, stamp: int) -> bool:
+        """Whether the file with this stamp hashed to ``shard_id`` within ``max_age_s``."""
+        if not self.usable():
+            return False
+        try:
+            st = os.stat(self._path(shard_id, stamp))
+        except OSError:
+            return False
+        # a record from the future (the clock went back) is not trusted either
+        return 0.0 <= time.time() - st.st_mtime < self.max_age_s
+
+    def add(self, shard_id: str, stamp: int, changed_ns: int, stamped_ns: int) -> bool:
+        """Record that the file with this stamp hashed to ``shard_id`` (now).
+
+        ``changed_ns``: the file's last change (the later of its modification and change
+        times) and ``stamped_ns``: when the stamp was taken (``time.time_ns()``). A
+        failure to write (a full or read-only disk) leaves nothing recorded: the next job
+        hashes. Returns whether a record was written.
+        """
+        if stamped_ns - changed_ns < SETTLED_S * 1e9 or not self.usable():
+            return False
+        path = self._path(shard_id, stamp)
+        try:
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+            os.utime(path)  # an existing record: its age starts again
+        except OSError:
+            return False
+        return True
