@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import operator
 import os
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -324,6 +325,10 @@ def _columns(
             columns[name] = rows
             continue
         column = [values[j][name] for j in range(lo, hi)]
+        numbers = _scalar_column(column)
+        if numbers is not None:
+            columns[name] = numbers
+            continue
         if any(isinstance(v, np.ndarray | np.generic) for v in column):
             column = [to_tensors({name: v}, zero_copy=zero_copy, numbers=False)[name]
                       for v in column]
@@ -333,6 +338,29 @@ def _columns(
     # of the chunk's flags)
     columns["__pad__"] = torch.from_numpy(np.array(pads, dtype=np.bool_))
     return columns
+
+
+def _scalar_column(column: list[Any]) -> torch.Tensor | None:
+    """A column of NumPy scalars (0-d arrays) of one numeric dtype as one ``(B,)`` tensor.
+
+    What collating their 0-d tensors would make, without a tensor per sample: for a
+    batch of 256 8 KiB samples, the per-sample tensors of one scalar field and their
+    stack took about a third of the loop's time. None for any other column.
+    """
+    types = set(map(type, column))
+    if not all(t is np.ndarray or issubclass(t, np.generic) for t in types):
+        return None
+    dtypes = set(map(_DTYPE, column))
+    if len(dtypes) != 1 or any(map(_NDIM, column)):
+        return None
+    (dtype,) = dtypes
+    if dtype.kind not in "biuf" or not dtype.isnative:
+        return None
+    return torch.from_numpy(np.array(column, dtype=dtype))
+
+
+_DTYPE = operator.attrgetter("dtype")
+_NDIM = operator.attrgetter("ndim")
 
 
 def _payload_bytes(sample: Mapping[str, Any]) -> int:
