@@ -417,6 +417,8 @@ def verify_cmd(
             f"{'ok' if report.ok else 'FAILED'}: {what}, "
             f"{report.objects_checked} objects checked"
             + (f", {_human_bytes(report.bytes_hashed)} re-hashed" if deep else "")
+            + (f", {report.shards_recorded} shard files recorded for this node's loaders"
+               if report.shards_recorded else "")
         )
         return "\n".join([head, *report.problems])
 

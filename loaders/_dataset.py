@@ -44,7 +44,6 @@ from simstore.loaders._fetch import (
     tier_of,
 )
 from simstore.loaders._metrics import Metrics, timed
-from simstore.loaders._node_trust import DEFAULT_VERIFY_EVERY_S, node_records
 from simstore.loaders._normalise import Normalise, NormaliseSpec
 from simstore.loaders._options import LoaderOptions, cache_config
 from simstore.loaders._order import BLOCK_BYTES, BUFFER_BLOCKS, Mixture
@@ -83,6 +82,7 @@ from simstore.loaders._world import (
 )
 from torch.utils.data import IterableDataset
 
+from simstore._verified import DEFAULT_VERIFY_EVERY_S, node_records
 from simstore.errors import IntegrityError, InvalidInputError
 from simstore.snapshot import SNAPSHOT_HEAD
 from simstore.storage import ObjectStore, open_store

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import struct
 import threading
 import time
 from collections import OrderedDict
@@ -35,9 +34,9 @@ from typing import BinaryIO, Literal, Protocol, cast, runtime_checkable
 import numpy as np
 import xxhash
 from simstore.loaders._cache import CacheConfig, PinnedCopy, ShardCache
-from simstore.loaders._node_trust import NodeRecords
 from simstore.loaders._stats import Counters
 
+from simstore._verified import NodeRecords, stamp_info
 from simstore.errors import IntegrityError, NotFoundError, StorageError
 from simstore.hashing import hash_bytes, hash_file, object_key
 from simstore.storage import ObjectStore
@@ -314,23 +313,6 @@ def copy_stamp(path: str) -> int | None:
     """
     info = stamp_info(path, copy=True)
     return info[0] if info is not None else None
-
-
-def stamp_info(path: str, *, copy: bool) -> tuple[int, int] | None:
-    """``(stamp, last change in ns)`` of a file, or None if it cannot be read.
-
-    ``copy``: the :func:`copy_stamp` of a cache copy, whose last change is its
-    modification time.
-    """
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    ctime = 0 if copy else st.st_ctime_ns
-    packed = struct.pack("<6q", st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, ctime,
-                         1 if copy else 0)
-    return (xxhash.xxh3_64_intdigest(packed) & _MASK63,
-            max(st.st_mtime_ns, ctime))
 
 
 class TrustTable:

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 
 from simstore.loaders._cache import CacheConfig
 from simstore.loaders._checks import parse_bytes, shown
-from simstore.loaders._node_trust import NodeRecords
 from simstore.loaders._pipeline import PrefetchConfig, ShardOpener
 from simstore.loaders._plan import Remainder
 
+from simstore._verified import NodeRecords
 from simstore.errors import InvalidInputError, StorageError
 
 __all__ = ["LoaderOptions", "cache_config", "parse_bytes"]

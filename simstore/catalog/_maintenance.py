@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 import pyarrow.compute as pc
 
+from simstore._verified import DEFAULT_VERIFY_EVERY_S, node_records, stamp_info
 from simstore.catalog._catalog import Catalog
 from simstore.catalog._refs import Branches, Tags, is_snapshot_object
 from simstore.errors import (
@@ -88,6 +89,9 @@ class VerifyReport:
     snapshots: list[str] = field(default_factory=list)
     objects_checked: int = 0
     bytes_hashed: int = 0
+    shards_recorded: int = 0
+    """Shard files of a local store whose match ``deep`` recorded for the node's loaders
+    (see ``simstore._verified``)."""
     problem_objects: list[VerifyProblem] = field(default_factory=list)
 
     @property
@@ -115,6 +119,7 @@ class VerifyReport:
             "snapshots": list(self.snapshots),
             "objects_checked": self.objects_checked,
             "bytes_hashed": self.bytes_hashed,
+            "shards_recorded": self.shards_recorded,
             "problems": self.problems,
             "problem_objects": [p.to_json() for p in self.problem_objects],
         }
@@ -157,7 +162,9 @@ def verify(
 
     Always: each snapshot hashes to its id, every manifest part exists, hashes to its
     id, decodes, has the rows and content the snapshot says, and every shard exists.
-    With ``deep``: every shard and lineage object is re-hashed. ``history``: REF's
+    With ``deep``: every shard and lineage object is re-hashed, and each shard file of a
+    local store that matched is recorded for the node's loaders, which then trust it while
+    it is unchanged (``SimDataset(verify_every_s=...)``). ``history``: REF's
     snapshot and every ancestor (parents followed); ``all_refs`` (REF then None): every
     snapshot reachable from every branch and tag of every dataset. Each object is checked
     once however many snapshots share it. Problems name the object and the snapshots
@@ -329,6 +336,7 @@ class _Walk:
 
     def objects(self, cat: Catalog, *, deep: bool) -> None:
         report = self.report
+        records = node_records(True, DEFAULT_VERIFY_EVERY_S) if deep else None
         for oid in sorted(self.shard_parts.keys() | self.lineage.keys()):
             report.objects_checked += 1
             kind: ProblemKind = "shard" if oid in self.shard_parts else "lineage object"
@@ -342,8 +350,13 @@ class _Walk:
                 continue
             key = object_key(oid)
             actual: str | None = None
+            stamp: tuple[int, int] | None = None
             try:
                 if deep:
+                    # the stamp before: a file changed while hashed is not recorded
+                    stamped_ns = time.time_ns()
+                    path = cat.store.local_path(key) if records is not None else None
+                    stamp = stamp_info(path) if path is not None else None
                     actual, size = _hash_object(cat, oid)
                     report.bytes_hashed += size
                 elif not cat.store.exists(key):
@@ -355,6 +368,8 @@ class _Walk:
                     message=f"{key} is missing; referenced by {_named(by)}",
                 ))  # fmt: skip
                 continue
+            if actual == oid and stamp is not None and records is not None and kind == "shard":
+                report.shards_recorded += records.add(oid, *stamp, stamped_ns)
             if actual is not None and actual != oid:
                 by = self._reaching(oid)
                 report.add(VerifyProblem(

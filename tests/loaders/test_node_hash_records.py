@@ -18,11 +18,11 @@ import time
 import numpy as np
 import pytest
 from loader_helpers import RemoteLikeStore, write_npz_sources
-from simstore.loaders import SimDataLoader, SimDataset, _node_trust
-from simstore.loaders._fetch import stamp_info
-from simstore.loaders._node_trust import NodeRecords, node_records, records_dir
+from simstore.loaders import SimDataLoader, SimDataset
 
 import simstore
+from simstore import _verified
+from simstore._verified import NodeRecords, node_records, records_dir, stamp_info
 from simstore.catalog import Catalog
 from simstore.errors import IntegrityError, InvalidInputError
 from simstore.hashing import object_key
@@ -33,7 +33,7 @@ def records(tmp_path, monkeypatch):
     """Records in a folder of this test's; files count as settled at once."""
     folder = str(tmp_path / "verified")
     monkeypatch.setenv("SIMSTORE_VERIFIED_DIR", folder)
-    monkeypatch.setattr(_node_trust, "SETTLED_S", 0.0)
+    monkeypatch.setattr(_verified, "SETTLED_S", 0.0)
     return folder
 
 
@@ -161,7 +161,7 @@ def test_a_file_changed_moments_before_its_stamp_is_not_recorded(tmp_path):
     shard = "ab" * 16
     assert not recs.add(shard, stamp, changed, changed + int(0.5e9))
     assert not recs.has(shard, stamp)
-    assert recs.add(shard, stamp, changed, changed + int(_node_trust.SETTLED_S * 1e9))
+    assert recs.add(shard, stamp, changed, changed + int(_verified.SETTLED_S * 1e9))
     assert recs.has(shard, stamp)
     assert not recs.has(shard, stamp + 1)  # another state of the file
     assert not recs.has("cd" * 16, stamp)
@@ -222,7 +222,7 @@ def test_fresh_processes(store, tmp_path, monkeypatch):
     monkeypatch.setenv("SIMSTORE_VERIFIED_DIR", str(tmp_path / "verified"))
     paths = [os.path.join(store, object_key(s)) for s in _shards(store)]
     newest = max(max(os.stat(p).st_mtime, os.stat(p).st_ctime) for p in paths)
-    time.sleep(max(0.0, newest + _node_trust.SETTLED_S + 0.1 - time.time()))
+    time.sleep(max(0.0, newest + _verified.SETTLED_S + 0.1 - time.time()))
     runs = []
     for _ in range(2):
         out = subprocess.run([sys.executable, "-c", _JOB, store], capture_output=True,
@@ -231,3 +231,30 @@ def test_fresh_processes(store, tmp_path, monkeypatch):
     assert runs[0]["hashed"] >= len(paths) and runs[0]["trusted"] == 0
     assert runs[1]["hashed"] == 0 and runs[1]["trusted"] >= len(paths)
     assert runs[0]["keys"] == runs[1]["keys"]
+
+
+def test_verify_deep_records_a_local_stores_shards_for_the_loaders(store, records, tmp_path):
+    import shutil
+
+    from simstore.catalog import verify
+
+    copy = str(tmp_path / "copy")
+    shutil.copytree(store, copy)
+    shards = _shards(copy)
+    report = verify(Catalog.open(copy), "d", deep=True)
+    assert report.ok and report.shards_recorded == len(shards)
+    assert report.to_json()["shards_recorded"] == len(shards)
+    _, hashed, trusted = _epoch(SimDataset(copy, "d@main", seed=1))
+    assert hashed == 0 and trusted >= len(shards)
+    # a shallow verify hashes nothing, so records nothing
+    assert verify(Catalog.open(store), "d").shards_recorded == 0
+    # a damaged shard is a problem, not a record
+    path = os.path.join(copy, object_key(shards[0]))
+    with open(path, "r+b") as f:
+        f.seek(10)
+        f.write(b"\xff\xfe")
+    for rec in _record_files(records):
+        os.unlink(rec)
+    report = verify(Catalog.open(copy), "d", deep=True)
+    assert not report.ok and report.shards_recorded == len(shards) - 1
+    assert not any(os.path.basename(r).startswith(shards[0]) for r in _record_files(records))

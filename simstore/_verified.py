@@ -1,14 +1,15 @@
 """Whole-shard hash matches remembered on this node, so that a new job need not hash again.
 
 A loader with ``verify=True`` hashes each shard file it reads (a local store's file, or a
-cache copy) once and, within the job, trusts the same file afterwards while its
-:func:`~simstore.loaders._fetch.file_stamp` is unchanged. :class:`NodeRecords` carries
-that across jobs: a match is recorded as an empty file named by the shard id and the
-stamp, whose modification time is when the hash matched. A later job on the node trusts
-a file whose stamp has a record younger than ``verify_every_s`` and hashes it otherwise
-(then refreshes the record). A file written, replaced, truncated or touched since has
-another stamp, so its record does not apply; what no stamp sees is a disk that damages a
-file without writing to it, which the age limit bounds and ``simstore verify`` finds.
+cache copy) once and, within the job, trusts the same file afterwards while its stamp
+(:func:`stamp_info`) is unchanged. :class:`NodeRecords` carries that across jobs, and from
+``simstore verify --deep`` of a local store to the jobs after it: a match is recorded as
+an empty file named by the shard id and the stamp, whose modification time is when the
+hash matched. A later job on the node trusts a file whose stamp has a record younger than
+``verify_every_s`` and hashes it otherwise (then refreshes the record). A file written,
+replaced, truncated or touched since has another stamp, so its record does not apply;
+what no stamp sees is a disk that damages a file without writing to it, which the age
+limit bounds and ``simstore verify --deep`` finds.
 
 Records are only written for files whose last change is at least :data:`SETTLED_S` old
 at the time their stamp was taken: file times come from a coarse clock, so a write in
@@ -22,10 +23,20 @@ from __future__ import annotations
 
 import os
 import stat
+import struct
 import time
 from dataclasses import dataclass, field
 
-__all__ = ["DEFAULT_VERIFY_EVERY_S", "NodeRecords", "SETTLED_S", "node_records", "records_dir"]
+import xxhash
+
+__all__ = [
+    "DEFAULT_VERIFY_EVERY_S",
+    "NodeRecords",
+    "SETTLED_S",
+    "node_records",
+    "records_dir",
+    "stamp_info",
+]
 
 DEFAULT_VERIFY_EVERY_S = 86_400.0
 """How long a recorded match is trusted by later jobs on the node (a day)."""
@@ -34,6 +45,27 @@ SETTLED_S = 2.0
 """A file changed less than this long before its stamp was taken is not recorded."""
 
 ENV_DIR = "SIMSTORE_VERIFIED_DIR"
+
+_MASK63 = (1 << 63) - 1
+
+
+def stamp_info(path: str, *, copy: bool = False) -> tuple[int, int] | None:
+    """``(stamp, last change in ns)`` of a file, or None if it cannot be read.
+
+    The stamp is a 63-bit digest of the file's device, inode, size, and modification and
+    change times: a file rewritten, replaced or touched gets another (the change time
+    cannot be set back by a user). ``copy``: a loader's cache copy, whose change time
+    every hit moves (its access time is the cache's LRU clock), so it is left out; its
+    modification time stays the time it was filled, and is its last change.
+    """
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    ctime = 0 if copy else st.st_ctime_ns
+    packed = struct.pack("<6q", st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, ctime,
+                         1 if copy else 0)
+    return xxhash.xxh3_64_intdigest(packed) & _MASK63, max(st.st_mtime_ns, ctime)
 
 
 def records_dir() -> str | None:
