@@ -218,6 +218,39 @@ def write_npz_sources(root: str, count: int, seed: int) -> dict[str, np.ndarray]
     return arrays
 
 
+def npz_parquet_store(tmp_path_factory: Any, seed: int) -> str:
+    """A local store of dataset ``d``: 24 of :func:`write_npz_sources`' files ingested
+    into Parquet shards of about 60 KB (several shards), committed to ``main``."""
+    import simstore
+
+    root = tmp_path_factory.mktemp("src")
+    write_npz_sources(str(root), 24, seed=seed)
+    path = str(tmp_path_factory.mktemp("store") / "s")
+    Catalog.init(path)
+    simstore.ingest([str(root)], dataset="d", store=path, format="parquet", snapshot=True,
+                    message="t", shard_size=60_000, zarr_threshold=1 << 30)
+    return path
+
+
+def snapshot_shards(store: str, ref: str = "d") -> list[str]:
+    """The shard ids ``ref``'s snapshot references, sorted."""
+    cat = Catalog.open(store)
+    snap = cat.snapshot(cat.resolve(ref))
+    return sorted({s for t in cat.iter_parts(snap) for s in t.column("shard").to_pylist()})
+
+
+def flip_byte_keeping_times(path: str) -> None:
+    """Flip the middle byte of a file and put its access and modification times back
+    (its change time moves: no user can set that back)."""
+    st = os.stat(path)
+    with open(path, "r+b") as f:
+        f.seek(st.st_size // 2)
+        byte = f.read(1)
+        f.seek(st.st_size // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
 def corrupt_object(root: str, object_id: str) -> None:
     """Flip a byte in the middle of a stored object (bypassing the store API)."""
     path = os.path.join(root, "objects", object_id[:2], object_id)

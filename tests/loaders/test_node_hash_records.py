@@ -17,10 +17,9 @@ import time
 
 import numpy as np
 import pytest
-from loader_helpers import RemoteLikeStore, write_npz_sources
+from loader_helpers import RemoteLikeStore, flip_byte_keeping_times, npz_parquet_store, snapshot_shards
 from simstore.loaders import SimDataLoader, SimDataset
 
-import simstore
 from simstore import _verified
 from simstore._verified import NodeRecords, node_records, records_dir, stamp_info
 from simstore.catalog import Catalog
@@ -39,19 +38,7 @@ def records(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    root = tmp_path_factory.mktemp("src")
-    write_npz_sources(str(root), 24, seed=7)
-    path = str(tmp_path_factory.mktemp("store") / "s")
-    Catalog.init(path)
-    simstore.ingest([str(root)], dataset="d", store=path, format="parquet", snapshot=True,
-                    message="t", shard_size=60_000, zarr_threshold=1 << 30)
-    return path
-
-
-def _shards(store: str) -> list[str]:
-    cat = Catalog.open(store)
-    snap = cat.snapshot(cat.resolve("d"))
-    return sorted({s for t in cat.iter_parts(snap) for s in t.column("shard").to_pylist()})
+    return npz_parquet_store(tmp_path_factory, seed=7)
 
 
 def _epoch(ds: SimDataset, workers: int = 0) -> tuple[dict[str, np.ndarray], int, int]:
@@ -69,7 +56,7 @@ def _record_files(folder: str) -> list[str]:
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_new_job_trusts_what_an_earlier_one_hashed(store, records, workers):
-    shards = _shards(store)
+    shards = snapshot_shards(store)
     assert len(shards) > 2
     first, hashed, trusted = _epoch(SimDataset(store, "d@main", seed=1), workers)
     # (a worker may trust what its sibling recorded moments before)
@@ -88,22 +75,16 @@ def test_a_file_damaged_since_its_record_is_hashed_and_named(store, records, tmp
     copy = str(tmp_path / "copy")
     shutil.copytree(store, copy)
     _epoch(SimDataset(copy, "d@main", seed=1))
-    shard = _shards(copy)[0]
+    shard = snapshot_shards(copy)[0]
     path = os.path.join(copy, object_key(shard))
-    st = os.stat(path)
-    with open(path, "r+b") as f:  # a byte flipped, its times put back as they were
-        f.seek(st.st_size // 2)
-        byte = f.read(1)
-        f.seek(st.st_size // 2)
-        f.write(bytes([byte[0] ^ 0xFF]))
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    flip_byte_keeping_times(path)  # its times put back as they were
     with pytest.raises(IntegrityError) as info:
         _epoch(SimDataset(copy, "d@main", seed=1))
     assert object_key(shard) in str(info.value)
 
 
 def test_a_record_older_than_verify_every_s_is_hashed_again_and_refreshed(store, records):
-    shards = _shards(store)
+    shards = snapshot_shards(store)
     _epoch(SimDataset(store, "d@main", seed=1))
     old = time.time() - 3600
     for path in _record_files(records):
@@ -117,7 +98,7 @@ def test_a_record_older_than_verify_every_s_is_hashed_again_and_refreshed(store,
 
 
 def test_verify_every_s_zero_neither_records_nor_trusts(store, records):
-    shards = _shards(store)
+    shards = snapshot_shards(store)
     _epoch(SimDataset(store, "d@main", seed=1, verify_every_s=0))
     assert _record_files(records) == []
     _epoch(SimDataset(store, "d@main", seed=1))  # records
@@ -128,7 +109,7 @@ def test_verify_every_s_zero_neither_records_nor_trusts(store, records):
 
 
 def test_cache_copies_hashed_by_one_job_are_trusted_by_the_next(store, records, tmp_path):
-    shards = _shards(store)
+    shards = snapshot_shards(store)
     cache = str(tmp_path / "cache")
 
     def job():
@@ -220,7 +201,7 @@ def test_fresh_processes(store, tmp_path, monkeypatch):
     # real jobs, one after the other, with the default settled time: wait until the
     # store's files are old enough to be recorded
     monkeypatch.setenv("SIMSTORE_VERIFIED_DIR", str(tmp_path / "verified"))
-    paths = [os.path.join(store, object_key(s)) for s in _shards(store)]
+    paths = [os.path.join(store, object_key(s)) for s in snapshot_shards(store)]
     newest = max(max(os.stat(p).st_mtime, os.stat(p).st_ctime) for p in paths)
     time.sleep(max(0.0, newest + _verified.SETTLED_S + 0.1 - time.time()))
     runs = []
@@ -240,7 +221,7 @@ def test_verify_deep_records_a_local_stores_shards_for_the_loaders(store, record
 
     copy = str(tmp_path / "copy")
     shutil.copytree(store, copy)
-    shards = _shards(copy)
+    shards = snapshot_shards(copy)
     report = verify(Catalog.open(copy), "d", deep=True)
     assert report.ok and report.shards_recorded == len(shards)
     assert report.to_json()["shards_recorded"] == len(shards)

@@ -10,31 +10,17 @@ from __future__ import annotations
 import os
 
 import pytest
-from loader_helpers import write_npz_sources
+from loader_helpers import flip_byte_keeping_times, npz_parquet_store, snapshot_shards
 from simstore.loaders import SimDataLoader, SimDataset
 from simstore.loaders._fetch import TrustTable, file_stamp
 
-import simstore
-from simstore.catalog import Catalog
 from simstore.errors import IntegrityError
 from simstore.hashing import object_key
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    root = tmp_path_factory.mktemp("src")
-    write_npz_sources(str(root), 24, seed=5)
-    path = str(tmp_path_factory.mktemp("store") / "s")
-    Catalog.init(path)
-    simstore.ingest([str(root)], dataset="d", store=path, format="parquet", snapshot=True,
-                    message="t", shard_size=60_000, zarr_threshold=1 << 30)
-    return path
-
-
-def _shards(store: str) -> list[str]:
-    cat = Catalog.open(store)
-    snap = cat.snapshot(cat.resolve("d"))
-    return sorted({s for t in cat.iter_parts(snap) for s in t.column("shard").to_pylist()})
+    return npz_parquet_store(tmp_path_factory, seed=5)
 
 
 def _epoch(ds: SimDataset, loader: SimDataLoader | None, epoch: int) -> tuple[int, int]:
@@ -54,7 +40,7 @@ def _own_collate(samples):
 
 @pytest.mark.parametrize(("workers", "collate"), [(0, None), (2, None), (2, _own_collate)])
 def test_later_epochs_trust_unchanged_shards_and_hash_a_changed_one(store, workers, collate):
-    shards = _shards(store)
+    shards = snapshot_shards(store)
     assert len(shards) > 2
     ds = SimDataset(store, "d@main", shuffle=True, seed=1)
     kw = {"collate_fn": collate} if collate is not None else {}
@@ -78,15 +64,9 @@ def test_damage_between_epochs_is_found(store, tmp_path):
     shutil.copytree(store, copy)
     ds = SimDataset(copy, "d@main", shuffle=True, seed=1)
     _epoch(ds, None, 0)
-    shard = _shards(copy)[0]
+    shard = snapshot_shards(copy)[0]
     path = os.path.join(copy, object_key(shard))
-    st = os.stat(path)
-    with open(path, "r+b") as f:  # a byte flipped, its times put back as they were
-        f.seek(st.st_size // 2)
-        byte = f.read(1)
-        f.seek(st.st_size // 2)
-        f.write(bytes([byte[0] ^ 0xFF]))
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    flip_byte_keeping_times(path)  # its times put back as they were
     with pytest.raises(IntegrityError) as info:
         _epoch(ds, None, 1)
     assert object_key(shard) in str(info.value)
@@ -113,12 +93,12 @@ def test_trust_table_keys_on_the_shard_and_the_file_stamp(tmp_path):
 def test_cache_copies_are_hashed_every_epoch_and_a_damaged_one_is_found(store, tmp_path):
     # a copy's modification time is the cache's LRU clock (every hit moves it), so
     # copies are not trusted across epochs: each epoch hashes the ones it reads
-    from loader_helpers import RemoteLikeStore
+    from loader_helpers import RemoteLikeStore, snapshot_shards
 
     cache = str(tmp_path / "cache")
     ds = SimDataset(RemoteLikeStore(store), "d@main", shuffle=True, seed=1, cache_dir=cache,
                     cache_limit="64MiB")
-    shards = _shards(store)
+    shards = snapshot_shards(store)
     _epoch(ds, None, 0)  # fills the cache (hashed as written)
     hashed, trusted = _epoch(ds, None, 1)
     assert hashed >= len(shards) and trusted == 0
