@@ -17,7 +17,12 @@ import time
 
 import numpy as np
 import pytest
-from loader_helpers import RemoteLikeStore, flip_byte_keeping_times, npz_parquet_store, snapshot_shards
+from loader_helpers import (
+    RemoteLikeStore,
+    flip_byte_keeping_times,
+    npz_parquet_store,
+    snapshot_shards,
+)
 from simstore.loaders import SimDataLoader, SimDataset
 
 from simstore import _verified
