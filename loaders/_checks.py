@@ -87,7 +87,11 @@ def check_number(
     """``value`` (a real number, not a bool) as a float; finite and > 0 when asked."""
     if not isinstance(value, numbers.Real) or isinstance(value, bool | np.bool_):
         raise InvalidInputError(f"{name} must be a number, got {shown(value)}")
-    out = float(value)
+    try:
+        out = float(value)
+    except OverflowError:
+        kind = type(value).__name__
+        raise InvalidInputError(f"{name} is too large to be a float ({kind})") from None
     if finite and not math.isfinite(out):
         raise InvalidInputError(f"{name} must be finite, got {out}")
     if positive and not out > 0:

@@ -308,8 +308,10 @@ def copy_stamp(path: str) -> int | None:
     """:func:`file_stamp` of a cache copy: its change time left out.
 
     Every cache hit sets the copy's access time (the cache's LRU clock), which moves its
-    change time; its modification time stays the time it was filled. A copy rewritten or
-    replaced (evicted and filled again: a new inode) still gets another stamp.
+    change time; its modification time stays the time it was filled. A copy evicted and
+    filled again, or written to, gets another stamp; one rewritten in place with its
+    modification time put back, or replaced by a file that got the same inode number,
+    does not (the loader trusts such a stamp within one job only).
     """
     info = stamp_info(path, copy=True)
     return info[0] if info is not None else None
@@ -480,9 +482,10 @@ class ShardAccess:
         """Whether ``shard_id`` still needs its whole-object hash in this process.
 
         Not if it was hashed here, or if the store's local file for it (or its cache
-        copy) hashed to its id in an earlier epoch (``trusted``) or, within
-        ``verify_every_s``, an earlier job on this node (``node``), and is unchanged (a
-        cache copy by :func:`copy_stamp`, as every hit moves its change time).
+        copy) hashed to its id in an earlier epoch and is unchanged (``trusted``; a cache
+        copy by :func:`copy_stamp`, as every hit moves its change time), or if the local
+        file did in an earlier job on this node within ``verify_every_s`` (``node``; not a
+        cache copy, whose stamp does not see every rewrite).
         """
         with self._lock:
             if not self.verify or shard_id in self._verified:
@@ -490,6 +493,7 @@ class ShardAccess:
             path = self._local.get(shard_id)
         if self.trusted is None and self.node is None:
             return True
+        node = self.node if path is not None else None
         if path is not None:
             stamp = file_stamp(path)
         elif self._cache_config is not None:
@@ -499,7 +503,7 @@ class ShardAccess:
         if stamp is None:
             return True
         if self.trusted is None or not self.trusted.has(shard_id, stamp):
-            if self.node is None or not self.node.has(shard_id, stamp):
+            if node is None or not node.has(shard_id, stamp):
                 return True
             if self.trusted is not None:
                 self.trusted.add(shard_id, stamp)
@@ -511,8 +515,9 @@ class ShardAccess:
     def _hash_against(self, shard_id: str, path: str, tier: str) -> str | None:
         """Hash ``path`` (a read of ``tier``); None if it is ``shard_id``, else its hash.
 
-        A match is remembered: the shard is not hashed again in this process, nor by a
-        later job on this node while the file is unchanged (``node``).
+        A match is remembered: the shard is not hashed again in this process, nor (a
+        local store's file, not a cache copy) by a later job on this node while the file
+        is unchanged (``node``).
         """
         # the stamp before: a file changed while hashed is hashed again
         stamped_ns = time.time_ns()
@@ -527,7 +532,7 @@ class ShardAccess:
         if info is not None:
             if self.trusted is not None:
                 self.trusted.add(shard_id, info[0])
-            if self.node is not None:
+            if self.node is not None and tier != "cache":
                 self.node.add(shard_id, info[0], info[1], stamped_ns)
         if self.siblings is not None:
             self.siblings.publish(shard_id)

@@ -2,14 +2,16 @@
 
 A loader with ``verify=True`` hashes each shard file it reads (a local store's file, or a
 cache copy) once and, within the job, trusts the same file afterwards while its stamp
-(:func:`stamp_info`) is unchanged. :class:`NodeRecords` carries that across jobs, and from
+(:func:`stamp_info`) is unchanged. :class:`NodeRecords` carries that across jobs for a
+local store's files (not for cache copies, whose stamp cannot include the change time:
+see :func:`stamp_info`), and from
 ``simstore verify --deep`` of a local store to the jobs after it: a match is recorded as
 an empty file named by the shard id and the stamp, whose modification time is when the
 hash matched. A later job on the node trusts a file whose stamp has a record younger than
 ``verify_every_s`` and hashes it otherwise (then refreshes the record). A file written,
 replaced, truncated or touched since has another stamp, so its record does not apply;
 what no stamp sees is a disk that damages a file without writing to it, which the age
-limit bounds and ``simstore verify --deep`` finds.
+limit bounds and ``simstore verify --deep`` finds (and then forgets the shard's records).
 
 Records are only written for files whose last change is at least :data:`SETTLED_S` old
 at the time their stamp was taken: file times come from a coarse clock, so a write in
@@ -21,6 +23,8 @@ skips a check); a folder that is not is not used, and nothing is remembered.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import stat
 import struct
@@ -56,7 +60,10 @@ def stamp_info(path: str, *, copy: bool = False) -> tuple[int, int] | None:
     change times: a file rewritten, replaced or touched gets another (the change time
     cannot be set back by a user). ``copy``: a loader's cache copy, whose change time
     every hit moves (its access time is the cache's LRU clock), so it is left out; its
-    modification time stays the time it was filled, and is its last change.
+    modification time stays the time it was filled, and is its last change. Such a stamp
+    does not see a copy rewritten in place with its modification time put back, nor one
+    replaced by a file that got the same inode number: good enough within one job, not
+    for records that outlive it (copies are never recorded).
     """
     try:
         st = os.stat(path)
@@ -72,16 +79,20 @@ def records_dir() -> str | None:
     """Where this user's records live, or None for nowhere.
 
     ``$SIMSTORE_VERIFIED_DIR`` (set empty: nowhere), else
-    ``$XDG_CACHE_HOME/simstore/verified`` (``~/.cache`` when unset); nowhere when there
-    is no home folder to put them in.
+    ``$XDG_CACHE_HOME/simstore/verified`` (an absolute path; a relative one is ignored, as
+    the XDG specification says), else ``~/.cache/simstore/verified``; nowhere when the
+    home folder is not an existing absolute folder (it is never created).
     """
     explicit = os.environ.get(ENV_DIR)
     if explicit is not None:
         return os.path.abspath(explicit) if explicit.strip() else None
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    if base.startswith("~"):
-        return None
-    return os.path.join(os.path.abspath(base), "simstore", "verified")
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        home = os.path.expanduser("~")
+        if not os.path.isabs(home) or os.path.normpath(home) == os.sep or not os.path.isdir(home):
+            return None
+        base = os.path.join(home, ".cache")
+    return os.path.join(base, "simstore", "verified")
 
 
 def node_records(verify: bool, verify_every_s: float) -> NodeRecords | None:
@@ -106,15 +117,24 @@ class NodeRecords:
         return os.path.join(self.root, shard_id[:2], f"{shard_id}-{stamp:016x}")
 
     def usable(self) -> bool:
-        """Whether the folder is this user's and writable by nobody else (or can be made)."""
+        """Whether the folder is this user's and writable by nobody else (or can be made).
+
+        Looked at once per process; a folder that is not usable is said once, in the
+        ``simstore.loaders`` log (then every job hashes every shard it reads).
+        """
         if self._usable is None:
             try:
                 os.makedirs(self.root, mode=0o700, exist_ok=True)
                 st = os.stat(self.root)
                 self._usable = (stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
                                 and not st.st_mode & 0o022)
-            except OSError:
+                why = "not a folder of this user's that only it can write"
+            except OSError as exc:
                 self._usable = False
+                why = str(exc)
+            if not self._usable:
+                logging.getLogger("simstore.loaders").warning(
+                    "shard hash records not used: %s: %s", self.root, why)
         return self._usable
 
     def has(self, shard_id: str, stamp: int) -> bool:
@@ -140,9 +160,28 @@ class NodeRecords:
             return False
         path = self._path(shard_id, stamp)
         try:
-            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            # the folder again (deleted meanwhile): made private whatever the umask
+            for folder in (self.root, os.path.dirname(path)):
+                if not os.path.isdir(folder):
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(folder, 0o700)
+                    os.chmod(folder, 0o700)
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
             os.utime(path)  # an existing record: its age starts again
         except OSError:
             return False
         return True
+
+    def forget(self, shard_id: str) -> int:
+        """Remove every record of ``shard_id`` (its file was found damaged); how many."""
+        folder = os.path.join(self.root, shard_id[:2])
+        try:
+            names = [n for n in os.listdir(folder) if n.startswith(shard_id + "-")]
+        except OSError:
+            return 0
+        gone = 0
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(folder, name))
+                gone += 1
+        return gone

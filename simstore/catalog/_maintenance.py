@@ -362,6 +362,8 @@ class _Walk:
                 elif not cat.store.exists(key):
                     raise NotFoundError(key)
             except NotFoundError:
+                if records is not None:
+                    records.forget(oid)
                 by = self._reaching(oid)
                 report.add(VerifyProblem(
                     object=oid, kind=kind, problem="missing", snapshots=tuple(by),
@@ -371,6 +373,9 @@ class _Walk:
             if actual == oid and stamp is not None and records is not None and kind == "shard":
                 report.shards_recorded += records.add(oid, *stamp, stamped_ns)
             if actual is not None and actual != oid:
+                if records is not None:
+                    # a loader trusting an earlier match would go on reading the damage
+                    records.forget(oid)
                 by = self._reaching(oid)
                 report.add(VerifyProblem(
                     object=oid, kind=kind, problem="damaged", snapshots=tuple(by),
