@@ -91,7 +91,10 @@ class _NoWorkers:
         self.client, self.where, self.grace_s = client, where, grace_s
         self.asked = -_WORKERS_EVERY_S
         self.none_since: float | None = None
-        self.had_workers = False
+        # asked once before the tasks go out: the first wait may come only after every
+        # worker took a task and died (a busy driver), and must not take the empty
+        # cluster it then finds for one whose workers have not joined yet
+        self.had_workers = bool(client.nthreads())
 
     def check(self) -> None:
         now = time.monotonic()

@@ -15,9 +15,9 @@ import pytest
 from dask_adapters import write_values
 
 from simstore.catalog import Catalog
-from simstore.errors import InvalidInputError
+from simstore.errors import InvalidInputError, SimstoreError
 from simstore.ingest import ingest
-from simstore.ingest._dask import NO_WORKERS_ENV
+from simstore.ingest._dask import NO_WORKERS_ENV, _NoWorkers
 
 pytestmark = pytest.mark.dask
 
@@ -117,9 +117,11 @@ def start_worker(address, procs):
 
 
 def stop(proc):
+    """Kill ``proc`` if it runs, and close its pipes (a failed test must not leave them
+    open for a later test's garbage collection to report)."""
     if proc.poll() is None:
         proc.kill()
-    proc.wait()
+    proc.communicate()
 
 
 def test_a_cluster_whose_workers_all_died_fails_the_run_in_one_line(tmp_path):
@@ -168,6 +170,34 @@ def test_a_cluster_whose_workers_all_died_fails_the_run_in_one_line(tmp_path):
     ], err
     cat = Catalog.open(store)
     assert cat.staged("d") == [] and cat.branches("d").get_versioned("main")[0] is None
+
+
+class _Cluster:
+    """A client's view of a cluster's workers, changed by the test."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+
+    def nthreads(self) -> dict[str, int]:
+        return {f"tcp://127.0.0.1:{9000 + i}": 1 for i in range(self.workers)}
+
+
+def test_workers_that_died_before_the_drivers_first_wait_still_fail_the_run():
+    # a busy driver: its tasks went out to the cluster's one worker, which took one and
+    # died, all before the driver first asked for the workers; the cluster had a worker
+    # when the run started, so an empty one is dead workers, not queued ones
+    cluster = _Cluster(workers=1)
+    watch = _NoWorkers(cluster, "tcp://127.0.0.1:8786", grace_s=0.0)
+    cluster.workers = 0
+    with pytest.raises(SimstoreError, match="no dask workers at tcp://127.0.0.1:8786 for 0 s"):
+        watch.check()
+
+
+def test_a_cluster_whose_workers_have_not_joined_yet_is_waited_for():
+    cluster = _Cluster(workers=0)
+    watch = _NoWorkers(cluster, "tcp://127.0.0.1:8786", grace_s=0.0)
+    watch.check()  # no worker yet (a batch queue holding their jobs): no error
+    assert not watch.had_workers
 
 
 @pytest.mark.parametrize("value", ["abc", "-1", "nan"])
