@@ -122,6 +122,9 @@ class NodeRecords:
         Looked at once per process; a folder that is not usable is said once, in the
         ``simstore.loaders`` log (then every job hashes every shard it reads).
         """
+        if self._usable is None and not hasattr(os, "getuid"):
+            self._usable = False  # no owner to check (Windows): records are not used
+            return False
         if self._usable is None:
             try:
                 os.makedirs(self.root, mode=0o700, exist_ok=True)

@@ -289,3 +289,11 @@ def test_verify_deep_records_a_local_stores_shards_for_the_loaders(store, record
     report = verify(Catalog.open(copy), "d", deep=True)
     assert not report.ok and report.shards_recorded == len(shards) - 1
     assert not any(os.path.basename(r).startswith(shards[0]) for r in _record_files(records))
+
+
+def test_no_records_where_a_folder_has_no_owner_to_check(tmp_path, monkeypatch):
+    monkeypatch.delattr(os, "getuid")
+    recs = NodeRecords(str(tmp_path / "verified"), 3600.0)
+    assert not recs.add("ab" * 16, 1, 0, 10**19)
+    assert not recs.has("ab" * 16, 1)
+    assert not (tmp_path / "verified").exists()
