@@ -8,7 +8,6 @@ import ``dask_adapters`` when a task's pickled adapter refers to it.
 
 import os
 import sys
-from importlib.metadata import EntryPoint
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 from simstore.catalog import Catalog  # noqa: E402
+from simstore.testing.adapters import add_adapters  # noqa: E402
 from simstore.testing.s3 import moto_server, s3_bucket, s3_env  # noqa: E402
 
 __all__ = ["moto_server", "s3_bucket", "s3_env"]
@@ -74,16 +74,6 @@ def test_adapter(monkeypatch):
     The driver loads it by entry point and pickles it into each task, so workers need
     only to import its module, not to see the entry point.
     """
-    import simstore.ingest as ingest_module
-
-    real = ingest_module.entry_points
-
-    def fake(group):
-        eps = list(real(group=group))
-        if group == ingest_module.ADAPTER_GROUP:
-            eps.append(EntryPoint(TEST_ADAPTER, "dask_adapters:ValuesAdapter", group))
-            eps.append(EntryPoint("testvals-whole", "dask_adapters:WholeValuesAdapter", group))
-        return eps
-
-    monkeypatch.setattr(ingest_module, "entry_points", fake)
+    add_adapters(monkeypatch, {TEST_ADAPTER: "dask_adapters:ValuesAdapter",
+                               "testvals-whole": "dask_adapters:WholeValuesAdapter"})
     return TEST_ADAPTER

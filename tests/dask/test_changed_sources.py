@@ -8,7 +8,6 @@ whole (no piece of the old one is taken from the journal).
 
 import os
 import re
-from importlib.metadata import EntryPoint
 
 import numpy as np
 import pytest
@@ -17,6 +16,7 @@ from changing_adapters import new_values, write_table
 import simstore.ingest._driver as driver_module
 from simstore.errors import InvalidInputError, SourceError
 from simstore.ingest import ingest
+from simstore.testing.adapters import add_adapters
 
 pytestmark = pytest.mark.dask
 
@@ -27,17 +27,7 @@ ENGINES = ["local", "pool", "dask"]
 @pytest.fixture
 def rewrites(monkeypatch):
     """Register ``changing_adapters.RewritingAdapter`` as ``rewrites`` (driver side)."""
-    import simstore.ingest as ingest_module
-
-    real = ingest_module.entry_points
-
-    def fake(group):
-        eps = list(real(group=group))
-        if group == ingest_module.ADAPTER_GROUP:
-            eps.append(EntryPoint("rewrites", "changing_adapters:RewritingAdapter", group))
-        return eps
-
-    monkeypatch.setattr(ingest_module, "entry_points", fake)
+    add_adapters(monkeypatch, {"rewrites": "changing_adapters:RewritingAdapter"})
     return "rewrites"
 
 

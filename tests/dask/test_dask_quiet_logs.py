@@ -16,6 +16,7 @@ from noisy_adapters import WARNING
 
 from simstore.catalog import Catalog
 from simstore.ingest._dask import quiet_dask_logs
+from simstore.testing.adapters import adapters_script
 
 pytestmark = pytest.mark.dask
 
@@ -23,25 +24,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.dirname(sys.executable)
 
 # ``simstore`` itself, with the test adapters registered as entry points would register them
-CLI = """
-import sys
-from importlib.metadata import EntryPoint
-
-sys.path.insert(0, {here!r})
-import simstore.ingest as module
-
-real = module.entry_points
-
-
-def fake(group):
-    eps = list(real(group=group))
-    if group == module.ADAPTER_GROUP:
-        eps.append(EntryPoint("testvals", "dask_adapters:ValuesAdapter", group))
-        eps.append(EntryPoint("noisyvals", "noisy_adapters:NoisyValuesAdapter", group))
-    return eps
-
-
-module.entry_points = fake
+CLI = adapters_script({"testvals": "dask_adapters:ValuesAdapter",
+                       "noisyvals": "noisy_adapters:NoisyValuesAdapter"}, HERE) + """
 from simstore.cli import main
 
 if __name__ == "__main__":
@@ -52,7 +36,7 @@ if __name__ == "__main__":
 @pytest.fixture
 def cli(tmp_path):
     script = tmp_path / "simstore_cli.py"
-    script.write_text(CLI.format(here=HERE))
+    script.write_text(CLI)
 
     def start(*args, env=None):
         return subprocess.Popen(

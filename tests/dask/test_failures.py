@@ -19,6 +19,7 @@ from simstore.ingest._plugins import plugins_for
 from simstore.ingest._records import TaskContext
 from simstore.ingest._sources import discover, plan_tasks
 from simstore.sample import canonical_json
+from simstore.testing.adapters import adapters_script
 
 pytestmark = pytest.mark.dask
 
@@ -208,23 +209,8 @@ def test_a_failed_task_is_retried_then_reported_like_a_skipped_file(
 
 
 DRIVER = """
-import sys
-from importlib.metadata import EntryPoint
-
-sys.path.insert(0, {tests!r})
 import simstore.ingest as module
 
-real = module.entry_points
-
-
-def fake(group):
-    eps = list(real(group=group))
-    if group == module.ADAPTER_GROUP:
-        eps.append(EntryPoint("testvals", "dask_adapters:ValuesAdapter", group))
-    return eps
-
-
-module.entry_points = fake
 if __name__ == "__main__":
     module.ingest(
         [{src!r}], dataset="d", store={store!r}, adapter="testvals",
@@ -243,8 +229,8 @@ def test_a_killed_driver_leaves_no_snapshot_and_the_rerun_redoes_no_finished_fil
     cat = catalog_at("dask")
     script = tmp_path / "driver.py"
     script.write_text(
-        textwrap.dedent(DRIVER).format(
-            tests=os.path.dirname(__file__),
+        adapters_script({"testvals": "dask_adapters:ValuesAdapter"}, os.path.dirname(__file__))
+        + textwrap.dedent(DRIVER).format(
             src=str(src),
             store=cat.store.url,
             markers=str(markers),

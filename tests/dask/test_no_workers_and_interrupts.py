@@ -18,6 +18,7 @@ from simstore.catalog import Catalog
 from simstore.errors import InvalidInputError, SimstoreError
 from simstore.ingest import ingest
 from simstore.ingest._dask import NO_WORKERS_ENV, _NoWorkers
+from simstore.testing.adapters import adapters_script
 
 pytestmark = pytest.mark.dask
 
@@ -25,24 +26,8 @@ TESTS = os.path.dirname(__file__)
 ROOT = os.path.dirname(os.path.dirname(TESTS))
 DASK = os.path.join(os.path.dirname(sys.executable), "dask")
 
-CLI_WITH_TESTVALS = """
-import sys
-from importlib.metadata import EntryPoint
-
-sys.path.insert(0, {tests!r})
-import simstore.ingest as module
-
-real = module.entry_points
-
-
-def fake(group):
-    eps = list(real(group=group))
-    if group == module.ADAPTER_GROUP:
-        eps.append(EntryPoint("testvals", "dask_adapters:ValuesAdapter", group))
-    return eps
-
-
-module.entry_points = fake
+# ``simstore`` itself, with the test adapter registered as its entry point would register it
+CLI_WITH_TESTVALS = adapters_script({"testvals": "dask_adapters:ValuesAdapter"}, TESTS) + """
 from simstore.cli import main
 
 if __name__ == "__main__":
@@ -134,7 +119,7 @@ def test_a_cluster_whose_workers_all_died_fails_the_run_in_one_line(tmp_path):
     store = str(tmp_path / "store")
     Catalog.init(store)
     script = tmp_path / "cli.py"
-    script.write_text(textwrap.dedent(CLI_WITH_TESTVALS).format(tests=TESTS))
+    script.write_text(CLI_WITH_TESTVALS)
     procs = []
     try:
         address = start_scheduler(tmp_path / "scheduler.json", procs)
@@ -238,7 +223,7 @@ def test_a_run_waits_for_its_first_worker_however_long_the_grace_period(tmp_path
     store = str(tmp_path / "store")
     Catalog.init(store)
     script = tmp_path / "cli.py"
-    script.write_text(textwrap.dedent(CLI_WITH_TESTVALS).format(tests=TESTS))
+    script.write_text(CLI_WITH_TESTVALS)
     procs = []
     try:
         address = start_scheduler(tmp_path / "scheduler.json", procs)

@@ -2,7 +2,6 @@
 
 import io
 import json
-from importlib.metadata import EntryPoint
 
 import numpy as np
 import pytest
@@ -10,8 +9,8 @@ from click.testing import CliRunner
 from simstore.cli import main
 from simstore.cli._ingest import ProgressBar
 
-import simstore.ingest as ingest_module
 from simstore.ingest import IngestProgress, ingest
+from simstore.testing.adapters import add_adapters
 
 
 def run(store, *args, code=0):
@@ -153,15 +152,7 @@ def test_progress_callback_sees_every_file(catalog, npz_dir):
 
 
 def test_an_adapter_from_another_package_is_found_by_entry_point(catalog, tmp_path, monkeypatch):
-    real = ingest_module.entry_points
-
-    def fake(group):
-        eps = list(real(group=group))
-        if group == ingest_module.ADAPTER_GROUP:
-            eps.append(EntryPoint("xyz", "custom_adapter:XyzAdapter", group))
-        return eps
-
-    monkeypatch.setattr(ingest_module, "entry_points", fake)
+    add_adapters(monkeypatch, {"xyz": "custom_adapter:XyzAdapter"})
     root = tmp_path / "clouds"
     root.mkdir()
     (root / "a.xyz").write_text("0 0 0\n1 2 3\n")

@@ -10,18 +10,17 @@ import io
 import json
 import os
 import zipfile
-from importlib.metadata import EntryPoint
 
 import h5py
 import numpy as np
 import pytest
 from simstore.formats.adapters import NpyAdapter, NpzAdapter
 
-import simstore.ingest as ingest_module
 from simstore.errors import InvalidInputError, SourceError
 from simstore.ingest import hash_sample_blocks, ingest
 from simstore.ingest._sources import discover
 from simstore.sample import Sample
+from simstore.testing.adapters import add_adapters
 
 FORMATS = ["parquet", "zarr"]
 
@@ -106,15 +105,7 @@ def test_a_longdouble_array_from_any_adapter_is_refused_by_ingest():
 
 @pytest.fixture
 def vals_adapter(monkeypatch):
-    real = ingest_module.entry_points
-
-    def fake(group):
-        eps = list(real(group=group))
-        if group == ingest_module.ADAPTER_GROUP:
-            eps.append(EntryPoint("vals", "json_values_adapter:JsonValuesAdapter", group))
-        return eps
-
-    monkeypatch.setattr(ingest_module, "entry_points", fake)
+    add_adapters(monkeypatch, {"vals": "json_values_adapter:JsonValuesAdapter"})
 
 
 @pytest.mark.parametrize(

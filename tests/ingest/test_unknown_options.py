@@ -2,7 +2,6 @@
 silent ingest with defaults (``time_windw=4`` once ingested whole runs)."""
 
 import json
-import types
 
 import h5py
 import numpy as np
@@ -11,11 +10,11 @@ from click.testing import CliRunner
 from simstore.cli import main
 from simstore.formats.adapters import AutoAdapter
 
-import simstore.ingest as ingest_module
 from simstore.catalog import Catalog
 from simstore.errors import InvalidInputError
 from simstore.ingest import IngestConfig, ingest
 from simstore.sample import Sample
+from simstore.testing.adapters import add_adapters
 
 
 @pytest.fixture
@@ -128,15 +127,7 @@ class _DeclaredPoints(_Points):
 
 
 def _install(monkeypatch, adapter_class):
-    real = ingest_module.entry_points
-
-    def fake(group):
-        eps = list(real(group=group))
-        if group == ingest_module.ADAPTER_GROUP:
-            eps.append(types.SimpleNamespace(name="pts", load=lambda: adapter_class))
-        return eps
-
-    monkeypatch.setattr(ingest_module, "entry_points", fake)
+    add_adapters(monkeypatch, {"pts": adapter_class})
 
 
 @pytest.fixture
