@@ -109,6 +109,25 @@ def stop(proc):
     proc.communicate()
 
 
+def start_ingest(tmp_path, src, address, procs, *options):
+    """``simstore ingest`` of ``src`` as dataset ``d`` of a new store ``tmp_path/store``, on
+    the dask cluster at ``address``, with the test adapter and a grace period of 0 (the
+    driver appended to ``procs``); the driver and the store."""
+    store = str(tmp_path / "store")
+    Catalog.init(store)
+    script = tmp_path / "cli.py"
+    script.write_text(CLI_WITH_TESTVALS)
+    driver = subprocess.Popen(
+        [sys.executable, str(script), "--store", store, "ingest", str(src), "--dataset", "d",
+         "--adapter", "testvals", "--engine", "dask", "--address", address, "--no-progress",
+         "--snapshot", *options],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env_with_tests(**{NO_WORKERS_ENV: "0"}),
+    )
+    procs.append(driver)
+    return driver, store
+
+
 def test_a_cluster_whose_workers_all_died_fails_the_run_in_one_line(tmp_path):
     """An outside cluster of one worker (no nanny) killed mid-task: the driver does not
     wait for ever; with the grace period at 0 it fails once it sees no worker."""
@@ -116,25 +135,14 @@ def test_a_cluster_whose_workers_all_died_fails_the_run_in_one_line(tmp_path):
     src = write_values(tmp_path / "src", ["a0", "gate0"])
     markers = tmp_path / "markers"
     markers.mkdir()
-    store = str(tmp_path / "store")
-    Catalog.init(store)
-    script = tmp_path / "cli.py"
-    script.write_text(CLI_WITH_TESTVALS)
     procs = []
     try:
         address = start_scheduler(tmp_path / "scheduler.json", procs)
         worker = start_worker(address, procs)
         with distributed.Client(address, set_as_default=False) as client:
             client.wait_for_workers(1, timeout=120)  # joined: the run starts with a worker
-        driver = subprocess.Popen(
-            [sys.executable, str(script), "--store", store, "ingest", str(src), "--dataset",
-             "d", "--adapter", "testvals", "--option", f"marker_dir={markers}",
-             "--shard-size", "1", "--engine", "dask", "--address", address, "--no-progress",
-             "--snapshot"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=env_with_tests(**{NO_WORKERS_ENV: "0"}),
-        )
-        procs.append(driver)
+        driver, store = start_ingest(tmp_path, src, address, procs,
+                                     "--option", f"marker_dir={markers}", "--shard-size", "1")
         wait_for(
             lambda: (markers / "started").exists() or driver.poll() is not None,
             "gate0's task to start",
@@ -220,21 +228,10 @@ def test_a_run_waits_for_its_first_worker_however_long_the_grace_period(tmp_path
     jobs): with the grace period at 0 the run still waits, then ingests once one joins."""
     distributed = pytest.importorskip("distributed")
     src = write_values(tmp_path / "src", ["a0", "a1"])
-    store = str(tmp_path / "store")
-    Catalog.init(store)
-    script = tmp_path / "cli.py"
-    script.write_text(CLI_WITH_TESTVALS)
     procs = []
     try:
         address = start_scheduler(tmp_path / "scheduler.json", procs)
-        driver = subprocess.Popen(
-            [sys.executable, str(script), "--store", store, "ingest", str(src), "--dataset",
-             "d", "--adapter", "testvals", "--engine", "dask", "--address", address,
-             "--no-progress", "--snapshot", "--json"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=env_with_tests(**{NO_WORKERS_ENV: "0"}),
-        )
-        procs.append(driver)
+        driver, store = start_ingest(tmp_path, src, address, procs, "--json")
         with distributed.Client(address, set_as_default=False) as client:
             wait_for(lambda: client.run_on_scheduler(lambda dask_scheduler: len(
                 dask_scheduler.tasks)) > 0 or driver.poll() is not None, "tasks submitted")
