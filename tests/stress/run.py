@@ -168,19 +168,10 @@ class S3:
         return name
 
     def options(self, endpoint: str | None = None, attempts: int = 10) -> dict[str, Any]:
-        from simstore.testing.s3 import FAKE_ACCESS_KEY, FAKE_SECRET_KEY
+        from simstore.testing.s3 import fast_retry_options
 
-        return {
-            "endpoint_url": endpoint or self.endpoint,
-            "key": FAKE_ACCESS_KEY,
-            "secret": FAKE_SECRET_KEY,
-            "region_name": "us-east-1",
-            "backoff_base_s": 0.005,
-            "backoff_max_s": 0.05,
-            "max_attempts": attempts,
-            "read_timeout_s": 0.5,
-            "connect_timeout_s": 0.5,
-        }
+        return fast_retry_options(endpoint or self.endpoint, attempts,
+                                  read_timeout_s=0.5, connect_timeout_s=0.5)
 
     def close(self) -> None:
         self.server.stop()
