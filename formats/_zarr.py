@@ -136,6 +136,10 @@ _ROOT_HEAD = '{"attributes": '
 """How the writer's root ``zarr.json`` starts (keys sorted): its attributes come first."""
 
 
+Mapper = Callable[[np.ndarray, int, int], bool]
+"""``map_file(array, fd, offset)``: map a file's bytes into ``array`` (True) or not (False)."""
+
+
 class ZarrShardReader:
     """An open Zarr shard: whole fields by position, or windows of them (``read_slices``).
 
@@ -368,12 +372,20 @@ class ZarrShardReader:
             self._offsets[key] = where
         return where
 
-    def _read_into(self, key: str, out: np.ndarray) -> bool:
-        """Read an uncompressed chunk straight into ``out`` (one copy); False if not possible."""
+    def _read_into(self, key: str, out: np.ndarray, mapper: Mapper | None = None) -> bool:
+        """Read an uncompressed chunk straight into ``out`` (one copy); False if not possible.
+
+        With ``mapper`` (``ChunkBuffers.map_file``), a chunk whose data starts at a page
+        boundary of the file (the writer aligns large ones) is mapped into ``out`` instead
+        of read, when the mapper can; it is checked against its CRC-32 all the same.
+        """
         where = self._stored_at(key)
         if where is None or where[1] != out.nbytes or not out.flags.c_contiguous:
             return False
         view = out.reshape(-1).view(np.uint8).data
+        if mapper is not None and self._fd is not None and mapper(out, self._fd, where[0]):
+            self._check_crc(key, view)
+            return True
         if self._fd is not None:
             got = os.preadv(self._fd, [view], where[0])
         else:
@@ -399,7 +411,8 @@ class ZarrShardReader:
             raise FormatError(f"{self.name}: zip entry {key} fails its CRC-32 check")
 
     def _read_whole(
-        self, path: str, dec: ChunkDecoder, into: Callable[..., Any] | None = None
+        self, path: str, dec: ChunkDecoder, into: Callable[..., Any] | None = None,
+        mapper: Mapper | None = None,
     ) -> np.ndarray | None:
         """A whole field whose chunks are contiguous runs of it, read with no extra copy.
 
@@ -428,7 +441,7 @@ class ZarrShardReader:
             key = f"{path}/c/{'/'.join(str(i) for i in idx)}"
             n = min(chunks[lead], shape[lead] - idx[lead] * chunks[lead]) * row
             if n == span:
-                if not self._read_into(key, flat[at : at + n]):
+                if not self._read_into(key, flat[at : at + n], mapper):
                     return None
             else:
                 chunk = self._chunk(key, dec)
@@ -495,6 +508,7 @@ class ZarrShardReader:
         field: str,
         box: tuple[slice, ...] | None,
         into: Callable[..., Any] | None = None,
+        mapper: Mapper | None = None,
     ) -> np.ndarray:
         path = f"{position}/{field}"
         dec = self._decoder(path)
@@ -504,7 +518,7 @@ class ZarrShardReader:
         shape, chunks = dec.shape, dec.chunks
         full = box is None
         if box is None:
-            whole = self._read_whole(path, dec, into)
+            whole = self._read_whole(path, dec, into, mapper)
             if whole is not None:
                 return whole
             box = tuple(slice(0, n) for n in shape)
@@ -574,6 +588,7 @@ class ZarrShardReader:
         position: int,
         fields: Iterable[str] | None,
         into: Callable[[str, Any, Any], Any] | None = None,
+        mapper: Mapper | None = None,
     ) -> dict[str, FieldValue]:
         p = self._check(position)
         group = self._nodes.get(str(p), {})
@@ -602,7 +617,7 @@ class ZarrShardReader:
             fill = None
             if into is not None and self._specs[name].kind == "tensor":
                 fill = functools.partial(into, name)
-            data = self._read_box(p, name, None, fill)
+            data = self._read_box(p, name, None, fill, mapper if fill is not None else None)
             out[name] = data.tobytes() if self._specs[name].kind == "bytes" else data
         return dict(sorted(out.items()))
 
@@ -619,10 +634,14 @@ class ZarrShardReader:
 
         Only the requested fields' chunks are read. ``out(i, field, shape, dtype)``, when
         given, may return a writable C-contiguous array for the ``i``-th sample's tensor
-        field (or None); an uncompressed field is then read straight into it.
+        field (or None); an uncompressed field is then read straight into it. When ``out``
+        also has ``map_file(array, fd, offset) -> bool``, page-aligned chunks of a shard
+        opened from a path are offered to it to map in place of the read.
         """
+        mapper = getattr(out, "map_file", None) if out is not None else None
         for i, p in enumerate(positions):
-            yield self._sample(p, fields, functools.partial(out, i) if out is not None else None)
+            yield self._sample(p, fields, functools.partial(out, i) if out is not None else None,
+                               mapper)
 
     def read_slices(
         self, position: int, windows: Mapping[str, tuple[slice, ...]]

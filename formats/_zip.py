@@ -25,7 +25,10 @@ try:  # ISA-L's CRC-32: the zip format's polynomial at about 8x zlib's speed her
 except ImportError:  # pragma: no cover - a platform without isal wheels
     crc32 = zlib.crc32
 
-__all__ = ["MAGIC", "HashingFile", "ZipEntry", "crc32", "write_stored", "zip_index"]
+__all__ = [
+    "ALIGN_MIN_BYTES", "MAGIC", "PAGE_ALIGN", "HashingFile", "ZipEntry", "aligned_padding",
+    "crc32", "write_stored", "zip_index",
+]
 
 MAGIC = b"PK\x03\x04"
 """A zip file's (and its every local header's) first four bytes."""
@@ -132,7 +135,9 @@ def write_stored(zf: zipfile.ZipFile, info: zipfile.ZipInfo, data: bytes | memor
     ``ZipFile.writestr`` computes the CRC-32 with zlib (about 2 GiB/s here, the largest
     cost of writing a Zarr shard) and writes each local header twice (once before the
     data, then again, after a seek back, with the CRC). Here the CRC comes first (ISA-L,
-    about 17 GiB/s) and the header is written once: the same bytes as ``writestr`` gives.
+    about 17 GiB/s) and the header is written once: the bytes ``writestr`` gives, but for
+    a padding record in the local header of a large entry (:func:`aligned_padding`) that
+    starts its data at a page boundary of the file.
     This uses ``ZipFile``'s bookkeeping attributes (``start_dir``, ``filelist``,
     ``NameToInfo``, ``_writecheck``), unchanged since Python 3.6; where they are missing,
     ``writestr`` writes the entry.
@@ -150,11 +155,53 @@ def write_stored(zf: zipfile.ZipFile, info: zipfile.ZipInfo, data: bytes | memor
     info.header_offset = z.fp.tell()
     z._writecheck(info)
     z._didModify = True
-    z.fp.write(info.FileHeader(zip64))
+    header = info.FileHeader(zip64)
+    pad = aligned_padding(info.header_offset + len(header), n)
+    if pad:
+        # the padding is in the local header alone: the central directory's copy of the
+        # entry (written at close, from ``info.extra``) stays as ``writestr`` writes it
+        extra = info.extra
+        info.extra = extra + _padding_record(pad)
+        header = info.FileHeader(zip64)
+        info.extra = extra
+    z.fp.write(header)
     z.fp.write(data)
     z.start_dir = z.fp.tell()
     z.filelist.append(info)
     z.NameToInfo[info.filename] = info
+
+
+PAGE_ALIGN = 4096
+"""File offset every large stored entry's data starts at a multiple of: a memory page,
+so a reader can map the entry's bytes from the file instead of copying them."""
+
+ALIGN_MIN_BYTES = 256 << 10
+"""Entries this large and a whole number of pages long are aligned (at most 4 KiB of
+padding each, under 1.6% of the entry; smaller ones are not worth mapping)."""
+
+_PADDING_ID = 0xD935
+"""The extra-field id of the padding record (the one Android's ``zipalign`` uses; zip
+readers skip extra records they do not know)."""
+
+
+def aligned_padding(data_offset: int, nbytes: int) -> int:
+    """Bytes of padding record that put an entry's data at a page boundary (0: none).
+
+    ``data_offset``: where the data would start with no padding; ``nbytes``: its length.
+    Only entries of at least :data:`ALIGN_MIN_BYTES` whose length is a whole number of
+    pages are aligned; a padding record is at least 4 bytes (its id and length).
+    """
+    if nbytes < ALIGN_MIN_BYTES or nbytes % PAGE_ALIGN:
+        return 0
+    pad = -data_offset % PAGE_ALIGN
+    if 0 < pad < 4:
+        pad += PAGE_ALIGN
+    return pad
+
+
+def _padding_record(pad: int) -> bytes:
+    """An extra-field record of ``pad`` bytes in all: id, length, zeros."""
+    return struct.pack("<HH", _PADDING_ID, pad - 4) + bytes(pad - 4)
 
 
 class ZipEntry(NamedTuple):

@@ -202,6 +202,10 @@ class SimDataset(IterableDataset[Sample]):
         max_bandwidth: bytes/s cap for the whole job (split over its ranks and workers).
         zero_copy: share memory with decoded buffers where possible (do not modify
             samples in place in a transform when true).
+        map_files: on Linux, a large uncompressed Zarr chunk that starts at a page
+            boundary of a local shard file (or cache copy) is mapped into its batch,
+            copy-on-write, instead of read: no copy of its bytes (see docs/loader.md).
+            False: read every chunk.
         shard_opener: how to open a shard (default: any installed format, by its magic
             bytes, as ``simstore.formats.open_shard`` does).
         world_detector: how to find rank and world size (default :func:`detect_world`).
@@ -235,6 +239,7 @@ class SimDataset(IterableDataset[Sample]):
         verify_every_s: float = DEFAULT_VERIFY_EVERY_S,
         max_bandwidth: int | str | None = None,
         zero_copy: bool = True,
+        map_files: bool = True,
         shard_opener: ShardOpener | None = None,
         world_detector: WorldDetector | None = None,
         log_every_s: float | None = None,
@@ -278,6 +283,7 @@ class SimDataset(IterableDataset[Sample]):
         if not verify_every_s >= 0:
             raise InvalidInputError(f"verify_every_s must be >= 0, got {verify_every_s}")
         zero_copy = check_bool(zero_copy, "zero_copy")
+        map_files = check_bool(map_files, "map_files")
         bandwidth = parse_bytes(max_bandwidth, "max_bandwidth")
         for name, value in (("shard_opener", shard_opener), ("world_detector", world_detector)):
             if value is not None:
@@ -315,6 +321,7 @@ class SimDataset(IterableDataset[Sample]):
             node=node_records(verify, verify_every_s),
             max_bandwidth=bandwidth,
             zero_copy=zero_copy,
+            map_files=map_files,
             shard_opener=shard_opener,
             log_every_s=log_every_s,
         )

@@ -30,6 +30,8 @@ class LoaderOptions:
     """Where whole-shard hash matches are remembered for later jobs (``verify_every_s``)."""
     max_bandwidth: float | None = None
     zero_copy: bool = True
+    map_files: bool = True
+    """Map large page-aligned chunks of local shard files into batches, not read them."""
     shard_opener: ShardOpener | None = None
     log_every_s: float | None = None
 

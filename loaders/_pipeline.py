@@ -401,6 +401,11 @@ class _SlotAlloc:
     def __call__(self, j: int, name: str, shape: Any, dtype: Any) -> Any:
         return self.buffers.take(self.slots[j], name, shape, dtype)
 
+    def map_file(self, array: np.ndarray, fd: int, offset: int) -> bool:
+        """Map a file's bytes into ``array``, a row given by this allocator, if the buffers can."""
+        mapper = getattr(self.buffers, "map_file", None)
+        return bool(mapper(array, fd, offset)) if mapper is not None else False
+
     def many(self, js: Any, name: str, shape: Any, dtype: Any) -> Any:
         """``(buffer, rows of it, row arrays)`` for asked positions ``js``, or None."""
         slots = self.slots

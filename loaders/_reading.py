@@ -262,7 +262,8 @@ class EpochReader:
                 corrupt = CorruptShards(counters, probe)
 
             def decode(chunk: Any) -> tuple[list[dict[str, Any]], ChunkBuffers]:
-                buffers = ChunkBuffers(len(chunk), shared=shared, pool=shared_pool)
+                buffers = ChunkBuffers(len(chunk), shared=shared, pool=shared_pool,
+                                       map_files=opts.map_files)
                 fan_out = first.pop() if first else None
                 values = read_chunk(chunk, pool, sources, limiter, counters, tiers, buffers,
                                     fan_out, side_by_side=depth > 1, corrupt=corrupt)

@@ -459,9 +459,12 @@ class ChunkBuffers:
     batch crosses to the main process without being copied again.
     """
 
-    def __init__(self, n: int, *, shared: bool, pool: SharedPool | None = None) -> None:
+    def __init__(self, n: int, *, shared: bool, pool: SharedPool | None = None,
+                 map_files: bool = False) -> None:
         self.n = n
         self.shared = shared
+        self.map_files = map_files and not shared
+        """Whether readers may map page-aligned file bytes into the (private) buffers."""
         self.pool = pool if shared else None
         self._slots: list[int] = []
         self._bufs: dict[str, tuple[torch.Tensor, np.ndarray] | None] = {}
@@ -506,6 +509,15 @@ class ChunkBuffers:
             for slot, row in zip(slots, rows, strict=True):
                 given[slot] = row
         return array, np.asarray(slots, dtype=np.intp), rows
+
+    def map_file(self, array: np.ndarray, fd: int, offset: int) -> bool:
+        """Map file ``fd``'s bytes at ``offset`` into ``array``, a row :meth:`take` gave.
+
+        In place of reading them (see ``BufferPool.map_file``): for buffers of this
+        process's pool only (a worker's shared-memory buffers cross to the main process
+        as they are), and only with ``map_files``. False: read the bytes instead.
+        """
+        return self.map_files and POOL.map_file(array, fd, offset)
 
     def stand_in(self, slot: int, value: Mapping[str, Any]) -> dict[str, Any]:
         """Another slot's sample ``value`` copied into slot ``slot`` (its rows where it has them).

@@ -8,8 +8,11 @@ chunk buffers (``simstore.loaders``), so each process faults a working set in on
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import mmap
 import os
+import sys
 import threading
 import weakref
 from typing import Any
@@ -33,8 +36,14 @@ class BufferPool:
         self.min_bytes = min_bytes
         self._idle: list[mmap.mmap] = []
         self._lock = threading.Lock()
+        self._lent: dict[int, tuple[weakref.ref[np.ndarray], mmap.mmap]] = {}
+        """Mappings out, by the id of the array over each (the base of all its views)."""
+        self._filed: set[int] = set()
+        """Mappings (by id) with file pages in them: unmapped when they come back."""
         self.reused = 0
         """Arrays handed out over a mapping that came back (for tests and metrics)."""
+        self.mapped_bytes = 0
+        """Bytes mapped from files by :meth:`map_file` (for tests and metrics)."""
 
     def array(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
         """An uninitialised C-contiguous array of ``shape`` and ``dtype``.
@@ -49,8 +58,58 @@ class BufferPool:
         out = np.frombuffer(mapping, dtype=dtype, count=nbytes // dtype.itemsize)
         # ``out`` is the base of every view of it (its own base is the mapping, not an
         # array), so it lives exactly as long as the last view
-        weakref.finalize(out, self._give_back, mapping)
+        with self._lock:
+            self._lent[id(out)] = (weakref.ref(out), mapping)
+        weakref.finalize(out, self._give_back, mapping, id(out))
         return out.reshape(shape)
+
+    def map_file(self, array: np.ndarray, fd: int, offset: int) -> bool:
+        """Make ``array``'s bytes those of file ``fd`` at ``offset``, mapped, not read.
+
+        ``array`` must be a view of an array this pool handed out, C-contiguous, starting
+        at a page boundary and a whole number of pages long, and ``offset`` a multiple of
+        the page size; the caller owns those bytes (it was about to read the file into
+        them). The pages are mapped private (copy-on-write) over the pool's memory: reading
+        them reads the file's page cache with no copy, writing one copies that page first,
+        and the file itself never changes. What the array shows is the file's content at
+        the time each page is first touched, so only files that are never rewritten in
+        place may be mapped (shard files: written whole, then renamed), and a file cut
+        short under a mapping faults its reader (SIGBUS), as for any mapped file. The
+        mapping that holds such pages is unmapped, not reused, once every view of it is
+        gone. False (nothing changed) where it does not apply: then read the bytes.
+        """
+        nbytes = array.nbytes
+        page = mmap.PAGESIZE
+        addr = array.ctypes.data
+        if (nbytes == 0 or nbytes % page or addr % page or offset % page
+                or not array.flags.c_contiguous):
+            return False
+        lib = _mmap_call()
+        if lib is None:
+            return False
+        base = array.base
+        with self._lock:
+            lent = self._lent.get(id(base))
+            if lent is None or lent[0]() is not base:
+                return False
+            mapping = lent[1]
+            start = base.ctypes.data  # type: ignore[union-attr]
+            if addr < start or addr + nbytes > start + len(mapping):
+                return False
+            self._filed.add(id(mapping))
+        got = lib.mmap(addr, nbytes, mmap.PROT_READ | mmap.PROT_WRITE,
+                       mmap.MAP_PRIVATE | _MAP_FIXED, fd, offset)
+        if got == addr:
+            with self._lock:
+                self.mapped_bytes += nbytes
+            return True
+        # a failed fixed mapping may leave the range unmapped (kernels before 6.12): put
+        # fresh memory back before the caller reads into it
+        again = lib.mmap(addr, nbytes, mmap.PROT_READ | mmap.PROT_WRITE,
+                         mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED, -1, 0)
+        if again != addr:  # pragma: no cover - the kernel refused anonymous memory
+            raise MemoryError(f"could not restore {nbytes} bytes of memory at {addr:#x}")
+        return False
 
     def _take(self, nbytes: int) -> mmap.mmap:
         with self._lock:
@@ -66,9 +125,17 @@ class BufferPool:
         # steady 2.4 GiB/s for 4 KiB pages (the kernel's recently freed ones)
         return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
-    def _give_back(self, mapping: mmap.mmap) -> None:
+    def _give_back(self, mapping: mmap.mmap, key: int) -> None:
         with self._lock:
-            self._idle.append(mapping)
+            self._lent.pop(key, None)
+            filed = id(mapping) in self._filed
+            self._filed.discard(id(mapping))
+            if not filed:
+                self._idle.append(mapping)
+        if filed:
+            # file pages: a later array must get memory of its own; the mapping is unmapped
+            # when the last reference goes (the array's buffer export still holds it now)
+            return
         self._trim(self.idle_bytes)
 
     def release(self) -> None:
@@ -90,6 +157,25 @@ class BufferPool:
                 old.close()
             except BufferError:
                 pass
+
+
+_MAP_FIXED = 0x10
+"""Linux's ``MAP_FIXED`` (not in Python's ``mmap`` module)."""
+
+
+@functools.cache
+def _mmap_call() -> Any:
+    """The C library's ``mmap`` on 64-bit Linux (``off_t`` a ``long``); else None."""
+    if not sys.platform.startswith("linux") or ctypes.sizeof(ctypes.c_void_p) != 8:
+        return None
+    try:
+        lib = ctypes.CDLL(None, use_errno=True)
+        lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                             ctypes.c_int, ctypes.c_long]
+        lib.mmap.restype = ctypes.c_void_p
+    except (OSError, AttributeError):
+        return None
+    return lib
 
 
 def whole_pages(nbytes: int) -> int:

@@ -1,0 +1,246 @@
+"""Large uncompressed Zarr chunks mapped from local shard files into batches (``map_files``).
+
+The writer starts such chunks at page boundaries of the shard file; a loader with no
+workers maps them into its chunk buffers, copy-on-write, in place of reading them. The
+batches must hold exactly the source's values, never write to the file, outlive the
+file's removal, and still fail on a damaged chunk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+
+import numpy as np
+import pytest
+import torch
+from simstore.formats._zarr import ZarrShardReader
+from simstore.loaders import SimDataLoader, SimDataset, _tensors
+
+from simstore._buffers import BufferPool
+from simstore.catalog import Catalog
+from simstore.errors import FormatError, SimstoreError
+from simstore.ingest import ingest
+from tests.loaders.loader_helpers import refused, snapshot_shards
+
+PAGE = mmap.PAGESIZE
+
+
+def _write_sources(root: str, count: int = 6) -> dict[str, np.ndarray]:
+    """``count`` .npz runs of one 1 MiB float32 field (a whole number of pages)."""
+    os.makedirs(root, exist_ok=True)
+    rng = np.random.default_rng(7)
+    values = {}
+    for i in range(count):
+        key = f"r{i:02d}"
+        a = rng.standard_normal((256, 1024)).astype(np.float32)
+        np.savez(os.path.join(root, f"{key}.npz"), u=a)
+        values[key] = a
+    return values
+
+
+@pytest.fixture(scope="module")
+def zarr_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, np.ndarray]]:
+    base = tmp_path_factory.mktemp("mapped")
+    values = _write_sources(str(base / "src"))
+    store = str(base / "store")
+    Catalog.init(store)
+    ingest([str(base / "src")], dataset="d", store=store, snapshot=True, format="zarr",
+           compression="none")
+    return store, values
+
+
+def _shard_paths(store: str) -> list[str]:
+    return [os.path.join(store, "objects", s[:2], s) for s in snapshot_shards(store)]
+
+
+def _digests(paths: list[str]) -> list[str]:
+    out = []
+    for p in paths:
+        with open(p, "rb") as f:
+            out.append(hashlib.sha256(f.read()).hexdigest())
+    return out
+
+
+def _epoch(store: str, **kw: object) -> list[dict[str, object]]:
+    ds = SimDataset(store, "d", shuffle=True, seed=3, **kw)  # type: ignore[arg-type]
+    return list(SimDataLoader(ds, batch_size=4, num_workers=0))
+
+
+def _check(batches: list[dict[str, object]], values: dict[str, np.ndarray]) -> int:
+    n = 0
+    for b in batches:
+        u = b["u"]
+        assert isinstance(u, torch.Tensor)
+        for key, row in zip(b["__key__"], u, strict=True):  # type: ignore[call-overload]
+            np.testing.assert_array_equal(row.numpy(), values[key])
+            n += 1
+    return n
+
+
+def test_the_writer_starts_large_stored_chunks_at_page_boundaries(zarr_store):
+    import zipfile
+
+    store, values = zarr_store
+    (path,) = _shard_paths(store)
+    with zipfile.ZipFile(path) as z:
+        assert z.testzip() is None  # stock zipfile: every entry's CRC-32 holds
+        big = [i for i in z.infolist() if i.file_size == 1 << 20]
+        assert len(big) == len(values)
+        with open(path, "rb") as f:
+            for info in big:
+                f.seek(info.header_offset)
+                head = f.read(30)
+                n, m = int.from_bytes(head[26:28], "little"), int.from_bytes(head[28:30], "little")
+                assert (info.header_offset + 30 + n + m) % PAGE == 0
+        small = [i for i in z.infolist() if i.file_size < 256 << 10]
+        assert small and all(i.extra == b"" for i in small)
+
+
+def test_stock_zarr_reads_the_aligned_shard(zarr_store):
+    import zarr
+
+    store, values = zarr_store
+    (path,) = _shard_paths(store)
+    root = zarr.open_group(zarr.storage.ZipStore(path, mode="r"), mode="r")
+    seen = [np.asarray(root[f"{p}/u"][...]) for p in range(len(values))]
+    assert sorted(a.tobytes() for a in seen) == sorted(a.tobytes() for a in values.values())
+
+
+def test_mapped_batches_hold_the_source_values_and_the_file_is_untouched(zarr_store):
+    store, values = zarr_store
+    paths = _shard_paths(store)
+    before = _digests(paths)
+    mapped = _tensors.POOL.mapped_bytes
+    batches = _epoch(store)
+    assert _tensors.POOL.mapped_bytes - mapped == len(values) << 20
+    assert _check(batches, values) == len(values)
+    for b in batches:  # the training loop writes into its batch: a private copy of the page
+        b["u"].mul_(-2.0)  # type: ignore[union-attr]
+    assert _digests(paths) == before
+    assert _check(_epoch(store), values) == len(values)
+
+
+def test_map_files_false_reads_every_chunk(zarr_store):
+    store, values = zarr_store
+    mapped = _tensors.POOL.mapped_bytes
+    assert _check(_epoch(store, map_files=False), values) == len(values)
+    assert _tensors.POOL.mapped_bytes == mapped
+
+
+def test_a_batch_outlives_its_shard_file(tmp_path):
+    values = _write_sources(str(tmp_path / "src"), 4)
+    store = str(tmp_path / "store")
+    Catalog.init(store)
+    ingest([str(tmp_path / "src")], dataset="d", store=store, snapshot=True, format="zarr",
+           compression="none")
+    mapped = _tensors.POOL.mapped_bytes
+    batches = _epoch(store)
+    assert _tensors.POOL.mapped_bytes > mapped
+    for p in _shard_paths(store):  # gc or a cache's eviction unlinks; the pages stay
+        os.chmod(p, 0o644)
+        os.unlink(p)
+    assert _check(batches, values) == 4
+
+
+def test_a_damaged_mapped_chunk_is_an_error_naming_the_shard(tmp_path):
+    values = _write_sources(str(tmp_path / "src"), 4)
+    store = str(tmp_path / "store")
+    Catalog.init(store)
+    ingest([str(tmp_path / "src")], dataset="d", store=store, snapshot=True, format="zarr",
+           compression="none")
+    (shard,) = snapshot_shards(store)
+    path = os.path.join(store, "objects", shard[:2], shard)
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as f:  # a byte in the middle of the first 1 MiB chunk
+        data = f.read()
+        at = data.index(values["r00"].tobytes()[:64]) + (1 << 19)
+        f.seek(at)
+        f.write(bytes([data[at] ^ 0xFF]))
+    with pytest.raises(SimstoreError, match=shard):
+        _epoch(store, verify_every_s=0)
+    # the reader alone (no whole-shard hash first): the mapped chunk's CRC-32 fails
+    pool = BufferPool(min_bytes=1)
+    rows = pool.array((4, 256, 1024), np.dtype(np.float32))
+
+    class Out:
+        def __call__(self, i, name, shape, dtype):
+            return rows[i]
+
+        def map_file(self, array, fd, offset):
+            return pool.map_file(array, fd, offset)
+
+    reader = ZarrShardReader(path, name=f"shard {shard}")
+    try:
+        with pytest.raises(FormatError, match=f"shard {shard}: zip entry .* CRC-32"):
+            list(reader.read(range(4), ["u"], out=Out()))
+    finally:
+        reader.close()
+    assert pool.mapped_bytes > 0
+
+
+def test_map_files_must_be_a_bool(zarr_store):
+    store, _ = zarr_store
+    refused("map_files", SimDataset, store, "d", map_files="yes")
+
+
+# -- BufferPool.map_file ---------------------------------------------------------------
+
+@pytest.fixture()
+def page_file(tmp_path):
+    path = tmp_path / "pages.bin"
+    data = np.arange(4 * PAGE // 4, dtype=np.int32)
+    path.write_bytes(data.tobytes())
+    fd = os.open(path, os.O_RDONLY)
+    yield fd, data
+    os.close(fd)
+
+
+@pytest.mark.skipif(not os.uname().sysname == "Linux", reason="mapping is Linux-only")
+def test_pool_maps_whole_pages_of_its_own_arrays_only(page_file):
+    fd, data = page_file
+    pool = BufferPool(min_bytes=1)
+    a = pool.array((4, PAGE // 4), np.dtype(np.int32))
+    assert pool.map_file(a[1:3], fd, PAGE)
+    np.testing.assert_array_equal(a[1:3].reshape(-1), data[PAGE // 4 : 3 * PAGE // 4])
+    assert pool.mapped_bytes == 2 * PAGE
+    # refused, nothing changed: not the pool's memory, not page-aligned, a part page
+    assert not pool.map_file(np.empty((4, PAGE // 4), np.int32)[1], fd, 0)
+    assert not pool.map_file(a[0], fd, 100)
+    assert not pool.map_file(a.reshape(-1)[1 : PAGE // 4 + 1], fd, 0)
+    assert not pool.map_file(a[0, : PAGE // 8], fd, 0)
+    assert pool.mapped_bytes == 2 * PAGE
+
+
+@pytest.mark.skipif(not os.uname().sysname == "Linux", reason="mapping is Linux-only")
+def test_pool_does_not_reuse_memory_that_held_file_pages(page_file):
+    fd, data = page_file
+    pool = BufferPool(min_bytes=1)
+    a = pool.array((4, PAGE // 4), np.dtype(np.int32))
+    assert pool.map_file(a, fd, 0)
+    del a
+    b = pool.array((4, PAGE // 4), np.dtype(np.int32))
+    assert pool.reused == 0
+    b[...] = -1
+    with os.fdopen(os.dup(fd), "rb") as f:
+        assert f.read() == data.tobytes()
+    del b
+    c = pool.array((4, PAGE // 4), np.dtype(np.int32))  # plain memory comes back
+    assert pool.reused == 1
+    del c
+
+
+@pytest.mark.skipif(not os.uname().sysname == "Linux", reason="mapping is Linux-only")
+def test_a_failed_mapping_leaves_usable_memory(tmp_path):
+    pool = BufferPool(min_bytes=1)
+    a = pool.array((2, PAGE), np.dtype(np.uint8))
+    r, w = os.pipe()  # a pipe cannot be mapped
+    try:
+        assert not pool.map_file(a[0], r, 0)
+    finally:
+        os.close(r)
+        os.close(w)
+    a[...] = 7
+    assert int(a.sum()) == 7 * 2 * PAGE
+    assert pool.mapped_bytes == 0
