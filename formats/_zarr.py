@@ -136,8 +136,10 @@ _ROOT_HEAD = '{"attributes": '
 """How the writer's root ``zarr.json`` starts (keys sorted): its attributes come first."""
 
 
-Mapper = Callable[[np.ndarray, int, int], bool]
-"""``map_file(array, fd, offset)``: map a file's bytes into ``array`` (True) or not (False)."""
+Mapper = Callable[[np.ndarray, int, int, bool], bool]
+"""``map_file(array, fd, offset, check)``: take over filling ``array`` with the bytes of
+file ``fd`` at ``offset`` (True), or not (False: read them). With ``check`` (the reader
+checks the bytes against their CRC-32 next) the bytes must be in ``array`` on return."""
 
 
 class ZarrShardReader:
@@ -383,7 +385,8 @@ class ZarrShardReader:
         if where is None or where[1] != out.nbytes or not out.flags.c_contiguous:
             return False
         view = out.reshape(-1).view(np.uint8).data
-        if mapper is not None and self._fd is not None and mapper(out, self._fd, where[0]):
+        if mapper is not None and self._fd is not None and mapper(
+                out, self._fd, where[0], self.verifies_pages):
             self._check_crc(key, view)
             return True
         if self._fd is not None:
@@ -395,6 +398,12 @@ class ZarrShardReader:
             raise FormatError(f"{self.name}: zip entry {key} is truncated")
         self._check_crc(key, view)
         return True
+
+    def _page_aligned(self, key: str) -> bool:
+        """Whether stored entry ``key``'s data is whole pages at a page boundary of the file."""
+        where = self._stored_at(key)
+        return where is not None and not where[0] % _zip.PAGE_ALIGN and not (
+            where[1] % _zip.PAGE_ALIGN)
 
     def trust(self) -> None:
         """Stop checking chunk CRC-32s: the whole file has been hashed to its id.
@@ -428,18 +437,25 @@ class ZarrShardReader:
         lead = next((i for i, c in enumerate(chunks) if c != 1), len(chunks) - 1)
         if chunks[lead + 1 :] != shape[lead + 1 :]:
             return None
-        out = into(shape, dec.dtype) if into is not None else None
+        grid = tuple(math.ceil(n / c) for n, c in zip(shape, chunks, strict=True))
+        row, span = math.prod(shape[lead + 1 :]), math.prod(chunks)
+        parts = [(f"{path}/c/{'/'.join(str(i) for i in idx)}",
+                  min(chunks[lead], shape[lead] - idx[lead] * chunks[lead]) * row)
+                 for idx in np.ndindex(*grid)]
+        out = None
+        if into is not None:
+            # a destination that can take mapped chunks is told when all of them can be
+            # (checks passed, every chunk whole and page-aligned in the file)
+            mappable = (mapper is not None and self._fd is not None and not self.verifies_pages
+                        and all(n == span and self._page_aligned(key) for key, n in parts))
+            out = into(shape, dec.dtype, mappable=True) if mappable else into(shape, dec.dtype)
         if out is None:
             out = np.empty(shape, dtype=dec.dtype)
         if not out.flags.c_contiguous:
             return None
         flat = out.reshape(-1)
-        grid = tuple(math.ceil(n / c) for n, c in zip(shape, chunks, strict=True))
-        row, span = math.prod(shape[lead + 1 :]), math.prod(chunks)
         at = 0
-        for idx in np.ndindex(*grid):
-            key = f"{path}/c/{'/'.join(str(i) for i in idx)}"
-            n = min(chunks[lead], shape[lead] - idx[lead] * chunks[lead]) * row
+        for key, n in parts:
             if n == span:
                 if not self._read_into(key, flat[at : at + n], mapper):
                     return None

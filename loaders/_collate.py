@@ -127,10 +127,7 @@ class Collate:
             if flags is not None and all(flags):
                 flags = None
             if isinstance(values, torch.Tensor):
-                variable = self._is_variable(name)
-                if flags is None and not self._packs(name, variable) and not (
-                    variable and values.dim() > 1
-                ):
+                if flags is None and self.as_is(name, values):
                     out[name] = values
                     continue
                 values = list(values.unbind(0))
@@ -165,6 +162,11 @@ class Collate:
         column = torch.full((len(values),), self.pad_value, dtype=real.dtype)
         column[torch.tensor(present, dtype=torch.bool)] = real
         return column
+
+    def as_is(self, name: str, values: torch.Tensor) -> bool:
+        """Whether :meth:`columns` puts a full column ``values`` in the batch unread, as is."""
+        variable = self._is_variable(name)
+        return not self._packs(name, variable) and not (variable and values.dim() > 1)
 
     def _packs(self, name: str, variable: bool) -> bool:
         return self.mesh == "pack" and (

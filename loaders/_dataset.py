@@ -703,6 +703,7 @@ class SimDataset(IterableDataset[Sample]):
         siblings: VerifiedTable | None = None,
         trusted: TrustTable | None = None,
         counters: Counters | None = None,
+        defer_files: bool = False,
     ) -> Iterator[tuple[Any, int, dict[str, float], tuple[tuple[int, int], ...]]]:
         """One reader's batches, collated, each with its running count, counters and marks.
 
@@ -710,7 +711,8 @@ class SimDataset(IterableDataset[Sample]):
         """
         return self._reader().batches(world, epoch, remaining, batch_size, collate,
                                       drop_last=drop_last, shared_pool=shared_pool,
-                                      siblings=siblings, trusted=trusted, counters=counters)
+                                      siblings=siblings, trusted=trusted, counters=counters,
+                                      defer_files=defer_files)
 
 
 def _order_differences(saved: object, current: Sequence[Mapping[str, Any]]

@@ -33,6 +33,7 @@ from simstore.loaders._checks import (
 from simstore.loaders._collate import Collate, MeshMode
 from simstore.loaders._dataset import LoaderState, Sample, SimDataset
 from simstore.loaders._fetch import TRUSTED_SLOTS, VERIFIED_SLOTS, TrustTable, VerifiedTable
+from simstore.loaders._filerows import FdChannel, file_rows_of, resolve_batch
 from simstore.loaders._metrics import timed
 from simstore.loaders._plan import Interval
 from simstore.loaders._stats import (
@@ -239,6 +240,9 @@ class _BatchStream(_Stream):
         self.arenas: Sequence[SharedArena | None] = ()
         """Each fork worker's arena (see ``SharedArena``), mapped before the workers
         start; empty with no workers or another start method (None once pickled)."""
+        self.channels: Sequence[FdChannel | None] = ()
+        """Each fork worker's channel for the descriptors of the shard files its batches
+        leave unread (see ``loaders._filerows``); as ``arenas``."""
 
     def __iter__(self) -> Iterator[_Tagged]:
         world = self._reader()
@@ -260,16 +264,28 @@ class _BatchStream(_Stream):
         sent = threading.Event() if in_worker() else None
         _FIRST_SENT[0] = sent
         reading = self._counters(world)
+        channel = None
+        if in_worker() and world.worker < len(self.channels):
+            channel = self.channels[world.worker]
         for batch, count, counters, marks in self.dataset.read_batches(
             world, self.epoch, self.remaining, self.batch_size, self.collate,
             drop_last=self.drop_last, shared_pool=pool, siblings=siblings, trusted=trusted,
-            counters=reading,
+            counters=reading, defer_files=channel is not None,
         ):
+            rows = file_rows_of(batch)
+            if rows:
+                assert channel is not None
+                channel.send(rows)
             yield _Tagged(batch, _Tag(world.worker, count, counters, marks,
                                       reading.take_warm()))
             if sent is not None:
                 sent.wait(FIRST_HANDOVER_WAIT_S)
                 sent = None
+
+
+def _close_channels(channels: Sequence[FdChannel]) -> None:
+    for channel in channels:
+        channel.close()
 
 
 def _workers_stopped(ref: weakref.ref[Any]) -> bool:
@@ -617,6 +633,7 @@ class SimDataLoader(DataLoader[Any]):
         self._watch(ds)
         tracker = None
         arenas: list[SharedArena] = []
+        channels: list[FdChannel] = []
         if self.num_workers > 0 and self._stream.trusted is None:
             trusted = torch.zeros(TRUSTED_SLOTS, dtype=torch.int64)  # kept for later epochs
             trusted.share_memory_()  # type: ignore[no-untyped-call]
@@ -633,7 +650,13 @@ class SimDataLoader(DataLoader[Any]):
             self._stream.verified = verified
             arenas = self._fork_arenas()
             self._stream.arenas = arenas
+            self._stream.channels = channels = (
+                [FdChannel() for _ in range(self.num_workers)]
+                if self.num_workers > 0 and _forks(self) and ds._options.map_files else [])
         tagged = super().__iter__()
+        if channels:
+            weakref.finalize(tagged, _close_channels, channels)
+        pin = bool(getattr(tagged, "_pin_memory", False))
         if self.num_workers > 0:
             # the metrics watch this iteration's workers until they stop, even if a
             # later iteration starts while this iterator is still alive (reading ahead)
@@ -649,6 +672,10 @@ class SimDataLoader(DataLoader[Any]):
             """
             for item in tagged:
                 batch, tag = item
+                rows = file_rows_of(batch)
+                if rows:
+                    resolve_batch(batch, rows, channels[tag.worker] if channels else None,
+                                  _tensors.POOL, pin)
                 ds._delivered(tag.worker, tag.delivered, tag.counters, tag.warm)
                 if tracker is not None:
                     tracker.track(tag.worker, tag.marks, batch)

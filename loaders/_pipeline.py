@@ -53,7 +53,8 @@ __all__ = [
 class OutBuffers(Protocol):
     """Where readers may decode a chunk's fields (``loaders._tensors.ChunkBuffers``)."""
 
-    def take(self, slot: int, name: str, shape: Any, dtype: Any) -> Any:
+    def take(self, slot: int, name: str, shape: Any, dtype: Any, *,
+             mappable: bool = False) -> Any:
         """An array to fill for sample ``slot``'s field ``name``, or None."""
         ...
 
@@ -398,13 +399,18 @@ class _SlotAlloc:
     slots: list[int]
     helpers: Executor | None = None
 
-    def __call__(self, j: int, name: str, shape: Any, dtype: Any) -> Any:
-        return self.buffers.take(self.slots[j], name, shape, dtype)
+    def __call__(self, j: int, name: str, shape: Any, dtype: Any, *,
+                 mappable: bool = False) -> Any:
+        """``mappable``: the reader will offer every chunk of the value to :meth:`map_file`."""
+        return self.buffers.take(self.slots[j], name, shape, dtype, mappable=mappable)
 
-    def map_file(self, array: np.ndarray, fd: int, offset: int) -> bool:
-        """Map a file's bytes into ``array``, a row given by this allocator, if the buffers can."""
+    def map_file(self, array: np.ndarray, fd: int, offset: int, check: bool = True) -> bool:
+        """Let the buffers fill ``array`` (a row given here) from a file, if they can.
+
+        See ``ChunkBuffers.map_file``; ``check``: the reader checks the bytes next.
+        """
         mapper = getattr(self.buffers, "map_file", None)
-        return bool(mapper(array, fd, offset)) if mapper is not None else False
+        return bool(mapper(array, fd, offset, check)) if mapper is not None else False
 
     def many(self, js: Any, name: str, shape: Any, dtype: Any) -> Any:
         """``(buffer, rows of it, row arrays)`` for asked positions ``js``, or None."""

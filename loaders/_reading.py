@@ -112,6 +112,7 @@ class EpochReader:
         siblings: VerifiedTable | None = None,
         trusted: TrustTable | None = None,
         counters: Counters | None = None,
+        defer_files: bool = False,
     ) -> Iterator[tuple[Any, int, dict[str, float], tuple[tuple[int, int], ...]]]:
         """One reader's batches, collated, each with its running count, counters and marks.
 
@@ -126,12 +127,17 @@ class EpochReader:
         ``trusted``: the loader's table of files hashed in earlier epochs (else the
         dataset's own). ``counters``: where the reading counts (else new ones); the
         caller may read them after the last batch, for the work done ahead of it.
+        ``defer_files`` (a forked worker with a channel to the main process): a batch
+        field whose rows are whole mapped chunks is a :class:`FileRows`, whose
+        descriptors the caller sends (see ``loaders._filerows``).
         """
         opts = self.options
         per_sample = any(s.transform is not None for s in self.sources)
+        defer = (defer_files and opts.map_files and not per_sample
+                 and opts.on_corrupt != "skip")
         count = 0
         with self._decoded(world, epoch, remaining, batch_size, shared_pool, siblings,
-                           trusted, counters) as (
+                           trusted, counters, defer) as (
             chunks, counters
         ):
             for chunk, (values, buffers) in chunks:
@@ -144,13 +150,27 @@ class EpochReader:
                     columns = None if per_sample else _columns(
                         values, buffers, lo, hi, chunk.keys[lo:hi], pads, opts.zero_copy)
                     if columns is None:
+                        buffers.settle(lo, hi)
                         samples = [self._sample(chunk, j, values, buffers, False)
                                    for j in range(lo, hi)]
                         nbytes = sum(_payload_bytes(x) for x in samples if not x["__pad__"])
                         batch = collate(samples)
                     else:
+                        deferred = {}
+                        if defer:
+                            for name, column in columns.items():
+                                if isinstance(column, torch.Tensor) and collate.as_is(name,
+                                                                                      column):
+                                    rows = buffers.file_rows(name, lo, hi)
+                                    if rows is not None:
+                                        deferred[name] = rows
+                            buffers.settle(lo, hi)
                         nbytes = _columns_bytes(columns, ~np.asarray(pads, dtype=np.bool_))
                         batch = collate.columns(columns)
+                        for name, rows in deferred.items():
+                            if batch.get(name) is not columns[name]:
+                                raise AssertionError(f"collate read unread rows of {name}")
+                            batch[name] = rows
                     npad = int(np.count_nonzero(pads))
                     counters.add("samples", hi - lo - npad)
                     if npad:
@@ -191,6 +211,7 @@ class EpochReader:
         siblings: VerifiedTable | None = None,
         trusted: TrustTable | None = None,
         counters: Counters | None = None,
+        defer_files: bool = False,
     ) -> Iterator[tuple[Iterator[tuple[Any, tuple[list[dict[str, Any]], ChunkBuffers]]],
                         Counters]]:
         """The decoded chunks of one reader's share of the epoch, and its counters."""
@@ -263,7 +284,7 @@ class EpochReader:
 
             def decode(chunk: Any) -> tuple[list[dict[str, Any]], ChunkBuffers]:
                 buffers = ChunkBuffers(len(chunk), shared=shared, pool=shared_pool,
-                                       map_files=opts.map_files)
+                                       map_files=opts.map_files, defer_files=defer_files)
                 fan_out = first.pop() if first else None
                 values = read_chunk(chunk, pool, sources, limiter, counters, tiers, buffers,
                                     fan_out, side_by_side=depth > 1, corrupt=corrupt)

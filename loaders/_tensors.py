@@ -17,8 +17,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from simstore.loaders._filerows import FileRows
 
 from simstore._buffers import BufferPool, whole_pages
+from simstore.errors import StorageError
 
 __all__ = [
     "number_tensor",
@@ -460,11 +462,22 @@ class ChunkBuffers:
     """
 
     def __init__(self, n: int, *, shared: bool, pool: SharedPool | None = None,
-                 map_files: bool = False) -> None:
+                 map_files: bool = False, defer_files: bool = False) -> None:
         self.n = n
         self.shared = shared
         self.map_files = map_files and not shared
         """Whether readers may map page-aligned file bytes into the (private) buffers."""
+        self.defer_files = defer_files and shared
+        """In a worker: whether a field all of whose chunks a reader can map gets a buffer
+        of this process's own that is left unread, its rows' places in the files noted
+        for the main process to map (see ``loaders._filerows``)."""
+        self._private: set[str] = set()
+        """Fields whose buffer is private memory left unread (``defer_files``)."""
+        self._pieces: dict[str, dict[int, list[tuple[int, int, tuple[int, int], int]]]] = {}
+        """Per private field and slot: ``(byte offset in row, bytes, file key, offset)``."""
+        self._files: dict[tuple[int, int], int] = {}
+        """Descriptors (duplicated) of the files noted, by ``(device, inode)``."""
+        self._closer = weakref.finalize(self, _close_fds, self._files)
         self.pool = pool if shared else None
         self._slots: list[int] = []
         self._bufs: dict[str, tuple[torch.Tensor, np.ndarray] | None] = {}
@@ -472,10 +485,15 @@ class ChunkBuffers:
         """Per field, the row given to each slot (None: not given)."""
         self._lock = threading.Lock()  # the shards of a chunk may decode on several threads
 
-    def take(self, slot: int, name: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
-        """A writable C-contiguous array for ``(slot, name)``, or None to allocate your own."""
+    def take(self, slot: int, name: str, shape: tuple[int, ...], dtype: np.dtype[Any], *,
+             mappable: bool = False) -> Any:
+        """A writable C-contiguous array for ``(slot, name)``, or None to allocate your own.
+
+        ``mappable``: the reader will offer all of the value's bytes to :meth:`map_file`
+        (with the checks done); the first ask for a field decides its buffer's kind.
+        """
         with self._lock:
-            entry = self._buffer(name, shape, dtype)
+            entry = self._buffer(name, shape, dtype, mappable)
             if entry is None:
                 return None
             array = entry[1]
@@ -510,14 +528,82 @@ class ChunkBuffers:
                 given[slot] = row
         return array, np.asarray(slots, dtype=np.intp), rows
 
-    def map_file(self, array: np.ndarray, fd: int, offset: int) -> bool:
-        """Map file ``fd``'s bytes at ``offset`` into ``array``, a row :meth:`take` gave.
+    def map_file(self, array: np.ndarray, fd: int, offset: int, check: bool = True) -> bool:
+        """Fill ``array`` (part of a row :meth:`take` gave) with file ``fd``'s bytes at ``offset``.
 
-        In place of reading them (see ``BufferPool.map_file``): for buffers of this
-        process's pool only (a worker's shared-memory buffers cross to the main process
-        as they are), and only with ``map_files``. False: read the bytes instead.
+        With no workers (``map_files``): mapped in place of read (``BufferPool.map_file``).
+        In a worker (``defer_files``), for a field with a private buffer and bytes the
+        reader will not check (``check`` false): noted, not read, for the main process to
+        map (:meth:`file_rows`), or read later if it cannot (:meth:`settle`). False: the
+        caller reads the bytes.
         """
-        return self.map_files and POOL.map_file(array, fd, offset)
+        if not self.shared:
+            return self.map_files and POOL.map_file(array, fd, offset)
+        if not self.defer_files or check or not array.flags.c_contiguous:
+            return False
+        page = mmap.PAGESIZE
+        addr, nbytes = array.ctypes.data, array.nbytes
+        with self._lock:
+            for name in self._private:
+                entry = self._bufs[name]
+                assert entry is not None
+                buf = entry[1]
+                base = buf.ctypes.data
+                if base <= addr < base + buf.nbytes:
+                    break
+            else:
+                return False
+            row_bytes = buf.nbytes // self.n
+            slot, at = divmod(addr - base, row_bytes)
+            if (row_bytes % page or at % page or nbytes % page or offset % page
+                    or at + nbytes > row_bytes):
+                return False
+            st = os.fstat(fd)
+            key = (st.st_dev, st.st_ino)
+            if key not in self._files:
+                self._files[key] = os.dup(fd)
+            self._pieces.setdefault(name, {}).setdefault(slot, []).append(
+                (at, nbytes, key, offset))
+        return True
+
+    def file_rows(self, name: str, lo: int, hi: int) -> FileRows | None:
+        """Rows ``lo:hi`` of field ``name`` as a :class:`FileRows`, if all were noted whole."""
+        with self._lock:
+            if name not in self._private:
+                return None
+            entry = self._bufs[name]
+            assert entry is not None
+            buf = entry[1]
+            row_bytes = buf.nbytes // self.n
+            noted = self._pieces.get(name, {})
+            pieces: list[tuple[int, int, int, int, int]] = []
+            files: dict[tuple[int, int], int] = {}
+            for slot in range(lo, hi):
+                parts = noted.get(slot)
+                if not parts or sum(p[1] for p in parts) != row_bytes:
+                    return None
+                for at, nbytes, key, offset in parts:
+                    pieces.append((slot - lo, at, nbytes, files.setdefault(key, len(files)),
+                                   offset))
+            fds = [self._files[key] for key in files]
+            for slot in range(lo, hi):
+                noted.pop(slot)
+        return FileRows((hi - lo, *buf.shape[1:]), buf.dtype.str, pieces, fds)
+
+    def settle(self, lo: int, hi: int) -> None:
+        """Read the noted bytes of rows ``lo:hi`` into their buffers (for any other use)."""
+        with self._lock:
+            for name, noted in self._pieces.items():
+                entry = self._bufs[name]
+                assert entry is not None
+                rows = entry[1].reshape(self.n, -1).view(np.uint8)
+                for slot in range(lo, hi):
+                    for at, nbytes, key, offset in noted.pop(slot, ()):
+                        got = os.preadv(self._files[key], [rows[slot, at : at + nbytes].data],
+                                        offset)
+                        if got != nbytes:
+                            raise StorageError(f"a shard file ended {nbytes - got} bytes "
+                                               f"short of a chunk at offset {offset}")
 
     def stand_in(self, slot: int, value: Mapping[str, Any]) -> dict[str, Any]:
         """Another slot's sample ``value`` copied into slot ``slot`` (its rows where it has them).
@@ -545,11 +631,18 @@ class ChunkBuffers:
         return out
 
     def _buffer(
-        self, name: str, shape: tuple[int, ...], dtype: np.dtype[Any]
+        self, name: str, shape: tuple[int, ...], dtype: np.dtype[Any], mappable: bool = False
     ) -> tuple[torch.Tensor, np.ndarray] | None:
         """Field ``name``'s buffer, made on first ask."""
         if name not in self._bufs:
-            self._bufs[name] = self._allocate(shape, np.dtype(dtype))
+            dtype = np.dtype(dtype)
+            if mappable and self.defer_files and dtype.isnative and dtype.kind in "biuf":
+                # left unread: untouched private memory costs no page faults
+                array = POOL.array((self.n, *shape), dtype)
+                self._bufs[name] = (torch.from_numpy(array), array)
+                self._private.add(name)
+            else:
+                self._bufs[name] = self._allocate(shape, dtype)
         return self._bufs[name]
 
     def _given_rows(self, name: str) -> list[np.ndarray | None]:
@@ -599,7 +692,13 @@ class ChunkBuffers:
         return tuple((slot, pool.sent(slot)) for slot in slots)
 
     def retire(self) -> None:
-        """This chunk's batches are all made: its pooled buffers may be reused once released."""
+        """This chunk's batches are all made: its pooled buffers may be reused once released.
+
+        The noted files' descriptors are closed (those of batches sent are in flight).
+        """
+        with self._lock:
+            self._pieces.clear()
+        self._closer()
         pool = self.pool
         if pool is None:
             return
@@ -634,6 +733,15 @@ class ChunkBuffers:
                 assert entry is not None
                 out[name] = entry[0][slot]
         return out
+
+
+def _close_fds(files: dict[tuple[int, int], int]) -> None:
+    for fd in files.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    files.clear()
 
 
 def stacked_view(values: list[torch.Tensor]) -> torch.Tensor | None:

@@ -20,7 +20,7 @@ from simstore.loaders import SimDataLoader, SimDataset, _tensors
 
 from simstore._buffers import BufferPool
 from simstore.catalog import Catalog
-from simstore.errors import FormatError, SimstoreError
+from simstore.errors import FormatError, SimstoreError, StorageError
 from simstore.ingest import ingest
 from tests.loaders.loader_helpers import refused, snapshot_shards
 
@@ -168,7 +168,7 @@ def test_a_damaged_mapped_chunk_is_an_error_naming_the_shard(tmp_path):
         def __call__(self, i, name, shape, dtype):
             return rows[i]
 
-        def map_file(self, array, fd, offset):
+        def map_file(self, array, fd, offset, check):
             return pool.map_file(array, fd, offset)
 
     reader = ZarrShardReader(path, name=f"shard {shard}")
@@ -244,3 +244,139 @@ def test_a_failed_mapping_leaves_usable_memory(tmp_path):
     a[...] = 7
     assert int(a.sum()) == 7 * 2 * PAGE
     assert pool.mapped_bytes == 0
+
+
+# -- DataLoader workers: rows left in the files, mapped by the main process -------------
+
+def _worker_epoch(store: str, workers: int = 2, **kw: object) -> list[dict[str, object]]:
+    ds = SimDataset(store, "d", shuffle=True, seed=5, **kw)  # type: ignore[arg-type]
+    return list(SimDataLoader(ds, batch_size=2, num_workers=workers,
+                              multiprocessing_context="fork"))
+
+
+def test_fork_workers_leave_mapped_rows_to_the_main_process(zarr_store):
+    store, values = zarr_store
+    paths = _shard_paths(store)
+    before = _digests(paths)
+    mapped = _tensors.POOL.mapped_bytes
+    # verify=False: every chunk goes unchecked from the first, so all are left unread
+    batches = _worker_epoch(store, verify=False)
+    assert _tensors.POOL.mapped_bytes - mapped == len(values) << 20
+    assert _check(batches, values) == len(values)
+    for b in batches:
+        assert b["u"].is_contiguous()  # type: ignore[union-attr]
+        b["u"].neg_()  # type: ignore[union-attr]
+    assert _digests(paths) == before
+    for p in paths:  # the mappings hold the files' pages, not their names
+        os.rename(p, p + ".moved")
+    try:
+        for b in batches:
+            b["u"].neg_()  # type: ignore[union-attr]
+        assert _check(batches, values) == len(values)
+    finally:
+        for p in paths:
+            os.rename(p + ".moved", p)
+
+
+def test_fork_workers_with_checks_give_the_same_values(zarr_store):
+    store, values = zarr_store
+    assert _check(_worker_epoch(store, verify_every_s=0), values) == len(values)
+
+
+def test_map_files_false_keeps_workers_batches_in_shared_memory(zarr_store):
+    store, values = zarr_store
+    mapped = _tensors.POOL.mapped_bytes
+    assert _check(_worker_epoch(store, verify=False, map_files=False), values) == len(values)
+    assert _tensors.POOL.mapped_bytes == mapped
+
+
+def test_a_transform_reads_the_rows_in_the_worker(zarr_store):
+    store, values = zarr_store
+    mapped = _tensors.POOL.mapped_bytes
+    batches = _worker_epoch(store, verify=False, transform=_negate)
+    assert _tensors.POOL.mapped_bytes == mapped
+    assert _check([{**b, "u": -b["u"]} for b in batches], values) == len(values)  # type: ignore[operator]
+
+
+def _negate(sample: dict[str, object]) -> dict[str, object]:
+    return {**sample, "u": -sample["u"]}  # type: ignore[operator]
+
+
+def test_batches_mixing_mapped_and_decoded_rows(tmp_path):
+    """A compressed snapshot and an aligned one in one dataset: chunks mix decoded rows
+    (read in the worker) with rows left in the files; every value still arrives."""
+    values = _write_sources(str(tmp_path / "a"), 4)
+    more = {f"b{k}": v + 1 for k, v in _write_sources(str(tmp_path / "b"), 4).items()}
+    for key, v in more.items():
+        np.savez(tmp_path / "b" / f"{key}.npz", u=v)
+        os.unlink(tmp_path / "b" / f"{key[1:]}.npz")
+    store = str(tmp_path / "store")
+    Catalog.init(store)
+    ingest([str(tmp_path / "a")], dataset="d", store=store, snapshot=True, format="zarr",
+           compression="none")
+    ingest([str(tmp_path / "b")], dataset="d", store=store, snapshot=True, format="zarr",
+           compression="zstd")
+    mapped = _tensors.POOL.mapped_bytes
+    batches = _worker_epoch(store, verify=False, window_shards=2)
+    assert _check(batches, {**values, **more}) == 8
+    assert _tensors.POOL.mapped_bytes > mapped
+
+
+# -- the channel ------------------------------------------------------------------------
+
+def test_channel_passes_open_files_across_a_fork(tmp_path, monkeypatch):
+    from simstore.loaders import _filerows
+
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"x" * PAGE + b"y" * PAGE)
+    channel = _filerows.FdChannel()
+    pid = os.fork()
+    if pid == 0:  # the worker: two batches, the first never claimed
+        try:
+            for _ in range(2):
+                fd = os.open(path, os.O_RDONLY)
+                rows = _filerows.FileRows((1, PAGE), "|u1", [(0, 0, PAGE, 0, PAGE)], [fd])
+                channel.send([rows])
+                os.close(fd)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    os.unlink(path)  # what was sent is the open file, not its name
+    fds = channel.receive(2, 1)
+    try:
+        assert os.pread(fds[0], PAGE, PAGE) == b"y" * PAGE
+    finally:
+        os.close(fds[0])
+    monkeypatch.setattr(_filerows, "RECEIVE_TIMEOUT_S", 0.2)
+    late = _filerows.FdChannel()
+    with pytest.raises(StorageError, match="did not arrive within"):
+        late.receive(1, 1)
+    late.close()
+    channel.close()
+
+
+def test_chunk_buffers_note_read_or_hand_over_rows(page_file):
+    fd, data = page_file
+    buffers = _tensors.ChunkBuffers(3, shared=True, defer_files=True)
+    f32 = np.dtype(np.float32)
+    row0 = buffers.take(0, "u", (PAGE // 4,), f32, mappable=True)
+    assert not buffers.map_file(row0, fd, PAGE, check=True)  # bytes due now: read them
+    assert buffers.map_file(row0, fd, PAGE, check=False)
+    row1 = buffers.take(1, "u", (PAGE // 4,), f32)
+    row1[...] = 5.0  # decoded here, not noted
+    row2 = buffers.take(2, "u", (PAGE // 4,), f32)
+    assert buffers.map_file(row2, fd, 3 * PAGE, check=False)
+    assert buffers.file_rows("u", 0, 2) is None  # row 1 is in memory only
+    handed = buffers.file_rows("u", 2, 3)
+    assert handed is not None and handed.shape == (1, PAGE // 4) and handed.files == 1
+    assert handed.pieces == [(0, 0, PAGE, 0, 3 * PAGE)]
+    buffers.settle(0, 3)
+    np.testing.assert_array_equal(row0.view(np.int32), data[PAGE // 4 : PAGE // 2])
+    assert (row1 == 5.0).all()
+    pool = BufferPool(min_bytes=1)
+    got = handed.tensor(handed.fds, pool)
+    assert pool.mapped_bytes == PAGE
+    np.testing.assert_array_equal(got.numpy().view(np.int32)[0], data[3 * PAGE // 4 :])
+    buffers.retire()
+    with pytest.raises(OSError):
+        os.fstat(handed.fds[0])  # the noted file's duplicate is closed with the chunk
