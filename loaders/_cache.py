@@ -4,6 +4,7 @@ Layout under the cache directory::
 
     simstore-cache.json      marker: the directory belongs to a simstore cache
     objects/<2 hex>/<id>     verified copies of shards, named by their hash
+    used/<2 hex>/<id>        an empty file per copy: its modification time is the copy's last use
     tmp/<id>.<random>        fills in progress
     locks/<3 hex>            lock stripes (fcntl.flock)
 
@@ -15,11 +16,14 @@ Promises and how they are kept:
   copy.
 - *One download per object.* A fill holds the exclusive lock of the object's stripe, so
   processes that want the same shard wait for one download and then hit.
-- *LRU within a byte limit.* A copy's access time is its last use: a hit sets it to now
-  (keeping the modification time) and a fill sets it when the copy appears; a fill first
-  evicts the copies of oldest access time until the new one fits. The modification time
-  stays the fill's, so a reader can tell a copy that was in the cache before its job
-  started (a *warm* copy, see :class:`ShardCache`) from one its job filled. A copy in
+- *LRU within a byte limit.* A copy's last use is the modification time of its file
+  under ``used/``: a hit and a fill set it to now; a fill first evicts the copies of
+  oldest last use until the new one fits (a copy without that file, from a cache of an
+  earlier version, counts its own access time). The copy itself is never touched after
+  its fill: its modification time says when it was filled, so a reader can tell a copy
+  that was in the cache before its job started (a *warm* copy, see :class:`ShardCache`)
+  from one its job filled, and its change time stays that of the fill, so a loader can
+  recognise the same unchanged copy in a later job (see ``simstore._verified``). A copy in
   use (prefetched or open in a reader) is *pinned* by a shared ``flock`` on an open
   descriptor and is never evicted; eviction takes an exclusive non-blocking lock before
   unlinking, so it cannot race a reader. When pinned copies alone exceed the limit the
@@ -43,7 +47,6 @@ import fcntl
 import json
 import os
 import stat
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -116,6 +119,7 @@ class ShardCache:
         self._objects = os.path.join(self.root, "objects")
         self._tmp = os.path.join(self.root, "tmp")
         self._locks = os.path.join(self.root, "locks")
+        self._used = os.path.join(self.root, "used")
         self._claim()
         self._sweep_tmp()
 
@@ -127,7 +131,7 @@ class ShardCache:
             if not os.path.exists(marker):
                 # other workers may be claiming the same new directory right now: their
                 # marker and folders are not foreign content
-                ours = {MARKER, "objects", "tmp", "locks"}
+                ours = {MARKER, "objects", "tmp", "locks", "used"}
                 if set(os.listdir(self.root)) - ours:
                     raise InvalidInputError(
                         f"cache_dir {self.root} is not empty and is not a simstore "
@@ -137,7 +141,7 @@ class ShardCache:
                     fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
                     with os.fdopen(fd, "w") as f:
                         json.dump(_MARKER_BODY, f)
-            for d in (self._objects, self._tmp, self._locks):
+            for d in (self._objects, self._tmp, self._locks, self._used):
                 os.makedirs(d, exist_ok=True)
         except OSError as exc:
             raise StorageError(f"cache directory {self.root}: {exc.strerror or exc}") from exc
@@ -170,6 +174,28 @@ class ShardCache:
         """Where the copy of ``object_id`` lives (whether or not it is there)."""
         return os.path.join(self._objects, object_id[:2], object_id)
 
+    def used_path(self, object_id: str) -> str:
+        """The file whose modification time is the last use of ``object_id``'s copy."""
+        return os.path.join(self._used, object_id[:2], object_id)
+
+    def _mark_used(self, object_id: str) -> None:
+        """The copy of ``object_id`` is used now (the LRU clock; the copy is not touched).
+
+        Setting the time to now needs write access only, so in a cache shared by several
+        users a reader marks others' copies too where the files allow it.
+        """
+        path = self.used_path(object_id)
+        try:
+            os.utime(path)
+        except FileNotFoundError:
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o666))
+            except OSError:
+                pass
+        except OSError:
+            pass
+
     def _pin(self, object_id: str, *, hit: bool) -> PinnedCopy | None:
         path = self.path_of(object_id)
         try:
@@ -183,7 +209,7 @@ class ShardCache:
         if st.st_nlink == 0:  # evicted between open and lock
             os.close(fd)
             return None
-        _touch(path, st)
+        self._mark_used(object_id)
         return PinnedCopy(path, fd, hit=hit, size=st.st_size, filled_ns=st.st_mtime_ns)
 
     def peek(self, object_id: str, *, counted_as: str = "cache") -> PinnedCopy | None:
@@ -260,13 +286,12 @@ class ShardCache:
             fd = os.open(tmp, os.O_RDONLY)
             fcntl.flock(fd, fcntl.LOCK_SH)
             try:
-                # used now (the access time); the modification time, the last write's,
-                # says when it was filled
-                _touch(tmp, os.fstat(fd))
+                # the modification time, the last write's, says when it was filled
                 os.replace(tmp, dest)
             except OSError:
                 os.close(fd)
                 raise
+            self._mark_used(object_id)
         except OSError as exc:
             raise StorageError(
                 f"cache fill of {object_id} in {self.root}: {exc.strerror or exc}"
@@ -279,8 +304,19 @@ class ShardCache:
 
     # -- eviction ----------------------------------------------------------------------
     def _entries(self) -> list[tuple[int, int, str]]:
-        """``(last use, bytes, path)`` of each copy; the last use is its access time (ns)."""
+        """``(last use, bytes, path)`` of each copy (the last use in ns, see ``used_path``).
+
+        ``used/`` files whose copy is gone (evicted by a process that died before it
+        removed them, or taken out as damaged) are removed here.
+        """
         out = []
+        used: dict[str, int] = {}
+        for sub in _listdir(self._used):
+            d = os.path.join(self._used, sub)
+            for name in _listdir(d):
+                with contextlib.suppress(FileNotFoundError):
+                    used[name] = os.lstat(os.path.join(d, name)).st_mtime_ns
+        held = set()
         for sub in _listdir(self._objects):
             d = os.path.join(self._objects, sub)
             for name in _listdir(d):
@@ -292,7 +328,11 @@ class ShardCache:
                 except FileNotFoundError:
                     continue
                 if stat.S_ISREG(st.st_mode):
-                    out.append((st.st_atime_ns, st.st_size, path))
+                    out.append((used.get(name, st.st_atime_ns), st.st_size, path))
+                    held.add(name)
+        for name in used.keys() - held:
+            with contextlib.suppress(OSError):
+                os.unlink(self.used_path(name))
         return out
 
     def usage_bytes(self) -> int:
@@ -332,6 +372,8 @@ class ShardCache:
             except BlockingIOError:
                 return False  # pinned by a reader
             os.unlink(path)
+            with contextlib.suppress(OSError):
+                os.unlink(self.used_path(os.path.basename(path)))
             return True
         except OSError as exc:
             if exc.errno == errno.ENOENT:
@@ -351,17 +393,6 @@ class _HashingWriter:
     def write(self, data: bytes | bytearray | memoryview) -> int:
         self.hasher.update(data)
         return self.raw.write(data)
-
-
-def _touch(path: str, st: os.stat_result) -> None:
-    """Mark a copy used now: its access time, the LRU's clock; its modification time kept.
-
-    Setting given times needs the file's owner: in a cache shared by several users a
-    reader cannot mark others' copies (they age as if unused), as a reader without write
-    access could not touch them before either.
-    """
-    with contextlib.suppress(OSError):
-        os.utime(path, ns=(time.time_ns(), st.st_mtime_ns))
 
 
 def _stripe(object_id: str) -> str:

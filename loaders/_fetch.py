@@ -300,20 +300,7 @@ def file_stamp(path: str) -> int | None:
     Device, inode, size, and modification and change times: a file rewritten, replaced
     or touched gets another stamp (the change time cannot be set back by a user).
     """
-    info = stamp_info(path, copy=False)
-    return info[0] if info is not None else None
-
-
-def copy_stamp(path: str) -> int | None:
-    """:func:`file_stamp` of a cache copy: its change time left out.
-
-    Every cache hit sets the copy's access time (the cache's LRU clock), which moves its
-    change time; its modification time stays the time it was filled. A copy evicted and
-    filled again, or written to, gets another stamp; one rewritten in place with its
-    modification time put back, or replaced by a file that got the same inode number,
-    does not (the loader trusts such a stamp within one job only).
-    """
-    info = stamp_info(path, copy=True)
+    info = stamp_info(path)
     return info[0] if info is not None else None
 
 
@@ -482,10 +469,9 @@ class ShardAccess:
         """Whether ``shard_id`` still needs its whole-object hash in this process.
 
         Not if it was hashed here, or if the store's local file for it (or its cache
-        copy) hashed to its id in an earlier epoch and is unchanged (``trusted``; a cache
-        copy by :func:`copy_stamp`, as every hit moves its change time), or if the local
-        file did in an earlier job on this node within ``verify_every_s`` (``node``; not a
-        cache copy, whose stamp does not see every rewrite).
+        copy) hashed to its id in an earlier epoch and is unchanged (``trusted``), or in
+        an earlier job on this node within ``verify_every_s`` (``node``); unchanged: the
+        same :func:`file_stamp`.
         """
         with self._lock:
             if not self.verify or shard_id in self._verified:
@@ -493,11 +479,11 @@ class ShardAccess:
             path = self._local.get(shard_id)
         if self.trusted is None and self.node is None:
             return True
-        node = self.node if path is not None else None
+        node = self.node
         if path is not None:
             stamp = file_stamp(path)
         elif self._cache_config is not None:
-            stamp = copy_stamp(self._shard_cache().path_of(shard_id))
+            stamp = file_stamp(self._shard_cache().path_of(shard_id))
         else:
             return True
         if stamp is None:
@@ -515,13 +501,12 @@ class ShardAccess:
     def _hash_against(self, shard_id: str, path: str, tier: str) -> str | None:
         """Hash ``path`` (a read of ``tier``); None if it is ``shard_id``, else its hash.
 
-        A match is remembered: the shard is not hashed again in this process, nor (a
-        local store's file, not a cache copy) by a later job on this node while the file
-        is unchanged (``node``).
+        A match is remembered: the shard is not hashed again in this process, nor by a
+        later job on this node while the file is unchanged (``node``).
         """
         # the stamp before: a file changed while hashed is hashed again
         stamped_ns = time.time_ns()
-        info = stamp_info(path, copy=tier == "cache")
+        info = stamp_info(path)
         actual, size = hash_file(path, pace=self._pace if self.limiter.rate else None)
         self.counters.add_read(tier, size)
         self.counters.add("shards_verified")
@@ -532,7 +517,7 @@ class ShardAccess:
         if info is not None:
             if self.trusted is not None:
                 self.trusted.add(shard_id, info[0])
-            if self.node is not None and tier != "cache":
+            if self.node is not None:
                 self.node.add(shard_id, info[0], info[1], stamped_ns)
         if self.siblings is not None:
             self.siblings.publish(shard_id)

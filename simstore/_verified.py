@@ -2,10 +2,8 @@
 
 A loader with ``verify=True`` hashes each shard file it reads (a local store's file, or a
 cache copy) once and, within the job, trusts the same file afterwards while its stamp
-(:func:`stamp_info`) is unchanged. :class:`NodeRecords` carries that across jobs for a
-local store's files (not for cache copies, whose stamp cannot include the change time:
-see :func:`stamp_info`), and from
-``simstore verify --deep`` of a local store to the jobs after it: a match is recorded as
+(:func:`stamp_info`) is unchanged. :class:`NodeRecords` carries that across jobs (for a
+local store's files and cache copies alike), and from ``simstore verify --deep`` of a local store to the jobs after it: a match is recorded as
 an empty file named by the shard id and the stamp, whose modification time is when the
 hash matched. A later job on the node trusts a file whose stamp has a record younger than
 ``verify_every_s`` and hashes it otherwise (then refreshes the record). A file written,
@@ -53,25 +51,21 @@ ENV_DIR = "SIMSTORE_VERIFIED_DIR"
 _MASK63 = (1 << 63) - 1
 
 
-def stamp_info(path: str, *, copy: bool = False) -> tuple[int, int] | None:
+def stamp_info(path: str) -> tuple[int, int] | None:
     """``(stamp, last change in ns)`` of a file, or None if it cannot be read.
 
     The stamp is a 63-bit digest of the file's device, inode, size, and modification and
     change times: a file rewritten, replaced or touched gets another (the change time
-    cannot be set back by a user). ``copy``: a loader's cache copy, whose change time
-    every hit moves (its access time is the cache's LRU clock), so it is left out; its
-    modification time stays the time it was filled, and is its last change. Such a stamp
-    does not see a copy rewritten in place with its modification time put back, nor one
-    replaced by a file that got the same inode number: good enough within one job, not
-    for records that outlive it (copies are never recorded).
+    cannot be set back by a user), and so does a file replaced by another that got the
+    same inode number. A loader's cache copies qualify as a store's files do: the cache
+    keeps its LRU clock beside them, never in them, so a copy's times stay its fill's.
     """
     try:
         st = os.stat(path)
     except OSError:
         return None
-    ctime = 0 if copy else st.st_ctime_ns
-    packed = struct.pack("<6q", st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, ctime,
-                         1 if copy else 0)
+    ctime = st.st_ctime_ns
+    packed = struct.pack("<6q", st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, ctime, 0)
     return xxhash.xxh3_64_intdigest(packed) & _MASK63, max(st.st_mtime_ns, ctime)
 
 

@@ -113,10 +113,10 @@ def test_verify_every_s_zero_neither_records_nor_trusts(store, records):
     assert hashed == 0
 
 
-def test_cache_copies_are_hashed_by_every_job(store, records, tmp_path):
-    # a copy's stamp leaves its change time out (every hit moves it), so a copy rewritten
-    # in place with its modification time put back keeps its stamp: records would let
-    # the next job read the damage unchecked, so copies are never recorded
+def test_cache_copies_are_trusted_by_later_jobs_until_they_change(store, records, tmp_path):
+    # the cache keeps its LRU clock beside the copies (used/), so a hit leaves a copy's
+    # times alone and its full stamp (change time included) can be recorded: a copy
+    # rewritten in place with its modification time put back moves its change time
     shards = snapshot_shards(store)
     cache = str(tmp_path / "cache")
 
@@ -124,16 +124,22 @@ def test_cache_copies_are_hashed_by_every_job(store, records, tmp_path):
         return SimDataset(RemoteLikeStore(store), "d@main", seed=1, cache_dir=cache,
                           cache_limit="64MiB")
 
-    _epoch(job())  # fills the cache: each copy hashed as it is written
-    for _ in range(2):
-        _, hashed, trusted = _epoch(job())  # hits: hashed once in each job
-        assert hashed >= len(shards) and trusted == 0
-    assert _record_files(records) == []
+    _epoch(job())  # fills the cache: each copy hashed as it is written, not recorded
+    _, hashed, trusted = _epoch(job())  # hits: hashed once, recorded
+    assert hashed >= len(shards) and trusted == 0
+    assert len(_record_files(records)) == len(shards)
     copy = os.path.join(cache, "objects", shards[0][:2], shards[0])
+    stamp = stamp_info(copy)
+    expected, hashed, trusted = _epoch(job())  # a later job trusts every copy
+    assert hashed == 0 and trusted == len(shards)
+    assert stamp_info(copy) == stamp  # hits do not touch the copies
     flip_byte_keeping_times(copy)
     with pytest.raises(IntegrityError) as info:
         _epoch(job())
     assert shards[0] in str(info.value)
+    got, _, _ = _epoch(job())  # the damaged copy was taken out and is fetched again
+    assert {k: v.tobytes() for k, v in got.items()} == {
+        k: v.tobytes() for k, v in expected.items()}
 
 
 def test_a_file_changed_moments_before_its_stamp_is_not_recorded(tmp_path):
@@ -141,7 +147,7 @@ def test_a_file_changed_moments_before_its_stamp_is_not_recorded(tmp_path):
     # leave it unchanged, so only a settled file is recorded
     f = tmp_path / "shard"
     f.write_bytes(b"x" * 100)
-    info = stamp_info(str(f), copy=False)
+    info = stamp_info(str(f))
     assert info is not None
     stamp, changed = info
     recs = NodeRecords(str(tmp_path / "verified"), 3600.0)

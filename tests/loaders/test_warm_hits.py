@@ -135,19 +135,46 @@ def test_a_hit_keeps_the_fill_time_and_lru_evicts_the_least_recently_used(tmp_pa
                        counters)
     a, b = _fill(cache, b"a" * 1000), _fill(cache, b"b" * 1000)
     now = time.time_ns()
-    # a was filled first, b later; neither used since
-    os.utime(cache.path_of(a), ns=(now - 100 * 10**9, now - 100 * 10**9))
-    os.utime(cache.path_of(b), ns=(now - 50 * 10**9, now - 50 * 10**9))
+    # a was filled and used first, b later; neither used since
+    for oid, ago in ((a, 100), (b, 50)):
+        for path in (cache.path_of(oid), cache.used_path(oid)):
+            os.utime(path, ns=(now - ago * 10**9, now - ago * 10**9))
+    before = os.stat(cache.path_of(a))
     hit = cache.peek(a)
     assert hit is not None
     hit.release()
     st = os.stat(cache.path_of(a))
-    assert st.st_mtime_ns == now - 100 * 10**9  # still its fill time
-    assert st.st_atime_ns >= now  # used now
+    # the copy is not touched (its change time too: a later job recognises it) ...
+    assert (st.st_mtime_ns, st.st_ctime_ns) == (before.st_mtime_ns, before.st_ctime_ns)
+    # ... its use is marked beside it (now, by the file clock, which lags a little)
+    assert os.stat(cache.used_path(a)).st_mtime_ns > now - 10 * 10**9
     _fill(cache, b"c" * 1000)  # room for one more: the least recently used goes
     assert os.path.exists(cache.path_of(a))  # filled first, but used last
     assert not os.path.exists(cache.path_of(b))
+    assert not os.path.exists(cache.used_path(b))  # its clock went with it
     assert counters.snapshot()["cache_evictions"] == 1
+
+
+def test_a_copy_without_a_use_file_ages_by_its_access_time(tmp_path):
+    """A cache of an earlier version (no used/ files) evicts by the copies' access times,
+    and a use file left behind by a copy that is gone is swept."""
+    counters = Counters()
+    cache = ShardCache(CacheConfig(directory=str(tmp_path / "c"), limit_bytes=2500),
+                       counters)
+    a, b = _fill(cache, b"a" * 1000), _fill(cache, b"b" * 1000)
+    now = time.time_ns()
+    for oid, ago in ((a, 10), (b, 100)):
+        os.unlink(cache.used_path(oid))
+        os.utime(cache.path_of(oid), ns=(now - ago * 10**9, now - ago * 10**9))
+    os.unlink(cache.path_of(a))
+    orphan = cache.used_path(a)
+    os.makedirs(os.path.dirname(orphan), exist_ok=True)
+    open(orphan, "w").close()
+    c = _fill(cache, b"c" * 1000)
+    d = _fill(cache, b"d" * 1000)  # over the limit: b (oldest access time) goes
+    assert not os.path.exists(cache.path_of(b))
+    assert os.path.exists(cache.path_of(c)) and os.path.exists(cache.path_of(d))
+    assert not os.path.exists(orphan)
 
 
 def test_a_hit_on_a_copy_filled_before_the_job_is_warm_once(tmp_path):
