@@ -272,12 +272,35 @@ def read_options(cfg: Config, env: Env, case: Case,
         "keys": [k for k in env.s3_keys[(name, case.profile)] if k.endswith(".tar")],
     }
     if case.tier != "s3":
-        cache = os.path.join(cfg.root, "cache", f"{name}-{case.profile}-w{case.workers}")
-        if case.tier != "s3-warm":
+        cache = cache_dir(cfg, case)
+        if case.tier != "s3-warm":  # filled once, before the repetitions (fill_warm_caches)
             shutil.rmtree(cache, ignore_errors=True)
         os.makedirs(cache, exist_ok=True)
         opts["cache_dir"] = cache
     return opts, s3.client_env(endpoint)
+
+
+def cache_dir(cfg: Config, case: Case) -> str:
+    """The disk cache of an S3 case: one per system, profile and worker count and tier."""
+    warm = "-warm" if case.tier == "s3-warm" else ""
+    return os.path.join(cfg.root, "cache",
+                        f"{case.system.name}-{case.profile}-w{case.workers}{warm}")
+
+
+def fill_warm_caches(cfg: Config, env: Env, cases: list[Case]) -> None:
+    """Fill each ``s3-warm`` case's cache with one untimed epoch, before any timed read.
+
+    A warm node: its cache was filled earlier (``simstore pull``, an earlier job), not by
+    a process that ended a second ago, so each system's first timed read finds copies as
+    a later job would (simstore then hashes them once and records them, as it does a
+    local store's files in that tier's first repetition).
+    """
+    for case in cases:
+        if case.tier != "s3-warm":
+            continue
+        shutil.rmtree(cache_dir(cfg, case), ignore_errors=True)
+        r = read_once(cfg, env, case, -1)
+        cfg.log(f"  {case.label}: cache filled" + (f" ({r['error']})" if "error" in r else ""))
 
 
 def read_once(cfg: Config, env: Env, case: Case, rep: int) -> dict[str, Any]:
@@ -387,6 +410,7 @@ def run(cfg: Config) -> dict[str, Any]:
         active = [c for c in todo if notes[c.label] is None]
         cfg.log(f"reads: {len(active)} cases x {cfg.reps} repetitions "
                 f"({len(todo) - len(active)} skipped)")
+        fill_warm_caches(cfg, env, active)
         for rep in range(cfg.reps):
             for i, case in enumerate(active):
                 r = read_once(cfg, env, case, rep)

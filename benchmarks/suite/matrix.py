@@ -3,8 +3,9 @@
 A *system* is one writer and one reader on one format (``simstore-parquet``,
 ``mosaic``, ...). A *tier* is where its bytes are read from: ``local`` (a directory, warm
 page cache), ``memory`` (simstore's ``memory://`` store), or S3 on moto on loopback:
-``s3`` with no cache (simstore: ranged GETs; WebDataset: ``pipe:curl``), ``s3-cold`` and
-``s3-warm`` (through a disk cache, empty or filled by the cold run just before) and
+``s3`` with no cache (simstore: ranged GETs; WebDataset: ``pipe:curl``), ``s3-cold``
+(through an empty disk cache), ``s3-warm`` (through one filled by an untimed epoch
+before the reads) and
 ``s3-cold-20ms`` (cold, through a proxy that adds 20 ms to every request).
 """
 
@@ -82,7 +83,7 @@ def cases(systems: list[System], profiles: list[str], tiers: list[str], workers:
     Tiers other than local (memory, S3) run on ``s3_profiles`` only; ``memory_systems``
     and ``s3_systems`` (None: all that support the tier) narrow those tiers (``--quick``);
     S3 tiers run with ``s3_workers`` (default: ``workers``); a cold run is directly
-    followed by the warm run that reuses its cache.
+    followed by the warm run of the same system (each with a cache of its own).
     """
     out: list[Case] = []
     for profile in profiles:
