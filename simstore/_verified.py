@@ -3,10 +3,11 @@
 A loader with ``verify=True`` hashes each shard file it reads (a local store's file, or a
 cache copy) once and, within the job, trusts the same file afterwards while its stamp
 (:func:`stamp_info`) is unchanged. :class:`NodeRecords` carries that across jobs (for a
-local store's files and cache copies alike), and from ``simstore verify --deep`` of a local store to the jobs after it: a match is recorded as
-an empty file named by the shard id and the stamp, whose modification time is when the
-hash matched. A later job on the node trusts a file whose stamp has a record younger than
-``verify_every_s`` and hashes it otherwise (then refreshes the record). A file written,
+local store's files and cache copies alike), and from ``simstore verify --deep`` of a
+local store to the jobs after it: a match is recorded as an empty file named by the
+shard id and the stamp, whose modification time is when the hash matched. A later job
+on the node trusts a file whose stamp has a record younger than ``verify_every_s`` and
+hashes it otherwise (then refreshes the record). A file written,
 replaced, truncated or touched since has another stamp, so its record does not apply;
 what no stamp sees is a disk that damages a file without writing to it, which the age
 limit bounds and ``simstore verify --deep`` finds (and then forgets the shard's records).
