@@ -150,7 +150,7 @@ class EpochReader:
                     columns = None if per_sample else _columns(
                         values, buffers, lo, hi, chunk.keys[lo:hi], pads, opts.zero_copy)
                     if columns is None:
-                        buffers.settle(lo, hi)
+                        buffers.settle(0, n)  # see ChunkBuffers.settle
                         samples = [self._sample(chunk, j, values, buffers, False)
                                    for j in range(lo, hi)]
                         nbytes = sum(_payload_bytes(x) for x in samples if not x["__pad__"])
@@ -164,7 +164,13 @@ class EpochReader:
                                     rows = buffers.file_rows(name, lo, hi)
                                     if rows is not None:
                                         deferred[name] = rows
-                            buffers.settle(lo, hi)
+                            # a private buffer about to leave as a tensor: every noted row
+                            # of the chunk is read first (see ChunkBuffers.settle)
+                            sent = buffers.private_fields() - deferred.keys()
+                            if sent & columns.keys():
+                                buffers.settle(0, n)
+                            else:
+                                buffers.settle(lo, hi)
                         nbytes = _columns_bytes(columns, ~np.asarray(pads, dtype=np.bool_))
                         batch = collate.columns(columns)
                         for name, rows in deferred.items():

@@ -590,8 +590,19 @@ class ChunkBuffers:
                 noted.pop(slot)
         return FileRows((hi - lo, *buf.shape[1:]), buf.dtype.str, pieces, fds)
 
+    def private_fields(self) -> set[str]:
+        """The fields whose buffer is private memory with rows left unread."""
+        with self._lock:
+            return set(self._private)
+
     def settle(self, lo: int, hi: int) -> None:
-        """Read the noted bytes of rows ``lo:hi`` into their buffers (for any other use)."""
+        """Read the noted bytes of rows ``lo:hi`` into their buffers (for any other use).
+
+        Before any view of a private buffer leaves the worker as a tensor, settle the
+        whole chunk (``0, n``): torch sends a tensor by moving its whole storage into
+        shared memory, a copy, after which the buffer's NumPy array (where this reads
+        into) is no longer the memory later batches' views see.
+        """
         with self._lock:
             for name, noted in self._pieces.items():
                 entry = self._bufs[name]

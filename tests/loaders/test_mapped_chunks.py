@@ -322,6 +322,31 @@ def test_batches_mixing_mapped_and_decoded_rows(tmp_path):
     assert _tensors.POOL.mapped_bytes > mapped
 
 
+@pytest.mark.parametrize("verify", [False, True])
+def test_a_mixture_of_mapped_and_compressed_shards_in_fork_workers(tmp_path, verify):
+    """Chunks whose private buffer sends some batches as rows left in the files and others
+    as tensors (decoded rows beside noted ones): torch moves a tensor's whole storage
+    into shared memory when it sends it, so every noted row must be read before that."""
+    values = _write_sources(str(tmp_path / "a"), 12)
+    rng = np.random.default_rng(2)
+    (tmp_path / "b").mkdir()
+    for i in range(12):
+        v = rng.standard_normal((256, 1024)).astype(np.float32) + 100
+        np.savez(tmp_path / "b" / f"b{i:02d}.npz", u=v)
+        values[f"b{i:02d}"] = v
+    store = str(tmp_path / "store")
+    Catalog.init(store)
+    ingest([str(tmp_path / "a")], dataset="a", store=store, snapshot=True, format="zarr",
+           compression="none")
+    ingest([str(tmp_path / "b")], dataset="b", store=store, snapshot=True, format="zarr",
+           compression="zstd")
+    mix = SimDataset.mix([SimDataset(store, "a", seed=3, verify=verify),
+                          SimDataset(store, "b", seed=4, verify=verify)], seed=1)
+    batches = list(SimDataLoader(mix, batch_size=2, num_workers=2,
+                                 multiprocessing_context="fork"))
+    assert _check(batches, values) == 24
+
+
 # -- the channel ------------------------------------------------------------------------
 
 def test_channel_passes_open_files_across_a_fork(tmp_path, monkeypatch):
