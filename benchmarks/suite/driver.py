@@ -377,8 +377,9 @@ def summarise(case: Case, runs: list[dict[str, Any]], env: Env, info: dict[str, 
         "bytes_ok": all(r.get("cut") or abs(r["bytes_delivered"] - int(info["logical_bytes"]))
                         <= 0.01 * int(info["logical_bytes"]) + 8 * r["samples"]
                         for r in good),
-        "runs": [{k: r.get(k) for k in ("samples_per_s", "ttfb_s", "peak_rss_mib", "epoch_s",
-                                        "import_s")} for r in good],
+        "runs": [{k: r[k] for k in ("samples_per_s", "ttfb_s", "peak_rss_mib", "epoch_s",
+                                    "import_s", "shards_hashed", "shards_trusted",
+                                    "cache_hits") if k in r} for r in good],
     })
     return row
 

@@ -91,8 +91,11 @@ def read(system: str, out: str, profile: str, workers: int, batch: int | None,
             cut = True
             break
     t_end = time.perf_counter()
+    # a system may say more about the read (simstore: shards hashed and trusted)
+    details = getattr(mod, "read_details", lambda _loader: {})(loader)
     del it, loader
     return {
+        **details,
         "import_s": t_imported - T_START,
         "prepare_s": t0 - t_imported,
         "ttfb_s": t_first - t0,

@@ -71,6 +71,14 @@ def _prepare(out: str, options: dict[str, Any]) -> dict[str, Any]:
     return {"store": out}
 
 
+def read_details(loader: Any) -> dict[str, Any]:
+    """What the epoch did besides reading: shards hashed, trusted, and read per tier."""
+    stats = loader.stats()
+    return {"shards_hashed": stats.get("shards_hashed"),
+            "shards_trusted": stats.get("shards_trusted"),
+            "cache_hits": stats.get("cache_hits")}
+
+
 def loader(out: str, profile: str, workers: int, batch_size: int | None,
            options: dict[str, Any], prepared: dict[str, Any]) -> Iterable[Any]:
     from simstore.loaders import SimDataLoader, SimDataset
