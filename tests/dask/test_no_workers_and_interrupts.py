@@ -118,7 +118,8 @@ def start_ingest(tmp_path, src, address, procs, *options):
     script = tmp_path / "cli.py"
     script.write_text(CLI_WITH_TESTVALS)
     driver = subprocess.Popen(
-        [sys.executable, str(script), "--store", store, "ingest", str(src), "--dataset", "d",
+        [sys.executable, "-X", "faulthandler", str(script), "--store", store, "ingest",
+         str(src), "--dataset", "d",
          "--adapter", "testvals", "--engine", "dask", "--address", address, "--no-progress",
          "--snapshot", *options],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -126,6 +127,17 @@ def start_ingest(tmp_path, src, address, procs, *options):
     )
     procs.append(driver)
     return driver, store
+
+
+def finish(driver, timeout_s=300):
+    """The driver's output once it exits; if it is still running after ``timeout_s``, the
+    test fails with every thread's traceback (SIGABRT, which ``-X faulthandler`` dumps)."""
+    try:
+        return driver.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        driver.send_signal(signal.SIGABRT)
+        _, err = driver.communicate(timeout=60)
+        pytest.fail(f"the driver still ran {timeout_s} s later; its threads:\n{err}")
 
 
 def test_a_cluster_whose_workers_all_died_fails_the_run_in_one_line(tmp_path):
@@ -150,7 +162,7 @@ def test_a_cluster_whose_workers_all_died_fails_the_run_in_one_line(tmp_path):
         assert driver.poll() is None, driver.communicate()
         worker.kill()  # the cluster's only worker dies mid-task
         worker.wait()
-        out, err = driver.communicate(timeout=300)
+        out, err = finish(driver)
     finally:
         (markers / "open").touch()
         for proc in reversed(procs):
@@ -238,7 +250,7 @@ def test_a_run_waits_for_its_first_worker_however_long_the_grace_period(tmp_path
         time.sleep(2.5)  # the driver has looked for workers at least twice (once a second)
         assert driver.poll() is None, driver.communicate()
         start_worker(address, procs)
-        out, err = driver.communicate(timeout=300)
+        out, err = finish(driver)
     finally:
         for proc in reversed(procs):
             stop(proc)
