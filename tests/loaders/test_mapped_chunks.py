@@ -40,15 +40,19 @@ def _write_sources(root: str, count: int = 6) -> dict[str, np.ndarray]:
     return values
 
 
+def _aligned_store(base: str, count: int = 6) -> tuple[str, dict[str, np.ndarray]]:
+    """A new store at ``base/store`` of ``count`` such runs, uncompressed Zarr shards."""
+    values = _write_sources(os.path.join(base, "src"), count)
+    store = os.path.join(base, "store")
+    Catalog.init(store)
+    ingest([os.path.join(base, "src")], dataset="d", store=store, snapshot=True,
+           format="zarr", compression="none")
+    return store, values
+
+
 @pytest.fixture(scope="module")
 def zarr_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, np.ndarray]]:
-    base = tmp_path_factory.mktemp("mapped")
-    values = _write_sources(str(base / "src"))
-    store = str(base / "store")
-    Catalog.init(store)
-    ingest([str(base / "src")], dataset="d", store=store, snapshot=True, format="zarr",
-           compression="none")
-    return store, values
+    return _aligned_store(str(tmp_path_factory.mktemp("mapped")))
 
 
 def _shard_paths(store: str) -> list[str]:
@@ -130,11 +134,7 @@ def test_map_files_false_reads_every_chunk(zarr_store):
 
 
 def test_a_batch_outlives_its_shard_file(tmp_path):
-    values = _write_sources(str(tmp_path / "src"), 4)
-    store = str(tmp_path / "store")
-    Catalog.init(store)
-    ingest([str(tmp_path / "src")], dataset="d", store=store, snapshot=True, format="zarr",
-           compression="none")
+    store, values = _aligned_store(str(tmp_path), 4)
     mapped = _tensors.POOL.mapped_bytes
     batches = _epoch(store)
     assert _tensors.POOL.mapped_bytes > mapped
@@ -145,11 +145,7 @@ def test_a_batch_outlives_its_shard_file(tmp_path):
 
 
 def test_a_damaged_mapped_chunk_is_an_error_naming_the_shard(tmp_path):
-    values = _write_sources(str(tmp_path / "src"), 4)
-    store = str(tmp_path / "store")
-    Catalog.init(store)
-    ingest([str(tmp_path / "src")], dataset="d", store=store, snapshot=True, format="zarr",
-           compression="none")
+    store, values = _aligned_store(str(tmp_path), 4)
     (shard,) = snapshot_shards(store)
     path = os.path.join(store, "objects", shard[:2], shard)
     os.chmod(path, 0o644)
@@ -302,22 +298,31 @@ def _negate(sample: dict[str, object]) -> dict[str, object]:
     return {**sample, "u": -sample["u"]}  # type: ignore[operator]
 
 
+def _aligned_and_compressed(base: str, count: int, names: tuple[str, str]
+                            ) -> tuple[str, dict[str, np.ndarray]]:
+    """A store with ``count`` uncompressed runs ``r..`` in dataset ``names[0]`` and
+    ``count`` zstd-compressed runs ``b..`` in ``names[1]`` (both Zarr)."""
+    values = _write_sources(os.path.join(base, "a"), count)
+    rng = np.random.default_rng(2)
+    os.makedirs(os.path.join(base, "b"))
+    for i in range(count):
+        v = rng.standard_normal((256, 1024)).astype(np.float32) + 100
+        np.savez(os.path.join(base, "b", f"b{i:02d}.npz"), u=v)
+        values[f"b{i:02d}"] = v
+    store = os.path.join(base, "store")
+    Catalog.init(store)
+    for src, name, codec in (("a", names[0], "none"), ("b", names[1], "zstd")):
+        ingest([os.path.join(base, src)], dataset=name, store=store, snapshot=True,
+               format="zarr", compression=codec)
+    return store, values
+
+
 def test_batches_mixing_mapped_and_decoded_rows(tmp_path):
     """A compressed snapshot and an aligned one in one dataset: chunks mix decoded rows
     (read in the worker) with rows left in the files; every value still arrives."""
-    values = _write_sources(str(tmp_path / "a"), 4)
-    more = {f"b{k}": v + 1 for k, v in _write_sources(str(tmp_path / "b"), 4).items()}
-    for key, v in more.items():
-        np.savez(tmp_path / "b" / f"{key}.npz", u=v)
-        os.unlink(tmp_path / "b" / f"{key[1:]}.npz")
-    store = str(tmp_path / "store")
-    Catalog.init(store)
-    ingest([str(tmp_path / "a")], dataset="d", store=store, snapshot=True, format="zarr",
-           compression="none")
-    ingest([str(tmp_path / "b")], dataset="d", store=store, snapshot=True, format="zarr",
-           compression="zstd")
+    store, values = _aligned_and_compressed(str(tmp_path), 4, ("d", "d"))
     batches = _worker_epoch(store, verify=False, window_shards=2)
-    assert _check(batches, {**values, **more}) == 8
+    assert _check(batches, values) == 8
 
 
 @pytest.mark.parametrize("verify", [False, True])
@@ -325,19 +330,7 @@ def test_a_mixture_of_mapped_and_compressed_shards_in_fork_workers(tmp_path, ver
     """Chunks whose private buffer sends some batches as rows left in the files and others
     as tensors (decoded rows beside noted ones): torch moves a tensor's whole storage
     into shared memory when it sends it, so every noted row must be read before that."""
-    values = _write_sources(str(tmp_path / "a"), 12)
-    rng = np.random.default_rng(2)
-    (tmp_path / "b").mkdir()
-    for i in range(12):
-        v = rng.standard_normal((256, 1024)).astype(np.float32) + 100
-        np.savez(tmp_path / "b" / f"b{i:02d}.npz", u=v)
-        values[f"b{i:02d}"] = v
-    store = str(tmp_path / "store")
-    Catalog.init(store)
-    ingest([str(tmp_path / "a")], dataset="a", store=store, snapshot=True, format="zarr",
-           compression="none")
-    ingest([str(tmp_path / "b")], dataset="b", store=store, snapshot=True, format="zarr",
-           compression="zstd")
+    store, values = _aligned_and_compressed(str(tmp_path), 12, ("a", "b"))
     mix = SimDataset.mix([SimDataset(store, "a", seed=3, verify=verify),
                           SimDataset(store, "b", seed=4, verify=verify)], seed=1)
     batches = list(SimDataLoader(mix, batch_size=2, num_workers=2,
