@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,7 +27,7 @@ import torch
 from simstore._buffers import BufferPool
 from simstore.errors import StorageError
 
-__all__ = ["FdChannel", "FileRows", "resolve_batch"]
+__all__ = ["FdChannel", "FileRows", "close_fds", "read_exactly", "resolve_batch"]
 
 _HEAD = struct.Struct("<QII")
 """A message's head: the batch's token, the index of its first descriptor, the total."""
@@ -71,13 +71,17 @@ class FileRows:
         rows = array.reshape(self.shape[0], -1).view(np.uint8)
         for row, at, nbytes, file, offset in self.pieces:
             part = rows[row, at : at + nbytes]
-            if pool.map_file(part, fds[file], offset):
-                continue
-            got = os.preadv(fds[file], [part.data], offset)
-            if got != nbytes:
-                raise StorageError(f"a shard file ended {nbytes - got} bytes short of a "
-                                   f"chunk a DataLoader worker sent (at offset {offset})")
+            if not pool.map_file(part, fds[file], offset):
+                read_exactly(fds[file], part, offset)
         return torch.from_numpy(array)
+
+
+def read_exactly(fd: int, out: np.ndarray, offset: int) -> None:
+    """Fill ``out`` (bytes) from file ``fd`` at ``offset``; a short file is a StorageError."""
+    got = os.preadv(fd, [out.data], offset)
+    if got != out.nbytes:
+        raise StorageError(f"a shard file ended {out.nbytes - got} bytes short of a chunk "
+                           f"at offset {offset}")
 
 
 def _rebuilt(shape: tuple[int, ...], dtype: str, pieces: list[tuple[int, int, int, int, int]],
@@ -124,22 +128,22 @@ class FdChannel:
             try:
                 msg, fds, flags, _ = socket.recv_fds(self._main, _HEAD.size, MAX_FDS)
             except TimeoutError as exc:
-                _close(got)
+                close_fds(got)
                 raise StorageError(
                     f"a DataLoader worker's batch refers to {count} shard files whose "
                     f"descriptors did not arrive within {RECEIVE_TIMEOUT_S:.0f} s") from exc
             if flags & socket.MSG_CTRUNC or len(msg) != _HEAD.size:
-                _close(fds)
-                _close(got)
+                close_fds(fds)
+                close_fds(got)
                 raise StorageError("a DataLoader worker's shard file descriptors arrived "
                                    "cut short (is the process's open-file limit reached?)")
             sent, start, total = _HEAD.unpack(msg)
             if sent != token:
-                _close(fds)
+                close_fds(fds)
                 continue
             if start != len(got) or total != count:
-                _close(fds)
-                _close(got)
+                close_fds(fds)
+                close_fds(got)
                 raise StorageError(f"a DataLoader worker sent descriptors {start}.. of "
                                    f"{total} where {len(got)}.. of {count} were due")
             got.extend(fds)
@@ -155,7 +159,8 @@ def _no_channel() -> None:
     return None
 
 
-def _close(fds: Sequence[int]) -> None:
+def close_fds(fds: Iterable[int]) -> None:
+    """Close each of ``fds`` (one already closed is passed over)."""
     for fd in fds:
         try:
             os.close(fd)
@@ -185,4 +190,4 @@ def resolve_batch(batch: dict[str, Any], rows: list[FileRows], channel: FdChanne
                 tensor = value.tensor(fds[value.fd_base : value.fd_base + value.files], pool)
                 batch[name] = tensor.pin_memory() if pin else tensor
     finally:
-        _close(fds)
+        close_fds(fds)

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import itertools
 import mmap
 import operator
 import os
-import sys
 import threading
 import warnings
 import weakref
@@ -17,10 +14,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from simstore.loaders._filerows import FileRows
+from simstore.loaders._filerows import FileRows, close_fds, read_exactly
 
-from simstore._buffers import BufferPool, whole_pages
-from simstore.errors import StorageError
+from simstore._buffers import BufferPool, libc, whole_pages
 
 __all__ = [
     "number_tensor",
@@ -382,26 +378,12 @@ def _populate(addr: int, nbytes: int) -> bool:
     lacks the call it fails and the pages fault in as they are written. Returns whether
     the kernel did it.
     """
-    libc = _libc()
-    if libc is None:
+    lib = libc()
+    if lib is None:
         return False
     page = mmap.PAGESIZE
     start = addr - addr % page
-    return bool(libc.madvise(start, nbytes + (addr - start), _MADV_POPULATE_WRITE) == 0)
-
-
-@functools.cache
-def _libc() -> Any:
-    """The C library with ``madvise`` declared, on Linux; else None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        lib = ctypes.CDLL(None, use_errno=True)
-        lib.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        lib.madvise.restype = ctypes.c_int
-    except (OSError, AttributeError):
-        return None
-    return lib
+    return bool(lib.madvise(start, nbytes + (addr - start), _MADV_POPULATE_WRITE) == 0)
 
 
 class ReleaseTracker:
@@ -610,11 +592,7 @@ class ChunkBuffers:
                 rows = entry[1].reshape(self.n, -1).view(np.uint8)
                 for slot in range(lo, hi):
                     for at, nbytes, key, offset in noted.pop(slot, ()):
-                        got = os.preadv(self._files[key], [rows[slot, at : at + nbytes].data],
-                                        offset)
-                        if got != nbytes:
-                            raise StorageError(f"a shard file ended {nbytes - got} bytes "
-                                               f"short of a chunk at offset {offset}")
+                        read_exactly(self._files[key], rows[slot, at : at + nbytes], offset)
 
     def stand_in(self, slot: int, value: Mapping[str, Any]) -> dict[str, Any]:
         """Another slot's sample ``value`` copied into slot ``slot`` (its rows where it has them).
@@ -747,11 +725,7 @@ class ChunkBuffers:
 
 
 def _close_fds(files: dict[tuple[int, int], int]) -> None:
-    for fd in files.values():
-        try:
-            os.close(fd)
-        except OSError:
-            pass
+    close_fds(files.values())
     files.clear()
 
 

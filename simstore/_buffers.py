@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["INGEST_IDLE_BYTES", "POOL", "BufferPool", "whole_pages"]
+__all__ = ["INGEST_IDLE_BYTES", "POOL", "BufferPool", "libc", "whole_pages"]
 
 
 class BufferPool:
@@ -84,8 +84,8 @@ class BufferPool:
         if (nbytes == 0 or nbytes % page or addr % page or offset % page
                 or not array.flags.c_contiguous):
             return False
-        lib = _mmap_call()
-        if lib is None:
+        lib = libc()
+        if lib is None or ctypes.sizeof(ctypes.c_void_p) != 8:  # off_t a ``long``
             return False
         base = array.base
         with self._lock:
@@ -164,12 +164,14 @@ _MAP_FIXED = 0x10
 
 
 @functools.cache
-def _mmap_call() -> Any:
-    """The C library's ``mmap`` on 64-bit Linux (``off_t`` a ``long``); else None."""
-    if not sys.platform.startswith("linux") or ctypes.sizeof(ctypes.c_void_p) != 8:
+def libc() -> Any:
+    """The C library with ``mmap`` and ``madvise`` declared, on Linux; else None."""
+    if not sys.platform.startswith("linux"):
         return None
     try:
         lib = ctypes.CDLL(None, use_errno=True)
+        lib.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        lib.madvise.restype = ctypes.c_int
         lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                              ctypes.c_int, ctypes.c_long]
         lib.mmap.restype = ctypes.c_void_p

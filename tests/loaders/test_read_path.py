@@ -578,7 +578,9 @@ def test_fresh_shared_buffers_are_faulted_in_at_once_and_zeroed():
     import ctypes
     import mmap
 
-    from simstore.loaders._tensors import _libc, _new_shared
+    from simstore.loaders._tensors import _new_shared
+
+    from simstore._buffers import libc as _libc
 
     nbytes = 4 << 20
     storage = _new_shared(nbytes)
