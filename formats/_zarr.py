@@ -651,8 +651,8 @@ class ZarrShardReader:
         Only the requested fields' chunks are read. ``out(i, field, shape, dtype)``, when
         given, may return a writable C-contiguous array for the ``i``-th sample's tensor
         field (or None); an uncompressed field is then read straight into it. When ``out``
-        also has ``map_file(array, fd, offset) -> bool``, page-aligned chunks of a shard
-        opened from a path are offered to it to map in place of the read.
+        also has ``map_file`` (a :data:`Mapper`) and takes ``mappable=True``, page-aligned
+        chunks of a shard opened from a path are offered to it in place of the read.
         """
         mapper = getattr(out, "map_file", None) if out is not None else None
         for i, p in enumerate(positions):

@@ -479,7 +479,6 @@ class ShardAccess:
             path = self._local.get(shard_id)
         if self.trusted is None and self.node is None:
             return True
-        node = self.node
         if path is not None:
             stamp = file_stamp(path)
         elif self._cache_config is not None:
@@ -489,7 +488,7 @@ class ShardAccess:
         if stamp is None:
             return True
         if self.trusted is None or not self.trusted.has(shard_id, stamp):
-            if node is None or not node.has(shard_id, stamp):
+            if self.node is None or not self.node.has(shard_id, stamp):
                 return True
             if self.trusted is not None:
                 self.trusted.add(shard_id, stamp)

@@ -66,6 +66,7 @@ def stamp_info(path: str) -> tuple[int, int] | None:
     except OSError:
         return None
     ctime = st.st_ctime_ns
+    # the last 0 is where versions before marked cache copies: older records stay valid
     packed = struct.pack("<6q", st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, ctime, 0)
     return xxhash.xxh3_64_intdigest(packed) & _MASK63, max(st.st_mtime_ns, ctime)
 
