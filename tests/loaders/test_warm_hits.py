@@ -129,16 +129,26 @@ def _fill(cache: ShardCache, data: bytes) -> str:
     return oid
 
 
-def test_a_hit_keeps_the_fill_time_and_lru_evicts_the_least_recently_used(tmp_path):
+def _two_copies(tmp_path) -> tuple[Counters, ShardCache, str, str]:
+    """A cache with room for two 1,000-byte copies and a half, and two copies in it."""
     counters = Counters()
     cache = ShardCache(CacheConfig(directory=str(tmp_path / "c"), limit_bytes=2500),
                        counters)
-    a, b = _fill(cache, b"a" * 1000), _fill(cache, b"b" * 1000)
+    return counters, cache, _fill(cache, b"a" * 1000), _fill(cache, b"b" * 1000)
+
+
+def _age(path: str, seconds: int, now: int) -> None:
+    """Set ``path``'s access and modification times to ``seconds`` before ``now`` (ns)."""
+    os.utime(path, ns=(now - seconds * 10**9, now - seconds * 10**9))
+
+
+def test_a_hit_keeps_the_fill_time_and_lru_evicts_the_least_recently_used(tmp_path):
+    counters, cache, a, b = _two_copies(tmp_path)
     now = time.time_ns()
     # a was filled and used first, b later; neither used since
     for oid, ago in ((a, 100), (b, 50)):
         for path in (cache.path_of(oid), cache.used_path(oid)):
-            os.utime(path, ns=(now - ago * 10**9, now - ago * 10**9))
+            _age(path, ago, now)
     before = os.stat(cache.path_of(a))
     hit = cache.peek(a)
     assert hit is not None
@@ -158,14 +168,9 @@ def test_a_hit_keeps_the_fill_time_and_lru_evicts_the_least_recently_used(tmp_pa
 def test_a_copy_without_a_use_file_ages_by_its_access_time(tmp_path):
     """A cache of an earlier version (no used/ files) evicts by the copies' access times,
     and a use file left behind by a copy that is gone is swept."""
-    counters = Counters()
-    cache = ShardCache(CacheConfig(directory=str(tmp_path / "c"), limit_bytes=2500),
-                       counters)
-    a, b = _fill(cache, b"a" * 1000), _fill(cache, b"b" * 1000)
-    now = time.time_ns()
-    for oid, ago in ((a, 10), (b, 100)):
-        os.unlink(cache.used_path(oid))
-        os.utime(cache.path_of(oid), ns=(now - ago * 10**9, now - ago * 10**9))
+    _, cache, a, b = _two_copies(tmp_path)
+    os.unlink(cache.used_path(b))
+    _age(cache.path_of(b), 100, time.time_ns())
     os.unlink(cache.path_of(a))
     orphan = cache.used_path(a)
     os.makedirs(os.path.dirname(orphan), exist_ok=True)
