@@ -29,7 +29,7 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import CancelledError
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -412,15 +412,41 @@ def _failed(i: int, task: Sequence[SourceFile], exc: BaseException) -> TaskResul
     return TaskResult(files=files, shards={}, new_bytes=0, failed=True)
 
 
-def _collect(fut: Any, i: int, task: Sequence[SourceFile], cfg: IngestConfig) -> TaskResult:
-    """The result of a finished future, or the run's error."""
-    if fut.status == "lost":
-        # it finished, then the worker holding its result died (a crash in another task
-        # on that worker): the scheduler runs it again for this future; wait for that
-        with contextlib.suppress(Exception):  # an error or a cancel shows in its status
-            fut.result()
-    if fut.status == "error":
-        exc = fut.exception()
+def _outcome(fut: Any, check: Callable[[], None]) -> tuple[Any, BaseException | None]:
+    """A future's result or the error its task ended with, taken in steps.
+
+    Between steps ``check`` looks at the cluster (it raises once no worker is left), so
+    that a result lost with its worker after the task finished, which the scheduler
+    computes again, cannot hold the driver for ever when no worker is left to do it.
+    """
+    step = _STEP_S
+    while True:
+        try:
+            return fut.result(timeout=step), None
+        except CancelledError:
+            raise
+        except Exception as exc:
+            if fut.status == "error":
+                return None, fut.exception()
+            if not isinstance(exc, TimeoutError):
+                raise
+        check()
+        step = min(2 * step, 2.0)  # a slow gather of a result still finishes in its step
+
+
+def _collect(
+    fut: Any, i: int, task: Sequence[SourceFile], cfg: IngestConfig, check: Callable[[], None]
+) -> TaskResult:
+    """The result of a finished future, or the run's error (``check`` as for _outcome)."""
+    outcome: TaskOutcome | None
+    try:
+        outcome, exc = _outcome(fut, check)
+    except CancelledError as cancelled:  # a restart of the scheduler
+        raise SimstoreError(
+            f"ingest task {i} was cancelled on the dask cluster (scheduler restarted?); "
+            "a re-run resumes where this one stopped"
+        ) from cancelled
+    if exc is not None:
         if cfg.on_error == "skip":
             return _failed(i, task, exc)
         if isinstance(exc, SimstoreError):
@@ -430,18 +456,7 @@ def _collect(fut: Any, i: int, task: Sequence[SourceFile], cfg: IngestConfig) ->
             f"ingest task {i} ({len(task)} files from {first}) failed on the dask cluster: "
             f"{_describe(exc)}; a re-run resumes where this one stopped"
         ) from exc
-    if fut.status != "finished":
-        raise SimstoreError(
-            f"ingest task {i} was {fut.status} on the dask cluster (scheduler restarted?); "
-            "a re-run resumes where this one stopped"
-        )
-    try:
-        outcome: TaskOutcome = fut.result()
-    except CancelledError as exc:  # released since its status was read: a restart
-        raise SimstoreError(
-            f"ingest task {i} was cancelled on the dask cluster (scheduler restarted?); "
-            "a re-run resumes where this one stopped"
-        ) from exc
+    assert outcome is not None
     if outcome.error is not None:
         raise outcome.error
     assert outcome.result is not None
@@ -518,19 +533,11 @@ def run_dask(
                     cond.wait(timeout=_STEP_S)
             return next(finished)
 
-        def settle(fut: Any) -> None:
-            """Wait, in steps, for a result lost with its worker to be computed again."""
-            while fut.status in ("lost", "pending"):
-                with contextlib.suppress(Exception):  # a timeout; a cancel shows in status
-                    distributed.wait([fut], timeout=_STEP_S)
-                watch.check()
-
         try:
             submit()
             while (fut := next_done()) is not None:
                 i = pending.pop(fut)
-                settle(fut)
-                res = _collect(fut, i, tasks[i], cfg)
+                res = _collect(fut, i, tasks[i], cfg, watch.check)
                 del fut  # the cluster forgets the result once no future refers to it
                 results[i] = res
                 report(

@@ -84,7 +84,7 @@ def test_a_result_lost_with_its_worker_is_waited_for_not_reported(
 
     from distributed import Client
 
-    from simstore.ingest._dask import _collect
+    from simstore.ingest._dask import _collect, _NoWorkers
 
     src = write_values(tmp_path / "src", ["gate0"])
     markers = tmp_path / "markers"
@@ -109,7 +109,8 @@ def test_a_result_lost_with_its_worker_is_waited_for_not_reported(
         opener = threading.Timer(0.3, (markers / "open").touch)
         opener.start()
         try:
-            again = _collect(fut, 0, task, cfg)  # waits for the second run, no error
+            # waits for the second run (a worker is there: the check passes), no error
+            again = _collect(fut, 0, task, cfg, _NoWorkers(client, dask_address, 60.0).check)
         finally:
             opener.join()
         assert fut.status == "finished"

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -17,7 +18,7 @@ from dask_adapters import write_values
 from simstore.catalog import Catalog
 from simstore.errors import InvalidInputError, SimstoreError
 from simstore.ingest import ingest
-from simstore.ingest._dask import NO_WORKERS_ENV, _NoWorkers
+from simstore.ingest._dask import NO_WORKERS_ENV, _NoWorkers, _outcome
 from simstore.testing.adapters import adapters_script
 
 pytestmark = pytest.mark.dask
@@ -175,6 +176,40 @@ def test_a_cluster_whose_workers_all_died_fails_the_run_in_one_line(tmp_path):
     ], err
     cat = Catalog.open(store)
     assert cat.staged("d") == [] and cat.branches("d").get_versioned("main")[0] is None
+
+
+def test_a_result_lost_with_the_last_worker_after_its_task_finished_fails_the_run(tmp_path):
+    """The task finished; its worker, the only one, died before the driver took the
+    result: the scheduler waits for a worker to compute it again, and the driver's wait
+    for the result fails the run instead of waiting with it for ever."""
+    distributed = pytest.importorskip("distributed")
+    procs, taken = [], []
+    try:
+        address = start_scheduler(tmp_path / "scheduler.json", procs)
+        worker = start_worker(address, procs)
+        with distributed.Client(address, set_as_default=False) as client:
+            client.wait_for_workers(1, timeout=120)
+            fut = client.submit(sum, [1, 2, 3], key="lost-with-its-worker")
+            assert fut.result(timeout=120) == 6 and fut.status == "finished"
+            watch = _NoWorkers(client, address, grace_s=0.0)
+            worker.kill()  # the result lived on this worker only
+            worker.wait()
+
+            def take():
+                try:
+                    taken.append(_outcome(fut, watch.check))
+                except BaseException as exc:  # noqa: BLE001 - the test looks at it
+                    taken.append(exc)
+
+            waiter = threading.Thread(target=take, daemon=True)
+            waiter.start()
+            waiter.join(timeout=120)  # a deadline for a hung wait only; it measures nothing
+            assert not waiter.is_alive(), "the wait for a result no worker will compute hung"
+    finally:
+        for proc in reversed(procs):
+            stop(proc)
+    assert len(taken) == 1 and isinstance(taken[0], SimstoreError), taken
+    assert str(taken[0]).startswith(f"no dask workers at {address} for 0 s (they died)")
 
 
 class _Cluster:
