@@ -26,6 +26,11 @@ the reader over the same clock (the benchmark's own threads, or the epoch's proc
 its workers, imports excluded) and how many cores the two kept busy: on a machine where
 the server shares the reader's cores, raw GETs alone can keep them all busy.
 
+Before each measurement the page cache's dirty pages are written out (``os.sync``) and
+1 GiB of memory is touched and freed (``benchmarks/suite/backing.py``): on a VM whose host
+takes back free memory, a disk cache's fill otherwise ran at the host's pace of backing
+fresh pages (69-300 MiB/s in some minutes here), not the reader's.
+
 Every epoch runs in a fresh process (so its time to first batch includes making the S3
 client and reading the catalog, as a job's first batch does; library imports are done
 before the clock) and touches every 4 KiB page of every batch, as a
@@ -58,6 +63,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
+from benchmarks.suite.backing import back_free_memory
+
 MiB = 1 << 20
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUCKET = "simstore-bench-s3"
@@ -89,6 +96,10 @@ def with_cpu(endpoint: str, measure: Any, *args: Any) -> dict[str, Any]:
     that takes more CPU per byte leaves the server less: these say how close a
     measurement ran to the machine's cores.
     """
+    # no measurement pays for the write-back of the files an earlier one wrote: on a disk
+    # slower than the page cache, the kernel holds up writers while a backlog drains
+    os.sync()
+    back_free_memory()  # see benchmarks/suite/backing.py
     pid = SERVER_PIDS.get(endpoint)
     server0 = process_cpu_s(pid) if pid else None
     result: dict[str, Any] = measure(*args)
@@ -348,6 +359,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     for module in ("simstore.formats", "simstore.storage._s3"):
         importlib.import_module(module)
 
+    back_free_memory()  # the parent's was for its own process: this one takes memory too
     cpu0 = sum(os.times()[:4])
     t0 = time.perf_counter()
     ds = SimDataset(
@@ -503,6 +515,7 @@ def main(argv: list[str] | None = None) -> int:
                 one["local"] = with_cpu(endpoint, epoch, local, None, None, args.workers, ref)
                 if slow is not None:
                     one["slow_get8"] = raw_get(slow, keys, 8)
+                    os.sync()
                     one["slow_cold"] = epoch(url, _options(slow), cache + "-slow", args.workers,
                                              ref)
                 shutil.rmtree(cache, ignore_errors=True)

@@ -275,6 +275,8 @@ def read_options(cfg: Config, env: Env, case: Case,
         cache = cache_dir(cfg, case)
         if case.tier != "s3-warm":  # filled once, before the repetitions (fill_warm_caches)
             shutil.rmtree(cache, ignore_errors=True)
+            # no cold read pays for the write-back of the files an earlier read wrote
+            os.sync()
         os.makedirs(cache, exist_ok=True)
         opts["cache_dir"] = cache
     return opts, s3.client_env(endpoint)
