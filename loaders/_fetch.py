@@ -668,9 +668,30 @@ class ShardAccess:
             for stream in streams:
                 self.counters.add_read(self.tier, 0, requests=stream.requests)
                 stream.close()
+        if not copy.hit:
+            self._filled(shard_id, copy.path)
         return ShardHandle(
             copy.path, copy.release, trusted=not copy.hit or not self.unchecked(shard_id)
         )
+
+    def _filled(self, shard_id: str, path: str) -> None:
+        """This process filled ``path`` with bytes that hashed to ``shard_id`` on the way.
+
+        Its sibling workers and this job's later epochs trust the copy while its stamp is
+        unchanged, as they trust a local file this job hashed (a sibling used to hash the
+        copy again: 64 MiB per shard and worker on a cold epoch). The node's records
+        wait for a later job's hash: a file this fresh is not recorded (``SETTLED_S``).
+        """
+        if not self.verify:
+            return
+        with self._lock:
+            self._verified.add(shard_id)
+        if self.trusted is not None:
+            stamp = file_stamp(path)
+            if stamp is not None:
+                self.trusted.add(shard_id, stamp)
+        if self.siblings is not None:
+            self.siblings.publish(shard_id)
 
     def _copy_stream(self, stream: ObjectStream, out: BinaryIO) -> None:
         """Copy a streamed object into ``out`` block by block, within ``max_bandwidth``."""

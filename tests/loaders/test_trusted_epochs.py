@@ -90,23 +90,31 @@ def test_trust_table_keys_on_the_shard_and_the_file_stamp(tmp_path):
     assert file_stamp(str(tmp_path / "missing")) is None
 
 
-def test_cache_copies_are_hashed_every_epoch_and_a_damaged_one_is_found(store, tmp_path):
-    # a copy's modification time is the cache's LRU clock (every hit moves it), so
-    # copies are not trusted across epochs: each epoch hashes the ones it reads
+@pytest.mark.parametrize("workers", [0, 2])
+def test_copies_filled_in_a_job_are_trusted_while_unchanged_and_a_damaged_one_is_found(
+    store, tmp_path, workers
+):
+    # a fill hashes the bytes on their way into the copy: no worker of the job hashes the
+    # copy again (a sibling used to, on every cold epoch), nor does a later epoch while
+    # the copy's stamp is unchanged; a copy changed since is hashed, and damage is named
     from loader_helpers import RemoteLikeStore, snapshot_shards
 
     cache = str(tmp_path / "cache")
     ds = SimDataset(RemoteLikeStore(store), "d@main", shuffle=True, seed=1, cache_dir=cache,
                     cache_limit="64MiB")
+    loader = SimDataLoader(ds, batch_size=4, num_workers=workers,
+                           multiprocessing_context="fork") if workers else None
     shards = snapshot_shards(store)
-    _epoch(ds, None, 0)  # fills the cache (hashed as written)
-    hashed, trusted = _epoch(ds, None, 1)
-    assert hashed >= len(shards) and trusted == 0
+    hashed, _ = _epoch(ds, loader, 0)  # every shard filled, hashed as written
+    assert hashed == 0
+    assert ds.stats()["cache_misses"] == len(shards)
+    hashed, trusted = _epoch(ds, loader, 1)
+    assert hashed == 0 and trusted >= len(shards)
     copy = os.path.join(cache, "objects", shards[0][:2], shards[0])
     assert os.path.exists(copy), os.listdir(cache)
     with open(copy, "r+b") as f:  # damaged on the node's disk since
         f.seek(100)
         f.write(b"\xff" * 8)
     with pytest.raises(IntegrityError) as info:
-        _epoch(ds, None, 2)
+        _epoch(ds, loader, 2)
     assert shards[0] in str(info.value)
