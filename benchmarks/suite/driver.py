@@ -15,7 +15,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -79,23 +78,13 @@ def data_bytes(path: str) -> tuple[int, list[str]]:
 
 
 # -- subprocesses ------------------------------------------------------------------------
-CLOCK_MARK_ENV = "SIMSTORE_BENCH_CLOCK_MARK"
-"""A file the runner creates when a read's clock starts (after ``back_free_memory``)."""
-
-
 class _RssSampler:
-    """Peak of the summed RSS of a process and its descendants, sampled every 50 ms.
+    """Peak of the summed RSS of a process and its descendants, sampled every 50 ms."""
 
-    Once the file ``mark`` exists (a read's clock started), the peak starts again from
-    there: the 1 GiB a reader touches and frees before its clock is not its memory.
-    """
-
-    def __init__(self, pid: int, mark: str | None = None) -> None:
+    def __init__(self, pid: int) -> None:
         import psutil
 
         self.proc = psutil.Process(pid)
-        self.mark = mark
-        self.marked = False
         self.peak = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -105,8 +94,6 @@ class _RssSampler:
         import psutil
 
         while not self._stop.is_set():
-            if self.mark is not None and not self.marked and os.path.exists(self.mark):
-                self.marked, self.peak = True, 0
             try:
                 procs = [self.proc, *self.proc.children(recursive=True)]
                 total = 0
@@ -134,22 +121,18 @@ def run_runner(python: str, args: list[str], env: dict[str, str] | None = None,
     # repository) in each fresh process, and not the peers (compiled at install)
     env = dict(os.environ if env is None else env)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    marks = tempfile.mkdtemp(prefix="simstore-bench-")
-    env[CLOCK_MARK_ENV] = os.path.join(marks, "clock")
     t0 = time.perf_counter()
     proc = subprocess.Popen([python, "-m", "benchmarks.suite.runner", *args], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env)
-    sampler = _RssSampler(proc.pid, env[CLOCK_MARK_ENV])
+    sampler = _RssSampler(proc.pid)
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
         err += f"\ntimed out after {timeout_s:.0f} s"
-    finally:
-        peak = sampler.stop()
-        shutil.rmtree(marks, ignore_errors=True)
+    peak = sampler.stop()
     wall = time.perf_counter() - t0
     lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode or not lines:

@@ -29,7 +29,6 @@ Read figures:
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 
@@ -78,9 +77,6 @@ def read(system: str, out: str, profile: str, workers: int, batch: int | None,
     t_imported = time.perf_counter()
     prepared = mod.prepare(out, profile, options)
     backing_s = back_free_memory()  # see benchmarks/suite/backing.py
-    mark = os.environ.get("SIMSTORE_BENCH_CLOCK_MARK")
-    if mark:  # the driver's peak RSS starts here, without the memory touched above
-        open(mark, "w").close()
     t0 = time.perf_counter()
     loader = mod.loader(out, profile, workers, batch, options, prepared)
     it = iter(loader)
