@@ -26,10 +26,11 @@ the reader over the same clock (the benchmark's own threads, or the epoch's proc
 its workers, imports excluded) and how many cores the two kept busy: on a machine where
 the server shares the reader's cores, raw GETs alone can keep them all busy.
 
-Before each measurement the page cache's dirty pages are written out (``os.sync``) and
-1 GiB of memory is touched and freed (``benchmarks/suite/backing.py``): on a VM whose host
-takes back free memory, a disk cache's fill otherwise ran at the host's pace of backing
-fresh pages (69-300 MiB/s in some minutes here), not the reader's.
+Before each measurement the page cache's dirty pages are written out (``os.sync``), so
+none pays for the write-back of files an earlier one wrote. On a VM whose host takes
+back the guest's free memory, a disk cache's fill still runs at the host's pace of
+backing fresh pages in some minutes (see benchmarks/README.md, "What is measured"):
+compare ``fill4`` and ``cold`` with ``get4_disk`` of the same repetition.
 
 Every epoch runs in a fresh process (so its time to first batch includes making the S3
 client and reading the catalog, as a job's first batch does; library imports are done
@@ -62,8 +63,6 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from typing import Any
-
-from benchmarks.suite.backing import back_free_memory
 
 MiB = 1 << 20
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -99,7 +98,6 @@ def with_cpu(endpoint: str, measure: Any, *args: Any) -> dict[str, Any]:
     # no measurement pays for the write-back of the files an earlier one wrote: on a disk
     # slower than the page cache, the kernel holds up writers while a backlog drains
     os.sync()
-    back_free_memory()  # see benchmarks/suite/backing.py
     pid = SERVER_PIDS.get(endpoint)
     server0 = process_cpu_s(pid) if pid else None
     result: dict[str, Any] = measure(*args)
@@ -359,7 +357,6 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     for module in ("simstore.formats", "simstore.storage._s3"):
         importlib.import_module(module)
 
-    back_free_memory()  # the parent's was for its own process: this one takes memory too
     cpu0 = sum(os.times()[:4])
     t0 = time.perf_counter()
     ds = SimDataset(

@@ -21,9 +21,7 @@ Read figures:
 - ``max_s`` (an option) cuts a slow epoch short after that many seconds (``cut``): the
   rates are then over the samples read;
 - every tensor a batch holds is touched once per 4 KiB page (one element each), so lazy
-  (memory-mapped) loaders pay their page faults as a training step's copy would;
-- ``backing_s``: touching and freeing 1 GiB right before the clock, so that the memory the
-  read takes from the kernel is backed by the host (``benchmarks/suite/backing.py``).
+  (memory-mapped) loaders pay their page faults as a training step's copy would.
 """
 
 from __future__ import annotations
@@ -35,8 +33,6 @@ import time
 T_START = time.perf_counter()
 
 import numpy as np  # noqa: E402
-
-from benchmarks.suite.backing import back_free_memory  # noqa: E402
 
 
 def touch_pages(value: object) -> tuple[int, int]:
@@ -76,7 +72,6 @@ def read(system: str, out: str, profile: str, workers: int, batch: int | None,
         __import__(name)
     t_imported = time.perf_counter()
     prepared = mod.prepare(out, profile, options)
-    backing_s = back_free_memory()  # see benchmarks/suite/backing.py
     t0 = time.perf_counter()
     loader = mod.loader(out, profile, workers, batch, options, prepared)
     it = iter(loader)
@@ -102,8 +97,7 @@ def read(system: str, out: str, profile: str, workers: int, batch: int | None,
     return {
         **details,
         "import_s": t_imported - T_START,
-        "prepare_s": t0 - t_imported - backing_s,
-        "backing_s": backing_s,
+        "prepare_s": t0 - t_imported,
         "ttfb_s": t_first - t0,
         "epoch_s": t_end - t_first,
         "samples_after_first": samples,
