@@ -29,6 +29,7 @@ from simstore.loaders._stats import Counters
 from simstore.loaders._window import Regions, parse_regions
 
 from simstore.catalog import Catalog
+from simstore.catalog._refs import is_snapshot_object
 from simstore.errors import FormatError, IntegrityError, InvalidInputError
 from simstore.hashing import hash_bytes, object_key
 from simstore.manifest import decode_part
@@ -123,10 +124,14 @@ def open_source(
         with ThreadPoolExecutor(1, thread_name_prefix="simstore-meta") as pool:
             meta = pool.submit(catalog.check_initialised)
             try:
-                sid = catalog.resolve(ref)
-                got = read(sid) if read is not None else None
-                snap = (Snapshot.from_bytes(got[0], object_id=sid) if got is not None
-                        else catalog.snapshot(sid))
+                pinned = _pinned_fetched(ref, store, read) if read is not None else None
+                if pinned is not None:
+                    sid, snap = pinned
+                else:
+                    sid = catalog.resolve(ref)
+                    got = read(sid) if read is not None else None
+                    snap = (Snapshot.from_bytes(got[0], object_id=sid) if got is not None
+                            else catalog.snapshot(sid))
             except Exception:
                 meta.result()
                 raise
@@ -188,6 +193,31 @@ def _pinned_in_cache(ref: str, peek: PartReader) -> tuple[SnapshotId, Snapshot] 
         snap = Snapshot.from_bytes(got[0], object_id=sid)
     except FormatError:
         return None  # not a snapshot: the store's lookup says what it is
+    return (SnapshotId(sid), snap) if snap.dataset == r.dataset else None
+
+
+def _pinned_fetched(
+    ref: str, store: ObjectStore, read: PartReader
+) -> tuple[SnapshotId, Snapshot] | None:
+    """The snapshot a REF names by its full id, read once through the disk cache.
+
+    Two round trips: the object's first bytes (a shard named by mistake is never
+    downloaded whole) and the cache's fill, which is hashed to the id and parsed here.
+    ``Catalog.resolve`` then ``read`` made three, the snapshot downloaded twice. None
+    when the REF is not a full id or the object is not a snapshot of its dataset: the
+    catalog's lookup then finds it another way or says what is wrong.
+    """
+    r = parse_ref(ref)
+    sid = r.full_id
+    if sid is None or not is_snapshot_object(store, sid):
+        return None
+    got = read(sid)
+    if got is None:
+        return None
+    try:
+        snap = Snapshot.from_bytes(got[0], object_id=sid)
+    except FormatError:
+        return None
     return (SnapshotId(sid), snap) if snap.dataset == r.dataset else None
 
 
