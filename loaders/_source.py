@@ -182,18 +182,7 @@ def open_source(
 
 def _pinned_in_cache(ref: str, peek: PartReader) -> tuple[SnapshotId, Snapshot] | None:
     """The snapshot a REF names by its full id, if the disk cache holds it; else None."""
-    r = parse_ref(ref)
-    sid = r.full_id
-    if sid is None:
-        return None
-    got = peek(sid)
-    if got is None:
-        return None
-    try:
-        snap = Snapshot.from_bytes(got[0], object_id=sid)
-    except FormatError:
-        return None  # not a snapshot: the store's lookup says what it is
-    return (SnapshotId(sid), snap) if snap.dataset == r.dataset else None
+    return _pinned(ref, peek)
 
 
 def _pinned_fetched(
@@ -207,17 +196,24 @@ def _pinned_fetched(
     when the REF is not a full id or the object is not a snapshot of its dataset: the
     catalog's lookup then finds it another way or says what is wrong.
     """
+    return _pinned(ref, lambda sid: read(sid) if is_snapshot_object(store, sid) else None)
+
+
+def _pinned(
+    ref: str, get: Callable[[str], tuple[bytes, str] | None]
+) -> tuple[SnapshotId, Snapshot] | None:
+    """The snapshot of ``ref``'s dataset that ``get`` gives for its full id; else None."""
     r = parse_ref(ref)
     sid = r.full_id
-    if sid is None or not is_snapshot_object(store, sid):
+    if sid is None:
         return None
-    got = read(sid)
+    got = get(sid)
     if got is None:
         return None
     try:
         snap = Snapshot.from_bytes(got[0], object_id=sid)
     except FormatError:
-        return None
+        return None  # not a snapshot: the store's lookup says what it is
     return (SnapshotId(sid), snap) if snap.dataset == r.dataset else None
 
 
