@@ -511,16 +511,27 @@ class ShardAccess:
         self.counters.add("shards_verified")
         if actual != shard_id:
             return actual
+        self._matched(shard_id, info, stamped_ns)
+        return None
+
+    def _matched(
+        self, shard_id: str, info: tuple[int, int] | None, stamped_ns: int | None
+    ) -> None:
+        """Remember that the file with stamp ``info`` holds ``shard_id``'s bytes.
+
+        In this process, for this job's later epochs and sibling workers, and, given
+        ``stamped_ns`` (when the stamp was taken), in the node's records (which refuse a
+        file changed too recently).
+        """
         with self._lock:
             self._verified.add(shard_id)
         if info is not None:
             if self.trusted is not None:
                 self.trusted.add(shard_id, info[0])
-            if self.node is not None:
+            if self.node is not None and stamped_ns is not None:
                 self.node.add(shard_id, info[0], info[1], stamped_ns)
         if self.siblings is not None:
             self.siblings.publish(shard_id)
-        return None
 
     def _pace(self, nbytes: int) -> None:
         """A whole-shard hash reads the file: ``max_bandwidth`` caps it like any read."""
@@ -670,9 +681,8 @@ class ShardAccess:
                 stream.close()
         if not copy.hit:
             self._filled(shard_id, copy.path)
-        return ShardHandle(
-            copy.path, copy.release, trusted=not copy.hit or not self.unchecked(shard_id)
-        )
+        # a fill is trusted (remembered above, or verify=False); a hit while unchecked
+        return ShardHandle(copy.path, copy.release, trusted=not self.unchecked(shard_id))
 
     def _filled(self, shard_id: str, path: str) -> None:
         """This process filled ``path`` with bytes that hashed to ``shard_id`` on the way.
@@ -680,18 +690,11 @@ class ShardAccess:
         Its sibling workers and this job's later epochs trust the copy while its stamp is
         unchanged, as they trust a local file this job hashed (a sibling used to hash the
         copy again: 64 MiB per shard and worker on a cold epoch). The node's records
-        wait for a later job's hash: a file this fresh is not recorded (``SETTLED_S``).
+        wait for a later job's hash: a file changed this recently is not recorded
+        (``SETTLED_S``).
         """
-        if not self.verify:
-            return
-        with self._lock:
-            self._verified.add(shard_id)
-        if self.trusted is not None:
-            stamp = file_stamp(path)
-            if stamp is not None:
-                self.trusted.add(shard_id, stamp)
-        if self.siblings is not None:
-            self.siblings.publish(shard_id)
+        if self.verify:
+            self._matched(shard_id, stamp_info(path), None)
 
     def _copy_stream(self, stream: ObjectStream, out: BinaryIO) -> None:
         """Copy a streamed object into ``out`` block by block, within ``max_bandwidth``."""
