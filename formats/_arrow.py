@@ -556,6 +556,7 @@ def _decode_blob(
             rest.append((i, shape))
             continue
         part = raw[int(offsets[r]) : int(offsets[r + 1])]
+        _check_size(plan, part.size, shape, dtype)
         if unshuffle is not None:
             unshuffle.decode(part, out=target.reshape(-1).view(np.uint8))
         elif dtype == native:
@@ -569,6 +570,7 @@ def _decode_blob(
     flat = np.empty(sum(b - a for a, b in spans), dtype=np.uint8)
     at = 0
     for (i, shape), (a, b) in zip(rest, spans, strict=True):
+        _check_size(plan, b - a, shape, dtype)
         part = flat[at : at + b - a]
         part[:] = raw[a:b]
         at += b - a
@@ -577,6 +579,17 @@ def _decode_blob(
         arr = part.view(dtype).reshape(shape)
         result[i] = arr if dtype == native else arr.astype(native)
     return result
+
+
+def _check_size(plan: ColumnPlan, size: int, shape: tuple[int, ...],
+                dtype: np.dtype[Any]) -> None:
+    """Raise :class:`FormatError` unless a blob of ``size`` bytes holds ``shape`` values."""
+    need = math.prod(shape) * dtype.itemsize
+    if size != need:
+        raise FormatError(
+            f"field {plan.name!r}: a value of {size} bytes where its shape {list(shape)} "
+            f"needs {need}"
+        )
 
 
 Piece = tuple[pa.Table, "np.ndarray | None", int, "dict[str, Any] | None"]

@@ -13,9 +13,12 @@ This module reads the page headers (Thrift compact protocol, the few fields a da
 needs: pyarrow does not expose pages) and checks each page before its rows are used: its
 CRC-32 where the writer stored one and the reader is not yet trusted, and its layout
 (values section exactly ``rows x (4 + width)`` bytes, every length prefix equal to the
-width, so no row is null and no value is ragged). Anything else (a compressed or
-dictionary-encoded chunk, a data page of another encoding, a ragged page) declines, and
-the caller decodes through Arrow as before.
+width, so no row is null and no value is ragged). Once the shard is trusted (hashed to its
+id), only the length prefixes of the rows a read takes are checked: its writer wrote each
+value's bytes and its shape from one array, and reading every prefix would fault the
+whole page into the process for the few rows a shuffled batch takes from it. Anything else
+(a compressed or dictionary-encoded chunk, a data page of another encoding, a ragged page)
+declines, and the caller decodes through Arrow as before.
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ from simstore.errors import FormatError
 from ._zip import crc32
 
 __all__ = [
-    "Page", "PagedColumn", "SharedWork", "check_page", "column_pages", "page_rows",
-    "read_page_header",
+    "Page", "PagedColumn", "SharedWork", "check_page", "column_pages", "page_rows", "prefixes",
+    "read_page_header", "rows_fit",
 ]
 
 _DATA_PAGE = 0
@@ -247,12 +250,15 @@ def column_pages(
 
 
 def page_rows(data: np.ndarray, page: Page, width: int, *, check_crc: bool,
-              name: str) -> np.ndarray | None:
+              name: str, every_length: bool = True) -> np.ndarray | None:
     """Page ``page``'s values as a ``(rows, width)`` uint8 view of ``data`` (the mapped file).
 
     None when its values are not ``rows`` values of exactly ``width`` bytes. With
     ``check_crc``, a page whose stored CRC-32 does not match its body raises
-    :class:`FormatError` naming ``name``.
+    :class:`FormatError` naming ``name``. ``every_length=False`` checks the values
+    section's size only: the caller checks the length prefix of each row it takes
+    (:func:`rows_fit`), so a page is not read whole (every 4 KiB of it faulted into the
+    process) for the few rows a shuffled batch takes from it.
     """
     step = 4 + width
     end = page.body + page.body_bytes
@@ -263,13 +269,35 @@ def page_rows(data: np.ndarray, page: Page, width: int, *, check_crc: bool,
     if page.rows == 0:
         return np.empty((0, width), dtype=np.uint8)
     region = data[page.values:end]
-    lengths = np.lib.stride_tricks.as_strided(
-        region[: page.rows * step].view(np.uint8), shape=(page.rows, 4), strides=(step, 1)
-    )
-    if not (lengths.copy().view("<u4").reshape(-1) == width).all():
+    if every_length and not (_prefixes(region, page.rows, step).copy().view("<u4") == width).all():
         return None
     return np.lib.stride_tricks.as_strided(
         region[4:], shape=(page.rows, width), strides=(step, 1), writeable=False
+    )
+
+
+def prefixes(data: np.ndarray, page: Page, width: int) -> np.ndarray:
+    """The ``(rows, 4)`` uint8 view of ``data`` of page ``page``'s length prefixes.
+
+    For a page :func:`page_rows` accepted; reading rows of it reads those rows' prefixes
+    only (see :func:`rows_fit`).
+    """
+    step = 4 + width
+    region = data[page.values:page.body + page.body_bytes]
+    return _prefixes(region, page.rows, step)
+
+
+def rows_fit(lengths: np.ndarray, local: np.ndarray, width: int) -> bool:
+    """Whether rows ``local`` of a page (its :func:`prefixes`) hold ``width`` bytes each."""
+    if len(local) == 0:
+        return True
+    return bool((lengths[local].view("<u4") == width).all())
+
+
+def _prefixes(region: np.ndarray, rows: int, step: int) -> np.ndarray:
+    return np.lib.stride_tricks.as_strided(
+        region[: rows * step].view(np.uint8), shape=(rows, 4), strides=(step, 1),
+        writeable=False,
     )
 
 

@@ -42,7 +42,15 @@ from ._arrow import (
     uniform_shape,
 )
 from ._columnar import ColumnarReader, ColumnarWriter
-from ._pages import PagedColumn, SharedWork, check_page, column_pages, page_rows
+from ._pages import (
+    PagedColumn,
+    SharedWork,
+    check_page,
+    column_pages,
+    page_rows,
+    prefixes,
+    rows_fit,
+)
 
 __all__ = ["ParquetFormat", "ParquetShardReader", "ParquetShardWriter"]
 
@@ -443,13 +451,16 @@ class ParquetShardReader(ColumnarReader):
             got = memo[key]
             if got is None:
                 return False
-            shape, (paged, mats) = got
+            shape, (paged, mats, lengths) = got
+            width = mats[0].shape[1] if mats else 0
             local = np.arange(count) if rows is None else rows
             cuts = [0, *np.searchsorted(local, paged.starts[1:]).tolist(), len(local)]
             for p, (lo, hi) in enumerate(itertools.pairwise(cuts)):
                 if hi > lo:
-                    parts.append(((mats[p], shape, native),
-                                  local[lo:hi] - int(paged.starts[p]), hi - lo))
+                    taken = local[lo:hi] - int(paged.starts[p])
+                    if lengths is not None and not rows_fit(lengths[p], taken, width):
+                        return False
+                    parts.append(((mats[p], shape, native), taken, hi - lo))
         if not _decode_prepared(self.plans[name], parts, n, out, result):
             return False
         self.direct_rows += n
@@ -457,11 +468,15 @@ class ParquetShardReader(ColumnarReader):
 
     def _group_pages(
         self, g: int, name: str, table: pa.Table, native: np.dtype[Any]
-    ) -> tuple[tuple[int, ...], tuple[PagedColumn, list[np.ndarray]]] | None:
-        """``(shape, (pages, their row views))`` of field ``name`` in row group ``g``, or None.
+    ) -> tuple[tuple[int, ...],
+               tuple[PagedColumn, list[np.ndarray], list[np.ndarray] | None]] | None:
+        """``(shape, (pages, their row views, their length prefixes))`` of ``name`` in ``g``.
 
         None unless every row of the group is present with one shape and every page of
-        its byte column is plain, uncompressed and of that width.
+        its byte column is plain, uncompressed and of that width. While the pages' CRC-32s
+        are checked (each page is read whole for it), every length prefix is checked here
+        and the prefixes are None; once the shard is trusted, only the pages' sizes are,
+        and the prefixes are the views that :meth:`_gather` checks the rows it takes in.
         """
         col = table.column(name)
         col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
@@ -478,14 +493,17 @@ class ParquetShardReader(ColumnarReader):
         if paged is None or paged.num_rows != len(col) or width <= 0:
             return None
         data = self._mapped()
+        every = self.verifies_pages
         mats = []
         for p, page in enumerate(paged.pages):
-            mat = page_rows(data, page, width, check_crc=False, name=self.name)
+            mat = page_rows(data, page, width, check_crc=False, name=self.name,
+                            every_length=every)
             if mat is None:
                 return None
             self._check_page(data, g, name, p, page)
             mats.append(mat)
-        return shape, (paged, mats)
+        lengths = None if every else [prefixes(data, page, width) for page in paged.pages]
+        return shape, (paged, mats, lengths)
 
     def _check_page(self, data: np.ndarray, g: int, name: str, p: int, page: Any) -> None:
         """Check page ``p`` of field ``name`` in row group ``g`` once, until trusted."""

@@ -280,3 +280,47 @@ def test_a_bad_page_a_helper_found_fails_the_read(tmp_path):
     with pytest.raises(FormatError, match=r"shard\.parquet.*page at byte \d+ fails its CRC-32"):
         list(reader.read(positions, ["u"], out=HelpedOut(len(positions), RightAway())))
     reader.close()
+
+
+def _shift_bytes(path: str, moved: int = 4) -> None:
+    """Rewrite the shard with ``moved`` bytes of row 0's value moved to row 1's.
+
+    Every row keeps its stored shape and every page its size: only the two rows' length
+    prefixes (and so where row 1 starts) say otherwise.
+    """
+    pf = pq.ParquetFile(path)
+    table = pf.read()
+    col = table.column("u").combine_chunks()
+    data = col.field("data").to_pylist()
+    data[0], data[1] = data[0][:-moved], data[1] + b"\0" * moved
+    fixed = pa.StructArray.from_arrays(
+        [pa.array(data, type=col.type.field("data").type), col.field("shape")],
+        fields=[col.type.field(0), col.type.field(1)])
+    table = table.set_column(table.schema.get_field_index("u"), table.schema.field("u"), fixed)
+    pq.write_table(table, path, compression="none", use_dictionary=False,
+                   write_page_checksum=True, row_group_size=pf.metadata.row_group(0).num_rows)
+
+
+def test_a_trusted_reader_checks_the_lengths_of_the_rows_it_takes(tmp_path):
+    # while pages are CRC-checked (read whole), a page with one value of another size
+    # declines whole; once the shard is trusted, only the rows taken are checked, so the
+    # other rows of that page are still copied straight from it, and a row that does not
+    # fit is never read at a shifted offset
+    samples = _samples(20)
+    path = _write(tmp_path, samples)
+    _shift_bytes(path)
+    checking = open_shard(path)
+    got = _bulk(checking, [2, 3])
+    assert checking.direct_rows == 0
+    trusted = open_shard(path)
+    trusted.trust()
+    got_trusted = _bulk(trusted, [2, 3])
+    assert trusted.direct_rows == 2
+    for a, b, p in zip(got, got_trusted, [2, 3], strict=True):
+        np.testing.assert_array_equal(a["u"], samples[p].fields["u"])
+        np.testing.assert_array_equal(b["u"], samples[p].fields["u"])
+    for reader in (checking, trusted):
+        for rows, size in (([1], 8196), ([2, 0], 8188)):
+            with pytest.raises(FormatError, match=rf"'u': a value of {size} bytes where"):
+                _bulk(reader, rows)
+        reader.close()
