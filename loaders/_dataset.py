@@ -704,7 +704,6 @@ class SimDataset(IterableDataset[Sample]):
         trusted: TrustTable | None = None,
         counters: Counters | None = None,
         defer_files: bool = False,
-        first_alone: bool = False,
     ) -> Iterator[tuple[Any, int, dict[str, float], tuple[tuple[int, int], ...]]]:
         """One reader's batches, collated, each with its running count, counters and marks.
 
@@ -713,7 +712,7 @@ class SimDataset(IterableDataset[Sample]):
         return self._reader().batches(world, epoch, remaining, batch_size, collate,
                                       drop_last=drop_last, shared_pool=shared_pool,
                                       siblings=siblings, trusted=trusted, counters=counters,
-                                      defer_files=defer_files, first_alone=first_alone)
+                                      defer_files=defer_files)
 
 
 def _order_differences(saved: object, current: Sequence[Mapping[str, Any]]

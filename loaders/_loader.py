@@ -16,7 +16,6 @@ import gc
 import logging
 import os
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, cast
@@ -94,13 +93,6 @@ class _Tagged(NamedTuple):
 
 FIRST_HANDOVER_WAIT_S = 0.05
 """The longest a worker waits for its first batch to leave before it reads on."""
-
-FIRST_ALONE_WAIT_S = 0.25
-"""The longest the other workers wait for worker 0's first batch before they read."""
-
-_FIRST_ALONE_TIERS = frozenset({"local", "memory"})
-"""Tiers whose first batches the other workers wait for: a remote shard's fetch waits on
-the network, not on a core, and the workers' fetches are better side by side."""
 
 _FIRST_SENT: list[threading.Event | None] = [None]
 """In a DataLoader worker, until its first batch is pickled: set when it is."""
@@ -251,10 +243,6 @@ class _BatchStream(_Stream):
         self.channels: Sequence[FdChannel | None] = ()
         """Each fork worker's channel for the descriptors of the shard files its batches
         leave unread (see ``loaders._filerows``); as ``arenas``."""
-        self.first_out: torch.Tensor | None = None
-        """Set (in shared memory) once worker 0's first batch has left, made per
-        iteration; until then the other workers wait (see :func:`_wait_first`). None with
-        fewer than two workers or a remote source."""
 
     def __iter__(self) -> Iterator[_Tagged]:
         world = self._reader()
@@ -266,10 +254,6 @@ class _BatchStream(_Stream):
             pool = SharedPool(self.released[world.worker].numpy(), arena=arena)
         if self.verified is not None and in_worker() and world.num_workers > 1:
             siblings = VerifiedTable(self.verified.numpy(), world.worker, world.num_workers)
-        gate = self.first_out.numpy() if self.first_out is not None and in_worker() else None
-        if gate is not None and world.worker > 0:
-            _wait_first(gate)
-        lead = gate if gate is not None and world.worker == 0 else None
         trusted = self._trust()
         # The first batch goes out before the worker reads on. Torch's queue pickles and
         # sends it from a thread of this process; with the next chunk's decode and the
@@ -283,47 +267,20 @@ class _BatchStream(_Stream):
         channel = None
         if in_worker() and world.worker < len(self.channels):
             channel = self.channels[world.worker]
-        try:
-            for batch, count, counters, marks in self.dataset.read_batches(
-                world, self.epoch, self.remaining, self.batch_size, self.collate,
-                drop_last=self.drop_last, shared_pool=pool, siblings=siblings,
-                trusted=trusted, counters=reading, defer_files=channel is not None,
-                first_alone=lead is not None,
-            ):
-                rows = file_rows_of(batch)
-                if rows:
-                    assert channel is not None
-                    channel.send(rows)
-                yield _Tagged(batch, _Tag(world.worker, count, counters, marks,
-                                          reading.take_warm()))
-                if sent is not None:
-                    sent.wait(FIRST_HANDOVER_WAIT_S)
-                    sent = None
-                if lead is not None:
-                    lead[0] = 1
-                    lead = None
-        finally:
-            if lead is not None:  # no batch, or an error: the others read on
-                lead[0] = 1
-
-
-def _wait_first(gate: Any) -> bool:
-    """Wait until worker 0's first batch has left (``gate[0]`` set), or FIRST_ALONE_WAIT_S.
-
-    True when it has (or worker 0 ended without one), False when the wait ran out.
-
-    The DataLoader asks worker 0 for the first batch. With every worker decoding its own
-    first batch at once, they shared the cores, and worker 0's came later (2 workers on
-    2 cores, 256 x 8 KiB: the first batch at 65-130 ms, its first chunk 15-64 ms); alone,
-    worker 0 decodes it with every core. The wait is bounded, so a worker 0 that is slow
-    or gone holds the others back by that long at most; nothing else is shared.
-    """
-    deadline = time.monotonic() + FIRST_ALONE_WAIT_S
-    while not gate[0]:
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.001)
-    return True
+        for batch, count, counters, marks in self.dataset.read_batches(
+            world, self.epoch, self.remaining, self.batch_size, self.collate,
+            drop_last=self.drop_last, shared_pool=pool, siblings=siblings, trusted=trusted,
+            counters=reading, defer_files=channel is not None,
+        ):
+            rows = file_rows_of(batch)
+            if rows:
+                assert channel is not None
+                channel.send(rows)
+            yield _Tagged(batch, _Tag(world.worker, count, counters, marks,
+                                      reading.take_warm()))
+            if sent is not None:
+                sent.wait(FIRST_HANDOVER_WAIT_S)
+                sent = None
 
 
 def _close_channels(channels: Sequence[FdChannel]) -> None:
@@ -696,11 +653,6 @@ class SimDataLoader(DataLoader[Any]):
             self._stream.channels = channels = (
                 [FdChannel() for _ in range(self.num_workers)]
                 if self.num_workers > 0 and _forks(self) and ds._options.map_files else [])
-            first_out = None
-            if self.num_workers > 1 and set(ds._tiers()) <= _FIRST_ALONE_TIERS:
-                first_out = torch.zeros(1, dtype=torch.int64)
-                first_out.share_memory_()  # type: ignore[no-untyped-call]
-            self._stream.first_out = first_out
         tagged = super().__iter__()
         if channels:
             weakref.finalize(tagged, _close_channels, channels)

@@ -113,7 +113,6 @@ class EpochReader:
         trusted: TrustTable | None = None,
         counters: Counters | None = None,
         defer_files: bool = False,
-        first_alone: bool = False,
     ) -> Iterator[tuple[Any, int, dict[str, float], tuple[tuple[int, int], ...]]]:
         """One reader's batches, collated, each with its running count, counters and marks.
 
@@ -130,9 +129,7 @@ class EpochReader:
         caller may read them after the last batch, for the work done ahead of it.
         ``defer_files`` (a forked worker with a channel to the main process): a batch
         field whose rows are whole mapped chunks is a :class:`FileRows`, whose
-        descriptors the caller sends (see ``loaders._filerows``). ``first_alone``: this
-        process's sibling workers wait for its first batch, so its first chunk may use
-        every core.
+        descriptors the caller sends (see ``loaders._filerows``).
         """
         opts = self.options
         per_sample = any(s.transform is not None for s in self.sources)
@@ -140,7 +137,7 @@ class EpochReader:
                  and opts.on_corrupt != "skip")
         count = 0
         with self._decoded(world, epoch, remaining, batch_size, shared_pool, siblings,
-                           trusted, counters, defer, first_alone) as (
+                           trusted, counters, defer) as (
             chunks, counters
         ):
             for chunk, (values, buffers) in chunks:
@@ -221,7 +218,6 @@ class EpochReader:
         trusted: TrustTable | None = None,
         counters: Counters | None = None,
         defer_files: bool = False,
-        first_alone: bool = False,
     ) -> Iterator[tuple[Iterator[tuple[Any, tuple[list[dict[str, Any]], ChunkBuffers]]],
                         Counters]]:
         """The decoded chunks of one reader's share of the epoch, and its counters."""
@@ -261,8 +257,8 @@ class EpochReader:
             # this process's sibling workers leave (measured: 0.074 -> 0.055 s to the first
             # batch of 256 x 8 KiB with no workers; no gain with 2 workers on 2 cores)
             first: list[ThreadPoolExecutor] = []
-            sharing = 1 if first_alone else max(1, world.num_workers)
-            spare = min(opts.prefetch.decode_threads, _cores() // sharing) - 1
+            spare = min(opts.prefetch.decode_threads,
+                        _cores() // max(1, world.num_workers)) - 1
             if spare > 0:
                 first.append(ThreadPoolExecutor(spare, thread_name_prefix="simstore-first"))
                 stack.callback(first[0].shutdown)
