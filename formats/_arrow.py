@@ -691,11 +691,25 @@ def _prepare(
     """``(rows matrix, shape, dtype)`` of a column whose rows are all one shape, or False.
 
     The matrix's row ``r`` holds row ``r``'s value (a fixed column: the values; a blob
-    column of equal-sized rows: its bytes); nulls, byte-swapped, shuffled or ragged columns
-    are False and go through :func:`_decode_column`.
+    column of equal-sized rows: its bytes; a plain column of 0-d numeric tensors: the
+    values, one per row); nulls, byte-swapped, shuffled or ragged columns are False and go
+    through :func:`_decode_column`.
     """
-    if plan.encoding not in ("fixed", "blob") or col.null_count or len(col) == 0:
-        return False  # strings, bytes, JSON and plain scalars have no array layout
+    if col.null_count or len(col) == 0:
+        return False
+    if plan.encoding == "plain":
+        # 0-d tensors (a .npz's or an HDF5 file's scalar arrays) scatter into a column
+        # buffer like fixed values: no per-row array and no stack of them per batch.
+        # Scalar parameters read back as Python numbers, so they stay per row
+        if plan.spec.kind != "tensor" or plan.spec.ndim != 0:
+            return False
+        native = np.dtype(plan.spec.dtype)
+        if native.kind not in "biuf":
+            return False
+        arr = col.to_numpy(zero_copy_only=False)
+        return (arr, (), native) if arr.dtype == native else False
+    if plan.encoding not in ("fixed", "blob"):
+        return False  # strings, bytes and JSON have no array layout
     native = np.dtype(plan.spec.dtype)
     if plan.encoding == "fixed":
         values = _fixed_values(plan, col)
@@ -737,7 +751,7 @@ def _decode_prepared(
     if bulk is None:
         return False
     buffer, index, rows_out = bulk
-    fixed = plan.encoding == "fixed"
+    fixed = plan.encoding != "blob"  # values, not bytes
     target = buffer if fixed else buffer.reshape(len(buffer), -1).view(np.uint8)
     done = 0
     for (matrix, _, _), rows, count in parts:

@@ -482,7 +482,7 @@ class ChunkBuffers:
             given = self._given_rows(name)
             if array.shape[1:] != tuple(shape) or array.dtype != dtype or given[slot] is not None:
                 return None
-            row = array[slot]
+            row = array[slot, ...]  # a view, also of a 1-D buffer's element
             given[slot] = row
             return row
 
@@ -505,7 +505,7 @@ class ChunkBuffers:
             if (not all(map(operator.is_, map(given.__getitem__, slots), itertools.repeat(None)))
                     or len(set(slots)) != len(slots)):
                 return None
-            rows = [array[slot] for slot in slots]
+            rows = [array[slot, ...] for slot in slots]  # views, also of a 1-D buffer
             for slot, row in zip(slots, rows, strict=True):
                 given[slot] = row
         return array, np.asarray(slots, dtype=np.intp), rows
@@ -612,7 +612,7 @@ class ChunkBuffers:
                 array = entry[1] if entry is not None else None
                 if array is not None and array.shape[1:] == v.shape and array.dtype == v.dtype:
                     array[slot] = v
-                    row = array[slot]
+                    row = array[slot, ...]  # a view, also of a 1-D buffer's element
                     self._given_rows(name)[slot] = row
                     out[name] = row
                     continue

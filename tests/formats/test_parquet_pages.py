@@ -29,7 +29,8 @@ class BulkOut:
         if buf.shape[1:] != tuple(shape) or buf.dtype != dtype:
             return None
         rows = list(rows)
-        return buf, np.asarray(rows, dtype=np.intp), [buf[r] for r in rows]
+        # views of the rows (``buf[r, ...]``: also of a 1-D buffer's element)
+        return buf, np.asarray(rows, dtype=np.intp), [buf[r, ...] for r in rows]
 
 
 def _samples(n: int, *, ragged: bool = False, seed: int = 0) -> list[Sample]:
@@ -324,3 +325,24 @@ def test_a_trusted_reader_checks_the_lengths_of_the_rows_it_takes(tmp_path):
             with pytest.raises(FormatError, match=rf"'u': a value of {size} bytes where"):
                 _bulk(reader, rows)
         reader.close()
+
+
+def test_zero_d_tensors_scatter_into_one_column_buffer(tmp_path):
+    # a .npz's scalar arrays are 0-d tensors: a bulk read puts them in one buffer (the
+    # batch's column is a view of it); scalar parameters stay Python numbers per row
+    samples = [Sample(f"s{i:04d}", {"t": np.array(i / 4, dtype=np.float32),
+                                    "n": np.array(i, dtype=np.int16), "Re": float(i)})
+               for i in range(40)]
+    reader = open_shard(_write(tmp_path, samples))
+    positions = [int(p) for p in np.random.default_rng(2).permutation(40)[:25]]
+    out = BulkOut(len(positions))
+    got = list(reader.read(positions, ["t", "n", "Re"], out=out))
+    np.testing.assert_array_equal(out.buffers["t"], np.asarray(positions, np.float32) / 4)
+    np.testing.assert_array_equal(out.buffers["n"], np.asarray(positions, np.int16))
+    assert "Re" not in out.buffers
+    for i, (g, p) in enumerate(zip(got, positions, strict=True)):
+        assert g["t"].shape == () and g["t"].dtype == np.float32 and g["t"] == p / 4
+        assert np.shares_memory(g["t"], out.buffers["t"][i : i + 1])
+        assert g["n"].dtype == np.int16 and g["n"] == p
+        assert type(g["Re"]) is float and g["Re"] == float(p)
+    reader.close()
