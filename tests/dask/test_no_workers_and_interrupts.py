@@ -41,6 +41,10 @@ import signal
 
 import distributed
 
+# Ctrl-C raises KeyboardInterrupt, as in a terminal, even when this test runs where SIGINT
+# is ignored (a job started in the background by a shell): Python then installs no
+# handler of its own
+signal.signal(signal.SIGINT, signal.default_int_handler)
 real = distributed.Nanny.__init__
 sent = []
 
