@@ -695,22 +695,19 @@ def _prepare(
     values, one per row); nulls, byte-swapped, shuffled or ragged columns are False and go
     through :func:`_decode_column`.
     """
-    if col.null_count or len(col) == 0:
+    if col.null_count or len(col) == 0 or plan.encoding not in ("fixed", "blob", "plain"):
+        return False  # strings, bytes and JSON have no array layout
+    # 0-d tensors (a .npz's or an HDF5 file's scalar arrays) scatter into a column buffer
+    # like fixed values: no per-row array and no stack of them per batch. Scalar
+    # parameters read back as Python numbers, so they stay per row
+    if plan.encoding == "plain" and (plan.spec.kind != "tensor" or plan.spec.ndim != 0):
         return False
+    native = np.dtype(plan.spec.dtype)
     if plan.encoding == "plain":
-        # 0-d tensors (a .npz's or an HDF5 file's scalar arrays) scatter into a column
-        # buffer like fixed values: no per-row array and no stack of them per batch.
-        # Scalar parameters read back as Python numbers, so they stay per row
-        if plan.spec.kind != "tensor" or plan.spec.ndim != 0:
-            return False
-        native = np.dtype(plan.spec.dtype)
         if native.kind not in "biuf":
             return False
         arr = col.to_numpy(zero_copy_only=False)
         return (arr, (), native) if arr.dtype == native else False
-    if plan.encoding not in ("fixed", "blob"):
-        return False  # strings, bytes and JSON have no array layout
-    native = np.dtype(plan.spec.dtype)
     if plan.encoding == "fixed":
         values = _fixed_values(plan, col)
         if values.null_count:

@@ -289,8 +289,6 @@ def prefixes(data: np.ndarray, page: Page, width: int) -> np.ndarray:
 
 def rows_fit(lengths: np.ndarray, local: np.ndarray, width: int) -> bool:
     """Whether rows ``local`` of a page (its :func:`prefixes`) hold ``width`` bytes each."""
-    if len(local) == 0:
-        return True
     return bool((lengths[local].view("<u4") == width).all())
 
 

@@ -110,7 +110,7 @@ def open_source(
     does not hold.
     """
     catalog = Catalog(store)
-    pinned = _pinned_in_cache(ref, peek) if peek is not None else None
+    pinned = _pinned(ref, peek) if peek is not None else None  # from the cache alone
     if pinned is not None:
         sid, snap = pinned
     elif tier_of(store) in ("local", "memory"):
@@ -178,11 +178,6 @@ def open_source(
         transform=transform,
         regions=regions,
     )
-
-
-def _pinned_in_cache(ref: str, peek: PartReader) -> tuple[SnapshotId, Snapshot] | None:
-    """The snapshot a REF names by its full id, if the disk cache holds it; else None."""
-    return _pinned(ref, peek)
 
 
 def _pinned_fetched(
