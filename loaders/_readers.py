@@ -98,7 +98,7 @@ class _Published(Future[Any]):
 
 
 class _Entry:
-    __slots__ = ("checking", "handle", "lock", "reader", "users")
+    __slots__ = ("checking", "gone", "handle", "lock", "reader", "users")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -107,6 +107,8 @@ class _Entry:
         self.users = 0
         self.checking: _Check | None = None
         """The whole-object hash still running for a reader that checks its own pages."""
+        self.gone = False
+        """Its cache copy was taken out of the cache (as damaged) before it was hashed."""
 
 
 class ReaderPool:
@@ -230,10 +232,8 @@ class ReaderPool:
                     _release(prepared)
                 checking = entry.checking
                 if checking is not None and checking.future.done():
-                    hashed = checking.wait()  # IntegrityError for a wrong hash, each use
-                    entry.checking = None
-                    if hashed:
-                        _trust(entry.reader)
+                    # IntegrityError for a wrong hash, each use
+                    self._hashed(entry, checking.wait())
                 assert entry.reader is not None
                 try:
                     if entry.checking is not None and checks is not None:
@@ -241,10 +241,14 @@ class ReaderPool:
                         # may be what is damaged: its error waits for the hash below
                         self._maybe_hash_first(entry, checks)
                     yield entry.reader
-                except Exception:
+                except Exception as exc:
                     if entry.checking is not None:
                         self.start_hashing()
-                        entry.checking.wait()
+                        self._hashed(entry, entry.checking.wait())
+                    if entry.gone:
+                        # the worker that took the copy out found it damaged, and this
+                        # read found why: that is the better error
+                        raise self._gone(key, _source(entry)) from exc
                     raise
         finally:
             with self._lock:
@@ -254,7 +258,7 @@ class ReaderPool:
     def _maybe_hash_first(self, entry: _Entry, checks: Callable[[ShardReader], int]) -> None:
         """Hash the shard now, then read it unchecked, if the read would check enough of it."""
         assert entry.reader is not None and entry.checking is not None
-        source = entry.handle.source if entry.handle is not None else None
+        source = _source(entry)
         if not isinstance(source, str):
             return
         try:
@@ -266,10 +270,21 @@ class ReaderPool:
         check = entry.checking
         if not check.future.cancel():  # running (maybe waiting for the first chunk)
             self.start_hashing()
-        hashed = check.wait()  # hashed here if it had not started; IntegrityError if wrong
+        # hashed here if it had not started; IntegrityError if wrong
+        self._hashed(entry, check.wait())
+
+    @staticmethod
+    def _hashed(entry: _Entry, hashed: bool) -> None:
+        """The pending hash of ``entry``'s shard is done: trust its reader if it matched.
+
+        False: its cache copy was gone (taken out as damaged by another process); the
+        reader goes on checking pages, and a page error is then the damaged copy's.
+        """
         entry.checking = None
         if hashed:
             _trust(entry.reader)
+        else:
+            entry.gone = True
 
     def _open_entry(
         self, key: tuple[int, str], entry: _Entry, prepared: Future[ShardHandle | None] | None
@@ -409,6 +424,11 @@ def _trust(reader: ShardReader | None) -> None:
     trust = getattr(reader, "trust", None)
     if callable(trust):
         trust()
+
+
+def _source(entry: _Entry) -> object:
+    """What ``entry``'s reader reads: a local path, a file object, or None."""
+    return entry.handle.source if entry.handle is not None else None
 
 
 def _close(entry: _Entry) -> None:

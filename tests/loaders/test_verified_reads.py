@@ -459,6 +459,40 @@ def test_a_damaged_shard_that_no_sibling_published_fails_in_the_worker_that_read
     assert counters.snapshot()["shards_verified_by_sibling"] == 0
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "zarr"])
+def test_a_page_error_in_a_copy_taken_out_as_damaged_names_the_damaged_copy(
+    tmp_path, sources, fmt
+):
+    """The worker that owns a shard's hash found its cache copy damaged and took it out
+    of the cache while a sibling read the same (pinned) copy with page checks: the
+    sibling cannot hash a copy that is gone, and its page error is the damaged copy's,
+    an IntegrityError naming the shard (it was a FormatError that hid the damage)."""
+    store, _ = _ingest(tmp_path, sources, fmt)
+    cache = str(tmp_path / "cache")
+    _values(SimDataset(RemoteLikeStore(store), "d", cache_dir=cache, cache_limit=1 << 26))
+    table = np.zeros(4096, dtype=np.int64)
+    pool, counters = _worker_pool(store, table, 1, cache=cache)
+    from simstore.loaders._fetch import VerifiedTable
+
+    theirs = next(s for s in _shard_ids(store) if not VerifiedTable(table, 1, 2).owns(s))
+    cat = Catalog.open(store)
+    rows = sum(t.column("shard").to_pylist().count(theirs)
+               for t in cat.iter_parts(cat.snapshot(cat.resolve("d"))))
+    copy = os.path.join(cache, "objects", theirs[:2], theirs)
+    _flip_in_pages(copy)
+    with ThreadPoolExecutor(2) as io, pytest.raises(IntegrityError) as info:
+        pool.schedule((0, theirs), io)
+        pool.start_hashing()
+        with pool.reader((0, theirs)) as reader:
+            assert reader.verifies_pages  # awaiting the owner's word
+            os.unlink(copy)  # the owner hashed it, found it wrong and took it out
+            list(reader.read(list(range(rows))))
+    pool.close()
+    assert theirs in str(info.value) and "damaged" in str(info.value)
+    assert isinstance(info.value.__cause__, FormatError)  # what the page checks found
+    assert counters.snapshot()["shards_verified"] == 0
+
+
 def test_a_cache_copy_gone_before_its_hash_leaves_its_reader_checking_pages(tmp_path, sources):
     """A sibling's copy taken out of the cache (by the worker that found it damaged) is
     not hashed here: its reader must not be trusted, and goes on checking pages."""
