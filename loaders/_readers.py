@@ -17,7 +17,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO, TypeVar
 
 from simstore.loaders._corrupt import CorruptShards
@@ -49,6 +49,10 @@ class _Check:
     future: Future[Any]
     redo: Callable[[], object]
     """The same hash, run here if the future never ran."""
+    _redone: list[Future[Any]] = field(default_factory=list)
+    """The outcome of ``redo``, run once: a wrong copy's hash takes it out of the cache,
+    so a second run would find nothing to hash and hide the first run's error."""
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def wait(self) -> bool:
         """The hash's outcome (IntegrityError if wrong); hashed here if it never ran.
@@ -56,8 +60,16 @@ class _Check:
         False: the copy could not be hashed (gone from the cache); its reader goes on
         checking pages.
         """
-        if self.future.cancelled():  # the I/O pool shut down before it started
-            return self.redo() is not False
+        if self.future.cancelled():  # never started (the I/O pool shut down, or taken back)
+            with self._lock:
+                if not self._redone:
+                    outcome: Future[Any] = Future()
+                    try:
+                        outcome.set_result(self.redo())
+                    except BaseException as exc:
+                        outcome.set_exception(exc)
+                    self._redone.append(outcome)
+            return self._redone[0].result() is not False
         return self.future.result() is not False
 
 

@@ -517,3 +517,28 @@ def test_a_cache_copy_gone_before_its_hash_leaves_its_reader_checking_pages(tmp_
             list(reader.read([0]))  # still readable: the pinned copy is open
     pool.close()
     assert counters.snapshot()["shards_verified"] == 0
+
+
+def test_a_hash_run_in_place_of_a_cancelled_one_runs_once_and_keeps_its_error():
+    """A wrong copy's hash takes the copy out of the cache: run again, it would find
+    nothing to hash and say so (False), hiding the damage. The reader pool waits on a
+    shard's hash more than once (before a read, and again when the read fails)."""
+    from concurrent.futures import Future
+
+    from simstore.loaders._readers import _Check
+
+    runs = []
+
+    def redo():
+        runs.append(1)
+        if len(runs) == 1:
+            raise IntegrityError("cache copy c has hash h, expected s (removed from the cache)")
+        return False  # the copy is gone
+
+    never: Future = Future()
+    assert never.cancel()
+    check = _Check(never, redo)
+    for _ in range(2):
+        with pytest.raises(IntegrityError, match="removed from the cache"):
+            check.wait()
+    assert len(runs) == 1
