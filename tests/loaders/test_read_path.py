@@ -670,3 +670,23 @@ def test_json_fields_and_float64_parameters_read_back_as_stored(tmp_path, fmt):
     batch = next(iter(SimDataLoader(SimDataset(store, "h", seed=1), batch_size=3)))
     assert batch["Re"].dtype == torch.float64
     assert len(batch["metadata"]) == 3 and isinstance(batch["metadata"][0], dict)
+
+
+def test_the_release_tracker_finds_shared_tensors_among_keys_and_parameters():
+    """A batch's list of keys and its scalar parameters hold no tensor: the main process
+    skips them (it walks every batch it receives), and still finds every shared tensor,
+    at any depth, among them."""
+    from simstore.loaders._tensors import _shared_tensors
+
+    shared = [torch.zeros(4).share_memory_() for _ in range(4)]
+    private = torch.zeros(4)
+    batch = {
+        "__key__": [f"k{i}" for i in range(256)],
+        "u": shared[0],
+        "p": [1.5, 2, None, True, b"x", private],
+        "nested": ("name", {"deep": [shared[1], "s", [shared[2]]]}),
+        "mesh": [{"points": shared[3], "name": "a"}],
+    }
+    found = _shared_tensors(batch)
+    assert [t.data_ptr() for t in found] == [t.data_ptr() for t in shared]
+    assert _shared_tensors({"__key__": ["a", "b"], "p": 3.0}) == []
