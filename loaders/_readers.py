@@ -49,7 +49,7 @@ class _Check:
     future: Future[Any]
     redo: Callable[[], object]
     """The same hash, run here if the future never ran."""
-    _redone: list[Future[Any]] = field(default_factory=list)
+    _redone: Future[Any] = field(default_factory=Future)
     """The outcome of ``redo``, run once: a wrong copy's hash takes it out of the cache,
     so a second run would find nothing to hash and hide the first run's error."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -62,14 +62,12 @@ class _Check:
         """
         if self.future.cancelled():  # never started (the I/O pool shut down, or taken back)
             with self._lock:
-                if not self._redone:
-                    outcome: Future[Any] = Future()
+                if not self._redone.done():
                     try:
-                        outcome.set_result(self.redo())
+                        self._redone.set_result(self.redo())
                     except BaseException as exc:
-                        outcome.set_exception(exc)
-                    self._redone.append(outcome)
-            return self._redone[0].result() is not False
+                        self._redone.set_exception(exc)
+            return self._redone.result() is not False
         return self.future.result() is not False
 
 
