@@ -2,6 +2,9 @@
 
 import io
 import json
+import os
+import shutil
+import time
 
 import numpy as np
 import pytest
@@ -9,7 +12,13 @@ from click.testing import CliRunner
 from simstore.cli import main
 from simstore.cli._ingest import ProgressBar
 
-from simstore.ingest import IngestProgress, ingest
+from simstore.ingest import (
+    IngestProgress,
+    adapter_names,
+    ingest,
+    load_adapters,
+    shard_format_names,
+)
 from simstore.testing.adapters import add_adapters
 
 
@@ -197,3 +206,46 @@ def test_cli_refuses_a_message_without_snapshot_and_sizes_beyond_reason(tmp_path
     from simstore.catalog import Catalog
 
     assert Catalog.open(store).staged("d") == []
+
+
+def _install(site, dist, adapters, when):
+    """A package ``dist`` in folder ``site`` with adapters by entry point, installed at ``when``."""
+    info = site / f"{dist}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[simstore.adapters]\n" + "".join(f"{n} = {t}\n" for n, t in adapters.items())
+    )
+    os.utime(site, (when, when))
+
+
+def test_installed_plugins_are_scanned_once_until_a_package_comes_or_goes(tmp_path, monkeypatch):
+    import simstore.ingest._plugins as plugins
+
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    scans = []
+    real = plugins._scan
+    monkeypatch.setattr(plugins, "_scan", lambda: scans.append(1) or real())
+    # the other folders of sys.path (this checkout's, written by the test run) count as
+    # settled here; the last step below takes the guard against fresh folders back
+    monkeypatch.setattr(plugins, "_RACY_NS", 0)
+    hour_ago = time.time() - 3600
+    _install(site, "xyz_plugin", {"xyz": "custom_adapter:XyzAdapter"}, hour_ago)
+    assert "xyz" in adapter_names()
+    assert "xyz" in adapter_names() and "xyz" in load_adapters()
+    assert "parquet" in shard_format_names()
+    assert len(scans) == 1  # every group from one scan, kept while nothing changes
+    _install(site, "abc_plugin", {"abc": "custom_adapter:XyzAdapter"}, hour_ago + 1)
+    assert {"abc", "xyz"} <= set(adapter_names())
+    assert len(scans) == 2
+    shutil.rmtree(site / "xyz_plugin-1.0.dist-info")
+    os.utime(site, (hour_ago + 2, hour_ago + 2))
+    assert "xyz" not in adapter_names() and "abc" in adapter_names()
+    assert len(scans) == 3
+    # a folder changed a moment ago may change again within its time's granularity
+    monkeypatch.setattr(plugins, "_RACY_NS", 2_000_000_000)
+    _install(site, "def_plugin", {"def": "custom_adapter:XyzAdapter"}, time.time())
+    assert "def" in adapter_names() and "def" in adapter_names()
+    assert len(scans) == 5
