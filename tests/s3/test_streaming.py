@@ -64,6 +64,24 @@ def test_open_read_streams_the_whole_object_with_one_get(store):
         assert reader.size_bytes == 0 and read_all(reader) == b""
 
 
+def test_readinto_receives_straight_into_the_buffer_and_gives_the_connection_back(store):
+    objects = {f"objects/o{i}": os.urandom(MiB + 1000 * i) for i in range(3)}
+    for key, data in objects.items():
+        store.put(key, data)
+    store.get("objects/o0", byte_range=(0, 1))  # the client and its first connection
+    endpoint = store._api._endpoint
+    pool = endpoint.http_session._manager.connection_from_url(endpoint.host)
+    opened = pool.num_connections
+    for key, data in objects.items():
+        with store.open_read(key) as reader:
+            # a plain body from moto takes the direct way (urllib3's response beneath)
+            assert reader._receiver() is not None
+            assert read_all(reader, block=256 * 1024) == data
+            assert reader.requests == 1
+    # each whole body read went back to the pool: the next GET reused its connection
+    assert pool.num_connections == opened
+
+
 def test_open_read_of_a_missing_object_is_not_found(store):
     with pytest.raises(NotFoundError, match=f"{store.url}: no object objects/none"):
         store.open_read("objects/none")
