@@ -20,7 +20,7 @@ T are windowed; the others (grids, constants) are repeated in every window's sam
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,6 +117,9 @@ class SlicedArray:
     ``offset`` and ``length`` restrict axis 0 to a time window. Reads come back in native
     byte order; a read error becomes a :class:`SourceError` naming the file and field.
 
+    ``mapper`` (the HDF5 adapter's, for values stored plainly in the file) gives a read
+    of ``box`` as a read-only mapping of the file, or None to read it the usual way.
+
     ``chunks`` is the chunk shape of an array whose reads decode whole chunks (compressed
     HDF5 and NetCDF-4 datasets, Zarr arrays). A chunk over :data:`MAX_CHUNK_BYTES` is
     refused. One over 1 MiB is decoded once: a read decodes the chunks it touches whole
@@ -135,8 +138,10 @@ class SlicedArray:
         offset: int = 0,
         length: int | None = None,
         chunks: Sequence[int] | None = None,
+        mapper: Callable[[Any], np.ndarray | None] | None = None,
     ) -> None:
         self._handle = handle
+        self._mapper = mapper
         self._path = path
         self._field = field
         self._offset = offset
@@ -182,6 +187,7 @@ class SlicedArray:
             offset=self._offset + start,
             length=length,
             chunks=self._chunks,
+            mapper=self._mapper,
         )
 
     def __getitem__(self, key: tuple[slice, ...]) -> np.ndarray:
@@ -197,7 +203,9 @@ class SlicedArray:
             parts[0] = slice(self._offset + start, self._offset + stop)
             box = tuple(parts)
         try:
-            data = self._read_region(box) if self._chunks is not None else None
+            data = self._mapper(box) if self._mapper is not None and box else None
+            if data is None and self._chunks is not None:
+                data = self._read_region(box)
             if data is None:
                 data = self._read_pooled(box)
             if data is None:
