@@ -319,7 +319,9 @@ def _local_data_offset(f: Any, info: zipfile.ZipInfo) -> int:
     return int(info.header_offset + 30 + name_len + extra_len)
 
 
-def _check_stored_crc(raw: Any, info: zipfile.ZipInfo, offset: int) -> None:
+def _check_stored_crc(
+    raw: Any, info: zipfile.ZipInfo, offset: int, known: int | None = None
+) -> None:
     """Check a stored member's bytes (at ``offset`` of the open file ``raw``) against its CRC-32.
 
     A stored member is mapped or read with ``pread`` straight from the file, never through
@@ -330,11 +332,16 @@ def _check_stored_crc(raw: Any, info: zipfile.ZipInfo, offset: int) -> None:
     :data:`CRC_WINDOW_BYTES` at a time (ISA-L's CRC-32 and the page faults: about 0.2 s
     per GiB here), so the file is read from disk once and the values then come from the
     page cache. A file that cannot be mapped is read in the same windows instead.
+    ``known``: the CRC-32 of those bytes taken already (in ingest's hash of the file, see
+    :meth:`NpzAdapter.crc_ranges`), only compared.
     """
     size = int(info.compress_size)
     fd = raw.fileno()
     if os.fstat(fd).st_size < offset + size:
         raise ValueError(f"file is truncated: the member needs {offset + size} bytes")
+    if known is not None:  # taken in ingest's hash of the file (``crc_ranges``)
+        _compare_crc(info, known)
+        return
     crc = 0
     pos = offset
     end = offset + size
@@ -352,6 +359,10 @@ def _check_stored_crc(raw: Any, info: zipfile.ZipInfo, offset: int) -> None:
                 raise ValueError("file is truncated inside the member") from None
             crc = crc32(chunk, crc)
         pos = stop
+    _compare_crc(info, crc)
+
+
+def _compare_crc(info: zipfile.ZipInfo, crc: int) -> None:
     if crc != info.CRC:
         raise ValueError(
             f"CRC-32 mismatch: the archive records {info.CRC:08x}, the stored bytes give "
@@ -371,9 +382,24 @@ class NpzAdapter:
         """``.npz`` by extension (it is a zip file)."""
         return path.lower().endswith(".npz")
 
+    def crc_ranges(self, path: str) -> list[tuple[int, int]]:
+        """Where the stored members' bytes are: ``(offset, size)``, checked by CRC-32.
+
+        Ingest takes their CRC-32s in its hash of the file (one pass over its bytes, not
+        two) and gives them to :meth:`iter_samples` as ``options["checked_crcs"]``.
+        """
+        with zipfile.ZipFile(path) as zf, open(path, "rb") as raw:
+            return [
+                (_local_data_offset(raw, info), int(info.compress_size))
+                for info in zf.infolist()
+                if info.compress_type == zipfile.ZIP_STORED and not info.is_dir()
+            ]
+
     def iter_samples(self, path: str, key: str, options: Mapping[str, Any]) -> Iterator[Sample]:
         """The archive's one sample."""
         max_bytes = int(options.get("max_in_memory_bytes") or DEFAULT_MAX_IN_MEMORY)
+        # CRC-32s ingest took in its hash of the file, by (offset, size) (``crc_ranges``)
+        checked: Mapping[tuple[int, int], int] = options.get("checked_crcs") or {}
         tmp_dir: str | None = None
         try:
             try:
@@ -397,7 +423,10 @@ class NpzAdapter:
                     try:
                         if info.compress_type == zipfile.ZIP_STORED:
                             offset = _local_data_offset(raw, info)
-                            _check_stored_crc(raw, info, offset)
+                            _check_stored_crc(
+                                raw, info, offset,
+                                checked.get((offset, int(info.compress_size))),
+                            )
                             arr = _file_array(path, offset, name, end=offset + info.file_size)
                         elif info.file_size <= max_bytes:
                             with zf.open(info) as member:

@@ -46,6 +46,7 @@ from simstore.ingest._sources import (
     SourceGone,
     check_key,
     hash_file,
+    hash_file_checked,
     hash_source,
     host_token,
     read_head,
@@ -425,7 +426,16 @@ class TaskRunner:
         res.adapter, res.adapter_version = adapter.name, str(adapter.version)
         options = self.cfg.adapter_params()
         if src.piece is None:
-            res.source_hash, res.size_bytes = hash_source(path)
+            ranges = _crc_ranges(adapter, path)
+            if ranges:
+                # the adapter's CRC-32 checks of parts of the file ride on the hash's pass
+                oid, res.size_bytes, crcs = hash_file_checked(path, ranges)
+                res.source_hash = str(oid)
+                options["checked_crcs"] = {
+                    r: c for r, c in zip(ranges, crcs, strict=True) if c is not None
+                }
+            else:
+                res.source_hash, res.size_bytes = hash_source(path)
         else:
             # a piece reads its own samples; only the first hashes the file (for lineage)
             if src.piece.index == 0:
@@ -579,3 +589,20 @@ def warm_up(plugins: Plugins) -> int:
     (Unpickling ``plugins`` imports the adapter's and the formats' modules.)
     """
     return os.getpid()
+
+
+def _crc_ranges(adapter: Any, path: str) -> list[tuple[int, int]]:
+    """The ``(offset, size)`` byte ranges of ``path`` its adapter checks against CRC-32s.
+
+    An adapter may name them (``crc_ranges(path)``, as the ``.npz`` adapter does for its
+    stored members) so their CRC-32s are taken in the source hash's pass over the file
+    and handed to it as ``options["checked_crcs"]``. None named, or a file the adapter
+    cannot read that far: no ranges (the adapter then checks, and fails, as before).
+    """
+    named = getattr(adapter, "crc_ranges", None)
+    if not callable(named):
+        return []
+    try:
+        return [(int(offset), int(size)) for offset, size in named(path)]
+    except Exception:  # a corrupt file: iter_samples names what is wrong
+        return []

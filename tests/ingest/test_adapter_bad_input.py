@@ -98,6 +98,31 @@ def test_intact_stored_npz_members_still_read_and_map(tmp_path):
     np.testing.assert_array_equal(windowed.fields["big"][(slice(10, 20),)], big[10:20])
 
 
+def test_ingest_checks_stored_members_in_its_hash_pass_and_still_finds_damage(
+    tmp_path, catalog, monkeypatch
+):
+    import simstore.formats.adapters._numpy as npz_module
+
+    calls = []
+    real = npz_module.crc32
+    monkeypatch.setattr(npz_module, "crc32", lambda *a: calls.append(1) or real(*a))
+    src = tmp_path / "src"
+    src.mkdir()
+    values = np.arange(1 << 18, dtype=np.float32)
+    np.savez(src / "ok.npz", a=np.arange(5.0), big=values)
+    r = ingest([src], dataset="d", store=catalog, snapshot=True)
+    assert r.samples == 1
+    assert calls == []  # the members' CRC-32s came from the hash's pass over the file
+    # a damaged member is found all the same, named, and nothing is committed
+    bad = src / "ok.npz"
+    offset, size = member_data(bad, "big.npy")
+    damage(bad, offset + size // 2, b"\x00\x00\xc0\x7f")  # a NaN mid-array
+    with pytest.raises(SourceError) as info:
+        ingest([src], dataset="e", store=catalog, snapshot=True)
+    assert "CRC-32" in one_line_naming(info, bad, "big")
+    assert catalog.branches("e").get_versioned("main")[0] is None
+
+
 # -- compressed .npz members (np.savez_compressed): zlib and zipfile errors
 
 
