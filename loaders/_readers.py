@@ -120,6 +120,18 @@ class _Entry:
         self.gone = False
         """Its cache copy was taken out of the cache (as damaged) before it was hashed."""
 
+    def hashed(self, matched: bool) -> None:
+        """The pending hash of the shard is done: trust the reader if it matched.
+
+        False: its cache copy was gone (taken out as damaged by another process); the
+        reader goes on checking pages, and a page error is then the damaged copy's.
+        """
+        self.checking = None
+        if matched:
+            _trust(self.reader)
+        else:
+            self.gone = True
+
 
 class ReaderPool:
     """Open shard readers of one worker, at most ``max_open`` idle ones kept (LRU)."""
@@ -243,7 +255,7 @@ class ReaderPool:
                 checking = entry.checking
                 if checking is not None and checking.future.done():
                     # IntegrityError for a wrong hash, each use
-                    self._hashed(entry, checking.wait())
+                    entry.hashed(checking.wait())
                 assert entry.reader is not None
                 try:
                     if entry.checking is not None and checks is not None:
@@ -254,7 +266,7 @@ class ReaderPool:
                 except Exception as exc:
                     if entry.checking is not None:
                         self.start_hashing()
-                        self._hashed(entry, entry.checking.wait())
+                        entry.hashed(entry.checking.wait())
                     if entry.gone:
                         # the worker that took the copy out found it damaged, and this
                         # read found why: that is the better error
@@ -281,20 +293,7 @@ class ReaderPool:
         if not check.future.cancel():  # running (maybe waiting for the first chunk)
             self.start_hashing()
         # hashed here if it had not started; IntegrityError if wrong
-        self._hashed(entry, check.wait())
-
-    @staticmethod
-    def _hashed(entry: _Entry, hashed: bool) -> None:
-        """The pending hash of ``entry``'s shard is done: trust its reader if it matched.
-
-        False: its cache copy was gone (taken out as damaged by another process); the
-        reader goes on checking pages, and a page error is then the damaged copy's.
-        """
-        entry.checking = None
-        if hashed:
-            _trust(entry.reader)
-        else:
-            entry.gone = True
+        entry.hashed(check.wait())
 
     def _open_entry(
         self, key: tuple[int, str], entry: _Entry, prepared: Future[ShardHandle | None] | None
