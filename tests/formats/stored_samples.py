@@ -1,5 +1,6 @@
 """What an ingest stored, read back through the shard reader (for the adapter tests)."""
 
+import numpy as np
 from simstore.formats import open_shard
 
 from simstore.catalog import Catalog
@@ -20,3 +21,10 @@ def stored(tmp_path, src, **options):
         finally:
             reader.close()
     return out
+
+
+def same(a, b):
+    """``a`` and ``b`` are the same values bit for bit: dtype, shape and bytes."""
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.dtype == b.dtype and a.shape == b.shape
+    assert a.tobytes() == b.tobytes()

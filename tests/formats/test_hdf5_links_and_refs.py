@@ -9,7 +9,7 @@ import h5py
 import numpy as np
 import pytest
 from simstore.formats.adapters import HDF5Adapter
-from stored_samples import stored
+from stored_samples import same, stored
 
 from simstore.errors import SourceError
 
@@ -21,12 +21,6 @@ def refused(path):
     assert "\n" not in message
     assert message.startswith(str(path))
     return message
-
-
-def same(a, b):
-    a, b = np.asarray(a), np.asarray(b)
-    assert a.dtype == b.dtype and a.shape == b.shape
-    assert a.tobytes() == b.tobytes()
 
 
 # -- links

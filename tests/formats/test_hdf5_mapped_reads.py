@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 import pytest
 from simstore.formats.adapters import HDF5Adapter
-from stored_samples import stored
+from stored_samples import same, stored
 
 MiB = 1 << 20
 ROWS, N = 20, 256  # a row of 256 x 256 float32: 256 KiB; 20 rows: 5 MiB
@@ -29,12 +29,6 @@ def arrays(path):
     handle = adapter._open(str(path))
     entries, _, _ = adapter._tree(handle, str(path))
     return handle, {e.name: e.array for e in entries}
-
-
-def same(a, b):
-    a, b = np.asarray(a), np.asarray(b)
-    assert a.dtype == b.dtype and a.shape == b.shape
-    assert a.tobytes() == b.tobytes()
 
 
 @pytest.mark.parametrize("userblock", [0, 4096])

@@ -10,7 +10,7 @@ import warnings
 import numpy as np
 import pytest
 from simstore.formats.adapters import ZarrAdapter
-from stored_samples import stored
+from stored_samples import same, stored
 
 from simstore.errors import SourceError
 
@@ -20,12 +20,6 @@ zarr = pytest.importorskip("zarr")
 pytestmark = pytest.mark.filterwarnings("ignore::zarr.errors.UnstableSpecificationWarning")
 
 
-
-
-def same(a, b):
-    a, b = np.asarray(a), np.asarray(b)
-    assert a.dtype == b.dtype and a.shape == b.shape
-    assert a.tobytes() == b.tobytes()
 
 
 # -- consolidated metadata written before the last arrays
