@@ -212,9 +212,12 @@ def ingest_task(
 
 
 def _quiet_here() -> list[tuple[logging.Logger, int]]:
-    """Raise every ``distributed`` logger of this process to CRITICAL; their old levels.
+    """Raise every ``distributed`` logger of this process, and ``asyncio``'s, to CRITICAL.
 
-    Loggers made later have no level of their own and take the ``distributed`` logger's.
+    Returns their old levels. Loggers made later have no level of their own and take the
+    ``distributed`` logger's. ``asyncio``'s: when the run stops because its workers died,
+    the client's event loop may report a gather it no longer awaits ("Task exception was
+    never retrieved ... AllExit") through it, before the run's one line.
     """
     saved = []
     for name, logger in list(logging.root.manager.loggerDict.items()):
@@ -223,6 +226,9 @@ def _quiet_here() -> list[tuple[logging.Logger, int]]:
         ):
             saved.append((logger, logger.level))
             logger.setLevel(logging.CRITICAL)
+    loop_log = logging.getLogger("asyncio")
+    saved.append((loop_log, loop_log.level))
+    loop_log.setLevel(logging.CRITICAL)
     return saved
 
 

@@ -163,10 +163,16 @@ def test_quiet_dask_logs_restores_the_levels_it_raised():
         if isinstance(logger, logging.Logger) and name.startswith("distributed")
     }
     assert before.get("distributed.client", logging.NOTSET) < logging.CRITICAL
+    loop_level = logging.getLogger("asyncio").level
+    assert loop_level < logging.CRITICAL
     with quiet_dask_logs():
         assert logging.getLogger("distributed.client").getEffectiveLevel() == logging.CRITICAL
         assert logging.getLogger("distributed.scheduler").getEffectiveLevel() == logging.CRITICAL
+        # the client's event loop reports gathers it no longer awaits through asyncio's
+        assert logging.getLogger("asyncio").getEffectiveLevel() == logging.CRITICAL
     with quiet_dask_logs(False):  # --debug: nothing changes
         assert logging.getLogger("distributed.client").level == before["distributed.client"]
+        assert logging.getLogger("asyncio").level == loop_level
     after = {name: logging.getLogger(name).level for name in before}
     assert after == before
+    assert logging.getLogger("asyncio").level == loop_level
