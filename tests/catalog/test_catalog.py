@@ -138,10 +138,8 @@ def test_reingesting_identical_data_stores_nothing_new(cat):
     assert object_key(r.snapshot_id) in new
 
 
-def test_diff_reads_only_changed_parts():
-    import tempfile
-
-    cat = Catalog(LocalStore(tempfile.mkdtemp()), target_rows=64)
+def test_diff_reads_only_changed_parts(tmp_path):
+    cat = Catalog(LocalStore(str(tmp_path / "store")), target_rows=64)
     Catalog.init(cat.store)
     items = {f"k{i:05d}": str(i).encode() for i in range(5000)}
     stage_samples(cat, "ds", items)

@@ -1,5 +1,6 @@
 """The real catalog against a dict model: commit, branch, tag, reset and gc in any order."""
 
+import shutil
 import tempfile
 
 import hypothesis.strategies as st
@@ -20,7 +21,8 @@ TAGS = st.sampled_from(["v1", "v2", "v3"])
 class CatalogMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
-        self.cat = Catalog.init(tempfile.mkdtemp())
+        self.root = tempfile.mkdtemp(prefix="simstore-test-catalog-")
+        self.cat = Catalog.init(self.root)
         # model: branch -> {key: sample hash}; tag -> {key: sample hash}
         self.branches: dict[str, dict[str, str]] = {}
         self.tags: dict[str, dict[str, str]] = {}
@@ -102,6 +104,9 @@ class CatalogMachine(RuleBasedStateMachine):
     def everything_verifies(self):
         for b in self.branches:
             assert verify(self.cat, f"ds@{b}", deep=True).ok
+
+    def teardown(self):
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 TestCatalogMachine = CatalogMachine.TestCase

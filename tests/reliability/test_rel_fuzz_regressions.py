@@ -139,11 +139,13 @@ def test_mesher_dies_with_the_process_that_started_it(tmp_path):
     text = _box_step(tmp_path)
     part = tmp_path / "box.step"
     part.write_text(text)
+    scratch = tmp_path / "scratch"  # the killed process cannot remove its folder
+    scratch.mkdir()
     script = textwrap.dedent(
         f"""
         from simstore.formats.adapters._cad import mesh_isolated
         # a volume mesh this fine takes minutes: the kill comes first
-        mesh_isolated({str(part)!r}, 1e-4, True, timeout_s=3600, tmp_dir=None)
+        mesh_isolated({str(part)!r}, 1e-4, True, timeout_s=3600, tmp_dir={str(scratch)!r})
         """
     )
     parent = subprocess.Popen([sys.executable, "-c", script])
