@@ -12,18 +12,12 @@ from __future__ import annotations
 import os
 import struct
 import zipfile
-import zlib
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from simstore.hashing import Hasher, ObjectId
-
-try:  # ISA-L's CRC-32: the zip format's polynomial at about 8x zlib's speed here
-    from isal.isal_zlib import crc32
-except ImportError:  # pragma: no cover - a platform without isal wheels
-    crc32 = zlib.crc32
+from simstore.hashing import Hasher, ObjectId, crc32
 
 __all__ = [
     "ALIGN_MIN_BYTES", "MAGIC", "PAGE_ALIGN", "HashingFile", "ZipEntry", "aligned_padding",

@@ -9,15 +9,22 @@ from __future__ import annotations
 
 import mmap
 import re
+import zlib
 from collections.abc import Callable, Iterable
 from typing import BinaryIO, NewType
 
 import xxhash
 
+try:  # ISA-L's CRC-32: the zip format's (and zlib's) polynomial at about 8x zlib's speed
+    from isal.isal_zlib import crc32
+except ImportError:  # pragma: no cover - a platform without isal wheels: the same values
+    crc32 = zlib.crc32
+
 __all__ = [
     "HASH_HEX_LEN",
     "ObjectId",
     "Hasher",
+    "crc32",
     "hash_bytes",
     "hash_chunks",
     "hash_file",
