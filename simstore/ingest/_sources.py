@@ -15,21 +15,15 @@ import mmap
 import os
 import socket
 import stat
-import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from simstore.errors import InvalidInputError, SourceError
-from simstore.hashing import Hasher, ObjectId
+from simstore.hashing import Hasher, ObjectId, crc32
 from simstore.ingest._arrays import MiB
 from simstore.ingest._config import printable_path, printable_text
 from simstore.ingest._records import Piece, SourceFile
 from simstore.protocols import SourceAdapter
-
-try:  # ISA-L's CRC-32 (zlib's polynomial), several times zlib's speed where installed
-    from isal.isal_zlib import crc32 as _crc32
-except ImportError:  # pragma: no cover - isal is a dependency; zlib gives the same values
-    _crc32 = zlib.crc32
 
 __all__ = [
     "ListedSource",
@@ -485,33 +479,15 @@ def hash_file(path: str) -> tuple[ObjectId, int]:
     Hashes memory-mapped windows of 64 MiB, unmapping each before the next: no copy into
     Python buffers (about 8x faster than reading blocks here; a window's pages are mapped
     up front where the platform can) and mapped pages never exceed one window, so the
-    resident memory stays bounded.
+    resident memory stays bounded (the pass of :func:`hash_file_checked`, with no ranges).
     """
-    h = Hasher()
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size <= _READ_WHOLE:  # a small file: one read costs less than mapping it
-            h.update(f.read())
-            return h.hexdigest(), size
-        for start in range(0, size, _HASH_WINDOW):
-            length = min(_HASH_WINDOW, size - start)
-            with mmap.mmap(
-                f.fileno(), length, flags=_MAP_FLAGS, prot=mmap.PROT_READ, offset=start
-            ) as m:
-                # Release the view explicitly: a sampling profiler (dask's workers run one)
-                # may still hold the frame that received it, and a live export makes
-                # closing the map fail with BufferError.
-                view = memoryview(m)
-                try:
-                    h.update(view)
-                finally:
-                    view.release()
-    return h.hexdigest(), size
+    oid, size, _ = hash_file_checked(path, ())
+    return oid, size
 
 
 _CHECK_BLOCK = 1 * MiB
-"""The fused pass (:func:`hash_file_checked`) goes through a window in blocks this size,
-so a block's bytes are still in the CPU's cache for its CRC-32s after its hash."""
+"""The pass of :func:`hash_file_checked` goes through a window in blocks this size, so a
+block's bytes are still in the CPU's cache for its CRC-32s after its hash."""
 
 
 def hash_file_checked(
@@ -535,23 +511,26 @@ def hash_file_checked(
         ]
         for start in range(0, size, _HASH_WINDOW):
             length = min(_HASH_WINDOW, size - start)
-            if size <= _READ_WHOLE:
-                data: Any = f.read()
-                view = memoryview(data)
+            if size <= _READ_WHOLE:  # a small file: one read costs less than mapping it
                 m = None
+                view = memoryview(f.read())
             else:
                 m = mmap.mmap(f.fileno(), length, flags=_MAP_FLAGS, prot=mmap.PROT_READ,
                               offset=start)
                 view = memoryview(m)
+            # Views are released explicitly: a sampling profiler (dask's workers run one)
+            # may still hold a frame that received one, and a live export makes closing
+            # the map fail with BufferError.
             try:
-                for lo in range(0, length, _CHECK_BLOCK):
-                    hi = min(length, lo + _CHECK_BLOCK)
+                step = _CHECK_BLOCK if wanted else length  # no ranges: the window at once
+                for lo in range(0, length, step):
+                    hi = min(length, lo + step)
                     block = view[lo:hi]
                     h.update(block)
                     a, b = start + lo, start + hi
                     for i, r0, r1 in wanted:
                         if r0 < b and a < r1:
-                            crcs[i] = _crc32(block[max(r0, a) - a : min(r1, b) - a], crcs[i])
+                            crcs[i] = crc32(block[max(r0, a) - a : min(r1, b) - a], crcs[i])
                     block.release()
             finally:
                 view.release()
