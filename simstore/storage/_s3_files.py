@@ -246,10 +246,10 @@ class S3ObjectReader(io.RawIOBase):
         want = min(len(view), self.size_bytes - self._pos)
         if want <= 0:
             return 0
-        filled = [0]
+        origin = self._pos
 
         def receive(n: int) -> int:
-            at = filled[0]
+            at = self._pos - origin  # what this call has received so far
             fp = self._receiver()
             if fp is not None:
                 got = fp.readinto(view[at : at + n])
@@ -259,7 +259,6 @@ class S3ObjectReader(io.RawIOBase):
                 data = self._read_some(n)
                 got = len(data)
                 view[at : at + got] = data
-            filled[0] = at + got
             return got
 
         self._attempts(want, receive)
