@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import sys
 import threading
+import types
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -30,6 +31,12 @@ import numpy as np
 
 from simstore.errors import InvalidInputError
 from simstore.snapshot import Snapshot
+
+_kernel: types.ModuleType | None
+try:  # the compiled sub-block moments; without them, NumPy gives the same numbers
+    from simstore import _moments as _kernel
+except ImportError:  # pragma: no cover (built by every install with a C compiler)
+    _kernel = None
 
 __all__ = [
     "MAX_COMPONENTS",
@@ -77,12 +84,17 @@ def _empty(k: int) -> dict[str, Any]:
 
 
 def _py(value: Any) -> Any:
-    """A JSON-safe Python number from a numpy scalar (ints stay ints)."""
+    """A JSON-safe Python number from a numpy scalar (ints stay ints, a zero is +0.0).
+
+    A bound that is zero is always written as +0.0: which of -0.0 and +0.0 a minimum or a
+    maximum of values holding both returns depends on the order they are compared in (so
+    on NumPy's SIMD code for this CPU, and on whether :mod:`simstore._moments` is built).
+    """
     if isinstance(value, np.bool_ | bool):
         return int(bool(value))
     if isinstance(value, np.integer):
         return int(value)
-    return float(value)
+    return float(value) + 0.0
 
 
 def _finite_block(x: np.ndarray) -> dict[str, Any]:
@@ -159,6 +171,15 @@ def _masked_block(x: np.ndarray) -> dict[str, Any]:
     return out
 
 
+def _kernel_takes(flat: np.ndarray) -> bool:
+    """Whether :mod:`simstore._moments` summarises these values (native float32 / float64)."""
+    return (_kernel is not None and flat.dtype in _KERNEL_DTYPES
+            and flat.dtype.isnative and flat.flags.c_contiguous)
+
+
+_KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
 def _exact_in_float64(dtype: np.dtype[Any]) -> bool:
     """Whether every value of ``dtype`` converts to float64 exactly (so min/max survive it)."""
     return dtype.kind == "f" or dtype.itemsize <= 4
@@ -191,6 +212,12 @@ def _fast_block(
     """
     m = flat.size
     n = m // k
+    if k == 1 and _kernel is not None and _kernel_takes(flat):
+        sums, m2s = np.empty(1), np.empty(1)
+        mins, maxs = np.empty(1, flat.dtype), np.empty(1, flat.dtype)
+        if not _kernel.sub_blocks(flat, m, sums, m2s, mins, maxs, buf):
+            return None
+        return n, [float(sums[0] / n)], [float(m2s[0])], [_py(mins[0])], [_py(maxs[0])]
     b = buf[:m].reshape(k, n)
     with np.errstate(invalid="ignore"):  # a signalling NaN's cast: found just below
         if k == 1:
@@ -245,8 +272,14 @@ def _fast_run(
     mins = np.empty((count, k), dtype=np.float64 if scratch_bounds else flat.dtype)
     maxs = np.empty_like(mins)
     done = 0
+    kernel = k == 1 and _kernel is not None and _kernel_takes(flat)
+    if kernel and _kernel is not None:
+        lengths = np.minimum(step, m - np.arange(count) * step)
+        done = _kernel.sub_blocks(flat, step, sums[:, 0], m2s[:, 0], mins[:, 0], maxs[:, 0],
+                                  buf)
+        sizes[:done] = lengths[:done]
     with np.errstate(over="ignore", invalid="ignore"):
-        for i, start in enumerate(range(0, m, step)):
+        for i, start in enumerate(range(0, 0 if kernel else m, step)):
             block = flat[start : start + step]
             rows = block.size // k
             b = buf[: block.size].reshape(k, rows)

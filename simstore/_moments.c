@@ -1,0 +1,339 @@
+/* Moments of float32 / float64 sub-blocks in two passes over each, for simstore.stats.
+ *
+ * simstore.stats summarises a field sub-block by sub-block: the values cast to float64,
+ * their sum, the deviations from the sub-block's mean, the sum of their squares, and the
+ * minimum and maximum. With NumPy that is seven passes over each sub-block (a cast, a
+ * minimum, a maximum, a sum, a subtraction, a multiplication and a sum). This module
+ * computes the same numbers in two: the first casts the values into a float64 scratch
+ * while it takes their minimum and maximum, then sums the scratch; the second sums the
+ * squared deviations as it forms them.
+ *
+ * The results are bit for bit those of the NumPy path (a test compares them on every
+ * build): the sums follow NumPy's pairwise summation (blocks of up to 128 values over
+ * eight accumulators, longer runs split in two at a multiple of eight), and every
+ * deviation and square is rounded to float64 on its own (built with -ffp-contract=off: no fused multiply-add).
+ * Statistics are embedded in shards, so the same values must give the same bytes with
+ * or without this module.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#define BLOCK 128
+
+/* The eight accumulators of a run of 8 to 128 values: a[0..7], then a[i + j] added to
+ * accumulator j for each whole group of eight; ``res`` combines them as NumPy does. With
+ * SSE2 the accumulators are four vectors of two lanes: each lane's additions are the
+ * same, in the same order, so the result is too. ``SQ`` maps a loaded value. */
+#if defined(__SSE2__)
+#define LEAF(SQ_VEC, SQ)                                                        \
+    __m128d v0 = SQ_VEC(_mm_loadu_pd(a + 0)), v1 = SQ_VEC(_mm_loadu_pd(a + 2)); \
+    __m128d v2 = SQ_VEC(_mm_loadu_pd(a + 4)), v3 = SQ_VEC(_mm_loadu_pd(a + 6)); \
+    Py_ssize_t i = 8;                                                           \
+    const Py_ssize_t whole = n - (n % 8);                                       \
+    for (; i < whole; i += 8) {                                                 \
+        v0 = _mm_add_pd(v0, SQ_VEC(_mm_loadu_pd(a + i + 0)));                   \
+        v1 = _mm_add_pd(v1, SQ_VEC(_mm_loadu_pd(a + i + 2)));                   \
+        v2 = _mm_add_pd(v2, SQ_VEC(_mm_loadu_pd(a + i + 4)));                   \
+        v3 = _mm_add_pd(v3, SQ_VEC(_mm_loadu_pd(a + i + 6)));                   \
+    }                                                                           \
+    double r[8];                                                                \
+    _mm_storeu_pd(r + 0, v0);                                                   \
+    _mm_storeu_pd(r + 2, v1);                                                   \
+    _mm_storeu_pd(r + 4, v2);                                                   \
+    _mm_storeu_pd(r + 6, v3);
+#else
+#define LEAF(SQ_VEC, SQ)                                                        \
+    double r[8];                                                                \
+    for (int j = 0; j < 8; j++) {                                               \
+        r[j] = SQ(a[j]);                                                        \
+    }                                                                           \
+    Py_ssize_t i = 8;                                                           \
+    const Py_ssize_t whole = n - (n % 8);                                       \
+    for (; i < whole; i += 8) {                                                 \
+        for (int j = 0; j < 8; j++) {                                           \
+            r[j] += SQ(a[i + j]);                                               \
+        }                                                                       \
+    }
+#endif
+
+#define PAIRWISE(NAME, SQ_VEC, SQ)                                              \
+    static double NAME(const double *a, Py_ssize_t n, double mean)             \
+    {                                                                           \
+        (void)mean;                                                             \
+        if (n < 8) {                                                            \
+            double res = -0.0;                                                  \
+            for (Py_ssize_t k = 0; k < n; k++) {                                \
+                res += SQ(a[k]);                                                \
+            }                                                                   \
+            return res;                                                         \
+        }                                                                       \
+        if (n <= BLOCK) {                                                       \
+            LEAF(SQ_VEC, SQ)                                                    \
+            double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7])); \
+            for (; i < n; i++) {                                                \
+                res += SQ(a[i]);                                                \
+            }                                                                   \
+            return res;                                                         \
+        }                                                                       \
+        Py_ssize_t half = n / 2;                                                \
+        half -= half % 8;                                                       \
+        return NAME(a, half, mean) + NAME(a + half, n - half, mean);            \
+    }
+
+/* a value as it is; a value's squared deviation from ``mean``, each step rounded */
+#define ID(x) (x)
+#define SQ(x) (((x) - mean) * ((x) - mean))
+#if defined(__SSE2__)
+#define ID_VEC(v) (v)
+#define SQ_VEC(v) sq_vec((v), mean)
+static inline __m128d
+sq_vec(__m128d v, double mean)
+{
+    const __m128d d = _mm_sub_pd(v, _mm_set1_pd(mean));
+    return _mm_mul_pd(d, d);
+}
+#else
+#define ID_VEC(v) (v)
+#define SQ_VEC(v) (v)
+#endif
+
+/* NumPy's pairwise sum of n doubles, and of their squared deviations from ``mean`` */
+PAIRWISE(sum_plain, ID_VEC, ID)
+PAIRWISE(sum_squares, SQ_VEC, SQ)
+
+/* add.reduce starts from add's identity, +0.0: a sum of negative zeros is +0.0 */
+static double
+reduce_plain(const double *a, Py_ssize_t n)
+{
+    return 0.0 + sum_plain(a, n, 0.0);
+}
+
+static double
+reduce_squares(const double *a, Py_ssize_t n, double mean)
+{
+    return 0.0 + sum_squares(a, n, mean);
+}
+
+/* Casts one sub-block into the scratch and takes its bounds. The minimum and maximum of
+ * values that hold no NaN do not depend on the order they are taken in, but for the sign
+ * of a zero, which the caller makes positive; the values hold no NaN when the sub-block
+ * is used (the caller drops it when its sum is not finite). */
+static void
+cast_bounds_float(const float *x, Py_ssize_t n, double *out, float *lo, float *hi)
+{
+    Py_ssize_t i = 0;
+    float l = x[0], h = x[0];
+#if defined(__SSE2__)
+    __m128 vl = _mm_set1_ps(x[0]), vh = vl;
+    for (; i + 4 <= n; i += 4) {
+        const __m128 v = _mm_loadu_ps(x + i);
+        vl = _mm_min_ps(vl, v);
+        vh = _mm_max_ps(vh, v);
+        _mm_storeu_pd(out + i, _mm_cvtps_pd(v));
+        _mm_storeu_pd(out + i + 2, _mm_cvtps_pd(_mm_movehl_ps(v, v)));
+    }
+    float lanes[4];
+    _mm_storeu_ps(lanes, vl);
+    for (int j = 0; j < 4; j++) {
+        l = lanes[j] < l ? lanes[j] : l;
+    }
+    _mm_storeu_ps(lanes, vh);
+    for (int j = 0; j < 4; j++) {
+        h = lanes[j] > h ? lanes[j] : h;
+    }
+#endif
+    for (; i < n; i++) {
+        const float v = x[i];
+        out[i] = (double)v;
+        l = v < l ? v : l;
+        h = v > h ? v : h;
+    }
+    *lo = l;
+    *hi = h;
+}
+
+static void
+cast_bounds_double(const double *x, Py_ssize_t n, double *out, double *lo, double *hi)
+{
+    Py_ssize_t i = 0;
+    double l = x[0], h = x[0];
+#if defined(__SSE2__)
+    __m128d vl = _mm_set1_pd(x[0]), vh = vl;
+    for (; i + 2 <= n; i += 2) {
+        const __m128d v = _mm_loadu_pd(x + i);
+        vl = _mm_min_pd(vl, v);
+        vh = _mm_max_pd(vh, v);
+        _mm_storeu_pd(out + i, v);
+    }
+    double lanes[2];
+    _mm_storeu_pd(lanes, vl);
+    l = lanes[0] < lanes[1] ? lanes[0] : lanes[1];
+    l = x[0] < l ? x[0] : l;
+    _mm_storeu_pd(lanes, vh);
+    h = lanes[0] > lanes[1] ? lanes[0] : lanes[1];
+    h = x[0] > h ? x[0] : h;
+#endif
+    for (; i < n; i++) {
+        const double v = x[i];
+        out[i] = v;
+        l = v < l ? v : l;
+        h = v > h ? v : h;
+    }
+    *lo = l;
+    *hi = h;
+}
+
+static int
+get(PyObject *obj, Py_buffer *view, int writable, const char *name)
+{
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, view, flags) < 0) {
+        return -1;
+    }
+    if (view->ndim > 1) {
+        PyErr_Format(PyExc_ValueError, "%s must be one-dimensional", name);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+static char
+kind(const Py_buffer *view)
+{
+    const char *f = view->format ? view->format : "B";
+    if (*f == '<' || *f == '=' || *f == '@') {
+        f++;
+    }
+    if (f[1] != '\0') {
+        return 0;
+    }
+    if (*f == 'f' && view->itemsize == 4) {
+        return 'f';
+    }
+    if (*f == 'd' && view->itemsize == 8) {
+        return 'd';
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(sub_blocks_doc,
+"sub_blocks(values, step, sums, m2s, mins, maxs, scratch) -> int\n\n"
+"Summarise ``values`` (float32 or float64, contiguous) sub-block by sub-block, ``step``\n"
+"values each: ``sums[i]``, ``m2s[i]`` (float64) and ``mins[i]``, ``maxs[i]`` (the values'\n"
+"type) for the leading sub-blocks whose sum and sum of squared deviations are finite.\n"
+"Returns how many those are. ``scratch``: float64, at least ``step`` values.");
+
+static PyObject *
+sub_blocks(PyObject *self, PyObject *args)
+{
+    PyObject *ov, *os, *om, *olo, *ohi, *osc;
+    Py_ssize_t step;
+    if (!PyArg_ParseTuple(args, "OnOOOOO", &ov, &step, &os, &om, &olo, &ohi, &osc)) {
+        return NULL;
+    }
+    Py_buffer v, s, m, lo, hi, sc;
+    if (get(ov, &v, 0, "values") < 0) {
+        return NULL;
+    }
+    if (get(os, &s, 1, "sums") < 0) {
+        goto fail_v;
+    }
+    if (get(om, &m, 1, "m2s") < 0) {
+        goto fail_s;
+    }
+    if (get(olo, &lo, 1, "mins") < 0) {
+        goto fail_m;
+    }
+    if (get(ohi, &hi, 1, "maxs") < 0) {
+        goto fail_lo;
+    }
+    if (get(osc, &sc, 1, "scratch") < 0) {
+        goto fail_hi;
+    }
+    const char k = kind(&v);
+    const Py_ssize_t n = v.len / (v.itemsize ? v.itemsize : 1);
+    const Py_ssize_t count = step > 0 ? (n + step - 1) / step : 0;
+    if (k == 0 || kind(&lo) != k || kind(&hi) != k || kind(&s) != 'd' || kind(&m) != 'd'
+        || kind(&sc) != 'd') {
+        PyErr_SetString(PyExc_TypeError,
+                        "sub_blocks: values and bounds must be float32 or float64 alike, "
+                        "sums, m2s and scratch float64");
+        goto fail;
+    }
+    if (step <= 0 || sc.len / 8 < step || s.len / 8 < count || m.len / 8 < count
+        || lo.len / lo.itemsize < count || hi.len / hi.itemsize < count) {
+        PyErr_SetString(PyExc_ValueError, "sub_blocks: step or buffer sizes do not fit");
+        goto fail;
+    }
+    Py_ssize_t done = 0;
+    double *sums = (double *)s.buf, *m2s = (double *)m.buf, *buf = (double *)sc.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const Py_ssize_t start = i * step;
+        const Py_ssize_t rows = n - start < step ? n - start : step;
+        if (k == 'f') {
+            cast_bounds_float((const float *)v.buf + start, rows, buf,
+                              (float *)lo.buf + i, (float *)hi.buf + i);
+        }
+        else {
+            cast_bounds_double((const double *)v.buf + start, rows, buf,
+                               (double *)lo.buf + i, (double *)hi.buf + i);
+        }
+        const double total = reduce_plain(buf, rows);
+        sums[i] = total;
+        if (!isfinite(total)) {
+            break;
+        }
+        const double m2 = reduce_squares(buf, rows, total / (double)rows);
+        m2s[i] = m2;
+        if (!isfinite(m2)) {
+            break;
+        }
+        done = i + 1;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&sc);
+    PyBuffer_Release(&hi);
+    PyBuffer_Release(&lo);
+    PyBuffer_Release(&m);
+    PyBuffer_Release(&s);
+    PyBuffer_Release(&v);
+    return PyLong_FromSsize_t(done);
+fail:
+    PyBuffer_Release(&sc);
+fail_hi:
+    PyBuffer_Release(&hi);
+fail_lo:
+    PyBuffer_Release(&lo);
+fail_m:
+    PyBuffer_Release(&m);
+fail_s:
+    PyBuffer_Release(&s);
+fail_v:
+    PyBuffer_Release(&v);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"sub_blocks", sub_blocks, METH_VARARGS, sub_blocks_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_moments",
+    "Two-pass moments of float sub-blocks, bit for bit as simstore.stats's NumPy path.",
+    -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__moments(void)
+{
+    return PyModule_Create(&module);
+}
