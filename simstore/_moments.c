@@ -189,6 +189,71 @@ cast_bounds_double(const double *x, Py_ssize_t n, double *out, double *lo, doubl
     *hi = h;
 }
 
+/* A sub-block of ``rows`` x ``k`` values (k > 1, one row per point) cast component by
+ * component into the scratch (component c's values at out[c * rows ...]), as the NumPy
+ * path lays it out, with each component's bounds. */
+#define CAST_COMPONENTS(TYPE)                                                   \
+    static void cast_components_##TYPE(const TYPE *x, Py_ssize_t rows, int k,  \
+                                       double *out, TYPE *lo, TYPE *hi)         \
+    {                                                                           \
+        for (int c = 0; c < k; c++) {                                           \
+            lo[c] = hi[c] = x[c];                                               \
+        }                                                                       \
+        for (Py_ssize_t r = 0; r < rows; r++) {                                 \
+            const TYPE *row = x + r * k;                                        \
+            for (int c = 0; c < k; c++) {                                       \
+                const TYPE v = row[c];                                          \
+                out[c * rows + r] = (double)v;                                  \
+                lo[c] = v < lo[c] ? v : lo[c];                                  \
+                hi[c] = v > hi[c] ? v : hi[c];                                  \
+            }                                                                   \
+        }                                                                       \
+    }
+
+CAST_COMPONENTS(float)
+CAST_COMPONENTS(double)
+
+/* k = 2 (a planar vector field) with SSE2: two rows of float32 per load, split into
+ * their components. */
+static void
+cast_pairs_float(const float *x, Py_ssize_t rows, double *out, float *lo, float *hi)
+{
+    Py_ssize_t r = 0;
+    double *out0 = out, *out1 = out + rows;
+    float l0 = x[0], h0 = x[0], l1 = x[1], h1 = x[1];
+#if defined(__SSE2__)
+    __m128 vl = _mm_setr_ps(x[0], x[1], x[0], x[1]), vh = vl;
+    for (; r + 2 <= rows; r += 2) {
+        const __m128 v = _mm_loadu_ps(x + 2 * r); /* a0 b0 a1 b1 */
+        vl = _mm_min_ps(vl, v);
+        vh = _mm_max_ps(vh, v);
+        const __m128 split = _mm_shuffle_ps(v, v, _MM_SHUFFLE(3, 1, 2, 0)); /* a0 a1 b0 b1 */
+        _mm_storeu_pd(out0 + r, _mm_cvtps_pd(split));
+        _mm_storeu_pd(out1 + r, _mm_cvtps_pd(_mm_movehl_ps(split, split)));
+    }
+    float lanes[4];
+    _mm_storeu_ps(lanes, vl);
+    l0 = lanes[0] < lanes[2] ? lanes[0] : lanes[2];
+    l1 = lanes[1] < lanes[3] ? lanes[1] : lanes[3];
+    _mm_storeu_ps(lanes, vh);
+    h0 = lanes[0] > lanes[2] ? lanes[0] : lanes[2];
+    h1 = lanes[1] > lanes[3] ? lanes[1] : lanes[3];
+#endif
+    for (; r < rows; r++) {
+        const float a = x[2 * r], b = x[2 * r + 1];
+        out0[r] = (double)a;
+        out1[r] = (double)b;
+        l0 = a < l0 ? a : l0;
+        h0 = a > h0 ? a : h0;
+        l1 = b < l1 ? b : l1;
+        h1 = b > h1 ? b : h1;
+    }
+    lo[0] = l0;
+    hi[0] = h0;
+    lo[1] = l1;
+    hi[1] = h1;
+}
+
 static int
 get(PyObject *obj, Py_buffer *view, int writable, const char *name)
 {
@@ -224,18 +289,21 @@ kind(const Py_buffer *view)
 }
 
 PyDoc_STRVAR(sub_blocks_doc,
-"sub_blocks(values, step, sums, m2s, mins, maxs, scratch) -> int\n\n"
-"Summarise ``values`` (float32 or float64, contiguous) sub-block by sub-block, ``step``\n"
-"values each: ``sums[i]``, ``m2s[i]`` (float64) and ``mins[i]``, ``maxs[i]`` (the values'\n"
-"type) for the leading sub-blocks whose sum and sum of squared deviations are finite.\n"
-"Returns how many those are. ``scratch``: float64, at least ``step`` values.");
+"sub_blocks(values, step, k, sums, m2s, mins, maxs, scratch) -> int\n\n"
+"Summarise ``values`` (float32 or float64, contiguous, ``k`` components per row, 1 to 9)\n"
+"sub-block by sub-block, ``step`` values each (a multiple of ``k``): ``sums[i * k + c]``,\n"
+"``m2s[i * k + c]`` (float64) and ``mins[i * k + c]``, ``maxs[i * k + c]`` (the values'\n"
+"type) of component c, for the leading sub-blocks whose sums and sums of squared\n"
+"deviations are all finite. Returns how many those are. ``scratch``: float64, at least\n"
+"``step`` values.");
 
 static PyObject *
 sub_blocks(PyObject *self, PyObject *args)
 {
     PyObject *ov, *os, *om, *olo, *ohi, *osc;
     Py_ssize_t step;
-    if (!PyArg_ParseTuple(args, "OnOOOOO", &ov, &step, &os, &om, &olo, &ohi, &osc)) {
+    int comps;
+    if (!PyArg_ParseTuple(args, "OniOOOOO", &ov, &step, &comps, &os, &om, &olo, &ohi, &osc)) {
         return NULL;
     }
     Py_buffer v, s, m, lo, hi, sc;
@@ -267,36 +335,58 @@ sub_blocks(PyObject *self, PyObject *args)
                         "sums, m2s and scratch float64");
         goto fail;
     }
-    if (step <= 0 || sc.len / 8 < step || s.len / 8 < count || m.len / 8 < count
-        || lo.len / lo.itemsize < count || hi.len / hi.itemsize < count) {
+    if (comps < 1 || comps > 9 || step <= 0 || step % comps || n % comps || sc.len / 8 < step
+        || s.len / 8 < count * comps || m.len / 8 < count * comps
+        || lo.len / lo.itemsize < count * comps || hi.len / hi.itemsize < count * comps) {
         PyErr_SetString(PyExc_ValueError, "sub_blocks: step or buffer sizes do not fit");
         goto fail;
     }
     Py_ssize_t done = 0;
     double *sums = (double *)s.buf, *m2s = (double *)m.buf, *buf = (double *)sc.buf;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < count; i++) {
+    for (Py_ssize_t i = 0; i < count && done == i; i++) {
         const Py_ssize_t start = i * step;
-        const Py_ssize_t rows = n - start < step ? n - start : step;
+        const Py_ssize_t size = n - start < step ? n - start : step;
+        const Py_ssize_t rows = size / comps;
+        const Py_ssize_t at = i * comps;
         if (k == 'f') {
-            cast_bounds_float((const float *)v.buf + start, rows, buf,
-                              (float *)lo.buf + i, (float *)hi.buf + i);
+            const float *x = (const float *)v.buf + start;
+            float *l = (float *)lo.buf + at, *h = (float *)hi.buf + at;
+            if (comps == 1) {
+                cast_bounds_float(x, rows, buf, l, h);
+            }
+            else if (comps == 2) {
+                cast_pairs_float(x, rows, buf, l, h);
+            }
+            else {
+                cast_components_float(x, rows, comps, buf, l, h);
+            }
         }
         else {
-            cast_bounds_double((const double *)v.buf + start, rows, buf,
-                               (double *)lo.buf + i, (double *)hi.buf + i);
+            const double *x = (const double *)v.buf + start;
+            double *l = (double *)lo.buf + at, *h = (double *)hi.buf + at;
+            if (comps == 1) {
+                cast_bounds_double(x, rows, buf, l, h);
+            }
+            else {
+                cast_components_double(x, rows, comps, buf, l, h);
+            }
         }
-        const double total = reduce_plain(buf, rows);
-        sums[i] = total;
-        if (!isfinite(total)) {
+        int finite = 1;
+        for (int c = 0; c < comps; c++) {
+            sums[at + c] = reduce_plain(buf + c * rows, rows);
+            finite &= isfinite(sums[at + c]) != 0;
+        }
+        if (!finite) {
             break;
         }
-        const double m2 = reduce_squares(buf, rows, total / (double)rows);
-        m2s[i] = m2;
-        if (!isfinite(m2)) {
-            break;
+        for (int c = 0; c < comps; c++) {
+            m2s[at + c] = reduce_squares(buf + c * rows, rows, sums[at + c] / (double)rows);
+            finite &= isfinite(m2s[at + c]) != 0;
         }
-        done = i + 1;
+        if (finite) {
+            done = i + 1;
+        }
     }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&sc);

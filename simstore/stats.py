@@ -212,12 +212,13 @@ def _fast_block(
     """
     m = flat.size
     n = m // k
-    if k == 1 and _kernel is not None and _kernel_takes(flat):
-        sums, m2s = np.empty(1), np.empty(1)
-        mins, maxs = np.empty(1, flat.dtype), np.empty(1, flat.dtype)
-        if not _kernel.sub_blocks(flat, m, sums, m2s, mins, maxs, buf):
+    if _kernel is not None and _kernel_takes(flat):
+        sums, m2s = np.empty(k), np.empty(k)
+        mins, maxs = np.empty(k, flat.dtype), np.empty(k, flat.dtype)
+        if not _kernel.sub_blocks(flat, m, k, sums, m2s, mins, maxs, buf):
             return None
-        return n, [float(sums[0] / n)], [float(m2s[0])], [_py(mins[0])], [_py(maxs[0])]
+        return (n, [float(v) for v in sums / n], [float(v) for v in m2s],
+                [_py(v) for v in mins], [_py(v) for v in maxs])
     b = buf[:m].reshape(k, n)
     with np.errstate(invalid="ignore"):  # a signalling NaN's cast: found just below
         if k == 1:
@@ -266,17 +267,17 @@ def _fast_run(
     sums = np.empty((count, k))
     m2s = np.empty((count, k))
     sizes = np.empty(count)
-    scratch_bounds = k > 1 and _exact_in_float64(flat.dtype)
-    # per sub-block bounds: the values' type for a scalar field, float64 (exact) from the
-    # scratch for a vector field
+    kernel = _kernel is not None and _kernel_takes(flat)
+    scratch_bounds = k > 1 and _exact_in_float64(flat.dtype) and not kernel
+    # per sub-block bounds: the values' type for a scalar field (or from the kernel),
+    # float64 (exact) from the scratch for a vector field
     mins = np.empty((count, k), dtype=np.float64 if scratch_bounds else flat.dtype)
     maxs = np.empty_like(mins)
     done = 0
-    kernel = k == 1 and _kernel is not None and _kernel_takes(flat)
     if kernel and _kernel is not None:
-        lengths = np.minimum(step, m - np.arange(count) * step)
-        done = _kernel.sub_blocks(flat, step, sums[:, 0], m2s[:, 0], mins[:, 0], maxs[:, 0],
-                                  buf)
+        lengths = np.minimum(step, m - np.arange(count) * step) // k
+        done = _kernel.sub_blocks(flat, step, k, sums.reshape(-1), m2s.reshape(-1),
+                                  mins.reshape(-1), maxs.reshape(-1), buf)
         sizes[:done] = lengths[:done]
     with np.errstate(over="ignore", invalid="ignore"):
         for i, start in enumerate(range(0, 0 if kernel else m, step)):
@@ -312,7 +313,7 @@ def _fast_run(
         m2 = np.add.reduce(m2s, axis=0) + np.add.reduce(sizes[:, None] * spread * spread, axis=0)
     if not (np.isfinite(mean).all() and np.isfinite(m2).all()):
         return None, 0
-    if k == 1 or scratch_bounds:
+    if k == 1 or scratch_bounds or kernel:
         # a vector field's scratch held the values exactly: back to the values' type
         kind = flat.dtype.type
         lo: list[Any] = [kind(v) for v in np.minimum.reduce(mins[:done], axis=0)]

@@ -52,13 +52,15 @@ def sub_blocks(request, monkeypatch):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("size", _SIZES)
-def test_equal_to_numpy_on_smooth_fields_and_offsets(monkeypatch, sub_blocks, dtype, size):
+@pytest.mark.parametrize("k", [1, 2, 3, 9])
+def test_equal_to_numpy_on_smooth_fields_and_offsets(monkeypatch, sub_blocks, dtype, size, k):
     rng = np.random.default_rng(size)
     for shift, scale in ((0.0, 1.0), (300.0, 2.0), (-7e6, 1e-3), (1e30, 1e28), (0.0, 1e-30)):
-        x = (rng.standard_normal(size) * scale + shift).astype(dtype)
-        a, b = _both(monkeypatch, x)
+        x = (rng.standard_normal((size, k)) * scale + shift).astype(dtype)
+        x[:, -1] *= 3  # components apart
+        a, b = _both(monkeypatch, x if k > 1 else x[:, 0])
         assert _same(a, b), (shift, scale)
-        assert a["count"] == [size]
+        assert a["count"] == [size] * k and a["components"] == k
 
 
 def test_the_kernel_stops_where_numpy_does(monkeypatch, sub_blocks):
@@ -69,6 +71,10 @@ def test_the_kernel_stops_where_numpy_does(monkeypatch, sub_blocks):
     a, b = _both(monkeypatch, x)
     assert _same(a, b)
     assert a["nan_count"] == [1] and a["inf_count"] == [1] and a["count"] == [299_998]
+    v = rng.standard_normal((200_000, 3)).astype(np.float32)  # one component's NaN
+    v[120_000, 2] = np.nan
+    a, b = _both(monkeypatch, v)
+    assert _same(a, b) and a["nan_count"] == [0, 0, 1]
     big = np.full(300_000, 1e308)  # finite values whose sum overflows: the careful way
     big[::2] = -1e308
     big[7] = 1e308
@@ -104,29 +110,34 @@ def test_bad_arguments_are_refused_by_the_module():
     kernel = stats_module._kernel
     values = np.zeros(10, np.float32)
     out = np.empty(1)
+    bounds = np.empty(1, np.float32)
     with pytest.raises(TypeError, match="float32 or float64 alike"):
-        kernel.sub_blocks(values, 10, out, out, np.empty(1), np.empty(1), np.empty(10))
+        kernel.sub_blocks(values, 10, 1, out, out, np.empty(1), np.empty(1), np.empty(10))
+    with pytest.raises(ValueError, match="do not fit"):  # scratch too short
+        kernel.sub_blocks(values, 10, 1, out, out, bounds, bounds, np.empty(5))
     with pytest.raises(ValueError, match="do not fit"):
-        kernel.sub_blocks(values, 10, out, out, np.empty(1, np.float32),
-                          np.empty(1, np.float32), np.empty(5))
-    with pytest.raises(ValueError, match="do not fit"):
-        kernel.sub_blocks(values, 0, out, out, np.empty(1, np.float32),
-                          np.empty(1, np.float32), np.empty(10))
+        kernel.sub_blocks(values, 0, 1, out, out, bounds, bounds, np.empty(10))
+    with pytest.raises(ValueError, match="do not fit"):  # a step that splits a row
+        kernel.sub_blocks(values, 5, 2, out, out, bounds, bounds, np.empty(10))
+    with pytest.raises(ValueError, match="do not fit"):  # ten components
+        kernel.sub_blocks(values, 10, 10, out, out, bounds, bounds, np.empty(10))
 
 
 _floats32 = st.floats(width=32, allow_nan=True, allow_infinity=True)
 _floats64 = st.floats(allow_nan=True, allow_infinity=True)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(
     st.one_of(
         st.lists(_floats32, min_size=1, max_size=300).map(lambda v: np.asarray(v, np.float32)),
         st.lists(_floats64, min_size=1, max_size=300).map(lambda v: np.asarray(v, np.float64)),
     ),
     st.sampled_from([1, 3, 8, 64, 1 << 17]),
+    st.sampled_from([1, 2, 3, 5]),
 )
-def test_any_values_give_numpys_summary(values, step):
+def test_any_values_give_numpys_summary(values, step, k):
+    values = values[: values.size // k * k].reshape(-1, k) if values.size >= k else values
     original = stats_module._SUB_BLOCK_ELEMENTS
     try:
         stats_module._SUB_BLOCK_ELEMENTS = step
