@@ -196,17 +196,24 @@ cast_bounds_double(const double *x, Py_ssize_t n, double *out, double *lo, doubl
     static void cast_components_##TYPE(const TYPE *x, Py_ssize_t rows, int k,  \
                                        double *out, TYPE *lo, TYPE *hi)         \
     {                                                                           \
+        TYPE l[9], h[9];                                                        \
+        double *dst[9];                                                         \
         for (int c = 0; c < k; c++) {                                           \
-            lo[c] = hi[c] = x[c];                                               \
+            l[c] = h[c] = x[c];                                                 \
+            dst[c] = out + c * rows;                                            \
         }                                                                       \
         for (Py_ssize_t r = 0; r < rows; r++) {                                 \
             const TYPE *row = x + r * k;                                        \
             for (int c = 0; c < k; c++) {                                       \
                 const TYPE v = row[c];                                          \
-                out[c * rows + r] = (double)v;                                  \
-                lo[c] = v < lo[c] ? v : lo[c];                                  \
-                hi[c] = v > hi[c] ? v : hi[c];                                  \
+                dst[c][r] = (double)v;                                          \
+                l[c] = v < l[c] ? v : l[c];                                     \
+                h[c] = v > h[c] ? v : h[c];                                     \
             }                                                                   \
+        }                                                                       \
+        for (int c = 0; c < k; c++) {                                           \
+            lo[c] = l[c];                                                       \
+            hi[c] = h[c];                                                       \
         }                                                                       \
     }
 
