@@ -70,3 +70,52 @@ def test_shards_and_statistics_are_the_same_with_any_blas_kernel(tmp_path: Path)
     assert sorted(oldest["shards"].values()) == ["PAR1", "PK\x03\x04"]
     assert oldest["shards"] == native["shards"]
     assert oldest["summaries"] == native["summaries"]
+
+
+_INGEST_IN_PROCESS = r"""
+import json, sys
+from pathlib import Path
+from simstore import stats
+from simstore.catalog import Catalog
+from simstore.ingest import ingest
+from simstore.storage import LocalStore
+
+source, store, kernel = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] == "kernel"
+if not kernel:
+    stats._kernel = None  # NumPy alone, as where no C compiler built simstore._moments
+assert (stats._kernel is not None) == kernel
+cat = Catalog.init(LocalStore(str(store)))
+for dataset, fmt in (("ds", "zarr"), ("pq", "parquet")):
+    ingest([str(source)], dataset=dataset, store=cat, format=fmt, workers=1, snapshot=True,
+           progress=None)
+shards = sorted(p.name for p in (store / "objects").rglob("*")
+                if p.is_file() and p.read_bytes()[:4] in (b"PAR1", b"PK\x03\x04"))
+print(json.dumps({"shards": shards, "stats": cat.snapshot(cat.resolve("ds")).stats}))
+"""
+
+
+def test_shards_are_the_same_with_or_without_the_compiled_statistics(tmp_path: Path) -> None:
+    rng = np.random.default_rng(11)
+    source = tmp_path / "src"
+    source.mkdir()
+    u = (rng.standard_normal(300_001) * 3 + 1e3).astype(np.float32)
+    u[7] = -0.0  # a zero bound's sign must not depend on the path
+    np.savez(
+        source / "run.npz",
+        u=u,
+        velocity=rng.standard_normal((40_000, 2)).astype(np.float32),
+        points=rng.standard_normal((50_000, 3)),
+        w=(rng.standard_normal((64, 64)) * 0.0).astype(np.float32),  # -0.0 and +0.0 only
+    )
+    np.save(source / "neg.npy", -np.abs(rng.standard_normal(1000)).astype(np.float32) * 0.0)
+    runs = {}
+    for mode in ("kernel", "numpy"):
+        out = subprocess.run(
+            [sys.executable, "-c", _INGEST_IN_PROCESS, str(source), str(tmp_path / mode), mode],
+            capture_output=True, text=True, timeout=300,
+        )
+        assert out.returncode == 0, out.stderr
+        runs[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(runs["kernel"]["shards"]) >= 2
+    assert runs["kernel"]["shards"] == runs["numpy"]["shards"]
+    assert runs["kernel"]["stats"] == runs["numpy"]["stats"]
