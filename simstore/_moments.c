@@ -11,7 +11,8 @@
  * The results are bit for bit those of the NumPy path (a test compares them on every
  * build): the sums follow NumPy's pairwise summation (blocks of up to 128 values over
  * eight accumulators, longer runs split in two at a multiple of eight), and every
- * deviation and square is rounded to float64 on its own (built with -ffp-contract=off: no fused multiply-add).
+ * deviation and square is rounded to float64 on its own (built with -ffp-contract=off:
+ * no fused multiply-add).
  * Statistics are embedded in shards, so the same values must give the same bytes with
  * or without this module.
  */
@@ -174,10 +175,8 @@ cast_bounds_double(const double *x, Py_ssize_t n, double *out, double *lo, doubl
     double lanes[2];
     _mm_storeu_pd(lanes, vl);
     l = lanes[0] < lanes[1] ? lanes[0] : lanes[1];
-    l = x[0] < l ? x[0] : l;
     _mm_storeu_pd(lanes, vh);
     h = lanes[0] > lanes[1] ? lanes[0] : lanes[1];
-    h = x[0] > h ? x[0] : h;
 #endif
     for (; i < n; i++) {
         const double v = x[i];
