@@ -37,6 +37,7 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 
+from simstore._columns import numpy_column
 from simstore.errors import FormatError, InvalidInputError
 from simstore.ingest import is_array_source, spec_of_value
 from simstore.sample import FieldSpec, FieldValue, Sample, canonical_json
@@ -232,7 +233,7 @@ def _encode_column(
                 [np.asarray(v, dtype=dtype).reshape(()) if v is not None else 0 for v in values],
                 dtype=dtype,
             )
-            return pa.array(flat, mask=np.array(missing) if any(missing) else None)
+            return numpy_column(flat, mask=np.array(missing) if any(missing) else None)
         arrays = [
             np.ascontiguousarray(np.asarray(v, dtype=dtype)) if v is not None else None
             for v in values
@@ -241,7 +242,7 @@ def _encode_column(
             size = math.prod(plan.shape)
             zeros = np.zeros(size, dtype=dtype)
             flat = np.concatenate([a.reshape(-1) if a is not None else zeros for a in arrays])
-            storage = pa.FixedSizeListArray.from_arrays(pa.array(flat), size, mask=mask)
+            storage = pa.FixedSizeListArray.from_arrays(numpy_column(flat), size, mask=mask)
             if isinstance(arrow_type, pa.ExtensionType):
                 return pa.ExtensionArray.from_storage(arrow_type, storage)
             return storage

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from simstore._columns import numpy_column
 from simstore.manifest import MANIFEST_SCHEMA, PartCutter, PartRef, sort_rows
 
 __all__ = ["CHANGES_SCHEMA", "apply_changes", "normalise_changes", "merge_manifest"]
@@ -28,7 +29,7 @@ def normalise_changes(tables: Sequence[pa.Table]) -> pa.Table:
     parts = []
     for t in tables:
         if "deleted" not in t.column_names:
-            t = t.append_column("deleted", pa.array(np.zeros(t.num_rows, dtype=bool)))
+            t = t.append_column("deleted", numpy_column(np.zeros(t.num_rows, dtype=bool)))
         parts.append(t.select(CHANGES_SCHEMA.names).cast(CHANGES_SCHEMA))
     if not parts:
         return CHANGES_SCHEMA.empty_table()
@@ -39,13 +40,13 @@ def normalise_changes(tables: Sequence[pa.Table]) -> pa.Table:
     keys = table.column("key")
     if pc.all(pc.less(keys.slice(0, n - 1), keys.slice(1))).as_py():
         return table  # already sorted with unique keys (the common case for one ingest)
-    table = table.append_column("_order", pa.array(np.arange(n, dtype=np.int64)))
+    table = table.append_column("_order", numpy_column(np.arange(n, dtype=np.int64)))
     table = table.sort_by([("key", "ascending"), ("_order", "ascending")])
     keys = table.column("key")
     last = np.ones(n, dtype=bool)
     same_next = pc.equal(keys.slice(0, n - 1), keys.slice(1)).to_numpy(zero_copy_only=False)
     last[:-1] = ~same_next
-    return table.filter(pa.array(last)).drop_columns(["_order"])
+    return table.filter(numpy_column(last)).drop_columns(["_order"])
 
 
 def apply_changes(rows: pa.Table, changes: pa.Table) -> pa.Table:
