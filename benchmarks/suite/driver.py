@@ -15,6 +15,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -121,6 +122,18 @@ def run_runner(python: str, args: list[str], env: dict[str, str] | None = None,
     # repository) in each fresh process, and not the peers (compiled at install)
     env = dict(os.environ if env is None else env)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
+    # a temporary folder of its own, removed after it: LitData leaves two lock files per
+    # chunk in the system's temporary folder (86 after one suite run); same file system
+    scratch = tempfile.mkdtemp(prefix="simstore-bench-runner-")
+    env["TMPDIR"] = scratch
+    try:
+        return _run_runner(python, args, env, timeout_s)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run_runner(python: str, args: list[str], env: dict[str, str],
+                timeout_s: float) -> dict[str, Any]:
     t0 = time.perf_counter()
     proc = subprocess.Popen([python, "-m", "benchmarks.suite.runner", *args], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
