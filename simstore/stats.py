@@ -171,10 +171,11 @@ def _masked_block(x: np.ndarray) -> dict[str, Any]:
     return out
 
 
-def _kernel_takes(flat: np.ndarray) -> bool:
-    """Whether :mod:`simstore._moments` summarises these values (native float32 / float64)."""
-    return (_kernel is not None and flat.dtype in _KERNEL_DTYPES
-            and flat.dtype.isnative and flat.flags.c_contiguous)
+def _kernel_for(flat: np.ndarray) -> types.ModuleType | None:
+    """:mod:`simstore._moments` where it summarises these values (native float32 / float64)."""
+    if (flat.dtype in _KERNEL_DTYPES and flat.dtype.isnative and flat.flags.c_contiguous):
+        return _kernel
+    return None
 
 
 _KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -212,10 +213,11 @@ def _fast_block(
     """
     m = flat.size
     n = m // k
-    if _kernel is not None and _kernel_takes(flat):
+    kernel = _kernel_for(flat)
+    if kernel is not None:
         sums, m2s = np.empty(k), np.empty(k)
         mins, maxs = np.empty(k, flat.dtype), np.empty(k, flat.dtype)
-        if not _kernel.sub_blocks(flat, m, k, sums, m2s, mins, maxs, buf):
+        if not kernel.sub_blocks(flat, m, k, sums, m2s, mins, maxs, buf):
             return None
         return (n, [float(v) for v in sums / n], [float(v) for v in m2s],
                 [_py(v) for v in mins], [_py(v) for v in maxs])
@@ -267,20 +269,69 @@ def _fast_run(
     sums = np.empty((count, k))
     m2s = np.empty((count, k))
     sizes = np.empty(count)
-    kernel = _kernel is not None and _kernel_takes(flat)
-    scratch_bounds = k > 1 and _exact_in_float64(flat.dtype) and not kernel
+    kernel = _kernel_for(flat)
+    scratch_bounds = k > 1 and _exact_in_float64(flat.dtype) and kernel is None
     # per sub-block bounds: the values' type for a scalar field (or from the kernel),
     # float64 (exact) from the scratch for a vector field
     mins = np.empty((count, k), dtype=np.float64 if scratch_bounds else flat.dtype)
     maxs = np.empty_like(mins)
-    done = 0
-    if kernel and _kernel is not None:
+    if kernel is not None:
         lengths = np.minimum(step, m - np.arange(count) * step) // k
-        done = _kernel.sub_blocks(flat, step, k, sums.reshape(-1), m2s.reshape(-1),
-                                  mins.reshape(-1), maxs.reshape(-1), buf)
+        done = kernel.sub_blocks(flat, step, k, sums.reshape(-1), m2s.reshape(-1),
+                                 mins.reshape(-1), maxs.reshape(-1), buf)
         sizes[:done] = lengths[:done]
+    else:
+        done = _numpy_sub_blocks(flat, k, buf, step, (sums, m2s, mins, maxs, sizes),
+                                 scratch_bounds)
+    if not done:
+        return None, 0
     with np.errstate(over="ignore", invalid="ignore"):
-        for i, start in enumerate(range(0, 0 if kernel else m, step)):
+        used = min(m, done * step)
+        n = used // k
+        sums, m2s, sizes = sums[:done], m2s[:done], sizes[:done]
+        means = sums / sizes[:, None]
+        mean = np.add.reduce(sums, axis=0) / n
+        spread = means - mean
+        m2 = np.add.reduce(m2s, axis=0) + np.add.reduce(sizes[:, None] * spread * spread, axis=0)
+    if not (np.isfinite(mean).all() and np.isfinite(m2).all()):
+        return None, 0
+    if k == 1 or scratch_bounds or kernel is not None:
+        # a vector field's scratch held the values exactly: back to the values' type
+        kind = flat.dtype.type
+        lo: list[Any] = [kind(v) for v in np.minimum.reduce(mins[:done], axis=0)]
+        hi: list[Any] = [kind(v) for v in np.maximum.reduce(maxs[:done], axis=0)]
+    else:
+        cols = flat[:used].reshape(n, k)
+        lo, hi = list(cols.min(axis=0)), list(cols.max(axis=0))
+    summary = {
+        "count": [n] * k,
+        "nan_count": [0] * k,
+        "inf_count": [0] * k,
+        "mean": [float(v) for v in mean],
+        "m2": [float(v) for v in m2],
+        "min": [_py(v) for v in lo],
+        "max": [_py(v) for v in hi],
+        "components": k,
+    }
+    return summary, used
+
+
+def _numpy_sub_blocks(
+    flat: np.ndarray, k: int, buf: np.ndarray, step: int,
+    out: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    scratch_bounds: bool,
+) -> int:
+    """NumPy's moments of the leading finite sub-blocks of ``flat``; how many those are.
+
+    Fills ``out = (sums, m2s, mins, maxs, sizes)`` row by row, each sub-block cast once into
+    the float64 scratch ``buf`` (component by component), as :mod:`simstore._moments`'s
+    ``sub_blocks`` does in C (the same numbers: it stands in for this loop where built).
+    Stops at the first sub-block holding NaN or Inf or whose moments overflow.
+    """
+    sums, m2s, mins, maxs, sizes = out
+    done = 0
+    with np.errstate(over="ignore", invalid="ignore"):
+        for i, start in enumerate(range(0, flat.size, step)):
             block = flat[start : start + step]
             rows = block.size // k
             b = buf[: block.size].reshape(k, rows)
@@ -302,36 +353,7 @@ def _fast_run(
                 break
             sizes[i] = rows
             done = i + 1
-        if not done:
-            return None, 0
-        used = min(m, done * step)
-        n = used // k
-        sums, m2s, sizes = sums[:done], m2s[:done], sizes[:done]
-        means = sums / sizes[:, None]
-        mean = np.add.reduce(sums, axis=0) / n
-        spread = means - mean
-        m2 = np.add.reduce(m2s, axis=0) + np.add.reduce(sizes[:, None] * spread * spread, axis=0)
-    if not (np.isfinite(mean).all() and np.isfinite(m2).all()):
-        return None, 0
-    if k == 1 or scratch_bounds or kernel:
-        # a vector field's scratch held the values exactly: back to the values' type
-        kind = flat.dtype.type
-        lo: list[Any] = [kind(v) for v in np.minimum.reduce(mins[:done], axis=0)]
-        hi: list[Any] = [kind(v) for v in np.maximum.reduce(maxs[:done], axis=0)]
-    else:
-        cols = flat[:used].reshape(n, k)
-        lo, hi = list(cols.min(axis=0)), list(cols.max(axis=0))
-    summary = {
-        "count": [n] * k,
-        "nan_count": [0] * k,
-        "inf_count": [0] * k,
-        "mean": [float(v) for v in mean],
-        "m2": [float(v) for v in m2],
-        "min": [_py(v) for v in lo],
-        "max": [_py(v) for v in hi],
-        "components": k,
-    }
-    return summary, used
+    return done
 
 
 def summarise_array(values: np.ndarray, components: int | None = None) -> dict[str, Any]:
