@@ -357,8 +357,14 @@ def throughput(
             copies["copy"].append(copy_tree(src, work / "copy", False))
             copies["copy+fsync"].append(copy_tree(src, work / "copy", True))
             # untimed: the first ingest after the copies ran up to 1.6x slower than the
-            # same one later in the round on the build VM, whichever tree it imported
-            run_ingest(src, work / "store", workers=1, shard_size=32 * MiB, **opts)
+            # same one later in the round on the build VM, whichever tree it imported.
+            # Uncompressed, so it leaves as much page cache for the first timed case to
+            # free and write into as every case leaves the next (see copy_tree): with
+            # the default codec it left about half, and the first case (Parquet, one
+            # worker) wrote the rest into memory long free, 1.3-1.7x slower than Zarr
+            # doing the same work right after it.
+            run_ingest(src, work / "store", workers=1, shard_size=32 * MiB,
+                       compression="none", **opts)
             for label, options, workers_list in _cases(name, quick):
                 if only and label not in only:
                     continue
@@ -394,14 +400,17 @@ def throughput(
         shutil.rmtree(work / "copy", ignore_errors=True)
         copy_s = statistics.median(copies["copy"])
         fsync_s = statistics.median(copies["copy+fsync"])
-        rows.append(_row(name, "copy", 1, size, copy_s, copy_s))
-        rows.append(_row(name, "copy+fsync", 1, size, fsync_s, copy_s))
+        rows.append({**_row(name, "copy", 1, size, copy_s, copy_s),
+                     "rounds_s": [round(s, 4) for s in copies["copy"]]})
+        rows.append({**_row(name, "copy+fsync", 1, size, fsync_s, copy_s),
+                     "rounds_s": [round(s, 4) for s in copies["copy+fsync"]]})
         for (label, workers, which), got in runs.items():
             if which != "after":
                 continue
             against = fsync_s if "fsync on" in label else copy_s
             row = _row(name, label, workers, size, _median(got, "seconds"), against)
             row["cpu_s"] = _median(got, "cpu_s")
+            row["rounds_s"] = [round(r["seconds"], 4) for r in got]
             before = runs.get((label, workers, "before"))
             if before:
                 secs = _median(before, "seconds")
