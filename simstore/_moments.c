@@ -132,6 +132,33 @@ cast_bounds_float(const float *x, Py_ssize_t n, double *out, float *lo, float *h
     float l = x[0], h = x[0];
 #if defined(__SSE2__)
     __m128 vl = _mm_set1_ps(x[0]), vh = vl;
+    /* four pairs of bounds over 16 values a step: one pair's min and max each wait for
+       the last (4 cycles on common cores), so one pair bounds the loop at a value a cycle;
+       the order in which values are compared does not change a min or max of numbers,
+       and a NaN is caught by the sums, whose block NumPy then redoes */
+    __m128 vl1 = vl, vh1 = vl, vl2 = vl, vh2 = vl, vl3 = vl, vh3 = vl;
+    for (; i + 16 <= n; i += 16) {
+        const __m128 v0 = _mm_loadu_ps(x + i), v1 = _mm_loadu_ps(x + i + 4);
+        const __m128 v2 = _mm_loadu_ps(x + i + 8), v3 = _mm_loadu_ps(x + i + 12);
+        vl = _mm_min_ps(vl, v0);
+        vh = _mm_max_ps(vh, v0);
+        vl1 = _mm_min_ps(vl1, v1);
+        vh1 = _mm_max_ps(vh1, v1);
+        vl2 = _mm_min_ps(vl2, v2);
+        vh2 = _mm_max_ps(vh2, v2);
+        vl3 = _mm_min_ps(vl3, v3);
+        vh3 = _mm_max_ps(vh3, v3);
+        _mm_storeu_pd(out + i, _mm_cvtps_pd(v0));
+        _mm_storeu_pd(out + i + 2, _mm_cvtps_pd(_mm_movehl_ps(v0, v0)));
+        _mm_storeu_pd(out + i + 4, _mm_cvtps_pd(v1));
+        _mm_storeu_pd(out + i + 6, _mm_cvtps_pd(_mm_movehl_ps(v1, v1)));
+        _mm_storeu_pd(out + i + 8, _mm_cvtps_pd(v2));
+        _mm_storeu_pd(out + i + 10, _mm_cvtps_pd(_mm_movehl_ps(v2, v2)));
+        _mm_storeu_pd(out + i + 12, _mm_cvtps_pd(v3));
+        _mm_storeu_pd(out + i + 14, _mm_cvtps_pd(_mm_movehl_ps(v3, v3)));
+    }
+    vl = _mm_min_ps(_mm_min_ps(vl, vl1), _mm_min_ps(vl2, vl3));
+    vh = _mm_max_ps(_mm_max_ps(vh, vh1), _mm_max_ps(vh2, vh3));
     for (; i + 4 <= n; i += 4) {
         const __m128 v = _mm_loadu_ps(x + i);
         vl = _mm_min_ps(vl, v);
@@ -166,6 +193,25 @@ cast_bounds_double(const double *x, Py_ssize_t n, double *out, double *lo, doubl
     double l = x[0], h = x[0];
 #if defined(__SSE2__)
     __m128d vl = _mm_set1_pd(x[0]), vh = vl;
+    __m128d vl1 = vl, vh1 = vl, vl2 = vl, vh2 = vl, vl3 = vl, vh3 = vl; /* see cast_bounds_float */
+    for (; i + 8 <= n; i += 8) {
+        const __m128d v0 = _mm_loadu_pd(x + i), v1 = _mm_loadu_pd(x + i + 2);
+        const __m128d v2 = _mm_loadu_pd(x + i + 4), v3 = _mm_loadu_pd(x + i + 6);
+        vl = _mm_min_pd(vl, v0);
+        vh = _mm_max_pd(vh, v0);
+        vl1 = _mm_min_pd(vl1, v1);
+        vh1 = _mm_max_pd(vh1, v1);
+        vl2 = _mm_min_pd(vl2, v2);
+        vh2 = _mm_max_pd(vh2, v2);
+        vl3 = _mm_min_pd(vl3, v3);
+        vh3 = _mm_max_pd(vh3, v3);
+        _mm_storeu_pd(out + i, v0);
+        _mm_storeu_pd(out + i + 2, v1);
+        _mm_storeu_pd(out + i + 4, v2);
+        _mm_storeu_pd(out + i + 6, v3);
+    }
+    vl = _mm_min_pd(_mm_min_pd(vl, vl1), _mm_min_pd(vl2, vl3));
+    vh = _mm_max_pd(_mm_max_pd(vh, vh1), _mm_max_pd(vh2, vh3));
     for (; i + 2 <= n; i += 2) {
         const __m128d v = _mm_loadu_pd(x + i);
         vl = _mm_min_pd(vl, v);
@@ -229,6 +275,22 @@ cast_pairs_float(const float *x, Py_ssize_t rows, double *out, float *lo, float 
     float l0 = x[0], h0 = x[0], l1 = x[1], h1 = x[1];
 #if defined(__SSE2__)
     __m128 vl = _mm_setr_ps(x[0], x[1], x[0], x[1]), vh = vl;
+    __m128 vl1 = vl, vh1 = vl; /* two pairs of bounds: see cast_bounds_float */
+    for (; r + 4 <= rows; r += 4) {
+        const __m128 v0 = _mm_loadu_ps(x + 2 * r), v1 = _mm_loadu_ps(x + 2 * r + 4);
+        vl = _mm_min_ps(vl, v0);
+        vh = _mm_max_ps(vh, v0);
+        vl1 = _mm_min_ps(vl1, v1);
+        vh1 = _mm_max_ps(vh1, v1);
+        const __m128 s0 = _mm_shuffle_ps(v0, v0, _MM_SHUFFLE(3, 1, 2, 0));
+        const __m128 s1 = _mm_shuffle_ps(v1, v1, _MM_SHUFFLE(3, 1, 2, 0));
+        _mm_storeu_pd(out0 + r, _mm_cvtps_pd(s0));
+        _mm_storeu_pd(out1 + r, _mm_cvtps_pd(_mm_movehl_ps(s0, s0)));
+        _mm_storeu_pd(out0 + r + 2, _mm_cvtps_pd(s1));
+        _mm_storeu_pd(out1 + r + 2, _mm_cvtps_pd(_mm_movehl_ps(s1, s1)));
+    }
+    vl = _mm_min_ps(vl, vl1);
+    vh = _mm_max_ps(vh, vh1);
     for (; r + 2 <= rows; r += 2) {
         const __m128 v = _mm_loadu_ps(x + 2 * r); /* a0 b0 a1 b1 */
         vl = _mm_min_ps(vl, v);
