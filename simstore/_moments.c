@@ -322,6 +322,66 @@ cast_pairs_float(const float *x, Py_ssize_t rows, double *out, float *lo, float 
     hi[1] = h1;
 }
 
+/* k = 3 (points, 3-D vectors) with SSE2: four rows, twelve values, in three loads
+ * (a0 b0 c0 a1 | b1 c1 a2 b2 | c2 a3 b3 c3): each load's lanes always hold the same
+ * components, so three pairs of vector bounds serve them and are sorted out by lane at
+ * the end; the values go out to the three component rows as doubles, one by one (the
+ * generic loop, with k unknown to the compiler, ran at a quarter of this speed). */
+static void
+cast_triples_float(const float *x, Py_ssize_t rows, double *out, float *lo, float *hi)
+{
+    Py_ssize_t r = 0;
+    double *o0 = out, *o1 = out + rows, *o2 = out + 2 * rows;
+    float l[3] = {x[0], x[1], x[2]}, h[3] = {x[0], x[1], x[2]};
+#if defined(__SSE2__)
+    if (rows >= 4) {
+        __m128 l0 = _mm_loadu_ps(x), l1 = _mm_loadu_ps(x + 4), l2 = _mm_loadu_ps(x + 8);
+        __m128 h0 = l0, h1 = l1, h2 = l2;
+        for (; r + 4 <= rows; r += 4) {
+            const float *p = x + 3 * r;
+            const __m128 v0 = _mm_loadu_ps(p), v1 = _mm_loadu_ps(p + 4);
+            const __m128 v2 = _mm_loadu_ps(p + 8);
+            l0 = _mm_min_ps(l0, v0);
+            h0 = _mm_max_ps(h0, v0);
+            l1 = _mm_min_ps(l1, v1);
+            h1 = _mm_max_ps(h1, v1);
+            l2 = _mm_min_ps(l2, v2);
+            h2 = _mm_max_ps(h2, v2);
+            for (int j = 0; j < 4; j++) {
+                o0[r + j] = (double)p[3 * j];
+                o1[r + j] = (double)p[3 * j + 1];
+                o2[r + j] = (double)p[3 * j + 2];
+            }
+        }
+        float lows[12], highs[12];
+        _mm_storeu_ps(lows, l0);
+        _mm_storeu_ps(lows + 4, l1);
+        _mm_storeu_ps(lows + 8, l2);
+        _mm_storeu_ps(highs, h0);
+        _mm_storeu_ps(highs + 4, h1);
+        _mm_storeu_ps(highs + 8, h2);
+        for (int j = 0; j < 12; j++) { /* lane j holds component j % 3 */
+            const int c = j % 3;
+            l[c] = lows[j] < l[c] ? lows[j] : l[c];
+            h[c] = highs[j] > h[c] ? highs[j] : h[c];
+        }
+    }
+#endif
+    for (; r < rows; r++) {
+        const float *p = x + 3 * r;
+        for (int c = 0; c < 3; c++) {
+            const float v = p[c];
+            out[c * rows + r] = (double)v;
+            l[c] = v < l[c] ? v : l[c];
+            h[c] = v > h[c] ? v : h[c];
+        }
+    }
+    for (int c = 0; c < 3; c++) {
+        lo[c] = l[c];
+        hi[c] = h[c];
+    }
+}
+
 static int
 get(PyObject *obj, Py_buffer *view, int writable, const char *name)
 {
@@ -425,6 +485,9 @@ sub_blocks(PyObject *self, PyObject *args)
             }
             else if (comps == 2) {
                 cast_pairs_float(x, rows, buf, l, h);
+            }
+            else if (comps == 3) {
+                cast_triples_float(x, rows, buf, l, h);
             }
             else {
                 cast_components_float(x, rows, comps, buf, l, h);

@@ -83,19 +83,20 @@ def test_the_kernel_stops_where_numpy_does(monkeypatch, sub_blocks):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("k", [1, 2, 3])
 def test_a_bound_is_found_at_every_place_of_a_step(monkeypatch, dtype, k):
     # the module keeps several minima and maxima side by side (16 values a step for
-    # float32, 8 for float64, 4 rows of pairs): an extreme in any lane of any of them,
-    # in the unrolled part or the tail, is the bound
+    # float32, 8 for float64, 4 rows of pairs or triples): an extreme of any component
+    # in any lane of any of them, in the unrolled part or the tail, is the bound
     n = 100
     for at in range(n):
-        for value, bound in ((-1e6, "min"), (1e6, "max")):
-            x = np.linspace(-1.0, 1.0, n * k, dtype=dtype).reshape(n, k)
-            x[at, k - 1] = value
-            a, b = _both(monkeypatch, x if k > 1 else x[:, 0])
-            assert _same(a, b), (at, value)
-            assert a[bound][k - 1] == value, (at, value)
+        for c in range(k):
+            for value, bound in ((-1e6, "min"), (1e6, "max")):
+                x = np.linspace(-1.0, 1.0, n * k, dtype=dtype).reshape(n, k)
+                x[at, c] = value
+                a, b = _both(monkeypatch, x if k > 1 else x[:, 0])
+                assert _same(a, b), (at, c, value)
+                assert a[bound][c] == value, (at, c, value)
 
 
 def test_a_zero_bound_is_positive_whatever_the_order(monkeypatch):
