@@ -5,8 +5,8 @@
  * minimum and maximum. With NumPy that is seven passes over each sub-block (a cast, a
  * minimum, a maximum, a sum, a subtraction, a multiplication and a sum). This module
  * computes the same numbers in two: the first casts the values into a float64 scratch
- * while it takes their minimum and maximum (for fields of more than three components,
- * over the scratch right after), then sums the scratch; the second sums the squared
+ * while it takes their minimum and maximum (for float32 fields of more than three
+ * components and float64 fields of more than one, over the scratch right after), then sums the scratch; the second sums the squared
  * deviations as it forms them.
  *
  * The results are bit for bit those of the NumPy path (a test compares them on every
