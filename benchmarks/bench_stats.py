@@ -2,11 +2,12 @@
 
     python -m benchmarks.bench_stats [--mib 64] [--rounds 11]
 
-Times ``simstore.stats.summarise_array`` on smooth float32 fields of one and two
-components and on a float64 field, alternating rounds with ``simstore._moments`` and
-with NumPy alone (the fallback where no C compiler built the module), in one process, and
-prints medians, throughput and the ratio. Both paths give the same numbers (see
-tests/ingest/test_stats_kernel.py); this says what the module saves.
+Times ``simstore.stats.summarise_array`` on smooth float32 fields of one to four and of
+nine components (points and vectors, tensors) and on float64 fields of one and three,
+alternating rounds with ``simstore._moments`` and with NumPy alone (the fallback where no
+C compiler built the module), in one process, and prints medians, throughput and the
+ratio. Both paths give the same numbers (see tests/ingest/test_stats_kernel.py); this says
+what the module saves.
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ def _fields(mib: int) -> dict[str, np.ndarray]:
         "float32, 1 component": smooth,
         "float32, 2 components": smooth.reshape(-1, 2),
         "float32, 3 components": smooth[: n // 3 * 3].reshape(-1, 3),
+        "float32, 4 components": smooth.reshape(-1, 4),
+        "float32, 9 components": smooth[: n // 9 * 9].reshape(-1, 9),
         "float64, 1 component": smooth[: n // 2].astype(np.float64),
+        "float64, 3 components": smooth[: n // 2 // 3 * 3].astype(np.float64).reshape(-1, 3),
     }
 
 
