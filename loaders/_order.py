@@ -242,6 +242,13 @@ def _integer_weights(weights: Sequence[float]) -> tuple[int, ...]:
     if any(not np.isfinite(w) or w <= 0 for w in values):
         raise InvalidInputError(f"mixture weights must be positive and finite, got {values}")
     total = sum(values)
+    if not np.isfinite(total):
+        # finite weights whose sum overflows (near float's largest): relative to the largest
+        # first, or every share would be w / inf = 0 and every source weigh the same; only
+        # then, so weights whose sum is finite keep the integer weights they always had
+        top = max(values)
+        values = [w / top for w in values]
+        total = sum(values)
     return tuple(max(1, round(w / total * _WEIGHT_SCALE)) for w in values)
 
 

@@ -332,6 +332,15 @@ def test_mixture_rejects_bad_weights():
         Mixture.of([1.0, 0.0], seed=0, shuffle=True)
 
 
+def test_mixture_weights_whose_sum_overflows_keep_their_proportions():
+    # each weight finite, their sum not: the shares are still the weights'
+    huge = Mixture.of([1e308, 1e308, 1.0], seed=0, shuffle=True)
+    assert huge.weights == (1 << 19, 1 << 19, 1)
+    assert Mixture.of([1.5e308, 0.5e308], seed=0, shuffle=True).weights == (786432, 262144)
+    # and weights whose sum is finite keep the integer weights they had
+    assert Mixture.of([1.0, 3.0], seed=0, shuffle=True).weights == (262144, 786432)
+
+
 def test_group_keys_give_the_keys_of_stream_rows_before_and_after_converting_all():
     import pyarrow as pa
 
