@@ -475,6 +475,26 @@ class GcReport:
         }
 
 
+def _delete_unless_since(store: Any, key: str, cutoff: float) -> str:
+    """Delete ``key`` unless written or reused since ``cutoff``: deleted, recent or gone.
+
+    A store that decides both in one step (``LocalStore.delete_unless_since``) keeps an
+    object a writer reuses while gc deletes it; elsewhere the time is read again just
+    before the delete (a writer reusing the object in between loses it, a window of one
+    round trip).
+    """
+    atomic = getattr(store, "delete_unless_since", None)
+    if callable(atomic):
+        return str(atomic(key, cutoff))
+    try:
+        if store.info(key).mtime >= cutoff:
+            return "recent"
+    except NotFoundError:
+        return "gone"
+    store.delete(key)
+    return "deleted"
+
+
 def _restore(cat: Catalog, roots: Iterable[str], removed: dict[str, tuple[Any, bytes]]) -> None:
     """Write back the snapshots in ``removed`` (taken out of it) that ``roots`` reach."""
     seen: set[str] = set()
@@ -599,7 +619,13 @@ def gc(
             data = cat.store.get(info.key)
         except NotFoundError:
             continue
-        cat.store.delete(info.key)
+        state = _delete_unless_since(cat.store, info.key, cutoff)
+        if state == "recent":
+            report.kept_recent += 1
+            refreshed.append(oid)
+            continue
+        if state == "gone":
+            continue
         removed[oid] = (info, data)
     if not dry_run and (removed or refreshed):
         # refs created since the first reading, and snapshots refreshed for one: they and
@@ -616,14 +642,13 @@ def gc(
     for info in others:
         oid = info.key.rsplit("/", 1)[-1]
         if not dry_run:
-            # re-check: a writer may have reused (and so refreshed) it since the listing
-            try:
-                if cat.store.info(info.key).mtime >= cutoff:
-                    report.kept_recent += 1
-                    continue
-            except NotFoundError:
+            # re-checked: a writer may have reused (and so refreshed) it since the listing
+            state = _delete_unless_since(cat.store, info.key, cutoff)
+            if state == "recent":
+                report.kept_recent += 1
                 continue
-            cat.store.delete(info.key)
+            if state == "gone":
+                continue
         report.deleted.append(oid)
         report.deleted_bytes += info.size_bytes
     list_tmp = getattr(cat.store, "list_temporary", None)

@@ -231,26 +231,40 @@ class LocalStore:
 
     def _link_into_place(self, key: str, path: str, tmp: str) -> bool:
         try:
-            os.link(tmp, path)
-        except FileExistsError:
-            self._touch(path)
-            return False
+            while True:
+                try:
+                    os.link(tmp, path)
+                    break
+                except FileExistsError:
+                    if self._touch(path):
+                        return False
+                    # removed (by gc) between the link and the refresh: link it again
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
         self._fsync_dir(os.path.dirname(path))
         return True
 
-    def _touch(self, path: str) -> None:
-        with contextlib.suppress(OSError):
+    def _touch(self, path: str) -> bool:
+        """Refresh a present object's time (a writer reuses it: gc must see it as new).
+
+        False when the file is gone: ``gc`` removed it between the writer's check and this
+        refresh, and the writer must write it after all, not count it present. Another
+        error (a store the writer may not change times in) counts as present.
+        """
+        try:
             os.utime(path)
+        except FileNotFoundError:
+            return False
+        except OSError:
+            pass
+        return True
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         """Write unless present (exclusive hard link); refresh mtime when present."""
         self._check_writable(key)
         path = self._path(key)
-        if os.path.isfile(path):
-            self._touch(path)
+        if os.path.isfile(path) and self._touch(path):
             return False
         try:
             return self._link_into_place(key, path, self._write_tmp(path, data))
@@ -261,8 +275,7 @@ class LocalStore:
         """Copy a local file in unless present; refresh mtime when present."""
         self._check_writable(key)
         dest = self._path(key)
-        if os.path.isfile(dest):
-            self._touch(dest)
+        if os.path.isfile(dest) and self._touch(dest):
             return False
         try:
             return self._link_into_place(key, dest, self._write_tmp(dest, None, src=path))
@@ -284,8 +297,7 @@ class LocalStore:
         self._check_writable(key)
         dest = self._path(key)
         try:
-            if os.path.isfile(dest):
-                self._touch(dest)
+            if os.path.isfile(dest) and self._touch(dest):
                 return False
             if self.fsync:
                 fd = os.open(path, os.O_RDONLY)
@@ -294,15 +306,18 @@ class LocalStore:
                 finally:
                     os.close(fd)
             os.makedirs(os.path.dirname(dest), exist_ok=True)
-            try:
-                os.link(path, dest)
-            except FileExistsError:
-                self._touch(dest)
-                return False
-            except OSError as exc:
-                if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
-                    raise
-                return self.put_file(key, path)
+            while True:
+                try:
+                    os.link(path, dest)
+                    break
+                except FileExistsError:
+                    if self._touch(dest):
+                        return False
+                    # removed (by gc) between the link and the refresh: link it again
+                except OSError as exc:
+                    if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+                        raise
+                    return self.put_file(key, path)
             self._fsync_dir(os.path.dirname(dest))
             return True
         except OSError as exc:
@@ -347,6 +362,37 @@ class LocalStore:
             raise self._error("compare-and-swap", key, exc) from exc
         finally:
             os.close(fd)
+
+    def delete_unless_since(self, key: str, cutoff: float) -> str:
+        """Delete ``key`` unless written or reused since ``cutoff``, against writers at once.
+
+        For ``gc``: reading the time and then deleting leaves a moment in which a writer
+        reuses the object (it finds it present and refreshes its time) and commits a
+        snapshot that references it, and the delete then takes it. Here the file is
+        first renamed aside (a hidden temporary name in its folder) and its time read
+        there: a writer that refreshed it before the rename is seen (the file goes back),
+        one that refreshes it after finds it gone and writes it again (see ``_touch``),
+        one that looks after the rename writes it anew. Returns ``"deleted"``,
+        ``"recent"`` (kept) or ``"gone"`` (not there). A crash while the file is aside
+        leaves a temporary file that ``gc`` sweeps once it is older than its grace period.
+        """
+        self._check_writable(key)
+        path = self._path(key)
+        aside = os.path.join(os.path.dirname(path), f"{TMP_PREFIX}gc-{uuid.uuid4().hex}")
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            return "gone"
+        except OSError as exc:
+            raise self._error("delete", key, exc) from exc
+        try:
+            if os.stat(aside).st_mtime >= cutoff:
+                os.rename(aside, path)  # a copy written meanwhile has the same bytes
+                return "recent"
+            os.unlink(aside)
+        except OSError as exc:
+            raise self._error("delete", key, exc) from exc
+        return "deleted"
 
     def delete(self, key: str) -> None:
         """Delete a file; missing is fine. Empty parent directories are left."""

@@ -1,0 +1,177 @@
+"""gc against a writer that reuses the object it is deleting, at every step of the delete.
+
+An ingest that writes bytes already stored (a shard of an earlier, abandoned run) finds the
+object present, refreshes its time and commits a snapshot that references it. gc deletes
+only objects older than its grace period, so the refresh must keep the object, wherever
+between gc's check of the time and its delete the writer comes. Each test forces one
+interleaving by running the writer from inside the step named.
+"""
+
+import os
+import time
+
+import pytest
+from catalog_helpers import stage_samples
+
+from simstore.catalog import Catalog, gc, verify
+from simstore.hashing import object_key
+from simstore.storage import LocalStore
+from simstore.storage import _local as local_module
+
+PAYLOAD = b"the bytes of a shard an abandoned ingest left behind"
+
+
+def _old_object(cat, payload=PAYLOAD):
+    """An unreachable object last written two hours ago; its id and its path."""
+    oid, _ = cat.put_object(payload)
+    path = os.path.join(cat.store.root, object_key(oid))
+    then = time.time() - 7200
+    os.utime(path, (then, then))
+    return oid, path
+
+
+def _reuse_and_commit(root):
+    """A concurrent writer: stages a sample whose shard is PAYLOAD, and commits it."""
+    writer = Catalog.open(root)
+    stage_samples(writer, "ds", {"b": PAYLOAD})
+    return writer.commit("ds", message="reuses the old shard").snapshot_id
+
+
+@pytest.fixture
+def store_cat(tmp_path):
+    cat = Catalog.init(LocalStore(str(tmp_path / "s")))
+    stage_samples(cat, "ds", {"a": b"A"})
+    cat.commit("ds", message="one")
+    return cat
+
+
+def _hook(monkeypatch, name, when, action):
+    """Run ``action`` once, right after (``when="after"``) or before os.<name> on a match."""
+    real = getattr(os, name)
+    done = []
+
+    def hooked(*args, **kwargs):
+        if when == "before" and not done and action.matches(args):
+            done.append(action())
+        result = real(*args, **kwargs)
+        if when == "after" and not done and action.matches(args):
+            done.append(action())
+        return result
+
+    monkeypatch.setattr(os, name, hooked)
+    return done
+
+
+class _Action:
+    def __init__(self, fn, matches):
+        self._fn, self.matches = fn, matches
+
+    def __call__(self):
+        return self._fn()
+
+
+def test_a_writer_that_reuses_the_object_after_gc_set_it_aside_writes_it_again(
+    monkeypatch, store_cat
+):
+    root = store_cat.store.root
+    oid, path = _old_object(store_cat)
+    # the writer comes right after gc renamed the object aside, before gc reads its time
+    action = _Action(lambda: _reuse_and_commit(root),
+                     lambda args: len(args) == 2 and args[0] == path)
+    done = _hook(monkeypatch, "rename", "after", action)
+    report = gc(Catalog.open(root), grace_s=3600)
+    monkeypatch.undo()
+    assert done, "the interleaving was not reached"
+    assert os.path.isfile(path)  # written again by the writer
+    assert verify(Catalog.open(root), "ds", deep=True).ok
+    assert oid in report.deleted  # the old copy went; the writer's stays
+
+
+def test_a_writer_that_refreshes_the_object_before_gc_reads_its_time_keeps_it(
+    monkeypatch, store_cat
+):
+    root = store_cat.store.root
+    oid, path = _old_object(store_cat)
+    aside = []
+
+    def matches(args):
+        # gc's read of the time of the object it set aside
+        return bool(args) and isinstance(args[0], str) and os.path.basename(
+            args[0]).startswith(f"{local_module.TMP_PREFIX}gc-") and not aside
+
+    def writer():
+        aside.append(True)
+        # the writer found the object just before the rename and refreshes it now: here
+        # that lands on the file set aside (same inode)
+        for name in os.listdir(os.path.dirname(path)):
+            if name.startswith(f"{local_module.TMP_PREFIX}gc-"):
+                os.utime(os.path.join(os.path.dirname(path), name))
+        return True
+
+    done = _hook(monkeypatch, "stat", "before", _Action(writer, matches))
+    report = gc(Catalog.open(root), grace_s=3600)
+    monkeypatch.undo()
+    assert done, "the interleaving was not reached"
+    assert os.path.isfile(path)  # put back
+    assert oid not in report.deleted
+    assert not [n for n in os.listdir(os.path.dirname(path))
+                if n.startswith(local_module.TMP_PREFIX)]
+
+
+def test_a_writer_whose_refresh_finds_the_object_gone_writes_it_again(
+    monkeypatch, store_cat
+):
+    store = store_cat.store
+    oid, path = _old_object(store_cat)
+    key = object_key(oid)
+
+    # gc removes the object between the writer's check that it is present and its refresh
+    def gc_now():
+        return store.delete_unless_since(key, time.time() - 3600)
+
+    done = _hook(monkeypatch, "utime", "before",
+                 _Action(gc_now, lambda args: bool(args) and args[0] == path))
+    written = store.put_if_absent(key, PAYLOAD)
+    monkeypatch.undo()
+    assert done == ["deleted"]
+    assert written is True  # not counted as present: it was gone
+    assert os.path.isfile(path)
+    with open(path, "rb") as f:
+        assert f.read() == PAYLOAD
+
+
+def test_move_file_whose_refresh_finds_the_object_gone_links_it_again(
+    monkeypatch, store_cat, tmp_path
+):
+    store = store_cat.store
+    oid, path = _old_object(store_cat)
+    key = object_key(oid)
+    scratch = os.path.join(store.scratch_dir(), "shard")
+    with open(scratch, "wb") as f:
+        f.write(PAYLOAD)
+
+    def gc_now():
+        return store.delete_unless_since(key, time.time() - 3600)
+
+    done = _hook(monkeypatch, "utime", "before",
+                 _Action(gc_now, lambda args: bool(args) and args[0] == path))
+    moved = store.move_file(key, scratch)
+    monkeypatch.undo()
+    assert done == ["deleted"]
+    assert moved is True
+    with open(path, "rb") as f:
+        assert f.read() == PAYLOAD
+    assert not os.path.exists(scratch)
+
+
+def test_delete_unless_since_keeps_recent_and_says_what_it_did(store_cat):
+    store = store_cat.store
+    oid, path = _old_object(store_cat)
+    key = object_key(oid)
+    assert store.delete_unless_since(key, time.time() - 10_000) == "recent"
+    assert os.path.isfile(path)
+    assert store.delete_unless_since(key, time.time() - 3600) == "deleted"
+    assert not os.path.exists(path)
+    assert store.delete_unless_since(key, time.time() - 3600) == "gone"
+    assert not [n for n in os.listdir(os.path.dirname(path))
+                if n.startswith(local_module.TMP_PREFIX)]
