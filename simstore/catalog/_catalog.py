@@ -377,7 +377,28 @@ class Catalog:
                 "by init), so no commit can move a ref safely; run `simstore init` through "
                 "an endpoint that enforces them"
             )
-        self.branches(dataset).require(branch)
+        self.require_branch(dataset, branch)
+
+    def require_branch(self, dataset: str, branch: str) -> None:
+        """Refuse changes meant for ``branch`` unless it is a branch of the dataset or its first.
+
+        A dataset with branches: one of them (:meth:`Branches.require`). One without
+        branches but with tags has a history (its branches were deleted): a commit would
+        start a second one, with no parent, beside it, so a branch must be made at one of
+        its snapshots first. Only a dataset with neither passes: its first snapshot
+        creates its branch. A NotFoundError says which.
+        """
+        if self.branches(dataset).require(branch):
+            return
+        tags = self.tags(dataset).names()
+        if tags:
+            more = f" and {len(tags) - 10} more" if len(tags) > 10 else ""
+            raise NotFoundError(
+                f"dataset {dataset!r} has no branches, only tags ({', '.join(tags[:10])}"
+                f"{more}): a commit to {branch!r} would start a history of its own beside "
+                f"theirs; create the branch at a snapshot first: simstore branch "
+                f"{dataset}@{tags[0]} {branch}"
+            )
 
     def branches(self, dataset: str) -> Branches:
         """The dataset's branches."""
@@ -676,6 +697,13 @@ class Catalog:
             head, version = branches.get_versioned(branch)
             if attempt == 1:
                 first_head = head
+            elif head is None and first_head is not None:
+                # deleted while this commit ran: committing now would create the branch
+                # again with a snapshot of the staged changes alone, no history under it
+                raise NotFoundError(
+                    f"dataset {dataset!r}: branch {branch!r} was deleted while this commit "
+                    "ran; the staged changes stay staged"
+                )
             consumed = self._consumed_in_history(head, entries)
             todo = [e for e in entries if e.id not in consumed]
             if entries and not todo:

@@ -256,12 +256,14 @@ class Branches(_Refs):
 
     kind = "heads"
 
-    def require(self, name: str) -> None:
+    def require(self, name: str) -> list[str]:
         """Refuse ``name`` when the dataset has branches and it is none of them (NotFoundError).
 
         A dataset without branches (new, or unknown) passes: its first snapshot creates
         its branch. Anywhere else a branch starts at a snapshot, so a mistyped name never
-        takes staged changes off to an orphan history. One listing decides.
+        takes staged changes off to an orphan history. One listing decides; returns the
+        branch names it found (see ``Catalog.require_branch`` for a dataset whose branches
+        were all deleted).
         """
         names = self.names()
         if names and name not in names:
@@ -272,6 +274,7 @@ class Branches(_Refs):
                 f"{', '.join(names[:10])}{more}); create it at a snapshot first: "
                 f"simstore branch {self.dataset}@{at} {name}"
             )
+        return names
 
     def create(self, name: str, snapshot_id: str) -> None:
         """Create a branch at a snapshot; AlreadyExistsError when it exists elsewhere.

@@ -128,7 +128,7 @@ def ingest(
     else:
         # a staged run dedups against the branch, and a later snapshot commits onto it: a
         # name the dataset has no branch of is refused here too
-        catalog.branches(dataset).require(cfg.branch)
+        catalog.require_branch(dataset, cfg.branch)
     plugins = plugins_for(cfg)
     cfg.check_adapter_options(plugins[0])
     files, ignored = discover([os.fspath(s) for s in srcs], plugins[0])

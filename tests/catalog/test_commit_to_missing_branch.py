@@ -63,3 +63,62 @@ def test_ingest_with_snapshot_to_a_missing_branch_fails_before_reading(tmp_path)
                    for d, _, files in os.walk(store) for f in files)
     assert after == before  # nothing read, nothing written
     assert Catalog.open(store).staged("ds") == []
+
+
+def test_a_dataset_whose_branches_were_all_deleted_takes_no_commit_to_a_new_name(cat, tmp_path):
+    # its history is kept by a tag: a commit to any name would start a second, parentless
+    # one beside it; the branch is made at a snapshot first
+    stage_samples(cat, "ds", {"a": b"1"})
+    base = cat.commit("ds", message="base").snapshot_id
+    cat.tags("ds").create("v1", base)
+    cat.branches("ds").delete("main")
+    entry = stage_samples(cat, "ds", {"b": b"2"})
+    with pytest.raises(NotFoundError) as err:
+        cat.commit("ds", message="typo", branch="mian")
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert "has no branches, only tags (v1)" in msg
+    assert "simstore branch ds@v1 mian" in msg
+    assert cat.branches("ds").names() == []
+    assert [e.id for e in cat.staged("ds")] == [entry.id]
+    # the CLI says the same in one line, exit 3, and an ingest staged for it is refused too
+    out = CliRunner().invoke(main, ["--store", cat.store.root, "snapshot", "ds", "-m", "x",
+                                    "--branch", "mian"])
+    assert out.exit_code == 3, out.output
+    assert "has no branches, only tags (v1)" in out.output
+    src = tmp_path / "src"
+    src.mkdir()
+    np.savez(src / "run0.npz", u=np.arange(6, dtype=np.float32))
+    out = CliRunner().invoke(main, ["--store", cat.store.root, "ingest", str(src),
+                                    "--dataset", "ds", "--branch", "mian"])
+    assert out.exit_code == 3, out.output
+    assert [e.id for e in cat.staged("ds")] == [entry.id]
+    # made at the tag's snapshot, the branch takes the commit on top of the history
+    cat.branches("ds").create("mian", base)
+    done = cat.commit("ds", message="now", branch="mian")
+    assert done.parent == base
+    assert set(content(cat, "ds@mian")) == {"a", "b"}
+
+
+def test_a_branch_deleted_while_a_commit_runs_is_not_created_again(cat, monkeypatch):
+    stage_samples(cat, "ds", {"a": b"1"})
+    base = cat.commit("ds", message="base").snapshot_id
+    cat.branches("ds").create("dev", base)
+    entry = stage_samples(cat, "ds", {"b": b"2"})
+    real = cat.store.compare_and_swap
+    deleted = []
+
+    def swap(key, expected, data):
+        # another process deletes the branch after this commit read its head
+        if key.endswith("refs/heads/dev") and not deleted:
+            Catalog.open(cat.store.root).branches("ds").delete("dev")
+            deleted.append(key)
+        return real(key, expected, data)
+
+    monkeypatch.setattr(cat.store, "compare_and_swap", swap)
+    with pytest.raises(NotFoundError) as err:
+        cat.commit("ds", message="to dev", branch="dev")
+    assert deleted
+    assert "branch 'dev' was deleted while this commit ran" in str(err.value)
+    assert cat.branches("ds").names() == ["main"]  # not created again, with no history
+    assert [e.id for e in cat.staged("ds")] == [entry.id]
