@@ -187,54 +187,6 @@ cast_bounds_float(const float *x, Py_ssize_t n, double *out, float *lo, float *h
     *hi = h;
 }
 
-static void
-cast_bounds_double(const double *x, Py_ssize_t n, double *out, double *lo, double *hi)
-{
-    Py_ssize_t i = 0;
-    double l = x[0], h = x[0];
-#if defined(__SSE2__)
-    __m128d vl = _mm_set1_pd(x[0]), vh = vl;
-    __m128d vl1 = vl, vh1 = vl, vl2 = vl, vh2 = vl, vl3 = vl, vh3 = vl; /* see cast_bounds_float */
-    for (; i + 8 <= n; i += 8) {
-        const __m128d v0 = _mm_loadu_pd(x + i), v1 = _mm_loadu_pd(x + i + 2);
-        const __m128d v2 = _mm_loadu_pd(x + i + 4), v3 = _mm_loadu_pd(x + i + 6);
-        vl = _mm_min_pd(vl, v0);
-        vh = _mm_max_pd(vh, v0);
-        vl1 = _mm_min_pd(vl1, v1);
-        vh1 = _mm_max_pd(vh1, v1);
-        vl2 = _mm_min_pd(vl2, v2);
-        vh2 = _mm_max_pd(vh2, v2);
-        vl3 = _mm_min_pd(vl3, v3);
-        vh3 = _mm_max_pd(vh3, v3);
-        _mm_storeu_pd(out + i, v0);
-        _mm_storeu_pd(out + i + 2, v1);
-        _mm_storeu_pd(out + i + 4, v2);
-        _mm_storeu_pd(out + i + 6, v3);
-    }
-    vl = _mm_min_pd(_mm_min_pd(vl, vl1), _mm_min_pd(vl2, vl3));
-    vh = _mm_max_pd(_mm_max_pd(vh, vh1), _mm_max_pd(vh2, vh3));
-    for (; i + 2 <= n; i += 2) {
-        const __m128d v = _mm_loadu_pd(x + i);
-        vl = _mm_min_pd(vl, v);
-        vh = _mm_max_pd(vh, v);
-        _mm_storeu_pd(out + i, v);
-    }
-    double lanes[2];
-    _mm_storeu_pd(lanes, vl);
-    l = lanes[0] < lanes[1] ? lanes[0] : lanes[1];
-    _mm_storeu_pd(lanes, vh);
-    h = lanes[0] > lanes[1] ? lanes[0] : lanes[1];
-#endif
-    for (; i < n; i++) {
-        const double v = x[i];
-        out[i] = v;
-        l = v < l ? v : l;
-        h = v > h ? v : h;
-    }
-    *lo = l;
-    *hi = h;
-}
-
 /* The minimum and maximum of n > 0 doubles, with four pairs of bounds side by side (see
  * cast_bounds_float). */
 static void
@@ -271,6 +223,15 @@ bounds_double(const double *x, Py_ssize_t n, double *lo, double *hi)
     }
     *lo = l;
     *hi = h;
+}
+
+/* float64 values need no cast: copied into the scratch (which the sums read from the
+ * CPU's cache), their bounds taken over the copy. */
+static void
+cast_bounds_double(const double *x, Py_ssize_t n, double *out, double *lo, double *hi)
+{
+    memcpy(out, x, (size_t)n * sizeof(double));
+    bounds_double(out, n, lo, hi);
 }
 
 /* A sub-block of ``rows`` x ``k`` values (k > 1, one row per point) cast component by
