@@ -62,6 +62,15 @@ def _hook(monkeypatch, name, when, action):
     return done
 
 
+def _gc_before_the_refresh(monkeypatch, store, key, path):
+    """gc removes the object between a writer's check that it is present and its refresh."""
+    def gc_now():
+        return store.delete_unless_since(key, time.time() - 3600)
+
+    return _hook(monkeypatch, "utime", "before",
+                 _Action(gc_now, lambda args: bool(args) and args[0] == path))
+
+
 class _Action:
     def __init__(self, fn, matches):
         self._fn, self.matches = fn, matches
@@ -124,13 +133,7 @@ def test_a_writer_whose_refresh_finds_the_object_gone_writes_it_again(
     store = store_cat.store
     oid, path = _old_object(store_cat)
     key = object_key(oid)
-
-    # gc removes the object between the writer's check that it is present and its refresh
-    def gc_now():
-        return store.delete_unless_since(key, time.time() - 3600)
-
-    done = _hook(monkeypatch, "utime", "before",
-                 _Action(gc_now, lambda args: bool(args) and args[0] == path))
+    done = _gc_before_the_refresh(monkeypatch, store, key, path)
     written = store.put_if_absent(key, PAYLOAD)
     monkeypatch.undo()
     assert done == ["deleted"]
@@ -149,12 +152,7 @@ def test_move_file_whose_refresh_finds_the_object_gone_links_it_again(
     scratch = os.path.join(store.scratch_dir(), "shard")
     with open(scratch, "wb") as f:
         f.write(PAYLOAD)
-
-    def gc_now():
-        return store.delete_unless_since(key, time.time() - 3600)
-
-    done = _hook(monkeypatch, "utime", "before",
-                 _Action(gc_now, lambda args: bool(args) and args[0] == path))
+    done = _gc_before_the_refresh(monkeypatch, store, key, path)
     moved = store.move_file(key, scratch)
     monkeypatch.undo()
     assert done == ["deleted"]
