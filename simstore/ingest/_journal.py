@@ -15,6 +15,11 @@ without fsync (two fsyncs per file made a small-file ingest several times slower
 shards it names were stored (and, on a store with fsync, synced) before it was written,
 so after a crash a record is either absent or unreadable (the file is redone) or points to
 shards that survived.
+
+A record also says which checks its file passed (``--nan``, ``--allow-schema-change``): a
+re-run that checks more (``--nan error`` after ``allow``; no ``--allow-schema-change``
+after one with it) reads the file again instead of reusing it, so resuming never lets
+through what the same command without the journal refuses.
 """
 
 from __future__ import annotations
@@ -30,9 +35,32 @@ from simstore.storage import LocalStore, ObjectStore
 
 __all__ = ["JOURNAL_FORMAT_VERSION", "journal_key", "read_journal", "write_journal"]
 
-JOURNAL_FORMAT_VERSION = 2
-"""2: records are keyed by the file's path and identity too (version 1 records, keyed by
+JOURNAL_FORMAT_VERSION = 3
+"""3: records say which checks their file passed (``checks``: ``--nan`` and
+``--allow-schema-change``), and a run stricter than a record is not served by it; version 2
+records are never read (their files are read again once).
+2: records are keyed by the file's path and identity too (version 1 records, keyed by
 key, size and mtime alone, are never read: their files are read again once)."""
+
+
+def _checks(ctx: TaskContext) -> dict[str, object]:
+    """What a file was checked for when its record is written (see :func:`_passes`)."""
+    return {"nan": ctx.config.nan, "allow_schema_change": ctx.config.allow_schema_change}
+
+
+def _passes(ctx: TaskContext, checks: object) -> bool:
+    """Whether a record's file passed every check this run makes.
+
+    A record written under ``--nan allow`` does not say the file holds no NaN, nor one
+    written under ``--allow-schema-change`` that its fields keep one type from sample to
+    sample: a run that checks either reads the file again (and fails it if it must),
+    rather than reuse a result its own checks would have refused.
+    """
+    if not isinstance(checks, dict):
+        return False
+    if ctx.config.nan == "error" and checks.get("nan") != "error":
+        return False
+    return bool(ctx.config.allow_schema_change or checks.get("allow_schema_change") is False)
 
 
 def journal_key(ctx: TaskContext, src: SourceFile) -> str:
@@ -81,6 +109,7 @@ def write_journal(ctx: TaskContext, src: SourceFile, res: FileResult) -> None:
         "schema": res.schema,
         "stats": res.stats,
         "source_object": res.source_object,
+        "checks": _checks(ctx),
     }
     _records_store(ctx.store).put(journal_key(ctx, src), canonical_json(record))
 
@@ -101,6 +130,8 @@ def read_journal(
         return None
     if rec.get("format_version") != JOURNAL_FORMAT_VERSION or rec.get("kind") != "ingest-journal":
         return None
+    if not _passes(ctx, rec.get("checks")):
+        return None  # checked less strictly than this run checks: read the file again
     rows: list[Row] = [(str(k), str(h), str(s), int(p), int(b)) for k, h, s, p, b in rec["rows"]]
     needed = {r[2] for r in rows} | ({rec["source_object"]} if rec.get("source_object") else set())
     known = present if present is not None else {}
