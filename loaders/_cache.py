@@ -88,6 +88,15 @@ class PinnedCopy:
         """When the copy was filled (its modification time, ns since the epoch)."""
         self._fd: int | None = fd
 
+    @property
+    def fd(self) -> int | None:
+        """The descriptor that pins the copy (None once released).
+
+        It holds the file itself, whatever its path names later (a damaged copy taken out
+        and filled again).
+        """
+        return self._fd
+
     def release(self) -> None:
         """Unpin; the copy may then be evicted."""
         if self._fd is not None:
@@ -266,13 +275,20 @@ class ShardCache:
             if name.startswith(object_id + "."):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(self._tmp, name))
-        with self._lock("evict"):
-            self._make_room(size)
         tmp = os.path.join(self._tmp, f"{object_id}.{uuid.uuid4().hex}")
         try:
-            with open(tmp, "wb") as raw:
+            with self._lock("evict"):
+                self._make_room(size)
+                # the fill's whole size is reserved at once (a file of that length, with
+                # no blocks yet): every other fill's room-making counts it (usage_bytes
+                # reads tmp/), where a fill counted only its bytes so far and fills side
+                # by side each made room for itself alone, together going over the limit
+                with open(tmp, "wb") as reserve:
+                    reserve.truncate(size)
+            with open(tmp, "r+b") as raw:
                 hashing = _HashingWriter(raw)
                 download(hashing)  # type: ignore[arg-type]
+                raw.truncate()  # a shorter download: what it did not write goes
             actual = hashing.hasher.hexdigest()
             if actual != object_id:
                 by = f"; referenced by snapshot {referenced_by}" if referenced_by else ""

@@ -229,6 +229,15 @@ class RangedFile(io.RawIOBase):
         return joined[off : off + (end - start)]
 
 
+FileIdentity = tuple[int, int, int, int]
+"""A file's device, inode, size and modification time (ns): which file a path names."""
+
+
+def file_identity(st: os.stat_result) -> FileIdentity:
+    """The identity of the file ``st`` describes (see :data:`FileIdentity`)."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 @dataclass(slots=True)
 class ShardHandle:
     """What a reader opens: a local path or a file object, and how to let go of it."""
@@ -238,6 +247,9 @@ class ShardHandle:
     trusted: bool = False
     """Whether its reader may skip page CRC-32s: this process hashed the whole source to
     its id (a local shard checked, a cache copy filled here), or ``verify`` is off."""
+    pinned: FileIdentity | None = None
+    """A cache copy's identity when it was pinned: its check hashes that file only, not
+    whatever file the path names by the time the check runs."""
 
 
 VERIFIED_SLOTS = 4096
@@ -501,16 +513,20 @@ class ShardAccess:
         self.counters.add("shards_trusted")
         return False
 
-    def _hash_against(self, shard_id: str, path: str, tier: str) -> str | None:
+    def _hash_against(
+        self, shard_id: str, path: str, tier: str, fd: int | None = None
+    ) -> str | None:
         """Hash ``path`` (a read of ``tier``); None if it is ``shard_id``, else its hash.
 
-        A match is remembered: the shard is not hashed again in this process, nor by a
-        later job on this node while the file is unchanged (``node``).
+        ``fd``: the file to hash, open (``path`` names it). A match is remembered: the
+        shard is not hashed again in this process, nor by a later job on this node while
+        the file is unchanged (``node``).
         """
         # the stamp before: a file changed while hashed is hashed again
         stamped_ns = time.time_ns()
-        info = stamp_info(path)
-        actual, size = hash_file(path, pace=self._pace if self.limiter.rate else None)
+        info = stamp_info(path if fd is None else fd)
+        actual, size = hash_file(path if fd is None else fd,
+                                 pace=self._pace if self.limiter.rate else None)
         self.counters.add_read(tier, size)
         self.counters.add("shards_verified")
         if actual != shard_id:
@@ -564,8 +580,16 @@ class ShardAccess:
     def _by(self) -> str:
         return f"; referenced by snapshot {self.referenced_by}" if self.referenced_by else ""
 
-    def check_copy(self, shard_id: str, path: str) -> bool:
+    def check_copy(
+        self, shard_id: str, path: str, pinned: FileIdentity | None = None
+    ) -> bool:
         """Hash a cache hit's copy once in this process (its reader checks pages meanwhile).
+
+        ``pinned``, the copy's identity when its reader's handle pinned it: only that file
+        is hashed (and removed if damaged). Another process may have taken a damaged copy
+        out and filled a good one at the same path since; hashing the good one would
+        vouch for the damaged file the reader holds. A path that names another file now
+        counts as gone.
 
         A copy was verified when it was filled, perhaps by another process long ago; this
         catches a copy damaged since. A wrong copy is taken out of the cache (the next use
@@ -577,13 +601,21 @@ class ShardAccess:
         if not self.unchecked(shard_id) or self.sibling_verified(shard_id):
             return True
         try:
-            wrong = self._hash_against(shard_id, path, "cache")
+            fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             return False
         except OSError as exc:
             raise StorageError(f"cache copy {path}: read failed: {exc}") from exc
-        if wrong is not None:
-            raise self._remove_damaged(path, wrong, shard_id)
+        try:
+            if pinned is not None and file_identity(os.fstat(fd)) != pinned:
+                return False  # replaced since it was pinned: the reader's copy is gone
+            wrong = self._hash_against(shard_id, path, "cache", fd)
+            if wrong is not None:
+                raise self._remove_damaged(path, wrong, shard_id, fd)
+        except OSError as exc:
+            raise StorageError(f"cache copy {path}: read failed: {exc}") from exc
+        finally:
+            os.close(fd)
         return True
 
     def read_cached(
@@ -625,24 +657,36 @@ class ShardAccess:
             if not copy.hit:
                 return fetched[0], self.tier
             try:
-                with open(copy.path, "rb") as f:
+                # the pinned file itself, whatever its path names by now
+                pinned = copy.fd
+                with (open(os.dup(pinned), "rb") if pinned is not None
+                      else open(copy.path, "rb")) as f:
+                    f.seek(0)
                     if starts_with and f.read(len(starts_with)) != starts_with:
                         return None
                     f.seek(0)
                     data = f.read()
+                actual = hash_bytes(data)
+                if actual != object_id:
+                    raise self._remove_damaged(copy.path, actual, object_id, pinned)
             except OSError as exc:
                 raise StorageError(f"cache copy {copy.path}: read failed: {exc}") from exc
         finally:
             copy.release()
-        actual = hash_bytes(data)
-        if actual != object_id:
-            raise self._remove_damaged(copy.path, actual, object_id)
         return data, "cache"
 
-    def _remove_damaged(self, path: str, actual: str, object_id: str) -> IntegrityError:
-        """Take a cache copy that does not hash to its id out of the cache; the error."""
+    def _remove_damaged(
+        self, path: str, actual: str, object_id: str, fd: int | None = None
+    ) -> IntegrityError:
+        """Take a cache copy that does not hash to its id out of the cache; the error.
+
+        With ``fd`` (the damaged file, open), the path is removed only while it still
+        names that file: a good copy another process filled there since stays.
+        """
         with contextlib.suppress(OSError):
-            os.unlink(path)
+            if fd is None or file_identity(os.stat(path))[:2] == file_identity(
+                    os.fstat(fd))[:2]:
+                os.unlink(path)
         return IntegrityError(
             f"cache copy {path} has hash {actual}, expected {object_id}{self._by()} "
             "(removed from the cache)"
@@ -686,7 +730,9 @@ class ShardAccess:
         if not copy.hit:
             self._filled(shard_id, copy.path)
         # a fill is trusted (remembered above, or verify=False); a hit while unchecked
-        return ShardHandle(copy.path, copy.release, trusted=not self.unchecked(shard_id))
+        pinned = None if copy.fd is None else file_identity(os.fstat(copy.fd))
+        return ShardHandle(copy.path, copy.release, trusted=not self.unchecked(shard_id),
+                           pinned=pinned)
 
     def _filled(self, shard_id: str, path: str) -> None:
         """This process filled ``path`` with bytes that hashed to ``shard_id`` on the way.

@@ -266,7 +266,10 @@ class ReaderPool:
                 except Exception as exc:
                     if entry.checking is not None:
                         self.start_hashing()
-                        entry.hashed(entry.checking.wait())
+                        try:
+                            entry.hashed(entry.checking.wait())
+                        except IntegrityError as damaged:
+                            raise damaged from exc  # the hash says why the read failed
                     if entry.gone:
                         # the worker that took the copy out found it damaged, and this
                         # read found why: that is the better error
@@ -325,7 +328,7 @@ class ReaderPool:
                 and access.mode(key[1]) == "cache"):
             # a cache hit: hashed once in this process (or by the sibling worker that owns
             # it), like a local shard
-            check = functools.partial(access.check_copy, key[1], source)
+            check = functools.partial(access.check_copy, key[1], source, handle.pinned)
         try:
             reader = self._open(key, handle)
         except Exception as exc:

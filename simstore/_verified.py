@@ -52,7 +52,7 @@ ENV_DIR = "SIMSTORE_VERIFIED_DIR"
 _MASK63 = (1 << 63) - 1
 
 
-def stamp_info(path: str) -> tuple[int, int] | None:
+def stamp_info(path: str | int) -> tuple[int, int] | None:
     """``(stamp, last change in ns)`` of a file, or None if it cannot be read.
 
     The stamp is a 63-bit digest of the file's device, inode, size, and modification and
@@ -60,9 +60,10 @@ def stamp_info(path: str) -> tuple[int, int] | None:
     cannot be set back by a user), and so does a file replaced by another that got the
     same inode number. A loader's cache copies qualify as a store's files do: the cache
     keeps its LRU clock beside them, never in them, so a copy's times stay its fill's.
+    ``path`` may be an open descriptor: the stamp of the file it holds.
     """
     try:
-        st = os.stat(path)
+        st = os.fstat(path) if isinstance(path, int) else os.stat(path)
     except OSError:
         return None
     ctime = st.st_ctime_ns

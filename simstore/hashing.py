@@ -8,6 +8,7 @@ Pure apart from :func:`hash_file`, which reads the file it is given.
 from __future__ import annotations
 
 import mmap
+import os
 import re
 import zlib
 from collections.abc import Callable, Iterable
@@ -95,7 +96,8 @@ def hash_stream(
 
 
 def hash_file(
-    path: str, block_bytes: int = _BLOCK_BYTES, *, pace: Callable[[int], object] | None = None
+    path: str | int, block_bytes: int = _BLOCK_BYTES, *,
+    pace: Callable[[int], object] | None = None,
 ) -> tuple[ObjectId, int]:
     """Hash a local file in bounded blocks; returns (id, size in bytes).
 
@@ -103,9 +105,12 @@ def hash_file(
     mapping once hashed (no read copy: 6,960 against 3,883 MiB/s from the page cache,
     64 MiB shards); a file that cannot be mapped (empty, a pipe) is read in blocks.
     ``pace(nbytes)``, when given, is called before each window or block is read (a
-    bandwidth cap waits there).
+    bandwidth cap waits there). ``path`` may be an open descriptor instead (it stays
+    open): the file it holds is hashed, whatever its path names by now.
     """
-    with open(path, "rb") as f:
+    opened = open(os.dup(path), "rb") if isinstance(path, int) else open(path, "rb")
+    with opened as f:
+        f.seek(0)
         try:
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except (ValueError, OSError):

@@ -1,0 +1,121 @@
+"""The disk cache against its own concurrency: fills side by side, and copies replaced.
+
+Fills running at once (threads here; processes share the same file locks) must make room
+for each other, not each for itself; and a cache hit's check must hash the copy its
+reader holds, not whatever file the copy's path names by the time the check runs.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+from simstore.loaders._cache import CacheConfig, ShardCache
+from simstore.loaders._fetch import RateLimiter, ShardAccess, file_identity
+from simstore.loaders._stats import Counters
+
+from simstore.errors import IntegrityError
+from simstore.hashing import hash_bytes
+from simstore.storage import open_store
+
+SIZE = 1000
+
+
+def _blob(i: int) -> bytes:
+    return bytes([i]) * SIZE
+
+
+def test_fills_side_by_side_make_room_for_each_other(tmp_path):
+    limit = 3 * SIZE
+    cache_dir = str(tmp_path / "c")
+    cache = ShardCache(CacheConfig(directory=cache_dir, limit_bytes=limit), Counters())
+    for old in (_blob(1), _blob(2)):  # two older copies, not pinned
+        cache.acquire(hash_bytes(old), lambda: SIZE,
+                      lambda out, b=old: out.write(b)).release()
+    started = threading.Barrier(3)
+    seen: list[int] = []
+    errors: list[BaseException] = []
+
+    def fill(i: int) -> None:
+        blob = _blob(i)
+
+        def download(out):
+            started.wait(timeout=30)  # all three fills are in flight now
+            seen.append(ShardCache(CacheConfig(directory=cache_dir, limit_bytes=limit),
+                                   Counters()).usage_bytes())
+            out.write(blob)
+
+        try:
+            own = ShardCache(CacheConfig(directory=cache_dir, limit_bytes=limit), Counters())
+            own.acquire(hash_bytes(blob), lambda: SIZE, download).release()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=fill, args=(i,)) for i in (3, 4, 5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    # each fill counted the others' whole size while all three were downloading: the two
+    # old copies went, and the cache never held more than its limit
+    assert len(seen) == 3 and max(seen) <= limit, seen
+    assert cache.usage_bytes() <= limit
+    assert sorted(cache.peek(hash_bytes(_blob(i))) is not None for i in (1, 2)) == [False, False]
+
+
+def test_a_fill_cut_short_keeps_only_what_it_wrote(tmp_path):
+    cache = ShardCache(CacheConfig(directory=str(tmp_path / "c"), limit_bytes=10 * SIZE),
+                       Counters())
+    blob = _blob(7)
+    # the store said more bytes than it sent: the copy is what came, and its hash decides
+    copy = cache.acquire(hash_bytes(blob), lambda: 2 * SIZE, lambda out: out.write(blob))
+    try:
+        with open(copy.path, "rb") as f:
+            assert f.read() == blob
+    finally:
+        copy.release()
+
+
+def test_a_hit_is_checked_on_the_file_its_reader_holds(tmp_path):
+    """Reader A holds a damaged copy; another process takes it out and fills a good one."""
+    cache_dir = str(tmp_path / "c")
+    blob = _blob(9)
+    oid = hash_bytes(blob)
+    cache = ShardCache(CacheConfig(directory=cache_dir, limit_bytes=10 * SIZE), Counters())
+    cache.acquire(oid, lambda: SIZE, lambda out: out.write(blob)).release()
+    path = cache.path_of(oid)
+    with open(path, "r+b") as f:  # damaged on the node's disk since its fill
+        f.write(b"\x00")
+    held = cache.peek(oid)  # A: a hit, pinned
+    assert held is not None
+    try:
+        # B meets the damage, takes the copy out; C fills a good copy at the same path
+        os.unlink(path)
+        cache.acquire(oid, lambda: SIZE, lambda out: out.write(blob)).release()
+        access = ShardAccess(open_store("memory://cache-races"), counters=Counters(),
+                             limiter=RateLimiter(None),
+                             cache=CacheConfig(directory=cache_dir, limit_bytes=10 * SIZE),
+                             verify=True)
+        pinned = file_identity(os.fstat(held.fd))
+        # A's check hashes no file but the one it pinned: that one is gone from the
+        # cache, so A is not vouched for (its reader goes on checking pages)
+        assert access.check_copy(oid, path, pinned) is False
+        assert access.counters.snapshot()["shards_verified"] == 0
+        with open(path, "rb") as f:  # C's good copy stays
+            assert f.read() == blob
+        # a copy still the pinned one is hashed: damage found, named, taken out
+        with open(path, "r+b") as f:
+            f.write(b"\x00")
+        again = cache.peek(oid)
+        assert again is not None
+        try:
+            with pytest.raises(IntegrityError, match=f"expected {oid}"):
+                access.check_copy(oid, path, file_identity(os.fstat(again.fd)))
+        finally:
+            again.release()
+        assert not os.path.exists(path)
+    finally:
+        held.release()
+
