@@ -148,13 +148,26 @@ def handle_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+_TEXT_STORAGE_OPTIONS = frozenset(
+    {"key", "secret", "token", "profile", "endpoint_url", "region_name"}
+)
+"""Storage options always taken as the text typed: an access key or secret of digits (a
+MinIO user's) is not a number."""
+
+
 def parse_storage_options(values: tuple[str, ...]) -> dict[str, Any]:
-    """``key=value`` pairs; values that parse as JSON (numbers, true, objects) are typed."""
+    """``key=value`` pairs; values that parse as JSON (numbers, true, objects) are typed.
+
+    Credentials and names (:data:`_TEXT_STORAGE_OPTIONS`) stay the text typed.
+    """
     out: dict[str, Any] = {}
     for item in values:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise click.BadParameter(f"{item!r}: expected key=value", param_hint="--storage-option")
+        if key in _TEXT_STORAGE_OPTIONS:
+            out[key] = value
+            continue
         try:
             out[key] = json.loads(value)
         except ValueError:

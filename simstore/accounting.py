@@ -177,10 +177,18 @@ def run_cost(
     """
     import dataclasses
 
+    mapping = {**DEFAULT_TIER_PRICES, **dict(tier_prices or {})}
+    if cold_tier is not None and mapping.get(cold_tier) is None:
+        # a tier no price tier is mapped to would price nothing, and say only that no
+        # cold tier was given: the name given is the mistake
+        raise InvalidInputError(
+            f"cold tier {cold_tier!r} has no price tier; name a priced tier "
+            f"({', '.join(sorted(k for k, v in mapping.items() if v is not None))}) or map "
+            f"it, e.g. --tier {cold_tier}=s3-standard"
+        )
     usage = read_run_reports(paths)
     if cold_tier is not None:
         usage = dataclasses.replace(usage, cold_tier=cold_tier)
-    mapping = {**DEFAULT_TIER_PRICES, **dict(tier_prices or {})}
     return price_run(usage, table, mapping, egress=egress)
 
 

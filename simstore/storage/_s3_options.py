@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, TypedDict
 
 from simstore.errors import InvalidInputError
@@ -118,6 +118,9 @@ class Tuning:
 
 
 _TUNING_NAMES = frozenset(f.name for f in fields(Tuning))
+_TEXT_OPTIONS = ("endpoint_url", "key", "secret", "token", "profile", "region_name")
+"""Options that are text: an access key of digits is a key, not a number."""
+
 _CLIENT_NAMES = frozenset(
     {"endpoint_url", "key", "secret", "token", "profile", "region_name", "anon", "use_ssl",
      "client_kwargs", "config_kwargs", "requester_pays", "s3_additional_kwargs"}
@@ -178,11 +181,22 @@ def parse_tuning(options: Mapping[str, Any]) -> Tuning:
             )
         if name in _INTEGER_TUNING and not float(value).is_integer():
             raise InvalidInputError(f"S3 storage option {name} must be a whole number: {value!r}")
+    # a whole number given as a float (6e6, as a flag's JSON value parses) counts as one:
+    # sizes and counts are used as slice bounds and range sizes
+    whole: dict[str, Any] = {n: int(getattr(tuning, n)) for n in _INTEGER_TUNING
+                             if isinstance(getattr(tuning, n), float)}
+    tuning = replace(tuning, **whole)
     if tuning.multipart_part_bytes < 5 * _MiB:
         raise InvalidInputError(
             "S3 storage option multipart_part_bytes must be at least 5 MiB (S3's smallest "
             f"part), got {tuning.multipart_part_bytes}"
         )
+    for name in _TEXT_OPTIONS:
+        if options.get(name) is not None and not isinstance(options[name], str):
+            raise InvalidInputError(
+                f"S3 storage option {name} must be text, got {type(options[name]).__name__} "
+                f"{options[name]!r}"
+            )
     for name in ("client_kwargs", "config_kwargs"):
         if options.get(name) is not None and not isinstance(options[name], Mapping):
             raise InvalidInputError(f"S3 storage option {name} must be a mapping of "

@@ -231,3 +231,15 @@ def test_pull_limit_follows_the_rule(store, tmp_path, monkeypatch, text, size):
     monkeypatch.setattr("simstore.cli._cost.warm_cache", fake_warm_cache)
     cli("--store", store, "pull", "ds", "--cache", str(tmp_path / "c"), "--limit", text, code=1)
     assert seen["limit"] == size
+
+
+def test_credentials_and_names_in_storage_options_stay_text():
+    # an access key of digits (a MinIO user's) is a key, not a number; tuning stays typed
+    from simstore.cli._common import parse_storage_options
+
+    got = parse_storage_options((
+        "key=12345678", "secret=007", "token=true", "region_name=1", "max_attempts=3",
+        "anon=true", "multipart_part_bytes=6e6",
+    ))
+    assert got == {"key": "12345678", "secret": "007", "token": "true", "region_name": "1",
+                   "max_attempts": 3, "anon": True, "multipart_part_bytes": 6e6}

@@ -112,6 +112,21 @@ def test_the_cli_says_what_a_cold_cache_would_cost(tmp_path):
     assert "would cost at most" in old
 
 
+def test_a_cold_tier_with_no_price_is_refused_naming_it(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(REPORT))
+    for cold in ("nope", "memory"):  # unknown; known but priced at nothing
+        result = CliRunner().invoke(main, ["--store", "memory://unused", "cost", "--run",
+                                           str(path), "--cold", cold])
+        assert result.exit_code == 2, result.output
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert len(lines) == 1 and f"cold tier {cold!r} has no price tier" in lines[0]
+    mapped = CliRunner().invoke(main, ["--store", "memory://unused", "cost", "--run",
+                                       str(path), "--cold", "nope", "--tier",
+                                       "nope=s3-standard"])
+    assert mapped.exit_code == 0, mapped.output
+
+
 # -- against S3 ------------------------------------------------------------------------
 
 

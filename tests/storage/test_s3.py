@@ -145,7 +145,9 @@ def test_options_are_checked(s3_env: str) -> None:
            ({"retry_deadline_s": float("inf")}, "retry_deadline_s must be a positive finite"),
            ({"max_attempts": 2.5}, "max_attempts must be a whole number"),
            ({"multipart_part_bytes": 1}, "multipart_part_bytes must be at least 5 MiB"),
-           ({"client_kwargs": "x"}, "client_kwargs must be a mapping")]
+           ({"client_kwargs": "x"}, "client_kwargs must be a mapping"),
+           ({"key": 12345678}, "key must be text, got int 12345678"),
+           ({"secret": None, "token": True}, "token must be text")]
     for options, message in bad:  # NaN retried for ever; the rest failed later or raw
         with pytest.raises(InvalidInputError, match=message):
             S3Store("s3://b", storage_options=options)
@@ -307,6 +309,23 @@ def test_bad_request_parameters_are_refused(options: dict[str, Any], message: st
 def multipart_store(bucket: str, **extra: Any) -> S3Store:
     options = {**FAST, "multipart_threshold_bytes": 6 * MiB, "multipart_part_bytes": 5 * MiB}
     return S3Store(f"s3://{bucket}/mp", storage_options={**options, **extra})
+
+
+def test_a_whole_number_given_as_a_float_is_a_part_size(
+    s3_bucket: BucketFactory, tmp_path: Path
+) -> None:
+    # --storage-option multipart_part_bytes=6e6 parses as a float: a whole one is a size
+    s = multipart_store(s3_bucket(), multipart_part_bytes=6e6)
+    assert s._tuning.multipart_part_bytes == 6_000_000
+    assert isinstance(s._tuning.multipart_part_bytes, int)
+    data = random.Random(2).randbytes(13 * MiB)
+    src = tmp_path / "big.bin"
+    src.write_bytes(data)
+    s.put("objects/a", data)
+    assert s.put_file("objects/b", str(src)) is True
+    assert raw_object(s, "objects/a")["data"] == data
+    assert raw_object(s, "objects/b")["data"] == data
+    s.close()
 
 
 def test_put_file_above_threshold_is_multipart(s3_bucket: BucketFactory, tmp_path: Path) -> None:
