@@ -330,7 +330,9 @@ def json_safe(value: Any) -> Any:
         text = text_or_bytes(bytes(value))
         return text if isinstance(text, str) else {BYTES_HEX: text.hex()}
     if isinstance(value, np.generic):
-        return json_safe(value.item())
+        item = value.item()
+        # longdouble's item() is itself: its text, never a loop
+        return str(value) if isinstance(item, np.generic) else json_safe(item)
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     if isinstance(value, str | int | float | bool) or value is None:
@@ -395,6 +397,29 @@ def read_strings(handle: Any, path: str, field: str, *, vlen: bool) -> np.ndarra
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
+_EXACT_FLOATS = (np.float16, np.float32, np.float64)
+
+
+def _refuse_inexact(path: str, key: str, value: Any) -> None:
+    """Refuse a complex or extended-precision attribute (a SourceError naming it).
+
+    No shard format stores such values and reads them back exactly, and they are never
+    converted (as arrays of those dtypes are not): a complex attribute became its text
+    in the metadata, and an array of ``longdouble`` did not end.
+    """
+    dtype = getattr(value, "dtype", None)
+    if isinstance(value, complex) or (
+        isinstance(dtype, np.dtype)
+        and (dtype.kind == "c" or (dtype.kind == "f" and dtype.type not in _EXACT_FLOATS))
+    ):
+        shown = dtype if isinstance(dtype, np.dtype) else "complex"
+        raise SourceError(
+            f"{path}: field {key!r}: unsupported dtype {shown} (complex and extended "
+            "precision values are not converted: no shard format stores them and reads "
+            "them back exactly)"
+        )
+
+
 def attribute_fields(
     prefix: str,
     attrs: Mapping[str, Any],
@@ -419,6 +444,7 @@ def attribute_fields(
         key = f"{prefix}{sep}{name}" if prefix else name
         _claim(path, key, params, metadata)
         value = attrs[name]
+        _refuse_inexact(path, key, value)
         if isinstance(value, np.ndarray) and value.size == 1 and value.dtype.kind in "biufSU":
             value = value.reshape(()).item() if value.dtype.kind in "SU" else value.reshape(())[()]
         if isinstance(value, bytes | np.bytes_):
