@@ -29,7 +29,8 @@ class Normalise:
     """A transform: ``(x - mean) / std`` per field, then the caller's transform.
 
     Per component on a vector field's last axis. Floating tensors keep their dtype;
-    integer and bool tensors and plain numbers become float32. A field a sample lacks
+    integer and bool tensors and plain integers become float32, plain floats float64 (a
+    plain number becomes a 0-d tensor, as a sample's scalars are). A field a sample lacks
     (older samples of an evolved schema) is left out. Picklable, for DataLoader workers.
     """
 
@@ -67,8 +68,44 @@ class Normalise:
                 sample[name] = (t - mean) / std
             elif isinstance(value, int | float | np.number | bool):
                 mean_a, std_a = self.constants[name]
-                sample[name] = float((float(value) - mean_a[0]) / std_a[0])
+                scaled = (float(value) - mean_a[0]) / std_a[0]
+                # a number keeps float64's width only if it was one: an integer or bool
+                # becomes float32, as an integer tensor does (a Python float collates as
+                # float64, so a batch of ints gave float64 and a single sample float32)
+                kind = np.asarray(value).dtype.kind
+                sample[name] = torch.tensor(
+                    scaled, dtype=torch.float64 if kind == "f" else torch.float32
+                )
         return self.then(sample) if self.then is not None else sample
+
+    def fitted(self, regions: Any, ndims: Mapping[str, int]) -> Normalise:
+        """These constants for fields read by region (``regions``: ``_window.Regions``).
+
+        A vector field is scaled component by component along its last axis: a crop of
+        that axis takes those components' constants; a window of it (a random range per
+        sample) is refused, naming the field. ``ndims``: each field's number of axes.
+        """
+        constants = dict(self.constants)
+        for name, (mean, std) in self.constants.items():
+            k, ndim = mean.size, ndims.get(name, 0)
+            if k == 1 or ndim == 0:
+                continue
+            window = regions.windows.get(name, ())
+            if len(window) == ndim and window[-1] is not None:
+                raise InvalidInputError(
+                    f"window of {name!r} covers its last axis, whose {k} components "
+                    "normalise= scales one by one: window the other axes, or normalise "
+                    "in a transform"
+                )
+            crop = regions.crops.get(name, ())
+            if len(crop) == ndim:
+                start, stop, _ = crop[-1].indices(k)
+                if stop <= start:
+                    raise InvalidInputError(
+                        f"crop of {name!r} keeps none of its {k} components (its last axis)"
+                    )
+                constants[name] = (mean[start:stop], std[start:stop])
+        return Normalise(constants, self.then)
 
 
 def _given_constants(name: str, value: object) -> tuple[np.ndarray, np.ndarray]:

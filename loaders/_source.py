@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 from simstore.loaders._fetch import tier_of
-from simstore.loaders._normalise import NormaliseSpec, normaliser
+from simstore.loaders._normalise import Normalise, NormaliseSpec, normaliser
 from simstore.loaders._order import (
     BLOCK_BYTES,
     BUFFER_BLOCKS,
@@ -154,6 +154,8 @@ def open_source(
             raise InvalidInputError(f"{name} must be at least 1, got {value}")
     regions = parse_regions(crop, window, snap.schema) if crop or window else None
     transform = normaliser(normalise, snap, fields, ref, transform)
+    if regions is not None and isinstance(transform, Normalise):
+        transform = transform.fitted(regions, {s.name: s.ndim for s in snap.schema})
     if regions is not None and fields is not None:
         left_out = sorted(regions.fields - set(fields))
         if left_out:

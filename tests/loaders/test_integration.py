@@ -194,3 +194,41 @@ def test_normalise_uses_the_pinned_snapshots_statistics(tmp_path):
     simstore.ingest([str(root)], dataset="d", store=store, snapshot=True, message="m2")
     with pytest.raises(InvalidInputError, match="statistics are not exact"):
         SimDataset(store, "d", normalise=True)
+
+
+def test_normalise_fits_crops_of_the_components_and_keeps_batches_types(tmp_path):
+    """A crop of a vector field's last axis takes those components' constants (all of
+    them were applied, broadcast or failing); a window of it is refused; a normalised
+    integer parameter is float32 in a batch as in a sample (a batch gave float64)."""
+    root = tmp_path / "src"
+    root.mkdir()
+    rng = np.random.default_rng(11)
+    vel = {}
+    for i in range(4):
+        vel[f"k{i}"] = (rng.standard_normal((10, 3)) * [1, 10, 100] + [0, 50, 500]).astype(
+            np.float32)
+        np.savez(root / f"k{i}.npz", vel=vel[f"k{i}"], steps=np.int64(10 * i))
+    store = str(tmp_path / "store")
+    Catalog.init(store)
+    simstore.ingest([str(root)], dataset="d", store=store, snapshot=True, message="m",
+                    format="zarr")
+    allv = np.concatenate(list(vel.values())).astype(np.float64)
+    mean, std = allv.mean(axis=0), allv.std(axis=0)
+    for region, comps in (([None, (2, 3)], [2]), ([None, (1, 3)], [1, 2]),
+                          ([(0, 4), (0, 1)], [0]), ([None, (-2, None)], [1, 2])):
+        for s in SimDataset(store, "d", shuffle=False, crop={"vel": region},
+                            normalise=["vel"]):
+            rows = slice(*region[0]) if region[0] else slice(None)
+            expect = (vel[s["__key__"]][rows][:, comps] - mean[comps]) / std[comps]
+            assert tuple(s["vel"].shape) == expect.shape, region
+            np.testing.assert_allclose(s["vel"].numpy(), expect, rtol=2e-5, atol=2e-5)
+    with pytest.raises(InvalidInputError, match="window of 'vel' covers its last axis"):
+        SimDataset(store, "d", window={"vel": [4, 2]}, normalise=["vel"])
+    rows_only = next(iter(SimDataset(store, "d", window={"vel": [4, None]},
+                                     normalise=["vel"])))
+    assert tuple(rows_only["vel"].shape) == (4, 3)
+    batch = next(iter(SimDataLoader(SimDataset(store, "d", normalise=["steps"]),
+                                    batch_size=4)))
+    assert batch["steps"].dtype == torch.float32
+    one = next(iter(SimDataset(store, "d", normalise=["steps"])))
+    assert one["steps"].dtype == torch.float32
