@@ -194,11 +194,16 @@ class EpochReader:
         buffers: ChunkBuffers,
         numbers: bool,
     ) -> Sample:
-        """Slot ``j`` of a decoded chunk as a sample: tensors, transform, key, pad flag."""
+        """Slot ``j`` of a decoded chunk as a sample: tensors, transform, key, pad flag.
+
+        ``numbers``: scalar parameters as 0-d tensors, else Python numbers (for a batch's
+        collate); a transform always gets 0-d tensors, as it does sample by sample.
+        """
         fields = values[j]
-        sample = to_tensors(fields, zero_copy=self.options.zero_copy,
-                            given=buffers.tensors(j, fields), numbers=numbers)
         transform = self.sources[int(chunk.source[j])].transform
+        sample = to_tensors(fields, zero_copy=self.options.zero_copy,
+                            given=buffers.tensors(j, fields),
+                            numbers=numbers or transform is not None)
         if transform is not None:
             sample = transform(sample)
             if not isinstance(sample, MutableMapping):

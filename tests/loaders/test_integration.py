@@ -232,3 +232,31 @@ def test_normalise_fits_crops_of_the_components_and_keeps_batches_types(tmp_path
     assert batch["steps"].dtype == torch.float32
     one = next(iter(SimDataset(store, "d", normalise=["steps"])))
     assert one["steps"].dtype == torch.float32
+
+
+def test_a_transform_sees_scalars_as_0d_tensors_in_batches_too(tmp_path):
+    # sample by sample it got 0-d tensors; in a batch of a DataLoader, Python numbers
+    root = tmp_path / "src"
+    root.mkdir()
+    import h5py
+
+    for i in range(4):
+        with h5py.File(root / f"r{i}.h5", "w") as f:
+            f["x"] = np.arange(4, dtype=np.int32) + i
+            f.attrs["steps"] = np.int64(10 * i)
+            f.attrs["re"] = 100.0 + i
+    store = str(tmp_path / "store")
+    Catalog.init(store)
+    simstore.ingest([str(root)], dataset="d", store=store, snapshot=True, message="m")
+    seen = []
+
+    def note(sample):
+        seen.append({k: (type(v).__name__, getattr(v, "dtype", None))
+                     for k, v in sample.items() if k in ("steps", "re")})
+        return sample
+
+    batch = next(iter(SimDataLoader(SimDataset(store, "d", transform=note), batch_size=4)))
+    assert seen and all(s == {"steps": ("Tensor", torch.int64), "re": ("Tensor", torch.float64)}
+                        for s in seen)
+    assert batch["steps"].dtype == torch.int64 and tuple(batch["steps"].shape) == (4,)
+    assert batch["re"].dtype == torch.float64
