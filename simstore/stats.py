@@ -142,6 +142,19 @@ def _scaled_moments(cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return mean * scale, m2
 
 
+def _spread(delta: float, ca: int, cb: int, n: int) -> float:
+    """``delta**2 * ca * cb / n``: what two parts' means apart add to their M2.
+
+    Evaluated left to right, as always (the stored bytes stay what they were); where that
+    overflows but the true value does not (means about 1e150 apart over many values),
+    the weight ``ca * cb / n`` is taken first, so the M2 saturates only when it must.
+    """
+    term = delta * delta * ca * cb / n
+    if math.isfinite(term) or not math.isfinite(delta):
+        return term
+    return (delta * delta) * (ca * cb / n)
+
+
 def _bounded(value: float) -> float:
     """A moment that overflowed float64 saturates at its largest finite value.
 
@@ -408,7 +421,7 @@ def summarise_array(values: np.ndarray, components: int | None = None) -> dict[s
         for j in range(k):
             delta = pmean[j] - mean[j]
             mean[j] += delta * n / total_n
-            m2[j] += pm2[j] + delta * delta * count * n / total_n
+            m2[j] += pm2[j] + _spread(delta, count, n, total_n)
             lo[j] = plo[j] if lo[j] is None else min(lo[j], plo[j])
             hi[j] = phi[j] if hi[j] is None else max(hi[j], phi[j])
         count = total_n
@@ -444,7 +457,7 @@ def summarise_scalar(value: bool | int | float | np.generic) -> dict[str, Any]:
     elif isinstance(value, np.integer) or (type(value) is int and -(2**63) <= value < 2**63):
         exact = int(value)
     elif isinstance(value, float | np.floating) and math.isfinite(value):
-        exact = float(value)
+        exact = float(value) + 0.0  # -0.0 is written +0.0, as an array's zero bound is
     else:  # NaN, Inf, unusual types: the array path says what they count as
         return summarise_array(np.asarray([value]).reshape(1, 1), components=1)
     return {
@@ -497,7 +510,7 @@ def merge_field_stats(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, A
             mean = ma + delta * cb / n
             if not math.isfinite(mean):  # delta overflowed: weigh the means instead
                 mean = ma * (ca / n) + mb * (cb / n)
-            m2 = _bounded(float(a["m2"][i]) + float(b["m2"][i]) + delta * delta * ca * cb / n)
+            m2 = _bounded(float(a["m2"][i]) + float(b["m2"][i]) + _spread(delta, ca, cb, n))
             mean = _bounded(mean)
         out["count"].append(n)
         out["nan_count"].append(int(a["nan_count"][i]) + int(b["nan_count"][i]))
@@ -598,8 +611,9 @@ def normalisation(
 
     Each value is a pair of float64 arrays of shape ``(components,)``, so ``(x - mean) / std``
     broadcasts over a vector field's last axis and over any scalar field. A component with
-    no finite values gets mean 0 and std 1; one with zero spread (a constant) gets std 1
-    and keeps its mean, so it normalises to 0 rather than to the constant. Either way the
+    no finite values gets mean 0 and std 1; a constant (its minimum equal to its maximum,
+    or zero spread) gets std 1 and the constant as its mean, so it normalises to 0
+    exactly (its mean and std, rounded, need not say it is one). Either way the
     expression is always safe. ``snapshot`` may also be a snapshot's ``stats`` mapping.
 
     Given a :class:`Snapshot` with statistics, every numeric field of its schema has an
@@ -636,9 +650,26 @@ def normalisation(
         std = np.array(std_of(summary), dtype=np.float64)
         empty = np.array([int(c) == 0 for c in summary["count"]])
         mean[empty] = 0.0
-        std[~np.isfinite(std) | (std == 0.0)] = 1.0
+        # a constant: its bounds are exact, its mean and std need not be (the mean of
+        # 0.1 taken 1,000 times is 0.10000000000000002, its std 1.4e-17, which would
+        # make the constant -1): the constant itself and std 1, so it normalises to 0
+        lows = list(summary.get("min") or [None] * len(mean))
+        highs = list(summary.get("max") or [None] * len(mean))
+        constant = np.array([not e and _is_constant(lo, hi)
+                             for e, lo, hi in zip(empty, lows, highs, strict=True)], dtype=bool)
+        mean[constant] = [float(lo) for lo, c in zip(lows, constant, strict=True) if c]
+        std[~np.isfinite(std) | (std == 0.0) | constant] = 1.0
         out[name] = (mean, std)
     return out
+
+
+def _is_constant(lo: Any, hi: Any) -> bool:
+    """Whether a component's bounds say all its values are one finite number."""
+    try:
+        a, b = float(lo), float(hi)
+    except (TypeError, ValueError):
+        return False
+    return math.isfinite(a) and a == b
 
 
 def field_table(snapshot: Snapshot | Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -168,6 +168,41 @@ def test_normalisation_guards_zero_std_and_empty_components():
     assert [r["field"] for r in rows] == ["c", "e"] and rows[1]["mean"] is None
 
 
+def test_a_constant_normalises_to_zero_though_its_mean_and_std_are_rounded():
+    # the mean of 0.1 taken 1,000 times is 0.10000000000000002 and its std 1.4e-17:
+    # applied, they made the constant -1; its exact bounds say it is one
+    parts = [summarise_array(np.full((1000, 1), 0.1), components=1) for _ in range(3)]
+    merged = merge_field_stats(merge_field_stats(parts[0], parts[1]), parts[2])
+    assert merged["min"] == merged["max"] == [0.1]
+    assert std_of(merged)[0] != 0.0  # rounding left a spread
+    vec = summarise_array(np.stack([np.full(10, 0.3), np.arange(10.0)], axis=1))
+    norm = normalisation({"fields": {"m": merged, "v": vec}})
+    assert norm["m"][0].tolist() == [0.1] and norm["m"][1].tolist() == [1.0]
+    assert ((np.full(5, 0.1) - norm["m"][0]) / norm["m"][1]).tolist() == [0.0] * 5
+    assert norm["v"][0][0] == 0.3 and norm["v"][1][0] == 1.0  # per component
+    assert norm["v"][1][1] == pytest.approx(np.arange(10.0).std())
+
+
+def test_merged_spread_saturates_only_where_the_true_one_does():
+    # two parts 1e150 apart: delta**2 * ca * cb overflowed before the division by n
+    a = summarise_array(np.full((20_000, 1), 0.0), components=1)
+    b = summarise_array(np.full((20_000, 1), 1e150), components=1)
+    merged = merge_field_stats(a, b)
+    true_m2 = np.concatenate([np.zeros(20_000), np.full(20_000, 1e150)]).var() * 40_000
+    assert merged["m2"][0] == pytest.approx(true_m2, rel=1e-12)
+    # and the usual case is computed as it always was (the stored bytes do not change)
+    c = summarise_array(np.arange(7.0).reshape(-1, 1), components=1)
+    d = summarise_array(np.arange(7.0, 19.0).reshape(-1, 1), components=1)
+    delta = d["mean"][0] - c["mean"][0]
+    assert merge_field_stats(c, d)["m2"][0] == c["m2"][0] + d["m2"][0] + delta * delta * 7 * 12 / 19
+
+
+def test_a_negative_zero_scalar_is_written_as_a_positive_zero():
+    s = summarise_scalar(-0.0)
+    assert str(s["min"][0]) == "0.0" and str(s["max"][0]) == "0.0"
+    assert str(summarise_scalar(np.float32(-0.0))["min"][0]) == "0.0"
+
+
 def test_a_field_with_only_empty_arrays_normalises_to_zero_and_one(catalog, tmp_path):
     root = tmp_path / "src"
     root.mkdir()
