@@ -72,8 +72,15 @@ def _distributed_rank() -> tuple[int, int] | None:
 
 def _env_rank(environ: Mapping[str, str]) -> tuple[int, int] | None:
     rank, size = environ.get("RANK"), environ.get("WORLD_SIZE")
-    if rank is None or size is None:
+    if rank is None and size is None:
         return None
+    if rank is None or size is None:
+        # half a launch's settings: read as rank 0 of 1, every process would read all
+        given, missing = ("RANK", "WORLD_SIZE") if size is None else ("WORLD_SIZE", "RANK")
+        raise InvalidInputError(
+            f"{given} is set in the environment but {missing} is not: set both (as "
+            "torchrun does) or neither, or pass rank= and world_size="
+        )
     try:
         return int(rank), int(size)
     except ValueError as exc:

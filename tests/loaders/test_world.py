@@ -27,6 +27,18 @@ def test_bad_worlds_are_clear_errors():
         detect_world(environ={"RANK": "x", "WORLD_SIZE": "2"})
 
 
+def test_half_a_world_in_the_environment_is_refused():
+    # read as rank 0 of 1, every process of a half-configured launch read everything
+    with pytest.raises(InvalidInputError, match="RANK is set in the environment but "
+                                                "WORLD_SIZE is not"):
+        detect_world(environ={"RANK": "3"})
+    with pytest.raises(InvalidInputError, match="WORLD_SIZE is set in the environment but "
+                                                "RANK is not"):
+        detect_world(environ={"WORLD_SIZE": "4"})
+    # given explicitly, the environment is not asked
+    assert detect_world(1, 2, environ={"RANK": "3"}) == World(rank=1, world_size=2)
+
+
 def test_loader_errors_pickle():
     err = InvalidInputError("cache limit of 1 bytes is smaller than shard objects/ab/ab")
     again = pickle.loads(pickle.dumps(err))
