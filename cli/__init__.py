@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 from simstore.cli._common import (
     DEFAULT_STORE,
@@ -46,6 +48,11 @@ def main(ctx: click.Context, store_url: str, storage_options: tuple[str, ...], d
     if ctx.invoked_subcommand is None:  # `simstore --store s1`: the help, exit 2
         raise click.exceptions.NoArgsIsHelpError(ctx)
     from_env = ctx.get_parameter_source("store_url") is click.core.ParameterSource.ENVIRONMENT
+    if (not from_env and ctx.get_parameter_source("store_url")
+            is click.core.ParameterSource.DEFAULT and os.environ.get("SIMSTORE_STORE") == ""):
+        # click takes an empty variable for an unset one, and so the default store: an
+        # empty value is refused as an empty --store is
+        store_url, from_env = "", True
     ctx.obj = CliContext(
         store_url=store_url,
         storage_options=parse_storage_options(storage_options),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -39,7 +40,11 @@ def parse_duration(text: str, flag: str | None = None) -> float:
         raise InvalidInputError(
             f"{where}invalid duration {text!r}: expected e.g. 30s, 15m, 1h, 7d"
         )
-    return float(m.group(1)) * _UNIT_S[m.group(2)]
+    seconds = float(m.group(1)) * _UNIT_S[m.group(2)]
+    if not math.isfinite(seconds):  # hundreds of digits: no duration float64 holds
+        where = f"{flag}: " if flag else ""
+        raise InvalidInputError(f"{where}duration {text[:40]!r} is too large")
+    return seconds
 
 
 def _human_bytes(n: float) -> str:
@@ -289,7 +294,8 @@ def ls_cmd(ctx: CliContext, as_json: bool) -> None:
         tags = dict(cat.tags(name).list())
         staged = len(cat.staged(name))
         # samples per branch (a dataset need not have a main)
-        counts = {b: cat.snapshot(sid).samples for b, sid in branches.items()}
+        counts = {b: cat.snapshot(sid, named_by=f"branch {name}@{b}").samples
+                  for b, sid in branches.items()}
         out.append(
             {
                 "dataset": name,
@@ -365,6 +371,7 @@ def tag_cmd(ctx: CliContext, ref: str, name: str, do_delete: bool) -> None:
         click.echo(f"deleted tag {r.dataset}@{name}")
         return
     sid = cat.resolve(r)
+    cat.snapshot(sid)  # missing or damaged: its error (exit 6), before a ref names it
     cat.tags(r.dataset).create(name, sid)
     click.echo(f"{r.dataset}@{name} -> {sid}")
 
@@ -379,6 +386,7 @@ def branch_cmd(ctx: CliContext, ref: str, name: str) -> None:
     cat = ctx.catalog()
     r = parse_ref(ref)
     sid = cat.resolve(r)
+    cat.snapshot(sid)  # missing or damaged: its error (exit 6), before a ref names it
     cat.branches(r.dataset).create(name, sid)
     click.echo(f"{r.dataset}@{name} -> {sid}")
 

@@ -228,6 +228,9 @@ class Catalog:
         self.store = store
         self.target_rows = target_rows
         self._snapshots: dict[str, Snapshot] = {}
+        self._named_by: dict[str, str] = {}
+        """Snapshot ids this catalog met as a ref's target or a snapshot's parent, and what
+        named them: such a snapshot missing from the store is damage, not a wrong id."""
         self._snapshot_cache = snapshot_cache
         self.conditional_writes: bool | None = None
         """What the store's metadata records (set by :meth:`open` and :meth:`init`):
@@ -426,9 +429,11 @@ class Catalog:
             raise NotFoundError(f"dataset {r.dataset!r} has no snapshot {r.rev!r}")
         sid, _ = self.branches(r.dataset).get_versioned(r.rev)
         if sid is not None:
+            self._named_by.setdefault(sid, f"branch {r.dataset}@{r.rev}")
             return SnapshotId(sid)
         sid, _ = self.tags(r.dataset).get_versioned(r.rev)  # one GET, none on a miss
         if sid is not None:
+            self._named_by.setdefault(sid, f"tag {r.dataset}@{r.rev}")
             return SnapshotId(sid)
         rev = r.rev.lower()
         if 4 <= len(rev) <= 32 and all(c in "0123456789abcdef" for c in rev):
@@ -479,26 +484,50 @@ class Catalog:
         oid = hash_bytes(data)
         return oid, self.store.put_if_absent(object_key(oid), data)
 
-    def snapshot(self, sid: str) -> Snapshot:
-        """Read (and cache) a snapshot, checking its hash."""
+    def snapshot(self, sid: str, *, named_by: str = "") -> Snapshot:
+        """Read (and cache) a snapshot, checking its hash.
+
+        ``named_by`` (a ref or snapshot that names it, e.g. ``"branch d@main"``): missing,
+        it is damage (IntegrityError), not an unknown id (NotFoundError); refs resolved
+        and parents read by this catalog count so already.
+        """
         if not isinstance(sid, str) or not is_object_id(sid):
             raise InvalidInputError(f"{sid!r} is not a snapshot id (32 hex characters)")
+        if named_by:
+            self._named_by.setdefault(sid, named_by)
         cached = self._snapshots.get(sid)
         if cached is not None:
             return cached
         try:
             data = self.get_object(sid)
         except NotFoundError:
+            named = self._named_by.get(sid)
+            if named is not None:  # a ref or a snapshot names it: damage, as verify says
+                raise IntegrityError(
+                    f"{self.store.url}: {object_key(sid)} is missing; referenced by {named}"
+                ) from None
             raise NotFoundError(f"{self.store.url}: no snapshot {sid}") from None
         snap = Snapshot.from_bytes(data, object_id=sid)
+        for parent in snap.parents:
+            self._named_by.setdefault(parent, f"snapshot {sid} (its parent)")
         if self._snapshot_cache is not None and len(self._snapshots) >= self._snapshot_cache:
             self._snapshots.clear()
         self._snapshots[sid] = snap
         return snap
 
     def read_part(self, part: PartRef, *, verify: bool = True, snapshot: str = "") -> pa.Table:
-        """Read one manifest part as a table (hash-checked, and as long as the entry says)."""
-        data = self.get_object(part.id, verify=verify, referenced_by=snapshot)
+        """Read one manifest part as a table (hash-checked, and as long as the entry says).
+
+        A part missing from the store is damage (an :class:`IntegrityError` naming it and
+        its snapshot), as ``verify`` reports it: a snapshot names it.
+        """
+        try:
+            data = self.get_object(part.id, verify=verify, referenced_by=snapshot)
+        except NotFoundError:
+            by = f"; referenced by snapshot {snapshot}" if snapshot else ""
+            raise IntegrityError(
+                f"{self.store.url}: {object_key(part.id)} is missing{by}"
+            ) from None
         table = decode_part(data, object_id=part.id)
         if table.num_rows != part.rows:
             by = f"snapshot {snapshot}" if snapshot else "its snapshot"

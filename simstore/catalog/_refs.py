@@ -9,7 +9,6 @@ from simstore.errors import (
     AlreadyExistsError,
     ConflictError,
     FormatError,
-    IntegrityError,
     InvalidInputError,
     NotFoundError,
     SimstoreError,
@@ -202,10 +201,12 @@ class _Refs:
             dataset = Snapshot.from_bytes(data, object_id=snapshot_id).dataset
         except NotFoundError:
             raise NotFoundError(f"{self.dataset}: no snapshot {snapshot_id}") from None
-        except (FormatError, IntegrityError):
+        except FormatError:
             raise InvalidInputError(
                 f"{self.dataset}: {self._what(name)}: object {snapshot_id} is not a snapshot"
             ) from None
+        # an IntegrityError (a snapshot whose bytes no longer match its id) is damage, and
+        # says so (exit 6), not that the object is no snapshot
         if dataset != self.dataset:
             raise InvalidInputError(
                 f"{self.dataset}: {self._what(name)}: snapshot {snapshot_id} belongs to "
