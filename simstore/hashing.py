@@ -8,7 +8,6 @@ Pure apart from :func:`hash_file`, which reads the file it is given.
 from __future__ import annotations
 
 import mmap
-import os
 import re
 import zlib
 from collections.abc import Callable, Iterable
@@ -108,7 +107,8 @@ def hash_file(
     bandwidth cap waits there). ``path`` may be an open descriptor instead (it stays
     open): the file it holds is hashed, whatever its path names by now.
     """
-    opened = open(os.dup(path), "rb") if isinstance(path, int) else open(path, "rb")
+    # a descriptor is read through a file object that leaves it open (closefd=False)
+    opened = open(path, "rb", closefd=False) if isinstance(path, int) else open(path, "rb")
     with opened as f:
         f.seek(0)
         try:
