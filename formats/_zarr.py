@@ -34,6 +34,7 @@ import os
 import struct
 import threading
 import zipfile
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, BinaryIO
 
@@ -183,6 +184,13 @@ class ZarrShardReader:
                 }
                 if len(index) != len(infos):
                     raise ValueError("a zip entry appears twice in the central directory")
+                declared = _zip.declared_entries(self._fp)
+                if declared is not None and declared != len(infos):
+                    # a damaged header field made zipfile skip entries without a word
+                    raise ValueError(
+                        f"the central directory yields {len(infos)} entries, its end "
+                        f"record declares {declared}"
+                    )
             self._infos: Mapping[str, ZipEntry] = index
             text = self._root_text()
             if text.startswith(_ROOT_HEAD):  # the writer's layout: parse the attributes only
@@ -306,6 +314,14 @@ class ZarrShardReader:
         if self._decoders.get(path) is not None:
             return True  # read before: an array
         if path not in self._nodes:
+            spec = self._specs.get(field)
+            ndim = 1 if spec is None or spec.kind == "bytes" else spec.ndim
+            first = f"{path}/c" + "/0" * ndim  # an array of any values has this chunk
+            if first in self._infos:
+                raise FormatError(
+                    f"{self.name}: sample at position {position}: field {field!r} has "
+                    f"chunks but no {path}/zarr.json: the zip's index is damaged"
+                )
             return False
         try:
             node_type = self._nodes[path].get("node_type")
@@ -472,9 +488,15 @@ class ZarrShardReader:
         if info is None:
             return None
         if info.compress_type != zipfile.ZIP_STORED:
-            if self._zip is None:
-                self._zip = zipfile.ZipFile(self._fp, mode="r")
-            return self._zip.read(key)
+            # the writer stores every entry: another method is a foreign zip or damage
+            # (a flipped method field), which zipfile meets with its own exceptions
+            try:
+                if self._zip is None:
+                    self._zip = zipfile.ZipFile(self._fp, mode="r")
+                return self._zip.read(key)
+            except (NotImplementedError, zipfile.BadZipFile, zlib.error, EOFError,
+                    RuntimeError, ValueError) as exc:
+                raise FormatError(f"{self.name}: zip entry {key} is unreadable: {exc}") from exc
         where = self._stored_at(key)
         assert where is not None  # a stored entry that exists
         self._fp.seek(where[0])

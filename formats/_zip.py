@@ -212,6 +212,23 @@ _CENTRAL = struct.Struct("<4s4x2H4x3L5H4xL")
 comment lengths, disk, internal attributes, local header offset."""
 
 
+def declared_entries(f: Any) -> int | None:
+    """The entry count a zip's end-of-central-directory record declares.
+
+    None where there is no such record, or in a Zip64 file, whose record holds a marker.
+    """
+    f.seek(0, os.SEEK_END)
+    size = f.tell()
+    tail_len = min(size, 22 + 0xFFFF)
+    f.seek(size - tail_len)
+    tail = f.read(tail_len)
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or len(tail) - at < 22:
+        return None
+    count: int = struct.unpack("<H", tail[at + 10 : at + 12])[0]
+    return None if count == 0xFFFF else count
+
+
 def zip_index(f: Any) -> Mapping[str, ZipEntry] | None:
     """Every entry of a zip file from one read of its central directory, or None.
 
