@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -107,13 +109,27 @@ def _parse_options(values: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def _dask_logs(engine: str, *, debug: bool) -> contextlib.AbstractContextManager[None]:
-    """Dask's log lines kept off stderr for the run (the error is one line), but with --debug."""
+@contextlib.contextmanager
+def _dask_logs(engine: str, *, debug: bool) -> Iterator[None]:
+    """Dask's log lines kept off stderr for the run (the error is one line), but with --debug.
+
+    A failed run leaves ``asyncio``'s logger quiet for the rest of the process (which the
+    command ends with its error): the client's event loop may report a gather the run no
+    longer awaits ("Task exception was never retrieved ... AllExit") when that task is
+    collected, after the one line, more often on a busy machine.
+    """
     if engine != "dask":
-        return contextlib.nullcontext()
+        yield
+        return
     from simstore.ingest._dask import quiet_dask_logs  # dask is an optional extra
 
-    return quiet_dask_logs(not debug)
+    try:
+        with quiet_dask_logs(not debug):
+            yield
+    except BaseException:
+        if not debug:
+            logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+        raise
 
 
 def _check_tmp_dir(tmp_dir: str) -> None:
