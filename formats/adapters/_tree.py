@@ -63,6 +63,11 @@ _CHUNK_REGION_MIN = 1 << 20
 """Chunks above this many bytes are decoded once per region (see ``SlicedArray``): HDF5's
 default chunk cache (1 MiB) cannot hold them, and Zarr keeps none."""
 
+REGION_BYTES = 64 << 20
+"""The decoded chunks kept around a read (see ``SlicedArray._read_region``) hold at most
+this many bytes, or two of the array's chunks if more: a layout whose chunks span the
+window's axis (``(T, 4, nx)`` read in windows along T) made the region the whole array."""
+
 _VLEN_SLOT = 16
 """Bytes a variable-length value takes in the file besides its own (an HDF5 heap id)."""
 
@@ -243,8 +248,8 @@ class SlicedArray:
         The chunks ``box`` touches are read whole once (HDF5 and Zarr decode them whole
         anyway) and kept in the process's one region slot, so the next reads inside them
         decode nothing; a read that ends at the region's last value drops it. A region
-        over twice :data:`MAX_CHUNK_BYTES` is not kept (the plain read decodes each of its
-        chunks once).
+        over :data:`REGION_BYTES` and two chunks is not kept (the plain read decodes each
+        of its chunks, for this read only).
         """
         chunks = self._chunks
         if not box or chunks is None:
@@ -265,9 +270,12 @@ class SlicedArray:
                 (a // c * c, min(n, -(-b // c) * c))
                 for (a, b), c, n in zip(bounds, chunks, full, strict=True)
             )
-            if math.prod(rb - ra for ra, rb in region) * self._dtype.itemsize > (
-                2 * MAX_CHUNK_BYTES
+            chunk_bytes = math.prod(chunks) * self._dtype.itemsize
+            if math.prod(rb - ra for ra, rb in region) * self._dtype.itemsize > max(
+                REGION_BYTES, 2 * chunk_bytes
             ):
+                # memory stays bounded by the chunks, not the array: each read decodes
+                # the chunks it touches again instead (slower for such a layout)
                 return None
             _REGION[0] = None  # the old region's memory goes before the new one is read
             values = np.asarray(self._handle[tuple(slice(ra, rb) for ra, rb in region)])
