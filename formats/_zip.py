@@ -212,10 +212,10 @@ _CENTRAL = struct.Struct("<4s4x2H4x3L5H4xL")
 comment lengths, disk, internal attributes, local header offset."""
 
 
-def declared_entries(f: Any) -> int | None:
-    """The entry count a zip's end-of-central-directory record declares.
+def _end_record(f: Any) -> tuple[bytes, int, int, int] | None:
+    """The zip's end-of-central-directory record: where it lies, or None if it has none.
 
-    None where there is no such record, or in a Zip64 file, whose record holds a marker.
+    ``(the file's tail, the record's start in it, the tail's length, the file's size)``.
     """
     f.seek(0, os.SEEK_END)
     size = f.tell()
@@ -225,6 +225,18 @@ def declared_entries(f: Any) -> int | None:
     at = tail.rfind(b"PK\x05\x06")
     if at < 0 or len(tail) - at < 22:
         return None
+    return tail, at, tail_len, size
+
+
+def declared_entries(f: Any) -> int | None:
+    """The entry count a zip's end-of-central-directory record declares.
+
+    None where there is no such record, or in a Zip64 file, whose record holds a marker.
+    """
+    end = _end_record(f)
+    if end is None:
+        return None
+    tail, at, _, _ = end
     count: int = struct.unpack("<H", tail[at + 10 : at + 12])[0]
     return None if count == 0xFFFF else count
 
@@ -237,14 +249,10 @@ def zip_index(f: Any) -> Mapping[str, ZipEntry] | None:
     then uses ``zipfile``) for anything but plain zips: Zip64 records, encryption,
     several disks, a directory that does not add up.
     """
-    f.seek(0, os.SEEK_END)
-    size = f.tell()
-    tail_len = min(size, 22 + 0xFFFF)
-    f.seek(size - tail_len)
-    tail = f.read(tail_len)
-    at = tail.rfind(b"PK\x05\x06")
-    if at < 0 or len(tail) - at < 22:
+    end = _end_record(f)
+    if end is None:
         return None
+    tail, at, tail_len, size = end
     disk, cd_disk, _, count, cd_size, cd_offset = struct.unpack("<4H2L", tail[at + 4 : at + 20])
     if disk or cd_disk or count == 0xFFFF or 0xFFFFFFFF in (cd_size, cd_offset):
         return None
