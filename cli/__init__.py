@@ -29,6 +29,7 @@ __all__ = ["main"]
     "--store",
     "store_url",
     envvar="SIMSTORE_STORE",
+    metavar="URL",
     default=DEFAULT_STORE,
     show_default=True,
     help="Store URL: a local path, file://, memory://, s3://bucket/prefix (env SIMSTORE_STORE).",
