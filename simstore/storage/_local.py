@@ -229,16 +229,24 @@ class LocalStore:
         except OSError as exc:
             raise self._error("write", key, exc) from exc
 
+    def _link_new(self, src: str, dest: str) -> bool:
+        """Hard-link ``src`` at ``dest``: True; False when ``dest`` is there (refreshed).
+
+        An object found there but removed (by gc) before its refresh is linked again, not
+        counted present (see ``_touch``). Other errors are raised.
+        """
+        while True:
+            try:
+                os.link(src, dest)
+                return True
+            except FileExistsError:
+                if self._touch(dest):
+                    return False
+
     def _link_into_place(self, key: str, path: str, tmp: str) -> bool:
         try:
-            while True:
-                try:
-                    os.link(tmp, path)
-                    break
-                except FileExistsError:
-                    if self._touch(path):
-                        return False
-                    # removed (by gc) between the link and the refresh: link it again
+            if not self._link_new(tmp, path):
+                return False
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
@@ -306,18 +314,13 @@ class LocalStore:
                 finally:
                     os.close(fd)
             os.makedirs(os.path.dirname(dest), exist_ok=True)
-            while True:
-                try:
-                    os.link(path, dest)
-                    break
-                except FileExistsError:
-                    if self._touch(dest):
-                        return False
-                    # removed (by gc) between the link and the refresh: link it again
-                except OSError as exc:
-                    if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
-                        raise
-                    return self.put_file(key, path)
+            try:
+                if not self._link_new(path, dest):
+                    return False
+            except OSError as exc:
+                if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+                    raise
+                return self.put_file(key, path)
             self._fsync_dir(os.path.dirname(dest))
             return True
         except OSError as exc:
