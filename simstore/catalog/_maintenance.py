@@ -612,15 +612,11 @@ def gc(
             removed[oid] = (info, b"")
             continue
         try:
-            if cat.store.info(info.key).mtime >= cutoff:  # refreshed: a ref is on its way
-                report.kept_recent += 1
-                refreshed.append(oid)
-                continue
-            data = cat.store.get(info.key)
+            data = cat.store.get(info.key)  # kept to write back if a new ref names it
         except NotFoundError:
             continue
         state = _delete_unless_since(cat.store, info.key, cutoff)
-        if state == "recent":
+        if state == "recent":  # refreshed since the listing: a ref is on its way
             report.kept_recent += 1
             refreshed.append(oid)
             continue
