@@ -20,6 +20,7 @@ from simstore._sizes import SizeError, parse_size
 from simstore.catalog import Catalog
 from simstore.errors import InvalidInputError, SimstoreError
 from simstore.storage import local_path
+from simstore.storage._s3_options import TEXT_OPTIONS
 
 __all__ = [
     "EXIT_INTERRUPTED",
@@ -148,24 +149,18 @@ def handle_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-_TEXT_STORAGE_OPTIONS = frozenset(
-    {"key", "secret", "token", "profile", "endpoint_url", "region_name"}
-)
-"""Storage options always taken as the text typed: an access key or secret of digits (a
-MinIO user's) is not a number."""
-
-
 def parse_storage_options(values: tuple[str, ...]) -> dict[str, Any]:
     """``key=value`` pairs; values that parse as JSON (numbers, true, objects) are typed.
 
-    Credentials and names (:data:`_TEXT_STORAGE_OPTIONS`) stay the text typed.
+    Credentials and names (``TEXT_OPTIONS`` of the S3 store's options) stay the text
+    typed: an access key or secret of digits (a MinIO user's) is not a number.
     """
     out: dict[str, Any] = {}
     for item in values:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise click.BadParameter(f"{item!r}: expected key=value", param_hint="--storage-option")
-        if key in _TEXT_STORAGE_OPTIONS:
+        if key in TEXT_OPTIONS:
             out[key] = value
             continue
         try:

@@ -118,8 +118,9 @@ class Tuning:
 
 
 _TUNING_NAMES = frozenset(f.name for f in fields(Tuning))
-_TEXT_OPTIONS = ("endpoint_url", "key", "secret", "token", "profile", "region_name")
-"""Options that are text: an access key of digits is a key, not a number."""
+TEXT_OPTIONS = ("endpoint_url", "key", "secret", "token", "profile", "region_name")
+"""Options that are text: an access key of digits is a key, not a number (the command
+line's ``--storage-option`` keeps these as typed)."""
 
 _CLIENT_NAMES = frozenset(
     {"endpoint_url", "key", "secret", "token", "profile", "region_name", "anon", "use_ssl",
@@ -191,7 +192,7 @@ def parse_tuning(options: Mapping[str, Any]) -> Tuning:
             "S3 storage option multipart_part_bytes must be at least 5 MiB (S3's smallest "
             f"part), got {tuning.multipart_part_bytes}"
         )
-    for name in _TEXT_OPTIONS:
+    for name in TEXT_OPTIONS:
         if options.get(name) is not None and not isinstance(options[name], str):
             raise InvalidInputError(
                 f"S3 storage option {name} must be text, got {type(options[name]).__name__} "
