@@ -524,9 +524,9 @@ class ShardAccess:
         """
         # the stamp before: a file changed while hashed is hashed again
         stamped_ns = time.time_ns()
-        info = stamp_info(path if fd is None else fd)
-        actual, size = hash_file(path if fd is None else fd,
-                                 pace=self._pace if self.limiter.rate else None)
+        source = path if fd is None else fd
+        info = stamp_info(source)
+        actual, size = hash_file(source, pace=self._pace if self.limiter.rate else None)
         self.counters.add_read(tier, size)
         self.counters.add("shards_verified")
         if actual != shard_id:
@@ -659,7 +659,7 @@ class ShardAccess:
             try:
                 # the pinned file itself, whatever its path names by now
                 pinned = copy.fd
-                with (open(os.dup(pinned), "rb") if pinned is not None
+                with (open(pinned, "rb", closefd=False) if pinned is not None
                       else open(copy.path, "rb")) as f:
                     f.seek(0)
                     if starts_with and f.read(len(starts_with)) != starts_with:
