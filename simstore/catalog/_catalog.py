@@ -210,6 +210,10 @@ def _epoch_s(iso_time: str) -> float:
     return moment.timestamp()
 
 
+_NAMED_MAX = 65_536
+"""At most this many snapshot ids a catalog remembers as named by a ref or a snapshot."""
+
+
 class Catalog:
     """Datasets, refs, snapshots, staging and commits in one store.
 
@@ -429,11 +433,11 @@ class Catalog:
             raise NotFoundError(f"dataset {r.dataset!r} has no snapshot {r.rev!r}")
         sid, _ = self.branches(r.dataset).get_versioned(r.rev)
         if sid is not None:
-            self._named_by.setdefault(sid, f"branch {r.dataset}@{r.rev}")
+            self._name(sid, f"branch {r.dataset}@{r.rev}")
             return SnapshotId(sid)
         sid, _ = self.tags(r.dataset).get_versioned(r.rev)  # one GET, none on a miss
         if sid is not None:
-            self._named_by.setdefault(sid, f"tag {r.dataset}@{r.rev}")
+            self._name(sid, f"tag {r.dataset}@{r.rev}")
             return SnapshotId(sid)
         rev = r.rev.lower()
         if 4 <= len(rev) <= 32 and all(c in "0123456789abcdef" for c in rev):
@@ -484,6 +488,20 @@ class Catalog:
         oid = hash_bytes(data)
         return oid, self.store.put_if_absent(object_key(oid), data)
 
+    def _name(self, sid: str, by: str) -> None:
+        """Remember that ``by`` names snapshot ``sid`` (see ``_named_by``), within a bound.
+
+        A walk over a long history names every parent: at :data:`_NAMED_MAX` entries the
+        record starts again (a snapshot named before and missing then reads as unknown,
+        exit 3, instead of as damage), so it does not grow with the history, as the
+        snapshot cache beside it does not.
+        """
+        if sid in self._named_by:
+            return
+        if len(self._named_by) >= _NAMED_MAX:
+            self._named_by.clear()
+        self._named_by[sid] = by
+
     def snapshot(self, sid: str, *, named_by: str = "") -> Snapshot:
         """Read (and cache) a snapshot, checking its hash.
 
@@ -494,7 +512,7 @@ class Catalog:
         if not isinstance(sid, str) or not is_object_id(sid):
             raise InvalidInputError(f"{sid!r} is not a snapshot id (32 hex characters)")
         if named_by:
-            self._named_by.setdefault(sid, named_by)
+            self._name(sid, named_by)
         cached = self._snapshots.get(sid)
         if cached is not None:
             return cached
@@ -509,7 +527,7 @@ class Catalog:
             raise NotFoundError(f"{self.store.url}: no snapshot {sid}") from None
         snap = Snapshot.from_bytes(data, object_id=sid)
         for parent in snap.parents:
-            self._named_by.setdefault(parent, f"snapshot {sid} (its parent)")
+            self._name(parent, f"snapshot {sid} (its parent)")
         if self._snapshot_cache is not None and len(self._snapshots) >= self._snapshot_cache:
             self._snapshots.clear()
         self._snapshots[sid] = snap
