@@ -48,12 +48,15 @@ def test_a_chunk_missing_from_the_index_is_an_error_not_zeros(tmp_path):
         assert "r0" not in seen  # the damaged sample was never handed out
 
 
-def _scalar_store(tmp_path):
-    """A Zarr shard of samples with a 0-d field ``k`` (sample ``r<i>`` holds ``k == i``)."""
+def _zarr_shard(tmp_path, sample):
+    """Four samples ``sample(i)`` (arrays by name) in an uncompressed Zarr shard.
+
+    Returns the store, the shard's id and the shard's path.
+    """
     src = tmp_path / "src"
     src.mkdir()
     for i in range(4):
-        np.savez(src / f"r{i}.npz", k=np.array(float(i)), u=np.full((8,), i, np.float32))
+        np.savez(src / f"r{i}.npz", **sample(i))
     store = str(tmp_path / "store")
     Catalog.init(store)
     ingest([str(src)], dataset="d", store=store, snapshot=True, format="zarr",
@@ -61,6 +64,12 @@ def _scalar_store(tmp_path):
     cat = Catalog.open(store)
     shard = cat.manifest(cat.snapshot(cat.resolve("d"))).to_pylist()[0]["shard"]
     return store, shard, os.path.join(store, object_key(shard))
+
+
+def _scalar_store(tmp_path):
+    """A Zarr shard of samples with a 0-d field ``k`` (sample ``r<i>`` holds ``k == i``)."""
+    return _zarr_shard(
+        tmp_path, lambda i: {"k": np.array(float(i)), "u": np.full((8,), i, np.float32)})
 
 
 def _flip_directory_name(path, name, at, new):
@@ -152,19 +161,9 @@ def test_entries_with_an_extra_field_in_their_local_header_read_the_same(tmp_pat
 
 
 def _shard_of_two_fields(tmp_path):
-    src = tmp_path / "src"
-    src.mkdir()
     rng = np.random.default_rng(0)
-    for i in range(4):
-        np.savez(src / f"r{i}.npz", big=rng.standard_normal((64, 64)),
-                 small=np.arange(3.0) + i)
-    store = str(tmp_path / "store")
-    Catalog.init(store)
-    ingest([str(src)], dataset="d", store=store, snapshot=True, format="zarr",
-           compression="none")
-    cat = Catalog.open(store)
-    shard = cat.manifest(cat.snapshot(cat.resolve("d"))).to_pylist()[0]["shard"]
-    return os.path.join(store, object_key(shard))
+    return _zarr_shard(tmp_path, lambda i: {"big": rng.standard_normal((64, 64)),
+                                            "small": np.arange(3.0) + i})[2]
 
 
 def test_a_field_whose_node_entry_is_renamed_is_an_error_not_missing(tmp_path):
