@@ -653,12 +653,11 @@ def normalisation(
         # a constant: its bounds are exact, its mean and std need not be (the mean of
         # 0.1 taken 1,000 times is 0.10000000000000002, its std 1.4e-17, which would
         # make the constant -1): the constant itself and std 1, so it normalises to 0
-        lows = list(summary.get("min") or [None] * len(mean))
-        highs = list(summary.get("max") or [None] * len(mean))
-        constant = np.array([not e and _is_constant(lo, hi)
-                             for e, lo, hi in zip(empty, lows, highs, strict=True)], dtype=bool)
-        mean[constant] = [float(lo) for lo, c in zip(lows, constant, strict=True) if c]
-        std[~np.isfinite(std) | (std == 0.0) | constant] = 1.0
+        bounds = zip(summary.get("min") or (), summary.get("max") or (), strict=True)
+        for j, (lo, hi) in enumerate(bounds):
+            if not empty[j] and _is_constant(lo, hi):
+                mean[j], std[j] = float(lo), 1.0
+        std[~np.isfinite(std) | (std == 0.0)] = 1.0
         out[name] = (mean, std)
     return out
 
