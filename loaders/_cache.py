@@ -240,10 +240,13 @@ class ShardCache:
             self.counters.add_warm(counted_as, object_id, pinned.size)
 
     def acquire(self, object_id: str, size_bytes: Callable[[], int], download: Download,
-                *, referenced_by: str = "", counted_as: str = "cache") -> PinnedCopy:
+                *, referenced_by: str = "", counted_as: str = "cache",
+                filled: Callable[[int], None] | None = None) -> PinnedCopy:
         """A pinned, verified copy of ``object_id``; fills it with ``download`` on a miss.
 
-        ``size_bytes`` is asked only on a miss (it may cost a request). Raises
+        ``size_bytes`` is asked only on a miss (it may cost a request). ``filled`` is
+        called with the pinned descriptor of a copy this call filled, once the copy is in
+        place and before the fill's lock is let go (see :meth:`settled`). Raises
         :class:`InvalidInputError` when the object is larger than the whole cache and
         :class:`IntegrityError` when the downloaded bytes do not hash to ``object_id``.
         Hits, misses and filled bytes are counted as ``<counted_as>_hits`` and so on
@@ -258,8 +261,25 @@ class ShardCache:
                 self._count_hit(object_id, pinned, counted_as)
                 return pinned
             pinned = self._fill(object_id, size_bytes(), download, referenced_by, counted_as)
+            if filled is not None:
+                assert pinned.fd is not None
+                try:
+                    filled(pinned.fd)
+                except BaseException:
+                    pinned.release()
+                    raise
         self.counters.add(f"{counted_as}_misses")
         return pinned
+
+    def settled(self, object_id: str) -> None:
+        """Wait until no fill of ``object_id`` is under way on this node.
+
+        A copy is visible from its rename, a moment before its filler's ``filled`` has
+        run: a reader that found it in that moment, and needs what ``filled`` publishes,
+        waits here and looks again.
+        """
+        with self._lock(_stripe(object_id)):
+            pass
 
     def _fill(
         self, object_id: str, size: int, download: Download, referenced_by: str,

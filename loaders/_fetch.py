@@ -719,23 +719,27 @@ class ShardAccess:
             else:
                 self._copy_blocks(key, size, out)
 
+        cache = self._shard_cache()
         try:
-            copy: PinnedCopy = self._shard_cache().acquire(
-                shard_id, size_bytes, download, referenced_by=self.referenced_by
+            copy: PinnedCopy = cache.acquire(
+                shard_id, size_bytes, download, referenced_by=self.referenced_by,
+                filled=lambda fd: self._filled(shard_id, fd),
             )
         finally:
             for stream in streams:
                 self.counters.add_read(self.tier, 0, requests=stream.requests)
                 stream.close()
-        if not copy.hit:
-            self._filled(shard_id, copy.path)
-        # a fill is trusted (remembered above, or verify=False); a hit while unchecked
+        # a fill is trusted (remembered in ``filled``, or verify=False); a hit while
+        # unchecked, unless a sibling was still publishing the fill when the copy was found
+        trusted = not self.unchecked(shard_id)
+        if not trusted and copy.hit and self.trusted is not None:
+            cache.settled(shard_id)
+            trusted = not self.unchecked(shard_id)
         pinned = None if copy.fd is None else file_identity(os.fstat(copy.fd))
-        return ShardHandle(copy.path, copy.release, trusted=not self.unchecked(shard_id),
-                           pinned=pinned)
+        return ShardHandle(copy.path, copy.release, trusted=trusted, pinned=pinned)
 
-    def _filled(self, shard_id: str, path: str) -> None:
-        """This process filled ``path`` with bytes that hashed to ``shard_id`` on the way.
+    def _filled(self, shard_id: str, fd: int) -> None:
+        """This process filled the copy open as ``fd`` with bytes that hashed to ``shard_id``.
 
         Its sibling workers and this job's later epochs trust the copy while its stamp is
         unchanged, as they trust a local file this job hashed (a sibling used to hash the
@@ -744,7 +748,7 @@ class ShardAccess:
         (``SETTLED_S``).
         """
         if self.verify:
-            self._matched(shard_id, stamp_info(path), None)
+            self._matched(shard_id, stamp_info(fd), None)
 
     def _copy_stream(self, stream: ObjectStream, out: BinaryIO) -> None:
         """Copy a streamed object into ``out`` block by block, within ``max_bandwidth``.

@@ -118,3 +118,59 @@ def test_copies_filled_in_a_job_are_trusted_while_unchanged_and_a_damaged_one_is
     with pytest.raises(IntegrityError) as info:
         _epoch(ds, loader, 2)
     assert shards[0] in str(info.value)
+
+
+def test_a_sibling_that_finds_a_copy_while_its_fill_is_published_trusts_it(
+    store, tmp_path, monkeypatch
+):
+    # a copy is visible from its rename, a moment before its filler publishes it to the
+    # job's trust table: a sibling that found it in that moment hashed it again (a rare
+    # failure of the test above under load); it now waits for the fill's lock and trusts
+    import threading
+
+    import numpy as np
+    from loader_helpers import RemoteLikeStore
+    from simstore.loaders._cache import CacheConfig, ShardCache
+    from simstore.loaders._fetch import RateLimiter, ShardAccess
+    from simstore.loaders._stats import Counters
+
+    shard = snapshot_shards(store)[0]
+    remote = RemoteLikeStore(store)
+    cache = CacheConfig(directory=str(tmp_path / "cache"), limit_bytes=1 << 26)
+    table = np.zeros(64, dtype=np.int64)  # one job's table, as its workers share it
+
+    def access() -> tuple[ShardAccess, Counters]:
+        counters = Counters()
+        return ShardAccess(remote, counters=counters, limiter=RateLimiter(None), cache=cache,
+                           verify=True, trusted=TrustTable(table)), counters
+
+    filler, _ = access()
+    sibling, sibling_counters = access()
+    found: list[bool] = []
+    mark_used = ShardCache._mark_used
+
+    def sibling_reads(handle_trusted: list[bool]) -> None:
+        handle = sibling.prepare(shard)
+        assert handle is not None
+        handle_trusted.append(handle.trusted)
+        handle.release()
+
+    def renamed_then_sibling(self, object_id):  # runs right after the fill's rename
+        mark_used(self, object_id)
+        if not found:
+            found.append(True)
+            assert os.path.exists(self.path_of(object_id))
+            reader = threading.Thread(target=sibling_reads, args=(found,))
+            reader.start()
+            reader.join(0.5)  # the sibling finds the copy now (or waits for the lock)
+
+    monkeypatch.setattr(ShardCache, "_mark_used", renamed_then_sibling)
+    handle = filler.prepare(shard)
+    assert handle is not None and handle.trusted
+    handle.release()
+    for _ in range(200):  # the sibling finishes once the fill's lock is let go
+        if len(found) == 2:
+            break
+        threading.Event().wait(0.05)
+    assert found == [True, True]  # the sibling's copy was trusted
+    assert sibling_counters.snapshot().get("shards_verified", 0) == 0
