@@ -21,6 +21,7 @@ from simstore.catalog import Catalog, gc, verify
 from simstore.errors import InvalidInputError, NotFoundError
 from simstore.manifest import rows_from_list
 from simstore.names import parse_ref
+from simstore.sample import canonical_json
 from simstore.snapshot import Snapshot
 
 __all__ = ["COMMANDS", "parse_duration"]
@@ -70,7 +71,25 @@ def snapshot_summary(sid: str, snap: Snapshot) -> dict[str, Any]:
         "manifest_bytes": snap.manifest_bytes,
         "content_hash": snap.content_hash,
         "schema": [s.to_json() for s in snap.schema],
+        "software": written_with(snap),
     }
+
+
+def written_with(snap: Snapshot) -> list[dict[str, str]]:
+    """The distinct sets of versions this snapshot's ingests wrote their files with.
+
+    Those of the commit's own ingests (staged entries it consumed); a snapshot made by
+    other operations (a delete, a merge) or by ingests that predate the record lists none.
+    """
+    seen: dict[str, dict[str, str]] = {}
+    ingests = snap.lineage.get("ingests", [])
+    for entry in ingests if isinstance(ingests, list) else []:
+        sets = entry.get("software", []) if isinstance(entry, dict) else []
+        for versions in sets if isinstance(sets, list) else []:
+            if isinstance(versions, dict):
+                clean = {str(k): str(v) for k, v in sorted(versions.items())}
+                seen[canonical_json(clean).decode()] = clean
+    return [seen[k] for k in sorted(seen)]
 
 
 @click.command("init")
@@ -275,10 +294,17 @@ def show_cmd(ctx: CliContext, ref: str, as_json: bool) -> None:
                 f"{_human_bytes(info['manifest_bytes'])}",
                 f"content_hash  {info['content_hash']}",
                 f"fields        {fields or '-'}",
+                *(f"written with  {_versions_line(v)}" for v in info["software"]),
             ]
         )
 
     emit(as_json, info, text)
+
+
+def _versions_line(versions: dict[str, str]) -> str:
+    first = [n for n in ("simstore", "python") if n in versions]
+    rest = sorted(n for n in versions if n not in first)
+    return ", ".join(f"{n} {versions[n]}" for n in first + rest)
 
 
 @click.command("ls")

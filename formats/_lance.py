@@ -172,6 +172,8 @@ class LanceFormat:
     """The Lance shard format (``--format lance``)."""
 
     name = "lance"
+    libraries = ("pylance", "pyarrow")
+    """Distributions this writer's bytes depend on (recorded in an ingest's lineage)."""
     supports_file_objects = True
     supports_streaming_writes = True
 

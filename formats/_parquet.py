@@ -554,6 +554,8 @@ class ParquetFormat:
     """The Parquet shard format (``--format parquet``, the default)."""
 
     name = "parquet"
+    libraries = ("pyarrow",)
+    """Distributions this writer's bytes depend on (recorded in an ingest's lineage)."""
     supports_file_objects = True
     supports_streaming_writes = True
 

@@ -228,6 +228,7 @@ class CadAdapter:
 
     name = "cad"
     version = "1"
+    libraries = ("gmsh",)
     extensions = _EXTS
     options = frozenset({"cad_tolerance", "cad_mesh", "cad_timeout_s"})
     stores_source = True

@@ -86,6 +86,7 @@ class HDF5Adapter:
 
     name = "hdf5"
     version = "1"
+    libraries = ("h5py",)
     extensions = (".h5", ".hdf5", ".hdf", ".he5")
     options = TIME_OPTIONS
     check_options = staticmethod(check_time_options)

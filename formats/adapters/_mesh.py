@@ -291,6 +291,7 @@ class MeshAdapter:
 
     name = "mesh"
     version = "1"
+    libraries = ("meshio",)
     extensions = _EXTS
     options: frozenset[str] = frozenset()
 

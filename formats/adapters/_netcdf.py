@@ -239,6 +239,7 @@ class NetCDFAdapter:
 
     name = "netcdf"
     version = "1"
+    libraries = ("netCDF4", "h5py")
     extensions = (".nc", ".nc4", ".cdf", ".netcdf")
     options = TIME_OPTIONS
     check_options = staticmethod(check_time_options)

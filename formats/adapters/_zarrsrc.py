@@ -48,6 +48,7 @@ class ZarrAdapter:
 
     name = "zarr"
     version = "1"
+    libraries = ("zarr",)
     extensions = (".zarr", ".zarr.zip")
     options = TIME_OPTIONS
     check_options = staticmethod(check_time_options)

@@ -247,6 +247,7 @@ def _join(pieces: Sequence[FileResult], cfg: IngestConfig) -> FileResult:
         reused=all(p.reused for p in pieces),
         source_object=first.source_object,
         new_bytes=sum(p.new_bytes for p in pieces),
+        software=_joined_software(pieces),
     )
     whole.error = next((p.error for p in pieces if p.error is not None), None)
     if whole.error is not None:
@@ -491,6 +492,26 @@ def _listing(names: Sequence[str], most: int = 20) -> str:
     return ", ".join(names[:most]) + more
 
 
+def _joined_software(pieces: Sequence[FileResult]) -> dict[str, str]:
+    """The pieces' versions; where workers differed, each version seen, joined by " / "."""
+    seen: dict[str, list[str]] = {}
+    for p in pieces:
+        for name, version in p.software.items():
+            if version not in seen.setdefault(name, []):
+                seen[name].append(version)
+    return {name: " / ".join(versions) for name, versions in sorted(seen.items())}
+
+
+def _software_sets(staged: Sequence[FileResult]) -> list[dict[str, str]]:
+    """The distinct sets of versions the staged files were written with, in a fixed order.
+
+    Usually one; more when a dask cluster's workers differ or files come from journal
+    records of an earlier run. Records written before records kept versions add none.
+    """
+    seen = {canonical_json(r.software): r.software for r in staged if r.software}
+    return [seen[k] for k in sorted(seen)]
+
+
 def _rows_digest(rows: Sequence[Row], chunk_rows: int = 8192) -> str:
     """``hash_bytes(canonical_json([list(r) for r in sorted(rows)]))``, in bounded memory.
 
@@ -555,6 +576,7 @@ def _stage(
         "kind": "ingest",
         "adapter": cfg.adapter,
         "adapters": {r.adapter: r.adapter_version for r in staged},
+        "software": _software_sets(staged),
         "parameters": cfg.output_params(),
         "engine": run.engine,
         "workers": run.workers,

@@ -110,6 +110,7 @@ def write_journal(ctx: TaskContext, src: SourceFile, res: FileResult) -> None:
         "stats": res.stats,
         "source_object": res.source_object,
         "checks": _checks(ctx),
+        "software": res.software,
     }
     _records_store(ctx.store).put(journal_key(ctx, src), canonical_json(record))
 
@@ -156,4 +157,12 @@ def read_journal(
         stats=dict(rec["stats"]),
         reused=True,
         source_object=rec.get("source_object"),
+        software=_software_of(rec.get("software")),
     )
+
+
+def _software_of(value: object) -> dict[str, str]:
+    """A record's ``software`` (absent in records written before they kept it: empty)."""
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): str(v) for k, v in value.items()}

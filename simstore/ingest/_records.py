@@ -101,6 +101,9 @@ class FileResult:
     reused: bool = False
     source_object: str | None = None
     new_bytes: int = 0
+    software: dict[str, str] = field(default_factory=dict)
+    """The versions the file was read and its shards written with (see ``_software``);
+    empty for a journal record written before records kept them."""
 
 
 @dataclass(slots=True)

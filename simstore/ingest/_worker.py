@@ -41,6 +41,7 @@ from simstore.ingest._config import printable_text
 from simstore.ingest._journal import journal_key, read_journal, write_journal
 from simstore.ingest._plugins import Plugins, plugins_for
 from simstore.ingest._records import FileResult, Row, SourceFile, TaskContext, TaskResult
+from simstore.ingest._software import libraries_of, software
 from simstore.ingest._sources import (
     ListedSource,
     SourceGone,
@@ -424,6 +425,7 @@ class TaskRunner:
         if adapter is None:
             raise SourceError(f"{path}: no installed adapter reads this file")
         res.adapter, res.adapter_version = adapter.name, str(adapter.version)
+        res.software = software(libraries_of(adapter, *self.formats.values()))
         options = self.cfg.adapter_params()
         if src.piece is None:
             ranges = _crc_ranges(adapter, path)
