@@ -61,7 +61,8 @@ def run_local(
     workers = min(ctx.config.workers, len(tasks))
     if workers <= 1:
         out = [_run_here(ctx, task, plugins, report) for task in tasks]
-        return EngineRun(out, "local", ctx.config.workers)
+        # the workers it used: one (this process), however many were asked for
+        return EngineRun(out, "local", 1)
     results: list[TaskResult | None] = [None] * len(tasks)
     method = start_method(ctx.config.start_method)
     pool = cf.ProcessPoolExecutor(
@@ -168,7 +169,7 @@ def run_local(
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
-    return EngineRun([r for r in results if r is not None], "process-pool", ctx.config.workers)
+    return EngineRun([r for r in results if r is not None], "process-pool", workers)
 
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>

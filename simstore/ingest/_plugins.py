@@ -115,9 +115,26 @@ def load_adapters() -> dict[str, SourceAdapter]:
     }
 
 
+def _loaded(ep: Any, kind: str, make: Any = None) -> Any:
+    """What entry point ``ep`` names (called with ``make``'s arguments, if given).
+
+    A plugin whose module fails to import, or whose class fails to build, is an error of
+    one line naming the entry point and the failure, not a traceback: with ``auto`` every
+    ingest loads every installed adapter.
+    """
+    try:
+        obj = ep.load()
+        return make(obj) if make is not None else obj
+    except Exception as exc:
+        why = " ".join(f"{type(exc).__name__}: {exc}".split())
+        raise InvalidInputError(
+            f"{kind} plugin {ep.name!r} ({ep.value}) failed to load: {why}"
+        ) from exc
+
+
 def _adapter_of(name: str, ep: Any) -> SourceAdapter:
-    obj = ep.load()
-    adapter = obj() if isinstance(obj, type) else obj
+    adapter = _loaded(ep, "adapter",
+                      lambda obj: obj() if isinstance(obj, type) else obj)
     if not isinstance(adapter, SourceAdapter):
         raise InvalidInputError(f"entry point {name!r} in {ADAPTER_GROUP} is not a SourceAdapter")
     return adapter
@@ -145,7 +162,7 @@ def load_shard_format(name: str, options: ShardOptions | None = None) -> ShardFo
             f"unknown shard format {name!r}; installed: {', '.join(sorted(eps)) or 'none'} "
             f"(entry-point group {FORMAT_GROUP})"
         )
-    fmt = eps[name].load()(options or ShardOptions())
+    fmt = _loaded(eps[name], "shard format", lambda obj: obj(options or ShardOptions()))
     if not isinstance(fmt, ShardFormat):
         raise InvalidInputError(f"entry point {name!r} in {FORMAT_GROUP} is not a ShardFormat")
     return fmt

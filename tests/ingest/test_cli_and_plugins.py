@@ -173,6 +173,60 @@ def test_an_adapter_from_another_package_is_found_by_entry_point(catalog, tmp_pa
     assert snap.stats["fields"]["points"]["count"] == [3, 3, 3]
 
 
+def _doc_example(name: str) -> str:
+    """The first Python block under ``## Writing an adapter`` in docs/adapters.md."""
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "docs" / "adapters.md").read_text()
+    section = text.split("## Writing an adapter", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_adapter_example_of_the_docs_runs_as_written(tmp_path, monkeypatch):
+    (tmp_path / "mod").mkdir()
+    (tmp_path / "mod" / "doc_xyz_adapter.py").write_text(_doc_example("XyzAdapter"))
+    monkeypatch.syspath_prepend(str(tmp_path / "mod"))
+    add_adapters(monkeypatch, {"xyz": "doc_xyz_adapter:XyzAdapter"})
+    root = tmp_path / "clouds"
+    root.mkdir()
+    (root / "a.xyz").write_text("0 0 0\n1 2 3\n")
+    (root / "bad.xyz").write_text("1 2\n3\n")
+    store = str(tmp_path / "store")
+    run(store, "init")
+    # as the docs say: one line naming the file and the field, and exit 8
+    bad = run(store, "ingest", str(root), "--dataset", "c", "--adapter", "xyz", code=8)
+    lines = [line for line in bad.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "bad.xyz: field 'points'" in lines[0]
+    (root / "bad.xyz").unlink()
+    # an option the adapter does not read is refused (its ``options`` names none)
+    refused = run(store, "ingest", str(root), "--dataset", "c", "--adapter", "xyz",
+                  "--option", "scale=2", code=2)
+    assert "scale" in refused.output
+    run(store, "ingest", str(root), "--dataset", "c", "--adapter", "xyz", "--snapshot", "-m", "x")
+    shown = json.loads(run(store, "show", "c@main", "--json").output)
+    assert {f["name"] for f in shown["schema"]} == {"points", "n"}
+    [versions] = shown["software"]  # the example's ``libraries`` are recorded
+    assert versions["numpy"] == np.__version__
+
+
+def test_an_adapter_plugin_that_fails_to_load_is_one_line_naming_it(tmp_path, monkeypatch):
+    (tmp_path / "mod").mkdir()
+    (tmp_path / "mod" / "broken_adapter.py").write_text("class Broken(:\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "mod"))
+    add_adapters(monkeypatch, {"broken": "broken_adapter:Broken"})
+    src = tmp_path / "src"
+    src.mkdir()
+    np.savez(src / "a.npz", u=np.zeros(3, np.float32))
+    store = str(tmp_path / "store")
+    run(store, "init")
+    for adapter in ("auto", "broken"):
+        result = run(store, "ingest", str(src), "--dataset", "d", "--adapter", adapter, code=2)
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert len(lines) == 1 and "Traceback" not in result.output
+        assert "adapter plugin 'broken'" in lines[0] and "broken_adapter:Broken" in lines[0]
+        assert "SyntaxError" in lines[0]
+
+
 def test_cli_a_field_that_is_a_group_in_another_file_is_exit_code_8(tmp_path):
     import h5py
 

@@ -322,6 +322,23 @@ def test_a_forked_pool_gets_work_before_this_process_finishes_its_first_task(
     assert ran[0] == "local" and ran[1].startswith("pid ") and ran[1] != f"pid {os.getpid()}"
 
 
+@pytest.mark.multiprocess
+def test_the_summary_names_the_workers_a_run_used_not_those_asked_for(tmp_path):
+    # one task cannot use four workers: the run is local, with one; two tasks use two
+    (tmp_path / "one").mkdir()
+    sf.write_npz(tmp_path / "one" / "run0.npz", seed=0)
+    cat = Catalog.init(str(tmp_path / "a"))
+    r = ingest([tmp_path / "one"], dataset="d", store=cat, workers=4, snapshot=True)
+    assert len(r.tasks) == 1 and (r.engine, r.workers) == ("local", 1)
+    assert r.to_json()["workers"] == 1
+    assert cat.snapshot(r.snapshot_id).lineage["ingests"][0]["workers"] == 1
+    two = _forked_pool_ingest(tmp_path, files=2)
+    assert len(two.tasks) == 2 and (two.engine, two.workers) == ("process-pool", 2)
+    r4 = ingest([tmp_path / "src"], dataset="d", store=Catalog.init(str(tmp_path / "b")),
+                workers=4, shard_size=1, start_method="fork")
+    assert len(r4.tasks) == 2 and (r4.engine, r4.workers) == ("process-pool", 2)
+
+
 def test_the_pool_forks_only_while_no_other_python_thread_runs(monkeypatch):
     import sys
     import threading
