@@ -199,6 +199,14 @@ CLOCK_SKEW_S = 60.0
 """How far clocks of two writers may disagree when a commit looks for its entries."""
 
 
+def _staged_at_s(staging_id: str) -> float | None:
+    """When an entry was staged (s since the epoch), from its id (``<ns:020d>-<hex>``)."""
+    stamp = staging_id.split("-", 1)[0]
+    if len(stamp) != 20 or not stamp.isdigit():
+        return None
+    return int(stamp) / 1e9
+
+
 def _epoch_s(iso_time: str) -> float:
     """Seconds since the epoch of an ISO 8601 time; unparseable times count as the epoch."""
     try:
@@ -368,7 +376,7 @@ class Catalog:
         """Whether anything exists under the dataset's prefix."""
         return next(iter(self.store.list(dataset_prefix(dataset))), None) is not None
 
-    def check_commit_branch(self, dataset: str, branch: str) -> None:
+    def check_commit_branch(self, dataset: str, branch: str) -> bool:
         """Refuse a commit that cannot or should not land, before anything is written.
 
         On a store recorded without conditional writes: a StorageError. To ``branch`` of
@@ -377,6 +385,7 @@ class Catalog:
         A commit creates its branch only for a dataset's first snapshot: anywhere else a
         new branch starts at a snapshot (:meth:`Branches.create`, ``simstore branch``), so
         a mistyped ``--branch`` never takes staged changes off to an orphan history.
+        Returns whether ``branch`` exists (see :meth:`require_branch`).
         """
         if self.conditional_writes is False:
             raise StorageError(
@@ -384,19 +393,20 @@ class Catalog:
                 "by init), so no commit can move a ref safely; run `simstore init` through "
                 "an endpoint that enforces them"
             )
-        self.require_branch(dataset, branch)
+        return self.require_branch(dataset, branch)
 
-    def require_branch(self, dataset: str, branch: str) -> None:
+    def require_branch(self, dataset: str, branch: str) -> bool:
         """Refuse changes meant for ``branch`` unless it is a branch of the dataset or its first.
 
         A dataset with branches: one of them (:meth:`Branches.require`). One without
         branches but with tags has a history (its branches were deleted): a commit would
         start a second one, with no parent, beside it, so a branch must be made at one of
         its snapshots first. Only a dataset with neither passes: its first snapshot
-        creates its branch. A NotFoundError says which.
+        creates its branch. A NotFoundError says which. Returns whether ``branch`` exists
+        (False: the dataset's first snapshot will create it).
         """
         if self.branches(dataset).require(branch):
-            return
+            return True
         tags = self.tags(dataset).names()
         if tags:
             more = f" and {len(tags) - 10} more" if len(tags) > 10 else ""
@@ -406,6 +416,7 @@ class Catalog:
                 f"theirs; create the branch at a snapshot first: simstore branch "
                 f"{dataset}@{tags[0]} {branch}"
             )
+        return False
 
     def branches(self, dataset: str) -> Branches:
         """The dataset's branches."""
@@ -722,6 +733,9 @@ class Catalog:
             missing = wanted - {e.id for e in all_entries}
             entries = [e for e in all_entries if e.id in wanted]
             if missing and not entries:
+                done = self._committed_by_another(dataset, branch, missing)
+                if done is not None:
+                    return done
                 raise NotFoundError(
                     f"dataset {dataset!r} has no staged entries {sorted(missing)[:3]}"
                 )
@@ -734,7 +748,7 @@ class Catalog:
                 f"unknown dataset {dataset!r}: nothing staged and no branches or tags; "
                 f"create it by ingesting into it (simstore ingest SOURCE --dataset {dataset})"
             )
-        self.check_commit_branch(dataset, branch)
+        existed = self.check_commit_branch(dataset, branch)
         branches = self.branches(dataset)
         first_head: str | None = None
         overwritten: set[str] = set()
@@ -744,7 +758,7 @@ class Catalog:
             head, version = branches.get_versioned(branch)
             if attempt == 1:
                 first_head = head
-            elif head is None and first_head is not None:
+            if head is None and (existed or first_head is not None):
                 # deleted while this commit ran: committing now would create the branch
                 # again with a snapshot of the staged changes alone, no history under it
                 raise NotFoundError(
@@ -843,10 +857,16 @@ class Catalog:
         (less :data:`CLOCK_SKEW_S`): a snapshot can only consume an entry staged before it,
         so the walk costs one read per commit made since then, usually none or one.
         """
-        wanted = {e.id for e in entries}
+        if not entries:
+            return {}
+        oldest = min(_epoch_s(e.created) for e in entries)
+        return self._consumed_ids(head, {e.id for e in entries}, oldest)
+
+    def _consumed_ids(self, head: str | None, wanted: set[str], oldest: float) -> dict[str, str]:
+        """:meth:`_consumed_in_history` by staging ids, the oldest staged at ``oldest`` (s)."""
         if not wanted or head is None:
             return {}
-        oldest = min(_epoch_s(e.created) for e in entries) - CLOCK_SKEW_S
+        oldest -= CLOCK_SKEW_S
         found: dict[str, str] = {}
         sid: str | None = head
         while sid is not None and len(found) < len(wanted):
@@ -858,6 +878,39 @@ class Catalog:
                 break
             sid = snap.parents[0] if snap.parents else None
         return found
+
+    def _committed_by_another(
+        self, dataset: str, branch: str, ids: set[str]
+    ) -> CommitResult | None:
+        """The snapshot on ``branch`` that consumed every entry of ``ids``, or None.
+
+        For a commit whose entries are all gone from staging: another writer's commit
+        took them along (it commits every pending entry its own changes overlap) and
+        removed them. That is this commit done, as when the same entries are committed by
+        two writers; entries that no snapshot on the branch consumed stay an error. The
+        walk back is bounded by the entries' staging times, which their ids begin with.
+        """
+        times = [_staged_at_s(i) for i in ids]
+        if any(t is None for t in times):
+            return None
+        head, _ = self.branches(dataset).get_versioned(branch)
+        consumed = self._consumed_ids(head, ids, min(t for t in times if t is not None))
+        if set(consumed) != ids:
+            return None
+        # the walk goes from the head backwards: the newest consuming snapshot comes first
+        sid = next(iter(consumed.values()))
+        snap = self.snapshot(sid)
+        return CommitResult(
+            dataset=dataset,
+            branch=branch,
+            snapshot_id=SnapshotId(sid),
+            parent=snap.parents[0] if snap.parents else None,
+            samples=snap.samples,
+            sample_bytes=snap.sample_bytes,
+            staged=tuple(sorted(ids)),
+            attempts=0,
+            overwritten_concurrent=(),
+        )
 
     def _already_committed(
         self,

@@ -122,3 +122,47 @@ def test_a_branch_deleted_while_a_commit_runs_is_not_created_again(cat, monkeypa
     assert "branch 'dev' was deleted while this commit ran" in str(err.value)
     assert cat.branches("ds").names() == ["main"]  # not created again, with no history
     assert [e.id for e in cat.staged("ds")] == [entry.id]
+
+
+def test_a_branch_deleted_before_the_commit_first_reads_it_is_not_created_again(
+    cat, monkeypatch
+):
+    # deleted between the commit's check that the branch exists and its first read of
+    # the branch (while it reads the change sets): that read saw no head, and the commit
+    # took itself for the dataset's first, creating the branch with no history under it
+    stage_samples(cat, "ds", {"a": b"1"})
+    base = cat.commit("ds", message="base").snapshot_id
+    cat.branches("ds").create("dev", base)
+    entry = stage_samples(cat, "ds", {"b": b"2"})
+    real = Catalog._read_changes
+
+    def read_changes(self, staged):
+        Catalog.open(cat.store.root).branches("ds").delete("dev")  # another process
+        return real(self, staged)
+
+    monkeypatch.setattr(Catalog, "_read_changes", read_changes)
+    with pytest.raises(NotFoundError) as err:
+        cat.commit("ds", message="to dev", branch="dev")
+    assert "branch 'dev' was deleted while this commit ran" in str(err.value)
+    assert cat.branches("ds").names() == ["main"]
+    assert [e.id for e in cat.staged("ds")] == [entry.id]
+
+
+def test_entries_another_writer_committed_and_removed_are_this_commit_done(cat):
+    # writer A stages; writer B commits every pending entry (A's too) and removes them;
+    # A's commit of its own entry then finds it gone: done by B, not an error
+    stage_samples(cat, "ds", {"a": b"1"})
+    cat.commit("ds", message="base")
+    mine = stage_samples(cat, "ds", {"b": b"2"})
+    theirs = stage_samples(cat, "ds", {"b": b"3", "c": b"4"})
+    by_b = cat.commit("ds", message="B", staging_ids=[mine.id, theirs.id])
+    assert cat.staged("ds") == []
+    done = cat.commit("ds", message="A", staging_ids=[mine.id])
+    assert done.snapshot_id == by_b.snapshot_id and done.staged == (mine.id,)
+    assert cat.resolve("ds") == by_b.snapshot_id  # no second snapshot
+    # an id no snapshot consumed stays an error
+    with pytest.raises(NotFoundError) as err:
+        cat.commit("ds", message="A", staging_ids=["0" * 20 + "-" + "a" * 12])
+    assert "has no staged entries" in str(err.value)
+    with pytest.raises(NotFoundError):
+        cat.commit("ds", message="A", staging_ids=["not-a-staging-id"])
