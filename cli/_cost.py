@@ -385,16 +385,22 @@ def du_cmd(ctx: CliContext, ref: str | None, cache_dir: str | None, as_json: boo
     """
     import os
 
-    # a cache directory that does not exist holds nothing; du must not create it
-    cache = (
-        _cache_opener(cache_dir)(1) if cache_dir is not None and os.path.isdir(cache_dir) else None
-    )
+    # a report writes nothing: a cache directory that does not exist, or is empty, holds
+    # nothing and is not opened (opening makes a folder a cache); one under a file is
+    # refused, as pull refuses it
+    if cache_dir is not None:
+        _existing_folder(cache_dir, "--cache")
+    holds = cache_dir is not None and os.path.isdir(cache_dir) and bool(os.listdir(cache_dir))
+    cache = _cache_opener(cache_dir)(1) if cache_dir is not None and holds else None
     usage = disk_usage(ctx.catalog(read_only=True), ref, cache=cache)
     out = usage.to_json()
     if cache_dir is not None and cache is None:
+        # what it lacks of REF: all of it; without REF nothing is asked of it
+        wanted = usage.snapshot is not None
         out["tiers"].append(
             {"tier": "cache", "location": os.path.abspath(cache_dir), "objects": 0, "bytes": 0,
-             "missing_objects": usage.objects, "missing_bytes": usage.bytes}
+             "missing_objects": usage.objects if wanted else 0,
+             "missing_bytes": usage.bytes if wanted else 0}
         )  # fmt: skip
     _emit(as_json, out, lambda: _du_text(usage, out))
 

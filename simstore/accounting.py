@@ -134,6 +134,10 @@ def read_price_table(files: Sequence[str] = (), overrides: Sequence[str] = ()) -
             ) from exc
         except tomllib.TOMLDecodeError as exc:
             raise FormatError(f"price table {path} is not valid TOML: {exc}") from exc
+        except RecursionError as exc:
+            raise FormatError(
+                f"price table {path} is not valid TOML: nested too deeply"
+            ) from exc
         check_price_data(extra, origin=f"price table {path}")
         data = merge_price_data(data, extra)
         origins.append(path)
@@ -157,6 +161,8 @@ def read_run_reports(paths: Sequence[str]) -> RunUsage:
             raise InvalidInputError(f"cannot read run report {path}: {exc.strerror}") from exc
         except ValueError as exc:
             raise FormatError(f"run report {path} is not valid JSON: {exc}") from exc
+        except RecursionError as exc:
+            raise FormatError(f"run report {path} is not valid JSON: nested too deeply") from exc
         usages.append(parse_run_report(obj, origin=f"run report {path}"))
     return merge_run_usage(usages)
 
@@ -187,9 +193,31 @@ def run_cost(
             f"it, e.g. --tier {cold_tier}=s3-standard"
         )
     usage = read_run_reports(paths)
+    _check_tier_prices(dict(tier_prices or {}), usage, table, cold_tier)
     if cold_tier is not None:
         usage = dataclasses.replace(usage, cold_tier=cold_tier)
     return price_run(usage, table, mapping, egress=egress)
+
+
+def _check_tier_prices(given: Mapping[str, str | None], usage: RunUsage,
+                       table: PriceTable, cold_tier: str | None) -> None:
+    """Refuse a ``--tier RUN=PRICE`` that would price nothing: a typo must not pass.
+
+    ``PRICE`` must be a tier of the table (or none); ``RUN`` a tier the reports name, the
+    ``--cold`` tier, or one the defaults know (a mapping kept for runs that read it).
+    """
+    in_reports = {t.tier for t in usage.tiers} | ({cold_tier} if cold_tier else set())
+    for run_tier, price_tier in given.items():
+        if price_tier is not None and price_tier not in table.names:
+            raise InvalidInputError(
+                f"--tier {run_tier}={price_tier}: no price tier {price_tier!r} (tiers: "
+                f"{', '.join(table.names)}, or none)"
+            )
+        if run_tier not in in_reports and run_tier not in DEFAULT_TIER_PRICES:
+            raise InvalidInputError(
+                f"--tier {run_tier}={price_tier or 'none'}: the run reports have no tier "
+                f"{run_tier!r} (their tiers: {', '.join(sorted(in_reports)) or 'none'})"
+            )
 
 
 # -- walking snapshots -----------------------------------------------------------------
@@ -769,22 +797,25 @@ def warm_cache(
     total = sum(sizes[o] for o in wanted)
     # a refused pull creates nothing: the folder is made only once the snapshot fits
     existing = _existing_folder(cache_dir)
-    if limit_bytes is None:
-        # only to measure what it holds: nothing is filled with it; a folder that is not
-        # there, or is empty, holds nothing (and opening it would make it a cache)
-        empty = not os.path.isdir(cache_dir) or not os.listdir(cache_dir)
-        held = 0 if empty else open_cache(1).usage_bytes()
-        limit_bytes = held + shutil.disk_usage(existing).free
-        where = f"the free space of {cache_dir} and its current copies come to"
-    else:
-        where = "the cache limit is"
-    if total > limit_bytes:
-        raise InvalidInputError(
-            f"snapshot {sid} needs {total} bytes ({_human(total)}) of cache for "
-            f"{len(wanted)} objects (the snapshot, its manifest parts and shards), but {where} "
-            f"{limit_bytes} bytes "
-            f"({_human(limit_bytes)}); a limit of at least {total} bytes is needed"
-        )
+    # only to measure what it holds: nothing is filled with it; a folder that is not
+    # there, or is empty, holds nothing (and opening it would make it a cache)
+    empty = not os.path.isdir(cache_dir) or not os.listdir(cache_dir)
+    held = 0 if empty else open_cache(1).usage_bytes()
+    room = held + shutil.disk_usage(existing).free
+    free = f"the free space of {cache_dir} and its current copies come to"
+    # with a limit, the disk's room decides too: a limit above it filled the disk and
+    # stopped half way
+    checks = [(room, free)] if limit_bytes is None else [
+        (limit_bytes, "the cache limit is"), (room, free)]
+    limit_bytes = room if limit_bytes is None else limit_bytes
+    for have, where in checks:
+        if total > have:
+            raise InvalidInputError(
+                f"snapshot {sid} needs {total} bytes ({_human(total)}) of cache for "
+                f"{len(wanted)} objects (the snapshot, its manifest parts and shards), but "
+                f"{where} {have} bytes ({_human(have)}); a limit of at least {total} bytes "
+                + ("and as much room on its disk are needed" if where == free else "is needed")
+            )
     try:
         os.makedirs(cache_dir, exist_ok=True)
     except OSError as exc:

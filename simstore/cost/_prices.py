@@ -195,7 +195,12 @@ def _field_value(key: str, value: object, what: str) -> Any:
     Shared by price files and ``--price`` flags, so both refuse the same values.
     """
     if key in _TEXT_FIELDS:
-        return str(value)
+        isoformat = getattr(value, "isoformat", None)
+        if key == "as_of" and callable(isoformat):
+            return str(isoformat())  # a TOML date, as a price file would write one
+        if not isinstance(value, str):
+            raise FormatError(f"{what} must be text, got {value!r}")
+        return value
     if key in _INT_FIELDS:
         return _whole(value, what)
     if key == "drive_capacity_bytes":

@@ -72,6 +72,10 @@ class RunUsage:
         return self.cache_hits, self.cache_hit_bytes, self.cache_hits > 0
 
 
+MIN_RUN_SECONDS = 0.001
+"""The shortest run duration a report may give (0 means unknown)."""
+
+
 def parse_run_report(obj: object, *, origin: str = "run report") -> RunUsage:
     """Parse one loader run report (the JSON of docs/loader.md, already decoded).
 
@@ -111,11 +115,19 @@ def parse_run_report(obj: object, *, origin: str = "run report") -> RunUsage:
         )
     epochs_raw = obj.get("epochs", 1)
     if isinstance(epochs_raw, list):
+        for i, epoch in enumerate(epochs_raw):  # epoch numbers, as a loader writes them
+            _count(epoch, f"{origin}: epochs[{i}]")
         epochs = len(epochs_raw)
     else:
         epochs = _count(epochs_raw, f"{origin}: epochs")
     # a price's checks: a number, finite (JSON decoders accept NaN), not negative
     seconds = _price(obj.get("seconds", 0.0), f"{origin}: seconds")
+    if 0 < seconds < MIN_RUN_SECONDS:
+        # per-hour figures of such a "duration" are infinite or absurd
+        raise FormatError(
+            f"{origin}: seconds is {seconds!r}; a run lasts 0 (unknown) or at least "
+            f"{MIN_RUN_SECONDS} s"
+        )
     raw_tiers = obj.get("tiers", {})
     if not isinstance(raw_tiers, Mapping):
         raise FormatError(f"{origin}: tiers must be an object")

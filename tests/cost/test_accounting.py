@@ -266,6 +266,36 @@ def test_pull_refuses_a_limit_smaller_than_the_snapshot(cat, tmp_path, shard_cac
     assert not os.path.exists(os.path.join(d, "objects", hash_bytes(A)[:2], hash_bytes(A)))
 
 
+def test_pull_with_a_limit_above_the_free_space_is_refused_before_any_copy(
+    cat, tmp_path, shard_cache, monkeypatch
+):
+    # a --limit larger than the disk's free space filled the disk and stopped half way
+    import shutil as real_shutil
+    from collections import namedtuple
+
+    import simstore.accounting as accounting
+
+    sid = commit(cat, "ds", {"a": A, "b": B})
+    need = 3000 + cat.snapshot(sid).manifest_bytes + len(cat.store.get(object_key(sid)))
+    usage = namedtuple("usage", "total used free")
+
+    real_usage = real_shutil.disk_usage
+
+    def tiny_disk(path):
+        real_usage(path)  # the folder checked is a real one
+        return usage(1 << 20, (1 << 20) - 1000, 1000)
+
+    monkeypatch.setattr(accounting.shutil, "disk_usage", tiny_disk)
+    d = str(tmp_path / "hot")
+    with pytest.raises(InvalidInputError, match=f"needs {need} bytes") as info:
+        warm_cache(cat, "ds", d, lambda limit: shard_cache(d, limit), limit_bytes=1 << 40)
+    assert "free space of" in str(info.value) and "1000 bytes" in str(info.value)
+    assert not os.path.exists(d)  # nothing made, nothing copied
+    monkeypatch.setattr(accounting.shutil, "disk_usage", real_usage)
+    report = warm_cache(cat, "ds", d, lambda limit: shard_cache(d, limit), limit_bytes=1 << 40)
+    assert report.fetched == report.objects and report.limit_bytes == 1 << 40
+
+
 def test_pull_verifies_hashes(cat, tmp_path, shard_cache):
     commit(cat, "ds", {"a": A})
     path = cat.store.local_path(object_key(hash_bytes(A)))

@@ -168,3 +168,82 @@ def test_parse_size_refuses_nonsense():
 
     with pytest.raises(InvalidInputError):
         parse_size("lots")
+
+
+def _one_line_error(result, *words):
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+def _report(**changes):
+    report = {
+        "format_version": 1, "kind": "simstore-loader-report", "epochs": [0, 1],
+        "seconds": 60.0, "tiers": {"s3": {"bytes": 2**30, "requests": 1000}},
+        "cache": {"hits": 0, "misses": 10, "fill_bytes": 2**30},
+    }
+    report.update(changes)
+    return report
+
+
+def test_bad_run_reports_price_files_and_tier_maps_are_one_line_errors(tmp_path):
+    # found by an audit: deep nesting was a RecursionError traceback; a mistyped --tier
+    # priced nothing and passed; a text field took any type; a run of 1e-320 s cost $inf
+    # an hour; a list of anything counted as epochs
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    _one_line_error(run("memory://unused", "cost", "--run", str(deep), code=7),
+                    "deep.json", "nested too deeply")
+    deep_toml = tmp_path / "deep.toml"
+    deep_toml.write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")
+    _one_line_error(run("memory://unused", "prices", "--prices", str(deep_toml), code=7),
+                    "deep.toml")
+    good = tmp_path / "run.json"
+    good.write_text(json.dumps(_report()))
+    for flag, words in (("S3=s3-standard-ia", ("--tier S3", "no tier 'S3'", "s3")),
+                        ("s3=s3-standrd", ("--tier s3=s3-standrd", "no price tier")),
+                        ("gs=bogus", ("no price tier 'bogus'",))):
+        _one_line_error(run("memory://unused", "cost", "--run", str(good), "--tier", flag,
+                            code=2), *words)
+    run("memory://unused", "cost", "--run", str(good), "--tier", "gs=gcs-standard")  # known
+    for field, value in (("source", 5), ("description", ["a"])):
+        p = tmp_path / f"{field}.toml"
+        p.write_text(f"[tiers.s3-standard]\n{field} = {json.dumps(value)}\n")
+        _one_line_error(run("memory://unused", "prices", "--prices", str(p), code=7),
+                        f"{field} must be text")
+    dated = tmp_path / "dated.toml"
+    dated.write_text("[tiers.s3-standard]\nas_of = 2024-01-01\n")
+    out = json.loads(run("memory://unused", "prices", "--prices", str(dated), "--json").output)
+    assert "2024-01-01" in json.dumps(out)
+    for name, report, words in (
+        ("tiny.json", _report(seconds=1e-320), ("seconds", "at least 0.001")),
+        ("epochs.json", _report(epochs=["a", "b"]), ("epochs[0]",)),
+    ):
+        path = tmp_path / name
+        path.write_text(json.dumps(report))
+        _one_line_error(run("memory://unused", "cost", "--run", str(path), "--json", code=7),
+                        name, *words)
+
+
+def test_du_with_a_cache_folder_writes_nothing_and_counts_alike(store_url, tmp_path):
+    import os
+
+    commit(Catalog.open(store_url), "ds", {"a": b"x" * 100, "b": b"y" * 50})
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    absent = tmp_path / "absent"
+    outs = []
+    for folder in (empty, absent):
+        outs.append(json.loads(run(store_url, "du", "--cache", str(folder), "--json").output))
+        with_ref = json.loads(
+            run(store_url, "du", "ds", "--cache", str(folder), "--json").output)
+        cache = [t for t in with_ref["tiers"] if t["tier"] == "cache"][0]
+        assert cache["objects"] == 0 and cache["missing_objects"] == with_ref["objects"]
+    assert os.listdir(empty) == [] and not absent.exists()  # a report writes nothing
+    for out in outs:  # without REF nothing is asked of the cache: nothing missing
+        cache = [t for t in out["tiers"] if t["tier"] == "cache"][0]
+        assert (cache["objects"], cache["missing_objects"]) == (0, 0)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    _one_line_error(run(store_url, "du", "--cache", str(afile / "sub"), code=2), "afile")
