@@ -9,11 +9,14 @@ from simstore.catalog._catalog import (
     utc_now,
 )
 from simstore.catalog._maintenance import (
+    GC_STATE_KEY,
     GcReport,
     VerifyProblem,
     VerifyReport,
     gc,
+    gc_overlapped,
     reachable_objects,
+    read_gc_state,
     verify,
 )
 from simstore.catalog._merge import CHANGES_SCHEMA
@@ -21,6 +24,7 @@ from simstore.catalog._refs import Branches, Tags
 
 __all__ = [
     "CHANGES_SCHEMA",
+    "GC_STATE_KEY",
     "STORE_META_KEY",
     "Branches",
     "Catalog",
@@ -32,7 +36,9 @@ __all__ = [
     "VerifyProblem",
     "VerifyReport",
     "gc",
+    "gc_overlapped",
     "reachable_objects",
+    "read_gc_state",
     "utc_now",
     "verify",
 ]

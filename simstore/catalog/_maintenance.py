@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
+import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -28,12 +30,15 @@ from simstore.snapshot import SNAPSHOT_HEAD, Snapshot, content_hash_of
 from simstore.storage import sweep_scratch
 
 __all__ = [
+    "GC_STATE_KEY",
     "GcReport",
     "ProblemKind",
     "VerifyProblem",
     "VerifyReport",
     "gc",
+    "gc_overlapped",
     "reachable_objects",
+    "read_gc_state",
     "verify",
 ]
 
@@ -528,6 +533,44 @@ def _store_clock(cat: Catalog) -> float:
     return float(clock())
 
 
+GC_STATE_KEY = "gc.json"
+"""Where a deleting gc says it is running, and then that it is done (see :func:`gc_overlapped`)."""
+
+
+def _write_gc_state(cat: Catalog, run: str, state: str, grace_s: float, now: float) -> None:
+    body = {"format_version": 1, "kind": "gc-state", "run": run, "state": state,
+            "grace_s": grace_s, "started": now}
+    cat.store.put(GC_STATE_KEY, json.dumps(body, sort_keys=True).encode())
+
+
+def read_gc_state(store: Any) -> bytes | None:
+    """The store's gc record as it is now (None: no gc ever deleted anything here)."""
+    try:
+        data: bytes = store.get(GC_STATE_KEY)
+    except NotFoundError:
+        return None
+    return data
+
+
+def gc_overlapped(before: bytes | None, after: bytes | None) -> bool:
+    """Whether a deleting gc may have run between two readings of :func:`read_gc_state`.
+
+    Yes when the record changed (a gc started, or finished, in between), or when the
+    first reading found one running (it may still be deleting, or have died doing so). A
+    writer that stored objects in between, and holds them by nothing but their age (gc's
+    grace period), then checks them before it names them in a staging entry.
+    """
+    if before != after:
+        return True
+    if before is None:
+        return False
+    try:
+        state = json.loads(before).get("state")
+    except (ValueError, AttributeError):
+        return True  # unreadable: assume the worst, which only costs a check
+    return bool(state != "done")
+
+
 def gc(
     cat: Catalog, *, grace_s: float = 3600.0, dry_run: bool = False, now: float | None = None
 ) -> GcReport:
@@ -579,6 +622,12 @@ def gc(
     else:
         local_now, clock = now, "given"
     report = GcReport(dry_run=dry_run, grace_s=grace_s, clock=clock)
+    run = uuid.uuid4().hex
+    if not dry_run:
+        # before anything is listed or deleted: an ingest that read the record before
+        # this and reads it again before staging sees that a gc ran meanwhile, and checks
+        # that what it stored is still there (a grace shorter than the ingest deletes it)
+        _write_gc_state(cat, run, "running", grace_s, now)
     # Objects first listed, then roots read: an object written after the listing is
     # not considered at all, and one written before it is either reachable or recent.
     listing = list(cat.store.list_info("objects/"))
@@ -669,4 +718,6 @@ def gc(
     report.temporary_removed += len(
         sweep_scratch(unmarked_before=local_now - grace_s, dry_run=dry_run)
     )
+    if not dry_run:
+        _write_gc_state(cat, run, "done", grace_s, now)
     return report

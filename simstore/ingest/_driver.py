@@ -12,14 +12,15 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Unpack
 
 import pyarrow as pa
 
 from simstore import _buffers
-from simstore.catalog import Catalog, StagedEntry
-from simstore.errors import InvalidInputError, SimstoreError, SourceError
-from simstore.hashing import Hasher, hash_bytes
+from simstore.catalog import Catalog, StagedEntry, gc_overlapped, read_gc_state
+from simstore.errors import ConflictError, InvalidInputError, SimstoreError, SourceError
+from simstore.hashing import Hasher, hash_bytes, object_key
 from simstore.ingest._config import (
     IngestConfig,
     IngestOptions,
@@ -166,6 +167,8 @@ def ingest(
     tasks = plan_tasks(
         files, cfg.shard_size, sample_counter(plugins[0], cfg.adapter_params()), cfg.piece_bytes
     )
+    # before anything is stored: a gc that runs from now until staging is seen (_stage)
+    gc_before = read_gc_state(catalog.store)
     totals = {"files": 0, "bytes": 0, "samples": 0}
     bytes_total = sum(f.size for f in files)
 
@@ -196,7 +199,8 @@ def ingest(
             # this process read sources into its pool of memory: give the idle part back
             _buffers.POOL.release()
     return _finish(
-        catalog, ctx, files, ignored, run, tasks, head, committed if strict else (), t0
+        catalog, ctx, files, ignored, run, tasks, head, committed if strict else (), t0,
+        gc_before,
     )
 
 
@@ -319,8 +323,11 @@ def _finish(
     head: Any,
     committed: Schema,
     t0: float,
+    gc_before: bytes | None = None,
 ) -> IngestResult:
     """Check the run as a whole (schema across files, unique keys), then stage and commit.
+
+    ``gc_before``: the store's gc record when the run started (see :func:`_stage`).
 
     ``committed``: the schema the commit will merge the staged entry into, for a
     ``--snapshot`` run that does not allow schema changes (else empty): a file that
@@ -410,7 +417,7 @@ def _finish(
     if staged:
         staging_id, snapshot_id, extra = _stage(
             catalog, ctx, run, staged, rows, shards, _own_schema(staged), new_keys_in,
-            pending, head,
+            pending, head, gc_before,
         )
         new_bytes += extra
     elif cfg.snapshot and head is not None:
@@ -492,6 +499,27 @@ def _listing(names: Sequence[str], most: int = 20) -> str:
     return ", ".join(names[:most]) + more
 
 
+def _check_still_stored(catalog: Catalog, ids: Sequence[str]) -> None:
+    """Refresh each object (gc's grace starts again); a ConflictError if any is gone."""
+    store = catalog.store
+    refresh = getattr(store, "refresh", None)
+
+    def present(oid: str) -> bool:
+        key = object_key(oid)
+        return bool(refresh(key)) if callable(refresh) else store.exists(key)
+
+    unique = sorted(set(ids))
+    with ThreadPoolExecutor(min(16, max(1, len(unique)))) as pool:
+        gone = [oid for oid, ok in zip(unique, pool.map(present, unique), strict=True) if not ok]
+    if gone:
+        more = f" and {len(gone) - 1} more" if len(gone) > 1 else ""
+        raise ConflictError(
+            f"{store.url}: {object_key(gone[0])}{more}, stored by this ingest, was deleted by "
+            f"a gc that ran during it (its --grace is shorter than this ingest); nothing "
+            f"was staged: run the ingest again (its journal keeps what survived)"
+        )
+
+
 def _joined_software(pieces: Sequence[FileResult]) -> dict[str, str]:
     """The pieces' versions; where workers differed, each version seen, joined by " / "."""
     seen: dict[str, list[str]] = {}
@@ -541,8 +569,16 @@ def _stage(
     new_keys_in: str | None,
     pending: Mapping[str, frozenset[str] | None],
     head: Any,
+    gc_before: bytes | None = None,
 ) -> tuple[str, str | None, int]:
     """Stage the rows (reusing an identical pending entry) and commit when asked.
+
+    Until a staging entry names them, the objects the run stored are held by their age
+    alone (gc's grace period). If a gc ran since the run started (``gc_before``, the
+    store's gc record then, is not what it is now, or said one was running), every object
+    the entry will name is refreshed first, and one that is gone (a grace shorter than the
+    run) fails the ingest with a ConflictError naming it, rather than stage a snapshot
+    of missing shards.
 
     ``new_keys_in``: the snapshot every staged key was checked to be absent from; the
     commit trusts it (skipping its own key-range test) only when that is its parent.
@@ -603,6 +639,8 @@ def _stage(
         None,
     )
     written = entry is None
+    if entry is None and gc_overlapped(gc_before, read_gc_state(catalog.store)):
+        _check_still_stored(catalog, [*shards, *objects])
     if entry is None:
         if cfg.snapshot and not cfg.allow_schema_change:
             _check_commit_schema(ctx, head, pending_entries, overlapping, staged, schema)
