@@ -66,6 +66,26 @@ def _stack(values: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack(values)
 
 
+def _common_dtype(name: str, tensors: Sequence[torch.Tensor]) -> torch.dtype:
+    """The dtype a batch of ``tensors`` takes: torch's promotion of theirs.
+
+    One that torch cannot promote (an unsigned and a signed integer of 16 bits or more)
+    is an error naming the field.
+    """
+    dtype = tensors[0].dtype
+    for t in tensors[1:]:
+        if t.dtype != dtype:
+            try:
+                dtype = torch.promote_types(dtype, t.dtype)
+            except RuntimeError as exc:
+                raise InvalidInputError(
+                    f"field {name!r} has {dtype} and {t.dtype} values in one batch, which "
+                    f"torch cannot combine ({' '.join(str(exc).split())}): its dtype "
+                    "changed between snapshots; convert it in a transform"
+                ) from exc
+    return dtype
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Collate:
     """The loader's collate function (picklable, so it works with spawn workers)."""
@@ -133,6 +153,14 @@ class Collate:
                 values = list(values.unbind(0))
             real = values if flags is None else [v for v, p in zip(values, flags, strict=True)
                                                   if p]
+            if real and not all(isinstance(v, torch.Tensor) for v in real) and all(
+                    isinstance(v, torch.Tensor | bool | int | float) for v in real) and any(
+                    isinstance(v, torch.Tensor) for v in real):
+                # a scalar that one snapshot stored as a parameter (a number) and a later
+                # one as a 0-d array (a tensor): one tensor column, not a mixed list
+                values = [v if v is None or isinstance(v, torch.Tensor)
+                          else number_tensor([v])[0] for v in values]
+                real = [v for v in values if v is not None] if flags is not None else values
             if real and all(isinstance(v, torch.Tensor) for v in real):
                 variable = self._is_variable(name)
                 self._tensors(
@@ -141,6 +169,15 @@ class Collate:
                 )
             elif real and all(isinstance(v, bool | int | float) for v in real):
                 out[name] = self._numbers(values, flags)
+            elif real and any(isinstance(v, torch.Tensor | bool | int | float) for v in real):
+                kinds = sorted({"tensor" if isinstance(v, torch.Tensor) else
+                                "number" if isinstance(v, bool | int | float) else
+                                type(v).__name__ for v in real})
+                raise InvalidInputError(
+                    f"field {name!r} holds values of different kinds in one batch "
+                    f"({', '.join(kinds)}): its kind changed between snapshots; select one "
+                    f"kind with a transform, or leave the field out (fields=)"
+                )
             elif flags is None:
                 out[name] = list(values)
             else:
@@ -193,6 +230,13 @@ class Collate:
         real: list[torch.Tensor] = values if present is None else [
             v for v, p in zip(values, present, strict=True) if p
         ]
+        dtype = _common_dtype(name, real)
+        if any(v.dtype != dtype for v in real):
+            # a field whose dtype changed between snapshots: one batch, one dtype, by
+            # torch's promotion (a padded batch used to take the first sample's, casting
+            # 0.5 in a later float64 sample to 0 in an int64 batch)
+            values = [v.to(dtype) if isinstance(v, torch.Tensor) else v for v in values]
+            real = [v.to(dtype) for v in real]
         first = real[0]
         shapes = {tuple(v.shape) for v in real}
         if len(shapes) == 1 and not always_pack and not (always_pad and first.dim() > 0):
@@ -225,7 +269,7 @@ class Collate:
         biggest = [max(s[d] for s in shapes) for d in range(first.dim())]
         varying = [d for d in range(len(biggest)) if len({s[d] for s in shapes}) > 1]
         depth = varying[-1] + 1 if varying else 1
-        padded = torch.full((len(values), *biggest), self.pad_value, dtype=first.dtype)
+        padded = torch.full((len(values), *biggest), self.pad_value, dtype=dtype)
         mask = torch.zeros((len(values), *biggest[:depth]), dtype=torch.bool)
         for i, (v, p) in enumerate(zip(values, flags, strict=True)):
             if not p:

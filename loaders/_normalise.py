@@ -25,10 +25,15 @@ Transform = Any  # Callable[[dict[str, Any]], dict[str, Any]] (see _source.Trans
 NormaliseSpec = bool | Sequence[str] | Mapping[str, tuple[Any, Any]] | None
 
 
+_NARROW_FLOATS = (torch.float16, torch.bfloat16)
+"""Floating dtypes too narrow for normalisation constants (worked out in float32)."""
+
+
 class Normalise:
     """A transform: ``(x - mean) / std`` per field, then the caller's transform.
 
-    Per component on a vector field's last axis. Floating tensors keep their dtype;
+    Per component on a vector field's last axis. Floating tensors keep their dtype (float16
+    and bfloat16 are worked out in float32 and given back in their own);
     integer and bool tensors and plain integers become float32, plain floats float64 (a
     plain number becomes a 0-d tensor, as a sample's scalars are). A field a sample lacks
     (older samples of an evolved schema) is left out. Picklable, for DataLoader workers.
@@ -61,11 +66,17 @@ class Normalise:
             if value is None:
                 continue
             if isinstance(value, torch.Tensor):
-                t = value if torch.is_floating_point(value) else value.to(torch.float32)
+                narrow = value.dtype in _NARROW_FLOATS
+                # float16 and bfloat16 cannot hold the constants (a mean of 300.109 is
+                # 300.0 in float16; a std of 2e-8 is 0): worked out in float32, then
+                # given back in the field's own dtype
+                t = value if torch.is_floating_point(value) and not narrow \
+                    else value.to(torch.float32)
                 mean, std = self._pair(name, t.dtype)
                 if t.ndim == 0 or mean.numel() == 1:
                     mean, std = mean.reshape(()), std.reshape(())
-                sample[name] = (t - mean) / std
+                scaled = (t - mean) / std
+                sample[name] = scaled.to(value.dtype) if narrow else scaled
             elif isinstance(value, int | float | np.number | bool):
                 mean_a, std_a = self.constants[name]
                 scaled = (float(value) - mean_a[0]) / std_a[0]

@@ -111,6 +111,36 @@ RESERVED_FIELD_NAMES: dict[str, str] = {
 """Names no field may take, and what each is used for: a field of such a name would be
 overwritten by the loader (or refused by a shard format), so it is refused at ingest."""
 
+RESERVED_FIELD_SUFFIXES: dict[str, str] = {
+    "__present": "the flags the loader's collate adds for a field some samples lack",
+    "__mask": "the mask the loader's collate adds for a padded field",
+    "__offsets": "the offsets the loader's collate adds for a packed field",
+}
+"""Endings no field name may have: a batch holds ``<field><ending>`` beside the field."""
+
+MAX_FIELD_NAME_BYTES = 4096
+"""The longest field name (UTF-8 bytes): a Zarr shard names each field in zip entries of
+at most 65,535 bytes, and no real field needs more than a path's worth."""
+
+
+def check_field_name(name: str) -> None:
+    """Refuse a field name no shard format and loader batch can carry back as it is."""
+    if not name:
+        raise InvalidInputError(
+            "a field has an empty name (Lance cannot read such a column back); name it")
+    used = RESERVED_FIELD_NAMES.get(name)
+    if used is not None:
+        raise InvalidInputError(f"the name {name!r} is reserved for {used}; rename the field")
+    for ending, use in RESERVED_FIELD_SUFFIXES.items():
+        if name.endswith(ending):
+            raise InvalidInputError(
+                f"the name {name!r} ends in {ending!r}, kept for {use}; rename the field")
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if size > MAX_FIELD_NAME_BYTES:
+        raise InvalidInputError(
+            f"a field name of {size} bytes ({name[:40]!r}...) is longer than "
+            f"{MAX_FIELD_NAME_BYTES} bytes; rename the field")
+
 _STORABLE_TYPES = frozenset(
     np.dtype(t).type
     for t in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
@@ -133,13 +163,11 @@ def _check_storable(dtype: np.dtype[Any]) -> None:
 def spec_of_value(name: str, value: object) -> FieldSpec:
     """The :class:`FieldSpec` of a field value, lazy array sources included.
 
-    Raises :class:`InvalidInputError` for a reserved name (:data:`RESERVED_FIELD_NAMES`),
+    Raises :class:`InvalidInputError` for a name :func:`check_field_name` refuses,
     a dtype that cannot be stored and read back exactly (``float128``: extended
     precision), or a Python int outside the range of int64 (as which it is stored).
     """
-    used = RESERVED_FIELD_NAMES.get(name)
-    if used is not None:
-        raise InvalidInputError(f"the name {name!r} is reserved for {used}; rename the field")
+    check_field_name(name)
     if isinstance(value, _PLAIN_VALUES):
         spec = spec_of(name, value)  # type: ignore[arg-type]
         if spec.kind == "tensor" or spec.kind == "scalar":

@@ -167,6 +167,26 @@ def test_a_reserved_field_name_is_refused_for_every_format(catalog, good, fmt, r
     assert _keys(catalog, r) == ["a_good"]
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [("", ("empty name",)), ("p__present", ("'__present'",)), ("q__mask", ("'__mask'",)),
+     ("r__offsets", ("'__offsets'",)), ("n" * 65530, ("65530 bytes", "4096"))],
+    ids=["empty", "present", "mask", "offsets", "long"],
+)
+def test_names_no_shard_or_batch_carries_back_are_refused(catalog, good, fmt, name, words):
+    # found by an audit: an empty name went into Lance and could not be read back; a
+    # name ending in __present or __mask collided with the keys collate adds; a name of
+    # 65,530 bytes crashed the Zarr writer (zip entry names) with a traceback
+    np.savez(good / "r.npz", **{name: np.arange(3.0), "x": np.arange(2)})
+    with pytest.raises(SourceError) as info:
+        ingest([good], dataset="d", store=catalog, format=fmt)
+    _one_line(info.value, "r.npz", *words)
+    r = ingest([good], dataset="d", store=catalog, format=fmt, snapshot=True, on_error="skip")
+    assert [s.path.endswith("r.npz") for s in r.files_skipped] == [True]
+    assert _keys(catalog, r) == ["a_good"]
+
+
 # -- 2. source names that are not UTF-8 -------------------------------------------------
 
 
