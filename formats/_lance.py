@@ -64,11 +64,27 @@ def field_name(column: str) -> str:
     return _UNESCAPE.sub(lambda m: chr(int(m.group(1), 16)), column)
 
 
+_USED_BY: int | None = None
+"""The process that last read or wrote a Lance file (its pid): see :func:`used_here`."""
+
+
+def used_here() -> bool:
+    """Whether this process has read or written a Lance file.
+
+    A child forked after does not count itself (its pid differs). Lance is not fork-safe
+    once used: its runtime's threads do not survive into a forked child, which may crash
+    on its first read.
+    """
+    return _USED_BY == os.getpid()
+
+
 def _lance_file() -> Any:
+    global _USED_BY
     try:
         import lance.file as lance_file
     except ImportError as exc:  # pragma: no cover - pylance is a core dependency
         raise ImportError("Lance shards need pylance: pip install pylance") from exc
+    _USED_BY = os.getpid()
     return lance_file
 
 

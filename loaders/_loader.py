@@ -577,6 +577,7 @@ class SimDataLoader(DataLoader[Any]):
                                         index_fields=_index_fields(index_fields, dataset))
         self._init = _WorkerInit(kwargs.pop("worker_init_fn", None))
         kwargs["worker_init_fn"] = self._init
+        self._context_given = kwargs.get("multiprocessing_context") is not None
         self.sim_dataset = dataset
         self._stream: _Stream
         if collate_fn is None and batch_size is not None:
@@ -624,6 +625,7 @@ class SimDataLoader(DataLoader[Any]):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ds = self.sim_dataset
+        self._avoid_forking_lance()
         self._init.parent_pid = os.getpid()  # the process about to start the workers
         world = ds.refresh_world()
         workers = max(1, self.num_workers)
@@ -702,6 +704,21 @@ class SimDataLoader(DataLoader[Any]):
         self._stream.counters = None
         for w in range(self.num_workers):
             ds._metrics.watch(w, functools.partial(read_ledger, ledger[w].numpy(), keys))
+
+    def _avoid_forking_lance(self) -> None:
+        """Start workers by spawn once this process has read or written Lance files.
+
+        Lance's runtime threads do not survive a fork: a worker forked after the main
+        process read a Lance snapshot (a validation pass, say) could crash on its first
+        read (1 run in 5 in an audit). Left to the platform's default, the workers spawn
+        instead. A caller who asks for fork keeps it (Lance itself warns at the fork: a
+        dataset without Lance shards forks safely).
+        """
+        from simstore.formats._lance import used_here
+
+        if self.num_workers <= 0 or self._context_given or not _forks(self) or not used_here():
+            return
+        self.multiprocessing_context = "spawn"
 
     def _fork_arenas(self) -> list[SharedArena]:
         """One arena per worker when workers fork (kept for later epochs), else none."""
