@@ -43,7 +43,7 @@ from simstore.loaders._fetch import (
     VerifiedTable,
     tier_of,
 )
-from simstore.loaders._metrics import Metrics, timed
+from simstore.loaders._metrics import Delivery, Metrics, timed
 from simstore.loaders._normalise import Normalise, NormaliseSpec
 from simstore.loaders._options import LoaderOptions, cache_config
 from simstore.loaders._order import BLOCK_BYTES, BUFFER_BLOCKS, Mixture
@@ -659,10 +659,10 @@ class SimDataset(IterableDataset[Sample]):
         counters = self._watched_counters()
         items = self.read(world, self._epoch, remaining, 1, counters=counters)
 
-        def tracked() -> Iterator[Sample]:
+        def tracked() -> Iterator[Delivery]:
             for sample, count, counters in items:
-                self._delivered(0, count, counters)
-                yield sample
+                # counted by ``timed`` as its last step before the loop gets the sample
+                yield Delivery(sample, functools.partial(self._delivered, 0, count, counters))
 
         yield from timed(tracked(), self._metrics, log_every_s=self._options.log_every_s)
 

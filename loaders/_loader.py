@@ -34,7 +34,7 @@ from simstore.loaders._collate import Collate, MeshMode
 from simstore.loaders._dataset import LoaderState, Sample, SimDataset
 from simstore.loaders._fetch import TRUSTED_SLOTS, VERIFIED_SLOTS, TrustTable, VerifiedTable
 from simstore.loaders._filerows import FdChannel, file_rows_of, resolve_batch
-from simstore.loaders._metrics import timed
+from simstore.loaders._metrics import Delivery, timed
 from simstore.loaders._plan import Interval
 from simstore.loaders._stats import (
     Counters,
@@ -356,6 +356,19 @@ def _forks(loader: DataLoader[Any]) -> bool:
     return bool(method == "fork")
 
 
+def _dead_workers(it: Any, wait_s: float = 0.5) -> list[int]:
+    """Pids of ``it``'s workers that have exited (waiting up to ``wait_s`` for one to)."""
+    import time
+
+    workers = list(getattr(it, "_workers", ()))
+    deadline = time.monotonic() + wait_s
+    while True:
+        dead = [w.pid for w in workers if not w.is_alive()]
+        if dead or time.monotonic() >= deadline:
+            return dead
+        time.sleep(0.01)
+
+
 class _WorkersIter(_MultiProcessingDataLoaderIter):
     """Torch's worker iterator, except that an epoch read to its end does not wait for exits.
 
@@ -401,11 +414,20 @@ class _WorkersIter(_MultiProcessingDataLoaderIter):
             return super()._next_data()  # type: ignore[no-untyped-call]
         except StopIteration:
             raise
-        except BaseException:
+        except BaseException as exc:
+            # a worker killed while its batch's storage was being fetched by descriptor
+            # surfaces as the sharer's broken connection, naming no worker (torch names
+            # the dead only once it sees them gone): say which died, as torch does
+            dead = _dead_workers(self) if isinstance(exc, ConnectionError | EOFError) else []
             try:
                 self._shutdown_workers()
-            except Exception as exc:  # the error being raised says more than this one
-                _log.debug("stopping the workers after an error: %s", exc)
+            except Exception as stop:  # the error being raised says more than this one
+                _log.debug("stopping the workers after an error: %s", stop)
+            if dead:
+                raise RuntimeError(
+                    f"DataLoader worker (pid(s) {', '.join(map(str, dead))}) exited "
+                    f"unexpectedly while a batch was being received ({exc!r})"
+                ) from exc
             raise
 
     def __del__(self) -> None:
@@ -678,11 +700,12 @@ class SimDataLoader(DataLoader[Any]):
                 if rows:
                     resolve_batch(batch, rows, channels[tag.worker] if channels else None,
                                   _tensors.POOL, pin)
-                ds._delivered(tag.worker, tag.delivered, tag.counters, tag.warm)
                 if tracker is not None:
                     tracker.track(tag.worker, tag.marks, batch)
                     tracker.poll()
-                yield batch
+                # counted by ``timed`` as its last step before the loop gets the batch
+                yield Delivery(batch, functools.partial(
+                    ds._delivered, tag.worker, tag.delivered, tag.counters, tag.warm))
 
         return timed(untag(arenas), ds._metrics, log_every_s=ds._options.log_every_s)
 

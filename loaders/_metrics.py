@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from simstore.loaders._stats import (
     DELIVERY_FIELDS,
@@ -43,6 +43,17 @@ class Metrics:
         self._earlier: list[_Iteration] = []
         """Earlier iterations whose readers may still be reading (a DataLoader iterator
         left alive while a new one started): watched until they stop."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a spawned worker gets with its dataset: the totals, no watchers.
+
+        The watchers hold this process's iterators by weak reference (which cannot be
+        pickled: a second iteration started while the first was alive failed to start
+        its spawned workers) and read this process's ledgers; a worker has no use for them.
+        """
+        state = dict(self.__dict__)
+        state.update(_reading={}, _stopped=_always, _earlier=[])
+        return state
 
     def start(self, epoch: int) -> None:
         """A new iteration begins: the last one's counters are kept with the totals.
@@ -135,14 +146,32 @@ class _Iteration:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """An item and how to count it as delivered, for :func:`timed` to do last.
+
+    A checkpoint must count a batch only once the loop has it: a count made before the
+    bookkeeping that precedes the ``yield`` (release tracking, metrics, a log line) was
+    lost with the batch when a KeyboardInterrupt landed in between, and a state saved in
+    the handler skipped that batch on resume. Counted right before the ``yield``, the
+    window is the one bytecode between them.
+    """
+
+    value: Any
+    count: Callable[[], None]
+
+
 def timed(
-    items: Iterator[T],
+    items: Iterator[Any],
     metrics: Metrics,
     *,
     log_every_s: float | None = None,
     clock: Callable[[], float] = time.perf_counter,
-) -> Iterator[T]:
-    """Yield ``items``, timing waits in ``next()`` and the loop body between them."""
+) -> Iterator[Any]:
+    """Yield ``items``, timing waits in ``next()`` and the loop body between them.
+
+    A :class:`Delivery` is counted as its last step before it is yielded (its value).
+    """
     start = clock()
     last_yield: float | None = None
     last_log = start
@@ -164,7 +193,12 @@ def timed(
                 log.info(one_line(metrics.stats()))
                 last_log = t1
             last_yield = clock()
-            yield item
+            if isinstance(item, Delivery):
+                value = item.value
+                item.count()
+                yield value
+            else:
+                yield item
     finally:
         close = getattr(items, "close", None)
         if close is not None:
