@@ -408,6 +408,13 @@ class ShardAccess:
             return "local"
         return "cache" if self._cache_config is not None else "ranged"
 
+    def downloads(self, shard_id: str) -> bool:
+        """Whether opening this shard waits for a download: a remote shard whose copy is
+        not (yet) in the disk cache. A stat; it may be filled by a sibling meanwhile."""
+        if self.mode(shard_id) != "cache":
+            return False
+        return not os.path.exists(self._shard_cache().path_of(shard_id))
+
     def _shard_cache(self) -> ShardCache:
         with self._lock:
             if self._cache is None:

@@ -486,7 +486,8 @@ def prefetched(
     The local shards' whole-object hashes wait for the first chunk (see
     :meth:`ReaderPool.schedule`); this generator lets them start. ``first_alone``: nothing
     more starts (decodes, fetches, those hashes) until the consumer asks for the chunk
-    after the first one: in a DataLoader worker, the first batch then leaves the process
+    after the first one (but fetches, where the first chunk itself waits for a download
+    into the disk cache): in a DataLoader worker, the first batch then leaves the process
     without this process's threads holding the cores and the interpreter (see
     ``SimDataLoader``).
     """
@@ -551,6 +552,12 @@ def prefetched(
             if not first:
                 resolve_ahead(4)
                 submit(depth)
+            elif decoding and pool.downloads((r.source, r.shard_id) for r in decoding[0][0].reads):
+                # the first chunk waits for downloads into the disk cache: meanwhile the
+                # shards after it are scheduled (the I/O pool takes them in order, behind
+                # the first chunk's own), so the last of them do not come one at a time
+                # after the first batch (a cold epoch ended with one shard's lone GET)
+                resolve_ahead(64)
             if not decoding:
                 return
             chunk, fut = decoding.popleft()

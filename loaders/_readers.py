@@ -15,7 +15,7 @@ import itertools
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, TypeVar
@@ -173,6 +173,10 @@ class ReaderPool:
         """
         with self._lock:
             return key in self._prepared
+
+    def downloads(self, keys: Iterable[tuple[int, str]]) -> bool:
+        """Whether any of these shards waits for a download into the disk cache."""
+        return any(self.access[key[0]].downloads(key[1]) for key in keys)
 
     def is_known(self, key: tuple[int, str]) -> bool:
         """Whether the shard is open or its preparation is scheduled."""

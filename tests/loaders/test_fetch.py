@@ -420,3 +420,37 @@ def test_later_epochs_trust_unchanged_cache_copies_and_hash_changed_ones(small, 
     ds.set_epoch(3)
     with pytest.raises(IntegrityError, match=shard_ids(store)[0]):
         list(keys_of(loader))
+
+
+def test_a_cold_first_chunk_schedules_the_shards_after_it_while_it_waits(small, tmp_path,
+                                                                         monkeypatch):
+    """A first chunk that waits for downloads into the cache lets the fetches of the
+    windows after it be scheduled meanwhile (the last shards of a cold epoch used to be
+    fetched one at a time after the first batch); a warm cache's first chunk does not."""
+    import simstore.loaders._pipeline as pipeline_mod
+
+    store, _, samples = small
+    scheduled: list[str] = []
+    plain = pipeline_mod.ReaderPool.schedule
+
+    def spy(self, key, pool):
+        if key[1] not in scheduled:
+            scheduled.append(key[1])
+        return plain(self, key, pool)
+
+    monkeypatch.setattr(pipeline_mod.ReaderPool, "schedule", spy)
+    cache = str(tmp_path / "cache")
+    at_first = {}
+    for run in ("cold", "warm"):
+        scheduled.clear()
+        ds = remote_ds(store, cache_dir=cache, cache_limit="1MiB", window_shards=2,
+                       prefetch={"chunk_samples": 4}, seed=3)
+        it = iter(SimDataLoader(ds, batch_size=4, num_workers=0))
+        got = list(next(it)["__key__"])
+        at_first[run] = len(scheduled)
+        got.extend(k for b in it for k in b["__key__"])
+        assert sorted(got) == sorted(samples)
+        assert ds.stats()["cache_misses"] == (6 if run == "cold" else 0)
+    # six shards, windows of two: cold, every shard is asked for before the first batch
+    assert at_first["cold"] == 6
+    assert at_first["warm"] < 6
