@@ -409,8 +409,11 @@ class ShardAccess:
         return "cache" if self._cache_config is not None else "ranged"
 
     def downloads(self, shard_id: str) -> bool:
-        """Whether opening this shard waits for a download: a remote shard whose copy is
-        not (yet) in the disk cache. A stat; it may be filled by a sibling meanwhile."""
+        """Whether opening this shard waits for a download into the disk cache.
+
+        A remote shard whose copy is not (yet) there: a stat, so a sibling may be filling
+        it meanwhile.
+        """
         if self.mode(shard_id) != "cache":
             return False
         return not os.path.exists(self._shard_cache().path_of(shard_id))
