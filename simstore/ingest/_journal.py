@@ -16,6 +16,14 @@ shards it names were stored (and, on a store with fsync, synced) before it was w
 so after a crash a record is either absent or unreadable (the file is redone) or points to
 shards that survived.
 
+The records of one task are written after all of its shards are stored, one by one, and
+then the task's own record ``journal/<dataset>/task-<digest>`` (the digest of the task's
+file records' keys, which each of them names). A file record counts only once its task's
+record exists: a task killed while it wrote its records (its shards hold samples of
+files not yet recorded) is redone whole, and its shards come out byte-identical to those
+already stored, instead of its unrecorded files being packed again into new shards
+beside copies of their samples in the old ones.
+
 A record also says which checks its file passed (``--nan``, ``--allow-schema-change``): a
 re-run that checks more (``--nan error`` after ``allow``; no ``--allow-schema-change``
 after one with it) reads the file again instead of reusing it, so resuming never lets
@@ -33,10 +41,19 @@ from simstore.ingest._records import FileResult, Row, SourceFile, TaskContext
 from simstore.sample import canonical_json
 from simstore.storage import LocalStore, ObjectStore
 
-__all__ = ["JOURNAL_FORMAT_VERSION", "journal_key", "read_journal", "write_journal"]
+__all__ = [
+    "JOURNAL_FORMAT_VERSION",
+    "journal_key",
+    "read_journal",
+    "task_digest",
+    "write_journal",
+    "write_task_record",
+]
 
-JOURNAL_FORMAT_VERSION = 3
-"""3: records say which checks their file passed (``checks``: ``--nan`` and
+JOURNAL_FORMAT_VERSION = 4
+"""4: a file record names its task, and counts only once the task's record is written
+(version 3 records are never read: their files are read again once).
+3: records say which checks their file passed (``checks``: ``--nan`` and
 ``--allow-schema-change``), and a run stricter than a record is not served by it; version 2
 records are never read (their files are read again once).
 2: records are keyed by the file's path and identity too (version 1 records, keyed by
@@ -92,11 +109,34 @@ def _records_store(store: ObjectStore) -> ObjectStore:
     return store
 
 
-def write_journal(ctx: TaskContext, src: SourceFile, res: FileResult) -> None:
-    """Record a finished file (its shards must already be stored); no-op without resume."""
+def task_digest(ctx: TaskContext, files: list[SourceFile]) -> str:
+    """The digest that names a task's records: of its recorded files' record keys, in order."""
+    return hash_bytes(canonical_json([journal_key(ctx, src) for src in files]))
+
+
+def _task_key(ctx: TaskContext, task: str) -> str:
+    return f"journal/{ctx.dataset}/task-{task}"
+
+
+def write_task_record(ctx: TaskContext, task: str, files: int) -> None:
+    """Record that every file record of ``task`` is written; no-op without resume."""
+    if not ctx.config.resume:
+        return
+    record = {"format_version": JOURNAL_FORMAT_VERSION, "kind": "ingest-journal-task",
+              "files": files}
+    _records_store(ctx.store).put(_task_key(ctx, task), canonical_json(record))
+
+
+def write_journal(ctx: TaskContext, src: SourceFile, res: FileResult, task: str) -> None:
+    """Record a finished file of ``task`` (its shards must already be stored).
+
+    The record counts once :func:`write_task_record` has recorded the task. No-op without
+    resume.
+    """
     if not ctx.config.resume:
         return
     record = {
+        "task": task,
         "format_version": JOURNAL_FORMAT_VERSION,
         "kind": "ingest-journal",
         "key": res.key,
@@ -133,9 +173,17 @@ def read_journal(
         return None
     if not _passes(ctx, rec.get("checks")):
         return None  # checked less strictly than this run checks: read the file again
+    known = present if present is not None else {}
+    task = rec.get("task")
+    if not isinstance(task, str):
+        return None
+    task_key = _task_key(ctx, task)
+    if task_key not in known:
+        known[task_key] = ctx.store.exists(task_key)
+    if not known[task_key]:
+        return None  # its task stopped while writing its records: the task is redone whole
     rows: list[Row] = [(str(k), str(h), str(s), int(p), int(b)) for k, h, s, p, b in rec["rows"]]
     needed = {r[2] for r in rows} | ({rec["source_object"]} if rec.get("source_object") else set())
-    known = present if present is not None else {}
     refresh = getattr(ctx.store, "refresh", None)
     for oid in needed:
         if oid not in known:

@@ -38,7 +38,13 @@ from simstore.ingest._arrays import (
     spec_of_value,
 )
 from simstore.ingest._config import printable_text
-from simstore.ingest._journal import journal_key, read_journal, write_journal
+from simstore.ingest._journal import (
+    journal_key,
+    read_journal,
+    task_digest,
+    write_journal,
+    write_task_record,
+)
 from simstore.ingest._plugins import Plugins, plugins_for
 from simstore.ingest._records import FileResult, Row, SourceFile, TaskContext, TaskResult
 from simstore.ingest._software import libraries_of, software
@@ -316,13 +322,19 @@ class TaskRunner:
             self.abort()
             raise
         self._scratch.remove()
-        for src, res, raw in zip(files, results, slots, strict=False):
-            if res.error or res.reused:
-                continue
+        done = [(src, res, raw) for src, res, raw in zip(files, results, slots, strict=False)
+                if not (res.error or res.reused)]
+        for _, res, raw in done:
             res.rows = [
                 (k, h, self.shard_of[seq], pos, size) for seq, _, (k, h, _s, pos, size) in raw
             ]
-            write_journal(self.ctx, src, res)
+        if done and self.ctx.config.resume:
+            # the records count once the task's own record follows them: a task stopped
+            # among them is redone whole (see _journal)
+            task = task_digest(self.ctx, [src for src, _, _ in done])
+            for src, res, _ in done:
+                write_journal(self.ctx, src, res, task)
+            write_task_record(self.ctx, task, len(done))
 
     def _file(self, src: SourceFile) -> tuple[FileResult, list[tuple[int, int, Row]]]:
         res = FileResult(path=src.path, key=src.key, size_bytes=src.size)

@@ -99,7 +99,7 @@ def test_pieces_are_journaled_one_by_one(catalog_at, series_dir, test_adapter, d
         address=dask_address,
     )
     first = ingest([series_dir], dataset="d", store=cat, snapshot=True, **opts)
-    records = list(cat.store.list("journal/d/"))
+    records = [k for k in cat.store.list("journal/d/") if "/task-" not in k]
     assert len(records) == 2 + len(first.tasks) - 1  # a0, a1 and one per piece
     # lose one piece's record: the re-run redoes that piece only, and stages nothing new
     piece_records = [k for k in records if json.loads(cat.store.get(k))["key"] == "series0.vals"]

@@ -50,6 +50,7 @@ def test_bytes_read_counts_the_pieces_redone_not_the_whole_file(
     records = {
         key: [row[0] for row in json.loads(cat.store.get(key))["rows"]]
         for key in cat.store.list("journal/d/")
+        if "/task-" not in key
     }
     middle = next(
         (k for k, keys in records.items() if "/r" in keys[0] and not keys[0].endswith("/r0000")),

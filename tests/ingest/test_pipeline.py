@@ -377,7 +377,8 @@ def test_a_journal_record_cut_short_by_a_crash_is_ignored_and_its_file_redone(tm
     root, _ = npz_dir
     cat = Catalog.init(str(tmp_path / "store"))  # a local store with fsync on (the default)
     first = ingest([root], dataset="d", store=cat, snapshot=True)
-    records = sorted((tmp_path / "store" / "journal" / "d").iterdir())
+    records = sorted(p for p in (tmp_path / "store" / "journal" / "d").iterdir()
+                     if not p.name.startswith("task-"))
     assert len(records) == 6
     records[0].write_bytes(b"")
     records[1].write_bytes(records[1].read_bytes()[:20])
