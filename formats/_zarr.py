@@ -629,7 +629,14 @@ class ZarrShardReader:
         mapper: Mapper | None = None,
     ) -> dict[str, FieldValue]:
         p = self._check(position)
-        group = self._nodes.get(str(p), {})
+        if str(p) not in self._nodes:
+            # the writer makes every sample's group; without it (an index entry renamed
+            # by a flipped byte, which no CRC covers) its scalars, strings and JSON are lost
+            raise FormatError(
+                f"{self.name}: sample at position {p}: no {p}/zarr.json (the sample's group): "
+                "the zip's index is damaged"
+            )
+        group = self._nodes[str(p)]
         attrs = group.get("attributes", {}).get("simstore", {})
         wanted = set(fields) if fields is not None else None
         out: dict[str, FieldValue] = {}

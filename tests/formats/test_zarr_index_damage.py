@@ -3,6 +3,7 @@ flipped byte, which no CRC covers) is damaged: an error naming it, never the fil
 
 import os
 
+import h5py
 import numpy as np
 import pytest
 from simstore.formats import open_shard
@@ -48,15 +49,23 @@ def test_a_chunk_missing_from_the_index_is_an_error_not_zeros(tmp_path):
         assert "r0" not in seen  # the damaged sample was never handed out
 
 
-def _zarr_shard(tmp_path, sample):
+def _zarr_shard(tmp_path, sample, attrs=None):
     """Four samples ``sample(i)`` (arrays by name) in an uncompressed Zarr shard.
 
-    Returns the store, the shard's id and the shard's path.
+    ``attrs(i)``: parameters (scalars, which a sample's group node holds): the samples
+    are then HDF5 files, whose attributes become them. Returns the store, the shard's id
+    and the shard's path.
     """
     src = tmp_path / "src"
     src.mkdir()
     for i in range(4):
-        np.savez(src / f"r{i}.npz", **sample(i))
+        if attrs is None:
+            np.savez(src / f"r{i}.npz", **sample(i))
+            continue
+        with h5py.File(src / f"r{i}.h5", "w") as f:
+            for name, value in sample(i).items():
+                f[name] = value
+            f.attrs.update(attrs(i))
     store = str(tmp_path / "store")
     Catalog.init(store)
     ingest([str(src)], dataset="d", store=store, snapshot=True, format="zarr",
@@ -166,6 +175,35 @@ def _shard_of_two_fields(tmp_path):
                                             "small": np.arange(3.0) + i})[2]
 
 
+def _shard_of_two_fields_and_a_scalar(tmp_path):
+    rng = np.random.default_rng(0)
+    return _zarr_shard(tmp_path, lambda i: {"big": rng.standard_normal((64, 64)),
+                                            "small": np.arange(3.0) + i},
+                       attrs=lambda i: {"re": float(i) + 0.5})[2]
+
+
+def test_a_sample_whose_group_entry_is_renamed_is_an_error_not_a_sample_without_scalars(
+    tmp_path,
+):
+    # '0/zarr.json' -> '0/zars.json' in the central directory: the sample read as one
+    # without its scalars (they are its group's attributes), no error
+    path = _shard_of_two_fields_and_a_scalar(tmp_path)
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    at = data.find(b"0/zarr.json", data.find(b"PK\x01\x02"))
+    data[at + 5] ^= 0x01
+    os.chmod(path, 0o644)
+    with open(path, "wb") as f:
+        f.write(bytes(data))
+    reader = open_shard(path)
+    try:
+        assert [s["re"] for s in reader.read([1])] == [1.5]  # the other samples read
+        with pytest.raises(FormatError, match=r"sample at position 0: no 0/zarr.json"):
+            list(reader.read([0], fields=["re"]))
+    finally:
+        reader.close()
+
+
 def test_a_field_whose_node_entry_is_renamed_is_an_error_not_missing(tmp_path):
     # '0/big/zarr.json' -> '0/cig/zarr.json' in the central directory: the sample read
     # as if it never had the field (its chunks still there), with no error
@@ -188,7 +226,7 @@ def test_a_field_whose_node_entry_is_renamed_is_an_error_not_missing(tmp_path):
 def test_no_flip_of_the_central_directory_reads_back_other_values(tmp_path):
     # every byte of the directory and its end record flipped in turn: an error, or the
     # very same samples (a flip of a field no reader uses), never a field lost or changed
-    path = _shard_of_two_fields(tmp_path)
+    path = _shard_of_two_fields_and_a_scalar(tmp_path)
     with open(path, "rb") as f:
         base = f.read()
     reader = open_shard(path)
