@@ -187,7 +187,7 @@ def delete_cmd(
             f"dataset {dataset!r} has no branch {branch!r}: a deletion is staged against "
             "a branch"
         )
-    head = cat.snapshot(head_id)
+    head = cat.snapshot(head_id, named_by=f"branch {dataset}@{branch}", dataset=dataset)
     present = _present_keys(cat, head, set(keys))
     missing = sorted(set(keys) - present)
     if missing:

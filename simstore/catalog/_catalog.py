@@ -240,6 +240,9 @@ class Catalog:
         self.store = store
         self.target_rows = target_rows
         self._snapshots: dict[str, Snapshot] = {}
+        self._ref_datasets: dict[str, dict[str, str]] = {}
+        """Snapshot ids resolved from a ref but not yet read: {ref: its dataset}, checked
+        when the snapshot is read (see ``_ref_names``)."""
         self._named_by: dict[str, str] = {}
         """Snapshot ids this catalog met as a ref's target or a snapshot's parent, and what
         named them: such a snapshot missing from the store is damage, not a wrong id."""
@@ -444,11 +447,11 @@ class Catalog:
             raise NotFoundError(f"dataset {r.dataset!r} has no snapshot {r.rev!r}")
         sid, _ = self.branches(r.dataset).get_versioned(r.rev)
         if sid is not None:
-            self._name(sid, f"branch {r.dataset}@{r.rev}")
+            self._ref_names(sid, f"branch {r.dataset}@{r.rev}", r.dataset)
             return SnapshotId(sid)
         sid, _ = self.tags(r.dataset).get_versioned(r.rev)  # one GET, none on a miss
         if sid is not None:
-            self._name(sid, f"tag {r.dataset}@{r.rev}")
+            self._ref_names(sid, f"tag {r.dataset}@{r.rev}", r.dataset)
             return SnapshotId(sid)
         rev = r.rev.lower()
         if 4 <= len(rev) <= 32 and all(c in "0123456789abcdef" for c in rev):
@@ -466,6 +469,29 @@ class Catalog:
         if not self.has_dataset(r.dataset):
             raise NotFoundError(f"{self.store.url}: unknown dataset {r.dataset!r}")
         raise NotFoundError(f"dataset {r.dataset!r} has no branch, tag or snapshot {r.rev!r}")
+
+    def _ref_names(self, sid: str, by: str, dataset: str) -> None:
+        """Remember that ref ``by`` of ``dataset`` names ``sid``; refuse another's snapshot.
+
+        A ref file overwritten with another dataset's (nothing in simstore writes one)
+        would serve that dataset's samples under this name. The check costs no request:
+        it is made on the snapshot already read, or when it is read.
+        """
+        self._name(sid, by)
+        cached = self._snapshots.get(sid)
+        if cached is not None:
+            self._check_ref(cached, sid, by, dataset)
+            return
+        if len(self._ref_datasets) >= _NAMED_MAX:
+            self._ref_datasets.clear()
+        self._ref_datasets.setdefault(sid, {})[by] = dataset
+
+    def _check_ref(self, snap: Snapshot, sid: str, by: str, dataset: str) -> None:
+        if snap.dataset != dataset:
+            raise IntegrityError(
+                f"{self.store.url}: {by} names snapshot {sid} of dataset "
+                f"{snap.dataset!r}, not of {dataset!r}: the ref is damaged"
+            )
 
     def _ids_with_prefix(self, prefix: str) -> Iterator[str]:
         for key in self.store.list(f"objects/{prefix[:2]}/{prefix}"):
@@ -513,13 +539,21 @@ class Catalog:
             self._named_by.clear()
         self._named_by[sid] = by
 
-    def snapshot(self, sid: str, *, named_by: str = "") -> Snapshot:
+    def snapshot(self, sid: str, *, named_by: str = "", dataset: str | None = None) -> Snapshot:
         """Read (and cache) a snapshot, checking its hash.
 
         ``named_by`` (a ref or snapshot that names it, e.g. ``"branch d@main"``): missing,
         it is damage (IntegrityError), not an unknown id (NotFoundError); refs resolved
-        and parents read by this catalog count so already.
+        and parents read by this catalog count so already. ``dataset``: the dataset whose
+        ref ``named_by`` names it; a snapshot of another dataset is damage too (refs
+        resolved by this catalog are checked so already).
         """
+        snap = self._snapshot(sid, named_by)
+        if dataset is not None:
+            self._check_ref(snap, sid, named_by or f"a ref of dataset {dataset!r}", dataset)
+        return snap
+
+    def _snapshot(self, sid: str, named_by: str) -> Snapshot:
         if not isinstance(sid, str) or not is_object_id(sid):
             raise InvalidInputError(f"{sid!r} is not a snapshot id (32 hex characters)")
         if named_by:
@@ -537,6 +571,8 @@ class Catalog:
                 ) from None
             raise NotFoundError(f"{self.store.url}: no snapshot {sid}") from None
         snap = Snapshot.from_bytes(data, object_id=sid)
+        for by, dataset in self._ref_datasets.get(sid, {}).items():
+            self._check_ref(snap, sid, by, dataset)  # not cached: every read says so
         for parent in snap.parents:
             self._name(parent, f"snapshot {sid} (its parent)")
         if self._snapshot_cache is not None and len(self._snapshots) >= self._snapshot_cache:
@@ -777,7 +813,8 @@ class Catalog:
                 )
             if attempt > 1 and head != first_head and head is not None:
                 overwritten |= self._keys_changed_between(first_head, head, change_tables)
-            parent = self.snapshot(head) if head else None
+            parent = (self.snapshot(head, named_by=f"branch {dataset}@{branch}",
+                                    dataset=dataset) if head else None)
             if not todo and not allow_empty and parent is not None:
                 raise InvalidInputError(
                     f"dataset {dataset!r}: nothing staged to commit (a snapshot would repeat "

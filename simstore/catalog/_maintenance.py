@@ -21,11 +21,12 @@ from simstore.errors import (
     InvalidInputError,
     NotFoundError,
     ReadOnlyError,
+    SimstoreError,
     StorageError,
 )
 from simstore.hashing import Hasher, is_object_id, object_key
 from simstore.manifest import decode_part
-from simstore.names import Ref
+from simstore.names import Ref, parse_ref
 from simstore.snapshot import SNAPSHOT_HEAD, Snapshot, content_hash_of
 from simstore.storage import sweep_scratch
 
@@ -271,6 +272,17 @@ class _Walk:
                 continue
             report.snapshots.append(sid)
             report.objects_checked += 1
+            for label in self.refs.get(sid, []):
+                try:
+                    named = parse_ref(label).dataset
+                except SimstoreError:
+                    continue
+                if named != snap.dataset:  # a ref file of another dataset's
+                    report.add(VerifyProblem(
+                        object=label, kind="ref", problem="damaged", refs=(label,),
+                        message=f"ref {label} names snapshot {sid} of dataset "
+                        f"{snap.dataset!r}, not of {named!r}",
+                    ))  # fmt: skip
             if content_hash_of(snap.parts) != snap.content_hash:
                 self._snapshot_problem(
                     sid, "damaged", f"snapshot {sid}: content_hash does not match its parts"

@@ -114,3 +114,41 @@ def test_ref_and_all_refs_together_or_neither_are_refused(cat, two):
 def test_empty_store_verifies_with_all_refs(tmp_path):
     report = verify(Catalog.init(str(tmp_path / "empty")), all_refs=True)
     assert report.ok and report.snapshots == [] and report.objects_checked == 0
+
+
+def test_a_ref_naming_another_datasets_snapshot_is_damage_everywhere(cat, two):
+    """A branch file overwritten with another dataset's (valid bytes: nothing in simstore
+    writes one) served that dataset's samples under this name, and verify passed it."""
+    import os
+
+    from click.testing import CliRunner
+    from simstore.cli import main
+
+    from simstore.errors import IntegrityError
+
+    stage_samples(cat, "other", {"x": b"other x" * 50})
+    theirs = cat.commit("other", message="other's").snapshot_id
+    ours = cat.store.local_path("datasets/ds/refs/heads/main")
+    with open(cat.store.local_path("datasets/other/refs/heads/main"), "rb") as f:
+        data = f.read()
+    os.chmod(ours, 0o644)
+    with open(ours, "wb") as f:
+        f.write(data)
+    fresh = Catalog.open(cat.store.root)
+    with pytest.raises(IntegrityError, match=rf"branch ds@main names snapshot {theirs} of "
+                                             r"dataset 'other', not of 'ds'"):
+        fresh.snapshot(fresh.resolve("ds@main"))
+    (p,) = verify(Catalog.open(cat.store.root), "ds").problem_objects
+    assert (p.object, p.kind, p.problem) == ("ds", "ref", "damaged")
+    assert "of dataset 'other'" in p.message
+    report = verify(Catalog.open(cat.store.root), all_refs=True)
+    (p,) = report.problem_objects
+    assert (p.object, p.kind, p.problem) == ("ds@main", "ref", "damaged")
+    # a commit onto it is refused: it would build on the other dataset's samples
+    stage_samples(fresh, "ds", {"c": b"new c" * 50})
+    with pytest.raises(IntegrityError, match="branch ds@main"):
+        fresh.commit("ds", message="third")
+    assert fresh.branches("ds").get("main") == theirs  # nothing moved
+    shown = CliRunner().invoke(main, ["--store", cat.store.root, "show", "ds@main"])
+    assert shown.exit_code == 6 and "of dataset 'other'" in shown.output
+    assert fresh.resolve("other@main") == theirs  # the other dataset reads as before
