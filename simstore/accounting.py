@@ -241,8 +241,11 @@ def _heads(cat: Catalog, target: str) -> tuple[str, list[str]]:
     ref = parse_ref(target)
     if "@" in target:
         return ref.dataset, [cat.resolve(ref)]
-    heads = [sid for _, sid in cat.branches(ref.dataset).list()]
-    heads += [sid for _, sid in cat.tags(ref.dataset).list()]
+    heads = []
+    for what, refs in (("branch", cat.branches(ref.dataset)), ("tag", cat.tags(ref.dataset))):
+        for name, sid in refs.list():
+            cat.ref_names(sid, f"{what} {ref.dataset}@{name}", ref.dataset)  # damage if gone
+            heads.append(sid)
     if not heads:
         raise NotFoundError(f"{cat.store.url}: dataset {ref.dataset!r} has no branch or tag")
     return ref.dataset, sorted(set(heads))

@@ -242,7 +242,7 @@ class Catalog:
         self._snapshots: dict[str, Snapshot] = {}
         self._ref_datasets: dict[str, dict[str, str]] = {}
         """Snapshot ids resolved from a ref but not yet read: {ref: its dataset}, checked
-        when the snapshot is read (see ``_ref_names``)."""
+        when the snapshot is read (see ``ref_names``)."""
         self._named_by: dict[str, str] = {}
         """Snapshot ids this catalog met as a ref's target or a snapshot's parent, and what
         named them: such a snapshot missing from the store is damage, not a wrong id."""
@@ -447,11 +447,11 @@ class Catalog:
             raise NotFoundError(f"dataset {r.dataset!r} has no snapshot {r.rev!r}")
         sid, _ = self.branches(r.dataset).get_versioned(r.rev)
         if sid is not None:
-            self._ref_names(sid, f"branch {r.dataset}@{r.rev}", r.dataset)
+            self.ref_names(sid, f"branch {r.dataset}@{r.rev}", r.dataset)
             return SnapshotId(sid)
         sid, _ = self.tags(r.dataset).get_versioned(r.rev)  # one GET, none on a miss
         if sid is not None:
-            self._ref_names(sid, f"tag {r.dataset}@{r.rev}", r.dataset)
+            self.ref_names(sid, f"tag {r.dataset}@{r.rev}", r.dataset)
             return SnapshotId(sid)
         rev = r.rev.lower()
         if 4 <= len(rev) <= 32 and all(c in "0123456789abcdef" for c in rev):
@@ -470,8 +470,11 @@ class Catalog:
             raise NotFoundError(f"{self.store.url}: unknown dataset {r.dataset!r}")
         raise NotFoundError(f"dataset {r.dataset!r} has no branch, tag or snapshot {r.rev!r}")
 
-    def _ref_names(self, sid: str, by: str, dataset: str) -> None:
-        """Remember that ref ``by`` of ``dataset`` names ``sid``; refuse another's snapshot.
+    def ref_names(self, sid: str, by: str, dataset: str) -> None:
+        """Remember that ref ``by`` (``"branch d@main"``) of ``dataset`` names ``sid``.
+
+        The snapshot missing is then damage naming the ref (exit 6), not an unknown id;
+        and one of another dataset is refused.
 
         A ref file overwritten with another dataset's (nothing in simstore writes one)
         would serve that dataset's samples under this name. The check costs no request:

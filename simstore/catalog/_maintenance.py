@@ -403,8 +403,11 @@ class _Walk:
 
 def _all_ref_targets(cat: Catalog) -> Iterator[str]:
     for dataset in cat.datasets():
-        for refs in (Branches(cat.store, dataset), Tags(cat.store, dataset)):
-            for _name, sid in refs.list():
+        for what, refs in (("branch", Branches(cat.store, dataset)),
+                           ("tag", Tags(cat.store, dataset))):
+            for name, sid in refs.list():
+                # a missing target is damage naming its ref, whichever root is walked first
+                cat.ref_names(sid, f"{what} {dataset}@{name}", dataset)
                 yield sid
 
 

@@ -152,3 +152,19 @@ def test_a_ref_naming_another_datasets_snapshot_is_damage_everywhere(cat, two):
     shown = CliRunner().invoke(main, ["--store", cat.store.root, "show", "ds@main"])
     assert shown.exit_code == 6 and "of dataset 'other'" in shown.output
     assert fresh.resolve("other@main") == theirs  # the other dataset reads as before
+
+
+def test_a_missing_snapshot_a_tag_names_is_damage_for_cost_and_gc(cat, two):
+    """`cost NAME` and `gc` walked the refs' targets without recording which ref names
+    each: a missing one was exit 3 ("no snapshot"), where cost REF said exit 6 naming it."""
+    from click.testing import CliRunner
+    from simstore.cli import main
+
+    s1, _, _, _ = two
+    cat.tags("ds").create("v1", s1)
+    cat.branches("ds").delete("main")  # the tag alone reaches s1
+    cat.store.delete(object_key(s1))
+    for args in (["cost", "ds"], ["cost", "ds@v1"], ["gc", "--dry-run"]):
+        result = CliRunner().invoke(main, ["--store", cat.store.root, *args])
+        assert result.exit_code == 6, (args, result.output)
+        assert f"{object_key(s1)} is missing; referenced by tag ds@v1" in result.output
