@@ -30,7 +30,7 @@ from simstore.loaders._window import Regions, parse_regions
 
 from simstore.catalog import Catalog
 from simstore.catalog._refs import is_snapshot_object
-from simstore.errors import FormatError, IntegrityError, InvalidInputError
+from simstore.errors import FormatError, IntegrityError, InvalidInputError, NotFoundError
 from simstore.hashing import hash_bytes, object_key
 from simstore.manifest import decode_part
 from simstore.names import parse_ref
@@ -281,9 +281,16 @@ def _read_part(
     read: PartReader | None = None,
 ) -> pa.Table:
     key = object_key(part_id)
-    got = read(part_id) if read is not None else None
+    try:
+        got = read(part_id) if read is not None else None
+        data = source.store.get(key) if got is None else b""
+    except NotFoundError:
+        # the snapshot names it: damage (as the catalog says), not an unknown object
+        raise IntegrityError(
+            f"{source.store.url}: {key} is missing; referenced by snapshot "
+            f"{source.snapshot_id}"
+        ) from None
     if got is None:
-        data = source.store.get(key)
         actual = hash_bytes(data)
         if actual != part_id:
             raise IntegrityError(

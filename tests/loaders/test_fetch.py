@@ -454,3 +454,18 @@ def test_a_cold_first_chunk_schedules_the_shards_after_it_while_it_waits(small, 
     # six shards, windows of two: cold, every shard is asked for before the first batch
     assert at_first["cold"] == 6
     assert at_first["warm"] < 6
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_missing_manifest_part_is_damage_naming_the_snapshot(small, tmp_path, cached):
+    """The snapshot names the part: gone, it is damage (exit 6 in the CLI's terms), not an
+    unknown object, and the error says which snapshot needs it."""
+    store, _, _ = small
+    cat = Catalog.open(store)
+    sid = cat.resolve("sim")
+    part = cat.snapshot(sid).parts[0].id
+    os.unlink(os.path.join(store, "objects", part[:2], part))
+    kw = {"cache_dir": str(tmp_path / "cache"), "cache_limit": "1MiB"} if cached else {}
+    with pytest.raises(IntegrityError, match=rf"{part} is missing; referenced by snapshot "
+                                             rf"{sid}"):
+        list(remote_ds(store, **kw))
