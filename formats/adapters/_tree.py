@@ -277,7 +277,9 @@ class SlicedArray:
                 # memory stays bounded by the chunks, not the array: each read decodes
                 # the chunks it touches again instead (slower for such a layout)
                 return None
-            _REGION[0] = None  # the old region's memory goes before the new one is read
+            # the old region's memory goes before the new one is read (this frame's
+            # reference too: both regions were held at once, twice the bound)
+            _REGION[0] = held = None
             values = np.asarray(self._handle[tuple(slice(ra, rb) for ra, rb in region)])
             held = (self._handle, region, values)
             _REGION[0] = held
