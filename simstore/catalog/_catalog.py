@@ -474,11 +474,10 @@ class Catalog:
         """Remember that ref ``by`` (``"branch d@main"``) of ``dataset`` names ``sid``.
 
         The snapshot missing is then damage naming the ref (exit 6), not an unknown id;
-        and one of another dataset is refused.
-
-        A ref file overwritten with another dataset's (nothing in simstore writes one)
-        would serve that dataset's samples under this name. The check costs no request:
-        it is made on the snapshot already read, or when it is read.
+        and a snapshot of another dataset is refused (a ref file overwritten with another
+        dataset's, which nothing in simstore writes, would serve that dataset's samples
+        under this name). The check costs no request: it is made on the snapshot already
+        read, or when it is read.
         """
         self._name(sid, by)
         cached = self._snapshots.get(sid)
