@@ -240,9 +240,6 @@ class Catalog:
         self.store = store
         self.target_rows = target_rows
         self._snapshots: dict[str, Snapshot] = {}
-        self._ref_datasets: dict[str, dict[str, str]] = {}
-        """Snapshot ids resolved from a ref but not yet read: {ref: its dataset}, checked
-        when the snapshot is read (see ``ref_names``)."""
         self._named_by: dict[str, str] = {}
         """Snapshot ids this catalog met as a ref's target or a snapshot's parent, and what
         named them: such a snapshot missing from the store is damage, not a wrong id."""
@@ -476,17 +473,15 @@ class Catalog:
         The snapshot missing is then damage naming the ref (exit 6), not an unknown id;
         and a snapshot of another dataset is refused (a ref file overwritten with another
         dataset's, which nothing in simstore writes, would serve that dataset's samples
-        under this name). The check costs no request: it is made on the snapshot already
-        read, or when it is read.
+        under this name). The snapshot is read here: its callers read it next (from the
+        cache then); one that cannot be read is left to them, who say what is wrong.
         """
         self._name(sid, by)
-        cached = self._snapshots.get(sid)
-        if cached is not None:
-            self._check_ref(cached, sid, by, dataset)
+        try:
+            snap = self._snapshot(sid, "")
+        except SimstoreError:
             return
-        if len(self._ref_datasets) >= _NAMED_MAX:
-            self._ref_datasets.clear()
-        self._ref_datasets.setdefault(sid, {})[by] = dataset
+        self._check_ref(snap, sid, by, dataset)
 
     def _check_ref(self, snap: Snapshot, sid: str, by: str, dataset: str) -> None:
         if snap.dataset != dataset:
@@ -548,7 +543,7 @@ class Catalog:
         it is damage (IntegrityError), not an unknown id (NotFoundError); refs resolved
         and parents read by this catalog count so already. ``dataset``: the dataset whose
         ref ``named_by`` names it; a snapshot of another dataset is damage too (refs
-        resolved by this catalog are checked so already).
+        resolved by this catalog are checked so already, see :meth:`ref_names`).
         """
         snap = self._snapshot(sid, named_by)
         if dataset is not None:
@@ -573,8 +568,6 @@ class Catalog:
                 ) from None
             raise NotFoundError(f"{self.store.url}: no snapshot {sid}") from None
         snap = Snapshot.from_bytes(data, object_id=sid)
-        for by, dataset in self._ref_datasets.get(sid, {}).items():
-            self._check_ref(snap, sid, by, dataset)  # not cached: every read says so
         for parent in snap.parents:
             self._name(parent, f"snapshot {sid} (its parent)")
         if self._snapshot_cache is not None and len(self._snapshots) >= self._snapshot_cache:

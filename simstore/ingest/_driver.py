@@ -139,7 +139,8 @@ def ingest(
             + (f" ({len(ignored)} files no adapter reads)" if ignored else "")
         )
     head_id, _ = catalog.branches(dataset).get_versioned(cfg.branch)
-    head = catalog.snapshot(head_id) if head_id else None
+    head = (catalog.snapshot(head_id, named_by=f"branch {dataset}@{cfg.branch}",
+                             dataset=dataset) if head_id else None)
     # what the next commit's schema will be before this run's files: the head's, then
     # each staged entry's (a commit applies them in that order, and one accepted with
     # --allow-schema-change wins), so a file that breaks a staged entry's types is
