@@ -207,7 +207,7 @@ def test_tier_of_url(url, tier):
     assert tier_of_url(url) == tier
 
 
-def test_resolving_a_branch_or_a_tag_costs_one_get_each_lookup(counted):
+def test_resolving_a_branch_or_a_tag_costs_its_lookups_and_the_snapshot_once(counted):
     import sys
 
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "catalog"))
