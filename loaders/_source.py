@@ -128,10 +128,18 @@ def open_source(
                 if pinned is not None:
                     sid, snap = pinned
                 else:
-                    sid = catalog.resolve(ref)
+                    # the snapshot comes from the disk cache where it can: the ref's
+                    # dataset is checked here, not by reading it from the store
+                    sid = catalog.resolve(ref, check=False)
                     got = read(sid) if read is not None else None
                     snap = (Snapshot.from_bytes(got[0], object_id=sid) if got is not None
                             else catalog.snapshot(sid))
+                    named = parse_ref(ref).dataset
+                    if snap.dataset != named:
+                        raise IntegrityError(
+                            f"{store.url}: {ref} names snapshot {sid} of dataset "
+                            f"{snap.dataset!r}, not of {named!r}: the ref is damaged"
+                        )
             except Exception:
                 meta.result()
                 raise

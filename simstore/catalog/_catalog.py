@@ -426,11 +426,14 @@ class Catalog:
         """The dataset's tags."""
         return Tags(self.store, check_name(dataset, "dataset name"))
 
-    def resolve(self, ref: str | Ref) -> SnapshotId:
+    def resolve(self, ref: str | Ref, *, check: bool = True) -> SnapshotId:
         """The snapshot id a REF names: a full snapshot id, a branch, a tag, a unique prefix.
 
         A full id (32 hex characters, which no branch or tag may be named) is looked up as
-        an object first: two small reads, with no ref lookups or listing.
+        an object first: two small reads, with no ref lookups or listing. A branch or tag's
+        snapshot is read to check it is of the REF's dataset (see :meth:`ref_names`);
+        ``check=False`` leaves that to a caller that reads the snapshot elsewhere (the
+        loader, from its disk cache).
         """
         if not isinstance(ref, str | Ref):
             raise InvalidInputError(f"a REF is a string such as 'name@branch', not {ref!r}")
@@ -444,11 +447,11 @@ class Catalog:
             raise NotFoundError(f"dataset {r.dataset!r} has no snapshot {r.rev!r}")
         sid, _ = self.branches(r.dataset).get_versioned(r.rev)
         if sid is not None:
-            self.ref_names(sid, f"branch {r.dataset}@{r.rev}", r.dataset)
+            self.ref_names(sid, f"branch {r.dataset}@{r.rev}", r.dataset, check=check)
             return SnapshotId(sid)
         sid, _ = self.tags(r.dataset).get_versioned(r.rev)  # one GET, none on a miss
         if sid is not None:
-            self.ref_names(sid, f"tag {r.dataset}@{r.rev}", r.dataset)
+            self.ref_names(sid, f"tag {r.dataset}@{r.rev}", r.dataset, check=check)
             return SnapshotId(sid)
         rev = r.rev.lower()
         if 4 <= len(rev) <= 32 and all(c in "0123456789abcdef" for c in rev):
@@ -467,7 +470,7 @@ class Catalog:
             raise NotFoundError(f"{self.store.url}: unknown dataset {r.dataset!r}")
         raise NotFoundError(f"dataset {r.dataset!r} has no branch, tag or snapshot {r.rev!r}")
 
-    def ref_names(self, sid: str, by: str, dataset: str) -> None:
+    def ref_names(self, sid: str, by: str, dataset: str, *, check: bool = True) -> None:
         """Remember that ref ``by`` (``"branch d@main"``) of ``dataset`` names ``sid``.
 
         The snapshot missing is then damage naming the ref (exit 6), not an unknown id;
@@ -477,6 +480,8 @@ class Catalog:
         cache then); one that cannot be read is left to them, who say what is wrong.
         """
         self._name(sid, by)
+        if not check:
+            return
         try:
             snap = self._snapshot(sid, "")
         except SimstoreError:

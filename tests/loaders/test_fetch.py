@@ -469,3 +469,25 @@ def test_a_missing_manifest_part_is_damage_naming_the_snapshot(small, tmp_path, 
     with pytest.raises(IntegrityError, match=rf"{part} is missing; referenced by snapshot "
                                              rf"{sid}"):
         list(remote_ds(store, **kw))
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_branch_naming_another_datasets_snapshot_is_refused_by_a_remote_read(
+    small, tmp_path, cached
+):
+    """The loader reads a remote snapshot from its disk cache, not through the catalog's
+    check: it checks the ref's dataset itself (a branch file overwritten with another
+    dataset's served that dataset's samples)."""
+    store, _, _ = small
+    commit_samples(store, "other", make_samples(5, seed=1), per_shard=5)
+    theirs = Catalog.open(store).resolve("other@main")
+    with open(os.path.join(store, "datasets", "other", "refs", "heads", "main"), "rb") as f:
+        data = f.read()
+    ours = os.path.join(store, "datasets", "sim", "refs", "heads", "main")
+    os.chmod(ours, 0o644)
+    with open(ours, "wb") as f:
+        f.write(data)
+    kw = {"cache_dir": str(tmp_path / "cache"), "cache_limit": "1MiB"} if cached else {}
+    with pytest.raises(IntegrityError, match=rf"names snapshot {theirs} of dataset 'other', "
+                                             r"not of 'sim'"):
+        remote_ds(store, **kw)
