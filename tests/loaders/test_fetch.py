@@ -443,8 +443,10 @@ def test_a_cold_first_chunk_schedules_the_shards_after_it_while_it_waits(small, 
     at_first = {}
     for run in ("cold", "warm"):
         scheduled.clear()
-        ds = remote_ds(store, cache_dir=cache, cache_limit="1MiB", window_shards=2,
-                       prefetch={"chunk_samples": 4}, seed=3)
+        # GETs of 20 ms: the first chunk's fills are still running when it is checked
+        ds = SimDataset(RemoteLikeStore(store, delay_s=0.02), "sim", cache_dir=cache,
+                        cache_limit="1MiB", window_shards=2, prefetch={"chunk_samples": 4},
+                        seed=3, shard_opener=open_test_shard)
         it = iter(SimDataLoader(ds, batch_size=4, num_workers=0))
         got = list(next(it)["__key__"])
         at_first[run] = len(scheduled)
