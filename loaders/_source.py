@@ -134,12 +134,7 @@ def open_source(
                     got = read(sid) if read is not None else None
                     snap = (Snapshot.from_bytes(got[0], object_id=sid) if got is not None
                             else catalog.snapshot(sid))
-                    named = parse_ref(ref).dataset
-                    if snap.dataset != named:
-                        raise IntegrityError(
-                            f"{store.url}: {ref} names snapshot {sid} of dataset "
-                            f"{snap.dataset!r}, not of {named!r}: the ref is damaged"
-                        )
+                    catalog.check_ref(snap, sid, f"ref {ref}", parse_ref(ref).dataset)
             except Exception:
                 meta.result()
                 raise

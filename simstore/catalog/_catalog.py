@@ -486,9 +486,13 @@ class Catalog:
             snap = self._snapshot(sid, "")
         except SimstoreError:
             return
-        self._check_ref(snap, sid, by, dataset)
+        self.check_ref(snap, sid, by, dataset)
 
-    def _check_ref(self, snap: Snapshot, sid: str, by: str, dataset: str) -> None:
+    def check_ref(self, snap: Snapshot, sid: str, by: str, dataset: str) -> None:
+        """Refuse snapshot ``sid`` that ref ``by`` of ``dataset`` names if it is another's.
+
+        Damage naming the ref (see :meth:`ref_names`).
+        """
         if snap.dataset != dataset:
             raise IntegrityError(
                 f"{self.store.url}: {by} names snapshot {sid} of dataset "
@@ -552,7 +556,7 @@ class Catalog:
         """
         snap = self._snapshot(sid, named_by)
         if dataset is not None:
-            self._check_ref(snap, sid, named_by or f"a ref of dataset {dataset!r}", dataset)
+            self.check_ref(snap, sid, named_by or f"a ref of dataset {dataset!r}", dataset)
         return snap
 
     def _snapshot(self, sid: str, named_by: str) -> Snapshot:
