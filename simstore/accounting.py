@@ -241,11 +241,7 @@ def _heads(cat: Catalog, target: str) -> tuple[str, list[str]]:
     ref = parse_ref(target)
     if "@" in target:
         return ref.dataset, [cat.resolve(ref)]
-    heads = []
-    for what, refs in (("branch", cat.branches(ref.dataset)), ("tag", cat.tags(ref.dataset))):
-        for name, sid in refs.list():
-            cat.ref_names(sid, f"{what} {ref.dataset}@{name}", ref.dataset)  # damage if gone
-            heads.append(sid)
+    heads = list(cat.ref_targets(ref.dataset))  # a missing one: damage naming its ref
     if not heads:
         raise NotFoundError(f"{cat.store.url}: dataset {ref.dataset!r} has no branch or tag")
     return ref.dataset, sorted(set(heads))

@@ -488,6 +488,16 @@ class Catalog:
             return
         self.check_ref(snap, sid, by, dataset)
 
+    def ref_targets(self, dataset: str) -> Iterator[str]:
+        """The snapshot ids of ``dataset``'s branches, then its tags.
+
+        Each is named by its ref (:meth:`ref_names`: a missing one is damage naming it).
+        """
+        for what, refs in (("branch", self.branches(dataset)), ("tag", self.tags(dataset))):
+            for name, sid in refs.list():
+                self.ref_names(sid, f"{what} {dataset}@{name}", dataset)
+                yield sid
+
     def check_ref(self, snap: Snapshot, sid: str, by: str, dataset: str) -> None:
         """Refuse snapshot ``sid`` that ref ``by`` of ``dataset`` names if it is another's.
 

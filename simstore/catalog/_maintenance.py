@@ -402,13 +402,9 @@ class _Walk:
 
 
 def _all_ref_targets(cat: Catalog) -> Iterator[str]:
+    # a missing target is damage naming its ref, whichever root is walked first
     for dataset in cat.datasets():
-        for what, refs in (("branch", Branches(cat.store, dataset)),
-                           ("tag", Tags(cat.store, dataset))):
-            for name, sid in refs.list():
-                # a missing target is damage naming its ref, whichever root is walked first
-                cat.ref_names(sid, f"{what} {dataset}@{name}", dataset)
-                yield sid
+        yield from cat.ref_targets(dataset)
 
 
 def reachable_objects(
