@@ -102,10 +102,11 @@ def cases(systems: list[System], profiles: list[str], tiers: list[str], workers:
                             s.name not in s3_systems:
                         continue
                     out.append(Case(s, profile, tier, w))
-    # keep each s3-warm right after its s3-cold
+    # keep each s3-warm right after its s3-cold (where s3-cold runs at all)
+    cold = {(c.system.name, c.profile, c.workers) for c in out if c.tier == "s3-cold"}
     ordered: list[Case] = []
     for c in out:
-        if c.tier == "s3-warm":
+        if c.tier == "s3-warm" and (c.system.name, c.profile, c.workers) in cold:
             continue
         ordered.append(c)
         if c.tier == "s3-cold" and "s3-warm" in tiers and "s3-warm" in c.system.tiers:
