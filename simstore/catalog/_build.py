@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import datetime
 import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -22,10 +23,15 @@ from simstore.stats import merge_stats
 if TYPE_CHECKING:
     from simstore.catalog._catalog import Catalog, StagedEntry
 
-__all__ = ["WRITE_THREADS", "BuildCounters", "build_snapshot"]
+__all__ = ["WRITE_THREADS", "BuildCounters", "build_snapshot", "utc_now"]
 
 WRITE_THREADS = 4
 """Threads that encode and store manifest parts (and read them for a diff)."""
+
+
+def utc_now() -> str:
+    """The current UTC time, ISO 8601 with microseconds."""
+    return datetime.datetime.now(tz=datetime.UTC).isoformat(timespec="microseconds")
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
-import getpass
 import io
 import json
 import os
@@ -18,7 +16,8 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from simstore.catalog._build import WRITE_THREADS, build_snapshot
+from simstore.catalog._build import WRITE_THREADS, utc_now
+from simstore.catalog._commit import CommitResult, commit, consumed_in_history
 from simstore.catalog._merge import CHANGES_SCHEMA, normalise_changes
 from simstore.catalog._refs import Branches, Tags, dataset_prefix, is_snapshot_object
 from simstore.diff import Diff, diff_tables, parts_to_open
@@ -39,7 +38,7 @@ from simstore.manifest import (
     decode_part,
     empty_rows,
 )
-from simstore.names import DEFAULT_BRANCH, Ref, check_name, check_ref_name, parse_ref
+from simstore.names import DEFAULT_BRANCH, Ref, check_name, parse_ref
 from simstore.sample import FieldSpec, Schema, canonical_json
 from simstore.snapshot import Snapshot, SnapshotId
 from simstore.storage import ObjectStore, open_store
@@ -57,18 +56,6 @@ STORE_META_KEY = "simstore.json"
 STORE_FORMAT_VERSION = 1
 STAGING_FORMAT_VERSION = 1
 Mode = Literal["upsert", "replace"]
-
-
-def utc_now() -> str:
-    """The current UTC time, ISO 8601 with microseconds."""
-    return datetime.datetime.now(tz=datetime.UTC).isoformat(timespec="microseconds")
-
-
-def _default_author() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return "unknown"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -139,37 +126,6 @@ class StagedEntry:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CommitResult:
-    """What a commit did."""
-
-    dataset: str
-    branch: str
-    snapshot_id: SnapshotId
-    parent: str | None
-    samples: int
-    sample_bytes: int
-    staged: tuple[str, ...]
-    attempts: int
-    overwritten_concurrent: tuple[str, ...] = ()
-    new_part_bytes: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        """JSON shape for ``--json``."""
-        return {
-            "dataset": self.dataset,
-            "branch": self.branch,
-            "snapshot": self.snapshot_id,
-            "parent": self.parent,
-            "samples": self.samples,
-            "sample_bytes": self.sample_bytes,
-            "staged": list(self.staged),
-            "attempts": self.attempts,
-            "overwritten_concurrent": list(self.overwritten_concurrent),
-            "new_part_bytes": self.new_part_bytes,
-        }
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class DiffResult:
     """A diff and what computing it cost."""
 
@@ -193,29 +149,6 @@ class DiffResult:
             "manifest_bytes": self.manifest_bytes,
         }
         return out
-
-
-CLOCK_SKEW_S = 60.0
-"""How far clocks of two writers may disagree when a commit looks for its entries."""
-
-
-def _staged_at_s(staging_id: str) -> float | None:
-    """When an entry was staged (s since the epoch), from its id (``<ns:020d>-<hex>``)."""
-    stamp = staging_id.split("-", 1)[0]
-    if len(stamp) != 20 or not stamp.isdigit():
-        return None
-    return int(stamp) / 1e9
-
-
-def _epoch_s(iso_time: str) -> float:
-    """Seconds since the epoch of an ISO 8601 time; unparseable times count as the epoch."""
-    try:
-        moment = datetime.datetime.fromisoformat(iso_time)
-    except (TypeError, ValueError):
-        return 0.0
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=datetime.UTC)
-    return moment.timestamp()
 
 
 _NAMED_MAX = 65_536
@@ -711,7 +644,7 @@ class Catalog:
         try:
             head, _ = self.branches(dataset).get_versioned(branch)
             # the test the commit's own retries use to recognise a swap that landed
-            if self._consumed_in_history(head, [entry]):
+            if consumed_in_history(self, head, [entry]):
                 return False
             self.discard_staged(dataset, [entry.id])
         except Exception:
@@ -762,251 +695,11 @@ class Catalog:
         is read back, and this commit's snapshot there, or in the history of a commit made
         on it since, is success; otherwise the error stands.
         """
-        check_name(dataset, "dataset name")
-        check_ref_name(branch, "branch name")
-        if not isinstance(message, str):
-            raise InvalidInputError(f"commit message must be a string, not {message!r}")
-        if author is not None and not isinstance(author, str):
-            raise InvalidInputError(f"author must be a string, not {author!r}")
-        if isinstance(staging_ids, str):
-            raise InvalidInputError(
-                f"staging_ids takes a list of ids, not the string {staging_ids!r}"
-            )
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) \
-                or max_attempts < 1:
-            raise InvalidInputError(f"max_attempts must be a positive integer: {max_attempts!r}")
-        rng = rng or random.Random(int.from_bytes(os.urandom(8), "little"))
-        author = author if author is not None else _default_author()
-        all_entries = self.staged(dataset)
-        if staging_ids is not None:
-            wanted = set(staging_ids)
-            missing = wanted - {e.id for e in all_entries}
-            entries = [e for e in all_entries if e.id in wanted]
-            if missing and not entries:
-                done = self._committed_by_another(dataset, branch, missing)
-                if done is not None:
-                    return done
-                raise NotFoundError(
-                    f"dataset {dataset!r} has no staged entries {sorted(missing)[:3]}"
-                )
-        else:
-            entries = all_entries
-        if not all_entries and not self.has_dataset(dataset):
-            # Nothing staged and no branch or tag: a dataset is created by its first staged
-            # change (an ingest, Catalog.stage), never by a commit of a mistyped name.
-            raise NotFoundError(
-                f"unknown dataset {dataset!r}: nothing staged and no branches or tags; "
-                f"create it by ingesting into it (simstore ingest SOURCE --dataset {dataset})"
-            )
-        existed = self.check_commit_branch(dataset, branch)
-        branches = self.branches(dataset)
-        first_head: str | None = None
-        overwritten: set[str] = set()
-        change_tables = {e.id: self._read_changes(e) for e in entries}
-        delay = 0.005
-        for attempt in range(1, max_attempts + 1):
-            head, version = branches.get_versioned(branch)
-            if attempt == 1:
-                first_head = head
-            if head is None and (existed or first_head is not None):
-                # deleted while this commit ran: committing now would create the branch
-                # again with a snapshot of the staged changes alone, no history under it
-                raise NotFoundError(
-                    f"dataset {dataset!r}: branch {branch!r} was deleted while this commit "
-                    "ran; the staged changes stay staged"
-                )
-            consumed = self._consumed_in_history(head, entries)
-            todo = [e for e in entries if e.id not in consumed]
-            if entries and not todo:
-                # Every entry is already on the branch: this writer's swap landed though
-                # its response was lost, a crash came between a swap and the clean-up, or
-                # another writer committed the same entries. Applying them again would
-                # undo newer writes of their keys.
-                return self._already_committed(
-                    dataset, branch, entries, consumed, first_head, change_tables, attempt
-                )
-            if attempt > 1 and head != first_head and head is not None:
-                overwritten |= self._keys_changed_between(first_head, head, change_tables)
-            parent = (self.snapshot(head, named_by=f"branch {dataset}@{branch}",
-                                    dataset=dataset) if head else None)
-            if not todo and not allow_empty and parent is not None:
-                raise InvalidInputError(
-                    f"dataset {dataset!r}: nothing staged to commit (a snapshot would repeat "
-                    f"{head}; allow_empty / --allow-empty makes one anyway)"
-                )
-            snap, counters = build_snapshot(
-                self, dataset, parent, head, todo, change_tables, message=message,
-                author=author, created=utc_now(), allow_schema_change=allow_schema_change,
-            )
-            sid, _ = self.put_object(snap.to_bytes())
-            try:
-                # A move that raised StorageError (every response lost) but landed returns
-                # normally: move reads the branch back and finds this snapshot there.
-                branches.move(branch, version, sid)
-            except ConflictError:
-                now_head, _ = branches.get_versioned(branch)
-                if now_head != sid:
-                    time.sleep(rng.uniform(0, delay))
-                    delay = min(delay * 2, 1.0)
-                    continue
-            except StorageError:
-                # Not at this snapshot now, but a concurrent commit may have moved the
-                # branch on from it since it landed: found in the history, it counts.
-                landed = self._landed_below(branches, branch, sid, entries)
-                if landed is None:
-                    raise
-                return self._already_committed(
-                    dataset, branch, entries, landed, first_head, change_tables, attempt
-                )
-            self.discard_staged(dataset, [e.id for e in entries])
-            return CommitResult(
-                dataset=dataset,
-                branch=branch,
-                snapshot_id=SnapshotId(sid),
-                parent=head,
-                samples=snap.samples,
-                sample_bytes=snap.sample_bytes,
-                staged=tuple(e.id for e in todo),
-                attempts=attempt,
-                overwritten_concurrent=tuple(sorted(overwritten)),
-                new_part_bytes=counters.new_part_bytes,
-            )
-        raise ConflictError(
-            f"dataset {dataset!r} branch {branch!r}: gave up after {max_attempts} attempts "
-            "lost to concurrent commits"
+        return commit(
+            self, dataset, message=message, branch=branch, author=author,
+            staging_ids=staging_ids, allow_empty=allow_empty, max_attempts=max_attempts,
+            rng=rng, allow_schema_change=allow_schema_change,
         )
-
-    def _landed_below(
-        self, branches: Branches, branch: str, sid: str, entries: Sequence[StagedEntry]
-    ) -> dict[str, str] | None:
-        """After a move that raised StorageError: where the branch's history holds ``sid``.
-
-        ``{staging id: snapshot id}`` (as :meth:`_consumed_in_history`) when every entry
-        is consumed on the branch and ``sid``, this commit's snapshot, is among the
-        snapshots that consumed them: the move landed and later commits built on it. A
-        snapshot id is a hash of the snapshot, so ``sid`` there is this commit's content
-        whoever wrote it. None otherwise, or when the branch cannot be read: the error
-        stands. A commit of nothing (no entries) is not looked for.
-        """
-        if not entries:
-            return None
-        try:
-            head, _ = branches.get_versioned(branch)
-            consumed = self._consumed_in_history(head, entries)
-        except SimstoreError:
-            return None
-        if len(consumed) < len(entries) or sid not in consumed.values():
-            return None
-        return consumed
-
-    def _consumed_in_history(
-        self, head: str | None, entries: Sequence[StagedEntry]
-    ) -> dict[str, str]:
-        """``{staging id: snapshot id}`` for entries a snapshot on the branch already consumed.
-
-        Walks first parents from ``head`` back past the time the oldest entry was staged
-        (less :data:`CLOCK_SKEW_S`): a snapshot can only consume an entry staged before it,
-        so the walk costs one read per commit made since then, usually none or one.
-        """
-        if not entries:
-            return {}
-        oldest = min(_epoch_s(e.created) for e in entries)
-        return self._consumed_ids(head, {e.id for e in entries}, oldest)
-
-    def _consumed_ids(self, head: str | None, wanted: set[str], oldest: float) -> dict[str, str]:
-        """:meth:`_consumed_in_history` by staging ids, the oldest staged at ``oldest`` (s)."""
-        if not wanted or head is None:
-            return {}
-        oldest -= CLOCK_SKEW_S
-        found: dict[str, str] = {}
-        sid: str | None = head
-        while sid is not None and len(found) < len(wanted):
-            snap = self.snapshot(sid)
-            for staged in snap.lineage.get("staging", []):
-                if staged in wanted:
-                    found.setdefault(str(staged), sid)
-            if _epoch_s(snap.created) < oldest:
-                break
-            sid = snap.parents[0] if snap.parents else None
-        return found
-
-    def _committed_by_another(
-        self, dataset: str, branch: str, ids: set[str]
-    ) -> CommitResult | None:
-        """The snapshot on ``branch`` that consumed every entry of ``ids``, or None.
-
-        For a commit whose entries are all gone from staging: another writer's commit
-        took them along (it commits every pending entry its own changes overlap) and
-        removed them. That is this commit done, as when the same entries are committed by
-        two writers; entries that no snapshot on the branch consumed stay an error. The
-        walk back is bounded by the entries' staging times, which their ids begin with.
-        """
-        times = [_staged_at_s(i) for i in ids]
-        if any(t is None for t in times):
-            return None
-        head, _ = self.branches(dataset).get_versioned(branch)
-        consumed = self._consumed_ids(head, ids, min(t for t in times if t is not None))
-        if set(consumed) != ids:
-            return None
-        # the walk goes from the head backwards: the newest consuming snapshot comes first
-        sid = next(iter(consumed.values()))
-        snap = self.snapshot(sid)
-        return CommitResult(
-            dataset=dataset,
-            branch=branch,
-            snapshot_id=SnapshotId(sid),
-            parent=snap.parents[0] if snap.parents else None,
-            samples=snap.samples,
-            sample_bytes=snap.sample_bytes,
-            staged=tuple(sorted(ids)),
-            attempts=0,
-            overwritten_concurrent=(),
-        )
-
-    def _already_committed(
-        self,
-        dataset: str,
-        branch: str,
-        entries: Sequence[StagedEntry],
-        consumed: Mapping[str, str],
-        first_head: str | None,
-        change_tables: Mapping[str, pa.Table],
-        attempt: int,
-    ) -> CommitResult:
-        """The result of a commit whose entries a snapshot on the branch already holds."""
-        # the walk goes from the head backwards, so the first snapshot found is the newest
-        sid = next(iter(consumed.values()))
-        snap = self.snapshot(sid)
-        parent = snap.parents[0] if snap.parents else None
-        overwritten: set[str] = set()
-        if parent is not None and parent != first_head:
-            overwritten = self._keys_changed_between(first_head, parent, change_tables)
-        self.discard_staged(dataset, [e.id for e in entries])
-        return CommitResult(
-            dataset=dataset,
-            branch=branch,
-            snapshot_id=SnapshotId(sid),
-            parent=parent,
-            samples=snap.samples,
-            sample_bytes=snap.sample_bytes,
-            staged=tuple(e.id for e in entries),
-            attempts=attempt,
-            overwritten_concurrent=tuple(sorted(overwritten)),
-        )
-
-    def _keys_changed_between(
-        self, a: str | None, b: str, change_tables: Mapping[str, pa.Table]
-    ) -> set[str]:
-        mine: set[str] = set()
-        for t in change_tables.values():
-            mine.update(t.column("key").to_pylist())
-        if not mine:
-            return set()
-        result = self.diff_snapshots(a, b)
-        d = result.diff
-        theirs = {r.key for r in d.added} | {r.key for r in d.removed}
-        theirs |= {new.key for _, new in d.modified}
-        return mine & theirs
 
     # -- history -----------------------------------------------------------------------
     def log(

@@ -1,0 +1,370 @@
+"""Commits: staged entries made a snapshot and the branch moved to it by compare-and-swap.
+
+A commit builds its snapshot on the branch's head, writes it, and moves the branch with
+one conditional write; a writer that loses the swap builds again on the new head. What
+makes a retried commit safe is finding its own entries in the branch's history: a swap
+whose response was lost, a crash between a swap and the clean-up, or another writer that
+committed the same entries all leave them consumed by a snapshot on the branch, and that
+snapshot is this commit's result (applying the entries again would undo newer writes of
+their keys).
+"""
+
+from __future__ import annotations
+
+import datetime
+import getpass
+import os
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from simstore.catalog._build import build_snapshot, utc_now
+from simstore.catalog._refs import Branches
+from simstore.errors import (
+    ConflictError,
+    InvalidInputError,
+    NotFoundError,
+    SimstoreError,
+    StorageError,
+)
+from simstore.names import DEFAULT_BRANCH, check_name, check_ref_name
+from simstore.snapshot import SnapshotId
+
+if TYPE_CHECKING:
+    from simstore.catalog._catalog import Catalog, StagedEntry
+
+__all__ = ["CLOCK_SKEW_S", "CommitResult", "commit", "consumed_in_history"]
+
+
+def _default_author() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommitResult:
+    """What a commit did."""
+
+    dataset: str
+    branch: str
+    snapshot_id: SnapshotId
+    parent: str | None
+    samples: int
+    sample_bytes: int
+    staged: tuple[str, ...]
+    attempts: int
+    overwritten_concurrent: tuple[str, ...] = ()
+    new_part_bytes: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON shape for ``--json``."""
+        return {
+            "dataset": self.dataset,
+            "branch": self.branch,
+            "snapshot": self.snapshot_id,
+            "parent": self.parent,
+            "samples": self.samples,
+            "sample_bytes": self.sample_bytes,
+            "staged": list(self.staged),
+            "attempts": self.attempts,
+            "overwritten_concurrent": list(self.overwritten_concurrent),
+            "new_part_bytes": self.new_part_bytes,
+        }
+
+
+CLOCK_SKEW_S = 60.0
+"""How far clocks of two writers may disagree when a commit looks for its entries."""
+
+
+def _staged_at_s(staging_id: str) -> float | None:
+    """When an entry was staged (s since the epoch), from its id (``<ns:020d>-<hex>``)."""
+    stamp = staging_id.split("-", 1)[0]
+    if len(stamp) != 20 or not stamp.isdigit():
+        return None
+    return int(stamp) / 1e9
+
+
+def _epoch_s(iso_time: str) -> float:
+    """Seconds since the epoch of an ISO 8601 time; unparseable times count as the epoch."""
+    try:
+        moment = datetime.datetime.fromisoformat(iso_time)
+    except (TypeError, ValueError):
+        return 0.0
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return moment.timestamp()
+
+
+def commit(
+    cat: Catalog,
+    dataset: str,
+    *,
+    message: str,
+    branch: str = DEFAULT_BRANCH,
+    author: str | None = None,
+    staging_ids: Sequence[str] | None = None,
+    allow_empty: bool = True,
+    max_attempts: int = 50,
+    rng: random.Random | None = None,
+    allow_schema_change: bool = False,
+) -> CommitResult:
+    """:meth:`Catalog.commit` of ``cat``: its arguments and promises are documented there."""
+    check_name(dataset, "dataset name")
+    check_ref_name(branch, "branch name")
+    if not isinstance(message, str):
+        raise InvalidInputError(f"commit message must be a string, not {message!r}")
+    if author is not None and not isinstance(author, str):
+        raise InvalidInputError(f"author must be a string, not {author!r}")
+    if isinstance(staging_ids, str):
+        raise InvalidInputError(
+            f"staging_ids takes a list of ids, not the string {staging_ids!r}"
+        )
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) \
+            or max_attempts < 1:
+        raise InvalidInputError(f"max_attempts must be a positive integer: {max_attempts!r}")
+    rng = rng or random.Random(int.from_bytes(os.urandom(8), "little"))
+    author = author if author is not None else _default_author()
+    all_entries = cat.staged(dataset)
+    if staging_ids is not None:
+        wanted = set(staging_ids)
+        missing = wanted - {e.id for e in all_entries}
+        entries = [e for e in all_entries if e.id in wanted]
+        if missing and not entries:
+            done = _committed_by_another(cat, dataset, branch, missing)
+            if done is not None:
+                return done
+            raise NotFoundError(
+                f"dataset {dataset!r} has no staged entries {sorted(missing)[:3]}"
+            )
+    else:
+        entries = all_entries
+    if not all_entries and not cat.has_dataset(dataset):
+        # Nothing staged and no branch or tag: a dataset is created by its first staged
+        # change (an ingest, Catalog.stage), never by a commit of a mistyped name.
+        raise NotFoundError(
+            f"unknown dataset {dataset!r}: nothing staged and no branches or tags; "
+            f"create it by ingesting into it (simstore ingest SOURCE --dataset {dataset})"
+        )
+    existed = cat.check_commit_branch(dataset, branch)
+    branches = cat.branches(dataset)
+    first_head: str | None = None
+    overwritten: set[str] = set()
+    change_tables = {e.id: cat._read_changes(e) for e in entries}
+    delay = 0.005
+    for attempt in range(1, max_attempts + 1):
+        head, version = branches.get_versioned(branch)
+        if attempt == 1:
+            first_head = head
+        if head is None and (existed or first_head is not None):
+            # deleted while this commit ran: committing now would create the branch
+            # again with a snapshot of the staged changes alone, no history under it
+            raise NotFoundError(
+                f"dataset {dataset!r}: branch {branch!r} was deleted while this commit "
+                "ran; the staged changes stay staged"
+            )
+        consumed = consumed_in_history(cat, head, entries)
+        todo = [e for e in entries if e.id not in consumed]
+        if entries and not todo:
+            # Every entry is already on the branch: this writer's swap landed though
+            # its response was lost, a crash came between a swap and the clean-up, or
+            # another writer committed the same entries. Applying them again would
+            # undo newer writes of their keys.
+            return _already_committed(
+                cat, dataset, branch, entries, consumed, first_head, change_tables, attempt
+            )
+        if attempt > 1 and head != first_head and head is not None:
+            overwritten |= _keys_changed_between(cat, first_head, head, change_tables)
+        parent = (cat.snapshot(head, named_by=f"branch {dataset}@{branch}",
+                                dataset=dataset) if head else None)
+        if not todo and not allow_empty and parent is not None:
+            raise InvalidInputError(
+                f"dataset {dataset!r}: nothing staged to commit (a snapshot would repeat "
+                f"{head}; allow_empty / --allow-empty makes one anyway)"
+            )
+        snap, counters = build_snapshot(
+            cat, dataset, parent, head, todo, change_tables, message=message,
+            author=author, created=utc_now(), allow_schema_change=allow_schema_change,
+        )
+        sid, _ = cat.put_object(snap.to_bytes())
+        try:
+            # A move that raised StorageError (every response lost) but landed returns
+            # normally: move reads the branch back and finds this snapshot there.
+            branches.move(branch, version, sid)
+        except ConflictError:
+            now_head, _ = branches.get_versioned(branch)
+            if now_head != sid:
+                time.sleep(rng.uniform(0, delay))
+                delay = min(delay * 2, 1.0)
+                continue
+        except StorageError:
+            # Not at this snapshot now, but a concurrent commit may have moved the
+            # branch on from it since it landed: found in the history, it counts.
+            landed = _landed_below(cat, branches, branch, sid, entries)
+            if landed is None:
+                raise
+            return _already_committed(
+                cat, dataset, branch, entries, landed, first_head, change_tables, attempt
+            )
+        cat.discard_staged(dataset, [e.id for e in entries])
+        return CommitResult(
+            dataset=dataset,
+            branch=branch,
+            snapshot_id=SnapshotId(sid),
+            parent=head,
+            samples=snap.samples,
+            sample_bytes=snap.sample_bytes,
+            staged=tuple(e.id for e in todo),
+            attempts=attempt,
+            overwritten_concurrent=tuple(sorted(overwritten)),
+            new_part_bytes=counters.new_part_bytes,
+        )
+    raise ConflictError(
+        f"dataset {dataset!r} branch {branch!r}: gave up after {max_attempts} attempts "
+        "lost to concurrent commits"
+    )
+
+
+def _landed_below(
+    cat: Catalog, branches: Branches, branch: str, sid: str, entries: Sequence[StagedEntry]
+) -> dict[str, str] | None:
+    """After a move that raised StorageError: where the branch's history holds ``sid``.
+
+    ``{staging id: snapshot id}`` (as :func:`consumed_in_history`) when every entry
+    is consumed on the branch and ``sid``, this commit's snapshot, is among the
+    snapshots that consumed them: the move landed and later commits built on it. A
+    snapshot id is a hash of the snapshot, so ``sid`` there is this commit's content
+    whoever wrote it. None otherwise, or when the branch cannot be read: the error
+    stands. A commit of nothing (no entries) is not looked for.
+    """
+    if not entries:
+        return None
+    try:
+        head, _ = branches.get_versioned(branch)
+        consumed = consumed_in_history(cat, head, entries)
+    except SimstoreError:
+        return None
+    if len(consumed) < len(entries) or sid not in consumed.values():
+        return None
+    return consumed
+
+
+def consumed_in_history(
+    cat: Catalog, head: str | None, entries: Sequence[StagedEntry]
+) -> dict[str, str]:
+    """``{staging id: snapshot id}`` for entries a snapshot on the branch already consumed.
+
+    Walks first parents from ``head`` back past the time the oldest entry was staged
+    (less :data:`CLOCK_SKEW_S`): a snapshot can only consume an entry staged before it,
+    so the walk costs one read per commit made since then, usually none or one.
+    """
+    if not entries:
+        return {}
+    oldest = min(_epoch_s(e.created) for e in entries)
+    return _consumed_ids(cat, head, {e.id for e in entries}, oldest)
+
+
+def _consumed_ids(
+    cat: Catalog, head: str | None, wanted: set[str], oldest: float
+) -> dict[str, str]:
+    """:func:`consumed_in_history` by staging ids, the oldest staged at ``oldest`` (s)."""
+    if not wanted or head is None:
+        return {}
+    oldest -= CLOCK_SKEW_S
+    found: dict[str, str] = {}
+    sid: str | None = head
+    while sid is not None and len(found) < len(wanted):
+        snap = cat.snapshot(sid)
+        for staged in snap.lineage.get("staging", []):
+            if staged in wanted:
+                found.setdefault(str(staged), sid)
+        if _epoch_s(snap.created) < oldest:
+            break
+        sid = snap.parents[0] if snap.parents else None
+    return found
+
+
+def _committed_by_another(
+    cat: Catalog, dataset: str, branch: str, ids: set[str]
+) -> CommitResult | None:
+    """The snapshot on ``branch`` that consumed every entry of ``ids``, or None.
+
+    For a commit whose entries are all gone from staging: another writer's commit
+    took them along (it commits every pending entry its own changes overlap) and
+    removed them. That is this commit done, as when the same entries are committed by
+    two writers; entries that no snapshot on the branch consumed stay an error. The
+    walk back is bounded by the entries' staging times, which their ids begin with.
+    """
+    times = [_staged_at_s(i) for i in ids]
+    if any(t is None for t in times):
+        return None
+    head, _ = cat.branches(dataset).get_versioned(branch)
+    consumed = _consumed_ids(cat, head, ids, min(t for t in times if t is not None))
+    if set(consumed) != ids:
+        return None
+    # the walk goes from the head backwards: the newest consuming snapshot comes first
+    sid = next(iter(consumed.values()))
+    snap = cat.snapshot(sid)
+    return CommitResult(
+        dataset=dataset,
+        branch=branch,
+        snapshot_id=SnapshotId(sid),
+        parent=snap.parents[0] if snap.parents else None,
+        samples=snap.samples,
+        sample_bytes=snap.sample_bytes,
+        staged=tuple(sorted(ids)),
+        attempts=0,
+        overwritten_concurrent=(),
+    )
+
+
+def _already_committed(
+    cat: Catalog,
+    dataset: str,
+    branch: str,
+    entries: Sequence[StagedEntry],
+    consumed: Mapping[str, str],
+    first_head: str | None,
+    change_tables: Mapping[str, pa.Table],
+    attempt: int,
+) -> CommitResult:
+    """The result of a commit whose entries a snapshot on the branch already holds."""
+    # the walk goes from the head backwards, so the first snapshot found is the newest
+    sid = next(iter(consumed.values()))
+    snap = cat.snapshot(sid)
+    parent = snap.parents[0] if snap.parents else None
+    overwritten: set[str] = set()
+    if parent is not None and parent != first_head:
+        overwritten = _keys_changed_between(cat, first_head, parent, change_tables)
+    cat.discard_staged(dataset, [e.id for e in entries])
+    return CommitResult(
+        dataset=dataset,
+        branch=branch,
+        snapshot_id=SnapshotId(sid),
+        parent=parent,
+        samples=snap.samples,
+        sample_bytes=snap.sample_bytes,
+        staged=tuple(e.id for e in entries),
+        attempts=attempt,
+        overwritten_concurrent=tuple(sorted(overwritten)),
+    )
+
+
+def _keys_changed_between(
+    cat: Catalog, a: str | None, b: str, change_tables: Mapping[str, pa.Table]
+) -> set[str]:
+    mine: set[str] = set()
+    for t in change_tables.values():
+        mine.update(t.column("key").to_pylist())
+    if not mine:
+        return set()
+    result = cat.diff_snapshots(a, b)
+    d = result.diff
+    theirs = {r.key for r in d.added} | {r.key for r in d.removed}
+    theirs |= {new.key for _, new in d.modified}
+    return mine & theirs
