@@ -5,9 +5,12 @@ A mesh becomes the fields ``points`` (N x 3, or N x 2 for planar formats),
 whose blocks have different numbers of nodes, such as polygons of several sizes, gives
 one field per size: ``cells/polygon5``, ``cells/polygon6``), ``point_data/<name>`` and
 ``cell_data/<name>`` (rows follow the cells fields in sorted type order, then size, each
-field's blocks in file order), plus a ``metadata`` JSON field with the cell field names
-(``cell_types``) and counts and the file's field data. A cell index outside the points is
-a ``SourceError`` naming the file and its ``cells/<type>`` field. A .pvd collection or a
+field's blocks in file order), ``cell_sets/<name>`` (rows of the cells in that order) and
+``point_sets/<name>`` (indices into the points), plus a ``metadata`` JSON field with the
+cell field names (``cell_types``) and counts and the file's field data. A cell index
+outside the points, or a fractional one, is a ``SourceError`` naming the file and its
+``cells/<type>`` field; so is what meshio would drop (the cells of all but the last piece
+of a VTU, OBJ elements other than faces). A .pvd collection or a
 temporal XDMF file yields one sample per time step (``<key>/t0003``) with the step's time
 as the parameter ``time``; a .pvd's steps are ordered by timestep (stable: data sets of
 equal time keep their file order), and the files a .pvd or .xdmf references are its
@@ -102,6 +105,31 @@ def _native(arr: Any) -> np.ndarray:
     return out.astype(native_dtype(out.dtype), copy=False)
 
 
+def _connectivity(path: str, block: Any) -> np.ndarray:
+    """A block's connectivity as int64; a fractional or non-finite index is an error.
+
+    A file may store connectivity as floats (a VTU ``Float64`` array): a cast alone would
+    truncate ``2.9`` to node 2, so each value must be a whole number.
+    """
+    raw = np.asarray(block.data)
+    if raw.dtype.kind == "f":
+        with np.errstate(invalid="ignore"):
+            whole = np.isfinite(raw) & (raw == np.trunc(raw)) & (np.abs(raw) < 2.0**53)
+        if not whole.all():
+            raise SourceError(
+                f"{path}: field 'cells/{block.type}': not integer connectivity: value "
+                f"{float(raw[~whole].flat[0])!r} is no node index"
+            )
+    elif raw.dtype.kind not in "iub":
+        try:
+            return np.asarray(block.data, dtype=np.int64)
+        except (TypeError, ValueError) as exc:
+            raise SourceError(
+                f"{path}: field 'cells/{block.type}': not integer connectivity: {exc}"
+            ) from exc
+    return raw.astype(np.int64)
+
+
 def _cell_blocks(
     path: str, cells: Sequence[Any], n_points: int
 ) -> list[tuple[int, str, np.ndarray]]:
@@ -115,12 +143,7 @@ def _cell_blocks(
     """
     blocks: list[tuple[str, int, np.ndarray]] = []
     for block in cells:
-        try:
-            data = np.asarray(block.data, dtype=np.int64)
-        except (TypeError, ValueError) as exc:
-            raise SourceError(
-                f"{path}: field 'cells/{block.type}': not integer connectivity: {exc}"
-            ) from exc
+        data = _connectivity(path, block)
         if data.ndim != 2:
             raise SourceError(
                 f"{path}: field 'cells/{block.type}': connectivity of shape {data.shape}, "
@@ -163,6 +186,8 @@ def mesh_fields(
     point_data: Mapping[str, Any],
     cell_data: Mapping[str, Sequence[Any]],
     field_data: Mapping[str, Any] | None = None,
+    cell_sets: Mapping[str, Sequence[Any]] | None = None,
+    point_sets: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Sample fields of one mesh (see the module docstring for the layout)."""
     points = _native(points)
@@ -208,6 +233,15 @@ def mesh_fields(
                 f"{path}: field 'cell_data/{name}': blocks do not line up: {exc}"
             ) from exc
         fields[f"cell_data/{name}"] = _native(arr)
+    sets = dict(cell_sets or {})
+    # meshio keeps each Gmsh entity's bounding entities (signed entity tags, one list per
+    # block) among the cell sets: they are no cells, so they go to the metadata
+    bounding = sets.pop("gmsh:bounding_entities", None)
+    for name in sorted(sets):
+        fields[f"cell_sets/{name}"] = _cell_set(path, name, sets[name], cells, order)
+    for name in sorted(point_sets or {}):
+        idx = _indices(path, f"point_sets/{name}", (point_sets or {})[name], n_points, "points")
+        fields[f"point_sets/{name}"] = idx
     for name, value in list(fields.items()):
         if isinstance(value, np.ndarray) and value.dtype.kind not in "biuf":
             raise SourceError(f"{path}: field {name!r}: unsupported dtype {value.dtype}")
@@ -217,8 +251,59 @@ def mesh_fields(
     }
     if field_data:
         meta["field_data"] = {k: json_safe(np.asarray(v)) for k, v in sorted(field_data.items())}
+    if bounding is not None and len(bounding) == len(cells):
+        # per cell block, in the order of the cell_data rows
+        meta["gmsh:bounding_entities"] = [
+            None if bounding[i] is None else json_safe(np.asarray(bounding[i])) for i in order
+        ]
     fields["metadata"] = meta
     return fields
+
+
+def _indices(path: str, field: str, values: Any, size: int, what: str) -> np.ndarray:
+    """``values`` as int64 indices into ``size`` items; anything else names the field."""
+    raw = np.asarray(values)
+    if raw.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if raw.ndim != 1 or raw.dtype.kind not in "iu":
+        raise SourceError(
+            f"{path}: field {field!r}: not a list of indices ({raw.dtype}, shape {raw.shape})"
+        )
+    idx = raw.astype(np.int64)
+    low, high = int(idx.min()), int(idx.max())
+    if low < 0 or high >= size:
+        raise SourceError(
+            f"{path}: field {field!r}: index {low if low < 0 else high} out of range for "
+            f"{size} {what}"
+        )
+    return idx
+
+
+def _cell_set(
+    path: str, name: str, parts: Sequence[Any], cells: Sequence[Any], order: Sequence[int]
+) -> np.ndarray:
+    """A cell set as rows of the cells in ``cell_data`` order (blocks in ``order``).
+
+    meshio gives a set as one index array per cell block (None or empty where the set has
+    no cells of that block); each becomes the block's rows in the order the cells fields
+    and ``cell_data`` rows follow, so ``cell_data/<x>[cell_sets/<name>]`` are the set's.
+    """
+    field = f"cell_sets/{name}"
+    if len(parts) != len(cells):
+        raise SourceError(
+            f"{path}: field {field!r}: {len(parts)} blocks for {len(cells)} cell blocks"
+        )
+    start: dict[int, int] = {}
+    row = 0
+    for i in order:
+        start[i] = row
+        row += len(cells[i].data)
+    out = [
+        _indices(path, field, parts[i], len(cells[i].data), f"{cells[i].type} cells") + start[i]
+        for i in order
+        if parts[i] is not None
+    ]
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 
 def _pvd_entries(path: str) -> list[tuple[str | None, str]]:
@@ -286,11 +371,54 @@ def _xdmf_heavy_files(path: str) -> list[str]:
     return sorted(out)
 
 
+_OBJ_IGNORED = (b"l", b"p", b"curv", b"curv2", b"surf")
+"""OBJ element statements meshio skips (it reads vertices and faces): lines, points,
+free-form curves and surfaces. A file with any of them is refused rather than stored
+without them."""
+
+
+def _check_obj_elements(path: str) -> None:
+    """Refuse an OBJ file whose elements meshio would drop, naming the first one."""
+    try:
+        with open(path, "rb") as f:
+            for number, line in enumerate(f, 1):
+                word = line.split(None, 1)[:1]
+                if word and word[0] in _OBJ_IGNORED:
+                    kind = word[0].decode()
+                    raise SourceError(
+                        f"{path}: line {number}: OBJ {kind!r} elements are not read (meshio "
+                        "reads faces only); remove them, or convert the file (to .vtu)"
+                    )
+    except OSError as exc:
+        raise SourceError(f"{path}: not a readable mesh: {exc}") from exc
+
+
+_PIECE = re.compile(rb"<Piece\b[^>]*?\bNumberOfCells\s*=\s*[\"'](\d+)[\"']")
+
+
+def _check_vtu_pieces(path: str, cells_read: int) -> None:
+    """Refuse a VTU of several pieces whose cells meshio did not all read.
+
+    meshio 5.3 reads every ``<Piece>``'s points and point data but keeps the cells (and
+    cell data) of the last piece only. The pieces' declared ``NumberOfCells`` (in the XML
+    before any appended binary data) must add up to the cells read.
+    """
+    with open(path, "rb") as f:
+        head = f.read().split(b"<AppendedData", 1)[0]
+    declared = [int(n) for n in _PIECE.findall(head)]
+    if len(declared) > 1 and sum(declared) != cells_read:
+        raise SourceError(
+            f"{path}: {len(declared)} pieces declare {sum(declared)} cells, of which meshio "
+            f"reads {cells_read} (the last piece's); write one piece per file (a .pvd "
+            "lists them as the parts of a step)"
+        )
+
+
 class MeshAdapter:
     """Meshes meshio reads, recognised by extension."""
 
     name = "mesh"
-    version = "1"
+    version = "2"
     libraries = ("meshio",)
     extensions = _EXTS
     options: frozenset[str] = frozenset()
@@ -355,14 +483,21 @@ class MeshAdapter:
         yield Sample(key, self._fields(path, mesh))
 
     def _read(self, meshio: Any, path: str) -> Any:
+        low = path.lower()
+        if low.endswith(".obj"):
+            _check_obj_elements(path)
         try:
             if os.path.getsize(path) == 0:  # meshio's readers say nothing useful of it
                 raise ValueError("the file is empty")
-            return _quietly(meshio.read, path)
+            mesh = _quietly(meshio.read, path)
         except Exception as exc:  # meshio raises ReadError, ValueError, KeyError, ...
             raise SourceError(f"{path}: not a readable mesh: {exc}") from exc
+        if low.endswith(".vtu"):
+            _check_vtu_pieces(path, sum(len(block.data) for block in mesh.cells))
+        return mesh
 
     def _fields(self, path: str, mesh: Any) -> dict[str, Any]:
         return mesh_fields(
-            path, mesh.points, mesh.cells, mesh.point_data, mesh.cell_data, mesh.field_data
+            path, mesh.points, mesh.cells, mesh.point_data, mesh.cell_data, mesh.field_data,
+            mesh.cell_sets, mesh.point_sets,
         )

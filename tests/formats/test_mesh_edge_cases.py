@@ -213,3 +213,119 @@ def test_vtp_is_not_claimed_since_meshio_has_no_reader_for_it(tmp_path):
     assert ".vtp" not in MeshAdapter.extensions
     assert not MeshAdapter().can_read(str(path), head)
     assert AutoAdapter().resolve(str(path), head) is None
+
+
+def _vtu_piece(points, connectivity, value, conn_type="Int64"):
+    return (
+        '<Piece NumberOfPoints="3" NumberOfCells="1">'
+        f'<CellData><DataArray type="Float64" Name="c" format="ascii">{value}</DataArray>'
+        "</CellData><Points>"
+        f'<DataArray type="Float64" NumberOfComponents="3" format="ascii">{points}</DataArray>'
+        f'</Points><Cells><DataArray type="{conn_type}" Name="connectivity" format="ascii">'
+        f"{connectivity}</DataArray>"
+        '<DataArray type="Int64" Name="offsets" format="ascii">3</DataArray>'
+        '<DataArray type="UInt8" Name="types" format="ascii">5</DataArray></Cells></Piece>'
+    )
+
+
+def _vtu(path, *pieces):
+    path.write_text(
+        '<?xml version="1.0"?>\n<VTKFile type="UnstructuredGrid" version="0.1" '
+        'byte_order="LittleEndian"><UnstructuredGrid>\n' + "\n".join(pieces)
+        + "\n</UnstructuredGrid></VTKFile>\n"
+    )
+    return path
+
+
+def test_a_vtu_of_two_pieces_is_refused_since_meshio_keeps_the_last_pieces_cells(tmp_path):
+    path = _vtu(tmp_path / "two.vtu", _vtu_piece("0 0 0 1 0 0 0 1 0", "0 1 2", 1),
+                _vtu_piece("5 0 0 6 0 0 5 1 0", "0 1 2", 2))
+    read = meshio.read(path)
+    assert len(read.points) == 6 and sum(len(c.data) for c in read.cells) == 1  # the loss
+    with pytest.raises(SourceError) as err:
+        _sample(path)
+    assert str(err.value).startswith(f"{path}: 2 pieces declare 2 cells, of which meshio reads 1")
+
+
+def test_a_vtu_of_one_piece_keeps_its_cells(tmp_path):
+    path = _vtu(tmp_path / "one.vtu", _vtu_piece("0 0 0 1 0 0 0 1 0", "0 1 2", 1))
+    fields = _sample(path)
+    np.testing.assert_array_equal(fields["cells/triangle"], [[0, 1, 2]])
+    np.testing.assert_array_equal(fields["cell_data/c"], [1.0])
+
+
+def test_float_connectivity_must_be_whole_numbers(tmp_path):
+    good = _vtu(tmp_path / "whole.vtu",
+                _vtu_piece("0 0 0 1 0 0 0 1 0", "0 1 2", 1, conn_type="Float64"))
+    np.testing.assert_array_equal(_sample(good)["cells/triangle"], [[0, 1, 2]])
+    bad = _vtu(tmp_path / "frac.vtu",
+               _vtu_piece("0 0 0 1 0 0 0 1 0", "0 1 1.9", 1, conn_type="Float64"))
+    with pytest.raises(SourceError) as err:
+        _sample(bad)
+    assert str(err.value) == (
+        f"{bad}: field 'cells/triangle': not integer connectivity: value 1.9 is no node index"
+    )
+
+
+@pytest.mark.parametrize("element", ["l 1 2", "p 3", "curv 0.0 1.0 1 2"])
+def test_obj_elements_meshio_skips_are_refused_naming_the_line(tmp_path, element):
+    path = tmp_path / "lines.obj"
+    path.write_text("v 0 0 0\nv 1 0 0\nv 0 1 0\nf 1 2 3\n" + element + "\n")
+    with pytest.raises(SourceError) as err:
+        _sample(path)
+    kind = element.split()[0]
+    assert str(err.value).startswith(f"{path}: line 5: OBJ '{kind}' elements are not read")
+
+
+def test_gmsh_physical_groups_are_cell_sets_and_a_cell_of_two_groups_is_in_both(tmp_path):
+    import gmsh
+
+    path = tmp_path / "groups.msh"
+    owned = not gmsh.isInitialized()
+    if owned:
+        gmsh.initialize(argv=["t"], readConfigFiles=False, run=False, interruptible=False)
+    try:
+        gmsh.option.setNumber("General.Terminal", 0)
+        gmsh.model.add("groups")
+        surface = gmsh.model.occ.addRectangle(0, 0, 0, 1, 1)
+        gmsh.model.occ.synchronize()
+        gmsh.model.addPhysicalGroup(2, [surface], 1, name="fluid")
+        gmsh.model.addPhysicalGroup(2, [surface], 2, name="heated")  # the same cells again
+        gmsh.model.addPhysicalGroup(1, [1, 2], 3, name="walls")
+        gmsh.option.setNumber("Mesh.MeshSizeMax", 0.5)
+        gmsh.model.mesh.generate(2)
+        gmsh.option.setNumber("Mesh.MshFileVersion", 4.1)
+        gmsh.write(str(path))
+    finally:
+        if owned:
+            gmsh.finalize()
+        else:
+            gmsh.model.remove()
+    read = meshio.read(path)
+    fields = _sample(path)
+    triangles, lines = len(fields["cells/triangle"]), len(fields["cells/line"])
+    # cell_data rows: the line blocks first (sorted type order), then the triangles
+    np.testing.assert_array_equal(fields["cell_sets/fluid"], np.arange(lines, lines + triangles))
+    np.testing.assert_array_equal(fields["cell_sets/heated"], fields["cell_sets/fluid"])
+    np.testing.assert_array_equal(fields["cell_sets/walls"], np.arange(lines))
+    # gmsh:physical holds one tag per cell: the second group shows only in its set
+    assert set(fields["cell_data/gmsh:physical"][fields["cell_sets/heated"]]) == {1}
+    assert "gmsh:bounding_entities" in read.cell_sets  # not cells: kept in the metadata
+    assert not any(k.startswith("cell_sets/gmsh:") for k in fields)
+    assert len(fields["metadata"]["gmsh:bounding_entities"]) == len(read.cells)
+
+
+def test_cell_and_point_sets_out_of_range_name_the_set(tmp_path):
+    from simstore.formats.adapters._mesh import mesh_fields
+
+    cells = [meshio.CellBlock("triangle", np.array([[0, 1, 2], [1, 2, 3]]))]
+    ok = mesh_fields("m.vtu", POINTS[:4], cells, {}, {}, None,
+                     {"s": [np.array([1])]}, {"corners": np.array([0, 3])})
+    np.testing.assert_array_equal(ok["cell_sets/s"], [1])
+    np.testing.assert_array_equal(ok["point_sets/corners"], [0, 3])
+    with pytest.raises(SourceError) as err:
+        mesh_fields("m.vtu", POINTS[:4], cells, {}, {}, None, {"s": [np.array([2])]})
+    assert str(err.value) == "m.vtu: field 'cell_sets/s': index 2 out of range for 2 triangle cells"
+    with pytest.raises(SourceError) as err:
+        mesh_fields("m.vtu", POINTS[:4], cells, {}, {}, None, None, {"p": np.array([4])})
+    assert str(err.value) == "m.vtu: field 'point_sets/p': index 4 out of range for 4 points"
