@@ -343,6 +343,8 @@ def _finish(
     # where each field of the merged schema comes from: the head snapshot or a file
     field_from = dict.fromkeys(schema, f"dataset {ctx.dataset!r}")
     commit_schema = {s.name: s for s in committed}
+    head_schema = {s.name: s for s in head.schema} if head is not None else {}
+    reranked: set[str] = set()
     file_results = _whole_files(results, tasks, cfg)
 
     def reject(res: FileResult, message: str) -> None:
@@ -356,6 +358,11 @@ def _finish(
             skipped.append(SkippedFile(path=res.path, reason=printable_text(res.error)))
             continue
         specs = [FieldSpec.from_json(s) for s in res.schema]
+        if any(s.kind == "tensor" and (c := head_schema.get(s.name)) is not None
+               and c.kind == "tensor" and c.ndim != s.ndim for s in specs):
+            # a sample hash cannot tell a 0-d tensor from a one-element vector (the
+            # recipe hashes both as shape (1,)): such a file is staged whatever its hashes
+            reranked.add(res.path)
         bad = None
         for known_types in (schema, commit_schema):
             bad = next((s for s in specs if known_types.get(s.name, s) != s), None)
@@ -404,6 +411,8 @@ def _finish(
         for keys in pending.values():
             touched.update(keys if keys is not None else owner)
         for res in accepted:
+            if res.path in reranked:
+                continue
             if res.rows and all(known.get(k) == h and k not in touched for k, h, *_ in res.rows):
                 unchanged.add(res.path)
     staged = [r for r in accepted if r.path not in unchanged]

@@ -153,3 +153,25 @@ def test_cli_show_lists_the_replaced_type_only(tmp_path):
     shown = json.loads(run("show", f"d@{summary['snapshot']}", "--json"))
     assert [(s["name"], s["dtype"]) for s in shown["schema"]] == [("x", "float64")]
     assert summary["schema"] == shown["schema"]
+
+
+@pytest.mark.parametrize("before, after", [(np.array(3.0), np.array([3.0])),
+                                           (np.array([3.0]), np.array(3.0))])
+def test_a_field_whose_rank_changes_between_0_and_a_one_element_vector_is_staged(
+    catalog, tmp_path, read, before, after
+):
+    """Both hash alike (the sample hash takes a 0-d tensor's shape as (1,)), so the file
+    looked unchanged and the new shape never reached the snapshot."""
+    _npz(tmp_path / "a", "s", x=before)
+    ingest([tmp_path / "a"], dataset="d", store=catalog, snapshot=True)
+    _npz(tmp_path / "b", "s", x=after)
+    r = ingest([tmp_path / "b"], dataset="d", store=catalog, snapshot=True,
+               allow_schema_change=True)
+    assert r.files_unchanged == 0 and r.snapshot_id is not None
+    snap, samples = read(catalog, f"d@{r.snapshot_id}")
+    assert {s.name: s.ndim for s in snap.schema} == {"x": after.ndim}
+    (fields,) = samples.values()
+    assert fields["x"].shape == after.shape
+    # the same file again is unchanged: only a rank change forces the stage
+    r = ingest([tmp_path / "b"], dataset="d", store=catalog, snapshot=True)
+    assert r.files_unchanged == 1
