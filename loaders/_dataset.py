@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -539,7 +540,8 @@ class SimDataset(IterableDataset[Sample]):
             )
         if state.get("kind") != "simstore-loader-state":
             raise InvalidInputError("not a simstore loader state")
-        if state.get("format_version") != STATE_FORMAT_VERSION:
+        version = state.get("format_version")
+        if type(version) is not int or version != STATE_FORMAT_VERSION:
             raise InvalidInputError(
                 f"loader state format_version {state.get('format_version')!r}, this "
                 f"simstore reads {STATE_FORMAT_VERSION}"
@@ -564,7 +566,7 @@ class SimDataset(IterableDataset[Sample]):
                         f"{', '.join(was)}{sep} this dataset has {', '.join(now)} (a state "
                         "resumes only the stream it came from)"
                     )
-            if state.get(name) != mine[name]:
+            if not _same_value(state.get(name), mine[name]):
                 raise InvalidInputError(
                     f"loader state has {name} {state.get(name)!r}, but this dataset reads "
                     f"{mine[name]!r}: a state resumes only the stream it came from"
@@ -768,7 +770,22 @@ def _state_intervals(value: object, epoch_length: int) -> tuple[Interval, ...]:
         if a >= b:
             raise InvalidInputError(f"{what}: item {i} [{a}, {b}] holds no position")
         out.append((a, b))
+    ordered = sorted(out)
+    for (a0, b0), (a1, b1) in zip(ordered, ordered[1:], strict=False):
+        if a1 < b0:
+            raise InvalidInputError(
+                f"{what}: [{a0}, {b0}] and [{a1}, {b1}] overlap (a state lists each "
+                "remaining position once)"
+            )
     return normalise_intervals(out)
+
+
+def _same_value(a: object, b: object) -> bool:
+    """Equal, and of the same JSON types: 200.0 is not the epoch length 200, True not 1."""
+    try:
+        return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    except (TypeError, ValueError):
+        return False
 
 
 def _prefetch_config(value: object) -> PrefetchConfig:

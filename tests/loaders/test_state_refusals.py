@@ -42,3 +42,25 @@ def test_refusal_names_a_mixture_source_and_a_missing_option(small):
     state["order"] = [{k: v for k, v in state["order"][0].items() if k != "buffer_blocks"}]
     refused(r"saved with buffer_blocks=<none>, this dataset has buffer_blocks=16",
             dataset(store, ref).load_state_dict, state)
+
+
+def test_edited_states_that_compare_equal_in_python_are_refused(small):
+    """format_version True or 1.0 and epoch_length 200.0 equal the ints in Python; a
+    remaining list with overlapping intervals was merged: each loaded without a word."""
+    store, ref, _ = small
+    ds = dataset(store, ref)
+    good = ds.state_dict()
+    n = good["epoch_length"]
+    assert n >= 8
+    for key, value, pattern in [
+        ("format_version", True, r"^loader state format_version True, this simstore reads 1$"),
+        ("format_version", 1.0, r"^loader state format_version 1\.0, this simstore reads 1$"),
+        ("epoch_length", float(n), rf"^loader state has epoch_length {n}\.0, but this dataset "
+                                   rf"reads {n}: "),
+        ("remaining", [[0, 4], [2, n]], r"^loader state field 'remaining': \[0, 4\] and "
+                                        rf"\[2, {n}\] overlap"),
+    ]:
+        refused(pattern, dataset(store, ref).load_state_dict, {**good, key: value})
+    # the same state unedited, and one with adjacent intervals, load
+    dataset(store, ref).load_state_dict(good)
+    dataset(store, ref).load_state_dict({**good, "remaining": [[0, 4], [4, n]]})
