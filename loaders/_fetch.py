@@ -101,6 +101,16 @@ def tier_of(store: ObjectStore) -> str:
     return "local" if scheme == "file" else scheme
 
 
+def count_retries(store: ObjectStore, counters: Counters, tier: str) -> None:
+    """Count the attempts ``store`` retries as reads of ``tier`` (they were billed too).
+
+    A store that retries on its own (S3) tells each failed attempt before the last through
+    ``on_retry``; the loader counts each call's last attempt where it makes the call.
+    """
+    if hasattr(store, "on_retry"):
+        store.on_retry = lambda _request, received: counters.add_read(tier, received)
+
+
 class RateLimiter:
     """A token bucket of ``rate_bytes_per_s``; :meth:`take` sleeps until the bytes fit.
 
@@ -391,6 +401,7 @@ class ShardAccess:
         self.verify = verify
         self.referenced_by = referenced_by
         self.tier = tier_of(store)
+        count_retries(store, counters, self.tier)
         self.block_bytes = block_bytes
         self._cache_config = cache
         self._cache: ShardCache | None = None

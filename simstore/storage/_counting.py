@@ -28,7 +28,9 @@ multipart threshold sends one per part, ``put_file`` on S3 sends a HEAD first, a
 put-if-absent of an existing S3 object adds a copy to refresh its time); those are not
 seen here, so counts are a floor for writes and exact for reads. Failed calls are
 counted too: a request that got an error was still made and billed (calls refused
-before sending, on a read-only store or with a bad key, are not). Reads through
+before sending, on a read-only store or with a bad key, are not), and so is every
+attempt a backend retried before the call's last (an S3 store tells each one, with the
+bytes a body cut off mid-way delivered, through its ``on_retry``). Reads through
 ``local_path`` bypass the store and are not counted.
 
 The meter is thread-safe. A pickled store carries a copy of its meter, so each process
@@ -161,6 +163,22 @@ class CountingStore:
         self.read_only = inner.read_only
         self.tier = tier if tier is not None else tier_of_url(inner.url)
         self.traffic = traffic if traffic is not None else Traffic()
+        self._hook_retries()
+
+    def _hook_retries(self) -> None:
+        """Count the attempts ``inner`` retries (an S3 store's ``on_retry``)."""
+        if hasattr(self.inner, "on_retry"):
+            self.inner.on_retry = self._retried
+
+    def _retried(self, request: str, received: int) -> None:
+        self._record(OpClass(request), received)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._hook_retries()  # the inner store's hook is not pickled
 
     def __repr__(self) -> str:
         return f"CountingStore({self.inner!r}, tier={self.tier!r})"

@@ -82,6 +82,34 @@ __all__ = ["S3ObjectReader", "S3Options", "S3Store", "probe_conditional_writes"]
 
 T = TypeVar("T")
 
+def _received_before(exc: BaseException) -> int:
+    """Bytes a body cut off mid-way delivered, from the error's chain (0 when unknown).
+
+    http.client's ``IncompleteRead`` holds the partial bytes (urllib3's, their count);
+    botocore and urllib3 wrap it in their own errors.
+    """
+    seen: set[int] = set()
+    todo: list[object] = [exc]
+    while todo:
+        e = todo.pop()
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        partial = getattr(e, "partial", None)
+        if isinstance(partial, bytes | bytearray):
+            return len(partial)
+        if isinstance(partial, int) and not isinstance(partial, bool):
+            return partial
+        todo += [*e.args, e.__cause__, e.__context__]
+    return 0
+
+
+_REQUEST_CLASS = {
+    "read": "get", "stat": "head", "list": "list", "write": "put", "upload": "put",
+    "refresh": "put", "delete": "delete", "abort upload": "delete",
+}
+"""The request class (as ``simstore.cost.OpClass`` names it) of each ``_retry`` operation."""
+
 _MiB = 1024 * 1024
 # S3 limits: one CopyObject copies at most 5 GiB; an upload has at most 10,000 parts.
 _MAX_COPY_BYTES = 5 * 1024 * _MiB
@@ -168,12 +196,19 @@ class S3Store:
         self._client_pid = -1
         self._session: Any = None
         self._rng = random.Random()
+        self.on_retry: Callable[[str, int], None] | None = None
+        """Told of every attempt that failed and is retried: its request class (``get``,
+        ``range_get``, ``head``, ``list``, ``put``, ``delete``) and the bytes a cut-off
+        body delivered. The call's last attempt is its caller's to count; the attempts
+        before it were sent and billed too. Set by a meter (``CountingStore``, a loader's
+        counters); not pickled."""
 
     # -- lifecycle -----------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         for name in ("_lock", "_client", "_session", "_rng"):
             del state[name]
+        state["on_retry"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -284,7 +319,13 @@ class S3Store:
         return self._scrub(text.strip())
 
     def _retry(
-        self, op: str, key: str, call: Callable[[], T], *, since: float | None = None
+        self,
+        op: str,
+        key: str,
+        call: Callable[[], T],
+        *,
+        since: float | None = None,
+        request: str | None = None,
     ) -> T:
         """Run ``call``, retrying transient failures with exponential backoff, full jitter.
 
@@ -292,6 +333,8 @@ class S3Store:
         the object once attempts or the deadline run out, or for any other failure. The
         deadline counts from ``since`` (on :meth:`_clock`) when given: a request made
         within a longer run of attempts (a streamed read resuming) shares that run's.
+        Each attempt that is retried is told to :attr:`on_retry` as a ``request`` (by
+        default the class ``op`` is billed as).
         """
         start = self._clock() if since is None else since
         attempt = 0
@@ -308,6 +351,14 @@ class S3Store:
             except (BotoCoreError, OSError) as exc:
                 raise self._error(op, key, exc) from exc
             self._wait_to_retry(op, key, attempt, start, last)
+            self._count_retry(request or _REQUEST_CLASS.get(op, "get"), last)
+
+    def _count_retry(self, request: str, failed: Exception) -> None:
+        """Tell :attr:`on_retry` of a failed attempt (never fails the read for it)."""
+        hook = self.on_retry
+        if hook is not None:
+            with contextlib.suppress(Exception):
+                hook(request, int(getattr(failed, "received_bytes", 0) or 0))
 
     def _wait_to_retry(
         self,
@@ -376,7 +427,8 @@ class S3Store:
                 return b""
             kwargs["Range"] = f"bytes={start}-{end - 1}"
         try:
-            return self._retry("read", key, lambda: self._read_body(kwargs)[0])
+            return self._retry("read", key, lambda: self._read_body(kwargs)[0],
+                               request="get" if byte_range is None else "range_get")
         except _Refused as exc:
             if exc.is_not_found:
                 raise NotFoundError(f"{self.url}: no object {key}") from exc.error
@@ -390,7 +442,12 @@ class S3Store:
         try:
             data = bytes(body.read())
         except TRANSPORT_ERRORS as exc:
+            # what the cut-off body delivered was still sent (and billed as egress)
+            received = _received_before(exc)
             named = named_timeout(exc, request_url(body) or f"s3://{self.bucket}/{kwargs['Key']}")
+            for e in (exc, named):
+                with contextlib.suppress(AttributeError, TypeError):
+                    setattr(e, "received_bytes", received)  # noqa: B010
             if named is exc:
                 raise
             raise named from exc
@@ -398,7 +455,9 @@ class S3Store:
             body.close()
         expected = response.get("ContentLength")
         if expected is not None and len(data) != int(expected):
-            raise TruncatedBody(f"got {len(data)} of {expected} bytes")
+            short = TruncatedBody(f"got {len(data)} of {expected} bytes")
+            short.received_bytes = len(data)  # type: ignore[attr-defined]
+            raise short
         return data, str(response.get("ETag", ""))
 
     def get_many(
@@ -447,7 +506,8 @@ class S3Store:
         """One GetObject, retried (deadline from ``since``); the response, body unread."""
         try:
             response: Mapping[str, Any] = self._retry(
-                "read", key, lambda: self._api.get_object(**kwargs), since=since
+                "read", key, lambda: self._api.get_object(**kwargs), since=since,
+                request="range_get" if "Range" in kwargs else "get",
             )
             return response
         except _Refused as exc:

@@ -292,3 +292,48 @@ def test_a_forked_worker_makes_its_own_client_from_the_inherited_session(store):
     # the whole object; a client (and connection pool) of its own; the parsed session kept
     assert got == (5000, True, True)
     assert store.get("objects/f") == b"x" * 5000  # the parent's client still works
+
+
+def test_retried_attempts_are_counted_with_what_their_cut_bodies_delivered(
+    store, proxied, fault_proxy
+):
+    """Each call counted one request: two 503s and a body cut in half before a GET that
+    got through were three requests sent (and billed) that no meter saw."""
+    from simstore.storage import CountingStore
+
+    data = os.urandom(100_000)
+    store.put("objects/x", data)
+    counting = CountingStore(proxied)
+    fault_proxy.fail_next("slowdown", "truncate", "slowdown", methods=["GET"])
+    assert counting.get("objects/x") == data
+    fault_proxy.fail_next("slowdown", methods=["GET"])
+    assert counting.get("objects/x", (10, 20)) == data[10:20]
+    fault_proxy.fail_next("slowdown", methods=["HEAD"])
+    assert counting.exists("objects/x")
+    assert fault_proxy.count(None, "GET") == 2 and fault_proxy.count(None, "HEAD") == 1
+    usage = {op: (u.requests, u.bytes) for op, u in counting.traffic.tier("s3").ops.items()}
+    # the cut body delivered half of its 100,000 bytes before the connection closed
+    assert usage == {"get": (4, len(data) + len(data) // 2), "range_get": (2, 10),
+                     "head": (2, 0)}
+    # a pickled meter counts its inner store's retries too (a DataLoader worker's copy)
+    import pickle
+
+    again = pickle.loads(pickle.dumps(counting))
+    fault_proxy.fail_next("slowdown", methods=["GET"])
+    again.get("objects/x", (0, 1))
+    assert again.traffic.tier("s3").ops["range_get"].requests == 4
+
+
+def test_the_loader_counts_throttled_and_cut_requests_as_sent(dataset, fault_proxy):
+    """Without a cache every read is a ranged GET through the proxy; 503s and cut bodies
+    on the shards' reads were retried and left out of the run's requests."""
+    url, shards, expected = dataset
+    opts = {**FAST, "endpoint_url": fault_proxy.endpoint_url}
+    fault_proxy.fail_next("slowdown", "truncate", "slowdown", "truncate",
+                          methods=["GET"], path_contains=object_key(shards[1]))
+    ds, data = epoch(url, opts)
+    same(data, expected)
+    assert fault_proxy.count("slowdown") == 2 and fault_proxy.count("truncate") == 2
+    s3 = ds.stats()["tiers"]["s3"]
+    sent = len(fault_proxy.records) - 3  # all but the catalog's 3 reads, as above
+    assert s3["requests"] == sent
