@@ -355,7 +355,7 @@ class S3Store:
 
     def _count_retry(self, request: str, failed: Exception) -> None:
         """Tell :attr:`on_retry` of a failed attempt (never fails the read for it)."""
-        hook = self.on_retry
+        hook = getattr(self, "on_retry", None)  # a store pickled by an older release has none
         if hook is not None:
             with contextlib.suppress(Exception):
                 hook(request, int(getattr(failed, "received_bytes", 0) or 0))
