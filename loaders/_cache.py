@@ -260,7 +260,10 @@ class ShardCache:
             if pinned is not None:  # another process filled it while we waited
                 self._count_hit(object_id, pinned, counted_as)
                 return pinned
-            pinned = self._fill(object_id, size_bytes(), download, referenced_by, counted_as)
+            size = size_bytes()
+            # a miss whatever the fill's outcome: its download was made (and billed)
+            self.counters.add(f"{counted_as}_misses")
+            pinned = self._fill(object_id, size, download, referenced_by, counted_as)
             if filled is not None:
                 assert pinned.fd is not None
                 try:
@@ -268,7 +271,6 @@ class ShardCache:
                 except BaseException:
                     pinned.release()
                     raise
-        self.counters.add(f"{counted_as}_misses")
         return pinned
 
     def settled(self, object_id: str) -> None:
@@ -296,6 +298,7 @@ class ShardCache:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(self._tmp, name))
         tmp = os.path.join(self._tmp, f"{object_id}.{uuid.uuid4().hex}")
+        hashing: _HashingWriter | None = None
         try:
             with self._lock("evict"):
                 self._make_room(size)
@@ -335,7 +338,8 @@ class ShardCache:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-        self.counters.add(f"{counted_as}_fill_bytes", hashing.hasher.size_bytes)
+            if hashing is not None:  # downloaded, kept or not (a damaged object)
+                self.counters.add(f"{counted_as}_fill_bytes", hashing.hasher.size_bytes)
         return PinnedCopy(dest, fd, hit=False)
 
     # -- eviction ----------------------------------------------------------------------

@@ -260,6 +260,16 @@ def test_a_corrupt_shard_on_s3_never_reaches_the_cache(dataset, tmp_path):
         epoch(url, FAST, cache_dir=str(cache))
     assert not (cache / "objects" / bad[:2] / bad).exists()
     assert os.listdir(cache / "tmp") == []
+    # with on_corrupt="skip" the damaged fill is a miss and its bytes were downloaded:
+    # the counters agree with the s3 tier (it was neither a hit nor a miss)
+    from simstore.loaders import SimDataset
+
+    ds = SimDataset(url, "d", shuffle=False, storage_options=FAST,
+                    cache_dir=str(tmp_path / "cache2"), on_corrupt="skip")
+    list(ds)
+    stats = ds.stats()
+    assert stats["cache_misses"] == len(shards) and stats["cache_hits"] == 0
+    assert stats["cache_fill_bytes"] == stats["tiers"]["s3"]["bytes"] - stats["manifest_bytes"]
 
 
 def test_max_bandwidth_throttles_a_streamed_fill(dataset, tmp_path):
