@@ -30,7 +30,8 @@ seen here, so counts are a floor for writes and exact for reads. Failed calls ar
 counted too: a request that got an error was still made and billed (calls refused
 before sending, on a read-only store or with a bad key, are not), and so is every
 attempt a backend retried before the call's last (an S3 store tells each one, with the
-bytes a body cut off mid-way delivered, through its ``on_retry``). Reads through
+bytes a body cut off mid-way delivered, to the listener of the calling thread that
+``retries_to`` sets). Reads through
 ``local_path`` bypass the store and are not counted.
 
 The meter is thread-safe. A pickled store carries a copy of its meter, so each process
@@ -40,6 +41,7 @@ values in the parent.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -60,6 +62,7 @@ __all__ = [
 # ListObjectsV2 and GCS objects.list return at most 1,000 keys per request.
 LIST_PAGE_KEYS = 1000
 T = TypeVar("T")
+_DONE = object()
 # raised before a request is sent: not counted
 _LOCAL_ERRORS = (ReadOnlyError, InvalidInputError)
 
@@ -163,22 +166,14 @@ class CountingStore:
         self.read_only = inner.read_only
         self.tier = tier if tier is not None else tier_of_url(inner.url)
         self.traffic = traffic if traffic is not None else Traffic()
-        self._hook_retries()
-
-    def _hook_retries(self) -> None:
-        """Count the attempts ``inner`` retries (an S3 store's ``on_retry``)."""
-        if hasattr(self.inner, "on_retry"):
-            self.inner.on_retry = self._retried
 
     def _retried(self, request: str, received: int) -> None:
         self._record(OpClass(request), received)
 
-    def __getstate__(self) -> dict[str, Any]:
-        return self.__dict__.copy()
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._hook_retries()  # the inner store's hook is not pickled
+    def _counting_retries(self) -> contextlib.AbstractContextManager[None]:
+        """Within it, ``inner``'s retried attempts in this thread count here (S3)."""
+        retries_to = getattr(self.inner, "retries_to", None)
+        return retries_to(self._retried) if callable(retries_to) else contextlib.nullcontext()
 
     def __repr__(self) -> str:
         return f"CountingStore({self.inner!r}, tier={self.tier!r})"
@@ -210,7 +205,8 @@ class CountingStore:
         errors raised before anything is sent (a read-only store, a bad key) do not.
         """
         try:
-            result = fn()
+            with self._counting_retries():
+                result = fn()
         except _LOCAL_ERRORS:
             raise
         except BaseException:
@@ -241,7 +237,8 @@ class CountingStore:
         if not callable(fast):
             return [self.get(key, byte_range) for key, byte_range in items]
         try:
-            out: list[bytes] = list(fast(items, max_workers=max_workers))
+            with self._counting_retries():
+                out: list[bytes] = list(fast(items, max_workers=max_workers))
         except _LOCAL_ERRORS:
             raise
         except BaseException:
@@ -284,7 +281,11 @@ class CountingStore:
     def _listing(self, items: Iterator[Any]) -> Iterator[Any]:
         self._record(OpClass.LIST)
         n = 0
-        for item in items:
+        while True:
+            with self._counting_retries():  # a page's request is made by this next()
+                item = next(items, _DONE)
+            if item is _DONE:
+                return
             if n and n % LIST_PAGE_KEYS == 0:
                 self._record(OpClass.LIST)
             n += 1

@@ -200,13 +200,15 @@ class S3Store:
         """Told of every attempt that failed and is retried: its request class (``get``,
         ``range_get``, ``head``, ``list``, ``put``, ``delete``) and the bytes a cut-off
         body delivered. The call's last attempt is its caller's to count; the attempts
-        before it were sent and billed too. Set by a meter (``CountingStore``, a loader's
-        counters); not pickled."""
+        before it were sent and billed too. Set by a loader for its counters; a listener
+        of the calling thread (:meth:`retries_to`, as ``CountingStore`` uses) is told
+        instead where one is set. Not pickled."""
+        self._listener = threading.local()
 
     # -- lifecycle -----------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_lock", "_client", "_session", "_rng"):
+        for name in ("_lock", "_client", "_session", "_rng", "_listener"):
             del state[name]
         state["on_retry"] = None
         return state
@@ -218,6 +220,7 @@ class S3Store:
         self._client_pid = -1
         self._session = None
         self._rng = random.Random()
+        self._listener = threading.local()
 
     def __repr__(self) -> str:
         return f"S3Store({self.url!r}, read_only={self.read_only})"
@@ -353,9 +356,32 @@ class S3Store:
             self._wait_to_retry(op, key, attempt, start, last)
             self._count_retry(request or _REQUEST_CLASS.get(op, "get"), last)
 
+    @contextlib.contextmanager
+    def retries_to(self, listener: Callable[[str, int], None] | None) -> Iterator[None]:
+        """Within this block, this thread's retried attempts are told to ``listener``.
+
+        For a meter that counts its own calls (``CountingStore``): another meter on the
+        same store, in another thread, keeps its own.
+        """
+        local = getattr(self, "_listener", None)
+        if local is None:  # a store pickled by an older release
+            local = self._listener = threading.local()
+        before = getattr(local, "fn", None)
+        local.fn = listener
+        try:
+            yield
+        finally:
+            local.fn = before
+
     def _count_retry(self, request: str, failed: Exception) -> None:
-        """Tell :attr:`on_retry` of a failed attempt (never fails the read for it)."""
-        hook = getattr(self, "on_retry", None)  # a store pickled by an older release has none
+        """Tell the thread's listener, else :attr:`on_retry`, of a failed attempt.
+
+        Never fails the read for it.
+        """
+        local = getattr(self, "_listener", None)
+        hook = getattr(local, "fn", None) if local is not None else None
+        if hook is None:
+            hook = getattr(self, "on_retry", None)  # a store pickled by an older release
         if hook is not None:
             with contextlib.suppress(Exception):
                 hook(request, int(getattr(failed, "received_bytes", 0) or 0))
@@ -477,8 +503,14 @@ class S3Store:
         items = [(r, None) if isinstance(r, str) else r for r in requests]
         if max_workers <= 1 or len(items) <= 1:
             return [self.get(key, byte_range) for key, byte_range in items]
+        listener = getattr(self._listener, "fn", None)  # the caller's, in the pool's threads
+
+        def get(key: str, byte_range: tuple[int, int] | None) -> bytes:
+            with self.retries_to(listener):
+                return self.get(key, byte_range)
+
         with ThreadPoolExecutor(max_workers=min(max_workers, len(items))) as pool:
-            futures = [pool.submit(self.get, key, byte_range) for key, byte_range in items]
+            futures = [pool.submit(get, key, byte_range) for key, byte_range in items]
             try:
                 return [f.result() for f in futures]
             except BaseException:

@@ -334,6 +334,28 @@ def test_retried_attempts_are_counted_with_what_their_cut_bodies_delivered(
     assert again.traffic.tier("s3").ops["range_get"].requests == 4
 
 
+def test_two_meters_on_one_store_each_count_their_own_retries(proxied, store, fault_proxy):
+    """The retry listener was one slot on the store: the meter made last took every
+    retry, and a loader's counters lost theirs to a cost command's temporary meter."""
+    from loaders._fetch import RateLimiter, ShardAccess
+    from loaders._stats import Counters
+    from simstore.storage import CountingStore
+
+    store.put("objects/x", b"x" * 1000)
+    a, b = CountingStore(proxied), CountingStore(proxied)
+    counters = Counters()
+    ShardAccess(proxied, counters=counters, limiter=RateLimiter(None), cache=None, verify=False)
+    CountingStore(proxied)  # made after the loader's: takes nothing from it
+    fault_proxy.fail_next("slowdown", "slowdown", methods=["GET"])
+    a.get("objects/x")
+    assert a.traffic.tier("s3").ops["get"].requests == 3
+    assert b.traffic.tier("s3").requests == 0
+    fault_proxy.fail_next("slowdown", methods=["GET"])
+    proxied.get("objects/x", (0, 10))  # a read of the loader's, its last attempt its own
+    assert counters.snapshot().get("tier:s3:requests", 0) == 1
+    assert a.traffic.tier("s3").ops["get"].requests == 3
+
+
 def test_the_loader_counts_throttled_and_cut_requests_as_sent(dataset, fault_proxy):
     """Without a cache every read is a ranged GET through the proxy; 503s and cut bodies
     on the shards' reads were retried and left out of the run's requests."""
