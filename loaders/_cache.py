@@ -260,10 +260,7 @@ class ShardCache:
             if pinned is not None:  # another process filled it while we waited
                 self._count_hit(object_id, pinned, counted_as)
                 return pinned
-            size = size_bytes()
-            # a miss whatever the fill's outcome: its download was made (and billed)
-            self.counters.add(f"{counted_as}_misses")
-            pinned = self._fill(object_id, size, download, referenced_by, counted_as)
+            pinned = self._fill(object_id, size_bytes(), download, referenced_by, counted_as)
             if filled is not None:
                 assert pinned.fd is not None
                 try:
@@ -308,6 +305,8 @@ class ShardCache:
                 # by side each made room for itself alone, together going over the limit
                 with open(tmp, "wb") as reserve:
                     reserve.truncate(size)
+            # a miss whatever the fill's outcome from here: its download is made (billed)
+            self.counters.add(f"{counted_as}_misses")
             with open(tmp, "r+b") as raw:
                 hashing = _HashingWriter(raw)
                 download(hashing)  # type: ignore[arg-type]
