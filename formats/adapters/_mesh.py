@@ -403,9 +403,23 @@ def _check_vtu_pieces(path: str, cells_read: int) -> None:
     cell data) of the last piece only. The pieces' declared ``NumberOfCells`` (in the XML
     before any appended binary data) must add up to the cells read.
     """
+    declared: list[int] = []
+    seen = 0  # file offset up to which matches are taken
+    carry, offset = b"", 0  # the last bytes of the previous block, and where they start
     with open(path, "rb") as f:
-        head = f.read().split(b"<AppendedData", 1)[0]
-    declared = [int(n) for n in _PIECE.findall(head)]
+        while block := f.read(1 << 20):
+            text = carry + block
+            end = text.find(b"<AppendedData")
+            body = text if end < 0 else text[:end]
+            for m in _PIECE.finditer(body):
+                if offset + m.start() >= seen:  # not already taken from the overlap
+                    declared.append(int(m.group(1)))
+                    seen = offset + m.end()
+            if end >= 0:
+                break
+            # a tag cut by the block's end is found whole in the next, with these bytes
+            keep = min(len(text), 4096)
+            carry, offset = text[-keep:], offset + len(text) - keep
     if len(declared) > 1 and sum(declared) != cells_read:
         raise SourceError(
             f"{path}: {len(declared)} pieces declare {sum(declared)} cells, of which meshio "

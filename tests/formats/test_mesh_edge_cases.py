@@ -329,3 +329,36 @@ def test_cell_and_point_sets_out_of_range_name_the_set(tmp_path):
     with pytest.raises(SourceError) as err:
         mesh_fields("m.vtu", POINTS[:4], cells, {}, {}, None, None, {"p": np.array([4])})
     assert str(err.value) == "m.vtu: field 'point_sets/p': index 4 out of range for 4 points"
+
+
+def test_pieces_are_counted_across_the_scans_blocks(tmp_path):
+    """The pieces' declarations are scanned block by block (not the whole file at once):
+    a second <Piece> tag cut by a block's end is still counted."""
+    head = ('<?xml version="1.0"?>\n<VTKFile type="UnstructuredGrid" version="0.1" '
+            'byte_order="LittleEndian"><UnstructuredGrid>\n')
+    first = _vtu_piece("0 0 0 1 0 0 0 1 0", "0 1 2", 1)
+    before = head + first + "<!--"
+    pad = (1 << 20) - 10 - len(before) - len("-->")
+    text = (before + "x" * pad + "-->" + _vtu_piece("5 0 0 6 0 0 5 1 0", "0 1 2", 2)
+            + "\n</UnstructuredGrid></VTKFile>\n")
+    assert text.index("<Piece", len(before)) == (1 << 20) - 10  # straddles the first block
+    path = tmp_path / "padded.vtu"
+    path.write_text(text)
+    with pytest.raises(SourceError, match=r"2 pieces declare 2 cells, of which meshio reads 1"):
+        _sample(path)
+
+
+def test_cell_set_rows_follow_the_cell_data_order_not_the_files_block_order():
+    """Blocks triangle, line, triangle: cell_data rows (and set rows) run the line block
+    first, then the two triangle blocks in file order."""
+    from simstore.formats.adapters._mesh import mesh_fields
+
+    cells = [meshio.CellBlock("triangle", np.array([[0, 1, 2], [1, 2, 3]])),
+             meshio.CellBlock("line", np.array([[0, 1], [1, 2], [2, 3]])),
+             meshio.CellBlock("triangle", np.array([[0, 2, 3]]))]
+    tag = [np.array([10, 11]), np.array([20, 21, 22]), np.array([30])]
+    sets = {"s": [np.array([1]), np.array([0, 2]), np.array([0])]}
+    fields = mesh_fields("m.vtu", POINTS[:4], cells, {}, {"tag": tag}, None, sets)
+    np.testing.assert_array_equal(fields["cell_data/tag"], [20, 21, 22, 10, 11, 30])
+    np.testing.assert_array_equal(fields["cell_data/tag"][fields["cell_sets/s"]],
+                                  [20, 22, 11, 30])
