@@ -346,6 +346,12 @@ def _finish(
     head_schema = {s.name: s for s in head.schema} if head is not None else {}
     reranked: set[str] = set()
     file_results = _whole_files(results, tasks, cfg)
+    run_ranks: dict[str, set[int]] = {}  # the ranks this run's files give each tensor
+    for res in file_results:
+        if res.error is None:
+            for entry in res.schema:
+                if entry.get("kind") == "tensor":
+                    run_ranks.setdefault(str(entry["name"]), set()).add(int(entry["ndim"]))
 
     def reject(res: FileResult, message: str) -> None:
         message = printable_text(message)  # a path that is not UTF-8: its bytes escaped
@@ -358,10 +364,7 @@ def _finish(
             skipped.append(SkippedFile(path=res.path, reason=printable_text(res.error)))
             continue
         specs = [FieldSpec.from_json(s) for s in res.schema]
-        if any(s.kind == "tensor" and (c := head_schema.get(s.name)) is not None
-               and c.kind == "tensor" and c.ndim != s.ndim for s in specs):
-            # a sample hash cannot tell a 0-d tensor from a one-element vector (the
-            # recipe hashes both as shape (1,)): such a file is staged whatever its hashes
+        if any(_reranked(s, head_schema, run_ranks) for s in specs):
             reranked.add(res.path)
         bad = None
         for known_types in (schema, commit_schema):
@@ -457,6 +460,22 @@ def _finish(
         snapshot_id=snapshot_id,
         schema=final_schema,
         tasks=_timings(run, tasks),
+    )
+
+
+def _reranked(spec: FieldSpec, head: Mapping[str, FieldSpec],
+              run_ranks: Mapping[str, set[int]]) -> bool:
+    """Whether a file's field went from a 0-d tensor to a vector, or back, against the head.
+
+    A sample hash cannot tell a 0-d tensor from a one-element vector (the recipe hashes
+    both as shape (1,)), so such a file is staged whatever its hashes. Only when this
+    run's files agree on the new rank: a dataset that mixes both ranks in one field would
+    otherwise restage a file, and flip the head's schema, on every re-ingest.
+    """
+    was = head.get(spec.name)
+    return (
+        spec.kind == "tensor" and was is not None and was.kind == "tensor"
+        and {was.ndim, spec.ndim} == {0, 1} and run_ranks.get(spec.name) == {spec.ndim}
     )
 
 

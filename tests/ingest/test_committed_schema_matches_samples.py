@@ -175,3 +175,21 @@ def test_a_field_whose_rank_changes_between_0_and_a_one_element_vector_is_staged
     # the same file again is unchanged: only a rank change forces the stage
     r = ingest([tmp_path / "b"], dataset="d", store=catalog, snapshot=True)
     assert r.files_unchanged == 1
+
+
+def test_a_folder_mixing_ranks_is_not_restaged_on_every_re_ingest(catalog, tmp_path):
+    """The rank check first staged any file whose rank differed from the head's: a folder
+    holding a 0-d and a one-element x (or ranks 1 and 2), re-ingested unchanged with
+    allow_schema_change, staged one of them and flipped the schema on every run."""
+    for name, fields in {"ranks01": (np.array(3.0), np.array([4.0])),
+                         "ranks12": (np.ones(2), np.ones((1, 2)))}.items():
+        src = tmp_path / name
+        _npz(src, "a", x=fields[0])
+        _npz(src, "b", x=fields[1])
+        first = ingest([src], dataset=name, store=catalog, snapshot=True,
+                       allow_schema_change=True)
+        assert first.samples_staged == 2
+        for _ in range(2):
+            again = ingest([src], dataset=name, store=catalog, snapshot=True,
+                           allow_schema_change=True)
+            assert again.files_unchanged == 2 and again.samples_staged == 0
