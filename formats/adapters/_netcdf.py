@@ -12,8 +12,10 @@ the dimension named by ``time_name``, else the first unlimited dimension, else o
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -234,6 +236,62 @@ def _is_dimension_marker(dset: Any) -> bool:
     return isinstance(label, str) and label.startswith("This is a netCDF dimension but not")
 
 
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+_NETCDF_MARKS = ("_Netcdf4Dimid", "_Netcdf4Coordinates")
+
+
+def _written_by_netcdf(path: str) -> bool:
+    """Whether an HDF5 file is NetCDF-4: netCDF-C's root attribute or dimension marks.
+
+    Read as plain HDF5 such a file shows netCDF-C's internals (dimension stand-ins of
+    zeros, renamed variables, object references) in place of its variables.
+    """
+    try:
+        import h5py
+
+        with h5py.File(path, "r") as f:
+            if "_NCProperties" in f.attrs:
+                return True
+            for name in f:
+                obj = f.get(name)
+                if isinstance(obj, h5py.Dataset) and (
+                    any(mark in obj.attrs for mark in _NETCDF_MARKS)
+                    or _is_dimension_marker(obj)
+                ):
+                    return True
+    except Exception:  # not HDF5 after all, damaged, h5py missing: not ours to claim
+        return False
+    return False
+
+
+def _check_all_read(path: str, ds: Any, h5: Any) -> None:
+    """Refuse a NetCDF-4 file holding an HDF5 dataset netCDF4 does not show as a variable.
+
+    netCDF-C hides datasets of types it cannot map (object references, some opaque
+    types; netCDF4 warns and skips others): they would be dropped without a word. Its own
+    datasets (dimension stand-ins, ``_nc4_non_coord_`` renames) are not variables.
+    """
+    import h5py
+
+    for prefix, group in _groups(ds):
+        hgroup = h5[prefix] if prefix else h5
+        for name in hgroup:
+            obj = hgroup.get(name)
+            if not isinstance(obj, h5py.Dataset):
+                continue
+            own = name.removeprefix("_nc4_non_coord_")
+            if own in group.variables or _is_dimension_marker(obj):
+                continue
+            field = f"{prefix}/{name}" if prefix else name
+            raise SourceError(
+                f"{path}: field {field!r}: an HDF5 dataset of type {obj.dtype} that netCDF "
+                "does not read as a variable; read the file with --adapter hdf5"
+            )
+
+
+_SKIPPED = re.compile(r"variable '(.+?)' has unsupported datatype")
+
+
 class NetCDFAdapter:
     """NetCDF files (``.nc``, ``.nc4``, ``.cdf``, ``.netcdf`` or the classic signature)."""
 
@@ -245,8 +303,13 @@ class NetCDFAdapter:
     check_options = staticmethod(check_time_options)
 
     def can_read(self, path: str, head: bytes) -> bool:
-        """NetCDF by extension or by the classic ``CDF`` signature."""
-        return head[:3] == b"CDF" or path.lower().endswith(self.extensions)
+        """NetCDF by extension, classic ``CDF`` signature, or HDF5 file netCDF-C wrote.
+
+        The last is a NetCDF-4 file named otherwise, as WRF's ``wrfout_d01_...``.
+        """
+        if head[:3] == b"CDF" or path.lower().endswith(self.extensions):
+            return True
+        return head.startswith(_HDF5_SIGNATURE) and _written_by_netcdf(path)
 
     supports_sample_ranges = True
     """Time windows can be read in ranges, so ingest cuts a large file into pieces that run
@@ -280,12 +343,26 @@ class NetCDFAdapter:
         # missing values as fill values
         check_classic_header(path)
         try:
-            ds = _open_dataset(nc, path)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                ds = _open_dataset(nc, path)
         except (OSError, RuntimeError, ValueError) as exc:
             raise SourceError(f"{path}: not a readable NetCDF file: {exc}") from exc
+        for warning in caught:
+            skipped = _SKIPPED.search(str(warning.message))
+            if skipped is not None:  # netCDF4 leaves such a variable out with a warning
+                ds.close()
+                raise SourceError(
+                    f"{path}: field {skipped.group(1)!r}: unsupported NetCDF type (netCDF4 "
+                    "cannot read this variable's type)"
+                )
+            warnings.warn_explicit(warning.message, warning.category, warning.filename,
+                                   warning.lineno)
         h5 = None
         try:
             h5 = _hdf5_view(ds, path) if fast_reads else None
+            if h5 is not None:
+                _check_all_read(path, ds, h5)
             ds.set_auto_maskandscale(False)
             ds.set_always_mask(False)
             entries: list[ArrayEntry] = []

@@ -66,6 +66,10 @@ from simstore.storage import Scratch, SupportsMoveFile, sweep_scratch
 
 __all__ = ["TaskRunner", "group_clash", "group_clash_message", "run_task", "warm_up"]
 
+_MISSING_MARKERS = ("._FillValue", ".missing_value")
+"""Attribute fields that name the value standing for missing data (CF conventions): a
+NaN there is what xarray writes for every float variable, not a NaN in the data."""
+
 
 def group_clash(name: str, known: Collection[str]) -> str | None:
     """A field of ``known`` that ``name`` lies under or that lies under ``name``, or None.
@@ -497,6 +501,8 @@ class TaskRunner:
             fields_stats = sample_stats.to_json()
             if self.cfg.nan == "error":
                 for name, s in fields_stats.items():
+                    if name.endswith(_MISSING_MARKERS):
+                        continue  # a NaN there marks missing values; it is no value itself
                     nan, inf = sum(s["nan_count"]), sum(s.get("inf_count", [0]))
                     if nan or inf:
                         raise SourceError(

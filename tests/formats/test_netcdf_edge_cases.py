@@ -228,3 +228,83 @@ def test_a_value_conversion_failure_in_a_sliced_read_names_the_field(tmp_path):
         with pytest.raises(SourceError) as info:
             array.read()
     assert "read failed" in one_line(info, path, "ragged")
+
+
+# -- what netCDF4 does not show, and NetCDF-4 files named otherwise
+
+
+def _nc4(path):
+    with netCDF4.Dataset(path, "w", format="NETCDF4") as ds:
+        ds.createDimension("Time", None)
+        ds.createDimension("x", 3)
+        ds.createVariable("x", "f8", ("x",))[:] = [9.0, 8.0, 7.0]
+        v = ds.createVariable("u", "f4", ("Time", "x"))
+        v[:] = np.arange(6, dtype=np.float32).reshape(2, 3)
+    return path
+
+
+def test_a_netcdf4_file_without_a_netcdf_name_is_read_as_netcdf(tmp_path):
+    """A WRF-style name (no extension): ``auto`` gave it to the HDF5 adapter, which
+    stored netCDF-C's stand-in of zeros as ``x`` and the real ``x`` as
+    ``_nc4_non_coord_x``, plus netCDF-C's internal attributes."""
+    from simstore.formats.adapters import AutoAdapter
+    from simstore.formats.adapters._auto import read_head
+
+    (tmp_path / "named").mkdir()
+    named = _nc4(tmp_path / "named" / "run.nc")
+    bare = tmp_path / "bare" / "wrfout_d01_2000-01-01_00:00:00"
+    bare.parent.mkdir()
+    bare.write_bytes(named.read_bytes())
+    assert AutoAdapter().resolve(str(bare), read_head(str(bare))).name == "netcdf"
+    want, got = stored(tmp_path / "s1", named.parent), stored(tmp_path / "s2", bare.parent)
+    assert [sorted(f) for f in want.values()] == [sorted(f) for f in got.values()]
+    (fields,) = got.values()
+    assert "_nc4_non_coord_x" not in fields and not any("_Netcdf4" in k for k in fields)
+    np.testing.assert_array_equal(fields["x"], [9.0, 8.0, 7.0])
+    # a plain HDF5 file is still the HDF5 adapter's
+    import h5py
+
+    with h5py.File(tmp_path / "plain", "w") as f:
+        f["a"] = np.ones(3)
+    plain = str(tmp_path / "plain")
+    assert AutoAdapter().resolve(plain, read_head(plain)).name == "hdf5"
+
+
+@pytest.mark.parametrize("kind", ["opaque", "reference"])
+def test_variables_netcdf_cannot_read_are_refused_not_dropped(tmp_path, kind):
+    """netCDF4 skips an opaque variable with a warning, and netCDF-C hides a dataset of
+    object references: the file was stored without them, exit 0."""
+    import h5py
+
+    path = _nc4(tmp_path / f"{kind}.nc")
+    with h5py.File(path, "a") as f:
+        if kind == "opaque":
+            f.create_dataset("blob", data=np.array([b"ab", b"cd"], dtype="V2"))
+        else:
+            f.create_dataset("blob", data=np.array([f["u"].ref], dtype=h5py.ref_dtype))
+    with pytest.raises(SourceError) as info:
+        list(NetCDFAdapter().iter_samples(str(path), "k", {}))
+    one_line(info, path, "blob")
+
+
+def test_a_nan_fill_value_is_no_nan_in_the_data_for_nan_error(tmp_path):
+    """xarray writes _FillValue = NaN for float variables: --nan error refused every such
+    file though no value was NaN; a NaN in the values is still refused."""
+    from simstore.catalog import Catalog
+    from simstore.ingest import ingest
+
+    src = tmp_path / "src"
+    src.mkdir()
+    with netCDF4.Dataset(src / "a.nc", "w") as ds:
+        ds.createDimension("x", 3)
+        v = ds.createVariable("sst", "f4", ("x",), fill_value=np.float32("nan"))
+        v.missing_value = np.float32("nan")
+        v[:] = [1.0, 2.0, 3.0]
+    catalog = Catalog.init(str(tmp_path / "store"))
+    r = ingest([src], dataset="d", store=catalog, nan="error")
+    assert r.samples_staged == 1
+    with netCDF4.Dataset(src / "b.nc", "w") as ds:
+        ds.createDimension("x", 3)
+        ds.createVariable("sst", "f4", ("x",))[:] = [1.0, np.nan, 3.0]
+    with pytest.raises(SourceError, match=r"b\.nc: field 'sst': 1 NaN"):
+        ingest([src / "b.nc"], dataset="d", store=catalog, nan="error")
