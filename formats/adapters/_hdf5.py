@@ -246,6 +246,9 @@ class _FileRows:
             if (
                 dtype.kind not in "iuf"
                 or not dtype.isnative
+                # the stored type must be the memory type bit for bit: a 12-bit int16
+                # (H5Tset_precision) needs HDF5's sign extension, not its raw bytes
+                or not obj.id.get_type().equal(h5py.h5t.py_create(dtype))
                 or not shape
                 or plist.get_nfilters()
                 or plist.get_external_count()

@@ -115,3 +115,22 @@ def test_a_mapped_run_ingests_into_the_same_samples(tmp_path):
         same(fields["density"], data[t : t + window])
         same(fields["pressure"], data[t : t + window] * 2)
         same(fields["gzip"], data[t : t + window])
+
+
+def test_integers_of_reduced_precision_are_read_through_hdf5(tmp_path):
+    """An int16 stored with 12 bits of precision (H5Tset_precision): its raw bytes are not
+    the values (HDF5 sign-extends them), and mapping them gave 4095 for -1."""
+    path = tmp_path / "run.h5"
+    data = np.tile(np.array([-1, -2048, 2047, 5], dtype="<i2"), ROWS * N * N // 4)
+    data = data.reshape(ROWS, N, N)
+    with h5py.File(path, "w") as f:
+        stored_type = h5py.h5t.STD_I16LE.copy()
+        stored_type.set_precision(12)
+        dsid = h5py.h5d.create(f.id, b"v", stored_type, h5py.h5s.create_simple(data.shape))
+        dsid.write(h5py.h5s.ALL, h5py.h5s.ALL, data)
+    handle, got = arrays(path)
+    try:
+        same(got["v"].read(), data)
+        same(got["v"][(slice(3, 5),)], data[3:5])
+    finally:
+        handle.close()
