@@ -10,11 +10,13 @@ other byte string keeps its exact bytes: a ``bytes`` parameter, or in JSON metad
 object ``{"__bytes_hex__": "<hex digits>"}`` (see :func:`json_safe`).
 
 Time windows (``time_window`` N, ``stride`` S) cut arrays that have a time axis into
-samples ``<key>/t<start>``, one per window, the way trajectory datasets such as The Well
-lay out ``[time, x, y(, z)]`` fields. The time axis is axis 0; its length T comes from a
-named time dimension (NetCDF), else a 1-D array named ``time``/``t`` (or ``time_name``),
-else the common first axis of the arrays of rank 3 or more. Arrays whose axis 0 has length
-T are windowed; the others (grids, constants) are repeated in every window's sample.
+samples ``<key>/t<start>``, one per window, for trajectories laid out ``[time, x, y(, z)]``
+(one trajectory per file; The Well's ``[trajectory, time, ...]`` files are refused, as is
+any file none of whose fields of rank 2 or more runs along the time axis). The time axis
+is axis 0; its length T comes from a named time dimension (NetCDF), else a 1-D array
+named ``time``/``t`` (or ``time_name``), else the common first axis of the arrays of rank
+3 or more. Arrays whose axis 0 has length T are windowed; the others (grids, constants)
+are repeated in every window's sample.
 """
 
 from __future__ import annotations
@@ -535,6 +537,18 @@ def _windows(
     if n < 1 or stride < 1:
         raise SourceError(f"{path}: --time-window and --stride must be positive")
     t_len, windowed = _time_axis(path, entries, options.get("time_name"), time_dim)
+    fields = [e for e in entries if len(e.array.shape) >= 2]
+    if fields and not any(w for e, w in zip(entries, windowed, strict=True)
+                          if len(e.array.shape) >= 2):
+        # windows would cut only 1-D arrays (the time array itself) and repeat every field
+        # whole: a time array longer than the fields' axis, or fields whose time axis is
+        # not axis 0 (The Well's [trajectory, time, x, y] files)
+        firsts = sorted({e.array.shape[0] for e in fields})
+        raise SourceError(
+            f"{path}: time axis of {t_len} steps is axis 0 of no array of rank 2 or more "
+            f"(their first axes: {firsts}): windows cut axis 0 only, so every field would "
+            "repeat whole; split trajectories into files, or name the time axis (time_name)"
+        )
     if t_len < n:
         raise SourceError(f"{path}: time axis has {t_len} steps, fewer than --time-window {n}")
     return range(0, t_len - n + 1, stride), t_len, windowed

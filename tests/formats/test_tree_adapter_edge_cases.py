@@ -282,3 +282,20 @@ def test_a_chunk_over_the_cap_is_refused_naming_the_field(tmp_path, monkeypatch)
         f.create_dataset("x", shape=(1 << 18,), dtype="f8", chunks=(1 << 18,), compression="gzip")
     message = refused(HDF5Adapter(), path)
     assert "field 'x': one chunk (262144,) holds 2,097,152 bytes decoded" in message
+
+
+@pytest.mark.parametrize("layout", ["well", "time_longer"])
+def test_windows_that_would_cut_no_field_are_refused(tmp_path, layout):
+    """The Well's [trajectory, time, x, y] fields, or a time array one step longer than
+    the fields' axis: only the time array was windowed, every field repeated whole, exit 0."""
+    path = tmp_path / "run.h5"
+    with h5py.File(path, "w") as f:
+        if layout == "well":
+            f["dimensions/time"] = np.arange(10.0)
+            f["t0_fields/density"] = np.ones((2, 10, 8, 8))
+        else:
+            f["time"] = np.arange(11.0)
+            f["u"] = np.ones((10, 4, 4))
+    with pytest.raises(SourceError, match=r"run\.h5: time axis of (10|11) steps is axis 0 of "
+                                          r"no array of rank 2 or more"):
+        list(HDF5Adapter().iter_samples(str(path), "k", {"time_window": 4, "stride": 4}))
