@@ -114,6 +114,8 @@ class ZarrAdapter:
                         raise SourceError(
                             f"{path}: field {name!r}: unsupported Zarr dtype {node.dtype}"
                         )
+                    if store is None:
+                        _check_blosc_chunks(path, name, node)
                     # a read decodes whole chunks (Zarr keeps no chunk cache)
                     entries.append(
                         ArrayEntry(
@@ -129,6 +131,46 @@ class ZarrAdapter:
                 store.close()
             raise SourceError(f"{path}: not a readable Zarr group: {exc}") from exc
         return store, entries, params, metadata
+
+
+_ZARR_METADATA = frozenset({"zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata"})
+
+
+def _blosc_outermost(node: Any) -> bool:
+    """Whether an array's stored chunks are Blosc frames (Blosc is the last codec)."""
+    meta = node.metadata
+    if getattr(meta, "zarr_format", 3) == 2:
+        return getattr(meta.compressor, "codec_id", "") == "blosc"
+    codecs = getattr(meta, "codecs", ())
+    return bool(codecs) and type(codecs[-1]).__name__ == "BloscCodec"
+
+
+def _check_blosc_chunks(path: str, name: str, node: Any) -> None:
+    """Refuse a Blosc chunk whose file is not the length its header declares.
+
+    Blosc decodes a frame cut short (a partial copy) by reading past its end: the lost
+    bytes came back as whatever memory held, or the process died (numcodecs #228). Each
+    chunk file's 16-byte header declares the frame's length (``cbytes``, at offset 12);
+    reading that much of every chunk is cheap against decoding it.
+    """
+    if not _blosc_outermost(node):
+        return
+    folder = os.path.join(path, *name.split("/"))
+    for root, _dirs, files in os.walk(folder):
+        for file in files:
+            if file in _ZARR_METADATA:
+                continue
+            chunk = os.path.join(root, file)
+            with open(chunk, "rb") as f:
+                header = f.read(16)
+                size = os.fstat(f.fileno()).st_size
+            declared = int.from_bytes(header[12:16], "little") if len(header) == 16 else -1
+            if declared != size:
+                rel = os.path.relpath(chunk, folder)
+                raise SourceError(
+                    f"{path}: field {name!r}: chunk {rel} holds {size} bytes, its Blosc "
+                    f"header declares {declared} (truncated or damaged)"
+                )
 
 
 def _strings(node: Any, name: str, path: str) -> Any:

@@ -114,3 +114,29 @@ def test_an_unsupported_array_still_names_the_field(tmp_path):
         ZarrAdapter().count_samples(str(path), {})
     message = str(info.value)
     assert message.startswith(str(path)) and "field 'when'" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_a_blosc_chunk_cut_short_is_refused_before_it_is_decoded(tmp_path, zarr_format):
+    """Blosc decodes a frame cut short by reading past its end (numcodecs #228): an
+    incompressible chunk cut in half was stored with heap garbage, exit 0, or crashed."""
+    import numcodecs
+    import zarr
+    from zarr.codecs import BloscCodec
+
+    path = tmp_path / "run.zarr"
+    group = zarr.open_group(str(path), mode="w", zarr_format=zarr_format)
+    blosc = numcodecs.Blosc(cname="lz4") if zarr_format == 2 else BloscCodec(cname="lz4")
+    values = np.random.default_rng(0).standard_normal((8, 512))  # incompressible
+    group.create_array("v", shape=values.shape, chunks=(2, 512), dtype="f8",
+                       compressors=blosc)[...] = values
+    # an intact store reads back the same values
+    (fields,) = ZarrAdapter().iter_samples(str(path), "k", {})
+    same(np.asarray(fields.fields["v"].read() if hasattr(fields.fields["v"], "read")
+                    else fields.fields["v"]), values)
+    chunk = path / "v" / ("1.0" if zarr_format == 2 else "c/1/0")
+    data = chunk.read_bytes()
+    chunk.write_bytes(data[: len(data) // 2])
+    with pytest.raises(SourceError, match=r"run\.zarr: field 'v': chunk .* holds \d+ bytes, "
+                                          r"its Blosc header declares \d+"):
+        list(ZarrAdapter().iter_samples(str(path), "k", {}))
