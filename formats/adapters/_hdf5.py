@@ -390,11 +390,69 @@ def _attributes(h5py: Any, f: Any, obj: Any, name: str, path: str) -> dict[str, 
     out: dict[str, Any] = {}
     for attr in obj.attrs:
         value = obj.attrs[attr]
-        if h5py.check_ref_dtype(obj.attrs.get_id(attr).dtype) is not None:
-            field = f"{name}{'.' if isinstance(obj, h5py.Dataset) else '/'}{attr}" if name else attr
+        dtype = obj.attrs.get_id(attr).dtype
+        field = f"{name}{'.' if isinstance(obj, h5py.Dataset) else '/'}{attr}" if name else attr
+        if h5py.check_ref_dtype(dtype) is not None:
             value = _references(h5py, f, value, field, path)
+        elif dtype.names or _vlen_of_non_strings(h5py, dtype):
+            value = _nested(h5py, f, value, dtype, field, path)
         out[attr] = value
     return out
+
+
+def _vlen_of_non_strings(h5py: Any, dtype: np.dtype[Any]) -> bool:
+    """Whether ``dtype`` is variable-length of something other than strings.
+
+    (By identity: ``np.dtype("f8") == None`` is true, NumPy reading None as float64.)
+    """
+    base = h5py.check_vlen_dtype(dtype)
+    return base is not None and base is not str and base is not bytes
+
+
+def _exact(dtype: np.dtype[Any]) -> bool:
+    """Whether values of ``dtype`` have an exact JSON form (no complex, no float128)."""
+    return dtype.kind in "biuSU" or (dtype.kind == "f" and dtype.itemsize <= 8)
+
+
+def _nested(
+    h5py: Any, f: Any, value: Any, dtype: np.dtype[Any], field: str, path: str
+) -> Any:
+    """A compound or variable-length attribute as JSON-ready values.
+
+    A compound record becomes ``{member: value}`` (its member names kept), a
+    variable-length list of references (``DIMENSION_LIST``, which names each axis's
+    dimension scales) lists of the scales' paths. Values that have no exact JSON form
+    (complex, extended precision) and variable-length numbers (ragged: a NaN among them
+    would pass ``--nan error`` as a string) are refused, as they are as datasets.
+    """
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, h5py.Reference | h5py.RegionReference):
+            return _references(h5py, f, v, field, path)
+        if isinstance(v, np.void) and v.dtype.names:
+            return {m: plain(v[m]) for m in v.dtype.names}
+        if isinstance(v, np.ndarray):
+            if v.dtype.names or v.dtype == object:
+                return [plain(x) for x in v] if v.ndim else plain(v[()])
+            if _exact(v.dtype):
+                return v
+        elif isinstance(v, bytes | str | bool | int | float):
+            return v
+        elif isinstance(v, np.generic) and _exact(v.dtype):
+            return v
+        raise SourceError(
+            f"{path}: field {field!r}: an attribute value of type "
+            f"{getattr(v, 'dtype', type(v).__name__)} has no exact form (complex, extended "
+            "precision and variable-length numbers are not read)"
+        )
+
+    base = h5py.check_vlen_dtype(dtype)  # the attribute's declared type (values: objects)
+    if _vlen_of_non_strings(h5py, dtype) and h5py.check_ref_dtype(base) is None:
+        raise SourceError(
+            f"{path}: field {field!r}: a variable-length attribute of {np.dtype(base)} "
+            "(ragged numbers) is not read"
+        )
+    return plain(value)
 
 
 def _references(h5py: Any, f: Any, value: Any, field: str, path: str) -> str | list[Any]:

@@ -11,7 +11,7 @@ hierarchy is listed from the store itself, so an array added after
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -141,7 +141,7 @@ def _blosc_outermost(node: Any) -> bool:
     meta = node.metadata
     if getattr(meta, "zarr_format", 3) == 2:
         return getattr(meta.compressor, "codec_id", "") == "blosc"
-    codecs = getattr(meta, "codecs", ())
+    codecs: Sequence[Any] = tuple(getattr(meta, "codecs", ()))
     return bool(codecs) and type(codecs[-1]).__name__ == "BloscCodec"
 
 

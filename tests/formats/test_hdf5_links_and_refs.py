@@ -161,3 +161,38 @@ def test_byte_strings_that_are_not_utf8_keep_their_exact_bytes(tmp_path):
     assert got["metadata"]["names"] == ["inlet", {"__bytes_hex__": "fffe"}, "outlét"]
     assert got["metadata"]["raws"] == [{"__bytes_hex__": "ff0001"}, "fine"]
     assert bytes.fromhex(got["metadata"]["raws"][0]["__bytes_hex__"]) == b"\xff\x00\x01"
+
+
+def test_dimension_scales_and_compound_attributes_keep_paths_and_member_names(tmp_path):
+    """DIMENSION_LIST and REFERENCE_LIST (what attach_scale writes) were stored as the text
+    '<HDF5 object reference>'; a compound attribute lost its member names."""
+    src = tmp_path / "src"
+    src.mkdir()
+    with h5py.File(src / "run.h5", "w") as f:
+        f["x"] = np.linspace(0, 1, 4)
+        f["u"] = np.arange(12.0).reshape(4, 3)
+        f["x"].make_scale("x")
+        f["u"].dims[0].attach_scale(f["x"])
+        f.attrs["bc"] = np.array((1, 2.5), dtype=[("kind", "i4"), ("value", "f8")])
+    (fields,) = stored(tmp_path, src).values()
+    meta = fields["metadata"]
+    assert meta["u.DIMENSION_LIST"] == [["/x"], []]
+    assert meta["x.REFERENCE_LIST"] == [{"dataset": "/u", "dimension": 0}]
+    assert meta["bc"] == {"kind": 1, "value": 2.5}
+
+
+@pytest.mark.parametrize("kind", ["complex_member", "vlen_numbers"])
+def test_attributes_with_no_exact_form_are_refused_inside_records_and_lists(tmp_path, kind):
+    """A complex member of a compound attribute became the text '(1+2j)'; a ragged list of
+    numbers was accepted (as datasets, both are refused)."""
+    path = tmp_path / "run.h5"
+    with h5py.File(path, "w") as f:
+        f["v"] = np.zeros(2)
+        if kind == "complex_member":
+            f["v"].attrs["c"] = np.array((1 + 2j, 3), dtype=[("z", "c16"), ("n", "i4")])
+        else:
+            ragged = np.empty(2, dtype=object)
+            ragged[0], ragged[1] = np.array([1.0, np.nan]), np.array([2.0])
+            f["v"].attrs.create("c", ragged, dtype=h5py.vlen_dtype("f8"))
+    with pytest.raises(SourceError, match=r"run\.h5: field 'v\.c': "):
+        list(HDF5Adapter().iter_samples(str(path), "k", {}))
