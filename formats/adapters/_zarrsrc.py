@@ -115,7 +115,7 @@ class ZarrAdapter:
                             f"{path}: field {name!r}: unsupported Zarr dtype {node.dtype}"
                         )
                     if store is None:
-                        _check_blosc_chunks(path, name, node)
+                        _check_chunk_files(path, name, node)
                     # a read decodes whole chunks (Zarr keeps no chunk cache)
                     entries.append(
                         ArrayEntry(
@@ -145,16 +145,17 @@ def _blosc_outermost(node: Any) -> bool:
     return bool(codecs) and type(codecs[-1]).__name__ == "BloscCodec"
 
 
-def _check_blosc_chunks(path: str, name: str, node: Any) -> None:
-    """Refuse a Blosc chunk whose file is not the length its header declares.
+def _check_chunk_files(path: str, name: str, node: Any) -> None:
+    """Refuse an empty chunk file, or a Blosc one not the length its header declares.
 
-    Blosc decodes a frame cut short (a partial copy) by reading past its end: the lost
-    bytes came back as whatever memory held, or the process died (numcodecs #228). Each
-    chunk file's 16-byte header declares the frame's length (``cbytes``, at offset 12);
-    reading that much of every chunk is cheap against decoding it.
+    Zarr writes no empty chunk file (a chunk of fill values is left out), and reads one,
+    as a sharded array's empty shard, as fill values: a copy cut short. Blosc decodes a
+    frame cut short by reading past its end: the lost bytes came back as whatever memory
+    held, or the process died (numcodecs #228). Each Blosc frame's 16-byte header declares
+    its length (``cbytes``, at offset 12); reading that much of every chunk is cheap
+    against decoding it.
     """
-    if not _blosc_outermost(node):
-        return
+    blosc = _blosc_outermost(node)
     folder = os.path.join(path, *name.split("/"))
     for root, _dirs, files in os.walk(folder):
         for file in files:
@@ -162,8 +163,15 @@ def _check_blosc_chunks(path: str, name: str, node: Any) -> None:
                 continue
             chunk = os.path.join(root, file)
             with open(chunk, "rb") as f:
-                header = f.read(16)
+                header = f.read(16) if blosc else b""
                 size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                raise SourceError(
+                    f"{path}: field {name!r}: chunk {os.path.relpath(chunk, folder)} is an "
+                    "empty file (truncated or damaged)"
+                )
+            if not blosc:
+                continue
             declared = int.from_bytes(header[12:16], "little") if len(header) == 16 else -1
             if declared != size:
                 rel = os.path.relpath(chunk, folder)

@@ -140,3 +140,17 @@ def test_a_blosc_chunk_cut_short_is_refused_before_it_is_decoded(tmp_path, zarr_
     with pytest.raises(SourceError, match=r"run\.zarr: field 'v': chunk .* holds \d+ bytes, "
                                           r"its Blosc header declares \d+"):
         list(ZarrAdapter().iter_samples(str(path), "k", {}))
+
+
+def test_an_empty_shard_file_is_refused_not_read_as_fill_values(tmp_path):
+    """Emptying a shard of a sharded v3 array (a copy cut short) stored its rows as the
+    fill value, exit 0."""
+    import zarr
+
+    path = tmp_path / "run.zarr"
+    group = zarr.open_group(str(path), mode="w", zarr_format=3)
+    values = np.arange(32.0).reshape(8, 4)
+    group.create_array("v", shape=(8, 4), chunks=(2, 4), shards=(4, 4), dtype="f8")[...] = values
+    (tmp_path / "run.zarr" / "v" / "c" / "1" / "0").write_bytes(b"")
+    with pytest.raises(SourceError, match=r"run\.zarr: field 'v': chunk c/1/0 is an empty file"):
+        list(ZarrAdapter().iter_samples(str(path), "k", {}))
