@@ -327,6 +327,28 @@ def _check_storage(obj: Any, name: str, path: str) -> None:
             f"{', '.join(map(repr, files))}: external storage is not read; copy the "
             "values into the file"
         )
+    _check_filters(obj, name, path)
+
+
+def _check_filters(obj: Any, name: str, path: str) -> None:
+    """Refuse a dataset compressed by a filter this HDF5 cannot load, naming the filter.
+
+    HDF5 looks for such a filter (Blosc, Zstandard, LZ4, bitshuffle: ``hdf5plugin``) only
+    when a chunk is read, and its error names the plugin folder it searched, not the
+    filter.
+    """
+    import h5py
+
+    plist = obj.id.get_create_plist()
+    for i in range(plist.get_nfilters()):
+        code, _flags, _values, label = plist.get_filter(i)
+        if not h5py.h5z.filter_avail(code):
+            shown = label.decode("latin-1") if isinstance(label, bytes) and label else ""
+            raise SourceError(
+                f"{path}: field {name!r}: compressed with HDF5 filter {code}"
+                f"{f' ({shown})' if shown else ''}, which is not available here "
+                "(`pip install hdf5plugin` provides the common ones)"
+            )
 
 
 def _link_paths(h5py: Any, f: Any, path: str) -> list[str]:

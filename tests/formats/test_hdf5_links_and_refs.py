@@ -196,3 +196,18 @@ def test_attributes_with_no_exact_form_are_refused_inside_records_and_lists(tmp_
             f["v"].attrs.create("c", ragged, dtype=h5py.vlen_dtype("f8"))
     with pytest.raises(SourceError, match=r"run\.h5: field 'v\.c': "):
         list(HDF5Adapter().iter_samples(str(path), "k", {}))
+
+
+def test_a_filter_that_is_not_available_is_named(tmp_path):
+    """A chunk compressed by a filter HDF5 cannot load (Blosc without hdf5plugin) failed
+    with 'can't open directory (/usr/local/lib/plugin)', naming no filter. (Filter 300,
+    in the range HDF5 keeps for testing, is never installed; Blosc's 32001 can be, once
+    a library has loaded the plugins it ships into the process.)"""
+    path = tmp_path / "run.h5"
+    with h5py.File(path, "w") as f:
+        d = f.create_dataset("x", shape=(4,), dtype="f8", chunks=(4,), compression=300,
+                             allow_unknown_filter=True)
+        d.id.write_direct_chunk((0,), np.arange(4.0).tobytes())
+    message = refused(path)
+    assert "field 'x': compressed with HDF5 filter 300" in message
+    assert "not available" in message
