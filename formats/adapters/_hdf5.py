@@ -85,7 +85,7 @@ class HDF5Adapter:
     """HDF5 files (``.h5``, ``.hdf5``, ``.hdf``, ``.he5`` or the HDF5 signature)."""
 
     name = "hdf5"
-    version = "1"
+    version = "2"
     libraries = ("h5py",)
     extensions = (".h5", ".hdf5", ".hdf", ".he5")
     options = TIME_OPTIONS
