@@ -66,7 +66,9 @@ from simstore.storage._s3_files import (
     FileSlice,
     S3ObjectReader,
     TruncatedBody,
+    is_transient,
     named_timeout,
+    received_before,
     request_url,
 )
 from simstore.storage._s3_options import (
@@ -82,28 +84,6 @@ __all__ = ["S3ObjectReader", "S3Options", "S3Store", "probe_conditional_writes"]
 
 T = TypeVar("T")
 
-def _received_before(exc: BaseException) -> int:
-    """Bytes a body cut off mid-way delivered, from the error's chain (0 when unknown).
-
-    http.client's ``IncompleteRead`` holds the partial bytes (urllib3's, their count);
-    botocore and urllib3 wrap it in their own errors.
-    """
-    seen: set[int] = set()
-    todo: list[object] = [exc]
-    while todo:
-        e = todo.pop()
-        if not isinstance(e, BaseException) or id(e) in seen:
-            continue
-        seen.add(id(e))
-        partial = getattr(e, "partial", None)
-        if isinstance(partial, bytes | bytearray):
-            return len(partial)
-        if isinstance(partial, int) and not isinstance(partial, bool):
-            return partial
-        todo += [*e.args, e.__cause__, e.__context__]
-    return 0
-
-
 _REQUEST_CLASS = {
     "read": "get", "stat": "head", "list": "list", "write": "put", "upload": "put",
     "refresh": "put", "delete": "delete", "abort upload": "delete",
@@ -116,16 +96,6 @@ _MAX_COPY_BYTES = 5 * 1024 * _MiB
 _MAX_PARTS = 10_000
 
 _PRECONDITION_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict"})
-_TRANSIENT_CODES = frozenset(
-    {
-        "SlowDown", "Throttling", "ThrottlingException", "ThrottledException",
-        "RequestThrottled", "RequestThrottledException", "TooManyRequestsException",
-        "RequestLimitExceeded", "BandwidthLimitExceeded", "RequestTimeout",
-        "RequestTimeoutException", "InternalError", "ServiceUnavailable",
-        "PriorRequestNotComplete",
-    }
-)  # fmt: skip
-_TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 _NO_CONDITIONAL_WRITES = (
     "the server does not support conditional writes (If-None-Match/If-Match on PutObject), "
     "so refs cannot be moved atomically; use a server that enforces them (AWS S3 does; "
@@ -346,7 +316,7 @@ class S3Store:
             try:
                 return call()
             except ClientError as exc:
-                if not _is_transient(exc):
+                if not is_transient(exc):
                     raise _Refused(exc, attempt) from exc
                 last: Exception = exc
             except TRANSPORT_ERRORS as exc:
@@ -469,7 +439,7 @@ class S3Store:
             data = bytes(body.read())
         except TRANSPORT_ERRORS as exc:
             # what the cut-off body delivered was still sent (and billed as egress)
-            received = _received_before(exc)
+            received = received_before(exc)
             named = named_timeout(exc, request_url(body) or f"s3://{self.bucket}/{kwargs['Key']}")
             for e in (exc, named):
                 with contextlib.suppress(AttributeError, TypeError):
@@ -1018,10 +988,3 @@ def _results(futures: Sequence[Future[T]]) -> list[T]:
         for f in futures:
             f.cancel()
         raise
-
-
-def _is_transient(exc: Exception) -> bool:
-    response: Mapping[str, Any] = getattr(exc, "response", None) or {}
-    code = str(response.get("Error", {}).get("Code", ""))
-    status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-    return code in _TRANSIENT_CODES or status in _TRANSIENT_STATUS

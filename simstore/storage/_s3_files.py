@@ -6,7 +6,8 @@
   (:meth:`~simstore.storage._s3.S3Store.open_read`), resumed by a ranged GET when the body
   breaks off.
 
-Also the transport failures every request of the store retries.
+Also the transport failures every request of the store retries, which answers of the
+server are worth retrying, and what a body cut off mid-way delivered.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import (
@@ -36,7 +37,9 @@ __all__ = [
     "FileSlice",
     "S3ObjectReader",
     "TruncatedBody",
+    "is_transient",
     "named_timeout",
+    "received_before",
     "request_url",
 ]
 
@@ -347,3 +350,45 @@ def request_url(body: Any) -> str:
     default = {"http": 80, "https": 443}.get(str(scheme))
     netloc = str(host) if port in (None, default) else f"{host}:{port}"
     return f"{scheme}://{netloc}{path}"
+
+
+_TRANSIENT_CODES = frozenset(
+    {
+        "SlowDown", "Throttling", "ThrottlingException", "ThrottledException",
+        "RequestThrottled", "RequestThrottledException", "TooManyRequestsException",
+        "RequestLimitExceeded", "BandwidthLimitExceeded", "RequestTimeout",
+        "RequestTimeoutException", "InternalError", "ServiceUnavailable",
+        "PriorRequestNotComplete",
+    }
+)  # fmt: skip
+_TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+def is_transient(exc: Exception) -> bool:
+    """Whether a ClientError is worth retrying: throttling, timeouts, 5xx (and 429)."""
+    response: Mapping[str, Any] = getattr(exc, "response", None) or {}
+    code = str(response.get("Error", {}).get("Code", ""))
+    status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    return code in _TRANSIENT_CODES or status in _TRANSIENT_STATUS
+
+
+def received_before(exc: BaseException) -> int:
+    """Bytes a body cut off mid-way delivered, from the error's chain (0 when unknown).
+
+    http.client's ``IncompleteRead`` holds the partial bytes (urllib3's, their count);
+    botocore and urllib3 wrap it in their own errors.
+    """
+    seen: set[int] = set()
+    todo: list[object] = [exc]
+    while todo:
+        e = todo.pop()
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        partial = getattr(e, "partial", None)
+        if isinstance(partial, bytes | bytearray):
+            return len(partial)
+        if isinstance(partial, int) and not isinstance(partial, bool):
+            return partial
+        todo += [*e.args, e.__cause__, e.__context__]
+    return 0
