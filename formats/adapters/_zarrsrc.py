@@ -63,7 +63,8 @@ class ZarrAdapter:
 
     def count_samples(self, path: str, options: Mapping[str, Any]) -> int:
         """How many samples :meth:`iter_samples` yields: 1, or the number of windows."""
-        store, entries, _, _ = self._open(path)
+        # the chunk files are checked where the samples are read, not again here
+        store, entries, _, _ = self._open(path, check_chunks=False)
         try:
             return tree_sample_count(path, entries, options)
         finally:
@@ -81,9 +82,13 @@ class ZarrAdapter:
 
     @staticmethod
     def _open(
-        path: str,
+        path: str, *, check_chunks: bool = True
     ) -> tuple[Any, list[ArrayEntry], dict[str, FieldValue], dict[str, Any]]:
-        """The group's zip store (None for a directory), arrays, parameters and metadata."""
+        """The group's zip store (None for a directory), arrays, parameters and metadata.
+
+        ``check_chunks``: a directory store's chunk files are checked (see
+        :func:`_check_chunk_files`).
+        """
         import zarr
 
         store: Any = None
@@ -114,7 +119,7 @@ class ZarrAdapter:
                         raise SourceError(
                             f"{path}: field {name!r}: unsupported Zarr dtype {node.dtype}"
                         )
-                    if store is None:
+                    if store is None and check_chunks:
                         _check_chunk_files(path, name, node)
                     # a read decodes whole chunks (Zarr keeps no chunk cache)
                     entries.append(
@@ -162,9 +167,7 @@ def _check_chunk_files(path: str, name: str, node: Any) -> None:
             if file in _ZARR_METADATA:
                 continue
             chunk = os.path.join(root, file)
-            with open(chunk, "rb") as f:
-                header = f.read(16) if blosc else b""
-                size = os.fstat(f.fileno()).st_size
+            size = os.path.getsize(chunk)
             if size == 0:
                 raise SourceError(
                     f"{path}: field {name!r}: chunk {os.path.relpath(chunk, folder)} is an "
@@ -172,6 +175,8 @@ def _check_chunk_files(path: str, name: str, node: Any) -> None:
                 )
             if not blosc:
                 continue
+            with open(chunk, "rb") as f:
+                header = f.read(16)
             declared = int.from_bytes(header[12:16], "little") if len(header) == 16 else -1
             if declared != size:
                 rel = os.path.relpath(chunk, folder)
