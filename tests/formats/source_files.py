@@ -7,6 +7,8 @@ simstore with the source.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -140,7 +142,10 @@ def write_mesh(path: Path, fmt: str | None = None) -> dict[str, np.ndarray]:
     return expected
 
 
-def write_msh_with_gmsh(path: Path) -> None:
+@contextmanager
+def gmsh_model(name: str) -> Iterator[Any]:
+    """gmsh with a new model ``name``, quiet; initialised here unless already, then
+    finalised (or, when it was already, the model removed)."""
     import gmsh
 
     owned = not gmsh.isInitialized()
@@ -148,40 +153,33 @@ def write_msh_with_gmsh(path: Path) -> None:
         gmsh.initialize(argv=["t"], readConfigFiles=False, run=False, interruptible=False)
     try:
         gmsh.option.setNumber("General.Terminal", 0)
-        gmsh.model.add("square")
+        gmsh.model.add(name)
+        yield gmsh
+    finally:
+        if owned:
+            gmsh.finalize()
+        else:
+            gmsh.model.remove()
+
+
+def write_msh_with_gmsh(path: Path) -> None:
+    with gmsh_model("square") as gmsh:
         gmsh.model.occ.addRectangle(0, 0, 0, 1, 1)
         gmsh.model.occ.synchronize()
         gmsh.option.setNumber("Mesh.MeshSizeMax", 0.5)
         gmsh.model.mesh.generate(2)
         gmsh.option.setNumber("Mesh.MshFileVersion", 4.1)
         gmsh.write(str(path))
-    finally:
-        if owned:
-            gmsh.finalize()
-        else:
-            gmsh.model.remove()
 
 
 def write_step(path: Path, *, overlapping=False) -> dict[str, float]:
     """A 1 x 2 x 3 box (and, overlapping it, a cylinder) written as STEP by gmsh's OCC."""
-    import gmsh
-
-    owned = not gmsh.isInitialized()
-    if owned:
-        gmsh.initialize(argv=["t"], readConfigFiles=False, run=False, interruptible=False)
-    try:
-        gmsh.option.setNumber("General.Terminal", 0)
-        gmsh.model.add("part")
+    with gmsh_model("part") as gmsh:
         gmsh.model.occ.addBox(0, 0, 0, 1, 2, 3)
         if overlapping:
             gmsh.model.occ.addCylinder(0.5, 1.0, -0.5, 0, 0, 4, 0.3)
         gmsh.model.occ.synchronize()
         gmsh.write(str(path))
-    finally:
-        if owned:
-            gmsh.finalize()
-        else:
-            gmsh.model.remove()
     return {"volume": 6.0, "surface_area": 22.0}
 
 

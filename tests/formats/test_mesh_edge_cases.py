@@ -8,6 +8,7 @@ import meshio
 import numpy as np
 import pytest
 from simstore.formats.adapters import AutoAdapter, MeshAdapter
+from source_files import gmsh_model
 
 from simstore.errors import SourceError
 
@@ -278,15 +279,8 @@ def test_obj_elements_meshio_skips_are_refused_naming_the_line(tmp_path, element
 
 
 def test_gmsh_physical_groups_are_cell_sets_and_a_cell_of_two_groups_is_in_both(tmp_path):
-    import gmsh
-
     path = tmp_path / "groups.msh"
-    owned = not gmsh.isInitialized()
-    if owned:
-        gmsh.initialize(argv=["t"], readConfigFiles=False, run=False, interruptible=False)
-    try:
-        gmsh.option.setNumber("General.Terminal", 0)
-        gmsh.model.add("groups")
+    with gmsh_model("groups") as gmsh:
         surface = gmsh.model.occ.addRectangle(0, 0, 0, 1, 1)
         gmsh.model.occ.synchronize()
         gmsh.model.addPhysicalGroup(2, [surface], 1, name="fluid")
@@ -296,11 +290,6 @@ def test_gmsh_physical_groups_are_cell_sets_and_a_cell_of_two_groups_is_in_both(
         gmsh.model.mesh.generate(2)
         gmsh.option.setNumber("Mesh.MshFileVersion", 4.1)
         gmsh.write(str(path))
-    finally:
-        if owned:
-            gmsh.finalize()
-        else:
-            gmsh.model.remove()
     read = meshio.read(path)
     fields = _sample(path)
     triangles, lines = len(fields["cells/triangle"]), len(fields["cells/line"])
