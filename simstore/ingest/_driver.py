@@ -346,12 +346,15 @@ def _finish(
     head_schema = {s.name: s for s in head.schema} if head is not None else {}
     reranked: set[str] = set()
     file_results = _whole_files(results, tasks, cfg)
+    specs_of = {
+        res.path: [FieldSpec.from_json(s) for s in res.schema]
+        for res in file_results if res.error is None
+    }
     run_ranks: dict[str, set[int]] = {}  # the ranks this run's files give each tensor
-    for res in file_results:
-        if res.error is None:
-            for entry in res.schema:
-                if entry.get("kind") == "tensor":
-                    run_ranks.setdefault(str(entry["name"]), set()).add(int(entry["ndim"]))
+    for specs in specs_of.values():
+        for spec in specs:
+            if spec.kind == "tensor":
+                run_ranks.setdefault(spec.name, set()).add(spec.ndim)
 
     def reject(res: FileResult, message: str) -> None:
         message = printable_text(message)  # a path that is not UTF-8: its bytes escaped
@@ -363,7 +366,7 @@ def _finish(
         if res.error is not None:
             skipped.append(SkippedFile(path=res.path, reason=printable_text(res.error)))
             continue
-        specs = [FieldSpec.from_json(s) for s in res.schema]
+        specs = specs_of[res.path]
         if any(_reranked(s, head_schema, run_ranks) for s in specs):
             reranked.add(res.path)
         bad = None
