@@ -149,14 +149,7 @@ def _cell_blocks(
                 f"{path}: field 'cells/{block.type}': connectivity of shape {data.shape}, "
                 "not cells x nodes"
             )
-        if data.size:
-            low, high = int(data.min()), int(data.max())
-            if low < 0 or high >= n_points:
-                bad = low if low < 0 else high
-                raise SourceError(
-                    f"{path}: field 'cells/{block.type}': index {bad} out of range for "
-                    f"{n_points} points"
-                )
+        _check_range(path, f"cells/{block.type}", data, n_points, "points")
         blocks.append((str(block.type), data.shape[1], data))
     widths: dict[str, set[int]] = {}
     for ctype, width, _ in blocks:
@@ -270,13 +263,19 @@ def _indices(path: str, field: str, values: Any, size: int, what: str) -> np.nda
             f"{path}: field {field!r}: not a list of indices ({raw.dtype}, shape {raw.shape})"
         )
     idx = raw.astype(np.int64)
-    low, high = int(idx.min()), int(idx.max())
-    if low < 0 or high >= size:
-        raise SourceError(
-            f"{path}: field {field!r}: index {low if low < 0 else high} out of range for "
-            f"{size} {what}"
-        )
+    _check_range(path, field, idx, size, what)
     return idx
+
+
+def _check_range(path: str, field: str, idx: np.ndarray, size: int, what: str) -> None:
+    """Every index of ``idx`` points at one of ``size`` items, or the field is named."""
+    if idx.size:
+        low, high = int(idx.min()), int(idx.max())
+        if low < 0 or high >= size:
+            raise SourceError(
+                f"{path}: field {field!r}: index {low if low < 0 else high} out of range for "
+                f"{size} {what}"
+            )
 
 
 def _cell_set(
