@@ -158,7 +158,7 @@ class HDF5Adapter:
                     put_value(path, name, refs, params, metadata)
                     continue
                 is_string = h5py.check_string_dtype(dtype) is not None
-                if not is_string and h5py.check_vlen_dtype(dtype) is not None:
+                if _vlen_of_non_strings(h5py, dtype):
                     # as the NetCDF adapter does: a list per element has no array form,
                     # and as JSON it would lose its dtype and have NaN as a string
                     raise SourceError(
