@@ -27,9 +27,11 @@ from __future__ import annotations
 import math
 import mmap
 import os
+import resource
 import shutil
 import struct
 import tempfile
+import threading
 import tokenize
 import weakref
 import zipfile
@@ -54,6 +56,50 @@ NPY_MAGIC = b"\x93NUMPY"
 MAP_MISALIGNED_BYTES = 1 << 20
 """A plainly stored array this large becomes a view of the file's pages even when its
 values sit misaligned in the file (see :attr:`FileArray.aligned`); smaller ones are read."""
+
+
+
+class _MapBudget:
+    """How many file mappings this process may hold at once; past it, arrays are read.
+
+    CPython's ``mmap`` keeps a duplicate of the file descriptor it maps until the mapping
+    goes, and a mapped array lives until its shard is written: a shard of many small
+    files held a descriptor per file, and an ingest of 20,000 one-sample files failed
+    with "Too many open files" (the limit here was 20,000; 1,024 is common). Mappings are
+    an optimisation (the values are the same read), so at most a quarter of the soft
+    limit on open files is spent on them, and any more arrays are read into memory.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live = 0
+        self._most: int | None = None
+
+    def most(self) -> int:
+        """The most mappings held at once: a quarter of the soft limit on open files."""
+        if self._most is None:
+            soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+            self._most = 4096 if soft == resource.RLIM_INFINITY else max(soft // 4, 8)
+        return self._most
+
+    def take(self) -> bool:
+        """Whether one more mapping may be made (then :meth:`give_back` when it goes)."""
+        with self._lock:
+            if self._live >= self.most():
+                return False
+            self._live += 1
+            return True
+
+    def give_back(self) -> None:
+        with self._lock:
+            self._live -= 1
+
+    @property
+    def live(self) -> int:
+        return self._live
+
+
+MAPS = _MapBudget()
 
 CRC_WINDOW_BYTES = 64 << 20
 """A stored .npz member's CRC-32 is computed over mappings of at most this many bytes at a
@@ -141,12 +187,15 @@ class FileArray:
         entered in one call instead of one fault each) and unmapped when the last view of
         it goes: against a ``pread`` into fresh memory this saves the copy and the zeroing
         of the fresh pages (about half the adapter's CPU for 16 MiB arrays). A file that
-        cannot be mapped (a pipe, some network file systems) is read instead. The file's
+        cannot be mapped (a pipe, some network file systems) is read instead, and so is
+        any array past the process's budget of mappings (see :class:`_MapBudget`). The file's
         size was checked when it was opened; a file truncated by another process while
         it is being ingested ends the process (SIGBUS), as it would for any mapped read.
         """
         size = self._count * self.dtype.itemsize
         start = self._offset - self._offset % mmap.ALLOCATIONGRANULARITY
+        if not MAPS.take():  # as many mappings (each holding a descriptor) as allowed
+            return np.require(self[()], requirements="C")  # keeps a 0-d array 0-d
         try:
             region = mmap.mmap(
                 self._fd,
@@ -156,7 +205,9 @@ class FileArray:
                 offset=start,
             )
         except (OSError, ValueError):
+            MAPS.give_back()
             return np.require(self[()], requirements="C")  # keeps a 0-d array 0-d
+        weakref.finalize(region, MAPS.give_back)
         flat = np.frombuffer(region, dtype=self.dtype, count=self._count,
                              offset=self._offset - start)
         if self._fortran:
