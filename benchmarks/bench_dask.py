@@ -16,6 +16,9 @@
 2. Driver memory per sample: dask ingests of 20,000 and 100,000 tiny samples (HDF5 runs cut
    into one-step windows); the growth of the driver's peak resident memory between the
    two, per sample. This is what scale.md's driver arithmetic multiplies.
+3. Driver memory per source file (``--only files``): local ingests (one worker) of 10,000
+   and 50,000 one-sample .npz files, in fresh driver processes; the growth of the peak
+   between the two, per file: what a file's result costs the driver until it stages.
 
 The machine is shared: throughput figures are medians of repeated, interleaved runs.
 """
@@ -137,7 +140,7 @@ import json, sys
 sys.path.insert(0, {bench!r})
 from bench_dask import _ingest
 from pathlib import Path
-opts = {{"time_window": 1, "shard_size": 1 << 20, "engine": "dask", "address": {address!r}}}
+opts = {opts}
 _ingest(Path({warm!r}), Path({store!r}), **opts)  # loads every module the run needs
 
 
@@ -180,9 +183,11 @@ def driver_memory(work: Path, quick: bool) -> dict[str, Any]:
     with _cluster(2) as cluster:
         for n in sizes:
             _tiny_runs(work / "tiny", n)
+            opts = {"time_window": 1, "shard_size": 1 << 20, "engine": "dask",
+                    "address": cluster.scheduler_address}
             code = _DRIVER.format(
                 bench=str(Path(__file__).resolve().parent),
-                address=cluster.scheduler_address,
+                opts=repr(opts),
                 warm=str(work / "warm-src"),
                 src=str(work / "tiny"),
                 store=str(work / "mem"),
@@ -206,6 +211,59 @@ def driver_memory(work: Path, quick: bool) -> dict[str, Any]:
     return out
 
 
+def _small_files(folder: Path, files: int) -> None:
+    """``files`` .npz files of one small sample each (three fields, as a parameter sweep)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for i in range(files):
+        np.savez(
+            folder / f"run{i:06d}.npz",
+            velocity=rng.random((16, 3), dtype=np.float32),
+            pressure=rng.random(16, dtype=np.float32),
+            re=np.float64(i),
+        )
+
+
+def driver_memory_files(work: Path, quick: bool) -> dict[str, Any]:
+    """Peak driver memory of local one-worker ingests of two counts of one-sample files.
+
+    The slope between the two is what the driver keeps per source file (its result's
+    rows, schema, statistics and versions) until it stages the run.
+    """
+    sizes = (2_000, 10_000) if quick else (10_000, 50_000)
+    out: dict[str, Any] = {"runs": []}
+    _small_files(work / "warm-files", 64)
+    for n in sizes:
+        _small_files(work / "files", n)
+        code = _DRIVER.format(
+            bench=str(Path(__file__).resolve().parent),
+            opts=repr({"shard_size": 32 << 20, "workers": 1}),
+            warm=str(work / "warm-files"),
+            src=str(work / "files"),
+            store=str(work / "mem"),
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code], check=True, capture_output=True, text=True
+        )
+        run = json.loads(done.stdout.strip().splitlines()[-1])
+        out["runs"].append(
+            {
+                "files": n,
+                "samples": run["samples"],
+                "seconds": run["seconds"],
+                "ms_per_file": 1000 * run["seconds"] / n,
+                "driver_rss_before_mib": run["before"] / MiB,
+                "driver_peak_above_mib": (run["peak"] - run["before"]) / MiB,
+            }
+        )
+    shutil.rmtree(work / "files", ignore_errors=True)
+    a, b = out["runs"]
+    grown = (b["driver_peak_above_mib"] - a["driver_peak_above_mib"]) * MiB
+    out["driver_bytes_per_file"] = grown / (b["files"] - a["files"])
+    return out
+
+
 def table(rows: list[dict[str, Any]], cols: list[str]) -> str:
     def fmt(v: Any) -> str:
         return f"{v:.2f}" if isinstance(v, float) else str(v)
@@ -220,7 +278,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small sizes, one repetition")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     ap.add_argument("--workdir", default=None, help="scratch folder (default: a temp dir)")
-    ap.add_argument("--only", choices=["throughput", "memory"], default=None)
+    ap.add_argument("--only", choices=["throughput", "memory", "files"], default=None)
     args = ap.parse_args()
     reps = 1 if args.quick else 5
     work = Path(args.workdir or tempfile.mkdtemp(prefix="simstore-bench-dask-"))
@@ -238,6 +296,10 @@ def main() -> None:
         if args.only in (None, "memory"):
             results["driver_memory"] = mem = driver_memory(work, args.quick)
             print("\n## Driver memory (dask engine)\n")
+            print(json.dumps(mem, indent=2))
+        if args.only in (None, "files"):
+            results["driver_memory_files"] = mem = driver_memory_files(work, args.quick)
+            print("\n## Driver memory per source file (local engine)\n")
             print(json.dumps(mem, indent=2))
     finally:
         results["load_after"] = os.getloadavg()

@@ -534,7 +534,7 @@ def _pick(x: Any, y: Any, fn: Any) -> Any:
     return fn(x, y)
 
 
-def merge_stats(summaries: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str, Any]:
+def merge_stats(summaries: Iterable[Mapping[str, Mapping[str, Any]]]) -> dict[str, Any]:
     """Merge whole-sample-set summaries ({field: summary}) in order."""
     out: dict[str, Any] = {}
     for summary in summaries:

@@ -41,7 +41,13 @@ from simstore.errors import InvalidInputError, SimstoreError, SourceError
 from simstore.ingest._config import IngestConfig, printable_path, printable_text
 from simstore.ingest._engine import EngineRun, Report
 from simstore.ingest._plugins import Plugins
-from simstore.ingest._records import FileResult, SourceFile, TaskContext, TaskResult
+from simstore.ingest._records import (
+    FileResult,
+    ResultPacker,
+    SourceFile,
+    TaskContext,
+    TaskResult,
+)
 from simstore.ingest._sources import SourceGone
 from simstore.ingest._worker import TaskRunner
 
@@ -484,6 +490,7 @@ def run_dask(
     distributed = _distributed()
     cfg = ctx.config
     results: list[TaskResult | None] = [None] * len(tasks)
+    pack = ResultPacker()  # the results are kept until the driver stages them
     run_id = uuid.uuid4().hex[:12]
     since = time.time()  # what tasks store from now on is this run's (new_bytes)
     grace_s = no_workers_grace_s()  # a bad setting is refused before a cluster starts
@@ -545,7 +552,7 @@ def run_dask(
                 i = pending.pop(fut)
                 res = _collect(fut, i, tasks[i], cfg, watch.check)
                 del fut  # the cluster forgets the result once no future refers to it
-                results[i] = res
+                results[i] = pack(res)
                 report(
                     sum(f.completes_file for f in tasks[i]),
                     sum(f.size for f in tasks[i]),

@@ -274,7 +274,7 @@ def _join(pieces: Sequence[FileResult], cfg: IngestConfig) -> FileResult:
         return whole
     whole.rows = rows
     whole.schema = [s.to_json() for s in schema]  # type: ignore[misc]
-    whole.stats = merge_stats([p.stats for p in pieces])
+    whole.stats = merge_stats(p.field_stats() for p in pieces)
     return whole
 
 
@@ -346,10 +346,14 @@ def _finish(
     head_schema = {s.name: s for s in head.schema} if head is not None else {}
     reranked: set[str] = set()
     file_results = _whole_files(results, tasks, cfg)
-    specs_of = {
-        res.path: [FieldSpec.from_json(s) for s in res.schema]
-        for res in file_results if res.error is None
-    }
+    parsed: dict[int, list[FieldSpec]] = {}  # files of one schema share its list (packed)
+
+    def parse(res: FileResult) -> list[FieldSpec]:
+        if id(res.schema) not in parsed:
+            parsed[id(res.schema)] = [FieldSpec.from_json(s) for s in res.schema]
+        return parsed[id(res.schema)]
+
+    specs_of = {res.path: parse(res) for res in file_results if res.error is None}
     run_ranks: dict[str, set[int]] = {}  # the ranks this run's files give each tensor
     for specs in specs_of.values():
         for spec in specs:
@@ -639,7 +643,7 @@ def _stage(
     sources_id, sources_new = catalog.put_object(canonical_json(sources))
     extra = len(canonical_json(sources)) if sources_new else 0
     objects = sorted({sources_id, *(r.source_object for r in staged if r.source_object)})
-    stats = merge_stats([r.stats for r in staged])
+    stats = merge_stats(r.field_stats() for r in staged)  # unpacked one at a time
     lineage = {
         "kind": "ingest",
         "adapter": cfg.adapter,

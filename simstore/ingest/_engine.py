@@ -21,7 +21,7 @@ from typing import Any
 
 from simstore.errors import SimstoreError
 from simstore.ingest._plugins import Plugins
-from simstore.ingest._records import SourceFile, TaskContext, TaskResult
+from simstore.ingest._records import ResultPacker, SourceFile, TaskContext, TaskResult
 from simstore.ingest._worker import TaskRunner, run_task, warm_up
 
 __all__ = ["EngineRun", "Report", "exit_with_parent", "run_local"]
@@ -59,8 +59,9 @@ def run_local(
     and gets its tasks at once.
     """
     workers = min(ctx.config.workers, len(tasks))
+    pack = ResultPacker()  # the results are kept until the driver stages them
     if workers <= 1:
-        out = [_run_here(ctx, task, plugins, report) for task in tasks]
+        out = [pack(_run_here(ctx, task, plugins, report)) for task in tasks]
         # the workers it used: one (this process), however many were asked for
         return EngineRun(out, "local", 1)
     results: list[TaskResult | None] = [None] * len(tasks)
@@ -126,7 +127,7 @@ def run_local(
                 raise _died(exc) from exc
             with lock:
                 i = pending.pop(fut)
-            results[i] = res
+            results[i] = pack(res)
             finished += 1
             report(
                 sum(f.completes_file for f in tasks[i]),
@@ -154,7 +155,7 @@ def run_local(
             mine = take()
             if mine is None:
                 break
-            results[mine[0]] = _run_here(ctx, mine[1], plugins, report)
+            results[mine[0]] = pack(_run_here(ctx, mine[1], plugins, report))
             finished += 1
         while True:
             collect()

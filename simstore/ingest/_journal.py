@@ -147,7 +147,7 @@ def write_journal(ctx: TaskContext, src: SourceFile, res: FileResult, task: str)
         "adapter_version": res.adapter_version,
         "rows": [list(r) for r in res.rows],
         "schema": res.schema,
-        "stats": res.stats,
+        "stats": res.field_stats(),
         "source_object": res.source_object,
         "checks": _checks(ctx),
         "software": res.software,

@@ -8,6 +8,7 @@ nothing here holds a live client, file handle or lock.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +16,9 @@ from simstore.ingest._config import IngestConfig
 from simstore.sample import FieldSpec
 from simstore.storage import ObjectStore
 
-__all__ = ["FileResult", "Piece", "Row", "SourceFile", "TaskContext", "TaskResult"]
+__all__ = [
+    "FileResult", "Piece", "ResultPacker", "Row", "SourceFile", "TaskContext", "TaskResult",
+]
 
 Row = tuple[str, str, str, int, int]
 """One manifest row: key, sample hash, shard id, position in the shard, logical size."""
@@ -104,6 +107,26 @@ class FileResult:
     software: dict[str, str] = field(default_factory=dict)
     """The versions the file was read and its shards written with (see ``_software``);
     empty for a journal record written before records kept them."""
+    packed_stats: bytes = b""
+    """``stats`` as JSON text, once the driver has packed the result (see :meth:`pack`);
+    read them with :meth:`field_stats`."""
+
+    def field_stats(self) -> dict[str, Any]:
+        """The file's statistics, ``{field: summary}``, whether packed or not."""
+        return json.loads(self.packed_stats) if self.packed_stats else self.stats
+
+    def pack(self, shared: dict[Any, Any]) -> None:
+        """Shrink what the driver holds of this result until it stages the run.
+
+        The statistics become JSON text (a fifth of their size as Python objects; floats
+        round-trip exactly through their shortest repr), and a schema or version set equal
+        to one already seen (``shared``, kept for the run) becomes that same object.
+        """
+        if self.stats:
+            self.packed_stats = json.dumps(self.stats, separators=(",", ":")).encode()
+            self.stats = {}
+        self.schema = shared.setdefault(json.dumps(self.schema, sort_keys=True), self.schema)
+        self.software = shared.setdefault(tuple(sorted(self.software.items())), self.software)
 
 
 @dataclass(slots=True)
@@ -120,3 +143,19 @@ class TaskResult:
     worker: str = ""
     seconds: float = 0.0
     failed: bool = False
+
+
+class ResultPacker:
+    """Packs each task result as the driver collects it (see :meth:`FileResult.pack`).
+
+    The driver keeps every file's result until it stages the run: with many small files
+    that is most of its memory (about 4.8 KB a file unpacked, with three fields).
+    """
+
+    def __init__(self) -> None:
+        self._shared: dict[Any, Any] = {}
+
+    def __call__(self, res: TaskResult) -> TaskResult:
+        for fr in res.files:
+            fr.pack(self._shared)
+        return res
