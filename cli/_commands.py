@@ -405,12 +405,20 @@ def tag_cmd(ctx: CliContext, ref: str, name: str, do_delete: bool) -> None:
 @click.command("branch")
 @click.argument("ref")
 @click.argument("name")
+@click.option(
+    "--delete", "do_delete", is_flag=True,
+    help="Delete branch NAME (REF names the dataset).",
+)
 @pass_ctx
 @handle_errors
-def branch_cmd(ctx: CliContext, ref: str, name: str) -> None:
+def branch_cmd(ctx: CliContext, ref: str, name: str, do_delete: bool) -> None:
     """Create branch NAME at the snapshot REF resolves to."""
     cat = ctx.catalog()
     r = parse_ref(ref)
+    if do_delete:
+        cat.branches(r.dataset).delete(name)
+        click.echo(f"deleted branch {r.dataset}@{name}")
+        return
     sid = cat.resolve(r)
     cat.snapshot(sid)  # missing or damaged: its error (exit 6), before a ref names it
     cat.branches(r.dataset).create(name, sid)

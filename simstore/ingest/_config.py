@@ -37,6 +37,7 @@ PIPELINE_OPTIONS = {
     "tmp_dir": "from tmp_dir, --tmp-dir",
     "source_hash": "the content hash of each file",
     "sample_range": "the samples of one piece of a large file",
+    "checked_crcs": "the CRC-32s of the byte ranges an adapter's crc_ranges names",
 }
 """Options ingest hands every adapter itself, whatever the user's options say."""
 

@@ -155,3 +155,20 @@ def test_snapshot_with_nothing_staged_needs_allow_empty(store_url):
     empty = json.loads(run(store_url, "snapshot", "ds", "-m", "again", "--allow-empty",
                            "--json").output)
     assert empty["parent"] == first["snapshot"] and empty["samples"] == 1
+
+
+def test_branch_delete_removes_only_that_branch_and_a_missing_one_is_exit_3(store_url):
+    run(store_url, "init")
+    _stage(store_url, {"a": b"1"})
+    sid = json.loads(run(store_url, "snapshot", "ds", "-m", "m", "--json").output)["snapshot"]
+    run(store_url, "branch", "ds", "dev")
+    run(store_url, "tag", "ds", "v1")
+    out = run(store_url, "branch", "ds", "dev", "--delete").output
+    assert "deleted branch ds@dev" in out
+    cat = Catalog.open(store_url)
+    assert [n for n, _ in cat.branches("ds").list()] == ["main"]
+    assert cat.resolve("ds@v1") == sid  # the tag and main untouched
+    result = run(store_url, "branch", "ds", "dev", "--delete", ok=False)
+    assert result.exit_code == 3 and "dev" in result.output
+    run(store_url, "branch", f"ds@{sid}", "dev")  # created again at its head
+    assert cat.resolve("ds@dev") == sid

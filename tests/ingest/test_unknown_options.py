@@ -95,6 +95,7 @@ def test_an_adapters_own_options_still_work(catalog, tmp_path):
     ("tmp_dir", "from tmp_dir, --tmp-dir"),
     ("source_hash", "content hash"),
     ("sample_range", "one piece of a large file"),
+    ("checked_crcs", "CRC-32s"),  # a user's map would stand in for the adapter's check
 ])
 def test_options_ingest_sets_itself_are_refused(catalog, mixed, key, words):
     message = _refused(catalog, mixed, f"adapter option {key!r} is set by ingest itself",
