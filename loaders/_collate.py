@@ -25,6 +25,7 @@ every sample has gets no ``__present``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -196,9 +197,27 @@ class Collate:
         if present is None:
             return number_tensor(values)
         real = number_tensor([v for v, p in zip(values, present, strict=True) if p])
-        column = torch.full((len(values),), self.pad_value, dtype=real.dtype)
+        column = torch.full((len(values),), self.fill_for(real.dtype), dtype=real.dtype)
         column[torch.tensor(present, dtype=torch.bool)] = real
         return column
+
+    def fill_for(self, dtype: torch.dtype) -> float | int | bool:
+        """What pads a tensor of ``dtype``: ``pad_value``, or 0 where the dtype cannot hold it.
+
+        An integer or bool field holds ``pad_value`` only when it is a whole number in the
+        dtype's range; otherwise (NaN, infinities, 0.5, -1 in uint8) its padding is 0, as
+        the mask or the presence flags say which entries are real. A float field whose
+        dtype cannot hold it exactly gets torch's rounding (1e300 is inf in float32).
+        """
+        value = self.pad_value
+        if dtype.is_floating_point or dtype.is_complex:
+            return value
+        if dtype == torch.bool:
+            return bool(value) if value in (0, 1) else False
+        if not math.isfinite(value) or value != int(value):
+            return 0
+        info = torch.iinfo(dtype)
+        return int(value) if info.min <= int(value) <= info.max else 0
 
     def as_is(self, name: str, values: torch.Tensor) -> bool:
         """Whether :meth:`columns` puts a full column ``values`` in the batch unread, as is."""
@@ -241,7 +260,7 @@ class Collate:
         shapes = {tuple(v.shape) for v in real}
         if len(shapes) == 1 and not always_pack and not (always_pad and first.dim() > 0):
             if present is not None:
-                fill = torch.full(first.shape, self.pad_value, dtype=first.dtype,
+                fill = torch.full(first.shape, self.fill_for(first.dtype), dtype=first.dtype,
                                   device=first.device)
                 values = [v if p else fill for v, p in zip(values, present, strict=True)]
             out[name] = _stack(values)
@@ -269,7 +288,7 @@ class Collate:
         biggest = [max(s[d] for s in shapes) for d in range(first.dim())]
         varying = [d for d in range(len(biggest)) if len({s[d] for s in shapes}) > 1]
         depth = varying[-1] + 1 if varying else 1
-        padded = torch.full((len(values), *biggest), self.pad_value, dtype=dtype)
+        padded = torch.full((len(values), *biggest), self.fill_for(dtype), dtype=dtype)
         mask = torch.zeros((len(values), *biggest[:depth]), dtype=torch.bool)
         for i, (v, p) in enumerate(zip(values, flags, strict=True)):
             if not p:

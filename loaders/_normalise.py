@@ -102,7 +102,8 @@ class Normalise:
             if k == 1 or ndim == 0:
                 continue
             window = regions.windows.get(name, ())
-            if len(window) == ndim and window[-1] is not None:
+            # a window as long as the axis has one start, 0: every component, in order
+            if len(window) == ndim and window[-1] is not None and window[-1] != k:
                 raise InvalidInputError(
                     f"window of {name!r} covers its last axis, whose {k} components "
                     "normalise= scales one by one: window the other axes, or normalise "

@@ -142,8 +142,9 @@ def parse_regions(
                 raise InvalidInputError(f"field {name!r} has both a crop and a window")
             pair = (
                 what == "crop" and isinstance(value, Sequence) and len(value) == 2
-                and all(isinstance(v, numbers.Real) for v in value)
-            )  # no number is a region of one dimension: two make a (start, stop) pair
+                and all(v is None or isinstance(v, numbers.Real) for v in value)
+                and any(v is not None for v in value)
+            )  # no number is a region of one dimension: with None, they make a pair
             if pair or not isinstance(value, Sequence) or isinstance(value, str | bytes):
                 items: Sequence[Any] = (value,)
             else:

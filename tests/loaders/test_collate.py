@@ -24,6 +24,29 @@ def test_pad_adds_a_mask_over_the_varying_dimensions():
     assert int(out["img__mask"][0].sum()) == 8 and int(out["img__mask"][1].sum()) == 6
 
 
+@pytest.mark.parametrize("pad", [float("nan"), float("inf"), 0.5, -1.0, 1e30])
+def test_a_pad_value_integer_fields_cannot_hold_pads_them_with_zero(pad):
+    # NaN pads the float fields; mesh cells (int64) and a uint8 field some samples lack
+    # cannot hold it: a torch error mid-epoch before, now 0 where the mask says padding
+    a = {"points": torch.ones(2, 3), "cells/triangle": torch.tensor([[0, 1, 1]]),
+         "tag": torch.tensor([7], dtype=torch.uint8)}
+    b = {"points": torch.ones(3, 3), "cells/triangle": torch.tensor([[0, 1, 2], [2, 1, 0]])}
+    out = Collate(mesh="pad", pad_value=pad)([a, b])
+    points = out["points"][0, 2:]
+    assert (points.isnan().all() if pad != pad else (points == pad).all())
+    want = int(pad) if pad == -1.0 else 0
+    assert out["cells/triangle"][0, 1].tolist() == [want] * 3
+    assert out["cells/triangle"].dtype == torch.int64
+    assert out["tag"].tolist() == [[7], [0]] and out["tag__present"].tolist() == [True, False]
+
+
+def test_a_pad_value_integer_fields_hold_pads_them():
+    c = Collate(mesh="pad", pad_value=-1)
+    assert c.fill_for(torch.int16) == -1 and c.fill_for(torch.uint8) == 0
+    assert c.fill_for(torch.bool) is False and Collate(pad_value=1).fill_for(torch.bool) is True
+    assert c.fill_for(torch.float16) == -1
+
+
 def test_pack_concatenates_with_offsets_and_shifts_indices():
     a = {"points": torch.zeros(3, 3), "cells": torch.tensor([[0, 1, 2]])}
     b = {"points": torch.ones(4, 3), "cells": torch.tensor([[0, 1, 2], [1, 2, 3]])}

@@ -227,6 +227,10 @@ def test_normalise_fits_crops_of_the_components_and_keeps_batches_types(tmp_path
     rows_only = next(iter(SimDataset(store, "d", window={"vel": [4, None]},
                                      normalise=["vel"])))
     assert tuple(rows_only["vel"].shape) == (4, 3)
+    # a window as long as the last axis keeps every component in order: allowed, and the
+    # same as None for that axis
+    whole = next(iter(SimDataset(store, "d", window={"vel": [4, 3]}, normalise=["vel"])))
+    assert torch.equal(whole["vel"], rows_only["vel"]) and whole["__key__"] == rows_only["__key__"]
     batch = next(iter(SimDataLoader(SimDataset(store, "d", normalise=["steps"]),
                                     batch_size=4)))
     assert batch["steps"].dtype == torch.float32

@@ -95,6 +95,15 @@ def test_regions_take_numpy_integers(store):
     assert windows == {"u": (2,)} and type(windows["u"][0]) is int
 
 
+def test_a_crop_pair_may_leave_one_end_open():
+    # loader.md: a (start, stop) pair, None for an open end; no integer alone is a region
+    # of one dimension, so (-3, None) is a pair, not two dimensions
+    schema = infer_schema(make_samples(2))
+    for pair, want in [((-3, None), slice(-3, None)), ((None, 5), slice(None, 5)),
+                       ((2, None), slice(2, None)), ((np.int64(1), None), slice(1, None))]:
+        assert parse_regions({"u": pair}, None, schema).crops == {"u": (want,)}, pair
+
+
 def test_parse_regions_keeps_python_integers():
     schema = infer_schema(make_samples(2))
     regions = parse_regions({"u": (1, 4)}, {"v": [None]}, schema)
