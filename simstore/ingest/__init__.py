@@ -41,6 +41,7 @@ writer protocol), ``_plugins`` (entry points), ``_config`` (options, progress, r
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import types
@@ -136,3 +137,5 @@ class _CallableModule(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _CallableModule
+# what inspect.signature, help() and editors show for simstore.ingest: the function's
+__signature__ = inspect.signature(ingest)

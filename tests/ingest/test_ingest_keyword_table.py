@@ -100,3 +100,15 @@ def test_ingest_without_snapshot_refuses_a_branch_the_dataset_lacks(tmp_path):
         ingest([str(src)], dataset="d", store=store, branch="mian")
     assert Catalog.open(store).staged("d") == []
     ingest([str(src)], dataset="new", store=store, branch="dev")  # no branches yet: passes
+
+
+def test_simstore_ingest_shows_the_functions_signature_whichever_spelling():
+    # importing the package simstore.ingest rebinds simstore.ingest to a callable module,
+    # whose own __call__ takes (sources, **kwargs): help() and editors showed that
+    import simstore
+    import simstore.ingest
+    from simstore.ingest import _driver
+
+    want = inspect.signature(_driver.ingest)
+    assert inspect.signature(simstore.ingest) == want
+    assert {"dataset", "store", "config", "progress"} <= set(want.parameters)
