@@ -85,6 +85,25 @@ def text_or_bytes(value: bytes) -> str | bytes:
         return bytes(value)
 
 
+def text_of_str(value: str) -> str | bytes:
+    """A ``str`` as stored: itself, or its bytes where it holds surrogates.
+
+    h5py gives a variable-length string attribute whose bytes are not valid UTF-8 as a
+    ``str`` of surrogate escapes, which no UTF-8 encoder takes: those are the bytes back
+    (a ``bytes`` parameter, as a byte string that is not UTF-8 is everywhere else). A
+    lone surrogate that is no such escape keeps its code units (``surrogatepass``).
+    """
+    try:
+        value.encode("utf-8")
+        return value
+    except UnicodeEncodeError:
+        pass
+    try:
+        return text_or_bytes(value.encode("utf-8", "surrogateescape"))
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "surrogatepass")
+
+
 def check_time_options(options: Mapping[str, Any]) -> None:
     """Refuse a ``time_window`` or ``stride`` that is not a whole number of at least 1.
 
@@ -347,7 +366,10 @@ def json_safe(value: Any) -> Any:
         return str(value) if isinstance(item, np.generic) else json_safe(item)
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    if isinstance(value, str | int | float | bool) or value is None:
+    if isinstance(value, str):
+        text = text_of_str(value)
+        return text if isinstance(text, str) else {BYTES_HEX: text.hex()}
+    if isinstance(value, int | float | bool) or value is None:
         return value
     if type(value).__name__ == "Empty" and hasattr(value, "dtype"):
         return None  # h5py.Empty: an attribute with a null dataspace holds no value
@@ -462,7 +484,7 @@ def attribute_fields(
         if isinstance(value, bytes | np.bytes_):
             params[key] = text_or_bytes(bytes(value))
         elif isinstance(value, str | np.str_):
-            params[key] = str(value)
+            params[key] = text_of_str(str(value))
         elif isinstance(value, bool | np.bool_):
             params[key] = bool(value)
         elif isinstance(value, np.generic) and value.dtype.kind in "iuf":

@@ -167,6 +167,29 @@ def test_hdf5_variable_length_strings_are_still_read(tmp_path):
     assert sample.fields["metadata"]["names"] == ["a", "bé"]
 
 
+@pytest.mark.parametrize("encoding", ["utf-8", "ascii"])
+def test_hdf5_string_attributes_that_are_not_utf8_keep_their_bytes(tmp_path, encoding):
+    # h5py gives such a variable-length attribute as a str of surrogate escapes, which
+    # failed the whole file at encoding ("surrogates not allowed"), naming no field
+    src = tmp_path / "src"
+    src.mkdir()
+    with h5py.File(src / "a.h5", "w") as f:
+        f.attrs.create("s", b"\xff", dtype=h5py.string_dtype(encoding))
+        f.attrs.create("names", [b"ok", b"\xc3("], dtype=h5py.string_dtype(encoding))
+        f.attrs.create("fine", "caf\u00e9".encode(), dtype=h5py.string_dtype("utf-8"))
+        f["x"] = np.arange(3.0)
+    fields = stored(tmp_path, src)["a.h5"]
+    assert fields["s"] == b"\xff"
+    assert fields["metadata"]["names"] == ["ok", {"__bytes_hex__": "c328"}]
+    assert fields["fine"] == "caf\u00e9"
+
+
+def test_text_of_str_gives_back_the_escaped_bytes_and_keeps_lone_surrogates():
+    assert _tree.text_of_str("plain") == "plain"
+    assert _tree.text_of_str(b"\xff".decode("utf-8", "surrogateescape")) == b"\xff"
+    assert _tree.text_of_str("\ud800") == "\ud800".encode("utf-8", "surrogatepass")
+
+
 # -- 12: time_name that names nothing
 
 
