@@ -143,14 +143,21 @@ class ReaderPool:
         max_open: int,
         referenced_by: Sequence[str],
         decode_cache_bytes: int = 256 << 20,
+        max_prepared: int = 24,
     ) -> None:
         self.access = access
         self.opener = opener
         self.max_open = max_open
         self.referenced_by = referenced_by
+        self.max_prepared = max(1, max_prepared)
+        """The most shards prepared ahead of their readers at once; the chunks ahead may
+        name more (a chunk of small shards names up to one per sample). Each prepared
+        cache copy holds a descriptor (its pin), so past this they wait in ``_deferred``
+        and are prepared as readers take the earlier ones."""
         self._lock = threading.Lock()
         self._entries: OrderedDict[tuple[int, str], _Entry] = OrderedDict()
         self._prepared: dict[tuple[int, str], Future[ShardHandle | None]] = {}
+        self._deferred: dict[tuple[int, str], None] = {}  # waiting, in order of use
         self._checked_after_close: list[tuple[tuple[int, str], _Check]] = []
         self._hash_now = threading.Event()
         self._hashing = threading.Semaphore(_HASH_THREADS)
@@ -172,7 +179,7 @@ class ReaderPool:
         A fetched copy waiting for its reader still holds its place in the cache.
         """
         with self._lock:
-            return key in self._prepared
+            return key in self._prepared or key in self._deferred
 
     def downloads(self, keys: Iterable[tuple[int, str]]) -> bool:
         """Whether any of these shards waits for a download into the disk cache."""
@@ -181,7 +188,7 @@ class ReaderPool:
     def is_known(self, key: tuple[int, str]) -> bool:
         """Whether the shard is open or its preparation is scheduled."""
         with self._lock:
-            return key in self._entries or key in self._prepared
+            return key in self._entries or key in self._prepared or key in self._deferred
 
     def schedule(self, key: tuple[int, str], pool: ThreadPoolExecutor) -> None:
         """Start preparing a shard (verify or cache fill) in the background.
@@ -189,29 +196,37 @@ class ReaderPool:
         The whole-object hash of a local shard waits until the first chunk is decoded
         (:meth:`start_hashing`), or until a reader has to wait for background work: a
         Parquet reader checks its pages meanwhile, and the first batch does not share
-        the cores with hashing.
+        the cores with hashing. At most ``max_prepared`` shards are prepared at once;
+        the others wait their turn, in order.
         """
         with self._lock:
-            if key in self._entries or key in self._prepared:
+            if key in self._entries or key in self._prepared or key in self._deferred:
                 return
             self._io = pool
-            access = self.access[key[0]]
-            if access.verify and access.mode(key[1]) == "local":
-                if not access.unchecked(key[1]):
-                    # hashed here already, or in an earlier epoch and unchanged: nothing
-                    # to wait for, and its reader is trusted from the start
-                    done: Future[ShardHandle | None] = Future()
-                    done.set_result(None)
-                    self._prepared[key] = done
-                elif access.sibling_hashes(key[1]):
-                    self._prepared[key] = _Published(
-                        access, key[1], functools.partial(access.prepare, key[1]))
-                else:
-                    self._prepared[key] = pool.submit(
-                        self._later, functools.partial(access.prepare, key[1])
-                    )
+            if len(self._prepared) >= self.max_prepared:
+                self._deferred[key] = None
+                return
+            self._prepare(key, pool)
+
+    def _prepare(self, key: tuple[int, str], pool: ThreadPoolExecutor) -> None:
+        """Start preparing ``key`` (under the lock)."""
+        access = self.access[key[0]]
+        if access.verify and access.mode(key[1]) == "local":
+            if not access.unchecked(key[1]):
+                # hashed here already, or in an earlier epoch and unchanged: nothing
+                # to wait for, and its reader is trusted from the start
+                done: Future[ShardHandle | None] = Future()
+                done.set_result(None)
+                self._prepared[key] = done
+            elif access.sibling_hashes(key[1]):
+                self._prepared[key] = _Published(
+                    access, key[1], functools.partial(access.prepare, key[1]))
             else:
-                self._prepared[key] = pool.submit(access.prepare, key[1])
+                self._prepared[key] = pool.submit(
+                    self._later, functools.partial(access.prepare, key[1])
+                )
+        else:
+            self._prepared[key] = pool.submit(access.prepare, key[1])
 
     def _later(self, check: Callable[[], T]) -> T:
         """A background hash: once the first chunk is out, one at a time."""
@@ -249,6 +264,14 @@ class ReaderPool:
             entry.users += 1
             self._entries.move_to_end(key)
             prepared = self._prepared.pop(key, None)
+            self._deferred.pop(key, None)  # not prepared yet: opened here, as it comes
+            while self._deferred and len(self._prepared) < self.max_prepared and self._io:
+                nxt = next(iter(self._deferred))
+                try:
+                    self._prepare(nxt, self._io)
+                except RuntimeError:  # the epoch's I/O pool is shut down: opened when read
+                    break
+                del self._deferred[nxt]
         try:
             with entry.lock:
                 if entry.reader is None:
@@ -427,6 +450,7 @@ class ReaderPool:
             prepared = list(self._prepared.values())
             self._entries.clear()
             self._prepared.clear()
+            self._deferred.clear()
         for entry in entries:
             _close(entry)
         for fut in prepared:
