@@ -6,7 +6,9 @@ come from) for what the option promises.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -22,6 +24,9 @@ if TYPE_CHECKING:
 
 __all__ = ["CorruptShards"]
 
+_ENVIRONMENT = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EACCES, errno.EPERM)
+"""Errors of the reading process or its machine, never of a shard's bytes."""
+
 log = logging.getLogger("simstore.loaders")
 Decoded = dict[str, Any]
 
@@ -34,10 +39,32 @@ class CorruptShards:
     gone from the store) is logged once, counted (``corrupt_shards``), and not read again
     by this process: its samples in every later chunk are stood in for as well (see
     :func:`~simstore.loaders._pipeline.read_chunk`). Errors of the storage itself
-    (timeouts, throttling past the retries) are not corruption and still fail the read.
+    (timeouts, throttling past the retries) are not corruption and still fail the read,
+    nor are the reading process's own limits (:meth:`environmental`).
     """
 
     SKIPPED = (IntegrityError, FormatError, NotFoundError)
+
+    @staticmethod
+    def environmental(exc: BaseException) -> bool:
+        """Whether ``exc`` comes from the process or the machine, not the shard.
+
+        Out of file descriptors or memory, or no permission: a reader wraps such an
+        ``OSError`` in a :class:`FormatError` like any unreadable shard, but the shard is
+        intact, and skipping it would drop healthy samples. Found in the exception's
+        causes by errno, or by its text where a library (pyarrow) gives none.
+        """
+        seen: set[int] = set()
+        current: BaseException | None = exc
+        while current is not None and id(current) not in seen:
+            seen.add(id(current))
+            if isinstance(current, OSError) and current.errno in _ENVIRONMENT:
+                return True
+            text = str(current)
+            if any(f"[Errno {e}]" in text or os.strerror(e) in text for e in _ENVIRONMENT):
+                return True
+            current = current.__cause__ or current.__context__
+        return False
 
     def __init__(
         self, counters: Counters, probe: Callable[[], Decoded | None] | None = None

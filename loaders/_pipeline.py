@@ -333,6 +333,8 @@ def read_chunk(
             try:
                 return one(read)
             except CorruptShards.SKIPPED as exc:
+                if CorruptShards.environmental(exc):
+                    raise  # out of descriptors or memory: the shard is not to blame
                 corrupt.failed(key, exc)
         return read, None, read.out
 

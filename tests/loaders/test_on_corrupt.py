@@ -7,6 +7,7 @@ slot carries a copy of an intact sample marked ``__pad__``.
 
 from __future__ import annotations
 
+import errno
 import os
 
 import numpy as np
@@ -16,7 +17,7 @@ from simstore.loaders import SimDataLoader, SimDataset
 from simstore.loaders._stats import one_line
 
 from simstore.catalog import Catalog
-from simstore.errors import IntegrityError, InvalidInputError
+from simstore.errors import FormatError, IntegrityError, InvalidInputError
 from simstore.hashing import object_key
 from simstore.ingest import ingest
 
@@ -60,6 +61,34 @@ def test_skip_stands_in_for_a_corrupt_shard_and_counts_it(small, caplog):
     assert any(object_key(bad) in r.getMessage() for r in caplog.records)
     assert ds.report()["corrupt"] == {"shards": 1, "samples": len(shards[bad])}
     assert f"{len(shards[bad])} samples of corrupt shards stood in for" in one_line(stats)
+
+
+@pytest.mark.parametrize("error", [
+    OSError(errno.EMFILE, "Too many open files"),
+    # pyarrow's own wording: an OSError with no errno, the number in its text
+    OSError("Failed to open local file 'x'. Detail: [errno 24] Too many open files"),
+    OSError(errno.ENOMEM, "Cannot allocate memory"),
+])
+def test_skip_does_not_take_the_processs_own_limits_for_a_corrupt_shard(small, caplog, error):
+    # out of descriptors, healthy shards were logged as corrupt and their samples skipped
+    store, ref, samples = small
+    bad = sorted(_keys_by_shard(store, ref))[1]
+
+    def opener(source):
+        if isinstance(source, str) and bad in source:
+            try:
+                raise error
+            except OSError as exc:  # as the loader's opener wraps it
+                raise FormatError(f"cannot read the shard's first and last bytes: {exc}") \
+                    from exc
+        return open_test_shard(source)
+
+    ds = SimDataset(store, ref, shard_opener=opener, on_corrupt="skip")
+    with caplog.at_level("WARNING", logger="simstore.loaders"):
+        with pytest.raises(FormatError, match="first and last bytes"):
+            list(ds)
+    assert not any("corrupt shard" in r.getMessage() for r in caplog.records)
+    assert ds.stats()["corrupt_shards"] == 0
 
 
 def test_raise_is_the_default_and_names_the_shard(small):
