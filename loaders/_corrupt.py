@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -16,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from simstore.loaders._stats import Counters
 
-from simstore.errors import FormatError, IntegrityError, NotFoundError
+from simstore.errors import FormatError, IntegrityError, NotFoundError, SimstoreError
 from simstore.hashing import object_key
 
 if TYPE_CHECKING:
@@ -47,23 +46,32 @@ class CorruptShards:
 
     @staticmethod
     def environmental(exc: BaseException) -> bool:
-        """Whether ``exc`` comes from the process or the machine, not the shard.
+        """Whether ``exc`` comes from the reading process or its machine, not the shard.
 
-        Out of file descriptors or memory, or no permission: a reader wraps such an
-        ``OSError`` in a :class:`FormatError` like any unreadable shard, but the shard is
-        intact, and skipping it would drop healthy samples. Found in the exception's
-        causes by errno, or by its text where a library (pyarrow) gives none.
+        Out of file descriptors, a mapping refused for want of memory, no permission: a
+        reader wraps such an ``OSError`` in a :class:`FormatError` like any unreadable
+        shard, but the shard is intact, and skipping it would drop healthy samples. Found
+        by errno along the explicit causes (``raise ... from``), or by the ``[Errno N]``
+        of a library's own ``OSError`` that gives no errno (pyarrow); never in simstore's
+        messages, which name paths and URLs. A wrong hash (:class:`IntegrityError`) is the
+        shard's, whatever else failed before it. A ``MemoryError`` is not counted: damaged
+        metadata can ask for any size.
         """
         seen: set[int] = set()
         current: BaseException | None = exc
         while current is not None and id(current) not in seen:
             seen.add(id(current))
-            if isinstance(current, OSError) and current.errno in _ENVIRONMENT:
-                return True
-            text = str(current)
-            if any(f"[Errno {e}]" in text or os.strerror(e) in text for e in _ENVIRONMENT):
-                return True
-            current = current.__cause__ or current.__context__
+            if isinstance(current, IntegrityError):
+                return False
+            if isinstance(current, OSError):
+                if current.errno in _ENVIRONMENT:
+                    return True
+                text = str(current).lower()
+                if current.errno is None and not isinstance(current, SimstoreError) and any(
+                    f"[errno {e}]" in text for e in _ENVIRONMENT
+                ):
+                    return True
+            current = current.__cause__
         return False
 
     def __init__(

@@ -334,8 +334,10 @@ def read_chunk(
                 return one(read)
             except CorruptShards.SKIPPED as exc:
                 if CorruptShards.environmental(exc):
-                    raise  # out of descriptors or memory: the shard is not to blame
+                    raise  # out of descriptors, say: the shard is not to blame
                 corrupt.failed(key, exc)
+        else:
+            pool.forget(key)  # scheduled with its chunk, and never to be read
         return read, None, read.out
 
     out: list[Decoded | None] = [None] * len(chunk)

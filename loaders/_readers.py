@@ -228,6 +228,29 @@ class ReaderPool:
         else:
             self._prepared[key] = pool.submit(access.prepare, key[1])
 
+    def _top_up(self) -> None:
+        """Prepare deferred shards, in order, while fewer than ``max_prepared`` are (locked)."""
+        while self._deferred and len(self._prepared) < self.max_prepared and self._io:
+            nxt = next(iter(self._deferred))
+            try:
+                self._prepare(nxt, self._io)
+            except RuntimeError:  # the epoch's I/O pool is shut down: opened when read
+                break
+            del self._deferred[nxt]
+
+    def forget(self, key: tuple[int, str]) -> None:
+        """Drop a scheduled shard no reader will open (one found corrupt).
+
+        Its preparation is released (a cache copy's pin) and its place goes to the next
+        deferred shard.
+        """
+        with self._lock:
+            prepared = self._prepared.pop(key, None)
+            self._deferred.pop(key, None)
+            self._top_up()
+        if prepared is not None:
+            _release(prepared)
+
     def _later(self, check: Callable[[], T]) -> T:
         """A background hash: once the first chunk is out, one at a time."""
         self._hash_now.wait(_HASH_DELAY_S)
@@ -265,13 +288,7 @@ class ReaderPool:
             self._entries.move_to_end(key)
             prepared = self._prepared.pop(key, None)
             self._deferred.pop(key, None)  # not prepared yet: opened here, as it comes
-            while self._deferred and len(self._prepared) < self.max_prepared and self._io:
-                nxt = next(iter(self._deferred))
-                try:
-                    self._prepare(nxt, self._io)
-                except RuntimeError:  # the epoch's I/O pool is shut down: opened when read
-                    break
-                del self._deferred[nxt]
+            self._top_up()
         try:
             with entry.lock:
                 if entry.reader is None:

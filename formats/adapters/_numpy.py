@@ -71,7 +71,9 @@ class _MapBudget:
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # reentrant: a mapping's finalizer (give_back) may run from a garbage collection
+        # that starts inside take(), on the same thread
+        self._lock = threading.RLock()
         self._live = 0
         self._most: int | None = None
 

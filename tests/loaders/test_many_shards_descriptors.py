@@ -9,15 +9,23 @@ one-sample shards, and failed under the common limit of 1,024 with "Too many ope
 At most ``prefetch.shards + max_open_shards`` shards are prepared at once now.
 """
 
+import errno
+import io
 import os
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+from simstore.loaders._corrupt import CorruptShards
+from simstore.loaders._fetch import ShardHandle
+from simstore.loaders._readers import ReaderPool
+from simstore.loaders._stats import Counters
 
 import simstore
 from simstore.catalog import Catalog
+from simstore.errors import FormatError, IntegrityError
 
 _SCRIPT = textwrap.dedent(
     """
@@ -58,3 +66,95 @@ def test_a_warm_epoch_over_300_one_sample_shards_under_a_limit_of_128(tmp_path):
     assert "skipping" not in done.stderr  # no healthy shard taken for a corrupt one
     hits, misses = map(int, done.stdout.split())
     assert (hits, misses) == (300, 300)
+
+
+class _Access:
+    """A cache-backed shard source that records what it prepared (no store behind it)."""
+
+    verify = False
+
+    class store:  # noqa: N801 (what ReaderPool reads of it)
+        url = "fake://"
+
+    def __init__(self):
+        self.counters = Counters()
+        self.prepared = []
+
+    def mode(self, sid):
+        return "cache"
+
+    def prepare(self, sid):
+        self.prepared.append(sid)
+        return ShardHandle(io.BytesIO(b"x"), lambda: None, trusted=True)
+
+    def open(self, sid, handle, verified=True):
+        return handle or ShardHandle(io.BytesIO(b"x"), lambda: None, trusted=True)
+
+    def downloads(self, sid):
+        return False
+
+    def close(self):
+        pass
+
+
+class _Reader:
+    def __init__(self, source):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_shards_scheduled_but_never_read_give_their_places_back_when_forgotten():
+    # on_corrupt="skip" reads no shard it knows is corrupt; later chunks still schedule
+    # them: held for ever, 24 of them stopped every later shard's prefetch
+    access = _Access()
+    pool = ReaderPool([access], _Reader, max_open=16, referenced_by=["s"], max_prepared=4)
+    with ThreadPoolExecutor(2) as io_pool:
+        bad = [(0, f"bad{i}") for i in range(4)]
+        good = [(0, f"good{i}") for i in range(10)]
+        for key in bad + good:
+            pool.schedule(key, io_pool)
+        assert all(pool.is_pending(k) for k in bad + good)  # deferred ones count as pending
+        for key in bad:
+            pool.forget(key)
+        for key in good:
+            with pool.reader(key):
+                pass
+    pool.close()
+    # the healthy shards were prepared ahead of their readers as places came free, and
+    # no forgotten shard holds one
+    assert sum(s.startswith("good") for s in access.prepared) >= len(good) - 4
+    assert not pool.is_pending((0, "good0")) and not any(pool.is_pending(k) for k in bad)
+
+
+def _wrapped(error: BaseException) -> FormatError:
+    try:
+        raise error
+    except BaseException as exc:
+        try:
+            raise FormatError(f"cannot read the shard's first and last bytes: {exc}") from exc
+        except FormatError as wrapped:
+            return wrapped
+
+
+def test_what_counts_as_the_processs_own_limit_and_what_as_the_shards_damage():
+    environmental = CorruptShards.environmental
+    assert environmental(_wrapped(OSError(errno.EMFILE, "Too many open files")))
+    assert environmental(_wrapped(OSError("Detail: [errno 24] Too many open files")))
+    assert environmental(_wrapped(OSError(errno.EACCES, "Permission denied")))
+    # simstore's own text names paths and URLs: a word in them is not a cause
+    assert not environmental(FormatError("s3://b/Permission denied/x: bad page [Errno 24]"))
+    # a wrong hash is the shard's, whatever failed before it
+    damaged = IntegrityError("hash mismatch")
+    damaged.__cause__ = OSError(errno.EMFILE, "Too many open files")
+    assert not environmental(damaged)
+    # an EACCES handled earlier (implicit context) is not this error's cause
+    try:
+        try:
+            raise OSError(errno.EACCES, "Permission denied")
+        except OSError:
+            raise FormatError("truncated row group") from None
+    except FormatError as exc:
+        assert not environmental(exc)
+    assert not environmental(_wrapped(MemoryError("Unable to allocate 4 EiB")))
