@@ -35,7 +35,7 @@ from simstore.ingest._engine import EngineRun, run_local
 from simstore.ingest._plugins import plugins_for
 from simstore.ingest._records import FileResult, Row, SourceFile, TaskContext, TaskResult
 from simstore.ingest._sources import discover, host_token, plan_tasks, sample_counter
-from simstore.ingest._worker import group_clash, group_clash_message
+from simstore.ingest._worker import FieldGroups, group_clash_message
 from simstore.manifest import MANIFEST_SCHEMA
 from simstore.names import check_name
 from simstore.sample import FieldSpec, Schema, canonical_json, merge_schema
@@ -289,9 +289,12 @@ def _group_clash(
     ``a/b`` cannot both be fields of a dataset, in any order and on any worker.
     """
     own = {s.name for s in specs}
-    known = own | field_from.keys()
-    for name in sorted(own - field_from.keys()):  # fields already merged were checked
-        other = group_clash(name, known)
+    fresh = sorted(own - field_from.keys())  # fields already merged were checked
+    if not fresh:
+        return None
+    known = FieldGroups(own | field_from.keys())
+    for name in fresh:
+        other = known.clash(name)
         if other is not None:
             where = "this file" if other not in field_from else field_from[other]
             return group_clash_message(path, name, other, where)

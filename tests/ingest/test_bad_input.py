@@ -227,7 +227,6 @@ def test_a_dataset_that_has_a_field_and_its_group_from_before_still_ingests_read
 ):
     # a head written before the check holds both 'fields' and 'fields/density': the new
     # files' samples with each go to separate Zarr shards (one shard cannot hold both)
-    import simstore.ingest._driver as driver
     import simstore.ingest._worker as worker
 
     old, new = tmp_path / "old", tmp_path / "new"
@@ -236,8 +235,7 @@ def test_a_dataset_that_has_a_field_and_its_group_from_before_still_ingests_read
     _field_file(old / "a.npz")
     _group_file(old / "b.h5")
     with monkeypatch.context() as m:
-        m.setattr(worker, "group_clash", lambda name, known: None)
-        m.setattr(driver, "group_clash", lambda name, known: None)
+        m.setattr(worker.FieldGroups, "clash", lambda self, name: None)  # every check
         ingest([old], dataset="d", store=catalog, snapshot=True, format="zarr", shard_size=1)
     _field_file(new / "c.npz")
     _group_file(new / "d.h5")
