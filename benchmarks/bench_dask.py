@@ -159,6 +159,16 @@ print(json.dumps({{"samples": result.samples, "seconds": secs, "before": before,
 """
 
 
+def _driver_run(opts: dict[str, Any], warm: Path, src: Path, store: Path) -> dict[str, Any]:
+    """One measured ingest of ``src`` in a fresh driver process (after a warm-up of ``warm``)."""
+    code = _DRIVER.format(bench=str(Path(__file__).resolve().parent), opts=repr(opts),
+                          warm=str(warm), src=str(src), store=str(store))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the driver process failed: {done.stderr.strip()[-2000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
 def _tiny_runs(folder: Path, samples: int) -> None:
     """Four HDF5 runs of ``samples`` one-step windows in all: many samples, few bytes."""
     import h5py
@@ -185,17 +195,7 @@ def driver_memory(work: Path, quick: bool) -> dict[str, Any]:
             _tiny_runs(work / "tiny", n)
             opts = {"time_window": 1, "shard_size": 1 << 20, "engine": "dask",
                     "address": cluster.scheduler_address}
-            code = _DRIVER.format(
-                bench=str(Path(__file__).resolve().parent),
-                opts=repr(opts),
-                warm=str(work / "warm-src"),
-                src=str(work / "tiny"),
-                store=str(work / "mem"),
-            )
-            done = subprocess.run(
-                [sys.executable, "-c", code], check=True, capture_output=True, text=True
-            )
-            run = json.loads(done.stdout.strip().splitlines()[-1])
+            run = _driver_run(opts, work / "warm-src", work / "tiny", work / "mem")
             out["runs"].append(
                 {
                     "samples": run["samples"],
@@ -236,17 +236,8 @@ def driver_memory_files(work: Path, quick: bool) -> dict[str, Any]:
     _small_files(work / "warm-files", 64)
     for n in sizes:
         _small_files(work / "files", n)
-        code = _DRIVER.format(
-            bench=str(Path(__file__).resolve().parent),
-            opts=repr({"shard_size": 32 << 20, "workers": 1}),
-            warm=str(work / "warm-files"),
-            src=str(work / "files"),
-            store=str(work / "mem"),
-        )
-        done = subprocess.run(
-            [sys.executable, "-c", code], check=True, capture_output=True, text=True
-        )
-        run = json.loads(done.stdout.strip().splitlines()[-1])
+        opts = {"shard_size": 32 << 20, "workers": 1}
+        run = _driver_run(opts, work / "warm-files", work / "files", work / "mem")
         out["runs"].append(
             {
                 "files": n,
