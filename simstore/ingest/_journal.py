@@ -98,6 +98,11 @@ def journal_key(ctx: TaskContext, src: SourceFile) -> str:
     }
     if src.piece is not None:
         fields["samples"] = [src.piece.start, src.piece.stop]
+    if src.companions:  # absent otherwise: the keys of files without them are unchanged
+        fields["companions"] = [
+            [printable_path(path), size, mtime, identity]
+            for path, size, mtime, identity in src.companions
+        ]
     digest = hash_bytes(canonical_json(fields))
     return f"journal/{ctx.dataset}/{digest}"
 

@@ -56,6 +56,11 @@ class SourceFile:
     """The whole file's size as listed (``size`` is a piece's share of it); None: ``size``.
     A task checks the file against its listing (size, mtime, identity) when it opens it
     and after reading it (see ``_sources.ListedSource``)."""
+    companions: tuple[tuple[str, int, int, str], ...] = ()
+    """The files its adapter reads with it (a ``.pvd``'s steps, an XDMF's HDF5 data), each
+    as listed: path, size, mtime, identity (size -1: missing). They key the journal and
+    are checked after reading, as the file itself is: a step rewritten under an unchanged
+    ``.pvd`` is read again."""
 
     @property
     def listed_size(self) -> int:

@@ -8,6 +8,7 @@ or the worker count, so every engine stores the same shards.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import functools
 import math
@@ -231,6 +232,14 @@ def _stat(path: str) -> tuple[int, int, str]:
     return st.st_size, st.st_mtime_ns, f"{st.st_dev}:{st.st_ino}:{st.st_ctime_ns}"
 
 
+def _companion_stat(path: str) -> tuple[int, int, str]:
+    """A companion file's size, mtime and identity; ``(-1, 0, "missing")`` when gone."""
+    try:
+        return _stat(path)
+    except OSError:
+        return -1, 0, "missing"
+
+
 @functools.cache
 def host_token() -> str:
     """Which machine (and boot of it) this process runs on.
@@ -335,10 +344,32 @@ class ListedSource:
         if what:
             raise self._changed(what)
 
+    def _companions_changed(self) -> list[str]:
+        """The companions (a ``.pvd``'s steps) that differ from their listing now."""
+        out = []
+        for path, size, mtime, identity in self.src.companions:
+            now_size, now_mtime, now_identity = _companion_stat(path)
+            then, now = identity.split(":"), now_identity.split(":")
+            if not self.same_host and len(then) == 3 == len(now):
+                then, now = then[2:], now[2:]  # another machine's device and inode numbers
+            if (now_size, now_mtime, now) != (size, mtime, then):
+                out.append(printable_path(path))
+        return out
+
     def check(self) -> None:
-        """Check the source after it was read; raises if it changed since it was listed."""
+        """Check the source after it was read; raises if it changed since it was listed.
+
+        Its companions (files its adapter read with it) are checked too.
+        """
         if not self.active:
             return
+        changed = self._companions_changed()
+        if changed:
+            more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+            raise SourceError(
+                f"{printable_path(self.src.path)}: the file it references "
+                f"{', '.join(changed[:3])}{more} changed since it was listed; re-run the ingest"
+            )
         path = self.src.path
         if self.is_dir:
             try:
@@ -462,7 +493,11 @@ def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[Sourc
             referenced = list(companions(found_src.path))
         except Exception:  # a malformed .pvd: its own task reports it, naming the file
             continue
-        claimed.update(os.path.normpath(os.path.abspath(p)) for p in referenced)
+        paths = sorted({os.path.normpath(os.path.abspath(p)) for p in referenced})
+        claimed.update(paths)
+        if paths:
+            found[found_src.key] = dataclasses.replace(
+                found_src, companions=tuple((p, *_companion_stat(p)) for p in paths))
     files = [s for s in found.values() if not (s.path in walked and s.path in claimed)]
     return sorted(files, key=lambda s: s.key), sorted(ignored)
 
