@@ -374,9 +374,9 @@ class ShardCache:
                 os.unlink(self.used_path(name))
         return out
 
-    def usage_bytes(self) -> int:
-        """Bytes held by copies and fills in progress."""
-        used = sum(size for _, size, _ in self._entries())
+    def usage_bytes(self, entries: list[tuple[int, int, str]] | None = None) -> int:
+        """Bytes held by copies (``entries``, listed here when not given) and fills."""
+        used = sum(size for _, size, _ in (self._entries() if entries is None else entries))
         for name in _listdir(self._tmp):
             with contextlib.suppress(FileNotFoundError):
                 used += os.lstat(os.path.join(self._tmp, name)).st_size
@@ -388,8 +388,9 @@ class ShardCache:
             self._make_room(0)
 
     def _make_room(self, size: int) -> None:
+        # one listing of the cache per fill (it was two: the copies, then their bytes)
         entries = sorted(self._entries())  # least recently used first
-        used = self.usage_bytes()
+        used = self.usage_bytes(entries)
         for _used_ns, nbytes, path in entries:
             if used + size <= self.config.limit_bytes:
                 return

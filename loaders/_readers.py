@@ -143,7 +143,7 @@ class ReaderPool:
         max_open: int,
         referenced_by: Sequence[str],
         decode_cache_bytes: int = 256 << 20,
-        max_prepared: int = 24,
+        max_prepared: int = 8,
     ) -> None:
         self.access = access
         self.opener = opener

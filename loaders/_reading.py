@@ -253,8 +253,9 @@ class EpochReader:
             pool = ReaderPool(access, opener, opts.prefetch.max_open_shards,
                               [s.snapshot_id for s in sources],
                               decode_cache_bytes=opts.prefetch.decode_cache_bytes,
-                              # the cache copies a reading process pins at once (loader.md)
-                              max_prepared=opts.prefetch.shards + opts.prefetch.max_open_shards)
+                              # copies pinned ahead of their readers; open readers pin
+                              # up to max_open_shards more (loader.md sizes the cache so)
+                              max_prepared=opts.prefetch.shards)
             stack.callback(pool.close)
             resolver = Resolver(sources, self.mixture, self.epoch_length, counters, tiers,
                                 part_readers=[a.read_cached for a in access])

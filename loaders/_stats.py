@@ -262,6 +262,7 @@ class LoaderStats(TypedDict):
     cache_warm_hit_bytes: int
     cache_fill_bytes: int
     cache_evictions: int
+    cache_over_limit: int
     tiers: dict[str, TierReport]
     manifest_parts: int
     manifest_bytes: int
@@ -338,6 +339,7 @@ def summarise(
         "cache_warm_hit_bytes": int(counters.get("cache_warm_hit_bytes", 0)),
         "cache_fill_bytes": int(counters.get("cache_fill_bytes", 0)),
         "cache_evictions": int(counters.get("cache_evictions", 0)),
+        "cache_over_limit": int(counters.get("cache_over_limit", 0)),
         "tiers": tiers_of(counters),
         "manifest_parts": int(counters.get("manifest_parts", 0)),
         "manifest_bytes": int(counters.get("manifest_bytes", 0)),
@@ -394,6 +396,7 @@ def run_report(
             "fill_bytes": stats["cache_fill_bytes"],
             "evictions": stats["cache_evictions"],
             "evicted_bytes": int(counters.get("cache_evicted_bytes", 0)),
+            "over_limit": stats["cache_over_limit"],
         },
         "manifest": {"parts": stats["manifest_parts"], "bytes": stats["manifest_bytes"],
                      "cache_hits": stats["manifest_cache_hits"],

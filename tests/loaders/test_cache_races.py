@@ -119,3 +119,26 @@ def test_a_hit_is_checked_on_the_file_its_reader_holds(tmp_path):
     finally:
         held.release()
 
+
+
+def test_a_fill_over_the_limit_is_counted_where_stats_and_the_report_show_it(tmp_path):
+    # the counter was kept but neither stats() nor the run report gave it
+    from simstore.loaders._stats import run_report, summarise
+
+    counters = Counters()
+    cache = ShardCache(CacheConfig(directory=str(tmp_path / "c"), limit_bytes=2 * SIZE),
+                       counters)
+    blobs = [_blob(1), _blob(2)]
+    pinned = [cache.acquire(hash_bytes(b), lambda: SIZE, lambda out, b=b: out.write(b))
+              for b in blobs]
+    # both copies pinned (read by a reader): the third fill goes ahead over the limit
+    cache.acquire(hash_bytes(_blob(3)), lambda: SIZE,
+                  lambda out: out.write(_blob(3))).release()
+    for copy in pinned:
+        copy.release()
+    snapshot = counters.snapshot()
+    stats = summarise(snapshot, seconds=1.0, wait_s=0.0, busy_s=1.0, first_batch_s=None)
+    assert stats["cache_over_limit"] == 1
+    report = run_report(stats, snapshot, snapshots=["s"], epochs=[0], world_size=1,
+                        num_workers=0)
+    assert report["cache"]["over_limit"] == 1

@@ -6,7 +6,7 @@ until the reader opens it, and a chunk of small shards names up to one shard per
 a warm epoch prepared every shard of a chunk at once, 2,487 descriptors for 2,500
 one-sample shards, and failed under the common limit of 1,024 with "Too many open files"
 (a raw pyarrow error, or healthy shards skipped as corrupt with ``on_corrupt="skip"``).
-At most ``prefetch.shards + max_open_shards`` shards are prepared at once now.
+At most ``prefetch.shards`` shards are prepared ahead of their readers at once now.
 """
 
 import errno
