@@ -492,12 +492,19 @@ def pull_cmd(
 
 def _pull_text(ref: str, r: PullReport) -> str:
     pinned = f"{parse_ref(ref).dataset}@{r.snapshot}"
-    return (
+    head = (
         f"pulled {ref} ({r.snapshot[:12]}) into {r.cache_dir}: {r.objects} objects, "
         f"{_bytes(r.bytes)}; fetched {r.fetched} ({_bytes(r.fetched_bytes)}), "
         f"{r.already_cached} already cached; {r.seconds:.1f} s\n"
-        f"a job that reads {pinned} with this cache_dir asks nothing of the store"
     )
+    if r.present < r.objects:
+        return head + (
+            f"only {r.present} of the {r.objects} objects are in the cache now: copies that "
+            "jobs reading it pin took the rest of its limit, and the pull's own were evicted "
+            f"to make room; a job that reads {pinned} fetches the others from the store "
+            "(pull when no job reads the cache, or with a larger --limit)"
+        )
+    return head + f"a job that reads {pinned} with this cache_dir asks nothing of the store"
 
 
 COMMANDS = [cost_cmd, prices_cmd, du_cmd, pull_cmd]

@@ -726,6 +726,10 @@ class PullReport:
     seconds: float
     fields: tuple[str, ...]
     read: tuple[TierUsage, ...]
+    present: int = -1
+    """Objects whose whole copy is in the cache once the pull ends (-1: not looked at).
+    Fewer than ``objects`` when other readers' pinned copies filled the limit and the
+    pull's own copies were evicted to make room."""
 
     def to_json(self) -> dict[str, Any]:
         """JSON shape of ``simstore pull --json``."""
@@ -741,6 +745,7 @@ class PullReport:
             "seconds": self.seconds,
             "fields": list(self.fields),
             "read": {t.tier: t.to_json() for t in self.read},
+            "present": self.present,
         }
 
 
@@ -863,6 +868,9 @@ def warm_cache(
         seconds=time.monotonic() - started,
         fields=tuple(fields),
         read=counting.traffic.usage(),
+        # what is there now: a job reading the cache meanwhile may have pinned enough of
+        # the limit that this pull's first copies were evicted for its last ones
+        present=sum(_copy_size(cache, oid) == sizes[oid] for oid in wanted),
     )
 
 

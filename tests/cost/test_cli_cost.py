@@ -155,6 +155,38 @@ def test_du_and_pull(store_url, tmp_path):
     assert whole["snapshot"] is None and whole["tiers"][1]["bytes"] >= 3000
 
 
+def test_pull_says_when_pinned_copies_left_no_room_for_all_of_it(store_url, tmp_path):
+    # a job reading the cache pins copies; the pull evicted its own first copies for its
+    # last ones and still said a job "asks nothing of the store"
+    from simstore.loaders._cache import CacheConfig, ShardCache
+    from simstore.loaders._stats import Counters
+
+    from simstore.hashing import hash_bytes
+
+    cat = Catalog.open(store_url)
+    sid = commit(cat, "ds", {k: k.encode() * 1000 for k in "abcdefgh"})
+    d = tmp_path / "hot"
+    job = ShardCache(CacheConfig(directory=str(d), limit_bytes=10**9), Counters())
+    blobs = [bytes([i]) * 3000 for i in range(4)]
+    pins = [job.acquire(hash_bytes(b), lambda b=b: len(b), lambda out, b=b: out.write(b))
+            for b in blobs]
+    try:
+        need = json.loads(run(store_url, "du", "ds", "--json").output)["bytes"]
+        result = run(store_url, "pull", "ds", "--cache", str(d), "--limit", str(need + 4000),
+                     "--json")
+        pulled = json.loads(result.output)
+        assert pulled["fetched"] == pulled["objects"]
+        assert pulled["present"] < pulled["objects"]
+        after = json.loads(run(store_url, "du", "ds", "--cache", str(d), "--json").output)
+        assert after["tiers"][1]["objects"] == pulled["present"]
+    finally:
+        for pin in pins:
+            pin.release()
+    text = run(store_url, "pull", "ds", "--cache", str(d), "--limit", str(need)).output
+    assert "asks nothing of the store" in text and f"ds@{sid}" in text
+    assert "only" not in text
+
+
 @pytest.mark.parametrize(
     ("text", "size"),
     [("1000", 1000), ("1K", 1024), ("2MiB", 2 << 20), ("2MB", 2_000_000), ("1.5G", 3 << 29)],
