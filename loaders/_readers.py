@@ -158,6 +158,7 @@ class ReaderPool:
         self._entries: OrderedDict[tuple[int, str], _Entry] = OrderedDict()
         self._prepared: dict[tuple[int, str], Future[ShardHandle | None]] = {}
         self._deferred: dict[tuple[int, str], None] = {}  # waiting, in order of use
+        self._forgotten: set[tuple[int, str]] = set()  # found corrupt: never prepared again
         self._checked_after_close: list[tuple[tuple[int, str], _Check]] = []
         self._hash_now = threading.Event()
         self._hashing = threading.Semaphore(_HASH_THREADS)
@@ -200,7 +201,8 @@ class ReaderPool:
         the others wait their turn, in order.
         """
         with self._lock:
-            if key in self._entries or key in self._prepared or key in self._deferred:
+            if (key in self._entries or key in self._prepared or key in self._deferred
+                    or key in self._forgotten):
                 return
             self._io = pool
             if len(self._prepared) >= self.max_prepared:
@@ -241,10 +243,11 @@ class ReaderPool:
     def forget(self, key: tuple[int, str]) -> None:
         """Drop a scheduled shard no reader will open (one found corrupt).
 
-        Its preparation is released (a cache copy's pin) and its place goes to the next
-        deferred shard.
+        Its preparation is released (a cache copy's pin), its place goes to the next
+        deferred shard, and it is not scheduled again (by the later chunks that name it).
         """
         with self._lock:
+            self._forgotten.add(key)  # later chunks name it too: no download again
             prepared = self._prepared.pop(key, None)
             self._deferred.pop(key, None)
             self._top_up()

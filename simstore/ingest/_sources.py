@@ -628,13 +628,11 @@ def _pieces(src: SourceFile, samples: int, shard_size: int) -> list[SourceFile]:
     bounds = [i * samples // count for i in range(count + 1)]
     shares = [src.size * b // samples for b in bounds]
     return [
-        SourceFile(
-            src.path,
-            src.key,
-            shares[i + 1] - shares[i],
-            src.mtime_ns,
-            Piece(index=i, count=count, start=bounds[i], stop=bounds[i + 1]),
-            identity=src.identity,
+        # everything else of the listing kept (its companions key each piece's record)
+        dataclasses.replace(
+            src,
+            size=shares[i + 1] - shares[i],
+            piece=Piece(index=i, count=count, start=bounds[i], stop=bounds[i + 1]),
             file_size=src.listed_size,
         )
         for i in range(count)

@@ -82,3 +82,16 @@ def test_a_step_changed_while_its_pvd_is_read_fails_naming_it(tmp_path):
     assert message.startswith(str(folder / "series.pvd"))
     assert "step_0.vtu" in message and "step_1.vtu" not in message
     assert "changed since it was listed" in message
+
+
+def test_pieces_of_a_file_keep_its_companions():
+    from simstore.ingest._records import SourceFile
+    from simstore.ingest._sources import _pieces
+
+    src = SourceFile("/d/a.pvd", "a.pvd", 4000, 1, identity="1:2:3", file_size=4000,
+                     companions=(("/d/s0.vtu", 10, 1, "1:5:3"),))
+    pieces = _pieces(src, samples=40, shard_size=1000)
+    assert len(pieces) == 4 and sum(p.size for p in pieces) == 4000
+    assert all(p.companions == src.companions and p.identity == "1:2:3" for p in pieces)
+    assert [(p.piece.start, p.piece.stop) for p in pieces] == [(0, 10), (10, 20), (20, 30),
+                                                               (30, 40)]

@@ -121,6 +121,11 @@ def test_shards_scheduled_but_never_read_give_their_places_back_when_forgotten()
         for key in good:
             with pool.reader(key):
                 pass
+        before = list(access.prepared)
+        for key in bad:  # later chunks name them again: not prepared (downloaded) again
+            pool.schedule(key, io_pool)
+        assert not any(pool.is_pending(k) for k in bad)
+    assert access.prepared == before
     pool.close()
     # the healthy shards were prepared ahead of their readers as places came free, and
     # no forgotten shard holds one
