@@ -180,7 +180,7 @@ class ReaderPool:
         A fetched copy waiting for its reader still holds its place in the cache.
         """
         with self._lock:
-            return key in self._prepared or key in self._deferred
+            return self._pending(key)
 
     def downloads(self, keys: Iterable[tuple[int, str]]) -> bool:
         """Whether any of these shards waits for a download into the disk cache."""
@@ -189,7 +189,11 @@ class ReaderPool:
     def is_known(self, key: tuple[int, str]) -> bool:
         """Whether the shard is open or its preparation is scheduled."""
         with self._lock:
-            return key in self._entries or key in self._prepared or key in self._deferred
+            return key in self._entries or self._pending(key)
+
+    def _pending(self, key: tuple[int, str]) -> bool:
+        """Whether the shard is prepared or waits its turn, not yet open (locked)."""
+        return key in self._prepared or key in self._deferred
 
     def schedule(self, key: tuple[int, str], pool: ThreadPoolExecutor) -> None:
         """Start preparing a shard (verify or cache fill) in the background.
@@ -201,8 +205,7 @@ class ReaderPool:
         the others wait their turn, in order.
         """
         with self._lock:
-            if (key in self._entries or key in self._prepared or key in self._deferred
-                    or key in self._forgotten):
+            if key in self._entries or self._pending(key) or key in self._forgotten:
                 return
             self._io = pool
             if len(self._prepared) >= self.max_prepared:

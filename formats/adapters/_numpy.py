@@ -58,7 +58,6 @@ MAP_MISALIGNED_BYTES = 1 << 20
 values sit misaligned in the file (see :attr:`FileArray.aligned`); smaller ones are read."""
 
 
-
 class _MapBudget:
     """How many file mappings this process may hold at once; past it, arrays are read.
 
@@ -95,10 +94,6 @@ class _MapBudget:
     def give_back(self) -> None:
         with self._lock:
             self._live -= 1
-
-    @property
-    def live(self) -> int:
-        return self._live
 
 
 MAPS = _MapBudget()
