@@ -1,13 +1,13 @@
-/* Moments of float32 / float64 sub-blocks in two passes over each, for simstore.stats.
+/* Moments of float32 / float64 sub-blocks for simstore.stats, in three passes over each.
  *
  * simstore.stats summarises a field sub-block by sub-block: the values cast to float64,
  * their sum, the deviations from the sub-block's mean, the sum of their squares, and the
  * minimum and maximum. With NumPy that is seven passes over each sub-block (a cast, a
  * minimum, a maximum, a sum, a subtraction, a multiplication and a sum). This module
- * computes the same numbers in two: the first casts the values into a float64 scratch
- * while it takes their minimum and maximum (for float32 fields of more than three
- * components and float64 fields of more than one, over the scratch right after), then sums the scratch; the second sums the squared
- * deviations as it forms them.
+ * takes the bounds, then the sum, then the sum of squared deviations as it forms them,
+ * each value cast to float64 as it is loaded: a field of one component is read where it
+ * lies, a vector field's components are first split into rows of a scratch, in the
+ * values' own type.
  *
  * The results are bit for bit those of the NumPy path (a test compares them on every
  * build): the sums follow NumPy's pairwise summation (blocks of up to 128 values over
@@ -28,63 +28,113 @@
 
 #define BLOCK 128
 
-/* The eight accumulators of a run of 8 to 128 values: a[0..7], then a[i + j] added to
- * accumulator j for each whole group of eight; ``res`` combines them as NumPy does. With
- * SSE2 the accumulators are four vectors of two lanes: each lane's additions are the
- * same, in the same order, so the result is too. ``SQ`` maps a loaded value. */
+/* NumPy's pairwise summation of n values as float64 (for float32 values, each cast on
+ * its own: exact), written once for float64 and float32 arrays:
+ *
+ * - a leaf (n <= 128): eight accumulators a[0..7], then a[i + j] added to accumulator j
+ *   for each whole group of eight, combined as NumPy does, then the rest one by one;
+ *   with SSE2 the accumulators are four vectors of two lanes, each lane's additions the
+ *   same, in the same order, so the result is too;
+ * - longer runs split in two at a multiple of eight, the halves' sums added; two halves
+ *   that are both leaves are summed side by side (``NAME##_pair``): each leaf's additions
+ *   are the same as alone, but one leaf's four chains of additions bound a lone leaf at
+ *   a vector per addition's latency, and the two leaves' chains do not wait for each
+ *   other.
+ *
+ * ``SQ`` maps a value (as a double) before it is added, ``SQ_VEC`` two of them; ``LOADV``
+ * loads two values as doubles. Summing float32 values straight from the array, not from
+ * a float64 copy, reads 4 bytes a value instead of writing and reading 8 twice. */
 #if defined(__SSE2__)
-#define LEAF(SQ_VEC, SQ)                                                        \
-    __m128d v0 = SQ_VEC(_mm_loadu_pd(a + 0)), v1 = SQ_VEC(_mm_loadu_pd(a + 2)); \
-    __m128d v2 = SQ_VEC(_mm_loadu_pd(a + 4)), v3 = SQ_VEC(_mm_loadu_pd(a + 6)); \
-    Py_ssize_t i = 8;                                                           \
-    const Py_ssize_t whole = n - (n % 8);                                       \
-    for (; i < whole; i += 8) {                                                 \
-        v0 = _mm_add_pd(v0, SQ_VEC(_mm_loadu_pd(a + i + 0)));                   \
-        v1 = _mm_add_pd(v1, SQ_VEC(_mm_loadu_pd(a + i + 2)));                   \
-        v2 = _mm_add_pd(v2, SQ_VEC(_mm_loadu_pd(a + i + 4)));                   \
-        v3 = _mm_add_pd(v3, SQ_VEC(_mm_loadu_pd(a + i + 6)));                   \
-    }                                                                           \
+#define LOAD_DOUBLES(p) _mm_loadu_pd(p)
+#define LOAD_FLOATS(p) \
+    _mm_cvtps_pd(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(const void *)(p))))
+#define ACC_INIT(v, a, LOADV, SQ_VEC)                                           \
+    __m128d v##0 = SQ_VEC(LOADV(a + 0)), v##1 = SQ_VEC(LOADV(a + 2));          \
+    __m128d v##2 = SQ_VEC(LOADV(a + 4)), v##3 = SQ_VEC(LOADV(a + 6));
+#define ACC_ADD(v, a, i, LOADV, SQ_VEC)                                         \
+    v##0 = _mm_add_pd(v##0, SQ_VEC(LOADV(a + (i) + 0)));                        \
+    v##1 = _mm_add_pd(v##1, SQ_VEC(LOADV(a + (i) + 2)));                        \
+    v##2 = _mm_add_pd(v##2, SQ_VEC(LOADV(a + (i) + 4)));                        \
+    v##3 = _mm_add_pd(v##3, SQ_VEC(LOADV(a + (i) + 6)));
+#define ACC_STORE(v, r)                                                         \
     double r[8];                                                                \
-    _mm_storeu_pd(r + 0, v0);                                                   \
-    _mm_storeu_pd(r + 2, v1);                                                   \
-    _mm_storeu_pd(r + 4, v2);                                                   \
-    _mm_storeu_pd(r + 6, v3);
+    _mm_storeu_pd(r + 0, v##0);                                                 \
+    _mm_storeu_pd(r + 2, v##1);                                                 \
+    _mm_storeu_pd(r + 4, v##2);                                                 \
+    _mm_storeu_pd(r + 6, v##3);
 #else
-#define LEAF(SQ_VEC, SQ)                                                        \
-    double r[8];                                                                \
-    for (int j = 0; j < 8; j++) {                                               \
-        r[j] = SQ(a[j]);                                                        \
-    }                                                                           \
-    Py_ssize_t i = 8;                                                           \
-    const Py_ssize_t whole = n - (n % 8);                                       \
-    for (; i < whole; i += 8) {                                                 \
-        for (int j = 0; j < 8; j++) {                                           \
-            r[j] += SQ(a[i + j]);                                               \
-        }                                                                       \
+#define ACC_INIT(v, a, LOADV, SQ_VEC)                                           \
+    double v[8];                                                                \
+    for (int j_ = 0; j_ < 8; j_++) {                                            \
+        v[j_] = SQ((double)(a)[j_]);                                            \
     }
+#define ACC_ADD(v, a, i, LOADV, SQ_VEC)                                         \
+    for (int j_ = 0; j_ < 8; j_++) {                                            \
+        v[j_] += SQ((double)(a)[(i) + j_]);                                     \
+    }
+#define ACC_STORE(v, r) double *r = v;
 #endif
+#define ACC_RESULT(r) (((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7])))
 
-#define PAIRWISE(NAME, SQ_VEC, SQ)                                              \
-    static double NAME(const double *a, Py_ssize_t n, double mean)             \
+#define PAIRWISE(NAME, T, LOADV, SQ_VEC, SQ, ATTR)                                  \
+    static ATTR double NAME##_pair(const T *a, Py_ssize_t na, const T *b,       \
+                              Py_ssize_t nb, double mean)                       \
+    {                                                                           \
+        (void)mean;                                                             \
+        ACC_INIT(va, a, LOADV, SQ_VEC)                                          \
+        ACC_INIT(vb, b, LOADV, SQ_VEC)                                          \
+        const Py_ssize_t wa = na - (na % 8), wb = nb - (nb % 8);                \
+        Py_ssize_t i = 8;                                                       \
+        for (; i < wa && i < wb; i += 8) {                                      \
+            ACC_ADD(va, a, i, LOADV, SQ_VEC)                                    \
+            ACC_ADD(vb, b, i, LOADV, SQ_VEC)                                    \
+        }                                                                       \
+        for (Py_ssize_t j = i; j < wa; j += 8) {                                \
+            ACC_ADD(va, a, j, LOADV, SQ_VEC)                                    \
+        }                                                                       \
+        for (Py_ssize_t j = i; j < wb; j += 8) {                                \
+            ACC_ADD(vb, b, j, LOADV, SQ_VEC)                                    \
+        }                                                                       \
+        ACC_STORE(va, r)                                                        \
+        double ra = ACC_RESULT(r);                                              \
+        for (Py_ssize_t j = wa; j < na; j++) {                                  \
+            ra += SQ((double)a[j]);                                             \
+        }                                                                       \
+        ACC_STORE(vb, q)                                                        \
+        double rb = ACC_RESULT(q);                                              \
+        for (Py_ssize_t j = wb; j < nb; j++) {                                  \
+            rb += SQ((double)b[j]);                                             \
+        }                                                                       \
+        return ra + rb;                                                         \
+    }                                                                           \
+    static ATTR double NAME(const T *a, Py_ssize_t n, double mean)             \
     {                                                                           \
         (void)mean;                                                             \
         if (n < 8) {                                                            \
             double res = -0.0;                                                  \
             for (Py_ssize_t k = 0; k < n; k++) {                                \
-                res += SQ(a[k]);                                                \
+                res += SQ((double)a[k]);                                        \
             }                                                                   \
             return res;                                                         \
         }                                                                       \
         if (n <= BLOCK) {                                                       \
-            LEAF(SQ_VEC, SQ)                                                    \
-            double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7])); \
-            for (; i < n; i++) {                                                \
-                res += SQ(a[i]);                                                \
+            ACC_INIT(va, a, LOADV, SQ_VEC)                                      \
+            const Py_ssize_t whole = n - (n % 8);                               \
+            for (Py_ssize_t i = 8; i < whole; i += 8) {                         \
+                ACC_ADD(va, a, i, LOADV, SQ_VEC)                                \
+            }                                                                   \
+            ACC_STORE(va, r)                                                    \
+            double res = ACC_RESULT(r);                                         \
+            for (Py_ssize_t i = whole; i < n; i++) {                            \
+                res += SQ((double)a[i]);                                        \
             }                                                                   \
             return res;                                                         \
         }                                                                       \
         Py_ssize_t half = n / 2;                                                \
         half -= half % 8;                                                       \
+        if (n - half <= BLOCK) {                                                \
+            return NAME##_pair(a, half, a + half, n - half, mean);              \
+        }                                                                       \
         return NAME(a, half, mean) + NAME(a + half, n - half, mean);            \
     }
 
@@ -101,42 +151,88 @@ sq_vec(__m128d v, double mean)
     return _mm_mul_pd(d, d);
 }
 #else
+#define LOAD_DOUBLES(p) (p)
+#define LOAD_FLOATS(p) (p)
 #define ID_VEC(v) (v)
 #define SQ_VEC(v) (v)
 #endif
 
-/* NumPy's pairwise sum of n doubles, and of their squared deviations from ``mean`` */
-PAIRWISE(sum_plain, ID_VEC, ID)
-PAIRWISE(sum_squares, SQ_VEC, SQ)
+/* NumPy's pairwise sum of n doubles (or floats, as doubles), and of their squared
+ * deviations from ``mean`` */
+#define NO_ATTR
+PAIRWISE(sum_plain, double, LOAD_DOUBLES, ID_VEC, ID, NO_ATTR)
+PAIRWISE(sum_squares, double, LOAD_DOUBLES, SQ_VEC, SQ, NO_ATTR)
+PAIRWISE(sum_plain_f, float, LOAD_FLOATS, ID_VEC, ID, NO_ATTR)
+PAIRWISE(sum_squares_f, float, LOAD_FLOATS, SQ_VEC, SQ, NO_ATTR)
 
-/* add.reduce starts from add's identity, +0.0: a sum of negative zeros is +0.0 */
-static double
-reduce_plain(const double *a, Py_ssize_t n)
+/* The same sums with AVX2, chosen when the CPU has it (``isa()``): the eight
+ * accumulators are two vectors of four lanes, each lane's additions the same as with
+ * SSE2 or none, in the same order, and every operation (a float32's cast to float64, a
+ * subtraction, a multiplication, an addition) is IEEE's, rounded on its own (no fused
+ * multiply-add: the target is "avx2" alone): the same bits on every CPU, half the
+ * instructions. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define HAVE_AVX2 1
+#include <immintrin.h>
+#define AVX2 __attribute__((target("avx2")))
+#undef ACC_INIT
+#undef ACC_ADD
+#undef ACC_STORE
+#define ACC_INIT(v, a, LOADV, SQ_VEC)                                           \
+    __m256d v##0 = SQ_VEC(LOADV(a + 0)), v##1 = SQ_VEC(LOADV(a + 4));
+#define ACC_ADD(v, a, i, LOADV, SQ_VEC)                                         \
+    v##0 = _mm256_add_pd(v##0, SQ_VEC(LOADV(a + (i) + 0)));                     \
+    v##1 = _mm256_add_pd(v##1, SQ_VEC(LOADV(a + (i) + 4)));
+#define ACC_STORE(v, r)                                                         \
+    double r[8];                                                                \
+    _mm256_storeu_pd(r + 0, v##0);                                              \
+    _mm256_storeu_pd(r + 4, v##1);
+#define LOAD4_DOUBLES(p) _mm256_loadu_pd(p)
+#define LOAD4_FLOATS(p) _mm256_cvtps_pd(_mm_loadu_ps(p))
+#define SQ_VEC4(v) sq_vec4((v), mean)
+static inline AVX2 __m256d
+sq_vec4(__m256d v, double mean)
 {
-    return 0.0 + sum_plain(a, n, 0.0);
+    const __m256d d = _mm256_sub_pd(v, _mm256_set1_pd(mean));
+    return _mm256_mul_pd(d, d);
 }
+PAIRWISE(sum_plain_avx2, double, LOAD4_DOUBLES, ID_VEC, ID, AVX2)
+PAIRWISE(sum_squares_avx2, double, LOAD4_DOUBLES, SQ_VEC4, SQ, AVX2)
+PAIRWISE(sum_plain_f_avx2, float, LOAD4_FLOATS, ID_VEC, ID, AVX2)
+PAIRWISE(sum_squares_f_avx2, float, LOAD4_FLOATS, SQ_VEC4, SQ, AVX2)
+#endif
 
-static double
-reduce_squares(const double *a, Py_ssize_t n, double mean)
-{
-    return 0.0 + sum_squares(a, n, mean);
-}
+/* The kernels in use: AVX2's where the CPU has it, else SSE2's (or plain C's). */
+#if defined(__SSE2__)
+#define BASE_ISA "sse2"
+#else
+#define BASE_ISA "c"
+#endif
+typedef double (*sum_d)(const double *, Py_ssize_t, double);
+typedef double (*sum_f)(const float *, Py_ssize_t, double);
+typedef void (*bounds_f)(const float *, Py_ssize_t, float *, float *);
+static void bounds_float(const float *x, Py_ssize_t n, float *lo, float *hi);
+static struct {
+    const char *name;
+    sum_d plain, squares;
+    sum_f plain_f, squares_f;
+    bounds_f bounds;
+} K = {BASE_ISA, sum_plain, sum_squares, sum_plain_f, sum_squares_f, bounds_float};
 
-/* Casts one sub-block into the scratch and takes its bounds. The minimum and maximum of
- * values that hold no NaN do not depend on the order they are taken in, but for the sign
- * of a zero, which the caller makes positive; the values hold no NaN when the sub-block
- * is used (the caller drops it when its sum is not finite). */
+
+/* The minimum and maximum of n > 0 floats. The minimum and maximum of values that hold
+ * no NaN do not depend on the order they are taken in, but for the sign of a zero, which
+ * the caller makes positive; the values hold no NaN when the sub-block is used (the
+ * caller drops it when its sum is not finite). Four pairs of bounds over 16 values a
+ * step: one pair's min and max each wait for the last (4 cycles on common cores), so one
+ * pair bounds the loop at a value a cycle. */
 static void
-cast_bounds_float(const float *x, Py_ssize_t n, double *out, float *lo, float *hi)
+bounds_float(const float *x, Py_ssize_t n, float *lo, float *hi)
 {
     Py_ssize_t i = 0;
     float l = x[0], h = x[0];
 #if defined(__SSE2__)
     __m128 vl = _mm_set1_ps(x[0]), vh = vl;
-    /* four pairs of bounds over 16 values a step: one pair's min and max each wait for
-       the last (4 cycles on common cores), so one pair bounds the loop at a value a cycle;
-       the order in which values are compared does not change a min or max of numbers,
-       and a NaN is caught by the sums, whose block NumPy then redoes */
     __m128 vl1 = vl, vh1 = vl, vl2 = vl, vh2 = vl, vl3 = vl, vh3 = vl;
     for (; i + 16 <= n; i += 16) {
         const __m128 v0 = _mm_loadu_ps(x + i), v1 = _mm_loadu_ps(x + i + 4);
@@ -149,24 +245,9 @@ cast_bounds_float(const float *x, Py_ssize_t n, double *out, float *lo, float *h
         vh2 = _mm_max_ps(vh2, v2);
         vl3 = _mm_min_ps(vl3, v3);
         vh3 = _mm_max_ps(vh3, v3);
-        _mm_storeu_pd(out + i, _mm_cvtps_pd(v0));
-        _mm_storeu_pd(out + i + 2, _mm_cvtps_pd(_mm_movehl_ps(v0, v0)));
-        _mm_storeu_pd(out + i + 4, _mm_cvtps_pd(v1));
-        _mm_storeu_pd(out + i + 6, _mm_cvtps_pd(_mm_movehl_ps(v1, v1)));
-        _mm_storeu_pd(out + i + 8, _mm_cvtps_pd(v2));
-        _mm_storeu_pd(out + i + 10, _mm_cvtps_pd(_mm_movehl_ps(v2, v2)));
-        _mm_storeu_pd(out + i + 12, _mm_cvtps_pd(v3));
-        _mm_storeu_pd(out + i + 14, _mm_cvtps_pd(_mm_movehl_ps(v3, v3)));
     }
     vl = _mm_min_ps(_mm_min_ps(vl, vl1), _mm_min_ps(vl2, vl3));
     vh = _mm_max_ps(_mm_max_ps(vh, vh1), _mm_max_ps(vh2, vh3));
-    for (; i + 4 <= n; i += 4) {
-        const __m128 v = _mm_loadu_ps(x + i);
-        vl = _mm_min_ps(vl, v);
-        vh = _mm_max_ps(vh, v);
-        _mm_storeu_pd(out + i, _mm_cvtps_pd(v));
-        _mm_storeu_pd(out + i + 2, _mm_cvtps_pd(_mm_movehl_ps(v, v)));
-    }
     float lanes[4];
     _mm_storeu_ps(lanes, vl);
     for (int j = 0; j < 4; j++) {
@@ -178,17 +259,56 @@ cast_bounds_float(const float *x, Py_ssize_t n, double *out, float *lo, float *h
     }
 #endif
     for (; i < n; i++) {
-        const float v = x[i];
-        out[i] = (double)v;
-        l = v < l ? v : l;
-        h = v > h ? v : h;
+        l = x[i] < l ? x[i] : l;
+        h = x[i] > h ? x[i] : h;
     }
     *lo = l;
     *hi = h;
 }
 
+#if defined(HAVE_AVX2)
+/* bounds_float with AVX2: eight values a vector */
+static AVX2 void
+bounds_float_avx2(const float *x, Py_ssize_t n, float *lo, float *hi)
+{
+    Py_ssize_t i = 0;
+    float l = x[0], h = x[0];
+    __m256 vl = _mm256_set1_ps(x[0]), vh = vl;
+    __m256 vl1 = vl, vh1 = vl, vl2 = vl, vh2 = vl, vl3 = vl, vh3 = vl;
+    for (; i + 32 <= n; i += 32) {
+        const __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
+        const __m256 v2 = _mm256_loadu_ps(x + i + 16), v3 = _mm256_loadu_ps(x + i + 24);
+        vl = _mm256_min_ps(vl, v0);
+        vh = _mm256_max_ps(vh, v0);
+        vl1 = _mm256_min_ps(vl1, v1);
+        vh1 = _mm256_max_ps(vh1, v1);
+        vl2 = _mm256_min_ps(vl2, v2);
+        vh2 = _mm256_max_ps(vh2, v2);
+        vl3 = _mm256_min_ps(vl3, v3);
+        vh3 = _mm256_max_ps(vh3, v3);
+    }
+    vl = _mm256_min_ps(_mm256_min_ps(vl, vl1), _mm256_min_ps(vl2, vl3));
+    vh = _mm256_max_ps(_mm256_max_ps(vh, vh1), _mm256_max_ps(vh2, vh3));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, vl);
+    for (int j = 0; j < 8; j++) {
+        l = lanes[j] < l ? lanes[j] : l;
+    }
+    _mm256_storeu_ps(lanes, vh);
+    for (int j = 0; j < 8; j++) {
+        h = lanes[j] > h ? lanes[j] : h;
+    }
+    for (; i < n; i++) {
+        l = x[i] < l ? x[i] : l;
+        h = x[i] > h ? x[i] : h;
+    }
+    *lo = l;
+    *hi = h;
+}
+#endif
+
 /* The minimum and maximum of n > 0 doubles, with four pairs of bounds side by side (see
- * cast_bounds_float). */
+ * bounds_float). */
 static void
 bounds_double(const double *x, Py_ssize_t n, double *lo, double *hi)
 {
@@ -225,155 +345,60 @@ bounds_double(const double *x, Py_ssize_t n, double *lo, double *hi)
     *hi = h;
 }
 
-/* float64 values need no cast: copied into the scratch (which the sums read from the
- * CPU's cache), their bounds taken over the copy. */
+/* A sub-block of ``rows`` x ``k`` float32 values (k > 1, one row per point) split into
+ * its components, still float32 (component c's values at out[c * rows ...]): each
+ * component is then bounded and summed as a field of one component is, with every value
+ * cast to float64 as it is loaded. With SSE2, k = 2 (planar vector fields) four rows at
+ * a time in two loads and two shuffles, k = 3 (points, 3-D vectors) in three loads and
+ * six shuffles. */
 static void
-cast_bounds_double(const double *x, Py_ssize_t n, double *out, double *lo, double *hi)
-{
-    memcpy(out, x, (size_t)n * sizeof(double));
-    bounds_double(out, n, lo, hi);
-}
-
-/* A sub-block of ``rows`` x ``k`` values (k > 1, one row per point) cast component by
- * component into the scratch (component c's values at out[c * rows ...]), as the NumPy
- * path lays it out; then each component's bounds, taken over its row of the scratch
- * (the cast is exact, so the bounds are the values'). Bounds taken in the casting loop,
- * a chain of comparisons per component, ran at about NumPy's speed. */
-#define CAST_COMPONENTS(TYPE)                                                   \
-    static void cast_components_##TYPE(const TYPE *x, Py_ssize_t rows, int k,  \
-                                       double *out, TYPE *lo, TYPE *hi)         \
-    {                                                                           \
-        for (Py_ssize_t r = 0; r < rows; r++) {                                 \
-            const TYPE *row = x + r * k;                                        \
-            for (int c = 0; c < k; c++) {                                       \
-                out[c * rows + r] = (double)row[c];                             \
-            }                                                                   \
-        }                                                                       \
-        for (int c = 0; c < k; c++) {                                           \
-            double l, h;                                                        \
-            bounds_double(out + c * rows, rows, &l, &h);                        \
-            lo[c] = (TYPE)l;                                                    \
-            hi[c] = (TYPE)h;                                                    \
-        }                                                                       \
-    }
-
-CAST_COMPONENTS(float)
-CAST_COMPONENTS(double)
-
-/* k = 2 (a planar vector field) with SSE2: two rows of float32 per load, split into
- * their components. */
-static void
-cast_pairs_float(const float *x, Py_ssize_t rows, double *out, float *lo, float *hi)
+split_float(const float *x, Py_ssize_t rows, int k, float *out)
 {
     Py_ssize_t r = 0;
-    double *out0 = out, *out1 = out + rows;
-    float l0 = x[0], h0 = x[0], l1 = x[1], h1 = x[1];
 #if defined(__SSE2__)
-    __m128 vl = _mm_setr_ps(x[0], x[1], x[0], x[1]), vh = vl;
-    __m128 vl1 = vl, vh1 = vl; /* two pairs of bounds: see cast_bounds_float */
-    for (; r + 4 <= rows; r += 4) {
-        const __m128 v0 = _mm_loadu_ps(x + 2 * r), v1 = _mm_loadu_ps(x + 2 * r + 4);
-        vl = _mm_min_ps(vl, v0);
-        vh = _mm_max_ps(vh, v0);
-        vl1 = _mm_min_ps(vl1, v1);
-        vh1 = _mm_max_ps(vh1, v1);
-        const __m128 s0 = _mm_shuffle_ps(v0, v0, _MM_SHUFFLE(3, 1, 2, 0));
-        const __m128 s1 = _mm_shuffle_ps(v1, v1, _MM_SHUFFLE(3, 1, 2, 0));
-        _mm_storeu_pd(out0 + r, _mm_cvtps_pd(s0));
-        _mm_storeu_pd(out1 + r, _mm_cvtps_pd(_mm_movehl_ps(s0, s0)));
-        _mm_storeu_pd(out0 + r + 2, _mm_cvtps_pd(s1));
-        _mm_storeu_pd(out1 + r + 2, _mm_cvtps_pd(_mm_movehl_ps(s1, s1)));
-    }
-    vl = _mm_min_ps(vl, vl1);
-    vh = _mm_max_ps(vh, vh1);
-    for (; r + 2 <= rows; r += 2) {
-        const __m128 v = _mm_loadu_ps(x + 2 * r); /* a0 b0 a1 b1 */
-        vl = _mm_min_ps(vl, v);
-        vh = _mm_max_ps(vh, v);
-        const __m128 split = _mm_shuffle_ps(v, v, _MM_SHUFFLE(3, 1, 2, 0)); /* a0 a1 b0 b1 */
-        _mm_storeu_pd(out0 + r, _mm_cvtps_pd(split));
-        _mm_storeu_pd(out1 + r, _mm_cvtps_pd(_mm_movehl_ps(split, split)));
-    }
-    float lanes[4];
-    _mm_storeu_ps(lanes, vl);
-    l0 = lanes[0] < lanes[2] ? lanes[0] : lanes[2];
-    l1 = lanes[1] < lanes[3] ? lanes[1] : lanes[3];
-    _mm_storeu_ps(lanes, vh);
-    h0 = lanes[0] > lanes[2] ? lanes[0] : lanes[2];
-    h1 = lanes[1] > lanes[3] ? lanes[1] : lanes[3];
-#endif
-    for (; r < rows; r++) {
-        const float a = x[2 * r], b = x[2 * r + 1];
-        out0[r] = (double)a;
-        out1[r] = (double)b;
-        l0 = a < l0 ? a : l0;
-        h0 = a > h0 ? a : h0;
-        l1 = b < l1 ? b : l1;
-        h1 = b > h1 ? b : h1;
-    }
-    lo[0] = l0;
-    hi[0] = h0;
-    lo[1] = l1;
-    hi[1] = h1;
-}
-
-/* k = 3 (points, 3-D vectors) with SSE2: four rows, twelve values, in three loads
- * (a0 b0 c0 a1 | b1 c1 a2 b2 | c2 a3 b3 c3): each load's lanes always hold the same
- * components, so three pairs of vector bounds serve them and are sorted out by lane at
- * the end; the values go out to the three component rows as doubles, one by one (the
- * generic loop, with k unknown to the compiler, ran at a quarter of this speed). */
-static void
-cast_triples_float(const float *x, Py_ssize_t rows, double *out, float *lo, float *hi)
-{
-    Py_ssize_t r = 0;
-    double *o0 = out, *o1 = out + rows, *o2 = out + 2 * rows;
-    float l[3] = {x[0], x[1], x[2]}, h[3] = {x[0], x[1], x[2]};
-#if defined(__SSE2__)
-    if (rows >= 4) {
-        __m128 l0 = _mm_loadu_ps(x), l1 = _mm_loadu_ps(x + 4), l2 = _mm_loadu_ps(x + 8);
-        __m128 h0 = l0, h1 = l1, h2 = l2;
+    if (k == 2) {
+        float *o0 = out, *o1 = out + rows;
         for (; r + 4 <= rows; r += 4) {
+            const __m128 v0 = _mm_loadu_ps(x + 2 * r), v1 = _mm_loadu_ps(x + 2 * r + 4);
+            _mm_storeu_ps(o0 + r, _mm_shuffle_ps(v0, v1, _MM_SHUFFLE(2, 0, 2, 0)));
+            _mm_storeu_ps(o1 + r, _mm_shuffle_ps(v0, v1, _MM_SHUFFLE(3, 1, 3, 1)));
+        }
+    }
+    else if (k == 3) {
+        float *o0 = out, *o1 = out + rows, *o2 = out + 2 * rows;
+        for (; r + 4 <= rows; r += 4) {
+            /* a0 b0 c0 a1 | b1 c1 a2 b2 | c2 a3 b3 c3 */
             const float *p = x + 3 * r;
             const __m128 v0 = _mm_loadu_ps(p), v1 = _mm_loadu_ps(p + 4);
             const __m128 v2 = _mm_loadu_ps(p + 8);
-            l0 = _mm_min_ps(l0, v0);
-            h0 = _mm_max_ps(h0, v0);
-            l1 = _mm_min_ps(l1, v1);
-            h1 = _mm_max_ps(h1, v1);
-            l2 = _mm_min_ps(l2, v2);
-            h2 = _mm_max_ps(h2, v2);
-            for (int j = 0; j < 4; j++) {
-                o0[r + j] = (double)p[3 * j];
-                o1[r + j] = (double)p[3 * j + 1];
-                o2[r + j] = (double)p[3 * j + 2];
-            }
-        }
-        float lows[12], highs[12];
-        _mm_storeu_ps(lows, l0);
-        _mm_storeu_ps(lows + 4, l1);
-        _mm_storeu_ps(lows + 8, l2);
-        _mm_storeu_ps(highs, h0);
-        _mm_storeu_ps(highs + 4, h1);
-        _mm_storeu_ps(highs + 8, h2);
-        for (int j = 0; j < 12; j++) { /* lane j holds component j % 3 */
-            const int c = j % 3;
-            l[c] = lows[j] < l[c] ? lows[j] : l[c];
-            h[c] = highs[j] > h[c] ? highs[j] : h[c];
+            const __m128 u = _mm_shuffle_ps(v1, v2, _MM_SHUFFLE(0, 1, 0, 2)); /* a2 . a3 . */
+            const __m128 q = _mm_shuffle_ps(v0, v1, _MM_SHUFFLE(3, 0, 2, 1)); /* b0 c0 b1 b2 */
+            const __m128 w = _mm_shuffle_ps(v1, v2, _MM_SHUFFLE(0, 2, 0, 3)); /* b2 . b3 . */
+            const __m128 y = _mm_shuffle_ps(q, v1, _MM_SHUFFLE(1, 1, 1, 1)); /* c0 . c1 . */
+            _mm_storeu_ps(o0 + r, _mm_shuffle_ps(v0, u, _MM_SHUFFLE(2, 0, 3, 0)));
+            _mm_storeu_ps(o1 + r, _mm_shuffle_ps(q, w, _MM_SHUFFLE(2, 0, 2, 0)));
+            _mm_storeu_ps(o2 + r, _mm_shuffle_ps(y, v2, _MM_SHUFFLE(3, 0, 2, 0)));
         }
     }
 #endif
     for (; r < rows; r++) {
-        const float *p = x + 3 * r;
-        for (int c = 0; c < 3; c++) {
-            const float v = p[c];
-            out[c * rows + r] = (double)v;
-            l[c] = v < l[c] ? v : l[c];
-            h[c] = v > h[c] ? v : h[c];
+        const float *row = x + r * k;
+        for (int c = 0; c < k; c++) {
+            out[c * rows + r] = row[c];
         }
     }
-    for (int c = 0; c < 3; c++) {
-        lo[c] = l[c];
-        hi[c] = h[c];
+}
+
+/* A sub-block of ``rows`` x ``k`` float64 values (k > 1) split into its components in
+ * the scratch, as the NumPy path lays it out. */
+static void
+split_double(const double *x, Py_ssize_t rows, int k, double *out)
+{
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        const double *row = x + r * k;
+        for (int c = 0; c < k; c++) {
+            out[c * rows + r] = row[c];
+        }
     }
 }
 
@@ -472,43 +497,49 @@ sub_blocks(PyObject *self, PyObject *args)
         const Py_ssize_t size = n - start < step ? n - start : step;
         const Py_ssize_t rows = size / comps;
         const Py_ssize_t at = i * comps;
+        int finite = 1;
+        /* each sum starts from 0.0, add.reduce's identity: a sum of negative zeros is
+           +0.0. A field of one component is bounded and summed where it lies; the components
+           of a vector field from their rows of the scratch */
         if (k == 'f') {
             const float *x = (const float *)v.buf + start;
-            float *l = (float *)lo.buf + at, *h = (float *)hi.buf + at;
-            if (comps == 1) {
-                cast_bounds_float(x, rows, buf, l, h);
+            float *part = (float *)(void *)buf;
+            if (comps > 1) {
+                split_float(x, rows, comps, part);
+                x = part;
             }
-            else if (comps == 2) {
-                cast_pairs_float(x, rows, buf, l, h);
+            for (int c = 0; c < comps; c++) {
+                K.bounds(x + c * rows, rows, (float *)lo.buf + at + c, (float *)hi.buf + at + c);
+                sums[at + c] = 0.0 + K.plain_f(x + c * rows, rows, 0.0);
+                finite &= isfinite(sums[at + c]) != 0;
             }
-            else if (comps == 3) {
-                cast_triples_float(x, rows, buf, l, h);
+            if (!finite) {
+                break;
             }
-            else {
-                cast_components_float(x, rows, comps, buf, l, h);
+            for (int c = 0; c < comps; c++) {
+                m2s[at + c] = 0.0 + K.squares_f(x + c * rows, rows, sums[at + c] / (double)rows);
+                finite &= isfinite(m2s[at + c]) != 0;
             }
         }
         else {
             const double *x = (const double *)v.buf + start;
-            double *l = (double *)lo.buf + at, *h = (double *)hi.buf + at;
-            if (comps == 1) {
-                cast_bounds_double(x, rows, buf, l, h);
+            if (comps > 1) {
+                split_double(x, rows, comps, buf);
+                x = buf;
             }
-            else {
-                cast_components_double(x, rows, comps, buf, l, h);
+            for (int c = 0; c < comps; c++) {
+                bounds_double(x + c * rows, rows, (double *)lo.buf + at + c,
+                              (double *)hi.buf + at + c);
+                sums[at + c] = 0.0 + K.plain(x + c * rows, rows, 0.0);
+                finite &= isfinite(sums[at + c]) != 0;
             }
-        }
-        int finite = 1;
-        for (int c = 0; c < comps; c++) {
-            sums[at + c] = reduce_plain(buf + c * rows, rows);
-            finite &= isfinite(sums[at + c]) != 0;
-        }
-        if (!finite) {
-            break;
-        }
-        for (int c = 0; c < comps; c++) {
-            m2s[at + c] = reduce_squares(buf + c * rows, rows, sums[at + c] / (double)rows);
-            finite &= isfinite(m2s[at + c]) != 0;
+            if (!finite) {
+                break;
+            }
+            for (int c = 0; c < comps; c++) {
+                m2s[at + c] = 0.0 + K.squares(x + c * rows, rows, sums[at + c] / (double)rows);
+                finite &= isfinite(m2s[at + c]) != 0;
+            }
         }
         if (finite) {
             done = i + 1;
@@ -537,8 +568,57 @@ fail_v:
     return NULL;
 }
 
+static int
+choose(const char *name)
+{
+    if (strcmp(name, BASE_ISA) == 0) {
+        K.name = BASE_ISA;
+        K.plain = sum_plain;
+        K.squares = sum_squares;
+        K.plain_f = sum_plain_f;
+        K.squares_f = sum_squares_f;
+        K.bounds = bounds_float;
+        return 0;
+    }
+#if defined(HAVE_AVX2)
+    __builtin_cpu_init();
+    if (strcmp(name, "avx2") == 0 && __builtin_cpu_supports("avx2")) {
+        K.name = "avx2";
+        K.plain = sum_plain_avx2;
+        K.squares = sum_squares_avx2;
+        K.plain_f = sum_plain_f_avx2;
+        K.squares_f = sum_squares_f_avx2;
+        K.bounds = bounds_float_avx2;
+        return 0;
+    }
+#endif
+    return -1;
+}
+
+PyDoc_STRVAR(isa_doc,
+"isa(name=None) -> str\n\n"
+"The instruction set the sums use: \"avx2\" where the CPU has it, else \"sse2\" (\"c\"\n"
+"off x86; the same bits in every case). With ``name``, use that one instead (ValueError\n"
+"where this CPU or build lacks it); returns the one in use before.");
+
+static PyObject *
+isa(PyObject *self, PyObject *args)
+{
+    const char *name = NULL;
+    if (!PyArg_ParseTuple(args, "|z", &name)) {
+        return NULL;
+    }
+    const char *before = K.name;
+    if (name != NULL && choose(name) < 0) {
+        PyErr_Format(PyExc_ValueError, "isa: %s is not available here", name);
+        return NULL;
+    }
+    return PyUnicode_FromString(before);
+}
+
 static PyMethodDef methods[] = {
     {"sub_blocks", sub_blocks, METH_VARARGS, sub_blocks_doc},
+    {"isa", isa, METH_VARARGS, isa_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -551,5 +631,6 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__moments(void)
 {
+    (void)choose("avx2");
     return PyModule_Create(&module);
 }

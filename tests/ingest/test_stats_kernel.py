@@ -9,6 +9,7 @@ JSON a shard would embed.
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -17,6 +18,53 @@ from hypothesis import strategies as st
 
 from simstore import stats as stats_module
 from simstore.stats import StatsAccumulator, summarise_array
+
+
+def _instruction_sets() -> list[str]:
+    """The module's instruction sets this CPU runs: each is checked against NumPy."""
+    kernel = stats_module._kernel
+    if kernel is None:
+        return ["none"]
+    found = []
+    for name in ("avx2", "sse2", "c"):
+        try:
+            kernel.isa(kernel.isa(name))
+        except ValueError:
+            continue
+        found.append(name)
+    return found
+
+
+@pytest.fixture(autouse=True, params=_instruction_sets())
+def instruction_set(request):
+    """Every test here once with each instruction set the module can use on this CPU."""
+    kernel = stats_module._kernel
+    if kernel is None:
+        yield request.param
+        return
+    before = kernel.isa(request.param)
+    try:
+        yield request.param
+    finally:
+        kernel.isa(before)
+
+
+def test_the_module_uses_avx2_where_the_cpu_has_it(instruction_set):
+    kernel = stats_module._kernel
+    assert kernel is not None
+    flags: list[str] | None = None  # unknown off Linux: then only what the module says
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f
+                          if line.startswith("flags")), [])
+    has_avx2 = "avx2" in _instruction_sets()
+    assert flags is None or has_avx2 == ("avx2" in flags)
+    kernel.isa("sse2")
+    if has_avx2:
+        assert kernel.isa("avx2") == "sse2"
+        assert kernel.isa() == "avx2"
+    with pytest.raises(ValueError, match="not available"):
+        kernel.isa("avx512-nonesuch")
 
 
 def _both(monkeypatch, values, components=None):
