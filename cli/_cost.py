@@ -253,7 +253,7 @@ def _prices_note(prices: PriceTable) -> str:
 def _run_text(result: RunCost) -> str:
     out = result.to_json()
     lines = [
-        f"run: {result.epochs} epochs, {result.seconds:.0f} s, {result.reports} report(s); "
+        f"run: {result.epochs:g} epochs, {result.seconds:.0f} s, {result.reports} report(s); "
         + ("internet egress charged" if result.egress else "no egress charged (same region)"),
         "",
         f"{'tier':<8}  {'priced as':<16}  {'requests':>10}  {'bytes read':>10}  "

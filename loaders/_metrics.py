@@ -36,6 +36,9 @@ class Metrics:
         self.seconds = 0.0
         self.first_batch_s: float | None = None
         self.epochs: list[int] = []
+        """Epochs a batch was delivered from (an iteration that delivered nothing, such
+        as a resume from the end of an epoch, read no epoch)."""
+        self._epoch: int | None = None
         self._done: dict[str, float] = {}
         self._live: dict[int, dict[str, float]] = {}
         self._reading: dict[int, Callable[[], Mapping[str, float]]] = {}
@@ -73,8 +76,12 @@ class Metrics:
         self._live = {}
         self._reading = {}
         self._stopped = _always
-        if epoch not in self.epochs:
-            self.epochs.append(epoch)
+        self._epoch = epoch
+
+    def delivered(self) -> None:
+        """The current iteration delivered a batch: its epoch is one this run read."""
+        if self._epoch is not None and self._epoch not in self.epochs:
+            self.epochs.append(self._epoch)
 
     def update(self, worker: int, counters: dict[str, float]) -> None:
         """The latest counter snapshot of one reading process of this iteration."""
@@ -174,12 +181,14 @@ def timed(
     """
     start = clock()
     last_yield: float | None = None
+    in_body: float | None = None  # when the loop body began, while it runs
     last_log = start
     try:
         while True:
             t0 = clock()
-            if last_yield is not None:
-                metrics.busy_s += t0 - last_yield
+            if in_body is not None:
+                metrics.busy_s += t0 - in_body
+                in_body = None
             try:
                 item = next(items)
             except StopIteration:
@@ -188,11 +197,13 @@ def timed(
             metrics.wait_s += t1 - t0
             if metrics.first_batch_s is None:
                 metrics.first_batch_s = t1 - start
+            if last_yield is None:
+                metrics.delivered()
             metrics.seconds += t1 - (last_yield if last_yield is not None else start)
             if log_every_s is not None and t1 - last_log >= log_every_s:
                 log.info(one_line(metrics.stats()))
                 last_log = t1
-            last_yield = clock()
+            last_yield = in_body = clock()
             if isinstance(item, Delivery):
                 value = item.value
                 item.count()
@@ -200,6 +211,10 @@ def timed(
             else:
                 yield item
     finally:
+        # a loop left after a batch (break, an error in its body): that body's time was
+        # the loop's, not a wait (else the stall of a short run is overstated)
+        if in_body is not None:
+            metrics.busy_s += clock() - in_body
         close = getattr(items, "close", None)
         if close is not None:
             close()

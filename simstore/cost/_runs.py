@@ -47,7 +47,7 @@ class RunUsage:
     figures are such estimates (ranks merged from reports with and without them).
     """
 
-    epochs: int
+    epochs: float
     seconds: float
     tiers: tuple[TierUsage, ...]
     cache_hits: int = 0
@@ -79,7 +79,8 @@ MIN_RUN_SECONDS = 0.001
 def parse_run_report(obj: object, *, origin: str = "run report") -> RunUsage:
     """Parse one loader run report (the JSON of docs/loader.md, already decoded).
 
-    Read: ``epochs`` (a list of epoch numbers, or a count), ``seconds``, ``tiers``
+    Read: ``epochs`` (a list of epoch numbers, or a count), ``epochs_read`` (when
+    present and not null, the epochs counted instead: a fraction for a part), ``seconds``, ``tiers``
     (``{tier: {"bytes": b, "requests": n}}``, or per request class
     ``{tier: {"get": {"requests": n, "bytes": b}, ...}}`` as :class:`TierUsage` writes
     it), ``cache`` (``hits``, ``misses``, ``fill_bytes`` and, when present,
@@ -120,6 +121,11 @@ def parse_run_report(obj: object, *, origin: str = "run report") -> RunUsage:
         epochs = len(epochs_raw)
     else:
         epochs = _count(epochs_raw, f"{origin}: epochs")
+    read: float | None = None
+    if obj.get("epochs_read") is not None:
+        # what this rank read, in epochs: a resumed or stopped job's part of one counts
+        # as that part (its list of epoch numbers would count it whole)
+        read = _price(obj["epochs_read"], f"{origin}: epochs_read")
     # a price's checks: a number, finite (JSON decoders accept NaN), not negative
     seconds = _price(obj.get("seconds", 0.0), f"{origin}: seconds")
     if 0 < seconds < MIN_RUN_SECONDS:
@@ -158,7 +164,7 @@ def parse_run_report(obj: object, *, origin: str = "run report") -> RunUsage:
                              f"{origin}: manifest.warm_hit_bytes")
     remote = [t.tier for t in tiers if t.tier not in HOT_TIERS]
     return RunUsage(
-        epochs=epochs,
+        epochs=epochs if read is None else read,
         seconds=float(seconds),
         tiers=tiers,
         cache_hits=hits,
@@ -270,7 +276,7 @@ class RunCost:
     """
 
     tiers: tuple[TierRunCost, ...]
-    epochs: int
+    epochs: float
     seconds: float
     egress: bool
     cold_tier: str | None

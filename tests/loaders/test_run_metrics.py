@@ -1,0 +1,128 @@
+"""The run's time figures and epochs: what a loop that stops early or resumes reports.
+
+The loop's time between batches is its own (``busy_s``), time inside ``next()`` a wait
+(``wait_s``): the data stall is the waits' share. A run report's epochs are those it
+delivered batches of, and ``epochs_read`` what the cost accounting divides by.
+"""
+
+from __future__ import annotations
+
+import json
+from itertools import islice
+
+import pytest
+from loader_helpers import open_test_shard
+from simstore.loaders import SimDataset
+from simstore.loaders._metrics import Metrics, timed
+
+from simstore.cost import parse_run_report
+
+
+class _Clock:
+    """A clock the test moves: waits of 1 s in ``next()``, loop bodies of 2 s."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def items(self, n: int):
+        for i in range(n):
+            self.now += 1.0
+            yield i
+
+
+def test_a_loop_read_to_its_end_counts_each_body_once():
+    clock, metrics = _Clock(), Metrics()
+    metrics.start(0)
+    for _ in timed(clock.items(5), metrics, clock=clock):
+        clock.now += 2.0
+    assert metrics.wait_s == 5.0
+    assert metrics.busy_s == 10.0
+    assert metrics.stats()["data_stall"] == pytest.approx(5 / 15)
+
+
+def test_a_loop_left_by_break_counts_its_last_body():
+    clock, metrics = _Clock(), Metrics()
+    metrics.start(0)
+    it = timed(clock.items(5), metrics, clock=clock)
+    for i in it:
+        clock.now += 2.0
+        if i == 2:
+            break
+    it.close()  # what dropping the loop's iterator does
+    assert metrics.wait_s == 3.0
+    assert metrics.busy_s == 6.0  # three bodies, the last one's included
+    assert metrics.stats()["data_stall"] == pytest.approx(3 / 9)
+
+
+def test_a_loop_left_by_an_error_counts_its_last_body():
+    clock, metrics = _Clock(), Metrics()
+    metrics.start(0)
+    it = timed(clock.items(5), metrics, clock=clock)
+    with pytest.raises(ZeroDivisionError):
+        for i in it:
+            clock.now += 2.0
+            if i == 1:
+                raise ZeroDivisionError
+    it.close()
+    assert (metrics.wait_s, metrics.busy_s) == (2.0, 4.0)
+
+
+def test_an_iteration_that_delivers_nothing_reads_no_epoch():
+    clock, metrics = _Clock(), Metrics()
+    metrics.start(0)
+    assert list(timed(clock.items(0), metrics, clock=clock)) == []
+    metrics.start(1)
+    assert list(timed(clock.items(2), metrics, clock=clock)) == [0, 1]
+    assert metrics.epochs == [1]
+
+
+def _ds(store: str) -> SimDataset:
+    return SimDataset(store, "sim", shuffle=True, seed=3, shard_opener=open_test_shard)
+
+
+def test_a_job_resumed_at_the_end_of_an_epoch_reports_the_epochs_it_read(small):
+    store, _, samples = small
+    first = _ds(store)
+    first.set_epoch(0)
+    assert len(list(first)) == len(samples) == 60
+    state = first.state_dict()
+    assert state["epoch"] == 0 and state["remaining"] == []
+
+    # the next job, in the loop loader.md shows, from the checkpoint's epoch
+    second = _ds(store)
+    second.load_state_dict(state)
+    got = {}
+    for epoch in (0, 1):
+        second.set_epoch(epoch)
+        got[epoch] = len(list(second))
+    assert got == {0: 0, 1: 60}
+    report = json.loads(json.dumps(second.report()))
+    assert report["epochs"] == [1]
+    assert report["epochs_read"] == 1.0
+    assert parse_run_report(report).epochs == 1.0
+
+
+def test_a_job_resumed_mid_epoch_reads_a_part_of_one(small):
+    store, _, _ = small
+    first = _ds(store)
+    first.set_epoch(0)
+    it = iter(first)
+    head = list(islice(it, 21))
+    state = first.state_dict()
+    it.close()
+    assert len(head) == 21
+
+    second = _ds(store)
+    second.load_state_dict(state)
+    second.set_epoch(0)
+    assert len(list(second)) == 39
+    report = json.loads(json.dumps(second.report()))
+    assert report["epochs"] == [0]
+    assert report["epochs_read"] == pytest.approx(39 / 60, abs=1e-6)
+    usage = parse_run_report(report)
+    assert usage.epochs == pytest.approx(0.65, abs=1e-6)
+    first_report = first.report()
+    assert first_report["epochs_read"] == pytest.approx(21 / 60, abs=1e-6)
