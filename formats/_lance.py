@@ -211,12 +211,19 @@ class LanceFormat:
         """Open a shard: a local path, or a file object (copied to a temporary file)."""
         if isinstance(source, str):
             return LanceShardReader(source, name=f"lance shard {source}")
+        given = getattr(source, "name", None)
+        name = f"lance shard {given}" if isinstance(given, str) and given else "lance shard"
         tmp = tempfile.mkdtemp(prefix="simstore-lance-")
-        path = os.path.join(tmp, "shard.lance")
-        source.seek(0)
-        with open(path, "wb") as f:
-            shutil.copyfileobj(source, f, 4 << 20)
-        return LanceShardReader(path, name="lance shard", cleanup=tmp)
+        try:
+            path = os.path.join(tmp, "shard.lance")
+            source.seek(0)
+            with open(path, "wb") as f:
+                shutil.copyfileobj(source, f, 4 << 20)
+            return LanceShardReader(path, name=name, cleanup=tmp)
+        except BaseException:
+            # a shard that cannot be opened leaves no copy behind (one per failed open)
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
 
     def sniff(self, head: bytes, tail: bytes) -> bool:
         """Lance files end with the magic ``LANC``."""
