@@ -13,10 +13,10 @@ import tempfile
 
 import numpy as np
 import pytest
-
-from simstore.errors import FormatError
 from simstore.formats import open_shard
 from simstore.formats._lance import LanceFormat
+
+from simstore.errors import FormatError
 from simstore.sample import Sample
 
 
