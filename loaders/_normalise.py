@@ -73,7 +73,18 @@ class Normalise:
                 t = value if torch.is_floating_point(value) and not narrow \
                     else value.to(torch.float32)
                 mean, std = self._pair(name, t.dtype)
-                if t.ndim == 0 or mean.numel() == 1:
+                k = mean.numel()
+                if k > 1 and (t.ndim == 0 or t.shape[-1] != k):
+                    if t.numel() == 0:  # an empty sample: nothing to scale
+                        sample[name] = t.to(value.dtype) if narrow else t
+                        continue
+                    raise InvalidInputError(
+                        f"normalise: {name!r} of sample {sample.get('__key__')!r} has shape "
+                        f"{tuple(t.shape)}, but its statistics have {k} components (its "
+                        "last axis): give normalise={field: (mean, std)} with one pair for "
+                        "every component, or normalise it in a transform"
+                    )
+                if t.ndim == 0 or k == 1:
                     mean, std = mean.reshape(()), std.reshape(())
                 scaled = (t - mean) / std
                 sample[name] = scaled.to(value.dtype) if narrow else scaled
@@ -243,5 +254,17 @@ def normaliser(
         if not snap.stats.get("fields"):
             raise InvalidInputError(f"{ref} (snapshot {snap.id}) carries no statistics to "
                                     "normalise with; give normalise={field: (mean, std)}")
-        constants = normalisation(snap, names)
+        try:
+            constants = normalisation(snap, names)
+        except InvalidInputError as exc:
+            if snap.stats.get("exact") is not False:
+                raise
+            # normalisation()'s own advice names its argument, which SimDataset lacks
+            raise InvalidInputError(
+                f"{ref} (snapshot {snap.id}): statistics are not exact (samples were "
+                "overwritten or deleted since they were merged, and their old values still "
+                "count); ingest the dataset again with --mode replace for exact ones, or "
+                "give normalise={field: (mean, std)} from "
+                "simstore.stats.normalisation(snapshot, allow_inexact=True)"
+            ) from exc
     return Normalise(constants, then) if constants else then

@@ -63,6 +63,9 @@ def test_cli_ingest_json_summary_and_stats(tmp_path, npz_dir):
     assert out["new_bytes"] > 0 and out["skipped"] == []
     stats = json.loads(run(store, "stats", "cfd", "--json").output)
     assert stats["snapshot"] == out["snapshot"] and stats["exact"] is True
+    assert set(stats) == {"snapshot", "exact", "fields"}  # the keys docs/cli.md lists
+    assert all(set(r) == {"field", "component", "count", "nan_count", "inf_count", "mean",
+                          "std", "min", "max"} for r in stats["fields"])
     ids = [r for r in stats["fields"] if r["field"] == "ids"]
     assert ids[0]["count"] == 30 and ids[0]["mean"] == pytest.approx(2.0)
     text = run(store, "stats", "cfd").output

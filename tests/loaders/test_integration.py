@@ -9,6 +9,7 @@ import pytest
 import torch
 from loader_helpers import RemoteLikeStore, corrupt_object, keys_of
 from simstore.loaders import PrefetchConfig, SimDataLoader, SimDataset
+from simstore.loaders._normalise import Normalise
 
 import simstore
 from simstore.catalog import Catalog
@@ -192,8 +193,39 @@ def test_normalise_uses_the_pinned_snapshots_statistics(tmp_path):
         SimDataset(store, "d", normalise="v")
     np.savez(root / "r00.npz", v=vel["r00"] * 2, re=np.int64(1), name=np.str_("run0"))
     simstore.ingest([str(root)], dataset="d", store=store, snapshot=True, message="m2")
-    with pytest.raises(InvalidInputError, match="statistics are not exact"):
+    with pytest.raises(InvalidInputError, match="statistics are not exact") as refused:
         SimDataset(store, "d", normalise=True)
+    # its advice is one SimDataset takes (not normalisation()'s own argument)
+    assert "normalise={field: (mean, std)}" in str(refused.value)
+    assert "pass allow_inexact" not in str(refused.value)
+    cat = Catalog.open(store)
+    snap = cat.snapshot(cat.resolve("d"))
+    constants = simstore.stats.normalisation(snap, ["re"], allow_inexact=True)
+    assert len(list(SimDataset(store, "d", normalise=constants))) == 12
+
+
+def test_normalise_passes_an_empty_sample_and_names_a_sample_of_other_components(tmp_path):
+    """Statistics of a vector field count its non-empty samples: an empty sample of
+    another last axis has nothing to scale; a non-empty one is refused, naming it."""
+    root = tmp_path / "src"
+    root.mkdir()
+    np.savez(root / "a.npz", U=np.arange(30.0).reshape(10, 3))
+    np.savez(root / "b.npz", U=np.zeros((0, 5)))
+    store = str(tmp_path / "store")
+    Catalog.init(store)
+    simstore.ingest([str(root)], dataset="d", store=store, snapshot=True, message="m")
+    got = {s["__key__"]: s["U"] for s in SimDataset(store, "d", normalise=True)}
+    assert tuple(got["b"].shape) == (0, 5) and got["b"].dtype == torch.float64
+    u = np.arange(30.0).reshape(10, 3)
+    np.testing.assert_allclose(got["a"].numpy(), (u - u.mean(0)) / u.std(0))
+    # statistics of mixed last axes collapse to one component, so a non-empty sample
+    # never meets constants of another count through SimDataset; the transform still
+    # refuses one with an error that names it, not a raw broadcasting error
+    scale = Normalise({"U": (np.zeros(3), np.ones(3))})
+    with pytest.raises(InvalidInputError, match=r"'U' of sample 'c' has shape \(2, 5\)"):
+        scale({"__key__": "c", "U": torch.ones(2, 5)})
+    with pytest.raises(InvalidInputError, match=r"'U' of sample 'd' has shape \(\)"):
+        scale({"__key__": "d", "U": torch.tensor(1.0)})
 
 
 def test_normalise_fits_crops_of_the_components_and_keeps_batches_types(tmp_path):
