@@ -16,9 +16,10 @@ from typing import Any, TypeVar
 import click
 
 from simstore._env import env_debug
+from simstore._launch import EXIT_INTERRUPTED
 from simstore._sizes import SizeError, parse_size
 from simstore.catalog import Catalog
-from simstore.errors import InvalidInputError, SimstoreError
+from simstore.errors import InvalidInputError, SimstoreError, one_line
 from simstore.storage import local_path
 from simstore.storage._s3_options import TEXT_OPTIONS
 
@@ -122,9 +123,6 @@ def emit(as_json: bool, obj: Any, text: str | Callable[[], str]) -> None:
 
 
 
-#: The exit code of a command stopped by Ctrl-C (SIGINT): 128 + the signal's number, as
-#: shells report it.
-EXIT_INTERRUPTED = 130
 
 
 def debug_on() -> bool:
@@ -143,7 +141,7 @@ def handle_errors(fn: F) -> F:
         except SimstoreError as exc:
             if debug_on():
                 traceback.print_exc(file=sys.stderr)
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {one_line(str(exc))}", err=True)
             sys.exit(exc.exit_code)
 
     return wrapper  # type: ignore[return-value]

@@ -1,15 +1,16 @@
 """simstore: versioned, content-addressed training data for physics foundation models.
 
-``import simstore`` stays light: it never imports torch, and the loader
-(``simstore.SimDataset``) and the ingest entry point (``simstore.ingest``) are loaded on
-first use through a module ``__getattr__``.
+``import simstore`` stays light (a few milliseconds: the command line's start, where a
+Ctrl-C must already be one line, imports it first): the catalog, the loader
+(``simstore.SimDataset``), the ingest entry point (``simstore.ingest``) and the rest are
+loaded on first use through a module ``__getattr__``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from simstore.catalog import Catalog, CommitResult, DiffResult, gc, verify
 from simstore.errors import (
     AlreadyExistsError,
     ConflictError,
@@ -22,10 +23,15 @@ from simstore.errors import (
     SourceError,
     StorageError,
 )
-from simstore.names import Ref, parse_ref
-from simstore.sample import FieldSpec, Sample
-from simstore.snapshot import Snapshot
-from simstore.storage import ObjectStore, open_store
+
+if TYPE_CHECKING:
+    from simstore.catalog import Catalog, CommitResult, DiffResult, gc, verify
+    from simstore.ingest import ingest
+    from simstore.loaders import SimDataLoader, SimDataset
+    from simstore.names import Ref, parse_ref
+    from simstore.sample import FieldSpec, Sample
+    from simstore.snapshot import Snapshot
+    from simstore.storage import ObjectStore, open_store
 
 __version__ = "0.1.0"
 
@@ -58,17 +64,38 @@ __all__ = [
 ]
 
 _LAZY = {
-    "SimDataset": ("simstore.loaders", "SimDataset"),
-    "SimDataLoader": ("simstore.loaders", "SimDataLoader"),
-    "ingest": ("simstore.ingest", "ingest"),
+    "Catalog": "simstore.catalog",
+    "CommitResult": "simstore.catalog",
+    "DiffResult": "simstore.catalog",
+    "gc": "simstore.catalog",
+    "verify": "simstore.catalog",
+    "Ref": "simstore.names",
+    "parse_ref": "simstore.names",
+    "FieldSpec": "simstore.sample",
+    "Sample": "simstore.sample",
+    "Snapshot": "simstore.snapshot",
+    "ObjectStore": "simstore.storage",
+    "open_store": "simstore.storage",
+    "SimDataset": "simstore.loaders",
+    "SimDataLoader": "simstore.loaders",
+    "ingest": "simstore.ingest",
 }
 
 
 def __getattr__(name: str) -> Any:
-    target = _LAZY.get(name)
-    if target is None:
+    module = _LAZY.get(name)
+    if module is None:
+        # a submodule not imported yet (``simstore.stats`` after ``import simstore``)
+        try:
+            return importlib.import_module(f"simstore.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"simstore.{name}":
+                raise
         raise AttributeError(f"module 'simstore' has no attribute {name!r}")
-    import importlib
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # found once
+    return value
 
-    module = importlib.import_module(target[0])
-    return getattr(module, target[1])
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -30,6 +30,7 @@ __all__ = [
     "SimstoreError",
     "SourceError",
     "StorageError",
+    "one_line",
 ]
 
 
@@ -111,3 +112,27 @@ class StorageError(SimstoreError):
 
     code = 9
     exit_code = 10
+
+
+_LINE_BREAKS = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def one_line(text: str) -> str:
+    r"""``text`` on one line: control characters and line separators as escapes.
+
+    A newline in a path (a file named ``a\nb.npz``) is shown as ``\n``, not broken over
+    two lines nor turned into a space (which named ``a b.npz``, another file); a
+    library's multi-line message comes out with its breaks as ``\n`` too.
+    """
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        if ch.isprintable() or ch == " ":
+            out.append(ch)
+        elif ch in _LINE_BREAKS:
+            out.append(_LINE_BREAKS[ch])
+        else:
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+    return "".join(out)

@@ -29,6 +29,7 @@ from simstore.errors import (
     SimstoreError,
     SourceError,
     StorageError,
+    one_line,
 )
 from simstore.hashing import ObjectId, object_key
 from simstore.ingest._arrays import (
@@ -393,8 +394,9 @@ class TaskRunner:
             if self.missing_fails and isinstance(exc, SourceGone):
                 raise
             # one line, whatever a library put in its message, and printable: a path that
-            # is not UTF-8 (a source root named so) shows its bytes as escapes
-            message = printable_text(" ".join(exc.message.split()))
+            # is not UTF-8 (a source root named so) shows its bytes as escapes, a line
+            # break (in a library's message, or in a file's name) as \n
+            message = one_line(printable_text(exc.message))
             if self.cfg.on_error == "fail":
                 if message == exc.message:
                     raise

@@ -342,3 +342,82 @@ def test_a_skipped_path_that_is_not_utf8_is_shown_escaped(store, tmp_path):
     assert result.exit_code == 0, result.stderr
     text = result.stdout_bytes.decode("utf-8")
     assert f"skipped {os.fsdecode(folder)}/caf\\xe9.npz: " in text
+
+
+def test_a_line_break_in_a_path_is_escaped_not_split_nor_made_a_space(tmp_path):
+    """An error naming ``a<LF>b.npz`` is one line naming that file: the break as ``\\n``
+    (turned into a space, it named ``a b.npz``, a good file beside it)."""
+    store = str(tmp_path / "store")
+    cli("--store", store, "init", code=0)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a\nb.npz").write_bytes(b"junk")
+    np.savez(src / "a b.npz", u=np.arange(3.0))
+    line = cli("--store", store, "ingest", str(src), "--dataset", "x", code=8)
+    assert "a\\nb.npz: not a readable .npz" in line and "a b.npz" not in line
+    line = cli("--store", str(tmp_path / "x\ny"), "ls", code=3)
+    assert "x\\ny: not a simstore store" in line
+    line = cli("--store", store, "ingest", str(tmp_path / "no\tfile"), "--dataset", "x",
+               code=2)
+    assert "no\\tfile" in line
+
+
+def test_one_line_escapes_only_what_breaks_a_line():
+    from simstore.errors import one_line
+
+    assert one_line("plain text, é ü 漢字") == "plain text, é ü 漢字"
+    assert one_line("a\nb\r\tc") == "a\\nb\\r\\tc"
+    assert one_line("x\x1by\u2028z\x7f") == "x\\x1by\\u2028z\\x7f"
+
+
+def test_import_simstore_loads_nothing_heavy():
+    """The console command imports ``simstore`` before it can catch Ctrl-C: that must
+    take milliseconds, not the command line's few hundred (pyarrow, numpy, click)."""
+    code = ("import sys, simstore; "
+            "print(sorted(m for m in ('pyarrow', 'numpy', 'click', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_an_interrupt_while_the_command_line_loads_is_one_line(monkeypatch, capsys):
+    import builtins
+
+    from simstore import _launch
+
+    real_import = builtins.__import__
+
+    def interrupted(name, *args, **kwargs):
+        if name == "simstore.cli":
+            raise KeyboardInterrupt
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", interrupted)
+    with pytest.raises(SystemExit) as stopped:
+        _launch.main()
+    assert stopped.value.code == 130
+    assert capsys.readouterr().err == "error: interrupted\n"
+
+
+def test_an_interrupt_after_the_command_returned_is_ignored():
+    """Past the command (a commit may have landed), the process's exit is not a failure."""
+    code = textwrap.dedent("""
+        import signal, sys
+        from simstore._launch import main
+        sys.argv = ["simstore", "--version"]
+        try:
+            main()
+        except SystemExit as done:
+            print(done.code, signal.getsignal(signal.SIGINT) is signal.SIG_IGN)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.split()[-2:] in (["0", "True"], ["None", "True"])
+
+
+def test_the_console_script_runs_the_launcher():
+    import importlib.metadata
+
+    (script,) = [e for e in importlib.metadata.entry_points(group="console_scripts")
+                 if e.name == "simstore"]
+    assert script.value == "simstore._launch:main"
