@@ -4,9 +4,10 @@
 
 Times ``simstore.stats.summarise_array`` on smooth float32 fields of one to four and of
 nine components (points and vectors, tensors) and on float64 fields of one and three,
-alternating rounds with ``simstore._moments`` and with NumPy alone (the fallback where no
-C compiler built the module), in one process, and prints medians, throughput and the
-ratio. Both paths give the same numbers (see tests/ingest/test_stats_kernel.py); this says
+alternating rounds with NumPy alone (the fallback where no C compiler built the module)
+and with ``simstore._moments`` on each instruction set it can use here (AVX2 where the
+CPU has it, and SSE2), in one process, and prints medians, throughput and the speed-ups
+over NumPy. Both paths give the same numbers (see tests/ingest/test_stats_kernel.py); this says
 what the module saves.
 """
 
@@ -48,23 +49,37 @@ def main(argv: list[str] | None = None) -> None:
     kernel = stats._kernel
     if kernel is None:
         raise SystemExit("simstore._moments is not built: pip install -e . with a C compiler")
-    print("| field | MiB | NumPy ms | module ms | module MiB/s | speed-up |")
-    print("|---|---|---|---|---|---|")
+    # the module's instruction sets this CPU runs (AVX2 where it has it, and SSE2)
+    isas = []
+    for isa in ("avx2", "sse2"):
+        try:
+            kernel.isa(kernel.isa(isa))
+        except ValueError:
+            continue
+        isas.append(isa)
+    default = kernel.isa()
+    paths = ["numpy", *isas]
+    print("| field | MiB | " + " | ".join(f"{p} ms" for p in paths)
+          + f" | {default} MiB/s | " + " | ".join(f"{p} speed-up" for p in isas) + " |")
+    print("|---" * (3 + 2 * len(isas)) + "|---|")
     for name, values in _fields(args.mib).items():
-        times: dict[bool, list[float]] = {True: [], False: []}
+        times: dict[str, list[float]] = {p: [] for p in paths}
         stats.summarise_array(values)  # scratch and first-call costs out of the rounds
         for _ in range(args.rounds):
-            for use in (False, True):
-                stats._kernel = kernel if use else None
+            for path in paths:
+                stats._kernel = None if path == "numpy" else kernel
+                if path != "numpy":
+                    kernel.isa(path)
                 t = time.perf_counter()
                 stats.summarise_array(values)
-                times[use].append(time.perf_counter() - t)
+                times[path].append(time.perf_counter() - t)
         stats._kernel = kernel
-        plain, fast = statistics.median(times[False]), statistics.median(times[True])
+        kernel.isa(default)
+        med = {p: statistics.median(times[p]) for p in paths}
         mib = values.nbytes / MiB
-        print(f"| {name} | {mib:.0f} | {plain * 1e3:.1f} | {fast * 1e3:.1f} | "
-              f"{mib / fast:,.0f} | x{plain / fast:.2f} |")
-
+        print(f"| {name} | {mib:.0f} | " + " | ".join(f"{med[p] * 1e3:.1f}" for p in paths)
+              + f" | {mib / med[default]:,.0f} | "
+              + " | ".join(f"x{med['numpy'] / med[p]:.2f}" for p in isas) + " |")
 
 if __name__ == "__main__":
     main()

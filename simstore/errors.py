@@ -30,7 +30,6 @@ __all__ = [
     "SimstoreError",
     "SourceError",
     "StorageError",
-    "one_line",
 ]
 
 
