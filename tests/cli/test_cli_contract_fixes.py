@@ -370,16 +370,6 @@ def test_one_line_escapes_only_what_breaks_a_line():
     assert one_line("x\x1by\u2028z\x7f") == "x\\x1by\\u2028z\\x7f"
 
 
-def test_import_simstore_loads_nothing_heavy():
-    """The console command imports ``simstore`` before it can catch Ctrl-C: that must
-    take milliseconds, not the command line's few hundred (pyarrow, numpy, click)."""
-    code = ("import sys, simstore; "
-            "print(sorted(m for m in ('pyarrow', 'numpy', 'click', 'torch') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout
-    assert out.strip() == "[]"
-
-
 def test_an_interrupt_while_the_command_line_loads_is_one_line(monkeypatch, capsys):
     import builtins
 
