@@ -83,6 +83,12 @@ def group_clash(name: str, known: Collection[str]) -> str | None:
     return FieldGroups(known).clash(name)
 
 
+COLUMNAR_VALUE_BYTES = (1 << 31) - (64 << 20)
+"""The largest array a Parquet or Lance shard holds as one value: the rest go to Zarr
+shards whatever ``zarr_threshold`` and ``dense_threshold`` say (Parquet takes values
+under 2 GiB; the margin covers a value's framing)."""
+
+
 class FieldGroups:
     """Field names indexed by their groups: :func:`group_clash` in time of a name's depth.
 
@@ -582,10 +588,13 @@ class TaskRunner:
     def _route(self, sample: Sample) -> str:
         if self.cfg.format == "zarr":
             return "zarr"
+        # an array too large for one columnar value goes to Zarr whatever the thresholds:
+        # Parquet refuses a value of 2 GiB or more (with a raw error after the whole row
+        # was encoded), and a Lance file of one over 4 GiB was written but could not be read
+        limit = min(self.cfg.zarr_threshold, self.cfg.dense_threshold, COLUMNAR_VALUE_BYTES)
         for value in sample.fields.values():
             if is_array_source(value) or (
-                isinstance(value, np.ndarray)
-                and value.nbytes > min(self.cfg.zarr_threshold, self.cfg.dense_threshold)
+                isinstance(value, np.ndarray) and value.nbytes > limit
             ):
                 return "zarr"
         return self.cfg.format

@@ -86,6 +86,33 @@ def test_big_dense_fields_go_to_zarr_small_ones_to_parquet(catalog, tmp_path, re
     np.testing.assert_array_equal(got["big"]["u"], big)
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "lance"])
+def test_an_array_too_large_for_a_columnar_value_goes_to_zarr_whatever_the_thresholds(
+    catalog, tmp_path, read, monkeypatch, fmt
+):
+    """Parquet refuses a value of 2 GiB or more (a raw error, after the row was encoded),
+    and a Lance file of one over 4 GiB was written and could not be read: such arrays go
+    to Zarr shards even when the thresholds would keep them (the limit is made small here;
+    one worker runs the task in this process)."""
+    from simstore.ingest import _worker
+
+    monkeypatch.setattr(_worker, "COLUMNAR_VALUE_BYTES", 4096)
+    root = tmp_path / "mixed"
+    root.mkdir()
+    big = np.linspace(0, 1, 64 * 64, dtype=np.float32).reshape(64, 64)  # 16 KiB
+    np.savez(root / "big.npz", u=big)
+    np.savez(root / "small.npz", u=big[:4, :4])
+    ingest([root], dataset="m", store=catalog, format=fmt, workers=1, snapshot=True,
+           zarr_threshold=1 << 30, dense_threshold=1 << 30)
+    snap, got = read(catalog, "m")
+    kinds = {}
+    for row in catalog.manifest(snap).to_pylist():
+        path = catalog.store.local_path(object_key(row["shard"]))
+        kinds[row["key"]] = "zarr" if zipfile.is_zipfile(path) else fmt
+    assert kinds == {"big": "zarr", "small": fmt}
+    np.testing.assert_array_equal(got["big"]["u"], big)
+
+
 def test_shards_are_deterministic_across_stores(tmp_path, npz_dir):
     root, _ = npz_dir
     ids = []
