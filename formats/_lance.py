@@ -88,6 +88,10 @@ def _lance_file() -> Any:
     return lance_file
 
 
+LANCE_FILE_VERSION = "2.2"
+"""The Lance file format version of every Lance shard (pylance 14's default)."""
+
+
 class LanceShardWriter(ColumnarWriter):
     """Streaming side of :class:`LanceFormat` (buffers one shard, writes on close)."""
 
@@ -105,7 +109,10 @@ class LanceShardWriter(ColumnarWriter):
         if names != schema.names:  # a field Lance cannot name as it is: escaped columns
             fields = [f.with_name(n) for f, n in zip(schema, names, strict=True)]
             stored = pa.schema(fields, metadata=schema.metadata)
-        writer = _lance_file().LanceFileWriter(self.path, stored)
+        # the file format named, not left to the library's default (which a pylance
+        # upgrade may move: the same samples would then give other bytes, and a reader
+        # older than the default could not read them)
+        writer = _lance_file().LanceFileWriter(self.path, stored, version=LANCE_FILE_VERSION)
         for table in self._tables(plans, schema, groups):
             if stored is not schema:
                 table = pa.Table.from_arrays(table.columns, schema=stored)
@@ -188,7 +195,7 @@ class LanceFormat:
     """The Lance shard format (``--format lance``)."""
 
     name = "lance"
-    libraries = ("pylance", "pyarrow")
+    libraries = ("pylance", "pyarrow", "numcodecs")  # numcodecs: the byte shuffle
     """Distributions this writer's bytes depend on (recorded in an ingest's lineage)."""
     supports_file_objects = True
     supports_streaming_writes = True

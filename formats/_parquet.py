@@ -554,7 +554,7 @@ class ParquetFormat:
     """The Parquet shard format (``--format parquet``, the default)."""
 
     name = "parquet"
-    libraries = ("pyarrow",)
+    libraries = ("pyarrow", "numcodecs")  # numcodecs: the byte shuffle of float blobs
     """Distributions this writer's bytes depend on (recorded in an ingest's lineage)."""
     supports_file_objects = True
     supports_streaming_writes = True

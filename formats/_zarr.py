@@ -719,6 +719,9 @@ class ZarrFormat:
     """The Zarr v3 shard format (``--format zarr``, and dense fields above a threshold)."""
 
     name = "zarr"
+    libraries = ("numcodecs",)
+    """What its bytes depend on beyond the base: numcodecs compresses the chunks (the zip
+    and the metadata are simstore's own)."""
     supports_file_objects = True
     supports_streaming_writes = True
 

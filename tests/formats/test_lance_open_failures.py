@@ -64,3 +64,24 @@ def test_a_good_shard_from_a_file_object_reads_and_cleans_up(tmp_path, monkeypat
     assert len(os.listdir(temp)) == 1
     reader.close()
     assert os.listdir(temp) == []
+
+
+def test_lance_shards_name_their_file_format_version(tmp_path, monkeypatch):
+    """The file format is simstore's choice, not the library's default, which an upgrade
+    may move (other bytes for the same samples, unreadable by older readers)."""
+    import lance.file
+    from simstore.formats import _lance
+
+    path = str(tmp_path / "shard.lance")
+    calls = []
+    real = lance.file.LanceFileWriter
+
+    def writer(*args, **kwargs):
+        calls.append(kwargs.get("version"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lance.file, "LanceFileWriter", writer)
+    LanceFormat().write([Sample("k0", {"x": np.arange(5, dtype=np.float32)})], path)
+    assert calls == [_lance.LANCE_FILE_VERSION] == ["2.2"]
+    meta = lance.file.LanceFileReader(path).metadata()
+    assert f"{meta.major_version}.{meta.minor_version}" == "2.2"

@@ -41,13 +41,22 @@ def test_a_snapshot_names_the_versions_of_its_adapter_and_format(tmp_path):
     _cli(store, "ingest", str(src), "--dataset", "d", "--format", "lance", "--snapshot",
          "-m", "x", "--no-progress")
     [versions] = _written_with(store)
-    for name in ("simstore", "numpy", "pyarrow", "xxhash", "h5py", "pylance"):
+    for name in ("simstore", "numpy", "pyarrow", "xxhash", "h5py", "pylance", "numcodecs"):
         assert versions[name] == metadata.version(name), name
     assert versions["python"] == platform.python_version()
     assert "meshio" not in versions and "gmsh" not in versions  # only what wrote the files
     shown = _cli(store, "show", "d@main")
     assert f"written with  simstore {metadata.version('simstore')}, python " in shown
     assert f"h5py {metadata.version('h5py')}" in shown
+
+
+def test_every_shard_format_names_numcodecs():
+    """Zarr chunks are compressed by numcodecs, Parquet and Lance blobs byte-shuffled by it:
+    its version is one their bytes depend on."""
+    from simstore.formats import LanceFormat, ParquetFormat, ZarrFormat
+
+    for fmt in (ParquetFormat, LanceFormat, ZarrFormat):
+        assert "numcodecs" in libraries_of(fmt()), fmt.name
 
 
 def test_a_reused_journal_record_keeps_the_versions_that_wrote_its_shards(tmp_path):
