@@ -1,7 +1,8 @@
 """Feed a CUDA device from SimDataLoader: pinned batches, non-blocking copies, a fake step.
 
-    python -m benchmarks.gpu_feed [--store PATH --ref NAME] [--samples 128] [--batch 8]
-                                  [--workers 2] [--step-ms 20] [--epochs 1] [--json FILE]
+    python -m benchmarks.gpu_feed [--store PATH --ref NAME --field NAME] [--samples 128]
+                                  [--batch 8] [--workers 2] [--step-ms 20] [--epochs 1]
+                                  [--json FILE]
 
 Without ``--store`` it writes a dataset of 4 MiB float32 samples to a temporary store
 (Zarr shards). Each training step copies the batch to the device with
@@ -9,8 +10,11 @@ Without ``--store`` it writes a dataset of 4 MiB float32 samples to a temporary 
 ``--step-ms`` on the device, and synchronises once per step through ``loss.item()``, as a
 real loop that logs its loss does. It reports samples/s, host-to-device GiB/s (the copies'
 own time, from CUDA events) and the data stall: the share of the loop's time spent waiting
-for the next batch (also without the wait for the first batch, which includes starting
-the workers). Without a CUDA device the copy is skipped and the step runs on the CPU
+for the next batch, as the loader's metrics count it (from each ``iter()``, which starts
+the workers, to the epoch's last batch), and measured here around the loop (``..._loop``,
+the same definition) and without each epoch's first batch (its wait includes starting the
+workers). The field fed (``--field``, ``data`` in the generated store) is any numeric
+tensor field. Without a CUDA device the copy is skipped and the step runs on the CPU
 (``pin_memory`` needs a device), so the script still measures the loader and the stall.
 """
 
@@ -66,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store")
     parser.add_argument("--ref")
+    parser.add_argument("--field", default="data", help="the tensor field fed to the step")
     parser.add_argument("--samples", type=int, default=128)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2)
@@ -91,18 +96,26 @@ def main(argv: list[str] | None = None) -> int:
         copied = 0
         copy_s = 0.0
         steps = 0
-        waits: list[float] = []
+        first_waits: list[float] = []  # per epoch: iter() (the workers' start) to its first batch
+        waits: list[float] = []  # the other batches'
+        step_s = 0.0
         start = time.perf_counter()
         for epoch in range(args.epochs):
             loader.set_epoch(epoch)
+            t0 = time.perf_counter()
             batches = iter(loader)
+            first = True
             while True:
-                t0 = time.perf_counter()
                 batch = next(batches, None)
-                waits.append(time.perf_counter() - t0)
                 if batch is None:
-                    break
-                host = batch["data"]
+                    break  # the epoch's end: no batch waited for
+                (first_waits if first else waits).append(time.perf_counter() - t0)
+                first = False
+                t_step = time.perf_counter()
+                if args.field not in batch or not isinstance(batch[args.field], torch.Tensor):
+                    raise SystemExit(f"error: {ref} has no tensor field {args.field!r} in its "
+                                     f"batches (fields: {sorted(batch)}); give --field")
+                host = batch[args.field]
                 if cuda:
                     begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
                     end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
@@ -111,7 +124,10 @@ def main(argv: list[str] | None = None) -> int:
                     end.record()
                 else:
                     x = host
-                y = x.reshape(-1, 1024)[:256]
+                flat = x.reshape(-1).float()
+                if flat.numel() < 1024:
+                    flat = torch.nn.functional.pad(flat, (0, 1024 - flat.numel()))
+                y = flat[: flat.numel() // 1024 * 1024].reshape(-1, 1024)[:256]
                 for _ in range(repeats):
                     y = torch.tanh(y @ w)
                 float(y.sum().item())  # the step ends: its loss is logged
@@ -119,10 +135,13 @@ def main(argv: list[str] | None = None) -> int:
                     copy_s += begin.elapsed_time(end) / 1000
                 copied += host.nbytes
                 steps += 1
+                t0 = time.perf_counter()
+                step_s += t0 - t_step
         wall = time.perf_counter() - start
         stats = ds.stats()
-        first = waits[0] if waits else 0.0
-        steady = (sum(waits) - first) / (wall - first) if wall > first else None
+        waited = sum(first_waits) + sum(waits)
+        loop = waited / (waited + step_s) if steps else None
+        steady = sum(waits) / (sum(waits) + step_s) if steps else None
         result: dict[str, Any] = {
             "device": torch.cuda.get_device_name(device) if cuda else "cpu (device part skipped)",
             "steps": steps,
@@ -131,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
             "mib_per_s": copied / MiB / wall if wall else 0.0,
             "h2d_gib_per_s": copied / GiB / copy_s if cuda and copy_s else None,
             "data_stall": stats["data_stall"],
+            "data_stall_loop": loop,
             "data_stall_after_first_batch": steady,
+            "first_batch_waits_s": [round(w, 4) for w in first_waits],
             "time_to_first_batch_s": stats["time_to_first_batch_s"],
             "workers": args.workers,
             "batch": args.batch,

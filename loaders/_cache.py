@@ -374,13 +374,28 @@ class ShardCache:
                 os.unlink(self.used_path(name))
         return out
 
-    def usage_bytes(self, entries: list[tuple[int, int, str]] | None = None) -> int:
-        """Bytes held by copies (``entries``, listed here when not given) and fills."""
-        used = sum(size for _, size, _ in (self._entries() if entries is None else entries))
+    def _filling_bytes(self) -> int:
+        """Bytes reserved by fills under way (``tmp/``)."""
+        used = 0
         for name in _listdir(self._tmp):
             with contextlib.suppress(FileNotFoundError):
                 used += os.lstat(os.path.join(self._tmp, name)).st_size
         return used
+
+    def usage_bytes(self, entries: list[tuple[int, int, str]] | None = None,
+                    filling: int | None = None) -> int:
+        """Bytes held by copies (``entries``) and fills (``filling``), listed when not given.
+
+        Fills are listed before copies: a fill renamed into the cache between the two
+        listings (its rename is outside the eviction lock) is counted twice, not missed.
+        Listed the other way, fills side by side each missed the ones that landed while
+        it listed, and the cache went a shard or two over its limit, uncounted.
+        """
+        if filling is None:
+            filling = self._filling_bytes()
+        if entries is None:
+            entries = self._entries()
+        return filling + sum(size for _, size, _ in entries)
 
     def trim(self) -> None:
         """Evict unpinned copies until the cache is within its limit again."""
@@ -388,9 +403,11 @@ class ShardCache:
             self._make_room(0)
 
     def _make_room(self, size: int) -> None:
-        # one listing of the cache per fill (it was two: the copies, then their bytes)
+        # one listing of the cache per fill (it was two: the copies, then their bytes);
+        # the fills first (see usage_bytes)
+        filling = self._filling_bytes()
         entries = sorted(self._entries())  # least recently used first
-        used = self.usage_bytes(entries)
+        used = self.usage_bytes(entries, filling)
         for _used_ns, nbytes, path in entries:
             if used + size <= self.config.limit_bytes:
                 return

@@ -16,6 +16,7 @@ import gc
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, cast
@@ -204,6 +205,22 @@ class _Stream(IterableDataset[Any]):
         state["counters"] = None  # a lock; workers count into their ledger rows
         return state
 
+    # ``loader.dataset`` is this stream (torch iterates it): what code written for a
+    # DataLoader asks of its dataset is the SimDataset's (``len(loader.dataset)``,
+    # ``loader.dataset.set_epoch(e)``, ``.report()``)
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch ``epoch`` next (the SimDataset's :meth:`~SimDataset.set_epoch`)."""
+        self.dataset.set_epoch(epoch)
+
+    def __getattr__(self, name: str) -> Any:
+        dataset = self.__dict__.get("dataset")  # absent while unpickling
+        if name.startswith("_") or dataset is None:
+            raise AttributeError(name)
+        return getattr(dataset, name)
+
 
 class _WorkerStream(_Stream):
     """Single samples with their tags, for a caller's collate (or no batching)."""
@@ -329,14 +346,18 @@ class _TaggingCollate:
     since the one before).
     """
 
-    def __init__(self, collate: Callable[[list[Sample]], Any], batched: bool) -> None:
+    def __init__(self, collate: Callable[[list[Sample]], Any], batched: bool,
+                 per_sample: bool = False) -> None:
         self.collate = collate
         self.batched = batched
+        self.per_sample = per_sample
+        """Without batching, the caller's ``collate_fn`` takes each sample, as torch's
+        DataLoader calls it (the default collate leaves a sample as it is)."""
 
     def __call__(self, items: Any) -> _Tagged:
         if not self.batched:
             sample, tag = items
-            return _Tagged(sample, tag)
+            return _Tagged(self.collate(sample) if self.per_sample else sample, tag)
         samples = [s for s, _ in items]
         tag = items[-1][1]
         warm = tuple(hit for _, t in items for hit in t.warm)
@@ -492,8 +513,9 @@ def _worker_error(wrapper: ExceptionWrapper) -> SimstoreError | None:
 def _check_torch_options(num_workers: int, kwargs: Mapping[str, Any]) -> None:
     """Refuse, naming them, the DataLoader options torch would refuse late or with asserts.
 
-    torch checks ``prefetch_factor`` only when an iterator starts its workers (an
-    ``AssertionError``, which left a half-made iterator behind).
+    torch checks ``prefetch_factor`` only when an iterator starts its workers, and a
+    ``timeout`` without workers only when it starts (``AssertionError``s, which left a
+    half-made iterator behind, and a loaded resume used up).
     """
     factor = kwargs.get("prefetch_factor")
     if factor is not None:
@@ -502,8 +524,12 @@ def _check_torch_options(num_workers: int, kwargs: Mapping[str, Any]) -> None:
                 "prefetch_factor applies only with workers: give num_workers > 0"
             )
         check_int(factor, "prefetch_factor", minimum=1)
-    if "timeout" in kwargs and check_number(kwargs["timeout"], "timeout") < 0:
-        raise InvalidInputError(f"timeout must be non-negative, got {kwargs['timeout']}")
+    if "timeout" in kwargs:
+        timeout = check_number(kwargs["timeout"], "timeout")
+        if timeout < 0:
+            raise InvalidInputError(f"timeout must be non-negative, got {kwargs['timeout']}")
+        if timeout > 0 and num_workers == 0:  # torch: an AssertionError at iter()
+            raise InvalidInputError("timeout applies only with workers: give num_workers > 0")
     init = kwargs.get("worker_init_fn")
     if init is not None:
         check_callable(init, "worker_init_fn")
@@ -585,6 +611,8 @@ class SimDataLoader(DataLoader[Any]):
             )
         if kwargs.get("in_order") is False:
             raise InvalidInputError("in_order=False would make batches' order nondeterministic")
+        if kwargs.get("shuffle") is False:  # torch takes it for an IterableDataset too
+            kwargs.pop("shuffle")
         for name in ("sampler", "batch_sampler", "shuffle"):
             if kwargs.get(name) is not None:
                 raise InvalidInputError(f"{name}= does not apply: the dataset plans its order")
@@ -632,7 +660,8 @@ class SimDataLoader(DataLoader[Any]):
                 self._stream,
                 batch_size=torch_batch,
                 num_workers=num_workers,
-                collate_fn=_TaggingCollate(collate, batch_size is not None),
+                collate_fn=_TaggingCollate(collate, batch_size is not None,
+                                           per_sample=collate_fn is not None),
                 pin_memory=pin_memory,
                 drop_last=drop_last,
                 **kwargs,
@@ -646,7 +675,18 @@ class SimDataLoader(DataLoader[Any]):
         return _WorkersIter(self)
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        # the loop's wait for its first batch starts here: starting the workers is part
+        # of it (time to first batch, data stall)
+        started = time.perf_counter()
         ds = self.sim_dataset
+        resume = ds._resume
+        try:
+            return self._iterate(ds, started)
+        except BaseException:
+            ds._resume = resume  # an iteration that could not start used up no resume
+            raise
+
+    def _iterate(self, ds: SimDataset, started: float) -> Iterator[Any]:
         self._avoid_forking_lance()
         self._init.parent_pid = os.getpid()  # the process about to start the workers
         world = ds.refresh_world()
@@ -707,7 +747,8 @@ class SimDataLoader(DataLoader[Any]):
                 yield Delivery(batch, functools.partial(
                     ds._delivered, tag.worker, tag.delivered, tag.counters, tag.warm))
 
-        return timed(untag(arenas), ds._metrics, log_every_s=ds._options.log_every_s)
+        return timed(untag(arenas), ds._metrics, log_every_s=ds._options.log_every_s,
+                     started=started)
 
     def _watch(self, ds: SimDataset) -> None:
         """Counters for this iteration's readers that the metrics read as they are.

@@ -174,18 +174,22 @@ def timed(
     *,
     log_every_s: float | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    started: float | None = None,
 ) -> Iterator[Any]:
     """Yield ``items``, timing waits in ``next()`` and the loop body between them.
 
     A :class:`Delivery` is counted as its last step before it is yielded (its value).
+    ``started``: when the loop asked for the iteration (``iter()``, on ``clock``), if
+    before the first ``next()``: the first wait, the time to first batch and the
+    iteration's seconds count from then (a DataLoader starts its workers in ``iter()``).
     """
-    start = clock()
+    start = clock() if started is None else started
     last_yield: float | None = None
     in_body: float | None = None  # when the loop body began, while it runs
     last_log = start
     try:
         while True:
-            t0 = clock()
+            t0 = clock() if last_yield is not None else start
             if in_body is not None:
                 metrics.busy_s += t0 - in_body
                 in_body = None

@@ -7,6 +7,7 @@ reader holds, not whatever file the copy's path names by the time the check runs
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
@@ -26,6 +27,20 @@ def _blob(i: int) -> bytes:
     return bytes([i]) * SIZE
 
 
+def _held(cache_dir: str) -> int:
+    """Bytes of copies (``objects/``) and fills (``tmp/``), each object once: usage_bytes
+    may count a fill that lands while it lists twice (on purpose: it must miss none)."""
+    sizes: dict[str, int] = {}
+    for sub in ("tmp", "objects"):
+        for folder, _, names in os.walk(os.path.join(cache_dir, sub)):
+            for name in names:
+                with contextlib.suppress(FileNotFoundError):
+                    size = os.lstat(os.path.join(folder, name)).st_size
+                    oid = name.split(".")[0]
+                    sizes[oid] = max(size, sizes.get(oid, 0))
+    return sum(sizes.values())
+
+
 def test_fills_side_by_side_make_room_for_each_other(tmp_path):
     limit = 3 * SIZE
     cache_dir = str(tmp_path / "c")
@@ -42,8 +57,7 @@ def test_fills_side_by_side_make_room_for_each_other(tmp_path):
 
         def download(out):
             started.wait(timeout=30)  # all three fills are in flight now
-            seen.append(ShardCache(CacheConfig(directory=cache_dir, limit_bytes=limit),
-                                   Counters()).usage_bytes())
+            seen.append(_held(cache_dir))
             out.write(blob)
 
         try:
@@ -142,3 +156,30 @@ def test_a_fill_over_the_limit_is_counted_where_stats_and_the_report_show_it(tmp
     report = run_report(stats, snapshot, snapshots=["s"], epochs=[0], world_size=1,
                         num_workers=0)
     assert report["cache"]["over_limit"] == 1
+
+
+def test_a_fill_that_lands_while_the_cache_is_listed_is_counted(tmp_path, monkeypatch):
+    """A fill's rename into the cache is outside the eviction lock: a fill landing
+    between the listing of copies and that of fills was counted by neither, and fills
+    side by side took the cache a shard or two over its limit, uncounted."""
+    cache_dir = str(tmp_path / "c")
+    cache = ShardCache(CacheConfig(directory=cache_dir, limit_bytes=10 * SIZE), Counters())
+    blob = _blob(7)
+    oid = hash_bytes(blob)
+    landing = os.path.join(cache._tmp, f"{oid}.fill")
+    os.makedirs(cache._tmp, exist_ok=True)
+    with open(landing, "wb") as f:  # a fill under way in another process
+        f.write(blob)
+    real = cache._entries
+
+    def entries_then_landing():
+        listed = real()
+        if os.path.exists(landing):  # the fill lands right after the copies were listed
+            dest = cache.path_of(oid)
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            os.replace(landing, dest)
+        return listed
+
+    monkeypatch.setattr(cache, "_entries", entries_then_landing)
+    assert cache.usage_bytes() >= SIZE  # counted (once as a fill), not missed
+    assert cache.usage_bytes() == SIZE  # and once landed, as a copy

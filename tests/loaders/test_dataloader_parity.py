@@ -1,0 +1,111 @@
+"""SimDataLoader where code written for torch's DataLoader expects DataLoader behaviour.
+
+``collate_fn`` without batching, ``len(loader.dataset)``, ``shuffle=False``, a
+``timeout`` without workers, an iteration that fails to start, and the loop's wait for
+its first batch counting the workers' start.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from loader_helpers import commit_samples, make_samples, open_test_shard
+from simstore.loaders import SimDataLoader, SimDataset
+
+from simstore.errors import InvalidInputError
+
+
+@pytest.fixture
+def ds(store_path):
+    commit_samples(store_path, "sim", make_samples(37), per_shard=10)
+    return _dataset(store_path)
+
+
+def _dataset(store_path):
+    return SimDataset(store_path, "sim", shard_opener=open_test_shard, seed=1)
+
+
+def _workers(n):
+    return {"num_workers": n, **({"multiprocessing_context": "fork"} if n else {})}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_collate_fn_takes_each_sample_without_batching_as_torch_calls_it(ds, workers):
+    def convert(sample):
+        return {"key": sample["__key__"], "converted": True}
+
+    got = list(SimDataLoader(ds, batch_size=None, collate_fn=convert, **_workers(workers)))
+    assert len(got) == 37 and all(b["converted"] for b in got)
+    assert sorted(b["key"] for b in got) == sorted(s.key for s in make_samples(37))
+    plain = next(iter(SimDataLoader(ds, batch_size=None, **_workers(workers))))
+    assert "__key__" in plain  # no collate_fn: the sample as it is
+
+
+def test_the_loaders_dataset_answers_as_the_simdataset(ds):
+    loader = SimDataLoader(ds, batch_size=4, num_workers=0)
+    assert len(loader.dataset) == len(ds) == 37  # torch's len(loader.dataset) idiom
+    loader.dataset.set_epoch(3)
+    assert ds.epoch == 3
+    assert loader.dataset.snapshot_id == ds.snapshot_id
+    with pytest.raises(AttributeError):
+        loader.dataset.no_such_attribute  # noqa: B018
+
+
+def test_shuffle_false_is_taken_as_torch_takes_it(ds):
+    loader = SimDataLoader(ds, batch_size=4, shuffle=False)
+    assert sum(len(b["__key__"]) for b in loader) == 37
+    with pytest.raises(InvalidInputError, match="shuffle= does not apply"):
+        SimDataLoader(ds, batch_size=4, shuffle=True)
+
+
+def test_a_timeout_without_workers_is_refused_when_made(ds):
+    with pytest.raises(InvalidInputError, match="timeout applies only with workers"):
+        SimDataLoader(ds, batch_size=4, num_workers=0, timeout=5)
+    SimDataLoader(ds, batch_size=4, num_workers=0, timeout=0)  # torch's default: fine
+
+
+def test_an_iteration_that_fails_to_start_keeps_the_loaded_resume(ds, store_path,
+                                                                   monkeypatch):
+    first = SimDataLoader(ds, batch_size=4)
+    it = iter(first)
+    seen = [k for _ in range(3) for k in next(it)["__key__"]]
+    state = first.state_dict()
+    del it
+    ds2 = _dataset(store_path)
+    loader = SimDataLoader(ds2, batch_size=4)
+    loader.load_state_dict(state)
+    real = torch.utils.data.DataLoader.__iter__
+    calls = []
+
+    def failing(self):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("the workers could not start")
+        return real(self)
+
+    monkeypatch.setattr(torch.utils.data.DataLoader, "__iter__", failing)
+    with pytest.raises(RuntimeError, match="could not start"):
+        iter(loader)
+    rest = [k for b in loader for k in b["__key__"]]
+    assert len(seen) == 12 and len(rest) == 25
+    assert sorted(seen + rest) == sorted(s.key for s in make_samples(37))
+
+
+def test_the_first_wait_counts_the_workers_start(ds, monkeypatch):
+    """Workers start in ``iter()``; the loop waits for them as for any batch."""
+    real = torch.utils.data.DataLoader.__iter__
+
+    def slow_start(self):
+        time.sleep(0.3)  # a slow worker start, made deterministic
+        return real(self)
+
+    monkeypatch.setattr(torch.utils.data.DataLoader, "__iter__", slow_start)
+    loader = SimDataLoader(ds, batch_size=4)
+    for _ in loader:
+        pass
+    stats = ds.stats()
+    assert stats["time_to_first_batch_s"] >= 0.3
+    assert stats["wait_s"] >= 0.3
+    assert stats["seconds"] >= 0.3
