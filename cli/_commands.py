@@ -144,6 +144,11 @@ def snapshot_cmd(
             f"note: {len(res.overwritten_concurrent)} keys were also written by a concurrent "
             f"commit; this later commit wins: {', '.join(res.overwritten_concurrent[:5])}"
         )
+    if res.overwritten_staged:
+        lines.append(
+            f"note: {len(res.overwritten_staged)} keys were written by more than one staged "
+            f"entry; the one staged last wins: {', '.join(res.overwritten_staged[:5])}"
+        )
     emit(as_json, res.to_json(), "\n".join(lines))
 
 

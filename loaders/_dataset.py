@@ -630,7 +630,9 @@ class SimDataset(IterableDataset[Sample]):
             self.stats(), {**self._metrics.counters(), **self._warm.counters()},
             snapshots=self.snapshot_ids, epochs=list(self._metrics.epochs),
             world_size=self._world.world_size, num_workers=len(self._phase.counts)
-            if self._phase else 1, epoch_length=self._epoch_length,
+            if self._phase else 1,
+            rank_epoch=samples_per_rank(self._epoch_length, self._world.world_size,
+                                        self._options.remainder),
         )
 
     # -- iteration -------------------------------------------------------------------

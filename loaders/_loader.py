@@ -164,8 +164,10 @@ class _Stream(IterableDataset[Any]):
     def __init__(self, dataset: SimDataset, batch_size: int) -> None:
         self.dataset = dataset
         self.batch_size = batch_size
-        self.world = dataset.world
-        self.epoch = 0
+        # the epoch and world this iteration reads (not named as the SimDataset's own
+        # ``epoch`` and ``world``, which ``loader.dataset`` answers with, see __getattr__)
+        self.reading_world = dataset.world
+        self.reading_epoch = 0
         self.remaining: tuple[Interval, ...] = ()
         self.trusted: torch.Tensor | None = None
         """The workers' table of files hashed in earlier epochs (see ``TrustTable``), made
@@ -180,7 +182,7 @@ class _Stream(IterableDataset[Any]):
     def _reader(self) -> World:
         """The world of the process iterating (a DataLoader worker, or the main one)."""
         worker, num_workers = worker_context()
-        return World(rank=self.world.rank, world_size=self.world.world_size,
+        return World(rank=self.reading_world.rank, world_size=self.reading_world.world_size,
                      worker=worker, num_workers=num_workers)
 
     def _trust(self) -> TrustTable | None:
@@ -207,7 +209,8 @@ class _Stream(IterableDataset[Any]):
 
     # ``loader.dataset`` is this stream (torch iterates it): what code written for a
     # DataLoader asks of its dataset is the SimDataset's (``len(loader.dataset)``,
-    # ``loader.dataset.set_epoch(e)``, ``.report()``)
+    # ``loader.dataset.set_epoch(e)``, ``.epoch``, ``.world``, ``.report()``); the
+    # stream's own attributes are named apart from the SimDataset's public ones
     def __len__(self) -> int:
         return len(self.dataset)
 
@@ -229,7 +232,7 @@ class _WorkerStream(_Stream):
         world = self._reader()
         reading = self._counters(world)
         for sample, count, counters in self.dataset.read(
-            world, self.epoch, self.remaining, self.batch_size, trusted=self._trust(),
+            world, self.reading_epoch, self.remaining, self.batch_size, trusted=self._trust(),
             counters=reading,
         ):
             yield sample, _Tag(world.worker, count, counters, warm=reading.take_warm())
@@ -285,7 +288,7 @@ class _BatchStream(_Stream):
         if in_worker() and world.worker < len(self.channels):
             channel = self.channels[world.worker]
         for batch, count, counters, marks in self.dataset.read_batches(
-            world, self.epoch, self.remaining, self.batch_size, self.collate,
+            world, self.reading_epoch, self.remaining, self.batch_size, self.collate,
             drop_last=self.drop_last, shared_pool=pool, siblings=siblings, trusted=trusted,
             counters=reading, defer_files=channel is not None,
         ):
@@ -691,8 +694,8 @@ class SimDataLoader(DataLoader[Any]):
         self._init.parent_pid = os.getpid()  # the process about to start the workers
         world = ds.refresh_world()
         workers = max(1, self.num_workers)
-        self._stream.world = world
-        self._stream.epoch = ds.epoch
+        self._stream.reading_world = world
+        self._stream.reading_epoch = ds.epoch
         self._stream.remaining = ds._begin(world.world_size, workers, self._stream.batch_size)
         self._watch(ds)
         tracker = None

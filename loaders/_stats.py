@@ -374,22 +374,22 @@ def run_report(
     epochs: list[int],
     world_size: int,
     num_workers: int,
-    epoch_length: int = 0,
+    rank_epoch: int = 0,
 ) -> RunReport:
     """The run report of one rank.
 
-    ``epochs_read``: the samples this rank delivered over its share of an epoch
-    (``epoch_length / world_size``), what a run's cost per epoch divides by: a job
-    resumed mid-epoch, or stopped early, read a fraction of one (None when an epoch
-    holds no sample).
+    ``epochs_read``: the positions this rank delivered (samples and the padding that
+    evens ranks out) over the positions of its epoch (``rank_epoch``, what ``len(ds)``
+    says), what a run's cost per epoch divides by: a job resumed mid-epoch, or stopped
+    early, read a fraction of one (None when this rank's epoch holds nothing).
     """
-    share = epoch_length / world_size if epoch_length > 0 and world_size > 0 else 0
     return {
         "format_version": REPORT_FORMAT_VERSION,
         "kind": "simstore-loader-report",
         "snapshots": snapshots,
         "epochs": epochs,
-        "epochs_read": round(stats["samples"] / share, 6) if share else None,
+        "epochs_read": (round((stats["samples"] + stats["pad_samples"]) / rank_epoch, 6)
+                        if rank_epoch > 0 else None),
         "world_size": world_size,
         "num_workers": num_workers,
         "seconds": stats["seconds"],

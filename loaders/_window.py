@@ -50,13 +50,27 @@ def _as_slice(item: Any, field: str) -> slice:
     if isinstance(item, slice):
         if item.step is not None and not (is_int(item.step) and item.step == 1):
             raise InvalidInputError(f"crop of {field!r}: steps are not supported")
-        return slice(_bound(item.start, field), _bound(item.stop, field))
+        return _nonempty(slice(_bound(item.start, field), _bound(item.stop, field)), field)
     if isinstance(item, Sequence) and not isinstance(item, str | bytes) and len(item) == 2:
-        return slice(*(_bound(b, field) for b in item))
+        return _nonempty(slice(*(_bound(b, field) for b in item)), field)
     raise InvalidInputError(
         f"crop of {field!r}: give a slice, a (start, stop) pair or None per dimension, "
         f"got {shown(item)}"
     )
+
+
+def _nonempty(part: slice, field: str) -> slice:
+    """``part``, refused when it keeps nothing whatever the array's size.
+
+    A reversed pair read as an empty tensor; bounds of both signs are checked per sample.
+    """
+    a, b = part.start, part.stop
+    if a is not None and b is not None and (a >= 0) == (b >= 0) and a >= b:
+        raise InvalidInputError(
+            f"crop of {field!r} ({_show(part)}) keeps nothing: its start must come "
+            "before its stop"
+        )
+    return part
 
 
 def _size(value: Any, field: str) -> int | None:
@@ -100,6 +114,12 @@ class Regions:
                     raise InvalidInputError(
                         f"crop of {field!r} ({_show(part)} along dimension {d}) runs past "
                         f"the array of sample {key!r} (shape {tuple(shape)})"
+                    )
+                start, stop, _ = part.indices(shape[d])
+                if stop <= start and shape[d] > 0:
+                    raise InvalidInputError(
+                        f"crop of {field!r} ({_show(part)} along dimension {d}) keeps "
+                        f"nothing of the array of sample {key!r} (shape {tuple(shape)})"
                     )
             return crop
         sizes = self.windows[field]

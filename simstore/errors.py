@@ -113,7 +113,7 @@ class StorageError(SimstoreError):
     exit_code = 10
 
 
-_LINE_BREAKS = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_LINE_BREAKS = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
 
 
 def one_line(text: str) -> str:
@@ -121,17 +121,21 @@ def one_line(text: str) -> str:
 
     A newline in a path (a file named ``a\nb.npz``) is shown as ``\n``, not broken over
     two lines nor turned into a space (which named ``a b.npz``, another file); a
-    library's multi-line message comes out with its breaks as ``\n`` too.
+    library's multi-line message comes out with its breaks as ``\n`` too. A text that
+    needs escapes has its backslashes doubled as well (as ``repr`` does), so a file
+    named with a backslash and an ``n`` is not taken for one with a newline; a text
+    that needs none is returned as it is.
     """
     if text.isprintable():
         return text
     out = []
     for ch in text:
-        if ch.isprintable() or ch == " ":
-            out.append(ch)
-        elif ch in _LINE_BREAKS:
+        if ch in _LINE_BREAKS:
             out.append(_LINE_BREAKS[ch])
+        elif ch.isprintable() or ch == " ":
+            out.append(ch)
         else:
             code = ord(ch)
-            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+            out.append(f"\\x{code:02x}" if code < 0x100 else
+                       f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
     return "".join(out)

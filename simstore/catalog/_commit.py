@@ -61,6 +61,10 @@ class CommitResult:
     attempts: int
     overwritten_concurrent: tuple[str, ...] = ()
     new_part_bytes: int = 0
+    overwritten_staged: tuple[str, ...] = ()
+    """Keys that more than one of the staged entries this commit applied wrote (or
+    deleted): the entry staged last decides each (ingests of folders whose files share
+    names, for one, give their samples the same keys)."""
 
     def to_json(self) -> dict[str, Any]:
         """JSON shape for ``--json``."""
@@ -74,6 +78,7 @@ class CommitResult:
             "staged": list(self.staged),
             "attempts": self.attempts,
             "overwritten_concurrent": list(self.overwritten_concurrent),
+            "overwritten_staged": list(self.overwritten_staged),
             "new_part_bytes": self.new_part_bytes,
         }
 
@@ -223,6 +228,7 @@ def commit(
             attempts=attempt,
             overwritten_concurrent=tuple(sorted(overwritten)),
             new_part_bytes=counters.new_part_bytes,
+            overwritten_staged=_keys_in_several(todo, change_tables),
         )
     raise ConflictError(
         f"dataset {dataset!r} branch {branch!r}: gave up after {max_attempts} attempts "
@@ -353,6 +359,18 @@ def _already_committed(
         attempts=attempt,
         overwritten_concurrent=tuple(sorted(overwritten)),
     )
+
+
+def _keys_in_several(entries: Sequence[Any], change_tables: Mapping[str, pa.Table]
+                     ) -> tuple[str, ...]:
+    """Keys that more than one of ``entries`` changes, sorted."""
+    seen: set[str] = set()
+    several: set[str] = set()
+    for entry in entries:
+        keys = set(change_tables[entry.id].column("key").to_pylist())
+        several |= keys & seen
+        seen |= keys
+    return tuple(sorted(several))
 
 
 def _keys_changed_between(

@@ -368,6 +368,8 @@ def test_one_line_escapes_only_what_breaks_a_line():
     assert one_line("plain text, é ü 漢字") == "plain text, é ü 漢字"
     assert one_line("a\nb\r\tc") == "a\\nb\\r\\tc"
     assert one_line("x\x1by\u2028z\x7f") == "x\\x1by\\u2028z\\x7f"
+    assert one_line("a\\b\nc") == "a\\\\b\\nc"  # with escapes, a backslash is doubled
+    assert one_line("\U000e0001") == "\\U000e0001"  # beyond U+FFFF: eight digits
 
 
 def test_an_interrupt_while_the_command_line_loads_is_one_line(monkeypatch, capsys):
@@ -411,3 +413,27 @@ def test_the_console_script_runs_the_launcher():
     (script,) = [e for e in importlib.metadata.entry_points(group="console_scripts")
                  if e.name == "simstore"]
     assert script.value == "simstore._launch:main"
+
+
+def test_snapshot_reports_keys_that_several_staged_entries_wrote(tmp_path):
+    """Array tasks ingesting folders whose files share names stage the same keys: the
+    commit keeps the entry staged last, and now says which keys it decided."""
+    store = str(tmp_path / "store")
+    cli("--store", store, "init", code=0)
+    for part in (0, 1):
+        folder = tmp_path / f"part-{part}"
+        folder.mkdir()
+        for i in range(3):
+            np.savez(folder / f"run{i}.npz", u=np.full(2, part * 10 + i, np.float32))
+        np.savez(folder / f"only{part}.npz", u=np.zeros(2, np.float32))
+        cli("--store", store, "ingest", str(folder), "--dataset", "d", "--no-progress",
+            code=0)
+    out = json.loads(cli("--store", store, "snapshot", "d", "-m", "both", "--json", code=0))
+    assert out["overwritten_staged"] == ["run0", "run1", "run2"]
+    assert out["samples"] == 5
+    cli("--store", store, "ingest", str(tmp_path / "part-0"), "--dataset", "e",
+        "--no-progress", code=0)
+    cli("--store", store, "ingest", str(tmp_path / "part-1"), "--dataset", "e",
+        "--no-progress", code=0)
+    text = cli("--store", store, "snapshot", "e", "-m", "both", code=0)
+    assert "note: 3 keys were written by more than one staged entry" in text

@@ -47,7 +47,13 @@ def test_the_loaders_dataset_answers_as_the_simdataset(ds):
     loader = SimDataLoader(ds, batch_size=4, num_workers=0)
     assert len(loader.dataset) == len(ds) == 37  # torch's len(loader.dataset) idiom
     loader.dataset.set_epoch(3)
-    assert ds.epoch == 3
+    assert ds.epoch == 3 and loader.dataset.epoch == 3
+    assert sum(len(b["__key__"]) for b in loader) == 37
+    ds.set_epoch(5)
+    assert loader.dataset.epoch == 5 and loader.dataset.world == ds.world
+    # the stream's own attributes never shadow the SimDataset's public ones
+    public = {n for n in dir(ds) if not n.startswith("_")}
+    assert not set(vars(loader.dataset)) & public
     assert loader.dataset.snapshot_id == ds.snapshot_id
     with pytest.raises(AttributeError):
         loader.dataset.no_such_attribute  # noqa: B018

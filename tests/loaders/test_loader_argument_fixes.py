@@ -21,6 +21,7 @@ from loader_helpers import (
 from simstore.loaders import SimDataLoader, SimDataset
 from simstore.loaders._window import parse_regions
 
+from simstore.errors import InvalidInputError
 from simstore.sample import infer_schema
 
 
@@ -102,6 +103,19 @@ def test_a_crop_pair_may_leave_one_end_open():
     for pair, want in [((-3, None), slice(-3, None)), ((None, 5), slice(None, 5)),
                        ((2, None), slice(2, None)), ((np.int64(1), None), slice(1, None))]:
         assert parse_regions({"u": pair}, None, schema).crops == {"u": (want,)}, pair
+
+
+def test_a_crop_that_keeps_nothing_is_refused():
+    # a reversed pair read as an empty tensor, silently
+    schema = infer_schema(make_samples(2))
+    for pair in [(5, 2), (3, 3), (-1, -4), slice(4, 1)]:
+        with pytest.raises(InvalidInputError, match="keeps nothing: its start must come"):
+            parse_regions({"u": pair}, None, schema)
+    # bounds of both signs depend on the array: checked per sample, naming it
+    regions = parse_regions({"u": (-2, 1)}, None, schema)
+    with pytest.raises(InvalidInputError, match="keeps nothing of the array of sample 'k'"):
+        regions.box("u", (8,), seed=0, epoch=0, key="k")
+    assert regions.box("u", (2,), seed=0, epoch=0, key="k") == (slice(-2, 1),)
 
 
 def test_parse_regions_keeps_python_integers():

@@ -126,3 +126,15 @@ def test_a_job_resumed_mid_epoch_reads_a_part_of_one(small):
     assert usage.epochs == pytest.approx(0.65, abs=1e-6)
     first_report = first.report()
     assert first_report["epochs_read"] == pytest.approx(21 / 60, abs=1e-6)
+
+
+@pytest.mark.parametrize("remainder", ["pad", "drop"])
+def test_a_whole_epoch_is_one_whatever_the_world_size(small, remainder):
+    """60 samples over 7 ranks: 9 positions a rank padded, 8 dropped; an epoch is 1.0."""
+    store, _, _ = small
+    for rank in (0, 6):
+        ds = SimDataset(store, "sim", rank=rank, world_size=7, remainder=remainder,
+                        shard_opener=open_test_shard)
+        got = len(list(ds))
+        assert got == len(ds) == (9 if remainder == "pad" else 8)
+        assert ds.report()["epochs_read"] == 1.0
