@@ -324,8 +324,11 @@ class ShardCache:
             fd = os.open(tmp, os.O_RDONLY)
             fcntl.flock(fd, fcntl.LOCK_SH)
             try:
-                # the modification time, the last write's, says when it was filled
-                os.replace(tmp, dest)
+                # the modification time, the last write's, says when it was filled; the
+                # rename under the eviction lock, so another fill's room-making sees the
+                # copy either still filling (tmp/) or landed (objects/), never neither
+                with self._lock("evict"):
+                    os.replace(tmp, dest)
             except OSError:
                 os.close(fd)
                 raise
@@ -386,10 +389,11 @@ class ShardCache:
                     filling: int | None = None) -> int:
         """Bytes held by copies (``entries``) and fills (``filling``), listed when not given.
 
-        Fills are listed before copies: a fill renamed into the cache between the two
-        listings (its rename is outside the eviction lock) is counted twice, not missed.
-        Listed the other way, fills side by side each missed the ones that landed while
-        it listed, and the cache went a shard or two over its limit, uncounted.
+        Under the eviction lock (room-making) the two listings agree: a fill lands (its
+        rename) under that lock too. When a fill's rename was outside it, a fill landing
+        between the listings was counted by neither, and fills side by side took the
+        cache a shard or two over its limit, uncounted. Outside the lock (``du``) the
+        figure is as of the moment, fills listed first (a landing one may count twice).
         """
         if filling is None:
             filling = self._filling_bytes()
@@ -403,8 +407,8 @@ class ShardCache:
             self._make_room(0)
 
     def _make_room(self, size: int) -> None:
-        # one listing of the cache per fill (it was two: the copies, then their bytes);
-        # the fills first (see usage_bytes)
+        # one listing of the cache per fill (it was two: the copies, then their bytes),
+        # under the eviction lock, as fills land (see usage_bytes)
         filling = self._filling_bytes()
         entries = sorted(self._entries())  # least recently used first
         used = self.usage_bytes(entries, filling)

@@ -183,3 +183,34 @@ def test_a_fill_that_lands_while_the_cache_is_listed_is_counted(tmp_path, monkey
     monkeypatch.setattr(cache, "_entries", entries_then_landing)
     assert cache.usage_bytes() >= SIZE  # counted (once as a fill), not missed
     assert cache.usage_bytes() == SIZE  # and once landed, as a copy
+
+
+def test_a_fill_lands_under_the_eviction_lock(tmp_path, monkeypatch):
+    """Room-making lists copies and fills under the eviction lock; a fill's rename into
+    the cache takes it too, so the listing sees the fill on one side or the other."""
+    import fcntl
+
+    from simstore.loaders import _cache
+
+    cache_dir = str(tmp_path / "c")
+    cache = ShardCache(CacheConfig(directory=cache_dir, limit_bytes=10 * SIZE), Counters())
+    held: list[bool] = []
+    real = os.replace
+
+    def replace(src, dst):
+        fd = os.open(os.path.join(cache._locks, "evict"), os.O_RDWR)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held.append(False)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            except BlockingIOError:
+                held.append(True)
+        finally:
+            os.close(fd)
+        return real(src, dst)
+
+    monkeypatch.setattr(_cache.os, "replace", replace)
+    blob = _blob(9)
+    cache.acquire(hash_bytes(blob), lambda: SIZE, lambda out: out.write(blob)).release()
+    assert held == [True]
