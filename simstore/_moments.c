@@ -220,130 +220,76 @@ static struct {
 } K = {BASE_ISA, sum_plain, sum_squares, sum_plain_f, sum_squares_f, bounds_float};
 
 
-/* The minimum and maximum of n > 0 floats. The minimum and maximum of values that hold
+/* The minimum and maximum of n > 0 values. The minimum and maximum of values that hold
  * no NaN do not depend on the order they are taken in, but for the sign of a zero, which
  * the caller makes positive; the values hold no NaN when the sub-block is used (the
- * caller drops it when its sum is not finite). Four pairs of bounds over 16 values a
- * step: one pair's min and max each wait for the last (4 cycles on common cores), so one
- * pair bounds the loop at a value a cycle. */
-static void
-bounds_float(const float *x, Py_ssize_t n, float *lo, float *hi)
-{
-    Py_ssize_t i = 0;
-    float l = x[0], h = x[0];
-#if defined(__SSE2__)
-    __m128 vl = _mm_set1_ps(x[0]), vh = vl;
-    __m128 vl1 = vl, vh1 = vl, vl2 = vl, vh2 = vl, vl3 = vl, vh3 = vl;
-    for (; i + 16 <= n; i += 16) {
-        const __m128 v0 = _mm_loadu_ps(x + i), v1 = _mm_loadu_ps(x + i + 4);
-        const __m128 v2 = _mm_loadu_ps(x + i + 8), v3 = _mm_loadu_ps(x + i + 12);
-        vl = _mm_min_ps(vl, v0);
-        vh = _mm_max_ps(vh, v0);
-        vl1 = _mm_min_ps(vl1, v1);
-        vh1 = _mm_max_ps(vh1, v1);
-        vl2 = _mm_min_ps(vl2, v2);
-        vh2 = _mm_max_ps(vh2, v2);
-        vl3 = _mm_min_ps(vl3, v3);
-        vh3 = _mm_max_ps(vh3, v3);
+ * caller drops it when its sum is not finite). Four pairs of vector bounds over four
+ * vectors a step: one pair's min and max each wait for the last (4 cycles on common
+ * cores), so one pair bounds the loop at a vector a cycle. Written once for every vector
+ * type (``W`` lanes of ``T``), as PAIRWISE is. */
+#define BOUNDS(NAME, T, ATTR, VEC, W, SET1, LOAD, MIN, MAX, STORE)              \
+    static ATTR void NAME(const T *x, Py_ssize_t n, T *lo, T *hi)              \
+    {                                                                           \
+        Py_ssize_t i = 0;                                                       \
+        T l = x[0], h = x[0];                                                   \
+        VEC vl = SET1(x[0]), vh = vl, vl1 = vl, vh1 = vl;                       \
+        VEC vl2 = vl, vh2 = vl, vl3 = vl, vh3 = vl;                             \
+        for (; i + 4 * (W) <= n; i += 4 * (W)) {                                \
+            const VEC v0 = LOAD(x + i), v1 = LOAD(x + i + (W));                 \
+            const VEC v2 = LOAD(x + i + 2 * (W)), v3 = LOAD(x + i + 3 * (W));   \
+            vl = MIN(vl, v0);                                                   \
+            vh = MAX(vh, v0);                                                   \
+            vl1 = MIN(vl1, v1);                                                 \
+            vh1 = MAX(vh1, v1);                                                 \
+            vl2 = MIN(vl2, v2);                                                 \
+            vh2 = MAX(vh2, v2);                                                 \
+            vl3 = MIN(vl3, v3);                                                 \
+            vh3 = MAX(vh3, v3);                                                 \
+        }                                                                       \
+        vl = MIN(MIN(vl, vl1), MIN(vl2, vl3));                                  \
+        vh = MAX(MAX(vh, vh1), MAX(vh2, vh3));                                  \
+        T lanes[W];                                                             \
+        STORE(lanes, vl);                                                       \
+        for (int j = 0; j < (W); j++) {                                         \
+            l = lanes[j] < l ? lanes[j] : l;                                    \
+        }                                                                       \
+        STORE(lanes, vh);                                                       \
+        for (int j = 0; j < (W); j++) {                                         \
+            h = lanes[j] > h ? lanes[j] : h;                                    \
+        }                                                                       \
+        for (; i < n; i++) {                                                    \
+            l = x[i] < l ? x[i] : l;                                            \
+            h = x[i] > h ? x[i] : h;                                            \
+        }                                                                       \
+        *lo = l;                                                                \
+        *hi = h;                                                                \
     }
-    vl = _mm_min_ps(_mm_min_ps(vl, vl1), _mm_min_ps(vl2, vl3));
-    vh = _mm_max_ps(_mm_max_ps(vh, vh1), _mm_max_ps(vh2, vh3));
-    float lanes[4];
-    _mm_storeu_ps(lanes, vl);
-    for (int j = 0; j < 4; j++) {
-        l = lanes[j] < l ? lanes[j] : l;
-    }
-    _mm_storeu_ps(lanes, vh);
-    for (int j = 0; j < 4; j++) {
-        h = lanes[j] > h ? lanes[j] : h;
-    }
-#endif
-    for (; i < n; i++) {
-        l = x[i] < l ? x[i] : l;
-        h = x[i] > h ? x[i] : h;
-    }
-    *lo = l;
-    *hi = h;
-}
 
+#if defined(__SSE2__)
+BOUNDS(bounds_float, float, NO_ATTR, __m128, 4, _mm_set1_ps, _mm_loadu_ps, _mm_min_ps,
+       _mm_max_ps, _mm_storeu_ps)
+BOUNDS(bounds_double, double, NO_ATTR, __m128d, 2, _mm_set1_pd, _mm_loadu_pd, _mm_min_pd,
+       _mm_max_pd, _mm_storeu_pd)
+#else
+/* without SSE2, one value a step */
+#define BOUNDS_C(NAME, T)                                                       \
+    static void NAME(const T *x, Py_ssize_t n, T *lo, T *hi)                   \
+    {                                                                           \
+        T l = x[0], h = x[0];                                                   \
+        for (Py_ssize_t i = 1; i < n; i++) {                                    \
+            l = x[i] < l ? x[i] : l;                                            \
+            h = x[i] > h ? x[i] : h;                                            \
+        }                                                                       \
+        *lo = l;                                                                \
+        *hi = h;                                                                \
+    }
+BOUNDS_C(bounds_float, float)
+BOUNDS_C(bounds_double, double)
+#endif
 #if defined(HAVE_AVX2)
-/* bounds_float with AVX2: eight values a vector */
-static AVX2 void
-bounds_float_avx2(const float *x, Py_ssize_t n, float *lo, float *hi)
-{
-    Py_ssize_t i = 0;
-    float l = x[0], h = x[0];
-    __m256 vl = _mm256_set1_ps(x[0]), vh = vl;
-    __m256 vl1 = vl, vh1 = vl, vl2 = vl, vh2 = vl, vl3 = vl, vh3 = vl;
-    for (; i + 32 <= n; i += 32) {
-        const __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
-        const __m256 v2 = _mm256_loadu_ps(x + i + 16), v3 = _mm256_loadu_ps(x + i + 24);
-        vl = _mm256_min_ps(vl, v0);
-        vh = _mm256_max_ps(vh, v0);
-        vl1 = _mm256_min_ps(vl1, v1);
-        vh1 = _mm256_max_ps(vh1, v1);
-        vl2 = _mm256_min_ps(vl2, v2);
-        vh2 = _mm256_max_ps(vh2, v2);
-        vl3 = _mm256_min_ps(vl3, v3);
-        vh3 = _mm256_max_ps(vh3, v3);
-    }
-    vl = _mm256_min_ps(_mm256_min_ps(vl, vl1), _mm256_min_ps(vl2, vl3));
-    vh = _mm256_max_ps(_mm256_max_ps(vh, vh1), _mm256_max_ps(vh2, vh3));
-    float lanes[8];
-    _mm256_storeu_ps(lanes, vl);
-    for (int j = 0; j < 8; j++) {
-        l = lanes[j] < l ? lanes[j] : l;
-    }
-    _mm256_storeu_ps(lanes, vh);
-    for (int j = 0; j < 8; j++) {
-        h = lanes[j] > h ? lanes[j] : h;
-    }
-    for (; i < n; i++) {
-        l = x[i] < l ? x[i] : l;
-        h = x[i] > h ? x[i] : h;
-    }
-    *lo = l;
-    *hi = h;
-}
+BOUNDS(bounds_float_avx2, float, AVX2, __m256, 8, _mm256_set1_ps, _mm256_loadu_ps,
+       _mm256_min_ps, _mm256_max_ps, _mm256_storeu_ps)
 #endif
-
-/* The minimum and maximum of n > 0 doubles, with four pairs of bounds side by side (see
- * bounds_float). */
-static void
-bounds_double(const double *x, Py_ssize_t n, double *lo, double *hi)
-{
-    Py_ssize_t i = 0;
-    double l = x[0], h = x[0];
-#if defined(__SSE2__)
-    __m128d vl = _mm_set1_pd(x[0]), vh = vl, vl1 = vl, vh1 = vl, vl2 = vl, vh2 = vl;
-    __m128d vl3 = vl, vh3 = vl;
-    for (; i + 8 <= n; i += 8) {
-        const __m128d v0 = _mm_loadu_pd(x + i), v1 = _mm_loadu_pd(x + i + 2);
-        const __m128d v2 = _mm_loadu_pd(x + i + 4), v3 = _mm_loadu_pd(x + i + 6);
-        vl = _mm_min_pd(vl, v0);
-        vh = _mm_max_pd(vh, v0);
-        vl1 = _mm_min_pd(vl1, v1);
-        vh1 = _mm_max_pd(vh1, v1);
-        vl2 = _mm_min_pd(vl2, v2);
-        vh2 = _mm_max_pd(vh2, v2);
-        vl3 = _mm_min_pd(vl3, v3);
-        vh3 = _mm_max_pd(vh3, v3);
-    }
-    vl = _mm_min_pd(_mm_min_pd(vl, vl1), _mm_min_pd(vl2, vl3));
-    vh = _mm_max_pd(_mm_max_pd(vh, vh1), _mm_max_pd(vh2, vh3));
-    double lanes[2];
-    _mm_storeu_pd(lanes, vl);
-    l = lanes[0] < lanes[1] ? lanes[0] : lanes[1];
-    _mm_storeu_pd(lanes, vh);
-    h = lanes[0] > lanes[1] ? lanes[0] : lanes[1];
-#endif
-    for (; i < n; i++) {
-        l = x[i] < l ? x[i] : l;
-        h = x[i] > h ? x[i] : h;
-    }
-    *lo = l;
-    *hi = h;
-}
 
 /* A sub-block of ``rows`` x ``k`` float32 values (k > 1, one row per point) split into
  * its components, still float32 (component c's values at out[c * rows ...]): each
