@@ -122,9 +122,6 @@ def emit(as_json: bool, obj: Any, text: str | Callable[[], str]) -> None:
         click.echo(text() if callable(text) else text)
 
 
-
-
-
 def debug_on() -> bool:
     """``--debug``, or ``SIMSTORE_DEBUG`` set to a true value."""
     ctx = click.get_current_context(silent=True)

@@ -254,17 +254,14 @@ def normaliser(
         if not snap.stats.get("fields"):
             raise InvalidInputError(f"{ref} (snapshot {snap.id}) carries no statistics to "
                                     "normalise with; give normalise={field: (mean, std)}")
-        try:
-            constants = normalisation(snap, names)
-        except InvalidInputError as exc:
-            if snap.stats.get("exact") is not False:
-                raise
-            # normalisation()'s own advice names its argument, which SimDataset lacks
+        if snap.stats.get("exact") is False:
+            # refused here, not by normalisation(), whose advice names its own argument
             raise InvalidInputError(
                 f"{ref} (snapshot {snap.id}): statistics are not exact (samples were "
                 "overwritten or deleted since they were merged, and their old values still "
                 "count); ingest the dataset again with --mode replace for exact ones, or "
                 "give normalise={field: (mean, std)} from "
                 "simstore.stats.normalisation(snapshot, allow_inexact=True)"
-            ) from exc
+            )
+        constants = normalisation(snap, names)
     return Normalise(constants, then) if constants else then
