@@ -750,8 +750,9 @@ class SimDataLoader(DataLoader[Any]):
                 yield Delivery(batch, functools.partial(
                     ds._delivered, tag.worker, tag.delivered, tag.counters, tag.warm))
 
+        # the clock ``started`` was read on (timed's default is bound where it is defined)
         return timed(untag(arenas), ds._metrics, log_every_s=ds._options.log_every_s,
-                     started=started)
+                     clock=time.perf_counter, started=started)
 
     def _watch(self, ds: SimDataset) -> None:
         """Counters for this iteration's readers that the metrics read as they are.

@@ -100,11 +100,14 @@ def test_an_iteration_that_fails_to_start_keeps_the_loaded_resume(ds, store_path
 
 
 def test_the_first_wait_counts_the_workers_start(ds, monkeypatch):
-    """Workers start in ``iter()``; the loop waits for them as for any batch."""
+    """Workers start in ``iter()``; the loop waits for them as for any batch (a clock
+    that moves only while the DataLoader starts its iteration: 5 s there, none elsewhere)."""
+    now = [100.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
     real = torch.utils.data.DataLoader.__iter__
 
     def slow_start(self):
-        time.sleep(0.3)  # a slow worker start, made deterministic
+        now[0] += 5.0  # a slow worker start
         return real(self)
 
     monkeypatch.setattr(torch.utils.data.DataLoader, "__iter__", slow_start)
@@ -112,6 +115,6 @@ def test_the_first_wait_counts_the_workers_start(ds, monkeypatch):
     for _ in loader:
         pass
     stats = ds.stats()
-    assert stats["time_to_first_batch_s"] >= 0.3
-    assert stats["wait_s"] >= 0.3
-    assert stats["seconds"] >= 0.3
+    assert stats["time_to_first_batch_s"] == 5.0
+    assert stats["wait_s"] == 5.0 and stats["seconds"] == 5.0
+    assert stats["data_stall"] == 1.0
