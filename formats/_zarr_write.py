@@ -44,6 +44,10 @@ _EPOCH = (1980, 1, 1, 0, 0, 0)
 class ZarrShardWriter:
     """Writes samples into a deterministic zip of a Zarr v3 hierarchy, chunk by chunk."""
 
+    writes_in_add = True
+    """``add`` does the work (CRC-32s, the shard's hash, the writes): an ingest may call it
+    on a thread of its own while it reads the next sample, one call at a time, in order."""
+
     def __init__(self, path: str, options: ShardOptions) -> None:
         self.path = path
         self.options = options

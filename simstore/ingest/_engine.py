@@ -8,6 +8,7 @@ The dask.distributed engine is in :mod:`simstore.ingest._dask`.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import multiprocessing
 import os
 import select
@@ -15,14 +16,14 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from simstore.errors import SimstoreError
 from simstore.ingest._plugins import Plugins
 from simstore.ingest._records import ResultPacker, SourceFile, TaskContext, TaskResult
-from simstore.ingest._worker import TaskRunner, run_task, warm_up
+from simstore.ingest._worker import TaskRunner, run_task, warm_up, writer_thread_wanted
 
 __all__ = ["EngineRun", "Report", "exit_with_parent", "run_local"]
 
@@ -61,7 +62,7 @@ def run_local(
     workers = min(ctx.config.workers, len(tasks))
     pack = ResultPacker()  # the results are kept until the driver stages them
     if workers <= 1:
-        out = [pack(_run_here(ctx, task, plugins, report)) for task in tasks]
+        out = [pack(res) for res in _run_all_here(ctx, tasks, plugins, report)]
         # the workers it used: one (this process), however many were asked for
         return EngineRun(out, "local", 1)
     results: list[TaskResult | None] = [None] * len(tasks)
@@ -155,7 +156,7 @@ def run_local(
             mine = take()
             if mine is None:
                 break
-            results[mine[0]] = pack(_run_here(ctx, mine[1], plugins, report))
+            results[mine[0]] = pack(_finished(_run_here(ctx, mine[1], plugins, report)))
             finished += 1
         while True:
             collect()
@@ -285,11 +286,55 @@ def start_method(chosen: str | None = None) -> str:
 
 
 def _run_here(
-    ctx: TaskContext, task: Sequence[SourceFile], plugins: Plugins, report: Report
-) -> TaskResult:
-    """One task in this process, reporting progress file by file."""
-    t0 = time.perf_counter()
-    runner = TaskRunner(ctx, lambda src, s: report(int(src.completes_file), src.size, s), plugins)
-    res = runner.run(task)
-    res.seconds, res.worker = time.perf_counter() - t0, "local"
+    ctx: TaskContext,
+    task: Sequence[SourceFile],
+    plugins: Plugins,
+    report: Report,
+    writer_pool: cf.ThreadPoolExecutor | None = None,
+) -> TaskRunner:
+    """One task read in this process, reporting progress file by file; ``finish`` it."""
+    runner = TaskRunner(
+        ctx,
+        lambda src, s: report(int(src.completes_file), src.size, s),
+        plugins,
+        writer_pool=writer_pool,
+    )
+    runner.read(task)
+    return runner
+
+
+def _finished(runner: TaskRunner) -> TaskResult:
+    res = runner.finish()
+    res.seconds, res.worker = time.perf_counter() - runner.started, "local"
     return res
+
+
+def _run_all_here(
+    ctx: TaskContext, tasks: Sequence[Sequence[SourceFile]], plugins: Plugins, report: Report
+) -> Iterator[TaskResult]:
+    """Every task in this process, in order, each finished once the next one is read.
+
+    Where the process has a core to spare, the tasks share one writer thread, and a
+    task's last shard writes (and the check of its last file, which waits for them) run
+    while the next task reads: with shards the size of a file or two, each task is
+    otherwise a read and then a wait for its own writes. A task that fails still lets
+    the one before it store and journal what it wrote, as when they ran one after another.
+    """
+    if not writer_thread_wanted(ctx.config.workers):
+        for task in tasks:
+            yield _finished(_run_here(ctx, task, plugins, report))
+        return
+    with cf.ThreadPoolExecutor(1, thread_name_prefix="simstore-shard-writer") as pool:
+        read: list[TaskRunner] = []  # read, not yet finished: at most two
+        try:
+            for task in tasks:
+                read.append(_run_here(ctx, task, plugins, report, pool))
+                if len(read) == 2:
+                    yield _finished(read.pop(0))
+            while read:
+                yield _finished(read.pop(0))
+        except BaseException:
+            for runner in read:  # store and journal what it read, or abort it
+                with contextlib.suppress(BaseException):  # the error raised is this one
+                    _finished(runner)
+            raise

@@ -17,7 +17,8 @@ import errno
 import os
 import tempfile
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,7 +169,100 @@ class _BufferedWriter:
             os.unlink(self._path)
 
 
+HANDOFF_BYTES = 1 << 20
+"""Samples of at least this many bytes, all in memory, go to a writer that works in its
+``add`` (``writes_in_add``, as the Zarr writer does) on the task's writer thread."""
+
+
+def writer_thread_wanted(workers: int) -> bool:
+    """Whether a task's shard writes run on a thread of their own (:class:`_WriterThread`).
+
+    Where each ingest process has a core to spare: with as many processes as cores the
+    thread only adds its hand-offs (and a malloc arena) to cores already busy.
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return 2 * max(1, workers) <= cores
+
+
+class _WriterThread:
+    """Shard writers' adds and closes, run behind the reader on one helper thread.
+
+    The Zarr writer does its work (CRC-32s, the shard's hash, the write system calls) in
+    ``add``, and a shard's close writes its index and stores it; the task reads, hashes
+    and summarises the next sample meanwhile, which the GIL allows as NumPy, xxhash, the
+    statistics module and ``write`` release it. The work runs one item at a time in the
+    order given, so a writer sees its samples as it would on the reading thread and
+    writes the same bytes; once an item fails, the ones queued after it are dropped. A
+    sample is held until its add is done: pooled arrays it views are not reused meanwhile.
+    """
+
+    def __init__(self, pool: ThreadPoolExecutor | None = None) -> None:
+        self._pool = pool
+        self._owned = pool is None
+        """Whether the thread is this object's (else a pool of one thread that tasks run
+        one after another share, see ``_engine``)."""
+        self._pending: list[Future[None]] = []
+        self._failed = False  # written and read on the helper thread only
+
+    @property
+    def pending(self) -> bool:
+        """Whether work was queued and not yet waited for."""
+        return bool(self._pending)
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        """Queue ``fn(*args)`` behind the work queued before it."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="simstore-shard-writer")
+        self._pending.append(self._pool.submit(self._run, fn, args))
+
+    def _run(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+        if self._failed:
+            return
+        try:
+            fn(*args)
+        except BaseException:
+            self._failed = True
+            raise
+
+    def wait(self) -> None:
+        """Wait for the queued work; raise what failed first."""
+        pending, self._pending = self._pending, []
+        for done in pending:
+            done.result()
+
+    def close(self) -> None:
+        """Wait for the queued work (errors dropped: the caller is failing) and stop."""
+        for done in self._pending:
+            with contextlib.suppress(BaseException):
+                done.result()
+        self._pending = []
+        if self._pool is not None and self._owned:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+def _add(writer: Any, sample: Sample, digest: str, size: int, position: int) -> None:
+    ws = writer.add(sample, sample_hash=digest, size_bytes=size)
+    if ws.position != position:  # the reading thread recorded the row at ``position``
+        raise RuntimeError(
+            f"shard writer put sample {sample.key!r} at position {ws.position}, not {position}"
+        )
+
+
 @dataclass(slots=True)
+class _Deferred:
+    """A file read whole but for its last add, on the writer thread: its check waits."""
+
+    listed: ListedSource
+    res: FileResult
+    raw: list[tuple[int, int, Row]]
+    specs: dict[str, FieldSpec]
+
+
+@dataclass(slots=True, eq=False)  # compared by identity (``_closing``)
 class _Builder:
     seq: int
     format: str
@@ -195,7 +289,15 @@ class TaskRunner:
         plugins: Plugins | None = None,
         since: float | None = None,
         missing_fails: bool = False,
+        writer_pool: ThreadPoolExecutor | None = None,
     ):
+        """A runner of one task; see :meth:`read` and :meth:`finish`.
+
+        ``writer_pool``: a pool of one thread to write shards on, shared with the tasks
+        that run before and after this one in this process (else the task has a thread of
+        its own where :func:`writer_thread_wanted` says so).
+        """
+        self.started = time.perf_counter()
         self.ctx = ctx
         self.missing_fails = missing_fails
         """A listed source missing at its path when a task opens it fails the task
@@ -248,6 +350,14 @@ class TaskRunner:
         self._shared: dict[Any, Any] = {}  # what files' packed results share (schemas)
         self.wrote = False
         """Whether the last :meth:`_store` wrote the object (rather than finding it)."""
+        self._writes = _WriterThread(writer_pool)
+        self._closing: list[_Builder] = []
+        """Shards queued on the writer thread to be closed and stored, until they are."""
+        self._threaded = writer_pool is not None or writer_thread_wanted(self.cfg.workers)
+        self._deferred: _Deferred | None = None
+        """The file whose last add is still on the writer thread, its check not yet done."""
+        self._file_specs: list[tuple[str, dict[str, FieldSpec]]] = []
+        """Each file's fields, for ``run_specs`` (rebuilt when a deferred check fails)."""
 
     # -- shards ------------------------------------------------------------------------
     def _builder(self, kind: str) -> _Builder:
@@ -264,6 +374,14 @@ class TaskRunner:
 
     def _close(self, kind: str) -> None:
         b = self.open.pop(kind)
+        if self._writes.pending:  # behind its last add, on the writer thread
+            self._closing.append(b)
+            self._writes.submit(self._finish_shard, b)
+        else:
+            self._finish_shard(b)
+
+    def _finish_shard(self, b: _Builder) -> None:
+        """Close ``b``'s shard and store it under its hash."""
         written = b.writer.close(stats=b.stats.to_json())
         known = getattr(written, "object_id", None)  # hashed on the way out (Zarr)
         if known is not None:
@@ -274,6 +392,8 @@ class TaskRunner:
             self.new_bytes += size
         self.shard_of[b.seq] = str(oid)
         self.shards[str(oid)] = size
+        if b in self._closing:
+            self._closing.remove(b)
 
     def _store(self, key: str, path: str, *, consume: bool = True) -> bool:
         """Store the file at ``path`` under ``key`` unless present; ``consume``: remove it.
@@ -322,15 +442,33 @@ class TaskRunner:
             return None
 
     def abort(self) -> None:
-        for b in self.open.values():
+        self._writes.close()
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            deferred.listed.close()
+        for b in [*self._closing, *self.open.values()]:
             b.writer.abort()
+        self._closing.clear()
         self.open.clear()
         self._scratch.remove()
 
     # -- files -------------------------------------------------------------------------
     def run(self, files: Sequence[SourceFile]) -> TaskResult:
-        results: list[FileResult] = []
-        slots: list[list[tuple[int, int, Row]]] = []
+        """Turn ``files`` into stored shards and journal records: :meth:`read`, :meth:`finish`."""
+        self.read(files)
+        return self.finish()
+
+    def read(self, files: Sequence[SourceFile]) -> None:
+        """Read the task's files into shards; :meth:`finish` completes the task.
+
+        The last writes may still be on the writer thread, and the check of the last
+        file waits for them. A bad file under ``on_error="fail"`` finishes what the
+        files before it produced and raises; any other error aborts the task and raises.
+        """
+        self._files = files
+        self._results: list[FileResult] = []
+        self._slots: list[list[tuple[int, int, Row]]] = []
+        results, slots = self._results, self._slots
         try:
             for src in files:
                 res, raw = self._file(src)
@@ -348,12 +486,20 @@ class TaskRunner:
                 self._finish(files, results, slots)
             except BaseException:
                 self.abort()
+            finally:
+                self._writes.close()
             raise
         except BaseException:
             self.abort()
             raise
-        self._finish(files, results, slots)
-        return TaskResult(results, self.shards, self.new_bytes)
+
+    def finish(self) -> TaskResult:
+        """After :meth:`read`: wait for the writes, check the last file, store, journal."""
+        try:
+            self._finish(self._files, self._results, self._slots)
+        finally:
+            self._writes.close()
+        return TaskResult(self._results, self.shards, self.new_bytes)
 
     def _finish(
         self,
@@ -363,6 +509,7 @@ class TaskRunner:
     ) -> None:
         """Close the open shards, give finished files their rows, journal them."""
         try:
+            self._settle()
             for kind in list(self.open):
                 self._close(kind)
         except BaseException:
@@ -389,26 +536,69 @@ class TaskRunner:
             reused = read_journal(self.ctx, src, self._present)
             if reused is not None:
                 # the schema of the task's later files, as if this one were read again
+                specs = {}
                 for spec in reused.schema:
                     found = FieldSpec.from_json(spec)
-                    self.run_specs[found.name] = found
-                    self.spec_from.setdefault(found.name, src.path)
+                    specs[found.name] = found
+                self._add_specs(src.path, specs)
                 return reused, []
         try:
             return self._ingest(src, res)
         except SourceError as exc:
-            if self.missing_fails and isinstance(exc, SourceGone):
-                raise
-            # one line, whatever a library put in its message, and printable: a path that
-            # is not UTF-8 (a source root named so) shows its bytes as escapes, a line
-            # break (in a library's message, or in a file's name) as \n
-            message = one_line(printable_text(exc.message))
-            if self.cfg.on_error == "fail":
-                if message == exc.message:
-                    raise
-                raise SourceError(message) from exc
-            res.error = message
+            self._bad_file(res, exc)
             return res, []
+
+    def _bad_file(self, res: FileResult, exc: SourceError) -> None:
+        """Give ``res`` the one-line message of ``exc``; raise unless ``on_error`` skips it."""
+        # one line, whatever a library put in its message, and printable: a path that
+        # is not UTF-8 (a source root named so) shows its bytes as escapes, a line
+        # break (in a library's message, or in a file's name) as \n
+        message = one_line(printable_text(exc.message))
+        res.error = message  # a result already listed (a deferred check) is not journaled
+        if self.missing_fails and isinstance(exc, SourceGone):
+            raise exc
+        if self.cfg.on_error == "fail":
+            if message == exc.message:
+                raise exc
+            raise SourceError(message) from exc
+
+    def _add_specs(self, path: str, specs: dict[str, FieldSpec]) -> None:
+        """File ``path``'s fields: the schema of the task's later files (they share shards)."""
+        self._file_specs.append((path, specs))
+        self.run_specs.update(specs)
+        for name in specs:
+            self.spec_from.setdefault(name, path)
+
+    def _settle(self) -> None:
+        """Wait for the writer thread, then check the file its last add was of.
+
+        A file that changed while it was read (or while its last sample was written) is
+        a bad file after all, though the task has gone on to the next: its result says
+        so and its rows and fields are dropped, as they are for a check that fails at
+        once (``on_error="fail"`` raises here).
+        """
+        deferred, self._deferred = self._deferred, None
+        try:
+            self._writes.wait()
+        except BaseException:
+            if deferred is not None:
+                deferred.listed.close()
+            raise
+        if deferred is None:
+            return
+        try:
+            deferred.listed.check()
+        except SourceError as exc:
+            res = deferred.res
+            res.schema, res.stats, res.packed_stats = [], {}, b""
+            deferred.raw.clear()
+            kept = [(p, s) for p, s in self._file_specs if s is not deferred.specs]
+            self._file_specs, self.run_specs, self.spec_from = [], {}, {}
+            for path, specs in kept:
+                self._add_specs(path, specs)
+            self._bad_file(res, exc)
+        finally:
+            deferred.listed.close()
 
     def _may_reuse(self, src: SourceFile) -> bool:
         """Whether the file's journal record may be reused: not one this run wrote.
@@ -441,17 +631,28 @@ class TaskRunner:
         """
         check_key(src.path, src.key)  # the part under the root; the root's own name may be any
         listed = ListedSource(src, self.same_host)
+        deferred = False
         try:
             listed.open()
             try:
                 res, raw, adapter, specs = self._read(src, res)
             except SourceError:
+                self._settle()  # this file's own last add
                 listed.check()  # a file that changed meanwhile: say that, not what broke
                 raise
-            listed.check()
             first = src.piece is None or src.piece.index == 0
             path = src.path
-            if first and getattr(adapter, "stores_source", False) and not os.path.isdir(path):
+            stores = first and getattr(adapter, "stores_source", False) and not os.path.isdir(path)
+            if self._writes.pending and not stores:
+                # its last add is still being written: the next file is read meanwhile, and
+                # this one is checked once the add is done (see _settle)
+                self._deferred = _Deferred(listed, res, raw, specs)
+                deferred = True
+                self._add_specs(path, specs)
+                return res, raw
+            self._settle()
+            listed.check()
+            if stores:
                 key = object_key(res.source_hash)
                 new = self._store(key, path, consume=False)
                 try:
@@ -465,12 +666,10 @@ class TaskRunner:
                     res.new_bytes += res.size_bytes
                 res.source_object = res.source_hash
         finally:
-            listed.close()
-        # the schema of the task's later files (they share its shards): a file that
-        # changed while read is none of it
-        self.run_specs.update(specs)
-        for name in specs:
-            self.spec_from.setdefault(name, path)
+            if not deferred:
+                listed.close()
+        # a file that changed while read is none of the schema
+        self._add_specs(path, specs)
         return res, raw
 
     def _read(
@@ -510,9 +709,32 @@ class TaskRunner:
         base = {s.name: s for s in self.ctx.base_schema}
         base.update(self.run_specs)
         file_stats = StatsAccumulator()
+        samples = adapter.iter_samples(path, src.key, options)
+        raw = self._samples(path, samples, specs, base, file_stats)
+        if src.piece is not None and len(raw) != src.piece.stop - src.piece.start:
+            raise SourceError(
+                f"{path}: the adapter gave {len(raw)} samples for samples {src.piece.start} "
+                f"to {src.piece.stop - 1} of the file (it must honour sample_range)"
+            )
+        res.schema = [specs[n].to_json() for n in sorted(specs)]  # type: ignore[misc]
+        res.stats = file_stats.to_json()
+        return res, raw, adapter, specs
+
+    def _samples(
+        self,
+        path: str,
+        samples: Iterator[Sample],
+        specs: dict[str, FieldSpec],
+        base: Mapping[str, FieldSpec],
+        file_stats: StatsAccumulator,
+    ) -> list[tuple[int, int, Row]]:
+        """The adapter's samples of file ``path`` checked, hashed, summarised and added.
+
+        Their rows: ``(shard sequence, position, row)``. The last add may still be running
+        on the writer thread (see :class:`_WriterThread`).
+        """
         raw: list[tuple[int, int, Row]] = []
         keys: set[str] = set()
-        samples = adapter.iter_samples(path, src.key, options)
         while True:
             try:
                 sample = next(samples)
@@ -568,22 +790,27 @@ class TaskRunner:
                 self._close(kind)
                 b = self._builder(kind)
             b.specs.update({n: specs[n] for n in sample.fields})
-            ws = b.writer.add(sample, sample_hash=digest, size_bytes=size)
-            raw.append((b.seq, ws.position, (sample.key, str(digest), "", ws.position, size)))
+            position = b.count
+            self._settle()  # the add before this one, and the check of its file if that is done
+            if (
+                self._threaded
+                and size >= HANDOFF_BYTES
+                and getattr(b.writer, "writes_in_add", False)
+                and not any(is_array_source(v) for v in sample.fields.values())
+            ):
+                # the sample's arrays are in memory (pooled, or mapped from its file, which
+                # is checked once they are written): the next one is read meanwhile
+                self._writes.submit(_add, b.writer, sample, str(digest), size, position)
+            else:
+                position = b.writer.add(sample, sample_hash=digest, size_bytes=size).position
+            raw.append((b.seq, position, (sample.key, str(digest), "", position, size)))
             b.stats.merge(fields_stats)
             file_stats.merge(fields_stats)
             b.size_bytes += size
             b.count += 1
             if b.size_bytes >= self.cfg.shard_size:
                 self._close(kind)
-        if src.piece is not None and len(raw) != src.piece.stop - src.piece.start:
-            raise SourceError(
-                f"{path}: the adapter gave {len(raw)} samples for samples {src.piece.start} "
-                f"to {src.piece.stop - 1} of the file (it must honour sample_range)"
-            )
-        res.schema = [specs[n].to_json() for n in sorted(specs)]  # type: ignore[misc]
-        res.stats = file_stats.to_json()
-        return res, raw, adapter, specs
+        return raw
 
     def _route(self, sample: Sample) -> str:
         if self.cfg.format == "zarr":
