@@ -200,6 +200,14 @@ if tree:
 variable ``tree`` (nothing when it is empty); ``os`` and ``sys`` must be imported."""
 
 
+def _revision(tree: str) -> str:
+    """The commit a source tree is a checkout of (what a result names, not the path)."""
+    out = subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"],
+                         capture_output=True, text=True, check=False)
+    head = out.stdout.strip()
+    return f"a checkout of {head}" if out.returncode == 0 and head else "an earlier tree"
+
+
 def run_child(code: str, payload: Any, *, what: str = "child process",
               cwd: str | None = None, env: dict[str, str] | None = None) -> Any:
     """Run ``python -c code JSON(payload)`` and return its last line of output, parsed as JSON.
@@ -723,7 +731,7 @@ def main() -> None:
                 ap.error(f"unknown sources {unknown}: expected some of {', '.join(SOURCES)}")
             results["throughput"] = throughput(work, args.quick, reps, baseline, only, names)
             if baseline:
-                results["baseline"] = baseline
+                results["baseline"] = _revision(baseline)
             cols = ["source", "what", "workers", "mib", "mib_s", "ratio", "cpu_s"]
             if baseline:
                 cols += ["before_mib_s", "before_ratio", "before_cpu_s"]
