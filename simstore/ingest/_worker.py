@@ -19,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -228,20 +229,39 @@ class _WriterThread:
             raise
 
     def wait(self) -> None:
-        """Wait for the queued work; raise what failed first."""
-        pending, self._pending = self._pending, []
-        for done in pending:
-            done.result()
+        """Wait for the queued work; raise what failed first.
+
+        Work stays queued until it is done: an interrupt while waiting (Ctrl-C) leaves
+        what still runs for :meth:`close` to wait for, so nothing is aborted under it.
+        """
+        while self._pending:
+            first = self._pending[0]
+            try:
+                first.result()
+            except BaseException:
+                if first.done():  # its own error; what follows it is dropped (_run)
+                    self._pending.pop(0)
+                raise
+            self._pending.pop(0)
 
     def close(self) -> None:
-        """Wait for the queued work (errors dropped: the caller is failing) and stop."""
-        for done in self._pending:
-            with contextlib.suppress(BaseException):
-                done.result()
+        """Wait for the queued work (errors dropped: the caller is failing) and stop.
+
+        An interrupt while waiting is raised once the work is done.
+        """
+        interrupted: BaseException | None = None
+        while self._pending:
+            try:
+                wait_futures(self._pending)
+                break
+            except KeyboardInterrupt as exc:
+                interrupted = exc
         self._pending = []
         if self._pool is not None and self._owned:
             self._pool.shutdown(wait=True)
             self._pool = None
+        if interrupted is not None:
+            raise interrupted
 
 
 def _add(writer: Any, sample: Sample, digest: str, size: int, position: int) -> None:
@@ -494,8 +514,23 @@ class TaskRunner:
             raise
 
     def finish(self) -> TaskResult:
-        """After :meth:`read`: wait for the writes, check the last file, store, journal."""
+        """After :meth:`read`: wait for the writes, check the last file, store, journal.
+
+        The last file found changed under ``on_error="fail"`` raises once the files
+        before it are stored and journaled, as :meth:`read` does for a bad file.
+        """
         try:
+            try:
+                self._settle()
+            except SourceError:
+                try:
+                    self._finish(self._files, self._results, self._slots)
+                except BaseException:
+                    self.abort()
+                raise
+            except BaseException:
+                self.abort()
+                raise
             self._finish(self._files, self._results, self._slots)
         finally:
             self._writes.close()
@@ -561,6 +596,12 @@ class TaskRunner:
             if message == exc.message:
                 raise exc
             raise SourceError(message) from exc
+
+    def _base(self) -> dict[str, FieldSpec]:
+        """The schema a file is checked against: the dataset's and the task's files'."""
+        base = {s.name: s for s in self.ctx.base_schema}
+        base.update(self.run_specs)
+        return base
 
     def _add_specs(self, path: str, specs: dict[str, FieldSpec]) -> None:
         """File ``path``'s fields: the schema of the task's later files (they share shards)."""
@@ -643,9 +684,11 @@ class TaskRunner:
             first = src.piece is None or src.piece.index == 0
             path = src.path
             stores = first and getattr(adapter, "stores_source", False) and not os.path.isdir(path)
-            if self._writes.pending and not stores:
-                # its last add is still being written: the next file is read meanwhile, and
+            if raw and self._writes.pending and not stores:
+                # its last add is still being written (each add waits for the one before,
+                # so what is queued is this file's): the next file is read meanwhile, and
                 # this one is checked once the add is done (see _settle)
+                assert self._deferred is None
                 self._deferred = _Deferred(listed, res, raw, specs)
                 deferred = True
                 self._add_specs(path, specs)
@@ -705,9 +748,7 @@ class TaskRunner:
         options["source_hash"] = res.source_hash
         options["tmp_dir"] = self.tmp
         specs: dict[str, FieldSpec] = {}
-        # earlier files of this task count as the schema too: they share its shards
-        base = {s.name: s for s in self.ctx.base_schema}
-        base.update(self.run_specs)
+        base = self._base()
         file_stats = StatsAccumulator()
         samples = adapter.iter_samples(path, src.key, options)
         raw = self._samples(path, samples, specs, base, file_stats)
@@ -725,7 +766,7 @@ class TaskRunner:
         path: str,
         samples: Iterator[Sample],
         specs: dict[str, FieldSpec],
-        base: Mapping[str, FieldSpec],
+        base: dict[str, FieldSpec],
         file_stats: StatsAccumulator,
     ) -> list[tuple[int, int, Row]]:
         """The adapter's samples of file ``path`` checked, hashed, summarised and added.
@@ -751,7 +792,17 @@ class TaskRunner:
                     f"{path}: the adapter gave a missing or repeated key {sample.key!r}"
                 )
             keys.add(sample.key)
-            self._check_fields(path, sample, specs, base)
+            try:
+                self._check_fields(path, sample, specs, base)
+            except SourceError:
+                if self._deferred is None:
+                    raise
+                # the refusal may come from the fields of the file before, not yet
+                # checked: check it now (a changed file's fields are none of the schema)
+                self._settle()
+                base.clear()
+                base.update(self._base())
+                self._check_fields(path, sample, specs, base)
             sample_stats = StatsAccumulator()
             try:
                 digest = hash_sample_blocks(

@@ -9,7 +9,9 @@ write is done. These tests force the thread on or off whatever this machine's co
 from __future__ import annotations
 
 import os
+import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -162,3 +164,135 @@ def test_a_write_that_fails_on_the_thread_fails_the_ingest_and_leaves_nothing(
     assert cat.staged("d") == [] and cat.branches("d").get_versioned("main")[0] is None
     assert list(scratch.iterdir()) == []  # the open shard was aborted
     assert threading.active_count() == before  # and the thread stopped
+
+
+def _touch_while_written(monkeypatch, src, key):
+    """Bump ``<key>.npz``'s mtime while its sample is written: it changed meanwhile."""
+    real = ZarrShardWriter.add
+
+    def add(self, sample, **kw):
+        if sample.key == key:
+            path = src / f"{key}.npz"
+            st = path.stat()
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+        return real(self, sample, **kw)
+
+    monkeypatch.setattr(ZarrShardWriter, "add", add)
+
+
+def test_a_last_file_changed_while_written_fails_after_the_files_before_it_are_journaled(
+    tmp_path, thread_on, monkeypatch
+):
+    """The task's last file is checked when the task finishes: under ``fail`` the files
+    before it are stored and journaled first, as for a bad file found while reading."""
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(3)
+    for i in range(4):
+        np.savez(src / f"run{i}.npz", big=rng.standard_normal(BIG).astype(np.float32))
+    thread_on(True)
+    _touch_while_written(monkeypatch, src, "run3")
+    cat = Catalog.init(str(tmp_path / "store"))
+    with pytest.raises(SourceError, match=r"run3\.npz.*changed since it was listed"):
+        ingest([src], dataset="d", store=cat, format="zarr", snapshot=True, workers=1)
+    monkeypatch.undo()
+    again = ingest([src], dataset="d", store=cat, format="zarr", snapshot=True, workers=1)
+    assert (again.files_reused, again.files_ingested) == (3, 1)
+
+
+def test_a_changed_files_fields_do_not_refuse_the_next_file(tmp_path, thread_on, monkeypatch):
+    """a.npz has ``f`` as float32 and changes while written; b.npz has ``f`` as float64.
+    a.npz is checked only after b.npz's first sample was read: b.npz is refused for the
+    type change only while a.npz is taken as good, and it is not."""
+    src = tmp_path / "src"
+    src.mkdir()
+    big = np.zeros(BIG, np.float32)
+    np.savez(src / "a.npz", big=big, f=np.ones(7, np.float32))
+    np.savez(src / "b.npz", big=big, f=np.ones(7, np.float64))
+    thread_on(True)
+    _touch_while_written(monkeypatch, src, "a")
+    cat = Catalog.init(str(tmp_path / "store"))
+    r = ingest([src], dataset="d", store=cat, format="zarr", snapshot=True, workers=1,
+               on_error="skip")
+    assert [os.path.basename(s.path) for s in r.files_skipped] == ["a.npz"]
+    schema = {spec.name: spec for spec in cat.snapshot(r.snapshot_id).schema}
+    assert schema["f"].dtype == "float64"
+
+
+def test_a_file_of_no_samples_does_not_take_the_check_of_the_file_before(
+    tmp_path, thread_on, monkeypatch
+):
+    """An adapter may give a file no samples; the file before it, still being written,
+    is checked all the same (and its listing's descriptor closed)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(5)
+    for name in ("a", "b_empty", "c"):
+        np.savez(src / f"{name}.npz", big=rng.standard_normal(BIG).astype(np.float32))
+    real_resolve = worker.resolve_adapter
+
+    class NoSamples:
+        def __init__(self, inner):
+            self._inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self._inner, name)
+
+        def iter_samples(self, path, key, options):
+            return iter(())
+
+    def resolve(adapter, path, head):
+        found = real_resolve(adapter, path, head)
+        return NoSamples(found) if "empty" in os.path.basename(path) else found
+
+    monkeypatch.setattr(worker, "resolve_adapter", resolve)
+    opened = []
+    real_open = worker.ListedSource.open
+
+    def listed_open(self):
+        real_open(self)
+        opened.append(self)
+
+    monkeypatch.setattr(worker.ListedSource, "open", listed_open)
+    thread_on(True)
+    _touch_while_written(monkeypatch, src, "a")
+    cat = Catalog.init(str(tmp_path / "store"))
+    r = ingest([src], dataset="d", store=cat, format="zarr", snapshot=True, workers=1,
+               on_error="skip")
+    assert [os.path.basename(s.path) for s in r.files_skipped] == ["a.npz"]
+    assert len(opened) == 3 and [x for x in opened if x.fd is not None] == []
+
+
+def test_an_interrupt_while_waiting_for_the_thread_aborts_nothing_under_a_write(
+    tmp_path, thread_on, monkeypatch
+):
+    """Ctrl-C while the reading thread waits for a write: the shard is aborted only once
+    the write is done, and the interrupt is raised."""
+    src = _sources(tmp_path / "src")
+    thread_on(True)
+    events: list[str] = []
+    real_add, real_abort = ZarrShardWriter.add, ZarrShardWriter.abort
+    main = threading.main_thread()
+
+    def add(self, sample, **kw):
+        if sample.key == "run1" and threading.current_thread() is not main:
+            waiting = threading.Event()
+            # the reading thread reaches its wait for this add within moments; interrupt it
+            threading.Timer(0.2, lambda: (signal.pthread_kill(main.ident, signal.SIGINT),
+                                          waiting.set())).start()
+            waiting.wait(5)
+            time.sleep(0.3)
+            events.append("add done")
+        return real_add(self, sample, **kw)
+
+    def abort(self):
+        events.append("abort")
+        return real_abort(self)
+
+    monkeypatch.setattr(ZarrShardWriter, "add", add)
+    monkeypatch.setattr(ZarrShardWriter, "abort", abort)
+    cat = Catalog.init(str(tmp_path / "store"))
+    with pytest.raises(KeyboardInterrupt):
+        ingest([src], dataset="d", store=cat, format="zarr", snapshot=True, workers=1)
+    assert events[:2] == ["add done", "abort"]
+    assert cat.staged("d") == []
