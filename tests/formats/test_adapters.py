@@ -368,7 +368,9 @@ def test_an_iges_cylinders_bounding_box_is_the_parts(tmp_path):
     import gmsh
 
     path = tmp_path / "cyl.iges"
-    gmsh.initialize(readConfigFiles=False)
+    # not interruptible: gmsh would set SIGINT to its default (the end of the process)
+    # for the rest of the test session
+    gmsh.initialize(readConfigFiles=False, interruptible=False)
     try:
         gmsh.option.setNumber("General.Terminal", 0)
         gmsh.model.add("cyl")

@@ -292,7 +292,11 @@ def test_an_interrupt_while_waiting_for_the_thread_aborts_nothing_under_a_write(
     monkeypatch.setattr(ZarrShardWriter, "add", add)
     monkeypatch.setattr(ZarrShardWriter, "abort", abort)
     cat = Catalog.init(str(tmp_path / "store"))
-    with pytest.raises(KeyboardInterrupt):
-        ingest([src], dataset="d", store=cat, format="zarr", snapshot=True, workers=1)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ingest([src], dataset="d", store=cat, format="zarr", snapshot=True, workers=1)
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert events[:2] == ["add done", "abort"]
     assert cat.staged("d") == []
