@@ -49,7 +49,7 @@ from simstore.ingest._records import (
     TaskResult,
 )
 from simstore.ingest._sources import SourceGone
-from simstore.ingest._worker import TaskRunner
+from simstore.ingest._worker import TaskRunner, writer_thread_wanted
 
 __all__ = ["TASK_RETRIES", "TaskOutcome", "ingest_task", "quiet_dask_logs", "run_dask"]
 
@@ -149,6 +149,16 @@ class TaskOutcome:
     error: SimstoreError | None = None
 
 
+def _worker_threads() -> int:
+    """How many tasks this dask worker runs at once (1 outside a worker)."""
+    from distributed import get_worker
+
+    try:
+        return int(get_worker().state.nthreads)
+    except (ValueError, AttributeError):
+        return 1
+
+
 def _worker_name() -> str:
     from distributed import get_worker
 
@@ -198,7 +208,15 @@ def ingest_task(
             ),
         )
     try:
-        result = TaskRunner(ctx, plugins=plugins, since=since, missing_fails=True).run(files)
+        result = TaskRunner(
+            ctx,
+            plugins=plugins,
+            since=since,
+            missing_fails=True,
+            # a writer thread where the worker's task threads (or, on a local cluster,
+            # its worker processes) leave a core spare
+            writer_thread=writer_thread_wanted(max(_worker_threads(), ctx.config.workers)),
+        ).run(files)
     except SourceGone as exc:
         # a file the driver listed is not there for this worker: the sources are not at
         # the same paths on every worker (or it was removed since): no bad file to skip

@@ -310,12 +310,14 @@ class TaskRunner:
         since: float | None = None,
         missing_fails: bool = False,
         writer_pool: ThreadPoolExecutor | None = None,
+        writer_thread: bool | None = None,
     ):
         """A runner of one task; see :meth:`read` and :meth:`finish`.
 
         ``writer_pool``: a pool of one thread to write shards on, shared with the tasks
         that run before and after this one in this process (else the task has a thread of
-        its own where :func:`writer_thread_wanted` says so).
+        its own where ``writer_thread`` says so, by default where
+        :func:`writer_thread_wanted` does for the configured workers).
         """
         self.started = time.perf_counter()
         self.ctx = ctx
@@ -373,7 +375,9 @@ class TaskRunner:
         self._writes = _WriterThread(writer_pool)
         self._closing: list[_Builder] = []
         """Shards queued on the writer thread to be closed and stored, until they are."""
-        self._threaded = writer_pool is not None or writer_thread_wanted(self.cfg.workers)
+        if writer_thread is None:
+            writer_thread = writer_thread_wanted(self.cfg.workers)
+        self._threaded = writer_pool is not None or writer_thread
         self._deferred: _Deferred | None = None
         """The file whose last add is still on the writer thread, its check not yet done."""
         self._file_specs: list[tuple[str, dict[str, FieldSpec]]] = []

@@ -300,3 +300,33 @@ def test_an_interrupt_while_waiting_for_the_thread_aborts_nothing_under_a_write(
         signal.signal(signal.SIGINT, before)
     assert events[:2] == ["add done", "abort"]
     assert cat.staged("d") == []
+
+
+@pytest.mark.parametrize(("threads", "workers", "asked"), [(1, 1, 1), (4, 1, 4), (1, 3, 3)])
+def test_a_dask_task_asks_for_the_thread_by_its_workers_threads(
+    tmp_path, monkeypatch, threads, workers, asked
+):
+    """A dask worker runs ``nthreads`` tasks at once (a local cluster: ``workers``
+    processes of one thread each): the thread is wanted only where those leave a core."""
+    import simstore.ingest._dask as dask_engine
+    from simstore.ingest import IngestConfig
+    from simstore.ingest._plugins import plugins_for
+    from simstore.ingest._records import TaskContext
+    from simstore.ingest._sources import discover, plan_tasks
+
+    src = _sources(tmp_path / "src", n=1)
+    cfg = IngestConfig(workers=workers, format="zarr")
+    cat = Catalog.init(str(tmp_path / "store"))
+    files, _ = discover([str(src)], plugins_for(cfg)[0])
+    ctx = TaskContext(store=cat.store, dataset="d", config=cfg, base_schema=(), params_digest="x")
+    seen: list[int] = []
+
+    def wanted(n: int) -> bool:
+        seen.append(n)
+        return True
+
+    monkeypatch.setattr(dask_engine, "_worker_threads", lambda: threads)
+    monkeypatch.setattr(dask_engine, "writer_thread_wanted", wanted)
+    outcome = dask_engine.ingest_task(ctx, plan_tasks(files, 1 << 30)[0], plugins_for(cfg))
+    assert outcome.error is None and seen == [asked]
+    assert sorted(f.key for f in outcome.result.files) == ["run0.npz", "tiny.npz"]
