@@ -180,6 +180,18 @@ def _touch_while_written(monkeypatch, src, key):
     monkeypatch.setattr(ZarrShardWriter, "add", add)
 
 
+def _skipping_one_changed(tmp_path, monkeypatch, thread_on, src, key):
+    """Ingest ``src`` with the thread on and ``--on-error skip``, ``<key>.npz`` changing
+    while written: only it is skipped."""
+    thread_on(True)
+    _touch_while_written(monkeypatch, src, key)
+    cat = Catalog.init(str(tmp_path / "store"))
+    r = ingest([src], dataset="d", store=cat, format="zarr", snapshot=True, workers=1,
+               on_error="skip")
+    assert [os.path.basename(s.path) for s in r.files_skipped] == [f"{key}.npz"]
+    return cat, r
+
+
 def test_a_last_file_changed_while_written_fails_after_the_files_before_it_are_journaled(
     tmp_path, thread_on, monkeypatch
 ):
@@ -209,12 +221,7 @@ def test_a_changed_files_fields_do_not_refuse_the_next_file(tmp_path, thread_on,
     big = np.zeros(BIG, np.float32)
     np.savez(src / "a.npz", big=big, f=np.ones(7, np.float32))
     np.savez(src / "b.npz", big=big, f=np.ones(7, np.float64))
-    thread_on(True)
-    _touch_while_written(monkeypatch, src, "a")
-    cat = Catalog.init(str(tmp_path / "store"))
-    r = ingest([src], dataset="d", store=cat, format="zarr", snapshot=True, workers=1,
-               on_error="skip")
-    assert [os.path.basename(s.path) for s in r.files_skipped] == ["a.npz"]
+    cat, r = _skipping_one_changed(tmp_path, monkeypatch, thread_on, src, "a")
     schema = {spec.name: spec for spec in cat.snapshot(r.snapshot_id).schema}
     assert schema["f"].dtype == "float64"
 
@@ -254,12 +261,7 @@ def test_a_file_of_no_samples_does_not_take_the_check_of_the_file_before(
         opened.append(self)
 
     monkeypatch.setattr(worker.ListedSource, "open", listed_open)
-    thread_on(True)
-    _touch_while_written(monkeypatch, src, "a")
-    cat = Catalog.init(str(tmp_path / "store"))
-    r = ingest([src], dataset="d", store=cat, format="zarr", snapshot=True, workers=1,
-               on_error="skip")
-    assert [os.path.basename(s.path) for s in r.files_skipped] == ["a.npz"]
+    _skipping_one_changed(tmp_path, monkeypatch, thread_on, src, "a")
     assert len(opened) == 3 and [x for x in opened if x.fd is not None] == []
 
 
