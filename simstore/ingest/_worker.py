@@ -279,7 +279,11 @@ class _Deferred:
     listed: ListedSource
     res: FileResult
     raw: list[tuple[int, int, Row]]
+    path: str
     specs: dict[str, FieldSpec]
+    before: dict[str, tuple[FieldSpec | None, bool]]
+    """What ``run_specs`` held for each of its fields before it, and whether
+    ``spec_from`` named a file for it: restored if the file turns out changed."""
 
 
 @dataclass(slots=True, eq=False)  # compared by identity (``_closing``)
@@ -380,8 +384,6 @@ class TaskRunner:
         self._threaded = writer_pool is not None or writer_thread
         self._deferred: _Deferred | None = None
         """The file whose last add is still on the writer thread, its check not yet done."""
-        self._file_specs: list[tuple[str, dict[str, FieldSpec]]] = []
-        """Each file's fields, for ``run_specs`` (rebuilt when a deferred check fails)."""
 
     # -- shards ------------------------------------------------------------------------
     def _builder(self, kind: str) -> _Builder:
@@ -575,11 +577,10 @@ class TaskRunner:
             reused = read_journal(self.ctx, src, self._present)
             if reused is not None:
                 # the schema of the task's later files, as if this one were read again
-                specs = {}
                 for spec in reused.schema:
                     found = FieldSpec.from_json(spec)
-                    specs[found.name] = found
-                self._add_specs(src.path, specs)
+                    self.run_specs[found.name] = found
+                    self.spec_from.setdefault(found.name, src.path)
                 return reused, []
         try:
             return self._ingest(src, res)
@@ -607,12 +608,6 @@ class TaskRunner:
         base.update(self.run_specs)
         return base
 
-    def _add_specs(self, path: str, specs: dict[str, FieldSpec]) -> None:
-        """File ``path``'s fields: the schema of the task's later files (they share shards)."""
-        self._file_specs.append((path, specs))
-        self.run_specs.update(specs)
-        for name in specs:
-            self.spec_from.setdefault(name, path)
 
     def _settle(self) -> None:
         """Wait for the writer thread, then check the file its last add was of.
@@ -637,10 +632,14 @@ class TaskRunner:
             res = deferred.res
             res.schema, res.stats, res.packed_stats = [], {}, b""
             deferred.raw.clear()
-            kept = [(p, s) for p, s in self._file_specs if s is not deferred.specs]
-            self._file_specs, self.run_specs, self.spec_from = [], {}, {}
-            for path, specs in kept:
-                self._add_specs(path, specs)
+            for name, (spec, named) in deferred.before.items():
+                if self.run_specs.get(name) is deferred.specs[name]:  # no later file's since
+                    if spec is None:
+                        del self.run_specs[name]
+                    else:
+                        self.run_specs[name] = spec
+                if not named and self.spec_from.get(name) == deferred.path:
+                    del self.spec_from[name]
             self._bad_file(res, exc)
         finally:
             deferred.listed.close()
@@ -693,7 +692,8 @@ class TaskRunner:
                 # so what is queued is this file's): the next file is read meanwhile, and
                 # this one is checked once the add is done (see _settle)
                 assert self._deferred is None
-                self._deferred = _Deferred(listed, res, raw, specs)
+                before = {n: (self.run_specs.get(n), n in self.spec_from) for n in specs}
+                self._deferred = _Deferred(listed, res, raw, path, specs, before)
                 deferred = True
                 self._add_specs(path, specs)
                 return res, raw
@@ -718,6 +718,12 @@ class TaskRunner:
         # a file that changed while read is none of the schema
         self._add_specs(path, specs)
         return res, raw
+
+    def _add_specs(self, path: str, specs: Mapping[str, FieldSpec]) -> None:
+        """File ``path``'s fields: the schema of the task's later files (they share shards)."""
+        self.run_specs.update(specs)
+        for name in specs:
+            self.spec_from.setdefault(name, path)
 
     def _read(
         self, src: SourceFile, res: FileResult
