@@ -555,7 +555,8 @@ def hash_file_checked(
                 view = memoryview(m)
             # Views are released explicitly: a sampling profiler (dask's workers run one)
             # may still hold a frame that received one, and a live export makes closing
-            # the map fail with BufferError.
+            # the map fail with BufferError (which replaced a Ctrl-C during a block's hash).
+            block: memoryview | None = None
             try:
                 step = _CHECK_BLOCK if wanted else length  # no ranges: the window at once
                 for lo in range(0, length, step):
@@ -568,6 +569,8 @@ def hash_file_checked(
                             crcs[i] = crc32(block[max(r0, a) - a : min(r1, b) - a], crcs[i])
                     block.release()
             finally:
+                if block is not None:
+                    block.release()
                 view.release()
                 if m is not None:
                     m.close()

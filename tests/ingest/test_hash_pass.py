@@ -32,3 +32,20 @@ def test_one_pass_gives_the_hash_and_each_ranges_crc(tmp_path, monkeypatch, size
             assert crc == zlib.crc32(data[offset : offset + n]), (offset, n)
         else:
             assert crc is None, (offset, n)
+
+
+@pytest.mark.parametrize("ranges", [[], [(0, 1 << 20)]])
+def test_an_interrupt_during_a_blocks_hash_is_the_interrupt(tmp_path, monkeypatch, ranges):
+    """A mapped file: the block being hashed is released before the map is closed, so
+    Ctrl-C is raised as itself, not as the BufferError of closing a map still exported."""
+    path = tmp_path / "big.bin"
+    path.write_bytes(os.urandom(3 << 20))  # mapped: past the size read whole
+    real = sources.Hasher
+
+    class Interrupted(real):  # type: ignore[misc, valid-type]
+        def update(self, data):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(sources, "Hasher", Interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        hash_file_checked(str(path), ranges)
