@@ -213,9 +213,11 @@ def ingest_task(
             plugins=plugins,
             since=since,
             missing_fails=True,
-            # a writer thread where the worker's task threads (or, on a local cluster,
-            # its worker processes) leave a core spare
-            writer_thread=writer_thread_wanted(max(_worker_threads(), ctx.config.workers)),
+            # a writer thread where the worker's task threads leave a core spare, on the
+            # local cluster this run started (its processes counted): a worker of another
+            # cluster does not know how many others share its machine
+            writer_thread=ctx.config.address is None
+            and writer_thread_wanted(max(_worker_threads(), ctx.config.workers)),
         ).run(files)
     except SourceGone as exc:
         # a file the driver listed is not there for this worker: the sources are not at

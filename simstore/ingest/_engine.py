@@ -8,7 +8,6 @@ The dask.distributed engine is in :mod:`simstore.ingest._dask`.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
 import multiprocessing
 import os
 import select
@@ -333,8 +332,15 @@ def _run_all_here(
                     yield _finished(read.pop(0))
             while read:
                 yield _finished(read.pop(0))
-        except BaseException:
+        except BaseException as exc:
+            earlier: BaseException | None = None
             for runner in read:  # store and journal what it read, or abort it
-                with contextlib.suppress(BaseException):  # the error raised is this one
+                try:
                     _finished(runner)
+                except BaseException as failed:
+                    earlier = earlier or failed
+            if earlier is not None and not isinstance(exc, KeyboardInterrupt):
+                # the task before failed too (its last file found changed, say): its error,
+                # as when the tasks ran one after the other
+                raise earlier from exc
             raise

@@ -304,12 +304,16 @@ def test_an_interrupt_while_waiting_for_the_thread_aborts_nothing_under_a_write(
     assert cat.staged("d") == []
 
 
-@pytest.mark.parametrize(("threads", "workers", "asked"), [(1, 1, 1), (4, 1, 4), (1, 3, 3)])
+@pytest.mark.parametrize(
+    ("threads", "workers", "address", "asked"),
+    [(1, 1, None, [1]), (4, 1, None, [4]), (1, 3, None, [3]), (1, 1, "tcp://127.0.0.1:9", [])],
+)
 def test_a_dask_task_asks_for_the_thread_by_its_workers_threads(
-    tmp_path, monkeypatch, threads, workers, asked
+    tmp_path, monkeypatch, threads, workers, address, asked
 ):
     """A dask worker runs ``nthreads`` tasks at once (a local cluster: ``workers``
-    processes of one thread each): the thread is wanted only where those leave a core."""
+    processes of one thread each): the thread is wanted only where those leave a core.
+    A worker of a cluster the run did not start cannot tell: no thread."""
     import simstore.ingest._dask as dask_engine
     from simstore.ingest import IngestConfig
     from simstore.ingest._plugins import plugins_for
@@ -317,7 +321,7 @@ def test_a_dask_task_asks_for_the_thread_by_its_workers_threads(
     from simstore.ingest._sources import discover, plan_tasks
 
     src = _sources(tmp_path / "src", n=1)
-    cfg = IngestConfig(workers=workers, format="zarr")
+    cfg = IngestConfig(workers=workers, format="zarr", engine="dask", address=address)
     cat = Catalog.init(str(tmp_path / "store"))
     files, _ = discover([str(src)], plugins_for(cfg)[0])
     ctx = TaskContext(store=cat.store, dataset="d", config=cfg, base_schema=(), params_digest="x")
@@ -330,5 +334,23 @@ def test_a_dask_task_asks_for_the_thread_by_its_workers_threads(
     monkeypatch.setattr(dask_engine, "_worker_threads", lambda: threads)
     monkeypatch.setattr(dask_engine, "writer_thread_wanted", wanted)
     outcome = dask_engine.ingest_task(ctx, plan_tasks(files, 1 << 30)[0], plugins_for(cfg))
-    assert outcome.error is None and seen == [asked]
+    assert outcome.error is None and seen == asked
     assert sorted(f.key for f in outcome.result.files) == ["run0.npz", "tiny.npz"]
+
+
+def test_a_task_failing_while_the_one_before_is_written_reports_the_earlier_error(
+    tmp_path, thread_on, monkeypatch
+):
+    """A task per file: run0's task is read, its last write still on the thread, when
+    run1's task fails on a corrupt file; run0 is then found changed. Its error is the
+    one raised, as when the tasks ran one after the other."""
+    src = tmp_path / "src"
+    src.mkdir()
+    np.savez(src / "run0.npz", big=np.zeros(BIG, np.float32))
+    (src / "run1.npz").write_bytes(b"PK\x03\x04 not a zip")
+    thread_on(True)
+    _touch_while_written(monkeypatch, src, "run0")
+    cat = Catalog.init(str(tmp_path / "store"))
+    with pytest.raises(SourceError, match=r"run0\.npz.*changed since it was listed"):
+        ingest([src], dataset="d", store=cat, format="zarr", snapshot=True, workers=1,
+               shard_size=1 << 20)
