@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import string
 import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -178,23 +179,36 @@ def scalar_from_json(value: Any, dtype: str) -> Any:
     return scalar_out(np.asarray(value, dtype=dtype)[()], dtype)
 
 
+_BLOSC_LOCK = threading.Lock()
+_BLOSC_HELD = 0
+_BLOSC_PRIOR: Any = None
+
+
 def _one_thread(encode: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """``encode`` with Blosc's own threads off, so its output is the same every time.
 
     numcodecs' Blosc compresses with several threads by default, and then the bytes of a
     chunk differ from run to run (the values decode the same): equal samples must give
     equal shards and equal object ids. The switch is numcodecs' process-wide
-    ``use_threads``, set for the call and put back.
+    ``use_threads``: off while any encode runs (several chunks may encode at once, on
+    threads of their own), and put back when the last one ends.
     """
     from numcodecs import blosc
 
     def encode_one_thread(buf: Any) -> Any:
-        prior = blosc.use_threads
-        blosc.use_threads = False
+        global _BLOSC_HELD, _BLOSC_PRIOR
+        with _BLOSC_LOCK:
+            if _BLOSC_HELD == 0:
+                _BLOSC_PRIOR = blosc.use_threads
+                blosc.use_threads = False
+            _BLOSC_HELD += 1
         try:
             return encode(buf)
         finally:
-            blosc.use_threads = prior
+            with _BLOSC_LOCK:
+                _BLOSC_HELD -= 1
+                if _BLOSC_HELD == 0:
+                    blosc.use_threads = _BLOSC_PRIOR
 
     return encode_one_thread
 
@@ -235,6 +249,11 @@ class ChunkCodec:
                 {"name": "zstd", "configuration": {"level": level, "checksum": False}}
             )
             self._encode = Zstd(level=level, checksum=False).encode
+
+    @property
+    def compresses(self) -> bool:
+        """Whether chunks are encoded (compressed), not stored as their bytes."""
+        return self._encode is not None
 
     def encode(self, chunk: np.ndarray) -> bytes | memoryview:
         raw = np.ascontiguousarray(chunk.astype(chunk.dtype.newbyteorder("<"), copy=False))

@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import math
 import zipfile
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,10 @@ class ZarrShardWriter:
     """``add`` does the work (CRC-32s, the shard's hash, the writes): an ingest may call it
     on a thread of its own while it reads the next sample, one call at a time, in order."""
 
+    encode_threads = 1
+    """Threads that compress a field's chunks side by side (an ingest sets it where cores
+    are spare). Each chunk is encoded alone, so the bytes are the same with any number."""
+
     def __init__(self, path: str, options: ShardOptions) -> None:
         self.path = path
         self.options = options
@@ -66,6 +72,7 @@ class ZarrShardWriter:
         self._groups: set[str] = set()
         """Groups of fields (the parents of array fields with '/') written so far."""
         self._gather: np.ndarray | None = None
+        self._encoders: ThreadPoolExecutor | None = None
 
     def _contiguous(self, box: np.ndarray, chunk: tuple[int, ...]) -> np.ndarray:
         """``box`` as a C-contiguous chunk of shape ``chunk`` (zero-padded at an edge).
@@ -88,6 +95,11 @@ class ZarrShardWriter:
         else:
             np.copyto(out, box)
         return out
+
+    def _stop_encoders(self) -> None:
+        if self._encoders is not None:
+            self._encoders.shutdown(wait=True, cancel_futures=True)
+            self._encoders = None
 
     def _entry(self, name: str, data: bytes | memoryview) -> None:
         info = zipfile.ZipInfo(name, date_time=_EPOCH)
@@ -141,6 +153,40 @@ class ZarrShardWriter:
             return
         grid = tuple(math.ceil(n / c) for n, c in zip(shape, chunk, strict=True))
         lead = slab_axes(shape, chunk, dtype.itemsize, SLAB_CHUNKS * self.options.chunk_bytes)
+        side = self.encode_threads > 1 and codec.compresses and math.prod(grid) > 1
+        ahead: deque[tuple[str, Future[Any]]] = deque()  # chunks encoding, in order
+        try:
+            for name, data in self._chunks(path, value, shape, chunk, dtype, grid, lead):
+                if not side:
+                    self._entry(name, codec.encode(data))
+                    continue
+                if self._encoders is None:
+                    self._encoders = ThreadPoolExecutor(
+                        self.encode_threads, thread_name_prefix="simstore-chunk-encoder"
+                    )
+                # a copy: the gather buffer is the next chunk's
+                ahead.append((name, self._encoders.submit(codec.encode, data.copy())))
+                if len(ahead) > 2 * self.encode_threads:
+                    done, encoded = ahead.popleft()
+                    self._entry(done, encoded.result())
+            while ahead:
+                done, encoded = ahead.popleft()
+                self._entry(done, encoded.result())
+        finally:
+            for _, encoded in ahead:  # a failure: what is still encoding is not written
+                encoded.cancel()
+
+    def _chunks(
+        self,
+        path: str,
+        value: Any,
+        shape: tuple[int, ...],
+        chunk: tuple[int, ...],
+        dtype: np.dtype[Any],
+        grid: tuple[int, ...],
+        lead: int,
+    ) -> Iterator[tuple[str, np.ndarray]]:
+        """Each chunk of ``value`` as its entry name and C-contiguous bytes, in order."""
         for outer in np.ndindex(*grid[:lead]):
             # one read of the source per slab: a lazy source (an HDF5 dataset chunked by
             # time step) read box by box re-reads each of its chunks once per box it spans
@@ -158,8 +204,8 @@ class ZarrShardWriter:
                     slice(i * c - a, min(n, (i + 1) * c) - a)
                     for i, c, n, a in zip(idx, chunk, shape, start, strict=True)
                 )
-                data = self._contiguous(slab[box], chunk)
-                self._entry(f"{path}/c/{'/'.join(str(i) for i in idx)}", codec.encode(data))
+                name = f"{path}/c/{'/'.join(str(i) for i in idx)}"
+                yield name, self._contiguous(slab[box], chunk)
 
     def add(self, sample: Sample, *, sample_hash: str, size_bytes: int) -> WrittenSample:
         """Write one sample's group and arrays now (lazy fields chunk by chunk)."""
@@ -223,6 +269,7 @@ class ZarrShardWriter:
 
     def close(self, stats: Mapping[str, Any] | None = None) -> ShardWriteResult:
         """Write the root group (with consolidated metadata) and finish the zip."""
+        self._stop_encoders()
         self._gather = None  # back to the pool for the next shard
         schema = tuple(self._specs[n] for n in sorted(self._specs))
         root_attrs = {
@@ -280,6 +327,7 @@ class ZarrShardWriter:
 
     def abort(self) -> None:
         """Close and remove the partial zip."""
+        self._stop_encoders()
         self._gather = None
         for close in (self._zip.close, self._file.close):
             try:

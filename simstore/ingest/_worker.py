@@ -175,17 +175,22 @@ HANDOFF_BYTES = 1 << 20
 ``add`` (``writes_in_add``, as the Zarr writer does) on the task's writer thread."""
 
 
+def task_cores(running: int) -> int:
+    """The cores each of ``running`` tasks run at once on this machine may count on."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, running))
+
+
 def writer_thread_wanted(workers: int) -> bool:
     """Whether a task's shard writes run on a thread of their own (:class:`_WriterThread`).
 
     Where each ingest process has a core to spare: with as many processes as cores the
     thread only adds its hand-offs (and a malloc arena) to cores already busy.
     """
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return 2 * max(1, workers) <= cores
+    return task_cores(workers) >= 2
 
 
 class _WriterThread:
@@ -315,13 +320,16 @@ class TaskRunner:
         missing_fails: bool = False,
         writer_pool: ThreadPoolExecutor | None = None,
         writer_thread: bool | None = None,
+        encode_threads: int | None = None,
     ):
         """A runner of one task; see :meth:`read` and :meth:`finish`.
 
         ``writer_pool``: a pool of one thread to write shards on, shared with the tasks
         that run before and after this one in this process (else the task has a thread of
         its own where ``writer_thread`` says so, by default where
-        :func:`writer_thread_wanted` does for the configured workers).
+        :func:`writer_thread_wanted` does for the configured workers). ``encode_threads``:
+        threads that compress a field's chunks side by side in writers that can (by
+        default the task's share of the cores, :func:`task_cores`).
         """
         self.started = time.perf_counter()
         self.ctx = ctx
@@ -382,6 +390,9 @@ class TaskRunner:
         if writer_thread is None:
             writer_thread = writer_thread_wanted(self.cfg.workers)
         self._threaded = writer_pool is not None or writer_thread
+        self._encode_threads = (
+            task_cores(self.cfg.workers) if encode_threads is None else max(1, encode_threads)
+        )
         self._deferred: _Deferred | None = None
         """The file whose last add is still on the writer thread, its check not yet done."""
 
@@ -393,6 +404,8 @@ class TaskRunner:
             path = os.path.join(self.tmp, f"{self._seq}.{kind}")
             opener = getattr(fmt, "open_writer", None)
             writer = opener(path) if callable(opener) else _BufferedWriter(fmt, path)
+            if hasattr(writer, "encode_threads"):
+                writer.encode_threads = self._encode_threads
             b = _Builder(self._seq, kind, path, writer, StatsAccumulator())
             self._seq += 1
             self.open[kind] = b
