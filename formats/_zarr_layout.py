@@ -191,7 +191,9 @@ def _one_thread(encode: Callable[[Any], Any]) -> Callable[[Any], Any]:
     chunk differ from run to run (the values decode the same): equal samples must give
     equal shards and equal object ids. The switch is numcodecs' process-wide
     ``use_threads``: off while any encode runs (several chunks may encode at once, on
-    threads of their own), and put back when the last one ends.
+    threads of their own), set again at each encode, and put back when the last one
+    ends. Code that sets it to True in the same process while an ingest compresses
+    can still slip in between (so can any setting of a process-wide flag): don't.
     """
     from numcodecs import blosc
 
@@ -200,7 +202,8 @@ def _one_thread(encode: Callable[[Any], Any]) -> Callable[[Any], Any]:
         with _BLOSC_LOCK:
             if _BLOSC_HELD == 0:
                 _BLOSC_PRIOR = blosc.use_threads
-                blosc.use_threads = False
+            # set again for every encode: other code in the process may have set it since
+            blosc.use_threads = False
             _BLOSC_HELD += 1
         try:
             return encode(buf)

@@ -164,11 +164,11 @@ class ZarrShardWriter:
                     self._encoders = ThreadPoolExecutor(
                         self.encode_threads, thread_name_prefix="simstore-chunk-encoder"
                     )
-                # a copy: the gather buffer is the next chunk's
-                ahead.append((name, self._encoders.submit(codec.encode, data.copy())))
-                if len(ahead) > 2 * self.encode_threads:
+                while len(ahead) >= 2 * self.encode_threads:  # at most that many in flight
                     done, encoded = ahead.popleft()
                     self._entry(done, encoded.result())
+                # a copy: the gather buffer is the next chunk's
+                ahead.append((name, self._encoders.submit(codec.encode, data.copy())))
             while ahead:
                 done, encoded = ahead.popleft()
                 self._entry(done, encoded.result())

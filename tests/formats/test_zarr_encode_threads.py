@@ -90,3 +90,30 @@ def test_blosc_threads_stay_off_while_any_encode_runs(monkeypatch):
     b.join(10)
     assert seen == {"a": False, "b": False, "b after a": False}
     assert blosc.use_threads is True
+
+
+def test_an_encode_turns_blosc_threads_off_though_other_code_turned_them_on(monkeypatch):
+    """Another encode is running, other code sets ``use_threads``: the next encode still
+    runs on one thread (its bytes would differ otherwise)."""
+    codec = ChunkCodec("shuffle-zstd:1", np.dtype(np.float32))
+    a_in, release = threading.Event(), threading.Event()
+    seen: list[bool] = []
+
+    def slow(buf):
+        seen.append(blosc.use_threads)
+        if not a_in.is_set():
+            a_in.set()
+            release.wait(5)
+        return b""
+
+    monkeypatch.setattr(codec, "_encode", _one_thread(slow))
+    monkeypatch.setattr(blosc, "use_threads", None)
+    chunk = np.zeros(16, np.float32)
+    a = threading.Thread(target=ChunkCodec.encode, args=(codec, chunk))
+    a.start()
+    assert a_in.wait(5)
+    blosc.use_threads = True  # a user's code, meanwhile
+    codec.encode(chunk)
+    release.set()
+    a.join(10)
+    assert seen == [False, False]
