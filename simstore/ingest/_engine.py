@@ -325,9 +325,12 @@ def _run_all_here(
         return
     with cf.ThreadPoolExecutor(1, thread_name_prefix="simstore-shard-writer") as pool:
         read: list[TaskRunner] = []  # read, not yet finished: at most two
+        reading = False  # whether a failure came from a read (the runners left are earlier)
         try:
             for task in tasks:
+                reading = True
                 read.append(_run_here(ctx, task, plugins, report, pool))
+                reading = False
                 if len(read) == 2:
                     yield _finished(read.pop(0))
             while read:
@@ -339,7 +342,7 @@ def _run_all_here(
                     _finished(runner)
                 except BaseException as failed:
                     earlier = earlier or failed
-            if earlier is not None and not isinstance(exc, KeyboardInterrupt):
+            if reading and earlier is not None and not isinstance(exc, KeyboardInterrupt):
                 # the task before failed too (its last file found changed, say): its error,
                 # as when the tasks ran one after the other
                 raise earlier from exc

@@ -354,3 +354,19 @@ def test_a_task_failing_while_the_one_before_is_written_reports_the_earlier_erro
     with pytest.raises(SourceError, match=r"run0\.npz.*changed since it was listed"):
         ingest([src], dataset="d", store=cat, format="zarr", snapshot=True, workers=1,
                shard_size=1 << 20)
+
+
+def test_two_tasks_found_changed_report_the_first(tmp_path, thread_on, monkeypatch):
+    """A task per file, run0 and run1 both change while written: run0's task fails as it
+    finishes, with run1's already read; run1's failure does not take run0's place."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("run0", "run1"):
+        np.savez(src / f"{name}.npz", big=np.zeros(BIG, np.float32))
+    thread_on(True)
+    _touch_while_written(monkeypatch, src, "run0")
+    _touch_while_written(monkeypatch, src, "run1")
+    cat = Catalog.init(str(tmp_path / "store"))
+    with pytest.raises(SourceError, match=r"run0\.npz.*changed since it was listed"):
+        ingest([src], dataset="d", store=cat, format="zarr", snapshot=True, workers=1,
+               shard_size=1 << 20)
