@@ -30,7 +30,7 @@ test: $(DEV_STAMP)
 
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check simstore formats loaders cli tests
-	PATH=$(BIN):$$PATH .ci/typecheck
+	PATH=$(abspath $(BIN)):$$PATH .ci/typecheck
 
 bench: $(DEV_STAMP)
 	$(BIN)/python -m benchmarks --quick
