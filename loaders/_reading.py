@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import operator
-import os
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from simstore.loaders._stats import Counters
 from simstore.loaders._tensors import ChunkBuffers, SharedPool, to_tensors, value_bytes
 from simstore.loaders._world import World, in_worker
 
+from simstore._env import usable_cores
 from simstore.errors import InvalidInputError
 
 __all__ = ["EpochReader"]
@@ -266,12 +266,12 @@ class EpochReader:
             # batch of 256 x 8 KiB with no workers; no gain with 2 workers on 2 cores)
             first: list[ThreadPoolExecutor] = []
             spare = min(opts.prefetch.decode_threads,
-                        _cores() // max(1, world.num_workers)) - 1
+                        usable_cores() // max(1, world.num_workers)) - 1
             if spare > 0:
                 first.append(ThreadPoolExecutor(spare, thread_name_prefix="simstore-first"))
                 stack.callback(first[0].shutdown)
 
-            depth = decode_depth(opts.prefetch, world.num_workers if shared else 0, _cores())
+            depth = decode_depth(opts.prefetch, world.num_workers if shared else 0, usable_cores())
             corrupt = None
             if opts.on_corrupt == "skip":
 
@@ -318,14 +318,6 @@ class EpochReader:
             yield chunks, counters
             pool.finish(corrupt)  # the whole-shard hashes still running for shards read
 
-
-
-def _cores() -> int:
-    """CPUs this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def _transform_name(transform: Any) -> str:

@@ -1,4 +1,4 @@
-"""Settings read from the environment."""
+"""Settings read from the environment, and what the process may run on."""
 
 from __future__ import annotations
 
@@ -14,3 +14,11 @@ def env_debug() -> bool:
     an empty one is on; unset is off.
     """
     return os.environ.get("SIMSTORE_DEBUG", "").strip().lower() not in _FALSE
+
+
+def usable_cores() -> int:
+    """CPUs this process may run on (its affinity where the platform says, else all)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from simstore._env import usable_cores
 from simstore.errors import (
     InvalidInputError,
     NotFoundError,
@@ -177,11 +178,7 @@ HANDOFF_BYTES = 1 << 20
 
 def task_cores(running: int) -> int:
     """The cores each of ``running`` tasks run at once on this machine may count on."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(1, cores // max(1, running))
+    return max(1, usable_cores() // max(1, running))
 
 
 def writer_thread_wanted(workers: int) -> bool:

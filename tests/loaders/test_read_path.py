@@ -269,7 +269,7 @@ def test_first_chunk_over_several_shards_reads_alike_on_one_or_two_threads(
     from simstore.loaders._pipeline import PrefetchConfig
 
     store, _ = _ingest(tmp_path, sources, "parquet")
-    monkeypatch.setattr(dataset_mod, "_cores", lambda: 4)
+    monkeypatch.setattr(dataset_mod, "usable_cores", lambda: 4)
     calls = []
     plain = pipeline_mod._map
 
