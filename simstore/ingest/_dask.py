@@ -49,7 +49,8 @@ from simstore.ingest._records import (
     TaskResult,
 )
 from simstore.ingest._sources import SourceGone
-from simstore.ingest._worker import TaskRunner, task_cores, writer_thread_wanted
+from simstore.ingest._worker import TaskRunner
+from simstore.ingest._writes import task_cores, writer_thread_wanted
 
 __all__ = ["TASK_RETRIES", "TaskOutcome", "ingest_task", "quiet_dask_logs", "run_dask"]
 
@@ -207,21 +208,19 @@ def ingest_task(
                 "mounts at the same path; or use s3://bucket/prefix"
             ),
         )
+    # a writer thread (and chunks compressed side by side) where the worker's task threads
+    # leave cores spare, on the local cluster this run started (its processes counted): a
+    # worker of another cluster does not know how many others share its machine
+    running = max(_worker_threads(), ctx.config.workers)
+    local = ctx.config.address is None
     try:
         result = TaskRunner(
             ctx,
             plugins=plugins,
             since=since,
             missing_fails=True,
-            # a writer thread (and chunks compressed side by side) where the worker's task
-            # threads leave cores spare, on the local cluster this run started (its
-            # processes counted): a worker of another cluster does not know how many
-            # others share its machine
-            writer_thread=ctx.config.address is None
-            and writer_thread_wanted(max(_worker_threads(), ctx.config.workers)),
-            encode_threads=1
-            if ctx.config.address is not None
-            else task_cores(max(_worker_threads(), ctx.config.workers)),
+            writer_thread=local and writer_thread_wanted(running),
+            encode_threads=task_cores(running) if local else 1,
         ).run(files)
     except SourceGone as exc:
         # a file the driver listed is not there for this worker: the sources are not at

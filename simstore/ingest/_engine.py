@@ -22,7 +22,8 @@ from typing import Any
 from simstore.errors import SimstoreError
 from simstore.ingest._plugins import Plugins
 from simstore.ingest._records import ResultPacker, SourceFile, TaskContext, TaskResult
-from simstore.ingest._worker import TaskRunner, run_task, warm_up, writer_thread_wanted
+from simstore.ingest._worker import TaskRunner, run_task, warm_up
+from simstore.ingest._writes import writer_thread_wanted
 
 __all__ = ["EngineRun", "Report", "exit_with_parent", "run_local"]
 

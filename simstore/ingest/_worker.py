@@ -18,14 +18,12 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_futures
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from simstore._env import usable_cores
 from simstore.errors import (
     InvalidInputError,
     NotFoundError,
@@ -62,6 +60,13 @@ from simstore.ingest._sources import (
     host_token,
     read_head,
     resolve_adapter,
+)
+from simstore.ingest._writes import (
+    HANDOFF_BYTES,
+    _add,
+    _WriterThread,
+    task_cores,
+    writer_thread_wanted,
 )
 from simstore.protocols import ShardFormat, ShardWriteResult, WrittenSample
 from simstore.sample import FieldSpec, Sample
@@ -169,109 +174,6 @@ class _BufferedWriter:
         self._samples = []
         if os.path.exists(self._path):
             os.unlink(self._path)
-
-
-HANDOFF_BYTES = 1 << 20
-"""Samples of at least this many bytes, all in memory, go to a writer that works in its
-``add`` (``writes_in_add``, as the Zarr writer does) on the task's writer thread."""
-
-
-def task_cores(running: int) -> int:
-    """The cores each of ``running`` tasks run at once on this machine may count on."""
-    return max(1, usable_cores() // max(1, running))
-
-
-def writer_thread_wanted(workers: int) -> bool:
-    """Whether a task's shard writes run on a thread of their own (:class:`_WriterThread`).
-
-    Where each ingest process has a core to spare: with as many processes as cores the
-    thread only adds its hand-offs (and a malloc arena) to cores already busy.
-    """
-    return task_cores(workers) >= 2
-
-
-class _WriterThread:
-    """Shard writers' adds and closes, run behind the reader on one helper thread.
-
-    The Zarr writer does its work (CRC-32s, the shard's hash, the write system calls) in
-    ``add``, and a shard's close writes its index and stores it; the task reads, hashes
-    and summarises the next sample meanwhile, which the GIL allows as NumPy, xxhash, the
-    statistics module and ``write`` release it. The work runs one item at a time in the
-    order given, so a writer sees its samples as it would on the reading thread and
-    writes the same bytes; once an item fails, the ones queued after it are dropped. A
-    sample is held until its add is done: pooled arrays it views are not reused meanwhile.
-    """
-
-    def __init__(self, pool: ThreadPoolExecutor | None = None) -> None:
-        self._pool = pool
-        self._owned = pool is None
-        """Whether the thread is this object's (else a pool of one thread that tasks run
-        one after another share, see ``_engine``)."""
-        self._pending: list[Future[None]] = []
-        self._failed = False  # written and read on the helper thread only
-
-    @property
-    def pending(self) -> bool:
-        """Whether work was queued and not yet waited for."""
-        return bool(self._pending)
-
-    def submit(self, fn: Callable[..., None], *args: Any) -> None:
-        """Queue ``fn(*args)`` behind the work queued before it."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="simstore-shard-writer")
-        self._pending.append(self._pool.submit(self._run, fn, args))
-
-    def _run(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
-        if self._failed:
-            return
-        try:
-            fn(*args)
-        except BaseException:
-            self._failed = True
-            raise
-
-    def wait(self) -> None:
-        """Wait for the queued work; raise what failed first.
-
-        Work stays queued until it is done: an interrupt while waiting (Ctrl-C) leaves
-        what still runs for :meth:`close` to wait for, so nothing is aborted under it.
-        """
-        while self._pending:
-            first = self._pending[0]
-            try:
-                first.result()
-            except BaseException:
-                if first.done():  # its own error; what follows it is dropped (_run)
-                    self._pending.pop(0)
-                raise
-            self._pending.pop(0)
-
-    def close(self) -> None:
-        """Wait for the queued work (errors dropped: the caller is failing) and stop.
-
-        An interrupt while waiting is raised once the work is done.
-        """
-        interrupted: BaseException | None = None
-        while self._pending:
-            try:
-                wait_futures(self._pending)
-                break
-            except KeyboardInterrupt as exc:
-                interrupted = exc
-        self._pending = []
-        if self._pool is not None and self._owned:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-        if interrupted is not None:
-            raise interrupted
-
-
-def _add(writer: Any, sample: Sample, digest: str, size: int, position: int) -> None:
-    ws = writer.add(sample, sample_hash=digest, size_bytes=size)
-    if ws.position != position:  # the reading thread recorded the row at ``position``
-        raise RuntimeError(
-            f"shard writer put sample {sample.key!r} at position {ws.position}, not {position}"
-        )
 
 
 @dataclass(slots=True)
@@ -504,24 +406,19 @@ class TaskRunner:
         self._files = files
         self._results: list[FileResult] = []
         self._slots: list[list[tuple[int, int, Row]]] = []
-        results, slots = self._results, self._slots
         try:
             for src in files:
                 res, raw = self._file(src)
                 # a task of many small files holds every file's result until its end:
                 # packed, a file's statistics are a fifth of their size as objects
                 res.pack(self._shared)
-                results.append(res)
-                slots.append(raw)
+                self._results.append(res)
+                self._slots.append(raw)
                 if self.progress is not None:
                     self.progress(src, len(raw) or len(res.rows))
         except SourceError:
-            # keep what the files before the bad one produced: store their shards and
-            # journal them, so the re-run after the fix redoes none of them
             try:
-                self._finish(files, results, slots)
-            except BaseException:
-                self.abort()
+                self._finish_kept()
             finally:
                 self._writes.close()
             raise
@@ -539,25 +436,28 @@ class TaskRunner:
             try:
                 self._settle()
             except SourceError:
-                try:
-                    self._finish(self._files, self._results, self._slots)
-                except BaseException:
-                    self.abort()
+                self._finish_kept()
                 raise
             except BaseException:
                 self.abort()
                 raise
-            self._finish(self._files, self._results, self._slots)
+            self._finish()
         finally:
             self._writes.close()
         return TaskResult(self._results, self.shards, self.new_bytes)
 
-    def _finish(
-        self,
-        files: Sequence[SourceFile],
-        results: Sequence[FileResult],
-        slots: Sequence[list[tuple[int, int, Row]]],
-    ) -> None:
+    def _finish_kept(self) -> None:
+        """Keep what the files before a bad one produced (``on_error="fail"``).
+
+        Their shards are stored and their records journaled, so the re-run after the fix
+        redoes none of them; the task is aborted if that fails.
+        """
+        try:
+            self._finish()
+        except BaseException:
+            self.abort()
+
+    def _finish(self) -> None:
         """Close the open shards, give finished files their rows, journal them."""
         try:
             self._settle()
@@ -567,8 +467,11 @@ class TaskRunner:
             self.abort()
             raise
         self._scratch.remove()
-        done = [(src, res, raw) for src, res, raw in zip(files, results, slots, strict=False)
-                if not (res.error or res.reused)]
+        done = [
+            (src, res, raw)
+            for src, res, raw in zip(self._files, self._results, self._slots, strict=False)
+            if not (res.error or res.reused)
+        ]
         for _, res, raw in done:
             res.rows = [
                 (k, h, self.shard_of[seq], pos, size) for seq, _, (k, h, _s, pos, size) in raw
