@@ -1,6 +1,7 @@
 """Shared fixtures: the S3 ones (moto server on 127.0.0.1, buckets, fault proxy)."""
 
 import signal
+from typing import Any
 
 import pytest
 
@@ -31,3 +32,56 @@ def _sigpipe_ignored():
     yield
     if hasattr(signal, "SIGPIPE"):
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+
+
+class PacedLimiters:
+    """The loader's rate limiters on a clock that moves only when they sleep.
+
+    Each limiter a reader makes is kept, with the bytes it was asked for and the seconds
+    it made the reader wait: a test then checks the pacing from what passed through it,
+    whatever the machine's speed (no test waits for real).
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import threading
+
+        from simstore.loaders import _fetch, _reading
+
+        self.made: list[Any] = []
+        outer = self
+
+        class Limiter(_fetch.RateLimiter):
+            def __init__(self, rate: float | None) -> None:
+                self.now = 0.0
+                self.taken = 0
+                self.waited = 0.0
+                self._count = threading.Lock()
+                super().__init__(rate, clock=lambda: self.now, sleep=self._sleep)
+                outer.made.append(self)
+
+            def _sleep(self, seconds: float) -> None:
+                with self._count:
+                    self.now += seconds
+
+            def take(self, nbytes: int) -> float:
+                waited = super().take(nbytes)
+                with self._count:
+                    self.taken += max(nbytes, 0) if self.rate else 0
+                    self.waited += waited
+                return waited
+
+        monkeypatch.setattr(_reading, "RateLimiter", Limiter)
+
+    @property
+    def taken(self) -> int:
+        return sum(lim.taken for lim in self.made)
+
+    @property
+    def waited(self) -> float:
+        return sum(lim.waited for lim in self.made)
+
+
+@pytest.fixture
+def paced_limiters(monkeypatch):
+    """:class:`PacedLimiters` in place of the readers' own (in this process)."""
+    return PacedLimiters(monkeypatch)

@@ -190,11 +190,19 @@ def test_rate_limiter_waits_for_tokens():
     assert RateLimiter(None).take(10**9) == 0
 
 
-def test_max_bandwidth_throttles_reads(store_path):
+def test_max_bandwidth_throttles_reads(store_path, paced_limiters):
     commit_samples(store_path, "sim", big_samples(8, 64 * 1024), per_shard=4)  # 2 MiB
-    ds = remote_ds(store_path, max_bandwidth="8MiB")
-    list(ds)
-    assert ds.stats()["throttle_s"] > 0
+    ds = remote_ds(store_path, max_bandwidth="1MiB")
+    assert len(list(ds)) == 8
+    stats = ds.stats()
+    (limiter,) = paced_limiters.made  # one reader: the whole cap
+    assert limiter.rate == 1 << 20 and limiter.burst == (1 << 20) / 4
+    # every byte read from the remote tier went through the cap
+    assert paced_limiters.taken >= stats["tiers"]["fake-remote"]["bytes"] - stats["manifest_bytes"]
+    assert paced_limiters.taken >= shard_bytes(store_path)
+    # the reader waited for what the burst did not cover, and the stats say so
+    assert stats["throttle_s"] == pytest.approx(paced_limiters.waited)
+    assert paced_limiters.waited >= (paced_limiters.taken - limiter.burst) / limiter.rate - 1e-9
 
 
 def test_max_bandwidth_paces_the_whole_shard_hash_of_a_local_shard(store_path):

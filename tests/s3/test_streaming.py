@@ -272,12 +272,22 @@ def test_a_corrupt_shard_on_s3_never_reaches_the_cache(dataset, tmp_path):
     assert stats["cache_fill_bytes"] == stats["tiers"]["s3"]["bytes"] - stats["manifest_bytes"]
 
 
-def test_max_bandwidth_throttles_a_streamed_fill(dataset, tmp_path):
+def test_max_bandwidth_throttles_a_streamed_fill(dataset, tmp_path, paced_limiters):
     url, _, expected = dataset
-    ds, data = epoch(url, FAST, cache_dir=str(tmp_path / "cache"), max_bandwidth="2MiB")
+    ds, data = epoch(url, FAST, cache_dir=str(tmp_path / "cache"), max_bandwidth="1MiB")
     same(data, expected)
-    # ~800 KiB of shards at 2 MiB/s, past the 0.25 s burst: the fills had to wait
-    assert ds.stats()["throttle_s"] > 0.05
+    stats = ds.stats()
+    (limiter,) = paced_limiters.made
+    assert limiter.rate == 1 << 20
+    # every byte the fills received was paced, and every byte read from the cache
+    # copies: ~800 KiB of shards twice at 1 MiB/s, past the 0.25 s burst, so the
+    # reader waited, and the stats say how long (the manifest's reads are not paced)
+    fills = stats["tiers"]["s3"]["bytes"] - stats["manifest_bytes"]
+    assert fills == stats["cache_fill_bytes"] > 0
+    assert paced_limiters.taken == fills + stats["tiers"]["cache"]["bytes"]
+    assert paced_limiters.waited >= (paced_limiters.taken - limiter.burst) / limiter.rate - 1e-9
+    assert paced_limiters.waited > 0
+    assert stats["throttle_s"] == pytest.approx(paced_limiters.waited)
 
 
 def _child_reads(store, key, queue):
