@@ -23,16 +23,17 @@ written before the escaping (a ``%`` stored as is) reads as it did.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, BinaryIO
 
 import pyarrow as pa
 
-from simstore.errors import FormatError
+from simstore.errors import FormatError, one_line
 from simstore.ingest import ShardOptions, hash_sample_blocks, parse_compression, sample_nbytes
 from simstore.protocols import ShardWriteResult
 from simstore.sample import Sample
@@ -76,6 +77,31 @@ def used_here() -> bool:
     on its first read.
     """
     return _USED_BY == os.getpid()
+
+
+def _is_panic(exc: BaseException) -> bool:
+    """Whether ``exc`` is a Rust panic raised through pyo3 (``pyo3_runtime.PanicException``).
+
+    Lance's decoders panic on some damaged pages (a failed assertion, an ``unwrap`` of an
+    unknown enum value). pyo3 raises a panic as a ``BaseException``, so a training loop's
+    ``except Exception`` would not see it; the type is made by pyo3 itself and not
+    importable, so it is known by name.
+    """
+    kind = type(exc)
+    return kind.__name__ == "PanicException" and kind.__module__ == "pyo3_runtime"
+
+
+@contextlib.contextmanager
+def _failures(what: str) -> Iterator[None]:
+    """Lance's errors, and its panics on damaged bytes, as a one-line ``FormatError``."""
+    try:
+        yield
+    except (OSError, ValueError, RuntimeError) as exc:  # its text may quote damaged bytes
+        raise FormatError(one_line(f"{what}: {exc}")) from exc
+    except BaseException as exc:
+        if not _is_panic(exc):
+            raise
+        raise FormatError(one_line(f"{what}: {exc}")) from exc
 
 
 def _lance_file() -> Any:
@@ -147,12 +173,10 @@ class LanceShardReader(ColumnarReader):
         self._path = path
         self._cleanup = cleanup
         self._readers: dict[tuple[str, ...], Any] = {}
-        try:
+        with _failures(f"{name} is not a readable Lance file"):
             reader = _lance_file().LanceFileReader(path)
             num_rows = reader.num_rows()
             schema = reader.metadata().schema
-        except (OSError, ValueError, RuntimeError) as exc:
-            raise FormatError(f"{name} is not a readable Lance file: {exc}") from exc
         plans = plans_from_schema(schema, source=name)
         self._column = _columns_of(schema, plans, name)
         self._field = {c: f for f, c in self._column.items()}
@@ -171,16 +195,23 @@ class LanceShardReader(ColumnarReader):
     def _read_positions(self, positions: Sequence[int], columns: Sequence[str]) -> pa.Table:
         stored = tuple(self._column[c] for c in columns)
         try:
-            table = self._reader(stored).take_rows(list(positions)).to_table()
-        except (OSError, ValueError, RuntimeError) as exc:
-            raise FormatError(f"{self.name}: read failed: {exc}") from exc
+            with _failures(f"{self.name}: read failed"):
+                table = self._reader(stored).take_rows(list(positions)).to_table()
+        except FormatError:
+            self._readers.clear()  # a reader that failed (or panicked) is not used again
+            raise
         if self._escaped:  # the fields' own names, as the decoder looks them up
             table = table.rename_columns([self._field[c] for c in table.column_names])
         return table
 
     def keys(self) -> list[str]:
         """Every sample key in position order."""
-        table = self._reader((KEY_COLUMN,)).read_all().to_table()
+        try:
+            with _failures(f"{self.name}: reading its keys failed"):
+                table = self._reader((KEY_COLUMN,)).read_all().to_table()
+        except FormatError:
+            self._readers.clear()
+            raise
         return [str(k) for k in table.column(KEY_COLUMN).to_pylist()]
 
     def close(self) -> None:
