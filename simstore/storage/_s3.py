@@ -246,6 +246,10 @@ class S3Store:
         ):
             if opts.get(option) is not None:
                 kwargs[arg] = opts[option]
+        if "region_name" not in kwargs and os.environ.get("AWS_REGION"):
+            # the AWS CLI's and SDKs' variable, which botocore does not read; it wins over
+            # AWS_DEFAULT_REGION and the profile's region, as it does there
+            kwargs["region_name"] = os.environ["AWS_REGION"]
         try:
             if self._session is None:
                 self._session = s3_session(opts.get("profile"))

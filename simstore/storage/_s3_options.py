@@ -202,7 +202,29 @@ def parse_tuning(options: Mapping[str, Any]) -> Tuning:
         if options.get(name) is not None and not isinstance(options[name], Mapping):
             raise InvalidInputError(f"S3 storage option {name} must be a mapping of "
                                     f"keyword arguments, got {options[name]!r}")
+    for name in ("anon", "use_ssl"):  # "false" would be true
+        if options.get(name) is not None and not isinstance(options[name], bool):
+            raise InvalidInputError(
+                f"S3 storage option {name} must be True or False, got {options[name]!r}"
+            )
+    for name, ours in _OUR_CONFIG.items():
+        if name in (options.get("config_kwargs") or {}):
+            raise InvalidInputError(
+                f"S3 storage option config_kwargs: {name!r} is set by simstore, which makes "
+                f"its own retries; use the option {ours} instead"
+            )
+    if options.get("token") is not None and (options.get("key") is None
+                                             or options.get("secret") is None):
+        raise InvalidInputError(
+            "S3 storage option token needs key and secret as well (botocore ignores a "
+            "session token given alone); or set AWS_SESSION_TOKEN with the key and secret"
+        )
     return tuning
+
+
+_OUR_CONFIG = {"retries": "max_attempts", "connect_timeout": "connect_timeout_s",
+               "read_timeout": "read_timeout_s"}
+"""``botocore.config.Config`` settings the store makes itself, and the options that set them."""
 
 
 def extra_parameters(options: Mapping[str, Any]) -> dict[str, Any]:

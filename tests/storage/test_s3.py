@@ -147,7 +147,18 @@ def test_options_are_checked(s3_env: str) -> None:
            ({"multipart_part_bytes": 1}, "multipart_part_bytes must be at least 5 MiB"),
            ({"client_kwargs": "x"}, "client_kwargs must be a mapping"),
            ({"key": 12345678}, "key must be text, got int 12345678"),
-           ({"secret": None, "token": True}, "token must be text")]
+           ({"secret": None, "token": True}, "token must be text"),
+           # "false" was true: requests went out unsigned and failed with a bare 403
+           ({"anon": "false"}, "anon must be True or False"),
+           ({"use_ssl": "maybe"}, "use_ssl must be True or False"),
+           # the store's own settings won silently over these
+           ({"config_kwargs": {"read_timeout": 1}}, "'read_timeout' is set by simstore.*"
+                                                    "read_timeout_s"),
+           ({"config_kwargs": {"retries": {"max_attempts": 9}}}, "'retries'.*max_attempts"),
+           ({"config_kwargs": {"connect_timeout": 1}}, "connect_timeout_s"),
+           # botocore drops a session token given without its key and secret
+           ({"token": "tok"}, "token needs key and secret"),
+           ({"token": "tok", "key": "AKIA0000"}, "token needs key and secret")]
     for options, message in bad:  # NaN retried for ever; the rest failed later or raw
         with pytest.raises(InvalidInputError, match=message):
             S3Store("s3://b", storage_options=options)
@@ -158,6 +169,24 @@ def test_options_are_checked(s3_env: str) -> None:
     assert "hunter22" not in str(info.value)
     # s3fs cache options mean nothing here and are accepted.
     assert S3Store("s3://b/", storage_options={"use_listings_cache": False}).url == "s3://b"
+
+
+def test_aws_region_wins_over_aws_default_region(
+    s3_env: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As in the AWS CLI and SDKs (botocore itself reads only AWS_DEFAULT_REGION)."""
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_REGION", "eu-west-2")
+    s = S3Store("s3://b", storage_options=dict(FAST))
+    assert s._api.meta.region_name == "eu-west-2"
+    s.close()
+    given = S3Store("s3://b", storage_options={**FAST, "region_name": "ap-south-1"})
+    assert given._api.meta.region_name == "ap-south-1"  # the option wins
+    given.close()
+    monkeypatch.delenv("AWS_REGION")
+    plain = S3Store("s3://b", storage_options=dict(FAST))
+    assert plain._api.meta.region_name == "us-east-1"
+    plain.close()
 
 
 def test_endpoint_from_storage_options_wins_over_environment(
