@@ -119,7 +119,9 @@ def emit(as_json: bool, obj: Any, text: str | Callable[[], str]) -> None:
             json.dumps(_finite(obj), indent=2, sort_keys=True, default=str, allow_nan=False)
         )
     else:
-        click.echo(text() if callable(text) else text)
+        shown = text() if callable(text) else text
+        if shown:  # nothing to list (``log -n 0``, an empty store): no blank line
+            click.echo(shown)
 
 
 def debug_on() -> bool:

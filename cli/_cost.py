@@ -250,10 +250,16 @@ def _prices_note(prices: PriceTable) -> str:
     return f"prices: list prices as of {', '.join(dates) or '?'}; check them (docs/cost.md)"
 
 
+def _duration(seconds: float) -> str:
+    """Seconds for a person: whole ones from 10 s, three digits below (0 is unknown)."""
+    return f"{seconds:.0f} s" if seconds >= 10 or seconds == 0 else f"{seconds:.3g} s"
+
+
 def _run_text(result: RunCost) -> str:
     out = result.to_json()
     lines = [
-        f"run: {result.epochs:g} epochs, {result.seconds:.0f} s, {result.reports} report(s); "
+        f"run: {result.epochs:g} epochs, {_duration(result.seconds)}, {result.reports} "
+        "report(s); "
         + ("internet egress charged" if result.egress else "no egress charged (same region)"),
         "",
         f"{'tier':<8}  {'priced as':<16}  {'requests':>10}  {'bytes read':>10}  "

@@ -160,7 +160,10 @@ def _summary(r: IngestResult) -> str:
     if not r.staging_id and not r.files_skipped:
         lines.append("nothing new to stage")
     for s in r.files_skipped:
-        lines.append(f"skipped {printable_path(s.path)}: {s.reason}")
+        path = printable_path(s.path)
+        # a reason is the file's own one-line error, which names the file first
+        reason = s.reason.removeprefix(f"{path}: ")
+        lines.append(f"skipped {path}: {reason}")
     if r.files_ignored:
         lines.append(f"ignored {len(r.files_ignored)} files no adapter reads")
     return "\n".join(lines)

@@ -20,11 +20,23 @@ import sys
 EXIT_INTERRUPTED = 130
 
 
+def _debug() -> bool:
+    try:
+        from simstore._env import env_debug
+    except KeyboardInterrupt:  # a second Ctrl-C: no traceback
+        return False
+    return env_debug()
+
+
 def main() -> None:
     """Run the ``simstore`` command line (the console script's entry point)."""
     try:
         from simstore.cli import main as cli
     except KeyboardInterrupt:
+        if "--debug" in sys.argv[1:] or _debug():  # the traceback, as the command gives it
+            import traceback
+
+            traceback.print_exc(file=sys.stderr)
         sys.stderr.write("error: interrupted\n")
         raise SystemExit(EXIT_INTERRUPTED) from None
     try:

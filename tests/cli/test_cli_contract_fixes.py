@@ -342,6 +342,13 @@ def test_a_skipped_path_that_is_not_utf8_is_shown_escaped(store, tmp_path):
     assert result.exit_code == 0, result.stderr
     text = result.stdout_bytes.decode("utf-8")
     assert f"skipped {os.fsdecode(folder)}/caf\\xe9.npz: " in text
+    # the reason, which names the file first, is not shown after the path a second time
+    assert text.count("caf\\xe9.npz") == 1, text
+
+
+def test_log_of_no_snapshots_prints_nothing(store):
+    assert cli("--store", store, "log", "d", "-n", "0", code=0) == ""
+    assert cli("--store", store, "log", "d", "-n", "1", code=0).count("\n") == 1
 
 
 def test_a_line_break_in_a_path_is_escaped_not_split_nor_made_a_space(tmp_path):
@@ -385,10 +392,23 @@ def test_an_interrupt_while_the_command_line_loads_is_one_line(monkeypatch, caps
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", interrupted)
+    monkeypatch.delenv("SIMSTORE_DEBUG", raising=False)
+    monkeypatch.setattr(sys, "argv", ["simstore", "ingest", "src", "--dataset", "d"])
     with pytest.raises(SystemExit) as stopped:
         _launch.main()
     assert stopped.value.code == 130
     assert capsys.readouterr().err == "error: interrupted\n"
+    # with --debug (or SIMSTORE_DEBUG), the traceback too, as cli.md says
+    for argv, env in ((["simstore", "--debug", "ls"], None), (["simstore", "ls"], "1")):
+        monkeypatch.setattr(sys, "argv", argv)
+        if env is not None:
+            monkeypatch.setenv("SIMSTORE_DEBUG", env)
+        with pytest.raises(SystemExit) as stopped:
+            _launch.main()
+        assert stopped.value.code == 130
+        err = capsys.readouterr().err
+        assert err.startswith("Traceback") and "KeyboardInterrupt" in err, err
+        assert err.endswith("error: interrupted\n")
 
 
 def test_an_interrupt_after_the_command_returned_is_ignored():

@@ -98,6 +98,10 @@ def test_cost_of_a_run(tmp_path):
     assert ia["total_usd"] == pytest.approx(0.01 + 0.01)  # GETs at 0.001/1k, 1 GiB at 0.01
     text = run("memory://unused", "cost", "--run", str(path)).output
     assert "per epoch" in text and "saved" in text and "(estimated)" in text
+    assert "2 epochs, 3600 s," in text
+    # a short run is not shown as "0 s" (cost.md: 0 s is a run of unknown length)
+    path.write_text(json.dumps({**report, "seconds": 0.338}))
+    assert "2 epochs, 0.338 s," in run("memory://unused", "cost", "--run", str(path)).output
 
 
 def test_cost_argument_errors(store_url, tmp_path):
