@@ -158,6 +158,8 @@ def _mask(name: str, value: Any) -> Any:
     return value
 
 
+_DAY_S = 86_400
+
 _INTEGER_TUNING = frozenset({"max_attempts", "multipart_threshold_bytes", "multipart_part_bytes",
                              "multipart_concurrency"})
 
@@ -182,6 +184,11 @@ def parse_tuning(options: Mapping[str, Any]) -> Tuning:
             )
         if name in _INTEGER_TUNING and not float(value).is_integer():
             raise InvalidInputError(f"S3 storage option {name} must be a whole number: {value!r}")
+        if name.endswith("_s") and value > _DAY_S:  # a socket refuses 1e300 s, mid-request
+            raise InvalidInputError(
+                f"S3 storage option {name} must be at most {_DAY_S} seconds (a day), "
+                f"got {value!r}"
+            )
     # a whole number given as a float (6e6, as a flag's JSON value parses) counts as one:
     # sizes and counts are used as slice bounds and range sizes
     whole: dict[str, Any] = {n: int(getattr(tuning, n)) for n in _INTEGER_TUNING

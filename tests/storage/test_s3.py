@@ -144,6 +144,7 @@ def test_options_are_checked(s3_env: str) -> None:
     bad = [({"max_attempts": float("nan")}, "max_attempts must be a positive finite"),
            ({"retry_deadline_s": float("inf")}, "retry_deadline_s must be a positive finite"),
            ({"max_attempts": 2.5}, "max_attempts must be a whole number"),
+           ({"connect_timeout_s": 1e300}, "connect_timeout_s must be at most 86400 seconds"),
            ({"multipart_part_bytes": 1}, "multipart_part_bytes must be at least 5 MiB"),
            ({"client_kwargs": "x"}, "client_kwargs must be a mapping"),
            ({"key": 12345678}, "key must be text, got int 12345678"),
