@@ -160,6 +160,9 @@ def parse_storage_options(values: tuple[str, ...]) -> dict[str, Any]:
         if key in TEXT_OPTIONS:
             out[key] = value
             continue
+        if value in ("True", "False"):  # as Python and the docs spell them (anon=True)
+            out[key] = value == "True"
+            continue
         try:
             out[key] = json.loads(value)
         except ValueError:

@@ -172,7 +172,19 @@ def parse_tuning(options: Mapping[str, Any]) -> Tuning:
             f"unknown S3 storage options {sorted(unknown)}; known: "
             f"{sorted(_TUNING_NAMES | _CLIENT_NAMES)}"
         )
-    tuning = Tuning(**{k: v for k, v in options.items() if k in _TUNING_NAMES})
+    for name in ("client_kwargs", "config_kwargs"):
+        if options.get(name) is not None and not isinstance(options[name], Mapping):
+            raise InvalidInputError(f"S3 storage option {name} must be a mapping of "
+                                    f"keyword arguments, got {options[name]!r}")
+    given = {k: v for k, v in options.items() if k in _TUNING_NAMES}
+    for name, value in _from_config(options.get("config_kwargs") or {}).items():
+        if name in given and given[name] != value:
+            raise InvalidInputError(
+                f"S3 storage options {name}={given[name]!r} and config_kwargs (which asks "
+                f"for {value!r}) disagree"
+            )
+        given[name] = value
+    tuning = Tuning(**given)
     if not isinstance(tuning.conditional_writes, bool):
         raise InvalidInputError("S3 storage option conditional_writes must be True or False")
     for name in _TUNING_NAMES - {"conditional_writes"}:
@@ -205,23 +217,12 @@ def parse_tuning(options: Mapping[str, Any]) -> Tuning:
                 f"S3 storage option {name} must be text, got {type(options[name]).__name__} "
                 f"{options[name]!r}"
             )
-    for name in ("client_kwargs", "config_kwargs"):
-        if options.get(name) is not None and not isinstance(options[name], Mapping):
-            raise InvalidInputError(f"S3 storage option {name} must be a mapping of "
-                                    f"keyword arguments, got {options[name]!r}")
     for name in ("anon", "use_ssl"):  # "false" would be true
         if options.get(name) is not None and not isinstance(options[name], bool):
             raise InvalidInputError(
                 f"S3 storage option {name} must be True or False, got {options[name]!r}"
             )
-    for name, ours in _OUR_CONFIG.items():
-        if name in (options.get("config_kwargs") or {}):
-            raise InvalidInputError(
-                f"S3 storage option config_kwargs: {name!r} is set by simstore, which makes "
-                f"its own retries; use the option {ours} instead"
-            )
-    if options.get("token") is not None and (options.get("key") is None
-                                             or options.get("secret") is None):
+    if options.get("token") and not (options.get("key") and options.get("secret")):
         raise InvalidInputError(
             "S3 storage option token needs key and secret as well (botocore ignores a "
             "session token given alone); or set AWS_SESSION_TOKEN with the key and secret"
@@ -229,9 +230,40 @@ def parse_tuning(options: Mapping[str, Any]) -> Tuning:
     return tuning
 
 
-_OUR_CONFIG = {"retries": "max_attempts", "connect_timeout": "connect_timeout_s",
-               "read_timeout": "read_timeout_s"}
-"""``botocore.config.Config`` settings the store makes itself, and the options that set them."""
+def _from_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The store's own options that an s3fs-style ``config_kwargs`` asks for.
+
+    The store makes its own retries and sets botocore's timeouts from its options, so
+    ``connect_timeout``, ``read_timeout`` and ``retries`` (botocore's ``max_attempts``
+    counts retries, ``total_max_attempts`` attempts) become ``connect_timeout_s``,
+    ``read_timeout_s`` and ``max_attempts``; a retry ``mode`` is the store's own backoff.
+    """
+    out: dict[str, Any] = {}
+    for key, name in (("connect_timeout", "connect_timeout_s"), ("read_timeout", "read_timeout_s")):
+        if key in config:
+            out[name] = config[key]
+    retries = config.get("retries")
+    if retries is not None:
+        if not isinstance(retries, Mapping) or set(retries) - {
+            "max_attempts", "total_max_attempts", "mode"
+        }:
+            raise InvalidInputError(
+                "S3 storage option config_kwargs: retries must be a mapping of max_attempts, "
+                f"total_max_attempts and mode, got {retries!r}"
+            )
+        for key in ("max_attempts", "total_max_attempts"):
+            value = retries.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 0):
+                raise InvalidInputError(
+                    f"S3 storage option config_kwargs: retries {key} must be a whole number "
+                    f"of at least 0, got {value!r}"
+                )
+        if retries.get("total_max_attempts") is not None:
+            out["max_attempts"] = retries["total_max_attempts"]
+        elif retries.get("max_attempts") is not None:
+            out["max_attempts"] = retries["max_attempts"] + 1  # the first attempt is no retry
+    return out
 
 
 def extra_parameters(options: Mapping[str, Any]) -> dict[str, Any]:

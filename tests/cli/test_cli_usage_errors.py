@@ -243,3 +243,12 @@ def test_credentials_and_names_in_storage_options_stay_text():
     ))
     assert got == {"key": "12345678", "secret": "007", "token": "true", "region_name": "1",
                    "max_attempts": 3, "anon": True, "multipart_part_bytes": 6e6}
+
+
+def test_python_spelled_booleans_in_storage_options_are_booleans():
+    # the docs show anon=True; as text it was refused (anon must be True or False)
+    from simstore.cli._common import parse_storage_options
+
+    got = parse_storage_options(("anon=True", "use_ssl=False", "conditional_writes=false",
+                                 "key=True"))
+    assert got == {"anon": True, "use_ssl": False, "conditional_writes": False, "key": "True"}

@@ -152,11 +152,13 @@ def test_options_are_checked(s3_env: str) -> None:
            # "false" was true: requests went out unsigned and failed with a bare 403
            ({"anon": "false"}, "anon must be True or False"),
            ({"use_ssl": "maybe"}, "use_ssl must be True or False"),
-           # the store's own settings won silently over these
-           ({"config_kwargs": {"read_timeout": 1}}, "'read_timeout' is set by simstore.*"
-                                                    "read_timeout_s"),
-           ({"config_kwargs": {"retries": {"max_attempts": 9}}}, "'retries'.*max_attempts"),
-           ({"config_kwargs": {"connect_timeout": 1}}, "connect_timeout_s"),
+           # config_kwargs that say other than the store's options
+           ({"config_kwargs": {"read_timeout": 1}, "read_timeout_s": 2},
+            "read_timeout_s=2 and config_kwargs .*1.* disagree"),
+           ({"config_kwargs": {"retries": {"max_attempts": -1}}}, "retries max_attempts must"),
+           ({"config_kwargs": {"retries": {"total_max_attempts": True}}}, "total_max_attempts"),
+           ({"config_kwargs": {"retries": {"max_atempts": 3}}}, "retries must be a mapping of"),
+           ({"config_kwargs": {"connect_timeout": 0}}, "connect_timeout_s must be a positive"),
            # botocore drops a session token given without its key and secret
            ({"token": "tok"}, "token needs key and secret"),
            ({"token": "tok", "key": "AKIA0000"}, "token needs key and secret")]
@@ -170,6 +172,24 @@ def test_options_are_checked(s3_env: str) -> None:
     assert "hunter22" not in str(info.value)
     # s3fs cache options mean nothing here and are accepted.
     assert S3Store("s3://b/", storage_options={"use_listings_cache": False}).url == "s3://b"
+
+
+def test_config_kwargs_timeouts_and_retries_become_the_store_options(s3_env: str) -> None:
+    """An s3fs-style dict carries over: the store sets botocore's timeouts and makes its own
+    retries, so these were silently replaced by its defaults."""
+    s = S3Store("s3://b", storage_options={"config_kwargs": {
+        "connect_timeout": 3, "read_timeout": 7, "retries": {"max_attempts": 9, "mode": "adaptive"},
+        "max_pool_connections": 50}})
+    tuning = s._tuning
+    assert (tuning.connect_timeout_s, tuning.read_timeout_s, tuning.max_attempts) == (3, 7, 10)
+    config = s._api.meta.config
+    assert (config.connect_timeout, config.read_timeout, config.max_pool_connections) == (3, 7, 50)
+    assert config.retries["total_max_attempts"] == 1  # botocore's: the store retries itself
+    s.close()
+    total = S3Store("s3://b", storage_options={"config_kwargs": {
+        "retries": {"total_max_attempts": 4}}, "max_attempts": 4})
+    assert total._tuning.max_attempts == 4
+    total.close()
 
 
 def test_aws_region_wins_over_aws_default_region(
