@@ -197,8 +197,8 @@ def test_disk_usage_of_the_whole_store(cat, tmp_path):
 
 @pytest.fixture
 def shard_cache():
-    cache_mod = pytest.importorskip("simstore.loaders._cache")
-    stats_mod = pytest.importorskip("simstore.loaders._stats")
+    import simstore.loaders._cache as cache_mod
+    import simstore.loaders._stats as stats_mod
 
     def open_cache(directory, limit):
         return cache_mod.ShardCache(

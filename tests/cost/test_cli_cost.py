@@ -132,7 +132,7 @@ def test_prices_command():
 
 
 def test_du_and_pull(store_url, tmp_path):
-    pytest.importorskip("simstore.loaders._cache")
+    import simstore.loaders._cache  # noqa: F401
     cat = Catalog.open(store_url)
     sid = commit(cat, "ds", {"a": b"a" * 1000, "b": b"b" * 2000})
     d = tmp_path / "hot"

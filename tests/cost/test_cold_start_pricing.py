@@ -139,7 +139,8 @@ def s3_store(s3_bucket):
 
 
 def _ingest(store, tmp_path) -> None:
-    np = pytest.importorskip("numpy")
+    import numpy as np
+
     import simstore
 
     src = tmp_path / "src"
@@ -168,7 +169,6 @@ def _run(store, cache: str, path) -> dict:
 
 @pytest.mark.s3
 def test_a_warm_runs_cold_start_is_what_the_cold_run_cost(s3_store, tmp_path):
-    pytest.importorskip("torch")
     _ingest(s3_store, tmp_path)
     cache = str(tmp_path / "cache")
     cold_path, warm_path = tmp_path / "cold.json", tmp_path / "warm.json"

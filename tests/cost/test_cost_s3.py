@@ -78,8 +78,8 @@ def test_cost_du_and_pull_on_s3(s3_catalog, tmp_path):
     # branches, tags, then objects/ once
     assert sum(t.usage(OpClass.LIST).requests for t in report.read) == 3
 
-    cache_mod = pytest.importorskip("simstore.loaders._cache")
-    stats_mod = pytest.importorskip("simstore.loaders._stats")
+    import simstore.loaders._cache as cache_mod
+    import simstore.loaders._stats as stats_mod
     d = str(tmp_path / "hot")
 
     def open_cache(limit):
@@ -101,8 +101,8 @@ def test_cost_du_and_pull_on_s3(s3_catalog, tmp_path):
 
 def _ingest_and_pull(s3_catalog, tmp_path):
     """12 samples of dataset ``cfd`` over several shards, pulled into a cache; (dir, pull)."""
-    np = pytest.importorskip("numpy")
-    pytest.importorskip("torch")
+    import numpy as np
+
     import simstore
 
     src = tmp_path / "src"
@@ -114,8 +114,8 @@ def _ingest_and_pull(s3_catalog, tmp_path):
     simstore.ingest([str(src)], dataset="cfd", store=s3_catalog, format="parquet",
                     snapshot=True, message="m", shard_size=20_000)  # fmt: skip
     d = str(tmp_path / "hot")
-    cache_mod = pytest.importorskip("simstore.loaders._cache")
-    stats_mod = pytest.importorskip("simstore.loaders._stats")
+    import simstore.loaders._cache as cache_mod
+    import simstore.loaders._stats as stats_mod
 
     def open_cache(limit):
         return cache_mod.ShardCache(
@@ -156,7 +156,7 @@ def test_a_pinned_snapshot_in_the_cache_starts_without_the_store(s3_catalog, tmp
     streams the same epoch; a branch REF through that endpoint fails (it is dead)."""
     import socket
 
-    np = pytest.importorskip("numpy")
+    import numpy as np
     from simstore.loaders import SimDataset
 
     from simstore.errors import StorageError

@@ -26,7 +26,7 @@ TEST_ADAPTER = "testvals"
 @pytest.fixture(scope="session")
 def dask_address():
     """The scheduler address of a 2-worker LocalCluster bound to 127.0.0.1."""
-    distributed = pytest.importorskip("distributed")
+    import distributed
     with distributed.LocalCluster(
         host="127.0.0.1",
         n_workers=2,

@@ -70,7 +70,7 @@ def own_scheduler():
 
     Both import the test adapters from this folder (``PYTHONPATH``).
     """
-    distributed = pytest.importorskip("distributed")
+    import distributed
     address = f"tcp://127.0.0.1:{free_port()}"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")])}
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
@@ -139,7 +139,7 @@ def test_a_scheduler_killed_mid_run_is_one_line_on_stderr(tmp_path, cli, own_sch
 
 
 def test_worker_processes_of_the_engines_local_cluster_are_quiet_but_for_debug(tmp_path, cli):
-    pytest.importorskip("distributed")
+    import distributed  # noqa: F401
     src = write_values(tmp_path / "src", ["a0", "a1", "a2"])
     for debug in ([], ["--debug"]):
         store = str(tmp_path / f"store{len(debug)}")
@@ -156,7 +156,7 @@ def test_worker_processes_of_the_engines_local_cluster_are_quiet_but_for_debug(t
 
 
 def test_quiet_dask_logs_restores_the_levels_it_raised():
-    pytest.importorskip("distributed")
+    import distributed  # noqa: F401
     before = {
         name: logger.level
         for name, logger in logging.root.manager.loggerDict.items()

@@ -31,7 +31,7 @@ def no_credentials_cluster(monkeypatch, s3_env):
     The worker is spawned while this process's environment lacks them (as on a cluster
     whose nodes have no instance role); the driver, this process, has them again after.
     """
-    distributed = pytest.importorskip("distributed")
+    import distributed
     with monkeypatch.context() as m:
         for name in AWS:
             m.delenv(name, raising=False)

@@ -148,7 +148,7 @@ def finish(driver, timeout_s=300):
 def test_a_cluster_whose_workers_all_died_fails_the_run_in_one_line(tmp_path):
     """An outside cluster of one worker (no nanny) killed mid-task: the driver does not
     wait for ever; with the grace period at 0 it fails once it sees no worker."""
-    distributed = pytest.importorskip("distributed")
+    import distributed
     src = write_values(tmp_path / "src", ["a0", "gate0"])
     markers = tmp_path / "markers"
     markers.mkdir()
@@ -186,7 +186,7 @@ def test_a_result_lost_with_the_last_worker_after_its_task_finished_fails_the_ru
     """The task finished; its worker, the only one, died before the driver took the
     result: the scheduler waits for a worker to compute it again, and the driver's wait
     for the result fails the run instead of waiting with it for ever."""
-    distributed = pytest.importorskip("distributed")
+    import distributed
     procs, taken = [], []
     try:
         address = start_scheduler(tmp_path / "scheduler.json", procs)
@@ -277,7 +277,7 @@ def test_ctrl_c_while_the_local_cluster_starts_prints_one_line(tmp_path):
 def test_a_run_waits_for_its_first_worker_however_long_the_grace_period(tmp_path):
     """Before any worker has joined nothing is timed (a batch queue may hold the workers'
     jobs): with the grace period at 0 the run still waits, then ingests once one joins."""
-    distributed = pytest.importorskip("distributed")
+    import distributed
     src = write_values(tmp_path / "src", ["a0", "a1"])
     procs = []
     try:

@@ -6,6 +6,7 @@ interrupted copy cuts them), ingested into a local store and read back through t
 shard reader.
 """
 
+import netCDF4
 import numpy as np
 import pytest
 from simstore.formats.adapters import NetCDFAdapter
@@ -13,8 +14,6 @@ from simstore.formats.adapters._tree import SlicedArray
 from stored_samples import stored
 
 from simstore.errors import SourceError
-
-netCDF4 = pytest.importorskip("netCDF4")
 
 CLASSIC = ["NETCDF3_CLASSIC", "NETCDF3_64BIT_OFFSET", "NETCDF3_64BIT_DATA"]
 

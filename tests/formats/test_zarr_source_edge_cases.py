@@ -9,12 +9,11 @@ import warnings
 
 import numpy as np
 import pytest
+import zarr
 from simstore.formats.adapters import ZarrAdapter
 from stored_samples import same, stored
 
 from simstore.errors import SourceError
-
-zarr = pytest.importorskip("zarr")
 
 # zarr notes that its v3 string data types have no settled specification yet
 pytestmark = pytest.mark.filterwarnings("ignore::zarr.errors.UnstableSpecificationWarning")

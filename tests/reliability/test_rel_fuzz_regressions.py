@@ -22,13 +22,11 @@ import sys
 import textwrap
 import time
 
+import psutil
 import pytest
 from simstore.formats.adapters import CadAdapter
 
 from simstore.errors import SourceError
-
-pytest.importorskip("gmsh")
-psutil = pytest.importorskip("psutil")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "formats"))
