@@ -782,11 +782,12 @@ class SimDataLoader(DataLoader[Any]):
         instead. A caller who asks for fork keeps it (Lance itself warns at the fork: a
         dataset without Lance shards forks safely).
         """
-        from simstore.formats._lance import used_here
-
-        if self.num_workers <= 0 or self._context_given or not _forks(self) or not used_here():
+        if self.num_workers <= 0 or self._context_given or not _forks(self):
             return
-        self.multiprocessing_context = "spawn"
+        from simstore.formats._lance import used_here  # not before: 0.4 ms of a first batch
+
+        if used_here():
+            self.multiprocessing_context = "spawn"
 
     def _fork_arenas(self) -> list[SharedArena]:
         """One arena per worker when workers fork (kept for later epochs), else none."""
