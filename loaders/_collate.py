@@ -152,6 +152,8 @@ class Collate:
                     out[name] = values
                     continue
                 values = list(values.unbind(0))
+            elif any(isinstance(v, np.ndarray | np.generic) for v in values):
+                values = [_from_numpy(v) for v in values]  # from a transform
             real = values if flags is None else [v for v, p in zip(values, flags, strict=True)
                                                   if p]
             if real and not all(isinstance(v, torch.Tensor) for v in real) and all(
@@ -325,3 +327,16 @@ class Collate:
             offsets = torch.zeros(len(parts) + 1, dtype=torch.int64)
             offsets[1:] = torch.cumsum(torch.tensor(sizes, dtype=torch.int64), 0)
             out[f"{name}__offsets"] = offsets
+
+
+def _from_numpy(value: Any) -> Any:
+    """A transform's NumPy value as torch's own collate takes it.
+
+    An array of numbers becomes a tensor (stacked with the others), a NumPy scalar a
+    number; anything else stays as it is.
+    """
+    if isinstance(value, np.ndarray) and value.dtype.kind in "biufc":
+        return torch.as_tensor(value)
+    if isinstance(value, np.generic) and value.dtype.kind in "biuf":
+        return value.item()
+    return value

@@ -296,3 +296,29 @@ def test_a_transform_sees_scalars_as_0d_tensors_in_batches_too(tmp_path):
                         for s in seen)
     assert batch["steps"].dtype == torch.int64 and tuple(batch["steps"].shape) == (4,)
     assert batch["re"].dtype == torch.float64
+
+
+def test_numpy_values_a_transform_returns_are_collated_as_torch_collates_them(tmp_path):
+    """A NumPy-based transform (albumentations, scipy) returns arrays: stacked into one
+    tensor per field, as torch's default_collate does (they came back as a list)."""
+    root = tmp_path / "src"
+    root.mkdir()
+    for i in range(4):
+        np.savez(root / f"r{i}.npz", u=np.full((4, 5), i, np.float32))
+    store = str(tmp_path / "store")
+    Catalog.init(store)
+    simstore.ingest([str(root)], dataset="d", store=store, snapshot=True, message="m")
+
+    def to_numpy(sample):
+        assert "__key__" not in sample  # the fields only (loader.md)
+        return {"u": sample["u"].numpy() * 2, "scale": np.float64(2.0), "tag": "x"}
+
+    loader = SimDataLoader(SimDataset(store, "d", transform=to_numpy, shuffle=False),
+                           batch_size=4)
+    batch = next(iter(loader))
+    expected = torch.utils.data.default_collate(
+        [{"u": np.full((4, 5), 2 * i, np.float32), "scale": np.float64(2.0)} for i in range(4)])
+    assert isinstance(batch["u"], torch.Tensor) and torch.equal(batch["u"], expected["u"])
+    assert torch.equal(batch["scale"], expected["scale"])
+    assert batch["tag"] == ["x"] * 4
+    assert batch["__key__"] == [f"r{i}" for i in range(4)]
