@@ -40,6 +40,7 @@ order on every machine.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -310,13 +311,32 @@ class Mixture:
         blocks = pos // self.block
         for b in np.unique(blocks):
             sel = blocks == b
-            slots = self.block_slots(int(b))
-            base = self.quota(int(b) * self.block)
-            rank = np.empty(len(slots), dtype=np.int64)
-            for i in range(len(self.weights)):
-                mask = slots == i
-                rank[mask] = np.arange(int(mask.sum())) + base[i]
+            slots, rank = _block_layout(self, int(b))
             off = pos[sel] - int(b) * self.block
             src[sel] = slots[off]
             q[sel] = rank[off]
         return src, q
+
+
+@functools.lru_cache(maxsize=2)
+def _block_layout(mixture: Mixture, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """Block ``block``'s slots: each one's source, and its index among that source's slots.
+
+    Kept for the next chunks of the same block: a block holds ``m * m`` positions for
+    ``m`` sources, and laying one out for every chunk of 64 samples cost 0.02 s at 300
+    sources and 0.66 s at 1,000. The index is counted in one stable sort, not a pass
+    over the block per source. Two blocks are kept (a chunk may straddle two), 16 bytes
+    per slot each: 32 MB at 1,000 sources, nothing to speak of at tens. Read-only:
+    callers index these arrays.
+    """
+    slots = mixture.block_slots(block)
+    base = np.asarray(mixture.quota(block * mixture.block), dtype=np.int64)
+    order = np.argsort(slots, kind="stable")
+    counts = np.bincount(slots, minlength=len(mixture.weights))
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    rank = np.empty(len(slots), dtype=np.int64)
+    rank[order] = np.arange(len(slots), dtype=np.int64) - starts[slots[order]]
+    rank += base[slots]
+    slots.flags.writeable = False
+    rank.flags.writeable = False
+    return slots, rank

@@ -327,6 +327,32 @@ def test_mixture_slots_are_exact_and_contiguous_per_source(weights, start, lengt
     assert np.all(np.abs(share - expect) <= len(weights) / mix.block + 1e-6)
 
 
+@settings(deadline=None, max_examples=40)
+@given(
+    weights=st.lists(st.floats(0.05, 10), min_size=2, max_size=40),
+    block=st.integers(0, 3),
+    shuffle=st.booleans(),
+    seed=st.integers(0, 2**31),
+)
+def test_mixture_positions_are_each_sources_slots_counted_in_order(weights, block, shuffle,
+                                                                   seed):
+    """``q`` of a position is how many slots of its source come before it, from the
+    quota of the blocks before: the definition, counted here slot by slot."""
+    mix = Mixture.of(weights, seed=seed, shuffle=shuffle)
+    slots = mix.block_slots(block)
+    seen = list(mix.quota(block * mix.block))
+    expected = []
+    for s in slots.tolist():
+        expected.append(seen[s])
+        seen[s] += 1
+    pos = np.arange(block * mix.block, (block + 1) * mix.block)
+    rng = np.random.default_rng(seed)
+    for chunk in (pos, rng.permutation(pos)[:64], pos[-5:]):  # whole, a shuffled chunk, a tail
+        src, q = mix.locate(chunk)
+        off = chunk - block * mix.block
+        assert np.array_equal(src, slots[off]) and np.array_equal(q, np.asarray(expected)[off])
+
+
 def test_mixture_rejects_bad_weights():
     with pytest.raises(InvalidInputError):
         Mixture.of([1.0, 0.0], seed=0, shuffle=True)
