@@ -26,6 +26,9 @@ OWNER_FILE = ".owner"
 UNMARKED_GRACE_S = 24 * 3600.0
 """A folder without a marker (made by a version before markers, or one being created this
 instant) is removed by an ingest's sweep only when nothing in it changed for this long."""
+STILLBORN_GRACE_S = 60.0
+"""An empty folder without a marker (its process killed between making it and marking it,
+microseconds apart) is removed once it is this old: it holds nothing to keep."""
 
 
 class Scratch:
@@ -124,7 +127,8 @@ def sweep_scratch(
             if not entry.is_dir(follow_symlinks=False):
                 continue
             in_use = scratch_in_use(entry.path)
-            if in_use or (in_use is None and newest_mtime(entry.path) >= cutoff):
+            if in_use or (in_use is None and newest_mtime(entry.path) >= cutoff
+                          and not _stillborn(entry.path)):
                 continue
         except OSError:
             continue
@@ -134,3 +138,30 @@ def sweep_scratch(
                 continue
         removed.append(entry.path)
     return removed
+
+
+def _stillborn(path: str) -> bool:
+    """Whether ``path`` is a scratch folder whose process died as it was being made.
+
+    Nothing in it but, at most, the marker it was writing (``.owner.new``, unlocked), and
+    nothing changed for :data:`STILLBORN_GRACE_S`: a live process locks that file the
+    moment it creates it and renames it at once.
+    """
+    try:
+        names = os.listdir(path)
+        if set(names) - {OWNER_FILE + ".new"}:
+            return False
+        if time.time() - newest_mtime(path) < STILLBORN_GRACE_S:
+            return False
+        if not names:
+            return True
+        fd = os.open(os.path.join(path, OWNER_FILE + ".new"), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False  # locked (a live owner), or no locks here: keep it
+    finally:
+        os.close(fd)
+    return True

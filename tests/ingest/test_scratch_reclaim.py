@@ -128,3 +128,37 @@ def test_gc_of_a_local_store_keeps_a_live_ingests_scratch_however_old(catalog, o
             os.utime(path, (long_ago, long_ago))
     gc(catalog, grace_s=3600)
     assert _scratch_folders(scratch) == [os.path.basename(live)]
+
+
+def test_a_folder_killed_before_its_marker_is_removed_after_a_minute(tmp_path):
+    """A process killed between making its folder and marking it (microseconds apart)
+    left an empty folder that waited a day: it holds nothing, so a minute is enough."""
+    import fcntl
+
+    from simstore.storage import sweep_scratch
+
+    parent = tmp_path / "scratch"
+    names = ["empty-old", "empty-new", "pending-old", "pending-locked", "files-old"]
+    for name in names:
+        (parent / f"simstore-ingest-{name}").mkdir(parents=True)
+    for name in ("pending-old", "pending-locked"):
+        (parent / f"simstore-ingest-{name}" / ".owner.new").write_bytes(b"")
+    (parent / "simstore-ingest-files-old" / "0.zarr").write_bytes(b"half a shard")
+    two_minutes_ago = time.time() - 120
+    for name in ("empty-old", "pending-old", "pending-locked", "files-old"):
+        folder = parent / f"simstore-ingest-{name}"
+        for path in [*folder.iterdir(), folder]:
+            os.utime(path, (two_minutes_ago, two_minutes_ago))
+    # a live process holds its pending marker locked, as Scratch does while it makes one
+    held = os.open(parent / "simstore-ingest-pending-locked" / ".owner.new", os.O_RDONLY)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        removed = sweep_scratch(str(parent))
+    finally:
+        os.close(held)
+    assert sorted(os.path.basename(p) for p in removed) == [
+        "simstore-ingest-empty-old", "simstore-ingest-pending-old"]
+    # a folder with a shard in it keeps the day's grace; a new empty one its minute
+    assert _scratch_folders(parent) == [
+        "simstore-ingest-empty-new", "simstore-ingest-files-old",
+        "simstore-ingest-pending-locked"]
