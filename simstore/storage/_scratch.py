@@ -23,6 +23,8 @@ __all__ = ["SCRATCH_PREFIX", "Scratch", "scratch_in_use", "sweep_scratch"]
 
 SCRATCH_PREFIX = "simstore-ingest-"
 OWNER_FILE = ".owner"
+PENDING_OWNER_FILE = OWNER_FILE + ".new"
+"""The marker while its process writes it (locked, then renamed to :data:`OWNER_FILE`)."""
 UNMARKED_GRACE_S = 24 * 3600.0
 """A folder without a marker (made by a version before markers, or one being created this
 instant) is removed by an ingest's sweep only when nothing in it changed for this long."""
@@ -41,7 +43,7 @@ class Scratch:
     def __init__(self, parent: str | None = None) -> None:
         self.path = tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=parent)
         # locked before it takes its name: a sweep never finds the marker unlocked
-        pending = os.path.join(self.path, OWNER_FILE + ".new")
+        pending = os.path.join(self.path, PENDING_OWNER_FILE)
         try:
             fd = os.open(pending, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         except OSError:
@@ -76,18 +78,24 @@ def scratch_in_use(path: str) -> bool | None:
     Takes the owner's lock for a moment when it is free (so two sweeps never both see a
     folder as dead) and gives it back.
     """
+    return _locked(os.path.join(path, OWNER_FILE))
+
+
+def _locked(marker: str) -> bool | None:
+    """Whether a live process holds the lock of the file ``marker``; None if it is missing.
+
+    A file that cannot be opened or locked counts as held: never removed on a guess.
+    """
     try:
-        fd = os.open(os.path.join(path, OWNER_FILE), os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(marker, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     except OSError:
         return True  # unreadable: not ours to judge
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
     except OSError:
-        return True  # a filesystem without locks: never remove on a guess
+        return True  # held (BlockingIOError), or a filesystem without locks
     finally:
         os.close(fd)
     return False
@@ -149,19 +157,11 @@ def _stillborn(path: str) -> bool:
     """
     try:
         names = os.listdir(path)
-        if set(names) - {OWNER_FILE + ".new"}:
+        if set(names) - {PENDING_OWNER_FILE}:
             return False
         if time.time() - newest_mtime(path) < STILLBORN_GRACE_S:
             return False
-        if not names:
-            return True
-        fd = os.open(os.path.join(path, OWNER_FILE + ".new"), os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return False  # locked (a live owner), or no locks here: keep it
-    finally:
-        os.close(fd)
-    return True
+    # listed and now gone: renamed by a live owner, keep it
+    return not names or _locked(os.path.join(path, PENDING_OWNER_FILE)) is False
