@@ -96,11 +96,10 @@ def _failures(what: str) -> Iterator[None]:
     """Lance's errors, and its panics on damaged bytes, as a one-line ``FormatError``."""
     try:
         yield
-    except (OSError, ValueError, RuntimeError) as exc:  # its text may quote damaged bytes
-        raise FormatError(one_line(f"{what}: {exc}")) from exc
     except BaseException as exc:
-        if not _is_panic(exc):
+        if not (isinstance(exc, OSError | ValueError | RuntimeError) or _is_panic(exc)):
             raise
+        # one line: Lance's texts may quote damaged bytes, and a panic's spans lines
         raise FormatError(one_line(f"{what}: {exc}")) from exc
 
 
@@ -192,26 +191,31 @@ class LanceShardReader(ColumnarReader):
             self._readers[columns] = reader
         return reader
 
+    @contextlib.contextmanager
+    def _reading(self, what: str) -> Iterator[None]:
+        """A read of this shard, failing as :func:`_failures` says.
+
+        A reader that failed (or panicked) is not used again.
+        """
+        try:
+            with _failures(f"{self.name}: {what}"):
+                yield
+        except FormatError:
+            self._readers.clear()
+            raise
+
     def _read_positions(self, positions: Sequence[int], columns: Sequence[str]) -> pa.Table:
         stored = tuple(self._column[c] for c in columns)
-        try:
-            with _failures(f"{self.name}: read failed"):
-                table = self._reader(stored).take_rows(list(positions)).to_table()
-        except FormatError:
-            self._readers.clear()  # a reader that failed (or panicked) is not used again
-            raise
+        with self._reading("read failed"):
+            table = self._reader(stored).take_rows(list(positions)).to_table()
         if self._escaped:  # the fields' own names, as the decoder looks them up
             table = table.rename_columns([self._field[c] for c in table.column_names])
         return table
 
     def keys(self) -> list[str]:
         """Every sample key in position order."""
-        try:
-            with _failures(f"{self.name}: reading its keys failed"):
-                table = self._reader((KEY_COLUMN,)).read_all().to_table()
-        except FormatError:
-            self._readers.clear()
-            raise
+        with self._reading("reading its keys failed"):
+            table = self._reader((KEY_COLUMN,)).read_all().to_table()
         return [str(k) for k in table.column(KEY_COLUMN).to_pylist()]
 
     def close(self) -> None:
