@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import threading
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor
@@ -25,6 +26,7 @@ import pyarrow.parquet as pq
 from pyarrow._parquet import ParquetReader
 
 from simstore._blockcache import BlockCache
+from simstore._reserve import Reservation
 from simstore.errors import FormatError
 from simstore.ingest import ShardOptions, hash_sample_blocks, parse_compression, sample_nbytes
 from simstore.protocols import ShardWriteResult
@@ -108,9 +110,22 @@ class ParquetShardWriter(ColumnarWriter):
             paths = _float_leaf_paths(plans)
             if paths:
                 kwargs["column_encoding"] = {p: "BYTE_STREAM_SPLIT" for p in paths}
-        with pq.ParquetWriter(self.path, schema, memory_pool=memory_pool(), **kwargs) as writer:
-            for table in self._tables(plans, schema, groups):
-                writer.write_table(table, row_group_size=max(1, table.num_rows))
+        # blocks for the buffered samples' bytes are reserved before pyarrow appends to
+        # the new file (:mod:`simstore._reserve`), and what is left given back after
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            reserved = Reservation(fd)
+            reserved.ahead(sum(self._sizes))
+            sink = pa.OSFile(self.path, mode="a")
+            try:
+                with pq.ParquetWriter(sink, schema, memory_pool=memory_pool(), **kwargs) as writer:
+                    for table in self._tables(plans, schema, groups):
+                        writer.write_table(table, row_group_size=max(1, table.num_rows))
+            finally:
+                sink.close()
+            reserved.release(os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
 
 
 class _PooledFile:

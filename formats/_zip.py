@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from simstore._reserve import Reservation
 from simstore.hashing import Hasher, ObjectId, crc32
 
 __all__ = [
@@ -36,6 +37,8 @@ class HashingFile:
     chunk is still in cache after its CRC-32), so the shard is not read again to be
     stored under its hash. Small writes (zip headers) wait in a buffer and go out with
     the next large one in one ``writev``; ``tell`` is counted, not asked of the kernel.
+    Disk blocks are reserved ahead of the writes (:class:`simstore._reserve.Reservation`)
+    and what is left over is given back at close.
     A seek anywhere but the end, or a failed write, leaves no id (``None``): the caller
     then hashes the file.
     """
@@ -45,7 +48,9 @@ class HashingFile:
     def __init__(self, path: str) -> None:
         self.name = path
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        self._reserved = Reservation(self._fd)
         self._pos = 0
+        self._size = 0
         self._pending = bytearray()
         self._hasher: Hasher | None = Hasher()
         self.closed = False
@@ -78,6 +83,7 @@ class HashingFile:
         return n
 
     def _out(self, parts: list[memoryview]) -> None:
+        self._reserved.ahead(self._pos + sum(p.nbytes for p in parts))
         try:
             while parts:
                 done = os.writev(self._fd, parts)
@@ -87,6 +93,7 @@ class HashingFile:
                     parts.pop(0)
                 if parts and done:
                     parts[0] = parts[0][done:]
+            self._size = max(self._size, self._pos)
         except BaseException:
             self._hasher = None
             raise
@@ -113,11 +120,12 @@ class HashingFile:
         return None if self._hasher is None else self._hasher.hexdigest()
 
     def close(self) -> None:
-        """Write out what is buffered and close the descriptor (once)."""
+        """Write out what is buffered, free the unused reserved blocks, close (once)."""
         if self.closed:
             return
         try:
             self.flush()
+            self._reserved.release(self._size)
         finally:
             self.closed = True
             os.close(self._fd)

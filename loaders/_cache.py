@@ -54,6 +54,7 @@ from typing import BinaryIO
 
 from simstore.loaders._stats import Counters
 
+from simstore._reserve import Reservation
 from simstore.errors import IntegrityError, InvalidInputError, StorageError
 from simstore.hashing import Hasher, is_object_id
 
@@ -308,6 +309,9 @@ class ShardCache:
             # a miss whatever the fill's outcome from here: its download is made (billed)
             self.counters.add(f"{counted_as}_misses")
             with open(tmp, "r+b") as raw:
+                # its blocks too, before the writes (1.4x faster writes into the page
+                # cache on ext4, see simstore._reserve); a shorter download's are cut off
+                Reservation(raw.fileno(), step=0).ahead(size)
                 hashing = _HashingWriter(raw)
                 download(hashing)  # type: ignore[arg-type]
                 raw.truncate()  # a shorter download: what it did not write goes

@@ -92,6 +92,27 @@ def test_a_fill_cut_short_keeps_only_what_it_wrote(tmp_path):
         copy.release()
 
 
+def test_a_fill_has_its_blocks_before_it_writes_and_none_past_what_came(tmp_path):
+    cache = ShardCache(CacheConfig(directory=str(tmp_path / "c"), limit_bytes=1 << 30),
+                       Counters())
+    size = 4 << 20
+    blob = bytes(range(256)) * (size // 512)  # half of what the store said
+    allocated = []
+
+    def download(out):
+        allocated.append(os.fstat(out.raw.fileno()).st_blocks * 512)
+        out.write(blob)
+
+    copy = cache.acquire(hash_bytes(blob), lambda: size, download)
+    try:
+        assert allocated[0] >= size  # reserved before the first write
+        st = os.stat(copy.path)
+        assert st.st_size == len(blob)
+        assert st.st_blocks * 512 <= -(-len(blob) // st.st_blksize) * st.st_blksize
+    finally:
+        copy.release()
+
+
 def test_a_hit_is_checked_on_the_file_its_reader_holds(tmp_path):
     """Reader A holds a damaged copy; another process takes it out and fills a good one."""
     cache_dir = str(tmp_path / "c")
