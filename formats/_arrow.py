@@ -38,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from simstore._columns import numpy_column
-from simstore.errors import FormatError, InvalidInputError
+from simstore.errors import FormatError, InvalidInputError, version_error
 from simstore.ingest import is_array_source, spec_of_value
 from simstore.sample import FieldSpec, FieldValue, Sample, canonical_json
 
@@ -352,10 +352,8 @@ def shard_document(schema: pa.Schema, *, source: str = "shard") -> dict[str, Any
     if not isinstance(doc, dict) or doc.get("kind") != "shard":
         raise FormatError(f"{source} is not a simstore shard")
     if doc.get("format_version") != SHARD_FORMAT_VERSION:
-        raise FormatError(
-            f"{source} has shard format_version {doc.get('format_version')!r}, this simstore "
-            f"reads {SHARD_FORMAT_VERSION}"
-        )
+        raise version_error(f"{source} has shard", doc.get("format_version"),
+                            SHARD_FORMAT_VERSION)
     return doc
 
 

@@ -222,7 +222,12 @@ class ParquetShardReader(ColumnarReader):
         self.decodes = 0
         self.verifies_pages = (schema.metadata or {}).get(PAGE_CRC_KEY) == b"crc32"
         """Each page's CRC-32 is checked as it is decoded (the writer says it wrote them)."""
-        super().__init__(name, schema, plans_from_schema(schema, source=name), meta.num_rows)
+        try:
+            plans = plans_from_schema(schema, source=name)
+        except FormatError:  # not a simstore shard, or of another version: not kept open
+            self._pf.close()
+            raise
+        super().__init__(name, schema, plans, meta.num_rows)
         self._direct = self._direct_leaves() if isinstance(source, str) else {}
         """Blob fields whose bytes may be copied from the mapped file (see ``_pages``):
         field name -> (leaf column index, its max definition level)."""

@@ -40,7 +40,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from simstore.errors import FormatError, InvalidInputError
+from simstore.errors import FormatError, InvalidInputError, version_error
 from simstore.ingest import ShardOptions, hash_sample_blocks, sample_nbytes
 from simstore.protocols import ShardWriteResult
 from simstore.sample import FieldSpec, FieldValue, Sample, Schema
@@ -208,12 +208,12 @@ class ZarrShardReader:
             self._close_file()
             raise
         if not isinstance(attrs, dict) or attrs.get("kind") != "shard":
+            self._close_file()
             raise FormatError(f"{name} is not a simstore shard (no simstore root attributes)")
         if attrs.get("format_version") != SHARD_FORMAT_VERSION:
-            raise FormatError(
-                f"{name} has shard format_version {attrs.get('format_version')!r}, this "
-                f"simstore reads {SHARD_FORMAT_VERSION}"
-            )
+            self._close_file()
+            raise version_error(f"{name} has shard", attrs.get("format_version"),
+                                SHARD_FORMAT_VERSION)
         self._attrs = attrs
         self.num_samples = int(attrs["samples"])
         self._specs = {s["name"]: FieldSpec.from_json(s) for s in attrs.get("schema", [])}

@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from simstore.loaders._stats import Counters
 
-from simstore.errors import FormatError, IntegrityError, NotFoundError, SimstoreError
+from simstore.errors import (
+    FormatError,
+    IntegrityError,
+    NotFoundError,
+    SimstoreError,
+    UnsupportedFormatError,
+)
 from simstore.hashing import object_key
 
 if TYPE_CHECKING:
@@ -55,7 +61,9 @@ class CorruptShards:
         of a library's own ``OSError`` that gives no errno (pyarrow); never in simstore's
         messages, which name paths and URLs. A wrong hash (:class:`IntegrityError`) is the
         shard's, whatever else failed before it. A ``MemoryError`` is not counted: damaged
-        metadata can ask for any size.
+        metadata can ask for any size. A shard of a later format version
+        (:class:`UnsupportedFormatError`) is intact too, too new for this simstore: skipped,
+        a job on an older install would drop a newer ingest's samples from every epoch.
         """
         seen: set[int] = set()
         current: BaseException | None = exc
@@ -63,6 +71,8 @@ class CorruptShards:
             seen.add(id(current))
             if isinstance(current, IntegrityError):
                 return False
+            if isinstance(current, UnsupportedFormatError):
+                return True
             if isinstance(current, OSError):
                 if current.errno in _ENVIRONMENT:
                     return True

@@ -22,6 +22,7 @@ from simstore.errors import (
     SimstoreError,
     SourceError,
     StorageError,
+    UnsupportedFormatError,
 )
 
 if TYPE_CHECKING:
@@ -56,6 +57,7 @@ __all__ = [
     "Snapshot",
     "SourceError",
     "StorageError",
+    "UnsupportedFormatError",
     "gc",
     "ingest",
     "open_store",

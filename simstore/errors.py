@@ -19,6 +19,8 @@ append-only ``code`` and the CLI maps each class to its ``exit_code``.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "AlreadyExistsError",
     "ConflictError",
@@ -30,6 +32,7 @@ __all__ = [
     "SimstoreError",
     "SourceError",
     "StorageError",
+    "UnsupportedFormatError",
 ]
 
 
@@ -83,6 +86,28 @@ class FormatError(SimstoreError):
 
     code = 5
     exit_code = 7
+
+
+class UnsupportedFormatError(FormatError):
+    """On-storage data of a later format version than this simstore reads.
+
+    Written by a newer simstore; not damage: ``on_corrupt="skip"`` raises it, skips nothing.
+    The CLI exits with ``FormatError``'s status.
+    """
+
+    code = 10
+
+
+def version_error(what: str, found: Any, reads: int) -> FormatError:
+    """The error for ``what`` (``"<name> has shard"``) of format_version ``found``.
+
+    This simstore reads version ``reads``: a later one is an :class:`UnsupportedFormatError`,
+    anything else (no version, an earlier one, not a number) a plain :class:`FormatError`.
+    """
+    text = f"{what} format_version {found!r}, this simstore reads {reads}"
+    if isinstance(found, int) and not isinstance(found, bool) and found > reads:
+        return UnsupportedFormatError(f"{text}: written by a newer simstore, upgrade to read it")
+    return FormatError(text)
 
 
 class SourceError(SimstoreError):

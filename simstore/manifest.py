@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from simstore.errors import FormatError
+from simstore.errors import FormatError, version_error
 from simstore.hashing import Hasher, ObjectId, hash_bytes, is_object_id
 
 __all__ = [
@@ -233,7 +233,8 @@ def decode_part(
             raise FormatError(f"{name} is not a simstore manifest part")
         version = meta.get(b"simstore.format_version", b"?").decode(errors="replace")
         if version != str(MANIFEST_FORMAT_VERSION):
-            raise FormatError(f"{name} has format_version {version}, this simstore reads 1")
+            found = int(version) if version.isascii() and version.isdecimal() else version
+            raise version_error(f"{name} has", found, MANIFEST_FORMAT_VERSION)
         table = pf.read(columns=names, use_threads=False)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise FormatError(f"{name} is not a readable Parquet file: {exc}") from exc

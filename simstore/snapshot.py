@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NewType, TypedDict
 
-from simstore.errors import FormatError
+from simstore.errors import FormatError, version_error
 from simstore.hashing import hash_bytes, is_object_id
 from simstore.manifest import PartRef, PartRefJSON
 from simstore.sample import FieldSpec, FieldSpecJSON, Schema, canonical_json
@@ -119,10 +119,7 @@ class Snapshot:
             raise FormatError(f"{name} is not a simstore snapshot")
         version = obj.get("format_version")
         if version != SNAPSHOT_FORMAT_VERSION:
-            raise FormatError(
-                f"{name} has format_version {version!r}, this simstore reads "
-                f"{SNAPSHOT_FORMAT_VERSION}"
-            )
+            raise version_error(f"{name} has", version, SNAPSHOT_FORMAT_VERSION)
         try:
             _check_shape(obj)
             return cls(

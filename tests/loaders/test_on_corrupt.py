@@ -194,3 +194,31 @@ def test_stand_in_copies_into_the_slot_rows_of_arrays_and_scalars():
     batch = buffers.rows("a", 0, 3, values)  # still one view of the buffer
     assert batch is not None and batch.tolist() == [[1, 2], [3, 4], [3, 4]]
     assert buffers.rows("n", 0, 3, values).tolist() == [7, 8, 8]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "zarr"])
+def test_skip_does_not_take_a_newer_shard_format_for_damage(tmp_path, monkeypatch, fmt):
+    # an intact shard that a newer simstore wrote (a later format_version) is no damage:
+    # skipping it would drop its samples from every epoch of a job on an older image
+    import simstore.formats._arrow as arrow
+    import simstore.formats._zarr_write as zarr_write
+
+    src = tmp_path / "src"
+    src.mkdir()
+    write_npz_sources(str(src), 12, seed=2)
+    store = str(tmp_path / "store")
+    Catalog.init(store)
+    ingest([str(src)], dataset="ds", store=store, format=fmt, snapshot=True, message="old",
+           shard_size=40_000, workers=1)
+    monkeypatch.setattr(arrow, "SHARD_FORMAT_VERSION", 2)
+    monkeypatch.setattr(zarr_write, "SHARD_FORMAT_VERSION", 2)
+    more = tmp_path / "more"
+    more.mkdir()
+    write_npz_sources(str(more), 12, seed=3)
+    ingest([str(more)], dataset="ds", store=store, format=fmt, snapshot=True, message="new",
+           shard_size=40_000, workers=1)
+    monkeypatch.undo()
+    ds = SimDataset(store, "ds", shuffle=False, on_corrupt="skip")
+    with pytest.raises(FormatError, match=r"format_version 2, this simstore reads 1"):
+        list(ds)
+    assert ds.stats()["corrupt_shards"] == 0
