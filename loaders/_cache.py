@@ -309,7 +309,7 @@ class ShardCache:
             # a miss whatever the fill's outcome from here: its download is made (billed)
             self.counters.add(f"{counted_as}_misses")
             with open(tmp, "r+b") as raw:
-                # its blocks too, before the writes (1.4x faster writes into the page
+                # and its blocks, before the writes (1.3-1.4x faster writes into the page
                 # cache on ext4, see simstore._reserve); a shorter download's are cut off
                 Reservation(raw.fileno(), step=0).ahead(size)
                 hashing = _HashingWriter(raw)

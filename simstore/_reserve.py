@@ -3,8 +3,9 @@
 A write into a new file on ext4 (and other file systems that allocate blocks at
 writeback) reserves its blocks page by page as it copies; with the blocks allocated
 beforehand (``fallocate`` with ``FALLOC_FL_KEEP_SIZE``: the file's size is unchanged) the
-same writes into the page cache ran 1.4-1.5x faster here (1 MiB writes of a 32 MiB file:
-4,770 against 6,500-7,100 MiB/s). Shard writers reserve a step at a time ahead of their
+same writes into the page cache ran 1.3-1.4x faster on ext4 (``python -m
+benchmarks.write_reserve``: 1 MiB writes of a 32 MiB file, 4,612 against 5,956 MiB/s).
+Shard writers reserve a step at a time ahead of their
 writes and give back what they did not use when they close, so a finished file holds no
 block past its end. Where the call is missing or refused (another system, a file system
 without it, a full disk) nothing is reserved and the writes go on as before: a full disk
