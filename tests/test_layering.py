@@ -89,6 +89,7 @@ def test_exports_are_pinned():
         "Snapshot",
         "SourceError",
         "StorageError",
+        "UnsupportedFormatError",
         "gc",
         "ingest",
         "open_store",
