@@ -49,6 +49,17 @@ class FsspecStore:
         self.url = url.rstrip("/")
         self.protocol, _, path = self.url.partition("://")
         self.root = path.rstrip("/")
+        self._url_options: dict[str, Any] = {}
+        """What the URL itself says beyond the path: a host, a port, a user (ftp://,
+        sftp://, webhdfs://, ...), as fsspec's own ``url_to_fs`` takes it."""
+        if self.protocol != "memory":
+            try:
+                cls = fsspec.get_filesystem_class(self.protocol)
+            except (ImportError, ValueError):
+                pass  # a missing package is said when the filesystem is first needed
+            else:
+                self.root = str(cls._strip_protocol(self.url)).rstrip("/")
+                self._url_options = dict(cls._get_kwargs_from_urls(self.url))
         self.storage_options = dict(storage_options or {})
         self.read_only = read_only
         self.supports_atomic_cas = self.protocol == "memory"
@@ -67,7 +78,8 @@ class FsspecStore:
         """The filesystem, created on first use in this process."""
         if self._fs is None:
             self._fs = fsspec.filesystem(
-                self.protocol, skip_instance_cache=True, **self.storage_options
+                self.protocol, skip_instance_cache=True,
+                **{**self._url_options, **self.storage_options},
             )
         return self._fs
 
@@ -218,7 +230,13 @@ class FsspecStore:
         for path in sorted(found):
             key = self._key(path)
             if key.startswith(prefix) and found[path].get("type", "file") == "file":
-                yield ObjectInfo(key, int(found[path].get("size", 0)), _mtime(found[path]))
+                size = found[path].get("size")
+                if size is None:  # a listing without sizes (an HTTP index page): ask
+                    try:
+                        size = self.fs.size(path)
+                    except Exception as exc:
+                        raise StorageError(f"{self.url}/{key}: size unknown: {exc}") from exc
+                yield ObjectInfo(key, int(size or 0), _mtime(found[path]))
 
     def local_path(self, key: str) -> str | None:
         """Never local."""

@@ -67,8 +67,8 @@ class S3Options(TypedDict, total=False):
             True; record :func:`probe_conditional_writes`). False makes compare-and-swap
             raise ``StorageError`` and put-if-absent check-then-write.
         max_attempts: attempts per request, transient failures included (default 5).
-        backoff_base_s, backoff_max_s: retry ``n`` sleeps a uniform random time in
-            ``[0, min(backoff_max_s, backoff_base_s * 2**n))`` (defaults 0.25 and 20).
+        backoff_base_s, backoff_max_s: retry ``n`` (from 1) sleeps a uniform random time
+            in ``[0, min(backoff_max_s, backoff_base_s * 2**(n-1)))`` (defaults 0.25 and 20).
         retry_deadline_s: no retry starts later than this after the first attempt (120).
         connect_timeout_s, read_timeout_s: socket timeouts per attempt (10 and 60).
         multipart_threshold_bytes: uploads above this are multipart (64 MiB).
