@@ -185,7 +185,7 @@ class SimDataset(IterableDataset[Sample]):
         remainder: ``"pad"`` (default) or ``"drop"``.
         on_corrupt: ``"raise"`` (default): a corrupt shard stops the iteration with an
             error naming it. ``"skip"``: its samples are logged, counted
-            (``stats().corrupt_samples``) and stood in for by copies of intact samples
+            (``stats()["corrupt_samples"]``) and stood in for by copies of intact samples
             marked ``__pad__``, so every rank keeps its count (see docs/loader.md).
         window, crop: ``{field: region}`` reads of part of an array field (Zarr shards).
         window_shards: shards shuffled together (the shuffle window).
