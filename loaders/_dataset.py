@@ -186,7 +186,8 @@ class SimDataset(IterableDataset[Sample]):
         on_corrupt: ``"raise"`` (default): a corrupt shard stops the iteration with an
             error naming it. ``"skip"``: its samples are logged, counted
             (``stats()["corrupt_samples"]``) and stood in for by copies of intact samples
-            marked ``__pad__``, so every rank keeps its count (see docs/loader.md).
+            marked ``__pad__``, so every rank keeps its count (see docs/loader.md); a
+            shard of a later format version is no damage: ``UnsupportedFormatError``.
         window, crop: ``{field: region}`` reads of part of an array field (Zarr shards).
         window_shards: shards shuffled together (the shuffle window).
         group_parts: manifest parts per shuffle group.
