@@ -1,15 +1,18 @@
-"""fsspec URLs that name a host: the host goes to the filesystem, the path is the root."""
+"""fsspec URLs beyond s3:// and memory://: the host goes to the filesystem, the path is the
+root; a store's folder behind a plain web server reads; credentials in a URL are masked."""
 
 import functools
 import http.server
 import threading
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 from simstore.cli import main
-from simstore.loaders import SimDataset
+from simstore.loaders import SimDataLoader, SimDataset
 
 from simstore.catalog import Catalog
+from simstore.errors import InvalidInputError, StorageError
 from simstore.ingest import ingest
 from simstore.storage import FsspecStore, open_store
 
@@ -22,32 +25,75 @@ def test_the_host_port_and_user_of_a_url_are_the_filesystems():
     assert store._path("simstore.json") == "/data/store/simstore.json"
 
 
-def test_a_store_served_over_http_reads(tmp_path):
-    # a store's folder behind a plain HTTP server (read only): refs, objects, listings
+def test_a_password_in_the_url_is_used_and_never_shown():
+    store = open_store("ftp://user:s3cret@127.0.0.1:1/data")
+    assert store._url_options["password"] == "s3cret"
+    assert store.url == "ftp://user:***@127.0.0.1:1/data"
+    with pytest.raises(StorageError) as err:  # nothing listens on port 1
+        store.get("simstore.json")
+    assert "s3cret" not in str(err.value) and "user:***@" in str(err.value)
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:1/st?token=abc", "http://127.0.0.1:1/st#x"])
+def test_a_query_string_or_fragment_is_refused(url):
+    with pytest.raises(InvalidInputError, match="cannot have a query string or fragment"):
+        open_store(url)
+
+
+def test_a_write_makes_the_folder_a_filesystem_does_not_make_itself(tmp_path):
+    store = FsspecStore(f"file://{tmp_path}/st")  # fsspec's local files: no auto_mkdir
+    store.put("datasets/ds/refs/heads/main", b"{}")
+    assert (tmp_path / "st/datasets/ds/refs/heads/main").read_bytes() == b"{}"
+
+
+@pytest.fixture
+def served(tmp_path):
+    """A dataset's store, served read only by Python's http.server on 127.0.0.1 (which
+    ignores Range headers); yields (url, local store path)."""
     src = tmp_path / "src"
     src.mkdir()
-    for i in range(3):
+    for i in range(8):
         np.savez(src / f"a{i}.npz", u=np.arange(4.0) + i)
-    Catalog.init(str(tmp_path / "st"))
-    ingest([str(src)], dataset="ds", store=str(tmp_path / "st"), snapshot=True, message="m")
+    store = tmp_path / "st"
+    Catalog.init(str(store))
+    ingest([str(src)], dataset="ds", store=str(store), snapshot=True, message="m",
+           shard_size=2_000)
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    handler.log_message = lambda *a: None  # type: ignore[attr-defined]
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/st"
     try:
-        store = open_store(url)
-        assert store.root == url
-        assert store.get("simstore.json") == (tmp_path / "st" / "simstore.json").read_bytes()
-        infos = {i.key: i.size_bytes for i in store.list_info("objects/")}
-        assert infos and all(size == (tmp_path / "st" / key).stat().st_size
-                             for key, size in infos.items())
-        result = CliRunner().invoke(main, ["--store", url, "ls"])
-        assert result.exit_code == 0 and "3 samples" in result.output, result.output
-        ds = SimDataset(url, "ds", shuffle=False)
-        got = {s["__key__"]: s["u"].numpy() for s in ds}
-        assert sorted(got) == ["a0", "a1", "a2"]
-        assert np.array_equal(got["a2"], np.arange(4.0) + 2)
+        yield f"http://127.0.0.1:{server.server_address[1]}/st", store
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_store_served_over_http_reads(served):
+    url, local = served
+    store = open_store(url)
+    assert store.root == url
+    whole = (local / "simstore.json").read_bytes()
+    assert store.get("simstore.json") == whole
+    assert store.get("simstore.json", (3, 11)) == whole[3:11]  # the server sent it all
+    infos = {i.key: i.size_bytes for i in store.list_info("objects/")}
+    assert infos and all(size == (local / key).stat().st_size for key, size in infos.items())
+    result = CliRunner().invoke(main, ["--store", url, "ls"])
+    assert result.exit_code == 0 and "8 samples" in result.output, result.output
+    snapshot = Catalog.open(str(local)).resolve("ds")
+    result = CliRunner().invoke(main, ["--store", url, "show", f"ds@{snapshot}"])
+    assert result.exit_code == 0 and snapshot in result.output, result.output
+    ds = SimDataset(url, f"ds@{snapshot}", shuffle=False)
+    got = {s["__key__"]: s["u"].numpy() for s in ds}
+    assert sorted(got) == [f"a{i}" for i in range(8)]
+    assert np.array_equal(got["a2"], np.arange(4.0) + 2)
+
+
+def test_workers_read_a_store_served_over_http(served, tmp_path):
+    url, _ = served
+    for cache in (None, str(tmp_path / "cache")):
+        ds = SimDataset(url, "ds", shuffle=False, cache_dir=cache)
+        batches = list(SimDataLoader(ds, batch_size=2, num_workers=2))
+        keys = sorted(k for b in batches for k in b["__key__"])
+        assert keys == [f"a{i}" for i in range(8)]
