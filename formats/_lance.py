@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import tempfile
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, BinaryIO
 
@@ -170,7 +171,11 @@ class LanceShardReader(ColumnarReader):
 
     def __init__(self, path: str, name: str = "lance shard", cleanup: str | None = None) -> None:
         self._path = path
-        self._cleanup = cleanup
+        # the temporary copy of a file object goes at close, or with a reader never
+        # closed, when it is collected or the process exits
+        self._remove_copy = (
+            weakref.finalize(self, shutil.rmtree, cleanup, True) if cleanup else None
+        )
         self._readers: dict[tuple[str, ...], Any] = {}
         with _failures(f"{name} is not a readable Lance file"):
             reader = _lance_file().LanceFileReader(path)
@@ -221,9 +226,8 @@ class LanceShardReader(ColumnarReader):
     def close(self) -> None:
         """Drop readers (and the temporary copy of a file object)."""
         self._readers.clear()
-        if self._cleanup:
-            shutil.rmtree(self._cleanup, ignore_errors=True)
-            self._cleanup = None
+        if self._remove_copy is not None:
+            self._remove_copy()
 
 
 class LanceFormat:
