@@ -486,7 +486,10 @@ def collapse_components(summary: Mapping[str, Any]) -> dict[str, Any]:
 def merge_field_stats(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     """Merge two per-field summaries (dicts of equal-length per-component lists).
 
-    Exact (up to float64 rounding) and associative. When the component counts differ
+    Exact up to float64 rounding, and associative in exact arithmetic only: merging the
+    same summaries in another grouping can change the last bits of ``mean`` and ``std``
+    (a snapshot's statistics depend on the shards and commits that built it, not only on
+    its samples). When the component counts differ
     (a field's last axis changed under ``--allow-schema-change``), both sides are first
     collapsed to one component.
     """

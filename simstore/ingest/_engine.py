@@ -261,8 +261,9 @@ def _parent_death_signal(sig: int) -> bool:
 
 def _died(exc: BaseException) -> SimstoreError:
     return SimstoreError(
-        f"an ingest worker process died ({exc}); out of memory? Lower "
-        "--workers or --shard-size; a re-run resumes where this one stopped"
+        f"an ingest worker process died ({exc}): out of memory (lower --workers or "
+        "--shard-size) or a crash in a native library (the kernel log says which); a "
+        "re-run resumes where this one stopped"
     )
 
 
@@ -276,12 +277,17 @@ def start_method(chosen: str | None = None) -> str:
     that prepare for a fork themselves (OpenBLAS's pool, which numpy starts on import;
     jemalloc's background thread; Arrow's thread pools) do not count, as they do not for
     PyTorch's DataLoader, which forks by default. The pool forks its processes on the
-    first submit, before its own manager thread starts.
+    first submit, before its own manager thread starts. Lance's runtime threads are the
+    exception: they do not survive a fork, and a pool forked in a process that had
+    written Lance shards (a notebook's second ingest) lost a worker to a crash in 1 run
+    of 3 in an audit; such a process spawns.
     """
     if chosen:
         return chosen
     if sys.platform.startswith("linux") and threading.active_count() == 1:
-        return "fork"
+        lance = sys.modules.get("simstore.formats._lance")  # not imported: not used
+        if lance is None or not lance.used_here():
+            return "fork"
     return "spawn"
 
 
