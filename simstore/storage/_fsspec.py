@@ -44,7 +44,6 @@ _PROBE_PREFIX = "_probe/"
 _CAS_LOCK = threading.Lock()
 
 
-
 _CREDENTIALS = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]*):[^/\s@]*@")
 
 
@@ -56,6 +55,7 @@ def shown(text: str) -> str:
 def _why(exc: BaseException) -> str:
     """An error's text (passwords of URLs masked), or its type where it has none."""
     return shown(str(exc)) or type(exc).__name__
+
 
 class FsspecStore:
     """An :class:`~simstore.storage.ObjectStore` over an fsspec filesystem and root path."""
@@ -89,6 +89,10 @@ class FsspecStore:
                 self.root = str(cls._strip_protocol(given)).rstrip("/")
                 self._url_options = dict(cls._get_kwargs_from_urls(given))
         self.storage_options = dict(storage_options or {})
+        if self.url != given and "password" in self._url_options:
+            # the URL shown has it masked: the options carry it, so that the store opens
+            # again from ``url`` and ``storage_options`` (given options still win)
+            self.storage_options.setdefault("password", self._url_options["password"])
         self.read_only = read_only
         self.supports_atomic_cas = self.protocol == "memory"
         self._fs: fsspec.AbstractFileSystem | None = None

@@ -29,6 +29,8 @@ def test_a_password_in_the_url_is_used_and_never_shown():
     store = open_store("ftp://user:s3cret@127.0.0.1:1/data")
     assert store._url_options["password"] == "s3cret"
     assert store.url == "ftp://user:***@127.0.0.1:1/data"
+    again = open_store(store.url, storage_options=store.storage_options)
+    assert {**again._url_options, **again.storage_options}["password"] == "s3cret"
     with pytest.raises(StorageError) as err:  # nothing listens on port 1
         store.get("simstore.json")
     assert "s3cret" not in str(err.value) and "user:***@" in str(err.value)
