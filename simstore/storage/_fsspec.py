@@ -57,6 +57,34 @@ def _why(exc: BaseException) -> str:
     return shown(str(exc)) or type(exc).__name__
 
 
+_TIMEOUT_OPTIONS = {"connect_timeout_s": 10.0, "read_timeout_s": 60.0}
+"""An HTTP store's socket timeouts (seconds) and their defaults, the S3 store's names:
+without them a server that stalls part way through a reply stalls the read for ever."""
+
+
+def _http_timeouts(
+    url: str, protocol: str, options: Mapping[str, Any]
+) -> tuple[float, float] | None:
+    """An ``http(s)://`` store's (connect, read) timeouts; None for other schemes.
+
+    Other schemes take no such option: one given goes to their filesystem as it is.
+    """
+    if protocol not in ("http", "https"):
+        return None
+    out = []
+    for name, default in _TIMEOUT_OPTIONS.items():
+        value = options.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            0 < value <= 86400
+        ):
+            raise InvalidInputError(
+                f"{url}: storage option {name} must be a number of seconds in (0, 86400], "
+                f"got {value!r}"
+            )
+        out.append(float(value))
+    return out[0], out[1]
+
+
 class FsspecStore:
     """An :class:`~simstore.storage.ObjectStore` over an fsspec filesystem and root path."""
 
@@ -93,6 +121,7 @@ class FsspecStore:
             # the URL shown has it masked: the options carry it, so that the store opens
             # again from ``url`` and ``storage_options`` (given options still win)
             self.storage_options.setdefault("password", self._url_options["password"])
+        self._timeouts = _http_timeouts(self.url, self.protocol, self.storage_options)
         self.read_only = read_only
         self.supports_atomic_cas = self.protocol == "memory"
         self._fs: fsspec.AbstractFileSystem | None = None
@@ -112,10 +141,18 @@ class FsspecStore:
     def fs(self) -> fsspec.AbstractFileSystem:
         """The filesystem, created on first use in this process."""
         if self._fs is None or self._fs_pid != os.getpid():
-            self._fs = fsspec.filesystem(
-                self.protocol, skip_instance_cache=True,
-                **{**self._url_options, **self.storage_options},
-            )
+            options = {**self._url_options, **self.storage_options}
+            if self._timeouts is not None:
+                import aiohttp  # fsspec's HTTP filesystem's client
+
+                connect, read = self._timeouts
+                for name in _TIMEOUT_OPTIONS:
+                    options.pop(name, None)
+                client = dict(options.get("client_kwargs") or {})
+                client.setdefault("timeout", aiohttp.ClientTimeout(sock_connect=connect,
+                                                                   sock_read=read))
+                options["client_kwargs"] = client
+            self._fs = fsspec.filesystem(self.protocol, skip_instance_cache=True, **options)
             self._fs_pid = os.getpid()
         return self._fs
 

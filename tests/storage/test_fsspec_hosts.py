@@ -99,3 +99,46 @@ def test_workers_read_a_store_served_over_http(served, tmp_path):
         batches = list(SimDataLoader(ds, batch_size=2, num_workers=2))
         keys = sorted(k for b in batches for k in b["__key__"])
         assert keys == [f"a{i}" for i in range(8)]
+
+
+def test_an_http_server_that_stalls_mid_reply_times_out():
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    done = threading.Event()
+
+    def serve():  # headers and half the promised body, then nothing
+        listener.settimeout(0.2)
+        held = []
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + b"x" * 50)
+            held.append(conn)
+        for conn in held:
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/st"
+    try:
+        store = open_store(url, storage_options={"read_timeout_s": 0.5})
+        # without a read timeout this waits for the rest of the body for ever (the
+        # suite's own per-test limit then fails it)
+        with pytest.raises(StorageError, match=r"simstore.json: read failed: \w*TimeoutError"):
+            store.get("simstore.json")
+    finally:
+        done.set()
+        thread.join()
+        listener.close()
+
+
+@pytest.mark.parametrize("value", [0, -1, "soon", True, 1e9])
+def test_an_http_timeout_must_be_seconds(value):
+    with pytest.raises(InvalidInputError, match="read_timeout_s must be a number of seconds"):
+        open_store("http://127.0.0.1:1/st", storage_options={"read_timeout_s": value})
