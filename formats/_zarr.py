@@ -201,19 +201,19 @@ class ZarrShardReader:
                 root = json.loads(text)
                 self._nodes = root["consolidated_metadata"]["metadata"]
             attrs = root.get("attributes", {}).get("simstore", {})
+            if not isinstance(attrs, dict) or attrs.get("kind") != "shard":
+                raise FormatError(
+                    f"{name} is not a simstore shard (no simstore root attributes)"
+                )
+            if attrs.get("format_version") != SHARD_FORMAT_VERSION:
+                raise version_error(f"{name} has shard", attrs.get("format_version"),
+                                    SHARD_FORMAT_VERSION)
         except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as exc:
             self._close_file()
             raise FormatError(f"{name} is not a readable Zarr zip: {exc}") from exc
-        except FormatError:
+        except FormatError:  # the file's own refusals above, and the index's
             self._close_file()
             raise
-        if not isinstance(attrs, dict) or attrs.get("kind") != "shard":
-            self._close_file()
-            raise FormatError(f"{name} is not a simstore shard (no simstore root attributes)")
-        if attrs.get("format_version") != SHARD_FORMAT_VERSION:
-            self._close_file()
-            raise version_error(f"{name} has shard", attrs.get("format_version"),
-                                SHARD_FORMAT_VERSION)
         self._attrs = attrs
         self.num_samples = int(attrs["samples"])
         self._specs = {s["name"]: FieldSpec.from_json(s) for s in attrs.get("schema", [])}
