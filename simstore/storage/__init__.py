@@ -10,7 +10,7 @@ from typing import Any
 from simstore.errors import InvalidInputError
 from simstore.storage._base import ObjectInfo, ObjectStore, SupportsMoveFile, check_key
 from simstore.storage._counting import CountingStore, Traffic, tier_of_url
-from simstore.storage._fsspec import FsspecStore, shown
+from simstore.storage._fsspec import FsspecStore, without_passwords
 from simstore.storage._local import LocalStore
 from simstore.storage._scratch import Scratch, scratch_in_use, sweep_scratch
 
@@ -112,13 +112,13 @@ def _check_fsspec_protocol(url: str, protocol: str) -> None:
         fsspec.get_filesystem_class(protocol)
     except ValueError:
         raise InvalidInputError(
-            f"{shown(url)}: unknown storage scheme {protocol + '://'!r}; give a local path, "
-            "file://, memory://, s3://bucket/prefix or another fsspec URL"
+            f"{without_passwords(url)}: unknown storage scheme {protocol + '://'!r}; give a "
+            "local path, file://, memory://, s3://bucket/prefix or another fsspec URL"
         ) from None
     except ImportError as exc:
         raise InvalidInputError(
-            f"{shown(url)}: the {protocol + '://'!r} scheme needs a package that is not "
-            f"installed: {exc}"
+            f"{without_passwords(url)}: the {protocol + '://'!r} scheme needs a package "
+            f"that is not installed: {exc}"
         ) from None
 
 

@@ -32,6 +32,7 @@ from simstore.errors import (
 )
 from simstore.hashing import hash_bytes
 from simstore.storage._base import ObjectInfo, check_key
+from simstore.storage._s3_options import DAY_S, Tuning
 
 __all__ = ["FsspecStore"]
 
@@ -47,18 +48,19 @@ _CAS_LOCK = threading.Lock()
 _CREDENTIALS = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]*):[^/\s@]*@")
 
 
-def shown(text: str) -> str:
+def without_passwords(text: str) -> str:
     """``text`` with the password of every ``scheme://user:password@`` in it masked."""
     return _CREDENTIALS.sub(r"\1:***@", text)
 
 
 def _why(exc: BaseException) -> str:
     """An error's text (passwords of URLs masked), or its type where it has none."""
-    return shown(str(exc)) or type(exc).__name__
+    return without_passwords(str(exc)) or type(exc).__name__
 
 
-_TIMEOUT_OPTIONS = {"connect_timeout_s": 10.0, "read_timeout_s": 60.0}
-"""An HTTP store's socket timeouts (seconds) and their defaults, the S3 store's names:
+_TIMEOUT_OPTIONS = {name: getattr(Tuning(), name) for name in ("connect_timeout_s",
+                                                                "read_timeout_s")}
+"""An HTTP store's socket timeouts (seconds): the S3 store's options, with its defaults;
 without them a server that stalls part way through a reply stalls the read for ever."""
 
 
@@ -75,10 +77,10 @@ def _http_timeouts(
     for name, default in _TIMEOUT_OPTIONS.items():
         value = options.get(name, default)
         if isinstance(value, bool) or not isinstance(value, int | float) or not (
-            0 < value <= 86400
+            0 < value <= DAY_S
         ):
             raise InvalidInputError(
-                f"{url}: storage option {name} must be a number of seconds in (0, 86400], "
+                f"{url}: storage option {name} must be a number of seconds in (0, {DAY_S}], "
                 f"got {value!r}"
             )
         out.append(float(value))
@@ -96,7 +98,7 @@ class FsspecStore:
         read_only: bool = False,
     ) -> None:
         given = url.rstrip("/")
-        self.url = shown(given)
+        self.url = without_passwords(given)
         """The URL as shown in messages and output: a password in it is masked."""
         self.protocol, _, path = given.partition("://")
         if "?" in path or "#" in path:

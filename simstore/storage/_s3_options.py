@@ -17,6 +17,7 @@ from simstore.errors import InvalidInputError
 
 __all__ = [
     "ADDITIONAL_PARAMETERS",
+    "DAY_S",
     "MaskedOptions",
     "S3Options",
     "Tuning",
@@ -158,7 +159,8 @@ def _mask(name: str, value: Any) -> Any:
     return value
 
 
-_DAY_S = 86_400
+DAY_S = 86_400
+"""The longest time in seconds a storage option may give (a socket refuses 1e300 s)."""
 
 _INTEGER_TUNING = frozenset({"max_attempts", "multipart_threshold_bytes", "multipart_part_bytes",
                              "multipart_concurrency"})
@@ -196,9 +198,9 @@ def parse_tuning(options: Mapping[str, Any]) -> Tuning:
             )
         if name in _INTEGER_TUNING and not float(value).is_integer():
             raise InvalidInputError(f"S3 storage option {name} must be a whole number: {value!r}")
-        if name.endswith("_s") and value > _DAY_S:  # a socket refuses 1e300 s, mid-request
+        if name.endswith("_s") and value > DAY_S:  # a socket refuses 1e300 s, mid-request
             raise InvalidInputError(
-                f"S3 storage option {name} must be at most {_DAY_S} seconds (a day), "
+                f"S3 storage option {name} must be at most {DAY_S} seconds (a day), "
                 f"got {value!r}"
             )
     # a whole number given as a float (6e6, as a flag's JSON value parses) counts as one:
