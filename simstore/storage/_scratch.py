@@ -135,9 +135,12 @@ def sweep_scratch(
             if not entry.is_dir(follow_symlinks=False):
                 continue
             in_use = scratch_in_use(entry.path)
-            if in_use or (in_use is None and newest_mtime(entry.path) >= cutoff
-                          and not _stillborn(entry.path)):
+            if in_use:
                 continue
+            if in_use is None:
+                newest = newest_mtime(entry.path)
+                if newest >= cutoff and not _stillborn(entry.path, newest):
+                    continue
         except OSError:
             continue
         if not dry_run:
@@ -148,20 +151,21 @@ def sweep_scratch(
     return removed
 
 
-def _stillborn(path: str) -> bool:
+def _stillborn(path: str, newest: float) -> bool:
     """Whether ``path`` is a scratch folder whose process died as it was being made.
 
     Nothing in it but, at most, the marker it was writing (``.owner.new``, unlocked), and
-    nothing changed for :data:`STILLBORN_GRACE_S`: a live process locks that file the
-    moment it creates it and renames it at once.
+    nothing changed for :data:`STILLBORN_GRACE_S` (``newest``: its latest change, as
+    ``newest_mtime`` found it): a live process locks that file the moment it creates it
+    and renames it at once.
     """
+    if time.time() - newest < STILLBORN_GRACE_S:
+        return False
     try:
         names = os.listdir(path)
-        if set(names) - {PENDING_OWNER_FILE}:
-            return False
-        if time.time() - newest_mtime(path) < STILLBORN_GRACE_S:
-            return False
     except OSError:
+        return False
+    if set(names) - {PENDING_OWNER_FILE}:
         return False
     # listed and now gone: renamed by a live owner, keep it
     return not names or _locked(os.path.join(path, PENDING_OWNER_FILE)) is False
