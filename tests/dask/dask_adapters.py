@@ -5,7 +5,8 @@ By the file name's first word:
 
 - ``crash...``: the first time (no marker yet in ``marker_dir``) the worker process dies
   outright, as when a library segfaults or the kernel kills it; later attempts succeed;
-- ``gate...``: writes ``started`` in ``marker_dir``, then waits until ``open`` exists there;
+- ``gate...``: writes ``started`` in ``marker_dir``, then waits until ``open`` exists there
+  (at most ``GATE_LIMIT_S``, then fails);
 - ``vanish...``: yields a lazy array whose reads fail with a RuntimeError (an I/O failure
   the pipeline does not take for bad input), so the whole task fails; each attempt adds
   a line to ``<name>.attempts`` in ``marker_dir``;
@@ -21,6 +22,8 @@ import time
 import numpy as np
 
 from simstore.sample import Sample
+
+GATE_LIMIT_S = 300.0
 
 
 class _VanishingArray:
@@ -57,7 +60,12 @@ class ValuesAdapter:
                 os._exit(17)
         if stem.startswith("gate"):
             open(os.path.join(markers, "started"), "w").close()
+            # bounded, so a test that failed before opening the gate leaves no worker
+            # of the shared cluster waiting here for the tests after it
+            end = time.monotonic() + GATE_LIMIT_S
             while not os.path.exists(os.path.join(markers, "open")):
+                if time.monotonic() > end:
+                    raise RuntimeError(f"the gate in {markers} stayed shut {GATE_LIMIT_S:g} s")
                 time.sleep(0.02)
         if stem.startswith("vanish"):
             with open(os.path.join(markers, stem + ".attempts"), "a") as f:

@@ -104,15 +104,21 @@ def test_a_result_lost_with_its_worker_is_waited_for_not_reported(
         # scheduler runs the task again, which now waits at the gate: the result is lost
         with contextlib.suppress(Exception):  # the call's connection dies with it
             client.run(os._exit, 1, workers=list(client.who_has(fut)[fut.key]))
-        wait_for((markers / "started").exists, "the task to run again")
-        assert fut.status == "lost"
         opener = threading.Timer(0.3, (markers / "open").touch)
-        opener.start()
         try:
+            wait_for((markers / "started").exists, "the task to run again")
+            # the client hears of the loss on its own thread, which may come after the
+            # second run has started
+            wait_for(lambda: fut.status == "lost", "the client to hear of the lost result")
+            opener.start()
             # waits for the second run (a worker is there: the check passes), no error
             again = _collect(fut, 0, task, cfg, _NoWorkers(client, dask_address, 60.0).check)
         finally:
-            opener.join()
+            if opener.is_alive():
+                opener.join()
+            # a failure above must not leave the second run waiting at its gate, holding
+            # a worker of the shared cluster from the tests after this one
+            (markers / "open").touch()
         assert fut.status == "finished"
     assert again.shards == first.shards
     assert [f.rows for f in again.files] == [f.rows for f in first.files]
