@@ -29,6 +29,7 @@ from simstore.errors import (
     NotFoundError,
     SimstoreError,
     StorageError,
+    version_error,
 )
 from simstore.hashing import ObjectId, hash_bytes, is_object_id, object_key
 from simstore.manifest import (
@@ -102,7 +103,9 @@ class StagedEntry:
             if obj.get("kind") != "staging":
                 raise ValueError("not a staging entry")
             if obj.get("format_version") != STAGING_FORMAT_VERSION:
-                raise ValueError(f"format_version {obj.get('format_version')!r} is not 1")
+                raise version_error(
+                    f"staging entry {key} has", obj.get("format_version"), STAGING_FORMAT_VERSION
+                )
             return cls(
                 id=str(obj["id"]),
                 dataset=str(obj["dataset"]),
@@ -289,9 +292,8 @@ class Catalog:
                 '(a JSON object with "kind": "simstore-store")'
             )
         if meta.get("format_version") != STORE_FORMAT_VERSION:
-            raise FormatError(
-                f"{self.store.url}: store format_version {meta.get('format_version')!r}, "
-                f"this simstore reads {STORE_FORMAT_VERSION}"
+            raise version_error(
+                f"{self.store.url}: store", meta.get("format_version"), STORE_FORMAT_VERSION
             )
         return dict(meta)
 

@@ -13,6 +13,7 @@ from simstore.errors import (
     NotFoundError,
     SimstoreError,
     StorageError,
+    version_error,
 )
 from simstore.hashing import is_object_id, object_key
 from simstore.names import check_name, check_ref_name
@@ -66,7 +67,7 @@ def decode_ref(data: bytes, key: str) -> str:
         obj = json.loads(data)
         version = obj.get("format_version")
         if version != REF_FORMAT_VERSION:
-            raise FormatError(f"ref {key} has format_version {version!r}, this simstore reads 1")
+            raise version_error(f"ref {key} has", version, REF_FORMAT_VERSION)
         sid = obj["snapshot"]
     except (ValueError, KeyError, AttributeError, TypeError) as exc:
         raise FormatError(f"ref {key} is malformed: {exc}") from exc

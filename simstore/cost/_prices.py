@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from simstore.errors import FormatError, InvalidInputError
+from simstore.errors import FormatError, InvalidInputError, version_error
 
 from ._usage import OpClass
 from ._values import GIB, PRICE_TABLE_FORMAT_VERSION, _price, _whole
@@ -158,10 +158,7 @@ def _check_header(data: Mapping[str, Any], origin: str) -> Mapping[str, Any]:
     version = data.get("format_version", PRICE_TABLE_FORMAT_VERSION)
     # ``true == 1`` and ``1.0 == 1`` in Python; neither is a format version
     if type(version) is not int or version != PRICE_TABLE_FORMAT_VERSION:
-        raise FormatError(
-            f"{origin} has format_version {version!r}, this simstore reads "
-            f"{PRICE_TABLE_FORMAT_VERSION}"
-        )
+        raise version_error(f"{origin} has", version, PRICE_TABLE_FORMAT_VERSION)
     currency = data.get("currency", "USD")
     if currency != "USD":
         raise FormatError(f"{origin}: currency {currency!r} is not supported, only USD")

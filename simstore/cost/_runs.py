@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from simstore.errors import FormatError, InvalidInputError
+from simstore.errors import FormatError, InvalidInputError, version_error
 
 from ._prices import PriceTable
 from ._usage import OpClass, OpUsage, TierUsage
@@ -110,10 +110,7 @@ def parse_run_report(obj: object, *, origin: str = "run report") -> RunUsage:
         )
     version = obj["format_version"]
     if type(version) is not int or version != RUN_REPORT_FORMAT_VERSION:
-        raise FormatError(
-            f"{origin} has format_version {version!r}, this simstore reads "
-            f"{RUN_REPORT_FORMAT_VERSION}"
-        )
+        raise version_error(f"{origin} has", version, RUN_REPORT_FORMAT_VERSION)
     epochs_raw = obj.get("epochs", 1)
     if isinstance(epochs_raw, list):
         for i, epoch in enumerate(epochs_raw):  # epoch numbers, as a loader writes them
