@@ -595,8 +595,9 @@ class ParquetFormat:
 
     def open(self, source: str | BinaryIO) -> ParquetShardReader:
         """Open a shard from a local path or a seekable binary file object."""
-        name = source if isinstance(source, str) else "parquet shard"
-        return ParquetShardReader(source, name=f"parquet shard {name}")
+        # a file object's name is the format's alone (the caller names the object)
+        name = f"parquet shard {source}" if isinstance(source, str) else "parquet shard"
+        return ParquetShardReader(source, name=name)
 
     def sniff(self, head: bytes, tail: bytes) -> bool:
         """Parquet files start and end with ``PAR1``."""

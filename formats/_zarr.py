@@ -745,8 +745,9 @@ class ZarrFormat:
 
     def open(self, source: str | BinaryIO) -> ZarrShardReader:
         """Open a shard from a local path or a seekable binary file object."""
-        name = source if isinstance(source, str) else "zarr shard"
-        return ZarrShardReader(source, name=f"zarr shard {name}")
+        # a file object's name is the format's alone (the caller names the object)
+        name = f"zarr shard {source}" if isinstance(source, str) else "zarr shard"
+        return ZarrShardReader(source, name=name)
 
     def sniff(self, head: bytes, tail: bytes) -> bool:
         r"""Zip files start with ``PK\x03\x04``."""

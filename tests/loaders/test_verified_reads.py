@@ -542,3 +542,38 @@ def test_a_hash_run_in_place_of_a_cancelled_one_runs_once_and_keeps_its_error():
         with pytest.raises(IntegrityError, match="removed from the cache"):
             check.wait()
     assert len(runs) == 1
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "zarr"])
+def test_a_flipped_value_read_by_ranged_reads_fails_its_crc_naming_the_shard_once(
+    tmp_path, sources, fmt
+):
+    """Ranged reads (a remote store, no cache) cannot hash the whole shard; Parquet pages
+    and Zarr chunks (zip entries) carry CRC-32s that catch a flipped bit in a value."""
+    root, arrays = sources
+    store = str(tmp_path / f"store-{fmt}")
+    Catalog.init(store)
+    simstore.ingest([root], dataset="d", store=store, format=fmt, snapshot=True,
+                    message="t", shard_size=60_000, zarr_threshold=1 << 30, compression="none")
+    key = sorted(arrays)[0]
+    wanted = arrays[key].tobytes()
+    hit = []
+    for shard in _shard_ids(store):
+        path = os.path.join(store, "objects", shard[:2], shard)
+        with open(path, "rb") as f:
+            data = bytearray(f.read())
+        at = data.find(wanted)
+        if at >= 0:
+            data[at + 100] ^= 0x01  # one bit of one float of the sample
+            os.chmod(path, 0o644)
+            with open(path, "wb") as f:
+                f.write(bytes(data))
+            hit.append(shard)
+    (shard,) = hit
+    with pytest.raises(FormatError) as info:
+        _values(SimDataset(RemoteLikeStore(store), "d", shuffle=False))
+    message = str(info.value)
+    assert f"shard objects/{shard[:2]}/{shard} of snapshot" in message
+    # Zarr's own check, or pyarrow's (it verifies the pages it decodes)
+    assert "CRC-32" in message or "CRC checksum verification failed" in message
+    assert message.count(f"{fmt} shard") == 1  # the format named once, not twice
