@@ -35,6 +35,7 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 
 from simstore.errors import FormatError, one_line
+from simstore.hashing import Hasher
 from simstore.ingest import ShardOptions, hash_sample_blocks, parse_compression, sample_nbytes
 from simstore.protocols import ShardWriteResult
 from simstore.sample import Sample
@@ -162,12 +163,19 @@ def _columns_of(schema: pa.Schema, plans: Mapping[str, ColumnPlan], name: str) -
     return columns
 
 
+_COPY_BLOCK = 4 << 20
+
+
 class LanceShardReader(ColumnarReader):
     """An open Lance shard; ``take_rows`` of only the requested columns.
 
     Fields are read and returned under their own names; the columns that hold them may be
     escaped (:func:`column_name`).
     """
+
+    copy_id: str | None = None
+    """The xxh3-128 id of the bytes copied from a file object (:meth:`LanceFormat.open`);
+    None for a shard opened at its path."""
 
     def __init__(self, path: str, name: str = "lance shard", cleanup: str | None = None) -> None:
         self._path = path
@@ -263,9 +271,16 @@ class LanceFormat:
         try:
             path = os.path.join(tmp, "shard.lance")
             source.seek(0)
+            # the copy is the whole object: hashed on the way, its caller can check it
+            # against the object's id (ranged reads of a remote store hash nothing else)
+            h = Hasher()
             with open(path, "wb") as f:
-                shutil.copyfileobj(source, f, 4 << 20)
-            return LanceShardReader(path, name=name, cleanup=tmp)
+                while block := source.read(_COPY_BLOCK):
+                    h.update(block)
+                    f.write(block)
+            reader = LanceShardReader(path, name=name, cleanup=tmp)
+            reader.copy_id = h.hexdigest()
+            return reader
         except BaseException:
             # a shard that cannot be opened leaves no copy behind (one per failed open)
             shutil.rmtree(tmp, ignore_errors=True)

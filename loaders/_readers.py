@@ -445,6 +445,13 @@ class ReaderPool:
         except Exception as exc:
             handle.release()
             raise FormatError(f"{self._name(key)} is not a readable shard: {exc}") from exc
+        copied = getattr(reader, "copy_id", None)
+        if copied is not None and not handle.trusted and copied != key[1]:
+            # a reader that copied the whole object (Lance, from a ranged file) hashed it
+            with contextlib.suppress(Exception):
+                reader.close()
+            handle.release()
+            raise IntegrityError(f"{self._name(key)} has hash {copied}, expected {key[1]}")
         self.access[key[0]].counters.add("shards_opened")
         share = getattr(reader, "share_cache", None)
         if callable(share):

@@ -577,3 +577,33 @@ def test_a_flipped_value_read_by_ranged_reads_fails_its_crc_naming_the_shard_onc
     # Zarr's own check, or pyarrow's (it verifies the pages it decodes)
     assert "CRC-32" in message or "CRC checksum verification failed" in message
     assert message.count(f"{fmt} shard") == 1  # the format named once, not twice
+
+
+def test_a_lance_shard_read_by_ranged_reads_is_hashed_whole_on_its_copy(tmp_path, sources):
+    """Lance reads a file object from a copy of the whole object; that copy is hashed,
+    so a flipped value (which Lance's encoding does not notice) is an IntegrityError
+    naming the shard, and an intact shard reads right."""
+    store, arrays = _ingest(tmp_path, sources, "lance")
+    got = _values(SimDataset(RemoteLikeStore(store), "d", shuffle=False))
+    assert got.keys() == arrays.keys() and all(np.array_equal(got[k], arrays[k]) for k in arrays)
+    key = sorted(arrays)[0]
+    hit = []
+    for shard in _shard_ids(store):
+        path = os.path.join(store, "objects", shard[:2], shard)
+        with open(path, "rb") as f:
+            data = bytearray(f.read())
+        at = data.find(arrays[key].tobytes())
+        if at >= 0:
+            data[at + 100] ^= 0x01
+            os.chmod(path, 0o644)
+            with open(path, "wb") as f:
+                f.write(bytes(data))
+            hit.append(shard)
+    (shard,) = hit
+    with pytest.raises(IntegrityError) as info:
+        _values(SimDataset(RemoteLikeStore(store), "d", shuffle=False))
+    assert f"shard objects/{shard[:2]}/{shard} of snapshot" in str(info.value)
+    assert f"expected {shard}" in str(info.value)
+    # verify=False checks nothing, as documented: the flipped value is read as it is
+    unchecked = _values(SimDataset(RemoteLikeStore(store), "d", shuffle=False, verify=False))
+    assert not np.array_equal(unchecked[key], arrays[key])
