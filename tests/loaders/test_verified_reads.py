@@ -544,6 +544,24 @@ def test_a_hash_run_in_place_of_a_cancelled_one_runs_once_and_keeps_its_error():
     assert len(runs) == 1
 
 
+def _flip_a_value(store, values):
+    """Flip one bit of one of ``values`` where its bytes lie in a shard; that shard's id."""
+    hit = []
+    for shard in _shard_ids(store):
+        path = os.path.join(store, "objects", shard[:2], shard)
+        with open(path, "rb") as f:
+            data = bytearray(f.read())
+        at = data.find(values.tobytes())
+        if at >= 0:
+            data[at + 100] ^= 0x01
+            os.chmod(path, 0o644)
+            with open(path, "wb") as f:
+                f.write(bytes(data))
+            hit.append(shard)
+    (shard,) = hit
+    return shard
+
+
 @pytest.mark.parametrize("fmt", ["parquet", "zarr"])
 def test_a_flipped_value_read_by_ranged_reads_fails_its_crc_naming_the_shard_once(
     tmp_path, sources, fmt
@@ -555,21 +573,7 @@ def test_a_flipped_value_read_by_ranged_reads_fails_its_crc_naming_the_shard_onc
     Catalog.init(store)
     simstore.ingest([root], dataset="d", store=store, format=fmt, snapshot=True,
                     message="t", shard_size=60_000, zarr_threshold=1 << 30, compression="none")
-    key = sorted(arrays)[0]
-    wanted = arrays[key].tobytes()
-    hit = []
-    for shard in _shard_ids(store):
-        path = os.path.join(store, "objects", shard[:2], shard)
-        with open(path, "rb") as f:
-            data = bytearray(f.read())
-        at = data.find(wanted)
-        if at >= 0:
-            data[at + 100] ^= 0x01  # one bit of one float of the sample
-            os.chmod(path, 0o644)
-            with open(path, "wb") as f:
-                f.write(bytes(data))
-            hit.append(shard)
-    (shard,) = hit
+    shard = _flip_a_value(store, arrays[sorted(arrays)[0]])
     with pytest.raises(FormatError) as info:
         _values(SimDataset(RemoteLikeStore(store), "d", shuffle=False))
     message = str(info.value)
@@ -587,19 +591,7 @@ def test_a_lance_shard_read_by_ranged_reads_is_hashed_whole_on_its_copy(tmp_path
     got = _values(SimDataset(RemoteLikeStore(store), "d", shuffle=False))
     assert got.keys() == arrays.keys() and all(np.array_equal(got[k], arrays[k]) for k in arrays)
     key = sorted(arrays)[0]
-    hit = []
-    for shard in _shard_ids(store):
-        path = os.path.join(store, "objects", shard[:2], shard)
-        with open(path, "rb") as f:
-            data = bytearray(f.read())
-        at = data.find(arrays[key].tobytes())
-        if at >= 0:
-            data[at + 100] ^= 0x01
-            os.chmod(path, 0o644)
-            with open(path, "wb") as f:
-                f.write(bytes(data))
-            hit.append(shard)
-    (shard,) = hit
+    shard = _flip_a_value(store, arrays[key])
     with pytest.raises(IntegrityError) as info:
         _values(SimDataset(RemoteLikeStore(store), "d", shuffle=False))
     assert f"shard objects/{shard[:2]}/{shard} of snapshot" in str(info.value)
