@@ -38,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from simstore._columns import numpy_column
-from simstore.errors import FormatError, InvalidInputError, version_error
+from simstore.errors import FormatError, InvalidInputError, one_line, version_error
 from simstore.ingest import is_array_source, spec_of_value
 from simstore.sample import FieldSpec, FieldValue, Sample, canonical_json
 
@@ -347,7 +347,7 @@ def shard_document(schema: pa.Schema, *, source: str = "shard") -> dict[str, Any
         raise FormatError(f"{source} is not a simstore shard (no simstore schema metadata)")
     try:
         doc = json.loads(raw)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # or nested too deeply
         raise FormatError(f"{source}: simstore schema metadata is not JSON") from exc
     if not isinstance(doc, dict) or doc.get("kind") != "shard":
         raise FormatError(f"{source} is not a simstore shard")
@@ -520,7 +520,11 @@ def _decode_column(
         return plain
     py = sub.to_pylist()
     if enc == "json":
-        return [json.loads(v) if v is not None else None for v in py]
+        try:
+            return [json.loads(v) if v is not None else None for v in py]
+        except (ValueError, RecursionError) as exc:  # a crafted shard: not JSON, or too deep
+            raise FormatError(f"field {plan.spec.name!r} holds a value that is not "
+                              f"readable JSON: {one_line(str(exc))}") from exc
     return list(py)
 
 

@@ -114,7 +114,7 @@ class _Nodes(Mapping[str, Any]):
             if meta is None:
                 try:
                     meta = json.loads(raw)
-                except ValueError as exc:
+                except (ValueError, RecursionError) as exc:  # or nested too deeply
                     raise FormatError(
                         f"{self._reader.name}: zip entry {path}/zarr.json is not JSON: {exc}"
                     ) from exc
@@ -208,7 +208,8 @@ class ZarrShardReader:
             if attrs.get("format_version") != SHARD_FORMAT_VERSION:
                 raise version_error(f"{name} has shard", attrs.get("format_version"),
                                     SHARD_FORMAT_VERSION)
-        except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as exc:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError,
+                zipfile.BadZipFile) as exc:
             self._close_file()
             raise FormatError(f"{name} is not a readable Zarr zip: {exc}") from exc
         except FormatError:  # the file's own refusals above, and the index's
@@ -278,6 +279,11 @@ class ZarrShardReader:
                 chunks = [int(c) for c in meta["chunk_grid"]["configuration"]["chunk_shape"]]
                 grid = [-(-n // c) for n, c in zip(shape, chunks, strict=True)]
             except (KeyError, TypeError, ValueError, ZeroDivisionError):
+                grid = None
+            if grid is not None and (min(grid, default=0) < 0
+                                     or math.prod(grid) > len(self._infos)):
+                # more chunks declared than the zip holds entries (a crafted shape of
+                # 2^40 chunks, say): walking the grid would not end; the entries do
                 grid = None
             if grid is None:  # not the layout this reader writes: count every entry
                 prefix = f"{path}/c"

@@ -113,7 +113,8 @@ class Snapshot:
         name = f"snapshot {object_id}" if object_id else "snapshot"
         try:
             obj = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            # RecursionError: nested too deeply for the parser (a crafted object)
             raise FormatError(f"{name} is not valid JSON: {exc}") from exc
         if not isinstance(obj, dict) or obj.get("kind") != "snapshot":
             raise FormatError(f"{name} is not a simstore snapshot")

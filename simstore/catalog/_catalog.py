@@ -119,7 +119,8 @@ class StagedEntry:
                 stats=dict(obj.get("stats", {})),
                 lineage=dict(obj.get("lineage", {})),
             )
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+            # RecursionError: JSON nested too deeply for the parser (a crafted object)
             raise FormatError(f"staging entry {key} is malformed: {exc}") from exc
 
     def referenced_objects(self) -> list[str]:
@@ -284,7 +285,7 @@ class Catalog:
             ) from None
         try:
             meta = json.loads(data)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
             raise FormatError(f"{self.store.url}/{STORE_META_KEY} is not valid JSON") from exc
         if not isinstance(meta, dict) or meta.get("kind") != "simstore-store":
             raise FormatError(

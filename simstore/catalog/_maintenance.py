@@ -577,7 +577,7 @@ def gc_overlapped(before: bytes | None, after: bytes | None) -> bool:
         return False
     try:
         state = json.loads(before).get("state")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return True  # unreadable: assume the worst, which only costs a check
     return bool(state != "done")
 

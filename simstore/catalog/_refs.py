@@ -69,7 +69,8 @@ def decode_ref(data: bytes, key: str) -> str:
         if version != REF_FORMAT_VERSION:
             raise version_error(f"ref {key} has", version, REF_FORMAT_VERSION)
         sid = obj["snapshot"]
-    except (ValueError, KeyError, AttributeError, TypeError) as exc:
+    except (ValueError, KeyError, AttributeError, TypeError, RecursionError) as exc:
+        # RecursionError: JSON nested too deeply for the parser (a crafted object)
         raise FormatError(f"ref {key} is malformed: {exc}") from exc
     if not isinstance(sid, str) or not is_object_id(sid):
         raise FormatError(f"ref {key} holds an invalid snapshot id {sid!r}")

@@ -180,6 +180,8 @@ def _load(source: str | Mapping[str, Any], origin: str) -> Mapping[str, Any]:
             return tomllib.loads(source)
         except tomllib.TOMLDecodeError as exc:
             raise FormatError(f"{origin} is not valid TOML: {exc}") from exc
+        except RecursionError as exc:
+            raise FormatError(f"{origin} is not valid TOML: nested too deeply") from exc
     return source
 
 

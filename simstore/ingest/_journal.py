@@ -172,7 +172,7 @@ def read_journal(
         rec = json.loads(ctx.store.get(journal_key(ctx, src)))
     except NotFoundError:
         return None
-    except ValueError:
+    except (ValueError, RecursionError):  # unreadable (or nested too deeply): read the file
         return None
     if rec.get("format_version") != JOURNAL_FORMAT_VERSION or rec.get("kind") != "ingest-journal":
         return None

@@ -1,0 +1,212 @@
+"""Crafted store content: objects under their true hashes, built to make a reader misbehave.
+
+Random damage is caught by hashes and CRC-32s (test_rel_corruption); these objects pass
+those checks. Each must be a one-line error naming the object, or be read as documented,
+never a traceback or a reader that does not end.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import textwrap
+import zipfile
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from simstore.cli import main
+from simstore.formats import ZarrFormat
+from simstore.loaders import SimDataset
+
+from simstore.catalog import Catalog
+from simstore.errors import FormatError
+from simstore.hashing import hash_bytes
+from simstore.ingest import ShardOptions, ingest
+from simstore.sample import Sample
+
+DEEP = b"[" * 100_000 + b"]" * 100_000
+"""JSON nested far deeper than Python's parser recurses."""
+
+
+@pytest.fixture
+def store(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    np.savez(src / "a.npz", x=np.arange(4.0))
+    Catalog.init(str(tmp_path / "store"))
+    ingest([src], dataset="d", store=str(tmp_path / "store"), snapshot=True)
+    return tmp_path / "store"
+
+
+def _head(store):
+    return store / "datasets" / "d" / "refs" / "heads" / "main"
+
+
+def _put(store, data: bytes) -> str:
+    oid = hash_bytes(data)
+    path = store / "objects" / oid[:2] / oid
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return oid
+
+
+def _one_line_error(args) -> str:
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code not in (0, 1), (r.exit_code, r.output, r.exception)
+    assert not isinstance(r.exception, RecursionError)
+    (line,) = r.output.strip().splitlines()
+    assert line.startswith("error: ")
+    return line
+
+
+def _with_deep(data: bytes) -> bytes:
+    """A JSON object's bytes with one more member, nested 100,000 deep."""
+    return data.rstrip()[:-1] + b',"x":' + DEEP + b"}"
+
+
+def test_deep_json_in_a_ref_the_store_metadata_or_a_staging_entry_is_one_line(store):
+    ref = _head(store)
+    good_ref, meta = ref.read_bytes(), (store / "simstore.json").read_bytes()
+    ref.write_bytes(_with_deep(good_ref))
+    assert "ref " in _one_line_error(["--store", str(store), "log", "d@main"])
+    ref.write_bytes(good_ref)
+
+    (store / "simstore.json").write_bytes(_with_deep(meta))
+    assert "simstore.json" in _one_line_error(["--store", str(store), "ls"])
+    (store / "simstore.json").write_bytes(meta)
+
+    staging = store / "datasets" / "d" / "staging"
+    staging.mkdir(parents=True, exist_ok=True)
+    (staging / "01796455924316166160-b0c150ffbbd9").write_bytes(
+        b'{"kind":"staging","format_version":1,"x":' + DEEP + b"}")
+    assert "staging entry" in _one_line_error(["--store", str(store), "ls"])
+
+
+def test_a_snapshot_of_deep_json_is_one_line_in_the_cli_and_the_loader(store):
+    sid = json.loads(_head(store).read_bytes())["snapshot"]
+    snap = (store / "objects" / sid[:2] / sid).read_bytes()
+    crafted = _put(store, _with_deep(snap))
+    _head(store).write_bytes(json.dumps({"format_version": 1, "snapshot": crafted}).encode())
+    for command in (["log", "d@main"], ["show", "d@main"]):
+        assert crafted in _one_line_error(["--store", str(store), *command])
+    # verify lists what it found, the snapshot among its problems
+    r = CliRunner().invoke(main, ["--store", str(store), "verify", "d@main"])
+    assert r.exit_code not in (0, 1) and not isinstance(r.exception, RecursionError)
+    assert f"snapshot {crafted} is not valid JSON" in r.output
+    with pytest.raises(FormatError, match=f"snapshot {crafted} is not valid JSON"):
+        SimDataset(str(store), "d")
+
+
+def _crafted_zarr_shard(tmp_path, edit) -> str:
+    """A Zarr shard of one sample whose array ``u``'s zarr.json is passed through ``edit``."""
+    path = str(tmp_path / "shard.zip")
+    ZarrFormat(ShardOptions(compression="none")).write(
+        [Sample("a", {"u": np.arange(64, dtype=np.float32).reshape(8, 8)})], path)
+    with zipfile.ZipFile(path) as zin:
+        entries = [(i.filename, zin.read(i)) for i in zin.infolist()]
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as out:
+        for name, data in entries:
+            if name == "0/u/zarr.json":
+                data = edit(data)
+            out.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), data)
+    with open(path, "wb") as f:
+        f.write(buf.getvalue())
+    return path
+
+
+def test_an_array_of_deep_json_metadata_is_a_format_error(tmp_path):
+    path = _crafted_zarr_shard(tmp_path, _with_deep)
+    reader = ZarrFormat().open(path)
+    try:
+        with pytest.raises(FormatError, match="0/u/zarr.json is not JSON"):
+            list(reader.read([0], fields=["u"]))
+    finally:
+        reader.close()
+
+
+def test_a_chunk_grid_of_two_to_the_forty_cells_is_counted_by_the_entries_it_has(tmp_path):
+    """The first read of an unchecked shard counts the chunk bytes it will check; a shape
+    declaring 2^40 one-element chunks made that count walk them all (it never ended)."""
+
+    def bomb(data):
+        meta = json.loads(data)
+        meta["shape"] = [2**20, 2**20 + 1]
+        meta["chunk_grid"]["configuration"]["chunk_shape"] = [1, 1]
+        return json.dumps(meta).encode()
+
+    path = _crafted_zarr_shard(tmp_path, bomb)
+    with zipfile.ZipFile(path) as z:
+        stored = sum(i.compress_size for i in z.infolist() if i.filename.startswith("0/u/c"))
+    script = textwrap.dedent(f"""
+        from simstore.formats import ZarrFormat
+        reader = ZarrFormat().open({path!r})
+        print(reader.checked_bytes([0], ["u"]))
+        reader.close()
+    """)
+    # the timeout only stops a reader that does not end; it measures nothing
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) == stored > 0
+
+
+def test_a_json_field_value_of_deep_json_is_a_format_error_naming_the_field(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from simstore.formats import ParquetFormat
+
+    path = str(tmp_path / "shard.parquet")
+    ParquetFormat(ShardOptions(compression="none")).write(
+        [Sample("a", {"meta": {"solver": "x"}, "u": np.arange(3.0)})], path)
+    table = pq.read_table(path)
+    i = table.schema.get_field_index("meta")
+    deep = pa.array([DEEP.decode()], type=table.schema.field(i).type)
+    pq.write_table(table.set_column(i, table.schema.field(i), deep), path,
+                   write_page_checksum=True)
+    reader = ParquetFormat().open(path)
+    try:
+        assert list(reader.read([0], fields=["u"]))[0]["u"].tolist() == [0.0, 1.0, 2.0]
+        with pytest.raises(FormatError, match="field 'meta' holds a value that is not readable"):
+            list(reader.read([0], fields=["meta"]))
+    finally:
+        reader.close()
+
+
+def test_a_journal_record_of_deep_json_is_no_record(tmp_path):
+    """A re-run reads the file again instead of failing on the record."""
+    src = tmp_path / "src"
+    src.mkdir()
+    np.savez(src / "a.npz", x=np.arange(4.0))
+    cat = Catalog.init(str(tmp_path / "store"))
+    ingest([src], dataset="d", store=cat, snapshot=True)
+    records = [p for p in (tmp_path / "store" / "journal" / "d").iterdir()
+               if not p.name.startswith("task-")]
+    for record in records:
+        record.write_bytes(_with_deep(record.read_bytes()))
+    again = ingest([src], dataset="d", store=cat, snapshot=True)
+    assert again.files_reused == 0 and again.files_ingested == 1
+
+
+def test_a_gc_record_of_deep_json_counts_as_a_gc_that_may_be_running():
+    from simstore.catalog._maintenance import gc_overlapped
+
+    record = b'{"state":"done","x":' + DEEP + b"}"
+    assert gc_overlapped(record, record)  # unreadable: the worst assumed, a check made
+    assert not gc_overlapped(b'{"state":"done"}', b'{"state":"done"}')
+
+
+def test_a_price_table_nested_too_deeply_is_one_line(tmp_path, store):
+    from simstore.cost import parse_price_table
+
+    text = "format_version = 1\na = " + "[" * 100_000 + "]" * 100_000 + "\n"
+    prices = tmp_path / "prices.toml"
+    prices.write_text(text)
+    line = _one_line_error(["--store", str(store), "cost", "d", "--prices", str(prices)])
+    assert "prices.toml is not valid TOML: nested too deeply" in line
+    # the same text given to the library
+    with pytest.raises(FormatError, match="prices is not valid TOML: nested too deeply"):
+        parse_price_table(text, origin="prices")
