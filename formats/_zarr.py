@@ -40,7 +40,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from simstore.errors import FormatError, InvalidInputError, version_error
+from simstore.errors import FormatError, InvalidInputError, SimstoreError, version_error
 from simstore.ingest import ShardOptions, hash_sample_blocks, sample_nbytes
 from simstore.protocols import ShardWriteResult
 from simstore.sample import FieldSpec, FieldValue, Sample, Schema
@@ -162,6 +162,7 @@ class ZarrShardReader:
         """Decoders by the id of the metadata they were made from (shared, see _Nodes)."""
         self._scratch: dict[tuple[tuple[int, ...], str], np.ndarray] = {}
         self._chunk_bytes: dict[tuple[str, str], int] = {}
+        self._grid_ok: set[str] = set()  # arrays whose declared chunk count was checked
         self._zip: zipfile.ZipFile | None = None
         self._own: BinaryIO | None = None
         self.verifies_pages = True
@@ -273,29 +274,50 @@ class ZarrShardReader:
         path = f"{key[0]}/{name}"
         total = 0
         if path in self._nodes:
-            meta = self._nodes[path]
-            try:
-                shape = [int(n) for n in meta.get("shape", [])]
-                chunks = [int(c) for c in meta["chunk_grid"]["configuration"]["chunk_shape"]]
-                grid = [-(-n // c) for n, c in zip(shape, chunks, strict=True)]
-            except (KeyError, TypeError, ValueError, ZeroDivisionError):
-                grid = None
-            if grid is not None and (min(grid, default=0) < 0
-                                     or math.prod(grid) > len(self._infos)):
-                # more chunks declared than the zip holds entries (a crafted shape of
-                # 2^40 chunks, say): walking the grid would not end; the entries do
-                grid = None
-            if grid is None:  # not the layout this reader writes: count every entry
+            grid = self._grid(path)
+            if grid is None or math.prod(grid) > len(self._infos):
+                # not the layout this reader writes, or more chunks declared than the zip
+                # holds entries (a crafted shape of 2^40 chunks, say): count the entries
                 prefix = f"{path}/c"
                 total = sum(self._infos[k].compress_size for k in self._infos
                             if k == prefix or k.startswith(prefix + "/"))
-            elif not shape:
+            elif not grid:  # a 0-d array: one chunk
                 total = self._entry_size(f"{path}/c")
             else:
                 total = sum(self._entry_size(f"{path}/c/" + "/".join(map(str, idx)))
                             for idx in np.ndindex(*grid))
         self._chunk_bytes[key] = total
         return total
+
+    def _grid(self, path: str) -> list[int] | None:
+        """Array ``path``'s chunk grid as its metadata declares it (None: not readable)."""
+        try:
+            meta = self._nodes[path]
+            shape = [int(n) for n in meta.get("shape", [])]
+            chunks = [int(c) for c in meta["chunk_grid"]["configuration"]["chunk_shape"]]
+            grid = [-(-n // c) for n, c in zip(shape, chunks, strict=True)]
+        except (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError):
+            return None
+        return None if min(grid, default=0) < 0 else grid
+
+    def _check_grid(self, path: str) -> None:
+        """Refuse an array that declares more chunks than the shard holds zip entries.
+
+        The writer stores every chunk, so such metadata is crafted or damaged: a shape of
+        2^40 one-element chunks would otherwise be walked chunk by chunk (and its result
+        allocated) before the first missing chunk is found. Bad metadata of other kinds is
+        left to the read, which says what is wrong.
+        """
+        if path in self._grid_ok:
+            return
+        grid = self._grid(path)
+        cells = math.prod(grid) if grid is not None else 0
+        if cells > len(self._infos):
+            raise FormatError(
+                f"{self.name}: array {path} declares {cells} chunks; the shard holds "
+                f"{len(self._infos)} entries in all: its metadata is damaged"
+            )
+        self._grid_ok.add(path)
 
     def _entry_size(self, key: str) -> int:
         info = self._infos.get(key)
@@ -555,6 +577,7 @@ class ZarrShardReader:
         mapper: Mapper | None = None,
     ) -> np.ndarray:
         path = f"{position}/{field}"
+        self._check_grid(path)
         dec = self._decoder(path)
         if dec is None:
             arr = self.array(position, field)
@@ -668,7 +691,16 @@ class ZarrShardReader:
             fill = None
             if into is not None and self._specs[name].kind == "tensor":
                 fill = functools.partial(into, name)
-            data = self._read_box(p, name, None, fill, mapper if fill is not None else None)
+            try:
+                data = self._read_box(p, name, None, fill, mapper if fill is not None else None)
+            except (ValueError, TypeError) as exc:
+                if isinstance(exc, SimstoreError):
+                    raise
+                # chunks that do not fit the metadata (a chunk of 64 values where it
+                # declares 16): NumPy's words, the shard, sample and field named
+                raise FormatError(
+                    f"{self.name}: sample at position {p}: field {name!r}: {exc}"
+                ) from exc
             out[name] = data.tobytes() if self._specs[name].kind == "bytes" else data
         return dict(sorted(out.items()))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import resource
 import subprocess
 import sys
 import textwrap
@@ -100,6 +101,17 @@ def test_a_snapshot_of_deep_json_is_one_line_in_the_cli_and_the_loader(store):
         SimDataset(str(store), "d")
 
 
+def _bounded(script: str) -> subprocess.CompletedProcess[str]:
+    """``script`` run in a process whose time and address space are bounded, so a reader
+    that regresses fails this test instead of taking the machine's memory."""
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, preexec_fn=limit)
+
+
 def _crafted_zarr_shard(tmp_path, edit) -> str:
     """A Zarr shard of one sample whose array ``u``'s zarr.json is passed through ``edit``."""
     path = str(tmp_path / "shard.zip")
@@ -148,8 +160,7 @@ def test_a_chunk_grid_of_two_to_the_forty_cells_is_counted_by_the_entries_it_has
         reader.close()
     """)
     # the timeout only stops a reader that does not end; it measures nothing
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120)
+    done = _bounded(script)
     assert done.returncode == 0, done.stderr
     assert int(done.stdout) == stored > 0
 
@@ -210,3 +221,44 @@ def test_a_price_table_nested_too_deeply_is_one_line(tmp_path, store):
     # the same text given to the library
     with pytest.raises(FormatError, match="prices is not valid TOML: nested too deeply"):
         parse_price_table(text, origin="prices")
+
+
+def _bomb(shape, chunks):
+    def edit(data):
+        meta = json.loads(data)
+        meta["shape"] = shape
+        meta["chunk_grid"]["configuration"]["chunk_shape"] = chunks
+        return json.dumps(meta).encode()
+
+    return edit
+
+
+def test_reading_an_array_of_more_chunks_than_the_shard_holds_is_refused_at_once(tmp_path):
+    """A sample read walked and allocated the declared grid (14 GB resident and still
+    going after two minutes for 2^40 chunks); the count is checked before anything."""
+    path = _crafted_zarr_shard(tmp_path, _bomb([2**20, 2**20 + 1], [1, 1]))
+    script = textwrap.dedent(f"""
+        from simstore.errors import FormatError
+        from simstore.formats import ZarrFormat
+        reader = ZarrFormat().open({path!r})
+        try:
+            list(reader.read([0], fields=["u"]))
+        except FormatError as exc:
+            print(exc)
+    """)
+    # the timeout only stops a reader that does not end; it measures nothing
+    done = _bounded(script)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith(
+        f"array 0/u declares {2**40 + 2**20} chunks; the shard holds 4 entries in all: "
+        "its metadata is damaged")
+
+
+def test_chunks_that_do_not_fit_their_metadata_are_a_format_error_naming_the_field(tmp_path):
+    path = _crafted_zarr_shard(tmp_path, _bomb([8, 8], [4, 4]))  # one 8 x 8 chunk stored
+    reader = ZarrFormat().open(path)
+    try:
+        with pytest.raises(FormatError, match=r"sample at position 0: field 'u': cannot reshape"):
+            list(reader.read([0], fields=["u"]))
+    finally:
+        reader.close()
