@@ -36,7 +36,7 @@ import threading
 import zipfile
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 
@@ -175,6 +175,8 @@ class ZarrShardReader:
             self._fd: int | None = self._own.fileno() if self._own is not None else None
             """A path's descriptor: chunk reads are one ``preadv`` each, with no seek and
             no trip through a file object's read buffer."""
+            self._file_size: int = cast(BinaryIO, self._fp).seek(0, os.SEEK_END)
+            """What an entry's declared size is checked against before it is read."""
             index = _zip.zip_index(self._fp)
             if index is None:  # not a plain zip: zipfile reads the directory
                 self._zip = zipfile.ZipFile(self._fp, mode="r")
@@ -415,8 +417,22 @@ class ZarrShardReader:
                     f"{local[30 : 30 + n]!r}: the shard's index is damaged"
                 )
             where = (info.header_offset + 30 + n + m, info.compress_size)
+            self._check_inside(key, *where)
             self._offsets[key] = where
         return where
+
+    def _check_inside(self, key: str, offset: int, size: int) -> None:
+        """Refuse an entry whose declared size runs past the end of the file.
+
+        Its bytes are read in one piece into memory of that size: a crafted size (up to
+        2^64 through a zip64 field) would otherwise be allocated before the short read
+        is noticed.
+        """
+        if offset + size > self._file_size:
+            raise FormatError(
+                f"{self.name}: zip entry {key} declares {size} bytes at byte {offset}, past "
+                f"the end of the shard ({self._file_size} bytes): the shard's index is damaged"
+            )
 
     def _read_into(self, key: str, out: np.ndarray, mapper: Mapper | None = None) -> bool:
         """Read an uncompressed chunk straight into ``out`` (one copy); False if not possible.
@@ -547,6 +563,8 @@ class ZarrShardReader:
             return self._entry(key)
         name_len = len(key.encode())
         head = 30 + name_len
+        if info.header_offset + head + info.compress_size > self._file_size:
+            return self._entry(key)  # which says what is wrong
         blob = os.pread(self._fd, head + info.compress_size, info.header_offset)
         if (blob[:4] != MAGIC or struct.unpack("<HH", blob[26:30]) != (name_len, 0)
                 or len(blob) != head + info.compress_size):

@@ -112,9 +112,10 @@ class Snapshot:
         """Parse snapshot bytes; raise :class:`FormatError` naming the object when bad."""
         name = f"snapshot {object_id}" if object_id else "snapshot"
         try:
-            obj = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-            # RecursionError: nested too deeply for the parser (a crafted object)
+            obj = json.loads(data, parse_constant=_no_constant)
+        except (ValueError, RecursionError) as exc:
+            # beside bad JSON: nested too deeply for the parser, an integer of more digits
+            # than Python converts, NaN or Infinity (a crafted object; none is written)
             raise FormatError(f"{name} is not valid JSON: {exc}") from exc
         if not isinstance(obj, dict) or obj.get("kind") != "snapshot":
             raise FormatError(f"{name} is not a simstore snapshot")
@@ -182,3 +183,8 @@ def content_hash_of(parts: tuple[PartRef, ...] | list[PartRef]) -> str:
     shard format, shard layout or history produced it.
     """
     return hash_bytes("".join(p.content for p in parts).encode("ascii"))
+
+
+def _no_constant(token: str) -> Any:
+    """Refuse ``NaN``, ``Infinity`` and ``-Infinity``, which JSON does not have."""
+    raise ValueError(f"{token} is not a JSON number")

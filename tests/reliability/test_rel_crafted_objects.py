@@ -101,12 +101,12 @@ def test_a_snapshot_of_deep_json_is_one_line_in_the_cli_and_the_loader(store):
         SimDataset(str(store), "d")
 
 
-def _bounded(script: str) -> subprocess.CompletedProcess[str]:
+def _bounded(script: str, gib: int = 6) -> subprocess.CompletedProcess[str]:
     """``script`` run in a process whose time and address space are bounded, so a reader
     that regresses fails this test instead of taking the machine's memory."""
 
     def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+        resource.setrlimit(resource.RLIMIT_AS, (gib << 30, gib << 30))
 
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=120, preexec_fn=limit)
@@ -262,3 +262,48 @@ def test_chunks_that_do_not_fit_their_metadata_are_a_format_error_naming_the_fie
             list(reader.read([0], fields=["u"]))
     finally:
         reader.close()
+
+
+def test_a_zip_entry_declaring_more_bytes_than_the_shard_has_is_refused_unread(tmp_path):
+    """Its bytes were read into memory of the declared size (4 GiB here, up to 2^64
+    through zip64) before the short read was noticed: a MemoryError with no message."""
+    path = _crafted_zarr_shard(tmp_path, lambda data: data)
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    name = b"0/u/c/0/0"
+    record = data.find(b"PK\x01\x02")  # the central directory's first record
+    while record >= 0:
+        n = int.from_bytes(data[record + 28 : record + 30], "little")
+        if data[record + 46 : record + 46 + n] == name:
+            break
+        record = data.find(b"PK\x01\x02", record + 4)
+    assert record >= 0
+    data[record + 20 : record + 24] = (0xFFFFFFFE).to_bytes(4, "little")  # compressed size
+    with open(path, "wb") as f:
+        f.write(bytes(data))
+    script = textwrap.dedent(f"""
+        from simstore.errors import FormatError
+        from simstore.formats import ZarrFormat
+        reader = ZarrFormat().open({path!r})
+        try:
+            list(reader.read([0], fields=["u"]))
+        except FormatError as exc:
+            print(exc)
+    """)
+    done = _bounded(script, gib=3)  # less than the declared size plus the interpreter
+    assert done.returncode == 0, done.stderr
+    assert f"zip entry 0/u/c/0/0 declares {0xFFFFFFFE} bytes at byte" in done.stdout
+    assert "past the end of the shard" in done.stdout
+
+
+@pytest.mark.parametrize("value", [b"1" * 5000, b"NaN", b"-Infinity"])
+def test_a_snapshot_with_a_huge_integer_or_a_nan_is_one_line(store, value):
+    sid = json.loads(_head(store).read_bytes())["snapshot"]
+    snap = json.loads((store / "objects" / sid[:2] / sid).read_bytes())
+    text = json.dumps({**snap, "created": "@"}).encode().replace(b'"@"', value)
+    crafted = _put(store, text)
+    _head(store).write_bytes(json.dumps({"format_version": 1, "snapshot": crafted}).encode())
+    line = _one_line_error(["--store", str(store), "log", "d@main"])
+    assert f"snapshot {crafted} is not valid JSON" in line
+    with pytest.raises(FormatError, match=f"snapshot {crafted} is not valid JSON"):
+        SimDataset(str(store), "d")
