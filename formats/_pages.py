@@ -13,7 +13,8 @@ This module reads the page headers (Thrift compact protocol, the few fields a da
 needs: pyarrow does not expose pages) and checks each page before its rows are used: its
 CRC-32 where the writer stored one and the reader is not yet trusted, and its layout
 (values section exactly ``rows x (4 + width)`` bytes, every length prefix equal to the
-width, so no row is null and no value is ragged). Once the shard is trusted (hashed to its
+width, and the page's definition levels saying no value is null, so no row is null and
+no value is ragged). Once the shard is trusted (hashed to its
 id), only the length prefixes of the rows a read takes are checked: its writer wrote each
 value's bytes and its shape from one array, and reading every prefix would fault the
 whole page into the process for the few rows a shuffled batch takes from it. Anything else
@@ -35,8 +36,8 @@ from simstore.errors import FormatError
 from ._zip import crc32
 
 __all__ = [
-    "Page", "PagedColumn", "SharedWork", "check_page", "column_pages", "page_rows", "prefixes",
-    "read_page_header", "rows_fit",
+    "Page", "PagedColumn", "SharedWork", "all_defined", "check_page", "column_pages",
+    "page_rows", "prefixes", "read_page_header", "rows_fit",
 ]
 
 _DATA_PAGE = 0
@@ -134,6 +135,7 @@ class PageHeader:
     num_rows: int | None  # data page v2 only
     levels_bytes: int | None  # data page v2: repetition + definition level bytes
     header_bytes: int
+    num_nulls: int | None = None  # data page v2 only
 
 
 def read_page_header(buf: bytes | memoryview, pos: int) -> PageHeader:
@@ -174,6 +176,7 @@ def read_page_header(buf: bytes | memoryview, pos: int) -> PageHeader:
         num_rows=sub.get(3) if v2 else None,
         levels_bytes=(sub.get(5, 0) + sub.get(6, 0)) if v2 else None,
         header_bytes=r.pos - pos,
+        num_nulls=sub.get(2) if v2 else None,
     )
 
 
@@ -236,9 +239,15 @@ def column_pages(
                 if h.compressed_size < 4:
                     return None
                 levels = 4 + struct.unpack_from("<I", view, body)[0]
+                if levels > h.compressed_size or not all_defined(
+                        view[body + 4 : body + levels], rows, max_def):
+                    return None  # a null among its values (or levels it cannot read)
         else:  # a data page v2 (any other page has no PLAIN encoding: declined above)
             rows = h.num_rows if h.num_rows is not None else h.num_values
             levels = h.levels_bytes or 0
+            if max_def and (h.num_nulls is None or h.num_nulls != 0
+                            or h.num_values != rows):
+                return None  # a null among its values (or a header that does not say)
         if levels > h.compressed_size:
             return None
         pages.append(Page(row, rows, body, h.compressed_size, body + levels, h.crc))
@@ -247,6 +256,53 @@ def column_pages(
     if row != num_rows or pos != end:
         return None
     return PagedColumn(tuple(pages), np.asarray([p.first_row for p in pages], dtype=np.int64))
+
+
+def all_defined(levels: memoryview, count: int, max_def: int) -> bool:
+    """Whether a data page v1's definition levels say none of its values is null.
+
+    ``levels`` (RLE / bit-packed hybrid) must hold exactly ``count`` values, each
+    ``max_def``. The length prefixes alone do not show a null: a crafted page can hold one value
+    fewer and a longer value before it whose bytes fill the place of the missing one,
+    every prefix where a row's would be equal to the width. A page that says anything
+    else, or whose levels do not parse, declines the direct read (Arrow decodes it).
+    """
+    width = max_def.bit_length()
+    nbytes = (width + 7) // 8
+    pos, seen, end = 0, 0, len(levels)
+    while seen < count:
+        header, shift = 0, 0
+        while True:  # the run's header, a ULEB128 varint
+            if pos >= end or shift > 35:
+                return False
+            b = levels[pos]
+            pos += 1
+            header |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                break
+        if header & 1:  # bit-packed: groups of eight values, ``width`` bits each
+            groups = header >> 1
+            size = groups * width
+            if groups == 0 or pos + size > end:
+                return False
+            bits = np.unpackbits(np.frombuffer(levels[pos : pos + size], np.uint8),
+                                 bitorder="little").reshape(-1, width)
+            values = bits @ (1 << np.arange(width))
+            take = min(groups * 8, count - seen)
+            if not (values[:take] == max_def).all():
+                return False
+            seen += take
+            pos += size
+        else:  # a run of one value repeated
+            run = header >> 1
+            if run == 0 or pos + nbytes > end:
+                return False
+            if int.from_bytes(levels[pos : pos + nbytes], "little") != max_def:
+                return False
+            seen += run
+            pos += nbytes
+    return seen == count
 
 
 def page_rows(data: np.ndarray, page: Page, width: int, *, check_crc: bool,

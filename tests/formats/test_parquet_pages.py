@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from simstore.formats import ParquetFormat, open_shard
-from simstore.formats._pages import column_pages, page_rows
+from simstore.formats._pages import all_defined, column_pages, page_rows
 
 from simstore.errors import FormatError
 from simstore.ingest import ShardOptions
@@ -346,3 +346,51 @@ def test_zero_d_tensors_scatter_into_one_column_buffer(tmp_path):
         assert g["n"].dtype == np.int16 and g["n"] == p
         assert type(g["Re"]) is float and g["Re"] == float(p)
     reader.close()
+
+
+@pytest.mark.parametrize("page_crc", [True, False])
+def test_a_crafted_null_hidden_behind_a_longer_value_is_never_read_at_a_shifted_offset(
+    tmp_path, page_crc
+):
+    """Row 7's bytes null and row 6's value twice as long plus a fake length prefix: the
+    values section keeps the size of 8 full rows and every prefix on the rows' grid reads
+    the width, so the prefixes alone let row 7 be read from inside row 6. The page's
+    definition levels show the null: the page is decoded by Arrow, which refuses it."""
+    samples = _samples(8)
+    path = _write(tmp_path, samples)
+    table = pq.read_table(path)
+    u = table.column("u").combine_chunks()
+    data = u.field("data").to_pylist()
+    width = len(data[0])
+    fake = np.full(width // 4, 0x7F7F7F7F, dtype="<u4").tobytes()
+    data[6] = data[6] + width.to_bytes(4, "little") + fake
+    data[7] = None
+    crafted = pa.StructArray.from_arrays(
+        [pa.array(data, u.type.field("data").type), u.field("shape")], fields=list(u.type))
+    table = table.set_column(table.schema.get_field_index("u"), table.schema.field("u"),
+                             crafted)
+    metadata = dict(table.schema.metadata)
+    if not page_crc:
+        metadata.pop(b"simstore.page_checksums", None)
+    pq.write_table(table.replace_schema_metadata(metadata), path, compression="none",
+                   use_dictionary=False, store_schema=True, write_page_checksum=page_crc)
+    reader = open_shard(path)
+    reader.trust()  # as after the object's hash matched: it is this object's bytes
+    try:
+        with pytest.raises(FormatError, match="'u'"):
+            _bulk(reader, [7])
+        assert reader.direct_rows == 0
+    finally:
+        reader.close()
+
+
+def test_definition_levels_say_every_value_is_there_or_the_page_declines():
+    # a run of 16 twos (header 16 << 1), then a bit-packed group of eight twos (0b10
+    # little-endian in 2 bits each: 0xAA 0xAA), the last three past the page's count
+    assert all_defined(memoryview(bytes([32, 2])), 16, 2)
+    assert all_defined(memoryview(bytes([32, 2, 0x03, 0xAA, 0xAA])), 21, 2)
+    assert not all_defined(memoryview(bytes([32, 2])), 17, 2)  # levels for fewer values
+    assert not all_defined(memoryview(bytes([32, 1])), 16, 2)  # a run of nulls
+    assert not all_defined(memoryview(bytes([0x03, 0xA6, 0xAA])), 8, 2)  # one value 1
+    assert not all_defined(memoryview(bytes([0x03, 0xAA])), 8, 2)  # cut short
+    assert not all_defined(memoryview(bytes([0x80] * 8)), 8, 2)  # no end to the header
