@@ -181,6 +181,33 @@ def _arrow_type(plan: ColumnPlan, tensor_extension: bool = True) -> pa.DataType:
     return pa.string()
 
 
+def check_column_types(
+    schema: pa.Schema, plans: Mapping[str, ColumnPlan], source: str,
+    columns: Mapping[str, str] | None = None,
+) -> None:
+    """Refuse a numeric column stored as another type than its plan says.
+
+    The values of a ``plain`` or ``fixed`` column are cast to the plan's dtype when read:
+    a column the writer never made (a float64 column under an int64 plan, in a crafted
+    shard) would be read as wrong values without a word. The other encodings fail on
+    their own when their type is not the plan's. ``columns`` maps a field to the column
+    that holds it where the names differ (Lance's escaped names).
+    """
+    for name, plan in plans.items():
+        column = columns.get(name, name) if columns else name
+        if plan.encoding not in ("plain", "fixed") or column not in schema.names:
+            continue
+        actual = schema.field(column).type
+        if isinstance(actual, pa.BaseExtensionType):
+            actual = actual.storage_type
+        expected = _arrow_type(plan, tensor_extension=False)
+        if not actual.equals(expected):
+            raise FormatError(
+                f"{source}: column {column!r} is stored as {actual}, where its plan says "
+                f"{expected}"
+            )
+
+
 def shard_metadata(plans: Sequence[ColumnPlan], stats: Mapping[str, Any] | None) -> bytes:
     """The one ``simstore`` schema-metadata value: kind, version, columns, statistics."""
     columns = [

@@ -29,6 +29,7 @@ from ._arrow import (
     ColumnPlan,
     Out,
     arrow_schema,
+    check_column_types,
     decode_pieces,
     decode_rows,
     encode_table,
@@ -148,8 +149,10 @@ class ColumnarReader(ABC):
     """Reads samples of a columnar shard by position, reading only the requested columns."""
 
     def __init__(
-        self, name: str, schema: pa.Schema, plans: Mapping[str, ColumnPlan], num_rows: int
+        self, name: str, schema: pa.Schema, plans: Mapping[str, ColumnPlan], num_rows: int,
+        columns: Mapping[str, str] | None = None,
     ):
+        check_column_types(schema, plans, name, columns)
         self.name = name
         self.arrow_schema = schema
         self.plans = dict(plans)

@@ -193,7 +193,7 @@ class LanceShardReader(ColumnarReader):
         self._column = _columns_of(schema, plans, name)
         self._field = {c: f for f, c in self._column.items()}
         self._escaped = any(f != c for f, c in self._column.items())
-        super().__init__(name, schema, plans, num_rows)
+        super().__init__(name, schema, plans, num_rows, self._column)
 
     def _reader(self, columns: tuple[str, ...]) -> Any:
         reader = self._readers.get(columns)

@@ -307,3 +307,23 @@ def test_a_snapshot_with_a_huge_integer_or_a_nan_is_one_line(store, value):
     assert f"snapshot {crafted} is not valid JSON" in line
     with pytest.raises(FormatError, match=f"snapshot {crafted} is not valid JSON"):
         SimDataset(str(store), "d")
+
+
+def test_a_numeric_column_stored_as_another_type_than_its_plan_is_refused(tmp_path):
+    """An int64 field's column written as float64 (2.7, -3.9, 1e300) was cast to int64
+    when read: 2, -3 and the int64 minimum, without a word."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from simstore.formats import ParquetFormat
+
+    path = str(tmp_path / "shard.parquet")
+    ParquetFormat(ShardOptions(compression="none")).write(
+        [Sample(f"k{i}", {"s": i, "u": np.arange(3.0)}) for i in range(3)], path)
+    table = pq.read_table(path)
+    i = table.schema.get_field_index("s")
+    assert table.schema.field(i).type == pa.int64()
+    table = table.set_column(i, pa.field("s", pa.float64()), pa.array([0.0, 2.7, 1e300]))
+    pq.write_table(table, path, compression="none", store_schema=True)
+    with pytest.raises(FormatError, match="column 's' is stored as double, where its plan "
+                                          "says int64"):
+        ParquetFormat().open(path)
