@@ -162,7 +162,6 @@ class ZarrShardReader:
         """Decoders by the id of the metadata they were made from (shared, see _Nodes)."""
         self._scratch: dict[tuple[tuple[int, ...], str], np.ndarray] = {}
         self._chunk_bytes: dict[tuple[str, str], int] = {}
-        self._grid_ok: set[str] = set()  # arrays whose declared chunk count was checked
         self._zip: zipfile.ZipFile | None = None
         self._own: BinaryIO | None = None
         self.verifies_pages = True
@@ -308,10 +307,9 @@ class ZarrShardReader:
         The writer stores every chunk, so such metadata is crafted or damaged: a shape of
         2^40 one-element chunks would otherwise be walked chunk by chunk (and its result
         allocated) before the first missing chunk is found. Bad metadata of other kinds is
-        left to the read, which says what is wrong.
+        left to the read, which says what is wrong. Checked once per array, where its
+        decoder is made (:meth:`_decoder`).
         """
-        if path in self._grid_ok:
-            return
         grid = self._grid(path)
         cells = math.prod(grid) if grid is not None else 0
         if cells > len(self._infos):
@@ -319,7 +317,6 @@ class ZarrShardReader:
                 f"{self.name}: array {path} declares {cells} chunks; the shard holds "
                 f"{len(self._infos)} entries in all: its metadata is damaged"
             )
-        self._grid_ok.add(path)
 
     def _entry_size(self, key: str) -> int:
         info = self._infos.get(key)
@@ -576,6 +573,7 @@ class ZarrShardReader:
 
     def _decoder(self, path: str) -> ChunkDecoder | None:
         if path not in self._decoders:
+            self._check_grid(path)  # raises before anything is cached for the array
             try:
                 meta = self._nodes[path]
                 dec = self._decoder_of.get(id(meta))
@@ -595,7 +593,6 @@ class ZarrShardReader:
         mapper: Mapper | None = None,
     ) -> np.ndarray:
         path = f"{position}/{field}"
-        self._check_grid(path)
         dec = self._decoder(path)
         if dec is None:
             arr = self.array(position, field)

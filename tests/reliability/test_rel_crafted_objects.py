@@ -130,6 +130,32 @@ def _crafted_zarr_shard(tmp_path, edit) -> str:
     return path
 
 
+def _bomb(shape, chunks):
+    def edit(data):
+        meta = json.loads(data)
+        meta["shape"] = shape
+        meta["chunk_grid"]["configuration"]["chunk_shape"] = chunks
+        return json.dumps(meta).encode()
+
+    return edit
+
+
+def _refusal_of_u(path: str, gib: int = 6) -> str:
+    """The FormatError a bounded process gets reading field ``u`` of the shard at ``path``
+    (the bounds only stop a reader that does not end or takes the machine's memory)."""
+    done = _bounded(textwrap.dedent(f"""
+        from simstore.errors import FormatError
+        from simstore.formats import ZarrFormat
+        reader = ZarrFormat().open({path!r})
+        try:
+            list(reader.read([0], fields=["u"]))
+        except FormatError as exc:
+            print(exc)
+    """), gib)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
 def test_an_array_of_deep_json_metadata_is_a_format_error(tmp_path):
     path = _crafted_zarr_shard(tmp_path, _with_deep)
     reader = ZarrFormat().open(path)
@@ -143,14 +169,7 @@ def test_an_array_of_deep_json_metadata_is_a_format_error(tmp_path):
 def test_a_chunk_grid_of_two_to_the_forty_cells_is_counted_by_the_entries_it_has(tmp_path):
     """The first read of an unchecked shard counts the chunk bytes it will check; a shape
     declaring 2^40 one-element chunks made that count walk them all (it never ended)."""
-
-    def bomb(data):
-        meta = json.loads(data)
-        meta["shape"] = [2**20, 2**20 + 1]
-        meta["chunk_grid"]["configuration"]["chunk_shape"] = [1, 1]
-        return json.dumps(meta).encode()
-
-    path = _crafted_zarr_shard(tmp_path, bomb)
+    path = _crafted_zarr_shard(tmp_path, _bomb([2**20, 2**20 + 1], [1, 1]))
     with zipfile.ZipFile(path) as z:
         stored = sum(i.compress_size for i in z.infolist() if i.filename.startswith("0/u/c"))
     script = textwrap.dedent(f"""
@@ -223,33 +242,11 @@ def test_a_price_table_nested_too_deeply_is_one_line(tmp_path, store):
         parse_price_table(text, origin="prices")
 
 
-def _bomb(shape, chunks):
-    def edit(data):
-        meta = json.loads(data)
-        meta["shape"] = shape
-        meta["chunk_grid"]["configuration"]["chunk_shape"] = chunks
-        return json.dumps(meta).encode()
-
-    return edit
-
-
 def test_reading_an_array_of_more_chunks_than_the_shard_holds_is_refused_at_once(tmp_path):
     """A sample read walked and allocated the declared grid (14 GB resident and still
     going after two minutes for 2^40 chunks); the count is checked before anything."""
     path = _crafted_zarr_shard(tmp_path, _bomb([2**20, 2**20 + 1], [1, 1]))
-    script = textwrap.dedent(f"""
-        from simstore.errors import FormatError
-        from simstore.formats import ZarrFormat
-        reader = ZarrFormat().open({path!r})
-        try:
-            list(reader.read([0], fields=["u"]))
-        except FormatError as exc:
-            print(exc)
-    """)
-    # the timeout only stops a reader that does not end; it measures nothing
-    done = _bounded(script)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().endswith(
+    assert _refusal_of_u(path).endswith(
         f"array 0/u declares {2**40 + 2**20} chunks; the shard holds 4 entries in all: "
         "its metadata is damaged")
 
@@ -281,19 +278,9 @@ def test_a_zip_entry_declaring_more_bytes_than_the_shard_has_is_refused_unread(t
     data[record + 20 : record + 24] = (0xFFFFFFFE).to_bytes(4, "little")  # compressed size
     with open(path, "wb") as f:
         f.write(bytes(data))
-    script = textwrap.dedent(f"""
-        from simstore.errors import FormatError
-        from simstore.formats import ZarrFormat
-        reader = ZarrFormat().open({path!r})
-        try:
-            list(reader.read([0], fields=["u"]))
-        except FormatError as exc:
-            print(exc)
-    """)
-    done = _bounded(script, gib=3)  # less than the declared size plus the interpreter
-    assert done.returncode == 0, done.stderr
-    assert f"zip entry 0/u/c/0/0 declares {0xFFFFFFFE} bytes at byte" in done.stdout
-    assert "past the end of the shard" in done.stdout
+    refused = _refusal_of_u(path, gib=3)  # less than the declared size plus the interpreter
+    assert f"zip entry 0/u/c/0/0 declares {0xFFFFFFFE} bytes at byte" in refused
+    assert "past the end of the shard" in refused
 
 
 @pytest.mark.parametrize("value", [b"1" * 5000, b"NaN", b"-Infinity"])
