@@ -438,11 +438,16 @@ def branch_cmd(ctx: CliContext, ref: str, name: str, do_delete: bool) -> None:
     "--all", "all_refs", is_flag=True,
     help="Verify every snapshot every branch and tag of every dataset reaches (no REF).",
 )  # fmt: skip
+@click.option(
+    "--samples", is_flag=True,
+    help="Read every sample and check its key and content hash against the manifest.",
+)  # fmt: skip
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @handle_errors
 def verify_cmd(
-    ctx: CliContext, ref: str | None, deep: bool, history: bool, all_refs: bool, as_json: bool
+    ctx: CliContext, ref: str | None, deep: bool, history: bool, all_refs: bool,
+    samples: bool, as_json: bool,
 ) -> None:
     """Check that a snapshot (or a history, or every ref) and all it reaches is intact."""
     if all_refs and ref is not None:
@@ -450,7 +455,7 @@ def verify_cmd(
     if not all_refs and ref is None:
         raise click.UsageError("missing argument 'REF' (or --all for every branch and tag)")
     cat = ctx.catalog(read_only=True)
-    report = verify(cat, ref, deep=deep, history=history, all_refs=all_refs)
+    report = verify(cat, ref, deep=deep, history=history, all_refs=all_refs, samples=samples)
 
     def text() -> str:
         n = len(report.snapshots)
@@ -463,7 +468,9 @@ def verify_cmd(
         head = (
             f"{'ok' if report.ok else 'FAILED'}: {what}, "
             f"{report.objects_checked} objects checked"
-            + (f", {_human_bytes(report.bytes_hashed)} re-hashed" if deep else "")
+            + (f", {_human_bytes(report.bytes_hashed)} re-hashed" if report.bytes_hashed or deep
+               else "")
+            + (f", {report.samples_checked} samples read and hashed" if samples else "")
             + (f", {report.shards_recorded} shard files recorded for this node's loaders"
                if report.shards_recorded else "")
         )

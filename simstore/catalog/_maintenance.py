@@ -10,10 +10,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from simstore._verified import DEFAULT_VERIFY_EVERY_S, node_records, stamp_info
 from simstore.catalog._catalog import Catalog
+from simstore.catalog._contents import ROW_COLUMNS, ShardCheck, check_shards, hash_object
 from simstore.catalog._refs import Branches, Tags, is_snapshot_object
 from simstore.errors import (
     FormatError,
@@ -24,7 +26,7 @@ from simstore.errors import (
     SimstoreError,
     StorageError,
 )
-from simstore.hashing import Hasher, is_object_id, object_key
+from simstore.hashing import is_object_id, object_key
 from simstore.manifest import decode_part
 from simstore.names import Ref, parse_ref
 from simstore.snapshot import SNAPSHOT_HEAD, Snapshot, content_hash_of
@@ -42,9 +44,6 @@ __all__ = [
     "read_gc_state",
     "verify",
 ]
-
-_HASH_BLOCK = 8 * 1024 * 1024
-
 
 ProblemKind = Literal["snapshot", "manifest part", "shard", "lineage object", "ref"]
 """What a damaged object is to the snapshots that reach it."""
@@ -92,9 +91,12 @@ class VerifyReport:
     deep: bool
     history: bool = False
     all_refs: bool = False
+    samples: bool = False
     snapshots: list[str] = field(default_factory=list)
     objects_checked: int = 0
     bytes_hashed: int = 0
+    samples_checked: int = 0
+    """Manifest rows whose sample was read from its shard and hashed (``samples``)."""
     shards_recorded: int = 0
     """Shard files of a local store whose match ``deep`` recorded for the node's loaders
     (see ``simstore._verified``)."""
@@ -121,39 +123,16 @@ class VerifyReport:
             "deep": self.deep,
             "history": self.history,
             "all": self.all_refs,
+            "samples": self.samples,
             "ok": self.ok,
             "snapshots": list(self.snapshots),
             "objects_checked": self.objects_checked,
             "bytes_hashed": self.bytes_hashed,
+            "samples_checked": self.samples_checked,
             "shards_recorded": self.shards_recorded,
             "problems": self.problems,
             "problem_objects": [p.to_json() for p in self.problem_objects],
         }
-
-
-def _hash_object(cat: Catalog, oid: str) -> tuple[str, int]:
-    key = object_key(oid)
-    path = cat.store.local_path(key)
-    h = Hasher()
-    if path is not None:
-        with open(path, "rb") as f:
-            while block := f.read(_HASH_BLOCK):
-                h.update(block)
-        return h.hexdigest(), h.size_bytes
-    open_read = getattr(cat.store, "open_read", None)
-    if open_read is not None:
-        # one whole-object GET read block by block (S3): no HEAD, no ranged GETs
-        with open_read(key) as stream:
-            while block := stream.read(_HASH_BLOCK):
-                h.update(block)
-        return h.hexdigest(), h.size_bytes
-    size = cat.store.info(key).size_bytes
-    start = 0
-    while start < size:
-        end = min(size, start + _HASH_BLOCK)
-        h.update(cat.store.get(key, byte_range=(start, end)))
-        start = end
-    return h.hexdigest(), h.size_bytes
 
 
 def verify(
@@ -163,6 +142,7 @@ def verify(
     deep: bool = False,
     history: bool = False,
     all_refs: bool = False,
+    samples: bool = False,
 ) -> VerifyReport:
     """Check a snapshot (with ``history``, its ancestors too) and everything it reaches.
 
@@ -173,25 +153,32 @@ def verify(
     it is unchanged (``SimDataset(verify_every_s=...)``). ``history``: REF's
     snapshot and every ancestor (parents followed); ``all_refs`` (REF then None): every
     snapshot reachable from every branch and tag of every dataset. Each object is checked
-    once however many snapshots share it. Problems name the object and the snapshots
-    that reach it (a missing parent: the child naming it); the report lists them all
-    rather than stopping at the first.
+    once however many snapshots share it. ``samples``: every manifest row is checked
+    against the shard row it names: the key stored there, and the hash of the sample read
+    there against the row's ``sample_hash`` (each shard is read whole, as an epoch reads
+    it; see docs/reliability.md). Problems name the object and the snapshots that reach
+    it (a missing parent: the child naming it); the report lists them all rather than
+    stopping at the first.
     """
     if all_refs and ref is not None:
         raise InvalidInputError(f"verify checks one REF ({ref}) or every ref (all_refs), not both")
     if all_refs:
-        report = VerifyReport(snapshot=None, deep=deep, history=True, all_refs=True)
+        report = VerifyReport(
+            snapshot=None, deep=deep, history=True, all_refs=True, samples=samples
+        )
         roots = _ref_roots(cat, report)
     elif ref is None:
         raise InvalidInputError("verify needs a REF, or all_refs=True to verify every ref")
     else:
         sid = cat.resolve(ref)
-        report = VerifyReport(snapshot=sid, deep=deep, history=history)
+        report = VerifyReport(snapshot=sid, deep=deep, history=history, samples=samples)
         roots = [(str(ref), sid)]
     walk = _Walk(report)
     walk.snapshots(cat, roots, follow_parents=report.history)
     walk.parts(cat)
     walk.objects(cat, deep=deep)
+    if samples:
+        walk.sample_rows(cat, deep=deep)
     return report
 
 
@@ -243,6 +230,7 @@ class _Walk:
         self.claims: dict[str, dict[int, list[str]]] = {}  # part -> rows -> snapshots
         self.lineage: dict[str, list[str]] = {}  # lineage object -> snapshots
         self.shard_parts: dict[str, list[str]] = {}  # shard -> parts listing it
+        self.rows: list[pa.Table] = []  # with samples: the parts' ROW_COLUMNS and "part"
 
     def _ordered(self, sids: Iterable[str]) -> list[str]:
         return sorted(set(sids), key=self.rank.__getitem__)
@@ -344,6 +332,11 @@ class _Walk:
                 ))  # fmt: skip
             for shard in pc.unique(table.column("shard")).to_pylist():
                 self.shard_parts.setdefault(shard, []).append(pid)
+            if report.samples:
+                rows = table.select(ROW_COLUMNS)
+                self.rows.append(rows.append_column(
+                    "part", pa.array([pid] * rows.num_rows, pa.string()).dictionary_encode()
+                ))
 
     def _reaching(self, oid: str) -> list[str]:
         sids = list(self.lineage.get(oid, []))
@@ -368,13 +361,17 @@ class _Walk:
             key = object_key(oid)
             actual: str | None = None
             stamp: tuple[int, int] | None = None
+            # a remote shard whose samples are checked is fetched, and hashed, once: then
+            deferred = (
+                deep and report.samples and kind == "shard" and cat.store.local_path(key) is None
+            )
             try:
-                if deep:
+                if deep and not deferred:
                     # the stamp before: a file changed while hashed is not recorded
                     stamped_ns = time.time_ns()
                     path = cat.store.local_path(key) if records is not None else None
                     stamp = stamp_info(path) if path is not None else None
-                    actual, size = _hash_object(cat, oid)
+                    actual, size = hash_object(cat, oid)
                     report.bytes_hashed += size
                 elif not cat.store.exists(key):
                     raise NotFoundError(key)
@@ -399,6 +396,29 @@ class _Walk:
                     message=f"{key} has hash {actual}, expected {oid}; referenced by "
                     f"{_named(by)}",
                 ))  # fmt: skip
+
+
+    def sample_rows(self, cat: Catalog, *, deep: bool) -> None:
+        """Each manifest row against its shard (after ``objects``: damage found is skipped)."""
+        report = self.report
+        skip = {p.object for p in report.problem_objects if p.kind == "shard"}
+        if not self.rows:
+            return
+        rows = pa.concat_tables(self.rows, promote_options="permissive")
+        self.rows = []
+
+        def done(check: ShardCheck) -> None:
+            report.samples_checked += check.checked
+            report.bytes_hashed += check.bytes_hashed
+            if check.ok:
+                return
+            by = self._reaching(check.shard)
+            report.add(VerifyProblem(
+                object=check.shard, kind="shard", problem="damaged", snapshots=tuple(by),
+                message=check.message(_named(by)),
+            ))  # fmt: skip
+
+        check_shards(cat, rows, skip=skip, on_done=done)
 
 
 def _all_ref_targets(cat: Catalog) -> Iterator[str]:
