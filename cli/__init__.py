@@ -65,7 +65,7 @@ def main(ctx: click.Context, store_url: str, storage_options: tuple[str, ...], d
 def _register() -> None:
     import importlib
 
-    for module in ("_commands", "_ingest", "_cost"):
+    for module in ("_commands", "_ingest", "_cost", "_samples"):
         try:
             mod = importlib.import_module(f"simstore.cli.{module}")
         except ModuleNotFoundError as exc:

@@ -481,6 +481,31 @@ class SimDataset(IterableDataset[Sample]):
         return samples_per_rank(self._epoch_length, world.world_size,
                                 self._options.remainder)
 
+    def get(self, key: str) -> Sample:
+        """The sample stored under ``key``, as iterating over the dataset would yield it.
+
+        Random access for inspection, evaluation on chosen samples and debugging: the
+        pinned snapshot's manifest part that holds the key is read (parts are in key
+        order), then the one shard row, with the same checks, disk cache, projection
+        (``fields``), crops and windows (drawn for the current :attr:`epoch`),
+        normalisation and ``transform`` as the stream; ``__pad__`` is False. A key the
+        snapshot lacks raises :class:`~simstore.errors.NotFoundError` (a ``LookupError``).
+        Not counted in :meth:`stats`. A mixture has no keys of its own: call ``get`` on
+        one of its datasets.
+        """
+        if not isinstance(key, str):
+            raise InvalidInputError(f"a sample key is a string, got {shown(key)}")
+        return self.get_many([key])[0]
+
+    def get_many(self, keys: Sequence[str]) -> list[Sample]:
+        """The samples of ``keys``, in the order given (see :meth:`get`).
+
+        Each manifest part and each shard involved is read once for the whole call.
+        """
+        if isinstance(keys, str) or not isinstance(keys, Sequence):
+            raise InvalidInputError(f"keys must be a sequence of strings, got {shown(keys)}")
+        return self._reader().lookup(keys, self._epoch)
+
     def set_epoch(self, epoch: int) -> None:
         """Read epoch ``epoch`` next; a resume loaded for this same epoch is kept."""
         epoch = self._check_epoch(epoch, "epoch")

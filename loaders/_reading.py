@@ -28,15 +28,17 @@ from simstore.loaders._opener import FormatOpener
 from simstore.loaders._options import LoaderOptions
 from simstore.loaders._order import Mixture
 from simstore.loaders._pipeline import (
+    Chunk,
     ReaderPool,
     Resolver,
+    ShardRead,
     chunk_limit,
     decode_depth,
     prefetched,
     read_chunk,
 )
 from simstore.loaders._plan import Interval, plan_epoch
-from simstore.loaders._source import Source
+from simstore.loaders._source import Source, locate
 from simstore.loaders._stats import Counters
 from simstore.loaders._tensors import ChunkBuffers, SharedPool, to_tensors, value_bytes
 from simstore.loaders._world import World, in_worker
@@ -214,6 +216,62 @@ class EpochReader:
         sample["__key__"] = chunk.keys[j]
         sample["__pad__"] = bool(chunk.is_pad[j])
         return sample
+
+    def lookup(
+        self, keys: Sequence[str], epoch: int, trusted: TrustTable | None = None
+    ) -> list[Sample]:
+        """The samples of ``keys`` (one source), as iteration makes them, in the order given.
+
+        Each shard holding some of them is read once, with the checks an epoch's reads
+        get (a local shard's hash, a cache copy's, a ranged read's page CRC-32s); a wrong
+        hash fails the call. Reads here are not counted in the dataset's statistics.
+        """
+        if len(self.sources) != 1:
+            raise InvalidInputError(
+                "get() reads one dataset's samples; call it on a member of the mixture"
+            )
+        src = self.sources[0]
+        opts = self.options
+        counters = Counters()
+        limiter = RateLimiter(opts.max_bandwidth)
+        tier = tier_of(src.store)
+        keys = list(keys)
+        for key in keys:
+            if not isinstance(key, str):
+                raise InvalidInputError(f"a sample key is a string, got {type(key).__name__}")
+        if not keys:
+            return []
+        access = ShardAccess(src.store, counters=counters, limiter=limiter, cache=opts.cache,
+                             verify=opts.verify, referenced_by=src.snapshot_id,
+                             block_bytes=opts.prefetch.range_block_bytes,
+                             trusted=(trusted or TrustTable(self.trusted)).scoped(0),
+                             node=opts.node, job_start=self.job_start)
+        rows = locate(src, keys, counters, tier, access.read_cached)
+        by_shard: dict[str, list[int]] = {}
+        for j, (shard, _, _) in enumerate(rows):
+            by_shard.setdefault(shard, []).append(j)
+        reads = tuple(
+            ShardRead(source=0, shard_id=shard,
+                      positions=np.asarray([rows[j][1] for j in slots], dtype=np.int64),
+                      out=np.asarray(slots, dtype=np.int64), epoch=epoch,
+                      keys=tuple(keys[j] for j in slots))
+            for shard, slots in by_shard.items()
+        )
+        chunk = Chunk(source=np.zeros(len(keys), dtype=np.int64),
+                      is_pad=np.zeros(len(keys), dtype=np.bool_), keys=keys, reads=reads,
+                      size_bytes=sum(r[2] for r in rows))
+        opener = opts.shard_opener or FormatOpener()
+        pool = ReaderPool([access], opener, opts.prefetch.max_open_shards, [src.snapshot_id],
+                          max_prepared=opts.prefetch.shards)
+        try:
+            values = read_chunk(chunk, pool, self.sources, limiter, counters, [tier],
+                                side_by_side=False)
+            pool.finish()  # a shard's whole hash, where it was still running
+        finally:
+            pool.close()
+            access.close()
+        buffers = ChunkBuffers(len(keys), shared=False)
+        return [self._sample(chunk, j, values, buffers, True) for j in range(len(keys))]
 
     @contextlib.contextmanager
     def _decoded(

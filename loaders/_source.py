@@ -9,6 +9,7 @@ more of the manifest than it needs.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -63,6 +64,8 @@ class Source:
     buffer_blocks: int = BUFFER_BLOCKS
     transform: Transform | None = None
     regions: Regions | None = None
+    part_last_keys: tuple[str, ...] = ()
+    """Each part's last key (parts are in key order): where a key's row is, for ``get``."""
 
     @property
     def num_samples(self) -> int:
@@ -171,6 +174,7 @@ def open_source(
         snapshot_id=sid,
         part_ids=np.asarray([p.id for p in snap.parts], dtype="S32"),
         part_rows=np.asarray([p.rows for p in snap.parts], dtype=np.int64),
+        part_last_keys=tuple(p.last_key for p in snap.parts),
         sample_bytes=snap.sample_bytes,
         schema=snap.schema,
         fields=fields,
@@ -314,6 +318,41 @@ def _read_part(
             f"{source.snapshot_id} says {rows}"
         )
     return table
+
+
+def locate(
+    source: Source, keys: Sequence[str], counters: Counters, tier: str,
+    read: PartReader | None = None,
+) -> list[tuple[str, int, int]]:
+    """``(shard, position, size_bytes)`` of each key, reading only the parts that hold them.
+
+    Parts are in key order and each snapshot lists its parts' last keys, so a key's part
+    is found by bisection. A key the snapshot lacks is a :class:`NotFoundError`.
+    """
+    wanted: dict[int, list[str]] = {}
+    for key in keys:
+        i = bisect.bisect_left(source.part_last_keys, key)
+        wanted.setdefault(i, []).append(key)
+    found: dict[str, tuple[str, int, int]] = {}
+    for i, names in wanted.items():
+        if i >= len(source.part_ids):
+            continue
+        table = _read_part(source, source.part_ids[i].decode(), counters, tier,
+                           int(source.part_rows[i]), read)
+        column = table.column("key").to_pylist()
+        for name in names:
+            j = bisect.bisect_left(column, name)
+            if j < len(column) and column[j] == name:
+                found[name] = (str(table.column("shard")[j].as_py()),
+                               int(table.column("position")[j].as_py()),
+                               int(table.column("size_bytes")[j].as_py()))
+    missing = [k for k in keys if k not in found]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise NotFoundError(
+            f"{source.dataset}@{source.snapshot_id} has no sample {missing[0]!r}{more}"
+        )
+    return [found[k] for k in keys]
 
 
 def load_group(

@@ -1,0 +1,178 @@
+"""``simstore cat``: samples by key, summarised, as JSON, or written to an .npz file."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from typing import Any
+
+import click
+import numpy as np
+from simstore.cli._common import CliContext, emit, handle_errors, pass_ctx
+
+from simstore.errors import InvalidInputError
+from simstore.names import parse_ref
+
+__all__ = ["COMMANDS"]
+
+# a tensor of at most this many values is printed whole (text and JSON); larger ones are
+# summarised (min, max, mean, NaN count)
+_SHOWN_VALUES = 8
+
+
+@click.command("cat")
+@click.argument("ref")
+@click.argument("keys", nargs=-1, required=True)
+@click.option("--fields", default=None, help="Comma-separated fields to read (default: all).")
+@click.option(
+    "--out", "out", default=None, type=click.Path(dir_okay=False),
+    help="Write the samples' values to this .npz file (one sample: FIELD entries; several: "
+         "KEY/FIELD).",
+)  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_ctx
+@handle_errors
+def cat_cmd(
+    ctx: CliContext, ref: str, keys: tuple[str, ...], fields: str | None, out: str | None,
+    as_json: bool,
+) -> None:
+    """Samples of REF by KEY: each field's kind, dtype, shape and values or summary.
+
+    The samples are read as SimDataset reads them (hash-checked shards, only the manifest
+    part holding each key). A key REF's snapshot lacks is exit 3.
+    """
+    from simstore.loaders import SimDataset
+
+    wanted = None
+    if fields is not None:
+        wanted = [f.strip() for f in fields.split(",")]
+        if any(not f for f in wanted):
+            raise InvalidInputError(f"invalid --fields {fields!r}: an empty field name")
+    if out is not None and not out.endswith(".npz"):
+        raise InvalidInputError(f"--out {out!r}: the file name must end in .npz")
+    parse_ref(ref)
+    store = ctx.catalog(read_only=True).store
+    ds = SimDataset(store, ref, fields=wanted, shuffle=False)
+    samples = ds.get_many(list(keys))
+    pinned = f"{parse_ref(ref).dataset}@{ds.snapshot_id}"
+    if out is not None:
+        _write_npz(out, samples)
+    described: list[dict[str, Any]] = [
+        {"key": s["__key__"],
+         "fields": {n: _describe(v) for n, v in sorted(s.items()) if not n.startswith("__")}}
+        for s in samples
+    ]
+    doc = {"snapshot": ds.snapshot_id, "samples": described, "out": out}
+
+    def text() -> str:
+        lines = []
+        for sample in described:
+            lines.append(f"{sample['key']} ({pinned})")
+            width = max((len(n) for n in sample["fields"]), default=0)
+            for name, d in sample["fields"].items():
+                lines.append(f"  {name.ljust(width)}  {_line(d)}")
+        if out is not None:
+            lines.append(f"wrote {out}")
+        return "\n".join(lines)
+
+    emit(as_json, doc, text)
+
+
+def _values(value: Any) -> Any:
+    """A tensor's values as NumPy, anything else as it is."""
+    numpy = getattr(value, "numpy", None)
+    if callable(numpy) and hasattr(value, "dtype") and hasattr(value, "shape"):
+        return value.detach().cpu().numpy()
+    return value
+
+
+def _describe(value: Any) -> dict[str, Any]:
+    value = _values(value)
+    if isinstance(value, np.ndarray):
+        if value.ndim == 0:
+            return {"kind": "scalar", "dtype": str(value.dtype), "value": value.item()}
+        d: dict[str, Any] = {"kind": "tensor", "dtype": str(value.dtype),
+                             "shape": list(value.shape)}
+        if value.size <= _SHOWN_VALUES:
+            d["values"] = value.reshape(-1).tolist()
+        elif value.dtype.kind in "biuf" and value.size:
+            flat = value.reshape(-1)
+            finite = flat[np.isfinite(flat)] if value.dtype.kind == "f" else flat
+            d["nan_count"] = int(np.isnan(flat).sum()) if value.dtype.kind == "f" else 0
+            if finite.size:
+                d["min"] = finite.min().item()
+                d["max"] = finite.max().item()
+                d["mean"] = float(finite.mean(dtype=np.float64))
+        return d
+    if isinstance(value, bool | int | float):
+        return {"kind": "scalar", "dtype": type(value).__name__, "value": value}
+    if isinstance(value, str):
+        return {"kind": "string", "value": value}
+    if isinstance(value, bytes | bytearray | memoryview):
+        data = bytes(value)
+        return {"kind": "bytes", "size": len(data), "head": data[:16].hex()}
+    return {"kind": "json", "value": value}
+
+
+def _line(d: dict[str, Any]) -> str:
+    kind = d["kind"]
+    if kind == "tensor":
+        head = f"tensor {d['dtype']} {tuple(d['shape'])}"
+        if "values" in d:
+            return f"{head} {d['values']}"
+        if "min" in d:
+            nan = f", {d['nan_count']} NaN" if d.get("nan_count") else ""
+            return (f"{head} min {_num(d['min'])} max {_num(d['max'])} "
+                    f"mean {_num(d['mean'])}{nan}")
+        return head
+    if kind == "scalar":
+        return f"scalar {d['dtype']} {_num(d['value'])}"
+    if kind == "string":
+        return f"string {d['value']!r}"
+    if kind == "bytes":
+        return f"bytes {d['size']} B {d['head']}{'...' if d['size'] > 16 else ''}"
+    return f"json {json.dumps(d['value'], sort_keys=True)}"
+
+
+def _num(x: Any) -> str:
+    if isinstance(x, float) and math.isfinite(x):
+        return f"{x:.6g}"
+    return str(x)
+
+
+def _npz_value(value: Any) -> np.ndarray:
+    value = _values(value)
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, bool | int | float | str):
+        return np.asarray(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return np.frombuffer(bytes(value), dtype=np.uint8)
+    return np.asarray(json.dumps(value, sort_keys=True))  # JSON metadata as its text
+
+
+def _write_npz(path: str, samples: list[dict[str, Any]]) -> None:
+    """All samples' fields in one .npz, written beside ``path`` and renamed into place."""
+    one = len(samples) == 1
+    arrays: dict[str, np.ndarray] = {}
+    for s in samples:
+        for name, value in s.items():
+            if name.startswith("__"):
+                continue
+            arrays[name if one else f"{s['__key__']}/{name}"] = _npz_value(value)
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise InvalidInputError(f"--out {path!r}: no folder {folder}")
+    fd, tmp = tempfile.mkstemp(prefix=".simstore-cat-", suffix=".npz", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)  # type: ignore[arg-type]
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+COMMANDS = [cat_cmd]
