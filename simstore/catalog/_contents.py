@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -153,13 +154,16 @@ def check_shards(
     matches its id. ``on_done`` gets each shard's result, in shard id order.
     """
     formats = _Formats()
-    groups = list(_by_shard(rows, skip))
     with tempfile.TemporaryDirectory(prefix="simstore-verify-") as tmp:
         with ThreadPoolExecutor(_THREADS, thread_name_prefix="simstore-verify") as pool:
-            for check in pool.map(
-                lambda g: _check_shard(cat, g, formats, tmp), groups
-            ):
-                on_done(check)
+            # a few shards in flight: each one's rows become Python objects only then
+            pending: deque[Future[ShardCheck]] = deque()
+            for group in _by_shard(rows, skip):
+                pending.append(pool.submit(_check_shard, cat, group, formats, tmp))
+                if len(pending) >= 2 * _THREADS:
+                    on_done(pending.popleft().result())
+            while pending:
+                on_done(pending.popleft().result())
 
 
 @dataclass(slots=True)
@@ -173,43 +177,45 @@ class _Rows:
 
 
 def _by_shard(rows: pa.Table, skip: set[str]) -> Iterator[_Rows]:
-    """Each shard's distinct manifest rows, sorted by position (shards in id order)."""
+    """Each shard's distinct manifest rows, sorted by position (shards in id order).
+
+    The rows are sorted once in Arrow; each shard's slice becomes Python objects only
+    when it is yielded, so a manifest of millions of rows is not held twice.
+    """
     if rows.num_rows == 0:
         return
     order = pc.sort_indices(rows, [("shard", "ascending"), ("position", "ascending")])
     rows = rows.take(order)
-    shards = rows.column("shard").to_pylist()
-    positions = rows.column("position").to_numpy()
-    keys = rows.column("key").to_pylist()
-    hashes = rows.column("sample_hash").to_pylist()
-    sizes = rows.column("size_bytes").to_numpy()
-    parts = rows.column("part").to_pylist()
-    start = 0
-    n = len(shards)
-    while start < n:
-        end = start
-        while end < n and shards[end] == shards[start]:
-            end += 1
-        shard = shards[start]
-        if shard not in skip:
-            # several parts (snapshots) listing the same row: check it once
-            seen: set[tuple[int, str, bytes]] = set()
-            keep = []
-            for i in range(start, end):
-                row = (int(positions[i]), keys[i], hashes[i])
-                if row not in seen:
-                    seen.add(row)
-                    keep.append(i)
-            idx = np.asarray(keep, dtype=np.int64)
-            yield _Rows(
-                shard=shard,
-                positions=positions[idx],
-                keys=[keys[i] for i in keep],
-                hashes=[hashes[i] for i in keep],
-                sizes=sizes[idx],
-                parts=tuple(dict.fromkeys(parts[start:end])),
-            )
-        start = end
+    shard_col = rows.column("shard").combine_chunks()
+    # where the shard id changes: the run boundaries of the sorted column
+    changes = pc.not_equal(shard_col.slice(1), shard_col.slice(0, len(shard_col) - 1))
+    starts = [0, *(np.flatnonzero(changes.to_numpy(zero_copy_only=False)) + 1).tolist()]
+    ends = [*starts[1:], rows.num_rows]
+    for start, end in zip(starts, ends, strict=True):
+        shard = str(shard_col[start].as_py())
+        if shard in skip:
+            continue
+        part = rows.slice(start, end - start)
+        positions = part.column("position").to_numpy()
+        keys = part.column("key").to_pylist()
+        hashes = part.column("sample_hash").to_pylist()
+        # several parts (snapshots) listing the same row: check it once
+        seen: set[tuple[int, str, bytes]] = set()
+        keep = []
+        for i in range(end - start):
+            row = (int(positions[i]), keys[i], hashes[i])
+            if row not in seen:
+                seen.add(row)
+                keep.append(i)
+        idx = np.asarray(keep, dtype=np.int64)
+        yield _Rows(
+            shard=shard,
+            positions=positions[idx],
+            keys=[keys[i] for i in keep],
+            hashes=[hashes[i] for i in keep],
+            sizes=part.column("size_bytes").to_numpy()[idx],
+            parts=tuple(dict.fromkeys(str(p) for p in part.column("part").to_pylist())),
+        )
 
 
 class _Formats:
