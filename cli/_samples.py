@@ -155,18 +155,32 @@ def _npz_value(value: Any) -> np.ndarray:
 
 def _write_npz(path: str, samples: list[dict[str, Any]]) -> None:
     """All samples' fields in one .npz, written beside ``path`` and renamed into place."""
-    one = len(samples) == 1
+    unique = list({s["__key__"]: s for s in samples}.values())  # a key given twice: once
+    one = len(unique) == 1
     arrays: dict[str, np.ndarray] = {}
-    for s in samples:
+    owner: dict[str, tuple[str, str]] = {}
+    for s in unique:
         for name, value in s.items():
             if name.startswith("__"):
                 continue
-            arrays[name if one else f"{s['__key__']}/{name}"] = _npz_value(value)
+            entry = name if one else f"{s['__key__']}/{name}"
+            if entry in owner:  # keys and field names may both hold a "/"
+                key, field = owner[entry]
+                raise InvalidInputError(
+                    f"--out {path!r}: entry {entry!r} would hold both field {field!r} of "
+                    f"{key!r} and field {name!r} of {s['__key__']!r}; write them to "
+                    "separate files"
+                )
+            owner[entry] = (s["__key__"], name)
+            arrays[entry] = _npz_value(value)
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise InvalidInputError(f"--out {path!r}: no folder {folder}")
     fd, tmp = tempfile.mkstemp(prefix=".simstore-cat-", suffix=".npz", dir=folder)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # as open() would make it, not mkstemp's 0600
         with os.fdopen(fd, "wb") as f:
             np.savez(f, **arrays)  # type: ignore[arg-type]
         os.replace(tmp, path)

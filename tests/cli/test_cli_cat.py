@@ -1,6 +1,8 @@
 """``simstore cat REF KEY...``: samples by key as text, JSON or an .npz file."""
 
 import json
+import os
+import stat
 
 import numpy as np
 import pytest
@@ -92,3 +94,29 @@ def test_bad_input_is_one_line_and_writes_nothing(store, tmp_path):
     assert no_key.exit_code == 2
     no_dataset = _run(path, "e", "r0")
     assert no_dataset.exit_code == 3
+
+
+def test_out_entries_never_collide_and_the_file_takes_the_umask(tmp_path):
+    root = tmp_path / "src"
+    (root / "a").mkdir(parents=True)
+    np.savez(root / "a.npz", **{"b/c": np.ones(2)})
+    np.savez(root / "a" / "b.npz", c=np.zeros(2))
+    path = str(tmp_path / "s")
+    Catalog.init(path)
+    simstore.ingest([str(root)], dataset="d", store=path, snapshot=True, message="t")
+    out = tmp_path / "o.npz"
+    clash = _run(path, "d", "a", "a/b", "--out", str(out))
+    assert clash.exit_code == 2, clash.output
+    assert "entry 'a/b/c' would hold both field 'b/c' of 'a' and field 'c' of 'a/b'" \
+        in clash.output
+    assert not out.exists()
+    again = _run(path, "d", "a", "a", "--out", str(out))  # a key twice: one sample
+    assert again.exit_code == 0, again.output
+    with np.load(out) as z:
+        assert z.files == ["b/c"]
+    old = os.umask(0o022)
+    try:
+        assert _run(path, "d", "a/b", "--out", str(out)).exit_code == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644
