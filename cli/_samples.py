@@ -1,4 +1,4 @@
-"""``simstore cat``: samples by key, summarised, as JSON, or written to an .npz file."""
+"""``simstore keys`` and ``simstore cat``: a snapshot's sample keys, and samples by key."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 import numpy as np
-from simstore.cli._common import CliContext, emit, handle_errors, pass_ctx
+from simstore.cli._common import CliContext, check_at_least, emit, handle_errors, pass_ctx
 
 from simstore.errors import InvalidInputError
 from simstore.names import parse_ref
@@ -189,4 +189,38 @@ def _write_npz(path: str, samples: list[dict[str, Any]]) -> None:
         raise
 
 
-COMMANDS = [cat_cmd]
+@click.command("keys")
+@click.argument("ref")
+@click.option("--prefix", default="", help="Only keys that start with this.")
+@click.option("--limit", "-n", type=int, default=None, help="At most this many keys.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_ctx
+@handle_errors
+def keys_cmd(
+    ctx: CliContext, ref: str, prefix: str, limit: int | None, as_json: bool
+) -> None:
+    """Sample keys of REF's snapshot in key order (one per line), for `simstore cat`.
+
+    Only the manifest parts whose key range can hold keys starting with --prefix are
+    read.
+    """
+    check_at_least(limit, "--limit", 0)
+    cat = ctx.catalog(read_only=True)
+    sid = cat.resolve(ref)
+    snap = cat.snapshot(sid)
+    rows: list[dict[str, Any]] = []
+    for table in cat.iter_rows(snap, prefix=prefix):
+        if limit is not None:  # one key past the limit says whether there are more
+            table = table.slice(0, max(0, limit + 1 - len(rows)))
+        keys = table.column("key").to_pylist()
+        sizes = table.column("size_bytes").to_pylist()
+        rows += ({"key": k, "size_bytes": b} for k, b in zip(keys, sizes, strict=True))
+        if limit is not None and len(rows) > limit:
+            break
+    more = limit is not None and len(rows) > limit
+    rows = rows[:limit] if limit is not None else rows
+    doc = {"snapshot": sid, "prefix": prefix, "keys": rows, "truncated": more}
+    emit(as_json, doc, lambda: "\n".join(r["key"] for r in rows))
+
+
+COMMANDS = [keys_cmd, cat_cmd]

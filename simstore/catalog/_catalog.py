@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from simstore.catalog._build import WRITE_THREADS, utc_now
@@ -556,6 +557,24 @@ class Catalog:
         sid = snap.id
         for part in snap.parts:
             yield self.read_part(part, verify=verify, snapshot=sid)
+
+    def iter_rows(self, snap: Snapshot, *, prefix: str = "") -> Iterator[pa.Table]:
+        """The snapshot's manifest rows whose key starts with ``prefix``, in key order.
+
+        Parts are in key order and each lists its first and last key, so only the parts
+        whose key range can hold such keys are read; a table per part read (possibly
+        empty).
+        """
+        sid = snap.id
+        for part in snap.parts:
+            if part.last_key < prefix:
+                continue
+            if part.first_key > prefix and not part.first_key.startswith(prefix):
+                return  # this part's keys, and every later part's, sort after the prefix
+            table = self.read_part(part, snapshot=sid)
+            if prefix:
+                table = table.filter(pc.starts_with(table.column("key"), prefix))
+            yield table
 
     def manifest(self, snap: Snapshot) -> pa.Table:
         """All manifest rows of a snapshot in one table (memory grows with the dataset)."""

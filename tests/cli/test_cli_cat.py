@@ -120,3 +120,58 @@ def test_out_entries_never_collide_and_the_file_takes_the_umask(tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE(out.stat().st_mode) == 0o644
+
+
+@pytest.fixture(scope="module")
+def many_parts(tmp_path_factory):
+    """Dataset ``m`` of 300 keys ``a/000``..``c/099`` over many small manifest parts."""
+    root = tmp_path_factory.mktemp("keys-src")
+    for group in "abc":
+        (root / group).mkdir()
+        for i in range(100):
+            np.savez(root / group / f"{i:03d}.npz", x=np.full(2, i))
+    path = str(tmp_path_factory.mktemp("keys-store") / "s")
+    cat = Catalog.init(path)
+    cat.target_rows = 16
+    simstore.ingest([str(root)], dataset="m", store=cat, snapshot=True, message="t")
+    return path
+
+
+def test_keys_lists_in_key_order_with_prefix_and_limit(many_parts):
+    every = [f"{g}/{i:03d}" for g in "abc" for i in range(100)]
+    res = _run_keys(many_parts, "m")
+    assert res.exit_code == 0, res.output
+    assert res.output.splitlines() == every
+    b5 = _run_keys(many_parts, "m", "--prefix", "b/05")
+    assert b5.output.splitlines() == [f"b/05{i}" for i in range(10)]
+    doc = json.loads(_run_keys(many_parts, "m", "--prefix", "c/", "-n", "3", "--json").output)
+    assert [k["key"] for k in doc["keys"]] == ["c/000", "c/001", "c/002"]
+    assert doc["truncated"] is True and doc["prefix"] == "c/"
+    assert all(k["size_bytes"] == 16 for k in doc["keys"])
+    exact = json.loads(_run_keys(many_parts, "m", "--prefix", "b/05", "-n", "10", "--json")
+                       .output)
+    assert len(exact["keys"]) == 10 and exact["truncated"] is False
+    assert _run_keys(many_parts, "m", "--prefix", "d").output == ""
+    assert _run_keys(many_parts, "m", "-n", "-1").exit_code == 2
+
+
+def test_keys_reads_only_the_parts_the_prefix_can_be_in(many_parts):
+    cat = Catalog.open(many_parts)
+    snap = cat.snapshot(cat.resolve("m"))
+    assert len(snap.parts) >= 6
+    read = []
+    original = cat.read_part
+
+    def counting(part, **kw):
+        read.append(part.id)
+        return original(part, **kw)
+
+    cat.read_part = counting
+    got = [k for t in cat.iter_rows(snap, prefix="b/05") for k in t.column("key").to_pylist()]
+    assert got == [f"b/05{i}" for i in range(10)]
+    holding = [p.id for p in snap.parts if p.last_key >= "b/050" and p.first_key <= "b/059"]
+    assert read == holding
+
+
+def _run_keys(store, *args):
+    return CliRunner().invoke(main, ["--store", store, "keys", *args])
