@@ -442,12 +442,17 @@ def branch_cmd(ctx: CliContext, ref: str, name: str, do_delete: bool) -> None:
     "--samples", is_flag=True,
     help="Read every sample and check its key and content hash against the manifest.",
 )  # fmt: skip
+@click.option(
+    "--split", "split", metavar="K/N", default=None,
+    help="Check only part K (0-based) of N of the shards and lineage objects, for one "
+         "task of an array job (e.g. $SLURM_ARRAY_TASK_ID/16).",
+)  # fmt: skip
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @handle_errors
 def verify_cmd(
     ctx: CliContext, ref: str | None, deep: bool, history: bool, all_refs: bool,
-    samples: bool, as_json: bool,
+    samples: bool, split: str | None, as_json: bool,
 ) -> None:
     """Check that a snapshot (or a history, or every ref) and all it reaches is intact."""
     if all_refs and ref is not None:
@@ -455,7 +460,8 @@ def verify_cmd(
     if not all_refs and ref is None:
         raise click.UsageError("missing argument 'REF' (or --all for every branch and tag)")
     cat = ctx.catalog(read_only=True)
-    report = verify(cat, ref, deep=deep, history=history, all_refs=all_refs, samples=samples)
+    report = verify(cat, ref, deep=deep, history=history, all_refs=all_refs, samples=samples,
+                    split=_split(split) if split is not None else None)
 
     def text() -> str:
         n = len(report.snapshots)
@@ -465,6 +471,8 @@ def verify_cmd(
             what = f"snapshot {report.snapshot} and its history, {n} snapshots"
         else:
             what = f"snapshot {report.snapshot}"
+        if report.split is not None:
+            what += f" (part {report.split[0]} of {report.split[1]} of its shards)"
         head = (
             f"{'ok' if report.ok else 'FAILED'}: {what}, "
             f"{report.objects_checked} objects checked"
@@ -479,6 +487,16 @@ def verify_cmd(
     emit(as_json, report.to_json(), text)
     if not report.ok:
         raise SystemExit(6)
+
+
+def _split(text: str) -> tuple[int, int]:
+    """``K/N`` as ``(k, n)``; anything else is one line naming the flag."""
+    k, sep, n = text.partition("/")
+    if sep and k.strip().isdigit() and n.strip().isdigit():
+        got = (int(k), int(n))
+        if got[1] >= 1 and got[0] < got[1]:
+            return got
+    raise InvalidInputError(f"invalid --split {text!r}: give K/N with 0 <= K < N, e.g. 3/16")
 
 
 @click.command("gc")

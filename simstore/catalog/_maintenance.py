@@ -92,6 +92,8 @@ class VerifyReport:
     history: bool = False
     all_refs: bool = False
     samples: bool = False
+    split: tuple[int, int] | None = None
+    """``(k, n)``: only the shards and lineage objects of part ``k`` of ``n`` were checked."""
     snapshots: list[str] = field(default_factory=list)
     objects_checked: int = 0
     bytes_hashed: int = 0
@@ -124,6 +126,7 @@ class VerifyReport:
             "history": self.history,
             "all": self.all_refs,
             "samples": self.samples,
+            "split": list(self.split) if self.split is not None else None,
             "ok": self.ok,
             "snapshots": list(self.snapshots),
             "objects_checked": self.objects_checked,
@@ -143,6 +146,7 @@ def verify(
     history: bool = False,
     all_refs: bool = False,
     samples: bool = False,
+    split: tuple[int, int] | None = None,
 ) -> VerifyReport:
     """Check a snapshot (with ``history``, its ancestors too) and everything it reaches.
 
@@ -158,20 +162,29 @@ def verify(
     there against the row's ``sample_hash`` (each shard is read whole, as an epoch reads
     it; see docs/reliability.md). Problems name the object and the snapshots that reach
     it (a missing parent: the child naming it); the report lists them all rather than
-    stopping at the first.
+    stopping at the first. ``split=(k, n)``: of the shards and lineage objects, only
+    those in part ``k`` (0-based) of ``n`` are checked (by their ids, which are uniform
+    hashes), so ``n`` tasks of an array job split a large ``deep`` or ``samples`` check;
+    snapshots and manifest parts are checked by every task.
     """
+    if split is not None:
+        k, n = split
+        if not (isinstance(k, int) and isinstance(n, int) and n >= 1 and 0 <= k < n):
+            raise InvalidInputError(f"a verify split is K/N with 0 <= K < N, got {k}/{n}")
     if all_refs and ref is not None:
         raise InvalidInputError(f"verify checks one REF ({ref}) or every ref (all_refs), not both")
     if all_refs:
         report = VerifyReport(
-            snapshot=None, deep=deep, history=True, all_refs=True, samples=samples
+            snapshot=None, deep=deep, history=True, all_refs=True, samples=samples,
+            split=split,
         )
         roots = _ref_roots(cat, report)
     elif ref is None:
         raise InvalidInputError("verify needs a REF, or all_refs=True to verify every ref")
     else:
         sid = cat.resolve(ref)
-        report = VerifyReport(snapshot=sid, deep=deep, history=history, samples=samples)
+        report = VerifyReport(snapshot=sid, deep=deep, history=history, samples=samples,
+                              split=split)
         roots = [(str(ref), sid)]
     walk = _Walk(report)
     walk.snapshots(cat, roots, follow_parents=report.history)
@@ -180,6 +193,18 @@ def verify(
     if samples:
         walk.sample_rows(cat, deep=deep)
     return report
+
+
+def in_split(oid: str, split: tuple[int, int]) -> bool:
+    """Whether object ``oid`` is in part ``k`` of ``split = (k, n)`` (8 hex digits mod n).
+
+    An id that is not hex (an invalid one, reported as such) is in part 0.
+    """
+    k, n = split
+    try:
+        return int(oid[:8], 16) % n == k
+    except ValueError:
+        return k == 0
 
 
 def _ref_roots(cat: Catalog, report: VerifyReport) -> list[tuple[str, str]]:
@@ -334,6 +359,9 @@ class _Walk:
                 self.shard_parts.setdefault(shard, []).append(pid)
             if report.samples:
                 rows = table.select(ROW_COLUMNS)
+                if report.split is not None:  # this task's shards' rows only
+                    mine = [in_split(x, report.split) for x in rows.column("shard").to_pylist()]
+                    rows = rows.filter(pa.array(mine, pa.bool_()))
                 self.rows.append(rows.append_column(
                     "part", pa.array([pid] * rows.num_rows, pa.string()).dictionary_encode()
                 ))
@@ -348,6 +376,8 @@ class _Walk:
         report = self.report
         records = node_records(True, DEFAULT_VERIFY_EVERY_S) if deep else None
         for oid in sorted(self.shard_parts.keys() | self.lineage.keys()):
+            if report.split is not None and not in_split(oid, report.split):
+                continue
             report.objects_checked += 1
             kind: ProblemKind = "shard" if oid in self.shard_parts else "lineage object"
             if not is_object_id(oid):

@@ -17,6 +17,7 @@ from simstore.cli import main
 
 import simstore
 from simstore.catalog import Catalog, verify
+from simstore.errors import InvalidInputError
 from simstore.hashing import object_key
 
 
@@ -207,3 +208,47 @@ def test_cli_exit_code_and_lines(tmp_path):
     doc = json.loads(js.output)
     assert js.exit_code == 6 and doc["samples"] is True and doc["samples_checked"] == 6
     assert doc["problem_objects"][0]["object"] == rows[0]["shard"]
+
+
+def test_a_split_divides_the_shards_between_tasks(tmp_path):
+    cat = Catalog.init(str(tmp_path / "store"))
+    src = _sources(tmp_path / "src", n=24)
+    simstore.ingest([str(src)], store=cat, dataset="d", workers=1, snapshot=True,
+                    message="many shards", shard_size=300)
+    sid = cat.resolve("d@main")
+    rows = cat.manifest(cat.snapshot(sid)).to_pylist()
+    shards = sorted({r["shard"] for r in rows})
+    assert len(shards) >= 6
+    whole = verify(cat, "d", deep=True, samples=True)
+    assert whole.ok and whole.samples_checked == 24
+    parts = [verify(cat, "d", deep=True, samples=True, split=(k, 3)) for k in range(3)]
+    assert all(p.ok and p.split == (k, 3) for k, p in enumerate(parts))
+    assert sum(p.samples_checked for p in parts) == 24
+    assert sum(p.bytes_hashed for p in parts) == whole.bytes_hashed
+    assert sum(p.objects_checked for p in parts) == whole.objects_checked + 2 * (1 + 1)
+    assert all(0 < p.samples_checked < 24 for p in parts)  # 6+ uniform ids over 3 parts
+    assert parts[0].to_json()["split"] == [0, 3]
+
+    victim = shards[0]
+    path = cat.store.local_path(object_key(victim))
+    with open(path, "r+b") as f:
+        f.seek(200)
+        byte = f.read(1)[0]
+        f.seek(200)
+        f.write(bytes([byte ^ 0x40]))
+    found = [[p.object for p in verify(cat, "d", deep=True, split=(k, 3)).problem_objects]
+             for k in range(3)]
+    assert sorted(found, key=len) == [[], [], [victim]]
+
+    runner = CliRunner()
+    store = str(tmp_path / "store")
+    owner = next(k for k in range(3) if found[k])
+    res = runner.invoke(main, ["--store", store, "verify", "d", "--deep",
+                               "--split", f"{owner}/3"])
+    assert res.exit_code == 6 and f"(part {owner} of 3 of its shards)" in res.output
+    for bad in ("3/3", "1/0", "a/3", "2", "-1/3"):
+        res = runner.invoke(main, ["--store", store, "verify", "d", "--split", bad])
+        assert res.exit_code == 2, (bad, res.output)
+        assert f"invalid --split {bad!r}" in res.output
+    with pytest.raises(InvalidInputError, match="0 <= K < N"):
+        verify(cat, "d", split=(3, 3))
