@@ -491,9 +491,9 @@ def verify_cmd(
 
 def _split(text: str) -> tuple[int, int]:
     """``K/N`` as ``(k, n)``; anything else is one line naming the flag."""
-    k, sep, n = text.partition("/")
-    if sep and k.strip().isdigit() and n.strip().isdigit():
-        got = (int(k), int(n))
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text, flags=re.ASCII)
+    if match:
+        got = (int(match[1]), int(match[2]))
         if got[1] >= 1 and got[0] < got[1]:
             return got
     raise InvalidInputError(f"invalid --split {text!r}: give K/N with 0 <= K < N, e.g. 3/16")

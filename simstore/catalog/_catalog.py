@@ -565,6 +565,13 @@ class Catalog:
         whose key range can hold such keys are read; a table per part read (possibly
         empty).
         """
+        try:
+            prefix.encode("utf-8")
+        except UnicodeEncodeError:  # a command-line argument's undecodable bytes
+            shown = prefix.encode("utf-8", "surrogateescape")
+            raise InvalidInputError(
+                f"key prefix {shown!r} is not UTF-8 text (keys are)"
+            ) from None
         sid = snap.id
         for part in snap.parts:
             if part.last_key < prefix:

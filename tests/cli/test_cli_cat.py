@@ -175,3 +175,14 @@ def test_keys_reads_only_the_parts_the_prefix_can_be_in(many_parts):
 
 def _run_keys(store, *args):
     return CliRunner().invoke(main, ["--store", store, "keys", *args])
+
+
+def test_a_prefix_that_is_not_utf8_is_one_line(many_parts):
+    # a shell passes the bytes; Python gives them as surrogates (0xff -> U+DCFF)
+    for prefix in ("a/0\udcff", "a\udcff"):
+        res = _run_keys(many_parts, "m", "--prefix", prefix)
+        assert res.exit_code == 2, res.output
+        assert res.output.strip() == (
+            f"error: key prefix {prefix.encode('utf-8', 'surrogateescape')!r} is not UTF-8 "
+            "text (keys are)"
+        )

@@ -246,7 +246,7 @@ def test_a_split_divides_the_shards_between_tasks(tmp_path):
     res = runner.invoke(main, ["--store", store, "verify", "d", "--deep",
                                "--split", f"{owner}/3"])
     assert res.exit_code == 6 and f"(part {owner} of 3 of its shards)" in res.output
-    for bad in ("3/3", "1/0", "a/3", "2", "-1/3"):
+    for bad in ("3/3", "1/0", "a/3", "2", "-1/3", "\u00b2/3", "0/\u00b3", "\u0661/\u0663"):
         res = runner.invoke(main, ["--store", store, "verify", "d", "--split", bad])
         assert res.exit_code == 2, (bad, res.output)
         assert f"invalid --split {bad!r}" in res.output
