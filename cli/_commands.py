@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
+import sys
 from typing import Any
 
 import click
@@ -17,7 +19,7 @@ from simstore.cli._common import (
     pass_ctx,
 )
 
-from simstore.catalog import Catalog, gc, verify
+from simstore.catalog import Catalog, VerifyProgress, gc, verify
 from simstore.errors import InvalidInputError, NotFoundError
 from simstore.manifest import rows_from_list
 from simstore.names import parse_ref
@@ -447,12 +449,16 @@ def branch_cmd(ctx: CliContext, ref: str, name: str, do_delete: bool) -> None:
     help="Check only part K (0-based) of N of the shards and lineage objects, for one "
          "task of an array job (e.g. $SLURM_ARRAY_TASK_ID/16).",
 )  # fmt: skip
+@click.option(
+    "--progress/--no-progress", default=None,
+    help="A progress bar on stderr for --samples (default: when stderr is a terminal).",
+)  # fmt: skip
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @handle_errors
 def verify_cmd(
     ctx: CliContext, ref: str | None, deep: bool, history: bool, all_refs: bool,
-    samples: bool, split: str | None, as_json: bool,
+    samples: bool, split: str | None, progress: bool | None, as_json: bool,
 ) -> None:
     """Check that a snapshot (or a history, or every ref) and all it reaches is intact."""
     if all_refs and ref is not None:
@@ -460,8 +466,20 @@ def verify_cmd(
     if not all_refs and ref is None:
         raise click.UsageError("missing argument 'REF' (or --all for every branch and tag)")
     cat = ctx.catalog(read_only=True)
-    report = verify(cat, ref, deep=deep, history=history, all_refs=all_refs, samples=samples,
-                    split=_split(split) if split is not None else None)
+    parts = _split(split) if split is not None else None
+    bar = None
+    if samples and (sys.stderr.isatty() if progress is None else progress):
+        from simstore.cli._ingest import ProgressBar
+
+        bar = ProgressBar()
+    try:
+        report = verify(
+            cat, ref, deep=deep, history=history, all_refs=all_refs, samples=samples,
+            split=parts, progress=None if bar is None else functools.partial(_draw, bar),
+        )
+    finally:
+        if bar is not None:
+            bar.finish()
 
     def text() -> str:
         n = len(report.snapshots)
@@ -487,6 +505,11 @@ def verify_cmd(
     emit(as_json, report.to_json(), text)
     if not report.ok:
         raise SystemExit(6)
+
+
+def _draw(bar: Any, p: VerifyProgress) -> None:
+    bar.draw("shards", p.shards_done, p.shards_total, p.samples, p.bytes_done,
+             p.bytes_total, p.elapsed_s)
 
 
 def _split(text: str) -> tuple[int, int]:

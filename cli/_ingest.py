@@ -70,20 +70,23 @@ class ProgressBar:
 
     def __call__(self, p: IngestProgress) -> None:
         """Redraw (at most every ``min_interval_s``, and always at the end)."""
+        self.draw("files", p.files_done, p.files_total, p.samples, p.bytes_done,
+                  p.bytes_total, p.elapsed_s)
+
+    def draw(self, unit: str, done: int, total: int, samples: int, bytes_done: int,
+             bytes_total: int, elapsed_s: float) -> None:
+        """Redraw for ``done`` of ``total`` ``unit`` (files, shards), by bytes where known."""
         now = time.monotonic()
-        if p.files_done < p.files_total and now - self._last < self.min_interval_s:
+        if done < total and now - self._last < self.min_interval_s:
             return
         self._last = now
-        if p.bytes_total:
-            frac = p.bytes_done / p.bytes_total
-        else:
-            frac = p.files_done / max(1, p.files_total)
+        frac = bytes_done / bytes_total if bytes_total else done / max(1, total)
         filled = int(self.width * min(1.0, frac))
-        rate = p.bytes_done / p.elapsed_s if p.elapsed_s > 0 else 0.0
-        eta = (p.bytes_total - p.bytes_done) / rate if rate > 0 else math.inf
+        rate = bytes_done / elapsed_s if elapsed_s > 0 else 0.0
+        eta = (bytes_total - bytes_done) / rate if rate > 0 else math.inf
         line = (
-            f"\r[{'#' * filled}{'.' * (self.width - filled)}] files {p.files_done}/{p.files_total}"
-            f"  samples {p.samples}  {rate / 2**20:.1f} MiB/s  ETA {_eta(eta)}"
+            f"\r[{'#' * filled}{'.' * (self.width - filled)}] {unit} {done}/{total}"
+            f"  samples {samples}  {rate / 2**20:.1f} MiB/s  ETA {_eta(eta)}"
         )
         self.stream.write(line)
         self.stream.flush()

@@ -104,6 +104,8 @@ class ShardCheck:
     shard: str
     rows: int = 0
     checked: int = 0
+    bytes_read: int = 0
+    """Logical bytes (manifest ``size_bytes``) of the rows naming this shard, for progress."""
     bytes_hashed: int = 0
     error: str | None = None
     mismatches: tuple[SampleMismatch, ...] = ()
@@ -174,6 +176,8 @@ class _Rows:
     hashes: list[bytes]
     sizes: np.ndarray
     parts: tuple[str, ...]
+    listed_bytes: int = 0
+    """``size_bytes`` of every manifest row naming this shard, a row listed twice twice."""
 
 
 def _by_shard(rows: pa.Table, skip: set[str]) -> Iterator[_Rows]:
@@ -215,6 +219,7 @@ def _by_shard(rows: pa.Table, skip: set[str]) -> Iterator[_Rows]:
             hashes=[hashes[i] for i in keep],
             sizes=part.column("size_bytes").to_numpy()[idx],
             parts=tuple(dict.fromkeys(str(p) for p in part.column("part").to_pylist())),
+            listed_bytes=int(pc.sum(part.column("size_bytes")).as_py() or 0),
         )
 
 
@@ -246,7 +251,8 @@ class _Formats:
 def _check_shard(
     cat: Any, rows: _Rows, formats: _Formats, tmp: str
 ) -> ShardCheck:
-    check = ShardCheck(shard=rows.shard, rows=len(rows.keys), parts=rows.parts)
+    check = ShardCheck(shard=rows.shard, rows=len(rows.keys), parts=rows.parts,
+                       bytes_read=rows.listed_bytes)
     path = cat.store.local_path(object_key(rows.shard))
     fetched = None
     try:

@@ -6,7 +6,7 @@ import json
 import math
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -37,6 +37,7 @@ __all__ = [
     "GcReport",
     "ProblemKind",
     "VerifyProblem",
+    "VerifyProgress",
     "VerifyReport",
     "gc",
     "gc_overlapped",
@@ -47,6 +48,21 @@ __all__ = [
 
 ProblemKind = Literal["snapshot", "manifest part", "shard", "lineage object", "ref"]
 """What a damaged object is to the snapshots that reach it."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VerifyProgress:
+    """Where a sample check stands, sent after each shard (``verify(progress=...)``).
+
+    ``bytes_*`` count the samples' logical bytes (the manifest's ``size_bytes``).
+    """
+
+    shards_done: int
+    shards_total: int
+    samples: int
+    bytes_done: int
+    bytes_total: int
+    elapsed_s: float
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -147,6 +163,7 @@ def verify(
     all_refs: bool = False,
     samples: bool = False,
     split: tuple[int, int] | None = None,
+    progress: Callable[[VerifyProgress], None] | None = None,
 ) -> VerifyReport:
     """Check a snapshot (with ``history``, its ancestors too) and everything it reaches.
 
@@ -165,7 +182,8 @@ def verify(
     stopping at the first. ``split=(k, n)``: of the shards and lineage objects, only
     those in part ``k`` (0-based) of ``n`` are checked (by their ids, which are uniform
     hashes), so ``n`` tasks of an array job split a large ``deep`` or ``samples`` check;
-    snapshots and manifest parts are checked by every task.
+    snapshots and manifest parts are checked by every task. ``progress`` is called
+    after each shard of the sample check.
     """
     if split is not None:
         k, n = split
@@ -191,7 +209,7 @@ def verify(
     walk.parts(cat)
     walk.objects(cat, deep=deep)
     if samples:
-        walk.sample_rows(cat, deep=deep)
+        walk.sample_rows(cat, progress=progress)
     return report
 
 
@@ -428,7 +446,9 @@ class _Walk:
                 ))  # fmt: skip
 
 
-    def sample_rows(self, cat: Catalog, *, deep: bool) -> None:
+    def sample_rows(
+        self, cat: Catalog, *, progress: Callable[[VerifyProgress], None] | None = None
+    ) -> None:
         """Each manifest row against its shard (after ``objects``: damage found is skipped)."""
         report = self.report
         skip = {p.object for p in report.problem_objects if p.kind == "shard"}
@@ -436,9 +456,24 @@ class _Walk:
             return
         rows = pa.concat_tables(self.rows, promote_options="permissive")
         self.rows = []
+        started = time.monotonic()
+        if skip:
+            rows = rows.filter(pc.invert(pc.is_in(rows.column("shard"),
+                                                  pa.array(sorted(skip), pa.string()))))
+        total_shards = pc.count_distinct(rows.column("shard")).as_py()
+        total_bytes = pc.sum(rows.column("size_bytes")).as_py() or 0
+        state = {"shards": 0, "bytes": 0}
 
         def done(check: ShardCheck) -> None:
             report.samples_checked += check.checked
+            state["shards"] += 1
+            state["bytes"] += check.bytes_read
+            if progress is not None:
+                progress(VerifyProgress(
+                    shards_done=state["shards"], shards_total=total_shards,
+                    samples=report.samples_checked, bytes_done=state["bytes"],
+                    bytes_total=total_bytes, elapsed_s=time.monotonic() - started,
+                ))  # fmt: skip
             report.bytes_hashed += check.bytes_hashed
             if check.ok:
                 return

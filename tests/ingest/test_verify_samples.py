@@ -252,3 +252,34 @@ def test_a_split_divides_the_shards_between_tasks(tmp_path):
         assert f"invalid --split {bad!r}" in res.output
     with pytest.raises(InvalidInputError, match="0 <= K < N"):
         verify(cat, "d", split=(3, 3))
+
+
+def test_progress_reports_each_shard_and_ends_at_the_totals(tmp_path):
+    cat = Catalog.init(str(tmp_path / "store"))
+    src = _sources(tmp_path / "src", n=12)
+    simstore.ingest([str(src)], store=cat, dataset="d", workers=1, snapshot=True,
+                    message="one", shard_size=300)
+    np.savez(src / "run99.npz", u=np.zeros((3, 5), np.float32), steps=np.arange(2))
+    simstore.ingest([str(src)], store=cat, dataset="d", workers=1, snapshot=True,
+                    message="two", shard_size=300)
+    seen = []
+    report = verify(cat, "d", samples=True, history=True, progress=seen.append)
+    assert report.ok
+    shards = {r["shard"] for sid in report.snapshots
+              for r in cat.manifest(cat.snapshot(sid)).to_pylist()}
+    assert [p.shards_done for p in seen] == list(range(1, len(shards) + 1))
+    last = seen[-1]
+    assert last.shards_total == len(shards) and last.samples == report.samples_checked == 13
+    # rows both snapshots list count in both totals: progress ends at exactly 100%
+    listed = sum(r["size_bytes"] for sid in report.snapshots
+                 for r in cat.manifest(cat.snapshot(sid)).to_pylist())
+    assert last.bytes_total == listed and last.bytes_done == listed
+    assert all(a.bytes_done <= b.bytes_done for a, b in zip(seen, seen[1:], strict=False))
+
+    res = CliRunner().invoke(main, ["--store", str(tmp_path / "store"), "verify", "d",
+                                    "--samples", "--progress"])
+    assert res.exit_code == 0, res.output
+    assert f"shards {len(shards)}/{len(shards)}  samples 13" in res.output
+    quiet = CliRunner().invoke(main, ["--store", str(tmp_path / "store"), "verify", "d",
+                                      "--samples"])
+    assert "shards" not in quiet.output  # not a terminal: no bar unless asked
