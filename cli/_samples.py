@@ -53,15 +53,21 @@ def cat_cmd(
     if out is not None and not out.endswith(".npz"):
         raise InvalidInputError(f"--out {out!r}: the file name must end in .npz")
     parse_ref(ref)
-    store = ctx.catalog(read_only=True).store
-    ds = SimDataset(store, ref, fields=wanted, shuffle=False)
+    catalog = ctx.catalog(read_only=True)
+    ds = SimDataset(catalog.store, ref, fields=wanted, shuffle=False)
     samples = ds.get_many(list(keys))
     pinned = f"{parse_ref(ref).dataset}@{ds.snapshot_id}"
+    # the schema tells a 0-d tensor from a scalar parameter (both read as 0-d tensors)
+    kinds = {spec.name: spec.kind for spec in catalog.snapshot(ds.snapshot_id).schema}
+    names = wanted if wanted is not None else sorted(kinds)
     if out is not None:
         _write_npz(out, samples)
     described: list[dict[str, Any]] = [
         {"key": s["__key__"],
-         "fields": {n: _describe(v) for n, v in sorted(s.items()) if not n.startswith("__")}}
+         "fields": {n: _describe(v, kinds.get(n)) for n, v in sorted(s.items())
+                    if not n.startswith("__")},
+         # fields of the dataset (or asked for) that this sample lacks
+         "absent": [n for n in names if n not in s]}
         for s in samples
     ]
     doc = {"snapshot": ds.snapshot_id, "samples": described, "out": out}
@@ -70,9 +76,10 @@ def cat_cmd(
         lines = []
         for sample in described:
             lines.append(f"{sample['key']} ({pinned})")
-            width = max((len(n) for n in sample["fields"]), default=0)
+            width = max((len(n) for n in [*sample["fields"], *sample["absent"]]), default=0)
             for name, d in sample["fields"].items():
                 lines.append(f"  {name.ljust(width)}  {_line(d)}")
+            lines += (f"  {name.ljust(width)}  absent" for name in sample["absent"])
         if out is not None:
             lines.append(f"wrote {out}")
         return "\n".join(lines)
@@ -88,10 +95,11 @@ def _values(value: Any) -> Any:
     return value
 
 
-def _describe(value: Any) -> dict[str, Any]:
+def _describe(value: Any, kind: str | None = None) -> dict[str, Any]:
+    """A field's summary; ``kind`` is the schema's (a scalar parameter or a 0-d tensor)."""
     value = _values(value)
     if isinstance(value, np.ndarray):
-        if value.ndim == 0:
+        if value.ndim == 0 and kind != "tensor":
             return {"kind": "scalar", "dtype": str(value.dtype), "value": value.item()}
         d: dict[str, Any] = {"kind": "tensor", "dtype": str(value.dtype),
                              "shape": list(value.shape)}

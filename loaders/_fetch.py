@@ -27,7 +27,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Literal, Protocol, cast, runtime_checkable
 
@@ -437,8 +437,26 @@ class ShardAccess:
                                          job_start=self.job_start)
             return self._cache
 
+    @contextlib.contextmanager
+    def _referenced(self, shard_id: str) -> Iterator[None]:
+        """A shard the snapshot names but the store lacks: damage, as ``verify`` says.
+
+        Not the :class:`NotFoundError` of an unknown key or ref (exit 3, a
+        ``LookupError``), which a caller may take for a normal miss.
+        """
+        try:
+            yield
+        except NotFoundError as exc:
+            raise IntegrityError(
+                f"{self.store.url}: {object_key(shard_id)} is missing{self._by()}"
+            ) from exc
+
     def prepare(self, shard_id: str) -> ShardHandle | None:
         """Background work before a shard is opened: verify it, or fill the cache."""
+        with self._referenced(shard_id):
+            return self._prepare(shard_id)
+
+    def _prepare(self, shard_id: str) -> ShardHandle | None:
         mode = self.mode(shard_id)
         if mode == "local":
             self._verify_local(shard_id)
@@ -457,6 +475,10 @@ class ShardAccess:
         """
         if prepared is not None:
             return prepared
+        with self._referenced(shard_id):
+            return self._open(shard_id, verified)
+
+    def _open(self, shard_id: str, verified: bool) -> ShardHandle:
         key = object_key(shard_id)
         mode = self.mode(shard_id)
         if mode == "local":
@@ -495,6 +517,8 @@ class ShardAccess:
             with open(path, "rb") as f:
                 os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
             wrong = self._hash_against(shard_id, path, self.tier)
+        except FileNotFoundError:
+            raise NotFoundError(f"{self.store.url}: no object {key}") from None
         except OSError as exc:
             raise StorageError(f"{self.store.url}/{key}: read failed: {exc}") from exc
         if wrong is not None:

@@ -35,7 +35,13 @@ from simstore.loaders._readers import ReaderPool, ShardOpener
 from simstore.loaders._source import GroupRows, PartReader, Source, load_group
 from simstore.loaders._stats import Counters
 
-from simstore.errors import FormatError, InvalidInputError, SimstoreError
+from simstore.errors import (
+    FormatError,
+    IntegrityError,
+    InvalidInputError,
+    NotFoundError,
+    SimstoreError,
+)
 from simstore.protocols import ShardReader
 
 __all__ = [
@@ -312,6 +318,8 @@ def read_chunk(
                 if buffers is not None and getattr(reader, "supports_out", False):
                     alloc = _SlotAlloc(buffers, read.out[first].tolist(), fan_out)
                 values = _read(reader, uniq.tolist(), src, read.epoch, keys, alloc)
+            except NotFoundError as exc:  # gone while read: the snapshot names it
+                raise IntegrityError(f"{pool._name(key)}: {exc} (it is missing)") from exc
             except SimstoreError as exc:
                 raise type(exc)(f"{pool._name(key)}: {exc}") from exc
             except Exception as exc:

@@ -39,7 +39,8 @@ def test_text_names_each_field_with_its_values_or_summary(store):
     assert lines[0].startswith("r1 (d@")
     by_name = {line.split()[0]: line for line in lines[1:]}
     assert by_name["n"].split(None, 1)[1] == "tensor int64 (2,) [0, 1]"
-    assert by_name["p"].split(None, 1)[1] == "scalar float64 1.5"
+    # np.savez stores a 0-d array: a tensor of rank 0, not a scalar parameter
+    assert by_name["p"].split(None, 1)[1] == "tensor float64 () [1.5]"
     assert by_name["u"].split(None, 1)[1] == (
         f"tensor float32 (6, 7) min {u['r1'].min():.6g} max {u['r1'].max():.6g} "
         f"mean {u['r1'].astype(np.float64).mean():.6g}"
@@ -186,3 +187,26 @@ def test_a_prefix_that_is_not_utf8_is_one_line(many_parts):
             f"error: key prefix {prefix.encode('utf-8', 'surrogateescape')!r} is not UTF-8 "
             "text (keys are)"
         )
+
+
+def test_scalars_tensors_of_rank_0_and_absent_fields_are_told_apart(tmp_path):
+    import h5py
+
+    root = tmp_path / "src"
+    root.mkdir()
+    with h5py.File(root / "run.h5", "w") as f:
+        f["u"] = np.arange(4.0)
+        f.attrs["re"] = 250.0  # an attribute: a scalar parameter
+    np.savez(root / "z.npz", p=np.float64(0.5))  # a 0-d array: a tensor of rank 0
+    path = str(tmp_path / "s")
+    Catalog.init(path)
+    simstore.ingest([str(root)], dataset="d", store=path, snapshot=True, message="t",
+                    allow_schema_change=True)
+    doc = json.loads(_run(path, "d", "run.h5", "z", "--json").output)
+    run, z = doc["samples"]
+    assert run["fields"]["re"] == {"kind": "scalar", "dtype": "float64", "value": 250.0}
+    assert z["fields"]["p"] == {"kind": "tensor", "dtype": "float64", "shape": [],
+                                "values": [0.5]}
+    assert run["absent"] == ["p"] and z["absent"] == ["re", "u"]
+    text = _run(path, "d", "z", "--fields", "u,p").output.splitlines()
+    assert text[1:] == ["  p  tensor float64 () [0.5]", "  u  absent"]

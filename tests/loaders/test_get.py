@@ -196,3 +196,37 @@ def test_a_remote_store_ranged_or_through_the_cache(tmp_path, cached):
     finally:
         for key in list(cat.store.list()):
             cat.store.delete(key)
+
+
+def test_a_missing_shard_is_damage_not_a_missing_key(tmp_path):
+    # NotFoundError (a LookupError, exit 3) says a key or ref is unknown; a shard the
+    # snapshot names but the store lacks is damage, as verify reports it (exit 6)
+    from click.testing import CliRunner
+    from simstore.cli import main
+    from simstore.loaders import SimDataLoader
+
+    root = tmp_path / "src"
+    root.mkdir()
+    for i in range(4):
+        np.savez(root / f"r{i}.npz", u=np.full(3, i, dtype=np.float32))
+    path = str(tmp_path / "s")
+    Catalog.init(path)
+    simstore.ingest([str(root)], dataset="d", store=path, snapshot=True, message="t",
+                    shard_size=200)
+    cat = Catalog.open(path)
+    sid = cat.resolve("d")
+    rows = {r["key"]: r["shard"] for r in cat.manifest(cat.snapshot(sid)).to_pylist()}
+    shard = rows["r1"]
+    assert len(set(rows.values())) > 1
+    os.remove(cat.store.local_path(object_key(shard)))
+    want = rf"{object_key(shard)} is missing; referenced by snapshot {sid}"
+    with pytest.raises(IntegrityError, match=want):
+        SimDataset(path, "d").get("r1")
+    with pytest.raises(IntegrityError, match=want):
+        list(SimDataset(path, "d"))
+    with pytest.raises(IntegrityError, match=want):
+        list(SimDataLoader(SimDataset(path, "d"), batch_size=2, num_workers=2))
+    intact = next(k for k, s in rows.items() if s != shard)
+    assert SimDataset(path, "d").get(intact)["__key__"] == intact
+    res = CliRunner().invoke(main, ["--store", path, "cat", "d", "r1"])
+    assert res.exit_code == 6 and want.replace("\\", "") in res.output
