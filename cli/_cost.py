@@ -274,8 +274,11 @@ def _run_text(result: RunCost) -> str:
     c = out["cache"]
     lines += [
         "",
-        f"total {_usd(result.total_usd)} per run, {_usd(result.per_epoch_usd)} per epoch, "
-        f"{_usd(result.per_hour_usd)} per hour",
+        f"total {_usd(result.total_usd)} per run, "
+        + (f"{_usd(result.per_epoch_usd)} per epoch, " if result.per_epoch_usd is not None
+           else "no epoch read (no per-epoch figure), ")
+        + (f"{_usd(result.per_hour_usd)} per hour" if result.per_hour_usd is not None
+           else "no per-hour figure (the report's duration is unknown)"),
     ]
     lines.append(_cache_line(c, result.total_usd))
     return "\n".join(lines)

@@ -279,6 +279,10 @@ def merge_price_data(base: Mapping[str, Any], override: Mapping[str, Any]) -> di
         if "storage_per_gib_month" in body:
             for k in _AMORTISED_FIELDS:
                 merged.pop(k, None)
+        if "assumption" not in body and any(
+                k in body for k in (*_AMORTISED_FIELDS, "storage_per_gib_month")):
+            # the base's words describe the base's price (a drive's is written anew)
+            merged.pop("assumption", None)
         merged.update(body)
     out["tiers"] = tiers
     return out
@@ -296,6 +300,7 @@ def apply_price_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> 
     :class:`InvalidInputError` naming the flag (``--price TIER.FIELD=VALUE``).
     """
     out = dict(data)
+    touched: dict[str, list[str]] = {}  # tier -> the flags that set its fields
     for item in overrides:
         target, sep, text = item.partition("=")
         tier, dot, name = target.strip().rpartition(".")
@@ -329,4 +334,17 @@ def apply_price_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> 
             out = merge_price_data(out, {"tiers": {tier: {name: value}}})
         except FormatError as exc:
             raise InvalidInputError(str(exc)) from None
+        touched.setdefault(tier, []).append(item)
+    for tier, items in touched.items():
+        # the flags' tier as they leave it: a drive field after storage_per_gib_month (or
+        # a file's) starts the drive price afresh, which needs all three drive fields
+        try:
+            _parse_tier(tier, out["tiers"][tier], "price table")
+        except FormatError as exc:
+            flags = " ".join(f"--price {i}" for i in items)
+            raise InvalidInputError(
+                f"invalid price override {flags}: {exc}; storage_per_gib_month and the "
+                f"drive fields {list(_AMORTISED_FIELDS)} replace each other, the later "
+                "winning, so give the drive fields together"
+            ) from None
     return out

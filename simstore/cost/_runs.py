@@ -295,14 +295,14 @@ class RunCost:
         return sum(t.total_usd for t in self.tiers)
 
     @property
-    def per_epoch_usd(self) -> float:
-        """The run divided by its epochs (the run itself when it has none)."""
-        return self.total_usd / self.epochs if self.epochs > 0 else self.total_usd
+    def per_epoch_usd(self) -> float | None:
+        """The run divided by its epochs; None when it read no epoch (none to divide by)."""
+        return self.total_usd / self.epochs if self.epochs > 0 else None
 
     @property
-    def per_hour_usd(self) -> float:
-        """The run's cost per hour of its duration (0 when the duration is unknown)."""
-        return self.total_usd / (self.seconds / 3600) if self.seconds > 0 else 0.0
+    def per_hour_usd(self) -> float | None:
+        """The run's cost per hour of its duration; None when the duration is unknown (0)."""
+        return self.total_usd / (self.seconds / 3600) if self.seconds > 0 else None
 
     @property
     def cold_start_usd(self) -> float:

@@ -209,3 +209,34 @@ def test_non_finite_json_output_is_an_error_not_invalid_json(monkeypatch, files)
     monkeypatch.setattr(simstore.cost.RunCost, "per_hour_usd", property(lambda self: math.nan))
     out = cli("cost", "--run", report_file(files, REPORT), "--json", code=1)
     assert "per_hour_usd" in out
+
+
+def test_a_run_of_unknown_duration_or_no_epoch_has_no_such_figure(files):
+    unknown = json.loads(cli("cost", "--run", report_file(files, {**REPORT, "seconds": 0}),
+                             "--json", code=0))
+    assert unknown["per_hour_usd"] is None and unknown["per_epoch_usd"] is not None
+    text = cli("cost", "--run", report_file(files, {**REPORT, "seconds": 0}), code=0)
+    assert "no per-hour figure (the report's duration is unknown)" in text
+    assert "$0 per hour" not in text
+    none = json.loads(cli("cost", "--run", report_file(files, {**REPORT, "epochs": []}),
+                          "--json", code=0))
+    assert none["per_epoch_usd"] is None and none["per_hour_usd"] is not None
+    assert "no epoch read" in cli("cost", "--run", report_file(files, {**REPORT, "epochs": []}),
+                                  code=0)
+
+
+def test_a_drive_field_after_an_explicit_local_price_needs_the_whole_drive():
+    out = cli("prices", "--price", "local-nvme.storage_per_gib_month=0.01",
+              "--price", "local-nvme.drive_usd=1500", code=2)
+    assert "--price local-nvme.storage_per_gib_month=0.01 --price local-nvme.drive_usd=1500" \
+        in out and "also needs ['drive_capacity_bytes', 'life_months']" in out
+    whole = json.loads(cli("prices", "--price", "local-nvme.storage_per_gib_month=0.01",
+                           "--price", "local-nvme.drive_usd=1500",
+                           "--price", "local-nvme.drive_capacity_bytes=4000000000000",
+                           "--price", "local-nvme.life_months=60", "--json", code=0))
+    tiers = whole["tiers"]
+    nvme = tiers["local-nvme"] if isinstance(tiers, dict) else next(
+        t for t in tiers if t["name"] == "local-nvme")
+    assert nvme["storage_per_gib_month"] == pytest.approx(1500 / (4e12 / 2**30) / 60)
+    # the words describe the price in force, not the default drive's
+    assert nvme["assumption"] == "a 4 TB drive at 1500 USD over 60 months"

@@ -300,7 +300,11 @@ def test_retrieval_tier_prices_bytes(table):
     cost = price_run(usage, table, {"s3": "s3-glacier-ir"})
     assert cost.tiers[0].requests_usd == pytest.approx(0.01)
     assert cost.tiers[0].retrieval_usd == pytest.approx(0.06)
-    assert cost.per_hour_usd == 0.0  # unknown duration
+    assert cost.per_hour_usd is None  # unknown duration: no per-hour figure
+    assert cost.per_epoch_usd == pytest.approx(cost.total_usd)
+    none = price_run(RunUsage(epochs=0, seconds=10, tiers=usage.tiers), table,
+                     {"s3": "s3-glacier-ir"})
+    assert none.per_epoch_usd is None and none.per_hour_usd is not None
 
 
 def test_unmapped_run_tier_is_an_error(table):
