@@ -145,12 +145,11 @@ def check_shards(
     cat: Any,
     rows: pa.Table,
     *,
-    skip: set[str],
     on_done: Callable[[ShardCheck], None],
 ) -> None:
     """Check every row of ``rows`` (:data:`ROW_COLUMNS` plus ``part``) against its shard.
 
-    Shards in ``skip`` (missing, or already found damaged) are passed over. A shard of a
+    The caller leaves out the rows of shards it knows are missing or damaged. A shard of a
     local store is read where it lies (``verify --deep`` hashes it); a remote one is
     fetched once to a temporary file and hashed on the way, and is not read unless it
     matches its id. ``on_done`` gets each shard's result, in shard id order.
@@ -160,7 +159,7 @@ def check_shards(
         with ThreadPoolExecutor(_THREADS, thread_name_prefix="simstore-verify") as pool:
             # a few shards in flight: each one's rows become Python objects only then
             pending: deque[Future[ShardCheck]] = deque()
-            for group in _by_shard(rows, skip):
+            for group in _by_shard(rows):
                 pending.append(pool.submit(_check_shard, cat, group, formats, tmp))
                 if len(pending) >= 2 * _THREADS:
                     on_done(pending.popleft().result())
@@ -180,7 +179,7 @@ class _Rows:
     """``size_bytes`` of every manifest row naming this shard, a row listed twice twice."""
 
 
-def _by_shard(rows: pa.Table, skip: set[str]) -> Iterator[_Rows]:
+def _by_shard(rows: pa.Table) -> Iterator[_Rows]:
     """Each shard's distinct manifest rows, sorted by position (shards in id order).
 
     The rows are sorted once in Arrow; each shard's slice becomes Python objects only
@@ -197,8 +196,6 @@ def _by_shard(rows: pa.Table, skip: set[str]) -> Iterator[_Rows]:
     ends = [*starts[1:], rows.num_rows]
     for start, end in zip(starts, ends, strict=True):
         shard = str(shard_col[start].as_py())
-        if shard in skip:
-            continue
         part = rows.slice(start, end - start)
         positions = part.column("position").to_numpy()
         keys = part.column("key").to_pylist()

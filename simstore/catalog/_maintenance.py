@@ -373,13 +373,15 @@ class _Walk:
                     f"snapshot{'s' if len(by) > 1 else ''} say{'' if len(by) > 1 else 's'} "
                     f"{rows}",
                 ))  # fmt: skip
-            for shard in pc.unique(table.column("shard")).to_pylist():
+            shards = pc.unique(table.column("shard")).to_pylist()
+            for shard in shards:
                 self.shard_parts.setdefault(shard, []).append(pid)
             if report.samples:
                 rows = table.select(ROW_COLUMNS)
                 if report.split is not None:  # this task's shards' rows only
-                    mine = [in_split(x, report.split) for x in rows.column("shard").to_pylist()]
-                    rows = rows.filter(pa.array(mine, pa.bool_()))
+                    split = report.split
+                    mine = pa.array([s for s in shards if in_split(s, split)], pa.string())
+                    rows = rows.filter(pc.is_in(rows.column("shard"), mine))
                 self.rows.append(rows.append_column(
                     "part", pa.array([pid] * rows.num_rows, pa.string()).dictionary_encode()
                 ))
@@ -483,7 +485,7 @@ class _Walk:
                 message=check.message(_named(by)),
             ))  # fmt: skip
 
-        check_shards(cat, rows, skip=skip, on_done=done)
+        check_shards(cat, rows, on_done=done)
 
 
 def _all_ref_targets(cat: Catalog) -> Iterator[str]:
