@@ -217,6 +217,33 @@ class EpochReader:
         sample["__pad__"] = bool(chunk.is_pad[j])
         return sample
 
+    def _readers(
+        self, counters: Counters, limiter: RateLimiter, trusted: TrustTable | None,
+        siblings: VerifiedTable | None = None,
+    ) -> tuple[list[ShardAccess], ReaderPool]:
+        """Each source's shard access (fetches, cache, checks) and the readers' pool over them.
+
+        ``trusted``: the table of files hashed earlier (default: the dataset's own);
+        ``siblings``: where DataLoader workers share their hashes.
+        """
+        opts = self.options
+        trust = trusted if trusted is not None else TrustTable(self.trusted)
+        access = [
+            ShardAccess(s.store, counters=counters, limiter=limiter, cache=opts.cache,
+                        verify=opts.verify, referenced_by=s.snapshot_id,
+                        block_bytes=opts.prefetch.range_block_bytes,
+                        siblings=siblings.scoped(i) if siblings is not None else None,
+                        trusted=trust.scoped(i), node=opts.node, job_start=self.job_start)
+            for i, s in enumerate(self.sources)
+        ]
+        pool = ReaderPool(access, opts.shard_opener or FormatOpener(),
+                          opts.prefetch.max_open_shards, [s.snapshot_id for s in self.sources],
+                          decode_cache_bytes=opts.prefetch.decode_cache_bytes,
+                          # copies pinned ahead of their readers; open readers pin
+                          # up to max_open_shards more (loader.md sizes the cache so)
+                          max_prepared=opts.prefetch.shards)
+        return access, pool
+
     def lookup(
         self, keys: Sequence[str], epoch: int, trusted: TrustTable | None = None
     ) -> list[Sample]:
@@ -241,29 +268,22 @@ class EpochReader:
                 raise InvalidInputError(f"a sample key is a string, got {type(key).__name__}")
         if not keys:
             return []
-        access = ShardAccess(src.store, counters=counters, limiter=limiter, cache=opts.cache,
-                             verify=opts.verify, referenced_by=src.snapshot_id,
-                             block_bytes=opts.prefetch.range_block_bytes,
-                             trusted=(trusted or TrustTable(self.trusted)).scoped(0),
-                             node=opts.node, job_start=self.job_start)
-        rows = locate(src, keys, counters, tier, access.read_cached)
-        by_shard: dict[str, list[int]] = {}
-        for j, (shard, _, _) in enumerate(rows):
-            by_shard.setdefault(shard, []).append(j)
-        reads = tuple(
-            ShardRead(source=0, shard_id=shard,
-                      positions=np.asarray([rows[j][1] for j in slots], dtype=np.int64),
-                      out=np.asarray(slots, dtype=np.int64), epoch=epoch,
-                      keys=tuple(keys[j] for j in slots))
-            for shard, slots in by_shard.items()
-        )
-        chunk = Chunk(source=np.zeros(len(keys), dtype=np.int64),
-                      is_pad=np.zeros(len(keys), dtype=np.bool_), keys=keys, reads=reads,
-                      size_bytes=sum(r[2] for r in rows))
-        opener = opts.shard_opener or FormatOpener()
-        pool = ReaderPool([access], opener, opts.prefetch.max_open_shards, [src.snapshot_id],
-                          max_prepared=opts.prefetch.shards)
+        (access,), pool = self._readers(counters, limiter, trusted)
         try:
+            rows = locate(src, keys, counters, tier, access.read_cached)
+            by_shard: dict[str, list[int]] = {}
+            for j, (shard, _, _) in enumerate(rows):
+                by_shard.setdefault(shard, []).append(j)
+            reads = tuple(
+                ShardRead(source=0, shard_id=shard,
+                          positions=np.asarray([rows[j][1] for j in slots], dtype=np.int64),
+                          out=np.asarray(slots, dtype=np.int64), epoch=epoch,
+                          keys=tuple(keys[j] for j in slots))
+                for shard, slots in by_shard.items()
+            )
+            chunk = Chunk(source=np.zeros(len(keys), dtype=np.int64),
+                          is_pad=np.zeros(len(keys), dtype=np.bool_), keys=keys, reads=reads,
+                          size_bytes=sum(r[2] for r in rows))
             values = read_chunk(chunk, pool, self.sources, limiter, counters, [tier],
                                 side_by_side=False)
             pool.finish()  # a shard's whole hash, where it was still running
@@ -296,24 +316,8 @@ class EpochReader:
         tiers = [tier_of(s.store) for s in sources]
         for tier in tiers:  # each store's tier is in the report, even if the cache served all
             counters.add_read(tier, 0, requests=0)
-        opener = opts.shard_opener or FormatOpener()
-        trust = trusted if trusted is not None else TrustTable(self.trusted)
         with contextlib.ExitStack() as stack:
-            access = [
-                ShardAccess(s.store, counters=counters, limiter=limiter, cache=opts.cache,
-                            verify=opts.verify, referenced_by=s.snapshot_id,
-                            block_bytes=opts.prefetch.range_block_bytes,
-                            siblings=siblings.scoped(i) if siblings is not None else None,
-                            trusted=trust.scoped(i), node=opts.node,
-                            job_start=self.job_start)
-                for i, s in enumerate(sources)
-            ]
-            pool = ReaderPool(access, opener, opts.prefetch.max_open_shards,
-                              [s.snapshot_id for s in sources],
-                              decode_cache_bytes=opts.prefetch.decode_cache_bytes,
-                              # copies pinned ahead of their readers; open readers pin
-                              # up to max_open_shards more (loader.md sizes the cache so)
-                              max_prepared=opts.prefetch.shards)
+            access, pool = self._readers(counters, limiter, trusted, siblings)
             stack.callback(pool.close)
             resolver = Resolver(sources, self.mixture, self.epoch_length, counters, tiers,
                                 part_readers=[a.read_cached for a in access])
