@@ -16,6 +16,7 @@ from simstore.ingest import (
     adapter_names,
     load_adapter,
     load_shard_format,
+    probe_shard,
     shard_format_names,
 )
 from simstore.protocols import ShardFormat, ShardReader, SourceAdapter
@@ -23,7 +24,6 @@ from simstore.protocols import ShardFormat, ShardReader, SourceAdapter
 __all__ = ["get_adapter", "get_format", "list_adapters", "list_formats", "open_shard"]
 
 _BUILTIN_ORDER = ("parquet", "zarr", "lance")
-_PROBE_BYTES = 8
 
 
 def get_format(name: str, options: ShardOptions | None = None) -> ShardFormat:
@@ -46,21 +46,6 @@ def list_formats() -> list[str]:
     return shard_format_names()
 
 
-def _probe(source: str | BinaryIO) -> tuple[bytes, bytes]:
-    if isinstance(source, str):
-        with open(source, "rb") as f:
-            return _probe(f)
-    pos = source.tell()
-    source.seek(0)
-    head = source.read(_PROBE_BYTES)
-    source.seek(0, os.SEEK_END)
-    size = source.tell()
-    source.seek(max(0, size - _PROBE_BYTES))
-    tail = source.read(_PROBE_BYTES)
-    source.seek(pos)
-    return head, tail
-
-
 def open_shard(
     source: str | os.PathLike[str] | BinaryIO,
     *,
@@ -77,7 +62,7 @@ def open_shard(
     src: Any = os.fspath(source) if isinstance(source, os.PathLike) else source
     if head is None or tail is None:
         try:
-            h, t = _probe(src)
+            h, t = probe_shard(src)
         except OSError as exc:
             raise FormatError(
                 f"cannot read shard {src if isinstance(src, str) else ''}: {exc}"

@@ -13,10 +13,10 @@ place to ``open_shard`` itself, for its error message.
 from __future__ import annotations
 
 import importlib
-import os
 from typing import Any, BinaryIO
 
 from simstore.errors import FormatError, InvalidInputError
+from simstore.ingest import installed_shard_formats, probe_shard, sniffed_format
 from simstore.protocols import ShardFormat, ShardReader
 
 try:  # the default format's reader loads with the loader, not inside the first batch
@@ -26,8 +26,6 @@ except ImportError:  # pragma: no cover - formats ships with simstore
 
 __all__ = ["FormatOpener"]
 
-_PROBE_BYTES = 8
-
 
 def _formats_module() -> Any:
     try:
@@ -36,19 +34,6 @@ def _formats_module() -> Any:
         raise InvalidInputError(
             f"no shard reader available ({exc}); pass shard_opener= or install simstore fully"
         ) from exc
-
-
-def _probe(source: str | BinaryIO) -> tuple[bytes, bytes]:
-    if isinstance(source, str):
-        with open(source, "rb") as f:
-            return _probe(f)
-    source.seek(0)
-    head = source.read(_PROBE_BYTES)
-    end = source.seek(0, os.SEEK_END)
-    source.seek(max(0, end - _PROBE_BYTES))
-    tail = source.read(_PROBE_BYTES)
-    source.seek(0)
-    return head, tail
 
 
 _BUILTIN = (
@@ -93,24 +78,19 @@ class FormatOpener:
 
     def _installed(self) -> list[ShardFormat]:
         if self._formats is None:
-            module = _formats_module()
-            self._formats = [module.get_format(n) for n in module.list_formats()]
+            self._formats = installed_shard_formats()
         return self._formats
 
     def __call__(self, source: str | BinaryIO) -> ShardReader:
         try:
-            head, tail = _probe(source)
+            head, tail = probe_shard(source)
         except OSError as exc:
             raise FormatError(f"cannot read the shard's first and last bytes: {exc}") from exc
         own = self._own(head, tail)
-        if (
-            own is not None
-            and own.sniff(head, tail)
-            and (isinstance(source, str) or own.supports_file_objects)
-        ):
-            return own.open(source)
-        for fmt in self._installed():
-            if fmt.sniff(head, tail) and (isinstance(source, str) or fmt.supports_file_objects):
+        file_object = not isinstance(source, str)
+        for formats in ([own] if own is not None else [], self._installed()):
+            fmt = sniffed_format(formats, head, tail, file_object=file_object)
+            if fmt is not None:
                 return fmt.open(source)
         opener: Any = _formats_module().open_shard
         reader: ShardReader = opener(source, head=head, tail=tail)

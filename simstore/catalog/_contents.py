@@ -35,7 +35,6 @@ from simstore.sample import Sample
 __all__ = ["ROW_COLUMNS", "SampleMismatch", "ShardCheck", "check_shards", "hash_object"]
 
 _HASH_BLOCK = 8 * 1024 * 1024
-_PROBE_BYTES = 8
 
 ROW_COLUMNS = ["shard", "position", "key", "sample_hash", "size_bytes"]
 """The manifest columns the sample check needs."""
@@ -224,25 +223,18 @@ class _Formats:
     """The installed shard formats, loaded once, recognised by their first and last bytes."""
 
     def __init__(self) -> None:
-        from simstore.ingest import load_shard_format, shard_format_names
+        from simstore.ingest import installed_shard_formats
 
-        builtin = ("parquet", "zarr", "lance")
-        names = shard_format_names()
-        ordered = [n for n in builtin if n in names] + [n for n in names if n not in builtin]
-        self.formats: list[ShardFormat] = [load_shard_format(n) for n in ordered]
+        self.formats: list[ShardFormat] = installed_shard_formats()
 
     def open(self, path: str) -> ShardReader:
-        with open(path, "rb") as f:
-            head = f.read(_PROBE_BYTES)
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - _PROBE_BYTES))
-            tail = f.read(_PROBE_BYTES)
-        for fmt in self.formats:
-            if fmt.sniff(head, tail):
-                return fmt.open(path)
-        raise SimstoreError(
-            f"not a shard of any installed format ({', '.join(f.name for f in self.formats)})"
-        )
+        from simstore.ingest import probe_shard, sniffed_format
+
+        fmt = sniffed_format(self.formats, *probe_shard(path))
+        if fmt is None:
+            names = ", ".join(f.name for f in self.formats)
+            raise SimstoreError(f"not a shard of any installed format ({names})")
+        return fmt.open(path)
 
 
 def _check_shard(

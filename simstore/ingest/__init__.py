@@ -71,10 +71,13 @@ from simstore.ingest._plugins import (
     FORMAT_GROUP,
     adapter_names,
     entry_points,
+    installed_shard_formats,
     load_adapter,
     load_adapters,
     load_shard_format,
+    probe_shard,
     shard_format_names,
+    sniffed_format,
 )
 from simstore.ingest._shards import (
     COMPRESSIONS,
@@ -106,6 +109,7 @@ __all__ = [
     "entry_points",
     "hash_file",
     "hash_sample_blocks",
+    "installed_shard_formats",
     "ingest",
     "is_array_source",
     "iter_blocks",
@@ -114,8 +118,10 @@ __all__ = [
     "load_shard_format",
     "parse_compression",
     "parse_size",
+    "probe_shard",
     "sample_nbytes",
     "shard_format_names",
+    "sniffed_format",
     "spec_of_value",
 ]
 

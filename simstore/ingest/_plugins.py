@@ -7,7 +7,7 @@ import sys
 import threading
 import time
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, BinaryIO
 
 from simstore.errors import InvalidInputError
 from simstore.ingest._config import IngestConfig
@@ -20,11 +20,14 @@ __all__ = [
     "Plugins",
     "adapter_names",
     "entry_points",
+    "installed_shard_formats",
     "load_adapter",
     "load_adapters",
     "load_shard_format",
     "plugins_for",
+    "probe_shard",
     "shard_format_names",
+    "sniffed_format",
 ]
 
 ADAPTER_GROUP = "simstore.adapters"
@@ -166,6 +169,51 @@ def load_shard_format(name: str, options: ShardOptions | None = None) -> ShardFo
     if not isinstance(fmt, ShardFormat):
         raise InvalidInputError(f"entry point {name!r} in {FORMAT_GROUP} is not a ShardFormat")
     return fmt
+
+
+PROBE_BYTES = 8
+"""A shard's first and last bytes that ``ShardFormat.sniff`` recognises it by."""
+
+_BUILTIN_FORMATS = ("parquet", "zarr", "lance")
+
+
+def probe_shard(source: str | BinaryIO) -> tuple[bytes, bytes]:
+    """A shard's first and last :data:`PROBE_BYTES` bytes.
+
+    ``source`` is a path, or a seekable file object whose position is put back.
+    """
+    if isinstance(source, str):
+        with open(source, "rb") as f:
+            return probe_shard(f)
+    pos = source.tell()
+    source.seek(0)
+    head = source.read(PROBE_BYTES)
+    end = source.seek(0, os.SEEK_END)
+    source.seek(max(0, end - PROBE_BYTES))
+    tail = source.read(PROBE_BYTES)
+    source.seek(pos)
+    return head, tail
+
+
+def installed_shard_formats() -> list[ShardFormat]:
+    """Every installed shard format (one scan of the installed packages), simstore's first."""
+    names = shard_format_names()
+    ordered = [n for n in _BUILTIN_FORMATS if n in names]
+    ordered += [n for n in names if n not in _BUILTIN_FORMATS]
+    return [load_shard_format(n) for n in ordered]
+
+
+def sniffed_format(
+    formats: list[ShardFormat], head: bytes, tail: bytes, *, file_object: bool = False
+) -> ShardFormat | None:
+    """The first of ``formats`` that claims a shard of these first and last bytes.
+
+    With ``file_object``, only a format that reads from one; None when none claims it.
+    """
+    for fmt in formats:
+        if fmt.sniff(head, tail) and (not file_object or fmt.supports_file_objects):
+            return fmt
+    return None
 
 
 def plugins_for(cfg: IngestConfig) -> Plugins:
