@@ -15,6 +15,7 @@ import functools
 import gc
 import logging
 import os
+import queue
 import threading
 import time
 import weakref
@@ -58,7 +59,7 @@ from torch._utils import ExceptionWrapper
 from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
-from simstore.errors import InvalidInputError, SimstoreError
+from simstore.errors import InvalidInputError, SimstoreError, StorageError
 
 _log = logging.getLogger(__name__)
 
@@ -158,8 +159,32 @@ def _unpacked(batch: Any, tag: _Tag) -> _Tagged:
     return _Tagged(_unpack(batch), tag)
 
 
+class _Iteration(NamedTuple):
+    """What a persistent worker reads in one iteration, sent to it by the loader."""
+
+    number: int
+    """The iteration's place among those of the worker set (0 for the first)."""
+    epoch: int
+    world: World
+    remaining: tuple[Interval, ...]
+    ledger: torch.Tensor | None
+    ledger_keys: tuple[str, ...]
+
+
+ANNOUNCE_TIMEOUT_S = 120.0
+"""The longest a persistent worker waits for the state of an iteration it was asked to read."""
+
+
 class _Stream(IterableDataset[Any]):
-    """What the DataLoader's workers iterate: this rank's share, set per epoch by the loader."""
+    """What the DataLoader's workers iterate: this rank's share, set per epoch by the loader.
+
+    A worker that is started for one iteration gets the share with the stream (pickled or
+    inherited). A persistent worker keeps the stream it started with: each later
+    iteration's share reaches it over its queue in ``announcements`` (see
+    :meth:`announce`), and the worker takes the one whose number matches its count of
+    ``iter()`` calls (torch calls it once at the worker's start and once per
+    iteration after).
+    """
 
     def __init__(self, dataset: SimDataset, batch_size: int) -> None:
         self.dataset = dataset
@@ -178,6 +203,62 @@ class _Stream(IterableDataset[Any]):
         self.ledger_keys: tuple[str, ...] = ()
         self.counters: Counters | None = None
         """The reading counters of an iteration with no workers (never pickled)."""
+        self.announcements: Sequence[Any] | None = None
+        """With persistent workers: a queue per worker that carries each iteration's
+        :class:`_Iteration`; None otherwise."""
+        self._calls = 0
+        """In a persistent worker: how many times torch has called ``iter()`` on it."""
+
+    def announce(self, number: int) -> None:
+        """In the main process: send iteration ``number``'s share to each persistent worker."""
+        assert self.announcements is not None
+        state = _Iteration(number, self.reading_epoch, self.reading_world, self.remaining,
+                           self.ledger, self.ledger_keys)
+        for channel in self.announcements:
+            channel.put(state)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.announcements is None or not in_worker():
+            return self._items()
+        number = self._calls
+        self._calls += 1
+        return self._announced(number)
+
+    def _announced(self, number: int) -> Iterator[Any]:
+        """A persistent worker's iteration ``number``: its share first, then its items."""
+        state = self._await(number)
+        self.reading_epoch, self.reading_world = state.epoch, state.world
+        self.remaining = state.remaining
+        self.ledger, self.ledger_keys = state.ledger, state.ledger_keys
+        yield from self._items()
+
+    def _await(self, number: int) -> _Iteration:
+        """The share of iteration ``number``, passing over those of iterations not read.
+
+        An iteration the loader started again before this worker began it (a new epoch
+        straight after ``iter()``) left its share in the queue unread.
+        """
+        worker, _ = worker_context()
+        assert self.announcements is not None
+        channel = self.announcements[worker]
+        deadline = time.monotonic() + ANNOUNCE_TIMEOUT_S
+        while True:
+            try:
+                state = channel.get(timeout=1.0)
+            except queue.Empty:
+                if time.monotonic() > deadline:
+                    raise StorageError(
+                        f"DataLoader worker {worker} was not sent the state of its "
+                        f"iteration {number} within {ANNOUNCE_TIMEOUT_S:.0f} s") from None
+                continue
+            if state.number == number:
+                return cast(_Iteration, state)
+            if state.number > number:
+                raise StorageError(f"DataLoader worker {worker} was sent iteration "
+                                   f"{state.number} while it began iteration {number}")
+
+    def _items(self) -> Iterator[Any]:
+        raise NotImplementedError
 
     def _reader(self) -> World:
         """The world of the process iterating (a DataLoader worker, or the main one)."""
@@ -205,6 +286,7 @@ class _Stream(IterableDataset[Any]):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["counters"] = None  # a lock; workers count into their ledger rows
+        state["_pool"] = None  # a worker's own (the main process never has one)
         return state
 
     # ``loader.dataset`` is this stream (torch iterates it): what code written for a
@@ -228,7 +310,7 @@ class _Stream(IterableDataset[Any]):
 class _WorkerStream(_Stream):
     """Single samples with their tags, for a caller's collate (or no batching)."""
 
-    def __iter__(self) -> Iterator[tuple[Sample, _Tag]]:
+    def _items(self) -> Iterator[tuple[Sample, _Tag]]:
         world = self._reader()
         reading = self._counters(world)
         for sample, count, counters in self.dataset.read(
@@ -263,15 +345,21 @@ class _BatchStream(_Stream):
         self.channels: Sequence[FdChannel | None] = ()
         """Each fork worker's channel for the descriptors of the shard files its batches
         leave unread (see ``loaders._filerows``); as ``arenas``."""
+        self._pool: SharedPool | None = None
+        """In a worker: its pooled shared buffers, kept by a persistent worker from one
+        iteration to the next (batches of the last may still be held by the main process,
+        which the pool's release counters know)."""
 
-    def __iter__(self) -> Iterator[_Tagged]:
+    def _items(self) -> Iterator[_Tagged]:
         world = self._reader()
         pool = None
         siblings = None
         if self.released is not None and in_worker():
             arena = self.arenas[world.worker] if world.worker < len(self.arenas) else None
             set_worker_arena(arena)
-            pool = SharedPool(self.released[world.worker].numpy(), arena=arena)
+            if self._pool is None:
+                self._pool = SharedPool(self.released[world.worker].numpy(), arena=arena)
+            pool = self._pool
         if self.verified is not None and in_worker() and world.num_workers > 1:
             siblings = VerifiedTable(self.verified.numpy(), world.worker, world.num_workers)
         trusted = self._trust()
@@ -308,10 +396,24 @@ def _close_channels(channels: Sequence[FdChannel]) -> None:
         channel.close()
 
 
-def _workers_stopped(ref: weakref.ref[Any]) -> bool:
-    """Whether the workers of the iterator ``ref`` have stopped reading (or it is gone)."""
+def _workers_stopped(ref: weakref.ref[Any], number: int = -1) -> bool:
+    """Whether the workers of the iterator ``ref`` have stopped reading (or it is gone).
+
+    For persistent workers, whether they have stopped reading its iteration ``number``:
+    they have ended their streams, or moved on to a later iteration.
+    """
     it = ref()
-    return it is None or bool(getattr(it, "finished", True))
+    if it is None or bool(getattr(it, "finished", True)):
+        return True
+    if number < 0:
+        return False
+    return it._sim_number != number or not any(getattr(it, "_workers_status", ()))
+
+
+def _dropped(tracker: ReleaseTracker, item: Any) -> None:
+    """A batch that a new iteration dropped unread: its buffers are let go with it."""
+    if isinstance(item, _Tagged):
+        tracker.track(item.tag.worker, item.tag.marks, item.batch)
 
 
 def _passthrough(item: _Tagged) -> _Tagged:
@@ -413,6 +515,38 @@ class _WorkersIter(_MultiProcessingDataLoaderIter):
     """
 
     _sim_reaper: threading.Thread | None = None
+    _sim_number = -1
+    """With persistent workers: the number of the iteration under way (see ``_Stream``)."""
+    _sim_dropped: Callable[[Any], None] | None = None
+    """Called with each item of an earlier iteration that a new one drops unread."""
+    _sim_draining = False
+
+    def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        """Torch's, sending persistent workers their share of the new iteration first.
+
+        The batches of the last iteration still on their way (torch drops those it
+        receives while the workers acknowledge the reset, and those it held out of
+        order) go to ``_sim_dropped``: their shared buffers must be released.
+        """
+        stream = getattr(loader, "_stream", None)
+        if isinstance(stream, _Stream) and stream.announcements is not None:
+            self._sim_number = 0 if first_iter else self._sim_number + 1
+            stream.announce(self._sim_number)
+        if not first_iter and self._sim_dropped is not None:
+            for info in getattr(self, "_task_info", {}).values():
+                if len(info) == 2:
+                    self._sim_dropped(info[1])
+        self._sim_draining = not first_iter
+        try:
+            super()._reset(loader, first_iter)
+        finally:
+            self._sim_draining = False
+
+    def _get_data(self) -> Any:
+        got = super()._get_data()  # type: ignore[no-untyped-call]
+        if self._sim_draining and self._sim_dropped is not None:
+            self._sim_dropped(got[1])
+        return got
 
     def _process_data(self, data: Any, worker_idx: int) -> Any:
         """Torch's, except that a worker's simstore error comes out as it was raised.
@@ -586,9 +720,14 @@ class SimDataLoader(DataLoader[Any]):
     The default collate stacks tensors and pads (``mesh="pad"``, with ``<field>__mask``) or
     packs (``mesh="pack"``, with ``<field>__offsets``) variable-size fields. Works with
     ``num_workers`` 0 or more and fork or spawn worker start methods; ``pin_memory`` pins
-    batches. ``persistent_workers`` is refused: a persistent worker cannot learn of a new
-    epoch or a resume.
+    batches. With ``persistent_workers`` the workers outlive an iteration: each new one
+    (an epoch, a resume) sends them their share before they read.
     """
+
+    _tracker: ReleaseTracker | None = None
+    """The main process's side of the workers' pooled buffers (see ``SharedPool``)."""
+    _channels: Sequence[FdChannel] = ()
+    """The fork workers' descriptor channels (see ``loaders._filerows``)."""
 
     def __init__(
         self,
@@ -607,11 +746,6 @@ class SimDataLoader(DataLoader[Any]):
     ) -> None:
         if not isinstance(dataset, SimDataset):
             raise InvalidInputError("SimDataLoader reads a SimDataset")
-        if persistent_workers:
-            raise InvalidInputError(
-                "persistent_workers is not supported: a persistent worker cannot learn of a "
-                "new epoch or a resumed state; worker start-up is cheap, readers open lazily"
-            )
         if kwargs.get("in_order") is False:
             raise InvalidInputError("in_order=False would make batches' order nondeterministic")
         if kwargs.get("shuffle") is False:  # torch takes it for an IterableDataset too
@@ -623,6 +757,11 @@ class SimDataLoader(DataLoader[Any]):
         num_workers = check_int(num_workers, "num_workers", minimum=0)
         pin_memory = check_bool(pin_memory, "pin_memory")
         drop_last = check_bool(drop_last, "drop_last")
+        persistent_workers = check_bool(persistent_workers, "persistent_workers")
+        if persistent_workers and num_workers == 0:  # torch: a ValueError naming no one
+            raise InvalidInputError("persistent_workers applies only with workers: give "
+                                    "num_workers > 0")
+        kwargs["persistent_workers"] = persistent_workers
         _check_torch_options(num_workers, kwargs)
         if collate_fn is not None:
             check_callable(collate_fn, "collate_fn")
@@ -698,38 +837,28 @@ class SimDataLoader(DataLoader[Any]):
         self._stream.reading_epoch = ds.epoch
         self._stream.remaining = ds._begin(world.world_size, workers, self._stream.batch_size)
         self._watch(ds)
-        tracker = None
-        arenas: list[SharedArena] = []
-        channels: list[FdChannel] = []
         if self.num_workers > 0 and self._stream.trusted is None:
             trusted = torch.zeros(TRUSTED_SLOTS, dtype=torch.int64)  # kept for later epochs
             trusted.share_memory_()  # type: ignore[no-untyped-call]
             self._stream.trusted = trusted
-        if isinstance(self._stream, _BatchStream):
-            released = verified = None
-            if self.num_workers > 0:
-                released = torch.zeros((self.num_workers, SHARED_SLOTS), dtype=torch.int64)
-                released.share_memory_()  # type: ignore[no-untyped-call]
-                tracker = ReleaseTracker(released)
-                verified = torch.zeros(VERIFIED_SLOTS, dtype=torch.int64)
-                verified.share_memory_()  # type: ignore[no-untyped-call]
-            self._stream.released = released
-            self._stream.verified = verified
-            arenas = self._fork_arenas()
-            self._stream.arenas = arenas
-            self._stream.channels = channels = (
-                [FdChannel() for _ in range(self.num_workers)]
-                if self.num_workers > 0 and _forks(self) and ds._options.map_files else [])
+        kept = self._kept_workers()
+        if kept is None:
+            self._share(ds)
+        tracker, arenas, channels = self._tracker, list(self._stream_arenas()), self._channels
         tagged = super().__iter__()
-        if channels:
-            weakref.finalize(tagged, _close_channels, channels)
+        if kept is None:
+            if channels:
+                weakref.finalize(tagged, _close_channels, channels)
+            if arenas:
+                self._arena_iter = weakref.ref(tagged)
         pin = bool(getattr(tagged, "_pin_memory", False))
         if self.num_workers > 0:
             # the metrics watch this iteration's workers until they stop, even if a
             # later iteration starts while this iterator is still alive (reading ahead)
-            ds._metrics.until(functools.partial(_workers_stopped, weakref.ref(tagged)))
-        if arenas:
-            self._arena_iter = weakref.ref(tagged)
+            ds._metrics.until(functools.partial(_workers_stopped, weakref.ref(tagged),
+                                                getattr(tagged, "_sim_number", -1)))
+        if tracker is not None and isinstance(tagged, _WorkersIter) and self.persistent_workers:
+            tagged._sim_dropped = functools.partial(_dropped, tracker)
 
         def untag(held: Sequence[SharedArena]) -> Iterator[Any]:
             """The batches, untagged.
@@ -753,6 +882,53 @@ class SimDataLoader(DataLoader[Any]):
         # the clock ``started`` was read on (timed's default is bound where it is defined)
         return timed(untag(arenas), ds._metrics, log_every_s=ds._options.log_every_s,
                      clock=time.perf_counter, started=started)
+
+    def _kept_workers(self) -> _WorkersIter | None:
+        """The persistent workers this iteration reads with, or None if it starts its own.
+
+        Workers stopped after an error are not kept: the iteration starts new ones.
+        """
+        if not (self.persistent_workers and self.num_workers > 0):
+            return None
+        running = self._iterator
+        if isinstance(running, _WorkersIter) and not running.finished:
+            return running
+        self._iterator = None
+        return None
+
+    def _share(self, ds: SimDataset) -> None:
+        """What the workers about to start share with this process, made before they start.
+
+        For one iteration, or for all the iterations of persistent workers.
+        """
+        self._tracker = None
+        self._channels = ()
+        self._stream.announcements = None
+        if self.persistent_workers and self.num_workers > 0:
+            context = self.multiprocessing_context or torch.multiprocessing
+            queues = [context.Queue() for _ in range(self.num_workers)]
+            for q in queues:
+                q.cancel_join_thread()  # a share never read does not hold up the exit
+            self._stream.announcements = queues
+        if not isinstance(self._stream, _BatchStream):
+            return
+        released = verified = None
+        if self.num_workers > 0:
+            released = torch.zeros((self.num_workers, SHARED_SLOTS), dtype=torch.int64)
+            released.share_memory_()  # type: ignore[no-untyped-call]
+            self._tracker = ReleaseTracker(released)
+            verified = torch.zeros(VERIFIED_SLOTS, dtype=torch.int64)
+            verified.share_memory_()  # type: ignore[no-untyped-call]
+        self._stream.released = released
+        self._stream.verified = verified
+        self._stream.arenas = self._fork_arenas()
+        self._stream.channels = self._channels = (
+            [FdChannel() for _ in range(self.num_workers)]
+            if self.num_workers > 0 and _forks(self) and ds._options.map_files else [])
+
+    def _stream_arenas(self) -> Sequence[SharedArena]:
+        arenas = getattr(self._stream, "arenas", ())
+        return [a for a in arenas if a is not None]
 
     def _watch(self, ds: SimDataset) -> None:
         """Counters for this iteration's readers that the metrics read as they are.

@@ -30,20 +30,31 @@ def rank_main(rank: int, world_size: int, port: int, job: dict[str, Any]) -> Non
         assert ds.world.rank == rank and ds.world.world_size == world_size
         if job.get("state") is not None:
             ds.load_state_dict(job["state"])
-        ds.set_epoch(job["epoch"])
         loader = SimDataLoader(ds, batch_size=job["batch"], num_workers=job["workers"],
-                               multiprocessing_context="fork")
-        batches = []
-        for batch in itertools.islice(loader, job["steps"]):
-            batches.append(batch)
-            # a training step's collective: keeps ranks in lockstep as DDP would
-            step = torch.tensor([float(len(batch["__key__"]))])
-            dist.all_reduce(step)
+                               multiprocessing_context="fork",
+                               persistent_workers=job.get("persistent", False))
+        epochs = []
+        pids = []
+        for epoch in job.get("epochs", [job["epoch"]]):
+            ds.set_epoch(epoch)
+            batches = []
+            for batch in itertools.islice(loader, job["steps"]):
+                batches.append(batch)
+                # a training step's collective: keeps ranks in lockstep as DDP would
+                step = torch.tensor([float(len(batch["__key__"]))])
+                dist.all_reduce(step)
+            epochs.append(batches)
+            if loader._iterator is not None:
+                pids.append(sorted(w.pid for w in loader._iterator._workers))
+        batches = epochs[-1]
         out = {
             "keys": keys_of(batches),
             "order": [k for b in batches for k in b["__key__"]],
             "batches": len(batches),
             "state": loader.state_dict(),
+            "epoch_keys": [keys_of(b) for b in epochs],
+            "epoch_order": [[k for b in e for k in b["__key__"]] for e in epochs],
+            "worker_pids": pids,
         }
         with open(os.path.join(job["out"], f"rank{rank}.json"), "w") as f:
             json.dump(out, f)

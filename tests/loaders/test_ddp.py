@@ -52,3 +52,20 @@ def test_ddp_resume_is_exact_and_elastic(small, tmp_path):
     keys = [k for part in (first, second, third) for r in part for k in r["keys"]]
     assert len(keys) == len(set(keys)) and set(keys) == set(samples)
     assert third[0]["state"]["remaining"] == []
+
+
+def test_ddp_with_persistent_workers_reads_each_epoch_exactly(small, tmp_path):
+    store, ref, samples = small
+    results = launch(tmp_path, "kept", 2, store=store, ref=ref, epoch=0, epochs=[0, 1, 2],
+                     batch=4, persistent=True)
+    for epoch_index, epoch in enumerate((0, 1, 2)):
+        keys = [k for r in results for k in r["epoch_keys"][epoch_index]]
+        assert len(keys) == len(set(keys)) and set(keys) == set(samples)
+        for rank, r in enumerate(results):
+            ds = SimDataset(store, ref, seed=11, rank=rank, world_size=2,
+                            shard_opener=open_test_shard)
+            ds.set_epoch(epoch)
+            local = [k for b in SimDataLoader(ds, batch_size=4) for k in b["__key__"]]
+            assert r["epoch_order"][epoch_index] == local
+    for r in results:  # the same two workers served every epoch
+        assert len(r["worker_pids"]) == 3 and len({tuple(p) for p in r["worker_pids"]}) == 1

@@ -201,12 +201,6 @@ def test_a_dataset_and_its_one_source_mixture_share_their_states(two):
                             for k in b["__key__"]]
 
 
-def test_persistent_workers_are_refused(small):
-    store, ref, _ = small
-    with pytest.raises(InvalidInputError, match="persistent_workers"):
-        SimDataLoader(build(store, ref), batch_size=2, num_workers=1, persistent_workers=True)
-
-
 def test_per_sample_mode_without_batching(small):
     store, ref, samples = small
     loader = SimDataLoader(build(store, ref), batch_size=None)

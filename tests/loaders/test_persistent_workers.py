@@ -1,0 +1,227 @@
+"""SimDataLoader with ``persistent_workers=True``: workers kept from one iteration to the next.
+
+Each later iteration (a new epoch, a resume loaded into the same loader, an iteration
+started before the last one was read out) must read exactly what fresh workers would,
+in the same order, with the same worker processes; workers stopped by an error are
+replaced by the next iteration; buffers of batches a new iteration drops are released.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import os
+import time
+
+import pytest
+from loader_helpers import keys_of, open_test_shard, refused
+from simstore.loaders import SimDataLoader, SimDataset
+
+from tests.loaders.test_mapped_chunks import _aligned_store, _check
+
+pytestmark = pytest.mark.multiprocess
+
+
+def _loader(store, ref, *, persistent, workers=2, batch=4, context="fork", **kw):
+    if ref != "d":  # the stores of the tests' own shard format
+        kw["shard_opener"] = open_test_shard
+    ds = SimDataset(store, ref, seed=5, **kw)
+    return SimDataLoader(ds, batch_size=batch, num_workers=workers,
+                         persistent_workers=persistent, multiprocessing_context=context)
+
+
+def _epoch(loader, epoch):
+    loader.set_epoch(epoch)
+    return [k for b in loader for k, pad in zip(b["__key__"], b["__pad__"], strict=True) if not pad]
+
+
+def _pids(loader):
+    return [w.pid for w in loader._iterator._workers]
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_each_epoch_is_what_fresh_workers_read_with_the_same_processes(small, context):
+    store, ref, samples = small
+    kept = _loader(store, ref, persistent=True, context=context)
+    fresh = _loader(store, ref, persistent=False, context=context)
+    pids = None
+    for epoch in (0, 1, 2):
+        got = _epoch(kept, epoch)
+        assert got == _epoch(fresh, epoch)
+        assert sorted(got) == sorted(samples)
+        if pids is None:
+            pids = _pids(kept)
+        assert _pids(kept) == pids
+    assert all(w.is_alive() for w in kept._iterator._workers)
+
+
+def test_a_resume_loaded_into_the_same_loader_reads_exactly_the_rest(small):
+    store, ref, samples = small
+    kept = _loader(store, ref, persistent=True, batch=3)
+    full = _epoch(_loader(store, ref, persistent=False, batch=3), 4)
+    kept.set_epoch(4)
+    head = keys_of(itertools.islice(kept, 3))
+    state = kept.state_dict()
+    # a new iteration with no state loaded reads the epoch from its start, as fresh
+    # workers would; then back to the checkpoint
+    middle = keys_of(itertools.islice(kept, 2))
+    assert middle == full[:len(middle)]
+    kept.load_state_dict(state)
+    second = keys_of(itertools.islice(kept, 2))
+    state2 = kept.state_dict()
+    kept.load_state_dict(state2)  # resume twice in a row
+    rest = keys_of(kept)
+    assert head + second + rest == full
+    assert kept.state_dict()["remaining"] == []
+
+
+def test_single_samples_and_a_callers_collate(small):
+    store, ref, samples = small
+    for kw in ({"batch": None}, {"batch": 5, "collate_fn": list}):
+        batch = kw.pop("batch")
+        ds = SimDataset(store, ref, seed=5, shard_opener=open_test_shard)
+        kept = SimDataLoader(ds, batch_size=batch, num_workers=2, persistent_workers=True,
+                             multiprocessing_context="fork", **kw)
+        ds2 = SimDataset(store, ref, seed=5, shard_opener=open_test_shard)
+        fresh = SimDataLoader(ds2, batch_size=batch, num_workers=2,
+                              multiprocessing_context="fork", **kw)
+        for epoch in (0, 1):
+            kept.set_epoch(epoch)
+            fresh.set_epoch(epoch)
+            flat = (lambda it: [s["__key__"] for s in it]) if batch is None else (
+                lambda it: [s["__key__"] for b in it for s in b])
+            got = flat(kept)
+            assert got == flat(fresh) and sorted(got) == sorted(samples)
+
+
+def test_an_iteration_started_again_before_it_was_read(small):
+    store, ref, samples = small
+    kept = _loader(store, ref, persistent=True)
+    full = _epoch(_loader(store, ref, persistent=False), 0)
+    iter(kept)  # its share goes unread: the workers pass over it
+    iter(kept)
+    assert keys_of(kept) == full
+    # a new iteration while the last is half read: the rest of it is dropped
+    it = iter(kept)
+    next(it)
+    assert keys_of(kept) == full
+
+
+class _FailWhileMarked:
+    """A transform that raises while its marker file exists (in any worker)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __call__(self, sample):
+        if os.path.exists(self.marker):
+            raise ValueError("marked")
+        return sample
+
+
+def test_workers_stopped_by_an_error_are_replaced(small, tmp_path):
+    store, ref, samples = small
+    marker = tmp_path / "fail"
+    marker.write_text("")
+    kept = _loader(store, ref, persistent=True, transform=_FailWhileMarked(str(marker)))
+    with pytest.raises(ValueError, match="marked"):
+        list(kept)
+    old = [w for w in kept._iterator._workers]
+    marker.unlink()
+    got = _epoch(kept, 0)
+    assert sorted(got) == sorted(samples)
+    assert {w.pid for w in kept._iterator._workers}.isdisjoint(w.pid for w in old)
+    assert not any(w.is_alive() for w in old)
+
+
+def test_persistent_workers_are_counted_as_fresh_ones_are(small):
+    store, ref, _ = small
+
+    def stats(persistent):
+        loader = _loader(store, ref, persistent=persistent)
+        for epoch in (0, 1):
+            _epoch(loader, epoch)
+        gc.collect()
+        return loader.stats()
+
+    kept, fresh = stats(True), stats(False)
+    # each finished iteration's counters are folded into the totals, none left watched
+    loader = _loader(store, ref, persistent=True)
+    for epoch in range(4):
+        _epoch(loader, epoch)
+    assert len(loader.sim_dataset._metrics._earlier) <= 1
+    for key in ("samples", "manifest_parts", "manifest_bytes"):
+        assert kept[key] == fresh[key], key
+    assert kept["samples"] == 2 * 60
+    assert kept["tiers"]["local"]["bytes"] == fresh["tiers"]["local"]["bytes"]
+
+
+def test_persistent_workers_need_workers_and_a_bool(small):
+    store, ref, _ = small
+    ds = SimDataset(store, ref, shard_opener=open_test_shard)
+    refused("persistent_workers applies only with workers", SimDataLoader, ds,
+            batch_size=2, persistent_workers=True)
+    refused("persistent_workers", SimDataLoader, ds, batch_size=2, num_workers=1,
+            persistent_workers="yes")
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    """12 runs of a 1 MiB float32 field in uncompressed Zarr shards (pooled buffers)."""
+    return _aligned_store(str(tmp_path_factory.mktemp("persistent")), 12)
+
+
+@pytest.mark.parametrize("map_files", [True, False])
+def test_batches_kept_from_earlier_epochs_keep_their_values(big, map_files):
+    """A worker's pooled buffers outlive its iterations: none is rewritten while a batch
+    of this or an earlier iteration holds it (one sample per chunk: many buffers reused)."""
+    store, values = big
+    kept = _loader(store, "d", persistent=True, batch=2, map_files=map_files,
+                   prefetch={"chunk_samples": 1})
+    for epoch in (0, 1):  # buffers sent and released
+        kept.set_epoch(epoch)
+        assert _check(list(kept), values) == len(values)
+        gc.collect()
+    held = []
+    for epoch in (2, 3):
+        kept.set_epoch(epoch)
+        held.append(list(kept))
+    for batches in held:
+        assert _check(batches, values) == len(values)
+
+
+def test_buffers_of_dropped_batches_are_released(big):
+    store, values = big
+    kept = _loader(store, "d", persistent=True, batch=2, map_files=False)
+    it = iter(kept)
+    first = next(it)
+    workers = kept._iterator
+    seen = []
+    hook = workers._sim_dropped
+    assert hook is not None
+
+    def record(item):
+        if hasattr(item, "tag"):
+            seen.append((item.tag.worker, item.tag.marks))
+        hook(item)
+
+    workers._sim_dropped = record
+    deadline = time.monotonic() + 30  # until a batch the new iteration will drop is there
+    while workers._data_queue.qsize() == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert workers._data_queue.qsize() > 0
+    batches = list(kept)  # a new iteration drops what the last one left unread
+    assert _check(batches, values) == len(values)
+    assert seen and any(marks for _, marks in seen)
+    del first, batches
+    gc.collect()
+    kept._tracker.poll()
+    released = kept._tracker.released
+    for worker, marks in seen:
+        for slot, generation in marks:
+            assert released[worker, slot] >= generation, (worker, slot)
+    # and the pooled buffers are reused: later epochs still read every value
+    for epoch in (1, 2):
+        kept.set_epoch(epoch)
+        assert _check(list(kept), values) == len(values)
+
