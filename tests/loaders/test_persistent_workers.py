@@ -14,7 +14,7 @@ import os
 import time
 
 import pytest
-from loader_helpers import keys_of, open_test_shard, refused
+from loader_helpers import commit_samples, keys_of, make_samples, open_test_shard, refused
 from simstore.loaders import SimDataLoader, SimDataset
 
 from tests.loaders.test_mapped_chunks import _aligned_store, _check
@@ -225,3 +225,26 @@ def test_buffers_of_dropped_batches_are_released(big):
         kept.set_epoch(epoch)
         assert _check(list(kept), values) == len(values)
 
+
+
+def test_a_mixture_over_epochs_and_a_resume(store_path):
+    a = make_samples(37, seed=1)
+    b = [s.__class__(key="b/" + s.key, fields=s.fields) for s in make_samples(23, seed=2)]
+    commit_samples(store_path, "a", a, per_shard=6)
+    commit_samples(store_path, "b", b, per_shard=5)
+
+    def mixed(persistent):
+        parts = [SimDataset(store_path, name, seed=5 + i, shard_opener=open_test_shard)
+                 for i, name in enumerate(("a", "b"))]
+        ds = SimDataset.mix(parts, weights=[2, 1], seed=5)
+        return SimDataLoader(ds, batch_size=4, num_workers=2, persistent_workers=persistent,
+                             multiprocessing_context="fork")
+
+    kept, fresh = mixed(True), mixed(False)
+    for epoch in (0, 1):
+        assert _epoch(kept, epoch) == _epoch(fresh, epoch)
+    kept.set_epoch(2)
+    head = keys_of(itertools.islice(kept, 4))
+    state = kept.state_dict()
+    kept.load_state_dict(state)
+    assert head + keys_of(kept) == _epoch(fresh, 2)
