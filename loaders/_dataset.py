@@ -18,7 +18,7 @@ import json
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 import numpy as np
@@ -136,6 +136,8 @@ class _Phase:
     num_workers: int
     batch_size: int
     counts: list[int]
+    live: dict[int, dict[str, float]] = field(default_factory=dict)
+    """The metrics' latest counters of this iteration's readers (see ``Metrics.start``)."""
 
 
 def _snapshot_from_cache(
@@ -610,20 +612,26 @@ class SimDataset(IterableDataset[Sample]):
         """Start tracking an iteration; returns the positions it reads."""
         remaining = self._resume if self._resume is not None else self._full()
         self._resume = None
-        self._phase = _Phase(remaining, world_size, num_workers, batch_size, [0] * num_workers)
-        self._metrics.start(self._epoch)
+        live = self._metrics.start(self._epoch)
+        self._phase = _Phase(remaining, world_size, num_workers, batch_size,
+                             [0] * num_workers, live)
         return remaining
 
     def _delivered(self, worker: int, count: int, counters: dict[str, float],
-                   warm: Sequence[WarmHit] = ()) -> None:
+                   warm: Sequence[WarmHit] = (), phase: _Phase | None = None) -> None:
         """A batch came out of ``worker``: it has now delivered ``count`` samples.
 
         ``warm``: the warm copies the worker found since its last batch (see
-        ``Counters.take_warm``).
+        ``Counters.take_warm``). ``phase``: the iteration it came from, when that may be
+        an earlier one than the latest (an iterator still read after a later one
+        started): its progress and counters are that iteration's, not the latest's.
         """
-        if self._phase is not None:
-            self._phase.counts[worker] = count
-        self._metrics.update(worker, counters)
+        phase = phase or self._phase
+        if phase is not None:
+            phase.counts[worker] = count
+            phase.live[worker] = counters
+        else:
+            self._metrics.update(worker, counters)
         if warm:
             self._warm.add_all(warm)
 
@@ -686,13 +694,15 @@ class SimDataset(IterableDataset[Sample]):
             return
         world = self.refresh_world()
         remaining = self._begin(world.world_size, 1, 1)
+        phase = self._phase
         counters = self._watched_counters()
         items = self.read(world, self._epoch, remaining, 1, counters=counters)
 
         def tracked() -> Iterator[Delivery]:
             for sample, count, counters in items:
                 # counted by ``timed`` as its last step before the loop gets the sample
-                yield Delivery(sample, functools.partial(self._delivered, 0, count, counters))
+                yield Delivery(sample, functools.partial(self._delivered, 0, count, counters,
+                                                         phase=phase))
 
         yield from timed(tracked(), self._metrics, log_every_s=self._options.log_every_s)
 

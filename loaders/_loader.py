@@ -160,15 +160,25 @@ def _unpacked(batch: Any, tag: _Tag) -> _Tagged:
 
 
 class _Iteration(NamedTuple):
-    """What a persistent worker reads in one iteration, sent to it by the loader."""
+    """What a persistent worker reads in one iteration, sent to it by the loader.
+
+    Plain values only: a tensor sent over a queue is a descriptor held for its receiver
+    until it is unpickled, and a worker stopped before it began the iteration never is.
+    """
 
     number: int
     """The iteration's place among those of the worker set (0 for the first)."""
     epoch: int
     world: World
     remaining: tuple[Interval, ...]
-    ledger: torch.Tensor | None
-    ledger_keys: tuple[str, ...]
+
+
+RING = 3
+"""Iterations whose tables (reading counters, shards verified by a sibling) a persistent
+worker set keeps at once: iteration ``n`` uses slot ``n % RING``, which the loader clears
+as ``n`` starts. A worker closes iteration ``k``'s stream when it takes up ``k + 1``
+(torch replaces its fetcher), before it acknowledges ``k + 2``; ``n`` starts once every
+worker has acknowledged ``n - 1``, so no worker still writes into the slot of ``n - 3``."""
 
 
 ANNOUNCE_TIMEOUT_S = 120.0
@@ -206,16 +216,24 @@ class _Stream(IterableDataset[Any]):
         self.announcements: Sequence[Any] | None = None
         """With persistent workers: a queue per worker that carries each iteration's
         :class:`_Iteration`; None otherwise."""
+        self.number = 0
+        """In the main process, with persistent workers: the iteration about to start."""
+        self.ledgers: torch.Tensor | None = None
+        """With persistent workers: ``RING`` ledgers, made with the workers (see ``RING``)."""
         self._calls = 0
         """In a persistent worker: how many times torch has called ``iter()`` on it."""
 
-    def announce(self, number: int) -> None:
-        """In the main process: send iteration ``number``'s share to each persistent worker."""
+    def announce(self) -> int:
+        """In the main process: send the next iteration's share to each persistent worker.
+
+        Returns its number.
+        """
         assert self.announcements is not None
-        state = _Iteration(number, self.reading_epoch, self.reading_world, self.remaining,
-                           self.ledger, self.ledger_keys)
+        state = _Iteration(self.number, self.reading_epoch, self.reading_world,
+                           tuple(self.remaining))
         for channel in self.announcements:
             channel.put(state)
+        return self.number
 
     def __iter__(self) -> Iterator[Any]:
         if self.announcements is None or not in_worker():
@@ -226,11 +244,15 @@ class _Stream(IterableDataset[Any]):
 
     def _announced(self, number: int) -> Iterator[Any]:
         """A persistent worker's iteration ``number``: its share first, then its items."""
-        state = self._await(number)
+        self._take(self._await(number))
+        yield from self._items()
+
+    def _take(self, state: _Iteration) -> None:
+        """In a persistent worker: read the iteration ``state`` describes."""
         self.reading_epoch, self.reading_world = state.epoch, state.world
         self.remaining = state.remaining
-        self.ledger, self.ledger_keys = state.ledger, state.ledger_keys
-        yield from self._items()
+        if self.ledgers is not None:
+            self.ledger = self.ledgers[state.number % RING]
 
     def _await(self, number: int) -> _Iteration:
         """The share of iteration ``number``, passing over those of iterations not read.
@@ -339,6 +361,9 @@ class _BatchStream(_Stream):
         self.verified: torch.Tensor | None = None
         """The workers' table of local shards hashed (see ``VerifiedTable``), made with
         ``released``; None with no workers."""
+        self.verified_ring: torch.Tensor | None = None
+        """With persistent workers: ``RING`` such tables (see ``RING``), one per iteration:
+        a shard verified in one epoch is verified again in the next, as fresh workers do."""
         self.arenas: Sequence[SharedArena | None] = ()
         """Each fork worker's arena (see ``SharedArena``), mapped before the workers
         start; empty with no workers or another start method (None once pickled)."""
@@ -349,6 +374,11 @@ class _BatchStream(_Stream):
         """In a worker: its pooled shared buffers, kept by a persistent worker from one
         iteration to the next (batches of the last may still be held by the main process,
         which the pool's release counters know)."""
+
+    def _take(self, state: _Iteration) -> None:
+        super()._take(state)
+        if self.verified_ring is not None:
+            self.verified = self.verified_ring[state.number % RING]
 
     def _items(self) -> Iterator[_Tagged]:
         world = self._reader()
@@ -391,6 +421,13 @@ class _BatchStream(_Stream):
                 sent = None
 
 
+def _shared_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A tensor of zeros in shared memory (made before the workers that share it start)."""
+    tensor = torch.zeros(shape, dtype=dtype)
+    tensor.share_memory_()  # type: ignore[no-untyped-call]
+    return tensor
+
+
 def _close_channels(channels: Sequence[FdChannel]) -> None:
     for channel in channels:
         channel.close()
@@ -400,14 +437,17 @@ def _workers_stopped(ref: weakref.ref[Any], number: int = -1) -> bool:
     """Whether the workers of the iterator ``ref`` have stopped reading (or it is gone).
 
     For persistent workers, whether they have stopped reading its iteration ``number``:
-    they have ended their streams, or moved on to a later iteration.
+    they have ended their streams, or acknowledged iteration ``number + 2`` (a worker
+    closes an iteration's stream after it acknowledges the next, see ``RING``).
     """
     it = ref()
     if it is None or bool(getattr(it, "finished", True)):
         return True
     if number < 0:
         return False
-    return it._sim_number != number or not any(getattr(it, "_workers_status", ()))
+    now = it._sim_number
+    return bool(now >= number + 2
+                or (now == number and not any(getattr(it, "_workers_status", ()))))
 
 
 def _dropped(tracker: ReleaseTracker, item: Any) -> None:
@@ -530,15 +570,25 @@ class _WorkersIter(_MultiProcessingDataLoaderIter):
         """
         stream = getattr(loader, "_stream", None)
         if isinstance(stream, _Stream) and stream.announcements is not None:
-            self._sim_number = 0 if first_iter else self._sim_number + 1
-            stream.announce(self._sim_number)
-        if not first_iter and self._sim_dropped is not None:
+            self._sim_number = stream.announce()
+        if first_iter:
+            super()._reset(loader, first_iter)
+            return
+        if self._sim_dropped is not None:
             for info in getattr(self, "_task_info", {}).values():
                 if len(info) == 2:
                     self._sim_dropped(info[1])
-        self._sim_draining = not first_iter
+        self._sim_draining = True
         try:
             super()._reset(loader, first_iter)
+        except BaseException:
+            # a worker died between iterations (torch's wait for the acknowledgements
+            # says so): stop the set, so the next iteration starts a new one
+            try:
+                self._shutdown_workers()
+            except Exception as stop:  # the error being raised says more than this one
+                _log.debug("stopping the workers after a failed reset: %s", stop)
+            raise
         finally:
             self._sim_draining = False
 
@@ -836,14 +886,13 @@ class SimDataLoader(DataLoader[Any]):
         self._stream.reading_world = world
         self._stream.reading_epoch = ds.epoch
         self._stream.remaining = ds._begin(world.world_size, workers, self._stream.batch_size)
-        self._watch(ds)
         if self.num_workers > 0 and self._stream.trusted is None:
-            trusted = torch.zeros(TRUSTED_SLOTS, dtype=torch.int64)  # kept for later epochs
-            trusted.share_memory_()  # type: ignore[no-untyped-call]
-            self._stream.trusted = trusted
+            self._stream.trusted = _shared_zeros((TRUSTED_SLOTS,), torch.int64)  # kept
         kept = self._kept_workers()
         if kept is None:
             self._share(ds)
+        self._stream.number = 0 if kept is None else kept._sim_number + 1
+        self._watch(ds)
         tracker, arenas, channels = self._tracker, list(self._stream_arenas()), self._channels
         tagged = super().__iter__()
         if kept is None:
@@ -857,16 +906,31 @@ class SimDataLoader(DataLoader[Any]):
             # later iteration starts while this iterator is still alive (reading ahead)
             ds._metrics.until(functools.partial(_workers_stopped, weakref.ref(tagged),
                                                 getattr(tagged, "_sim_number", -1)))
-        if tracker is not None and isinstance(tagged, _WorkersIter) and self.persistent_workers:
-            tagged._sim_dropped = functools.partial(_dropped, tracker)
+        number = -1
+        if isinstance(tagged, _WorkersIter) and self.persistent_workers:
+            number = tagged._sim_number
+            if tracker is not None:
+                tagged._sim_dropped = functools.partial(_dropped, tracker)
+        phase = ds._phase
 
         def untag(held: Sequence[SharedArena]) -> Iterator[Any]:
             """The batches, untagged.
 
             ``held``, this iteration's arenas, live as long as it does, even once the
             loader has newer ones: its batches are looked up in them as they arrive.
+            Persistent workers serve one iteration at a time: once a later ``iter()``
+            has taken them over, reading this one is an error (its batches would be the
+            later one's).
             """
-            for item in tagged:
+            while True:
+                if number >= 0 and getattr(tagged, "_sim_number", -1) != number:
+                    raise InvalidInputError(
+                        "this SimDataLoader iteration was superseded by a later iter() on "
+                        "the same loader: its persistent workers read the later one now")
+                try:
+                    item = next(tagged)
+                except StopIteration:
+                    return
                 batch, tag = item
                 rows = file_rows_of(batch)
                 if rows:
@@ -877,7 +941,8 @@ class SimDataLoader(DataLoader[Any]):
                     tracker.poll()
                 # counted by ``timed`` as its last step before the loop gets the batch
                 yield Delivery(batch, functools.partial(
-                    ds._delivered, tag.worker, tag.delivered, tag.counters, tag.warm))
+                    ds._delivered, tag.worker, tag.delivered, tag.counters, tag.warm,
+                    phase=phase))
 
         # the clock ``started`` was read on (timed's default is bound where it is defined)
         return timed(untag(arenas), ds._metrics, log_every_s=ds._options.log_every_s,
@@ -892,7 +957,12 @@ class SimDataLoader(DataLoader[Any]):
             return None
         running = self._iterator
         if isinstance(running, _WorkersIter) and not running.finished:
-            return running
+            if all(w.is_alive() for w in running._workers):
+                return running
+            try:  # a worker died between iterations
+                running._shutdown_workers()
+            except Exception as exc:
+                _log.debug("stopping persistent workers, one of which died: %s", exc)
         self._iterator = None
         return None
 
@@ -903,26 +973,34 @@ class SimDataLoader(DataLoader[Any]):
         """
         self._tracker = None
         self._channels = ()
-        self._stream.announcements = None
-        if self.persistent_workers and self.num_workers > 0:
+        stream = self._stream
+        stream.announcements = stream.ledgers = None
+        persistent = self.persistent_workers and self.num_workers > 0
+        if persistent:
             context = self.multiprocessing_context or torch.multiprocessing
             queues = [context.Queue() for _ in range(self.num_workers)]
             for q in queues:
                 q.cancel_join_thread()  # a share never read does not hold up the exit
-            self._stream.announcements = queues
-        if not isinstance(self._stream, _BatchStream):
+            stream.announcements = queues
+            keys = ledger_keys(ds._tiers())
+            stream.ledgers = _shared_zeros((RING, self.num_workers, len(keys)), torch.float64)
+            stream.ledger_keys = keys
+        if not isinstance(stream, _BatchStream):
             return
         released = verified = None
+        stream.verified_ring = None
         if self.num_workers > 0:
-            released = torch.zeros((self.num_workers, SHARED_SLOTS), dtype=torch.int64)
-            released.share_memory_()  # type: ignore[no-untyped-call]
+            released = _shared_zeros((self.num_workers, SHARED_SLOTS), torch.int64)
             self._tracker = ReleaseTracker(released)
-            verified = torch.zeros(VERIFIED_SLOTS, dtype=torch.int64)
-            verified.share_memory_()  # type: ignore[no-untyped-call]
-        self._stream.released = released
-        self._stream.verified = verified
-        self._stream.arenas = self._fork_arenas()
-        self._stream.channels = self._channels = (
+            if persistent:
+                stream.verified_ring = _shared_zeros((RING, VERIFIED_SLOTS), torch.int64)
+                verified = stream.verified_ring[0]
+            else:
+                verified = _shared_zeros((VERIFIED_SLOTS,), torch.int64)
+        stream.released = released
+        stream.verified = verified
+        stream.arenas = self._fork_arenas()
+        stream.channels = self._channels = (
             [FdChannel() for _ in range(self.num_workers)]
             if self.num_workers > 0 and _forks(self) and ds._options.map_files else [])
 
@@ -937,14 +1015,22 @@ class SimDataLoader(DataLoader[Any]):
         reads it makes after its last delivered batch (fetching ahead, a loop that stops
         early, evictions at close) are in the stats and the run report too.
         """
+        stream = self._stream
         if self.num_workers == 0:
-            self._stream.ledger = None
-            self._stream.counters = ds._watched_counters()
+            stream.ledger = None
+            stream.counters = ds._watched_counters()
             return
-        keys = ledger_keys(ds._tiers())
-        ledger = torch.zeros((self.num_workers, len(keys)), dtype=torch.float64)
-        ledger.share_memory_()  # type: ignore[no-untyped-call]
-        self._stream.ledger, self._stream.ledger_keys = ledger, keys
+        if stream.ledgers is not None:  # persistent workers: this iteration's slot, cleared
+            slot = stream.number % RING
+            ledger, keys = stream.ledgers[slot], stream.ledger_keys
+            ledger.zero_()
+            ring = getattr(stream, "verified_ring", None)
+            if ring is not None:
+                ring[slot].zero_()
+        else:
+            keys = ledger_keys(ds._tiers())
+            ledger = _shared_zeros((self.num_workers, len(keys)), torch.float64)
+        stream.ledger, stream.ledger_keys = ledger, keys
         self._stream.counters = None
         for w in range(self.num_workers):
             ds._metrics.watch(w, functools.partial(read_ledger, ledger[w].numpy(), keys))

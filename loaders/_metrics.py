@@ -58,12 +58,14 @@ class Metrics:
         state.update(_reading={}, _stopped=_always, _earlier=[])
         return state
 
-    def start(self, epoch: int) -> None:
+    def start(self, epoch: int) -> dict[int, dict[str, float]]:
         """A new iteration begins: the last one's counters are kept with the totals.
 
         An earlier iteration whose readers have stopped is folded into the totals (its
         counters are final); one whose readers still run (an iterator left alive, its
         workers reading ahead) stays watched, so what they read is still counted.
+        Returns the new iteration's mapping of its readers' latest counters, which
+        ``update`` fills (and the caller may fill for the iteration itself).
         """
         self._earlier.append(_Iteration(self._live, self._reading, self._stopped))
         still = []
@@ -77,6 +79,7 @@ class Metrics:
         self._reading = {}
         self._stopped = _always
         self._epoch = epoch
+        return self._live
 
     def delivered(self) -> None:
         """The current iteration delivered a batch: its epoch is one this run read."""

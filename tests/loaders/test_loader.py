@@ -301,3 +301,18 @@ def test_an_epoch_cut_short_stops_its_workers_before_the_next(store_path):
     assert not [t for t in threading.enumerate()
                 if t.name == "simstore-reap-workers"]
     assert sum(len(b["__key__"]) for b in loader) == 24
+
+
+def test_an_iterator_read_after_a_later_one_began_counts_for_its_own_iteration(small):
+    """Two loaders over one dataset, interleaved: the later iteration's progress is the
+    dataset's state; the earlier one's batches go on counting for the earlier one."""
+    store, ref, samples = small
+    ds = build(store, ref)
+    with_workers = SimDataLoader(ds, batch_size=4, num_workers=2,
+                                 multiprocessing_context="fork")
+    early = iter(with_workers)
+    head = keys_of([next(early)])
+    assert sorted(keys_of(SimDataLoader(ds, batch_size=4))) == sorted(samples)
+    assert sorted(head + keys_of(early)) == sorted(samples)
+    assert ds.state_dict()["remaining"] == []
+    assert ds.stats()["samples"] == 2 * len(samples)

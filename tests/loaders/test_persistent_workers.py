@@ -8,15 +8,27 @@ replaced by the next iteration; buffers of batches a new iteration drops are rel
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import os
+import signal
 import time
 
 import pytest
-from loader_helpers import commit_samples, keys_of, make_samples, open_test_shard, refused
+import torch
+from loader_helpers import (
+    commit_samples,
+    flip_byte_keeping_times,
+    keys_of,
+    make_samples,
+    open_test_shard,
+    refused,
+)
 from simstore.loaders import SimDataLoader, SimDataset
 
+from simstore.catalog import Catalog
+from simstore.errors import IntegrityError, InvalidInputError
 from tests.loaders.test_mapped_chunks import _aligned_store, _check
 
 pytestmark = pytest.mark.multiprocess
@@ -248,3 +260,115 @@ def test_a_mixture_over_epochs_and_a_resume(store_path):
     state = kept.state_dict()
     kept.load_state_dict(state)
     assert head + keys_of(kept) == _epoch(fresh, 2)
+
+
+class _WorkerId:
+    """A transform that records which DataLoader worker read the sample."""
+
+    def __call__(self, sample):
+        sample["worker"] = torch.tensor(torch.utils.data.get_worker_info().id)
+        return sample
+
+
+@pytest.mark.parametrize("before", [1, 3])
+def test_a_shard_damaged_between_epochs_is_an_error(store_path, before):
+    """Shards a worker verified for itself in one epoch are verified again in a later one."""
+    commit_samples(store_path, "d2", make_samples(32, seed=3), per_shard=4)
+    cat = Catalog.open(store_path)
+    snap = cat.snapshot(cat.resolve("d2"))
+    shard_of = {k: s for t in cat.iter_parts(snap)
+                for k, s in zip(t.column("key").to_pylist(), t.column("shard").to_pylist(),
+                                strict=True)}
+    ds = SimDataset(store_path, "d2", shuffle=False, shard_opener=open_test_shard,
+                    transform=_WorkerId())
+    kept = SimDataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True,
+                         multiprocessing_context="fork")
+    readers = {}
+    for _ in range(before):  # after 3, the next iteration reuses the first one's table
+        for batch in kept:
+            for key, worker in zip(batch["__key__"], batch["worker"].tolist(), strict=True):
+                readers.setdefault(shard_of[key], set()).add(worker)
+    # the shards read only by a worker that does not own them (see VerifiedTable): that
+    # worker hashed them itself and published them
+    foreign = [s for s, ws in readers.items() if int(s[24:32], 16) % 2 not in ws]
+    assert foreign, "no shard read by a non-owner alone: the case is not exercised"
+    for shard in foreign:
+        flip_byte_keeping_times(os.path.join(store_path, "objects", shard[:2], shard))
+    with pytest.raises(IntegrityError, match="|".join(foreign)):
+        list(kept)
+
+
+def _await_exit(process):
+    """Wait for a killed worker to be gone (torch's SIGCHLD handler may raise meanwhile)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if not process.is_alive():
+                return
+            time.sleep(0.01)
+        except RuntimeError as exc:  # torch: "DataLoader worker (pid X) is killed by signal"
+            assert "killed by signal" in str(exc)
+    raise AssertionError("the killed worker is still alive")
+
+
+def test_a_worker_that_died_between_epochs_is_replaced(small):
+    store, ref, samples = small
+    kept = _loader(store, ref, persistent=True)
+    _epoch(kept, 0)
+    old = list(kept._iterator._workers)
+    os.kill(old[0].pid, signal.SIGKILL)
+    _await_exit(old[0])
+    assert _epoch(kept, 1) == _epoch(_loader(store, ref, persistent=False), 1)
+    assert {w.pid for w in kept._iterator._workers}.isdisjoint(w.pid for w in old)
+    assert not any(w.is_alive() for w in old)
+
+
+def test_workers_whose_reset_fails_are_stopped(small):
+    """A worker found dead only by torch's wait for the reset's acknowledgements."""
+    store, ref, samples = small
+    kept = _loader(store, ref, persistent=True)
+    _epoch(kept, 0)
+    workers = kept._iterator
+    victim = workers._workers[0]
+    real = victim.is_alive
+    answers = iter([True])  # alive to the loader's check, dead to torch's
+    victim.is_alive = lambda: next(answers, None) or real()
+    os.kill(victim.pid, signal.SIGKILL)
+    with contextlib.suppress(RuntimeError):
+        _await_exit(victim)
+    answers = iter([True])
+    with pytest.raises(RuntimeError, match="exited unexpectedly"):
+        iter(kept)
+    assert workers._shutdown
+    assert sorted(_epoch(kept, 1)) == sorted(samples)
+
+
+def test_loaders_dropped_before_their_workers_began_leave_no_descriptors(small):
+    store, ref, _ = small
+
+    def cycle():
+        loader = _loader(store, ref, persistent=True)
+        it = iter(loader)
+        del it, loader
+        gc.collect()
+
+    cycle()
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(8):
+        cycle()
+    after = len(os.listdir("/proc/self/fd"))
+    assert after <= before, (before, after)
+
+
+def test_an_iterator_superseded_by_a_later_one_is_an_error(small):
+    store, ref, samples = small
+    kept = _loader(store, ref, persistent=True)
+    kept.set_epoch(0)
+    first = iter(kept)
+    next(first)
+    kept.set_epoch(1)
+    second = iter(kept)
+    head = keys_of([next(second)])
+    with pytest.raises(InvalidInputError, match="superseded"):
+        next(first)
+    assert head + keys_of(second) == _epoch(_loader(store, ref, persistent=False), 1)
