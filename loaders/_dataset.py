@@ -365,6 +365,9 @@ class SimDataset(IterableDataset[Sample]):
         self._epoch = 0
         self._resume: tuple[Interval, ...] | None = None
         self._phase: _Phase | None = None
+        self._readers = 1
+        """Reading processes per rank of the last iteration begun (for the run report:
+        ``set_epoch`` and ``load_state_dict`` end the phase, not what the run did)."""
         self._metrics = Metrics()
         self._trusted = np.zeros(TRUSTED_SLOTS, dtype=np.int64)
         """Shards hashed by this process's reads, for its later epochs (``TrustTable``)."""
@@ -615,6 +618,7 @@ class SimDataset(IterableDataset[Sample]):
         live = self._metrics.start(self._epoch)
         self._phase = _Phase(remaining, world_size, num_workers, batch_size,
                              [0] * num_workers, live)
+        self._readers = num_workers
         return remaining
 
     def _delivered(self, worker: int, count: int, counters: dict[str, float],
@@ -663,8 +667,7 @@ class SimDataset(IterableDataset[Sample]):
         return run_report(
             self.stats(), {**self._metrics.counters(), **self._warm.counters()},
             snapshots=self.snapshot_ids, epochs=list(self._metrics.epochs),
-            world_size=self._world.world_size, num_workers=len(self._phase.counts)
-            if self._phase else 1,
+            world_size=self._world.world_size, num_workers=self._readers,
             rank_epoch=samples_per_rank(self._epoch_length, self._world.world_size,
                                         self._options.remainder),
         )

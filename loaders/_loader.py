@@ -178,7 +178,9 @@ RING = 3
 worker set keeps at once: iteration ``n`` uses slot ``n % RING``, which the loader clears
 as ``n`` starts. A worker closes iteration ``k``'s stream when it takes up ``k + 1``
 (torch replaces its fetcher), before it acknowledges ``k + 2``; ``n`` starts once every
-worker has acknowledged ``n - 1``, so no worker still writes into the slot of ``n - 3``."""
+worker has acknowledged ``n - 1``, so no worker still writes into the slot of ``n - 3``.
+(Closing the stream joins its reading threads; a stream kept alive past that by a
+reference cycle would be closed only by the garbage collector.)"""
 
 
 ANNOUNCE_TIMEOUT_S = 120.0
@@ -446,8 +448,12 @@ def _workers_stopped(ref: weakref.ref[Any], number: int = -1) -> bool:
     if number < 0:
         return False
     now = it._sim_number
-    return bool(now >= number + 2
-                or (now == number and not any(getattr(it, "_workers_status", ()))))
+    if now >= number + 2:
+        return True
+    # every worker has ended its stream and no batch of theirs waits to be delivered
+    # (torch holds those that came out of order; a worker's end may overtake them)
+    return (now == number and not any(getattr(it, "_workers_status", ()))
+            and not any(len(info) == 2 for info in getattr(it, "_task_info", {}).values()))
 
 
 def _dropped(tracker: ReleaseTracker, item: Any) -> None:

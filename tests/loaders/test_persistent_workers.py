@@ -372,3 +372,35 @@ def test_an_iterator_superseded_by_a_later_one_is_an_error(small):
     with pytest.raises(InvalidInputError, match="superseded"):
         next(first)
     assert head + keys_of(second) == _epoch(_loader(store, ref, persistent=False), 1)
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_the_run_report_keeps_the_worker_count_after_set_epoch(small, persistent):
+    store, ref, _ = small
+    loader = _loader(store, ref, persistent=persistent)
+    _epoch(loader, 0)
+    loader.set_epoch(1)
+    assert loader.report()["num_workers"] == 2
+
+
+class _Iter:
+    """What ``_workers_stopped`` reads of a persistent worker set's iterator."""
+
+    finished = False
+
+    def __init__(self, number, status, task_info):
+        self._sim_number, self._workers_status, self._task_info = number, status, task_info
+
+
+def test_an_iteration_is_stopped_only_once_its_batches_are_delivered():
+    from simstore.loaders._loader import _workers_stopped
+
+    def stopped(it, number=4):
+        return _workers_stopped(lambda: it, number)
+
+    assert not stopped(_Iter(4, [True, False], {}))
+    # both streams ended, but a batch that came out of order still waits in torch
+    assert not stopped(_Iter(4, [False, False], {7: (1, "batch")}))
+    assert stopped(_Iter(4, [False, False], {7: (1,)}))
+    assert not stopped(_Iter(5, [True, True], {}))  # n + 1 may still close n's stream
+    assert stopped(_Iter(6, [True, True], {}))
