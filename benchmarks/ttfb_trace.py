@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     from benchmarks.suite.runner import touch_pages
 
     marks = multiprocessing.get_context("fork").Array("d", 3)  # init, first yield, pickled
-    plain = loader_mod._BatchStream.__iter__
+    plain = loader_mod._BatchStream._items
     reduce = loader_mod._Tagged.__reduce__
 
     def pickled(self):  # type: ignore[no-untyped-def]
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
                 first = False
             yield batch
 
-    loader_mod._BatchStream.__iter__ = traced  # type: ignore[method-assign]
+    loader_mod._BatchStream._items = traced  # type: ignore[method-assign]
 
     def init(worker: int) -> None:
         if worker == 0:
