@@ -58,7 +58,7 @@ for seed in range(args["epochs"]):
                         cache_limit="8GiB" if args["cache_dir"] else None)
         builds.append(time.perf_counter() - t0)
         loader = SimDataLoader(ds, batch_size=args["batch"], num_workers=w,
-                               multiprocessing_context="fork" if w else None,
+                               multiprocessing_context=args.get("context", "fork") if w else None,
                                **({"persistent_workers": True} if args.get("persistent") else {}))
     else:
         ds.set_epoch(seed)
@@ -83,10 +83,11 @@ print(json.dumps({"epoch_s": epochs[len(epochs) // 2], "ttfb_s": firsts[len(firs
 
 def _one(tree: str, store: str, args: argparse.Namespace, workers: int,
          cache_dir: str | None = None, env: dict[str, str] | None = None,
-         epochs: int | None = None, persistent: bool = False) -> dict[str, float]:
+         epochs: int | None = None, persistent: bool = False,
+         context: str = "fork") -> dict[str, float]:
     spec = {"tree": tree, "dataset": args.dataset, "batch": args.batch, "workers": workers,
             "epochs": epochs or args.epochs, "cache_dir": cache_dir,
-            "one_loader": args.one_loader, "persistent": persistent,
+            "one_loader": args.one_loader, "persistent": persistent, "context": context,
             "store": store if store.startswith("s3://") else os.path.abspath(store)}
     result: dict[str, float] = run_child(_RUN, spec, cwd=_ROOT, env=env,
                                          what=f"epochs with {tree or 'installed'}")

@@ -1,12 +1,12 @@
 """Persistent DataLoader workers against fresh ones per epoch, side by side.
 
     python -m benchmarks.ab_persistent --store PATH --dataset NAME [--batch 8]
-        [--workers 2] [--epochs 6] [--rounds 5]
+        [--workers 2] [--epochs 6] [--rounds 5] [--context fork|spawn]
 
 Each round runs two fresh processes back to back, one per setting; each builds one
-``SimDataset`` and one ``SimDataLoader`` (fork workers) and reads ``--epochs`` shuffled
-epochs with ``set_epoch``, as a training job does, touching every batch's tensors once
-per 4 KiB page (see :mod:`benchmarks.ab_epochs`, whose process this is). The figures are
+``SimDataset`` and one ``SimDataLoader`` (workers started by ``--context``) and reads
+``--epochs`` shuffled epochs with ``set_epoch``, as a training job does, touching every
+batch's tensors once per 4 KiB page (see :mod:`benchmarks.ab_epochs`, whose process this is). The figures are
 of the epochs after the first, from the start of each epoch: with
 ``persistent_workers=False`` that includes starting the workers, with ``True`` the
 workers started with the first epoch serve the rest. Medians over rounds of each
@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workers", type=int, nargs="+", default=[2])
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--context", choices=["fork", "spawn"], default="fork",
+                   help="how workers start (a dataset with Lance shards spawns them)")
     args = p.parse_args(argv)
     if any(w < 1 for w in args.workers):
         p.error("--workers: persistent workers need at least one worker")
@@ -38,8 +40,9 @@ def main(argv: list[str] | None = None) -> None:
         runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
         for _ in range(args.rounds):
             for persistent in (False, True):
-                runs[persistent].append(_one("", args.store, args, w, persistent=persistent))
-        line = [f"{args.dataset}, {w} workers, epochs after the first:"]
+                runs[persistent].append(_one("", args.store, args, w, persistent=persistent,
+                                             context=args.context))
+        line = [f"{args.dataset}, {w} {args.context} workers, epochs after the first:"]
         for key in ("epoch_s", "ttfb_s"):
             fresh = statistics.median(r[key] for r in runs[False])
             kept = statistics.median(r[key] for r in runs[True])
