@@ -6,9 +6,9 @@
 Each round runs two fresh processes back to back, one per setting; each builds one
 ``SimDataset`` and one ``SimDataLoader`` (workers started by ``--context``) and reads
 ``--epochs`` shuffled epochs with ``set_epoch``, as a training job does, touching every
-batch's tensors once per 4 KiB page (see :mod:`benchmarks.ab_epochs`, whose process this is). The figures are
-of the epochs after the first, from the start of each epoch: with
-``persistent_workers=False`` that includes starting the workers, with ``True`` the
+batch's tensors once per 4 KiB page (see :mod:`benchmarks.ab_epochs`, whose process
+this is). The figures are of the epochs after the first, from the start of each epoch:
+with ``persistent_workers=False`` that includes starting the workers, with ``True`` the
 workers started with the first epoch serve the rest. Medians over rounds of each
 setting's median epoch and first batch, and of the per-round ratios (fresh / persistent:
 above 1 means persistent workers are faster).
