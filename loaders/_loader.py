@@ -10,6 +10,7 @@ or repeated on resume.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import gc
@@ -541,6 +542,29 @@ def _dead_workers(it: Any, wait_s: float = 0.5) -> list[int]:
         time.sleep(0.01)
 
 
+_PERSISTENT: weakref.WeakSet[_WorkersIter] = weakref.WeakSet()
+"""The persistent worker sets alive in this process (stopped at its exit)."""
+_PERSISTENT_LOCK = threading.Lock()
+_AT_EXIT: list[bool] = [False]
+
+
+def _stop_persistent_workers() -> None:
+    """At exit: stop the persistent workers still alive, as the end of an epoch would.
+
+    Left alone, multiprocessing's own exit hook (registered before this one, so run after
+    it) terminates them with SIGTERM: a spawned worker then never runs its exit
+    handlers, and leaves, for one, the ``pymp-*`` folder of the listener through which
+    it shared its batches' memory.
+    """
+    with _PERSISTENT_LOCK:
+        running = list(_PERSISTENT)
+    for it in running:
+        try:
+            it._shutdown_workers()
+        except Exception as exc:  # at exit: stop the others all the same
+            _log.debug("stopping persistent workers at exit: %s", exc)
+
+
 class _WorkersIter(_MultiProcessingDataLoaderIter):
     """Torch's worker iterator, except that an epoch read to its end does not wait for exits.
 
@@ -561,6 +585,16 @@ class _WorkersIter(_MultiProcessingDataLoaderIter):
     """
 
     _sim_reaper: threading.Thread | None = None
+
+    def __init__(self, loader: Any) -> None:
+        super().__init__(loader)
+        if self._persistent_workers:
+            with _PERSISTENT_LOCK:
+                _PERSISTENT.add(self)
+                if not _AT_EXIT[0]:
+                    atexit.register(_stop_persistent_workers)
+                    _AT_EXIT[0] = True
+
     _sim_number = -1
     """With persistent workers: the number of the iteration under way (see ``_Stream``)."""
     _sim_dropped: Callable[[Any], None] | None = None

@@ -413,3 +413,33 @@ def test_an_iteration_is_stopped_only_once_its_batches_are_delivered():
     assert stopped(_Iter(4, [False, False], {7: (1,)}))
     assert not stopped(_Iter(5, [True, True], {}))  # n + 1 may still close n's stream
     assert stopped(_Iter(6, [True, True], {}))
+
+
+_EXIT_SCRIPT = """
+import sys
+from simstore.loaders import SimDataLoader, SimDataset
+ds = SimDataset(sys.argv[1], "d", seed=1)
+loader = SimDataLoader(ds, batch_size=2, num_workers=2, persistent_workers=True,
+                       multiprocessing_context="spawn")
+for epoch in (0, 1):
+    loader.set_epoch(epoch)
+    assert sum(len(b["__key__"]) for b in loader) == 12
+"""
+
+
+def test_spawned_persistent_workers_exit_cleanly_with_the_process(big, tmp_path):
+    """Stopped at exit as an epoch's end stops them, not terminated: a spawned worker
+    that shared its batches' memory by descriptor removes its listener's folder."""
+    import subprocess
+    import sys
+
+    store, _ = big
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "TMPDIR": str(scratch),
+           "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", _EXIT_SCRIPT, store], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(p.name for p in scratch.iterdir() if p.name.startswith("pymp-")) == []
