@@ -2,7 +2,7 @@
 
     python -m benchmarks.gpu_feed [--store PATH --ref NAME --field NAME] [--samples 128]
                                   [--batch 8] [--workers 2] [--step-ms 20] [--epochs 1]
-                                  [--json FILE]
+                                  [--persistent-workers] [--json FILE]
 
 Without ``--store`` it writes a dataset of 4 MiB float32 samples to a temporary store
 (Zarr shards). Each training step copies the batch to the device with
@@ -16,6 +16,8 @@ the same definition) and without each epoch's first batch (its wait includes sta
 workers). The field fed (``--field``, ``data`` in the generated store) is any numeric
 tensor field. Without a CUDA device the copy is skipped and the step runs on the CPU
 (``pin_memory`` needs a device), so the script still measures the loader and the stall.
+With a device the workers are spawned (CUDA and fork do not mix), which costs each
+epoch an interpreter start per worker unless ``--persistent-workers`` keeps them.
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--step-ms", type=float, default=20.0)
     parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--persistent-workers", action="store_true",
+                        help="keep the workers from one epoch to the next")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
 
@@ -92,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         # CUDA and fork do not mix; without a device, fork starts workers faster
         context = ("spawn" if cuda else "fork") if args.workers else None
         loader = SimDataLoader(ds, batch_size=args.batch, num_workers=args.workers,
-                               pin_memory=cuda, multiprocessing_context=context)
+                               pin_memory=cuda, multiprocessing_context=context,
+                               persistent_workers=bool(args.persistent_workers and args.workers))
         copied = 0
         copy_s = 0.0
         steps = 0
@@ -155,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             "first_batch_waits_s": [round(w, 4) for w in first_waits],
             "time_to_first_batch_s": stats["time_to_first_batch_s"],
             "workers": args.workers,
+            "persistent_workers": bool(args.persistent_workers and args.workers),
             "batch": args.batch,
         }
         for key, value in result.items():

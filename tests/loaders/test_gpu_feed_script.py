@@ -21,12 +21,15 @@ def _feed(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.multiprocess
-def test_gpu_feed_reports_the_loaders_stall_as_the_loop_measures_it(tmp_path):
+@pytest.mark.parametrize("persistent", [False, True])
+def test_gpu_feed_reports_the_loaders_stall_as_the_loop_measures_it(tmp_path, persistent):
     out = tmp_path / "feed.json"
     done = _feed("--samples", "8", "--batch", "2", "--workers", "2", "--epochs", "2",
-                 "--step-ms", "5", "--json", str(out))
+                 "--step-ms", "5", "--json", str(out),
+                 *(["--persistent-workers"] if persistent else []))
     assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text())
+    assert result["persistent_workers"] is persistent
     assert result["device"] == "cpu (device part skipped)" and result["h2d_gib_per_s"] is None
     assert result["steps"] == 8
     assert len(result["first_batch_waits_s"]) == 2  # one per epoch, iter() included
