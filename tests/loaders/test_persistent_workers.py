@@ -300,15 +300,23 @@ def test_a_shard_damaged_between_epochs_is_an_error(store_path, before):
         list(kept)
 
 
-def _await_exit(process):
-    """Wait for a killed worker to be gone (torch's SIGCHLD handler may raise meanwhile)."""
+def _kill(process):
+    """SIGKILL a worker and wait for it to be gone.
+
+    Torch's SIGCHLD handler may raise in this thread from the kill on ("DataLoader worker
+    (pid X) is killed by signal"): the kill is inside the handled block.
+    """
     deadline = time.monotonic() + 30
+    killed = False
     while time.monotonic() < deadline:
         try:
+            if not killed:
+                killed = True
+                os.kill(process.pid, signal.SIGKILL)
             if not process.is_alive():
                 return
             time.sleep(0.01)
-        except RuntimeError as exc:  # torch: "DataLoader worker (pid X) is killed by signal"
+        except RuntimeError as exc:
             assert "killed by signal" in str(exc)
     raise AssertionError("the killed worker is still alive")
 
@@ -318,8 +326,7 @@ def test_a_worker_that_died_between_epochs_is_replaced(small):
     kept = _loader(store, ref, persistent=True)
     _epoch(kept, 0)
     old = list(kept._iterator._workers)
-    os.kill(old[0].pid, signal.SIGKILL)
-    _await_exit(old[0])
+    _kill(old[0])
     assert _epoch(kept, 1) == _epoch(_loader(store, ref, persistent=False), 1)
     assert {w.pid for w in kept._iterator._workers}.isdisjoint(w.pid for w in old)
     assert not any(w.is_alive() for w in old)
@@ -335,9 +342,7 @@ def test_workers_whose_reset_fails_are_stopped(small):
     real = victim.is_alive
     answers = iter([True])  # alive to the loader's check, dead to torch's
     victim.is_alive = lambda: next(answers, None) or real()
-    os.kill(victim.pid, signal.SIGKILL)
-    with contextlib.suppress(RuntimeError):
-        _await_exit(victim)
+    _kill(victim)
     answers = iter([True])
     with pytest.raises(RuntimeError, match="exited unexpectedly"):
         iter(kept)
