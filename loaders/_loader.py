@@ -933,7 +933,7 @@ class SimDataLoader(DataLoader[Any]):
             self._share(ds)
         self._stream.number = 0 if kept is None else kept._sim_number + 1
         self._watch(ds)
-        tracker, arenas, channels = self._tracker, list(self._stream_arenas()), self._channels
+        tracker, arenas, channels = self._tracker, self._stream_arenas(), self._channels
         tagged = super().__iter__()
         if kept is None:
             if channels:
@@ -1044,9 +1044,11 @@ class SimDataLoader(DataLoader[Any]):
             [FdChannel() for _ in range(self.num_workers)]
             if self.num_workers > 0 and _forks(self) and ds._options.map_files else [])
 
-    def _stream_arenas(self) -> Sequence[SharedArena]:
-        arenas = getattr(self._stream, "arenas", ())
-        return [a for a in arenas if a is not None]
+    def _stream_arenas(self) -> list[SharedArena]:
+        """This iteration's arenas (a stream of single samples has none)."""
+        if not isinstance(self._stream, _BatchStream):
+            return []
+        return [a for a in self._stream.arenas if a is not None]
 
     def _watch(self, ds: SimDataset) -> None:
         """Counters for this iteration's readers that the metrics read as they are.
@@ -1064,9 +1066,8 @@ class SimDataLoader(DataLoader[Any]):
             slot = stream.number % RING
             ledger, keys = stream.ledgers[slot], stream.ledger_keys
             ledger.zero_()
-            ring = getattr(stream, "verified_ring", None)
-            if ring is not None:
-                ring[slot].zero_()
+            if isinstance(stream, _BatchStream) and stream.verified_ring is not None:
+                stream.verified_ring[slot].zero_()
         else:
             keys = ledger_keys(ds._tiers())
             ledger = _shared_zeros((self.num_workers, len(keys)), torch.float64)
