@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import multiprocessing
 
-    import simstore.loaders._loader as loader_mod
+    import simstore.loaders._streams as loader_mod
     from simstore.loaders import SimDataLoader, SimDataset
 
     from benchmarks.suite.runner import touch_pages

@@ -11,7 +11,7 @@ import pytest
 import torch
 from loader_helpers import open_test_shard, write_npz_sources
 from simstore.formats import ParquetFormat
-from simstore.loaders import Collate, SimDataLoader, SimDataset, _loader, _tensors
+from simstore.loaders import Collate, SimDataLoader, SimDataset, _streams, _tensors
 from simstore.loaders._pipeline import _SlotAlloc
 from simstore.loaders._tensors import BufferPool, ChunkBuffers, stacked_view
 
@@ -359,14 +359,14 @@ def test_a_worker_learns_when_its_first_batch_is_pickled():
     import threading
 
     sent = threading.Event()
-    _loader._FIRST_SENT[0] = sent
+    _streams._FIRST_SENT[0] = sent
     try:
-        tagged = _loader._Tagged({"u": torch.zeros(2)}, _loader._Tag(0, 2, {}))
+        tagged = _streams._Tagged({"u": torch.zeros(2)}, _streams._Tag(0, 2, {}))
         back = pickle.loads(pickle.dumps(tagged))
-        assert sent.is_set() and _loader._FIRST_SENT[0] is None
+        assert sent.is_set() and _streams._FIRST_SENT[0] is None
         assert torch.equal(back.batch["u"], torch.zeros(2))
     finally:
-        _loader._FIRST_SENT[0] = None
+        _streams._FIRST_SENT[0] = None
 
 
 def test_buffer_pool_reuses_memory_only_once_every_view_is_gone():
@@ -424,7 +424,7 @@ def _storage_inode(t: torch.Tensor) -> int:
 def _pooled_fork_loader(tmp_path, sources, fmt, monkeypatch, seed):
     """Two fork workers whose every tensor goes through their pooled buffers."""
     monkeypatch.setattr(_tensors, "SHARED_MIN_BYTES", 0)  # forked workers inherit it
-    monkeypatch.setattr(_loader, "BY_VALUE_BYTES", -1)  # no tensor by value
+    monkeypatch.setattr(_streams, "BY_VALUE_BYTES", -1)  # no tensor by value
     store, arrays = _ingest(tmp_path, sources, fmt)
     ds = SimDataset(store, "d", seed=seed, prefetch={"chunk_samples": 4, "chunks": 1})
     return SimDataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork"), arrays
@@ -511,7 +511,7 @@ def test_batches_and_views_kept_in_the_main_process_stay_intact_with_workers(
     tmp_path, many_sources, fmt, monkeypatch
 ):
     monkeypatch.setattr(_tensors, "SHARED_MIN_BYTES", 0)
-    monkeypatch.setattr(_loader, "BY_VALUE_BYTES", -1)
+    monkeypatch.setattr(_streams, "BY_VALUE_BYTES", -1)
     store, arrays = _ingest(tmp_path, many_sources, fmt)
     ds = SimDataset(store, "d", seed=9, prefetch={"chunk_samples": 4, "chunks": 1})
     kept = []
@@ -538,7 +538,7 @@ def test_small_tensors_leave_workers_by_value_and_large_ones_in_shared_memory(
     store, arrays = _ingest(tmp_path, many_sources, "parquet")
     row = next(iter(arrays.values())).nbytes
     for limit, shared in ((5 * row - 1, True), (5 * row, False)):  # a batch of "u": 5 rows
-        monkeypatch.setattr(_loader, "BY_VALUE_BYTES", limit)  # forked workers inherit it
+        monkeypatch.setattr(_streams, "BY_VALUE_BYTES", limit)  # forked workers inherit it
         ds = SimDataset(store, "d", seed=3)
         got = {}
         for batch in SimDataLoader(ds, batch_size=5, num_workers=2,
