@@ -14,6 +14,7 @@ import functools
 import math
 import mmap
 import os
+import re
 import socket
 import stat
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -63,6 +64,10 @@ class SupportsSampleRanges(Protocol):
         """How many samples the file yields under these options."""
         ...
 
+
+# What names an object by URL rather than a file (``s3://b/k``, ``gs://``, ``https://``):
+# only when no file of that name exists is a source taken for one.
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 _KINDS = {
     stat.S_IFIFO: "a named pipe",
@@ -449,6 +454,12 @@ def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[Sourc
     for src in sources:
         path = os.path.abspath(os.fspath(src))
         if not os.path.lexists(path):
+            if _URL.match(os.fspath(src)):
+                raise InvalidInputError(printable_text(
+                    f"{src}: sources are files on a filesystem, not URLs: copy the objects "
+                    "to a local or shared filesystem first (aws s3 sync, rclone) or mount "
+                    "the bucket (mountpoint-s3, s3fs)"
+                ))
             raise InvalidInputError(printable_text(f"{src}: no such file or directory"))
         if os.path.isdir(path) and resolve_adapter(adapter, path, b"") is None:
             for root, dirs, names in _walk(path):

@@ -94,3 +94,23 @@ def test_a_folder_named_like_a_source_file_is_walked(catalog, tmp_path):
     assert sorted(catalog.manifest(snap).column("key").to_pylist()) == ["case.h5/p", "grid.nc"]
     r = ingest([root / "case.h5"], dataset="e", store=catalog, snapshot=True)
     assert catalog.manifest(catalog.snapshot(r.snapshot_id)).column("key").to_pylist() == ["p"]
+
+
+@pytest.mark.parametrize("url", ["s3://bucket/runs/a.npz", "gs://b/runs", "https://host/a.h5"])
+def test_a_url_source_is_refused_with_what_to_do(tmp_path, folder, url):
+    out = simstore(tmp_path / "store", "ingest", url, "--dataset", "d")
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    assert out.stderr.startswith(f"error: {url}: sources are files on a filesystem, not URLs")
+    assert "mount" in out.stderr
+    assert out.stderr.count("\n") == 1
+    assert Catalog.open(str(tmp_path / "store")).datasets() == []
+
+
+def test_a_folder_whose_path_looks_like_a_url_is_still_read(catalog, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s3:" / "bucket").mkdir(parents=True)
+    np.savez(tmp_path / "s3:" / "bucket" / "a.npz", x=np.arange(4.0))
+    r = ingest(["s3://bucket"], dataset="d", store=catalog, snapshot=True)
+    snap = catalog.snapshot(r.snapshot_id)
+    assert catalog.manifest(snap).column("key").to_pylist() == ["a"]
