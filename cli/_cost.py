@@ -357,10 +357,11 @@ def prices_cmd(
 # -- du --------------------------------------------------------------------------------
 
 
-def _cache_opener(directory: str) -> Callable[[int], CacheFiller]:
+def _cache_opener(directory: str, *, writable: bool = True) -> Callable[[int], CacheFiller]:
     """Opens the loader's disk cache at ``directory`` with a given byte limit.
 
     The loader (which brings torch) is imported here, before any timing starts.
+    ``writable=False`` for a report, which may read a cache it cannot write.
     """
     try:
         from simstore.loaders._cache import CacheConfig, ShardCache
@@ -370,7 +371,7 @@ def _cache_opener(directory: str) -> Callable[[int], CacheFiller]:
 
     def open_cache(limit_bytes: int) -> CacheFiller:
         config = CacheConfig(directory=directory, limit_bytes=limit_bytes)
-        return ShardCache(config, Counters())
+        return ShardCache(config, Counters(), writable=writable)
 
     return open_cache
 
@@ -400,7 +401,8 @@ def du_cmd(ctx: CliContext, ref: str | None, cache_dir: str | None, as_json: boo
     if cache_dir is not None:
         _existing_folder(cache_dir, "--cache")
     holds = cache_dir is not None and os.path.isdir(cache_dir) and bool(os.listdir(cache_dir))
-    cache = _cache_opener(cache_dir)(1) if cache_dir is not None and holds else None
+    cache = (_cache_opener(cache_dir, writable=False)(1) if cache_dir is not None and holds
+             else None)
     usage = disk_usage(ctx.catalog(read_only=True), ref, cache=cache)
     out = usage.to_json()
     if cache_dir is not None and cache is None:

@@ -117,10 +117,15 @@ class ShardCache:
     lookup's ``<counted_as>_hits``, the copy is given to ``counters.add_warm`` (each
     process keeps each copy once), so the job can count the distinct copies a cold cache
     would have had to fetch. None: no warm hits are told.
+
+    ``writable=False`` opens the cache for a report (``du``), which only lists and
+    stats: the directory is then not checked for write access, as every reader's is
+    (a :class:`StorageError` naming it), nor its dead fills swept.
     """
 
     def __init__(
-        self, config: CacheConfig, counters: Counters, *, job_start: float | None = None
+        self, config: CacheConfig, counters: Counters, *, job_start: float | None = None,
+        writable: bool = True,
     ) -> None:
         self.config = config
         self.counters = counters
@@ -130,11 +135,12 @@ class ShardCache:
         self._tmp = os.path.join(self.root, "tmp")
         self._locks = os.path.join(self.root, "locks")
         self._used = os.path.join(self.root, "used")
-        self._claim()
-        self._sweep_tmp()
+        self._claim(writable)
+        if writable:
+            self._sweep_tmp()
 
     # -- setup -------------------------------------------------------------------------
-    def _claim(self) -> None:
+    def _claim(self, writable: bool) -> None:
         marker = os.path.join(self.root, MARKER)
         try:
             os.makedirs(self.root, exist_ok=True)
@@ -153,12 +159,28 @@ class ShardCache:
                         json.dump(_MARKER_BODY, f)
             for d in (self._objects, self._tmp, self._locks, self._used):
                 os.makedirs(d, exist_ok=True)
+            # every reader writes here (locks, fills, the LRU clock): a cache on a
+            # read-only mount, or another user's, fails now, not at the first miss
+            if writable:
+                os.close(self._open_lock("evict"))
         except OSError as exc:
-            raise StorageError(f"cache directory {self.root}: {exc.strerror or exc}") from exc
+            why = exc.strerror or exc
+            if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+                why = (f"not writable ({why}): a job writes to the cache it reads through; "
+                       "give a cache_dir it may write")
+            raise StorageError(f"cache directory {self.root}: {why}") from exc
+
+    def _open_lock(self, name: str) -> int:
+        return os.open(os.path.join(self._locks, name), os.O_RDWR | os.O_CREAT, 0o644)
 
     @contextlib.contextmanager
     def _lock(self, name: str, *, blocking: bool = True) -> Iterator[bool]:
-        fd = os.open(os.path.join(self._locks, name), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = self._open_lock(name)
+        except OSError as exc:
+            raise StorageError(
+                f"cache directory {self.root}: lock {name}: {exc.strerror or exc}"
+            ) from exc
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))

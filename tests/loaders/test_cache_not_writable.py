@@ -1,0 +1,181 @@
+"""A cache directory the job may not write: one line naming it, from the start.
+
+Every reader writes to the cache it reads through (locks, fills, the LRU clock), so a
+cache on a read-only mount or another user's is refused when it is opened, not at the
+first miss as a raw ``OSError``. The tests take the write permission away for real: as
+root (who writes anywhere) in a forked child that drops to an unprivileged user, else by
+``chmod``.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import shutil
+import stat
+import tempfile
+import uuid
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from simstore.loaders import SimDataset
+from simstore.loaders._cache import CacheConfig, ShardCache
+from simstore.loaders._stats import Counters
+
+from simstore.catalog import Catalog
+from simstore.hashing import hash_bytes
+from simstore.ingest import ingest
+
+NOBODY = 65534
+BLOB = b"x" * 1000
+
+
+def _outcome(fn: Callable[[], object]) -> tuple[str, str]:
+    try:
+        fn()
+    except Exception as exc:  # the one outcome the test looks at, whatever it is
+        return type(exc).__name__, str(exc)
+    return "", ""
+
+
+def _child(fn: Callable[[], object], before: Callable[[], object] | None, q) -> None:
+    if before is not None:
+        before()  # still root
+    os.setgroups([])
+    os.setgid(NOBODY)
+    os.setuid(NOBODY)
+    q.put(_outcome(fn))
+
+
+def without_write_access(
+    folder: str, fn: Callable[[], object], before: Callable[[], object] | None = None
+) -> tuple[str, str]:
+    """``fn()``'s error (type name, text) where ``folder`` may be read but not written."""
+    for root, dirs, files in os.walk(folder):
+        for name in [root, *(os.path.join(root, d) for d in dirs)]:
+            os.chmod(name, 0o755)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o644)
+    if os.geteuid() != 0:
+        if before is not None:
+            before()
+        for root, _, files in os.walk(folder, topdown=False):
+            for name in files:
+                os.chmod(os.path.join(root, name), stat.S_IRUSR)
+            os.chmod(root, stat.S_IRUSR | stat.S_IXUSR)
+        try:
+            return _outcome(fn)
+        finally:
+            for root, _, files in os.walk(folder):
+                os.chmod(root, 0o755)
+                for name in files:
+                    os.chmod(os.path.join(root, name), 0o644)
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child, args=(fn, before, q))
+    p.start()
+    try:
+        return q.get(timeout=120)
+    finally:
+        p.join(timeout=30)
+
+
+@pytest.fixture
+def open_dir():
+    """A folder any user may traverse (pytest's own are the owner's alone)."""
+    d = tempfile.mkdtemp(prefix="simstore-ro-")
+    os.chmod(d, 0o755)
+    yield d
+    for root, _, _ in os.walk(d):
+        os.chmod(root, 0o755)
+    shutil.rmtree(d)
+
+
+def _cache(directory: str) -> ShardCache:
+    return ShardCache(CacheConfig(directory=directory, limit_bytes=1 << 20), Counters())
+
+
+def test_a_cache_that_may_not_be_written_is_refused_when_opened(open_dir):
+    cache_dir = os.path.join(open_dir, "cache")
+    filled = _cache(cache_dir)  # a real cache, holding one copy
+    filled.acquire(hash_bytes(BLOB), lambda: len(BLOB), lambda out: out.write(BLOB)).release()
+    kind, text = without_write_access(cache_dir, lambda: _cache(cache_dir))
+    assert kind == "StorageError", text
+    assert text.startswith(f"cache directory {cache_dir}: not writable (")
+    assert "give a cache_dir it may write" in text
+    assert "\n" not in text
+
+
+def test_a_lock_that_cannot_be_made_later_is_a_storage_error_naming_the_cache(open_dir):
+    cache_dir = os.path.join(open_dir, "cache")
+    _cache(cache_dir)
+    opened: list[ShardCache] = []
+
+    def miss() -> None:  # opened while writable; a fill's lock is made after that
+        opened[0].acquire(hash_bytes(BLOB), lambda: len(BLOB), lambda out: out.write(BLOB))
+
+    kind, text = without_write_access(cache_dir, miss, before=lambda: opened.append(
+        _cache(cache_dir)))
+    assert kind == "StorageError", text
+    assert text.startswith(f"cache directory {cache_dir}: lock ")
+    assert "\n" not in text
+
+
+def test_a_dataset_reading_through_such_a_cache_says_so(open_dir):
+    src = os.path.join(open_dir, "src")
+    os.makedirs(src)
+    for i in range(3):
+        np.savez(os.path.join(src, f"r{i}.npz"), x=np.full(4, float(i)))
+    store = f"memory://cache-not-writable-{uuid.uuid4().hex}"  # read through the cache
+    Catalog.init(store)
+    ingest([src], dataset="d", store=store, snapshot=True)
+    cache_dir = os.path.join(open_dir, "cache")
+    _cache(cache_dir)
+
+    def read() -> None:
+        ds = SimDataset(store, "d", shuffle=False, cache_dir=cache_dir)
+        assert len(list(ds)) == 3
+
+    kind, text = without_write_access(cache_dir, read)
+    assert kind == "StorageError", text
+    assert f"cache directory {cache_dir}: not writable (" in text
+
+
+def test_du_reads_such_a_cache_and_pull_into_it_is_refused(open_dir):
+    from click.testing import CliRunner
+    from simstore.cli import main
+
+    src = os.path.join(open_dir, "src")
+    os.makedirs(src)
+    np.savez(os.path.join(src, "r.npz"), x=np.arange(4.0))
+    store = f"memory://cache-not-writable-{uuid.uuid4().hex}"
+    Catalog.init(store)
+    ingest([src], dataset="d", store=store, snapshot=True)
+    cache_dir = os.path.join(open_dir, "cache")
+
+    def cli(*args: str) -> tuple[int, str]:
+        r = CliRunner().invoke(main, ["--store", store, *args])
+        return r.exit_code, r.output
+
+    assert cli("pull", "d", "--cache", cache_dir)[0] == 0
+    _, out = cli("du", "d", "--cache", cache_dir, "--json")
+    writable_du = json.loads(out)
+    outcomes: dict[str, tuple[int, str]] = {}
+
+    def both() -> None:
+        outcomes["du"] = cli("du", "d", "--cache", cache_dir, "--json")
+        outcomes["pull"] = cli("pull", "d", "--cache", cache_dir)
+        raise RuntimeError(json.dumps(outcomes))  # carried back from a forked child
+
+    kind, text = without_write_access(cache_dir, both)
+    assert kind == "RuntimeError", text
+    got = json.loads(text)
+    code, out = got["du"]
+    assert code == 0, out
+    assert json.loads(out) == writable_du  # every copy still counted where it lies
+    code, out = got["pull"]
+    assert code == 10, out
+    assert out.startswith(f"error: cache directory {cache_dir}: not writable (")
+    assert out.count("\n") == 1
