@@ -138,6 +138,14 @@ class StorageError(SimstoreError):
     exit_code = 10
 
 
+class NotWritableError(ReadOnlyError, StorageError):
+    """The file system refused a write to the store: a read-only mount, no permission.
+
+    A :class:`ReadOnlyError` (exit 9: the store is readable, this process may not write
+    it) that is still a :class:`StorageError`, as the backend's other failures are.
+    """
+
+
 _LINE_BREAKS = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
 
 

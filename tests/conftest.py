@@ -85,3 +85,12 @@ class PacedLimiters:
 def paced_limiters(monkeypatch):
     """:class:`PacedLimiters` in place of the readers' own (in this process)."""
     return PacedLimiters(monkeypatch)
+
+
+@pytest.fixture
+def open_dir():
+    """A new folder any user may traverse, for tests that read as an unprivileged user."""
+    from permissions import traversable_folder
+
+    with traversable_folder() as d:
+        yield d

@@ -163,6 +163,17 @@ class _Refs:
                 f"{self.dataset}: {self._what(name)}: {snapshot_id!r} is not a snapshot id"
             )
         target = object_key(snapshot_id)
+        # a ref that already exists is answered before anything is written (the refresh
+        # below is a write): at the same snapshot the create is done, elsewhere refused,
+        # as the conditional create would, and alike on a store this process may not write
+        try:
+            existing: bytes | None = self._store.get(key)
+        except NotFoundError:
+            existing = None
+        if existing is not None:
+            if existing == body:
+                return
+            raise AlreadyExistsError(f"{self.dataset}: {self._what(name)} already exists")
         refresh = getattr(self._store, "refresh", None)
         if not (refresh(target) if callable(refresh) else self._store.exists(target)):
             raise NotFoundError(f"{self.dataset}: no snapshot {snapshot_id}")

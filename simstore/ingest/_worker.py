@@ -27,6 +27,7 @@ import numpy as np
 from simstore.errors import (
     InvalidInputError,
     NotFoundError,
+    NotWritableError,
     SimstoreError,
     SourceError,
     StorageError,
@@ -267,6 +268,12 @@ class TaskRunner:
         except OSError as exc:  # a read-only store, a full disk, a missing --tmp-dir
             where = scratch or tempfile.gettempdir()
             why = "no space left on device" if exc.errno == errno.ENOSPC else exc.strerror or exc
+            if self.cfg.tmp_dir is None and scratch is not None and exc.errno in (
+                    errno.EROFS, errno.EACCES, errno.EPERM):  # the store's own folder
+                raise NotWritableError(
+                    f"{where}: cannot create the ingest's scratch folder: {why} (this "
+                    "process may read the store but not write it)"
+                ) from exc
             raise StorageError(
                 f"{where}: cannot create the ingest's scratch folder: {why}"
             ) from exc

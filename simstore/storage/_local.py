@@ -18,7 +18,13 @@ import time
 import uuid
 from collections.abc import Iterator
 
-from simstore.errors import ConflictError, NotFoundError, ReadOnlyError, StorageError
+from simstore.errors import (
+    ConflictError,
+    NotFoundError,
+    NotWritableError,
+    ReadOnlyError,
+    StorageError,
+)
 from simstore.hashing import hash_bytes
 from simstore.storage._base import ObjectInfo, check_key
 from simstore.storage._scratch import newest_mtime, scratch_in_use
@@ -28,6 +34,8 @@ __all__ = ["LocalStore"]
 TMP_PREFIX = ".tmp-"
 _LOCK_DIR = ".locks"
 SCRATCH_DIR = ".scratch"
+# the operations that write: refused by the file system, they raise NotWritableError
+_WRITES = frozenset({"write", "touch", "lock", "compare-and-swap", "delete"})
 
 
 class LocalStore:
@@ -62,6 +70,11 @@ class LocalStore:
     def _error(self, op: str, key: str, exc: OSError) -> StorageError:
         if exc.errno == errno.ENOSPC:
             return StorageError(f"{self.url}/{key}: {op} failed: no space left on device")
+        if op in _WRITES and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            return NotWritableError(
+                f"{self.url}/{key}: {op} failed: {exc.strerror or exc} (this process may "
+                "read the store but not write it)"
+            )
         return StorageError(f"{self.url}/{key}: {op} failed: {exc.strerror or exc}")
 
     def _write_tmp(self, path: str, data: bytes | None, src: str | None = None) -> str:
@@ -293,7 +306,10 @@ class LocalStore:
     def scratch_dir(self) -> str:
         """``<root>/.scratch``: same filesystem as the objects, so ``move_file`` is a link."""
         path = os.path.join(self.root, SCRATCH_DIR)
-        os.makedirs(path, exist_ok=True)
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as exc:
+            raise self._error("write", SCRATCH_DIR, exc) from exc
         return path
 
     def move_file(self, key: str, path: str) -> bool:

@@ -11,6 +11,7 @@ from simstore.errors import (
     IntegrityError,
     InvalidInputError,
     NotFoundError,
+    ReadOnlyError,
 )
 from simstore.hashing import object_key
 from simstore.storage import CountingStore, LocalStore
@@ -110,6 +111,27 @@ def test_tags_are_write_once_and_branches_independent(cat):
     assert set(content(cat, "ds")) == {"a"}
     with pytest.raises(InvalidInputError):
         cat.tags("ds").create("../x", r1.snapshot_id)
+
+
+def test_refs_that_exist_are_answered_before_any_write(cat, tmp_path):
+    stage_samples(cat, "ds", {"a": b"1"})
+    r1 = cat.commit("ds", message="one")
+    stage_samples(cat, "ds", {"b": b"2"})
+    r2 = cat.commit("ds", message="two")
+    cat.tags("ds").create("v1", r1.snapshot_id)
+    cat.branches("ds").create("dev", r1.snapshot_id)
+    ro = Catalog.open(str(tmp_path / "store"), read_only=True)  # a reader of a shared store
+    # as on a writable store: the same snapshot is done, another is refused; the refresh
+    # of the snapshot (a write) used to come first and fail with ReadOnlyError
+    ro.tags("ds").create("v1", r1.snapshot_id)
+    ro.branches("ds").create("dev", r1.snapshot_id)
+    with pytest.raises(AlreadyExistsError, match="tag 'v1' already exists"):
+        ro.tags("ds").create("v1", r2.snapshot_id)
+    with pytest.raises(AlreadyExistsError, match="branch 'dev' already exists"):
+        ro.branches("ds").create("dev", r2.snapshot_id)
+    with pytest.raises(ReadOnlyError):  # a new name is a write
+        ro.tags("ds").create("v2", r2.snapshot_id)
+    assert dict(cat.tags("ds").list()) == {"v1": r1.snapshot_id}
 
 
 def test_replace_mode_and_deletions(cat):

@@ -10,16 +10,11 @@ root (who writes anywhere) in a forked child that drops to an unprivileged user,
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
-import shutil
-import stat
-import tempfile
 import uuid
-from collections.abc import Callable
 
 import numpy as np
-import pytest
+from permissions import without_write_access
 from simstore.loaders import SimDataset
 from simstore.loaders._cache import CacheConfig, ShardCache
 from simstore.loaders._stats import Counters
@@ -28,69 +23,7 @@ from simstore.catalog import Catalog
 from simstore.hashing import hash_bytes
 from simstore.ingest import ingest
 
-NOBODY = 65534
 BLOB = b"x" * 1000
-
-
-def _outcome(fn: Callable[[], object]) -> tuple[str, str]:
-    try:
-        fn()
-    except Exception as exc:  # the one outcome the test looks at, whatever it is
-        return type(exc).__name__, str(exc)
-    return "", ""
-
-
-def _child(fn: Callable[[], object], before: Callable[[], object] | None, q) -> None:
-    if before is not None:
-        before()  # still root
-    os.setgroups([])
-    os.setgid(NOBODY)
-    os.setuid(NOBODY)
-    q.put(_outcome(fn))
-
-
-def without_write_access(
-    folder: str, fn: Callable[[], object], before: Callable[[], object] | None = None
-) -> tuple[str, str]:
-    """``fn()``'s error (type name, text) where ``folder`` may be read but not written."""
-    for root, dirs, files in os.walk(folder):
-        for name in [root, *(os.path.join(root, d) for d in dirs)]:
-            os.chmod(name, 0o755)
-        for name in files:
-            os.chmod(os.path.join(root, name), 0o644)
-    if os.geteuid() != 0:
-        if before is not None:
-            before()
-        for root, _, files in os.walk(folder, topdown=False):
-            for name in files:
-                os.chmod(os.path.join(root, name), stat.S_IRUSR)
-            os.chmod(root, stat.S_IRUSR | stat.S_IXUSR)
-        try:
-            return _outcome(fn)
-        finally:
-            for root, _, files in os.walk(folder):
-                os.chmod(root, 0o755)
-                for name in files:
-                    os.chmod(os.path.join(root, name), 0o644)
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    p = ctx.Process(target=_child, args=(fn, before, q))
-    p.start()
-    try:
-        return q.get(timeout=120)
-    finally:
-        p.join(timeout=30)
-
-
-@pytest.fixture
-def open_dir():
-    """A folder any user may traverse (pytest's own are the owner's alone)."""
-    d = tempfile.mkdtemp(prefix="simstore-ro-")
-    os.chmod(d, 0o755)
-    yield d
-    for root, _, _ in os.walk(d):
-        os.chmod(root, 0o755)
-    shutil.rmtree(d)
 
 
 def _cache(directory: str) -> ShardCache:
