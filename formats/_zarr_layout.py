@@ -184,6 +184,30 @@ _BLOSC_HELD = 0
 _BLOSC_PRIOR: Any = None
 
 
+def blosc_without_start_method() -> None:
+    """Give numcodecs' Blosc its lock before its first use, made without side effects.
+
+    numcodecs makes that lock with ``multiprocessing.Lock()`` on the first Blosc encode
+    or decode, which fixes the process's default start method for good: a pipeline or
+    training script that calls ``multiprocessing.set_start_method("spawn")`` after an
+    ingest or a read of Blosc chunks got "context has already been set". The lock made
+    here comes from an explicit context, which leaves the default alone (the same kind
+    of lock: a fork context's, as Linux's default gives, never a named semaphore). Where
+    numcodecs keeps the lock elsewhere (another version), nothing is done.
+    """
+    import multiprocessing
+
+    from numcodecs import blosc
+
+    with _BLOSC_LOCK:
+        if getattr(blosc, "_MUTEX_IS_INIT", True) or not hasattr(blosc, "_MUTEX"):
+            return
+        methods = multiprocessing.get_all_start_methods()
+        ctx = multiprocessing.get_context("fork" if "fork" in methods else methods[0])
+        blosc._MUTEX = ctx.Lock()
+        blosc._MUTEX_IS_INIT = True
+
+
 def _one_thread(encode: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """``encode`` with Blosc's own threads off, so its output is the same every time.
 
@@ -229,6 +253,8 @@ class ChunkCodec:
         self._encode: Any = None
         if codec == "shuffle-zstd" and dtype.kind == "f":
             from numcodecs import Blosc
+
+            blosc_without_start_method()
 
             self.codecs.append(
                 {
@@ -285,6 +311,8 @@ class ChunkDecoder:
             self._decode = Zstd().decode
         elif len(codecs) == 2 and codecs[1]["name"] == "blosc":
             from numcodecs import Blosc
+
+            blosc_without_start_method()
 
             self._decode = Blosc().decode
         elif len(codecs) != 1:

@@ -91,6 +91,9 @@ class ZarrAdapter:
         """
         import zarr
 
+        from .._zarr_layout import blosc_without_start_method
+
+        blosc_without_start_method()  # a source's chunks may be Blosc's
         store: Any = None
         try:
             # use_consolidated=False: consolidated metadata is a copy that nothing keeps up

@@ -8,6 +8,7 @@ The dask.distributed engine is in :mod:`simstore.ingest._dask`.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import multiprocessing
 import os
 import select
@@ -168,10 +169,27 @@ def run_local(
     except BaseException:
         with lock:
             stop = True
-        pool.shutdown(wait=True, cancel_futures=True)
+        try:
+            pool.shutdown(wait=True, cancel_futures=True)
+        except Exception:
+            # a pool interrupted while it started (a Ctrl-C between forking its processes
+            # and starting the thread that manages them) cannot shut down: its error must
+            # not hide the one that stopped the run, nor its processes outlive the call
+            _kill_processes(pool)
         raise
     pool.shutdown(wait=True)
     return EngineRun([r for r in results if r is not None], "process-pool", workers)
+
+
+def _kill_processes(pool: cf.ProcessPoolExecutor) -> None:
+    """End the processes of a pool whose own shutdown failed, and reap them."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    for proc in procs:
+        with contextlib.suppress(Exception):
+            proc.kill()
+    for proc in procs:
+        with contextlib.suppress(Exception):
+            proc.join(timeout=10)
 
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
