@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -265,6 +266,18 @@ def test_a_file_of_no_samples_does_not_take_the_check_of_the_file_before(
     assert len(opened) == 3 and [x for x in opened if x.fd is not None] == []
 
 
+def _in_writes_wait(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is inside ``_WriterThread.wait`` now."""
+    frame = sys._current_frames().get(thread.ident or 0)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "wait" and code.co_filename.endswith(os.path.join("ingest",
+                                                                              "_writes.py")):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def test_an_interrupt_while_waiting_for_the_thread_aborts_nothing_under_a_write(
     tmp_path, thread_on, monkeypatch
 ):
@@ -278,11 +291,12 @@ def test_an_interrupt_while_waiting_for_the_thread_aborts_nothing_under_a_write(
 
     def add(self, sample, **kw):
         if sample.key == "run1" and threading.current_thread() is not main:
-            waiting = threading.Event()
-            # the reading thread reaches its wait for this add within moments; interrupt it
-            threading.Timer(0.2, lambda: (signal.pthread_kill(main.ident, signal.SIGINT),
-                                          waiting.set())).start()
-            waiting.wait(5)
+            # interrupt the reading thread once it waits for this add (seen in its stack,
+            # not guessed from a delay, which a loaded machine outran)
+            deadline = time.monotonic() + 60
+            while not _in_writes_wait(main) and time.monotonic() < deadline:
+                time.sleep(0.002)
+            signal.pthread_kill(main.ident, signal.SIGINT)
             time.sleep(0.3)
             events.append("add done")
         return real_add(self, sample, **kw)
