@@ -79,6 +79,7 @@ def test_exports_are_pinned():
         "IntegrityError",
         "InvalidInputError",
         "NotFoundError",
+        "NotWritableError",
         "ObjectStore",
         "ReadOnlyError",
         "Ref",

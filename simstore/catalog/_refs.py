@@ -11,6 +11,7 @@ from simstore.errors import (
     FormatError,
     InvalidInputError,
     NotFoundError,
+    ReadOnlyError,
     SimstoreError,
     StorageError,
     version_error,
@@ -175,7 +176,11 @@ class _Refs:
                 return
             raise AlreadyExistsError(f"{self.dataset}: {self._what(name)} already exists")
         refresh = getattr(self._store, "refresh", None)
-        if not (refresh(target) if callable(refresh) else self._store.exists(target)):
+        try:
+            found = refresh(target) if callable(refresh) else self._store.exists(target)
+        except (ReadOnlyError, StorageError) as exc:  # the ref is what could not be made
+            raise type(exc)(f"{self.dataset}: cannot create {self._what(name)}: {exc}") from exc
+        if not found:
             raise NotFoundError(f"{self.dataset}: no snapshot {snapshot_id}")
         self._check_target(name, snapshot_id)
         try:

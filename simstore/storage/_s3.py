@@ -57,10 +57,12 @@ from simstore.errors import (
     ConflictError,
     InvalidInputError,
     NotFoundError,
+    NotWritableError,
     ReadOnlyError,
     StorageError,
 )
 from simstore.storage._base import ObjectInfo, check_key
+from simstore.storage._s3_answers import WRITE_OPS, Refused, access_denied
 from simstore.storage._s3_files import (
     TRANSPORT_ERRORS,
     FileSlice,
@@ -95,39 +97,11 @@ _MiB = 1024 * 1024
 _MAX_COPY_BYTES = 5 * 1024 * _MiB
 _MAX_PARTS = 10_000
 
-_PRECONDITION_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict"})
 _NO_CONDITIONAL_WRITES = (
     "the server does not support conditional writes (If-None-Match/If-Match on PutObject), "
     "so refs cannot be moved atomically; use a server that enforces them (AWS S3 does; "
     "probe_conditional_writes checks others) or a local store"
 )
-
-
-class _Refused(Exception):
-    """The server refused a request for a reason retrying cannot fix."""
-
-    def __init__(self, error: Exception, attempts: int) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.attempts = attempts
-        response: Mapping[str, Any] = getattr(error, "response", None) or {}
-        self.code = str(response.get("Error", {}).get("Code", ""))
-        self.status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-
-    @property
-    def is_not_found(self) -> bool:
-        """No such key (HEAD answers a bare 404); not a missing bucket."""
-        return self.code in ("NoSuchKey", "NotFound", "404")
-
-    @property
-    def is_precondition(self) -> bool:
-        """412 (a condition did not hold) or 409 (a concurrent conditional write won)."""
-        return self.status in (409, 412) or self.code in _PRECONDITION_CODES
-
-    @property
-    def is_not_implemented(self) -> bool:
-        """The server does not implement what was asked (e.g. a conditional header)."""
-        return self.status == 501 or self.code == "NotImplemented"
 
 
 class S3Store:
@@ -281,10 +255,14 @@ class S3Store:
         return text
 
     def _error(self, op: str, key: str, exc: BaseException) -> StorageError:
-        return StorageError(f"{self.url}/{key}: {op} failed: {self._describe(exc)}")
+        text = f"{self.url}/{key}: {op} failed: {self._describe(exc)}"
+        if op in WRITE_OPS and access_denied(exc):
+            # read-only credentials (a training job's role, often): exit 9, not 10
+            return NotWritableError(f"{text} (these credentials may not write the store)")
+        return StorageError(text)
 
     def _describe(self, exc: BaseException) -> str:
-        if isinstance(exc, _Refused):
+        if isinstance(exc, Refused):
             exc = exc.error
         response = getattr(exc, "response", None)
         if isinstance(response, Mapping):
@@ -306,7 +284,7 @@ class S3Store:
     ) -> T:
         """Run ``call``, retrying transient failures with exponential backoff, full jitter.
 
-        Raises ``_Refused`` for a final answer of the server, and ``StorageError`` naming
+        Raises ``Refused`` for a final answer of the server, and ``StorageError`` naming
         the object once attempts or the deadline run out, or for any other failure. The
         deadline counts from ``since`` (on :meth:`_clock`) when given: a request made
         within a longer run of attempts (a streamed read resuming) shares that run's.
@@ -321,7 +299,7 @@ class S3Store:
                 return call()
             except ClientError as exc:
                 if not is_transient(exc):
-                    raise _Refused(exc, attempt) from exc
+                    raise Refused(exc, attempt) from exc
                 last: Exception = exc
             except TRANSPORT_ERRORS as exc:
                 last = exc
@@ -429,7 +407,7 @@ class S3Store:
         try:
             return self._retry("read", key, lambda: self._read_body(kwargs)[0],
                                request="get" if byte_range is None else "range_get")
-        except _Refused as exc:
+        except Refused as exc:
             if exc.is_not_found:
                 raise NotFoundError(f"{self.url}: no object {key}") from exc.error
             if exc.code == "InvalidRange":
@@ -516,7 +494,7 @@ class S3Store:
                 request="range_get" if "Range" in kwargs else "get",
             )
             return response
-        except _Refused as exc:
+        except Refused as exc:
             if exc.is_not_found:
                 raise NotFoundError(f"{self.url}: no object {key}") from exc.error
             if exc.is_precondition:
@@ -531,7 +509,7 @@ class S3Store:
         kwargs = {"Bucket": self.bucket, "Key": obj}
         try:
             return self._retry("read", key, lambda: self._read_body(kwargs))
-        except _Refused as exc:
+        except Refused as exc:
             if exc.is_not_found:
                 raise NotFoundError(f"{self.url}: no object {key}") from exc.error
             raise self._error("read", key, exc) from exc.error
@@ -542,7 +520,7 @@ class S3Store:
             return self._retry(  # type: ignore[no-any-return]
                 "stat", key, lambda: self._api.head_object(Bucket=self.bucket, Key=obj)
             )
-        except _Refused as exc:
+        except Refused as exc:
             if exc.is_not_found:
                 return None
             raise self._error("stat", key, exc) from exc.error
@@ -589,7 +567,7 @@ class S3Store:
     def _list_page(self, prefix: str, kwargs: dict[str, Any]) -> Mapping[str, Any]:
         try:
             return self._retry("list", prefix, lambda: self._api.list_objects_v2(**kwargs))
-        except _Refused as exc:
+        except Refused as exc:
             raise self._error("list", prefix, exc) from exc.error
 
     def local_path(self, key: str) -> str | None:
@@ -606,7 +584,7 @@ class S3Store:
         self._put_object(key, {"Bucket": self.bucket, "Key": obj, "Body": data})
 
     def _put_object(self, key: str, kwargs: Mapping[str, Any]) -> str:
-        """One PutObject, retried; returns the new ETag, raises ``_Refused``."""
+        """One PutObject, retried; returns the new ETag, raises ``Refused``."""
         response = self._retry("write", key, lambda: self._api.put_object(**kwargs))
         return str(response.get("ETag", ""))
 
@@ -623,7 +601,7 @@ class S3Store:
                     key, {"Bucket": self.bucket, "Key": obj, "Body": data, "IfNoneMatch": "*"}
                 )
                 return True
-            except _Refused as exc:
+            except Refused as exc:
                 if not exc.is_precondition:
                     raise self._error("write", key, exc) from exc.error
             if self._refresh(key, obj):
@@ -681,7 +659,7 @@ class S3Store:
         try:
             self._retry("write", key, put)
             return True
-        except _Refused as exc:
+        except Refused as exc:
             if if_absent and exc.is_precondition:
                 return False
             raise self._error("write", key, exc) from exc.error
@@ -699,7 +677,7 @@ class S3Store:
             upload_id = self._retry(
                 "upload", key, lambda: client.create_multipart_upload(**create)
             )["UploadId"]
-        except _Refused as exc:
+        except Refused as exc:
             raise self._error("upload", key, exc) from exc.error
         ids = {"Bucket": self.bucket, "Key": obj, "UploadId": upload_id}
 
@@ -727,7 +705,7 @@ class S3Store:
                 complete["MultipartUpload"] = {"Parts": _results(futures)}
             self._retry("upload", key, lambda: client.complete_multipart_upload(**complete))
             return True
-        except _Refused as exc:
+        except Refused as exc:
             self._abort(key, ids)
             if if_absent and exc.is_precondition:
                 return False
@@ -762,7 +740,7 @@ class S3Store:
                 ),
             )
             return True
-        except _Refused as exc:
+        except Refused as exc:
             if exc.is_not_found:
                 return False
             if exc.code in ("InvalidRequest", "EntityTooLarge") and size_bytes is None:
@@ -782,7 +760,7 @@ class S3Store:
                 key,
                 lambda: client.create_multipart_upload(Bucket=self.bucket, Key=obj),
             )["UploadId"]
-        except _Refused as exc:
+        except Refused as exc:
             raise self._error("refresh", key, exc) from exc.error
         ids = {"Bucket": self.bucket, "Key": obj, "UploadId": upload_id}
         source = {"Bucket": self.bucket, "Key": obj}
@@ -808,7 +786,7 @@ class S3Store:
                 lambda: client.complete_multipart_upload(MultipartUpload={"Parts": parts}, **ids),
             )
             return True
-        except _Refused as exc:
+        except Refused as exc:
             self._abort(key, ids)
             if exc.is_not_found:
                 return False
@@ -851,7 +829,7 @@ class S3Store:
             return self._put_object(
                 key, {"Bucket": self.bucket, "Key": obj, "Body": data, **condition}
             )
-        except _Refused as exc:
+        except Refused as exc:
             if exc.is_precondition or (expected is not None and exc.is_not_found):
                 raise ConflictError(_conflict_message(self.url, key, expected, exc)) from exc.error
             if exc.is_not_implemented:
@@ -865,7 +843,7 @@ class S3Store:
         obj = self._check_writable(key)
         try:
             self._retry("delete", key, lambda: self._api.delete_object(Bucket=self.bucket, Key=obj))
-        except _Refused as exc:
+        except Refused as exc:
             if not exc.is_not_found:
                 raise self._error("delete", key, exc) from exc.error
 
@@ -878,8 +856,9 @@ class S3Store:
         under ``_probe/``, reads its LastModified back with a HEAD and deletes it: three
         requests. LastModified has whole seconds, truncated, so the time returned is up
         to a second early: that errs on the safe side (an earlier "now" keeps more). A
-        read-only store raises ``ReadOnlyError``; a refused or failing request (read-only
-        credentials) ``StorageError``; both name the store and the reason.
+        read-only store raises ``ReadOnlyError``, a write the server refuses (read-only
+        credentials) ``NotWritableError``, a failing request ``StorageError``; each names
+        the store and the reason.
         """
         key = f"_probe/clock-{uuid.uuid4().hex}"
         what = f"{self.url}: cannot read the server's clock"
@@ -895,10 +874,14 @@ class S3Store:
                 "stat", key, lambda: self._api.head_object(Bucket=self.bucket, Key=obj)
             )
             return float(head["LastModified"].timestamp())
-        except _Refused as exc:
-            raise StorageError(f"{what}: probe object {key}: {self._describe(exc)}") from exc.error
+        except Refused as exc:
+            text = f"{what}: probe object {key}: {self._describe(exc)}"
+            if access_denied(exc):  # gc needs to write; these credentials may not
+                raise NotWritableError(
+                    f"{text} (these credentials may not write the store)") from exc.error
+            raise StorageError(text) from exc.error
         except StorageError as exc:
-            raise StorageError(f"{what}: {exc}") from exc
+            raise type(exc)(f"{what}: {exc}") from exc
         finally:
             with contextlib.suppress(Exception):
                 self.delete(key)
@@ -921,7 +904,7 @@ class S3Store:
         try:
             try:
                 self._put_object(key, {**base, "IfNoneMatch": "*"})
-            except _Refused as exc:
+            except Refused as exc:
                 if exc.is_not_implemented or exc.status == 400:
                     enforced = False  # the server rejects the header outright
                 elif not exc.is_precondition:  # 412: an earlier attempt landed; fine
@@ -932,7 +915,7 @@ class S3Store:
                 try:
                     self._put_object(key, {**base, **condition})
                     enforced = False  # the write went through: the condition was ignored
-                except _Refused as exc:
+                except Refused as exc:
                     enforced = exc.is_precondition
         finally:
             with contextlib.suppress(Exception):
@@ -972,7 +955,7 @@ def _bind(fn: Callable[..., T], **kwargs: Any) -> Callable[[], T]:
     return lambda: fn(**kwargs)
 
 
-def _conflict_message(url: str, key: str, expected: str | None, exc: _Refused) -> str:
+def _conflict_message(url: str, key: str, expected: str | None, exc: Refused) -> str:
     found = "present" if expected is None else "a different version, or none"
     text = (
         f"{url}/{key} changed concurrently (expected version {expected or 'absent'}, found {found})"

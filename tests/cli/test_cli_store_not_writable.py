@@ -83,7 +83,9 @@ def test_reading_works_and_writing_fails_with_exit_9(open_dir):
     for name in ("tag new", "branch new", "ingest", "delete", "gc"):
         code, out = got[name]
         assert code == 9, (name, out)
-        assert out.startswith(f"error: {store}/"), (name, out)
+        ref = {"tag new": "tag 'v2'", "branch new": "branch 'dev'"}.get(name)
+        start = f"error: d: cannot create {ref}: {store}/" if ref else f"error: {store}/"
+        assert out.startswith(start), (name, out)
         assert "may read the store but not write it" in out, (name, out)
         assert out.count("\n") == 1, (name, out)
     assert _listing(store) == before  # nothing half-written

@@ -60,13 +60,28 @@ def test_a_create_whose_response_was_lost_succeeds(lossy, kind):
 
 
 @pytest.mark.parametrize("kind", ["tags", "branches"])
-def test_a_create_over_a_ref_elsewhere_still_fails_after_a_lost_response(lossy, kind):
+def test_a_create_over_a_ref_elsewhere_still_fails_after_a_lost_response(
+    lossy, kind, monkeypatch
+):
     cat, _, first, second, proxy = lossy
     refs = getattr(cat, kind)("ds")
-    refs.create("v1", second)  # another writer's, at another snapshot
-    _lose_next(proxy, "PUT", kind, "v1")
+    # a create reads the ref before it writes (a ref there already is answered without a
+    # write); another writer's create lands just after that read, at another snapshot
+    real_get, landed = refs._store.get, []
+
+    def get(key, *args, **kwargs):
+        try:
+            return real_get(key, *args, **kwargs)
+        finally:
+            if key == refs.key("v1") and not landed:
+                landed.append(True)
+                refs.create("v1", second)
+                _lose_next(proxy, "PUT", kind, "v1")
+
+    monkeypatch.setattr(refs._store, "get", get)
     with pytest.raises(AlreadyExistsError, match="'v1' already exists"):
         refs.create("v1", first)
+    assert landed
     assert proxy.count("drop_response", "PUT") == 1
     assert refs.get("v1") == second
 
