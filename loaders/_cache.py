@@ -482,6 +482,27 @@ class _HashingWriter:
         return self.raw.write(data)
 
 
+def copies_bytes(directory: str) -> int:
+    """Bytes of the copies a cache at ``directory`` holds; 0 where there is no cache.
+
+    Only lists (the cache is not claimed, no ``used/`` file is removed): for the default
+    limit, which counts what the cache holds as its own.
+    """
+    if not os.path.isfile(os.path.join(directory, MARKER)):
+        return 0
+    objects = os.path.join(directory, "objects")
+    total = 0
+    for sub in _listdir(objects):
+        folder = os.path.join(objects, sub)
+        for name in _listdir(folder):
+            if is_object_id(name):
+                with contextlib.suppress(OSError):
+                    st = os.lstat(os.path.join(folder, name))
+                    if stat.S_ISREG(st.st_mode):
+                        total += st.st_size
+    return total
+
+
 def _stripe(object_id: str) -> str:
     return object_id[:3]
 

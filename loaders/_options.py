@@ -6,7 +6,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 
-from simstore.loaders._cache import CacheConfig
+from simstore.loaders._cache import CacheConfig, copies_bytes
 from simstore.loaders._checks import parse_bytes, shown
 from simstore.loaders._pipeline import PrefetchConfig, ShardOpener
 from simstore.loaders._plan import Remainder
@@ -39,10 +39,12 @@ class LoaderOptions:
 def cache_config(
     cache_dir: str | os.PathLike[str] | None, limit: int | None
 ) -> CacheConfig | None:
-    """The cache settings (default limit: 32 GiB or half the free space, the smaller).
+    """The cache settings; the default limit counts what the cache holds as its own.
 
-    Checks the argument only: the directory is neither created nor opened here (the free
-    space is that of its nearest existing folder, the filesystem it will be made on). A
+    That default is the cache's copies plus half the free space, at most 32 GiB unless
+    the cache holds more already. Checks the argument only: the directory is neither
+    created nor claimed here, only listed when it is a cache (the free space is that of
+    its nearest existing folder, the filesystem it will be made on). A
     dataset on a local store never reads the cache, so its ``cache_dir`` stays untouched;
     the cache is claimed (created, marked) by ``SimDataset`` for a remote store and
     otherwise by the first reader that needs it (see ``ShardCache``).
@@ -61,9 +63,12 @@ def cache_config(
     if limit is None:
         try:
             free = shutil.disk_usage(_nearest_folder(directory)).free
+            # what the cache holds is its own (a warm cache on a disk it filled left
+            # little free, and a default of half that emptied it at the job's end)
+            held = copies_bytes(directory) if os.path.isdir(directory) else 0
         except OSError as exc:
             raise StorageError(f"cache_dir {directory!r}: {exc.strerror or exc}") from exc
-        limit = min(32 << 30, free // 2)
+        limit = max(held, min(32 << 30, held + free // 2))
     return CacheConfig(directory=directory, limit_bytes=limit)
 
 

@@ -812,13 +812,20 @@ def warm_cache(
     checks = [(room, free)] if limit_bytes is None else [
         (limit_bytes, "the cache limit is"), (room, free)]
     limit_bytes = room if limit_bytes is None else limit_bytes
+    # the disk gives whole blocks: each copy rounded up, and the cache's folders and
+    # marker (a check of bytes alone let a pull with a few KiB to spare fill the disk)
+    block = max(1, os.statvfs(existing).f_frsize)
+    on_disk = sum(-(-sizes[o] // block) * block for o in wanted) + block * (
+        2 * len({o[:2] for o in wanted}) + 6)
     for have, where in checks:
-        if total > have:
+        need = on_disk if where == free else total
+        if need > have:
             raise InvalidInputError(
-                f"snapshot {sid} needs {total} bytes ({_human(total)}) of cache for "
+                f"snapshot {sid} needs {need} bytes ({_human(need)}) of cache for "
                 f"{len(wanted)} objects (the snapshot, its manifest parts and shards), but "
                 f"{where} {have} bytes ({_human(have)}); a limit of at least {total} bytes "
-                + ("and as much room on its disk are needed" if where == free else "is needed")
+                + (f"and {need} bytes of room on its disk (whole blocks) are needed"
+                   if where == free else "is needed")
             )
     try:
         os.makedirs(cache_dir, exist_ok=True)

@@ -1,6 +1,7 @@
 """Shared fixtures: the S3 ones (moto server on 127.0.0.1, buckets, fault proxy)."""
 
 import signal
+import subprocess
 from typing import Any
 
 import pytest
@@ -94,3 +95,33 @@ def open_dir():
 
     with traversable_folder() as d:
         yield d
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """Mount a tmpfs of a given size at a fresh folder; unmount after the test."""
+    mounted = []
+
+    def mount(size: str) -> str:
+        path = tmp_path / f"fs{len(mounted)}"
+        path.mkdir()
+        proc = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode != 0:
+            pytest.skip(
+                f"cannot mount a tmpfs here ({proc.stderr.strip() or 'not root'}); "
+                "the QuotaStore and /dev/full tests stand in"
+            )
+        mounted.append(path)
+        return str(path)
+
+    def grow(path: str, size: str) -> None:
+        subprocess.run(["mount", "-o", f"remount,size={size}", path], check=True)
+
+    mount.grow = grow  # type: ignore[attr-defined]
+    yield mount
+    for path in mounted:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 
 import pytest
 import rel_harness as h
@@ -64,36 +63,6 @@ def _check_after(root, src, expected, error):
     cat = Catalog.open(root)
     assert h.store_problems(cat) == []
     assert _corrupt_objects(root) == []
-
-
-@pytest.fixture
-def small_fs(tmp_path):
-    """Mount a tmpfs of a given size at a fresh folder; unmount after the test."""
-    mounted = []
-
-    def mount(size: str) -> str:
-        path = tmp_path / f"fs{len(mounted)}"
-        path.mkdir()
-        proc = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-            capture_output=True,
-            text=True,
-        )
-        if proc.returncode != 0:
-            pytest.skip(
-                f"cannot mount a tmpfs here ({proc.stderr.strip() or 'not root'}); "
-                "the QuotaStore and /dev/full tests stand in"
-            )
-        mounted.append(path)
-        return str(path)
-
-    def grow(path: str, size: str) -> None:
-        subprocess.run(["mount", "-o", f"remount,size={size}", path], check=True)
-
-    mount.grow = grow  # type: ignore[attr-defined]
-    yield mount
-    for path in mounted:
-        subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
 @pytest.mark.parametrize("size", ["256k", "768k", "1280k", "1792k", "2304k"])
