@@ -128,13 +128,9 @@ def _serve(args: list[str]) -> Iterator[str]:
         SERVER_PIDS[line.split()[1]] = proc.pid
         yield line.split()[1]
     finally:
-        assert proc.stdin is not None
-        proc.stdin.close()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        from simstore.testing.s3 import end_helper
+
+        end_helper(proc)
 
 
 def serve(argv: list[str]) -> None:

@@ -57,13 +57,9 @@ def _serve(args: list[str]) -> Iterator[str]:
             raise RuntimeError(f"S3 helper {args[0]} did not start: {line!r}")
         yield line.split()[1]
     finally:
-        assert proc.stdin is not None
-        proc.stdin.close()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        from simstore.testing.s3 import end_helper
+
+        end_helper(proc)
 
 
 @contextmanager

@@ -22,6 +22,7 @@ import contextlib
 import http.client
 import logging
 import random
+import subprocess
 import sys
 import threading
 import time
@@ -318,6 +319,23 @@ def fast_retry_options(endpoint_url: str, attempts: int = 3, **extra: Any) -> di
         "max_attempts": attempts,
         **extra,
     }
+
+
+def end_helper(proc: subprocess.Popen[str], timeout_s: float = 10.0) -> None:
+    """Stop a helper process that serves until its stdin closes; kill it if it lingers.
+
+    For servers run in processes of their own (moto with settings of its own, the
+    benchmarks' servers): closing the pipe is the signal, then its stdout is closed too.
+    """
+    if proc.stdin is not None:
+        proc.stdin.close()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 def make_s3_client(endpoint_url: str) -> Any:

@@ -22,6 +22,8 @@ import pytest
 from click.testing import CliRunner
 from simstore.cli import main
 
+from simstore.testing.s3 import end_helper
+
 pytestmark = pytest.mark.s3
 
 # the requests moto answers before it enforces IAM: the bucket, then for each of the two
@@ -77,15 +79,7 @@ def iam_server() -> Iterator[tuple[str, dict[str, dict[str, str]]]]:
                            "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
         yield url, users
     finally:
-        if proc.stdin is not None:
-            proc.stdin.close()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        end_helper(proc, timeout_s=30)
 
 
 def _as(monkeypatch, url: str, user: dict[str, str]) -> None:
