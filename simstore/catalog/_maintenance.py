@@ -619,12 +619,17 @@ def _restore(cat: Catalog, roots: Iterable[str], removed: dict[str, tuple[Any, b
         stack.extend(snap.parents)
 
 
-def _store_clock(cat: Catalog) -> float:
+def _store_clock(cat: Catalog, dry_run: bool = False) -> float:
     """The store's current time (:meth:`ObjectStore.clock`); its errors propagate.
 
-    A store without a ``clock`` (a wrapper written before stores had one) is taken to
-    share this machine's clock, as every store was before.
+    A dry run reads it with no write where the store can (``read_clock``: the ``Date``
+    of a LIST on S3, where ``clock`` writes a probe object), so read-only credentials
+    give the server's time too. A store without a ``clock`` (a wrapper written before
+    stores had one) is taken to share this machine's clock, as every store was before.
     """
+    read = getattr(cat.store, "read_clock", None)
+    if dry_run and callable(read):
+        return float(read())
     clock = getattr(cat.store, "clock", None)
     if not callable(clock):
         return time.time()
@@ -709,7 +714,7 @@ def gc(
         # this machine's times.
         clock = "store"
         try:
-            now = _store_clock(cat)
+            now = _store_clock(cat, dry_run)
         except (ReadOnlyError, StorageError) as exc:
             if not dry_run:
                 raise

@@ -338,6 +338,13 @@ class CountingStore:
         """``inner``'s clock (its probe requests on S3 are not counted, like the write probe)."""
         return self.inner.clock()
 
+    def read_clock(self) -> float:
+        """``inner``'s clock read with no write (a LIST on S3, counted), else :meth:`clock`."""
+        read = getattr(self.inner, "read_clock", None)
+        if not callable(read):
+            return self.clock()
+        return float(self._call(OpClass.LIST, read))
+
     def close(self) -> None:
         """Close ``inner`` when it has a ``close``."""
         close = getattr(self.inner, "close", None)

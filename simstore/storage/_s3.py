@@ -42,6 +42,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 from typing import Any, TypeVar
 
 try:
@@ -885,6 +886,26 @@ class S3Store:
         finally:
             with contextlib.suppress(Exception):
                 self.delete(key)
+
+    def read_clock(self) -> float:
+        """The server's time with no write: the ``Date`` of a one-key LIST's answer.
+
+        For a gc dry run, whose credentials may only read (the probe of :meth:`clock`
+        writes). Whole seconds, truncated, as LastModified; a failure ``StorageError``.
+        """
+        what, prefix = f"{self.url}: cannot read the server's clock", "_probe/"
+        base = f"{self.root}/" if self.root else ""
+        kwargs = {"Bucket": self.bucket, "Prefix": base + prefix, "MaxKeys": 1}
+        try:
+            out = self._retry("list", prefix, lambda: self._api.list_objects_v2(**kwargs))
+            return parsedate_to_datetime(out["ResponseMetadata"]["HTTPHeaders"]["date"]
+                                         ).timestamp()
+        except Refused as exc:
+            raise StorageError(f"{what}: {self._describe(exc)}") from exc.error
+        except StorageError as exc:  # the retries used up
+            raise StorageError(f"{what}: {exc}") from exc
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StorageError(f"{what}: its answer has no Date header") from exc
 
     def probe_conditional_writes(self) -> bool:
         """Whether the server enforces conditional PutObject; record it on this store.

@@ -13,6 +13,7 @@ import types
 import pytest
 
 from simstore.catalog import Catalog, _maintenance, gc
+from simstore.cost import OpClass
 from simstore.errors import ReadOnlyError, StorageError
 from simstore.hashing import object_key
 from simstore.storage import CountingStore, FsspecStore
@@ -83,15 +84,38 @@ def test_gc_on_a_read_only_store_fails_naming_the_store_and_deletes_nothing(s3_b
     assert cat.store.exists(object_key(oid))
 
 
-def test_a_dry_run_on_a_read_only_store_uses_the_local_clock_and_says_so(s3_bucket):
+def test_a_dry_run_on_a_read_only_store_reads_the_servers_clock_without_a_write(
+    s3_bucket, local_clock_ahead
+):
     url = f"s3://{s3_bucket()}/store"
     Catalog.init(url)
     oid, _ = Catalog.open(url).put_object(b"unreferenced")
-    report = gc(Catalog.open(url, read_only=True), grace_s=0, dry_run=True)
+    counted = CountingStore(S3Store(url, read_only=True))
+    # the server's clock (the Date of a LIST), not this machine's two hours ahead: the
+    # object written a moment ago is within an hour's grace
+    report = gc(Catalog(counted), grace_s=3600, dry_run=True)
+    assert report.clock == "store"
+    assert report.deleted == [] and report.kept_recent == 1
+    assert report.to_json()["clock"] == "store"
+    sent = {op for t in counted.traffic.usage() for op, u in t.ops.items() if u.requests}
+    assert OpClass.LIST in sent  # the clock
+    assert not sent & {OpClass.PUT, OpClass.DELETE}  # read-only credentials suffice
+    assert Catalog.open(url).store.exists(object_key(oid))
+
+
+def test_a_dry_run_whose_clock_cannot_be_read_uses_the_local_one_and_says_so(
+    s3_bucket, fault_proxy
+):
+    url = f"s3://{s3_bucket()}/store"
+    Catalog.init(url)
+    oid, _ = Catalog.open(url).put_object(b"unreferenced")
+    store = S3Store(url, read_only=True,
+                    storage_options={**FAST, "endpoint_url": fault_proxy.endpoint_url})
+    fault_proxy.fail_next("slowdown", "slowdown", methods=["GET"], path_contains="_probe")
+    report = gc(Catalog(store), grace_s=0, dry_run=True)
     assert report.clock.startswith("local: ") and "clock" in report.clock
     assert report.to_json()["clock"] == report.clock
     assert Catalog.open(url).store.exists(object_key(oid))
-    assert gc(Catalog.open(url), grace_s=3600, dry_run=True).clock == "store"
 
 
 def test_gc_fails_when_the_server_refuses_the_clock_probe(s3_bucket, fault_proxy):

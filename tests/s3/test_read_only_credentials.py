@@ -134,6 +134,9 @@ def test_a_reader_reads_everything_and_writes_nothing(iam_server, monkeypatch, t
                  ("du", "d"), ("tag", "d", "v1"), ("pull", "d", "--cache", str(tmp_path / "c"))):
         code, out = _cli(*args)
         assert code == 0, (args, out)
+    code, out = _cli("gc", "--dry-run", "--json")
+    assert code == 0, out
+    assert json.loads(out)["clock"] == "store"  # the server's, read with no write
     from simstore.loaders import SimDataLoader, SimDataset
 
     for cache in (None, str(tmp_path / "c2")):
