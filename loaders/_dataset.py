@@ -94,6 +94,12 @@ STATE_FORMAT_VERSION = 1
 Sample = dict[str, Any]
 
 
+_FINISH_ELSEWHERE = (
+    "finish the epoch with the simstore that saved the state, or start the next epoch "
+    "(set_epoch) without loading it"
+)
+
+
 class LoaderState(TypedDict):
     """``state_dict()``: what pins the stream, and the positions of the epoch still to read."""
 
@@ -582,10 +588,19 @@ class SimDataset(IterableDataset[Sample]):
         if len(self._sources) > 1:  # interleaves sources: one source's order ignores them
             names += ["mix_seed", "mix_shuffle"]
         for name in names:
-            if name in ("order", "mix_shuffle") and name not in state:
+            if name == "order" and name not in state:
                 raise InvalidInputError(
-                    f"loader state has no {name!r} (it was saved by an earlier simstore, "
-                    "whose shuffle differs): it cannot resume this stream exactly"
+                    "loader state has no 'order' (it was saved by a simstore before "
+                    "2026-11-30, whose shuffle differs): it cannot resume this stream "
+                    f"exactly; {_FINISH_ELSEWHERE}"
+                )
+            if name == "mix_shuffle" and name not in state:
+                raise InvalidInputError(
+                    "loader state has no 'mix_shuffle' (it was saved by a simstore before "
+                    "2026-12-02, which did not record how the mixture interleaves its "
+                    "datasets): if that mixture was made with the same shuffle= as this one "
+                    f"({self._mixture.shuffle}), set state['mix_shuffle'] = "
+                    f"{self._mixture.shuffle} and load it again; else {_FINISH_ELSEWHERE}"
                 )
             if name == "order" and state.get(name) != mine[name]:
                 differ = _order_differences(state.get(name), mine[name])

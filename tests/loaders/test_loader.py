@@ -175,10 +175,12 @@ def test_a_mixture_state_resumes_only_its_own_interleaving(two):
     with pytest.raises(InvalidInputError, match="mix_shuffle"):
         mix(False).load_state_dict(state)
     older = {k: v for k, v in state.items() if k != "mix_shuffle"}
-    with pytest.raises(InvalidInputError, match="earlier simstore"):
+    with pytest.raises(InvalidInputError, match="before 2026-12-02") as info:
         mix(True).load_state_dict(older)
+    # the error's advice, for a state from before the field: say the setting it had
+    assert "set state['mix_shuffle'] = True and load it again" in str(info.value)
     again = mix(True)
-    again.load_state_dict(state)  # the same interleaving: accepted, and exact
+    again.load_state_dict({**older, "mix_shuffle": True})  # the same interleaving: exact
     rest = [k for b in SimDataLoader(again, batch_size=4) for k in b["__key__"]]
     whole = [k for b in SimDataLoader(mix(True), batch_size=4) for k in b["__key__"]]
     assert first + rest == whole
