@@ -135,6 +135,7 @@ class ShardCache:
         self._tmp = os.path.join(self.root, "tmp")
         self._locks = os.path.join(self.root, "locks")
         self._used = os.path.join(self.root, "used")
+        self._writable = writable
         self._claim(writable)
         if writable:
             self._sweep_tmp()
@@ -355,7 +356,7 @@ class ShardCache:
                 # copy either still filling (tmp/) or landed (objects/), never neither
                 with self._lock("evict"):
                     os.replace(tmp, dest)
-            except OSError:
+            except BaseException:  # the rename's, or its lock's (a StorageError)
                 os.close(fd)
                 raise
             self._mark_used(object_id)
@@ -398,9 +399,10 @@ class ShardCache:
                 if stat.S_ISREG(st.st_mode):
                     out.append((used.get(name, st.st_atime_ns), st.st_size, path))
                     held.add(name)
-        for name in used.keys() - held:
-            with contextlib.suppress(OSError):
-                os.unlink(self.used_path(name))
+        if self._writable:  # a report's listing changes nothing
+            for name in used.keys() - held:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.used_path(name))
         return out
 
     def _filling_bytes(self) -> int:

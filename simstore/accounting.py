@@ -804,29 +804,40 @@ def warm_cache(
     # only to measure what it holds: nothing is filled with it; a folder that is not
     # there, or is empty, holds nothing (and opening it would make it a cache)
     empty = not os.path.isdir(cache_dir) or not os.listdir(cache_dir)
-    held = 0 if empty else open_cache(1).usage_bytes()
+    opened = None if empty else open_cache(1)
+    held = 0 if opened is None else opened.usage_bytes()
     room = held + shutil.disk_usage(existing).free
-    free = f"the free space of {cache_dir} and its current copies come to"
     # with a limit, the disk's room decides too: a limit above it filled the disk and
     # stopped half way
-    checks = [(room, free)] if limit_bytes is None else [
-        (limit_bytes, "the cache limit is"), (room, free)]
-    limit_bytes = room if limit_bytes is None else limit_bytes
-    # the disk gives whole blocks: each copy rounded up, and the cache's folders and
-    # marker (a check of bytes alone let a pull with a few KiB to spare fill the disk)
+    if limit_bytes is not None and total > limit_bytes:
+        raise InvalidInputError(
+            f"snapshot {sid} needs {total} bytes ({_human(total)}) of cache for "
+            f"{len(wanted)} objects (the snapshot, its manifest parts and shards), but the "
+            f"cache limit is {limit_bytes} bytes ({_human(limit_bytes)}); a limit of at "
+            f"least {total} bytes is needed"
+        )
+    # the disk gives whole blocks: each copy still to write rounded up, with the cache's
+    # folders and marker still to make (a check of bytes alone let a pull with a few KiB
+    # to spare fill the disk); the copies it holds already stay, its others may be evicted
+    present = {o for o in wanted if opened is not None and _copy_size(opened, o) == sizes[o]}
     block = max(1, os.statvfs(existing).f_frsize)
-    on_disk = sum(-(-sizes[o] // block) * block for o in wanted) + block * (
-        2 * len({o[:2] for o in wanted}) + 6)
-    for have, where in checks:
-        need = on_disk if where == free else total
-        if need > have:
-            raise InvalidInputError(
-                f"snapshot {sid} needs {need} bytes ({_human(need)}) of cache for "
-                f"{len(wanted)} objects (the snapshot, its manifest parts and shards), but "
-                f"{where} {have} bytes ({_human(have)}); a limit of at least {total} bytes "
-                + (f"and {need} bytes of room on its disk (whole blocks) are needed"
-                   if where == free else "is needed")
-            )
+    folders = {f"{sub}/{o[:2]}" for o in wanted if o not in present for sub in ("objects", "used")}
+    root = os.path.abspath(cache_dir)
+    made = sum(os.path.isdir(os.path.join(root, f)) for f in folders)
+    need = sum(-(-sizes[o] // block) * block for o in wanted if o not in present) + block * (
+        len(folders) - made + (6 if opened is None else 0))
+    have = room - sum(sizes[o] for o in present)
+    if need > have:
+        raise InvalidInputError(
+            f"snapshot {sid} needs {need} bytes ({_human(need)}) of room on the disk of "
+            f"{cache_dir} for the {len(wanted) - len(present)} of its {len(wanted)} objects "
+            f"not cached yet (in whole blocks, with the cache's folders), but the free "
+            f"space of {cache_dir} and its copies of other objects come to {have} bytes "
+            f"({_human(have)}); a limit of at "
+            f"least {total} bytes and {need} bytes of room on its disk (whole blocks) are "
+            "needed"
+        )
+    limit_bytes = room if limit_bytes is None else limit_bytes
     try:
         os.makedirs(cache_dir, exist_ok=True)
     except OSError as exc:

@@ -10,7 +10,9 @@ Errors are grouped by what the caller does about them::
     ├── FormatError                       5     7   unreadable or unsupported on-storage data
     ├── SourceError                       6     8   bad input file at ingest; names file and why
     ├── InvalidInputError (ValueError)    7     2   bad argument
-    ├── ReadOnlyError                     8     9
+    ├── ReadOnlyError                     8     9   a write through a store opened read-only
+    │   └── NotWritableError              8     9   a write the file system or S3 refused
+    │                                                (also a StorageError)
     └── StorageError                      9    10   backend failure, original exception chained
 
 Every error pickles (DataLoader workers re-raise them in the parent), carries a stable,
@@ -28,6 +30,7 @@ __all__ = [
     "IntegrityError",
     "InvalidInputError",
     "NotFoundError",
+    "NotWritableError",
     "ReadOnlyError",
     "SimstoreError",
     "SourceError",

@@ -42,6 +42,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC
 from email.utils import parsedate_to_datetime
 from typing import Any, TypeVar
 
@@ -898,8 +899,8 @@ class S3Store:
         kwargs = {"Bucket": self.bucket, "Prefix": base + prefix, "MaxKeys": 1}
         try:
             out = self._retry("list", prefix, lambda: self._api.list_objects_v2(**kwargs))
-            return parsedate_to_datetime(out["ResponseMetadata"]["HTTPHeaders"]["date"]
-                                         ).timestamp()
+            date = parsedate_to_datetime(out["ResponseMetadata"]["HTTPHeaders"]["date"])
+            return (date if date.tzinfo else date.replace(tzinfo=UTC)).timestamp()
         except Refused as exc:
             raise StorageError(f"{what}: {self._describe(exc)}") from exc.error
         except StorageError as exc:  # the retries used up

@@ -45,3 +45,27 @@ def test_a_pull_that_would_fill_the_disk_is_refused_up_front(tmp_path, small_fs)
     os.unlink(os.path.join(disk, "other-job"))
     r = CliRunner().invoke(main, ["--store", store, "pull", "d", "--cache", cache])
     assert r.exit_code == 0, r.output
+
+
+def test_a_pull_of_what_a_full_disk_holds_already_needs_no_room(tmp_path, small_fs):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(4):
+        np.savez(src / f"r{i}.npz", x=np.random.default_rng(i).random(30_000 + 77 * i))
+    store = f"memory://pull-full-{uuid.uuid4().hex}"
+    Catalog.init(store)
+    ingest([str(src)], dataset="d", store=store, snapshot=True, shard_size="64KiB",
+           compression="none")
+    cache = os.path.join(small_fs("4m"), "cache")
+    r = CliRunner().invoke(main, ["--store", store, "pull", "d", "--cache", cache])
+    assert r.exit_code == 0, r.output
+    with open(os.path.join(os.path.dirname(cache), "other-job"), "wb", buffering=0) as f:
+        try:  # another job fills the disk to its last block
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+    r = CliRunner().invoke(main, ["--store", store, "pull", "d", "--cache", cache, "--json"])
+    assert r.exit_code == 0, r.output  # every copy is there: nothing to write
+    out = json.loads(r.output)
+    assert out["fetched"] == 0 and out["already_cached"] == out["objects"]

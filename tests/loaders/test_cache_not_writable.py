@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import uuid
 
 import numpy as np
+import pytest
 from permissions import without_write_access
 from simstore.loaders import SimDataset
 from simstore.loaders._cache import CacheConfig, ShardCache
 from simstore.loaders._stats import Counters
 
 from simstore.catalog import Catalog
+from simstore.errors import StorageError
 from simstore.hashing import hash_bytes
 from simstore.ingest import ingest
 
@@ -112,3 +115,37 @@ def test_du_reads_such_a_cache_and_pull_into_it_is_refused(open_dir):
     assert code == 10, out
     assert out.startswith(f"error: cache directory {cache_dir}: not writable (")
     assert out.count("\n") == 1
+
+
+def test_a_fill_whose_rename_lock_fails_keeps_no_descriptor(tmp_path):
+    cache_dir = str(tmp_path / "cache")
+    cache = _cache(cache_dir)
+
+    def download(out) -> None:  # the cache's locks folder is removed while it fills
+        shutil.rmtree(os.path.join(cache_dir, "locks"))
+        out.write(BLOB)
+
+    before = sorted(os.listdir("/proc/self/fd"))
+    with pytest.raises(StorageError, match=f"cache directory {cache_dir}: lock evict"):
+        cache.acquire(hash_bytes(BLOB), lambda: len(BLOB), download)
+    assert sorted(os.listdir("/proc/self/fd")) == before  # the filled copy's not left open
+    assert os.listdir(os.path.join(cache_dir, "tmp")) == []
+
+
+def test_du_changes_nothing_in_the_cache_it_reports(tmp_path):
+    from click.testing import CliRunner
+    from simstore.cli import main
+
+    store = f"memory://cache-du-{uuid.uuid4().hex}"
+    Catalog.init(store)
+    cache_dir = str(tmp_path / "cache")
+    _cache(cache_dir).acquire(hash_bytes(BLOB), lambda: len(BLOB),
+                              lambda out: out.write(BLOB)).release()
+    stale = os.path.join(cache_dir, "used", "ab", "ab" + "0" * 30)  # its copy is gone
+    os.makedirs(os.path.dirname(stale), exist_ok=True)
+    open(stale, "wb").close()
+    r = CliRunner().invoke(main, ["--store", store, "du", "--cache", cache_dir, "--json"])
+    assert r.exit_code == 0, r.output
+    assert os.path.exists(stale)  # a report lists; the next filler's pass removes it
+    _cache(cache_dir).trim()
+    assert not os.path.exists(stale)

@@ -130,3 +130,46 @@ def test_gc_fails_when_the_server_refuses_the_clock_probe(s3_bucket, fault_proxy
     assert text.startswith(f"{url}: cannot read the server's clock") and "\n" not in text
     assert fault_proxy.count("slowdown", "PUT") == 2
     assert cat.store.exists(object_key(oid))
+
+
+@pytest.mark.parametrize("zone", ["GMT", "-0000", "+0000"])
+def test_the_date_a_dry_run_reads_is_utc_whatever_the_local_zone(monkeypatch, zone):
+    """An HTTP date with a ``-0000`` zone parses as a naive time, which ``timestamp()``
+    took as this machine's local time (five hours off in New York)."""
+    import calendar
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    stamp = "Tue, 01 Dec 2026 12:00:00"
+    expected = calendar.timegm(time.strptime(stamp, "%a, %d %b %Y %H:%M:%S"))
+
+    class Listing(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the name http.server calls
+            body = (b'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult><Name>b</Name>'
+                    b"<KeyCount>0</KeyCount><MaxKeys>1</MaxKeys>"
+                    b"<IsTruncated>false</IsTruncated></ListBucketResult>")
+            self.send_response_only(200)
+            self.send_header("Date", f"{stamp} {zone}")
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Listing)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        store = S3Store("s3://b/store", read_only=True, storage_options={
+            **FAST, "endpoint_url": f"http://127.0.0.1:{server.server_address[1]}",
+            "key": "k", "secret": "s"})
+        assert store.read_clock() == expected
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+        server.shutdown()
+        server.server_close()
