@@ -11,7 +11,7 @@ Errors are grouped by what the caller does about them::
     ├── SourceError                       6     8   bad input file at ingest; names file and why
     ├── InvalidInputError (ValueError)    7     2   bad argument
     ├── ReadOnlyError                     8     9   a write through a store opened read-only
-    │   └── NotWritableError              8     9   a write the file system or S3 refused
+    │   └── NotWritableError             11     9   a write the file system or S3 refused
     │                                                (also a StorageError)
     └── StorageError                      9    10   backend failure, original exception chained
 
@@ -147,6 +147,8 @@ class NotWritableError(ReadOnlyError, StorageError):
     A :class:`ReadOnlyError` (exit 9: the store is readable, this process may not write
     it) that is still a :class:`StorageError`, as the backend's other failures are.
     """
+
+    code = 11
 
 
 _LINE_BREAKS = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
