@@ -103,7 +103,10 @@ def init_cmd(ctx: CliContext) -> None:
     cat = Catalog.init(ctx.store_url, storage_options=ctx.storage_options)
     meta = cat.check_initialised()
     cw = "yes" if meta.get("conditional_writes") else "no"
-    click.echo(f"initialised {cat.store.url} (conditional writes: {cw})")
+    # a store that was there already (perhaps one this process may only read) is named
+    # as such: nothing was written to it
+    done = "initialised" if cat.created else "already initialised"
+    click.echo(f"{done} {cat.store.url} (conditional writes: {cw})")
 
 
 @click.command("snapshot")

@@ -183,6 +183,8 @@ class Catalog:
         named them: such a snapshot missing from the store is damage, not a wrong id."""
         self._snapshot_cache = snapshot_cache
         self.conditional_writes: bool | None = None
+        self.created = False
+        """Whether :meth:`init` made the store (False: it was there already)."""
         """What the store's metadata records (set by :meth:`open` and :meth:`init`):
         False for a store whose server ignores conditional writes, where no commit can
         move a ref safely; None when not read."""
@@ -242,7 +244,7 @@ class Catalog:
             "hash": "xxh3-128",
             "conditional_writes": conditional,
         }
-        store.put_if_absent(STORE_META_KEY, canonical_json(meta))
+        cat.created = bool(store.put_if_absent(STORE_META_KEY, canonical_json(meta)))
         cat.conditional_writes = conditional
         return cat
 

@@ -32,7 +32,8 @@ def _stage(store_url, items, dataset="ds"):
 
 
 def test_full_workflow(store_url):
-    assert "initialised" in run(store_url, "init").output
+    assert run(store_url, "init").output.startswith("initialised ")
+    assert run(store_url, "init").output.startswith("already initialised ")  # idempotent
     _stage(store_url, {"a": b"1", "b": b"2"})
     out = json.loads(run(store_url, "snapshot", "ds", "-m", "first", "--json").output)
     first = out["snapshot"]

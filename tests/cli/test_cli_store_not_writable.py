@@ -59,6 +59,7 @@ def test_reading_works_and_writing_fails_with_exit_9(open_dir):
         "diff": ("diff", "d@v1", "d"),
         "verify": ("verify", "d", "--deep"),
         "tag same": ("tag", "d@v1", "v1"),
+        "init": ("init",),
         "tag elsewhere": ("tag", "d", "v1"),
         "branch elsewhere": ("branch", "d", "exp"),
         "tag new": ("tag", "d", "v2"),
@@ -74,8 +75,9 @@ def test_reading_works_and_writing_fails_with_exit_9(open_dir):
     kind, text = without_write_access(store, run_all)
     assert kind == "RuntimeError", text
     got = {k: tuple(v) for k, v in json.loads(text).items()}
-    for name in ("log", "show", "diff", "verify", "tag same"):
+    for name in ("log", "show", "diff", "verify", "tag same", "init"):
         assert got[name][0] == 0, (name, got[name])
+    assert got["init"][1].startswith(f"already initialised {store} "), got["init"]
     for name in ("tag elsewhere", "branch elsewhere"):
         code, out = got[name]
         assert code == 4, (name, out)
