@@ -64,7 +64,7 @@ from simstore.errors import (
     StorageError,
 )
 from simstore.storage._base import ObjectInfo, check_key
-from simstore.storage._s3_answers import WRITE_OPS, Refused, access_denied
+from simstore.storage._s3_answers import WRITE_OPS, Refused, conflict_message
 from simstore.storage._s3_files import (
     TRANSPORT_ERRORS,
     FileSlice,
@@ -258,7 +258,7 @@ class S3Store:
 
     def _error(self, op: str, key: str, exc: BaseException) -> StorageError:
         text = f"{self.url}/{key}: {op} failed: {self._describe(exc)}"
-        if op in WRITE_OPS and access_denied(exc):
+        if op in WRITE_OPS and isinstance(exc, Refused) and exc.is_access_denied:
             # read-only credentials (a training job's role, often): exit 9, not 10
             return NotWritableError(f"{text} (these credentials may not write the store)")
         return StorageError(text)
@@ -833,7 +833,7 @@ class S3Store:
             )
         except Refused as exc:
             if exc.is_precondition or (expected is not None and exc.is_not_found):
-                raise ConflictError(_conflict_message(self.url, key, expected, exc)) from exc.error
+                raise ConflictError(conflict_message(self.url, key, expected, exc)) from exc.error
             if exc.is_not_implemented:
                 raise StorageError(
                     f"{self.url}/{key}: compare-and-swap failed: {_NO_CONDITIONAL_WRITES}"
@@ -878,7 +878,7 @@ class S3Store:
             return float(head["LastModified"].timestamp())
         except Refused as exc:
             text = f"{what}: probe object {key}: {self._describe(exc)}"
-            if access_denied(exc):  # gc needs to write; these credentials may not
+            if exc.is_access_denied:  # gc needs to write; these credentials may not
                 raise NotWritableError(
                     f"{text} (these credentials may not write the store)") from exc.error
             raise StorageError(text) from exc.error
@@ -894,19 +894,16 @@ class S3Store:
         For a gc dry run, whose credentials may only read (the probe of :meth:`clock`
         writes). Whole seconds, truncated, as LastModified; a failure ``StorageError``.
         """
-        what, prefix = f"{self.url}: cannot read the server's clock", "_probe/"
-        base = f"{self.root}/" if self.root else ""
-        kwargs = {"Bucket": self.bucket, "Prefix": base + prefix, "MaxKeys": 1}
+        what = f"{self.url}: cannot read the server's clock"
         try:
-            out = self._retry("list", prefix, lambda: self._api.list_objects_v2(**kwargs))
-            date = parsedate_to_datetime(out["ResponseMetadata"]["HTTPHeaders"]["date"])
-            return (date if date.tzinfo else date.replace(tzinfo=UTC)).timestamp()
-        except Refused as exc:
-            raise StorageError(f"{what}: {self._describe(exc)}") from exc.error
-        except StorageError as exc:  # the retries used up
+            page = self._list_page("_probe/", {"Bucket": self.bucket, "MaxKeys": 1,
+                                               "Prefix": self._object_key("_probe") + "/"})
+            date = parsedate_to_datetime(page["ResponseMetadata"]["HTTPHeaders"]["date"])
+        except StorageError as exc:  # refused, or the retries used up
             raise StorageError(f"{what}: {exc}") from exc
         except (KeyError, TypeError, ValueError) as exc:
             raise StorageError(f"{what}: its answer has no Date header") from exc
+        return (date if date.tzinfo else date.replace(tzinfo=UTC)).timestamp()
 
     def probe_conditional_writes(self) -> bool:
         """Whether the server enforces conditional PutObject; record it on this store.
@@ -975,19 +972,6 @@ class _Source:
 def _bind(fn: Callable[..., T], **kwargs: Any) -> Callable[[], T]:
     """``fn`` bound to ``kwargs`` (loop-safe, unlike a lambda over loop variables)."""
     return lambda: fn(**kwargs)
-
-
-def _conflict_message(url: str, key: str, expected: str | None, exc: Refused) -> str:
-    found = "present" if expected is None else "a different version, or none"
-    text = (
-        f"{url}/{key} changed concurrently (expected version {expected or 'absent'}, found {found})"
-    )
-    if exc.attempts > 1:
-        text += (
-            f"; the request was sent {exc.attempts} times and an earlier attempt may have "
-            "landed: re-read the ref"
-        )
-    return text
 
 
 def _results(futures: Sequence[Future[T]]) -> list[T]:

@@ -1,7 +1,7 @@
 """What the S3 server's final answers mean: a refusal, a precondition, a denied write.
 
-:class:`Refused` wraps an answer that retrying cannot change; :func:`access_denied` tells
-a write refused for want of permission (read-only credentials) from other failures.
+:class:`Refused` wraps an answer that retrying cannot change, and tells a precondition, a
+missing key or a write refused for want of permission (read-only credentials) apart.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["WRITE_OPS", "Refused", "access_denied"]
+__all__ = ["WRITE_OPS", "Refused", "conflict_message"]
 
 _PRECONDITION_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict"})
 
@@ -40,6 +40,12 @@ class Refused(Exception):
         """The server does not implement what was asked (e.g. a conditional header)."""
         return self.status == 501 or self.code == "NotImplemented"
 
+    @property
+    def is_access_denied(self) -> bool:
+        """403 AccessDenied (or its bucket-wide kin): these credentials may not do this."""
+        return self.code in ("AccessDenied", "AllAccessDisabled") or (
+            not self.code and self.status == 403)
+
 
 WRITE_OPS = frozenset(
     {"write", "upload", "refresh", "compare-and-swap", "delete", "probe", "abort upload"}
@@ -47,13 +53,15 @@ WRITE_OPS = frozenset(
 """The ``_retry`` operations that write: refused with 403 AccessDenied, NotWritableError."""
 
 
-def access_denied(exc: BaseException) -> bool:
-    """Whether the server's final answer was 403 AccessDenied (or its bucket-wide kin)."""
-    if isinstance(exc, Refused):
-        exc = exc.error
-    response = getattr(exc, "response", None)
-    if not isinstance(response, Mapping):
-        return False
-    code = response.get("Error", {}).get("Code")
-    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    return code in ("AccessDenied", "AllAccessDisabled") or (code is None and status == 403)
+def conflict_message(url: str, key: str, expected: str | None, exc: Refused) -> str:
+    """The text of a conditional write refused because the object was not as expected."""
+    found = "present" if expected is None else "a different version, or none"
+    text = (
+        f"{url}/{key} changed concurrently (expected version {expected or 'absent'}, found {found})"
+    )
+    if exc.attempts > 1:
+        text += (
+            f"; the request was sent {exc.attempts} times and an earlier attempt may have "
+            "landed: re-read the ref"
+        )
+    return text
