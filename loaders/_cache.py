@@ -386,19 +386,9 @@ class ShardCache:
                 with contextlib.suppress(FileNotFoundError):
                     used[name] = os.lstat(os.path.join(d, name)).st_mtime_ns
         held = set()
-        for sub in _listdir(self._objects):
-            d = os.path.join(self._objects, sub)
-            for name in _listdir(d):
-                if not is_object_id(name):
-                    continue
-                path = os.path.join(d, name)
-                try:
-                    st = os.lstat(path)
-                except FileNotFoundError:
-                    continue
-                if stat.S_ISREG(st.st_mode):
-                    out.append((used.get(name, st.st_atime_ns), st.st_size, path))
-                    held.add(name)
+        for name, path, st in _copies(self._objects):
+            out.append((used.get(name, st.st_atime_ns), st.st_size, path))
+            held.add(name)
         if self._writable:  # a report's listing changes nothing
             for name in used.keys() - held:
                 with contextlib.suppress(OSError):
@@ -492,17 +482,27 @@ def copies_bytes(directory: str) -> int:
     """
     if not os.path.isfile(os.path.join(directory, MARKER)):
         return 0
-    objects = os.path.join(directory, "objects")
-    total = 0
+    return sum(st.st_size for _, _, st in _copies(os.path.join(directory, "objects")))
+
+
+def _copies(objects: str) -> Iterator[tuple[str, str, os.stat_result]]:
+    """``(object id, path, lstat)`` of each copy under a cache's ``objects/`` folder.
+
+    Names that are not object ids and entries that are not regular files are no copies;
+    a copy evicted while the folder is listed is passed over.
+    """
     for sub in _listdir(objects):
         folder = os.path.join(objects, sub)
         for name in _listdir(folder):
-            if is_object_id(name):
-                with contextlib.suppress(OSError):
-                    st = os.lstat(os.path.join(folder, name))
-                    if stat.S_ISREG(st.st_mode):
-                        total += st.st_size
-    return total
+            if not is_object_id(name):
+                continue
+            path = os.path.join(folder, name)
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                yield name, path, st
 
 
 def _stripe(object_id: str) -> str:
