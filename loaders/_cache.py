@@ -55,7 +55,7 @@ from typing import BinaryIO
 from simstore.loaders._stats import Counters
 
 from simstore._reserve import Reservation
-from simstore.errors import IntegrityError, InvalidInputError, StorageError
+from simstore.errors import IntegrityError, InvalidInputError, StorageError, write_refused
 from simstore.hashing import Hasher, is_object_id
 
 __all__ = ["CacheConfig", "PinnedCopy", "ShardCache"]
@@ -166,7 +166,7 @@ class ShardCache:
                 os.close(self._open_lock("evict"))
         except OSError as exc:
             why = exc.strerror or exc
-            if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            if write_refused(exc):
                 why = (f"not writable ({why}): a job writes to the cache it reads through; "
                        "give a cache_dir it may write")
             raise StorageError(f"cache directory {self.root}: {why}") from exc

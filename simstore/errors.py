@@ -21,6 +21,7 @@ append-only ``code`` and the CLI maps each class to its ``exit_code``.
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 __all__ = [
@@ -139,6 +140,15 @@ class StorageError(SimstoreError):
 
     code = 9
     exit_code = 10
+
+
+def write_refused(exc: OSError) -> bool:
+    """Whether the file system refused a write for want of permission.
+
+    A read-only mount, another user's files: what a local write raises
+    :class:`NotWritableError` for.
+    """
+    return exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 class NotWritableError(ReadOnlyError, StorageError):

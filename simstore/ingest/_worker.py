@@ -32,6 +32,7 @@ from simstore.errors import (
     SourceError,
     StorageError,
     one_line,
+    write_refused,
 )
 from simstore.hashing import ObjectId, object_key
 from simstore.ingest._arrays import (
@@ -268,8 +269,8 @@ class TaskRunner:
         except OSError as exc:  # a read-only store, a full disk, a missing --tmp-dir
             where = scratch or tempfile.gettempdir()
             why = "no space left on device" if exc.errno == errno.ENOSPC else exc.strerror or exc
-            if self.cfg.tmp_dir is None and scratch is not None and exc.errno in (
-                    errno.EROFS, errno.EACCES, errno.EPERM):  # the store's own folder
+            if self.cfg.tmp_dir is None and scratch is not None and write_refused(exc):
+                # the store's own folder
                 raise NotWritableError(
                     f"{where}: cannot create the ingest's scratch folder: {why} (this "
                     "process may read the store but not write it)"

@@ -24,6 +24,7 @@ from simstore.errors import (
     NotWritableError,
     ReadOnlyError,
     StorageError,
+    write_refused,
 )
 from simstore.hashing import hash_bytes
 from simstore.storage._base import ObjectInfo, check_key
@@ -70,7 +71,7 @@ class LocalStore:
     def _error(self, op: str, key: str, exc: OSError) -> StorageError:
         if exc.errno == errno.ENOSPC:
             return StorageError(f"{self.url}/{key}: {op} failed: no space left on device")
-        if op in _WRITES and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        if op in _WRITES and write_refused(exc):
             return NotWritableError(
                 f"{self.url}/{key}: {op} failed: {exc.strerror or exc} (this process may "
                 "read the store but not write it)"
