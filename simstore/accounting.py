@@ -807,8 +807,6 @@ def warm_cache(
     opened = None if empty else open_cache(1)
     held = 0 if opened is None else opened.usage_bytes()
     room = held + shutil.disk_usage(existing).free
-    # with a limit, the disk's room decides too: a limit above it filled the disk and
-    # stopped half way
     if limit_bytes is not None and total > limit_bytes:
         raise InvalidInputError(
             f"snapshot {sid} needs {total} bytes ({_human(total)}) of cache for "
@@ -816,10 +814,12 @@ def warm_cache(
             f"cache limit is {limit_bytes} bytes ({_human(limit_bytes)}); a limit of at "
             f"least {total} bytes is needed"
         )
-    # the disk gives whole blocks: each copy still to write rounded up, with the cache's
-    # folders and marker still to make (a check of bytes alone let a pull with a few KiB
-    # to spare fill the disk); the copies it holds already stay, its others may be evicted
-    present = {o for o in wanted if opened is not None and _copy_size(opened, o) == sizes[o]}
+    # with a limit or without, the disk's room decides too (a limit above it filled the
+    # disk and stopped half way), in whole blocks: each copy still to write rounded up,
+    # with the cache's folders and marker still to make (a check of bytes alone let a
+    # pull with a few KiB to spare fill the disk); the copies it holds already stay, its
+    # others may be evicted
+    present = {o for o in wanted if opened is not None and _whole_copy(opened, o, sizes[o])}
     block = max(1, os.statvfs(existing).f_frsize)
     folders = {f"{sub}/{o[:2]}" for o in wanted if o not in present for sub in ("objects", "used")}
     root = os.path.abspath(cache_dir)
