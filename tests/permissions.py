@@ -26,12 +26,44 @@ def _outcome(fn: Callable[[], object]) -> tuple[str, str]:
     return "", ""
 
 
+_CAP_DAC_READ_SEARCH = 2
+_PR_SET_KEEPCAPS = 8
+_CAPABILITY_V3 = 0x20080522
+
+
+def _read_anywhere() -> None:
+    """Keep, as the unprivileged user, the right to read (never write) any file.
+
+    A user reads the software installed for it; a clone in a folder only its owner may
+    enter (as ``mktemp -d`` makes) would hide the virtual environment, and every module
+    not yet imported, from the child. ``CAP_DAC_READ_SEARCH`` passes read and search
+    checks only: writes are refused as for any other user. Called after ``setuid`` with
+    the capabilities kept (``PR_SET_KEEPCAPS``); where the kernel refuses, nothing changes.
+    """
+    import ctypes
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                    ("inheritable", ctypes.c_uint32)]
+
+    bit = 1 << _CAP_DAC_READ_SEARCH
+    data = (Data * 2)(Data(bit, bit, 0), Data(0, 0, 0))
+    ctypes.CDLL(None, use_errno=True).capset(ctypes.byref(Header(_CAPABILITY_V3, 0)), data)
+
+
 def _child(fn: Callable[[], object], before: Callable[[], object] | None, q) -> None:
     if before is not None:
         before()  # still root
+    import ctypes
+
+    ctypes.CDLL(None).prctl(_PR_SET_KEEPCAPS, 1, 0, 0, 0)
     os.setgroups([])
     os.setgid(NOBODY)
     os.setuid(NOBODY)
+    _read_anywhere()
     q.put(_outcome(fn))
 
 
