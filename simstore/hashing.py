@@ -38,7 +38,7 @@ ObjectId = NewType("ObjectId", str)
 HASH_HEX_LEN = 32
 _BLOCK_BYTES = 4 * 1024 * 1024
 _MAP_WINDOW_BYTES = 16 * 1024 * 1024
-_ID_RE = re.compile(r"^[0-9a-f]{32}$")
+_ID_RE = re.compile(r"^[0-9a-f]{32}\Z")
 
 
 class Hasher:

@@ -28,7 +28,9 @@ def check_name(name: str, what: str = "name") -> str:
 
     ``what`` names the thing in the message ("dataset name", "branch name", ...).
     """
-    if not isinstance(name, str) or not name:
+    if not isinstance(name, str):
+        raise InvalidInputError(f"invalid {what} {name!r}: must be a string")
+    if not name:
         raise InvalidInputError(f"invalid {what} {name!r}: must not be empty")
     if len(name) > MAX_NAME_LEN:
         raise InvalidInputError(
@@ -44,7 +46,7 @@ def check_name(name: str, what: str = "name") -> str:
     return name
 
 
-_FULL_ID_RE = re.compile(r"^[0-9A-Fa-f]{32}$")
+_FULL_ID_RE = re.compile(r"^[0-9A-Fa-f]{32}\Z")
 
 
 def check_ref_name(name: str, what: str = "branch name") -> str:
@@ -84,7 +86,9 @@ class Ref:
 def parse_ref(text: str) -> Ref:
     """Parse ``NAME`` or ``NAME@REV``; raise :class:`InvalidInputError` when malformed."""
     if not isinstance(text, str) or not text:
-        raise InvalidInputError("invalid ref '': expected NAME or NAME@BRANCH|TAG|SNAPSHOT")
+        raise InvalidInputError(
+            f"invalid ref {text!r}: expected NAME or NAME@BRANCH|TAG|SNAPSHOT as a string"
+        )
     dataset, sep, rev = text.partition("@")
     check_name(dataset, "dataset name")
     if not sep:

@@ -175,6 +175,15 @@ class Catalog:
         target_rows: int = DEFAULT_TARGET_ROWS,
         snapshot_cache: int | None = 1024,
     ) -> None:
+        if not isinstance(store, ObjectStore):
+            raise InvalidInputError(
+                f"invalid store {store!r}: an open store (for a path or URL: Catalog.open(URL))"
+            )
+        for name, value in (("target_rows", target_rows), ("snapshot_cache", snapshot_cache)):
+            if value is None and name == "snapshot_cache":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidInputError(f"invalid {name} {value!r}: a whole number, at least 1")
         self.store = store
         self.target_rows = target_rows
         self._snapshots: dict[str, Snapshot] = {}

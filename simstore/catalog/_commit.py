@@ -124,8 +124,14 @@ def commit(
     check_ref_name(branch, "branch name")
     if not isinstance(message, str):
         raise InvalidInputError(f"commit message must be a string, not {message!r}")
+    if not message.strip():
+        raise InvalidInputError(f"invalid commit message {message!r}: a snapshot needs a message")
     if author is not None and not isinstance(author, str):
         raise InvalidInputError(f"author must be a string, not {author!r}")
+    if author is not None and not author.strip():
+        raise InvalidInputError(
+            f"invalid author {author!r}: empty (leave it out for the current user)"
+        )
     if isinstance(staging_ids, str):
         raise InvalidInputError(
             f"staging_ids takes a list of ids, not the string {staging_ids!r}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -185,10 +186,18 @@ def verify(
     snapshots and manifest parts are checked by every task. ``progress`` is called
     after each shard of the sample check.
     """
+    _check_catalog(cat, "verify")
+    _check_flags(deep=deep, history=history, all_refs=all_refs, samples=samples)
     if split is not None:
+        if isinstance(split, str | bytes) or not isinstance(split, tuple | list) \
+                or len(split) != 2:
+            raise InvalidInputError(f"a verify split is a pair (K, N), got {split!r}")
         k, n = split
-        if not (isinstance(k, int) and isinstance(n, int) and n >= 1 and 0 <= k < n):
-            raise InvalidInputError(f"a verify split is K/N with 0 <= K < N, got {k}/{n}")
+        if not (_whole(k) and _whole(n) and n >= 1 and 0 <= k < n):
+            raise InvalidInputError(f"a verify split is K/N with 0 <= K < N, got {k!r}/{n!r}")
+        split = (int(k), int(n))
+    if progress is not None and not callable(progress):
+        raise InvalidInputError(f"invalid progress {progress!r}: a callable or None")
     if all_refs and ref is not None:
         raise InvalidInputError(f"verify checks one REF ({ref}) or every ref (all_refs), not both")
     if all_refs:
@@ -211,6 +220,25 @@ def verify(
     if samples:
         walk.sample_rows(cat, progress=progress)
     return report
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_catalog(cat: object, what: str) -> None:
+    if not isinstance(cat, Catalog):
+        raise InvalidInputError(
+            f"{what} takes a Catalog first, got {cat!r}: "
+            f"{what}(simstore.Catalog.open(URL), ...)"
+        )
+
+
+def _check_flags(**flags: object) -> None:
+    """Refuse a flag that is not True or False (``deep="no"`` is not a deep check)."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise InvalidInputError(f"invalid {name} {value!r}: must be True or False")
 
 
 def in_split(oid: str, split: tuple[int, int]) -> bool:
@@ -559,6 +587,9 @@ class GcReport:
     deleted: list[str] = field(default_factory=list)
     deleted_bytes: int = 0
     temporary_removed: int = 0
+    foreign: list[str] = field(default_factory=list)
+    """Keys under ``objects/`` that are not laid out as objects (``objects/<2 hex>/<id>``):
+    put there by something else, never deleted."""
     clock: str = "store"
     """Whose time the ages were measured on: ``store`` (its :meth:`~ObjectStore.clock`),
     ``given`` (``now=``) or, for a dry run only, ``local: <why the store's was not read>``."""
@@ -575,7 +606,15 @@ class GcReport:
             "deleted_bytes": self.deleted_bytes,
             "deleted_objects": list(self.deleted),
             "temporary_removed": self.temporary_removed,
+            "foreign": len(self.foreign),
+            "foreign_keys": list(self.foreign),
         }
+
+
+def _is_object_key(key: str) -> bool:
+    """Whether ``key`` is where an object is stored: ``objects/<its 2 first digits>/<id>``."""
+    oid = key.rsplit("/", 1)[-1]
+    return is_object_id(oid) and key == object_key(oid)
 
 
 def _delete_unless_since(store: Any, key: str, cutoff: float) -> str:
@@ -700,6 +739,11 @@ def gc(
     back, with everything it reaches kept. A ref created after that second reading finds
     its snapshot gone (the create checks) and is removed again by its writer.
     """
+    _check_catalog(cat, "gc")
+    _check_flags(dry_run=dry_run)
+    if now is not None and (isinstance(now, bool) or not isinstance(now, int | float)
+                            or not math.isfinite(now)):
+        raise InvalidInputError(f"invalid now {now!r}: seconds since the epoch, or None")
     if isinstance(grace_s, bool) or not isinstance(grace_s, int | float) \
             or not math.isfinite(grace_s) or grace_s < 0:
         raise InvalidInputError(
@@ -733,7 +777,14 @@ def gc(
         _write_gc_state(cat, run, "running", grace_s, now)
     # Objects first listed, then roots read: an object written after the listing is
     # not considered at all, and one written before it is either reachable or recent.
-    listing = list(cat.store.list_info("objects/"))
+    # Only keys laid out as objects are (objects/<2 hex>/<id>): a file put under objects/
+    # by hand, or another store nested there, is not this store's to delete
+    listing = []
+    for info in cat.store.list_info("objects/"):
+        if _is_object_key(info.key):
+            listing.append(info)
+        else:
+            report.foreign.append(info.key)
     # Staging entries before refs: a commit moves the ref first and removes its staging
     # entry after, so an entry gone by the time it is read has its snapshot on a ref read
     # later. Read the other way round, a commit landing between the two reads hides its

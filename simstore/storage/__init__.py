@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import urllib.parse
 from collections.abc import Mapping
 from typing import Any
@@ -49,7 +50,13 @@ def open_store(
         raise InvalidInputError(
             f"invalid storage_options {storage_options!r}: must map option names to values"
         )
+    if not isinstance(read_only, bool):
+        raise InvalidInputError(f"invalid read_only {read_only!r}: must be True or False")
     if not isinstance(url, str | os.PathLike):
+        if not isinstance(url, ObjectStore):
+            raise InvalidInputError(
+                f"invalid store {url!r}: a path, a URL (s3://bucket/prefix) or an open store"
+            )
         if storage_options:
             raise InvalidInputError(
                 f"{getattr(url, 'url', url)}: storage options {_names(storage_options)} apply "
@@ -57,6 +64,8 @@ def open_store(
             )
         return url
     text = os.fspath(url)
+    if not isinstance(text, str):
+        raise InvalidInputError(f"invalid store {url!r}: a path or URL as text, not bytes")
     if not text:
         raise InvalidInputError("empty store URL")
     path = local_path(text)
@@ -76,6 +85,14 @@ def open_store(
     return FsspecStore(text, storage_options=storage_options, read_only=read_only)
 
 
+_SCHEME_TYPO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+"""A path starting ``scheme:`` (``s3:/bucket/p``, ``s3:bucket``): a URL mistyped."""
+_URL_SCHEMES = frozenset({
+    "s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "http", "https", "file",
+    "memory", "local", "hdfs", "webhdfs", "ftp", "sftp", "ssh", "oci", "r2",
+})
+
+
 def local_path(url: str) -> str | None:
     """The folder a local store URL names, or None for a URL of another scheme.
 
@@ -88,6 +105,13 @@ def local_path(url: str) -> str | None:
     Schemes are case-insensitive.
     """
     if "://" not in url:
+        typo = _SCHEME_TYPO.match(url)
+        if typo and typo.group(1).lower() in _URL_SCHEMES:
+            raise InvalidInputError(
+                f"{without_passwords(url)}: looks like a mistyped URL (write "
+                f"{typo.group(1)}://...); for a local folder of that name, write "
+                f"./{url}"
+            )
         return url
     scheme, rest = url.split("://", 1)
     protocol = scheme.lower()

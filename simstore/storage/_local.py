@@ -13,6 +13,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import shutil
 import time
 import uuid
@@ -33,6 +34,7 @@ from simstore.storage._scratch import newest_mtime, scratch_in_use
 __all__ = ["LocalStore"]
 
 TMP_PREFIX = ".tmp-"
+_TMP_TAIL = re.compile(r"(gc-)?[0-9a-f]{32}")
 _LOCK_DIR = ".locks"
 SCRATCH_DIR = ".scratch"
 # the operations that write: refused by the file system, they raise NotWritableError
@@ -204,7 +206,8 @@ class LocalStore:
                 dirs[:] = []
                 continue
             for name in files:
-                if name.startswith(TMP_PREFIX):
+                # named as _write_tmp names them, not any file that starts the same way
+                if name.startswith(TMP_PREFIX) and _TMP_TAIL.fullmatch(name[len(TMP_PREFIX):]):
                     path = os.path.join(dirpath, name)
                     with contextlib.suppress(OSError):
                         if os.stat(path).st_mtime < older_than:

@@ -36,6 +36,7 @@ import io
 import math
 import os
 import random
+import re
 import threading
 import time
 import uuid
@@ -98,6 +99,9 @@ _MiB = 1024 * 1024
 # S3 limits: one CopyObject copies at most 5 GiB; an upload has at most 10,000 parts.
 _MAX_COPY_BYTES = 5 * 1024 * _MiB
 _MAX_PARTS = 10_000
+_BUCKET = re.compile(r"[A-Za-z0-9._-]{1,255}")
+"""The bucket names boto accepts (S3's own rules are narrower; S3-compatible stores'
+vary): anything else fails every request with a validation error."""
 
 _NO_CONDITIONAL_WRITES = (
     "the server does not support conditional writes (If-None-Match/If-Match on PutObject), "
@@ -128,6 +132,11 @@ class S3Store:
         if not bucket or "@" in bucket or ":" in bucket:
             # Never echo the URL here: a user may have put credentials into it.
             raise InvalidInputError("S3 URL has no valid bucket (expected s3://bucket/prefix)")
+        if not _BUCKET.fullmatch(bucket):
+            raise InvalidInputError(
+                f"s3://{bucket}: invalid bucket name {bucket!r}: letters, digits, '.', '-' "
+                "and '_', 1 to 255 of them (expected s3://bucket/prefix)"
+            )
         self.bucket = bucket
         self.root = prefix.strip("/")
         self.url = f"s3://{bucket}/{self.root}" if self.root else f"s3://{bucket}"

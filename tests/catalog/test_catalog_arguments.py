@@ -3,11 +3,14 @@ with an InvalidInputError naming them (not a raw exception, not silent acceptanc
 
 import math
 
+import numpy as np
 import pytest
 from catalog_helpers import stage_samples
 
-from simstore.catalog import Catalog, gc, reachable_objects
+from simstore.catalog import Catalog, gc, reachable_objects, verify
 from simstore.errors import InvalidInputError, NotFoundError
+from simstore.names import parse_ref
+from simstore.storage import open_store
 
 
 @pytest.fixture
@@ -65,3 +68,61 @@ def test_commit_and_log_arguments_are_checked(two):
             cat.resolve(ref)
     with pytest.raises(InvalidInputError, match="is not a snapshot id"):
         cat.snapshot(None)
+
+
+def test_commit_refuses_a_blank_message_or_author(two):
+    cat, a, _ = two
+    stage_samples(cat, "a", {"k2": b"x" * 50})
+    # a blank message or author made a snapshot that log showed as ": "
+    for kw, message in [({"message": ""}, "invalid commit message '': a snapshot needs"),
+                        ({"message": "  "}, "invalid commit message '  '"),
+                        ({"message": "m", "author": ""}, "invalid author '': empty")]:
+        with pytest.raises(InvalidInputError, match=message):
+            cat.commit("a", **kw)
+    assert len(cat.staged("a")) == 1 and cat.resolve("a") == a
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    # a truthy string ran the deep check or walked the history
+    ({"deep": "no"}, "invalid deep 'no': must be True or False"),
+    ({"history": "no"}, "invalid history 'no'"),
+    ({"samples": 1}, "invalid samples 1"),
+    ({"split": "0/2"}, "a verify split is a pair"),
+    ({"split": (True, 2)}, "a verify split is K/N"),
+    ({"split": (0, 2.0)}, "a verify split is K/N"),
+    ({"progress": 3}, "invalid progress 3"),
+])
+def test_verify_refuses_flags_that_are_not_flags(two, kwargs, match):
+    cat, *_ = two
+    with pytest.raises(InvalidInputError, match=match):
+        verify(cat, "a", **kwargs)
+
+
+def test_verify_and_gc_take_a_catalog(two, tmp_path):
+    cat, *_ = two
+    for call in (gc, verify):
+        # a path was an AttributeError ("'str' object has no attribute 'store'")
+        with pytest.raises(InvalidInputError, match=r"takes a Catalog first, got '.*store'"):
+            call(str(tmp_path / "store"))
+    for now in ("x", float("nan"), True):
+        with pytest.raises(InvalidInputError, match="invalid now"):
+            gc(cat, now=now)
+    with pytest.raises(InvalidInputError, match="invalid dry_run 'yes'"):
+        gc(cat, dry_run="yes")
+    assert verify(cat, "a", split=(np.int64(0), np.int64(2))).split == (0, 2)
+
+
+def test_catalog_and_parse_ref_arguments(two):
+    cat, *_ = two
+    for rows in (0, 1.5, True):
+        with pytest.raises(InvalidInputError, match="invalid target_rows"):
+            Catalog(cat.store, target_rows=rows)
+    for store in (None, "path", b"path"):
+        with pytest.raises(InvalidInputError, match="invalid store"):
+            Catalog(store)
+        with pytest.raises(InvalidInputError, match="invalid store"):
+            open_store(store) if store != "path" else open_store(123)
+    with pytest.raises(InvalidInputError, match="invalid ref 123"):
+        parse_ref(123)
+    with pytest.raises(InvalidInputError, match="invalid read_only 'no'"):
+        open_store(str(cat.store.url), read_only="no")

@@ -3,6 +3,7 @@
 The S3 side (a local clock running ahead of the server's) is in tests/s3.
 """
 
+import hashlib
 import os
 import time
 
@@ -23,7 +24,8 @@ def _age(cat, key, seconds):
 
 
 def _temporary(cat, name, age_s):
-    path = os.path.join(cat.store.root, "objects", f".tmp-{name}")
+    # named as the store names its temporary files: .tmp-<32 hex digits>
+    path = os.path.join(cat.store.root, "objects", f".tmp-{hashlib.md5(name.encode()).hexdigest()}")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
         f.write(b"half written")

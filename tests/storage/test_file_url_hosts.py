@@ -47,3 +47,20 @@ def test_open_store_opens_the_absolute_path(tmp_path):
     store.put("k", b"x")
     assert (tmp_path / "a b" / "k").read_bytes() == b"x"
 
+
+
+@pytest.mark.parametrize("url", ["s3:/bkt/data", "s3:bkt/data", "S3:/bkt", "file:/data/st",
+                                 "memory:/x", "https:/host/p"])
+def test_a_url_with_its_slashes_mistyped_is_refused(tmp_path, monkeypatch, url):
+    # "s3:/bkt/data" made a local store in ./s3:/bkt/data, and ingest wrote there
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InvalidInputError, match=r"looks like a mistyped URL \(write .*://"):
+        open_store(url)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("path", ["./s3:/bkt", "notes:2026", "run:7/store"])
+def test_a_folder_whose_name_holds_a_colon_is_still_a_folder(tmp_path, monkeypatch, path):
+    monkeypatch.chdir(tmp_path)
+    assert local_path(path) == path
+    assert isinstance(open_store(path), LocalStore)
