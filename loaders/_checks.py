@@ -13,6 +13,7 @@ import math
 import numbers
 import reprlib
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import numpy as np
@@ -28,10 +29,18 @@ __all__ = [
     "check_number",
     "check_optional_int",
     "is_int",
+    "MAX_BYTES",
+    "MAX_COUNT",
     "parse_bytes",
     "shown",
     "to_list",
 ]
+
+MAX_COUNT = 2**31
+"""The largest count an option takes (ranks, shards in a window, blocks in a buffer): the
+loader's plans hold positions and products of counts in 64-bit integers."""
+MAX_BYTES = 2**50
+"""The largest byte size an option takes (1 PiB), for the same reason."""
 
 _repr = reprlib.Repr()
 _repr.maxstring = 60
@@ -105,10 +114,19 @@ def check_callable(value: object, name: str) -> None:
         raise InvalidInputError(f"{name} must be callable, got {shown(value)}")
 
 
-def to_list(value: object, name: str, what: str) -> list[Any]:
-    """The items of a list-like ``value`` (not a string, bytes or a mapping)."""
+def to_list(value: object, name: str, what: str, *, ordered: bool = False) -> list[Any]:
+    """The items of a list-like ``value`` (not a string, bytes or a mapping).
+
+    ``ordered``: the items pair up by position with others (a mixture's datasets and
+    weights), so a set, whose order is its hashes', is refused too.
+    """
     if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
         raise InvalidInputError(f"{name} must be a list of {what}, got {shown(value)}")
+    if ordered and isinstance(value, AbstractSet):
+        raise InvalidInputError(
+            f"{name} must be a list of {what}, in order, got a set ({shown(value)}): "
+            "a set has no order"
+        )
     return list(value)
 
 
@@ -142,6 +160,8 @@ def check_bytes(value: object, name: str, *, minimum: int = 1) -> int:
     if n < minimum:
         need = "positive" if minimum == 1 else f"at least {minimum}"
         raise InvalidInputError(f"{name} must be {need}, got {n} bytes")
+    if n > MAX_BYTES:
+        raise InvalidInputError(f"{name} must be at most 1 PiB ({MAX_BYTES} bytes), got {n} bytes")
     return n
 
 

@@ -24,6 +24,7 @@ from typing import Any, TypedDict
 import numpy as np
 from simstore.loaders._cache import ShardCache
 from simstore.loaders._checks import (
+    MAX_COUNT,
     check_bool,
     check_bytes,
     check_callable,
@@ -281,13 +282,14 @@ class SimDataset(IterableDataset[Sample]):
         shuffle = check_bool(shuffle, "shuffle")
         seed = check_int(seed, "seed", minimum=0)
         rank = check_optional_int(rank, "rank", minimum=0)
-        world_size = check_optional_int(world_size, "world_size", minimum=1)
+        world_size = check_optional_int(world_size, "world_size", minimum=1, maximum=MAX_COUNT)
         if transform is not None:
             check_callable(transform, "transform")
-        window_shards = check_int(window_shards, "window_shards", minimum=1)
-        group_parts = check_int(group_parts, "group_parts", minimum=1)
+        window_shards = check_int(window_shards, "window_shards", minimum=1, maximum=MAX_COUNT)
+        group_parts = check_int(group_parts, "group_parts", minimum=1, maximum=MAX_COUNT)
         block_bytes = check_bytes(shuffle_block_bytes, "shuffle_block_bytes")
-        buffer_blocks = check_int(shuffle_buffer_blocks, "shuffle_buffer_blocks", minimum=1)
+        buffer_blocks = check_int(shuffle_buffer_blocks, "shuffle_buffer_blocks", minimum=1,
+                                  maximum=MAX_COUNT)
         verify = check_bool(verify, "verify")
         verify_every_s = check_number(verify_every_s, "verify_every_s", finite=False)
         if not verify_every_s >= 0:
@@ -406,7 +408,7 @@ class SimDataset(IterableDataset[Sample]):
             raise InvalidInputError(
                 "mix takes a list of SimDatasets, got one SimDataset (for one: mix([dataset]))"
             )
-        datasets = to_list(datasets, "mix: datasets", "SimDatasets")
+        datasets = to_list(datasets, "mix: datasets", "SimDatasets", ordered=True)
         if not datasets:
             raise InvalidInputError("mix needs at least one dataset")
         sources: list[Source] = []
@@ -426,8 +428,8 @@ class SimDataset(IterableDataset[Sample]):
         if weights is None:
             w = (1.0,) * len(sources)
         else:
-            w = tuple(check_number(x, f"mix: weights[{i}]")
-                      for i, x in enumerate(to_list(weights, "mix: weights", "numbers")))
+            given = to_list(weights, "mix: weights", "numbers", ordered=True)
+            w = tuple(check_number(x, f"mix: weights[{i}]") for i, x in enumerate(given))
         if len(w) != len(sources):
             raise InvalidInputError(f"{len(w)} weights for {len(sources)} datasets")
         seed = check_int(seed, "mix: seed", minimum=0)

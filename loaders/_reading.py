@@ -213,6 +213,12 @@ class EpochReader:
                     f"transform {_transform_name(transform)} returned "
                     f"{type(sample).__name__}, not a dict"
                 )
+            for name in sample:
+                if not isinstance(name, str):
+                    raise InvalidInputError(
+                        f"transform {_transform_name(transform)} returned a dict with the "
+                        f"key {name!r} ({type(name).__name__}): field names are strings"
+                    )
         sample["__key__"] = chunk.keys[j]
         sample["__pad__"] = bool(chunk.is_pad[j])
         return sample

@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from simstore.loaders._checks import check_int
+from simstore.loaders._checks import MAX_COUNT, check_int
 
 from simstore.errors import InvalidInputError
 
@@ -45,6 +45,10 @@ class World:
     def __post_init__(self) -> None:
         for name in ("rank", "world_size", "worker", "num_workers"):
             object.__setattr__(self, name, check_int(getattr(self, name), name))
+        if self.world_size > MAX_COUNT:
+            raise InvalidInputError(
+                f"invalid world size {self.world_size}: at most {MAX_COUNT} ranks"
+            )
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise InvalidInputError(
                 f"invalid rank {self.rank} of world size {self.world_size}: "

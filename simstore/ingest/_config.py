@@ -114,6 +114,19 @@ class IngestConfig:
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise InvalidInputError(f"invalid {name} {value!r}: must be a string")
+        for name in ("message", "author"):
+            value = getattr(self, name)
+            if value is not None and not value.strip():
+                raise InvalidInputError(
+                    f"invalid {name} {value!r}: "
+                    + ("a snapshot needs a message" if name == "message"
+                       else "empty (leave it out for the current user)")
+                )
+        if self.message is not None and not self.snapshot:
+            raise InvalidInputError(
+                "message names a snapshot: it needs snapshot=True (staged entries are "
+                "committed later, with the message given then)"
+            )
         for name in ("workers", "time_window", "stride"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool)

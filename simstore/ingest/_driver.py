@@ -11,7 +11,7 @@ import bisect
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Unpack
 
@@ -66,6 +66,44 @@ def _head_hashes(catalog: Catalog, snap: Any, keys: Sequence[str]) -> dict[str, 
     return out
 
 
+def _source_paths(sources: object) -> list[str]:
+    """``sources`` as a list of path strings, or an :class:`InvalidInputError` naming it.
+
+    A bare path is one source. An empty path is refused, not read as the working
+    folder: ``simstore ingest "$RUNS"`` with ``RUNS`` unset must not ingest ``.``.
+    """
+    if isinstance(sources, str | os.PathLike):
+        items: list[object] = [sources]
+    elif isinstance(sources, bytes | bytearray | memoryview) or not isinstance(
+        sources, Iterable
+    ):
+        raise InvalidInputError(
+            f"invalid sources {sources!r}: give a path, or a list of paths (str or os.PathLike)"
+        )
+    else:
+        items = list(sources)
+    if not items:
+        raise InvalidInputError("no sources given")
+    out = []
+    for item in items:
+        if not isinstance(item, str | os.PathLike):
+            raise InvalidInputError(
+                f"invalid source {item!r}: a source is a path (str or os.PathLike)"
+            )
+        path = os.fspath(item)
+        if not isinstance(path, str):
+            raise InvalidInputError(
+                f"invalid source {item!r}: a source is a path (str or os.PathLike)"
+            )
+        if not path:
+            raise InvalidInputError(
+                "invalid source '': an empty path (an unset variable?); "
+                "name the folder, '.' for the current one"
+            )
+        out.append(path)
+    return out
+
+
 def _rows_table(rows: Sequence[Row]) -> pa.Table:
     return pa.table(
         {
@@ -106,11 +144,18 @@ def ingest(
     nothing. Re-running after a failure or a finished run redoes no finished file.
     """
     t0 = time.perf_counter()
+    if config is not None and not isinstance(config, IngestConfig):
+        raise InvalidInputError(
+            f"invalid config {config!r}: an IngestConfig (or give its fields as keywords)"
+        )
+    if progress is not None and not callable(progress):
+        raise InvalidInputError(f"invalid progress {progress!r}: a callable or None")
     try:
         cfg = dataclasses.replace(config or IngestConfig(), **options)
     except TypeError as exc:
         raise InvalidInputError(f"invalid ingest option: {exc}") from None
     check_name(dataset, "dataset name")
+    srcs = _source_paths(sources)
     catalog = store if isinstance(store, Catalog) else Catalog.open(store)
     if catalog.store.url.startswith("memory://"):
         if cfg.engine == "dask":
@@ -121,9 +166,6 @@ def ingest(
             )
         if cfg.workers > 1:
             raise InvalidInputError("a memory:// store lives in one process: use workers=1")
-    srcs = [sources] if isinstance(sources, str | os.PathLike) else list(sources)
-    if not srcs:
-        raise InvalidInputError("no sources given")
     if cfg.snapshot:
         catalog.check_commit_branch(dataset, cfg.branch)  # before anything is read
     else:
@@ -132,10 +174,10 @@ def ingest(
         catalog.require_branch(dataset, cfg.branch)
     plugins = plugins_for(cfg)
     cfg.check_adapter_options(plugins[0])
-    files, ignored = discover([os.fspath(s) for s in srcs], plugins[0])
+    files, ignored = discover(srcs, plugins[0])
     if not files:
         raise InvalidInputError(
-            printable_text(f"no source files found in {', '.join(os.fspath(s) for s in srcs)}")
+            printable_text(f"no source files found in {', '.join(srcs)}")
             + (f" ({len(ignored)} files no adapter reads)" if ignored else "")
         )
     head_id, _ = catalog.branches(dataset).get_versioned(cfg.branch)

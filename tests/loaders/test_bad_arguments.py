@@ -77,6 +77,12 @@ DATASET_CASES = [
     ({"shuffle_buffer_blocks": 1.5}, "shuffle_buffer_blocks must be an integer"),
     ({"shuffle_block_bytes": None}, "shuffle_block_bytes must be a number of bytes"),
     ({"shuffle_block_bytes": 0}, "shuffle_block_bytes must be positive"),
+    # counts and sizes past 64-bit plans: an OverflowError inside the epoch, in a worker
+    ({"window_shards": 2**63}, "window_shards must be at most 2147483648"),
+    ({"group_parts": 2**64}, "group_parts must be at most"),
+    ({"shuffle_buffer_blocks": 2**63}, "shuffle_buffer_blocks must be at most"),
+    ({"shuffle_block_bytes": 2**63}, "shuffle_block_bytes must be at most 1 PiB"),
+    ({"rank": 2**70 - 1, "world_size": 2**70}, "world_size must be at most"),
     # prefetch
     ({"prefetch": {"decode_cache_bytes": -1}}, "prefetch decode_cache_bytes must be non-neg"),
     ({"prefetch": {"chunks": 2.5}}, "prefetch: field 'chunks' must be an integer, got 2.5"),
@@ -183,6 +189,9 @@ def test_transform_returning_no_dict_is_named(store):
             dataset(store, transform=drop_everything, normalise={"u": (0.0, 2.0)}))
     refused("transform .*<lambda> returned list, not a dict", list,
             dataset(store, transform=lambda s: [s]))
+    # a key that is not a field name failed later, as "'int' object has no attribute"
+    refused(r"transform .*<lambda> returned a dict with the key 1 \(int\): field names are",
+            list, dataset(store, transform=lambda s: {1: s["step"]}))
 
 
 # -- what stays valid -----------------------------------------------------------------
@@ -229,6 +238,8 @@ MIX_CASES = [
     ({"weights": [1, None]}, r"mix: weights\[1\] must be a number, got None"),
     ({"weights": [True, 1]}, r"mix: weights\[0\] must be a number"),
     ({"weights": [1, math.inf]}, r"mix: weights\[1\] must be finite"),
+    # a set's order is its hashes': {3, 1} mixed 1:3
+    ({"weights": {3, 1}}, "mix: weights must be a list of numbers, in order, got a set"),
     ({"samples_per_epoch": 2.5}, "samples_per_epoch must be an integer, got 2.5"),
     ({"samples_per_epoch": "4"}, "samples_per_epoch must be an integer, got '4'"),
     ({"samples_per_epoch": 10**30}, "samples_per_epoch must be at most"),
@@ -254,6 +265,8 @@ def test_mix_refuses_what_is_not_a_list_of_datasets(store):
     refused(r"mix: datasets\[1\] must be a SimDataset, got None", SimDataset.mix, [ds, None])
     refused("mix: datasets must be a list of SimDatasets, got 'ab'", SimDataset.mix, "ab")
     refused("mix: datasets must be a list of SimDatasets, got 3", SimDataset.mix, 3)
+    refused("mix: datasets must be a list of SimDatasets, in order, got a set",
+            SimDataset.mix, {ds})
 
 
 def test_mix_takes_numpy_weights_and_seed(store):
