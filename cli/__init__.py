@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 
 import click
 from simstore.cli._common import (
@@ -48,6 +50,20 @@ def main(ctx: click.Context, store_url: str, storage_options: tuple[str, ...], d
     """simstore: versioned training data for physics foundation models."""
     if ctx.invoked_subcommand is None:  # `simstore --store s1`: the help, exit 2
         raise click.exceptions.NoArgsIsHelpError(ctx)
+    for stream in (sys.stdout, sys.stderr):
+        # keys, names and messages are UTF-8 text: under a locale that cannot spell them
+        # (Latin-1, ASCII) a character is written as an escape, not a UnicodeEncodeError
+        if stream is not None and (stream.encoding or "").lower().replace("-", "") != "utf8":
+            with contextlib.suppress(AttributeError, ValueError):
+                stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        # relative paths (the default store ./.simstore, sources) mean nothing there, and
+        # torch's libraries fail to load in it: one line, not a traceback
+        raise click.UsageError(
+            "the working directory no longer exists (deleted?): cd to one that does"
+        ) from None
     from_env = ctx.get_parameter_source("store_url") is click.core.ParameterSource.ENVIRONMENT
     if (not from_env and ctx.get_parameter_source("store_url")
             is click.core.ParameterSource.DEFAULT and os.environ.get("SIMSTORE_STORE") == ""):

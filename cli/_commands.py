@@ -17,6 +17,7 @@ from simstore.cli._common import (
     emit,
     handle_errors,
     pass_ctx,
+    stderr_is_terminal,
 )
 
 from simstore.catalog import Catalog, VerifyProgress, gc, verify
@@ -471,7 +472,8 @@ def verify_cmd(
     cat = ctx.catalog(read_only=True)
     parts = _split(split) if split is not None else None
     bar = None
-    if samples and (sys.stderr.isatty() if progress is None else progress):
+    if samples and (stderr_is_terminal() if progress is None else progress) \
+            and sys.stderr is not None:
         from simstore.cli._ingest import ProgressBar
 
         bar = ProgressBar()

@@ -130,6 +130,30 @@ def debug_on() -> bool:
     return bool(ctx and isinstance(ctx.obj, CliContext) and ctx.obj.debug) or env_debug()
 
 
+def key_arg(text: str) -> str:
+    """A sample key (or key prefix) typed on the command line, as the ingest made keys.
+
+    Python decodes arguments with the locale's encoding; keys are the UTF-8 text of file
+    names (see ``simstore.ingest``): the argument's bytes are read as UTF-8 where they are
+    UTF-8, so ``cat d dä`` finds the key under a Latin-1 or C locale too.
+    """
+    try:
+        return os.fsencode(text).decode("utf-8")
+    except UnicodeDecodeError:
+        return text
+
+
+def stderr_is_terminal() -> bool:
+    """Whether stderr is a terminal (progress bars go there); False when it is closed.
+
+    A command started with ``2>&-`` has ``sys.stderr`` None.
+    """
+    try:
+        return sys.stderr is not None and sys.stderr.isatty()
+    except (OSError, ValueError):
+        return False
+
+
 def handle_errors(fn: F) -> F:
     """Turn library errors into one line on stderr and the class's exit code."""
 
@@ -142,6 +166,16 @@ def handle_errors(fn: F) -> F:
                 traceback.print_exc(file=sys.stderr)
             click.echo(f"error: {one_line(str(exc))}", err=True)
             sys.exit(exc.exit_code)
+        except MemoryError as exc:  # ArrowMemoryError too
+            if debug_on():
+                traceback.print_exc(file=sys.stderr)
+            detail = one_line(str(exc)) or "an allocation failed"
+            click.echo(
+                f"error: out of memory ({detail}): give the process more memory, or ask "
+                "for less at once (fewer --workers, a smaller --shard-size or --jobs)",
+                err=True,
+            )
+            sys.exit(1)
 
     return wrapper  # type: ignore[return-value]
 

@@ -22,6 +22,7 @@ from simstore.cli._common import (
     handle_errors,
     parse_size_flag,
     pass_ctx,
+    stderr_is_terminal,
 )
 
 from simstore.errors import InvalidInputError, SimstoreError
@@ -356,8 +357,8 @@ def ingest_cmd(
         address=address,
         start_method=start_method,
     )
-    show = sys.stderr.isatty() if progress is None else progress
-    bar = ProgressBar() if show else None
+    show = stderr_is_terminal() if progress is None else progress
+    bar = ProgressBar() if show and sys.stderr is not None else None
     catalog = ctx.catalog()  # ingest() refuses a --branch the dataset has no branch of
     try:
         with _dask_logs(engine, debug=debug_on()):

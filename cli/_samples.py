@@ -10,7 +10,14 @@ from typing import Any
 
 import click
 import numpy as np
-from simstore.cli._common import CliContext, check_at_least, emit, handle_errors, pass_ctx
+from simstore.cli._common import (
+    CliContext,
+    check_at_least,
+    emit,
+    handle_errors,
+    key_arg,
+    pass_ctx,
+)
 
 from simstore.errors import InvalidInputError
 from simstore.names import parse_ref
@@ -55,6 +62,7 @@ def cat_cmd(
     parse_ref(ref)
     catalog = ctx.catalog(read_only=True)
     ds = SimDataset(catalog.store, ref, fields=wanted, shuffle=False)
+    keys = tuple(key_arg(k) for k in keys)
     samples = ds.get_many(list(keys))
     pinned = f"{parse_ref(ref).dataset}@{ds.snapshot_id}"
     # the schema tells a 0-d tensor from a scalar parameter (both read as 0-d tensors)
@@ -213,6 +221,7 @@ def keys_cmd(
     read.
     """
     check_at_least(limit, "--limit", 0)
+    prefix = key_arg(prefix)
     cat = ctx.catalog(read_only=True)
     sid = cat.resolve(ref)
     snap = cat.snapshot(sid)

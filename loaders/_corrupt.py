@@ -31,6 +31,9 @@ __all__ = ["CorruptShards"]
 
 _ENVIRONMENT = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EACCES, errno.EPERM)
 """Errors of the reading process or its machine, never of a shard's bytes."""
+_ENVIRONMENT_TEXT = ("failed to launch worker thread",)
+"""What a library says, with no errno, when the process cannot start a thread (Arrow's
+decode pool under ``ulimit -v`` or ``ulimit -u``): never a shard's bytes either."""
 
 log = logging.getLogger("simstore.loaders")
 Decoded = dict[str, Any]
@@ -56,7 +59,8 @@ class CorruptShards:
 
         Out of file descriptors, a mapping refused for want of memory, no permission: a
         reader wraps such an ``OSError`` in a :class:`FormatError` like any unreadable
-        shard, but the shard is intact, and skipping it would drop healthy samples. Found
+        shard, but the shard is intact, and skipping it would drop healthy samples; so is
+        a thread the process could not start. Found
         by errno along the explicit causes (``raise ... from``), or by the ``[Errno N]``
         of a library's own ``OSError`` that gives no errno (pyarrow); never in simstore's
         messages, which name paths and URLs. A wrong hash (:class:`IntegrityError`) is the
@@ -72,6 +76,10 @@ class CorruptShards:
             if isinstance(current, IntegrityError):
                 return False
             if isinstance(current, UnsupportedFormatError):
+                return True
+            if not isinstance(current, SimstoreError) and any(
+                t in str(current).lower() for t in _ENVIRONMENT_TEXT
+            ):
                 return True
             if isinstance(current, OSError):
                 if current.errno in _ENVIRONMENT:

@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from simstore.errors import SimstoreError
+from simstore.errors import NotFoundError, SimstoreError, StorageError
 from simstore.hashing import Hasher, object_key
 from simstore.protocols import ShardFormat, ShardReader
 from simstore.sample import Sample
@@ -60,9 +60,14 @@ def hash_object(cat: Any, oid: str, sink: IO[bytes] | None = None) -> tuple[str,
 
     path = cat.store.local_path(key)
     if path is not None:
-        with open(path, "rb") as f:
-            while block := f.read(_HASH_BLOCK):
-                take(block)
+        try:
+            with open(path, "rb") as f:
+                while block := f.read(_HASH_BLOCK):
+                    take(block)
+        except FileNotFoundError:
+            raise NotFoundError(key) from None
+        except OSError as exc:  # not this user's to read (a store written with umask 077)
+            raise StorageError(f"{path}: cannot be read: {exc.strerror or exc}") from exc
         return h.hexdigest(), h.size_bytes
     open_read = getattr(cat.store, "open_read", None)
     if open_read is not None:

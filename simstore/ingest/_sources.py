@@ -20,7 +20,7 @@ import stat
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from simstore.errors import InvalidInputError, SourceError
+from simstore.errors import InvalidInputError, SourceError, StorageError
 from simstore.hashing import Hasher, ObjectId, crc32
 from simstore.ingest._arrays import MiB
 from simstore.ingest._config import printable_path, printable_text
@@ -77,8 +77,22 @@ _KINDS = {
 }
 
 
-def _unreadable(path: str, exc: OSError) -> SourceError:
-    """The one-line error for an entry that cannot be opened: which link broke, or why."""
+_EXHAUSTED = {errno.EMFILE: "this process's open files (ulimit -n)",
+              errno.ENFILE: "the system's open files", errno.ENOMEM: "memory"}
+
+
+def _unreadable(path: str, exc: OSError) -> SourceError | StorageError:
+    """The one-line error for an entry that cannot be opened: which link broke, or why.
+
+    Out of descriptors or memory is this process's limit, not a bad file: a
+    :class:`StorageError`, which ``on_error="skip"`` does not skip (every file after it
+    would be "skipped" for the same reason, and the run end with exit 0).
+    """
+    if exc.errno in _EXHAUSTED:
+        return StorageError(
+            f"{path}: cannot be opened: {exc.strerror or exc}: out of {_EXHAUSTED[exc.errno]}; "
+            "raise the limit, or ingest with fewer --workers"
+        )
     if exc.errno == errno.ELOOP:
         return SourceError(f"{path}: a symbolic link loop")
     if exc.errno == errno.ENOENT and os.path.islink(path):
@@ -99,6 +113,20 @@ def _check_kind(path: str, mode: int) -> None:
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
         kind = _KINDS.get(stat.S_IFMT(mode), "an entry of an unknown kind")
         raise SourceError(f"{path}: {kind}, not a regular file or directory (not opened)")
+
+
+def key_text(name: str) -> str:
+    r"""A key from a relative path as the file system gave it: its bytes read as UTF-8.
+
+    Python decodes file names with the locale's encoding, so under a Latin-1 locale the
+    UTF-8 name ``dä.npy`` arrives as ``dÃ¤.npy``, and under the C locale without UTF-8
+    mode as surrogate escapes: the same files would give other keys in another locale.
+    A name whose bytes are not UTF-8 is returned as it is, for :func:`check_key` to refuse.
+    """
+    try:
+        return os.fsencode(name).decode("utf-8")
+    except UnicodeDecodeError:
+        return name
 
 
 def check_key(path: str, key: str) -> None:
@@ -469,7 +497,7 @@ def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[Sourc
                     if d.startswith("."):
                         continue
                     if resolve_adapter(adapter, full, b"") is not None:
-                        add(full, os.path.relpath(full, path).replace(os.sep, "/"))
+                        add(full, key_text(os.path.relpath(full, path).replace(os.sep, "/")))
                         walked.add(full)
                     else:
                         keep.append(d)
@@ -478,7 +506,7 @@ def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[Sourc
                     if name.startswith("."):
                         continue
                     full = os.path.join(root, name)
-                    key = os.path.relpath(full, path).replace(os.sep, "/")
+                    key = key_text(os.path.relpath(full, path).replace(os.sep, "/"))
                     picked = resolve_adapter(adapter, full, sniff(full, key))
                     if picked is None:
                         ignored.append(full)
@@ -488,7 +516,7 @@ def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[Sourc
                     add(full, key)
                     walked.add(full)
         else:
-            key = os.path.basename(path)
+            key = key_text(os.path.basename(path))
             sniff(path, key)  # a broken entry named explicitly: its task says what is wrong
             add(path, key)
     for found_src in list(found.values()):
@@ -603,7 +631,8 @@ def hash_source(path: str) -> tuple[str, int]:
     for root, _, files in _walk(path):
         for name in files:
             full = os.path.join(root, name)
-            entries.append((os.path.relpath(full, path).replace(os.sep, "/"), full))
+            # the name's bytes, not the locale's reading of them (UTF-8 order is text order)
+            entries.append((os.fsencode(os.path.relpath(full, path).replace(os.sep, "/")), full))
     for rel, full in sorted(entries):
         try:  # a member that is no regular file is refused by name, never opened
             _check_kind(full, os.stat(full).st_mode)
@@ -611,7 +640,7 @@ def hash_source(path: str) -> tuple[str, int]:
             raise _unreadable(full, exc) from exc
         oid, size = hash_file(full)
         total += size
-        h.update(f"{rel}\0{oid}\0{size}\n".encode())
+        h.update(rel + f"\0{oid}\0{size}\n".encode())
     return str(h.hexdigest()), total
 
 

@@ -18,6 +18,7 @@ import textwrap
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pyarrow as pa
 from simstore.loaders._corrupt import CorruptShards
 from simstore.loaders._fetch import ShardHandle
 from simstore.loaders._readers import ReaderPool
@@ -163,3 +164,6 @@ def test_what_counts_as_the_processs_own_limit_and_what_as_the_shards_damage():
     except FormatError as exc:
         assert not environmental(exc)
     assert not environmental(_wrapped(MemoryError("Unable to allocate 4 EiB")))
+    # Arrow's decode pool could not start a thread (ulimit -v): intact shards were skipped
+    assert environmental(_wrapped(pa.ArrowException("Failed to launch worker thread")))
+    assert not environmental(FormatError("s3://b/failed to launch worker thread/x: bad"))

@@ -1,0 +1,42 @@
+"""Out of file descriptors is this process's limit, not a bad source file.
+
+Under ``ulimit -n 14`` an ``ingest --on-error skip`` "skipped" every file as
+"unreadable: Too many open files" and exited 0 with nothing staged; without ``skip`` it
+was exit 8, the code of a bad source file.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import numpy as np
+import pytest
+
+from simstore.errors import SourceError, StorageError
+from simstore.ingest import ingest
+
+
+@pytest.mark.parametrize("on_error", ["skip", "fail"])
+def test_a_source_that_cannot_be_opened_for_want_of_descriptors(
+    catalog, tmp_path, monkeypatch, on_error
+):
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("a", "b"):
+        np.save(src / f"{name}.npy", np.arange(4.0))
+    crowded = str(src / "b.npy")
+    real_open = os.open
+
+    def open_(path, *args, **kwargs):
+        if os.fspath(path) == crowded:
+            raise OSError(errno.EMFILE, "Too many open files", crowded)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", open_)
+    with pytest.raises(StorageError) as err:
+        ingest([src], dataset="d", store=catalog, on_error=on_error, snapshot=True, message="m")
+    assert not isinstance(err.value, SourceError)
+    assert str(err.value).startswith(f"{crowded}: cannot be opened: Too many open files: out "
+                                     "of this process's open files (ulimit -n)")
+    assert not catalog.staged("d") and catalog.datasets() == []
