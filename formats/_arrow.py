@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -100,11 +101,33 @@ def memory_pool() -> pa.MemoryPool:
 
 
 def materialise(value: object) -> FieldValue:
-    """A field value in memory: a lazy array source is read whole (columnar shards only)."""
+    """A field value in memory: a lazy array source is read whole (columnar shards only).
+
+    An array over a source file's mapped pages is copied: a columnar writer encodes its
+    samples when the shard closes, after the file's change check, and a file rewritten
+    in place in between would put other bytes in the shard than its sample's hash says.
+    """
     if is_array_source(value):
         src: Any = value
-        return np.ascontiguousarray(src[tuple(slice(0, n) for n in src.shape)])
+        value = np.ascontiguousarray(src[tuple(slice(0, n) for n in src.shape)])
+    if isinstance(value, np.ndarray) and _maps_a_file(value):
+        return value.copy()
     return value  # type: ignore[return-value]
+
+
+def _maps_a_file(array: np.ndarray) -> bool:
+    """Whether ``array`` is a view of a memory mapping (a source file's pages)."""
+    base: object = array.base
+    while base is not None:
+        if isinstance(base, mmap.mmap):
+            return True
+        if isinstance(base, memoryview):
+            base = base.obj
+        elif isinstance(base, np.ndarray):
+            base = base.base
+        else:
+            return False
+    return False
 
 
 def plan_columns(
@@ -193,9 +216,10 @@ def check_column_types(
     their own when their type is not the plan's. ``columns`` maps a field to the column
     that holds it where the names differ (Lance's escaped names).
     """
+    names = set(schema.names)  # a fresh list per call: once here, not once per column
     for name, plan in plans.items():
         column = columns.get(name, name) if columns else name
-        if plan.encoding not in ("plain", "fixed") or column not in schema.names:
+        if plan.encoding not in ("plain", "fixed") or column not in names:
             continue
         actual = schema.field(column).type
         if isinstance(actual, pa.BaseExtensionType):

@@ -294,6 +294,29 @@ class ShardCache:
                     raise
         return pinned
 
+    def drop_if_not_size(self, object_id: str, size: int) -> bool:
+        """Remove the copy of ``object_id`` if it is not ``size`` bytes; whether it did.
+
+        A copy cut short or grown on the node's disk is fetched again, as a loader
+        reading it would. Done under the lock the object's fills hold until their copy is
+        renamed into place, so a good copy another process fills meanwhile stays.
+        """
+        if not is_object_id(object_id):
+            raise InvalidInputError(f"not an object id: {object_id!r}")
+        with self._lock(_stripe(object_id)):
+            path = self.path_of(object_id)
+            try:
+                if os.stat(path).st_size == size:
+                    return False
+                os.unlink(path)
+            except FileNotFoundError:
+                return False
+            except OSError as exc:
+                raise StorageError(f"cache copy {path}: {exc.strerror or exc}") from exc
+            with contextlib.suppress(OSError):
+                os.unlink(self.used_path(object_id))
+            return True
+
     def settled(self, object_id: str) -> None:
         """Wait until no fill of ``object_id`` is under way on this node.
 

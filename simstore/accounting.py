@@ -26,7 +26,6 @@ loader's.
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import json
 import os
@@ -547,6 +546,10 @@ class CacheFiller(CacheCopies, Protocol):
         """A pinned copy of ``object_id``, filled and hash-checked on a miss."""
         ...
 
+    def drop_if_not_size(self, object_id: str, size: int) -> bool:
+        """Remove the copy of ``object_id`` if it is not ``size`` bytes (never mid-fill)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TierPresence:
@@ -855,11 +858,8 @@ def warm_cache(
             for start in range(0, size, block_bytes):
                 out.write(counting.get(key, (start, min(size, start + block_bytes))))
 
-        if _copy_size(cache, oid) not in (None, size):
-            # damaged on the node's disk (cut short, or grown): fetched again, as a
-            # loader reading it would
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(cache.path_of(oid))
+        # damaged on the node's disk (cut short, or grown): fetched again
+        cache.drop_if_not_size(oid, size)
         copy = cache.acquire(oid, lambda: size, download, referenced_by=sid)
         try:
             return copy.hit, size

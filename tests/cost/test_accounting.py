@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 
 import pytest
 from cost_helpers import commit, stored_size
+from simstore.loaders._cache import _stripe
 
 from simstore.accounting import (
     dataset_cost,
@@ -351,3 +353,33 @@ def test_price_files_and_run_reports(tmp_path):
     bad.write_text("{")
     with pytest.raises(FormatError, match="bad.json"):
         read_run_reports([str(bad)])
+
+
+
+def test_a_cut_copy_is_dropped_under_the_lock_its_fills_hold(cat, tmp_path, shard_cache):
+    # pull measured a cut copy, then unlinked the path with no lock: a good copy another
+    # process had renamed into place in between was deleted (and fetched again)
+    commit(cat, "ds", {"a": A, "b": B})
+    d = str(tmp_path / "hot")
+    warm_cache(cat, "ds", d, lambda limit: shard_cache(d, limit))
+    cache = shard_cache(d, 1 << 30)
+    oid = hash_bytes(B)
+    assert not cache.drop_if_not_size(oid, len(B))  # a whole copy stays
+    with open(cache.path_of(oid), "r+b") as f:
+        f.truncate(100)
+    dropped = []
+    with cache._lock(_stripe(oid)):  # a fill of this object under way elsewhere
+        waiting = threading.Thread(
+            target=lambda: dropped.append(cache.drop_if_not_size(oid, len(B))))
+        waiting.start()
+        waiting.join(0.5)
+        assert waiting.is_alive() and not dropped  # it waits for the fill
+        tmp = cache.path_of(oid) + ".filled"
+        with open(tmp, "wb") as f:
+            f.write(B)
+        os.replace(tmp, cache.path_of(oid))  # the fill's good copy lands
+    waiting.join()
+    assert dropped == [False]
+    with open(cache.path_of(oid), "rb") as f:
+        assert f.read() == B
+    assert not cache.drop_if_not_size(oid[::-1], 5)  # none held: nothing to drop
