@@ -43,7 +43,7 @@ from simstore.manifest import (
 from simstore.names import DEFAULT_BRANCH, Ref, check_name, parse_ref
 from simstore.sample import FieldSpec, Schema, canonical_json
 from simstore.snapshot import Snapshot, SnapshotId
-from simstore.storage import ObjectStore, open_store
+from simstore.storage import ObjectStore, is_store, open_store
 
 __all__ = [
     "STORE_META_KEY",
@@ -175,7 +175,7 @@ class Catalog:
         target_rows: int = DEFAULT_TARGET_ROWS,
         snapshot_cache: int | None = 1024,
     ) -> None:
-        if not isinstance(store, ObjectStore):
+        if not is_store(store):
             raise InvalidInputError(
                 f"invalid store {store!r}: an open store (for a path or URL: Catalog.open(URL))"
             )

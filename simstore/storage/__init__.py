@@ -25,6 +25,7 @@ __all__ = [
     "SupportsMoveFile",
     "Traffic",
     "check_key",
+    "is_store",
     "local_path",
     "open_store",
     "scratch_in_use",
@@ -53,7 +54,7 @@ def open_store(
     if not isinstance(read_only, bool):
         raise InvalidInputError(f"invalid read_only {read_only!r}: must be True or False")
     if not isinstance(url, str | os.PathLike):
-        if not isinstance(url, ObjectStore):
+        if not is_store(url):
             raise InvalidInputError(
                 f"invalid store {url!r}: a path, a URL (s3://bucket/prefix) or an open store"
             )
@@ -91,6 +92,17 @@ _URL_SCHEMES = frozenset({
     "s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "http", "https", "file",
     "memory", "local", "hdfs", "webhdfs", "ftp", "sftp", "ssh", "oci", "r2",
 })
+
+
+def is_store(value: object) -> bool:
+    """Whether ``value`` works as an open store: it reads, writes and lists objects.
+
+    By what it does, not its class: a wrapper that passes calls on to a store (counting
+    them, say) is one too. ``None``, a number or bytes given where a store belongs is not.
+    """
+    if value is None or isinstance(value, str | bytes | bytearray | int | float | os.PathLike):
+        return False
+    return all(callable(getattr(value, name, None)) for name in ("get", "put", "list_info"))
 
 
 def local_path(url: str) -> str | None:

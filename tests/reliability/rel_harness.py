@@ -326,7 +326,7 @@ def op_ingest(
         dataset=dataset,
         store=cat,
         snapshot=snapshot,
-        message="ingest",
+        message="ingest" if snapshot else None,
         shard_size=64 * 1024,
         mode=mode,
     )  # type: ignore[arg-type]
