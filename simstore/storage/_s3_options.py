@@ -178,6 +178,14 @@ def parse_tuning(options: Mapping[str, Any]) -> Tuning:
         if options.get(name) is not None and not isinstance(options[name], Mapping):
             raise InvalidInputError(f"S3 storage option {name} must be a mapping of "
                                     f"keyword arguments, got {options[name]!r}")
+    client = options.get("client_kwargs") or {}
+    for option, arg in (("endpoint_url", "endpoint_url"), ("region_name", "region_name"),
+                        ("use_ssl", "use_ssl")):
+        if options.get(option) is not None and arg in client and client[arg] != options[option]:
+            raise InvalidInputError(
+                f"S3 storage options {option}={options[option]!r} and client_kwargs (which "
+                f"asks for {client[arg]!r}) disagree"
+            )
     given = {k: v for k, v in options.items() if k in _TUNING_NAMES}
     for name, value in _from_config(options.get("config_kwargs") or {}).items():
         if name in given and given[name] != value:

@@ -159,6 +159,12 @@ def test_options_are_checked(s3_env: str) -> None:
            ({"config_kwargs": {"retries": {"total_max_attempts": True}}}, "total_max_attempts"),
            ({"config_kwargs": {"retries": {"max_atempts": 3}}}, "retries must be a mapping of"),
            ({"config_kwargs": {"connect_timeout": 0}}, "connect_timeout_s must be a positive"),
+           # client_kwargs that say other than the store's options: the option won, silently
+           ({"endpoint_url": "http://127.0.0.1:1",
+             "client_kwargs": {"endpoint_url": "http://127.0.0.1:2"}},
+            "endpoint_url='http://127.0.0.1:1' and client_kwargs .*:2.* disagree"),
+           ({"region_name": "eu-west-1", "client_kwargs": {"region_name": "us-east-1"}},
+            "region_name='eu-west-1' and client_kwargs .* disagree"),
            # botocore drops a session token given without its key and secret
            ({"token": "tok"}, "token needs key and secret"),
            ({"token": "tok", "key": "AKIA0000"}, "token needs key and secret")]
@@ -167,6 +173,10 @@ def test_options_are_checked(s3_env: str) -> None:
             S3Store("s3://b", storage_options=options)
     with pytest.raises(InvalidInputError):
         S3Store("gs://b/x")
+    for url in ("s3://bad bucket/x", "s3://b?x=1", "s3://b#frag"):
+        with pytest.raises(InvalidInputError, match="invalid bucket name"):
+            S3Store(url)
+    assert S3Store("s3://my.bkt_x-1/p").bucket == "my.bkt_x-1"
     with pytest.raises(InvalidInputError) as info:
         S3Store("s3://AKIA:hunter22@bucket/x")
     assert "hunter22" not in str(info.value)
