@@ -16,6 +16,7 @@ from simstore.cli._common import (
     check_not_empty,
     emit,
     handle_errors,
+    key_arg,
     pass_ctx,
     stderr_is_terminal,
 )
@@ -183,6 +184,7 @@ def delete_cmd(
             "committed later with `simstore snapshot NAME -m MSG`)"
         )
     check_message(message)
+    keys = tuple(key_arg(k) for k in keys)
     cat = ctx.catalog()
     # --branch must name a branch, as the commit's: a tag or a snapshot id would have the
     # keys checked against one snapshot and the deletion committed onto another (or not

@@ -28,8 +28,28 @@ def _debug() -> bool:
     return env_debug()
 
 
+def _utf8_mode() -> None:
+    """Start again in Python's UTF-8 mode where the locale's encoding is another.
+
+    Keys, field names and the names a ``.pvd`` or a Zarr folder lists are the UTF-8
+    text of file names; under a Latin-1 locale (or the C locale with ``PYTHONUTF8=0``)
+    Python decodes and encodes file names with the locale's encoding, so the same files
+    gave other keys and names, or were not found. ``-X utf8`` reads and writes the
+    names' own bytes; the arguments pass on as the bytes they were given as. Once, before
+    anything is imported; where the exec fails, the command runs as it is.
+    """
+    if sys.flags.utf8_mode or sys.getfilesystemencoding().lower().replace("-", "") == "utf8":
+        return
+    import os
+
+    argv = [sys.executable, "-X", "utf8", *sys.orig_argv[1:]]
+    with contextlib.suppress(OSError):
+        os.execv(sys.executable, [os.fsencode(a) for a in argv])
+
+
 def main() -> None:
     """Run the ``simstore`` command line (the console script's entry point)."""
+    _utf8_mode()
     try:
         from simstore.cli import main as cli
     except KeyboardInterrupt:

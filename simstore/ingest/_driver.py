@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import logging
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +45,8 @@ from simstore.stats import merge_stats
 from simstore.storage import ObjectStore
 
 __all__ = ["ingest"]
+
+log = logging.getLogger("simstore.ingest")
 
 
 def _head_hashes(catalog: Catalog, snap: Any, keys: Sequence[str]) -> dict[str, str]:
@@ -104,6 +108,26 @@ def _source_paths(sources: object) -> list[str]:
     return out
 
 
+def _warn_unless_utf8_names() -> None:
+    """Say, once, that this process reads file names in another encoding than UTF-8.
+
+    Keys are read from file names' bytes whatever the locale; the names inside a Zarr
+    folder, the files a ``.pvd`` or ``.xdmf`` lists and CAD paths go through Python's
+    own decoding, so under a Latin-1 locale they differ from a UTF-8 run's, or are not
+    found. The command line runs in UTF-8 mode itself; a pipeline should too.
+    """
+    encoding = sys.getfilesystemencoding()
+    if encoding.lower().replace("-", "") != "utf8" and not _WARNED:
+        _WARNED.append(encoding)
+        log.warning(
+            "this process reads file names as %s, not UTF-8: run Python in UTF-8 mode "
+            "(python -X utf8, or PYTHONUTF8=1) so that names with other than ASCII "
+            "characters give the same keys and fields as elsewhere", encoding)
+
+
+_WARNED: list[str] = []
+
+
 def _rows_table(rows: Sequence[Row]) -> pa.Table:
     return pa.table(
         {
@@ -156,6 +180,7 @@ def ingest(
         raise InvalidInputError(f"invalid ingest option: {exc}") from None
     check_name(dataset, "dataset name")
     srcs = _source_paths(sources)
+    _warn_unless_utf8_names()
     catalog = store if isinstance(store, Catalog) else Catalog.open(store)
     if catalog.store.url.startswith("memory://"):
         if cfg.engine == "dask":

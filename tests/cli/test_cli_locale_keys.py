@@ -1,10 +1,11 @@
-"""Keys are the UTF-8 text of file names whatever the locale, and print under any locale.
+"""The same files give the same keys, field names and shards under any locale.
 
-Python decodes file names and arguments with the locale's encoding: under a Latin-1
-locale the UTF-8 name ``dä€.npy`` was stored as the key ``dÃ¤â\\x82¬``, and under the C
-locale without UTF-8 mode refused as "not valid UTF-8", so the same files gave other keys,
-or none, in another locale; printing a key the locale cannot spell (``€`` in Latin-1)
-was a ``UnicodeEncodeError`` traceback.
+Python decodes file names (and arguments) with the locale's encoding. Under a Latin-1
+locale the UTF-8 name ``dä€.npy`` was stored as the key ``dÃ¤â\\x82¬``, a Zarr folder's
+array ``ärr`` became the field ``Ã¤rr``, a ``.pvd``'s step ``stép_0.vtu`` was "no such
+file"; under the C locale without UTF-8 mode the names were refused as "not valid UTF-8"
+or were a ``UnicodeEncodeError`` traceback. The command line now runs in Python's UTF-8
+mode (the names' own bytes), and ``simstore.ingest`` reads keys from the bytes.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 
 import numpy as np
 import pytest
+import zarr
 
 from simstore.catalog import Catalog
 
@@ -30,35 +32,64 @@ def latin1(tmp_path_factory):
     return {"LOCPATH": str(where), "LC_ALL": "en_US.ISO-8859-1"}
 
 
-@pytest.mark.parametrize("locale", ["C", "latin1"])
-def test_keys_do_not_depend_on_the_locale(tmp_path, request, locale):
-    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0",
-           "PYTHONIOENCODING": ""}
-    if locale == "latin1":
-        env.update(request.getfixturevalue("latin1"))
-    encoding = "latin-1" if locale == "latin1" else "utf-8"
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    """A .npy, a Zarr folder and a .pvd series, all named with non-ASCII characters."""
+    import meshio
 
-    def simstore(*args):
-        # arguments pass as the file name's bytes, as a shell passes them
-        argv = [sys.executable, "-m", "simstore", *args]
-        return subprocess.run([os.fsencode(a) for a in argv], env=env, timeout=300,
-                              capture_output=True)
+    folder = tmp_path_factory.mktemp("sources") / "src"
+    folder.mkdir()
+    np.save(folder / f"{NAME}.npy", np.arange(3.0))
+    group = zarr.open_group(str(folder / "zä.zarr"), mode="w")
+    group.create_array("ärr", shape=(4,), dtype="f4")[:] = np.arange(4, dtype="f4")
+    points = np.array([[0.0, 0, 0], [1, 0, 0], [0, 1, 0]])
+    entries = []
+    for i in range(2):
+        meshio.Mesh(points, [("triangle", np.array([[0, 1, 2]]))],
+                    point_data={"T": np.arange(3.0) + i}).write(folder / f"stép_{i}.vtu")
+        entries.append(f'<DataSet timestep="{i}" part="0" file="stép_{i}.vtu"/>')
+    (folder / "série.pvd").write_text(
+        '<?xml version="1.0"?>\n<VTKFile type="Collection" version="0.1">\n<Collection>\n'
+        + "\n".join(entries) + "\n</Collection>\n</VTKFile>\n", encoding="utf-8")
+    return folder
 
-    src = tmp_path / "src"
-    src.mkdir()
-    np.save(src / f"{NAME}.npy", np.arange(3.0))
-    store = str(tmp_path / "st")
-    assert simstore("--store", store, "init").returncode == 0
-    run = simstore("--store", store, "ingest", str(src), "--dataset", "d", "--snapshot",
-                   "-m", "m", "--no-progress")
-    assert run.returncode == 0, run.stderr.decode(encoding)
+
+def _run(env, *args):
+    # arguments pass as the names' bytes, as a shell passes them
+    argv = [sys.executable, "-m", "simstore", *args]
+    return subprocess.run([os.fsencode(a) for a in argv], env=env, timeout=300,
+                          capture_output=True)
+
+
+def _ingested(tmp_path, src, env, label):
+    store = str(tmp_path / f"st-{label}")
+    assert _run(env, "--store", store, "init").returncode == 0
+    run = _run(env, "--store", store, "ingest", str(src), "--dataset", "d", "--snapshot",
+               "-m", "m", "--no-progress")
+    assert run.returncode == 0, run.stderr.decode("utf-8", "replace")
     cat = Catalog.open(store)
     snap = cat.snapshot(cat.resolve("d"))
-    assert cat.read_part(snap.parts[0], snapshot=snap.id).column("key").to_pylist() == [NAME]
+    keys = cat.read_part(snap.parts[0], snapshot=snap.id).column("key").to_pylist()
+    return store, (snap.content_hash, keys, sorted(f.name for f in snap.schema))
 
-    listed = simstore("--store", store, "keys", "d", "--prefix", NAME[:2])
-    assert listed.returncode == 0, listed.stderr.decode(encoding)
-    want = "dä\\u20ac" if locale == "latin1" else NAME  # what Latin-1 cannot spell, escaped
-    assert listed.stdout.decode(encoding).strip() == want
-    shown = simstore("--store", store, "cat", "d", NAME, "--json")
-    assert shown.returncode == 0, shown.stderr.decode(encoding)
+
+def test_the_same_files_give_the_same_dataset_under_any_locale(tmp_path, src, latin1):
+    base = {**os.environ, "PYTHONIOENCODING": ""}
+    utf8 = {**base, "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}
+    c_locale = {**base, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0"}
+    latin = {**base, "LANG": "C", "PYTHONUTF8": "0", **latin1}
+    _, want = _ingested(tmp_path, src, utf8, "utf8")
+    assert want[1] == [NAME, "série.pvd/t0000", "série.pvd/t0001", "zä.zarr"]
+    assert "ärr" in want[2]
+    for label, env in (("c", c_locale), ("latin1", latin)):
+        store, got = _ingested(tmp_path, src, env, label)
+        assert got == want, label
+        listed = _run(env, "--store", store, "keys", "d", "--prefix", NAME[:2])
+        assert listed.returncode == 0, listed.stderr.decode("utf-8", "replace")
+        assert listed.stdout.decode("utf-8").strip() == NAME  # UTF-8 out, as it went in
+        shown = _run(env, "--store", store, "cat", "d", NAME, "--json")
+        assert shown.returncode == 0, shown.stderr.decode("utf-8", "replace")
+        gone = _run(env, "--store", store, "delete", "d", NAME, "--snapshot", "-m", "drop")
+        assert gone.returncode == 0, gone.stderr.decode("utf-8", "replace")
+        cat = Catalog.open(store)
+        assert cat.snapshot(cat.resolve("d")).samples == len(want[1]) - 1
