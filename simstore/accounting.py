@@ -67,7 +67,7 @@ from simstore.errors import (
     NotFoundError,
     StorageError,
 )
-from simstore.hashing import is_object_id, object_key
+from simstore.hashing import is_object_key, object_key
 from simstore.manifest import PartRef
 from simstore.names import parse_ref
 from simstore.snapshot import Snapshot
@@ -322,9 +322,9 @@ def _list_sizes(
     sizes: dict[str, int] = {}
     tally = FootprintTally(thresholds)
     for info in store.list_info("objects/"):
-        oid = info.key.rsplit("/", 1)[-1]
-        if not is_object_id(oid):
+        if not is_object_key(info.key):  # not the store's (gc lists it as foreign)
             continue
+        oid = info.key.rsplit("/", 1)[-1]
         tally.add(info.size_bytes)
         if wanted is None or oid in wanted:
             sizes[oid] = info.size_bytes

@@ -140,3 +140,13 @@ def is_object_id(text: str) -> bool:
 def object_key(object_id: str) -> str:
     """The store key of an immutable object: ``objects/<2 hex>/<32 hex>``."""
     return f"objects/{object_id[:2]}/{object_id}"
+
+
+def is_object_key(key: str) -> bool:
+    """Whether ``key`` is where an object is stored: ``objects/<its 2 first digits>/<id>``.
+
+    Anything else under ``objects/`` (a file put there by hand, a store nested there) is
+    not the store's: gc leaves it, and the store's footprint does not count it.
+    """
+    oid = key.rsplit("/", 1)[-1]
+    return is_object_id(oid) and key == object_key(oid)

@@ -27,7 +27,7 @@ from simstore.errors import (
     SimstoreError,
     StorageError,
 )
-from simstore.hashing import is_object_id, object_key
+from simstore.hashing import is_object_id, is_object_key, object_key
 from simstore.manifest import decode_part
 from simstore.names import Ref, parse_ref
 from simstore.snapshot import SNAPSHOT_HEAD, Snapshot, content_hash_of
@@ -611,12 +611,6 @@ class GcReport:
         }
 
 
-def _is_object_key(key: str) -> bool:
-    """Whether ``key`` is where an object is stored: ``objects/<its 2 first digits>/<id>``."""
-    oid = key.rsplit("/", 1)[-1]
-    return is_object_id(oid) and key == object_key(oid)
-
-
 def _delete_unless_since(store: Any, key: str, cutoff: float) -> str:
     """Delete ``key`` unless written or reused since ``cutoff``: deleted, recent or gone.
 
@@ -781,7 +775,7 @@ def gc(
     # by hand, or another store nested there, is not this store's to delete
     listing = []
     for info in cat.store.list_info("objects/"):
-        if _is_object_key(info.key):
+        if is_object_key(info.key):
             listing.append(info)
         else:
             report.foreign.append(info.key)

@@ -8,11 +8,14 @@ said "not a simstore store".
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
 import pytest
 from catalog_helpers import stage_samples
+from click.testing import CliRunner
+from simstore.cli import main
 
 from simstore.catalog import Catalog, gc, verify
 from simstore.hashing import object_key
@@ -58,3 +61,25 @@ def test_gc_leaves_what_it_did_not_write(tmp_path, dry_run):
     nested = Catalog.open(os.path.join(root, "objects", "team"))
     assert nested.resolve("other") == nested_sid
     assert verify(nested, "other", deep=True).ok
+
+
+def test_cost_counts_only_the_stores_objects(tmp_path):
+    # cost's store total counted every key under objects/ whose last part looked like an
+    # id: a store nested at objects/team added its objects to the outer store's bill
+    root = str(tmp_path / "store")
+    cat = Catalog.init(root)
+    stage_samples(cat, "ds", {"a": b"kept" * 20})
+    cat.commit("ds", message="m")
+    runner = CliRunner()
+
+    def store_total():
+        out = runner.invoke(main, ["--store", root, "cost", "ds", "--json"])
+        assert out.exit_code == 0, out.output
+        return json.loads(out.output)["store_total"]
+
+    before = store_total()
+    nested = Catalog.init(os.path.join(root, "objects", "team"))
+    nested.put_object(b"theirs" * 1000)
+    cat.store.put(f"objects/ab/{'cd' * 16}", b"not simstore's")
+    after = store_total()
+    assert (after["objects"], after["bytes"]) == (before["objects"], before["bytes"])
