@@ -151,6 +151,34 @@ def write_refused(exc: OSError) -> bool:
     return exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
+_EXHAUSTED = {errno.EMFILE: "this process's open files (ulimit -n)",
+              errno.ENFILE: "the system's open files", errno.ENOMEM: "memory"}
+
+
+def exhausted(exc: BaseException) -> str | None:
+    """What the process ran out of, if ``exc`` or one of its causes says so, else None.
+
+    Out of descriptors or memory is the process's limit, not a bad source file: found by
+    errno along the explicit causes (``raise ... from``), or in the text of a library's
+    own ``OSError`` that gives none (h5py's ``errno = 24``, pyarrow's ``[Errno 24]``);
+    never in simstore's own messages, which name paths.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and not isinstance(current, SimstoreError):
+            if current.errno in _EXHAUSTED:
+                return _EXHAUSTED[current.errno]
+            if current.errno is None:
+                text = str(current).lower()
+                for number, what in _EXHAUSTED.items():
+                    if f"errno = {number}," in text or f"[errno {number}]" in text:
+                        return what
+        current = current.__cause__
+    return None
+
+
 class NotWritableError(ReadOnlyError, StorageError):
     """The file system refused a write to the store: a read-only mount, no permission.
 

@@ -20,7 +20,7 @@ import stat
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from simstore.errors import InvalidInputError, SourceError, StorageError
+from simstore.errors import InvalidInputError, SourceError, StorageError, exhausted
 from simstore.hashing import Hasher, ObjectId, crc32
 from simstore.ingest._arrays import MiB
 from simstore.ingest._config import printable_path, printable_text
@@ -77,10 +77,6 @@ _KINDS = {
 }
 
 
-_EXHAUSTED = {errno.EMFILE: "this process's open files (ulimit -n)",
-              errno.ENFILE: "the system's open files", errno.ENOMEM: "memory"}
-
-
 def _unreadable(path: str, exc: OSError) -> SourceError | StorageError:
     """The one-line error for an entry that cannot be opened: which link broke, or why.
 
@@ -88,9 +84,10 @@ def _unreadable(path: str, exc: OSError) -> SourceError | StorageError:
     :class:`StorageError`, which ``on_error="skip"`` does not skip (every file after it
     would be "skipped" for the same reason, and the run end with exit 0).
     """
-    if exc.errno in _EXHAUSTED:
+    out_of = exhausted(exc)
+    if out_of is not None:
         return StorageError(
-            f"{path}: cannot be opened: {exc.strerror or exc}: out of {_EXHAUSTED[exc.errno]}; "
+            f"{path}: cannot be opened: {exc.strerror or exc}: out of {out_of}; "
             "raise the limit, or ingest with fewer --workers"
         )
     if exc.errno == errno.ELOOP:

@@ -31,6 +31,7 @@ from simstore.errors import (
     SimstoreError,
     SourceError,
     StorageError,
+    exhausted,
     one_line,
     write_refused,
 )
@@ -514,6 +515,12 @@ class TaskRunner:
         # one line, whatever a library put in its message, and printable: a path that
         # is not UTF-8 (a source root named so) shows its bytes as escapes, a line
         # break (in a library's message, or in a file's name) as \n
+        out_of = exhausted(exc)
+        if out_of is not None:
+            # the process's limit, not the file: every file after it would be "skipped" too
+            raise StorageError(one_line(printable_text(
+                f"{exc.message} (out of {out_of}: raise the limit, or ingest with fewer "
+                "--workers)"))) from exc
         message = one_line(printable_text(exc.message))
         res.error = message  # a result already listed (a deferred check) is not journaled
         if self.missing_fails and isinstance(exc, SourceGone):

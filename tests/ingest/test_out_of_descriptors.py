@@ -40,3 +40,34 @@ def test_a_source_that_cannot_be_opened_for_want_of_descriptors(
     assert str(err.value).startswith(f"{crowded}: cannot be opened: Too many open files: out "
                                      "of this process's open files (ulimit -n)")
     assert not catalog.staged("d") and catalog.datasets() == []
+
+
+@pytest.mark.parametrize("kind", ["hdf5", "npz"])
+def test_an_adapter_out_of_descriptors_stops_the_run(catalog, tmp_path, monkeypatch, kind):
+    # the adapters wrap a library's OSError in their own SourceError ("not a readable
+    # HDF5 file: ... errno = 24"): under --on-error skip that file, and every one after
+    # it, was skipped as bad
+    import zipfile
+
+    import h5py
+
+    src = tmp_path / "src"
+    src.mkdir()
+    with h5py.File(src / "h1.h5", "w") as f:
+        f["x"] = np.arange(4.0)
+    np.savez(src / "z1.npz", x=np.arange(4.0))
+    if kind == "hdf5":
+        def refuse(*args, **kwargs):  # h5py's own text: an errno in the message, none set
+            raise OSError("Unable to synchronously open file (unable to open file: name = "
+                          "'h1.h5', errno = 24, error message = 'Too many open files')")
+        monkeypatch.setattr(h5py, "File", refuse)
+    else:
+        def refuse(*args, **kwargs):
+            raise OSError(errno.EMFILE, "Too many open files")
+        monkeypatch.setattr(zipfile, "ZipFile", refuse)
+    with pytest.raises(StorageError) as err:
+        ingest([src], dataset="d", store=catalog, on_error="skip", snapshot=True, message="m")
+    assert not isinstance(err.value, SourceError)
+    assert "out of this process's open files (ulimit -n)" in str(err.value)
+    assert "\n" not in str(err.value)
+    assert not catalog.staged("d") and catalog.datasets() == []
