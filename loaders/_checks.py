@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 import reprlib
-from collections.abc import Iterable, Mapping
+from collections.abc import ItemsView, Iterable, KeysView, Mapping
 from collections.abc import Set as AbstractSet
 from typing import Any
 
@@ -118,11 +118,12 @@ def to_list(value: object, name: str, what: str, *, ordered: bool = False) -> li
     """The items of a list-like ``value`` (not a string, bytes or a mapping).
 
     ``ordered``: the items pair up by position with others (a mixture's datasets and
-    weights), so a set, whose order is its hashes', is refused too.
+    weights), so a set, whose order is its hashes', is refused too (a dict's keys, in
+    their insertion order, are not).
     """
     if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
         raise InvalidInputError(f"{name} must be a list of {what}, got {shown(value)}")
-    if ordered and isinstance(value, AbstractSet):
+    if ordered and isinstance(value, AbstractSet) and not isinstance(value, KeysView | ItemsView):
         raise InvalidInputError(
             f"{name} must be a list of {what}, in order, got a set ({shown(value)}): "
             "a set has no order"

@@ -119,6 +119,11 @@ class Tuning:
 
 
 _TUNING_NAMES = frozenset(f.name for f in fields(Tuning))
+_CLIENT_ARGS = (("endpoint_url", "endpoint_url"), ("region_name", "region_name"),
+                ("key", "aws_access_key_id"), ("secret", "aws_secret_access_key"),
+                ("token", "aws_session_token"))
+"""Options that set an argument of the client that ``client_kwargs`` may set too."""
+
 TEXT_OPTIONS = ("endpoint_url", "key", "secret", "token", "profile", "region_name")
 """Options that are text: an access key of digits is a key, not a number (the command
 line's ``--storage-option`` keeps these as typed)."""
@@ -179,12 +184,18 @@ def parse_tuning(options: Mapping[str, Any]) -> Tuning:
             raise InvalidInputError(f"S3 storage option {name} must be a mapping of "
                                     f"keyword arguments, got {options[name]!r}")
     client = options.get("client_kwargs") or {}
-    for option, arg in (("endpoint_url", "endpoint_url"), ("region_name", "region_name"),
-                        ("use_ssl", "use_ssl")):
-        if options.get(option) is not None and arg in client and client[arg] != options[option]:
+    for option, arg in _CLIENT_ARGS:
+        given, asked = options.get(option), client.get(arg)
+        if given is None or asked is None or not isinstance(given, str) \
+                or not isinstance(asked, str):
+            continue  # use_ssl and wrong types: checked by their own rules
+        if option == "endpoint_url":
+            given, asked = given.rstrip("/"), asked.rstrip("/")
+        if given != asked:
+            shown = "..." if option in ("key", "secret", "token") else None
             raise InvalidInputError(
-                f"S3 storage options {option}={options[option]!r} and client_kwargs (which "
-                f"asks for {client[arg]!r}) disagree"
+                f"S3 storage options {option}={shown or repr(options[option])} and "
+                f"client_kwargs {arg}={shown or repr(client[arg])} disagree"
             )
     given = {k: v for k, v in options.items() if k in _TUNING_NAMES}
     for name, value in _from_config(options.get("config_kwargs") or {}).items():

@@ -269,6 +269,14 @@ def test_mix_refuses_what_is_not_a_list_of_datasets(store):
             SimDataset.mix, {ds})
 
 
+def test_mix_takes_a_dicts_keys_and_values_in_order(store):
+    a, b = dataset(store, fields=["step"]), dataset(store, fields=["step"], seed=1)
+    weights = {a: 1, b: 3}
+    given = SimDataset.mix(weights.keys(), weights=weights.values(), seed=2)
+    listed = SimDataset.mix([a, b], weights=[1, 3], seed=2)
+    assert keys_of(given) == keys_of(listed)
+
+
 def test_mix_takes_numpy_weights_and_seed(store):
     def mixed(**kw):
         parts = [dataset(store, fields=["step"]), dataset(store, fields=["step"], seed=1)]

@@ -162,9 +162,12 @@ def test_options_are_checked(s3_env: str) -> None:
            # client_kwargs that say other than the store's options: the option won, silently
            ({"endpoint_url": "http://127.0.0.1:1",
              "client_kwargs": {"endpoint_url": "http://127.0.0.1:2"}},
-            "endpoint_url='http://127.0.0.1:1' and client_kwargs .*:2.* disagree"),
+            "endpoint_url='http://127.0.0.1:1' and client_kwargs endpoint_url=.*:2' disagree"),
            ({"region_name": "eu-west-1", "client_kwargs": {"region_name": "us-east-1"}},
-            "region_name='eu-west-1' and client_kwargs .* disagree"),
+            "region_name='eu-west-1' and client_kwargs region_name='us-east-1' disagree"),
+           ({"key": "AKIA1", "secret": "s", "client_kwargs": {"aws_access_key_id": "AKIA2"}},
+            r"key=\.\.\. and client_kwargs aws_access_key_id=\.\.\. disagree"),
+           ({"use_ssl": "false", "client_kwargs": {"use_ssl": False}}, "use_ssl must be True"),
            # botocore drops a session token given without its key and secret
            ({"token": "tok"}, "token needs key and secret"),
            ({"token": "tok", "key": "AKIA0000"}, "token needs key and secret")]
@@ -177,6 +180,9 @@ def test_options_are_checked(s3_env: str) -> None:
         with pytest.raises(InvalidInputError, match="invalid bucket name"):
             S3Store(url)
     assert S3Store("s3://my.bkt_x-1/p").bucket == "my.bkt_x-1"
+    # the same endpoint spelled with a trailing slash agrees
+    S3Store("s3://b", storage_options={"endpoint_url": "http://127.0.0.1:9/",
+                                       "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}})
     with pytest.raises(InvalidInputError) as info:
         S3Store("s3://AKIA:hunter22@bucket/x")
     assert "hunter22" not in str(info.value)
