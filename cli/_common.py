@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import locale
 import math
 import os
 import sys
@@ -135,11 +136,19 @@ def key_arg(text: str) -> str:
 
     Python decodes arguments with the locale's encoding; keys are the UTF-8 text of file
     names (see ``simstore.ingest``): the argument's bytes are read as UTF-8 where they are
-    UTF-8, so ``cat d dä`` finds the key under a Latin-1 or C locale too.
+    UTF-8, else with the locale's encoding (a Latin-1 terminal's typing), so ``cat d dä``
+    finds the key under a Latin-1 or C locale too.
     """
+    raw = os.fsencode(text)
     try:
-        return os.fsencode(text).decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError:
+        pass
+    # not UTF-8: typed on a terminal of the locale's own encoding (a Latin-1 terminal's
+    # "dä" is the byte e4), which UTF-8 mode does not use to read arguments
+    try:
+        return raw.decode(locale.getencoding())
+    except (UnicodeDecodeError, LookupError):
         return text
 
 

@@ -28,6 +28,33 @@ def _debug() -> bool:
     return env_debug()
 
 
+def _started_as_simstore(orig_argv: list[str]) -> bool:
+    """Whether the interpreter was started to run simstore: its console script, or
+    ``python [options] -m simstore``, not a program that imported it.
+    """
+    import os
+
+    args, i = orig_argv[1:], 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if arg == "-" or not arg.startswith("-"):
+            return arg != "-" and os.path.basename(arg) == "simstore"
+        if arg.startswith("--"):
+            i += arg == "--check-hash-based-pycs"  # its value
+            continue
+        for j, letter in enumerate(arg[1:], start=2):  # short options, maybe joined (-Im)
+            if letter in "mcWX":  # the rest of the word, or the next one, is its value
+                value = arg[j:] or (args[i] if i < len(args) else "")
+                i += not arg[j:]
+                if letter == "m":
+                    return value == "simstore"
+                if letter == "c":
+                    return False
+                break
+    return False
+
+
 def _utf8_mode() -> None:
     """Start again in Python's UTF-8 mode where the locale's encoding is another.
 
@@ -36,14 +63,18 @@ def _utf8_mode() -> None:
     Python decodes and encodes file names with the locale's encoding, so the same files
     gave other keys and names, or were not found. ``-X utf8`` reads and writes the
     names' own bytes; the arguments pass on as the bytes they were given as. Once, before
-    anything is imported; where the exec fails, the command runs as it is.
+    anything is imported, and only as the program itself (the console script or ``python
+    -m simstore``), not when another program calls :func:`main`; where the exec fails,
+    the command runs as it is.
     """
     if sys.flags.utf8_mode or sys.getfilesystemencoding().lower().replace("-", "") == "utf8":
         return
     import os
 
+    if not sys.executable or not _started_as_simstore(sys.orig_argv):
+        return  # main() called by another program: starting that again is not ours to do
     argv = [sys.executable, "-X", "utf8", *sys.orig_argv[1:]]
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError, ValueError):
         os.execv(sys.executable, [os.fsencode(a) for a in argv])
 
 

@@ -22,6 +22,7 @@ append-only ``code`` and the CLI maps each class to its ``exit_code``.
 from __future__ import annotations
 
 import errno
+import os
 from typing import Any
 
 __all__ = [
@@ -160,21 +161,27 @@ def exhausted(exc: BaseException) -> str | None:
 
     Out of descriptors or memory is the process's limit, not a bad source file: found by
     errno along the explicit causes (``raise ... from``), or in the text of a library's
-    own ``OSError`` that gives none (h5py's ``errno = 24``, pyarrow's ``[Errno 24]``);
-    never in simstore's own messages, which name paths.
+    own ``OSError`` as its number with the system's words for it (h5py's ``errno = 24,
+    error message = 'Too many open files'``, pyarrow's ``[Errno 24] Too many open
+    files``). h5py takes its errno from the first ``errno = N`` of a message that names
+    the file, so where its message is there only the number with the words counts: a
+    file named ``run errno = 24, v2.h5`` is not a limit. Never read in simstore's own
+    messages, which name paths.
     """
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         if isinstance(current, OSError) and not isinstance(current, SimstoreError):
-            if current.errno in _EXHAUSTED:
+            text = str(current).lower()
+            worded = [what for number, what in _EXHAUSTED.items()
+                      if any(f.format(n=number, words=os.strerror(number).lower()) in text
+                             for f in ("errno = {n}, error message = '{words}'",
+                                       "[errno {n}] {words}"))]
+            if worded:
+                return worded[0]
+            if current.errno in _EXHAUSTED and "errno = " not in text:
                 return _EXHAUSTED[current.errno]
-            if current.errno is None:
-                text = str(current).lower()
-                for number, what in _EXHAUSTED.items():
-                    if f"errno = {number}," in text or f"[errno {number}]" in text:
-                        return what
         current = current.__cause__
     return None
 

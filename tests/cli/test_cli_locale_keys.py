@@ -89,7 +89,33 @@ def test_the_same_files_give_the_same_dataset_under_any_locale(tmp_path, src, la
         assert listed.stdout.decode("utf-8").strip() == NAME  # UTF-8 out, as it went in
         shown = _run(env, "--store", store, "cat", "d", NAME, "--json")
         assert shown.returncode == 0, shown.stderr.decode("utf-8", "replace")
+        if label == "latin1":  # typed on a Latin-1 terminal: "dä" is the bytes 64 e4
+            typed = [os.fsencode(a) for a in (sys.executable, "-m", "simstore", "--store",
+                                              store, "keys", "d", "--prefix")]
+            listed = subprocess.run([*typed, b"d\xe4"], env=env, timeout=300,
+                                    capture_output=True)
+            assert listed.stdout.decode("utf-8").strip() == NAME, listed.stderr
         gone = _run(env, "--store", store, "delete", "d", NAME, "--snapshot", "-m", "drop")
         assert gone.returncode == 0, gone.stderr.decode("utf-8", "replace")
         cat = Catalog.open(store)
         assert cat.snapshot(cat.resolve("d")).samples == len(want[1]) - 1
+
+
+def test_only_simstore_itself_starts_again_in_utf8_mode(latin1):
+    # main() called by another program under a Latin-1 locale started that program again
+    # (its side effects twice; a script read from stdin, nothing at all)
+    from simstore._launch import _started_as_simstore
+
+    assert _started_as_simstore(["py", "/venv/bin/simstore", "ls"])
+    assert _started_as_simstore(["py", "-X", "dev", "-Im", "simstore", "ls"])
+    assert _started_as_simstore(["py", "-Wignore", "-msimstore"])
+    assert not _started_as_simstore(["py", "-m", "pytest", "tests"])
+    assert not _started_as_simstore(["py", "-c", "import simstore"])
+    assert not _started_as_simstore(["py", "/venv/bin/train.py"])
+    host = ("import sys; print('side effect', flush=True); sys.argv = ['simstore', "
+            "'--version']; from simstore._launch import main; main()")
+    env = {**os.environ, "LANG": "C", "PYTHONUTF8": "0", **latin1}
+    out = subprocess.run([sys.executable, "-c", host], env=env, capture_output=True,
+                         text=True, encoding="utf-8", errors="replace", timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("side effect") == 1 and "version" in out.stdout

@@ -71,3 +71,19 @@ def test_an_adapter_out_of_descriptors_stops_the_run(catalog, tmp_path, monkeypa
     assert "out of this process's open files (ulimit -n)" in str(err.value)
     assert "\n" not in str(err.value)
     assert not catalog.staged("d") and catalog.datasets() == []
+
+
+def test_a_file_named_like_a_limit_is_not_one():
+    # h5py takes its errno from the first "errno = N" of its message, which names the
+    # file: a missing "run errno = 24, v2.h5" read as out of descriptors, and stopped a
+    # run that --on-error skip should have finished
+    from simstore.errors import exhausted
+
+    missing = OSError("Unable to synchronously open file (unable to open file: name = "
+                      "'/x/run errno = 24, v2.h5', errno = 2, error message = 'No such file "
+                      "or directory', flags = 0, o_flags = 0)")
+    missing.errno = 24
+    assert exhausted(missing) is None
+    assert exhausted(OSError(errno.EMFILE, "Too many open files")) is not None
+    assert exhausted(OSError("Detail: [Errno 24] Too many open files")) is not None
+    assert exhausted(SourceError("/x/[Errno 24] Too many open files.h5: bad")) is None
