@@ -29,8 +29,9 @@ def _debug() -> bool:
 
 
 def _started_as_simstore(orig_argv: list[str]) -> bool:
-    """Whether the interpreter was started to run simstore: its console script, or
-    ``python [options] -m simstore``, not a program that imported it.
+    """Whether the interpreter was started to run simstore, not a program importing it.
+
+    Its console script, or ``python [options] -m simstore``.
     """
     import os
 
