@@ -347,8 +347,8 @@ def test_retried_attempts_are_counted_with_what_their_cut_bodies_delivered(
 def test_two_meters_on_one_store_each_count_their_own_retries(proxied, store, fault_proxy):
     """The retry listener was one slot on the store: the meter made last took every
     retry, and a loader's counters lost theirs to a cost command's temporary meter."""
-    from loaders._fetch import RateLimiter, ShardAccess
-    from loaders._stats import Counters
+    from simstore.loaders._fetch import RateLimiter, ShardAccess
+    from simstore.loaders._stats import Counters
     from simstore.storage import CountingStore
 
     store.put("objects/x", b"x" * 1000)
