@@ -79,9 +79,27 @@ def _utf8_mode() -> None:
         os.execv(sys.executable, [os.fsencode(a) for a in argv])
 
 
+def _working_folder_exists() -> None:
+    """Refuse, in one line, to run in a working folder that was deleted.
+
+    Relative paths (the default store ``./.simstore``, sources) mean nothing there, and
+    some interpreters' imports fail in it (CPython 3.13.0-3.13.2 raise ``SystemError``
+    importing NumPy): checked before the command's modules load.
+    """
+    import os
+
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        sys.stderr.write("error: simstore: the working directory no longer exists (deleted?): "
+                         "cd to one that does\n")
+        raise SystemExit(2) from None
+
+
 def main() -> None:
     """Run the ``simstore`` command line (the console script's entry point)."""
     _utf8_mode()
+    _working_folder_exists()
     try:
         from simstore.cli import main as cli
     except KeyboardInterrupt:
