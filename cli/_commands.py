@@ -16,9 +16,9 @@ from simstore.cli._common import (
     check_not_empty,
     emit,
     handle_errors,
-    key_arg,
     pass_ctx,
     stderr_is_terminal,
+    text_arg,
 )
 
 from simstore.catalog import Catalog, VerifyProgress, gc, verify
@@ -133,6 +133,8 @@ def snapshot_cmd(
     as_json: bool,
 ) -> None:
     """Commit everything staged for DATASET as a new snapshot on a branch."""
+    message = text_arg(message)
+    author = text_arg(author) if author is not None else None
     check_message(message)
     check_not_empty(author, "--author", "empty (leave --author out for the current user)")
     cat = ctx.catalog()
@@ -183,8 +185,9 @@ def delete_cmd(
             "-m/--message names a snapshot: it needs --snapshot (staged entries are "
             "committed later with `simstore snapshot NAME -m MSG`)"
         )
+    message = text_arg(message) if message is not None else None
     check_message(message)
-    keys = tuple(key_arg(k) for k in keys)
+    keys = tuple(text_arg(k) for k in keys)
     cat = ctx.catalog()
     # --branch must name a branch, as the commit's: a tag or a snapshot id would have the
     # keys checked against one snapshot and the deletion committed onto another (or not

@@ -131,13 +131,14 @@ def debug_on() -> bool:
     return bool(ctx and isinstance(ctx.obj, CliContext) and ctx.obj.debug) or env_debug()
 
 
-def key_arg(text: str) -> str:
-    """A sample key (or key prefix) typed on the command line, as the ingest made keys.
+def text_arg(text: str) -> str:
+    """Text typed on the command line (a key, a prefix, a message, an author, a field).
 
-    Python decodes arguments with the locale's encoding; keys are the UTF-8 text of file
-    names (see ``simstore.ingest``): the argument's bytes are read as UTF-8 where they are
-    UTF-8, else with the locale's encoding (a Latin-1 terminal's typing), so ``cat d dä``
-    finds the key under a Latin-1 or C locale too.
+    Keys are the UTF-8 text of file names (see ``simstore.ingest``) and the command line
+    runs in Python's UTF-8 mode, which reads arguments as UTF-8: an argument's bytes
+    are read as UTF-8 where they are UTF-8, else with the locale's encoding (a Latin-1
+    terminal's typing: its ``dä`` is the bytes 64 e4), so ``cat d dä`` finds the key and
+    ``-m café`` stores ``café`` under a Latin-1 or C locale too.
     """
     raw = os.fsencode(text)
     try:

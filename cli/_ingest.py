@@ -23,6 +23,7 @@ from simstore.cli._common import (
     parse_size_flag,
     pass_ctx,
     stderr_is_terminal,
+    text_arg,
 )
 
 from simstore.errors import InvalidInputError, SimstoreError
@@ -305,6 +306,7 @@ def ingest_cmd(
             "-m/--message names a snapshot: it needs --snapshot (staged entries are "
             "committed later with `simstore snapshot NAME -m MSG`)"
         )
+    message = text_arg(message) if message is not None else None
     check_message(message)
     check_at_least(workers, "--workers", 1)
     check_at_least(time_window, "--time-window", 1)

@@ -15,8 +15,8 @@ from simstore.cli._common import (
     check_at_least,
     emit,
     handle_errors,
-    key_arg,
     pass_ctx,
+    text_arg,
 )
 
 from simstore.errors import InvalidInputError
@@ -54,7 +54,7 @@ def cat_cmd(
 
     wanted = None
     if fields is not None:
-        wanted = [f.strip() for f in fields.split(",")]
+        wanted = [f.strip() for f in text_arg(fields).split(",")]
         if any(not f for f in wanted):
             raise InvalidInputError(f"invalid --fields {fields!r}: an empty field name")
     if out is not None and not out.endswith(".npz"):
@@ -62,7 +62,7 @@ def cat_cmd(
     parse_ref(ref)
     catalog = ctx.catalog(read_only=True)
     ds = SimDataset(catalog.store, ref, fields=wanted, shuffle=False)
-    keys = tuple(key_arg(k) for k in keys)
+    keys = tuple(text_arg(k) for k in keys)
     samples = ds.get_many(list(keys))
     pinned = f"{parse_ref(ref).dataset}@{ds.snapshot_id}"
     # the schema tells a 0-d tensor from a scalar parameter (both read as 0-d tensors)
@@ -221,7 +221,7 @@ def keys_cmd(
     read.
     """
     check_at_least(limit, "--limit", 0)
-    prefix = key_arg(prefix)
+    prefix = text_arg(prefix)
     cat = ctx.catalog(read_only=True)
     sid = cat.resolve(ref)
     snap = cat.snapshot(sid)

@@ -128,6 +128,13 @@ def commit(
         raise InvalidInputError(f"invalid commit message {message!r}: a snapshot needs a message")
     if author is not None and not isinstance(author, str):
         raise InvalidInputError(f"author must be a string, not {author!r}")
+    for what, text in (("commit message", message), ("author", author)):
+        try:
+            (text or "").encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidInputError(
+                f"invalid {what} {text!r}: not UTF-8 text (bytes of another encoding)"
+            ) from None
     if author is not None and not author.strip():
         raise InvalidInputError(
             f"invalid author {author!r}: empty (leave it out for the current user)"

@@ -57,8 +57,8 @@ def src(tmp_path_factory):
 def _run(env, *args):
     # arguments pass as the names' bytes, as a shell passes them
     argv = [sys.executable, "-m", "simstore", *args]
-    return subprocess.run([os.fsencode(a) for a in argv], env=env, timeout=300,
-                          capture_output=True)
+    return subprocess.run([a if isinstance(a, bytes) else os.fsencode(a) for a in argv],
+                          env=env, timeout=300, capture_output=True)
 
 
 def _ingested(tmp_path, src, env, label):
@@ -95,13 +95,17 @@ def test_the_same_files_give_the_same_dataset_under_any_locale(tmp_path, src, la
             listed = subprocess.run([*typed, b"d\xe4"], env=env, timeout=300,
                                     capture_output=True)
             assert listed.stdout.decode("utf-8").strip() == NAME, listed.stderr
-        gone = _run(env, "--store", store, "delete", "d", NAME, "--snapshot", "-m", "drop")
+        # a message typed on a Latin-1 terminal ("café" is the bytes 63 61 66 e9) was a
+        # UnicodeEncodeError traceback once UTF-8 mode read it
+        typed = b"caf\xe9" if label == "latin1" else "café"
+        gone = _run(env, "--store", store, "delete", "d", NAME, "--snapshot", "-m", typed)
         assert gone.returncode == 0, gone.stderr.decode("utf-8", "replace")
         cat = Catalog.open(store)
-        assert cat.snapshot(cat.resolve("d")).samples == len(want[1]) - 1
+        snap = cat.snapshot(cat.resolve("d"))
+        assert (snap.samples, snap.message) == (len(want[1]) - 1, "café")
 
 
-def test_only_simstore_itself_starts_again_in_utf8_mode(latin1):
+def test_only_simstore_itself_starts_again_in_utf8_mode():
     # main() called by another program under a Latin-1 locale started that program again
     # (its side effects twice; a script read from stdin, nothing at all)
     from simstore._launch import _started_as_simstore
@@ -114,7 +118,8 @@ def test_only_simstore_itself_starts_again_in_utf8_mode(latin1):
     assert not _started_as_simstore(["py", "/venv/bin/train.py"])
     host = ("import sys; print('side effect', flush=True); sys.argv = ['simstore', "
             "'--version']; from simstore._launch import main; main()")
-    env = {**os.environ, "LANG": "C", "PYTHONUTF8": "0", **latin1}
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0",
+           "PYTHONCOERCECLOCALE": "0"}  # names read as ASCII: simstore would start again
     out = subprocess.run([sys.executable, "-c", host], env=env, capture_output=True,
                          text=True, encoding="utf-8", errors="replace", timeout=300)
     assert out.returncode == 0, out.stderr
