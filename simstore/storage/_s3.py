@@ -77,6 +77,7 @@ from simstore.storage._s3_files import (
     request_url,
 )
 from simstore.storage._s3_options import (
+    CLIENT_ARGS,
     MaskedOptions,
     S3Options,
     extra_parameters,
@@ -221,14 +222,7 @@ class S3Store:
         if opts.get("anon"):
             config_kwargs["signature_version"] = UNSIGNED
         kwargs: dict[str, Any] = dict(opts.get("client_kwargs") or {})
-        for option, arg in (
-            ("endpoint_url", "endpoint_url"),
-            ("region_name", "region_name"),
-            ("use_ssl", "use_ssl"),
-            ("key", "aws_access_key_id"),
-            ("secret", "aws_secret_access_key"),
-            ("token", "aws_session_token"),
-        ):
+        for option, arg in CLIENT_ARGS:
             if opts.get(option) is not None:
                 kwargs[arg] = opts[option]
         if "region_name" not in kwargs and os.environ.get("AWS_REGION"):

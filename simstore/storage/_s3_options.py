@@ -9,6 +9,7 @@ repr or an error message.
 from __future__ import annotations
 
 import math
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, TypedDict
@@ -17,6 +18,7 @@ from simstore.errors import InvalidInputError
 
 __all__ = [
     "ADDITIONAL_PARAMETERS",
+    "CLIENT_ARGS",
     "DAY_S",
     "MaskedOptions",
     "S3Options",
@@ -119,7 +121,14 @@ class Tuning:
 
 
 _TUNING_NAMES = frozenset(f.name for f in fields(Tuning))
-_CLIENT_ARGS = (("endpoint_url", "endpoint_url"), ("region_name", "region_name"),
+def _endpoint(url: str) -> str:
+    """An endpoint URL as compared: scheme and host in lower case, no trailing slash."""
+    parts = urllib.parse.urlsplit(url.rstrip("/"))
+    return parts._replace(scheme=parts.scheme.lower(), netloc=parts.netloc.lower()).geturl()
+
+
+CLIENT_ARGS = (("endpoint_url", "endpoint_url"), ("region_name", "region_name"),
+                ("use_ssl", "use_ssl"),
                 ("key", "aws_access_key_id"), ("secret", "aws_secret_access_key"),
                 ("token", "aws_session_token"))
 """Options that set an argument of the client that ``client_kwargs`` may set too."""
@@ -184,13 +193,13 @@ def parse_tuning(options: Mapping[str, Any]) -> Tuning:
             raise InvalidInputError(f"S3 storage option {name} must be a mapping of "
                                     f"keyword arguments, got {options[name]!r}")
     client = options.get("client_kwargs") or {}
-    for option, arg in _CLIENT_ARGS:
+    for option, arg in CLIENT_ARGS:
         given, asked = options.get(option), client.get(arg)
-        if given is None or asked is None or not isinstance(given, str) \
-                or not isinstance(asked, str):
-            continue  # use_ssl and wrong types: checked by their own rules
-        if option == "endpoint_url":
-            given, asked = given.rstrip("/"), asked.rstrip("/")
+        kind = bool if option == "use_ssl" else str
+        if not isinstance(given, kind) or not isinstance(asked, kind):
+            continue  # not given both ways, or of the wrong type: checked by its own rule
+        if option == "endpoint_url" and isinstance(given, str) and isinstance(asked, str):
+            given, asked = _endpoint(given), _endpoint(asked)
         if given != asked:
             shown = "..." if option in ("key", "secret", "token") else None
             raise InvalidInputError(

@@ -168,6 +168,8 @@ def test_options_are_checked(s3_env: str) -> None:
            ({"key": "AKIA1", "secret": "s", "client_kwargs": {"aws_access_key_id": "AKIA2"}},
             r"key=\.\.\. and client_kwargs aws_access_key_id=\.\.\. disagree"),
            ({"use_ssl": "false", "client_kwargs": {"use_ssl": False}}, "use_ssl must be True"),
+           ({"use_ssl": True, "client_kwargs": {"use_ssl": False}},
+            "use_ssl=True and client_kwargs use_ssl=False disagree"),
            # botocore drops a session token given without its key and secret
            ({"token": "tok"}, "token needs key and secret"),
            ({"token": "tok", "key": "AKIA0000"}, "token needs key and secret")]
@@ -183,6 +185,8 @@ def test_options_are_checked(s3_env: str) -> None:
     # the same endpoint spelled with a trailing slash agrees
     S3Store("s3://b", storage_options={"endpoint_url": "http://127.0.0.1:9/",
                                        "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}})
+    S3Store("s3://b", storage_options={"endpoint_url": "HTTP://LocalHost:9",
+                                       "client_kwargs": {"endpoint_url": "http://localhost:9"}})
     with pytest.raises(InvalidInputError) as info:
         S3Store("s3://AKIA:hunter22@bucket/x")
     assert "hunter22" not in str(info.value)
