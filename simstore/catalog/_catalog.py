@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import numbers
 import os
 import random
 import time
@@ -182,10 +183,12 @@ class Catalog:
         for name, value in (("target_rows", target_rows), ("snapshot_cache", snapshot_cache)):
             if value is None and name == "snapshot_cache":
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
                 raise InvalidInputError(f"invalid {name} {value!r}: a whole number, at least 1")
+        if snapshot_cache is not None:
+            snapshot_cache = int(snapshot_cache)
         self.store = store
-        self.target_rows = target_rows
+        self.target_rows = int(target_rows)
         self._snapshots: dict[str, Snapshot] = {}
         self._named_by: dict[str, str] = {}
         """Snapshot ids this catalog met as a ref's target or a snapshot's parent, and what

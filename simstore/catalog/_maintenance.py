@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -188,6 +189,7 @@ def verify(
     """
     _check_catalog(cat, "verify")
     _check_flags(deep=deep, history=history, all_refs=all_refs, samples=samples)
+    deep, history, all_refs, samples = bool(deep), bool(history), bool(all_refs), bool(samples)
     if split is not None:
         if isinstance(split, str | bytes) or not isinstance(split, tuple | list) \
                 or len(split) != 2:
@@ -237,7 +239,7 @@ def _check_catalog(cat: object, what: str) -> None:
 def _check_flags(**flags: object) -> None:
     """Refuse a flag that is not True or False (``deep="no"`` is not a deep check)."""
     for name, value in flags.items():
-        if not isinstance(value, bool):
+        if not isinstance(value, bool | np.bool_):
             raise InvalidInputError(f"invalid {name} {value!r}: must be True or False")
 
 
@@ -735,6 +737,7 @@ def gc(
     """
     _check_catalog(cat, "gc")
     _check_flags(dry_run=dry_run)
+    dry_run = bool(dry_run)
     if now is not None and (isinstance(now, bool) or not isinstance(now, int | float)
                             or not math.isfinite(now)):
         raise InvalidInputError(f"invalid now {now!r}: seconds since the epoch, or None")

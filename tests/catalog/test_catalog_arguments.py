@@ -110,6 +110,9 @@ def test_verify_and_gc_take_a_catalog(two, tmp_path):
     with pytest.raises(InvalidInputError, match="invalid dry_run 'yes'"):
         gc(cat, dry_run="yes")
     assert verify(cat, "a", split=(np.int64(0), np.int64(2))).split == (0, 2)
+    # NumPy's bools and integers are bools and integers, as the loader takes them
+    assert gc(cat, dry_run=np.True_).to_json()["dry_run"] is True
+    assert Catalog(cat.store, target_rows=np.int64(64)).target_rows == 64
 
 
 def test_catalog_and_parse_ref_arguments(two):

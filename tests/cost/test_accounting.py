@@ -241,8 +241,17 @@ def test_a_cut_cache_copy_is_missing_for_du_and_fetched_again_by_pull(
     hot = usage.tiers[1]
     assert (hot.objects, hot.missing_objects) == (usage.objects - 1, 1)
     assert (hot.bytes, hot.missing_bytes) == (usage.bytes - len(B), len(B))
-    again = warm_cache(cat, "ds", d, lambda limit: shard_cache(d, limit))
+    dropped = []
+
+    def opened(limit):  # the pull's cache, watched: the cut copy goes under the fill lock
+        filler = shard_cache(d, limit)
+        drop = filler.drop_if_not_size
+        filler.drop_if_not_size = lambda oid, size: dropped.append(drop(oid, size))
+        return filler
+
+    again = warm_cache(cat, "ds", d, opened)
     assert (again.fetched, again.fetched_bytes) == (1, len(B))
+    assert sorted(dropped) == [False] * (len(dropped) - 1) + [True]
     with open(cache.path_of(hash_bytes(B)), "rb") as f:
         assert f.read() == B
 

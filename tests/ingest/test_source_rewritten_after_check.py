@@ -39,7 +39,7 @@ def test_the_shard_holds_what_was_checked(catalog, tmp_path, monkeypatch, fmt, w
            start_method="fork", snapshot=True, message="m")
 
     report = verify(catalog, "d", deep=True, samples=True)
-    assert report.ok, [p.message for p in report.problems]
+    assert report.ok, report.problems
     values = {s["__key__"]: s["data"] for s in SimDataset(catalog.store, "d", shuffle=False)}
     assert sorted(values) == ["a", "b", "c"]
     assert all(float(v.min()) == float(v.max()) == 1.0 for v in values.values())

@@ -349,6 +349,7 @@ def test_two_meters_on_one_store_each_count_their_own_retries(proxied, store, fa
     retry, and a loader's counters lost theirs to a cost command's temporary meter."""
     from simstore.loaders._fetch import RateLimiter, ShardAccess
     from simstore.loaders._stats import Counters
+
     from simstore.storage import CountingStore
 
     store.put("objects/x", b"x" * 1000)
