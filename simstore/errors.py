@@ -22,7 +22,6 @@ append-only ``code`` and the CLI maps each class to its ``exit_code``.
 from __future__ import annotations
 
 import errno
-import os
 from typing import Any
 
 __all__ = [
@@ -154,6 +153,9 @@ def write_refused(exc: OSError) -> bool:
 
 _EXHAUSTED = {errno.EMFILE: "this process's open files (ulimit -n)",
               errno.ENFILE: "the system's open files", errno.ENOMEM: "memory"}
+_WORDS = {errno.EMFILE: "too many open files", errno.ENFILE: "too many open files in system",
+          errno.ENOMEM: "cannot allocate memory"}
+"""The C library's words for each (``strerror``), as libraries put them in messages."""
 
 
 def exhausted(exc: BaseException) -> str | None:
@@ -175,7 +177,7 @@ def exhausted(exc: BaseException) -> str | None:
         if isinstance(current, OSError) and not isinstance(current, SimstoreError):
             text = str(current).lower()
             worded = [what for number, what in _EXHAUSTED.items()
-                      if any(f.format(n=number, words=os.strerror(number).lower()) in text
+                      if any(f.format(n=number, words=_WORDS[number]) in text
                              for f in ("errno = {n}, error message = '{words}'",
                                        "[errno {n}] {words}"))]
             if worded:
