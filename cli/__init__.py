@@ -14,6 +14,8 @@ from simstore.cli._common import (
     parse_storage_options,
 )
 
+from simstore._env import WORKING_FOLDER_GONE, is_utf8, working_folder_exists
+
 __all__ = ["main"]
 
 
@@ -53,17 +55,14 @@ def main(ctx: click.Context, store_url: str, storage_options: tuple[str, ...], d
     for stream in (sys.stdout, sys.stderr):
         # keys, names and messages are UTF-8 text: under a locale that cannot spell them
         # (Latin-1, ASCII) a character is written as an escape, not a UnicodeEncodeError
-        if stream is not None and (stream.encoding or "").lower().replace("-", "") != "utf8":
+        if stream is not None and not is_utf8(stream.encoding):
             with contextlib.suppress(AttributeError, ValueError):
                 stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
-    try:
-        os.getcwd()
-    except FileNotFoundError:
+    if not working_folder_exists():
         # relative paths (the default store ./.simstore, sources) mean nothing there, and
-        # torch's libraries fail to load in it: one line, not a traceback
-        raise click.UsageError(
-            "the working directory no longer exists (deleted?): cd to one that does"
-        ) from None
+        # torch's libraries fail to load in it: one line, not a traceback (the launcher
+        # checks first; this is for main() called from Python)
+        raise click.UsageError(WORKING_FOLDER_GONE)
     from_env = ctx.get_parameter_source("store_url") is click.core.ParameterSource.ENVIRONMENT
     if (not from_env and ctx.get_parameter_source("store_url")
             is click.core.ParameterSource.DEFAULT and os.environ.get("SIMSTORE_STORE") == ""):

@@ -22,3 +22,21 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def is_utf8(encoding: str | None) -> bool:
+    """Whether ``encoding`` (a stream's, the file system's) names UTF-8 (``UTF-8``, ``utf8``)."""
+    return (encoding or "").lower().replace("-", "") == "utf8"
+
+
+WORKING_FOLDER_GONE = "the working directory no longer exists (deleted?): cd to one that does"
+"""What the command line says, in one line, when started in a folder that was deleted."""
+
+
+def working_folder_exists() -> bool:
+    """Whether the working folder is still there (relative paths mean nothing otherwise)."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return False
+    return True

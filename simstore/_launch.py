@@ -68,7 +68,9 @@ def _utf8_mode() -> None:
     -m simstore``), not when another program calls :func:`main`; where the exec fails,
     the command runs as it is.
     """
-    if sys.flags.utf8_mode or sys.getfilesystemencoding().lower().replace("-", "") == "utf8":
+    from simstore._env import is_utf8
+
+    if sys.flags.utf8_mode or is_utf8(sys.getfilesystemencoding()):
         return
     import os
 
@@ -86,14 +88,11 @@ def _working_folder_exists() -> None:
     some interpreters' imports fail in it (CPython 3.13.0-3.13.2 raise ``SystemError``
     importing NumPy): checked before the command's modules load.
     """
-    import os
+    from simstore._env import WORKING_FOLDER_GONE, working_folder_exists
 
-    try:
-        os.getcwd()
-    except FileNotFoundError:
-        sys.stderr.write("error: simstore: the working directory no longer exists (deleted?): "
-                         "cd to one that does\n")
-        raise SystemExit(2) from None
+    if not working_folder_exists():
+        sys.stderr.write(f"error: simstore: {WORKING_FOLDER_GONE}\n")
+        raise SystemExit(2)
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ from typing import Any, Unpack
 import pyarrow as pa
 
 from simstore import _buffers
+from simstore._env import is_utf8
 from simstore.catalog import Catalog, StagedEntry, gc_overlapped, read_gc_state
 from simstore.errors import ConflictError, InvalidInputError, SimstoreError, SourceError
 from simstore.hashing import Hasher, hash_bytes, object_key
@@ -117,7 +118,7 @@ def _warn_unless_utf8_names() -> None:
     found. The command line runs in UTF-8 mode itself; a pipeline should too.
     """
     encoding = sys.getfilesystemencoding()
-    if encoding.lower().replace("-", "") != "utf8" and not _WARNED:
+    if not is_utf8(encoding) and not _WARNED:
         _WARNED.append(encoding)
         log.warning(
             "this process reads file names as %s, not UTF-8: run Python in UTF-8 mode "
