@@ -21,6 +21,7 @@ from simstore.errors import (
     NotFoundError,
     SimstoreError,
     UnsupportedFormatError,
+    causes,
 )
 from simstore.hashing import object_key
 
@@ -69,10 +70,7 @@ class CorruptShards:
         (:class:`UnsupportedFormatError`) is intact too, too new for this simstore: skipped,
         a job on an older install would drop a newer ingest's samples from every epoch.
         """
-        seen: set[int] = set()
-        current: BaseException | None = exc
-        while current is not None and id(current) not in seen:
-            seen.add(id(current))
+        for current in causes(exc):
             if isinstance(current, IntegrityError):
                 return False
             if isinstance(current, UnsupportedFormatError):
@@ -89,7 +87,6 @@ class CorruptShards:
                     f"[errno {e}]" in text for e in _ENVIRONMENT
                 ):
                     return True
-            current = current.__cause__
         return False
 
     def __init__(

@@ -22,6 +22,7 @@ append-only ``code`` and the CLI maps each class to its ``exit_code``.
 from __future__ import annotations
 
 import errno
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
@@ -170,10 +171,7 @@ def exhausted(exc: BaseException) -> str | None:
     file named ``run errno = 24, v2.h5`` is not a limit. Never read in simstore's own
     messages, which name paths.
     """
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in causes(exc):
         if isinstance(current, OSError) and not isinstance(current, SimstoreError):
             text = str(current).lower()
             worded = [what for number, what in _EXHAUSTED.items()
@@ -184,8 +182,21 @@ def exhausted(exc: BaseException) -> str | None:
                 return worded[0]
             if current.errno in _EXHAUSTED and "errno = " not in text:
                 return _EXHAUSTED[current.errno]
-        current = current.__cause__
     return None
+
+
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and its explicit causes (``raise ... from``), each once, nearest first.
+
+    Not the implicit context: an error handled on the way (``raise X from None``) is not
+    what this one is about.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__
 
 
 class NotWritableError(ReadOnlyError, StorageError):
