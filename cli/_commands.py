@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import math
 import re
-import sys
 from typing import Any
 
 import click
@@ -17,7 +16,7 @@ from simstore.cli._common import (
     emit,
     handle_errors,
     pass_ctx,
-    stderr_is_terminal,
+    progress_shown,
     text_arg,
 )
 
@@ -134,7 +133,7 @@ def snapshot_cmd(
 ) -> None:
     """Commit everything staged for DATASET as a new snapshot on a branch."""
     message = text_arg(message)
-    author = text_arg(author) if author is not None else None
+    author = text_arg(author)
     check_message(message)
     check_not_empty(author, "--author", "empty (leave --author out for the current user)")
     cat = ctx.catalog()
@@ -185,7 +184,7 @@ def delete_cmd(
             "-m/--message names a snapshot: it needs --snapshot (staged entries are "
             "committed later with `simstore snapshot NAME -m MSG`)"
         )
-    message = text_arg(message) if message is not None else None
+    message = text_arg(message)
     check_message(message)
     keys = tuple(text_arg(k) for k in keys)
     cat = ctx.catalog()
@@ -477,8 +476,7 @@ def verify_cmd(
     cat = ctx.catalog(read_only=True)
     parts = _split(split) if split is not None else None
     bar = None
-    if samples and (stderr_is_terminal() if progress is None else progress) \
-            and sys.stderr is not None:
+    if samples and progress_shown(progress):
         from simstore.cli._ingest import ProgressBar
 
         bar = ProgressBar()

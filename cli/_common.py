@@ -12,7 +12,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import click
 
@@ -131,15 +131,22 @@ def debug_on() -> bool:
     return bool(ctx and isinstance(ctx.obj, CliContext) and ctx.obj.debug) or env_debug()
 
 
-def text_arg(text: str) -> str:
+@overload
+def text_arg(text: str) -> str: ...
+@overload
+def text_arg(text: None) -> None: ...
+def text_arg(text: str | None) -> str | None:
     """Text typed on the command line (a key, a prefix, a message, an author, a field).
 
     Keys are the UTF-8 text of file names (see ``simstore.ingest``) and the command line
     runs in Python's UTF-8 mode, which reads arguments as UTF-8: an argument's bytes
     are read as UTF-8 where they are UTF-8, else with the locale's encoding (a Latin-1
     terminal's typing: its ``dä`` is the bytes 64 e4), so ``cat d dä`` finds the key and
-    ``-m café`` stores ``café`` under a Latin-1 or C locale too.
+    ``-m café`` stores ``café`` under a Latin-1 or C locale too. None (an option not
+    given) stays None.
     """
+    if text is None:
+        return None
     raw = os.fsencode(text)
     try:
         return raw.decode("utf-8")
@@ -153,13 +160,32 @@ def text_arg(text: str) -> str:
         return text
 
 
-def stderr_is_terminal() -> bool:
-    """Whether stderr is a terminal (progress bars go there); False when it is closed.
+def fields_arg(fields: str | None) -> list[str] | None:
+    """The field names of a ``--fields a,b`` option (None when it is not given).
 
-    A command started with ``2>&-`` has ``sys.stderr`` None.
+    Read as :func:`text_arg` reads text; an empty name (``a,,b``) is refused, naming the
+    option as typed.
     """
+    if fields is None:
+        return None
+    wanted = [f.strip() for f in text_arg(fields).split(",")]
+    if any(not f for f in wanted):
+        raise InvalidInputError(f"invalid --fields {fields!r}: an empty field name")
+    return wanted
+
+
+def progress_shown(progress: bool | None) -> bool:
+    """Whether to draw a progress bar on stderr.
+
+    As ``--progress/--no-progress`` say, else when stderr is a terminal; never when stderr
+    is closed (``2>&-``: ``sys.stderr`` None).
+    """
+    if sys.stderr is None:
+        return False
+    if progress is not None:
+        return progress
     try:
-        return sys.stderr is not None and sys.stderr.isatty()
+        return sys.stderr.isatty()
     except (OSError, ValueError):
         return False
 

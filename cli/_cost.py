@@ -12,10 +12,10 @@ from simstore.cli._common import (
     CliContext,
     check_at_least,
     emit,
+    fields_arg,
     handle_errors,
     parse_size_flag,
     pass_ctx,
-    text_arg,
 )
 
 from simstore.accounting import (
@@ -487,9 +487,7 @@ def pull_cmd(
     """
     check_at_least(jobs, "--jobs", 1)
     _existing_folder(cache_dir, "--cache")  # under a file: one line naming the flag
-    wanted = tuple(f.strip() for f in text_arg(fields).split(",")) if fields is not None else ()
-    if any(not f for f in wanted):
-        raise InvalidInputError(f"invalid --fields {fields!r}: an empty field name")
+    wanted = tuple(fields_arg(fields) or ())
     report = warm_cache(
         ctx.catalog(read_only=True),
         ref,

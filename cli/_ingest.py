@@ -22,7 +22,7 @@ from simstore.cli._common import (
     handle_errors,
     parse_size_flag,
     pass_ctx,
-    stderr_is_terminal,
+    progress_shown,
     text_arg,
 )
 
@@ -306,7 +306,7 @@ def ingest_cmd(
             "-m/--message names a snapshot: it needs --snapshot (staged entries are "
             "committed later with `simstore snapshot NAME -m MSG`)"
         )
-    message = text_arg(message) if message is not None else None
+    message = text_arg(message)
     check_message(message)
     check_at_least(workers, "--workers", 1)
     check_at_least(time_window, "--time-window", 1)
@@ -359,8 +359,7 @@ def ingest_cmd(
         address=address,
         start_method=start_method,
     )
-    show = stderr_is_terminal() if progress is None else progress
-    bar = ProgressBar() if show and sys.stderr is not None else None
+    bar = ProgressBar() if progress_shown(progress) else None
     catalog = ctx.catalog()  # ingest() refuses a --branch the dataset has no branch of
     try:
         with _dask_logs(engine, debug=debug_on()):

@@ -14,6 +14,7 @@ from simstore.cli._common import (
     CliContext,
     check_at_least,
     emit,
+    fields_arg,
     handle_errors,
     pass_ctx,
     text_arg,
@@ -52,11 +53,7 @@ def cat_cmd(
     """
     from simstore.loaders import SimDataset
 
-    wanted = None
-    if fields is not None:
-        wanted = [f.strip() for f in text_arg(fields).split(",")]
-        if any(not f for f in wanted):
-            raise InvalidInputError(f"invalid --fields {fields!r}: an empty field name")
+    wanted = fields_arg(fields)
     if out is not None and not out.endswith(".npz"):
         raise InvalidInputError(f"--out {out!r}: the file name must end in .npz")
     parse_ref(ref)
