@@ -20,7 +20,7 @@ from simstore.cli._common import (
     text_arg,
 )
 
-from simstore.catalog import Catalog, VerifyProgress, gc, verify
+from simstore.catalog import Catalog, VerifyProgress, gc, taken_along, verify
 from simstore.errors import InvalidInputError, NotFoundError
 from simstore.manifest import rows_from_list
 from simstore.names import parse_ref
@@ -220,6 +220,9 @@ def delete_cmd(
 
     table = rows_from_list(rows)
     table = table.append_column("deleted", pa.array([True] * table.num_rows))
+    # committed with it (--snapshot): every earlier entry that changes these keys, so
+    # the deletion is the last change to them, not undone by one left staged
+    along = taken_along(cat.staged_keys(dataset), set(keys)) if do_snapshot else []
     entry = cat.stage(dataset, changes=table, lineage={"operation": "delete"})
     out: dict[str, Any] = {"staged": entry.id, "deleted": len(rows)}
     text = f"staged deletion of {len(rows)} samples ({entry.id})"
@@ -229,7 +232,7 @@ def delete_cmd(
                 dataset,
                 message=message or f"delete {len(rows)} samples",
                 branch=branch,
-                staging_ids=[entry.id],
+                staging_ids=sorted({*along, entry.id}),
             )
         except BaseException:
             # a failed (or interrupted) commit leaves nothing staged for the next snapshot

@@ -8,6 +8,7 @@ from simstore.catalog._catalog import (
     StagedEntry,
     utc_now,
 )
+from simstore.catalog._commit import taken_along
 from simstore.catalog._maintenance import (
     GC_STATE_KEY,
     GcReport,
@@ -41,6 +42,7 @@ __all__ = [
     "gc_overlapped",
     "reachable_objects",
     "read_gc_state",
+    "taken_along",
     "utc_now",
     "verify",
 ]

@@ -729,6 +729,11 @@ class Catalog:
         NotFoundError, so a mistyped name never creates an empty dataset. A dataset comes
         into being with its first staged change (an ingest or :meth:`stage`).
 
+        ``staging_ids`` commits those entries alone; the rest stay staged and apply, in
+        staging order, at a later commit. A command that commits its own change at once
+        names with it the earlier entries :func:`~simstore.catalog.taken_along` picks
+        (those touching its keys), so an entry left staged cannot undo the change later.
+
         Atomic: every object is written before the branch moves by one compare-and-swap.
         A writer that loses the swap re-applies its staged changes on the new head and
         tries again (backing off with jitter); keys that a concurrent commit also wrote are

@@ -37,7 +37,35 @@ from simstore.snapshot import SnapshotId
 if TYPE_CHECKING:
     from simstore.catalog._catalog import Catalog, StagedEntry
 
-__all__ = ["CLOCK_SKEW_S", "CommitResult", "commit", "consumed_in_history"]
+__all__ = ["CLOCK_SKEW_S", "CommitResult", "commit", "consumed_in_history", "taken_along"]
+
+
+def taken_along(
+    pending: Mapping[str, frozenset[str] | None], keys: frozenset[str] | set[str] | None
+) -> list[str]:
+    """The staged entries a commit of a new change must take with it, oldest first.
+
+    ``pending`` maps each entry staged before the change (:meth:`Catalog.staged_keys`) to
+    the keys it changes (None: a replace, every key); ``keys`` are the change's own (None:
+    it replaces the dataset). An entry left staged applies at the next commit, after the
+    change, so it is taken when it changes a key the change, or an entry taken after it,
+    changes: committed in staging order, the change is the last word on its keys, as it
+    would be had every entry been committed together. A replace takes every entry before
+    it (it discards them), and so does any change once a replace has been taken.
+    """
+    taken: list[str] = []
+    reach: set[str] | None = None if keys is None else set(keys)
+    for eid in sorted(pending, reverse=True):  # staging ids sort by staging time
+        changed = pending[eid]
+        if reach is not None and (not reach if changed is None else reach.isdisjoint(changed)):
+            continue  # a replace left staged discards the change's keys: taken, if any
+        taken.append(eid)
+        if reach is not None:
+            if changed is None:
+                reach = None
+            else:
+                reach |= changed
+    return sorted(taken)
 
 
 def _default_author() -> str:

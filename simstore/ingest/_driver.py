@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from simstore import _buffers
 from simstore._env import is_utf8
-from simstore.catalog import Catalog, StagedEntry, gc_overlapped, read_gc_state
+from simstore.catalog import Catalog, StagedEntry, gc_overlapped, read_gc_state, taken_along
 from simstore.errors import ConflictError, InvalidInputError, SimstoreError, SourceError
 from simstore.hashing import Hasher, hash_bytes, object_key
 from simstore.ingest._config import (
@@ -690,10 +690,11 @@ def _stage(
     ``new_keys_in``: the snapshot every staged key was checked to be absent from; the
     commit trusts it (skipping its own key-range test) only when that is its parent.
     ``pending``: the keys each earlier staged entry changes. The commit takes, with this
-    entry, every earlier one that changes one of its keys: they apply first, so this
-    ingest's samples are the last change (left staged, such an entry would apply over
-    them at the next commit). An identical pending entry is reused only when no later
-    entry changes its keys.
+    entry, every earlier one that changes one of its keys, or a key of an entry so taken
+    (every earlier one for a replace: :func:`~simstore.catalog.taken_along`): they apply
+    first, so this ingest's samples are the last change (left staged, such an entry
+    would apply over them at the next commit). An identical pending entry is reused only
+    when no later entry changes its keys.
 
     A commit that would refuse the schema is refused before anything is staged; a commit
     that fails all the same (a concurrent commit changed a field type, it lost too many
@@ -732,9 +733,7 @@ def _stage(
         "rows_digest": rows_digest,
     }
     mine = {r[0] for r in rows}
-    overlapping = [
-        eid for eid, keys in pending.items() if keys is None or not mine.isdisjoint(keys)
-    ]
+    overlapping = taken_along(pending, None if cfg.mode == "replace" else mine)
     pending_entries = catalog.staged(ctx.dataset)
     entry = next(
         (

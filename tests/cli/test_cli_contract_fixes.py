@@ -103,6 +103,45 @@ def test_delete_on_a_branch_still_stages_and_commits(store):
     assert Catalog.open(store).snapshot(Catalog.open(store).resolve("d")).samples == 2
 
 
+def _head_keys(url: str) -> list[str]:
+    return sorted(cli("--store", url, "keys", "d", code=0).split())
+
+
+def test_delete_snapshot_takes_an_earlier_staged_change_of_its_key(store, tmp_path):
+    """An upsert of run0 staged before ``delete run0 --snapshot`` once stayed staged and
+    brought run0 back at the next snapshot; one of another key (run9) still stays."""
+    changed, other = tmp_path / "changed", tmp_path / "other"
+    changed.mkdir(), other.mkdir()
+    np.savez(changed / "run0.npz", fields=np.full((2, 3), 7, np.float32))
+    np.savez(other / "run9.npz", fields=np.full((2, 3), 9, np.float32))
+    cli("--store", store, "ingest", str(changed), "--dataset", "d", code=0)
+    cli("--store", store, "ingest", str(other), "--dataset", "d", code=0)
+    (kept,) = [e.id for e in Catalog.open(store).staged("d") if "run9" in
+               Catalog.open(store).staged_keys("d")[e.id]]
+    out = json.loads(cli("--store", store, "delete", "d", "run0", "--snapshot", "--json",
+                         code=0))
+    assert _head_keys(store) == ["run1", "run2"]
+    assert len(out["commit"]["staged"]) == 2  # the upsert of run0, then the deletion
+    assert [e.id for e in Catalog.open(store).staged("d")] == [kept]
+    cli("--store", store, "snapshot", "d", "-m", "next", code=0)
+    assert _head_keys(store) == ["run1", "run2", "run9"]
+
+
+def test_replace_snapshot_takes_and_discards_the_entries_staged_before_it(store, tmp_path):
+    """An entry staged before ``ingest --mode replace --snapshot`` once stayed staged and
+    applied over the replace at the next snapshot."""
+    other, new = tmp_path / "other", tmp_path / "new"
+    other.mkdir(), new.mkdir()
+    np.savez(other / "run9.npz", fields=np.full((2, 3), 9, np.float32))
+    np.savez(new / "a.npz", fields=np.full((2, 3), 1, np.float32))
+    cli("--store", store, "ingest", str(other), "--dataset", "d", code=0)
+    cli("--store", store, "ingest", str(new), "--dataset", "d", "--mode", "replace",
+        "--snapshot", code=0)
+    assert _head_keys(store) == ["a"] and _staged(store) == 0
+    cli("--store", store, "snapshot", "d", "-m", "next", code=2)  # nothing staged
+    assert _head_keys(store) == ["a"]
+
+
 # -- 3, 4: pull ------------------------------------------------------------------------
 
 
