@@ -362,7 +362,7 @@ def ingest_cmd(
     bar = ProgressBar() if progress_shown(progress) else None
     catalog = ctx.catalog()  # ingest() refuses a --branch the dataset has no branch of
     try:
-        with _dask_logs(engine, debug=debug_on()):
+        with _dask_logs(engine, debug=debug_on()), _output_kept(as_json):
             result = ingest(
                 list(sources), dataset=dataset, store=catalog, config=config, progress=bar
             )
@@ -372,6 +372,35 @@ def ingest_cmd(
         if bar is not None:
             bar.finish()
     emit(as_json, result.to_json(), lambda: _summary(result))
+
+
+@contextlib.contextmanager
+def _output_kept(as_json: bool) -> Iterator[None]:
+    """With ``--json``, what the ingest's code prints goes to stderr, not into the document.
+
+    An adapter (a plugin's) may ``print``, or a library it calls may write to file
+    descriptor 1; on stdout that would precede the JSON and break every parser of it. Both
+    the Python stream and the descriptor (which the pool's processes inherit) point at
+    stderr until the ingest returns.
+    """
+    if not as_json:
+        yield
+        return
+    saved = None
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+        saved = os.dup(1)
+        os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        if saved is not None:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
 
 
 def _fmt(v: Any) -> str:

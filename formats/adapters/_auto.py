@@ -14,6 +14,7 @@ from typing import Any
 
 from simstore.errors import SourceError
 from simstore.ingest import load_adapters
+from simstore.ingest._guard import check_options_of, claims
 from simstore.ingest._sources import read_head  # one sniff: refuses pipes, names bad links
 from simstore.protocols import SourceAdapter
 from simstore.sample import Sample
@@ -28,6 +29,7 @@ class AutoAdapter:
 
     name = "auto"
     version = "1"
+    fresh_arrays = True  # every array it yields is its sample's own (docs/adapters.md)
     extensions: tuple[str, ...] = ()
 
     def __init__(self) -> None:
@@ -65,11 +67,10 @@ class AutoAdapter:
         ``InvalidInputError`` before anything is read.
         """
         for adapter in self._candidates():
-            check = getattr(adapter, "check_options", None)
-            if not callable(check):
-                continue
             declared = getattr(adapter, "options", None)
-            check({k: v for k, v in options.items() if declared is None or k in declared})
+            check_options_of(
+                adapter, {k: v for k, v in options.items() if declared is None or k in declared}
+            )
 
     def resolve(self, path: str, head: bytes) -> SourceAdapter | None:
         """The adapter for this file (None when no installed adapter reads it).
@@ -86,10 +87,10 @@ class AutoAdapter:
         candidates = self._candidates()
         for adapter in candidates:
             exts = tuple(getattr(adapter, "extensions", ()))
-            if exts and low.endswith(exts) and adapter.can_read(path, head):
+            if exts and low.endswith(exts) and claims(adapter, path, head):
                 return adapter
         for adapter in candidates:
-            if adapter.can_read(path, head):
+            if claims(adapter, path, head):
                 return adapter
         return None
 

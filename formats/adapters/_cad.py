@@ -228,6 +228,7 @@ class CadAdapter:
 
     name = "cad"
     version = "1"
+    fresh_arrays = True  # every array it yields is its sample's own (docs/adapters.md)
     libraries = ("gmsh",)
     extensions = _EXTS
     options = frozenset({"cad_tolerance", "cad_mesh", "cad_timeout_s"})

@@ -86,6 +86,7 @@ class HDF5Adapter:
 
     name = "hdf5"
     version = "2"
+    fresh_arrays = True  # every array it yields is its sample's own (docs/adapters.md)
     libraries = ("h5py",)
     extensions = (".h5", ".hdf5", ".hdf", ".he5")
     options = TIME_OPTIONS

@@ -432,6 +432,7 @@ class MeshAdapter:
 
     name = "mesh"
     version = "2"
+    fresh_arrays = True  # every array it yields is its sample's own (docs/adapters.md)
     libraries = ("meshio",)
     extensions = _EXTS
     options: frozenset[str] = frozenset()

@@ -297,6 +297,7 @@ class NetCDFAdapter:
 
     name = "netcdf"
     version = "1"
+    fresh_arrays = True  # every array it yields is its sample's own (docs/adapters.md)
     libraries = ("netCDF4", "h5py")
     extensions = (".nc", ".nc4", ".cdf", ".netcdf")
     options = TIME_OPTIONS

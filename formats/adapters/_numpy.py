@@ -338,6 +338,7 @@ class NpyAdapter:
 
     name = "npy"
     version = "1"
+    fresh_arrays = True  # every array it yields is its sample's own (docs/adapters.md)
     extensions = (".npy",)
     options = frozenset({"npy_field"})
 
@@ -423,6 +424,7 @@ class NpzAdapter:
 
     name = "npz"
     version = "1"
+    fresh_arrays = True  # every array it yields is its sample's own (docs/adapters.md)
     extensions = (".npz",)
     options: frozenset[str] = frozenset()
 

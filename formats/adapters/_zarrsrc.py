@@ -48,6 +48,7 @@ class ZarrAdapter:
 
     name = "zarr"
     version = "1"
+    fresh_arrays = True  # every array it yields is its sample's own (docs/adapters.md)
     libraries = ("zarr",)
     extensions = (".zarr", ".zarr.zip")
     options = TIME_OPTIONS

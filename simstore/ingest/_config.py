@@ -11,6 +11,7 @@ from typing import Any, Literal, TypedDict
 
 from simstore.errors import InvalidInputError
 from simstore.ingest._arrays import MiB
+from simstore.ingest._guard import check_options_of
 from simstore.ingest._shards import DEFAULT_COMPRESSION, ShardOptions, parse_size
 from simstore.names import DEFAULT_BRANCH, check_ref_name
 from simstore.protocols import SourceAdapter
@@ -246,9 +247,7 @@ class IngestConfig:
                     f"{', '.join(repr(k) for k in unknown)} for adapter {adapter.name!r} "
                     f"(options it takes: {takes})"
                 )
-        check = getattr(adapter, "check_options", None)
-        if callable(check):
-            check({k: v for k, v in self.adapter_params().items() if k in given})
+        check_options_of(adapter, {k: v for k, v in self.adapter_params().items() if k in given})
 
     def shard_options(self) -> ShardOptions:
         """The options every shard format gets."""

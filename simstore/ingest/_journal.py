@@ -33,6 +33,7 @@ through what the same command without the journal refuses.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from simstore.errors import NotFoundError
 from simstore.hashing import hash_bytes, object_key
@@ -161,12 +162,18 @@ def write_journal(ctx: TaskContext, src: SourceFile, res: FileResult, task: str)
 
 
 def read_journal(
-    ctx: TaskContext, src: SourceFile, present: dict[str, bool] | None = None
+    ctx: TaskContext,
+    src: SourceFile,
+    present: dict[str, bool] | None = None,
+    versions: Mapping[str, str] | None = None,
 ) -> FileResult | None:
     """The file's record as a reused result, or None (absent, unreadable, shards gone).
 
     ``present`` remembers which objects exist across calls (the files of a task share
-    their shards), so a re-run checks each shard once, not once per file.
+    their shards), so a re-run checks each shard once, not once per file. ``versions``:
+    the version of each adapter this run may read a file with, by name; a record written
+    by another version of its adapter is not reused (a new version says its samples may
+    differ).
     """
     try:
         rec = json.loads(ctx.store.get(journal_key(ctx, src)))
@@ -178,6 +185,10 @@ def read_journal(
         return None
     if not _passes(ctx, rec.get("checks")):
         return None  # checked less strictly than this run checks: read the file again
+    if versions is not None:
+        now = versions.get(str(rec.get("adapter")))
+        if now is not None and now != str(rec.get("adapter_version")):
+            return None  # read by another version of its adapter: read the file again
     known = present if present is not None else {}
     task = rec.get("task")
     if not isinstance(task, str):

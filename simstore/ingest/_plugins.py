@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -38,13 +39,44 @@ Plugins = tuple[SourceAdapter, dict[str, ShardFormat]]
 with each task to a worker process instead of every worker scanning entry points again."""
 
 
+_log = logging.getLogger("simstore.ingest")
+_OWN = "simstore."
+"""How simstore's own entry points' values begin (``simstore.formats.adapters:...``)."""
+_WARNED: set[tuple[str, str, str]] = set()
+
+
+def _by_name(eps: Any, group: str) -> dict[str, Any]:
+    """Entry points by name; of several of one name, simstore's own, else the first.
+
+    Another package's entry point named like a built-in (``hdf5``) would otherwise
+    replace it for every ingest, unannounced, whatever the order the packages are
+    scanned in. Two packages' of one name: the one whose value sorts first, so every
+    process picks the same. Each passed over is logged once as a warning.
+    """
+    def value(ep: Any) -> str:
+        return str(getattr(ep, "value", ""))
+
+    out: dict[str, Any] = {}
+    for ep in sorted(eps, key=lambda e: (not value(e).startswith(_OWN), value(e))):
+        kept = out.setdefault(ep.name, ep)
+        if kept is not ep and value(kept) != value(ep):
+            seen = (group, ep.name, value(ep))
+            if seen not in _WARNED:
+                _WARNED.add(seen)
+                _log.warning(
+                    "%s plugin %r (%s) ignored: %r names %s already", group, ep.name,
+                    value(ep), ep.name, value(kept),
+                )
+    return out
+
+
 def _entry_points(group: str) -> dict[str, Any]:
     # Looked up on the package at call time: ``simstore.ingest.entry_points`` is the seam
     # through which a test or an embedding application adds plugins without installing them.
     package = sys.modules[__package__ or "simstore.ingest"]
     find = package.entry_points
     if find is not entry_points:
-        return {ep.name: ep for ep in find(group=group)}
+        return _by_name(find(group=group), group)
     return _installed(group)
 
 
@@ -94,7 +126,7 @@ def _installed(group: str) -> dict[str, Any]:
         if stamp is None or not _SCAN or _SCAN[0][0] != stamp:
             _SCAN[:] = [(stamp, _scan())]
         found = _SCAN[0][1]
-    return {ep.name: ep for ep in found.select(group=group)}
+    return _by_name(found.select(group=group), group)
 
 
 _scan = entry_points

@@ -24,6 +24,7 @@ from simstore.errors import InvalidInputError, SourceError, StorageError, exhaus
 from simstore.hashing import Hasher, ObjectId, crc32
 from simstore.ingest._arrays import MiB
 from simstore.ingest._config import printable_path, printable_text
+from simstore.ingest._guard import claims
 from simstore.ingest._records import Piece, SourceFile
 from simstore.protocols import SourceAdapter
 
@@ -199,7 +200,7 @@ def resolve_adapter(adapter: SourceAdapter, path: str, head: bytes) -> SourceAda
                 return None
             _ADAPTER_TYPES.add(type(found))
         return found  # type: ignore[no-any-return]
-    return adapter if adapter.can_read(path, head) else None
+    return adapter if claims(adapter, path, head) else None
 
 
 def _dir_identity(path: str) -> tuple[int, int] | None:
@@ -476,6 +477,18 @@ def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[Sourc
             broken.add(path)
             return b""  # judged by its name alone
 
+    def judged(path: str, head: bytes) -> SourceAdapter | None:
+        """The adapter of a walked entry; ``adapter`` itself where one failed to judge it.
+
+        An adapter's ``can_read`` that raises on one file makes that file a source its
+        task reports (a bad file, skipped under ``on_error="skip"``), not a failed walk.
+        """
+        try:
+            return resolve_adapter(adapter, path, head)
+        except SourceError:
+            broken.add(path)
+            return adapter
+
     for src in sources:
         path = os.path.abspath(os.fspath(src))
         if not os.path.lexists(path):
@@ -493,7 +506,7 @@ def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[Sourc
                     full = os.path.join(root, d)
                     if d.startswith("."):
                         continue
-                    if resolve_adapter(adapter, full, b"") is not None:
+                    if judged(full, b"") is not None:
                         add(full, key_text(os.path.relpath(full, path).replace(os.sep, "/")))
                         walked.add(full)
                     else:
@@ -504,7 +517,7 @@ def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[Sourc
                         continue
                     full = os.path.join(root, name)
                     key = key_text(os.path.relpath(full, path).replace(os.sep, "/"))
-                    picked = resolve_adapter(adapter, full, sniff(full, key))
+                    picked = judged(full, sniff(full, key))
                     if picked is None:
                         ignored.append(full)
                         continue

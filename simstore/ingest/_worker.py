@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import tempfile
 import time
@@ -43,6 +44,7 @@ from simstore.ingest._arrays import (
     spec_of_value,
 )
 from simstore.ingest._config import printable_text
+from simstore.ingest._guard import adapter_failure, owned_sample, passes_through
 from simstore.ingest._journal import (
     journal_key,
     read_journal,
@@ -77,6 +79,24 @@ from simstore.stats import StatsAccumulator
 from simstore.storage import Scratch, SupportsMoveFile, sweep_scratch
 
 __all__ = ["TaskRunner", "group_clash", "group_clash_message", "run_task", "warm_up"]
+
+_log = logging.getLogger("simstore.ingest")
+
+
+class _WriteFailed(SourceError):
+    """A sample's read failed while it was written, after its first read (the hash) passed.
+
+    The shard in progress holds part of it (a Zarr shard writes a sample's entries as it
+    reads them), so the file cannot be passed over: the next sample would take the same
+    place in the shard. The task is aborted and the run fails, even with ``--on-error
+    skip``; a re-run resumes from the files before it.
+    """
+
+
+_PART_WRITTEN = (
+    "while its sample was written to a shard, after a first read of it passed: the shard "
+    "holds part of it, so the file cannot be skipped and the run stops"
+)
 
 _MISSING_MARKERS = ("._FillValue", ".missing_value")
 """Attribute fields that name the value standing for missing data (CF conventions): a
@@ -251,6 +271,7 @@ class TaskRunner:
         self.cfg = ctx.config
         self.progress = progress
         self.adapter, self.formats = plugins or plugins_for(self.cfg)
+        self._adapter_versions: dict[str, str] | None = None
         scratch = self.cfg.tmp_dir
         if scratch is None and isinstance(ctx.store, SupportsMoveFile):
             # build shards on the store's filesystem so storing one is a link, not a copy
@@ -393,11 +414,16 @@ class TaskRunner:
         deferred, self._deferred = self._deferred, None
         if deferred is not None:
             deferred.listed.close()
-        for b in [*self._closing, *self.open.values()]:
-            b.writer.abort()
-        self._closing.clear()
-        self.open.clear()
-        self._scratch.remove()
+        try:
+            for b in [*self._closing, *self.open.values()]:
+                try:
+                    b.writer.abort()
+                except Exception as exc:  # a plugin format's: the scratch goes anyway
+                    _log.warning("aborting a shard writer of %s: %s", b.writer, exc)
+        finally:
+            self._closing.clear()
+            self.open.clear()
+            self._scratch.remove()
 
     # -- files -------------------------------------------------------------------------
     def run(self, files: Sequence[SourceFile]) -> TaskResult:
@@ -425,7 +451,10 @@ class TaskRunner:
                 self._slots.append(raw)
                 if self.progress is not None:
                     self.progress(src, len(raw) or len(res.rows))
-        except SourceError:
+        except SourceError as exc:
+            if isinstance(exc, _WriteFailed):
+                self.abort()  # the shard in progress holds part of a sample
+                raise
             try:
                 self._finish_kept()
             finally:
@@ -496,7 +525,7 @@ class TaskRunner:
     def _file(self, src: SourceFile) -> tuple[FileResult, list[tuple[int, int, Row]]]:
         res = FileResult(path=src.path, key=src.key, size_bytes=src.size)
         if self.cfg.resume and self._may_reuse(src):
-            reused = read_journal(self.ctx, src, self._present)
+            reused = read_journal(self.ctx, src, self._present, self._versions())
             if reused is not None:
                 # the schema of the task's later files, as if this one were read again
                 for spec in reused.schema:
@@ -507,8 +536,25 @@ class TaskRunner:
         try:
             return self._ingest(src, res)
         except SourceError as exc:
+            if isinstance(exc, _WriteFailed):
+                raise
             self._bad_file(res, exc)
             return res, []
+
+    def _versions(self) -> dict[str, str]:
+        """The version of every adapter this task may read a file with, by name.
+
+        ``auto``'s are those of the adapters it picks from; a dispatcher that does not
+        list them leaves its records' versions unchecked.
+        """
+        if self._adapter_versions is None:
+            found: dict[str, str] = {}
+            listed = getattr(self.adapter, "_candidates", None)
+            for a in [self.adapter, *(listed() if callable(listed) else [])]:
+                with contextlib.suppress(Exception):
+                    found[str(a.name)] = str(a.version)
+            self._adapter_versions = found
+        return self._adapter_versions
 
     def _bad_file(self, res: FileResult, exc: SourceError) -> None:
         """Give ``res`` the one-line message of ``exc``; raise unless ``on_error`` skips it."""
@@ -608,9 +654,14 @@ class TaskRunner:
             listed.open()
             try:
                 res, raw, adapter, specs = self._read(src, res)
-            except SourceError:
+            except SourceError as exc:
                 self._settle()  # this file's own last add
-                listed.check()  # a file that changed meanwhile: say that, not what broke
+                try:
+                    listed.check()  # a file that changed meanwhile: say that, not what broke
+                except SourceError as changed:
+                    if isinstance(exc, _WriteFailed):  # and still none to skip
+                        raise _WriteFailed(f"{changed.message} ({_PART_WRITTEN})") from exc
+                    raise
                 raise
             first = src.piece is None or src.piece.index == 0
             path = src.path
@@ -688,8 +739,18 @@ class TaskRunner:
         specs: dict[str, FieldSpec] = {}
         base = self._base()
         file_stats = StatsAccumulator()
-        samples = adapter.iter_samples(path, src.key, options)
-        raw = self._samples(path, samples, specs, base, file_stats)
+        try:
+            samples = iter(adapter.iter_samples(path, src.key, options))
+        except SimstoreError as exc:
+            if isinstance(exc, SourceError):
+                raise
+            raise SourceError(f"{path}: {exc}") from exc
+        except BaseException as exc:  # an adapter failing on a file means a bad file
+            if passes_through(exc):
+                raise
+            raise SourceError(f"{path}: {adapter_failure(exc)}") from exc
+        fresh = getattr(adapter, "fresh_arrays", False) is True
+        raw = self._samples(path, samples, specs, base, file_stats, fresh)
         if src.piece is not None and len(raw) != src.piece.stop - src.piece.start:
             raise SourceError(
                 f"{path}: the adapter gave {len(raw)} samples for samples {src.piece.start} "
@@ -706,11 +767,13 @@ class TaskRunner:
         specs: dict[str, FieldSpec],
         base: dict[str, FieldSpec],
         file_stats: StatsAccumulator,
+        fresh: bool = False,
     ) -> list[tuple[int, int, Row]]:
         """The adapter's samples of file ``path`` checked, hashed, summarised and added.
 
         Their rows: ``(shard sequence, position, row)``. The last add may still be running
-        on the writer thread (see :class:`_WriterThread`).
+        on the writer thread (see :class:`_WriterThread`). ``fresh``: the adapter's arrays
+        are its samples' own (``fresh_arrays``), not copied (see ``_guard``).
         """
         raw: list[tuple[int, int, Row]] = []
         keys: set[str] = set()
@@ -723,8 +786,16 @@ class TaskRunner:
                 if isinstance(exc, SourceError):
                     raise
                 raise SourceError(f"{path}: {exc}") from exc
-            except Exception as exc:  # an adapter failing on a file means a bad file
-                raise SourceError(f"{path}: {type(exc).__name__}: {exc}") from exc
+            except BaseException as exc:  # an adapter failing on a file means a bad file
+                if passes_through(exc):
+                    raise
+                raise SourceError(f"{path}: {adapter_failure(exc)}") from exc
+            if not isinstance(sample, Sample):
+                raise SourceError(
+                    f"{path}: the adapter gave a {type(sample).__name__} where a "
+                    "simstore.sample.Sample is due"
+                )
+            sample = owned_sample(sample, path, fresh)
             if not isinstance(sample.key, str) or not sample.key or sample.key in keys:
                 raise SourceError(
                     f"{path}: the adapter gave a missing or repeated key {sample.key!r}"
@@ -791,7 +862,11 @@ class TaskRunner:
                 # is checked once they are written): the next one is read meanwhile
                 self._writes.submit(_add, b.writer, sample, str(digest), size, position)
             else:
-                position = b.writer.add(sample, sample_hash=digest, size_bytes=size).position
+                try:
+                    position = b.writer.add(sample, sample_hash=digest,
+                                            size_bytes=size).position
+                except SourceError as exc:
+                    raise _WriteFailed(f"{exc.message} ({_PART_WRITTEN})") from exc
             raw.append((b.seq, position, (sample.key, str(digest), "", position, size)))
             b.stats.merge(fields_stats)
             file_stats.merge(fields_stats)
