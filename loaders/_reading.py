@@ -207,6 +207,13 @@ class EpochReader:
                             given=buffers.tensors(j, fields),
                             numbers=numbers or transform is not None)
         if transform is not None:
+            if buffers.pool is not None:
+                # a worker's chunk buffers go back to its pool, to be written again, once
+                # the batches made of them are released: a transform may keep what it is
+                # given (a reference frame, the previous sample) or return it inside an
+                # object no release can follow, so it is given copies of its own
+                sample = {n: v.clone() if isinstance(v, torch.Tensor) else v
+                          for n, v in sample.items()}
             sample = transform(sample)
             if not isinstance(sample, MutableMapping):
                 raise InvalidInputError(
