@@ -248,19 +248,53 @@ def _stat(path: str) -> tuple[int, int, str]:
     """
     st = os.stat(path)
     if stat.S_ISDIR(st.st_mode):
-        size, mtime, ctime, count = 0, 0, st.st_ctime_ns, 0
-        for root, _, files in _walk(path):
-            for name in files:
-                try:
-                    st = os.stat(os.path.join(root, name))
-                except OSError:  # a broken link inside: hashing the directory names it
-                    continue
-                size += st.st_size
-                mtime = max(mtime, st.st_mtime_ns)
-                ctime = max(ctime, st.st_ctime_ns)
-                count += 1
-        return size, mtime, f"dir:{count}:{ctime}"
+        return _dir_stat(path, st)
     return st.st_size, st.st_mtime_ns, f"{st.st_dev}:{st.st_ino}:{st.st_ctime_ns}"
+
+
+def _dir_stat(path: str, top: os.stat_result) -> tuple[int, int, str]:
+    """A directory source's total size, latest mtime and identity.
+
+    The identity is ``dir:<files>:<times>:<inodes>``: digests of every folder's and file's
+    path under ``path`` with, for ``times``, its size, mtime and change time, and for
+    ``inodes`` its device and inode (this machine's numbers: compared only where the
+    listing was made on this machine). Sums and maxima alone missed a folder inside
+    renamed or two swapped (a rename changes the change time of the folder renamed, not
+    of the files in it), and a re-run reused the old values.
+    """
+    size = mtime = count = 0
+    times, inodes = Hasher(), Hasher()
+
+    def note(rel: str, st: os.stat_result) -> None:
+        name = os.fsencode(rel)
+        times.update(b"%s\0%d\0%d\0%d\n" % (name, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+        inodes.update(b"%s\0%d\0%d\n" % (name, st.st_dev, st.st_ino))
+
+    note(".", top)
+    for root, _, files in _walk(path):
+        if root != path:
+            try:
+                note(os.path.relpath(root, path), os.stat(root))
+            except OSError:  # gone meanwhile: the check after reading says so
+                continue
+        for name in sorted(files):
+            full = os.path.join(root, name)
+            try:
+                st = os.stat(full)
+            except OSError:  # a broken link inside: hashing the directory names it
+                continue
+            note(os.path.relpath(full, path), st)
+            size += st.st_size
+            mtime = max(mtime, st.st_mtime_ns)
+            count += 1
+    return size, mtime, f"dir:{count}:{times.hexdigest()}:{inodes.hexdigest()}"
+
+
+def _same_dir(then: str, now: str, same_host: bool) -> bool:
+    """Whether two identities of a directory source (``_dir_stat``) say it is unchanged."""
+    if same_host:
+        return then == now
+    return then.rsplit(":", 1)[0] == now.rsplit(":", 1)[0]  # another machine's inodes
 
 
 def _companion_stat(path: str) -> tuple[int, int, str]:
@@ -412,10 +446,11 @@ class ListedSource:
                 for name, now, then in (
                     ("size", size, self.src.listed_size),
                     ("mtime", mtime, self.src.mtime_ns),
-                    ("files", identity, self.src.identity),
                 )
                 if now != then
             ]
+            if not _same_dir(self.src.identity, identity, self.same_host):
+                differs.append("files")
             if differs:
                 raise self._changed(differs)
             return
