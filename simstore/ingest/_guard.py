@@ -33,6 +33,7 @@ __all__ = [
     "MESSAGE_CHARS",
     "CheckedSource",
     "adapter_failure",
+    "as_bad_file",
     "check_options_of",
     "claims",
     "owned_sample",
@@ -49,6 +50,19 @@ _OWN = "simstore."
 def passes_through(exc: BaseException) -> bool:
     """Whether an adapter's exception is the user's or the interpreter's, not the file's."""
     return isinstance(exc, KeyboardInterrupt | GeneratorExit)
+
+
+def as_bad_file(exc: BaseException, path: str) -> BaseException:
+    """What an exception an adapter raised on file ``path`` is raised as.
+
+    A :class:`SourceError` and Ctrl-C as they are; simstore's other errors and anything
+    else as a :class:`SourceError` naming the file (a bad file, skippable).
+    """
+    if isinstance(exc, SourceError) or passes_through(exc):
+        return exc
+    if isinstance(exc, SimstoreError):
+        return SourceError(f"{path}: {exc}")
+    return SourceError(f"{path}: {adapter_failure(exc)}")
 
 
 def adapter_failure(exc: BaseException) -> str:

@@ -29,7 +29,6 @@ from simstore.errors import (
     InvalidInputError,
     NotFoundError,
     NotWritableError,
-    SimstoreError,
     SourceError,
     StorageError,
     exhausted,
@@ -44,7 +43,7 @@ from simstore.ingest._arrays import (
     spec_of_value,
 )
 from simstore.ingest._config import printable_text
-from simstore.ingest._guard import adapter_failure, owned_sample, passes_through
+from simstore.ingest._guard import as_bad_file, owned_sample
 from simstore.ingest._journal import (
     journal_key,
     read_journal,
@@ -741,14 +740,11 @@ class TaskRunner:
         file_stats = StatsAccumulator()
         try:
             samples = iter(adapter.iter_samples(path, src.key, options))
-        except SimstoreError as exc:
-            if isinstance(exc, SourceError):
-                raise
-            raise SourceError(f"{path}: {exc}") from exc
         except BaseException as exc:  # an adapter failing on a file means a bad file
-            if passes_through(exc):
+            raised = as_bad_file(exc, path)
+            if raised is exc:
                 raise
-            raise SourceError(f"{path}: {adapter_failure(exc)}") from exc
+            raise raised from exc
         fresh = getattr(adapter, "fresh_arrays", False) is True
         raw = self._samples(path, samples, specs, base, file_stats, fresh)
         if src.piece is not None and len(raw) != src.piece.stop - src.piece.start:
@@ -782,14 +778,11 @@ class TaskRunner:
                 sample = next(samples)
             except StopIteration:
                 break
-            except SimstoreError as exc:
-                if isinstance(exc, SourceError):
-                    raise
-                raise SourceError(f"{path}: {exc}") from exc
             except BaseException as exc:  # an adapter failing on a file means a bad file
-                if passes_through(exc):
+                raised = as_bad_file(exc, path)
+                if raised is exc:
                     raise
-                raise SourceError(f"{path}: {adapter_failure(exc)}") from exc
+                raise raised from exc
             if not isinstance(sample, Sample):
                 raise SourceError(
                     f"{path}: the adapter gave a {type(sample).__name__} where a "
