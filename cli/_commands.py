@@ -20,7 +20,7 @@ from simstore.cli._common import (
     text_arg,
 )
 
-from simstore.catalog import Catalog, VerifyProgress, gc, taken_along, verify
+from simstore.catalog import Catalog, VerifyProgress, gc, verify
 from simstore.errors import InvalidInputError, NotFoundError
 from simstore.manifest import rows_from_list
 from simstore.names import parse_ref
@@ -166,6 +166,9 @@ def snapshot_cmd(
 @click.option("--snapshot", "do_snapshot", is_flag=True, help="Commit right away.")
 @click.option("-m", "--message", default=None, help="Snapshot message (with --snapshot).")
 @click.option("--branch", default="main", show_default=True)
+@click.option("--allow-schema-change", is_flag=True,
+              help="With --snapshot: commit an earlier staged change of these keys that "
+              "changes a field's type (it is committed with the deletion).")
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
 @handle_errors
@@ -176,6 +179,7 @@ def delete_cmd(
     do_snapshot: bool,
     message: str | None,
     branch: str,
+    allow_schema_change: bool,
     as_json: bool,
 ) -> None:
     """Stage the deletion of sample KEYS from DATASET (missing keys are an error)."""
@@ -183,6 +187,11 @@ def delete_cmd(
         raise InvalidInputError(
             "-m/--message names a snapshot: it needs --snapshot (staged entries are "
             "committed later with `simstore snapshot NAME -m MSG`)"
+        )
+    if allow_schema_change and not do_snapshot:
+        raise InvalidInputError(
+            "--allow-schema-change applies to the commit: it needs --snapshot (or give it "
+            "to `simstore snapshot NAME`)"
         )
     message = text_arg(message)
     check_message(message)
@@ -220,9 +229,6 @@ def delete_cmd(
 
     table = rows_from_list(rows)
     table = table.append_column("deleted", pa.array([True] * table.num_rows))
-    # committed with it (--snapshot): every earlier entry that changes these keys, so
-    # the deletion is the last change to them, not undone by one left staged
-    along = taken_along(cat.staged_keys(dataset), set(keys)) if do_snapshot else []
     entry = cat.stage(dataset, changes=table, lineage={"operation": "delete"})
     out: dict[str, Any] = {"staged": entry.id, "deleted": len(rows)}
     text = f"staged deletion of {len(rows)} samples ({entry.id})"
@@ -232,7 +238,10 @@ def delete_cmd(
                 dataset,
                 message=message or f"delete {len(rows)} samples",
                 branch=branch,
-                staging_ids=sorted({*along, entry.id}),
+                # with every earlier entry that changes these keys, so the deletion is
+                # the last change to them, not undone by one left staged
+                staging_ids=cat.taken_with(dataset, entry.id, set(keys)),
+                allow_schema_change=allow_schema_change,
             )
         except BaseException:
             # a failed (or interrupted) commit leaves nothing staged for the next snapshot

@@ -383,8 +383,8 @@ def _output_kept(as_json: bool) -> Iterator[None]:
     the Python stream and the descriptor (which the pool's processes inherit) point at
     stderr until the ingest returns.
     """
-    if not as_json:
-        yield
+    if not as_json or sys.stdout is None or sys.stderr is None:
+        yield  # no stream to keep clean, or none to send the output to
         return
     saved = None
     with contextlib.suppress(OSError, ValueError):

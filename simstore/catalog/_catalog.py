@@ -670,6 +670,21 @@ class Catalog:
             for e in self.staged(dataset)
         }
 
+    def taken_with(
+        self, dataset: str, entry_id: str, keys: frozenset[str] | set[str] | None
+    ) -> list[str]:
+        """The staging ids to commit for the entry ``entry_id`` that changes ``keys``.
+
+        The entry and the earlier ones :func:`~simstore.catalog.taken_along` picks (None:
+        the entry is a replace). Read once the entry is staged, so an entry another
+        writer staged just before it is among them; one staged after it applies later,
+        as its place in the staging order says.
+        """
+        from simstore.catalog._commit import taken_along
+
+        before = {eid: k for eid, k in self.staged_keys(dataset).items() if eid < entry_id}
+        return sorted({*taken_along(before, keys), entry_id})
+
     def discard_staged(self, dataset: str, ids: Sequence[str]) -> None:
         """Remove staging entries (their objects stay until gc)."""
         for sid in ids:

@@ -768,7 +768,10 @@ def _stage(
                 message=message,
                 branch=cfg.branch,
                 author=cfg.author,
-                staging_ids=sorted({*overlapping, entry.id}),
+                # read again now that the entry is staged: one staged meanwhile by
+                # another writer, before it, is taken too
+                staging_ids=catalog.taken_with(
+                    ctx.dataset, entry.id, None if cfg.mode == "replace" else mine),
                 allow_schema_change=cfg.allow_schema_change,
             )
         except BaseException as exc:

@@ -82,9 +82,32 @@ def adapter_failure(exc: BaseException) -> str:
     return f"{name}: {text}" if text else name
 
 
+def _frozen(array: np.ndarray) -> bool:
+    """Whether nothing can write ``array``'s values: read-only down to its memory.
+
+    A read-only view of a writable array (or buffer) can still change through it; a
+    read-only mapping of a file (``np.load(..., mmap_mode="r")``), or an array over
+    ``bytes``, cannot (but for the file itself, which ingest checks as it does every
+    source's). Such arrays are not copied: a mapped field larger than memory ingests as
+    it did.
+    """
+    base: Any = array
+    while isinstance(base, np.ndarray):
+        if base.flags.writeable:
+            return False
+        if base.base is None:
+            return False  # its own memory, which its owner may make writable again
+        base = base.base
+    try:
+        with memoryview(base) as view:
+            return bool(view.readonly)
+    except (TypeError, ValueError):
+        return False
+
+
 def _own(value: object) -> Any:
     if isinstance(value, np.ndarray):
-        return np.array(value, copy=True, order="K")
+        return value if _frozen(value) else np.array(value, copy=True, order="K")
     if isinstance(value, bytearray | memoryview):
         return bytes(value)
     if isinstance(value, dict):
@@ -106,6 +129,12 @@ def owned_sample(sample: Sample, path: str, fresh: bool) -> Sample:
     fields: dict[str, Any] = {}
     changed = False
     for name, value in sample.fields.items():
+        if isinstance(value, np.ma.MaskedArray):
+            raise SourceError(
+                f"{path}: sample {sample.key!r}: field {name!r}: a masked array (its mask "
+                "would be dropped): fill the masked values (NaN, or a fill value) or give "
+                "the mask as a field of its own"
+            )
         if is_array_source(value):
             new = value if type(value).__module__.startswith(_OWN) else CheckedSource(
                 value, path, sample.key, name)

@@ -28,6 +28,7 @@ from simstore.cli import main
 
 from simstore.catalog import Catalog
 from simstore.errors import ConflictError
+from simstore.ingest import ingest
 from simstore.hashing import object_key
 from simstore.storage import open_store
 
@@ -496,3 +497,38 @@ def test_snapshot_reports_keys_that_several_staged_entries_wrote(tmp_path):
         "--no-progress", code=0)
     text = cli("--store", store, "snapshot", "e", "-m", "both", code=0)
     assert "note: 3 keys were written by more than one staged entry" in text
+
+
+def test_delete_snapshot_takes_an_entry_staged_just_before_its_own(store, tmp_path,
+                                                                   monkeypatch):
+    """Another writer's upsert of run0 staged between the command's checks and its own
+    staging sorts before the deletion: it is taken, not left to bring run0 back."""
+    changed = tmp_path / "changed"
+    changed.mkdir()
+    np.savez(changed / "run0.npz", fields=np.full((2, 3), 7, np.float32))
+    real = Catalog.stage
+
+    def stage(self, dataset, **kwargs):
+        if (kwargs.get("lineage") or {}).get("operation") == "delete":
+            monkeypatch.setattr(Catalog, "stage", real)
+            ingest([changed], dataset="d", store=store)  # the other writer
+        return real(self, dataset, **kwargs)
+
+    monkeypatch.setattr(Catalog, "stage", stage)
+    cli("--store", store, "delete", "d", "run0", "--snapshot", code=0)
+    assert _head_keys(store) == ["run1", "run2"] and _staged(store) == 0
+
+
+def test_delete_snapshot_commits_a_type_change_it_takes_only_when_allowed(store, tmp_path):
+    changed = tmp_path / "changed"
+    changed.mkdir()
+    np.savez(changed / "run0.npz", fields=np.full((2, 3), 7, np.float64))
+    cli("--store", store, "ingest", str(changed), "--dataset", "d", "--allow-schema-change",
+        code=0)
+    line = cli("--store", store, "delete", "d", "run0", "--snapshot", code=2)
+    assert "--allow-schema-change" in line and _staged(store) == 1  # the upsert stays
+    line = cli("--store", store, "delete", "d", "run1", "--allow-schema-change", code=2)
+    assert "needs --snapshot" in line
+    cli("--store", store, "delete", "d", "run0", "--snapshot", "--allow-schema-change",
+        code=0)
+    assert _head_keys(store) == ["run1", "run2"] and _staged(store) == 0

@@ -50,6 +50,21 @@ def test_ingest_with_stderr_closed_commits(tmp_path, src):
     assert Catalog.open(store).snapshot(Catalog.open(store).resolve("d")).message == "m"
 
 
+def test_ingest_json_with_stdout_closed_commits(tmp_path, src):
+    """``--json`` sends the ingest's own prints to stderr: with no stdout (``>&-``) that
+    was a traceback before anything was read."""
+    store = str(tmp_path / "st")
+    assert _simstore("--store", store, "init").returncode == 0
+    command = " ".join(shlex.quote(a) for a in [
+        sys.executable, "-m", "simstore", "--store", store, "ingest", str(src), "--dataset",
+        "d", "--snapshot", "-m", "m", "--json"])
+    proc = subprocess.run(["sh", "-c", f"exec {command} >&-"], stderr=subprocess.PIPE,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert Catalog.open(store).snapshot(Catalog.open(store).resolve("d")).message == "m"
+
+
 def test_a_deleted_working_folder_is_one_line(tmp_path, src):
     gone = tmp_path / "gone"
     gone.mkdir()

@@ -161,3 +161,20 @@ def test_a_writer_whose_abort_raises_still_leaves_no_scratch(catalog, tmp_path, 
     with pytest.raises(KeyboardInterrupt):
         ingest([root], dataset="d", store=catalog, adapter="bad", tmp_dir=str(scratch))
     assert os.listdir(scratch) == []
+
+
+def test_arrays_nothing_can_write_are_not_copied_and_masked_ones_are_refused(tmp_path):
+    """A read-only mapping of a file is taken as it is (a field larger than memory
+    ingests in bounded memory); a read-only view of a writable buffer is copied."""
+    from simstore.ingest._guard import owned_sample
+    from simstore.sample import Sample
+
+    np.save(tmp_path / "a.npy", np.arange(6.0))
+    mapped = np.load(tmp_path / "a.npy", mmap_mode="r")
+    view = np.arange(4.0).view()
+    view.flags.writeable = False
+    owned = owned_sample(Sample("k", {"m": mapped, "v": view}), "a", fresh=False)
+    assert owned.fields["m"] is mapped
+    assert owned.fields["v"] is not view and owned.fields["v"].tolist() == view.tolist()
+    with pytest.raises(SourceError, match="field 'x': a masked array"):
+        owned_sample(Sample("k", {"x": np.ma.masked_array([1, 2], mask=[0, 1])}), "a", True)
