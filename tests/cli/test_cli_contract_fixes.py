@@ -28,8 +28,8 @@ from simstore.cli import main
 
 from simstore.catalog import Catalog
 from simstore.errors import ConflictError
-from simstore.ingest import ingest
 from simstore.hashing import object_key
+from simstore.ingest import ingest
 from simstore.storage import open_store
 
 
