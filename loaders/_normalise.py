@@ -8,7 +8,7 @@ same snapshot id, normalise identically. Each source of a mixture uses its own s
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -99,6 +99,46 @@ class Normalise:
                     scaled, dtype=torch.float64 if kind == "f" else torch.float32
                 )
         return self.then(sample) if self.then is not None else sample
+
+    def columns(self, columns: dict[str, Any],
+                empty: Callable[[tuple[int, ...], torch.dtype], torch.Tensor]) -> None:
+        """Normalise a batch's columns in ``columns`` (see ``loaders._reading._columns``).
+
+        What :meth:`__call__` makes of each sample, bit for bit (the same operations,
+        element by element): a tensor column (the batch's rows stacked) is scaled into a
+        tensor from ``empty`` (a worker's pooled shared memory), a list column (values
+        that differ in shape) value by value. A vector field whose last axis does not
+        match its components is scaled sample by sample, which raises as alone.
+        """
+        for name in self.constants:
+            value = columns.get(name)
+            if value is None:
+                continue
+            if isinstance(value, list):
+                columns[name] = [self._one(name, v) for v in value]
+                continue
+            if not isinstance(value, torch.Tensor) or value.ndim == 0:
+                continue
+            narrow = value.dtype in _NARROW_FLOATS
+            t = value if torch.is_floating_point(value) and not narrow \
+                else value.to(torch.float32)
+            mean, std = self._pair(name, t.dtype)
+            k = mean.numel()
+            if k > 1 and (t.ndim == 1 or t.shape[-1] != k):
+                columns[name] = torch.stack([self._one(name, row) for row in value]) \
+                    if len(value) else t
+                continue
+            if t.ndim == 1 or k == 1:
+                mean, std = mean.reshape(()), std.reshape(())
+            out = empty(tuple(t.shape), t.dtype)
+            torch.sub(t, mean, out=out)
+            out.div_(std)
+            columns[name] = out.to(value.dtype) if narrow else out
+
+    def _one(self, name: str, value: Any) -> Any:
+        """One sample's value of field ``name``, as :meth:`__call__` scales it."""
+        assert self.then is None  # batches are normalised only by a plain normaliser
+        return self({name: value})[name]
 
     def fitted(self, regions: Any, ndims: Mapping[str, int]) -> Normalise:
         """These constants for fields read by region (``regions``: ``_window.Regions``).

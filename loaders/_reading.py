@@ -134,8 +134,13 @@ class EpochReader:
         descriptors the caller sends (see ``loaders._filerows``).
         """
         opts = self.options
-        per_sample = any(s.transform is not None for s in self.sources)
-        defer = (defer_files and opts.map_files and not per_sample
+        # normalise= alone (one source, no transform of the caller's): applied to whole
+        # batches, which keep the batch path (see Normalise.columns)
+        norm = self.sources[0].transform if len(self.sources) == 1 else None
+        if not (isinstance(norm, Normalise) and norm.then is None):
+            norm = None
+        per_sample = norm is None and any(s.transform is not None for s in self.sources)
+        defer = (defer_files and opts.map_files and not per_sample and norm is None
                  and opts.on_corrupt != "skip")
         count = 0
         with self._decoded(world, epoch, remaining, batch_size, shared_pool, siblings,
@@ -151,6 +156,8 @@ class EpochReader:
                     pads = chunk.is_pad[lo:hi]
                     columns = None if per_sample else _columns(
                         values, buffers, lo, hi, chunk.keys[lo:hi], pads, opts.zero_copy)
+                    if columns is not None and norm is not None:
+                        norm.columns(columns, buffers.empty)
                     if columns is None:
                         buffers.settle(0, n)  # see ChunkBuffers.settle
                         samples = [self._sample(chunk, j, values, buffers, False)

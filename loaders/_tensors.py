@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import mmap
 import operator
 import os
@@ -672,6 +673,26 @@ class ChunkBuffers:
         # pooled memory (see BufferPool)
         array = POOL.array((self.n, *shape), dtype)
         return torch.from_numpy(array), array
+
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A new tensor for a batch of this chunk (a field computed from its rows).
+
+        In a DataLoader worker a large one is pooled shared memory, released with the
+        chunk's buffers (:meth:`sent`, :meth:`retire`): it leaves as a view of memory the
+        main process already maps, where fresh memory would be moved into new shared
+        memory by torch (a copy, and its pages faulted in twice).
+        """
+        count = math.prod(shape)
+        nbytes = count * dtype.itemsize
+        pool = self.pool
+        if pool is None or nbytes < SHARED_MIN_BYTES:
+            return torch.empty(shape, dtype=dtype)
+        slot, storage = pool.storage(nbytes)
+        if slot < 0:
+            return torch.empty(shape, dtype=dtype)
+        with self._lock:
+            self._slots.append(slot)
+        return torch.empty(0, dtype=dtype).set_(storage)[:count].view(shape)
 
     def sent(self) -> tuple[tuple[int, int], ...]:
         """Marks for a batch of this chunk being sent.
