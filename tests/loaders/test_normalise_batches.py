@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from simstore.loaders import SimDataLoader, SimDataset
 
 import simstore
 from simstore.catalog import Catalog
-from simstore.loaders import SimDataLoader, SimDataset
 
 
 def _same(sample: dict) -> dict:
