@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 from simstore.loaders._checks import shown
+from simstore.loaders._tensors import to_tensors
 
 from simstore.errors import InvalidInputError
 from simstore.snapshot import Snapshot
@@ -136,8 +137,15 @@ class Normalise:
             columns[name] = out.to(value.dtype) if narrow else out
 
     def _one(self, name: str, value: Any) -> Any:
-        """One sample's value of field ``name``, as :meth:`__call__` scales it."""
+        """One sample's value of field ``name``, as :meth:`__call__` scales it.
+
+        A number (a scalar parameter a columnar shard gives as a Python number) is made
+        the 0-d tensor a transform is given first, so an integer or bool one is scaled in
+        float32 as it is sample by sample, not in float64 and then rounded.
+        """
         assert self.then is None  # batches are normalised only by a plain normaliser
+        if isinstance(value, bool | int | float | np.generic):
+            value = to_tensors({name: value}, zero_copy=True, numbers=True)[name]
         return self({name: value})[name]
 
     def fitted(self, regions: Any, ndims: Mapping[str, int]) -> Normalise:

@@ -83,3 +83,43 @@ def test_normalise_alone_takes_the_batch_path(store, monkeypatch):
     assert calls == []  # no sample went through the per-sample normaliser
     assert len(_epoch(store, 0, _same, 2)) == 40
     assert len(calls) == 40  # with a transform besides, every sample did
+
+
+@pytest.fixture(scope="module")
+def params_store(tmp_path_factory):
+    """Scalar parameters a columnar shard gives back as Python numbers (HDF5 attributes)."""
+    import h5py
+
+    root = tmp_path_factory.mktemp("norm-params")
+    src = root / "src"
+    src.mkdir()
+    for i in range(30):
+        with h5py.File(src / f"s{i:03d}.h5", "w") as f:
+            f["u"] = np.full(16, i, np.float32)
+            f.attrs["steps"] = np.int64(i * 7 + 3)
+            f.attrs["big"] = np.int64(1_000_003 * i + 17)
+            f.attrs["on"] = bool(i % 3 == 0)
+            f.attrs["re"] = 100.0 + i * 1.7
+    url = str(root / "store")
+    Catalog.init(url)
+    simstore.ingest([src], dataset="d", store=url, snapshot=True)
+    return url
+
+
+def test_integer_and_bool_parameters_scale_as_they_do_sample_by_sample(params_store):
+    """Scaled in float64 and then rounded, they were 1 ulp off the per-sample float32."""
+    def epoch(transform):
+        ds = SimDataset(params_store, "d", seed=1, normalise=True, transform=transform)
+        out = {}
+        for batch in SimDataLoader(ds, batch_size=4):
+            for j, key in enumerate(batch["__key__"]):
+                out[key] = {n: batch[n][j] for n in ("steps", "big", "on", "re", "u")}
+        return out
+
+    batched, alone = epoch(None), epoch(_same)
+    assert sorted(batched) == sorted(alone) and len(batched) == 30
+    for key, fields in alone.items():
+        for name, value in fields.items():
+            got = batched[key][name]
+            assert got.dtype == value.dtype and torch.equal(got, value), (key, name)
+    assert batched["s001.h5"]["steps"].dtype == torch.float32
