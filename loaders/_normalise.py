@@ -61,19 +61,27 @@ class Normalise:
             self._tensors[(name, dtype)] = pair
         return pair
 
+    def _operands(
+        self, name: str, value: torch.Tensor
+    ) -> tuple[torch.Tensor, bool, torch.Tensor, torch.Tensor]:
+        """``(tensor to scale, narrow, mean, std)`` for field ``name``'s ``value``.
+
+        Integers and bools are scaled in float32; float16 and bfloat16 cannot hold the
+        constants (a mean of 300.109 is 300.0 in float16; a std of 2e-8 is 0), so they are
+        worked out in float32 too and given back in their own dtype (``narrow``).
+        """
+        narrow = value.dtype in _NARROW_FLOATS
+        t = value if torch.is_floating_point(value) and not narrow else value.to(torch.float32)
+        mean, std = self._pair(name, t.dtype)
+        return t, narrow, mean, std
+
     def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
         for name in self.constants:
             value = sample.get(name)
             if value is None:
                 continue
             if isinstance(value, torch.Tensor):
-                narrow = value.dtype in _NARROW_FLOATS
-                # float16 and bfloat16 cannot hold the constants (a mean of 300.109 is
-                # 300.0 in float16; a std of 2e-8 is 0): worked out in float32, then
-                # given back in the field's own dtype
-                t = value if torch.is_floating_point(value) and not narrow \
-                    else value.to(torch.float32)
-                mean, std = self._pair(name, t.dtype)
+                t, narrow, mean, std = self._operands(name, value)
                 k = mean.numel()
                 if k > 1 and (t.ndim == 0 or t.shape[-1] != k):
                     if t.numel() == 0:  # an empty sample: nothing to scale
@@ -120,10 +128,7 @@ class Normalise:
                 continue
             if not isinstance(value, torch.Tensor) or value.ndim == 0:
                 continue
-            narrow = value.dtype in _NARROW_FLOATS
-            t = value if torch.is_floating_point(value) and not narrow \
-                else value.to(torch.float32)
-            mean, std = self._pair(name, t.dtype)
+            t, narrow, mean, std = self._operands(name, value)
             k = mean.numel()
             if k > 1 and (t.ndim == 1 or t.shape[-1] != k):
                 columns[name] = torch.stack([self._one(name, row) for row in value]) \
