@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -129,7 +130,8 @@ def owned_sample(sample: Sample, path: str, fresh: bool) -> Sample:
     fields: dict[str, Any] = {}
     changed = False
     for name, value in sample.fields.items():
-        if isinstance(value, np.ma.MaskedArray):
+        masked = sys.modules.get("numpy.ma")  # none without it: not imported for the check
+        if masked is not None and isinstance(value, masked.MaskedArray):
             raise SourceError(
                 f"{path}: sample {sample.key!r}: field {name!r}: a masked array (its mask "
                 "would be dropped): fill the masked values (NaN, or a fill value) or give "
@@ -162,8 +164,10 @@ class CheckedSource:
     """An adapter's :class:`~simstore.ingest.ArraySource`, each read checked.
 
     A read that raises is a :class:`SourceError` naming the file, the sample and the
-    field; so is one that gives another shape than the box asked for, or another dtype
-    than the source declares (a byte-order difference alone is converted).
+    field (simstore's own errors pass as they are: a ``StorageError`` is the
+    environment's, which a dask cluster retries); so is one that gives another shape
+    than the box asked for, or another dtype than the source declares (a byte-order
+    difference alone is converted).
     """
 
     def __init__(self, source: Any, path: str, key: str, field: str) -> None:
@@ -189,8 +193,8 @@ class CheckedSource:
         """The values in ``box``, as the source declares them."""
         try:
             data = np.asarray(self._source[box])
-        except SourceError:
-            raise
+        except SimstoreError:
+            raise  # a bad file already, or the environment's (a store's StorageError)
         except BaseException as exc:
             if passes_through(exc):
                 raise

@@ -7,9 +7,10 @@ By the file name's first word:
   outright, as when a library segfaults or the kernel kills it; later attempts succeed;
 - ``gate...``: writes ``started`` in ``marker_dir``, then waits until ``open`` exists there
   (at most ``GATE_LIMIT_S``, then fails);
-- ``vanish...``: yields a lazy array whose reads fail with a RuntimeError (an I/O failure
-  the pipeline does not take for bad input), so the whole task fails; each attempt adds
-  a line to ``<name>.attempts`` in ``marker_dir``;
+- ``vanish...``: yields a lazy array whose reads fail with a ``StorageError`` (an I/O
+  failure of the environment, which the pipeline does not take for bad input: anything
+  else an adapter raises is), so the whole task fails; each attempt adds a line to
+  ``<name>.attempts`` in ``marker_dir``;
 - ``series...``: a table (``numpy.savetxt`` of a 2-D array), one sample per row, keys
   ``<key>/r<row>``; ``ValuesAdapter`` reads sample ranges of it (``sample_range``), so a
   large one is planned as several pieces; ``WholeValuesAdapter`` does not;
@@ -21,6 +22,7 @@ import time
 
 import numpy as np
 
+from simstore.errors import StorageError
 from simstore.sample import Sample
 
 GATE_LIMIT_S = 300.0
@@ -33,7 +35,7 @@ class _VanishingArray:
     dtype = np.dtype("float64")
 
     def __getitem__(self, key):
-        raise RuntimeError("the source disk vanished")
+        raise StorageError("the source disk vanished")
 
 
 class ValuesAdapter:
