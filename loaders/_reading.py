@@ -163,7 +163,8 @@ class EpochReader:
                         samples = [self._sample(chunk, j, values, buffers, False)
                                    for j in range(lo, hi)]
                         nbytes = sum(_payload_bytes(x) for x in samples if not x["__pad__"])
-                        batch = collate(samples)
+                        batch = collate(samples, empty=buffers.empty
+                                        if buffers.pool is not None else None)
                     else:
                         deferred = {}
                         if defer:

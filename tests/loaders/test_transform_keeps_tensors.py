@@ -95,3 +95,24 @@ def test_a_tensor_returned_inside_an_object_keeps_its_values(store, persistent):
     assert len(kept) == 3 * N
     wrong = [k for k, t in kept if not np.array_equal(t.numpy(), _values(k))]
     assert wrong == []
+
+
+def _plus_one(sample: dict) -> dict:
+    return {**sample, "data": sample["data"] + 1}
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_batches_stacked_from_transformed_samples_keep_their_values(store, context):
+    """A worker stacks such a batch into its pooled shared memory: one the loop keeps is
+    never written again, over later batches and epochs."""
+    ds = SimDataset(store, "d", seed=4, transform=_plus_one, prefetch={"chunk_bytes": 2 << 20})
+    loader = SimDataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context=context,
+                           persistent_workers=True)
+    kept = []
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        kept += [(batch["__key__"], batch["data"]) for batch in loader]
+    assert sum(len(keys) for keys, _ in kept) == 3 * N
+    wrong = [k for keys, data in kept for k, row in zip(keys, data, strict=True)
+             if not np.array_equal(row.numpy(), _values(k) + 1)]
+    assert wrong == []
