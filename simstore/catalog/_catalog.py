@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from simstore.catalog._build import WRITE_THREADS, utc_now
-from simstore.catalog._commit import CommitResult, commit, consumed_in_history
+from simstore.catalog._commit import CommitResult, commit, consumed_in_history, taken_along
 from simstore.catalog._merge import CHANGES_SCHEMA, normalise_changes
 from simstore.catalog._refs import Branches, Tags, dataset_prefix, is_snapshot_object
 from simstore.diff import Diff, diff_tables, parts_to_open
@@ -680,8 +680,6 @@ class Catalog:
         writer staged just before it is among them; one staged after it applies later,
         as its place in the staging order says.
         """
-        from simstore.catalog._commit import taken_along
-
         before = {eid: k for eid, k in self.staged_keys(dataset).items() if eid < entry_id}
         return sorted({*taken_along(before, keys), entry_id})
 

@@ -732,8 +732,8 @@ def _stage(
         "objects": objects,
         "rows_digest": rows_digest,
     }
-    mine = {r[0] for r in rows}
-    overlapping = taken_along(pending, None if cfg.mode == "replace" else mine)
+    mine = None if cfg.mode == "replace" else {r[0] for r in rows}  # a replace: every key
+    overlapping = taken_along(pending, mine)
     pending_entries = catalog.staged(ctx.dataset)
     entry = next(
         (
@@ -770,8 +770,7 @@ def _stage(
                 author=cfg.author,
                 # read again now that the entry is staged: one staged meanwhile by
                 # another writer, before it, is taken too
-                staging_ids=catalog.taken_with(
-                    ctx.dataset, entry.id, None if cfg.mode == "replace" else mine),
+                staging_ids=catalog.taken_with(ctx.dataset, entry.id, mine),
                 allow_schema_change=cfg.allow_schema_change,
             )
         except BaseException as exc:

@@ -129,8 +129,8 @@ def owned_sample(sample: Sample, path: str, fresh: bool) -> Sample:
         )
     fields: dict[str, Any] = {}
     changed = False
+    masked = sys.modules.get("numpy.ma")  # none without it: not imported for the check
     for name, value in sample.fields.items():
-        masked = sys.modules.get("numpy.ma")  # none without it: not imported for the check
         if masked is not None and isinstance(value, masked.MaskedArray):
             raise SourceError(
                 f"{path}: sample {sample.key!r}: field {name!r}: a masked array (its mask "
