@@ -37,7 +37,7 @@ from ._zip import crc32
 
 __all__ = [
     "Page", "PagedColumn", "SharedWork", "all_defined", "check_page", "column_pages",
-    "page_rows", "prefixes", "read_page_header", "rows_fit",
+    "page_rows", "read_page_header",
 ]
 
 _DATA_PAGE = 0
@@ -312,9 +312,10 @@ def page_rows(data: np.ndarray, page: Page, width: int, *, check_crc: bool,
     None when its values are not ``rows`` values of exactly ``width`` bytes. With
     ``check_crc``, a page whose stored CRC-32 does not match its body raises
     :class:`FormatError` naming ``name``. ``every_length=False`` checks the values
-    section's size only: the caller checks the length prefix of each row it takes
-    (:func:`rows_fit`), so a page is not read whole (every 4 KiB of it faulted into the
-    process) for the few rows a shuffled batch takes from it.
+    section's size only: the caller checks the length prefix of each row it takes (the
+    Parquet reader does, in one gather for all the rows of a read), so a page is not read
+    whole (every 4 KiB of it faulted into the process) for the few rows a shuffled batch
+    takes from it.
     """
     step = 4 + width
     end = page.body + page.body_bytes
@@ -330,22 +331,6 @@ def page_rows(data: np.ndarray, page: Page, width: int, *, check_crc: bool,
     return np.lib.stride_tricks.as_strided(
         region[4:], shape=(page.rows, width), strides=(step, 1), writeable=False
     )
-
-
-def prefixes(data: np.ndarray, page: Page, width: int) -> np.ndarray:
-    """The ``(rows, 4)`` uint8 view of ``data`` of page ``page``'s length prefixes.
-
-    For a page :func:`page_rows` accepted; reading rows of it reads those rows' prefixes
-    only (see :func:`rows_fit`).
-    """
-    step = 4 + width
-    region = data[page.values:page.body + page.body_bytes]
-    return _prefixes(region, page.rows, step)
-
-
-def rows_fit(lengths: np.ndarray, local: np.ndarray, width: int) -> bool:
-    """Whether rows ``local`` of a page (its :func:`prefixes`) hold ``width`` bytes each."""
-    return bool((lengths[local].view("<u4") == width).all())
 
 
 def _prefixes(region: np.ndarray, rows: int, step: int) -> np.ndarray:

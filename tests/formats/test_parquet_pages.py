@@ -201,6 +201,49 @@ def test_direct_reads_span_row_groups_of_several_pages(tmp_path):
     reader.close()
 
 
+class ScatteredOut(BulkOut):
+    """A ``BulkOut`` that puts row ``i`` of a read in slot ``slots[i]`` of its buffer."""
+
+    def __init__(self, slots) -> None:
+        super().__init__(len(slots))
+        self.slots = list(slots)
+
+    def many(self, rows, name, shape, dtype):
+        got = super().many([self.slots[r] for r in rows], name, shape, dtype)
+        return got
+
+
+# 2 KiB rows in 4 MiB row groups of two pages (a page per 1,024 values); 80 KiB rows, copied
+# one by one
+@pytest.mark.parametrize(("floats", "n", "group_bytes"), [(512, 5000, 4 << 20),
+                                                         (20480, 60, 240 << 10)])
+@pytest.mark.parametrize("trusted", [False, True])
+def test_direct_reads_scatter_rows_of_many_groups_into_the_slots_asked(
+        tmp_path, floats, n, group_bytes, trusted):
+    rng = np.random.default_rng(floats)
+    samples = [Sample(f"s{i:04d}", {"u": rng.standard_normal(floats).astype(np.float32)})
+               for i in range(n)]
+    path = str(tmp_path / "shard.parquet")
+    ParquetFormat(ShardOptions(compression="none", row_group_bytes=group_bytes)).write(
+        samples, path)
+    reader = open_shard(path)
+    if trusted:
+        reader.trust()
+    groups = reader._pf.metadata.num_row_groups
+    assert groups > 2
+    assert floats > 512 or max(len(reader._pages_of(g, "u").pages)
+                                for g in range(groups)) > 1
+    positions = rng.permutation(n)[:n // 3].tolist()
+    slots = rng.permutation(len(positions)).tolist()
+    out = ScatteredOut(slots)
+    got = list(reader.read(positions, ["u"], out=out))
+    assert reader.direct_rows == len(positions)
+    for i, p in enumerate(positions):
+        np.testing.assert_array_equal(out.buffers["u"][slots[i]], samples[p].fields["u"])
+        np.testing.assert_array_equal(got[i]["u"], samples[p].fields["u"])
+    reader.close()
+
+
 class HelpedOut(BulkOut):
     """A ``BulkOut`` whose read may hand row groups to ``helpers``."""
 
