@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import functools
 import math
 import re
@@ -287,7 +288,7 @@ def log_cmd(ctx: CliContext, ref: str, limit: int | None, as_json: bool) -> None
         lines = []
         for e in entries:
             lines.append(
-                f"{e['id'][:12]}  {e['created'][:19]}  {e['samples']:>10} samples  "
+                f"{e['id'][:12]}  {_utc(e['created'])}  {e['samples']:>10} samples  "
                 f"{_human_bytes(e['bytes']):>10}  {e['author']}: {e['message']}"
             )
         return "\n".join(lines)
@@ -576,3 +577,14 @@ COMMANDS = [
     verify_cmd,
     gc_cmd,
 ]
+
+
+def _utc(created: str) -> str:
+    """A snapshot's ``created`` to the second, in UTC and marked so (``...Z``)."""
+    try:
+        moment = datetime.datetime.fromisoformat(created)
+    except (TypeError, ValueError):
+        return str(created)[:19]
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -148,8 +148,9 @@ def _check_shape(obj: dict[str, Any]) -> None:
     """Refuse values that would send a reader outside ``objects/`` or break its arithmetic.
 
     Parents and the content hash are object ids, counts are non-negative integers, the
-    schema and parts are lists, stats and lineage are objects, and the lineage lists
-    (``staging``, ``objects``) hold strings. Raises ``ValueError`` naming the field.
+    schema and parts are lists, stats and lineage are objects, the lineage lists
+    (``staging``, ``objects``) hold strings and its ``after`` is a string. Raises
+    ``ValueError`` naming the field.
     """
     parents = obj["parents"]
     if not isinstance(parents, list) or not all(
@@ -173,6 +174,8 @@ def _check_shape(obj: dict[str, Any]) -> None:
         values = lineage.get(listed, [])
         if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
             raise ValueError(f"lineage.{listed} is not a list of strings")
+    if not isinstance(lineage.get("after", ""), str):
+        raise ValueError(f"lineage.after {lineage['after']!r} is not a time")
 
 
 def content_hash_of(parts: tuple[PartRef, ...] | list[PartRef]) -> str:

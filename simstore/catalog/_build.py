@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import datetime
 import threading
+import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,7 +32,13 @@ WRITE_THREADS = 4
 
 def utc_now() -> str:
     """The current UTC time, ISO 8601 with microseconds."""
-    return datetime.datetime.now(tz=datetime.UTC).isoformat(timespec="microseconds")
+    return utc_at(time.time())
+
+
+def utc_at(seconds: float) -> str:
+    """A time in seconds since the epoch as UTC, ISO 8601 with microseconds."""
+    return datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC).isoformat(
+        timespec="microseconds")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,13 +70,15 @@ def build_snapshot(
     author: str,
     created: str,
     allow_schema_change: bool,
+    after: str | None = None,
 ) -> tuple[Snapshot, BuildCounters]:
     """The snapshot that applies staged ``entries`` to ``parent``, its parts stored.
 
     From the last ``replace`` entry on (or the parent's parts): the entries' change tables
     merged into the manifest (new parts encoded and stored on a small thread pool), their
     schemas merged, their statistics merged (exact only when no key can have been counted
-    twice). Nothing is committed: the caller moves the branch.
+    twice). Nothing is committed: the caller moves the branch. ``after``: a time later
+    than ``created`` that the snapshot must not be taken to precede (``lineage.after``).
     """
     counters = BuildCounters()
     base_parts: Sequence[PartRef] = parent.parts if parent else ()
@@ -143,6 +152,8 @@ def build_snapshot(
         pool.shutdown(wait=True, cancel_futures=True)
     consumed = [e.id for e in entries]
     lineage: dict[str, Any] = {"staging": consumed}
+    if after is not None:
+        lineage["after"] = after
     ingests = [dict(e.lineage) for e in entries if e.lineage]
     if ingests:
         lineage["ingests"] = ingests

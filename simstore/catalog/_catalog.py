@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from simstore.catalog._build import WRITE_THREADS, utc_now
+from simstore.catalog._build import WRITE_THREADS, utc_at, utc_now
 from simstore.catalog._commit import CommitResult, commit, consumed_in_history, taken_along
 from simstore.catalog._merge import CHANGES_SCHEMA, normalise_changes
 from simstore.catalog._refs import Branches, Tags, dataset_prefix, is_snapshot_object
@@ -629,11 +629,16 @@ class Catalog:
         pq.write_table(table, buf, compression="lz4")
         changes_id, _ = self.put_object(buf.getvalue())
         deletions = int(pa.compute.sum(table.column("deleted")).as_py() or 0)
-        sid = f"{time.time_ns():020d}-{uuid.uuid4().hex[:12]}"
+        # after every entry staged so far, whatever clock staged it: staging order (which
+        # applies last, what a commit takes along) is the order writers saw, not their
+        # clocks' (a writer an hour ahead would otherwise apply after everything staged
+        # in that hour)
+        ns = max(time.time_ns(), self._last_staged_ns(dataset) + 1000)
+        sid = f"{ns:020d}-{uuid.uuid4().hex[:12]}"
         entry = StagedEntry(
             id=sid,
             dataset=dataset,
-            created=utc_now(),
+            created=utc_at(ns / 1e9),
             mode=mode,
             changes=changes_id,
             rows=table.num_rows - deletions,
@@ -645,6 +650,15 @@ class Catalog:
         )
         self.store.put(f"{dataset_prefix(dataset)}staging/{sid}", entry.to_bytes())
         return entry
+
+    def _last_staged_ns(self, dataset: str) -> int:
+        """The staging time (ns, from its id) of the dataset's latest staged entry, or 0."""
+        last = 0
+        for key in self.store.list(f"{dataset_prefix(dataset)}staging/"):
+            stamp = key.rsplit("/", 1)[-1].split("-", 1)[0]
+            if len(stamp) == 20 and stamp.isdigit():
+                last = max(last, int(stamp))
+        return last
 
     def staged(self, dataset: str) -> list[StagedEntry]:
         """Staged entries of a dataset, oldest first."""

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from simstore.catalog._build import build_snapshot, utc_now
+from simstore.catalog._build import build_snapshot, utc_at
 from simstore.catalog._refs import Branches
 from simstore.errors import (
     ConflictError,
@@ -32,7 +32,7 @@ from simstore.errors import (
     StorageError,
 )
 from simstore.names import DEFAULT_BRANCH, check_name, check_ref_name
-from simstore.snapshot import SnapshotId
+from simstore.snapshot import Snapshot, SnapshotId
 
 if TYPE_CHECKING:
     from simstore.catalog._catalog import Catalog, StagedEntry
@@ -121,6 +121,36 @@ def _staged_at_s(staging_id: str) -> float | None:
     if len(stamp) != 20 or not stamp.isdigit():
         return None
     return int(stamp) / 1e9
+
+
+def _made_s(snap: Snapshot) -> float:
+    """When ``snap`` was made, as far as the walks back through history go by it.
+
+    Its ``created`` (its writer's clock), or its ``lineage.after`` where that is later: the
+    latest time its parent or the entries it consumed had (see :func:`_not_before`).
+    """
+    made = _epoch_s(snap.created)
+    after = snap.lineage.get("after")
+    return max(made, _epoch_s(after)) if isinstance(after, str) else made
+
+
+def _not_before(parent: Snapshot | None, entries: Sequence[StagedEntry]) -> float:
+    """The time a snapshot of ``entries`` on ``parent`` must not be taken to precede.
+
+    The latest of its parent's time (:func:`_made_s`) and the times its entries were
+    staged. A writer whose clock runs behind another's records it as ``lineage.after``,
+    so times along a branch never go backwards and a snapshot is never older than an entry
+    it consumed, whatever the writers' clocks: a walk back from the head that stops at
+    the first snapshot older than an entry (:func:`consumed_in_history`) cannot stop
+    before the one that consumed it.
+    """
+    times = [_made_s(parent)] if parent is not None else []
+    for e in entries:
+        times.append(_epoch_s(e.created))
+        staged = _staged_at_s(e.id)
+        if staged is not None:
+            times.append(staged)
+    return max(times, default=0.0)
 
 
 def _epoch_s(iso_time: str) -> float:
@@ -233,9 +263,12 @@ def commit(
                 f"dataset {dataset!r}: nothing staged to commit (a snapshot would repeat "
                 f"{head}; allow_empty / --allow-empty makes one anyway)"
             )
+        now = time.time()
+        after = _not_before(parent, entries)
         snap, counters = build_snapshot(
             cat, dataset, parent, head, todo, change_tables, message=message,
-            author=author, created=utc_now(), allow_schema_change=allow_schema_change,
+            author=author, created=utc_at(now), allow_schema_change=allow_schema_change,
+            after=utc_at(after) if after > now else None,
         )
         sid, _ = cat.put_object(snap.to_bytes())
         try:
@@ -330,7 +363,7 @@ def _consumed_ids(
         for staged in snap.lineage.get("staging", []):
             if staged in wanted:
                 found.setdefault(str(staged), sid)
-        if _epoch_s(snap.created) < oldest:
+        if _made_s(snap) < oldest:
             break
         sid = snap.parents[0] if snap.parents else None
     return found

@@ -391,6 +391,15 @@ def test_log_of_no_snapshots_prints_nothing(store):
     assert cli("--store", store, "log", "d", "-n", "1", code=0).count("\n") == 1
 
 
+def test_log_shows_times_in_utc_and_says_so(store):
+    # it cut the stored time's "+00:00" off: a UTC time that read like a local one
+    created = Catalog.open(store).snapshot(Catalog.open(store).resolve("d@main")).created
+    line = cli("--store", store, "log", "d", code=0).splitlines()[0]
+    assert line.split()[1] == f"{created[:19]}Z"
+    assert json.loads(cli("--store", store, "log", "d", "--json", code=0))[0]["created"] \
+        == created
+
+
 def test_a_line_break_in_a_path_is_escaped_not_split_nor_made_a_space(tmp_path):
     """An error naming ``a<LF>b.npz`` is one line naming that file: the break as ``\\n``
     (turned into a space, it named ``a b.npz``, a good file beside it)."""

@@ -359,3 +359,14 @@ def test_snapshot_rejects_unknown_version_and_garbage():
     obj["format_version"] = 1
     with pytest.raises(FormatError):
         Snapshot.from_bytes(json.dumps(obj).encode())
+
+
+def test_a_snapshot_whose_lineage_after_is_no_string_is_refused():
+    import json
+
+    obj = json.loads(_snapshot(lineage={"staging": [], "after": "2026-01-01T00:00:01+00:00"})
+                     .to_bytes())
+    assert Snapshot.from_bytes(json.dumps(obj).encode()).lineage["after"].startswith("2026")
+    obj["lineage"]["after"] = 17
+    with pytest.raises(FormatError, match="lineage.after 17 is not a time"):
+        Snapshot.from_bytes(json.dumps(obj).encode(), object_id="abc")
