@@ -57,7 +57,7 @@ from simstore.loaders._tensors import (
     ReleaseTracker,
     SharedArena,
 )
-from simstore.loaders._world import exit_with_parent
+from simstore.loaders._world import exit_with_parent, leave_sigterm_to_parent
 from torch._utils import ExceptionWrapper
 from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
@@ -132,6 +132,7 @@ class _WorkerInit:
     def __call__(self, worker_id: int) -> None:
         gc.freeze()
         exit_with_parent(self.parent_pid)
+        leave_sigterm_to_parent(self.parent_pid)
         if self.user is not None:
             self.user(worker_id)
 
@@ -187,27 +188,30 @@ def _dead_workers(it: Any, wait_s: float = 0.5) -> list[int]:
         time.sleep(0.01)
 
 
-_PERSISTENT: weakref.WeakSet[_WorkersIter] = weakref.WeakSet()
-"""The persistent worker sets alive in this process (stopped at its exit)."""
-_PERSISTENT_LOCK = threading.Lock()
+_RUNNING: weakref.WeakSet[_WorkersIter] = weakref.WeakSet()
+"""The worker sets of this process not yet collected (stopped at its exit)."""
+_RUNNING_LOCK = threading.Lock()
 _AT_EXIT: list[bool] = [False]
 
 
-def _stop_persistent_workers() -> None:
-    """At exit: stop the persistent workers still alive, as the end of an epoch would.
+def _stop_workers_at_exit() -> None:
+    """At exit: stop the workers still alive, as the end of an epoch would.
 
-    Left alone, multiprocessing's own exit hook (registered before this one, so run after
-    it) terminates them with SIGTERM: a spawned worker then never runs its exit
-    handlers, and leaves, for one, the ``pymp-*`` folder of the listener through which
-    it shared its batches' memory.
+    Persistent workers, and those of an iterator still referenced (a loop at a script's
+    top level left by ``sys.exit``). Left alone, multiprocessing's own exit hook
+    (registered before this one, so run after it) terminates them with SIGTERM: a spawned
+    worker then never runs its exit handlers, and leaves, for one, the ``pymp-*`` folder
+    of the listener through which it shared its batches' memory; and a worker outlives a
+    SIGTERM while its training process runs (``leave_sigterm_to_parent``), which that
+    hook's join would wait out.
     """
-    with _PERSISTENT_LOCK:
-        running = list(_PERSISTENT)
+    with _RUNNING_LOCK:
+        running = list(_RUNNING)
     for it in running:
         try:
             it._shutdown_workers()
         except Exception as exc:  # at exit: stop the others all the same
-            _log.debug("stopping persistent workers at exit: %s", exc)
+            _log.debug("stopping workers at exit: %s", exc)
 
 
 class _WorkersIter(_MultiProcessingDataLoaderIter):
@@ -233,12 +237,11 @@ class _WorkersIter(_MultiProcessingDataLoaderIter):
 
     def __init__(self, loader: Any) -> None:
         super().__init__(loader)
-        if self._persistent_workers:
-            with _PERSISTENT_LOCK:
-                _PERSISTENT.add(self)
-                if not _AT_EXIT[0]:
-                    atexit.register(_stop_persistent_workers)
-                    _AT_EXIT[0] = True
+        with _RUNNING_LOCK:
+            _RUNNING.add(self)
+            if not _AT_EXIT[0]:
+                atexit.register(_stop_workers_at_exit)
+                _AT_EXIT[0] = True
 
     _sim_number = -1
     """With persistent workers: the number of the iteration under way (see ``_Stream``)."""

@@ -95,6 +95,57 @@ def _env_rank(environ: Mapping[str, str]) -> tuple[int, int] | None:
 
 _WATCH_THREAD = "simstore-parent-watch"
 
+SIGTERM_GRACE_S = 30.0
+"""How long a DataLoader worker outlives a SIGTERM while its training process runs on
+(Slurm's default wait between a job's SIGTERM and its SIGKILL)."""
+
+
+def _parent_gone(parent: int | None) -> Callable[[], bool]:
+    """Whether this worker's training process (pid ``parent``, else its parent) is gone."""
+    expected = os.getppid()
+    # the training process, when it is not this worker's parent (forkserver)
+    watched = parent if parent is not None and parent != expected else None
+
+    def gone() -> bool:
+        return os.getppid() != expected or (watched is not None and not _alive(watched))
+
+    return gone
+
+
+def leave_sigterm_to_parent(parent: int | None = None,
+                            grace_s: float = SIGTERM_GRACE_S) -> None:
+    """In a DataLoader worker: a SIGTERM sent to the whole job leaves the worker serving.
+
+    Schedulers stop a job by sending SIGTERM to every process in it (Slurm's job step, a
+    signal to the process group) and SIGKILL a while later. A torch worker died of it at
+    once (torch's handler spares only its parent's signal), and the training process's
+    SIGCHLD check then raised ``DataLoader worker ... is killed by signal: Terminated``
+    inside whatever it was doing: a loop that catches SIGTERM to save its state at the end
+    of the step never got there. Now the worker goes on serving; it leaves when its
+    training process is gone (at once, or through :func:`exit_with_parent`) or, should
+    that process run on, ``grace_s`` later (exit status 0, so its end raises nothing in
+    the parent until the parent asks it for a batch again). The training process stops
+    its workers at the end of an epoch or at its exit as always (``SimDataLoader`` stops
+    every worker set it still has at exit, before ``multiprocessing`` would terminate
+    them).
+    """
+    import signal
+    import threading
+
+    gone = _parent_gone(parent)
+    started: list[threading.Timer] = []
+
+    def on_term(signum: int, frame: object) -> None:
+        if gone():
+            os._exit(0)
+        if not started:
+            timer = threading.Timer(grace_s, os._exit, args=(0,))
+            timer.daemon = True
+            timer.start()
+            started.append(timer)
+
+    signal.signal(signal.SIGTERM, on_term)
+
 
 def exit_with_parent(parent: int | None = None, interval_s: float = 1.0) -> None:
     """In a DataLoader worker: end this process as soon as its training process is gone.
@@ -112,12 +163,7 @@ def exit_with_parent(parent: int | None = None, interval_s: float = 1.0) -> None
     """
     import threading
 
-    expected = os.getppid()
-    # the training process, when it is not this worker's parent (forkserver)
-    watched = parent if parent is not None and parent != expected else None
-
-    def gone() -> bool:
-        return os.getppid() != expected or (watched is not None and not _alive(watched))
+    gone = _parent_gone(parent)
 
     if gone():
         os._exit(0)

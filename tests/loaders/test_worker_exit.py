@@ -168,3 +168,95 @@ def test_a_worker_error_stops_the_other_workers_before_it_is_raised(small, tmp_p
             pass
     (it,) = iters
     assert [w.exitcode for w in it._workers] == [0, 0]
+
+
+GRACEFUL = """
+import json, os, signal, sys, time
+sys.path.insert(0, sys.argv[2])
+from loader_helpers import open_test_shard
+from simstore.loaders import SimDataLoader, SimDataset
+stop = []
+signal.signal(signal.SIGTERM, lambda s, f: stop.append(s))
+ds = SimDataset(sys.argv[1], "sim", shard_opener=open_test_shard, shuffle=True, seed=1)
+loader = SimDataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context=sys.argv[3])
+keys = []
+for batch in loader:
+    keys += batch["__key__"]
+    if len(keys) == 4:
+        print("ready", flush=True)
+        while not stop:  # a training step, during which the job gets its SIGTERM
+            time.sleep(0.01)
+        time.sleep(1.0)  # the rest of the step
+    if stop:  # at the end of the step: save and leave
+        with open(sys.argv[4], "w") as f:
+            json.dump({"state": loader.state_dict(), "keys": keys}, f)
+        sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_a_job_stopped_by_sigterm_saves_its_state_at_the_end_of_the_step(
+        store_path, tmp_path, context):
+    # Slurm (and a signal to the process group) sends SIGTERM to every process of the job:
+    # the workers died of it at once and the training process's SIGCHLD check raised
+    # "DataLoader worker ... is killed by signal: Terminated" in the middle of the step
+    import json
+
+    from loader_helpers import open_test_shard
+    from simstore.loaders import SimDataLoader, SimDataset
+
+    commit_samples(store_path, "sim", make_samples(80), per_shard=10)
+    here = os.path.dirname(os.path.abspath(__file__))
+    saved = str(tmp_path / "state.json")
+    proc = subprocess.Popen([sys.executable, "-c", GRACEFUL, store_path, here, context, saved],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    assert proc.stdout.readline().strip() == "ready"
+    pids = _descendants(proc.pid)
+    assert len(pids) >= 2
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    deadline = time.monotonic() + 60  # a liveness bound, not a speed measurement
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [p for p in pids if _alive(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert not left, f"workers {left} outlived the job"
+    with open(saved) as f:
+        got = json.load(f)
+
+    def stream(state=None):
+        ds = SimDataset(store_path, "sim", shard_opener=open_test_shard, shuffle=True, seed=1)
+        loader = SimDataLoader(ds, batch_size=2, num_workers=0)
+        if state is not None:
+            loader.load_state_dict(state)
+        return [k for b in loader for k in b["__key__"]]
+
+    assert len(got["keys"]) >= 4
+    assert got["keys"] + stream(got["state"]) == stream()
+
+
+def _serve(parent: int, grace_s: float, ready) -> None:
+    from simstore.loaders._world import leave_sigterm_to_parent
+
+    leave_sigterm_to_parent(parent, grace_s=grace_s)
+    ready.set()
+    while True:
+        time.sleep(0.05)
+
+
+def test_a_worker_outlives_a_sigterm_while_its_parent_runs_then_leaves_quietly():
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    ready = ctx.Event()
+    worker = ctx.Process(target=_serve, args=(os.getpid(), 5.0, ready), daemon=True)
+    worker.start()
+    assert ready.wait(60)
+    os.kill(worker.pid, signal.SIGTERM)
+    time.sleep(0.3)
+    assert worker.is_alive()  # still serving its parent
+    worker.join(60)  # a liveness bound
+    assert worker.exitcode == 0  # its grace over: gone, with nothing for SIGCHLD to report
