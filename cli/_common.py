@@ -17,7 +17,7 @@ from typing import Any, TypeVar, overload
 import click
 
 from simstore._env import env_debug
-from simstore._launch import EXIT_INTERRUPTED
+from simstore._launch import EXIT_INTERRUPTED, stopped
 from simstore._sizes import SizeError, parse_size
 from simstore.catalog import Catalog
 from simstore.errors import InvalidInputError, SimstoreError, one_line
@@ -351,8 +351,9 @@ class SimstoreGroup(click.Group):
         try:
             with _one_line_usage_errors(ctx):
                 return super().invoke(ctx)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             if debug_on():
                 traceback.print_exc(file=sys.stderr)
-            click.echo("error: interrupted", err=True)
-            raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
+            message, code = stopped(exc)  # Ctrl-C, or SIGTERM under the console command
+            click.echo(message, err=True)
+            raise click.exceptions.Exit(code) from None

@@ -6,7 +6,8 @@ the moment a user is most likely to press it after a typo, printed Python's trac
 This module, light itself (``import simstore`` imports nothing heavy), catches it.
 Once the command has returned, its work is done (a commit may have landed): an
 interrupt while the interpreter shuts down (joining an ingest's process pool) is
-ignored, where it printed a traceback or exited as if the command had failed.
+ignored, where it printed a traceback or exited as if the command had failed. SIGTERM
+stops a command as Ctrl-C does (:class:`Terminated`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,30 @@ import sys
 #: The exit code of a command stopped by Ctrl-C (SIGINT): 128 + the signal's number, as
 #: shells report it.
 EXIT_INTERRUPTED = 130
+#: The exit code of a command stopped by SIGTERM (a scheduler's stop, ``kill``).
+EXIT_TERMINATED = 143
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is, so that it stops as it does on Ctrl-C.
+
+    A scheduler stops a job with SIGTERM (Slurm, a pod's end, ``kill``), then SIGKILL a
+    while later. Python's default for SIGTERM ended the process at once: no message, and
+    an ingest's scratch files left for the next ingest or gc to reclaim. As an interrupt,
+    it unwinds like Ctrl-C (the commands write nothing half-way) and ends with one line,
+    ``error: terminated``, and exit code 143.
+    """
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+def stopped(exc: KeyboardInterrupt) -> tuple[str, int]:
+    """The one-line message and the exit code of a command stopped by ``exc``."""
+    if isinstance(exc, Terminated):
+        return "error: terminated", EXIT_TERMINATED
+    return "error: interrupted", EXIT_INTERRUPTED
 
 
 def _debug() -> bool:
@@ -99,17 +124,23 @@ def main() -> None:
     """Run the ``simstore`` command line (the console script's entry point)."""
     _utf8_mode()
     _working_folder_exists()
+    with contextlib.suppress(ValueError, OSError):  # not the main thread: left as it is
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # not one ignored on purpose
+            signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         from simstore.cli import main as cli
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         if "--debug" in sys.argv[1:] or _debug():  # the traceback, as the command gives it
             import traceback
 
             traceback.print_exc(file=sys.stderr)
-        sys.stderr.write("error: interrupted\n")
-        raise SystemExit(EXIT_INTERRUPTED) from None
+        message, code = stopped(exc)
+        sys.stderr.write(f"{message}\n")
+        raise SystemExit(code) from None
     try:
         cli()
     finally:
         with contextlib.suppress(ValueError, OSError):  # not the main thread: nothing to do
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+            if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)

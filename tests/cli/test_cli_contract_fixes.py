@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 
 import numpy as np
@@ -541,3 +542,43 @@ def test_delete_snapshot_commits_a_type_change_it_takes_only_when_allowed(store,
     cli("--store", store, "delete", "d", "run0", "--snapshot", "--allow-schema-change",
         code=0)
     assert _head_keys(store) == ["run1", "run2"] and _staged(store) == 0
+
+
+@pytest.mark.parametrize("group", [False, True])
+def test_sigterm_stops_a_command_as_ctrl_c_does_one_line_exit_143(tmp_path, group):
+    # a scheduler's stop (SIGTERM to the command, or to its whole process group as Slurm
+    # sends it): Python's default ended the process at once, with no message, and left the
+    # ingest's scratch folders in the store
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(48):
+        np.save(src / f"f{i:02d}.npy", rng.standard_normal((1 << 20,)).astype(np.float32))
+    store = str(tmp_path / "store")
+    cli("--store", store, "init", code=0)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "simstore", "--store", store, "ingest", str(src), "--dataset",
+         "d", "--workers", "2", "--snapshot", "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    scratch = os.path.join(store, ".scratch")
+    try:
+        deadline = time.monotonic() + 120  # a liveness bound
+        while not (os.path.isdir(scratch) and os.listdir(scratch)):
+            assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+            time.sleep(0.01)
+        if group:
+            os.killpg(p.pid, signal.SIGTERM)
+        else:
+            p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode == 143, err
+    assert out == ""
+    assert err.endswith("error: terminated\n"), err
+    cat = Catalog.open(store)
+    assert cat.staged("d") == []
+    assert cat.branches("d").names() == []
+    assert [n for n in os.listdir(scratch) if n.startswith("simstore-ingest-")] == []
