@@ -476,7 +476,8 @@ class ParquetShardReader(ColumnarReader):
             got = memo[key]
             if got is None or (shape is not None and got[0] != shape):
                 return False
-            shape, starts, check = got
+            shape, starts, unchecked = got
+            check = check or unchecked  # a group first read once trusted: check its rows
             picked.append(starts if rows is None else starts[rows])
         if shape is None:
             return False

@@ -370,6 +370,23 @@ def test_a_trusted_reader_checks_the_lengths_of_the_rows_it_takes(tmp_path):
         reader.close()
 
 
+def test_a_read_checks_the_lengths_of_rows_from_groups_first_read_after_trust(tmp_path):
+    # a row group read while pages were checked whole needs no check of its rows; one first
+    # read once trusted does, whatever the other row groups of the same read
+    samples = _samples(20)
+    path = _write(tmp_path, samples)
+    _shift_bytes(path)  # rows 0-2 of the first row group
+    reader = open_shard(path)
+    assert reader._pf.metadata.num_row_groups > 1
+    last = len(samples) - 1
+    got = _bulk(reader, [last])  # the last row group, read before trust
+    np.testing.assert_array_equal(got[0]["u"], samples[last].fields["u"])
+    reader.trust()
+    with pytest.raises(FormatError, match=r"'u': a value of 8196 bytes where"):
+        _bulk(reader, [1, last])
+    reader.close()
+
+
 def test_zero_d_tensors_scatter_into_one_column_buffer(tmp_path):
     # a .npz's scalar arrays are 0-d tensors: a bulk read puts them in one buffer (the
     # batch's column is a view of it); scalar parameters stay Python numbers per row
