@@ -17,7 +17,7 @@ from typing import Any, TypeVar, overload
 import click
 
 from simstore._env import env_debug
-from simstore._launch import EXIT_INTERRUPTED, stopped
+from simstore._launch import EXIT_INTERRUPTED, command_returned, stopped
 from simstore._sizes import SizeError, parse_size
 from simstore.catalog import Catalog
 from simstore.errors import InvalidInputError, SimstoreError, one_line
@@ -350,7 +350,10 @@ class SimstoreGroup(click.Group):
         """
         try:
             with _one_line_usage_errors(ctx):
-                return super().invoke(ctx)
+                try:
+                    return super().invoke(ctx)
+                finally:
+                    command_returned()  # an interrupt from here on is ignored
         except KeyboardInterrupt as exc:
             if debug_on():
                 traceback.print_exc(file=sys.stderr)

@@ -18,6 +18,7 @@ import functools
 import gc
 import logging
 import os
+import signal
 import threading
 import time
 import weakref
@@ -194,6 +195,24 @@ _RUNNING_LOCK = threading.Lock()
 _AT_EXIT: list[bool] = [False]
 
 
+def _block_sigterm(forks: bool) -> set[int | signal.Signals] | None:
+    """Block SIGTERM in this thread; its signal mask before, or None where it cannot.
+
+    Workers that do not fork need ``multiprocessing``'s resource tracker, whose start
+    unblocks SIGTERM in the thread that starts it: it is started first.
+    """
+    if not hasattr(signal, "pthread_sigmask"):
+        return None
+    try:
+        if not forks:
+            from multiprocessing import resource_tracker
+
+            resource_tracker.ensure_running()
+        return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    except (OSError, ValueError):
+        return None
+
+
 def _stop_workers_at_exit() -> None:
     """At exit: stop the workers still alive, as the end of an epoch would.
 
@@ -236,7 +255,16 @@ class _WorkersIter(_MultiProcessingDataLoaderIter):
     _sim_reaper: threading.Thread | None = None
 
     def __init__(self, loader: Any) -> None:
-        super().__init__(loader)
+        # SIGTERM blocked while the workers start: a worker inherits the mask, through the
+        # exec of a spawned one too, and unblocks it once its handler is in place
+        # (leave_sigterm_to_parent), so a job's SIGTERM in the second or so a spawned
+        # worker spends importing torch does not kill it; here it waits, not lost
+        blocked = _block_sigterm(_forks(loader))
+        try:
+            super().__init__(loader)
+        finally:
+            if blocked is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         with _RUNNING_LOCK:
             _RUNNING.add(self)
             if not _AT_EXIT[0]:

@@ -145,6 +145,8 @@ def leave_sigterm_to_parent(parent: int | None = None,
             started.append(timer)
 
     signal.signal(signal.SIGTERM, on_term)
+    if hasattr(signal, "pthread_sigmask"):  # blocked while the workers started
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 def exit_with_parent(parent: int | None = None, interval_s: float = 1.0) -> None:

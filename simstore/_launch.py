@@ -34,8 +34,27 @@ class Terminated(KeyboardInterrupt):
     """
 
 
+_RUN = {"launched": False, "returned": False}
+"""Whether :func:`main` runs the command, and whether the command has returned."""
+
+
 def _on_sigterm(signum: int, frame: object) -> None:
-    raise Terminated()
+    if not _RUN["returned"]:  # once the command has returned its work is done
+        raise Terminated()
+
+
+def command_returned() -> None:
+    """The command has returned (or raised): a Ctrl-C or SIGTERM from now on is ignored.
+
+    Its outcome stands (a commit may have landed, its output is printed); an interrupt
+    while the process exits (click's, the interpreter's) printed a traceback or exited 1.
+    Only under :func:`main`: a program that runs the command line itself keeps its own.
+    """
+    if not _RUN["launched"]:
+        return
+    _RUN["returned"] = True
+    with contextlib.suppress(ValueError, OSError):  # not the main thread: nothing to do
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def stopped(exc: KeyboardInterrupt) -> tuple[str, int]:
@@ -124,6 +143,7 @@ def main() -> None:
     """Run the ``simstore`` command line (the console script's entry point)."""
     _utf8_mode()
     _working_folder_exists()
+    _RUN["launched"] = True
     with contextlib.suppress(ValueError, OSError):  # not the main thread: left as it is
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # not one ignored on purpose
             signal.signal(signal.SIGTERM, _on_sigterm)
@@ -140,7 +160,4 @@ def main() -> None:
     try:
         cli()
     finally:
-        with contextlib.suppress(ValueError, OSError):  # not the main thread: nothing to do
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            if signal.getsignal(signal.SIGTERM) is _on_sigterm:
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        command_returned()

@@ -214,6 +214,11 @@ def exit_with_parent(parent: int, direct: bool = True, interval_s: float = 1.0) 
     children do (each holds the pipe whose end of file would stop it), so a thread
     watches the ingesting process itself: it waits on a pidfd (Linux 5.3+), else polls.
     """
+    # a forked worker inherits the command line's SIGTERM handler (an interrupt, for the
+    # command's clean-up): a worker has nothing to clean up, and the interrupt, raised
+    # while it waited for a task, printed multiprocessing's traceback
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if direct:
         armed = _parent_death_signal(signal.SIGKILL)
         if os.getppid() != parent:

@@ -477,6 +477,27 @@ def test_an_interrupt_after_the_command_returned_is_ignored():
     assert out.split()[-2:] in (["0", "True"], ["None", "True"])
 
 
+def test_a_sigterm_after_the_command_returned_is_ignored(tmp_path):
+    """A SIGTERM in the instant after the command returned (its output printed, a commit
+    landed) exited 1 with a traceback, or click's "Aborted!"."""
+    code = textwrap.dedent("""
+        import os, signal, sys
+        import simstore._launch as launch
+        real = launch.command_returned
+        def returned():
+            real()
+            os.kill(os.getpid(), signal.SIGTERM)  # the scheduler's stop, just too late
+        launch.command_returned = returned
+        sys.argv = ["simstore", "--store", sys.argv[1], "init"]
+        launch.main()
+    """)
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "store")],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == ""
+    assert Catalog.open(str(tmp_path / "store")) is not None
+
+
 def test_the_console_script_runs_the_launcher():
     import importlib.metadata
 

@@ -222,3 +222,27 @@ def test_without_a_parent_death_signal_a_thread_notices_the_parent_is_gone(tmp_p
             proc.kill()
             proc.wait()
         _kill_all(procs)
+
+
+def test_a_forked_pool_process_dies_of_sigterm_quietly():
+    """The command line turns SIGTERM into an interrupt for its own clean-up; a forked pool
+    process inherited that, and a SIGTERM to the job's process group while it waited for
+    a task printed multiprocessing's traceback of the interrupt."""
+    code = textwrap.dedent("""
+        import os, signal, sys, time
+        from simstore import _launch
+        from simstore.ingest._engine import exit_with_parent
+        signal.signal(signal.SIGTERM, _launch._on_sigterm)
+        pid = os.fork()
+        if pid == 0:
+            exit_with_parent(os.getppid())
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(60)
+            os._exit(3)
+        _, status = os.waitpid(pid, 0)
+        print(os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM)
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert p.stdout.strip() == "True", (p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr

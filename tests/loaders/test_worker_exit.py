@@ -260,3 +260,42 @@ def test_a_worker_outlives_a_sigterm_while_its_parent_runs_then_leaves_quietly()
     assert worker.is_alive()  # still serving its parent
     worker.join(60)  # a liveness bound
     assert worker.exitcode == 0  # its grace over: gone, with nothing for SIGCHLD to report
+
+
+STARTING = """
+import signal, sys, time
+sys.path.insert(0, sys.argv[2])
+from loader_helpers import open_test_shard
+from simstore.loaders import SimDataLoader, SimDataset
+stop = []
+signal.signal(signal.SIGTERM, lambda s, f: stop.append(s))
+if __name__ == "__main__":
+    ds = SimDataset(sys.argv[1], "sim", shard_opener=open_test_shard)
+    loader = SimDataLoader(ds, batch_size=2, num_workers=2,
+                           multiprocessing_context=sys.argv[3])
+    it = iter(loader)
+    print("started", flush=True)
+    while not stop:
+        time.sleep(0.01)
+    batch = next(it)  # the workers, signalled while they started, still serve
+    print("got", len(batch["__key__"]), flush=True)
+"""
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_a_sigterm_while_the_workers_start_leaves_them_serving(store_path, tmp_path,
+                                                               context):
+    # a spawned worker imports torch for a second or so before its handler is in place;
+    # a job's SIGTERM then killed it
+    commit_samples(store_path, "sim", make_samples(40), per_shard=10)
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = tmp_path / "starting.py"
+    script.write_text(STARTING)
+    proc = subprocess.Popen([sys.executable, str(script), store_path, here, context],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    assert proc.stdout.readline().strip() == "started"
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert out.strip() == "got 2"
