@@ -58,6 +58,17 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def _survivors(pids: list[int]) -> list[int]:
+    """Those of ``pids`` still alive a minute on (then killed)."""
+    deadline = time.monotonic() + 60  # a liveness bound, not a speed measurement
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [p for p in pids if _alive(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    return left
+
+
 @pytest.mark.parametrize("context", ["fork", "forkserver"])
 def test_workers_exit_when_the_training_process_is_killed(store_path, context):
     commit_samples(store_path, "sim", make_samples(200), per_shard=20)
@@ -71,12 +82,7 @@ def test_workers_exit_when_the_training_process_is_killed(store_path, context):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     proc.stdout.close()
-    deadline = time.monotonic() + 60  # a liveness bound, not a speed measurement
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    left = [p for p in pids if _alive(p)]
-    for p in left:
-        os.kill(p, signal.SIGKILL)
+    left = _survivors(pids)
     assert not left, f"workers {left} outlived their killed parent"
 
 
@@ -217,12 +223,7 @@ def test_a_job_stopped_by_sigterm_saves_its_state_at_the_end_of_the_step(
     os.killpg(proc.pid, signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
-    deadline = time.monotonic() + 60  # a liveness bound, not a speed measurement
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    left = [p for p in pids if _alive(p)]
-    for p in left:
-        os.kill(p, signal.SIGKILL)
+    left = _survivors(pids)
     assert not left, f"workers {left} outlived the job"
     with open(saved) as f:
         got = json.load(f)
