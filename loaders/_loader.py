@@ -225,7 +225,9 @@ def _stop_workers_at_exit() -> None:
     hook's join would wait out.
     """
     with _RUNNING_LOCK:
-        running = list(_RUNNING)
+        # a process forked from the one that started them (os.fork, then sys.exit) does not
+        # own them: stopping them would stop that process's workers
+        running = [it for it in _RUNNING if it._sim_owner == os.getpid()]
     for it in running:
         try:
             it._shutdown_workers()
@@ -265,6 +267,7 @@ class _WorkersIter(_MultiProcessingDataLoaderIter):
         finally:
             if blocked is not None:
                 signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        self._sim_owner = os.getpid()
         with _RUNNING_LOCK:
             _RUNNING.add(self)
             if not _AT_EXIT[0]:

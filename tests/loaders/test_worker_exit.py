@@ -300,3 +300,33 @@ def test_a_sigterm_while_the_workers_start_leaves_them_serving(store_path, tmp_p
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert out.strip() == "got 2"
+
+
+FORKED_CHILD = """
+import os, sys
+sys.path.insert(0, sys.argv[2])
+from loader_helpers import open_test_shard
+from simstore.loaders import SimDataLoader, SimDataset
+ds = SimDataset(sys.argv[1], "sim", shard_opener=open_test_shard)
+loader = SimDataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context="fork",
+                       persistent_workers=sys.argv[3] == "1")
+it = iter(loader)
+keys = list(next(it)["__key__"])
+pid = os.fork()
+if pid == 0:
+    sys.exit(0)  # its exit hooks run: the workers are not its own to stop
+os.waitpid(pid, 0)
+keys += [k for batch in it for k in batch["__key__"]]
+print(len(keys))
+"""
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_process_forked_from_the_training_process_leaves_its_workers_alone(
+        store_path, persistent):
+    commit_samples(store_path, "sim", make_samples(40), per_shard=10)
+    here = os.path.dirname(os.path.abspath(__file__))
+    p = subprocess.run([sys.executable, "-c", FORKED_CHILD, store_path, here,
+                        str(int(persistent))], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "40"
