@@ -41,6 +41,18 @@ def utc_at(seconds: float) -> str:
         timespec="microseconds")
 
 
+def utc_at_ns(ns: int) -> str:
+    """A time in nanoseconds since the epoch as UTC, ISO 8601 with exact microseconds.
+
+    Through a float, two times a microsecond apart could print alike.
+    """
+    moment = _EPOCH + datetime.timedelta(microseconds=ns // 1000)
+    return moment.isoformat(timespec="microseconds")
+
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+
+
 @dataclass(frozen=True, slots=True)
 class _Pending:
     """A part whose encoding and upload is still under way."""

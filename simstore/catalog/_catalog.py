@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from simstore.catalog._build import WRITE_THREADS, utc_at, utc_now
+from simstore.catalog._build import WRITE_THREADS, utc_at_ns, utc_now
 from simstore.catalog._commit import CommitResult, commit, consumed_in_history, taken_along
 from simstore.catalog._merge import CHANGES_SCHEMA, normalise_changes
 from simstore.catalog._refs import Branches, Tags, dataset_prefix, is_snapshot_object
@@ -638,7 +638,7 @@ class Catalog:
         entry = StagedEntry(
             id=sid,
             dataset=dataset,
-            created=utc_at(ns / 1e9),
+            created=utc_at_ns(ns),
             mode=mode,
             changes=changes_id,
             rows=table.num_rows - deletions,

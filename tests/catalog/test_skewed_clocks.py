@@ -96,3 +96,13 @@ def test_times_along_a_branch_never_go_backwards(monkeypatch):
     right = cat.snapshot(cat.resolve("ds@main"))
     assert right.created < ahead.created  # each records its own clock
     assert right.lineage["after"] >= ahead.created  # and that it came after its parent
+
+
+def test_entries_staged_within_one_tick_of_the_clock_still_order_by_id_and_time(monkeypatch):
+    cat = _store()
+    now = 1_796_515_573_816_395_637  # a time whose microseconds a float rounds
+    monkeypatch.setattr(time, "time_ns", lambda: now)
+    first = stage_samples(cat, "ds", {"k": b"A"})
+    second = stage_samples(cat, "ds", {"k": b"B"})
+    assert first.id < second.id
+    assert first.created < second.created
