@@ -129,11 +129,14 @@ class _WorkerInit:
     def __init__(self, user: Callable[[int], None] | None) -> None:
         self.user = user
         self.parent_pid = os.getpid()
+        self.stopping: Any = None
+        """A shared byte the training process sets before it stops this set of workers
+        (see ``leave_sigterm_to_parent``); given by each worker iterator as it starts."""
 
     def __call__(self, worker_id: int) -> None:
         gc.freeze()
         exit_with_parent(self.parent_pid)
-        leave_sigterm_to_parent(self.parent_pid)
+        leave_sigterm_to_parent(self.parent_pid, stopping=self.stopping)
         if self.user is not None:
             self.user(worker_id)
 
@@ -163,17 +166,21 @@ class _TaggingCollate:
         return _Tagged(self.collate(samples), tag._replace(warm=warm) if warm else tag)
 
 
-def _forks(loader: DataLoader[Any]) -> bool:
-    """Whether ``loader``'s workers start by fork (they inherit mappings made before)."""
+def _start_method(loader: DataLoader[Any]) -> str:
+    """How ``loader``'s workers start: ``fork``, ``spawn`` or ``forkserver``."""
     import multiprocessing
 
     ctx = loader.multiprocessing_context
     if ctx is not None:
-        method = ctx.get_start_method()
-    else:  # the default, without fixing it (the first of the methods is the platform's)
-        method = (multiprocessing.get_start_method(allow_none=True)
-                  or multiprocessing.get_all_start_methods()[0])
-    return bool(method == "fork")
+        return str(ctx.get_start_method())
+    # the default, without fixing it (the first of the methods is the platform's)
+    return str(multiprocessing.get_start_method(allow_none=True)
+               or multiprocessing.get_all_start_methods()[0])
+
+
+def _forks(loader: DataLoader[Any]) -> bool:
+    """Whether ``loader``'s workers start by fork (they inherit mappings made before)."""
+    return _start_method(loader) == "fork"
 
 
 def _dead_workers(it: Any, wait_s: float = 0.5) -> list[int]:
@@ -195,19 +202,25 @@ _RUNNING_LOCK = threading.Lock()
 _AT_EXIT: list[bool] = [False]
 
 
-def _block_sigterm(forks: bool) -> set[int | signal.Signals] | None:
+def _block_sigterm(method: str) -> set[int | signal.Signals] | None:
     """Block SIGTERM in this thread; its signal mask before, or None where it cannot.
 
     Workers that do not fork need ``multiprocessing``'s resource tracker, whose start
-    unblocks SIGTERM in the thread that starts it: it is started first.
+    unblocks SIGTERM in the thread that starts it, and ``forkserver`` ones the fork
+    server, which would keep the mask it started with for every process it forks: both
+    are started first.
     """
     if not hasattr(signal, "pthread_sigmask"):
         return None
     try:
-        if not forks:
+        if method != "fork":
             from multiprocessing import resource_tracker
 
             resource_tracker.ensure_running()
+        if method == "forkserver":
+            from multiprocessing import forkserver
+
+            forkserver.ensure_running()
         return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     except (OSError, ValueError):
         return None
@@ -261,7 +274,15 @@ class _WorkersIter(_MultiProcessingDataLoaderIter):
         # exec of a spawned one too, and unblocks it once its handler is in place
         # (leave_sigterm_to_parent), so a job's SIGTERM in the second or so a spawned
         # worker spends importing torch does not kill it; here it waits, not lost
-        blocked = _block_sigterm(_forks(loader))
+        method = _start_method(loader)
+        self._sim_stopping: Any = None
+        init = getattr(loader, "worker_init_fn", None)
+        if isinstance(init, _WorkerInit):
+            import multiprocessing
+
+            self._sim_stopping = init.stopping = multiprocessing.get_context(
+                method).RawValue("b", 0)
+        blocked = _block_sigterm(method)
         try:
             super().__init__(loader)
         finally:
@@ -366,6 +387,9 @@ class _WorkersIter(_MultiProcessingDataLoaderIter):
             _log.debug("stopping a collected iterator's workers: %s", exc)
 
     def _shutdown_workers(self) -> None:
+        stopping = getattr(self, "_sim_stopping", None)
+        if stopping is not None:
+            stopping.value = 1  # a SIGTERM from here on is this process's (terminate())
         if self._sim_reaper is not None:
             return  # the reaper does it (and holds this iterator until it has)
         if not hasattr(self, "_shutdown"):

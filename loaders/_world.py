@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from simstore.loaders._checks import MAX_COUNT, check_int
 
@@ -112,8 +113,8 @@ def _parent_gone(parent: int | None) -> Callable[[], bool]:
     return gone
 
 
-def leave_sigterm_to_parent(parent: int | None = None,
-                            grace_s: float = SIGTERM_GRACE_S) -> None:
+def leave_sigterm_to_parent(parent: int | None = None, grace_s: float = SIGTERM_GRACE_S,
+                            stopping: Any = None) -> None:
     """In a DataLoader worker: a SIGTERM sent to the whole job leaves the worker serving.
 
     Schedulers stop a job by sending SIGTERM to every process in it (Slurm's job step, a
@@ -127,7 +128,9 @@ def leave_sigterm_to_parent(parent: int | None = None,
     the parent until the parent asks it for a batch again). The training process stops
     its workers at the end of an epoch or at its exit as always (``SimDataLoader`` stops
     every worker set it still has at exit, before ``multiprocessing`` would terminate
-    them).
+    them). ``stopping``: a shared byte (``RawValue``) the training process sets before it
+    stops this worker's set; a SIGTERM then is its ``terminate()`` of a worker that did
+    not leave when asked, and ends the worker at once, as torch's own handler did.
     """
     import signal
     import threading
@@ -136,7 +139,7 @@ def leave_sigterm_to_parent(parent: int | None = None,
     started: list[threading.Timer] = []
 
     def on_term(signum: int, frame: object) -> None:
-        if gone():
+        if gone() or (stopping is not None and stopping.value):
             os._exit(0)
         if not started:
             timer = threading.Timer(grace_s, os._exit, args=(0,))

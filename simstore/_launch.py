@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import sys
+from typing import Any
 
 #: The exit code of a command stopped by Ctrl-C (SIGINT): 128 + the signal's number, as
 #: shells report it.
@@ -41,6 +42,11 @@ _RUN = {"launched": False, "returned": False}
 def _on_sigterm(signum: int, frame: object) -> None:
     if not _RUN["returned"]:  # once the command has returned its work is done
         raise Terminated()
+
+
+def is_command_handler(handler: object) -> bool:
+    """Whether ``handler`` is the command line's SIGTERM handler (:class:`Terminated`)."""
+    return handler is _on_sigterm
 
 
 def command_returned() -> None:
@@ -143,9 +149,11 @@ def main() -> None:
     """Run the ``simstore`` command line (the console script's entry point)."""
     _utf8_mode()
     _working_folder_exists()
-    _RUN["launched"] = True
+    _RUN.update(launched=True, returned=False)
+    before: Any = None
     with contextlib.suppress(ValueError, OSError):  # not the main thread: left as it is
-        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # not one ignored on purpose
+        before = signal.getsignal(signal.SIGTERM)
+        if before is signal.SIG_DFL:  # not one ignored, or handled, on purpose
             signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         from simstore.cli import main as cli
@@ -161,3 +169,8 @@ def main() -> None:
         cli()
     finally:
         command_returned()
+        if not _started_as_simstore(sys.orig_argv):  # another program called main()
+            _RUN["launched"] = False
+            if before is not None:  # its SIGTERM as it was
+                with contextlib.suppress(ValueError, OSError, TypeError):
+                    signal.signal(signal.SIGTERM, before)

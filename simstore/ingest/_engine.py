@@ -217,7 +217,9 @@ def exit_with_parent(parent: int, direct: bool = True, interval_s: float = 1.0) 
     # a forked worker inherits the command line's SIGTERM handler (an interrupt, for the
     # command's clean-up): a worker has nothing to clean up, and the interrupt, raised
     # while it waited for a task, printed multiprocessing's traceback
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
+    from simstore._launch import is_command_handler
+
+    if is_command_handler(signal.getsignal(signal.SIGTERM)):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if direct:
         armed = _parent_death_signal(signal.SIGKILL)

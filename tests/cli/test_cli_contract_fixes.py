@@ -498,6 +498,23 @@ def test_a_sigterm_after_the_command_returned_is_ignored(tmp_path):
     assert Catalog.open(str(tmp_path / "store")) is not None
 
 
+def test_a_program_that_runs_the_command_line_gets_its_sigterm_back(tmp_path):
+    """main() called by another program left SIGTERM ignored for the rest of it."""
+    code = textwrap.dedent("""
+        import signal, sys
+        import simstore._launch as launch
+        sys.argv = ["simstore", "--store", sys.argv[1], "init"]
+        try:
+            launch.main()
+        except SystemExit:
+            pass
+        print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
+    """)
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "store")],
+                       capture_output=True, text=True)
+    assert p.stdout.split()[-1] == "True", (p.stdout, p.stderr)
+
+
 def test_the_console_script_runs_the_launcher():
     import importlib.metadata
 

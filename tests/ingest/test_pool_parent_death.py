@@ -246,3 +246,24 @@ def test_a_forked_pool_process_dies_of_sigterm_quietly():
                        timeout=120)
     assert p.stdout.strip() == "True", (p.stdout, p.stderr)
     assert "Traceback" not in p.stderr
+
+
+def test_a_programs_own_sigterm_handler_stays_in_its_pool_processes():
+    """Only the command line's handler is reset: a program that ingests through the
+    library with a SIGTERM handler of its own keeps it in its forked pool processes."""
+    code = textwrap.dedent("""
+        import os, signal
+        from simstore.ingest._engine import exit_with_parent
+        def mine(signum, frame):
+            pass
+        signal.signal(signal.SIGTERM, mine)
+        pid = os.fork()
+        if pid == 0:
+            exit_with_parent(os.getppid())
+            os._exit(0 if signal.getsignal(signal.SIGTERM) is mine else 1)
+        _, status = os.waitpid(pid, 0)
+        print(os.waitstatus_to_exitcode(status))
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert p.stdout.strip() == "0", (p.stdout, p.stderr)

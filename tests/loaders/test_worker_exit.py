@@ -330,3 +330,72 @@ def test_a_process_forked_from_the_training_process_leaves_its_workers_alone(
                         str(int(persistent))], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "40"
+
+
+FORKSERVER_AFTER = """
+import sys, time
+sys.path.insert(0, sys.argv[2])
+from loader_helpers import open_test_shard
+from simstore.loaders import SimDataLoader, SimDataset
+if __name__ == "__main__":
+    import multiprocessing
+    ctx = multiprocessing.get_context("forkserver")
+    ds = SimDataset(sys.argv[1], "sim", shard_opener=open_test_shard)
+    for batch in SimDataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context=ctx):
+        pass
+    other = ctx.Process(target=time.sleep, args=(120,))
+    other.start()
+    other.terminate()
+    other.join(60)  # a liveness bound
+    print(other.exitcode)
+    if other.exitcode is None:
+        other.kill()
+"""
+
+
+def test_the_fork_server_a_loader_started_forks_processes_sigterm_can_end(store_path,
+                                                                          tmp_path):
+    # SIGTERM is blocked while the workers start; the fork server, started then, kept that
+    # mask for every process it forked later: a terminate() of one did nothing
+    commit_samples(store_path, "sim", make_samples(20), per_shard=10)
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = tmp_path / "forkserver_after.py"
+    script.write_text(FORKSERVER_AFTER)
+    p = subprocess.run([sys.executable, str(script), store_path, here],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == str(-signal.SIGTERM)
+
+
+STUCK = """
+import sys, time
+sys.path.insert(0, sys.argv[2])
+from loader_helpers import open_test_shard
+from simstore.loaders import SimDataLoader, SimDataset
+calls = []
+def collate(samples):
+    calls.append(1)
+    if len(calls) > 1:
+        time.sleep(300)  # stuck: it never sees the request to stop
+    return [s["__key__"] for s in samples]
+ds = SimDataset(sys.argv[1], "sim", shard_opener=open_test_shard)
+loader = SimDataLoader(ds, batch_size=2, num_workers=1, collate_fn=collate,
+                       multiprocessing_context="fork")
+it = iter(loader)
+next(it)
+from simstore.loaders._loader import _RUNNING
+(workers_iter,) = list(_RUNNING)
+workers = list(workers_iter._workers)
+workers_iter._shutdown_workers()  # asks, waits, then terminate()s the stuck worker
+print(sum(w.is_alive() for w in workers))
+"""
+
+
+def test_a_stuck_worker_the_training_process_terminates_ends_at_once(store_path):
+    # its SIGTERM handler took torch's terminate() for a job's SIGTERM and lingered 30 s
+    commit_samples(store_path, "sim", make_samples(20), per_shard=10)
+    here = os.path.dirname(os.path.abspath(__file__))
+    p = subprocess.run([sys.executable, "-c", STUCK, store_path, here],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "0"
