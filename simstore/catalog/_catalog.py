@@ -19,7 +19,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from simstore.catalog._build import WRITE_THREADS, utc_at_ns, utc_now
-from simstore.catalog._commit import CommitResult, commit, consumed_in_history, taken_along
+from simstore.catalog._commit import (
+    CommitResult,
+    commit,
+    consumed_in_history,
+    staged_at_ns,
+    taken_along,
+)
 from simstore.catalog._merge import CHANGES_SCHEMA, normalise_changes
 from simstore.catalog._refs import Branches, Tags, dataset_prefix, is_snapshot_object
 from simstore.diff import Diff, diff_tables, parts_to_open
@@ -653,12 +659,9 @@ class Catalog:
 
     def _last_staged_ns(self, dataset: str) -> int:
         """The staging time (ns, from its id) of the dataset's latest staged entry, or 0."""
-        last = 0
-        for key in self.store.list(f"{dataset_prefix(dataset)}staging/"):
-            stamp = key.rsplit("/", 1)[-1].split("-", 1)[0]
-            if len(stamp) == 20 and stamp.isdigit():
-                last = max(last, int(stamp))
-        return last
+        stamps = (staged_at_ns(key.rsplit("/", 1)[-1])
+                  for key in self.store.list(f"{dataset_prefix(dataset)}staging/"))
+        return max((ns for ns in stamps if ns is not None), default=0)
 
     def staged(self, dataset: str) -> list[StagedEntry]:
         """Staged entries of a dataset, oldest first."""

@@ -115,12 +115,18 @@ CLOCK_SKEW_S = 60.0
 """How far clocks of two writers may disagree when a commit looks for its entries."""
 
 
-def _staged_at_s(staging_id: str) -> float | None:
-    """When an entry was staged (s since the epoch), from its id (``<ns:020d>-<hex>``)."""
+def staged_at_ns(staging_id: str) -> int | None:
+    """When an entry was staged (ns since the epoch), from its id (``<ns:020d>-<hex>``)."""
     stamp = staging_id.split("-", 1)[0]
     if len(stamp) != 20 or not stamp.isdigit():
         return None
-    return int(stamp) / 1e9
+    return int(stamp)
+
+
+def _staged_at_s(staging_id: str) -> float | None:
+    """:func:`staged_at_ns` in seconds."""
+    ns = staged_at_ns(staging_id)
+    return None if ns is None else ns / 1e9
 
 
 def _made_s(snap: Snapshot) -> float:
