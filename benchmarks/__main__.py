@@ -22,6 +22,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIERS = ("local", "memory", *S3_TIERS)
 
 
+def _samples(text: str) -> tuple[str, int]:
+    profile, sep, count = text.partition("=")
+    if not sep or profile not in PROFILES or not count.isdigit() or int(count) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give PROFILE=N, a profile of {', '.join(PROFILES)} and N >= 1")
+    return profile, int(count)
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true",
@@ -41,6 +49,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--reps", type=int, help="alternating repetitions (default 3; --quick 1)")
     ap.add_argument("--tier-profiles", nargs="+", choices=sorted(PROFILES),
                     help="profiles read from the memory and S3 tiers (default: large)")
+    ap.add_argument("--samples", nargs="+", type=_samples, default=[], metavar="PROFILE=N",
+                    help="pool size of a profile (default: large=96, small=12288, mesh=768; "
+                         "--quick: 24, 4096, 192): a longer epoch, so the first batch is a "
+                         "smaller share of it")
     ap.add_argument("--no-extras", action="store_true",
                     help="skip the ingest and manifest-scale benchmarks")
     ap.add_argument("--root", default=os.path.join(REPO, ".bench"),
@@ -67,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         s3_systems=["simstore-parquet"] if quick and not args.systems else None,
         s3_workers=args.s3_workers or [2],
         extras=not args.no_extras,
+        samples=dict(args.samples),
         log=lambda msg: print(time.strftime("%H:%M:%S ") + msg, flush=True),
     )
     os.makedirs(cfg.root, exist_ok=True)

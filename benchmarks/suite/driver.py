@@ -50,6 +50,8 @@ class Config:
     s3_workers: list[int] | None
     extras: bool
     log: Callable[[str], None] = print
+    samples: dict[str, int] = field(default_factory=dict)
+    """Pool sizes given on the command line (``--samples large=1024``), by profile."""
 
 
 @dataclass
@@ -67,7 +69,9 @@ class Env:
     s3_bytes: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
-def samples_for(profile: str, quick: bool) -> int:
+def samples_for(profile: str, quick: bool, given: dict[str, int] | None = None) -> int:
+    if given and profile in given:
+        return given[profile]
     p = PROFILES[profile]
     return p.quick_samples if quick else p.samples
 
@@ -195,7 +199,8 @@ def write_all(cfg: Config, env: Env) -> None:
     """Pools, then each system's copy of each pool (reused when already written)."""
     for profile in cfg.profiles:
         t0 = time.perf_counter()
-        env.pools[profile] = ensure_pool(cfg.root, profile, samples_for(profile, cfg.quick))
+        env.pools[profile] = ensure_pool(cfg.root, profile,
+                                          samples_for(profile, cfg.quick, cfg.samples))
         if time.perf_counter() - t0 > 1:
             cfg.log(f"pool {profile}: generated in {time.perf_counter() - t0:.0f} s")
     for system in cfg.systems:
