@@ -345,6 +345,14 @@ def read_once(cfg: Config, env: Env, case: Case, rep: int) -> dict[str, Any]:
                                  json.dumps(opts)], env=run_env)
     if raw is not None:
         result["raw_read_mib_per_s"] = raw
+    if case.tier in ("s3-cold", "s3-cold-20ms") and "error" not in result:
+        # raw parallel GETs of the objects this system just read, through the same
+        # endpoint, right after its epoch: this VM's loopback S3 rate moves by 1.5-2x within
+        # minutes, so the run-start ceiling alone misjudges runs made later
+        endpoint = env.slow_endpoint if case.tier == "s3-cold-20ms" else env.endpoint
+        assert endpoint is not None
+        result["s3_get_mib_per_s"] = s3.parallel_get(
+            endpoint, BUCKET, env.s3_keys[(case.system.name, case.profile)])
     return result
 
 
@@ -388,6 +396,9 @@ def summarise(case: Case, runs: list[dict[str, Any]], env: Env, info: dict[str, 
         r["samples_per_s"] = r["samples"] / total_s
         r["steady_samples_per_s"] = (r["samples_after_first"] / r["epoch_s"]
                                      if r["epoch_s"] > 0 else None)
+        if r.get("s3_get_mib_per_s"):
+            r["vs_s3_get_beside"] = (r["samples_per_s"] * mean_bytes / MiB
+                                     / r["s3_get_mib_per_s"])
 
     def med(key: str) -> float | None:
         vals = [r[key] for r in good if r.get(key) is not None]
@@ -400,6 +411,9 @@ def summarise(case: Case, runs: list[dict[str, Any]], env: Env, info: dict[str, 
         "steady_samples_per_s": med("steady_samples_per_s"),
         "ttfb_s": med("ttfb_s"), "import_s": med("import_s"),
         "peak_rss_mib": med("peak_rss_mib"), "raw_read_mib_per_s": med("raw_read_mib_per_s"),
+        # cold S3 tiers: the median over runs of each run against the GETs beside it
+        "s3_get_mib_per_s": med("s3_get_mib_per_s"),
+        "vs_s3_get_beside": med("vs_s3_get_beside"),
         "samples": good[0]["samples"],
         "cut": any(r.get("cut") for r in good),
         "bytes_ok": all(r.get("cut") or abs(r["bytes_delivered"] - int(info["logical_bytes"]))
@@ -407,7 +421,8 @@ def summarise(case: Case, runs: list[dict[str, Any]], env: Env, info: dict[str, 
                         for r in good),
         "runs": [{k: r[k] for k in ("samples_per_s", "ttfb_s", "peak_rss_mib", "epoch_s",
                                     "import_s", "shards_hashed", "shards_trusted",
-                                    "cache_hits") if k in r} for r in good],
+                                    "cache_hits", "s3_get_mib_per_s") if k in r}
+                 for r in good],
     })
     return row
 
