@@ -88,10 +88,11 @@ class FormatOpener:
             raise FormatError(f"cannot read the shard's first and last bytes: {exc}") from exc
         own = self._own(head, tail)
         file_object = not isinstance(source, str)
-        for formats in ([own] if own is not None else [], self._installed()):
-            fmt = sniffed_format(formats, head, tail, file_object=file_object)
-            if fmt is not None:
-                return fmt.open(source)
+        fmt = sniffed_format([own], head, tail, file_object=file_object) if own else None
+        if fmt is None:  # only then the installed formats (an entry-point scan)
+            fmt = sniffed_format(self._installed(), head, tail, file_object=file_object)
+        if fmt is not None:
+            return fmt.open(source)
         opener: Any = _formats_module().open_shard
         reader: ShardReader = opener(source, head=head, tail=tail)
         return reader

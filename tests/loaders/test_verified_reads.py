@@ -599,3 +599,38 @@ def test_a_lance_shard_read_by_ranged_reads_is_hashed_whole_on_its_copy(tmp_path
     # verify=False checks nothing, as documented: the flipped value is read as it is
     unchecked = _values(SimDataset(RemoteLikeStore(store), "d", shuffle=False, verify=False))
     assert not np.array_equal(unchecked[key], arrays[key])
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "zarr"])
+def test_opener_reads_simstores_own_formats_without_an_entry_point_scan(tmp_path, sources,
+                                                                        fmt, monkeypatch):
+    """A shard of simstore's own formats opens with no scan of the installed packages.
+
+    The scan costs milliseconds in every fresh DataLoader worker, on its first batch; it
+    is for shards no built-in format claims.
+    """
+    import simstore.loaders._opener as opener_module
+
+    store, _ = _ingest(tmp_path, sources, fmt)
+    scans = []
+
+    def counted():
+        scans.append(1)
+        return opener_module.installed_shard_formats.__wrapped__()
+
+    counted.__wrapped__ = opener_module.installed_shard_formats
+    monkeypatch.setattr(opener_module, "installed_shard_formats", counted)
+    shard = _shard_ids(store)[0]
+    path = os.path.join(store, "objects", shard[:2], shard)
+    reader = FormatOpener()(path)
+    try:
+        assert reader.num_samples > 0
+        assert scans == []
+    finally:
+        reader.close()
+    # a file no built-in format claims still goes to the installed formats
+    other = tmp_path / "other.bin"
+    other.write_bytes(b"not a shard" * 10)
+    with pytest.raises(FormatError):
+        FormatOpener()(str(other))
+    assert scans == [1]
