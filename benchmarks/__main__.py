@@ -24,7 +24,8 @@ TIERS = ("local", "memory", *S3_TIERS)
 
 def _samples(text: str) -> tuple[str, int]:
     profile, sep, count = text.partition("=")
-    if not sep or profile not in PROFILES or not count.isdigit() or int(count) < 1:
+    if (not sep or profile not in PROFILES or not (count.isascii() and count.isdigit())
+            or int(count) < 1):
         raise argparse.ArgumentTypeError(
             f"{text!r}: give PROFILE=N, a profile of {', '.join(PROFILES)} and N >= 1")
     return profile, int(count)

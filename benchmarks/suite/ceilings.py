@@ -93,9 +93,11 @@ def measure(cfg: Config, env: Env) -> dict[str, Any]:
             "memcpy_mib_per_s": copy_rate, "s3_get_mib_per_s": None,
             "s3_get_20ms_mib_per_s": None,
         }
-        # the objects of simstore's Parquet copy (of its first copy on S3 when it has none)
+        # the objects of simstore's uncompressed Parquet copy, else of its Zarr copy, else
+        # of whichever simstore copy is on S3
         on_s3 = [n for (n, p) in env.s3_keys if p == profile and n.startswith("simstore-")]
-        name = "simstore-parquet" if "simstore-parquet" in on_s3 else min(on_s3, default="")
+        name = next((n for n in ("simstore-parquet", "simstore-zarr") if n in on_s3),
+                    min(on_s3, default=""))
         keys = [k for k in env.s3_keys.get((name, profile), []) if "/objects/" in k]
         if env.endpoint and keys:
             s3.parallel_get(env.endpoint, "bench", keys)  # connections, moto's first touch
