@@ -656,14 +656,15 @@ class SimDataset(IterableDataset[Sample]):
         if warm:
             self._warm.add_all(warm)
 
-    def _watched_counters(self) -> Counters:
-        """Counters for reading in this process, watched by the metrics.
+    def _watched_counters(self, reader: int = 0) -> Counters:
+        """Counters for reading in this process, watched by the metrics as ``reader``.
 
         Call after ``_begin``: reads made after the last delivered batch count too, and
-        the warm copies found go straight into the job's set.
+        the warm copies found go straight into the job's set. ``reader`` -1: the reads a
+        process with workers makes for them before it forks them.
         """
         counters = Counters(on_warm=self._warm.add)
-        self._metrics.watch(0, counters.snapshot)
+        self._metrics.watch(reader, counters.snapshot)
         return counters
 
     def _tiers(self) -> list[str]:

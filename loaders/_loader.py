@@ -40,6 +40,7 @@ from simstore.loaders._dataset import LoaderState, Sample, SimDataset
 from simstore.loaders._fetch import TRUSTED_SLOTS, VERIFIED_SLOTS
 from simstore.loaders._filerows import FdChannel, file_rows_of, resolve_batch
 from simstore.loaders._metrics import Delivery, timed
+from simstore.loaders._pipeline import FORKED_GROUPS
 from simstore.loaders._stats import (
     LoaderStats,
     RunReport,
@@ -58,7 +59,7 @@ from simstore.loaders._tensors import (
     ReleaseTracker,
     SharedArena,
 )
-from simstore.loaders._world import exit_with_parent, leave_sigterm_to_parent
+from simstore.loaders._world import World, exit_with_parent, leave_sigterm_to_parent
 from torch._utils import ExceptionWrapper
 from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
@@ -637,7 +638,12 @@ class SimDataLoader(DataLoader[Any]):
         self._stream.number = 0 if kept is None else kept._sim_number + 1
         self._watch(ds)
         tracker, arenas, channels = self._tracker, self._stream_arenas(), self._channels
-        tagged = super().__iter__()
+        if kept is None and self.num_workers > 0 and _start_method(self) == "fork":
+            self._load_first_groups(ds, world)
+        try:
+            tagged = super().__iter__()
+        finally:
+            FORKED_GROUPS.clear()  # the workers have their copy (or none started)
         if kept is None:
             if channels:
                 weakref.finalize(tagged, _close_channels, channels)
@@ -690,6 +696,24 @@ class SimDataLoader(DataLoader[Any]):
         # the clock ``started`` was read on (timed's default is bound where it is defined)
         return timed(untag(arenas), ds._metrics, log_every_s=ds._options.log_every_s,
                      clock=time.perf_counter, started=started)
+
+    def _load_first_groups(self, ds: SimDataset, world: World) -> None:
+        """Load the manifest rows of the fork workers' first batches, for them to inherit.
+
+        Each worker would otherwise read and shuffle the same manifest parts at the same
+        time as its siblings (12-18 ms of an 8 KiB first batch with 2 workers on 2
+        cores). The reads count in this process's own slot of the metrics. A failure
+        here is left to the workers, which read the parts themselves and report it as
+        they always have (with the batch that needs them).
+        """
+        counters = ds._watched_counters(reader=-1)
+        stream = self._stream
+        try:
+            ds._reader().load_first_groups(world, self.num_workers, stream.reading_epoch,
+                                           stream.remaining, stream.batch_size, counters)
+        except Exception as exc:
+            FORKED_GROUPS.clear()
+            _log.debug("the workers load their first manifest rows themselves: %s", exc)
 
     def _kept_workers(self) -> _WorkersIter | None:
         """The persistent workers this iteration reads with, or None if it starts its own.

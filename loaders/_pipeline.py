@@ -233,14 +233,24 @@ class Resolver:
         key = (src, epoch, group)
         rows = self._groups.get(key)
         if rows is None:
-            lay = self._layout(src, epoch)
-            rows = load_group(self.sources[src], lay, epoch, group, self.counters,
-                              self.tiers[src], self.part_readers[src])
+            source = self.sources[src]
+            # taken out once used: the resolver keeps it from here on, as long as it
+            # keeps any group
+            forked = FORKED_GROUPS.pop((id(source), epoch, group), None)
+            if forked is not None and forked[0] is source:
+                rows = forked[1]
+            else:
+                rows = load_group(source, self._layout(src, epoch), epoch, group,
+                                  self.counters, self.tiers[src], self.part_readers[src])
             self._groups[key] = rows
             while len(self._groups) > self.max_groups:
                 self._groups.popitem(last=False)
         self._groups.move_to_end(key)
         return rows
+
+    def loaded(self) -> list[tuple[tuple[int, int, int], GroupRows]]:
+        """The groups held now, as ``((source, epoch, group), rows)``."""
+        return list(self._groups.items())
 
     def resolve(self, epoch: int, positions: np.ndarray, is_pad: np.ndarray) -> Chunk:
         """The manifest rows of ``positions`` of epoch ``epoch``."""
@@ -274,6 +284,19 @@ class Resolver:
                             tuple(itertools.compress(gkeys, m.tolist())),
                         ))
         return Chunk(source=src, is_pad=is_pad, keys=keys, reads=tuple(reads), size_bytes=size)
+
+
+FORKED_GROUPS: dict[tuple[int, int, int], tuple[Source, GroupRows]] = {}
+"""Groups of manifest rows loaded for the DataLoader workers about to be forked.
+
+The process that starts fork workers loads the group each worker's first chunk needs
+(:meth:`EpochReader.load_first_groups`) and empties this table once they are forked: each
+worker inherits it, and its first chunk does not read and shuffle the same manifest parts
+as every sibling does at once. A worker takes an entry out when it uses it, and empties
+the table when its iteration ends (the entries its siblings' first batches needed).
+Keyed by the source's identity (a frozen object the processes share), the epoch and the
+group; the entry holds the source, so no other object can take its identity while the
+entry is kept."""
 
 
 def _distinct(values: np.ndarray) -> list[int]:

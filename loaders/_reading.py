@@ -28,6 +28,7 @@ from simstore.loaders._opener import FormatOpener
 from simstore.loaders._options import LoaderOptions
 from simstore.loaders._order import Mixture
 from simstore.loaders._pipeline import (
+    FORKED_GROUPS,
     Chunk,
     ReaderPool,
     Resolver,
@@ -265,6 +266,39 @@ class EpochReader:
                           max_prepared=opts.prefetch.shards)
         return access, pool
 
+    def load_first_groups(
+        self, world: World, num_workers: int, epoch: int, remaining: Sequence[Interval],
+        batch_size: int, counters: Counters,
+    ) -> None:
+        """Load the manifest rows of each worker's first chunk into ``FORKED_GROUPS``.
+
+        Called by the process about to fork ``num_workers`` DataLoader workers of rank
+        ``world``: each worker's first chunk is its first batch (see :func:`prefetched`),
+        whose manifest groups it then finds inherited. Reads count in ``counters``.
+        """
+        FORKED_GROUPS.clear()
+        limiter = RateLimiter(None)
+        access, pool = self._readers(counters, limiter, None)
+        try:
+            resolver = Resolver(self.sources, self.mixture, self.epoch_length, counters,
+                                [tier_of(s.store) for s in self.sources],
+                                part_readers=[a.read_cached for a in access])
+            for w in range(num_workers):
+                mine = World(rank=world.rank, world_size=world.world_size, worker=w,
+                             num_workers=num_workers)
+                plan = plan_epoch(remaining, mine, batch_size=batch_size,
+                                  remainder=self.options.remainder,
+                                  epoch_length=self.epoch_length)
+                first = next(plan.chunks(plan.batch_size, first_samples=plan.batch_size), None)
+                if first is not None:
+                    resolver.resolve(epoch, *first)
+            for (src, e, g), rows in resolver.loaded():
+                FORKED_GROUPS[(id(self.sources[src]), e, g)] = (self.sources[src], rows)
+        finally:
+            pool.close()
+            for a in access:
+                a.close()
+
     def lookup(
         self, keys: Sequence[str], epoch: int, trusted: TrustTable | None = None
     ) -> list[Sample]:
@@ -338,6 +372,7 @@ class EpochReader:
         for tier in tiers:  # each store's tier is in the report, even if the cache served all
             counters.add_read(tier, 0, requests=0)
         with contextlib.ExitStack() as stack:
+            stack.callback(FORKED_GROUPS.clear)  # what the first chunk did not take
             access, pool = self._readers(counters, limiter, trusted, siblings)
             stack.callback(pool.close)
             resolver = Resolver(sources, self.mixture, self.epoch_length, counters, tiers,

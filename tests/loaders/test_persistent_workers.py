@@ -162,12 +162,38 @@ def test_persistent_workers_are_counted_as_fresh_ones_are(small):
     for epoch in range(4):
         _epoch(loader, epoch)
     assert len(loader.sim_dataset._metrics._earlier) <= 1
-    for key in ("samples", "manifest_parts", "manifest_bytes"):
-        assert kept[key] == fresh[key], key
-    assert kept["samples"] == 2 * 60
+    assert kept["samples"] == fresh["samples"] == 2 * 60
+    # fresh fork workers inherit the manifest rows of their first batches, which the main
+    # process reads once per iteration; persistent workers, started once, read their own
+    # from the second iteration on: each of the two reads every part its rows are in
+    cat = Catalog.open(store)
+    snap = cat.snapshot(cat.resolve(ref))
+    parts, part_bytes = len(snap.parts), snap.manifest_bytes
+    assert fresh["manifest_parts"] == 2 * parts
+    assert fresh["manifest_bytes"] == 2 * part_bytes
+    assert kept["manifest_parts"] == parts + 2 * parts
+    assert kept["manifest_bytes"] == part_bytes + 2 * part_bytes
     # the bytes read vary from run to run with either kind of worker: which worker
     # hashes a shard for its siblings, and when, is a race (see VerifiedTable)
     assert kept["tiers"]["local"]["bytes"] > 0 and kept["tiers"]["local"]["requests"] > 0
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_fork_workers_inherit_the_manifest_rows_of_their_first_batches(small, context):
+    """The main process loads the first batches' manifest rows once; fork workers inherit them.
+
+    Spawned workers start from a pickle and read their own: each reads every part.
+    """
+    store, ref, samples = small
+    cat = Catalog.open(store)
+    parts = len(cat.snapshot(cat.resolve(ref)).parts)
+    loader = _loader(store, ref, persistent=False, context=context, workers=2)
+    assert sorted(_epoch(loader, 0)) == sorted(samples)
+    assert loader.stats()["manifest_parts"] == (parts if context == "fork" else 2 * parts)
+    # nothing is left behind in this process once the workers are forked
+    from simstore.loaders._pipeline import FORKED_GROUPS
+
+    assert FORKED_GROUPS == {}
 
 
 def test_persistent_workers_need_workers_and_a_bool(small):
