@@ -179,6 +179,60 @@ def _start_method(loader: DataLoader[Any]) -> str:
                or multiprocessing.get_all_start_methods()[0])
 
 
+class _FlagEvent:
+    """The workers' shutdown event, as a flag in shared memory: no lock to die holding.
+
+    Torch gives its workers one ``multiprocessing.Event``, whose ``is_set()`` takes a lock
+    that every process shares; a worker killed (SIGKILL, the OOM killer) while it held it
+    left the training process blocked for good the next time it asked, at the next
+    epoch's start or at shutdown. Torch only sets the event and asks whether it is set;
+    a byte written and read whole needs no lock.
+    """
+
+    def __init__(self, ctx: Any) -> None:
+        self._flag = ctx.RawValue("b", 0)
+
+    def is_set(self) -> bool:
+        return bool(self._flag.value)
+
+    def set(self) -> None:
+        self._flag.value = 1
+
+    def clear(self) -> None:
+        self._flag.value = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.is_set():
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+
+_LOCKLESS: dict[type, type] = {}
+
+
+def _lockless_context(given: Any, method: str) -> Any:
+    """The start method's context with :class:`_FlagEvent` for ``Event()``, or None.
+
+    None for a context of the caller's own class (it is left as it is).
+    """
+    import multiprocessing
+    from multiprocessing import context as mp_context
+
+    ctx = multiprocessing.get_context(method) if given is None else given
+    base = type(ctx)
+    if base not in (mp_context.ForkContext, mp_context.SpawnContext,
+                    getattr(mp_context, "ForkServerContext", None)):
+        return None
+    cls = _LOCKLESS.get(base)
+    if cls is None:
+        cls = _LOCKLESS[base] = type(f"Lockless{base.__name__}", (base,),
+                                     {"Event": lambda self: _FlagEvent(self)})
+    return cls()
+
+
 def _forks(loader: DataLoader[Any]) -> bool:
     """Whether ``loader``'s workers start by fork (they inherit mappings made before)."""
     return _start_method(loader) == "fork"
@@ -284,9 +338,15 @@ class _WorkersIter(_MultiProcessingDataLoaderIter):
             self._sim_stopping = init.stopping = multiprocessing.get_context(
                 method).RawValue("b", 0)
         blocked = _block_sigterm(method)
+        given = loader.multiprocessing_context
+        lockless = _lockless_context(given, method)
         try:
+            if lockless is not None:
+                loader.multiprocessing_context = lockless
             super().__init__(loader)
         finally:
+            if lockless is not None:
+                loader.multiprocessing_context = given
             if blocked is not None:
                 signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         self._sim_owner = os.getpid()

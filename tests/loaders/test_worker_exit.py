@@ -399,3 +399,56 @@ def test_a_stuck_worker_the_training_process_terminates_ends_at_once(store_path)
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "0"
+
+
+def _hold_and_die(event) -> None:
+    """Take whatever lock ``event`` has (torch's ``multiprocessing.Event`` has one) and die."""
+    cond = getattr(event, "_cond", None)
+    if cond is not None:
+        cond.acquire()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_a_process_killed_inside_the_workers_shutdown_event_hangs_nothing(tmp_path, context):
+    """A worker killed in the instant it asks torch's shutdown event leaves no lock held.
+
+    Torch's event takes a lock shared by every process in ``is_set()`` and ``set()``; a
+    process that dies holding it (here one made to, as a SIGKILLed worker could) used to
+    leave the training process blocked for good at its next shutdown.
+    """
+    import multiprocessing
+    import threading
+
+    from loader_helpers import open_test_shard
+    from simstore.loaders import SimDataLoader, SimDataset
+
+    store = str(tmp_path / "store")
+    samples = make_samples(40)
+    commit_samples(store, "sim", samples, per_shard=10)
+    ds = SimDataset(store, "sim", shard_opener=open_test_shard)
+    # persistent: the loader keeps torch's iterator (``_iterator``), whose event this is
+    loader = SimDataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context=context,
+                           persistent_workers=True)
+    it = iter(loader)
+    first = next(it)
+    workers = loader._iterator
+    holder = multiprocessing.get_context(context).Process(
+        target=_hold_and_die, args=(workers._workers_done_event,))
+    holder.start()
+    holder.join()
+    assert holder.exitcode == -signal.SIGKILL
+    got: list = []
+
+    def finish() -> None:
+        got.extend(it)
+        workers._shutdown_workers()
+        got.append("stopped")
+
+    runner = threading.Thread(target=finish, daemon=True)
+    runner.start()
+    runner.join(120)
+    assert not runner.is_alive(), "the loader blocked on the shutdown event's lock"
+    keys = [k for b in [first, *got[:-1]] for k in b["__key__"]]
+    assert sorted(keys) == sorted(s.key for s in samples)
+    assert got[-1] == "stopped"
