@@ -59,6 +59,12 @@ from simstore.loaders._tensors import (
     ReleaseTracker,
     SharedArena,
 )
+from simstore.loaders._workerstart import (
+    _block_sigterm,
+    _forks,
+    _lockless_context,
+    _start_method,
+)
 from simstore.loaders._world import World, exit_with_parent, leave_sigterm_to_parent
 from torch._utils import ExceptionWrapper
 from torch.utils.data import DataLoader
@@ -167,77 +173,6 @@ class _TaggingCollate:
         return _Tagged(self.collate(samples), tag._replace(warm=warm) if warm else tag)
 
 
-def _start_method(loader: DataLoader[Any]) -> str:
-    """How ``loader``'s workers start: ``fork``, ``spawn`` or ``forkserver``."""
-    import multiprocessing
-
-    ctx = loader.multiprocessing_context
-    if ctx is not None:
-        return str(ctx.get_start_method())
-    # the default, without fixing it (the first of the methods is the platform's)
-    return str(multiprocessing.get_start_method(allow_none=True)
-               or multiprocessing.get_all_start_methods()[0])
-
-
-class _FlagEvent:
-    """The workers' shutdown event, as a flag in shared memory: no lock to die holding.
-
-    Torch gives its workers one ``multiprocessing.Event``, whose ``is_set()`` takes a lock
-    that every process shares; a worker killed (SIGKILL, the OOM killer) while it held it
-    left the training process blocked for good the next time it asked, at the next
-    epoch's start or at shutdown. Torch only sets the event and asks whether it is set;
-    a byte written and read whole needs no lock.
-    """
-
-    def __init__(self, ctx: Any) -> None:
-        self._flag = ctx.RawValue("b", 0)
-
-    def is_set(self) -> bool:
-        return bool(self._flag.value)
-
-    def set(self) -> None:
-        self._flag.value = 1
-
-    def clear(self) -> None:
-        self._flag.value = 0
-
-    def wait(self, timeout: float | None = None) -> bool:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self.is_set():
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-            time.sleep(0.005)
-        return True
-
-
-_LOCKLESS: dict[type, type] = {}
-
-
-def _lockless_context(given: Any, method: str) -> Any:
-    """The start method's context with :class:`_FlagEvent` for ``Event()``, or None.
-
-    None for a context of the caller's own class (it is left as it is).
-    """
-    import multiprocessing
-    from multiprocessing import context as mp_context
-
-    ctx = multiprocessing.get_context(method) if given is None else given
-    base = type(ctx)
-    if base not in (mp_context.ForkContext, mp_context.SpawnContext,
-                    getattr(mp_context, "ForkServerContext", None)):
-        return None
-    cls = _LOCKLESS.get(base)
-    if cls is None:
-        cls = _LOCKLESS[base] = type(f"Lockless{base.__name__}", (base,),
-                                     {"Event": lambda self: _FlagEvent(self)})
-    return cls()
-
-
-def _forks(loader: DataLoader[Any]) -> bool:
-    """Whether ``loader``'s workers start by fork (they inherit mappings made before)."""
-    return _start_method(loader) == "fork"
-
-
 def _dead_workers(it: Any, wait_s: float = 0.5) -> list[int]:
     """Pids of ``it``'s workers that have exited (waiting up to ``wait_s`` for one to)."""
     import time
@@ -255,30 +190,6 @@ _RUNNING: weakref.WeakSet[_WorkersIter] = weakref.WeakSet()
 """The worker sets of this process not yet collected (stopped at its exit)."""
 _RUNNING_LOCK = threading.Lock()
 _AT_EXIT: list[bool] = [False]
-
-
-def _block_sigterm(method: str) -> set[int | signal.Signals] | None:
-    """Block SIGTERM in this thread; its signal mask before, or None where it cannot.
-
-    Workers that do not fork need ``multiprocessing``'s resource tracker, whose start
-    unblocks SIGTERM in the thread that starts it, and ``forkserver`` ones the fork
-    server, which would keep the mask it started with for every process it forks: both
-    are started first.
-    """
-    if not hasattr(signal, "pthread_sigmask"):
-        return None
-    try:
-        if method != "fork":
-            from multiprocessing import resource_tracker
-
-            resource_tracker.ensure_running()
-        if method == "forkserver":
-            from multiprocessing import forkserver
-
-            forkserver.ensure_running()
-        return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    except (OSError, ValueError):
-        return None
 
 
 def _stop_workers_at_exit() -> None:
@@ -698,7 +609,7 @@ class SimDataLoader(DataLoader[Any]):
         self._stream.number = 0 if kept is None else kept._sim_number + 1
         self._watch(ds)
         tracker, arenas, channels = self._tracker, self._stream_arenas(), self._channels
-        if kept is None and self.num_workers > 0 and _start_method(self) == "fork":
+        if kept is None and self.num_workers > 0 and _forks(self):
             self._load_first_groups(ds, world)
         try:
             tagged = super().__iter__()

@@ -1,0 +1,109 @@
+"""How a loader's DataLoader workers start.
+
+Their start method, SIGTERM held back while they start, and a shutdown event with no
+lock. ``SimDataLoader``'s worker iterator (``loaders/_loader.py``) uses these around torch's own
+start of the workers; they hold no state of a loader.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+
+def _start_method(loader: DataLoader[Any]) -> str:
+    """How ``loader``'s workers start: ``fork``, ``spawn`` or ``forkserver``."""
+    import multiprocessing
+
+    ctx = loader.multiprocessing_context
+    if ctx is not None:
+        return str(ctx.get_start_method())
+    # the default, without fixing it (the first of the methods is the platform's)
+    return str(multiprocessing.get_start_method(allow_none=True)
+               or multiprocessing.get_all_start_methods()[0])
+
+
+class _FlagEvent:
+    """The workers' shutdown event, as a flag in shared memory: no lock to die holding.
+
+    Torch gives its workers one ``multiprocessing.Event``, whose ``is_set()`` takes a lock
+    that every process shares; a worker killed (SIGKILL, the OOM killer) while it held it
+    left the training process blocked for good the next time it asked, at the next
+    epoch's start or at shutdown. Torch only sets the event and asks whether it is set;
+    a byte written and read whole needs no lock.
+    """
+
+    def __init__(self, ctx: Any) -> None:
+        self._flag = ctx.RawValue("b", 0)
+
+    def is_set(self) -> bool:
+        return bool(self._flag.value)
+
+    def set(self) -> None:
+        self._flag.value = 1
+
+    def clear(self) -> None:
+        self._flag.value = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.is_set():
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+
+_LOCKLESS: dict[type, type] = {}
+
+
+def _lockless_context(given: Any, method: str) -> Any:
+    """The start method's context with :class:`_FlagEvent` for ``Event()``, or None.
+
+    None for a context of the caller's own class (it is left as it is).
+    """
+    import multiprocessing
+    from multiprocessing import context as mp_context
+
+    ctx = multiprocessing.get_context(method) if given is None else given
+    base = type(ctx)
+    if base not in (mp_context.ForkContext, mp_context.SpawnContext,
+                    getattr(mp_context, "ForkServerContext", None)):
+        return None
+    cls = _LOCKLESS.get(base)
+    if cls is None:
+        cls = _LOCKLESS[base] = type(f"Lockless{base.__name__}", (base,),
+                                     {"Event": lambda self: _FlagEvent(self)})
+    return cls()
+
+
+def _forks(loader: DataLoader[Any]) -> bool:
+    """Whether ``loader``'s workers start by fork (they inherit mappings made before)."""
+    return _start_method(loader) == "fork"
+
+
+def _block_sigterm(method: str) -> set[int | signal.Signals] | None:
+    """Block SIGTERM in this thread; its signal mask before, or None where it cannot.
+
+    Workers that do not fork need ``multiprocessing``'s resource tracker, whose start
+    unblocks SIGTERM in the thread that starts it, and ``forkserver`` ones the fork
+    server, which would keep the mask it started with for every process it forks: both
+    are started first.
+    """
+    if not hasattr(signal, "pthread_sigmask"):
+        return None
+    try:
+        if method != "fork":
+            from multiprocessing import resource_tracker
+
+            resource_tracker.ensure_running()
+        if method == "forkserver":
+            from multiprocessing import forkserver
+
+            forkserver.ensure_running()
+        return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    except (OSError, ValueError):
+        return None
