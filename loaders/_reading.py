@@ -239,6 +239,22 @@ class EpochReader:
         sample["__pad__"] = bool(chunk.is_pad[j])
         return sample
 
+    def _access(
+        self, counters: Counters, limiter: RateLimiter, trusted: TrustTable | None,
+        siblings: VerifiedTable | None = None,
+    ) -> list[ShardAccess]:
+        """Each source's shard access (fetches, cache, checks); see :meth:`_readers`."""
+        opts = self.options
+        trust = trusted if trusted is not None else TrustTable(self.trusted)
+        return [
+            ShardAccess(s.store, counters=counters, limiter=limiter, cache=opts.cache,
+                        verify=opts.verify, referenced_by=s.snapshot_id,
+                        block_bytes=opts.prefetch.range_block_bytes,
+                        siblings=siblings.scoped(i) if siblings is not None else None,
+                        trusted=trust.scoped(i), node=opts.node, job_start=self.job_start)
+            for i, s in enumerate(self.sources)
+        ]
+
     def _readers(
         self, counters: Counters, limiter: RateLimiter, trusted: TrustTable | None,
         siblings: VerifiedTable | None = None,
@@ -249,15 +265,7 @@ class EpochReader:
         ``siblings``: where DataLoader workers share their hashes.
         """
         opts = self.options
-        trust = trusted if trusted is not None else TrustTable(self.trusted)
-        access = [
-            ShardAccess(s.store, counters=counters, limiter=limiter, cache=opts.cache,
-                        verify=opts.verify, referenced_by=s.snapshot_id,
-                        block_bytes=opts.prefetch.range_block_bytes,
-                        siblings=siblings.scoped(i) if siblings is not None else None,
-                        trusted=trust.scoped(i), node=opts.node, job_start=self.job_start)
-            for i, s in enumerate(self.sources)
-        ]
+        access = self._access(counters, limiter, trusted, siblings)
         pool = ReaderPool(access, opts.shard_opener or FormatOpener(),
                           opts.prefetch.max_open_shards, [s.snapshot_id for s in self.sources],
                           decode_cache_bytes=opts.prefetch.decode_cache_bytes,
@@ -277,8 +285,7 @@ class EpochReader:
         whose manifest groups it then finds inherited. Reads count in ``counters``.
         """
         FORKED_GROUPS.clear()
-        limiter = RateLimiter(None)
-        access, pool = self._readers(counters, limiter, None)
+        access = self._access(counters, RateLimiter(None), None)  # manifest parts only
         try:
             resolver = Resolver(self.sources, self.mixture, self.epoch_length, counters,
                                 [tier_of(s.store) for s in self.sources],
@@ -295,7 +302,6 @@ class EpochReader:
             for (src, e, g), rows in resolver.loaded():
                 FORKED_GROUPS[(id(self.sources[src]), e, g)] = (self.sources[src], rows)
         finally:
-            pool.close()
             for a in access:
                 a.close()
 
