@@ -86,3 +86,53 @@ def test_an_ingest_checks_nothing_when_no_gc_ran_meanwhile(tmp_path, monkeypatch
     monkeypatch.setattr(driver, "_check_still_stored", must_not_run)
     r = ingest([src], dataset="d", store=cat, snapshot=True)
     assert r.samples == 3
+
+
+def test_a_gc_that_starts_while_the_entry_is_staged_fails_the_ingest(tmp_path, monkeypatch):
+    # The gap the check before staging leaves: a gc that writes its record after that
+    # reading, and reads the staging entries before this one is written (an audit: 40
+    # `gc --grace 0s` beside 16 ingests committed a snapshot of a deleted shard, exit 0).
+    src = _sources(tmp_path)
+    cat = Catalog.init(str(tmp_path / "store"))
+    real_stage = Catalog.stage
+    ran = []
+
+    def stage_after_a_gc(self, *args, **kwargs):
+        if not ran:
+            ran.append(gc(Catalog(self.store), grace_s=0))
+            assert ran[0].deleted  # the run's shards went before its entry was written
+        return real_stage(self, *args, **kwargs)
+
+    monkeypatch.setattr(Catalog, "stage", stage_after_a_gc)
+    with pytest.raises(ConflictError) as err:
+        ingest([src], dataset="d", store=cat, snapshot=True, resume=False)
+    msg = str(err.value)
+    assert "\n" not in msg and "objects/" in msg and "deleted by a gc" in msg
+    assert cat.staged("d") == [] and not cat.has_dataset("d")  # nothing staged or committed
+    r = ingest([src], dataset="d", store=cat, snapshot=True, resume=False)
+    assert r.samples == 3 and verify(cat, all_refs=True).ok
+
+
+def test_an_entry_staged_beside_a_gc_that_leaves_its_objects_is_committed(tmp_path, monkeypatch):
+    # the same gc with a long grace keeps the run's objects: the check finds them all
+    src = _sources(tmp_path)
+    cat = Catalog.init(str(tmp_path / "store"))
+    real_stage = Catalog.stage
+    checked, staged = [], []
+    real_check = driver._check_still_stored
+
+    def stage_after_a_gc(self, *args, **kwargs):
+        gc(Catalog(self.store), grace_s=3600)
+        staged.append(real_stage(self, *args, **kwargs))
+        return staged[-1]
+
+    def check(catalog, ids):
+        checked.append(sorted(ids))
+        return real_check(catalog, ids)
+
+    monkeypatch.setattr(Catalog, "stage", stage_after_a_gc)
+    monkeypatch.setattr(driver, "_check_still_stored", check)
+    r = ingest([src], dataset="d", store=cat, snapshot=True, resume=False)
+    assert r.samples == 3 and verify(cat, all_refs=True).ok
+    # checked once, after staging (no gc had run before it): all the entry names
+    assert checked == [sorted(staged[0].referenced_objects())]
