@@ -78,7 +78,7 @@ def _import(gmsh: Any, path: str) -> None:
         gmsh.model.occ.importShapes(path)
         gmsh.model.occ.synchronize()
     except Exception as exc:  # gmsh raises plain Exception with OCC's message
-        raise MeshError(f"{path}: field 'points': CAD import failed: {exc}") from exc
+        raise MeshError(f"{path}: not a readable CAD file: {exc}") from exc
 
 
 def _check_step_points(path: str) -> None:

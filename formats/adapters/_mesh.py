@@ -392,6 +392,35 @@ def _check_obj_elements(path: str) -> None:
         raise SourceError(f"{path}: not a readable mesh: {exc}") from exc
 
 
+def _check_binary_stl(path: str) -> None:
+    """Refuse a binary STL whose size is not what its triangle count says.
+
+    meshio reads an STL as binary only when its size is exactly 84 + 50 x the count in
+    its header, and as ASCII otherwise: a cut-short binary file then failed as text, with
+    a message quoting its bytes. A file that starts with ``solid`` is taken to be ASCII,
+    as meshio takes it.
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(84)
+            size = os.fstat(f.fileno()).st_size
+    except OSError as exc:
+        raise SourceError(f"{path}: not a readable mesh: {exc}") from exc
+    if head.lstrip()[:5].lower() == b"solid" or len(head) == 0:
+        return
+    if len(head) < 84:
+        raise SourceError(
+            f"{path}: not a readable mesh: a binary STL has an 84-byte header, this file "
+            f"has {size} bytes"
+        )
+    count = int.from_bytes(head[80:84], "little")
+    if 84 + 50 * count != size:
+        raise SourceError(
+            f"{path}: not a readable mesh: its binary STL header says {count} triangles "
+            f"({84 + 50 * count} bytes), the file has {size} bytes (cut short or malformed)"
+        )
+
+
 _PIECE = re.compile(rb"<Piece\b[^>]*?\bNumberOfCells\s*=\s*[\"'](\d+)[\"']")
 
 
@@ -500,6 +529,8 @@ class MeshAdapter:
         low = path.lower()
         if low.endswith(".obj"):
             _check_obj_elements(path)
+        elif low.endswith(".stl"):
+            _check_binary_stl(path)
         try:
             if os.path.getsize(path) == 0:  # meshio's readers say nothing useful of it
                 raise ValueError("the file is empty")

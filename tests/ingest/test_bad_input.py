@@ -247,3 +247,39 @@ def test_a_dataset_that_has_a_field_and_its_group_from_before_still_ingests_read
         "a": ["fields"], "b.h5": ["fields/density"], "c": ["fields"],
         "d.h5": ["fields/density"], "e": ["fields"],
     }
+
+
+def test_a_cad_file_that_does_not_read_names_the_file_and_no_field(catalog, tmp_path):
+    # the whole file failed: there is no field to name (the message named `points`, the
+    # first field the adapter would have made)
+    root = tmp_path / "cad"
+    root.mkdir()
+    (root / "part.step").write_text("this is not a step file\nhello\n")
+    with pytest.raises(SourceError) as info:
+        ingest([root], dataset="d", store=catalog, snapshot=True)
+    message = str(info.value)
+    assert "\n" not in message and "part.step" in message
+    assert "not a readable CAD file" in message and "field" not in message
+    assert catalog.staged("d") == []
+
+
+def test_a_binary_stl_cut_short_says_so(catalog, tmp_path):
+    import meshio
+
+    root = tmp_path / "stl"
+    root.mkdir()
+    good = root / "tri.stl"
+    points = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [1, 1, 0]], np.float64)
+    meshio.write(good, meshio.Mesh(points, [("triangle", np.array([[0, 1, 2], [1, 3, 2]]))]),
+                 binary=True)
+    data = good.read_bytes()
+    assert len(data) == 84 + 50 * 2
+    good.unlink()
+    (root / "cut.stl").write_bytes(data[:-30])  # written by meshio, then cut short
+    with pytest.raises(SourceError) as info:
+        ingest([root], dataset="d", store=catalog, snapshot=True)
+    message = str(info.value)
+    assert "\n" not in message and "cut.stl" in message
+    assert "says 2 triangles (184 bytes), the file has 154 bytes" in message
+    assert "\\x00" not in message
+    assert catalog.staged("d") == []
