@@ -273,7 +273,13 @@ class S3Store:
         if isinstance(response, Mapping):
             err = response.get("Error", {})
             status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", "?")
-            text = f"{err.get('Code', '?')} (HTTP {status}): {err.get('Message', '')}"
+            code = str(err.get("Code", "?"))
+            if status == 403 and code in ("403", "?"):
+                # a HEAD's reply has no body, so no reason: say what a 403 there means
+                text = ("AccessDenied (HTTP 403, no reason given in a HEAD's reply): the "
+                        "credentials are wrong, expired, or may not read this bucket")
+            else:
+                text = f"{code} (HTTP {status}): {err.get('Message', '')}"
         else:
             text = f"{type(exc).__name__}: {exc}"
         return self._scrub(text.strip())

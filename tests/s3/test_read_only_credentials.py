@@ -157,3 +157,17 @@ def test_a_reader_reads_everything_and_writes_nothing(iam_server, monkeypatch, t
         assert out.startswith("error: ") and out.count("\n") == 1, (name, out)
         assert "AccessDenied" in out and "may not write the store" in out, (name, out)
     assert _listing(url, users["writer"]) == before  # nothing half-written
+
+
+def test_unknown_credentials_are_said_to_be_the_problem(iam_server, monkeypatch):
+    # found by an audit: `init` (whose first request is a HEAD, whose reply has no body)
+    # said "stat failed: 403 (HTTP 403): Forbidden", where the other commands quote the
+    # server's reason (InvalidAccessKeyId)
+    url, _users = iam_server
+    _as(monkeypatch, url, {"AWS_ACCESS_KEY_ID": "AKIANOSUCHUSER000000",
+                           "AWS_SECRET_ACCESS_KEY": "wrong"})
+    for args in (("init",), ("log", "d")):
+        code, out = _cli(*args)
+        assert code == 10, (args, out)
+        assert out.startswith("error: s3://bucket/store") and out.count("\n") == 1, out
+        assert "InvalidAccessKeyId" in out or "credentials are wrong" in out, (args, out)
