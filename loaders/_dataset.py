@@ -638,6 +638,18 @@ class SimDataset(IterableDataset[Sample]):
         self._readers = num_workers
         return remaining
 
+    def _unbegin(self, phase: _Phase | None) -> None:
+        """``phase``, the latest iteration, failed before its first batch: it used up nothing.
+
+        What it was to read is the resume again, so the next iteration reads what
+        ``state_dict`` says remains (a worker that fails in ``worker_init_fn`` fails the
+        first ``next()``, after ``iter()`` took the loaded resume: the next iteration
+        read the epoch from its start while the state said it resumed).
+        """
+        if (phase is not None and phase is self._phase and self._resume is None
+                and not any(phase.counts)):
+            self._resume = phase.remaining
+
     def _delivered(self, worker: int, count: int, counters: dict[str, float],
                    warm: Sequence[WarmHit] = (), phase: _Phase | None = None) -> None:
         """A batch came out of ``worker``: it has now delivered ``count`` samples.

@@ -642,6 +642,7 @@ class SimDataLoader(DataLoader[Any]):
             has taken them over, reading this one is an error (its batches would be the
             later one's).
             """
+            started = False
             while True:
                 if number >= 0 and getattr(tagged, "_sim_number", -1) != number:
                     raise InvalidInputError(
@@ -651,6 +652,11 @@ class SimDataLoader(DataLoader[Any]):
                     item = next(tagged)
                 except StopIteration:
                     return
+                except BaseException:
+                    if not started:  # failed to start: a worker's init, its first read
+                        ds._unbegin(phase)
+                    raise
+                started = True
                 batch, tag = item
                 rows = file_rows_of(batch)
                 if rows:

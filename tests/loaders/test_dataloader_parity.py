@@ -7,6 +7,7 @@ its first batch counting the workers' start.
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -94,6 +95,35 @@ def test_an_iteration_that_fails_to_start_keeps_the_loaded_resume(ds, store_path
     monkeypatch.setattr(torch.utils.data.DataLoader, "__iter__", failing)
     with pytest.raises(RuntimeError, match="could not start"):
         iter(loader)
+    rest = [k for b in loader for k in b["__key__"]]
+    assert len(seen) == 12 and len(rest) == 25
+    assert sorted(seen + rest) == sorted(s.key for s in make_samples(37))
+
+
+def _init_that_may_fail(worker_id):
+    if os.environ.get("SIMSTORE_TEST_INIT_FAILS"):  # read in fork and spawn workers alike
+        raise RuntimeError(f"worker {worker_id} could not initialise")
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_workers_whose_init_fails_use_up_no_loaded_resume(ds, store_path, context,
+                                                          monkeypatch):
+    # found by an audit: worker_init_fn raising fails the first next(), after iter() had
+    # taken the loaded resume; state_dict() still said it resumed, and the next iteration
+    # read the whole epoch again (20 of 203 samples twice)
+    first = SimDataLoader(ds, batch_size=4)
+    it = iter(first)
+    seen = [k for _ in range(3) for k in next(it)["__key__"]]
+    state = first.state_dict()
+    del it
+    loader = SimDataLoader(_dataset(store_path), batch_size=4, num_workers=2,
+                           multiprocessing_context=context, worker_init_fn=_init_that_may_fail)
+    loader.load_state_dict(state)
+    monkeypatch.setenv("SIMSTORE_TEST_INIT_FAILS", "1")
+    with pytest.raises(Exception, match="could not initialise"):
+        next(iter(loader))
+    monkeypatch.delenv("SIMSTORE_TEST_INIT_FAILS")
+    assert loader.state_dict()["remaining"] == state["remaining"]
     rest = [k for b in loader for k in b["__key__"]]
     assert len(seen) == 12 and len(rest) == 25
     assert sorted(seen + rest) == sorted(s.key for s in make_samples(37))
