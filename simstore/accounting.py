@@ -137,7 +137,7 @@ def read_price_table(files: Sequence[str] = (), overrides: Sequence[str] = ()) -
             raise FormatError(
                 f"price table {path} is not valid TOML: nested too deeply"
             ) from exc
-        check_price_data(extra, origin=f"price table {path}")
+        check_price_data(extra, origin=f"price table {path}", base=data)
         data = merge_price_data(data, extra)
         origins.append(path)
     data = apply_price_overrides(data, overrides)

@@ -138,7 +138,9 @@ def parse_price_table(
     )
 
 
-def check_price_data(data: Mapping[str, Any], *, origin: str) -> None:
+def check_price_data(
+    data: Mapping[str, Any], *, origin: str, base: Mapping[str, Any] | None = None
+) -> None:
     """Check a partial price table (a ``--prices`` file) on its own, before it is merged.
 
     A later file or flag may set the same field again, so a check of the merged table
@@ -147,10 +149,19 @@ def check_price_data(data: Mapping[str, Any], *, origin: str) -> None:
     name, type and range, and that no tier gives both a direct storage price and the
     drive fields. Whether an amortised tier has all three drive fields can only be
     known once merged (a file may change one), so :func:`parse_price_table` checks that.
+    ``base``: the table this file is laid over; a tier it does not define is new, and
+    must give its storage price (else every figure of it would read as free).
     Raises :class:`FormatError` starting with ``origin``.
     """
+    known = dict(base.get("tiers", {})) if base is not None else None
     for name, body in _check_header(data, origin).items():
         _parse_tier(str(name), body, origin, partial=True)
+        if known is not None and str(name) not in known and "storage_per_gib_month" not in body \
+                and not any(k in body for k in _AMORTISED_FIELDS):
+            raise FormatError(
+                f"{origin}, tier {str(name)!r}: a new tier needs its storage price, "
+                f"storage_per_gib_month or the drive fields {list(_AMORTISED_FIELDS)}"
+            )
 
 
 def _check_header(data: Mapping[str, Any], origin: str) -> Mapping[str, Any]:

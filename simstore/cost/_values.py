@@ -27,7 +27,7 @@ def _count(value: object, what: str) -> int:
     if isinstance(value, float) and not value.is_integer():
         raise FormatError(f"{what} must be a whole number, got {value!r}")
     if value > _MAX_COUNT:
-        raise FormatError(f"{what} is too large: {value!r} is over 2**63 - 1")
+        raise FormatError(f"{what} is too large: {_size_of(value)}, over 2**63 - 1")
     return int(value)
 
 
@@ -51,8 +51,15 @@ def _whole(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise FormatError(f"{what} must be a non-negative whole number, got {value!r}")
     if value > _MAX_COUNT:
-        raise FormatError(f"{what} is too large: {value!r} is over 2**63 - 1")
+        raise FormatError(f"{what} is too large: {_size_of(value)}, over 2**63 - 1")
     return value
+
+
+def _size_of(value: int | float) -> str:
+    """A number too large for a count, said briefly (a report may hold 400 digits)."""
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value) if value.bit_length() <= 80 else f"about 2**{value.bit_length() - 1}"
 
 
 def month_fraction(seconds: float) -> float:

@@ -240,3 +240,27 @@ def test_a_drive_field_after_an_explicit_local_price_needs_the_whole_drive():
     assert nvme["storage_per_gib_month"] == pytest.approx(1500 / (4e12 / 2**30) / 60)
     # the words describe the price in force, not the default drive's
     assert nvme["assumption"] == "a 4 TB drive at 1500 USD over 60 months"
+
+
+def test_a_new_tier_without_a_storage_price_is_refused(files):
+    # found by an audit: a new tier with no storage price read as free in every table
+    path = files("new.toml", "format_version = 1\n[tiers.wasabi]\negress_per_gib = 0.0\n")
+    out = cli("prices", "--prices", path, code=7)
+    assert out.count("\n") == 1 and "new.toml" in out and "'wasabi'" in out
+    assert "storage_per_gib_month" in out
+    # a tier the table defines may still be changed one field at a time
+    ok = files("old.toml", "[tiers.s3-standard]\negress_per_gib = 0.05\n")
+    assert json.loads(cli("prices", "--json", "--prices", ok, code=0))["tiers"]["s3-standard"][
+        "egress_per_gib"] == 0.05
+    priced = files("priced.toml", "[tiers.wasabi]\nstorage_per_gib_month = 0.0068\n")
+    assert json.loads(cli("prices", "--json", "--prices", priced, code=0))["tiers"]["wasabi"][
+        "storage_per_gib_month"] == 0.0068
+
+
+def test_a_count_of_hundreds_of_digits_is_refused_briefly(files):
+    # found by an audit: the error quoted all 400 digits
+    report = json.loads(json.dumps(REPORT))
+    report["tiers"]["s3"]["requests"] = 10**400
+    out = cli("cost", "--run", report_file(files, report), code=7)
+    assert out.count("\n") == 1 and "too large: about 2**1328, over 2**63 - 1" in out
+    assert len(out) < 300
