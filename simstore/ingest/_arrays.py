@@ -128,6 +128,11 @@ def check_field_name(name: str) -> None:
     if not name:
         raise InvalidInputError(
             "a field has an empty name (Lance cannot read such a column back); name it")
+    if any(part in ("", ".", "..") for part in name.split("/")):
+        raise InvalidInputError(
+            f"the name {name!r} has an empty, '.' or '..' path segment: a Zarr shard "
+            "stores a field at its path (a '/' nests a group), and stock Zarr readers "
+            "refuse such paths; rename the field")
     used = RESERVED_FIELD_NAMES.get(name)
     if used is not None:
         raise InvalidInputError(f"the name {name!r} is reserved for {used}; rename the field")

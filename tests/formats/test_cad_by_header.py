@@ -39,7 +39,7 @@ def test_errors_of_a_step_file_named_otherwise_name_the_file(tmp_path):
     with pytest.raises(SourceError) as err:
         list(CadAdapter().iter_samples(str(path), "broken_rev2", {}))
     message = str(err.value)
-    assert message.startswith(f"{path}: field '")
+    assert message.startswith(f"{path}: not a readable CAD file: ")
     assert "part.step" not in message and "\n" not in message
 
 

@@ -171,13 +171,18 @@ def test_a_reserved_field_name_is_refused_for_every_format(catalog, good, fmt, r
 @pytest.mark.parametrize(
     ("name", "words"),
     [("", ("empty name",)), ("p__present", ("'__present'",)), ("q__mask", ("'__mask'",)),
-     ("r__offsets", ("'__offsets'",)), ("n" * 65530, ("65530 bytes", "4096"))],
-    ids=["empty", "present", "mask", "offsets", "long"],
+     ("r__offsets", ("'__offsets'",)), ("n" * 65530, ("65530 bytes", "4096")),
+     ("a/../../x", ("'.' or '..' path segment",)), ("..", ("'.' or '..' path segment",)),
+     ("/a", ("empty",)), ("a//b", ("empty",)), ("a/", ("empty",))],
+    ids=["empty", "present", "mask", "offsets", "long", "dotdot", "dotdot-alone",
+         "leading-slash", "double-slash", "trailing-slash"],
 )
 def test_names_no_shard_or_batch_carries_back_are_refused(catalog, good, fmt, name, words):
     # found by an audit: an empty name went into Lance and could not be read back; a
     # name ending in __present or __mask collided with the keys collate adds; a name of
-    # 65,530 bytes crashed the Zarr writer (zip entry names) with a traceback
+    # 65,530 bytes crashed the Zarr writer (zip entry names) with a traceback; names with
+    # '.', '..' or empty path segments made Zarr shards stock zarr-python refuses (and
+    # zip entries such as 0/a/../../zarr.json, over the shard's root metadata)
     np.savez(good / "r.npz", **{name: np.arange(3.0), "x": np.arange(2)})
     with pytest.raises(SourceError) as info:
         ingest([good], dataset="d", store=catalog, format=fmt)
