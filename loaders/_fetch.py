@@ -686,8 +686,15 @@ class ShardAccess:
             fetched.append(self.store.get(key))
             return len(fetched[0])
 
+        downloads: list[int] = []
+
         def download(out: BinaryIO) -> None:
-            out.write(fetched[0] if fetched else self.store.get(key))
+            # the bytes of the GET that told the size; a download again (the first did
+            # not hash to the id) GETs the object anew, and its bytes are the answer
+            if downloads or not fetched:
+                fetched[:] = [self.store.get(key)]
+            downloads.append(len(fetched[0]))
+            out.write(fetched[0])
 
         cache = self._shard_cache()
         if fill:
@@ -757,8 +764,14 @@ class ShardAccess:
                 sizes.append(self._size(key))
             return sizes[-1]
 
+        downloads: list[int] = []
+
         def download(out: BinaryIO) -> None:
             size = sizes[-1] if sizes else size_bytes()
+            if downloads and streams:
+                # a download again (the first did not hash to the id): a new GET
+                size = size_bytes()
+            downloads.append(size)
             if streams:
                 self._copy_stream(streams[-1], out)
             else:

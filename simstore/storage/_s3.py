@@ -50,7 +50,7 @@ from typing import Any, TypeVar
 try:
     from botocore import UNSIGNED
     from botocore.config import Config
-    from botocore.exceptions import BotoCoreError, ClientError
+    from botocore.exceptions import BotoCoreError, ClientError, FlexibleChecksumError
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "s3:// stores need botocore; install the S3 extra: pip install 'simstore[s3]'"
@@ -430,6 +430,9 @@ class S3Store:
         body = response["Body"]
         try:
             data = bytes(body.read())
+        except FlexibleChecksumError as exc:
+            # the body arrived, damaged on the way: what a read again fixes, as a cut
+            raise TruncatedBody(f"the body failed its checksum: {exc}") from exc
         except TRANSPORT_ERRORS as exc:
             # what the cut-off body delivered was still sent (and billed as egress)
             received = received_before(exc)
@@ -447,6 +450,9 @@ class S3Store:
             short = TruncatedBody(f"got {len(data)} of {expected} bytes")
             short.received_bytes = len(data)  # type: ignore[attr-defined]
             raise short
+        asked = kwargs.get("Range")
+        if asked is not None:
+            data = _the_range(str(asked), response.get("ContentRange"), data)
         return data, str(response.get("ETag", ""))
 
     def get_many(
@@ -990,3 +996,36 @@ def _results(futures: Sequence[Future[T]]) -> list[T]:
         for f in futures:
             f.cancel()
         raise
+
+
+_RANGE_ASKED = re.compile(r"bytes=(\d+)-(\d+)")
+_RANGE_GIVEN = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+
+
+def _the_range(asked: str, given: object, data: bytes) -> bytes:
+    """The bytes of range ``asked`` in a ranged GET's body, checked against what was sent.
+
+    A body whose Content-Length was cut along with it (a proxy that shortens both) passes
+    the length check; its ``Content-Range`` then names fewer bytes than were asked of an
+    object long enough to hold them, and the read is retried (``TruncatedBody``). A server
+    that ignores ranges answers with the whole object and no ``Content-Range``: the range
+    is cut from it.
+    """
+    want = _RANGE_ASKED.fullmatch(asked)
+    if want is None:  # not a range this store asks (an open-ended resume is checked there)
+        return data
+    start, last = int(want.group(1)), int(want.group(2))
+    if given is None:
+        return data[start:last + 1]  # the whole object: this range of it
+    got = _RANGE_GIVEN.fullmatch(str(given))
+    if got is None:
+        raise TruncatedBody(f"asked for {asked}, the reply's Content-Range is {given!r}")
+    first, end = int(got.group(1)), int(got.group(2))
+    total = None if got.group(3) == "*" else int(got.group(3))
+    expected_end = last if total is None else min(last, total - 1)
+    if first != start or end != expected_end or len(data) != end - first + 1:
+        short = TruncatedBody(
+            f"asked for {asked}, got bytes {first}-{end} of {total} ({len(data)} bytes)")
+        short.received_bytes = len(data)  # type: ignore[attr-defined]
+        raise short
+    return data

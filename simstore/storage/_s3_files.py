@@ -47,7 +47,11 @@ _MiB = 1024 * 1024
 
 
 class TruncatedBody(Exception):
-    """A response body shorter than its Content-Length (a connection cut mid-body)."""
+    """A response body that is not what was asked: retried, as a cut connection is.
+
+    Shorter than its Content-Length (a connection cut mid-body), another byte range than
+    the one asked, or failing its checksum (damaged on the way).
+    """
 
 
 # Transport failures: botocore wraps most; urllib3's and the OS's may surface while a body

@@ -53,7 +53,7 @@ __all__ = [
 FAKE_ACCESS_KEY = "FAKEACCESSKEYID0TEST"
 FAKE_SECRET_KEY = "fake-secret-key-0123456789-never-real"
 
-Fault = Literal["slowdown", "drop", "drop_response", "stall", "truncate"]
+Fault = Literal["slowdown", "drop", "drop_response", "stall", "truncate", "short", "corrupt"]
 """What the proxy does to a request instead of plain forwarding:
 
 - ``slowdown``: answer 503 SlowDown, as S3 does when throttling;
@@ -62,7 +62,11 @@ Fault = Literal["slowdown", "drop", "drop_response", "stall", "truncate"]
   response was lost, the case that makes a retried conditional PUT see 412);
 - ``stall``: hold the connection silent for ``stall_s``, then close it (a read timeout);
 - ``truncate``: forward, answer with the full Content-Length but half the body, and close
-  (a connection reset mid-download).
+  (a connection reset mid-download);
+- ``short``: forward, answer with half the body and a Content-Length that says so, the
+  other headers (``Content-Range`` too) as the server sent them (a middlebox that cut
+  both: the length check alone passes it);
+- ``corrupt``: forward, answer with one byte of the body changed (damaged on the way).
 """
 
 _HOP_HEADERS = frozenset(
@@ -272,6 +276,11 @@ class FaultProxy:
                 if fault == "drop_response":
                     self.close_connection = True
                     return
+                if data and fault == "short":
+                    data = data[: len(data) // 2]
+                elif data and fault == "corrupt":
+                    middle = len(data) // 2
+                    data = data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1:]
                 self._respond(status, reason, headers, data, truncate=fault == "truncate")
 
             def _respond(
