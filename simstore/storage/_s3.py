@@ -452,7 +452,8 @@ class S3Store:
             raise short
         asked = kwargs.get("Range")
         if asked is not None:
-            data = _the_range(str(asked), response.get("ContentRange"), data)
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            data = _the_range(str(asked), response.get("ContentRange"), data, status)
         return data, str(response.get("ETag", ""))
 
     def get_many(
@@ -1002,21 +1003,22 @@ _RANGE_ASKED = re.compile(r"bytes=(\d+)-(\d+)")
 _RANGE_GIVEN = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 
 
-def _the_range(asked: str, given: object, data: bytes) -> bytes:
+def _the_range(asked: str, given: object, data: bytes, status: object = 206) -> bytes:
     """The bytes of range ``asked`` in a ranged GET's body, checked against what was sent.
 
     A body whose Content-Length was cut along with it (a proxy that shortens both) passes
     the length check; its ``Content-Range`` then names fewer bytes than were asked of an
     object long enough to hold them, and the read is retried (``TruncatedBody``). A server
-    that ignores ranges answers with the whole object and no ``Content-Range``: the range
-    is cut from it.
+    that ignores ranges answers 200 with the whole object and no ``Content-Range``: the
+    range is cut from it (a 206 without one is taken as it is: nothing to check it by).
     """
     want = _RANGE_ASKED.fullmatch(asked)
     if want is None:  # not a range this store asks (an open-ended resume is checked there)
         return data
     start, last = int(want.group(1)), int(want.group(2))
     if given is None:
-        return data[start:last + 1]  # the whole object: this range of it
+        # 200: the whole object, of which this is the range
+        return data[start:last + 1] if status == 200 else data
     got = _RANGE_GIVEN.fullmatch(str(given))
     if got is None:
         raise TruncatedBody(f"asked for {asked}, the reply's Content-Range is {given!r}")
