@@ -380,6 +380,80 @@ def ls_cmd(ctx: CliContext, as_json: bool) -> None:
     emit(as_json, out, text)
 
 
+@click.command("unstage")
+@click.argument("name")
+@click.argument("ids", nargs=-1)
+@click.option("--all", "every", is_flag=True, help="Discard every staged entry of NAME.")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+@handle_errors
+def unstage_cmd(ctx: CliContext, name: str, ids: tuple[str, ...], every: bool,
+                as_json: bool) -> None:
+    """List NAME's staged entries, or discard those named (IDS, or --all).
+
+    An entry is named by its id, or 6 or more of the first characters of the id or of
+    its part after the ``-``. The objects a discarded entry named stay until ``gc``
+    finds nothing reaching them.
+    """
+    from simstore.names import check_name
+
+    check_name(name, "dataset name")
+    if every and ids:
+        raise InvalidInputError("unstage: give entry ids or --all, not both")
+    cat = ctx.catalog(read_only=not (ids or every))
+    entries = cat.staged(name)
+    if not entries and not cat.has_dataset(name):
+        raise NotFoundError(f"no dataset {name!r}")
+    chosen = list(entries) if every else [_staged_entry(entries, name, i) for i in ids]
+    if chosen:
+        cat.discard_staged(name, sorted({e.id for e in chosen}))
+    gone = {e.id for e in chosen}
+
+    def row(e: Any) -> dict[str, Any]:
+        return {"id": e.id, "created": e.created, "mode": e.mode, "rows": e.rows,
+                "deletions": e.deletions, "shards": len(e.shards)}
+
+    discarded = [row(e) for e in entries if e.id in gone]
+    left = [row(e) for e in entries if e.id not in gone]
+    out = {"dataset": name, "discarded": discarded, "staged": left}
+
+    def text() -> str:
+        lines = [f"discarded {r['id']}" for r in discarded]
+        lines += [f"{r['id']}  {_utc(r['created'])}  {r['mode']}  {r['rows']} rows"
+                  + (f", {r['deletions']} deletions" if r["deletions"] else "")
+                  for r in left]
+        if not lines:
+            lines.append(f"nothing staged for {name}")
+        return "\n".join(lines)
+
+    emit(as_json, out, text)
+
+
+def _staged_entry(entries: list[Any], name: str, given: str) -> Any:
+    """The one staged entry of ``name`` named by ``given``.
+
+    Its id, or 6 or more of the first characters of the id or of its part after the
+    ``-`` (ids start with the time they were staged: entries staged together share the
+    first digits).
+    """
+    text = given.strip().lower()
+    if len(text) < 6:
+        raise InvalidInputError(
+            f"staged entry {given!r}: give its id, or 6 or more of its first characters or "
+            "of those after its '-'")
+    found = [e for e in entries if e.id == text] or [
+        e for e in entries
+        if e.id.startswith(text) or e.id.partition("-")[2].startswith(text)]
+    if not found:
+        raise NotFoundError(f"{name} has no staged entry {given!r} (`simstore unstage "
+                            f"{name}` lists them)")
+    if len(found) > 1:
+        raise InvalidInputError(
+            f"staged entry {given!r} of {name} is ambiguous: "
+            + ", ".join(e.id for e in found))
+    return found[0]
+
+
 @click.command("diff")
 @click.argument("ref_a")
 @click.argument("ref_b")
@@ -571,6 +645,7 @@ COMMANDS = [
     log_cmd,
     show_cmd,
     ls_cmd,
+    unstage_cmd,
     diff_cmd,
     tag_cmd,
     branch_cmd,

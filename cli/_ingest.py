@@ -197,7 +197,7 @@ def _summary(r: IngestResult) -> str:
     type=click.Choice(["fork", "spawn", "forkserver"]),
     default=None,
     help="How the local engine starts worker processes [default: fork on Linux while no "
-    "other Python thread runs, else spawn].",
+    "other Python thread runs and the process has not written Lance shards, else spawn].",
 )
 @click.option(
     "--engine",
@@ -446,7 +446,8 @@ def stats_cmd(ctx: CliContext, ref: str, as_json: bool) -> None:
             "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
             for row in table
         ]
-        note = "exact" if exact else "not exact (keys were replaced or deleted; see docs/ingest.md)"
+        note = ("exact" if exact else
+                "not exact: keys were replaced or deleted, see docs/ingest.md")
         return "\n".join([f"snapshot {sid} ({note})", *lines])
 
     emit(as_json, obj, text)

@@ -476,9 +476,10 @@ def _read(
     array = getattr(reader, "array", None)
     has_field = getattr(reader, "has_field", None)
     if not callable(read_slices) or not callable(array):
+        asked = ", ".join(repr(n) for n in boxed)
         raise InvalidInputError(
-            f"crop= and window= need a shard format with region reads (Zarr); this shard "
-            f"is read by {type(reader).__name__}"
+            f"crop= and window= (of {asked}) need a shard format with region reads (Zarr); "
+            f"this shard is read by {type(reader).__name__}"
         )
     values = list(reader.read(positions, [n for n in names if n not in regions.fields]))
     for value, position, key in zip(values, positions, keys, strict=True):

@@ -103,7 +103,8 @@ class IngestConfig:
     address: str | None = None
     start_method: str | None = None
     """How the local engine's pool starts processes (``fork``, ``spawn``, ``forkserver``);
-    None: ``fork`` on Linux while no other Python thread runs, else ``spawn``."""
+    None: ``fork`` on Linux while no other Python thread runs and the process has not
+    written Lance shards, else ``spawn`` (see :func:`simstore.ingest._engine.start_method`)."""
 
     def __post_init__(self) -> None:
         for name in ("snapshot", "allow_schema_change", "resume"):

@@ -131,6 +131,14 @@ def local_path(url: str) -> str | None:
         return rest
     if protocol != "file":
         return None
+    if "?" in rest or "#" in rest:
+        # as for every other store URL: keys are appended to the path (a folder whose
+        # name holds one is written %3F or %23, which RFC 8089 decodes)
+        raise InvalidInputError(
+            f"{without_passwords(url)}: a store URL cannot have a query string or fragment "
+            "('?', '#'): object keys are appended to its path; write a folder name holding "
+            "one as %3F or %23"
+        )
     host, slash, path = rest.partition("/")
     if host and host.lower() != "localhost":
         raise InvalidInputError(

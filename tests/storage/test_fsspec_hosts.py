@@ -14,7 +14,7 @@ from simstore.loaders import SimDataLoader, SimDataset
 from simstore.catalog import Catalog
 from simstore.errors import InvalidInputError, StorageError
 from simstore.ingest import ingest
-from simstore.storage import FsspecStore, open_store
+from simstore.storage import FsspecStore, local_path, open_store
 
 
 def test_the_host_port_and_user_of_a_url_are_the_filesystems():
@@ -40,6 +40,16 @@ def test_a_password_in_the_url_is_used_and_never_shown():
 def test_a_query_string_or_fragment_is_refused(url):
     with pytest.raises(InvalidInputError, match="cannot have a query string or fragment"):
         open_store(url)
+
+
+def test_a_file_url_with_a_query_string_or_fragment_is_refused(tmp_path):
+    # found by an audit: file:// took them as part of the folder's name (exit 3, "not a
+    # store"), where every other scheme refuses them (exit 2)
+    for url in (f"file://{tmp_path}/st?a=1", f"file://{tmp_path}/st#x"):
+        with pytest.raises(InvalidInputError, match="cannot have a query string or fragment"):
+            open_store(url)
+    (tmp_path / "a?b").mkdir()
+    assert local_path(f"file://{tmp_path}/a%3Fb") == f"{tmp_path}/a?b"  # escaped: a name
 
 
 def test_a_write_makes_the_folder_a_filesystem_does_not_make_itself(tmp_path):
