@@ -406,7 +406,8 @@ def _check_binary_stl(path: str) -> None:
             size = os.fstat(f.fileno()).st_size
     except OSError as exc:
         raise SourceError(f"{path}: not a readable mesh: {exc}") from exc
-    if head.lstrip()[:5].lower() == b"solid" or len(head) == 0:
+    text = head[3:] if head.startswith(b"\xef\xbb\xbf") else head  # a UTF-8 BOM
+    if text.lstrip()[:5].lower() == b"solid" or len(head) == 0:
         return
     if len(head) < 84:
         raise SourceError(

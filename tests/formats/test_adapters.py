@@ -289,6 +289,21 @@ def test_malformed_binary_stl_is_refused(tmp_path):
         list(MeshAdapter().iter_samples(str(bad), "empty.stl", {}))
 
 
+def test_stl_files_the_size_check_leaves_to_meshio(tmp_path):
+    # ASCII with a UTF-8 byte order mark, and a binary file whose header starts "solid"
+    # (as some exporters write it): read as before the size check of binary files
+    text = (b"solid t\nfacet normal 0 0 1\n outer loop\n  vertex 0 0 0\n  vertex 1 0 0\n"
+            b"  vertex 0 1 0\n endloop\nendfacet\nendsolid t\n")
+    (tmp_path / "bom.stl").write_bytes(b"\xef\xbb\xbf" + text)
+    tri = np.array([0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0], "<f4").tobytes() + b"\0\0"
+    (tmp_path / "solid.stl").write_bytes(b"solid header".ljust(80, b" ")
+                                         + (1).to_bytes(4, "little") + tri)
+    for name in ("bom.stl", "solid.stl"):
+        (sample,) = MeshAdapter().iter_samples(str(tmp_path / name), name, {})
+        assert sample.fields["points"].shape == (3, 3), name
+        assert sample.fields["cells/triangle"].tolist() == [[0, 1, 2]], name
+
+
 def test_gmsh_msh_written_by_gmsh(tmp_path):
     path = tmp_path / "square.msh"
     sf.write_msh_with_gmsh(path)
