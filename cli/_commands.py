@@ -22,7 +22,7 @@ from simstore.cli._common import (
 )
 
 from simstore.catalog import Catalog, VerifyProgress, gc, verify
-from simstore.errors import InvalidInputError, NotFoundError
+from simstore.errors import ConflictError, InvalidInputError, NotFoundError
 from simstore.manifest import rows_from_list
 from simstore.names import parse_ref
 from simstore.sample import canonical_json
@@ -407,6 +407,23 @@ def unstage_cmd(ctx: CliContext, name: str, ids: tuple[str, ...], every: bool,
     chosen = list(entries) if every else [_staged_entry(entries, name, i) for i in ids]
     if chosen:
         cat.discard_staged(name, sorted({e.id for e in chosen}))
+    # a snapshot that landed meanwhile may have applied an entry before it went: that
+    # entry was committed, not discarded (a review raced `snapshot` with this)
+    committed: dict[str, str] = {}
+    if chosen:
+        from simstore.catalog._commit import consumed_in_history
+
+        for branch, head in cat.branches(name).list():
+            for entry_id, sid in consumed_in_history(cat, head, chosen).items():
+                committed.setdefault(entry_id, f"{sid} on {branch}")
+    if committed:
+        entry_id, by = next(iter(sorted(committed.items())))
+        more = f" (and {len(committed) - 1} more)" if len(committed) > 1 else ""
+        raise ConflictError(
+            f"{name}: staged entry {entry_id}{more} was committed by snapshot {by} while it "
+            "was being discarded: its changes are in that snapshot"
+            + ("; the other entries named were discarded" if len(chosen) > len(committed)
+               else ""))
     gone = {e.id for e in chosen}
 
     def row(e: Any) -> dict[str, Any]:

@@ -51,6 +51,7 @@ from simstore.cost import (
     SnapshotObjects,
     TierUsage,
     apply_price_overrides,
+    check_new_tiers,
     check_price_data,
     merge_price_data,
     merge_run_usage,
@@ -118,6 +119,7 @@ def read_price_table(files: Sequence[str] = (), overrides: Sequence[str] = ()) -
 
     data: dict[str, Any] = tomllib.loads(default_price_text())
     origins = ["the default price table"]
+    added: dict[str, str] = {}  # a tier the defaults lack -> the file that added it
     for path in files:
         try:
             with open(path, "rb") as f:
@@ -137,10 +139,15 @@ def read_price_table(files: Sequence[str] = (), overrides: Sequence[str] = ()) -
             raise FormatError(
                 f"price table {path} is not valid TOML: nested too deeply"
             ) from exc
-        check_price_data(extra, origin=f"price table {path}", base=data)
+        check_price_data(extra, origin=f"price table {path}")
+        raw_tiers = extra.get("tiers", {})
+        for name in raw_tiers if isinstance(raw_tiers, Mapping) else ():
+            if str(name) not in data.get("tiers", {}):
+                added.setdefault(str(name), f"price table {path}")
         data = merge_price_data(data, extra)
         origins.append(path)
     data = apply_price_overrides(data, overrides)
+    check_new_tiers(data, added)
     if overrides:
         origins.append("--price flags")
     return parse_price_table(data, origin=" + ".join(origins))

@@ -49,20 +49,22 @@ _SHOWN = 3
 
 
 def hash_object(cat: Any, oid: str, sink: IO[bytes] | None = None) -> tuple[str, int]:
-    """``(xxh3-128 hex, size)`` of object ``oid`` read whole; its bytes also go to ``sink``.
+    """``(xxh3-128 hex, bytes read)`` of object ``oid`` read whole; its bytes go to ``sink``.
 
     A remote object whose bytes do not hash to ``oid`` is read once more (``sink``
-    emptied first) and the second reading is the answer: bytes damaged on the way (a
-    middlebox that cut a body and its length alike, which no check of the reply sees)
-    are not the stored object's damage, which both readings show.
+    emptied first) and the second reading's hash is the answer: bytes damaged on the
+    way (a middlebox that cut a body and its length alike, which no check of the reply
+    sees) are not the stored object's damage, which both readings show. The bytes read
+    count both readings.
     """
-    got = _hash_object_once(cat, oid, sink)
-    if got[0] != oid and cat.store.local_path(object_key(oid)) is None:
+    actual, size = _hash_object_once(cat, oid, sink)
+    if actual != oid and cat.store.local_path(object_key(oid)) is None:
         if sink is not None:
             sink.seek(0)
             sink.truncate()
-        got = _hash_object_once(cat, oid, sink)
-    return got
+        actual, again = _hash_object_once(cat, oid, sink)
+        size += again
+    return actual, size
 
 
 def _hash_object_once(cat: Any, oid: str, sink: IO[bytes] | None) -> tuple[str, int]:

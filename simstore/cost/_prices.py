@@ -138,9 +138,7 @@ def parse_price_table(
     )
 
 
-def check_price_data(
-    data: Mapping[str, Any], *, origin: str, base: Mapping[str, Any] | None = None
-) -> None:
+def check_price_data(data: Mapping[str, Any], *, origin: str) -> None:
     """Check a partial price table (a ``--prices`` file) on its own, before it is merged.
 
     A later file or flag may set the same field again, so a check of the merged table
@@ -148,19 +146,28 @@ def check_price_data(
     here: the shape, ``format_version`` and ``currency`` when given, and each field's
     name, type and range, and that no tier gives both a direct storage price and the
     drive fields. Whether an amortised tier has all three drive fields can only be
-    known once merged (a file may change one), so :func:`parse_price_table` checks that.
-    ``base``: the table this file is laid over; a tier it does not define is new, and
-    must give its storage price (else every figure of it would read as free).
+    known once merged (a file may change one), so :func:`parse_price_table` checks that,
+    and :func:`check_new_tiers` that a tier the files add has a storage price.
     Raises :class:`FormatError` starting with ``origin``.
     """
-    known = dict(base.get("tiers", {})) if base is not None else None
     for name, body in _check_header(data, origin).items():
         _parse_tier(str(name), body, origin, partial=True)
-        if known is not None and str(name) not in known and "storage_per_gib_month" not in body \
-                and not any(k in body for k in _AMORTISED_FIELDS):
+
+
+def check_new_tiers(data: Mapping[str, Any], added: Mapping[str, str]) -> None:
+    """Refuse a tier a price file added (``added``: tier -> that file) with no storage price.
+
+    Checked on the table as the files and flags leave it (a later file or a ``--price``
+    flag may give the price): else every figure of the tier would read as free.
+    """
+    tiers = data.get("tiers", {})
+    for name, origin in added.items():
+        body = tiers.get(name, {})
+        if "storage_per_gib_month" not in body and not any(k in body for k in _AMORTISED_FIELDS):
             raise FormatError(
-                f"{origin}, tier {str(name)!r}: a new tier needs its storage price, "
-                f"storage_per_gib_month or the drive fields {list(_AMORTISED_FIELDS)}"
+                f"{origin}, tier {name!r}: a new tier needs its storage price "
+                f"(storage_per_gib_month, or the drive fields {list(_AMORTISED_FIELDS)}) in "
+                "this file, a later one or a --price flag"
             )
 
 

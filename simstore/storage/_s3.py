@@ -431,8 +431,11 @@ class S3Store:
         try:
             data = bytes(body.read())
         except FlexibleChecksumError as exc:
-            # the body arrived, damaged on the way: what a read again fixes, as a cut
-            raise TruncatedBody(f"the body failed its checksum: {exc}") from exc
+            # the body arrived, damaged on the way: what a read again fixes, as a cut;
+            # all of it was sent (and billed as egress)
+            damaged = TruncatedBody(f"the body failed its checksum: {exc}")
+            damaged.received_bytes = int(response.get("ContentLength") or 0)  # type: ignore[attr-defined]
+            raise damaged from exc
         except TRANSPORT_ERRORS as exc:
             # what the cut-off body delivered was still sent (and billed as egress)
             received = received_before(exc)

@@ -67,3 +67,28 @@ def test_unstage_of_a_dataset_with_a_branch_and_nothing_staged(tmp_path):
     store = _staged_twice(tmp_path)
     cli("--store", store, "snapshot", "d", "-m", "both", code=0)
     assert cli("--store", store, "unstage", "d", code=0).strip() == "nothing staged for d"
+
+
+def test_an_entry_a_snapshot_commits_while_it_is_discarded_is_said_to_be(tmp_path,
+                                                                        monkeypatch):
+    # found by a review: a snapshot landing between unstage's listing and its delete
+    # published the entry while unstage said it discarded it, exit 0
+    import simstore.catalog._catalog as catalog_module
+
+    store = _staged_twice(tmp_path)
+    ids = [e["id"] for e in json.loads(cli("--store", store, "unstage", "d", "--json",
+                                           code=0))["staged"]]
+    real = catalog_module.Catalog.discard_staged
+    raced: list[str] = []
+    busy: list[bool] = []
+
+    def after_a_snapshot(self, dataset, entry_ids):
+        if not busy:  # the commit removes its entries through this too
+            busy.append(True)
+            raced.append(Catalog.open(store).commit("d", message="concurrent").snapshot_id)
+        return real(self, dataset, entry_ids)
+
+    monkeypatch.setattr(catalog_module.Catalog, "discard_staged", after_a_snapshot)
+    out = cli("--store", store, "unstage", "d", ids[0], code=5)
+    assert f"staged entry {ids[0]} was committed by snapshot {raced[0]} on main" in out
+    assert sorted(cli("--store", store, "keys", "d", code=0).split()) == ["a0", "a1", "a2"]

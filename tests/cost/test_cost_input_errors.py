@@ -255,6 +255,11 @@ def test_a_new_tier_without_a_storage_price_is_refused(files):
     priced = files("priced.toml", "[tiers.wasabi]\nstorage_per_gib_month = 0.0068\n")
     assert json.loads(cli("prices", "--json", "--prices", priced, code=0))["tiers"]["wasabi"][
         "storage_per_gib_month"] == 0.0068
+    # the price may come from a later file or a flag (a review: the first check refused it)
+    for more in (["--prices", priced], ["--price", "wasabi.storage_per_gib_month=0.0068"]):
+        table = json.loads(cli("prices", "--json", "--prices", path, *more, code=0))["tiers"]
+        assert table["wasabi"]["storage_per_gib_month"] == 0.0068
+        assert table["wasabi"]["egress_per_gib"] == 0.0
 
 
 def test_a_count_of_hundreds_of_digits_is_refused_briefly(files):

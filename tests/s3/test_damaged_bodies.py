@@ -63,9 +63,12 @@ def test_a_ranged_reply_cut_with_its_length_is_read_again(store, proxied, fault_
 def test_a_body_that_fails_its_checksum_is_read_again(store, proxied, fault_proxy):
     data = os.urandom(100_000)
     store.put("objects/y", data)
+    retried: list[tuple[str, int]] = []
+    proxied.on_retry = lambda request, received: retried.append((request, received))
     fault_proxy.fail_next("corrupt", methods=["GET"])
     assert proxied.get("objects/y") == data
     assert fault_proxy.count("corrupt") == 1 and fault_proxy.count(None, "GET") == 1
+    assert retried == [("get", 100_000)]  # the damaged body was all sent (egress)
 
 
 def _ingested(store: S3Store, tmp_path) -> tuple[Catalog, list[str]]:
@@ -105,10 +108,13 @@ def test_a_shard_whose_whole_get_came_back_short_is_fetched_again(store, proxied
 def test_verify_reads_a_shard_that_arrived_damaged_once_more(store, proxied, fault_proxy,
                                                             tmp_path):
     _cat, shards = _ingested(store, tmp_path)
+    clean = verify(Catalog(proxied), all_refs=True, deep=True).bytes_hashed
     fault_proxy.fail_next("short", methods=["GET"], path_contains=f"/objects/{shards[0][:2]}/")
     report = verify(Catalog(proxied), all_refs=True, deep=True)
     assert report.ok, report.problems
     assert fault_proxy.count("short") == 1
+    size = store.info(f"objects/{shards[0][:2]}/{shards[0]}").size_bytes
+    assert report.bytes_hashed == clean + size // 2  # both readings count
 
 
 def test_a_shard_damaged_in_the_store_is_still_reported(store, proxied, tmp_path):
