@@ -78,6 +78,10 @@ def open_store(
     text = f"{protocol}://{rest}"
     if protocol == "memory":
         _takes_no_options(text, "memory://", storage_options)
+        if not rest.strip("/"):
+            # fsspec's memory filesystem is one per process: a store needs its own folder
+            raise InvalidInputError(
+                f"{text}: a memory:// store needs a name, e.g. memory://scratch")
     if protocol in ("s3", "s3a"):
         from simstore.storage._s3 import S3Store
 

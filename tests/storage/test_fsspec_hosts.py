@@ -152,3 +152,10 @@ def test_an_http_server_that_stalls_mid_reply_times_out():
 def test_an_http_timeout_must_be_seconds(value):
     with pytest.raises(InvalidInputError, match="read_timeout_s must be a number of seconds"):
         open_store("http://127.0.0.1:1/st", storage_options={"read_timeout_s": value})
+
+
+@pytest.mark.parametrize("url", ["memory://", "memory:///", "MEMORY://"])
+def test_a_memory_store_without_a_name_is_refused(url):
+    # found by an audit: "memory:/simstore.json: read failed: Protocol not known", exit 10
+    with pytest.raises(InvalidInputError, match="a memory:// store needs a name"):
+        open_store(url)
