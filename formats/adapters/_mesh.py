@@ -498,8 +498,12 @@ class MeshAdapter:
             parted = any(len(files) > 1 for files in steps.values())
             for i, (t, files) in enumerate(steps.items()):
                 for j, file in enumerate(files):
-                    mesh = self._read(meshio, file)
-                    fields = self._fields(file, mesh)
+                    try:
+                        mesh = self._read(meshio, file)
+                        fields = self._fields(file, mesh)
+                    except SourceError as exc:
+                        # the collection is the file the caller named: the error says so
+                        raise SourceError(f"{path}: data set {exc}") from exc
                     fields["time"] = float(t)
                     if parted:
                         fields["part"] = j

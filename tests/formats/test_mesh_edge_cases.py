@@ -351,3 +351,14 @@ def test_cell_set_rows_follow_the_cell_data_order_not_the_files_block_order():
     np.testing.assert_array_equal(fields["cell_data/tag"], [20, 21, 22, 10, 11, 30])
     np.testing.assert_array_equal(fields["cell_data/tag"][fields["cell_sets/s"]],
                                   [20, 22, 11, 30])
+
+
+def test_a_pvd_whose_data_set_does_not_read_is_named_with_it(tmp_path):
+    # found by an audit: the error named only the missing data set, not the .pvd given
+    path = _pvd(tmp_path, [(0, 0, "s0.vtu"), (1, 0, "s1.vtu")])
+    (tmp_path / "s1.vtu").unlink()
+    with pytest.raises(SourceError) as err:
+        list(MeshAdapter().iter_samples(str(path), "run.pvd", {}))
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path}: data set {tmp_path / 's1.vtu'}: not a readable mesh")
