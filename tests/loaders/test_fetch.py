@@ -200,6 +200,9 @@ def test_max_bandwidth_throttles_reads(store_path, paced_limiters):
     # every byte read from the remote tier went through the cap
     assert paced_limiters.taken >= stats["tiers"]["fake-remote"]["bytes"] - stats["manifest_bytes"]
     assert paced_limiters.taken >= shard_bytes(store_path)
+    # and once: the decoded values of a ranged read are not charged again (an audit: a job
+    # without a cache read at half its cap)
+    assert paced_limiters.taken <= stats["tiers"]["fake-remote"]["bytes"]
     # the reader waited for what the burst did not cover, and the stats say so
     assert stats["throttle_s"] == pytest.approx(paced_limiters.waited)
     assert paced_limiters.waited >= (paced_limiters.taken - limiter.burst) / limiter.rate - 1e-9
