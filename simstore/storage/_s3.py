@@ -71,6 +71,7 @@ from simstore.storage._s3_files import (
     FileSlice,
     S3ObjectReader,
     TruncatedBody,
+    checked_range,
     is_transient,
     named_timeout,
     received_before,
@@ -433,9 +434,8 @@ class S3Store:
         except FlexibleChecksumError as exc:
             # the body arrived, damaged on the way: what a read again fixes, as a cut;
             # all of it was sent (and billed as egress)
-            damaged = TruncatedBody(f"the body failed its checksum: {exc}")
-            damaged.received_bytes = int(response.get("ContentLength") or 0)  # type: ignore[attr-defined]
-            raise damaged from exc
+            raise TruncatedBody(f"the body failed its checksum: {exc}",
+                                int(response.get("ContentLength") or 0)) from exc
         except TRANSPORT_ERRORS as exc:
             # what the cut-off body delivered was still sent (and billed as egress)
             received = received_before(exc)
@@ -450,13 +450,11 @@ class S3Store:
             body.close()
         expected = response.get("ContentLength")
         if expected is not None and len(data) != int(expected):
-            short = TruncatedBody(f"got {len(data)} of {expected} bytes")
-            short.received_bytes = len(data)  # type: ignore[attr-defined]
-            raise short
+            raise TruncatedBody(f"got {len(data)} of {expected} bytes", len(data))
         asked = kwargs.get("Range")
         if asked is not None:
             status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            data = _the_range(str(asked), response.get("ContentRange"), data, status)
+            data = checked_range(str(asked), response.get("ContentRange"), data, status)
         return data, str(response.get("ETag", ""))
 
     def get_many(
@@ -1000,37 +998,3 @@ def _results(futures: Sequence[Future[T]]) -> list[T]:
         for f in futures:
             f.cancel()
         raise
-
-
-_RANGE_ASKED = re.compile(r"bytes=(\d+)-(\d+)")
-_RANGE_GIVEN = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
-
-
-def _the_range(asked: str, given: object, data: bytes, status: object = 206) -> bytes:
-    """The bytes of range ``asked`` in a ranged GET's body, checked against what was sent.
-
-    A body whose Content-Length was cut along with it (a proxy that shortens both) passes
-    the length check; its ``Content-Range`` then names fewer bytes than were asked of an
-    object long enough to hold them, and the read is retried (``TruncatedBody``). A server
-    that ignores ranges answers 200 with the whole object and no ``Content-Range``: the
-    range is cut from it (a 206 without one is taken as it is: nothing to check it by).
-    """
-    want = _RANGE_ASKED.fullmatch(asked)
-    if want is None:  # not a range this store asks (an open-ended resume is checked there)
-        return data
-    start, last = int(want.group(1)), int(want.group(2))
-    if given is None:
-        # 200: the whole object, of which this is the range
-        return data[start:last + 1] if status == 200 else data
-    got = _RANGE_GIVEN.fullmatch(str(given))
-    if got is None:
-        raise TruncatedBody(f"asked for {asked}, the reply's Content-Range is {given!r}")
-    first, end = int(got.group(1)), int(got.group(2))
-    total = None if got.group(3) == "*" else int(got.group(3))
-    expected_end = last if total is None else min(last, total - 1)
-    if first != start or end != expected_end or len(data) != end - first + 1:
-        short = TruncatedBody(
-            f"asked for {asked}, got bytes {first}-{end} of {total} ({len(data)} bytes)")
-        short.received_bytes = len(data)  # type: ignore[attr-defined]
-        raise short
-    return data

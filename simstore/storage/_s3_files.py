@@ -7,7 +7,8 @@
   breaks off.
 
 Also the transport failures every request of the store retries, which answers of the
-server are worth retrying, and what a body cut off mid-way delivered.
+server are worth retrying, what a body cut off mid-way delivered, and whether a ranged
+reply is the range asked (:func:`checked_range`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import io
+import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +39,7 @@ __all__ = [
     "FileSlice",
     "S3ObjectReader",
     "TruncatedBody",
+    "checked_range",
     "is_transient",
     "named_timeout",
     "received_before",
@@ -50,8 +53,13 @@ class TruncatedBody(Exception):
     """A response body that is not what was asked: retried, as a cut connection is.
 
     Shorter than its Content-Length (a connection cut mid-body), another byte range than
-    the one asked, or failing its checksum (damaged on the way).
+    the one asked, or failing its checksum (damaged on the way). ``received_bytes``: what
+    arrived of it all the same (sent, and billed as egress).
     """
+
+    def __init__(self, message: str, received_bytes: int = 0) -> None:
+        super().__init__(message)
+        self.received_bytes = received_bytes
 
 
 # Transport failures: botocore wraps most; urllib3's and the OS's may surface while a body
@@ -396,3 +404,36 @@ def received_before(exc: BaseException) -> int:
             return partial
         todo += [*e.args, e.__cause__, e.__context__]
     return 0
+
+
+_RANGE_ASKED = re.compile(r"bytes=(\d+)-(\d+)")
+_RANGE_GIVEN = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+
+
+def checked_range(asked: str, given: object, data: bytes, status: object = 206) -> bytes:
+    """The bytes of range ``asked`` in a ranged GET's body, checked against what was sent.
+
+    A body whose Content-Length was cut along with it (a proxy that shortens both) passes
+    the length check; its ``Content-Range`` then names fewer bytes than were asked of an
+    object long enough to hold them, and the read is retried (``TruncatedBody``). A server
+    that ignores ranges answers 200 with the whole object and no ``Content-Range``: the
+    range is cut from it (a 206 without one is taken as it is: nothing to check it by).
+    """
+    want = _RANGE_ASKED.fullmatch(asked)
+    if want is None:  # not a range this store asks (an open-ended resume is checked there)
+        return data
+    start, last = int(want.group(1)), int(want.group(2))
+    if given is None:
+        # 200: the whole object, of which this is the range
+        return data[start:last + 1] if status == 200 else data
+    got = _RANGE_GIVEN.fullmatch(str(given))
+    if got is None:
+        raise TruncatedBody(f"asked for {asked}, the reply's Content-Range is {given!r}")
+    first, end = int(got.group(1)), int(got.group(2))
+    total = None if got.group(3) == "*" else int(got.group(3))
+    expected_end = last if total is None else min(last, total - 1)
+    if first != start or end != expected_end or len(data) != end - first + 1:
+        raise TruncatedBody(
+            f"asked for {asked}, got bytes {first}-{end} of {total} ({len(data)} bytes)",
+            len(data))
+    return data

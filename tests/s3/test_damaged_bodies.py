@@ -134,15 +134,14 @@ def test_a_shard_damaged_in_the_store_is_still_reported(store, proxied, tmp_path
 
 
 def test_what_a_ranged_reply_may_be():
-    from simstore.storage._s3 import _the_range
-    from simstore.storage._s3_files import TruncatedBody
+    from simstore.storage._s3_files import TruncatedBody, checked_range
 
     d = bytes(range(100))
-    assert _the_range("bytes=10-19", "bytes 10-19/100", d[10:20]) == d[10:20]
-    assert _the_range("bytes=90-119", "bytes 90-99/100", d[90:]) == d[90:]  # cut at the end
-    assert _the_range("bytes=10-19", None, d, 200) == d[10:20]  # a server ignoring ranges
-    assert _the_range("bytes=10-19", None, d[10:20], 206) == d[10:20]  # nothing to check
+    assert checked_range("bytes=10-19", "bytes 10-19/100", d[10:20]) == d[10:20]
+    assert checked_range("bytes=90-119", "bytes 90-99/100", d[90:]) == d[90:]  # cut at the end
+    assert checked_range("bytes=10-19", None, d, 200) == d[10:20]  # a server ignoring ranges
+    assert checked_range("bytes=10-19", None, d[10:20], 206) == d[10:20]  # nothing to check
     for given, body in (("bytes 10-14/100", d[10:15]), ("bytes 11-20/100", d[11:21]),
                         ("bytes 10-19/100", d[10:15]), ("bytes 10-19", d[10:20])):
         with pytest.raises(TruncatedBody):
-            _the_range("bytes=10-19", given, body)
+            checked_range("bytes=10-19", given, body)
