@@ -11,7 +11,7 @@ from typing import Any
 from simstore.errors import InvalidInputError
 from simstore.storage._base import ObjectInfo, ObjectStore, SupportsMoveFile, check_key
 from simstore.storage._counting import CountingStore, Traffic, tier_of_url
-from simstore.storage._fsspec import FsspecStore, without_passwords
+from simstore.storage._fsspec import FsspecStore, refuse_query_or_fragment, without_passwords
 from simstore.storage._local import LocalStore
 from simstore.storage._scratch import Scratch, scratch_in_use, sweep_scratch
 
@@ -135,14 +135,9 @@ def local_path(url: str) -> str | None:
         return rest
     if protocol != "file":
         return None
-    if "?" in rest or "#" in rest:
-        # as for every other store URL: keys are appended to the path (a folder whose
-        # name holds one is written %3F or %23, which RFC 8089 decodes)
-        raise InvalidInputError(
-            f"{without_passwords(url)}: a store URL cannot have a query string or fragment "
-            "('?', '#'): object keys are appended to its path; write a folder name holding "
-            "one as %3F or %23"
-        )
+    # as for every other store URL (a folder whose name holds one is written %3F or %23,
+    # which RFC 8089 decodes)
+    refuse_query_or_fragment(url, rest, "; write a folder name holding one as %3F or %23")
     host, slash, path = rest.partition("/")
     if host and host.lower() != "localhost":
         raise InvalidInputError(

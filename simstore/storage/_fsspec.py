@@ -53,6 +53,18 @@ def without_passwords(text: str) -> str:
     return _CREDENTIALS.sub(r"\1:***@", text)
 
 
+def refuse_query_or_fragment(url: str, path: str, hint: str = "") -> None:
+    """Refuse store URL ``url`` whose ``path`` holds a ``?`` or ``#``: keys are appended to it.
+
+    ``hint`` ends the message (how to name such a folder, where the scheme has a way).
+    """
+    if "?" in path or "#" in path:
+        raise InvalidInputError(
+            f"{without_passwords(url)}: a store URL cannot have a query string or fragment "
+            f"('?', '#'): object keys are appended to its path{hint}"
+        )
+
+
 def _why(exc: BaseException) -> str:
     """An error's text (passwords of URLs masked), or its type where it has none."""
     return without_passwords(str(exc)) or type(exc).__name__
@@ -101,11 +113,7 @@ class FsspecStore:
         self.url = without_passwords(given)
         """The URL as shown in messages and output: a password in it is masked."""
         self.protocol, _, path = given.partition("://")
-        if "?" in path or "#" in path:
-            raise InvalidInputError(
-                f"{self.url}: a store URL cannot have a query string or fragment ('?', '#'):"
-                " object keys are appended to its path"
-            )
+        refuse_query_or_fragment(given, path)
         self.root = path.rstrip("/")
         self._url_options: dict[str, Any] = {}
         """What the URL itself says beyond the path: a host, a port, a user (ftp://,
