@@ -140,8 +140,7 @@ def read_price_table(files: Sequence[str] = (), overrides: Sequence[str] = ()) -
                 f"price table {path} is not valid TOML: nested too deeply"
             ) from exc
         check_price_data(extra, origin=f"price table {path}")
-        raw_tiers = extra.get("tiers", {})
-        for name in raw_tiers if isinstance(raw_tiers, Mapping) else ():
+        for name in extra.get("tiers", {}):  # a table: check_price_data says so
             if str(name) not in data.get("tiers", {}):
                 added.setdefault(str(name), f"price table {path}")
         data = merge_price_data(data, extra)
