@@ -405,26 +405,25 @@ def unstage_cmd(ctx: CliContext, name: str, ids: tuple[str, ...], every: bool,
     if not entries and not cat.has_dataset(name):
         raise NotFoundError(f"no dataset {name!r}")
     chosen = list(entries) if every else [_staged_entry(entries, name, i) for i in ids]
-    if chosen:
-        cat.discard_staged(name, sorted({e.id for e in chosen}))
-    # a snapshot that landed meanwhile may have applied an entry before it went: that
-    # entry was committed, not discarded (a review raced `snapshot` with this)
-    committed: dict[str, str] = {}
-    if chosen:
+    gone = {e.id for e in chosen}
+    if gone:
+        cat.discard_staged(name, sorted(gone))
+        # a snapshot that landed meanwhile may have applied an entry before it went: that
+        # entry was committed, not discarded (a review raced `snapshot` with this)
         from simstore.catalog._commit import consumed_in_history
 
+        committed: dict[str, str] = {}
         for branch, head in cat.branches(name).list():
             for entry_id, sid in consumed_in_history(cat, head, chosen).items():
                 committed.setdefault(entry_id, f"{sid} on {branch}")
-    if committed:
-        entry_id, by = next(iter(sorted(committed.items())))
-        more = f" (and {len(committed) - 1} more)" if len(committed) > 1 else ""
-        raise ConflictError(
-            f"{name}: staged entry {entry_id}{more} was committed by snapshot {by} while it "
-            "was being discarded: its changes are in that snapshot"
-            + ("; the other entries named were discarded" if len(chosen) > len(committed)
-               else ""))
-    gone = {e.id for e in chosen}
+        if committed:
+            entry_id, by = min(committed.items())
+            more = f" (and {len(committed) - 1} more)" if len(committed) > 1 else ""
+            raise ConflictError(
+                f"{name}: staged entry {entry_id}{more} was committed by snapshot {by} while "
+                "it was being discarded: its changes are in that snapshot"
+                + ("; the other entries named were discarded" if len(gone) > len(committed)
+                   else ""))
 
     def row(e: Any) -> dict[str, Any]:
         return {"id": e.id, "created": e.created, "mode": e.mode, "rows": e.rows,
