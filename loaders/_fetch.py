@@ -686,14 +686,15 @@ class ShardAccess:
             fetched.append(self.store.get(key))
             return len(fetched[0])
 
-        downloads: list[int] = []
+        downloaded = False
 
         def download(out: BinaryIO) -> None:
             # the bytes of the GET that told the size; a download again (the first did
             # not hash to the id) GETs the object anew, and its bytes are the answer
-            if downloads or not fetched:
+            nonlocal downloaded
+            if downloaded or not fetched:
                 fetched[:] = [self.store.get(key)]
-            downloads.append(len(fetched[0]))
+            downloaded = True
             out.write(fetched[0])
 
         cache = self._shard_cache()
@@ -764,18 +765,19 @@ class ShardAccess:
                 sizes.append(self._size(key))
             return sizes[-1]
 
-        downloads: list[int] = []
+        downloaded = False
 
         def download(out: BinaryIO) -> None:
-            size = sizes[-1] if sizes else size_bytes()
-            if downloads and streams:
-                # a download again (the first did not hash to the id): a new GET
-                size = size_bytes()
-            downloads.append(size)
+            nonlocal downloaded
+            if not sizes or (downloaded and streams):
+                # the size (with a streaming store, its GET); again for a download again
+                # (the first did not hash to the id): the first stream is read to its end
+                size_bytes()
+            downloaded = True
             if streams:
                 self._copy_stream(streams[-1], out)
             else:
-                self._copy_blocks(key, size, out)
+                self._copy_blocks(key, sizes[-1], out)
 
         cache = self._shard_cache()
         try:
