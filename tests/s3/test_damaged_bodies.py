@@ -17,7 +17,6 @@ a Content-Length that says so; ``corrupt``: one byte changed).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -28,26 +27,11 @@ from simstore.errors import IntegrityError
 from simstore.hashing import hash_bytes
 from simstore.ingest import ingest
 from simstore.storage._s3 import S3Store
-from simstore.testing.s3 import FaultProxy
 
 pytestmark = pytest.mark.s3
 
 MiB = 1024 * 1024
 FAST: dict[str, Any] = {"backoff_base_s": 0.001, "backoff_max_s": 0.005, "read_timeout_s": 10}
-
-
-@pytest.fixture
-def store(s3_bucket: Callable[[], str]) -> Iterator[S3Store]:
-    s = S3Store(f"s3://{s3_bucket()}/root", storage_options=dict(FAST))
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def proxied(store: S3Store, fault_proxy: FaultProxy) -> Iterator[S3Store]:
-    s = S3Store(store.url, storage_options={**FAST, "endpoint_url": fault_proxy.endpoint_url})
-    yield s
-    s.close()
 
 
 def test_a_ranged_reply_cut_with_its_length_is_read_again(store, proxied, fault_proxy):

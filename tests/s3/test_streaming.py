@@ -8,7 +8,7 @@ throttling.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -19,7 +19,7 @@ from simstore.errors import IntegrityError, NotFoundError, StorageError
 from simstore.hashing import object_key
 from simstore.ingest import ingest
 from simstore.storage._s3 import S3Store
-from simstore.testing.s3 import FAKE_ACCESS_KEY, FaultProxy, make_s3_client
+from simstore.testing.s3 import FAKE_ACCESS_KEY, make_s3_client
 
 pytestmark = pytest.mark.s3
 
@@ -34,21 +34,6 @@ def read_all(reader: Any, block: int = 64 * 1024) -> bytes:
     while n := reader.readinto(buf):
         out += buf[:n]
     return bytes(out)
-
-
-@pytest.fixture
-def store(s3_bucket: BucketFactory) -> Iterator[S3Store]:
-    s = S3Store(f"s3://{s3_bucket()}/root", storage_options=dict(FAST))
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def proxied(store: S3Store, fault_proxy: FaultProxy) -> Iterator[S3Store]:
-    """The same bucket as ``store``, every request through the fault proxy."""
-    s = S3Store(store.url, storage_options={**FAST, "endpoint_url": fault_proxy.endpoint_url})
-    yield s
-    s.close()
 
 
 def test_open_read_streams_the_whole_object_with_one_get(store):
