@@ -65,12 +65,19 @@ def test_a_gc_during_an_ingest_fails_it_instead_of_committing_missing_shards(
         return real_finish(catalog, *args, **kwargs)
 
     monkeypatch.setattr(driver, "_finish", finish_after_a_gc)
+    _fails_naming_the_deleted_object_then_ingests(
+        src, cat, lambda: monkeypatch.setattr(driver, "_finish", real_finish))
+
+
+def _fails_naming_the_deleted_object_then_ingests(src, cat, without_gc):
+    """The ingest fails in one line, staging and committing nothing; once ``without_gc``
+    has taken the gc out, it runs again and the store verifies."""
     with pytest.raises(ConflictError) as err:
         ingest([src], dataset="d", store=cat, snapshot=True, resume=False)
     msg = str(err.value)
     assert "\n" not in msg and "objects/" in msg and "deleted by a gc" in msg
-    assert cat.staged("d") == [] and not cat.has_dataset("d")
-    monkeypatch.setattr(driver, "_finish", real_finish)
+    assert cat.staged("d") == [] and not cat.has_dataset("d")  # nothing staged or committed
+    without_gc()
     r = ingest([src], dataset="d", store=cat, snapshot=True, resume=False)
     assert r.samples == 3 and verify(cat, all_refs=True).ok
 
@@ -104,13 +111,8 @@ def test_a_gc_that_starts_while_the_entry_is_staged_fails_the_ingest(tmp_path, m
         return real_stage(self, *args, **kwargs)
 
     monkeypatch.setattr(Catalog, "stage", stage_after_a_gc)
-    with pytest.raises(ConflictError) as err:
-        ingest([src], dataset="d", store=cat, snapshot=True, resume=False)
-    msg = str(err.value)
-    assert "\n" not in msg and "objects/" in msg and "deleted by a gc" in msg
-    assert cat.staged("d") == [] and not cat.has_dataset("d")  # nothing staged or committed
-    r = ingest([src], dataset="d", store=cat, snapshot=True, resume=False)
-    assert r.samples == 3 and verify(cat, all_refs=True).ok
+    _fails_naming_the_deleted_object_then_ingests(
+        src, cat, lambda: monkeypatch.setattr(Catalog, "stage", real_stage))
 
 
 def test_an_entry_staged_beside_a_gc_that_leaves_its_objects_is_committed(tmp_path, monkeypatch):

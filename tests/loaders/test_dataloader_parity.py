@@ -75,11 +75,7 @@ def test_a_timeout_without_workers_is_refused_when_made(ds):
 
 def test_an_iteration_that_fails_to_start_keeps_the_loaded_resume(ds, store_path,
                                                                    monkeypatch):
-    first = SimDataLoader(ds, batch_size=4)
-    it = iter(first)
-    seen = [k for _ in range(3) for k in next(it)["__key__"]]
-    state = first.state_dict()
-    del it
+    seen, state = _three_batches_and_state(ds)
     ds2 = _dataset(store_path)
     loader = SimDataLoader(ds2, batch_size=4)
     loader.load_state_dict(state)
@@ -95,6 +91,20 @@ def test_an_iteration_that_fails_to_start_keeps_the_loaded_resume(ds, store_path
     monkeypatch.setattr(torch.utils.data.DataLoader, "__iter__", failing)
     with pytest.raises(RuntimeError, match="could not start"):
         iter(loader)
+    _the_rest_completes_the_epoch(seen, loader)
+
+
+def _three_batches_and_state(ds):
+    """The keys of a loader's first three batches of 4, and its state after them."""
+    first = SimDataLoader(ds, batch_size=4)
+    it = iter(first)
+    seen = [k for _ in range(3) for k in next(it)["__key__"]]
+    state = first.state_dict()
+    del it
+    return seen, state
+
+
+def _the_rest_completes_the_epoch(seen, loader):
     rest = [k for b in loader for k in b["__key__"]]
     assert len(seen) == 12 and len(rest) == 25
     assert sorted(seen + rest) == sorted(s.key for s in make_samples(37))
@@ -111,11 +121,7 @@ def test_workers_whose_init_fails_use_up_no_loaded_resume(ds, store_path, contex
     # found by an audit: worker_init_fn raising fails the first next(), after iter() had
     # taken the loaded resume; state_dict() still said it resumed, and the next iteration
     # read the whole epoch again (20 of 203 samples twice)
-    first = SimDataLoader(ds, batch_size=4)
-    it = iter(first)
-    seen = [k for _ in range(3) for k in next(it)["__key__"]]
-    state = first.state_dict()
-    del it
+    seen, state = _three_batches_and_state(ds)
     loader = SimDataLoader(_dataset(store_path), batch_size=4, num_workers=2,
                            multiprocessing_context=context, worker_init_fn=_init_that_may_fail)
     loader.load_state_dict(state)
@@ -124,9 +130,7 @@ def test_workers_whose_init_fails_use_up_no_loaded_resume(ds, store_path, contex
         next(iter(loader))
     monkeypatch.delenv("SIMSTORE_TEST_INIT_FAILS")
     assert loader.state_dict()["remaining"] == state["remaining"]
-    rest = [k for b in loader for k in b["__key__"]]
-    assert len(seen) == 12 and len(rest) == 25
-    assert sorted(seen + rest) == sorted(s.key for s in make_samples(37))
+    _the_rest_completes_the_epoch(seen, loader)
 
 
 def test_the_first_wait_counts_the_workers_start(ds, monkeypatch):
