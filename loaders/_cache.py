@@ -146,10 +146,10 @@ class ShardCache:
         try:
             os.makedirs(self.root, exist_ok=True)
             if not os.path.exists(marker):
-                # other workers may be claiming the same new directory right now: their
-                # marker and folders are not foreign content
-                ours = {MARKER, "objects", "tmp", "locks", "used"}
-                if set(os.listdir(self.root)) - ours:
+                # other workers may be claiming the same new directory right now: a claim
+                # writes its marker before any folder, so folders listed here without a
+                # marker after the listing are foreign (a copy of a store's objects/)
+                if set(os.listdir(self.root)) - {MARKER} and not os.path.exists(marker):
                     raise InvalidInputError(
                         f"cache_dir {self.root} is not empty and is not a simstore "
                         f"cache (no {MARKER}); give an empty or dedicated directory"
@@ -412,9 +412,10 @@ class ShardCache:
         """
         out = []
         used: dict[str, int] = {}
-        for sub in _listdir(self._used):
-            d = os.path.join(self._used, sub)
+        for d in _subfolders(self._used):
             for name in _listdir(d):
+                if not is_object_id(name):
+                    continue
                 with contextlib.suppress(FileNotFoundError):
                     used[name] = os.lstat(os.path.join(d, name)).st_mtime_ns
         held = set()
@@ -523,8 +524,7 @@ def _copies(objects: str) -> Iterator[tuple[str, str, os.stat_result]]:
     Names that are not object ids and entries that are not regular files are no copies;
     a copy evicted while the folder is listed is passed over.
     """
-    for sub in _listdir(objects):
-        folder = os.path.join(objects, sub)
+    for folder in _subfolders(objects):
         for name in _listdir(folder):
             if not is_object_id(name):
                 continue
@@ -535,6 +535,19 @@ def _copies(objects: str) -> Iterator[tuple[str, str, os.stat_result]]:
                 continue
             if stat.S_ISREG(st.st_mode):
                 yield name, path, st
+
+
+def _subfolders(path: str) -> Iterator[str]:
+    """The entries of ``path`` that are folders, not links to one.
+
+    Not files someone left there (they broke every listing), nor links (eviction would
+    delete what they point at).
+    """
+    for name in _listdir(path):
+        sub = os.path.join(path, name)
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISDIR(os.lstat(sub).st_mode):
+                yield sub
 
 
 def _stripe(object_id: str) -> str:

@@ -292,6 +292,10 @@ class ReaderPool:
                 entry = self._entries[key] = _Entry()
             entry.users += 1
             self._entries.move_to_end(key)
+            # idle readers beyond max_open go before this one opens, not after its read:
+            # else a read held max_open + 1 copies open while a prepared one took the slot
+            # it left (prefetch.shards + max_open_shards + 1 pinned, over a cache so sized)
+            self._evict_idle()
             prepared = self._prepared.pop(key, None)
             self._deferred.pop(key, None)  # not prepared yet: opened here, as it comes
             self._top_up()

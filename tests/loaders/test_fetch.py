@@ -88,6 +88,30 @@ def test_lru_eviction_keeps_the_cache_within_its_limit(small, tmp_path):
     assert ds.stats()["cache_misses"] == len(shard_ids(store))
 
 
+def test_an_opening_reader_finds_the_idle_ones_beyond_max_open_closed(small, tmp_path, monkeypatch):
+    # loader.md sizes a cache for prefetch.shards + max_open_shards copies per process: an
+    # idle reader past max_open_shards kept open while the next one opened pinned one more
+    # (a cache sized by that rule went over its limit in 74 of 82 fills)
+    from simstore.loaders import _readers
+
+    opened_beside: list[int] = []
+    plain = _readers.ReaderPool._open_entry
+
+    def counting(self, key, entry, prepared):
+        opened_beside.append(sum(1 for k, e in self._entries.items()
+                                 if k != key and e.reader is not None))
+        return plain(self, key, entry, prepared)
+
+    monkeypatch.setattr(_readers.ReaderPool, "_open_entry", counting)
+    store, _, samples = small
+    few = PrefetchConfig(chunks=1, shards=1, max_open_shards=1, chunk_samples=4)
+    ds = remote_ds(store, cache_dir=str(tmp_path / "cache"), cache_limit="1MiB",
+                   shuffle=False, prefetch=few)
+    assert sorted(keys_of(ds)) == sorted(samples)
+    assert len(opened_beside) >= len(shard_ids(store))
+    assert max(opened_beside) == 0  # max_open_shards=1: the one open reader is the new one
+
+
 def test_cache_refuses_a_foreign_directory_and_keeps_foreign_files(small, tmp_path):
     store, _, _ = small
     foreign = tmp_path / "home"
@@ -365,11 +389,13 @@ def test_workers_claiming_a_new_cache_directory_together_all_succeed(tmp_path):
         for p in procs:
             p.join()
         assert outcomes == ["ok"] * 3
-    # the state another worker leaves mid-claim (folders, no marker yet) is not foreign
+    # a claim writes the marker before any folder, so no worker mid-claim leaves folders
+    # without one: such a directory is someone else's (a copy of a store's objects/)
     half = tmp_path / "half"
     (half / "objects").mkdir(parents=True)
-    ShardCache(CacheConfig(directory=str(half), limit_bytes=1 << 20), Counters())
-    assert (half / "simstore-cache.json").exists()
+    with pytest.raises(InvalidInputError, match="not a simstore cache"):
+        ShardCache(CacheConfig(directory=str(half), limit_bytes=1 << 20), Counters())
+    assert not (half / "simstore-cache.json").exists()
 
 
 def test_memory_store_reads_ranged_and_through_the_cache(tmp_path):
