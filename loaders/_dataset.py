@@ -77,6 +77,7 @@ from simstore.loaders._tensors import (
 from simstore.loaders._world import (
     World,
     WorldDetector,
+    _distributed_rank,
     detect_world,
     exit_with_parent,
     in_worker,
@@ -714,12 +715,24 @@ class SimDataset(IterableDataset[Sample]):
             raise InvalidInputError(f"world_detector returned {shown(world)}, not a World")
         return world
 
+    def __getstate__(self) -> dict[str, Any]:
+        # pickled in the main process for a plain DataLoader's spawn or forkserver workers:
+        # they read as the world is now, not as it was at construction (a dataset built
+        # before ``init_process_group`` would read everything on every rank)
+        if not in_worker():
+            self.refresh_world()
+        return self.__dict__.copy()
+
     def __iter__(self) -> Iterator[Sample]:
         if in_worker():
             exit_with_parent()
             worker, num_workers = worker_context()
-            # inside a plain DataLoader's worker: read this worker's share, untracked
-            world = World(rank=self._world.rank, world_size=self._world.world_size,
+            # inside a plain DataLoader's worker: read this worker's share, untracked. A
+            # fork worker holds the dataset as it was at construction or its last
+            # detection, but inherits the process group: detect again where there is one
+            # (a spawned worker has none, and its dataset was detected when pickled)
+            rank = self._detect() if _distributed_rank() is not None else self._world
+            world = World(rank=rank.rank, world_size=rank.world_size,
                           worker=worker, num_workers=num_workers)
             remaining = self._resume if self._resume is not None else self._full()
             for sample, _count, _counters in self.read(world, self._epoch, remaining, 1):

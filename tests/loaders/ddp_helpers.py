@@ -61,3 +61,23 @@ def rank_main(rank: int, world_size: int, port: int, job: dict[str, Any]) -> Non
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def plain_loader_rank(rank: int, world_size: int, port: int, job: dict[str, Any]) -> None:
+    """Build the dataset before ``init_process_group`` (the ``mp.spawn`` style, no
+    ``RANK``/``WORLD_SIZE``), read it through a plain DataLoader with workers, write the keys."""
+    from torch.utils.data import DataLoader
+
+    ds = SimDataset(job["store"], job["ref"], seed=job["seed"], shard_opener=open_test_shard)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, init_method="env://")
+    try:
+        loader = DataLoader(ds, batch_size=None, num_workers=2,
+                            multiprocessing_context=job["context"])
+        keys = [s["__key__"] for s in loader if not bool(s["__pad__"])]
+        with open(os.path.join(job["out"], f"rank{rank}.json"), "w") as f:
+            json.dump({"keys": keys}, f)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()

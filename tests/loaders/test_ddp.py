@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch.multiprocessing as mp
-from ddp_helpers import free_port, rank_main
+from ddp_helpers import free_port, plain_loader_rank, rank_main
 from loader_helpers import open_test_shard
 from simstore.loaders import SimDataLoader, SimDataset
 
@@ -69,3 +69,19 @@ def test_ddp_with_persistent_workers_reads_each_epoch_exactly(small, tmp_path):
             assert r["epoch_order"][epoch_index] == local
     for r in results:  # the same two workers served every epoch
         assert len(r["worker_pids"]) == 3 and len({tuple(p) for p in r["worker_pids"]}) == 1
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_plain_dataloader_workers_read_the_rank_of_a_group_started_after_the_dataset(
+        small, tmp_path, context):
+    # the dataset saw rank 0 of 1 when it was built; its workers read for the process group
+    store, ref, samples = small
+    job = {"store": store, "ref": ref, "seed": 11, "context": context, "out": str(tmp_path)}
+    mp.spawn(plain_loader_rank, args=(2, free_port(), job), nprocs=2, join=True)
+    per_rank = []
+    for r in range(2):
+        with open(os.path.join(tmp_path, f"rank{r}.json")) as f:
+            per_rank.append(json.load(f)["keys"])
+    keys = [k for r in per_rank for k in r]
+    assert [len(r) for r in per_rank] == [30, 30]
+    assert len(keys) == len(set(keys)) and set(keys) == set(samples)
