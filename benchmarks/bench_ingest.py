@@ -1,7 +1,7 @@
 """Ingest benchmarks: throughput against a plain copy, peak RSS, codec ratio and read cost.
 
     python -m benchmarks.bench_ingest [--quick] [--out results.json] [--workdir DIR]
-        [--baseline TREE] [--reps N] [--cases LABELS] [--sources NAMES]
+        [--baseline TREE] [--reps N] [--cases LABELS] [--sources NAMES] [--scale K]
         [--only throughput|rss|codecs|phases]
 
 1. Throughput: .npz folders, HDF5 runs (time-windowed), many small .npz files, NetCDF-4
@@ -276,17 +276,21 @@ SOURCES = ("npz", "hdf5", "hdf5 runs", "small npz", "netcdf", "vtu")
 
 
 def _sources(
-    work: Path, quick: bool, names: tuple[str, ...] = ()
+    work: Path, quick: bool, names: tuple[str, ...] = (), scale: int = 1
 ) -> dict[str, tuple[Path, int, dict]]:
-    """The sources named (all by default), written under ``work``: (folder, bytes, options)."""
+    """The sources named (all by default), written under ``work``: (folder, bytes, options).
+
+    ``scale`` multiplies the number of .npz and HDF5 files (each file's size stays).
+    """
     wanted = [n for n in SOURCES if not names or n in names]
     out: dict[str, tuple[Path, int, dict]] = {}
     for name in wanted:
         if name == "npz":
-            out[name] = (work / "npz", make_npz(work / "npz", 8 if quick else 24, 16, 512), {})
+            files = (8 if quick else 24) * scale
+            out[name] = (work / "npz", make_npz(work / "npz", files, 16, 512), {})
         elif name in ("hdf5", "hdf5 runs"):
             if "hdf5" not in out:  # the two share their files
-                make_h5(work / "h5", 2 if quick else 6, 64, 512)
+                make_h5(work / "h5", (2 if quick else 6) * scale, 64, 512)
             size = sum(p.stat().st_size for p in (work / "h5").iterdir())
             # "hdf5 runs": the same files, a run per sample: two (64, 512, 512) fields
             # chunked by time step in the file, near-cubic in the shard, so the Zarr writer
@@ -348,6 +352,7 @@ def throughput(
     baseline: str = "",
     only: tuple[str, ...] = (),
     sources: tuple[str, ...] = (),
+    scale: int = 1,
 ) -> list[dict]:
     """Each ingest case against copying the same files, round by round.
 
@@ -357,7 +362,7 @@ def throughput(
     ratio divides the copy's median seconds by the case's.
     """
     rows = []
-    for name, (src, size, opts) in _sources(work, quick, sources).items():
+    for name, (src, size, opts) in _sources(work, quick, sources, scale).items():
         runs: dict[tuple[str, int, str], list[dict]] = {}
         copies: dict[str, list[float]] = {"copy": [], "copy+fsync": []}
         trees = [("after", _TREE)] + ([("before", baseline)] if baseline else [])
@@ -708,6 +713,13 @@ def main() -> None:
     )
     ap.add_argument("--reps", type=int, default=None, help="rounds (default 3, 1 with --quick)")
     ap.add_argument(
+        "--scale",
+        type=int,
+        default=1,
+        help="throughput: this many times the .npz and HDF5 files (768 MiB each at 1), so "
+        "an ingest's start, end and last task weigh less against its steady rate",
+    )
+    ap.add_argument(
         "--sources",
         default="",
         help=f"comma-separated throughput sources (of {', '.join(SOURCES)}); default all",
@@ -729,7 +741,9 @@ def main() -> None:
             unknown = sorted(set(names) - set(SOURCES))
             if unknown:
                 ap.error(f"unknown sources {unknown}: expected some of {', '.join(SOURCES)}")
-            results["throughput"] = throughput(work, args.quick, reps, baseline, only, names)
+            results["throughput"] = throughput(work, args.quick, reps, baseline, only, names,
+                                               args.scale)
+            results["scale"] = args.scale
             if baseline:
                 results["baseline"] = _revision(baseline)
             cols = ["source", "what", "workers", "mib", "mib_s", "ratio", "cpu_s"]
