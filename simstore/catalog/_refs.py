@@ -17,7 +17,7 @@ from simstore.errors import (
     version_error,
 )
 from simstore.hashing import is_object_id, object_key
-from simstore.names import check_name, check_ref_name
+from simstore.names import Ref, check_name, check_ref_name
 from simstore.sample import canonical_json
 from simstore.snapshot import SNAPSHOT_HEAD, Snapshot
 from simstore.storage import ObjectStore
@@ -288,6 +288,15 @@ class Branches(_Refs):
         if names and name not in names:
             at = "main" if "main" in names else names[0]
             more = f" and {len(names) - 10} more" if len(names) > 10 else ""
+            if Ref(dataset=self.dataset, rev=name).full_id is not None:
+                # no branch may take such a name (check_ref_name): suggesting to create
+                # one would name a command that is refused
+                raise NotFoundError(
+                    f"dataset {self.dataset!r} has no branch {name!r}: 32 hex characters "
+                    f"name a snapshot, never a branch (branches: {', '.join(names[:10])}"
+                    f"{more}); to change history from that snapshot, make a branch at it: "
+                    f"simstore branch {self.dataset}@{name} NEW_NAME"
+                )
             raise NotFoundError(
                 f"dataset {self.dataset!r} has no branch {name!r} (branches: "
                 f"{', '.join(names[:10])}{more}); create it at a snapshot first: "
