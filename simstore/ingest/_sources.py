@@ -496,11 +496,20 @@ def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[Sourc
     chosen: dict[str, SourceAdapter | None] = {}  # the adapter each walked file resolved to
     broken: set[str] = set()  # entries read_head refuses: their tasks report them
 
+    key_of: dict[str, str] = {}  # each listed path's key: a path reached twice is refused
+
     def add(path: str, key: str) -> None:
         if key in found and found[key].path != path:
             raise InvalidInputError(
                 printable_text(f"two sources map to the key {key!r}: {found[key].path} and {path}")
             )
+        if key_of.setdefault(path, key) != key:
+            # a folder and a folder (or file) inside it, both given: the same file would
+            # be ingested twice, as two samples under two keys
+            raise InvalidInputError(printable_text(
+                f"{path} is reached by two sources, as the keys {key_of[path]!r} and {key!r} "
+                "(a folder and a folder or file inside it): give each file once"
+            ))
         size, mtime, identity = (0, 0, "") if path in broken else _stat(path)
         found[key] = SourceFile(path, key, size, mtime, identity=identity, file_size=size)
 

@@ -704,3 +704,19 @@ def test_a_scratch_folder_that_cannot_be_made_is_a_storage_error_naming_it(tmp_p
         ingest([str(src)], dataset="d", store=cat, tmp_dir=str(not_a_folder))
     assert str(not_a_folder) in str(info.value) and "\n" not in str(info.value)
     assert cat.staged("d") == []
+
+
+def test_a_file_reached_by_two_sources_under_two_keys_is_refused(catalog, tmp_path):
+    """A folder and a folder inside it, both given: their files are not ingested twice."""
+    (tmp_path / "runs" / "sub").mkdir(parents=True)
+    np.save(tmp_path / "runs" / "r0.npy", np.zeros(2))
+    np.save(tmp_path / "runs" / "sub" / "s.npy", np.ones(2))
+    for sources in ([tmp_path / "runs", tmp_path / "runs" / "sub"],
+                    [tmp_path / "runs", tmp_path / "runs" / "sub" / "s.npy"]):
+        with pytest.raises(InvalidInputError, match=r"s\.npy is reached by two sources.*"
+                           r"'sub/s\.npy' and 's\.npy'"):
+            ingest(sources, dataset="d", store=catalog)
+    assert catalog.staged("d") == []
+    # the same file under the key it already has is listed once
+    r = ingest([tmp_path / "runs", tmp_path / "runs" / "r0.npy"], dataset="d", store=catalog)
+    assert (r.files, r.samples) == (2, 2)
