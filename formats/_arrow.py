@@ -131,7 +131,8 @@ def _maps_a_file(array: np.ndarray) -> bool:
 
 
 def plan_columns(
-    samples: Sequence[Sample], *, shuffle: bool = False, fixed_bytes: int = SMALL_TENSOR_BYTES
+    samples: Sequence[Sample], *, shuffle: bool = False, fixed_bytes: int = SMALL_TENSOR_BYTES,
+    fixed_ok: Callable[[np.dtype[Any], tuple[int, ...]], bool] | None = None,
 ) -> list[ColumnPlan]:
     """The column layout of some samples; one spec per field or InvalidInputError.
 
@@ -139,6 +140,8 @@ def plan_columns(
     while a list column of floats costs a definition level per value, several times
     slower. Uniform tensors of at most ``fixed_bytes`` per sample become fixed-shape
     tensor columns. ``shuffle`` byte-shuffles float blobs (the ``shuffle-zstd`` codec).
+    ``fixed_ok(dtype, shape)``, where given, may also refuse a fixed-shape column (one the
+    format's writer cannot write): the field is then a blob.
     """
     specs: dict[str, FieldSpec] = {}
     shapes: dict[str, tuple[int, ...] | None] = {}
@@ -169,7 +172,11 @@ def plan_columns(
             itemsize = np.dtype(spec.dtype).itemsize
             if spec.ndim == 0:
                 plans.append(ColumnPlan(spec, "plain"))
-            elif uniform is not None and 0 < math.prod(uniform) * itemsize <= fixed_bytes:
+            elif (
+                uniform is not None
+                and 0 < math.prod(uniform) * itemsize <= fixed_bytes
+                and (fixed_ok is None or fixed_ok(np.dtype(spec.dtype), uniform))
+            ):
                 plans.append(ColumnPlan(spec, "fixed", uniform))
             else:
                 kind = np.dtype(spec.dtype).kind

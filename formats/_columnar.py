@@ -95,12 +95,20 @@ class ColumnarWriter(ABC):
         self._written.append(ws)
         return ws
 
+    def _fixed_ok(self, dtype: np.dtype[Any], shape: tuple[int, ...]) -> bool:
+        """Whether a uniform tensor of ``dtype`` and ``shape`` may be a fixed-shape column.
+
+        Only asked for one of at most ``fixed_tensor_bytes``; a refused one is a blob.
+        """
+        return True
+
     def close(self, stats: Mapping[str, Any] | None = None) -> ShardWriteResult:
         """Write the buffered samples to ``path``; equal samples give equal bytes."""
         self._closed = True
         codec, _ = parse_compression(self.options.compression)
         plans = plan_columns(
-            self._samples, shuffle=codec == "shuffle-zstd", fixed_bytes=self.fixed_tensor_bytes
+            self._samples, shuffle=codec == "shuffle-zstd", fixed_bytes=self.fixed_tensor_bytes,
+            fixed_ok=self._fixed_ok,
         )
         schema = self._schema(plans, stats)
         groups = row_groups(self._samples, self._sizes, self.options.row_group_bytes)

@@ -24,6 +24,7 @@ written before the escaping (a ``%`` stored as is) reads as it did.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import shutil
@@ -32,6 +33,7 @@ import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, BinaryIO
 
+import numpy as np
 import pyarrow as pa
 
 from simstore.errors import FormatError, one_line
@@ -119,8 +121,36 @@ LANCE_FILE_VERSION = "2.2"
 """The Lance file format version of every Lance shard (pylance 14's default)."""
 
 
+LANCE_FIXED_BOOLS = 4092
+"""The most values of a bool tensor Lance writes as a ``fixed_size_list`` of any length
+(pylance 14): its bit-packed miniblocks hold at most 8,186 bytes of a chunk's values, and
+it refuses the file at ``close`` ("Value is too wide for miniblock encoding") for a list
+of 4,093 bools or more, unless the length is a multiple of 8 of at most
+:data:`LANCE_FIXED_BOOLS_MAX` bools."""
+
+LANCE_FIXED_BOOLS_MAX = 32736
+"""The longest ``fixed_size_list`` of bools with a length that is a multiple of 8 that
+Lance 14 writes (32,744 is refused)."""
+
+
+def lance_writes_fixed(dtype: np.dtype[Any], shape: tuple[int, ...]) -> bool:
+    """Whether Lance writes a uniform tensor as a ``fixed_size_list`` (else: a blob).
+
+    Every dtype but ``bool`` within 64 KiB (``fixed_tensor_bytes``); a bool tensor only at the
+    lengths :data:`LANCE_FIXED_BOOLS` says (a 256 x 256 mask failed the whole ingest).
+    The lengths Lance takes stay fixed columns, so their shards keep their bytes.
+    """
+    if dtype.kind != "b":
+        return True
+    n = math.prod(shape)
+    return n <= LANCE_FIXED_BOOLS or (n % 8 == 0 and n <= LANCE_FIXED_BOOLS_MAX)
+
+
 class LanceShardWriter(ColumnarWriter):
     """Streaming side of :class:`LanceFormat` (buffers one shard, writes on close)."""
+
+    def _fixed_ok(self, dtype: np.dtype[Any], shape: tuple[int, ...]) -> bool:
+        return lance_writes_fixed(dtype, shape)
 
     def _schema(self, plans: Sequence[ColumnPlan], stats: Mapping[str, Any] | None) -> pa.Schema:
         codec, _ = parse_compression(self.options.compression)

@@ -236,9 +236,11 @@ def _documented_lance_recipe() -> str:
     return recipe
 
 
-def test_the_documented_stock_lance_recipe_reads_every_kind_back(tmp_path):
+@pytest.mark.parametrize("dtype", ["float32", "bool"])
+def test_the_documented_stock_lance_recipe_reads_every_kind_back(tmp_path, dtype):
+    # bool: pyarrow converts a bool array to NumPy only as a copy (zero_copy_only=False)
     rng = np.random.default_rng(5)
-    velocity = rng.standard_normal((2, 3)).astype(np.float32)
+    velocity = (rng.standard_normal((2, 3)) > 0).astype(dtype)
     pressure = rng.standard_normal((100, 200)).astype(np.float32)  # 78 KiB: a blob
     sample = Sample("run0", {"velocity": velocity, "velocity.units": "m/s",
                              "pressure": pressure})
