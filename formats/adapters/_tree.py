@@ -513,6 +513,19 @@ def _time_axis(
         if lengths:
             t = lengths.pop()
             return t, [bool(e.dims) and e.dims[0] == time_dim for e in entries]  # type: ignore[index]
+        # the dimension decides, not the length: variables that run along the time
+        # dimension on another axis ([x, y, time]) must not have windows cut along
+        # whatever axis 0 of the same length, or of another length, happens to be
+        along = [(e.name, e.dims.index(time_dim), e.array.shape[e.dims.index(time_dim)])
+                 for e in entries if e.dims and time_dim in e.dims]
+        if along:
+            name, axis, t = along[0]
+            raise SourceError(
+                f"{path}: time axis of {t} steps (dimension {time_dim!r}) is axis 0 of no "
+                f"array (field {name!r} runs along it on axis {axis}): windows cut axis 0 "
+                "only, so every field would repeat whole; put the time dimension first "
+                "(ncpdq -a), or name the time axis (time_name)"
+            )
     names = [time_name] if time_name else ["time", "t"]
     t_len: int | None = None
     for want in names:

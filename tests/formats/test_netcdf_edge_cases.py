@@ -307,3 +307,28 @@ def test_a_nan_fill_value_is_no_nan_in_the_data_for_nan_error(tmp_path):
         ds.createVariable("sst", "f4", ("x",))[:] = [1.0, np.nan, 3.0]
     with pytest.raises(SourceError, match=r"b\.nc: field 'sst': 1 NaN"):
         ingest([src / "b.nc"], dataset="d", store=catalog, nan="error")
+
+
+# -- time windows: the time dimension decides, not axis 0's length
+
+
+@pytest.mark.parametrize("options", [{}, {"time_name": "time"}])
+def test_a_time_dimension_on_no_variable_s_first_axis_is_refused(tmp_path, options):
+    """[x, y, time] fields without a `time` variable: windows were cut along x (8 of the
+    10 steps' keys, each window 4 rows of x), or time_name 'time' was said to name no
+    dimension."""
+    path = tmp_path / "tlast.nc"
+    with netCDF4.Dataset(path, "w", format="NETCDF4") as ds:
+        ds.createDimension("time", None)
+        ds.createDimension("x", 8)
+        ds.createDimension("y", 5)
+        ds.createVariable("u", "f4", ("x", "y", "time"))[:, :, 0:10] = np.ones((8, 5, 10))
+    with pytest.raises(SourceError) as info:
+        list(NetCDFAdapter().iter_samples(str(path), "k", {"time_window": 4, **options}))
+    message = one_line(info, path, "u")
+    assert "time axis of 10 steps (dimension 'time') is axis 0 of no array" in message
+    assert "on axis 2" in message
+    with netCDF4.Dataset(path, "a") as ds:  # the same run with time first is windowed
+        ds.createVariable("v", "f4", ("time", "y"))[0:10] = np.ones((10, 5))
+    keys = [s.key for s in NetCDFAdapter().iter_samples(str(path), "k", {"time_window": 4})]
+    assert keys == ["k/t0000", "k/t0004"]
