@@ -6,6 +6,7 @@ import json
 import math
 import os
 import tempfile
+import zipfile
 from typing import Any
 
 import click
@@ -194,8 +195,12 @@ def _write_npz(path: str, samples: list[dict[str, Any]]) -> None:
         umask = os.umask(0)
         os.umask(umask)
         os.fchmod(fd, 0o666 & ~umask)  # as open() would make it, not mkstemp's 0600
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)  # type: ignore[arg-type]
+        # entry by entry as np.savez writes them, not through its keyword arguments: a
+        # field named "file" or "allow_pickle" is an entry like any other
+        with os.fdopen(fd, "wb") as f, zipfile.ZipFile(f, "w", allowZip64=True) as z:
+            for entry, array in arrays.items():
+                with z.open(f"{entry}.npy", "w", force_zip64=True) as member:
+                    np.lib.format.write_array(member, array, allow_pickle=False)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)

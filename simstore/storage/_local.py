@@ -15,6 +15,7 @@ import fcntl
 import os
 import re
 import shutil
+import stat
 import time
 import uuid
 from collections.abc import Iterator
@@ -119,7 +120,15 @@ class LocalStore:
         """Read an object or a half-open byte range of it."""
         path = self._path(key)
         try:
-            with open(path, "rb") as f:
+            # O_NONBLOCK: opening a FIFO planted as an object must not wait for a writer
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            with os.fdopen(fd, "rb") as f:
+                mode = os.fstat(fd).st_mode
+                if stat.S_ISDIR(mode):
+                    raise NotFoundError(f"{self.url}: no object {key}")
+                if not stat.S_ISREG(mode):
+                    # a FIFO, or a link to /dev/zero: read without end, or never answered
+                    raise StorageError(f"{self.url}/{key}: read failed: not a regular file")
                 if byte_range is None:
                     return f.read()
                 start, end = byte_range
@@ -184,7 +193,20 @@ class LocalStore:
         """Infos of keys under ``prefix``, in sorted order, skipping temporary files."""
         base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         start = os.path.join(self.root, *base.split("/")) if base else self.root
+        if base and self._through_link(base):
+            # a linked folder is not walked, here as below (``_walk``): a store whose
+            # objects/ links to another store's would have gc delete that store's objects
+            return
         yield from self._walk(start, base, prefix)
+
+    def _through_link(self, rel: str) -> bool:
+        """Whether a folder on the way from the root to ``rel`` is a symbolic link."""
+        path = self.root
+        for seg in rel.split("/"):
+            path = os.path.join(path, seg)
+            if os.path.islink(path):
+                return True
+        return False
 
     def list_temporary(self, older_than: float) -> Iterator[str]:
         """Paths of temporary files and scratch entries left by killed writers.

@@ -3,6 +3,7 @@
 import json
 import os
 import stat
+import zipfile
 
 import numpy as np
 import pytest
@@ -210,3 +211,31 @@ def test_scalars_tensors_of_rank_0_and_absent_fields_are_told_apart(tmp_path):
     assert run["absent"] == ["p"] and z["absent"] == ["re", "u"]
     text = _run(path, "d", "z", "--fields", "u,p").output.splitlines()
     assert text[1:] == ["  p  tensor float64 () [0.5]", "  u  absent"]
+
+
+@pytest.mark.parametrize("name", ["file", "allow_pickle"])
+def test_out_writes_a_field_named_like_a_savez_parameter(tmp_path, name):
+    # np.savez(f, **arrays) took a field "file" for its own argument (a TypeError
+    # traceback) and one named "allow_pickle" for its flag (an empty .npz, exit 0)
+    root = tmp_path / "src"
+    root.mkdir()
+    arrays = {"x": np.arange(3), name: np.ones(1)}
+    with zipfile.ZipFile(root / "a.npz", "w") as z:  # np.savez cannot name these either
+        for entry, value in arrays.items():
+            with z.open(f"{entry}.npy", "w") as member:
+                np.lib.format.write_array(member, value)
+    path = str(tmp_path / "s")
+    Catalog.init(path)
+    simstore.ingest([str(root)], dataset="d", store=path, snapshot=True, message="t")
+    out = tmp_path / "o.npz"
+    res = _run(path, "d", "a", "--out", str(out))
+    assert res.exit_code == 0, res.output
+    with np.load(out, allow_pickle=False) as z:
+        assert sorted(z.files) == sorted([name, "x"])
+        assert z[name].tolist() == [1.0]
+        assert z["x"].tolist() == [0, 1, 2]
+    only = tmp_path / "only.npz"
+    res = _run(path, "d", "a", "--fields", name, "--out", str(only))
+    assert res.exit_code == 0, res.output
+    with np.load(only, allow_pickle=False) as z:
+        assert z.files == [name]
