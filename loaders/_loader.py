@@ -255,6 +255,9 @@ class _WorkersIter(_MultiProcessingDataLoaderIter):
             if lockless is not None:
                 loader.multiprocessing_context = lockless
             super().__init__(loader)
+        except BaseException:
+            self._stop_after_failed_start()
+            raise
         finally:
             if lockless is not None:
                 loader.multiprocessing_context = given
@@ -266,6 +269,28 @@ class _WorkersIter(_MultiProcessingDataLoaderIter):
             if not _AT_EXIT[0]:
                 atexit.register(_stop_workers_at_exit)
                 _AT_EXIT[0] = True
+
+    def _stop_after_failed_start(self) -> None:
+        """Stop the workers torch's ``__init__`` started before it failed.
+
+        A Ctrl-C (or any error) while torch starts the workers or primes their index
+        queues leaves the iterator half made: never returned, never in ``_RUNNING``, its
+        workers serving. Left to the exit, multiprocessing's hook sends them SIGTERM,
+        which a worker outlives for ``SIGTERM_GRACE_S`` while this process runs, and
+        joins them: the interrupted script hung 30 s before it exited. Marked as
+        stopping, a worker of this set that is still starting (not yet in ``_workers``)
+        ends at once at that SIGTERM too.
+        """
+        if self._sim_stopping is not None:
+            self._sim_stopping.value = 1
+        if not getattr(self, "_workers", None):
+            return
+        if not hasattr(self, "_workers_status"):  # failed before torch's first _reset
+            self._workers_status = [True] * len(self._workers)
+        try:
+            self._shutdown_workers()
+        except Exception as exc:  # the error being raised says more than this one
+            _log.debug("stopping the workers of an iterator that failed to start: %s", exc)
 
     _sim_number = -1
     """With persistent workers: the number of the iteration under way (see ``_Stream``)."""
@@ -613,6 +638,10 @@ class SimDataLoader(DataLoader[Any]):
             self._load_first_groups(ds, world)
         try:
             tagged = super().__iter__()
+        except BaseException:
+            if kept is None and channels:  # made for workers that are stopped (or none)
+                _close_channels(channels)
+            raise
         finally:
             FORKED_GROUPS.clear()  # the workers have their copy (or none started)
         if kept is None:

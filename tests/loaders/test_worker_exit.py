@@ -3,6 +3,7 @@ cleanly when the loader is shut down with batches still being sent."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -452,3 +453,43 @@ def test_a_process_killed_inside_the_workers_shutdown_event_hangs_nothing(tmp_pa
     keys = [k for b in [first, *got[:-1]] for k in b["__key__"]]
     assert sorted(keys) == sorted(s.key for s in samples)
     assert got[-1] == "stopped"
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_ctrl_c_while_the_workers_start_stops_them_before_it_is_raised(
+        small, monkeypatch, persistent):
+    """A KeyboardInterrupt inside torch's iterator start (its workers started, their
+    queues being primed) leaves no worker serving.
+
+    The half-made iterator was never returned: its workers served on, and at the
+    script's exit multiprocessing's hook sent them a SIGTERM they outlive for 30 s while
+    the training process runs, and waited for them (Ctrl-C took 30 s to end the script).
+    """
+    from loader_helpers import open_test_shard
+    from simstore.loaders import SimDataLoader, SimDataset
+    from torch.utils.data import dataloader as torch_loader
+
+    store, ref, _ = small
+    started: list = []
+
+    def interrupted(self):
+        started.extend(self._workers)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch_loader._MultiProcessingDataLoaderIter, "_try_put_index",
+                        interrupted)
+    ds = SimDataset(store, ref, shard_opener=open_test_shard)
+    loader = SimDataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork",
+                           persistent_workers=persistent)
+    with pytest.raises(KeyboardInterrupt) as info:
+        iter(loader)
+    # the traceback holds the half-made iterator, as an uncaught one does to the exit
+    assert info.traceback
+    alive = [w.is_alive() for w in started]
+    del info
+    gc.collect()  # the iterator, collected, stops any worker left
+    assert len(started) == 2
+    assert alive == [False, False]
+    monkeypatch.undo()
+    keys = [k for batch in loader for k in batch["__key__"]]  # the next iteration reads
+    assert len(keys) == 60
