@@ -107,12 +107,15 @@ class ParquetShardWriter(ColumnarWriter):
             paths = _float_leaf_paths(plans)
             if paths:
                 kwargs["column_encoding"] = {p: "BYTE_STREAM_SPLIT" for p in paths}
-        # blocks for the buffered samples' bytes are reserved before pyarrow appends to
-        # the new file (:mod:`simstore._reserve`), and what is left given back after
+        # blocks for the buffered samples' bytes are reserved, exactly, before pyarrow
+        # appends to the new file (:mod:`simstore._reserve`): uncompressed, the file is
+        # a little larger than they are, so nothing is given back (a truncate that waits
+        # on the journal's writeback); compressed, its size is not known, and nothing is
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
-            reserved = Reservation(fd)
-            reserved.ahead(sum(self._sizes))
+            reserved = Reservation(fd, step=0)
+            if codec == "none":
+                reserved.ahead(sum(self._sizes))
             sink = pa.OSFile(self.path, mode="a")
             try:
                 with pq.ParquetWriter(sink, schema, memory_pool=memory_pool(), **kwargs) as writer:

@@ -37,8 +37,9 @@ class HashingFile:
     chunk is still in cache after its CRC-32), so the shard is not read again to be
     stored under its hash. Small writes (zip headers) wait in a buffer and go out with
     the next large one in one ``writev``; ``tell`` is counted, not asked of the kernel.
-    Disk blocks are reserved ahead of the writes (:class:`simstore._reserve.Reservation`)
-    and what is left over is given back at close.
+    The disk blocks of each write of 1 MiB or more are reserved just before it, exactly
+    (:class:`simstore._reserve.Reservation` with ``step=0``): nothing is left to give back
+    at close, whose truncate waited on the journal's writeback.
     A seek anywhere but the end, or a failed write, leaves no id (``None``): the caller
     then hashes the file.
     """
@@ -48,7 +49,7 @@ class HashingFile:
     def __init__(self, path: str) -> None:
         self.name = path
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        self._reserved = Reservation(self._fd)
+        self._reserved = Reservation(self._fd, step=0)
         self._pos = 0
         self._size = 0
         self._pending = bytearray()
@@ -83,7 +84,9 @@ class HashingFile:
         return n
 
     def _out(self, parts: list[memoryview]) -> None:
-        self._reserved.ahead(self._pos + sum(p.nbytes for p in parts))
+        n = sum(p.nbytes for p in parts)
+        if n >= Reservation.MIN_WRITE:
+            self._reserved.ahead(self._pos + n)
         try:
             while parts:
                 done = os.writev(self._fd, parts)
