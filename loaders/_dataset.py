@@ -718,10 +718,12 @@ class SimDataset(IterableDataset[Sample]):
     def __getstate__(self) -> dict[str, Any]:
         # pickled in the main process for a plain DataLoader's spawn or forkserver workers:
         # they read as the world is now, not as it was at construction (a dataset built
-        # before ``init_process_group`` would read everything on every rank)
+        # before ``init_process_group`` would read everything on every rank). The copy
+        # gets the detected world; this object keeps its own until it next iterates.
+        state = self.__dict__.copy()
         if not in_worker():
-            self.refresh_world()
-        return self.__dict__.copy()
+            state["_world"] = self._detect()
+        return state
 
     def __iter__(self) -> Iterator[Sample]:
         if in_worker():

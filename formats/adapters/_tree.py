@@ -504,6 +504,14 @@ def _time_axis(
     path: str, entries: Sequence[ArrayEntry], time_name: str | None, time_dim: str | None
 ) -> tuple[int, list[bool]]:
     """(T, which entries are windowed)."""
+    if time_dim is not None and time_name == time_dim and not any(
+            e.dims and time_dim in e.dims for e in entries):
+        # time_name names a variable, not a dimension: the dimension it runs along is the
+        # time dimension (else windows were cut by length, along any axis 0 as long)
+        named = [e for e in entries if time_name in (e.name, e.name.rsplit("/", 1)[-1])
+                 and e.dims and len(e.array.shape) == 1]
+        if named:
+            time_dim = named[0].dims[0]  # type: ignore[index]
     if time_dim is not None:
         lengths = {e.array.shape[0] for e in entries if e.dims and e.dims[0] == time_dim}
         if len(lengths) > 1:  # one dimension, one length: an adapter's bug, not the file's

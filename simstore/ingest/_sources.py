@@ -496,18 +496,25 @@ def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[Sourc
     chosen: dict[str, SourceAdapter | None] = {}  # the adapter each walked file resolved to
     broken: set[str] = set()  # entries read_head refuses: their tasks report them
 
-    key_of: dict[str, str] = {}  # each listed path's key: a path reached twice is refused
+    # each listed file's source and key, by its real folder: one reached twice is refused
+    key_of: dict[str, tuple[int, str]] = {}
+    source = 0  # the number of the source being listed
 
     def add(path: str, key: str) -> None:
         if key in found and found[key].path != path:
             raise InvalidInputError(
                 printable_text(f"two sources map to the key {key!r}: {found[key].path} and {path}")
             )
-        if key_of.setdefault(path, key) != key:
+        # by the real folder and the name: a source given through a linked folder (a
+        # linked home or data folder) reaches the same files as one given as it is; a
+        # file that is itself a link stays a source of its own (adapters.md)
+        real = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+        first_source, first_key = key_of.setdefault(real, (source, key))
+        if first_source != source and first_key != key:
             # a folder and a folder (or file) inside it, both given: the same file would
             # be ingested twice, as two samples under two keys
             raise InvalidInputError(printable_text(
-                f"{path} is reached by two sources, as the keys {key_of[path]!r} and {key!r} "
+                f"{path} is reached by two sources, as the keys {first_key!r} and {key!r} "
                 "(a folder and a folder or file inside it): give each file once"
             ))
         size, mtime, identity = (0, 0, "") if path in broken else _stat(path)
@@ -533,7 +540,8 @@ def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[Sourc
             broken.add(path)
             return adapter
 
-    for src in sources:
+    for number, src in enumerate(sources):
+        source = number  # read by add()
         path = os.path.abspath(os.fspath(src))
         if not os.path.lexists(path):
             if _URL.match(os.fspath(src)):

@@ -332,3 +332,24 @@ def test_a_time_dimension_on_no_variable_s_first_axis_is_refused(tmp_path, optio
         ds.createVariable("v", "f4", ("time", "y"))[0:10] = np.ones((10, 5))
     keys = [s.key for s in NetCDFAdapter().iter_samples(str(path), "k", {"time_window": 4})]
     assert keys == ["k/t0000", "k/t0004"]
+
+
+def test_a_time_name_naming_a_variable_windows_along_its_dimension_only(tmp_path):
+    """time_name naming a variable (`date` along `time`), not a dimension: u's axis 0 (x)
+    is as long as the time axis but is not it; windows were cut along x."""
+    path = tmp_path / "named.nc"
+    with netCDF4.Dataset(path, "w", format="NETCDF4") as ds:
+        ds.createDimension("time", 10)
+        ds.createDimension("x", 10)
+        ds.createDimension("y", 5)
+        ds.createVariable("date", "f8", ("time",))[:] = np.arange(10)
+        ds.createVariable("u", "f4", ("x", "y", "time"))[:] = np.ones((10, 5, 10))
+    options = {"time_window": 4, "time_name": "date"}
+    with pytest.raises(SourceError, match="axis 0 of no array"):
+        list(NetCDFAdapter().iter_samples(str(path), "k", options))
+    with netCDF4.Dataset(path, "a") as ds:  # a field along time on axis 0 is windowed
+        ds.createVariable("v", "f4", ("time", "y"))[:] = np.arange(50).reshape(10, 5)
+    samples = list(NetCDFAdapter().iter_samples(str(path), "k", options))
+    assert [s.key for s in samples] == ["k/t0000", "k/t0004"]
+    assert samples[1].fields["v"].tolist() == np.arange(20, 40).reshape(4, 5).tolist()
+    assert samples[1].fields["date"].tolist() == [4.0, 5.0, 6.0, 7.0]

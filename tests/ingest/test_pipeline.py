@@ -720,3 +720,27 @@ def test_a_file_reached_by_two_sources_under_two_keys_is_refused(catalog, tmp_pa
     # the same file under the key it already has is listed once
     r = ingest([tmp_path / "runs", tmp_path / "runs" / "r0.npy"], dataset="d", store=catalog)
     assert (r.files, r.samples) == (2, 2)
+
+
+def test_a_file_reached_by_two_sources_through_a_linked_folder_is_refused(catalog, tmp_path):
+    """A folder given through a link, and a folder inside it given as it is (or the other
+    way round): the same files, under two keys, were ingested twice."""
+    (tmp_path / "runs" / "sub").mkdir(parents=True)
+    np.save(tmp_path / "runs" / "r0.npy", np.zeros(2))
+    np.save(tmp_path / "runs" / "sub" / "s.npy", np.ones(2))
+    (tmp_path / "linked").symlink_to(tmp_path / "runs")
+    (tmp_path / "sublink").symlink_to(tmp_path / "runs" / "sub")
+    for sources in ([tmp_path / "linked", tmp_path / "runs" / "sub"],
+                    [tmp_path / "runs", tmp_path / "sublink"],
+                    [tmp_path / "runs", tmp_path / "sublink" / "s.npy"]):
+        with pytest.raises(InvalidInputError, match=r"s\.npy is reached by two sources.*"
+                           r"'sub/s\.npy' and 's\.npy'"):
+            ingest(sources, dataset="d", store=catalog)
+    assert catalog.staged("d") == []
+    # a file that is a link is a source of its own, as before: in the same folder, or in
+    # another source's
+    (tmp_path / "runs" / "again.npy").symlink_to(tmp_path / "runs" / "r0.npy")
+    (tmp_path / "more").mkdir()
+    (tmp_path / "more" / "alias.npy").symlink_to(tmp_path / "runs" / "r0.npy")
+    r = ingest([tmp_path / "runs", tmp_path / "more"], dataset="d", store=catalog)
+    assert (r.files, r.samples) == (4, 4)
