@@ -26,7 +26,7 @@ from simstore.cli._common import (
     text_arg,
 )
 
-from simstore.errors import InvalidInputError, SimstoreError
+from simstore.errors import InvalidInputError, SimstoreError, one_line
 from simstore.ingest import (
     ADAPTER_GROUP,
     DEFAULT_COMPRESSION,
@@ -165,7 +165,9 @@ def _summary(r: IngestResult) -> str:
     if not r.staging_id and not r.files_skipped:
         lines.append("nothing new to stage")
     for s in r.files_skipped:
-        path = printable_path(s.path)
+        # as the reason names it: a newline or tab in the name escaped, so each skipped
+        # file is one line (and the reason's copy of the path is found and dropped)
+        path = one_line(printable_path(s.path))
         # a reason is the file's own one-line error, which names the file first
         reason = s.reason.removeprefix(f"{path}: ")
         lines.append(f"skipped {path}: {reason}")

@@ -21,7 +21,7 @@ from simstore.cli._common import (
     text_arg,
 )
 
-from simstore.errors import InvalidInputError
+from simstore.errors import InvalidInputError, one_line
 from simstore.names import parse_ref
 
 __all__ = ["COMMANDS"]
@@ -239,7 +239,9 @@ def keys_cmd(
     more = limit is not None and len(rows) > limit
     rows = rows[:limit] if limit is not None else rows
     doc = {"snapshot": sid, "prefix": prefix, "keys": rows, "truncated": more}
-    emit(as_json, doc, lambda: "\n".join(r["key"] for r in rows))
+    # one per line: a key holding a line break or another control character is shown
+    # escaped, as errors show names (``--json`` gives it exactly)
+    emit(as_json, doc, lambda: "\n".join(one_line(r["key"]) for r in rows))
 
 
 COMMANDS = [keys_cmd, cat_cmd]

@@ -239,3 +239,20 @@ def test_out_writes_a_field_named_like_a_savez_parameter(tmp_path, name):
     assert res.exit_code == 0, res.output
     with np.load(only, allow_pickle=False) as z:
         assert z.files == [name]
+
+
+def test_keys_are_one_per_line_whatever_they_hold(tmp_path):
+    # a file named with a newline gives a key with a newline (the key is the name): the
+    # text listing escapes it, as errors do, and --json gives it exactly
+    root = tmp_path / "src"
+    root.mkdir()
+    for name in ("new\nline", "tab\tbed", "plain"):
+        np.save(root / f"{name}.npy", np.arange(2.0))
+    path = str(tmp_path / "s")
+    Catalog.init(path)
+    simstore.ingest([str(root)], dataset="d", store=path, snapshot=True, message="t")
+    res = _run_keys(path, "d")
+    assert res.exit_code == 0, res.output
+    assert res.output.splitlines() == ["new\\nline", "plain", "tab\\tbed"]
+    exact = json.loads(_run_keys(path, "d", "--json").output)
+    assert [r["key"] for r in exact["keys"]] == ["new\nline", "plain", "tab\tbed"]

@@ -110,6 +110,23 @@ def test_cli_bad_file_is_one_line_and_an_exit_code(tmp_path, npz_dir):
     run(store, "ingest", str(root), "--dataset", "d", "--shard-size", "lots", code=2)
 
 
+def test_cli_skipped_file_with_a_newline_in_its_name_is_one_line(tmp_path):
+    root = tmp_path / "src"
+    root.mkdir()
+    np.save(root / "ok.npy", np.arange(3.0))
+    (root / "bad\nname.npy").write_bytes(b"garbage")
+    (root / "tab\tname.npy").write_bytes(b"garbage")
+    store = str(tmp_path / "store")
+    run(store, "init")
+    result = run(store, "ingest", str(root), "--dataset", "d", "--on-error", "skip", "--no-progress")
+    skipped = [line for line in result.output.splitlines() if line.startswith("skipped ")]
+    assert len(skipped) == 2, result.output
+    for line, name in zip(sorted(skipped), ["bad\\nname.npy", "tab\\tname.npy"], strict=True):
+        # the name once, escaped, then the reason: not the path a second time
+        assert line.count(name) == 1 and line.startswith(f"skipped {root}/{name}: "), line
+        assert "not a valid .npy array" in line, line
+
+
 def test_cli_time_windows_and_adapter_options(tmp_path, h5_dir):
     root, _ = h5_dir
     store = str(tmp_path / "store")
