@@ -498,6 +498,7 @@ def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[Sourc
 
     # each listed file's source and key, by its real folder: one reached twice is refused
     key_of: dict[str, tuple[int, str]] = {}
+    real_folders: dict[str, str] = {}
     source = 0  # the number of the source being listed
 
     def add(path: str, key: str) -> None:
@@ -508,7 +509,11 @@ def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[Sourc
         # by the real folder and the name: a source given through a linked folder (a
         # linked home or data folder) reaches the same files as one given as it is; a
         # file that is itself a link stays a source of its own (adapters.md)
-        real = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+        folder = os.path.dirname(path)
+        real_folder = real_folders.get(folder)
+        if real_folder is None:  # once per folder: a deep one costs a stat per level
+            real_folder = real_folders[folder] = os.path.realpath(folder)
+        real = os.path.join(real_folder, os.path.basename(path))
         first_source, first_key = key_of.setdefault(real, (source, key))
         if first_source != source and first_key != key:
             # a folder and a folder (or file) inside it, both given: the same file would
