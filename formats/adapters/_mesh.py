@@ -111,7 +111,15 @@ def _connectivity(path: str, block: Any) -> np.ndarray:
     A file may store connectivity as floats (a VTU ``Float64`` array): a cast alone would
     truncate ``2.9`` to node 2, so each value must be a whole number.
     """
-    raw = np.asarray(block.data)
+    try:
+        raw = np.asarray(block.data)
+    except ValueError as exc:
+        # a polyhedron block (meshio: one list of faces per cell) whose faces differ in
+        # size is ragged: no cells x nodes array, as with faces of one size below
+        raise SourceError(
+            f"{path}: field 'cells/{block.type}': connectivity is not cells x nodes "
+            f"(cells of faces of different sizes): {' '.join(str(exc).split())}"
+        ) from exc
     if raw.dtype.kind == "f":
         with np.errstate(invalid="ignore"):
             whole = np.isfinite(raw) & (raw == np.trunc(raw)) & (np.abs(raw) < 2.0**53)

@@ -362,3 +362,16 @@ def test_a_pvd_whose_data_set_does_not_read_is_named_with_it(tmp_path):
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith(f"{path}: data set {tmp_path / 's1.vtu'}: not a readable mesh")
+
+
+def test_a_polyhedron_of_faces_of_different_sizes_is_a_source_error_naming_the_cells(tmp_path):
+    # a prism: two triangles and three quads; meshio reads it as a list of face arrays
+    faces = [np.array(f) for f in ([0, 1, 2], [3, 4, 5], [0, 1, 4, 3], [1, 2, 5, 4],
+                                   [0, 2, 5, 3])]
+    path = tmp_path / "prism.vtu"
+    _write(path, meshio.Mesh(POINTS[:6], [("polyhedron6", [faces])]))
+    with pytest.raises(SourceError) as err:
+        _sample(path)
+    assert str(err.value).startswith(
+        f"{path}: field 'cells/polyhedron6': connectivity is not cells x nodes"
+    )
