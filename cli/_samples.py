@@ -240,8 +240,9 @@ def keys_cmd(
     rows = rows[:limit] if limit is not None else rows
     doc = {"snapshot": sid, "prefix": prefix, "keys": rows, "truncated": more}
     # one per line: a key holding a line break or another control character is shown
-    # escaped, as errors show names (``--json`` gives it exactly)
-    emit(as_json, doc, lambda: "\n".join(one_line(r["key"]) for r in rows))
+    # escaped, as errors show names, and so is one holding a backslash (doubled), so two
+    # keys never print alike (``--json`` gives them exactly)
+    emit(as_json, doc, lambda: "\n".join(one_line(r["key"], exact=True) for r in rows))
 
 
 COMMANDS = [keys_cmd, cat_cmd]

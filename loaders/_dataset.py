@@ -718,12 +718,11 @@ class SimDataset(IterableDataset[Sample]):
     def __getstate__(self) -> dict[str, Any]:
         # pickled in the main process for a plain DataLoader's spawn or forkserver workers:
         # they read as the world is now, not as it was at construction (a dataset built
-        # before ``init_process_group`` would read everything on every rank). The copy
-        # gets the detected world; this object keeps its own until it next iterates.
-        state = self.__dict__.copy()
+        # before ``init_process_group`` would read everything on every rank). Detected
+        # here as iteration would, so ``world`` and ``report()`` say it too.
         if not in_worker():
-            state["_world"] = self._detect()
-        return state
+            self.refresh_world()
+        return self.__dict__.copy()
 
     def __iter__(self) -> Iterator[Sample]:
         if in_worker():

@@ -212,7 +212,7 @@ class NotWritableError(ReadOnlyError, StorageError):
 _LINE_BREAKS = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
 
 
-def one_line(text: str) -> str:
+def one_line(text: str, *, exact: bool = False) -> str:
     r"""``text`` on one line: control characters and line separators as escapes.
 
     A newline in a path (a file named ``a\nb.npz``) is shown as ``\n``, not broken over
@@ -220,9 +220,11 @@ def one_line(text: str) -> str:
     library's multi-line message comes out with its breaks as ``\n`` too. A text that
     needs escapes has its backslashes doubled as well (as ``repr`` does), so a file
     named with a backslash and an ``n`` is not taken for one with a newline; a text
-    that needs none is returned as it is.
+    that needs none is returned as it is. With ``exact``, a text holding a backslash is
+    escaped too, so no two texts come out alike, as a listing of names needs: a name of
+    a backslash and an ``n`` comes out as ``a\\nb``, one with a newline as ``a\nb``.
     """
-    if text.isprintable():
+    if text.isprintable() and not (exact and "\\" in text):
         return text
     out = []
     for ch in text:

@@ -506,10 +506,11 @@ def _time_axis(
     """(T, which entries are windowed)."""
     if time_dim is not None and time_name == time_dim and not any(
             e.dims and time_dim in e.dims for e in entries):
-        # time_name names a variable, not a dimension: the dimension it runs along is the
-        # time dimension (else windows were cut by length, along any axis 0 as long)
+        # time_name names a variable, not a dimension: the dimension of its axis 0 is the
+        # time dimension (else windows were cut by length, along any axis 0 as long), of
+        # a 2-D one (date(time, two)) too, as its axis 0 is the time axis below
         named = [e for e in entries if time_name in (e.name, e.name.rsplit("/", 1)[-1])
-                 and e.dims and len(e.array.shape) == 1]
+                 and e.dims]
         if named:
             time_dim = named[0].dims[0]  # type: ignore[index]
     if time_dim is not None:

@@ -353,3 +353,23 @@ def test_a_time_name_naming_a_variable_windows_along_its_dimension_only(tmp_path
     assert [s.key for s in samples] == ["k/t0000", "k/t0004"]
     assert samples[1].fields["v"].tolist() == np.arange(20, 40).reshape(4, 5).tolist()
     assert samples[1].fields["date"].tolist() == [4.0, 5.0, 6.0, 7.0]
+
+
+def test_a_time_name_naming_a_2d_variable_windows_along_its_first_dimension(tmp_path):
+    """time_name naming a variable of rank 2 (`date(time, two)`): the dimension of its
+    axis 0 is the time dimension, as for a 1-D one; u's axis 0 (x) is as long, not time."""
+    path = tmp_path / "named2d.nc"
+    with netCDF4.Dataset(path, "w", format="NETCDF4") as ds:
+        ds.createDimension("time", 10)
+        ds.createDimension("x", 10)
+        ds.createDimension("y", 5)
+        ds.createDimension("two", 2)
+        ds.createVariable("date", "f8", ("time", "two"))[:] = np.arange(20).reshape(10, 2)
+        ds.createVariable("u", "f4", ("x", "y"))[:] = np.arange(50).reshape(10, 5)
+        ds.createVariable("v", "f4", ("time", "y"))[:] = np.arange(50).reshape(10, 5)
+    options = {"time_window": 4, "time_name": "date"}
+    samples = list(NetCDFAdapter().iter_samples(str(path), "k", options))
+    assert [s.key for s in samples] == ["k/t0000", "k/t0004"]
+    assert samples[1].fields["u"].shape == (10, 5)  # along x: whole in every window
+    assert samples[1].fields["v"].tolist() == np.arange(20, 40).reshape(4, 5).tolist()
+    assert samples[1].fields["date"].tolist() == np.arange(8, 16).reshape(4, 2).tolist()
