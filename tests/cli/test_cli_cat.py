@@ -241,36 +241,33 @@ def test_out_writes_a_field_named_like_a_savez_parameter(tmp_path, name):
         assert z.files == [name]
 
 
-def test_keys_are_one_per_line_whatever_they_hold(tmp_path):
-    # a file named with a newline gives a key with a newline (the key is the name): the
-    # text listing escapes it, as errors do, and --json gives it exactly
+def _listed_keys(tmp_path, names):
+    """``keys``' text lines and ``--json`` keys of a snapshot of one .npy per name."""
     root = tmp_path / "src"
     root.mkdir()
-    for name in ("new\nline", "tab\tbed", "plain"):
+    for name in names:
         np.save(root / f"{name}.npy", np.arange(2.0))
     path = str(tmp_path / "s")
     Catalog.init(path)
     simstore.ingest([str(root)], dataset="d", store=path, snapshot=True, message="t")
     res = _run_keys(path, "d")
     assert res.exit_code == 0, res.output
-    assert res.output.splitlines() == ["new\\nline", "plain", "tab\\tbed"]
     exact = json.loads(_run_keys(path, "d", "--json").output)
-    assert [r["key"] for r in exact["keys"]] == ["new\nline", "plain", "tab\tbed"]
+    return res.output.splitlines(), [r["key"] for r in exact["keys"]]
+
+
+def test_keys_are_one_per_line_whatever_they_hold(tmp_path):
+    # a file named with a newline gives a key with a newline (the key is the name): the
+    # text listing escapes it, as errors do, and --json gives it exactly
+    text, exact = _listed_keys(tmp_path, ("new\nline", "tab\tbed", "plain"))
+    assert text == ["new\\nline", "plain", "tab\\tbed"]
+    assert exact == ["new\nline", "plain", "tab\tbed"]
 
 
 def test_keys_that_differ_never_print_alike(tmp_path):
     # a key of a backslash and an "n" against one with a newline: the listing doubles the
     # backslash, as an escaped text does, so each key prints as itself
-    root = tmp_path / "src"
-    root.mkdir()
-    for name in ("a\nb", "a\\nb", "back\\slash"):
-        np.save(root / f"{name}.npy", np.arange(2.0))
-    path = str(tmp_path / "s")
-    Catalog.init(path)
-    simstore.ingest([str(root)], dataset="d", store=path, snapshot=True, message="t")
-    res = _run_keys(path, "d")
-    assert res.exit_code == 0, res.output
-    assert res.output.splitlines() == ["a\\nb", "a\\\\nb", "back\\\\slash"]
-    assert len(set(res.output.splitlines())) == 3
-    exact = json.loads(_run_keys(path, "d", "--json").output)
-    assert [r["key"] for r in exact["keys"]] == ["a\nb", "a\\nb", "back\\slash"]
+    text, exact = _listed_keys(tmp_path, ("a\nb", "a\\nb", "back\\slash"))
+    assert text == ["a\\nb", "a\\\\nb", "back\\\\slash"]
+    assert len(set(text)) == 3
+    assert exact == ["a\nb", "a\\nb", "back\\slash"]
