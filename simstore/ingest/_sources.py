@@ -499,9 +499,9 @@ def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[Sourc
     # each listed file's source and key, by its real folder: one reached twice is refused
     key_of: dict[str, tuple[int, str]] = {}
     real_folders: dict[str, str] = {}
-    source = 0  # the number of the source being listed
 
-    def add(path: str, key: str) -> None:
+    def add(path: str, key: str, source: int) -> None:
+        """List ``path`` under ``key``, found by the ``source``-th source."""
         if key in found and found[key].path != path:
             raise InvalidInputError(
                 printable_text(f"two sources map to the key {key!r}: {found[key].path} and {path}")
@@ -546,7 +546,6 @@ def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[Sourc
             return adapter
 
     for number, src in enumerate(sources):
-        source = number  # read by add()
         path = os.path.abspath(os.fspath(src))
         if not os.path.lexists(path):
             if _URL.match(os.fspath(src)):
@@ -564,7 +563,8 @@ def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[Sourc
                     if d.startswith("."):
                         continue
                     if judged(full, b"") is not None:
-                        add(full, key_text(os.path.relpath(full, path).replace(os.sep, "/")))
+                        add(full, key_text(os.path.relpath(full, path).replace(os.sep, "/")),
+                            number)
                         walked.add(full)
                     else:
                         keep.append(d)
@@ -580,12 +580,12 @@ def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[Sourc
                         continue
                     if full not in broken:
                         chosen[full] = picked
-                    add(full, key)
+                    add(full, key, number)
                     walked.add(full)
         else:
             key = key_text(os.path.basename(path))
             sniff(path, key)  # a broken entry named explicitly: its task says what is wrong
-            add(path, key)
+            add(path, key, number)
     for found_src in list(found.values()):
         if found_src.path in broken:
             continue
