@@ -120,23 +120,27 @@ class LocalStore:
         """Read an object or a half-open byte range of it."""
         path = self._path(key)
         try:
-            # O_NONBLOCK: opening a FIFO planted as an object must not wait for a writer
+            # O_NONBLOCK: opening a FIFO planted as an object must not wait for a writer;
+            # its type is checked on the descriptor, before a file object is made of it
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-            with os.fdopen(fd, "rb") as f:
+            try:
                 mode = os.fstat(fd).st_mode
                 if stat.S_ISDIR(mode):
                     raise NotFoundError(f"{self.url}: no object {key}")
                 if not stat.S_ISREG(mode):
                     # a FIFO, or a link to /dev/zero: read without end, or never answered
                     raise StorageError(f"{self.url}/{key}: read failed: not a regular file")
+                f = os.fdopen(fd, "rb")
+            except BaseException:
+                os.close(fd)
+                raise
+            with f:
                 if byte_range is None:
                     return f.read()
                 start, end = byte_range
                 f.seek(start)
                 return f.read(max(0, end - start))
         except FileNotFoundError as exc:
-            raise NotFoundError(f"{self.url}: no object {key}") from exc
-        except IsADirectoryError as exc:
             raise NotFoundError(f"{self.url}: no object {key}") from exc
         except OSError as exc:
             raise self._error("read", key, exc) from exc
