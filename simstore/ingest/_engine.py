@@ -21,8 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from simstore.errors import SimstoreError
+from simstore.ingest._ahead import HashAhead
 from simstore.ingest._plugins import Plugins
 from simstore.ingest._records import ResultPacker, SourceFile, TaskContext, TaskResult
+from simstore.ingest._sources import host_token
 from simstore.ingest._worker import TaskRunner, run_task, warm_up
 from simstore.ingest._writes import writer_thread_wanted
 
@@ -322,6 +324,7 @@ def _run_here(
     plugins: Plugins,
     report: Report,
     writer_pool: cf.ThreadPoolExecutor | None = None,
+    ahead: HashAhead | None = None,
 ) -> TaskRunner:
     """One task read in this process, reporting progress file by file; ``finish`` it."""
     runner = TaskRunner(
@@ -330,7 +333,7 @@ def _run_here(
         plugins,
         writer_pool=writer_pool,
     )
-    runner.read(task)
+    runner.read(task, ahead)
     return runner
 
 
@@ -350,18 +353,24 @@ def _run_all_here(
     while the next task reads: with shards the size of a file or two, each task is
     otherwise a read and then a wait for its own writes. A task that fails still lets
     the one before it store and journal what it wrote, as when they ran one after another.
+    The source hashes taken in the waits for the writer (``_ahead``) run across the
+    tasks too: the next task's first file is hashed while this one's last writes finish.
     """
     if not writer_thread_wanted(ctx.config.workers):
         for task in tasks:
             yield _finished(_run_here(ctx, task, plugins, report))
         return
-    with cf.ThreadPoolExecutor(1, thread_name_prefix="simstore-shard-writer") as pool:
+    same_host = bool(ctx.listed_on) and ctx.listed_on == host_token()
+    ahead = HashAhead([f for task in tasks for f in task], same_host)
+    with contextlib.closing(ahead), cf.ThreadPoolExecutor(
+        1, thread_name_prefix="simstore-shard-writer"
+    ) as pool:
         read: list[TaskRunner] = []  # read, not yet finished: at most two
         reading = False  # whether a failure came from a read (the runners left are earlier)
         try:
             for task in tasks:
                 reading = True
-                read.append(_run_here(ctx, task, plugins, report, pool))
+                read.append(_run_here(ctx, task, plugins, report, pool, ahead))
                 reading = False
                 if len(read) == 2:
                     yield _finished(read.pop(0))

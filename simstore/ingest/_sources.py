@@ -338,6 +338,27 @@ class SourceGone(SourceError):
 _CHANGED = "changed since it was listed ({}); re-run the ingest"
 
 
+def listing_differs(src: SourceFile, st: os.stat_result, same_host: bool) -> list[str]:
+    """What of regular file ``src``'s listing its stat ``st`` does not match.
+
+    Size, mtime and change time, and device and inode where ``same_host`` (this is the
+    machine that listed it).
+    """
+    what = []
+    if st.st_size != src.listed_size:
+        what.append("size")
+    if st.st_mtime_ns != src.mtime_ns:
+        what.append("mtime")
+    parts = src.identity.split(":")
+    if len(parts) == 3:
+        dev, ino, ctime = parts
+        if same_host and (str(st.st_dev), str(st.st_ino)) != (dev, ino):
+            what.append("inode")
+        if str(st.st_ctime_ns) != ctime:
+            what.append("ctime")
+    return what
+
+
 class ListedSource:
     """One source checked against its listing while a task reads it.
 
@@ -368,20 +389,7 @@ class ListedSource:
 
     def _differs(self, st: os.stat_result) -> list[str]:
         """What of the file's listing ``st`` does not match (a regular file's stat)."""
-        src = self.src
-        what = []
-        if st.st_size != src.listed_size:
-            what.append("size")
-        if st.st_mtime_ns != src.mtime_ns:
-            what.append("mtime")
-        parts = src.identity.split(":")
-        if len(parts) == 3:
-            dev, ino, ctime = parts
-            if self.same_host and (str(st.st_dev), str(st.st_ino)) != (dev, ino):
-                what.append("inode")
-            if str(st.st_ctime_ns) != ctime:
-                what.append("ctime")
-        return what
+        return listing_differs(self.src, st, self.same_host)
 
     def open(self) -> None:
         """Check the source before it is read; raises if it is gone or changed."""

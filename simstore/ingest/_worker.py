@@ -36,6 +36,7 @@ from simstore.errors import (
     write_refused,
 )
 from simstore.hashing import ObjectId, object_key
+from simstore.ingest._ahead import HashAhead
 from simstore.ingest._arrays import (
     hash_sample_blocks,
     is_array_source,
@@ -323,6 +324,9 @@ class TaskRunner:
         )
         self._deferred: _Deferred | None = None
         """The file whose last add is still on the writer thread, its check not yet done."""
+        self._ahead: HashAhead | None = None
+        """The source hashes taken in the waits for the writer thread (see ``_ahead``)."""
+        self._owns_ahead = False
 
     # -- shards ------------------------------------------------------------------------
     def _builder(self, kind: str) -> _Builder:
@@ -410,6 +414,7 @@ class TaskRunner:
 
     def abort(self) -> None:
         self._writes.close()
+        self._drop_ahead()
         deferred, self._deferred = self._deferred, None
         if deferred is not None:
             deferred.listed.close()
@@ -430,14 +435,20 @@ class TaskRunner:
         self.read(files)
         return self.finish()
 
-    def read(self, files: Sequence[SourceFile]) -> None:
+    def read(self, files: Sequence[SourceFile], ahead: HashAhead | None = None) -> None:
         """Read the task's files into shards; :meth:`finish` completes the task.
 
         The last writes may still be on the writer thread, and the check of the last
         file waits for them. A bad file under ``on_error="fail"`` finishes what the
         files before it produced and raises; any other error aborts the task and raises.
+        ``ahead``: source hashes taken ahead, shared with the tasks after this one (by
+        default, with a writer thread, the task's own).
         """
         self._files = files
+        if ahead is None and self._threaded:
+            ahead = HashAhead(files, self.same_host)
+            self._owns_ahead = True
+        self._ahead = ahead
         self._results: list[FileResult] = []
         self._slots: list[list[tuple[int, int, Row]]] = []
         try:
@@ -458,6 +469,7 @@ class TaskRunner:
                 self._finish_kept()
             finally:
                 self._writes.close()
+                self._drop_ahead()
             raise
         except BaseException:
             self.abort()
@@ -481,7 +493,25 @@ class TaskRunner:
             self._finish()
         finally:
             self._writes.close()
+            self._drop_ahead()
         return TaskResult(self._results, self.shards, self.new_bytes)
+
+    def _drop_ahead(self) -> None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and self._owns_ahead:
+            ahead.close()
+
+    def _hash_step(self) -> bool:
+        """One step of the next file's source hash (while the writer thread is busy)."""
+        return self._ahead is not None and self._ahead.step(self._plain_hash)
+
+    def _plain_hash(self, src: SourceFile) -> bool:
+        """Whether :meth:`_read` takes ``src``'s plain hash (no CRC-32s ride on it)."""
+        try:
+            adapter = resolve_adapter(self.adapter, src.path, read_head(src.path))
+        except Exception:  # the read says what is wrong
+            return False
+        return adapter is not None and not callable(getattr(adapter, "crc_ranges", None))
 
     def _finish_kept(self) -> None:
         """Keep what the files before a bad one produced (``on_error="fail"``).
@@ -523,6 +553,7 @@ class TaskRunner:
 
     def _file(self, src: SourceFile) -> tuple[FileResult, list[tuple[int, int, Row]]]:
         res = FileResult(path=src.path, key=src.key, size_bytes=src.size)
+        early = self._ahead.reach(src) if self._ahead is not None else None
         if self.cfg.resume and self._may_reuse(src):
             reused = read_journal(self.ctx, src, self._present, self._versions())
             if reused is not None:
@@ -533,7 +564,7 @@ class TaskRunner:
                     self.spec_from.setdefault(found.name, src.path)
                 return reused, []
         try:
-            return self._ingest(src, res)
+            return self._ingest(src, res, early)
         except SourceError as exc:
             if isinstance(exc, _WriteFailed):
                 raise
@@ -592,7 +623,7 @@ class TaskRunner:
         """
         deferred, self._deferred = self._deferred, None
         try:
-            self._writes.wait()
+            self._writes.wait(self._hash_step if self._ahead is not None else None)
         except BaseException:
             if deferred is not None:
                 deferred.listed.close()
@@ -638,7 +669,7 @@ class TaskRunner:
         return written < self._cutoff()
 
     def _ingest(
-        self, src: SourceFile, res: FileResult
+        self, src: SourceFile, res: FileResult, early: tuple[str, int] | None = None
     ) -> tuple[FileResult, list[tuple[int, int, Row]]]:
         """Read one file (or piece), checked against its listing before and after.
 
@@ -652,7 +683,7 @@ class TaskRunner:
         try:
             listed.open()
             try:
-                res, raw, adapter, specs = self._read(src, res)
+                res, raw, adapter, specs = self._read(src, res, early)
             except SourceError as exc:
                 self._settle()  # this file's own last add
                 try:
@@ -704,9 +735,12 @@ class TaskRunner:
             self.spec_from.setdefault(name, path)
 
     def _read(
-        self, src: SourceFile, res: FileResult
+        self, src: SourceFile, res: FileResult, early: tuple[str, int] | None = None
     ) -> tuple[FileResult, list[tuple[int, int, Row]], Any, dict[str, FieldSpec]]:
-        """The adapter's samples of the file into shards; its result, rows, adapter, specs."""
+        """The adapter's samples of the file into shards; its result, rows, adapter, specs.
+
+        ``early``: the file's plain hash and size, taken ahead (see ``_ahead``).
+        """
         path = src.path
         try:
             adapter = resolve_adapter(self.adapter, path, read_head(path))
@@ -727,11 +761,11 @@ class TaskRunner:
                     r: c for r, c in zip(ranges, crcs, strict=True) if c is not None
                 }
             else:
-                res.source_hash, res.size_bytes = hash_source(path)
+                res.source_hash, res.size_bytes = early or hash_source(path)
         else:
             # a piece reads its own samples; only the first hashes the file (for lineage)
             if src.piece.index == 0:
-                res.source_hash = hash_source(path)[0]
+                res.source_hash = (early or hash_source(path))[0]
             options["sample_range"] = [src.piece.start, src.piece.stop]
         options["source_hash"] = res.source_hash
         options["tmp_dir"] = self.tmp

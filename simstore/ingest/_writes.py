@@ -78,14 +78,19 @@ class _WriterThread:
             self._failed = True
             raise
 
-    def wait(self) -> None:
+    def wait(self, idle: Callable[[], bool] | None = None) -> None:
         """Wait for the queued work; raise what failed first.
 
+        ``idle()``, while the work is not done, does a small piece of other work (see
+        ``_ahead``) and says whether there is more; once it says no, this blocks.
         Work stays queued until it is done: an interrupt while waiting (Ctrl-C) leaves
         what still runs for :meth:`close` to wait for, so nothing is aborted under it.
         """
         while self._pending:
             first = self._pending[0]
+            if idle is not None:
+                while not first.done() and idle():
+                    pass
             try:
                 first.result()
             except BaseException:
