@@ -60,12 +60,13 @@ class HashAhead:
             if f.identity and not f.identity.startswith("dir:")
             and (f.piece is None or f.piece.index == 0)
         ]
+        self._where = {f.path: i for i, f in enumerate(self._files)}
         self._same_host = same_host
         self._next = 0  # the first of ``_files`` the reader has not reached
         self._pass: _Pass | None = None
         self._done: tuple[str, str, int] | None = None  # (path, hash, size) of a file ahead
         self._refused = ""  # the path of the file ahead found unwanted or changed
-        self._buf = bytearray(STEP_BYTES)
+        self._buf: bytearray | None = None  # the step's buffer, made at the first step
 
     def reach(self, src: SourceFile) -> tuple[str, int] | None:
         """The reader is at ``src``: its ``(hash, size)`` if taken ahead, else None.
@@ -76,12 +77,10 @@ class HashAhead:
         :meth:`step`.
         """
         path = src.path
-        for i in range(self._next, len(self._files)):
-            if self._files[i].path == path:
-                self._next = i + 1
-                break
-        else:
-            return None
+        i = self._where.get(path, -1)
+        if i < self._next:
+            return None  # not hashed ahead (a folder, a later piece), or passed before
+        self._next = i + 1
         p = self._pass
         if p is not None and p.src.path == path:
             while self._pass is p:
@@ -156,6 +155,8 @@ class HashAhead:
 
     def _advance(self, p: _Pass) -> None:
         """Read and hash ``p``'s next step; at the end, keep the hash if the file held."""
+        if self._buf is None:
+            self._buf = bytearray(STEP_BYTES)
         try:
             got = os.preadv(p.fd, [self._buf], p.pos)
         except OSError:
