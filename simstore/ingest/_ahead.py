@@ -136,7 +136,9 @@ class HashAhead:
             if not wanted(src):
                 self._refused = src.path
                 return None
-            fd = os.open(src.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            # no wait at the open if the path names a FIFO by now (its check refuses it)
+            flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+            fd = os.open(src.path, flags)
         except (OSError, ValueError):
             self._refused = src.path  # the reader's own open says what is wrong
             return None
@@ -164,6 +166,12 @@ class HashAhead:
             self._refused = p.src.path
             return
         if got:
+            if p.pos + got > p.src.listed_size:
+                # grown since it was listed: refused at its turn (its listing check), so
+                # no more of it is read here (a file grown by gigabytes read them all)
+                self._drop()
+                self._refused = p.src.path
+                return
             p.hasher.update(memoryview(self._buf)[:got])
             p.pos += got
             return

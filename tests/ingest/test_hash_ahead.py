@@ -250,3 +250,40 @@ def test_a_file_changed_after_its_hash_was_taken_ahead_is_skipped(
     assert "changed since it was listed" in r.files_skipped[0].reason
     keys = sorted(cat.manifest(cat.snapshot(r.snapshot_id)).column("key").to_pylist())
     assert keys == ["run0", "run1", "run3"]
+
+
+def test_a_file_grown_while_hashed_ahead_is_not_read_past_its_listed_size(tmp_path, monkeypatch):
+    files = _files(tmp_path)
+    ahead = HashAhead(files, same_host=True)
+    ahead.step(_yes)  # a third of f0
+    os.truncate(files[0].path, files[0].size + 256 * STEP_BYTES)  # grown (sparse) meanwhile
+    reads = []
+    real = os.preadv
+
+    def counted(fd, buffers, offset):
+        reads.append(offset)
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", counted)
+    assert ahead.reach(files[0]) is None  # refused at its turn, as any changed file is
+    # no more than a step past the size it was listed with (not the 256 MiB it grew by)
+    assert len(reads) <= -(-files[0].size // STEP_BYTES) + 1
+    ahead.close()
+
+
+def test_a_file_swapped_for_a_named_pipe_is_refused_without_waiting_at_the_open(tmp_path):
+    files = _files(tmp_path)
+    os.unlink(files[0].path)
+    os.mkfifo(files[0].path)  # no writer: a blocking open would wait for one for ever
+    ahead = HashAhead(files, same_host=True)
+    done = threading.Event()
+
+    def run():
+        ahead.step(_yes)
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert done.wait(10)
+    assert ahead.step(_yes) is False  # refused: not as listed
+    assert ahead.reach(files[0]) is None
+    ahead.close()
