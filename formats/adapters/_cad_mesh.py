@@ -37,7 +37,9 @@ MAX_EXTENT = 1e12
 _STEP_POINT = re.compile(
     rb"#(\d+)\s*=\s*CARTESIAN_POINT\s*\(\s*(?:'(?:[^']|'')*'|\$)\s*,\s*\(([^)]*)\)"
 )
-_LEADING_NUMBER = re.compile(rb"\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)")
+_LEADING_NUMBER = re.compile(
+    rb"\s*([+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|(?i:nan|inf(?:inity)?)))"
+)
 """The number at the start of a token, as a C reader takes it (``-1e308.`` is -1e308)."""
 
 
@@ -102,11 +104,27 @@ def _check_step_points(path: str) -> None:
                         continue  # not a number: the STEP reader reports it
                     value = float(number.group(1))  # the pattern is a float literal
                     if not abs(value) <= MAX_EXTENT:
+                        what = (f"beyond {MAX_EXTENT:g} units from the origin"
+                                if math.isfinite(value) else "not a finite number")
                         raise MeshError(
                             f"{path}: field 'points': CARTESIAN_POINT #{int(match.group(1))} "
-                            f"has coordinate {token.decode(errors='replace').strip()}, beyond "
-                            f"{MAX_EXTENT:g} units from the origin: corrupt coordinates?"
+                            f"has coordinate {token.decode(errors='replace').strip()}, {what}: "
+                            "corrupt coordinates?"
                         )
+
+
+def _initialize(gmsh: Any) -> None:
+    gmsh.initialize(argv=["simstore"], readConfigFiles=False, run=False, interruptible=False)
+    # gmsh's initialize resets SIGPIPE to its default (terminate); Python ignores it so
+    # that a write to a closed socket is an exception, not the death of the process
+    if hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+
+
+def _settings(gmsh: Any) -> None:
+    gmsh.option.setNumber("General.Terminal", 0)
+    gmsh.option.setNumber("General.Verbosity", 0)
+    gmsh.option.setNumber("General.NumThreads", 1)
 
 
 def mesh_part(gmsh: Any, path: str, tolerance: float, want_volume: bool) -> dict[str, Any]:
@@ -118,16 +136,10 @@ def mesh_part(gmsh: Any, path: str, tolerance: float, want_volume: bool) -> dict
     _check_step_points(path)
     owned = not gmsh.isInitialized()
     if owned:
-        gmsh.initialize(argv=["simstore"], readConfigFiles=False, run=False, interruptible=False)
-        # gmsh's initialize resets SIGPIPE to its default (terminate); Python ignores it so
-        # that a write to a closed socket is an exception, not the death of the process
-        if hasattr(signal, "SIGPIPE"):
-            signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        _initialize(gmsh)
     model = f"simstore-{os.getpid()}-{threading.get_ident()}"
     try:
-        gmsh.option.setNumber("General.Terminal", 0)
-        gmsh.option.setNumber("General.Verbosity", 0)
-        gmsh.option.setNumber("General.NumThreads", 1)
+        _settings(gmsh)
         gmsh.model.add(model)
         _import(gmsh, path)
         surfaces = gmsh.model.getEntities(2)
@@ -172,7 +184,7 @@ def mesh_part(gmsh: Any, path: str, tolerance: float, want_volume: bool) -> dict
         if want_volume and not solids:
             meta["reason"] = "the part has no solids"
         elif want_volume:
-            _volume(gmsh, path, model, fields, meta)
+            _volume(gmsh, path, model, fields, meta, owned=owned, size=size)
         else:
             meta["reason"] = "volume mesh not requested (cad_mesh=surface)"
         lo, hi = box[:3], box[3:]
@@ -191,8 +203,24 @@ def mesh_part(gmsh: Any, path: str, tolerance: float, want_volume: bool) -> dict
             gmsh.model.remove()
 
 
-def _volume(gmsh: Any, path: str, model: str, fields: dict[str, Any], meta: dict[str, Any]) -> None:
-    """Add ``cells/tetra``: the whole model, else each solid alone, else nothing."""
+def _volume(
+    gmsh: Any,
+    path: str,
+    model: str,
+    fields: dict[str, Any],
+    meta: dict[str, Any],
+    *,
+    owned: bool = False,
+    size: float | None = None,
+) -> None:
+    """Add ``cells/tetra``: the whole model, else each solid alone, else nothing.
+
+    gmsh keeps its meshing lock when ``generate`` raises: every later ``generate`` logs
+    "I'm busy! Ask me that later..." and meshes nothing, without an error. Where this
+    process owns gmsh it is started afresh before the per-solid meshes; either way a
+    solid that comes back without tetrahedra is a failure, never an empty mesh.
+    """
+    solids = [t for _, t in gmsh.model.getEntities(3)]
     try:
         gmsh.model.mesh.generate(3)
         points, tets = _mesh_arrays(gmsh, 3, 4)
@@ -204,8 +232,14 @@ def _volume(gmsh: Any, path: str, model: str, fields: dict[str, Any], meta: dict
         whole_error = "volume mesh produced no tetrahedra"
     except Exception as exc:  # overlapping solids: OCC/gmsh 3-D meshing errors
         whole_error = str(exc)
+        if owned:
+            gmsh.finalize()  # releases the meshing lock the failed generate kept
+            _initialize(gmsh)
+            _settings(gmsh)
+            gmsh.option.setNumber("Mesh.MeshSizeMax", size)
+            gmsh.option.setNumber("Mesh.MeshSizeFromCurvature", 12)
+            gmsh.model.add(model)
     meta["volume_error"] = whole_error
-    solids = [t for _, t in gmsh.model.getEntities(3)]
     all_points: list[np.ndarray] = []
     all_tris: list[np.ndarray] = []
     all_tets: list[np.ndarray] = []
@@ -220,6 +254,8 @@ def _volume(gmsh: Any, path: str, model: str, fields: dict[str, Any], meta: dict
                 gmsh.model.occ.synchronize()
             gmsh.model.mesh.generate(3)
             pts, tets = _mesh_arrays(gmsh, 3, 4)
+            if len(tets) == 0:
+                raise MeshError(f"solid {tag}: volume mesh produced no tetrahedra")
             _, tris = _mesh_arrays(gmsh, 2, 2)
             gmsh.model.remove()
             gmsh.model.setCurrent(model)
