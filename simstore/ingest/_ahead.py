@@ -68,13 +68,14 @@ class HashAhead:
         self._refused = ""  # the path of the file ahead found unwanted or changed
         self._buf: bytearray | None = None  # the step's buffer, made at the first step
 
-    def reach(self, src: SourceFile) -> tuple[str, int] | None:
+    def reach(self, src: SourceFile, take: bool = True) -> tuple[str, int] | None:
         """The reader is at ``src``: its ``(hash, size)`` if taken ahead, else None.
 
         None too where the file is no longer as listed (the reader hashes it at its turn,
         and its listing check refuses it). A pass still under way on it is finished here
         (the part done is not redone); files ahead of the reader's place are left for
-        :meth:`step`.
+        :meth:`step`. ``take=False``: the reader passes ``src`` without reading it (its
+        journal record is reused): a pass on it stops where it is.
         """
         path = src.path
         i = self._where.get(path, -1)
@@ -83,6 +84,9 @@ class HashAhead:
         self._next = i + 1
         p = self._pass
         if p is not None and p.src.path == path:
+            if not take:
+                self._drop()
+                return None
             while self._pass is p:
                 self._advance(p)
         done, self._done = self._done, None

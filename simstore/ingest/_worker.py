@@ -553,16 +553,18 @@ class TaskRunner:
 
     def _file(self, src: SourceFile) -> tuple[FileResult, list[tuple[int, int, Row]]]:
         res = FileResult(path=src.path, key=src.key, size_bytes=src.size)
-        early = self._ahead.reach(src) if self._ahead is not None else None
         if self.cfg.resume and self._may_reuse(src):
             reused = read_journal(self.ctx, src, self._present, self._versions())
             if reused is not None:
+                if self._ahead is not None:
+                    self._ahead.reach(src, take=False)  # not read: not hashed either
                 # the schema of the task's later files, as if this one were read again
                 for spec in reused.schema:
                     found = FieldSpec.from_json(spec)
                     self.run_specs[found.name] = found
                     self.spec_from.setdefault(found.name, src.path)
                 return reused, []
+        early = self._ahead.reach(src) if self._ahead is not None else None
         try:
             return self._ingest(src, res, early)
         except SourceError as exc:

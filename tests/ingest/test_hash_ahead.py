@@ -287,3 +287,22 @@ def test_a_file_swapped_for_a_named_pipe_is_refused_without_waiting_at_the_open(
     assert ahead.step(_yes) is False  # refused: not as listed
     assert ahead.reach(files[0]) is None
     ahead.close()
+
+
+def test_a_file_passed_without_reading_stops_its_pass_where_it_is(tmp_path, monkeypatch):
+    files = _files(tmp_path)
+    ahead = HashAhead(files, same_host=True)
+    ahead.step(_yes)  # a third of f0, whose journal record the reader then reuses
+    reads = []
+    real = os.preadv
+
+    def counted(fd, buffers, offset):
+        reads.append(offset)
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", counted)
+    assert ahead.reach(files[0], take=False) is None
+    assert reads == []  # the rest of f0 is not read
+    _run(ahead)  # the next file is hashed ahead
+    assert ahead.reach(files[1]) == hash_source(files[1].path)
+    ahead.close()
