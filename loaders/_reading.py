@@ -223,17 +223,24 @@ class EpochReader:
                 # object no release can follow, so it is given copies of its own
                 sample = {n: v.clone() if isinstance(v, torch.Tensor) else v
                           for n, v in sample.items()}
-            sample = transform(sample)
+            try:
+                sample = transform(sample)
+            except Exception as exc:
+                # the transform's own error keeps its class; the note names the sample
+                exc.add_note(f"in transform {_transform_name(transform)} of sample "
+                             f"{chunk.keys[j]!r}")
+                raise
             if not isinstance(sample, MutableMapping):
                 raise InvalidInputError(
                     f"transform {_transform_name(transform)} returned "
-                    f"{type(sample).__name__}, not a dict"
+                    f"{type(sample).__name__}, not a dict (sample {chunk.keys[j]!r})"
                 )
             for name in sample:
                 if not isinstance(name, str):
                     raise InvalidInputError(
                         f"transform {_transform_name(transform)} returned a dict with the "
-                        f"key {name!r} ({type(name).__name__}): field names are strings"
+                        f"key {name!r} ({type(name).__name__}): field names are strings "
+                        f"(sample {chunk.keys[j]!r})"
                     )
         sample["__key__"] = chunk.keys[j]
         sample["__pad__"] = bool(chunk.is_pad[j])

@@ -1,0 +1,49 @@
+"""A transform's failure names the sample it failed on, with and without workers."""
+
+from __future__ import annotations
+
+import pytest
+
+from loader_helpers import open_test_shard
+
+from simstore.errors import InvalidInputError
+from simstore.loaders import SimDataLoader, SimDataset
+
+
+def _boom(sample):
+    raise ValueError("boom")
+
+
+def _not_a_dict(sample):
+    return [1, 2]
+
+
+def _int_key(sample):
+    return {1: 2}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_raising_transform_names_the_sample(small, workers):
+    store, ref, samples = small
+    loader = SimDataLoader(SimDataset(store, ref, transform=_boom, shuffle=False,
+                                      shard_opener=open_test_shard),
+                           batch_size=4, num_workers=workers)
+    with pytest.raises(ValueError) as info:
+        next(iter(loader))
+    text = "".join(getattr(info.value, "__notes__", [])) + str(info.value)
+    assert "boom" in text
+    assert "of sample " in text and any(repr(k) in text for k in samples)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("transform", [_not_a_dict, _int_key])
+def test_bad_transform_result_names_the_sample(small, workers, transform):
+    store, ref, samples = small
+    loader = SimDataLoader(SimDataset(store, ref, transform=transform, shuffle=False,
+                                      shard_opener=open_test_shard),
+                           batch_size=4, num_workers=workers)
+    with pytest.raises(InvalidInputError) as info:
+        next(iter(loader))
+    message = str(info.value)
+    assert "\n" not in message
+    assert "(sample " in message and any(repr(k) in message for k in samples)
