@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-
 from loader_helpers import open_test_shard
+from simstore.loaders import SimDataLoader, SimDataset
 
 from simstore.errors import InvalidInputError
-from simstore.loaders import SimDataLoader, SimDataset
 
 
 def _boom(sample):
