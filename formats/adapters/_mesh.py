@@ -89,7 +89,7 @@ def _quietly(fn: Any, *args: Any) -> Any:
         warnings.simplefilter("ignore")
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                return fn(*args)
+                result = fn(*args)
         except SystemExit as exc:
             raise ValueError(_reason(out.getvalue(), err.getvalue())) from exc
         except Exception as exc:
@@ -97,6 +97,15 @@ def _quietly(fn: Any, *args: Any) -> Any:
                 raise
             # an empty ReadError(): what the reader printed is the only reason
             raise ValueError(_reason(out.getvalue(), err.getvalue())) from exc
+    # meshio's Gmsh readers warn, and return what they read so far, when a section has
+    # no closing line: a file cut short then lost its cells or data without an error
+    unclosed = _UNCLOSED.search(" ".join(err.getvalue().split()))
+    if unclosed:
+        raise ValueError(f"{unclosed.group(0)} (cut short or malformed)")
+    return result
+
+
+_UNCLOSED = re.compile(r"\$\w+ not closed by \$End\w+")
 
 
 def _native(arr: Any) -> np.ndarray:
@@ -415,7 +424,21 @@ def _check_binary_stl(path: str) -> None:
     except OSError as exc:
         raise SourceError(f"{path}: not a readable mesh: {exc}") from exc
     text = head[3:] if head.startswith(b"\xef\xbb\xbf") else head  # a UTF-8 BOM
-    if text.lstrip()[:5].lower() == b"solid" or len(head) == 0:
+    if len(head) == 0:
+        return
+    if text.lstrip()[:5].lower() == b"solid":
+        if len(head) == 84 and 84 + 50 * int.from_bytes(head[80:84], "little") == size:
+            return  # a binary STL whose header starts with "solid": meshio reads it so
+        # an ASCII STL has no facet count: one cut short between facets read as a smaller
+        # surface, so it must end as the format says, with its endsolid line
+        with open(path, "rb") as f:
+            f.seek(max(0, size - 4096))
+            lines = f.read().rstrip().splitlines()
+        if not lines or not lines[-1].lstrip().lower().startswith(b"endsolid"):
+            raise SourceError(
+                f"{path}: not a readable mesh: an ASCII STL ends with an endsolid line, "
+                "this one does not (cut short or malformed)"
+            )
         return
     if len(head) < 84:
         raise SourceError(
@@ -428,6 +451,54 @@ def _check_binary_stl(path: str) -> None:
             f"{path}: not a readable mesh: its binary STL header says {count} triangles "
             f"({84 + 50 * count} bytes), the file has {size} bytes (cut short or malformed)"
         )
+
+
+_PLY_ELEMENT = re.compile(rb"element\s+(vertex|face)\s+(\d+)")
+
+
+def _check_ply_header(path: str) -> dict[str, int]:
+    """The ``vertex`` and ``face`` counts a PLY header declares; no ``end_header`` refused.
+
+    meshio 5.3 reads the header with a loop that skips empty lines until it finds a
+    significant one, and at the end of the file ``readline`` gives empty lines for ever:
+    a file cut short in its header (``ply``, a newline, nothing more) hung the ingest.
+    """
+    counts: dict[str, int] = {}
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_PLY_HEADER_MAX)
+    except OSError as exc:
+        raise SourceError(f"{path}: not a readable mesh: {exc}") from exc
+    for line in head.splitlines():
+        word = line.strip()
+        if word == b"end_header":
+            return counts
+        m = _PLY_ELEMENT.fullmatch(word)
+        if m:
+            counts[m.group(1).decode()] = int(m.group(2))
+    raise SourceError(
+        f"{path}: not a readable mesh: its PLY header has no end_header line in its first "
+        f"{_PLY_HEADER_MAX >> 20} MiB (cut short or malformed)"
+    )
+
+
+_PLY_HEADER_MAX = 1 << 20
+"""The bytes a PLY header is looked for in (headers are lines of text, a few hundred bytes)."""
+
+
+def _check_ply_counts(path: str, declared: Mapping[str, int], mesh: Any) -> None:
+    """Refuse a PLY file of fewer vertices or faces than its header declares.
+
+    meshio reads a binary PLY's body with ``f.read(n)``, which gives what is left of a
+    file cut short: it then returned the vertices that were there and no faces.
+    """
+    got = {"vertex": len(mesh.points), "face": sum(len(b.data) for b in mesh.cells)}
+    for element, count in declared.items():
+        if got[element] != count:
+            raise SourceError(
+                f"{path}: not a readable mesh: its PLY header declares {count} "
+                f"{element} elements, meshio read {got[element]} (cut short or malformed)"
+            )
 
 
 _PIECE = re.compile(rb"<Piece\b[^>]*?\bNumberOfCells\s*=\s*[\"'](\d+)[\"']")
@@ -544,12 +615,20 @@ class MeshAdapter:
             _check_obj_elements(path)
         elif low.endswith(".stl"):
             _check_binary_stl(path)
+        ply_counts = (
+            _check_ply_header(path)
+            if low.endswith(".ply") and os.path.isfile(path) and os.path.getsize(path) > 0
+            else None
+        )
         try:
             if os.path.getsize(path) == 0:  # meshio's readers say nothing useful of it
                 raise ValueError("the file is empty")
             mesh = _quietly(meshio.read, path)
         except Exception as exc:  # meshio raises ReadError, ValueError, KeyError, ...
-            raise SourceError(f"{path}: not a readable mesh: {exc}") from exc
+            # one line: numpy's loadtxt errors (an ASCII PLY cut short) span several
+            raise SourceError(f"{path}: not a readable mesh: {' '.join(str(exc).split())}") from exc
+        if ply_counts is not None:
+            _check_ply_counts(path, ply_counts, mesh)
         if low.endswith(".vtu"):
             _check_vtu_pieces(path, sum(len(block.data) for block in mesh.cells))
         return mesh

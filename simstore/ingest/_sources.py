@@ -607,7 +607,10 @@ def discover(sources: Sequence[str], adapter: SourceAdapter) -> tuple[list[Sourc
             referenced = list(companions(found_src.path))
         except Exception:  # a malformed .pvd: its own task reports it, naming the file
             continue
-        paths = sorted({os.path.normpath(os.path.abspath(p)) for p in referenced})
+        # a .pvd that lists itself must not claim itself: it would vanish from the ingest,
+        # neither read nor reported; its own task reports the data set instead
+        own = os.path.normpath(os.path.abspath(found_src.path))
+        paths = sorted({os.path.normpath(os.path.abspath(p)) for p in referenced} - {own})
         claimed.update(paths)
         if paths:
             found[found_src.key] = dataclasses.replace(

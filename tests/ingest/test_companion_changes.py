@@ -95,3 +95,15 @@ def test_pieces_of_a_file_keep_its_companions():
     assert all(p.companions == src.companions and p.identity == "1:2:3" for p in pieces)
     assert [(p.piece.start, p.piece.stop) for p in pieces] == [(0, 10), (10, 20), (20, 30),
                                                                (30, 40)]
+
+
+def test_a_pvd_listing_itself_is_a_bad_file_not_dropped(catalog, tmp_path):
+    folder = tmp_path / "s"
+    folder.mkdir()
+    (folder / "self.pvd").write_text(
+        '<VTKFile type="Collection"><Collection>'
+        '<DataSet timestep="0" file="self.pvd"/></Collection></VTKFile>'
+    )
+    result = ingest([folder], dataset="d", store=catalog, on_error="skip")
+    (skipped,) = result.files_skipped
+    assert "self.pvd" in str(skipped)
