@@ -456,12 +456,13 @@ def _check_binary_stl(path: str) -> None:
 _PLY_ELEMENT = re.compile(rb"element\s+(vertex|face)\s+(\d+)")
 
 
-def _check_ply_header(path: str) -> dict[str, int]:
+def _check_ply_header(path: str) -> dict[str, int] | None:
     """The ``vertex`` and ``face`` counts a PLY header declares; no ``end_header`` refused.
 
     meshio 5.3 reads the header with a loop that skips empty lines until it finds a
     significant one, and at the end of the file ``readline`` gives empty lines for ever:
     a file cut short in its header (``ply``, a newline, nothing more) hung the ingest.
+    None for a file that does not start with ``ply`` (meshio says so: "Expected ply").
     """
     counts: dict[str, int] = {}
     try:
@@ -469,6 +470,8 @@ def _check_ply_header(path: str) -> dict[str, int]:
             head = f.read(_PLY_HEADER_MAX)
     except OSError as exc:
         raise SourceError(f"{path}: not a readable mesh: {exc}") from exc
+    if not head.startswith(b"ply"):
+        return None
     for line in head.splitlines():
         word = line.strip()
         if word == b"end_header":
