@@ -252,11 +252,8 @@ def test_a_file_changed_after_its_hash_was_taken_ahead_is_skipped(
     assert keys == ["run0", "run1", "run3"]
 
 
-def test_a_file_grown_while_hashed_ahead_is_not_read_past_its_listed_size(tmp_path, monkeypatch):
-    files = _files(tmp_path)
-    ahead = HashAhead(files, same_host=True)
-    ahead.step(_yes)  # a third of f0
-    os.truncate(files[0].path, files[0].size + 256 * STEP_BYTES)  # grown (sparse) meanwhile
+def _count_reads(monkeypatch):
+    """The offsets of the ``preadv`` calls made from now on."""
     reads = []
     real = os.preadv
 
@@ -265,6 +262,15 @@ def test_a_file_grown_while_hashed_ahead_is_not_read_past_its_listed_size(tmp_pa
         return real(fd, buffers, offset)
 
     monkeypatch.setattr(os, "preadv", counted)
+    return reads
+
+
+def test_a_file_grown_while_hashed_ahead_is_not_read_past_its_listed_size(tmp_path, monkeypatch):
+    files = _files(tmp_path)
+    ahead = HashAhead(files, same_host=True)
+    ahead.step(_yes)  # a third of f0
+    os.truncate(files[0].path, files[0].size + 256 * STEP_BYTES)  # grown (sparse) meanwhile
+    reads = _count_reads(monkeypatch)
     assert ahead.reach(files[0]) is None  # refused at its turn, as any changed file is
     # no more than a step past the size it was listed with (not the 256 MiB it grew by)
     assert len(reads) <= -(-files[0].size // STEP_BYTES) + 1
@@ -293,14 +299,7 @@ def test_a_file_passed_without_reading_stops_its_pass_where_it_is(tmp_path, monk
     files = _files(tmp_path)
     ahead = HashAhead(files, same_host=True)
     ahead.step(_yes)  # a third of f0, whose journal record the reader then reuses
-    reads = []
-    real = os.preadv
-
-    def counted(fd, buffers, offset):
-        reads.append(offset)
-        return real(fd, buffers, offset)
-
-    monkeypatch.setattr(os, "preadv", counted)
+    reads = _count_reads(monkeypatch)
     assert ahead.reach(files[0], take=False) is None
     assert reads == []  # the rest of f0 is not read
     _run(ahead)  # the next file is hashed ahead

@@ -21,14 +21,18 @@ def _int_key(sample):
     return {1: 2}
 
 
+def _first_batch(store, ref, transform, workers):
+    loader = SimDataLoader(SimDataset(store, ref, transform=transform, shuffle=False,
+                                      shard_opener=open_test_shard),
+                           batch_size=4, num_workers=workers)
+    return next(iter(loader))
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_raising_transform_names_the_sample(small, workers):
     store, ref, samples = small
-    loader = SimDataLoader(SimDataset(store, ref, transform=_boom, shuffle=False,
-                                      shard_opener=open_test_shard),
-                           batch_size=4, num_workers=workers)
     with pytest.raises(ValueError) as info:
-        next(iter(loader))
+        _first_batch(store, ref, _boom, workers)
     text = "".join(getattr(info.value, "__notes__", [])) + str(info.value)
     assert "boom" in text
     assert "of sample " in text and any(repr(k) in text for k in samples)
@@ -38,11 +42,8 @@ def test_raising_transform_names_the_sample(small, workers):
 @pytest.mark.parametrize("transform", [_not_a_dict, _int_key])
 def test_bad_transform_result_names_the_sample(small, workers, transform):
     store, ref, samples = small
-    loader = SimDataLoader(SimDataset(store, ref, transform=transform, shuffle=False,
-                                      shard_opener=open_test_shard),
-                           batch_size=4, num_workers=workers)
     with pytest.raises(InvalidInputError) as info:
-        next(iter(loader))
+        _first_batch(store, ref, transform, workers)
     message = str(info.value)
     assert "\n" not in message
     assert "(sample " in message and any(repr(k) in message for k in samples)
