@@ -557,8 +557,14 @@ class MeshAdapter:
         """Files a .pvd or .xdmf references (ingested as part of it, never alone)."""
         low = path.lower()
         if low.endswith(".pvd"):
-            # the files alone: a bad timestep is the .pvd's own error, its steps are still its
-            return [os.path.normpath(f) for _, f in _pvd_entries(path)]
+            # the files alone: a bad timestep is the .pvd's own error, its steps are still its;
+            # and what its XDMF steps reference in turn (their HDF5 data), which it reads too
+            out = []
+            for _, f in _pvd_entries(path):
+                out.append(os.path.normpath(f))
+                if f.lower().endswith((".xdmf", ".xmf")):
+                    out.extend(os.path.normpath(h) for h in _xdmf_heavy_files(f))
+            return out
         if low.endswith((".xdmf", ".xmf")):
             return [os.path.normpath(f) for f in _xdmf_heavy_files(path)]
         return []

@@ -107,3 +107,28 @@ def test_a_pvd_listing_itself_is_a_bad_file_not_dropped(catalog, tmp_path):
     result = ingest([folder], dataset="d", store=catalog, on_error="skip")
     (skipped,) = result.files_skipped
     assert "self.pvd" in str(skipped)
+
+
+def test_the_hdf5_data_of_a_pvds_xdmf_step_rewritten_in_place_is_ingested_again(
+    catalog, tmp_path, read
+):
+    folder = tmp_path / "px"
+    folder.mkdir()
+    points, triangles, _ = source_files.small_mesh()
+    meshio.write(folder / "step.xdmf", meshio.Mesh(
+        points, [("triangle", triangles)], point_data={"T": np.arange(5.0)}), data_format="HDF")
+    (folder / "series.pvd").write_text(
+        '<?xml version="1.0"?><VTKFile type="Collection" version="0.1"><Collection>'
+        '<DataSet timestep="0" file="step.xdmf"/></Collection></VTKFile>')
+    (h5,) = [p for p in folder.iterdir() if p.suffix == ".h5"]
+    first = ingest([folder], dataset="d", store=catalog, snapshot=True)
+    assert first.files_ingested == 1
+    time.sleep(0.01)
+    with h5py.File(h5, "r+") as f:  # same size: values only
+        for name in f:
+            if f[name].shape == (5,):
+                f[name][...] = 99.0
+    again = ingest([folder], dataset="d", store=catalog, snapshot=True)
+    assert again.files_reused == 0 and again.files_ingested == 1
+    _, samples = read(catalog, f"d@{again.snapshot_id}")
+    assert samples["series.pvd/t0000"]["point_data/T"].tolist() == [99.0] * 5
