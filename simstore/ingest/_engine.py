@@ -24,7 +24,7 @@ from simstore.errors import SimstoreError
 from simstore.ingest._ahead import HashAhead
 from simstore.ingest._plugins import Plugins
 from simstore.ingest._records import ResultPacker, SourceFile, TaskContext, TaskResult
-from simstore.ingest._sources import host_token
+from simstore.ingest._sources import listed_here
 from simstore.ingest._worker import TaskRunner, run_task, warm_up
 from simstore.ingest._writes import writer_thread_wanted
 
@@ -360,8 +360,7 @@ def _run_all_here(
         for task in tasks:
             yield _finished(_run_here(ctx, task, plugins, report))
         return
-    same_host = bool(ctx.listed_on) and ctx.listed_on == host_token()
-    ahead = HashAhead([f for task in tasks for f in task], same_host)
+    ahead = HashAhead([f for task in tasks for f in task], listed_here(ctx.listed_on))
     with contextlib.closing(ahead), cf.ThreadPoolExecutor(
         1, thread_name_prefix="simstore-shard-writer"
     ) as pool:

@@ -320,6 +320,14 @@ def host_token() -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
+def listed_here(listed_on: str) -> bool:
+    """Whether this process runs on the machine ``listed_on`` (a :func:`host_token`) names.
+
+    Only there may its sources' device and inode numbers be compared with their listing.
+    """
+    return bool(listed_on) and listed_on == host_token()
+
+
 class SourceGone(SourceError):
     """A listed source that is not at its path when its task opens it.
 

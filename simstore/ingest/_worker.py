@@ -62,7 +62,7 @@ from simstore.ingest._sources import (
     hash_file,
     hash_file_checked,
     hash_source,
-    host_token,
+    listed_here,
     read_head,
     resolve_adapter,
 )
@@ -259,7 +259,7 @@ class TaskRunner:
         """A listed source missing at its path when a task opens it fails the task
         (:class:`SourceGone`), whatever ``on_error`` says: on a dask worker that is a
         worker that cannot see the sources, not a bad file to skip."""
-        self.same_host = bool(ctx.listed_on) and ctx.listed_on == host_token()
+        self.same_host = listed_here(ctx.listed_on)
         """Whether this process runs on the machine that listed the sources (device and
         inode numbers are compared only there)."""
         self.since = since
