@@ -127,6 +127,12 @@ def _settings(gmsh: Any) -> None:
     gmsh.option.setNumber("General.NumThreads", 1)
 
 
+def _mesh_size(gmsh: Any, size: float) -> None:
+    """Elements of at most ``size``, finer where surfaces curve (12 per full turn)."""
+    gmsh.option.setNumber("Mesh.MeshSizeMax", size)
+    gmsh.option.setNumber("Mesh.MeshSizeFromCurvature", 12)
+
+
 def mesh_part(gmsh: Any, path: str, tolerance: float, want_volume: bool) -> dict[str, Any]:
     """The sample fields of one part: a surface (or volume) mesh, bounding box and measures.
 
@@ -164,8 +170,7 @@ def mesh_part(gmsh: Any, path: str, tolerance: float, want_volume: bool) -> dict
         box = gmsh.model.getBoundingBox(-1, -1)
         diag = _diagonal(box)
         size = diag * tolerance
-        gmsh.option.setNumber("Mesh.MeshSizeMax", size)
-        gmsh.option.setNumber("Mesh.MeshSizeFromCurvature", 12)
+        _mesh_size(gmsh, size)
         area = float(sum(gmsh.model.occ.getMass(2, t) for _, t in surfaces))
         volume = float(sum(gmsh.model.occ.getMass(3, t) for _, t in solids))
         try:
@@ -210,8 +215,8 @@ def _volume(
     fields: dict[str, Any],
     meta: dict[str, Any],
     *,
-    owned: bool = False,
-    size: float | None = None,
+    owned: bool,
+    size: float,
 ) -> None:
     """Add ``cells/tetra``: the whole model, else each solid alone, else nothing.
 
@@ -236,8 +241,7 @@ def _volume(
             gmsh.finalize()  # releases the meshing lock the failed generate kept
             _initialize(gmsh)
             _settings(gmsh)
-            gmsh.option.setNumber("Mesh.MeshSizeMax", size)
-            gmsh.option.setNumber("Mesh.MeshSizeFromCurvature", 12)
+            _mesh_size(gmsh, size)
             gmsh.model.add(model)
     meta["volume_error"] = whole_error
     all_points: list[np.ndarray] = []
