@@ -493,33 +493,12 @@ W.hash_file = timed(W.hash_file, "shard hash")
 W.hash_sample_blocks = timed(W.hash_sample_blocks, "sample hash + statistics")
 W.write_journal = timed(W.write_journal, "journal")
 ST.StatsAccumulator.add_array = timed(ST.StatsAccumulator.add_array, "(statistics)")
-resolve = W.resolve_adapter
+from benchmarks.ingest_timeline import timed_reads  # phases run this tree, never a baseline
 
-def resolve_timed(*a, **k):
-    adapter = resolve(*a, **k)
-    if adapter is None:
-        return None
-    read = adapter.iter_samples
+def read_done(t0, c0):
+    T["adapter read"] += clock() - c0
 
-    class Timed:
-        name, version = adapter.name, adapter.version
-        stores_source = getattr(adapter, "stores_source", False)
-
-        def iter_samples(self, *a, **k):
-            it = read(*a, **k)
-            while True:
-                t0 = clock()
-                try:
-                    sample = next(it)
-                except StopIteration:
-                    return
-                finally:
-                    T["adapter read"] += clock() - t0
-                yield sample
-
-    return Timed()
-
-W.resolve_adapter = resolve_timed
+W.resolve_adapter = timed_reads(W.resolve_adapter, read_done)
 builder = W.TaskRunner._builder
 
 def builder_timed(self, kind):

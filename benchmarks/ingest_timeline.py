@@ -24,7 +24,44 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
+
+
+def timed_reads(
+    resolve: Callable[..., Any], record: Callable[[float, float], None]
+) -> Callable[..., Any]:
+    """``resolve_adapter`` whose adapters time each sample's read.
+
+    ``record(wall_start, thread_cpu_start)`` runs on the reading thread as each read (the
+    adapter's ``next``) ends; ``bench_ingest``'s phases table times its reads with it too.
+    """
+
+    def resolve_timed(*a: Any, **k: Any) -> Any:
+        adapter = resolve(*a, **k)
+        if adapter is None:
+            return None
+        read = adapter.iter_samples
+
+        class Timed:
+            name, version = adapter.name, adapter.version
+            stores_source = getattr(adapter, "stores_source", False)
+
+            def iter_samples(self, *a: Any, **k: Any) -> Any:
+                it = read(*a, **k)
+                while True:
+                    t0, c0 = time.perf_counter(), time.thread_time()
+                    try:
+                        sample = next(it)
+                    except StopIteration:
+                        return
+                    finally:
+                        record(t0, c0)
+                    yield sample
+
+        return Timed()
+
+    return resolve_timed
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -62,33 +99,10 @@ def main(argv: list[str] | None = None) -> None:
     worker.TaskRunner._settle = timed(worker.TaskRunner._settle,
                                       "waits for the writer (hashing ahead)")
     worker._add = timed(worker._add, "writer thread: adds")
-    resolve = worker.resolve_adapter
-
-    def resolve_timed(*a: Any, **k: Any) -> Any:
-        adapter = resolve(*a, **k)
-        if adapter is None:
-            return None
-        read = adapter.iter_samples
-
-        class Timed:
-            name, version = adapter.name, adapter.version
-            stores_source = getattr(adapter, "stores_source", False)
-
-            def iter_samples(self, *a: Any, **k: Any) -> Any:
-                it = read(*a, **k)
-                while True:
-                    t0, c0 = now(), time.thread_time()
-                    try:
-                        sample = next(it)
-                    except StopIteration:
-                        return
-                    finally:
-                        spans.append(("adapter reads", t0, now(), time.thread_time() - c0))
-                    yield sample
-
-        return Timed()
-
-    worker.resolve_adapter = resolve_timed
+    worker.resolve_adapter = timed_reads(
+        worker.resolve_adapter,
+        lambda t0, c0: spans.append(("adapter reads", t0, now(), time.thread_time() - c0)),
+    )
     store = args.store or tempfile.mkdtemp(prefix="simstore-timeline-")
     opts = {"time_window": args.time_window, "stride": args.stride} if args.time_window else {}
     try:
