@@ -238,7 +238,6 @@ class RangedFile(io.RawIOBase):
         off = start - first * self.block
         return joined[off : off + (end - start)]
 
-
     def _large(self, start: int, end: int) -> bytes:
         """Bytes ``start:end`` (a block or more): one GET, less what cached blocks hold.
 
