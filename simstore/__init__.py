@@ -9,7 +9,18 @@ loaded on first use through a module ``__getattr__``.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import TYPE_CHECKING, Any
+
+if "pyarrow" not in sys.modules:
+    # Arrow's default allocator (mimalloc in pyarrow's wheels) commits its arenas whole,
+    # and where transparent huge pages are on, each 2 MiB of them is a zeroed huge page
+    # at its first touch: a loader's first batch in a new process faulted in six, which
+    # on a VM whose host had not backed them cost 25-70 ms. Committed as used, nothing
+    # faults in a huge page. Read when pyarrow loads, so only before it is imported;
+    # a job that imports pyarrow first can set it in its environment (docs/loader.md).
+    os.environ.setdefault("MIMALLOC_ARENA_EAGER_COMMIT", "0")
 
 from simstore.errors import (
     AlreadyExistsError,
