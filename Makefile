@@ -14,11 +14,11 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-$(BASE_STAMP): pyproject.toml constraints.txt simstore/_moments.c | $(BIN)/python
+$(BASE_STAMP): pyproject.toml constraints.txt simstore/_moments.c simstore/_rows.c | $(BIN)/python
 	$(PIP) install -q -c constraints.txt -e '.[torch,adapters]'
 	touch $@
 
-$(DEV_STAMP): pyproject.toml constraints.txt simstore/_moments.c | $(BIN)/python
+$(DEV_STAMP): pyproject.toml constraints.txt simstore/_moments.c simstore/_rows.c | $(BIN)/python
 	$(PIP) install -q -c constraints.txt -e '.[dev]'
 	touch $@ $(BASE_STAMP)
 

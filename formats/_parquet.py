@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import types
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor
 from itertools import accumulate
@@ -52,6 +53,12 @@ from ._pages import (
 )
 
 __all__ = ["ParquetFormat", "ParquetShardReader", "ParquetShardWriter"]
+
+_rows: types.ModuleType | None
+try:  # rows copied once, from the mapped file to the batch; else NumPy's gather
+    from simstore import _rows
+except ImportError:  # pragma: no cover (built by every install with a C compiler)
+    _rows = None
 
 MAGIC = b"PAR1"
 PAGE_CRC_KEY = b"simstore.page_checksums"
@@ -495,7 +502,13 @@ class ParquetShardReader(ColumnarReader):
             return False
         buffer, index, rows_out = bulk
         target = buffer.reshape(len(buffer), -1).view(np.uint8)
-        if width < (64 << 10):
+        if _rows is not None and target.flags.c_contiguous:
+            # each row once, from the mapped file to its row of the batch, the interpreter
+            # released: no gathered temporary (fresh memory in a new process)
+            slots = np.ascontiguousarray(index[:n], dtype=np.int64)
+            _rows.gather(self._mapped(), np.ascontiguousarray(at, dtype=np.int64), width,
+                         target, slots, False)
+        elif width < (64 << 10):
             target[index[:n]] = self._rows_view(width)[at]
         else:  # large rows: one copy each, no gathered temporary
             data = self._mapped()

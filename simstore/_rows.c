@@ -1,0 +1,164 @@
+/* Fixed-width rows copied from a mapped shard file into a batch's buffer.
+ *
+ * A Parquet shard stores a fixed-shape tensor field as a byte column whose plain,
+ * uncompressed pages hold each row as a 4-byte little-endian length and the row's bytes.
+ * The loader reads such a column without decoding it: it knows where each row's bytes
+ * start in the file and copies them into the batch. With NumPy that copy is a fancy
+ * index of a strided view of the mapped file, which gathers the rows into a temporary
+ * and then scatters the temporary into the batch: twice the memory written, and in a
+ * new process the temporary is fresh memory to fault in. Here each row is copied once,
+ * from the mapped file to its row of the batch, with the interpreter released.
+ *
+ * gather(src, offsets, width, dst, slots, check) -> bool
+ *
+ *   src      a readable buffer (the mapped file);
+ *   offsets  int64, C-contiguous: where row i's bytes start in src;
+ *   width    the bytes of every row;
+ *   dst      a writable C-contiguous buffer of whole rows of ``width`` bytes;
+ *   slots    int64, C-contiguous, as long as offsets: row i goes to row slots[i] of dst;
+ *   check    also check that the 4 bytes before each row hold ``width`` (little-endian).
+ *
+ * Every offset and slot is checked before any byte is copied: one out of range raises
+ * IndexError (as indexing the view would), and a failed length check returns False
+ * with dst untouched (the caller then decodes the column instead).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+static int
+int64_buffer(PyObject *obj, Py_buffer *view, const char *name)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        return -1;
+    }
+    if (view->itemsize != 8 || view->format == NULL
+        || !(strcmp(view->format, "q") == 0 || strcmp(view->format, "l") == 0
+             || strcmp(view->format, "<q") == 0 || strcmp(view->format, "=q") == 0
+             || strcmp(view->format, "<l") == 0 || strcmp(view->format, "=l") == 0)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int64 array", name);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+static uint32_t
+le32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16)
+        | ((uint32_t)p[3] << 24);
+}
+
+PyDoc_STRVAR(gather_doc,
+"gather(src, offsets, width, dst, slots, check) -> bool\n\n"
+"Copy row i (width bytes at offsets[i] of src) to row slots[i] of dst. With check, first\n"
+"check that the 4 bytes before each row hold width (little-endian): False, and nothing\n"
+"copied, if one does not. An offset or slot out of range raises IndexError.");
+
+static PyObject *
+gather(PyObject *self, PyObject *args)
+{
+    PyObject *src_obj, *off_obj, *dst_obj, *slot_obj;
+    Py_ssize_t width;
+    int check;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOnOOp", &src_obj, &off_obj, &width, &dst_obj, &slot_obj,
+                          &check)) {
+        return NULL;
+    }
+    if (width <= 0) {
+        PyErr_SetString(PyExc_ValueError, "width must be positive");
+        return NULL;
+    }
+    Py_buffer src, off, dst, slot;
+    if (PyObject_GetBuffer(src_obj, &src, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    if (int64_buffer(off_obj, &off, "offsets") < 0) {
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(dst_obj, &dst, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&off);
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    if (int64_buffer(slot_obj, &slot, "slots") < 0) {
+        PyBuffer_Release(&dst);
+        PyBuffer_Release(&off);
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t n = off.len / 8;
+    Py_ssize_t rows = dst.len / width;
+    const int64_t *at = (const int64_t *)off.buf;
+    const int64_t *to = (const int64_t *)slot.buf;
+    const unsigned char *from = (const unsigned char *)src.buf;
+    unsigned char *into = (unsigned char *)dst.buf;
+    if (slot.len / 8 != n) {
+        PyErr_SetString(PyExc_ValueError, "offsets and slots differ in length");
+        goto done;
+    }
+    if (dst.len % width != 0) {
+        PyErr_SetString(PyExc_ValueError, "dst is not a whole number of rows");
+        goto done;
+    }
+    Py_ssize_t bad = -1;
+    int kind = 0; /* 1: offset out of range, 2: slot out of range, 3: length mismatch */
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n && kind == 0; i++) {
+        int64_t a = at[i];
+        if (a < (check ? 4 : 0) || a > (int64_t)src.len - (int64_t)width) {
+            kind = 1;
+        } else if (to[i] < 0 || to[i] >= rows) {
+            kind = 2;
+        } else if (check && le32(from + a - 4) != (uint32_t)width) {
+            kind = 3;
+        }
+        if (kind) {
+            bad = i;
+        }
+    }
+    if (kind == 0) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            memcpy(into + (size_t)to[i] * (size_t)width, from + at[i], (size_t)width);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (kind == 1) {
+        PyErr_Format(PyExc_IndexError, "row %zd: %lld bytes at offset %lld are outside the "
+                     "%zd bytes of the source", bad, (long long)width, (long long)at[bad],
+                     src.len);
+    } else if (kind == 2) {
+        PyErr_Format(PyExc_IndexError, "row %zd: slot %lld is outside the %zd rows of dst",
+                     bad, (long long)to[bad], rows);
+    } else {
+        result = PyBool_FromLong(kind == 0);
+    }
+done:
+    PyBuffer_Release(&slot);
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&off);
+    PyBuffer_Release(&src);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"gather", gather, METH_VARARGS, gather_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_rows",
+    "Fixed-width rows copied from a mapped file into a batch, each once.",
+    -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__rows(void)
+{
+    return PyModule_Create(&module);
+}

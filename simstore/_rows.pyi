@@ -1,0 +1,3 @@
+from typing import Any
+
+def gather(src: Any, offsets: Any, width: int, dst: Any, slots: Any, check: bool) -> bool: ...

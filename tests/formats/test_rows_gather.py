@@ -1,0 +1,140 @@
+"""simstore._rows.gather: fixed-width rows from a mapped file into a batch, each once.
+
+The Parquet reader's direct path uses it for a tensor column's rows; where it is not
+built, the NumPy gather gives the same bytes (compared here on a real shard read).
+"""
+
+import numpy as np
+import pytest
+from simstore.formats import ParquetFormat, _parquet, open_shard
+
+from simstore import _rows
+from simstore.ingest import ShardOptions
+from simstore.sample import Sample
+
+WIDTH = 24
+
+
+def _source(rows=10):
+    """rows of WIDTH bytes, each after a 4-byte little-endian length (a plain page)."""
+    parts = []
+    for i in range(rows):
+        parts.append(np.uint32(WIDTH).tobytes())
+        parts.append(bytes([i]) * WIDTH)
+    return np.frombuffer(b"".join(parts), dtype=np.uint8)
+
+
+def _offsets(rows):
+    return np.array([4 + r * (WIDTH + 4) for r in rows], dtype=np.int64)
+
+
+def test_rows_go_to_their_slots():
+    src = _source()
+    dst = np.full((5, WIDTH), 255, dtype=np.uint8)
+    assert _rows.gather(src, _offsets([7, 2, 9]), WIDTH, dst,
+                        np.array([4, 0, 2], dtype=np.int64), True)
+    assert (dst[4] == 7).all() and (dst[0] == 2).all() and (dst[2] == 9).all()
+    assert (dst[1] == 255).all() and (dst[3] == 255).all()  # untouched
+
+
+def test_a_wrong_length_prefix_copies_nothing():
+    src = _source().copy()
+    src[4 + 3 * (WIDTH + 4) - 4] = WIDTH + 1  # row 3's length
+    dst = np.zeros((2, WIDTH), dtype=np.uint8)
+    assert not _rows.gather(src, _offsets([1, 3]), WIDTH, dst,
+                            np.array([0, 1], dtype=np.int64), True)
+    assert not dst.any()
+    # unchecked, the same rows are copied
+    assert _rows.gather(src, _offsets([1, 3]), WIDTH, dst, np.array([0, 1], dtype=np.int64),
+                        False)
+    assert (dst[1] == 3).all()
+
+
+@pytest.mark.parametrize("offset", [-1, 10 * (WIDTH + 4) - WIDTH + 1, 1 << 40])
+def test_an_offset_outside_the_source_is_an_index_error(offset):
+    dst = np.zeros((1, WIDTH), dtype=np.uint8)
+    with pytest.raises(IndexError, match="outside the"):
+        _rows.gather(_source(), np.array([offset], dtype=np.int64), WIDTH, dst,
+                     np.array([0], dtype=np.int64), False)
+    assert not dst.any()
+
+
+@pytest.mark.parametrize("slot", [-1, 2])
+def test_a_slot_outside_the_batch_is_an_index_error(slot):
+    dst = np.zeros((2, WIDTH), dtype=np.uint8)
+    with pytest.raises(IndexError, match="slot"):
+        _rows.gather(_source(), _offsets([0, 1]), WIDTH, dst,
+                     np.array([0, slot], dtype=np.int64), False)
+    assert not dst.any()
+
+
+def test_bad_arguments_are_refused():
+    src = _source()
+    dst = np.zeros((2, WIDTH), dtype=np.uint8)
+    with pytest.raises(TypeError, match="offsets must be an int64 array"):
+        _rows.gather(src, np.array([4], dtype=np.int32), WIDTH, dst,
+                     np.array([0], dtype=np.int64), False)
+    with pytest.raises(ValueError, match="differ in length"):
+        _rows.gather(src, _offsets([0, 1]), WIDTH, dst, np.array([0], dtype=np.int64), False)
+    with pytest.raises(ValueError, match="whole number of rows"):
+        _rows.gather(src, _offsets([0]), WIDTH, np.zeros(WIDTH + 1, np.uint8),
+                     np.array([0], dtype=np.int64), False)
+    with pytest.raises(ValueError, match="width"):
+        _rows.gather(src, _offsets([0]), 0, dst, np.array([0], dtype=np.int64), False)
+    with pytest.raises((TypeError, ValueError, BufferError)):
+        _rows.gather(src, _offsets([0]), WIDTH, dst[:, ::2], np.array([0], dtype=np.int64),
+                     False)  # not contiguous
+    readonly = np.zeros((2, WIDTH), dtype=np.uint8)
+    readonly.flags.writeable = False
+    with pytest.raises((TypeError, ValueError, BufferError)):
+        _rows.gather(src, _offsets([0]), WIDTH, readonly, np.array([0], dtype=np.int64), False)
+
+
+class _BulkOut:
+    """An ``out=`` like the loader's: one buffer per field, its rows in a shuffled order."""
+
+    def __init__(self, n):
+        self.n = n
+        self.buffers = {}
+        self.slots = np.random.default_rng(5).permutation(n)
+
+    def __call__(self, i, name, shape, dtype):
+        return None
+
+    def many(self, rows, name, shape, dtype):
+        buf = self.buffers.setdefault(name, np.zeros((self.n, *shape), dtype))
+        index = self.slots[np.asarray(list(rows), dtype=np.intp)]
+        return buf, index, [buf[r, ...] for r in index.tolist()]
+
+
+def test_the_reader_gives_the_same_rows_with_and_without_it(tmp_path, monkeypatch):
+    rng = np.random.default_rng(0)
+    samples = [Sample(f"s{i:04d}", {"u": rng.standard_normal((2, 32, 32)).astype(np.float32),
+                                    "Re": float(i)}) for i in range(40)]
+    path = str(tmp_path / "shard.parquet")
+    # small row groups: a read spans several
+    ParquetFormat(ShardOptions(compression="none", row_group_bytes=64 << 10)).write(
+        samples, path)
+    positions = [int(p) for p in np.random.default_rng(1).permutation(40)[:25]]
+
+    def read():
+        reader = open_shard(path)
+        try:
+            out = _BulkOut(len(positions))
+            values = list(reader.read(positions, ["u", "Re"], out=out))
+            assert reader.direct_rows == len(positions)  # the direct path ran
+            return values, out.buffers["u"].copy()
+        finally:
+            reader.close()
+
+    (with_it, batch), calls = read(), []
+    real = _rows.gather
+    monkeypatch.setattr(_rows, "gather", lambda *a: calls.append(a) or real(*a))
+    read()
+    assert calls  # the reader copies through it when it is built
+    monkeypatch.setattr(_parquet, "_rows", None)
+    without, batch_without = read()
+    np.testing.assert_array_equal(batch, batch_without)
+    for p, a, b in zip(positions, with_it, without, strict=True):
+        np.testing.assert_array_equal(a["u"], b["u"])
+        np.testing.assert_array_equal(a["u"], samples[p].fields["u"])
