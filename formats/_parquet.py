@@ -502,7 +502,7 @@ class ParquetShardReader(ColumnarReader):
             return False
         buffer, index, rows_out = bulk
         target = buffer.reshape(len(buffer), -1).view(np.uint8)
-        if _rows is not None and target.flags.c_contiguous:
+        if _rows is not None and target.flags.c_contiguous and target.shape[1] == width:
             # each row once, from the mapped file to its row of the batch, the interpreter
             # released: no gathered temporary (fresh memory in a new process)
             slots = np.ascontiguousarray(index[:n], dtype=np.int64)
