@@ -6,6 +6,8 @@ built, the NumPy gather gives the same bytes (compared here on a real shard read
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from simstore.formats import ParquetFormat, _parquet, open_shard
 
 from simstore import _rows
@@ -138,3 +140,28 @@ def test_the_reader_gives_the_same_rows_with_and_without_it(tmp_path, monkeypatc
     for p, a, b in zip(positions, with_it, without, strict=True):
         np.testing.assert_array_equal(a["u"], b["u"])
         np.testing.assert_array_equal(a["u"], samples[p].fields["u"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(width=st.integers(1, 40), src_len=st.integers(0, 300), rows=st.integers(0, 6),
+       data=st.data())
+def test_matches_numpy_indexing_or_refuses_like_it(width, src_len, rows, data):
+    src = np.frombuffer(bytes(range(256)) * 2, dtype=np.uint8)[:src_len]
+    n = data.draw(st.integers(0, 8))
+    offsets = np.array(data.draw(st.lists(st.integers(-5, src_len + 5), min_size=n,
+                                          max_size=n)), dtype=np.int64)
+    slots = np.array(data.draw(st.lists(st.integers(-1, rows), min_size=n, max_size=n)),
+                     dtype=np.int64)
+    dst = np.zeros((rows, width), dtype=np.uint8)
+    inside = all(0 <= a <= src_len - width for a in offsets.tolist())
+    fits = all(0 <= s < rows for s in slots.tolist())
+    if not (inside and fits):
+        with pytest.raises(IndexError):
+            _rows.gather(src, offsets, width, dst, slots, False)
+        assert not dst.any()
+        return
+    assert _rows.gather(src, offsets, width, dst, slots, False)
+    expected = np.zeros_like(dst)
+    for a, s in zip(offsets.tolist(), slots.tolist(), strict=True):
+        expected[s] = src[a:a + width]  # a repeated slot: the last row written wins
+    np.testing.assert_array_equal(dst, expected)
