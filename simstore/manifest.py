@@ -238,6 +238,10 @@ def decode_part(
         table = pf.read(columns=names, use_threads=False)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise FormatError(f"{name} is not a readable Parquet file: {exc}") from exc
+    for column in names:
+        # every column is required; a null would fail the cast below with a bare error
+        if column in table.column_names and table.column(column).null_count:
+            raise FormatError(f"{name} has a null {column}")
     try:
         wanted = pa.schema([_read_type(MANIFEST_SCHEMA.field(c), as_dictionary)
                             for c in names], metadata=MANIFEST_SCHEMA.metadata)

@@ -98,3 +98,53 @@ def test_a_column_subset_is_checked_as_the_whole_part_is():
         decode_part(_part(["a", "b"], [ids[0], "nope"]), object_id="x2", columns=STREAM_COLUMNS)
     with pytest.raises(ValueError, match="no column 'shards'"):
         decode_part(good, columns=["shards"])
+
+
+def _raw_part(columns: dict[str, pa.Array]) -> bytes:
+    """A part written with nullable columns and the part's metadata, as a forger could."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    table = pa.table(columns).replace_schema_metadata(MANIFEST_SCHEMA.metadata)
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("columns", [None, STREAM_COLUMNS])
+@pytest.mark.parametrize("null_in", ["key", "shard", "position", "size_bytes"])
+def test_a_null_in_a_required_column_is_refused(columns, null_in):
+    ids = _ids(2)
+    values = {
+        "key": pa.array(["a", "b"], pa.string()),
+        "sample_hash": pa.array([bytes(16)] * 2, pa.binary(16)),
+        "shard": pa.array(ids, pa.string()),
+        "position": pa.array([0, 1], pa.int64()),
+        "size_bytes": pa.array([8, 8], pa.int64()),
+    }
+    typ = values[null_in].type
+    values[null_in] = pa.array([values[null_in][0].as_py(), None], typ)
+    with pytest.raises(FormatError, match=f"manifest part n1 has a null {null_in}"):
+        decode_part(_raw_part(values), object_id="n1", columns=columns)
+
+
+def test_parts_decode_to_the_manifest_types_and_metadata():
+    ids = _ids(3)
+    whole = decode_part(_part(["a", "b", "c"], ids))
+    assert whole.schema.equals(MANIFEST_SCHEMA, check_metadata=True)
+    some = decode_part(_part(["a", "b", "c"], ids), columns=STREAM_COLUMNS)
+    assert some.schema.metadata == MANIFEST_SCHEMA.metadata
+    assert [f.type for f in some.schema] == [
+        pa.string(), pa.dictionary(pa.int32(), pa.string()), pa.int64(), pa.int64()]
+    # a part stored with other (castable) types still decodes to the manifest's
+    other = _raw_part({
+        "key": pa.array(["a", "b"], pa.large_string()),
+        "sample_hash": pa.array([bytes(16)] * 2, pa.binary(16)),
+        "shard": pa.array(ids[:2], pa.string()),
+        "position": pa.array([0, 1], pa.int32()),
+        "size_bytes": pa.array([8, 8], pa.int32()),
+    })
+    table = decode_part(other)
+    assert [f.type for f in table.schema] == [f.type for f in MANIFEST_SCHEMA]
+    assert table.column("position").to_pylist() == [0, 1]
