@@ -92,10 +92,11 @@ gather(PyObject *self, PyObject *args)
         return NULL;
     }
     PyObject *result = NULL;
+    int64_t *own = NULL;
     Py_ssize_t n = off.len / 8;
     Py_ssize_t rows = dst.len / width;
-    const int64_t *at = (const int64_t *)off.buf;
-    const int64_t *to = (const int64_t *)slot.buf;
+    const int64_t *at;
+    const int64_t *to;
     const unsigned char *from = (const unsigned char *)src.buf;
     unsigned char *into = (unsigned char *)dst.buf;
     if (slot.len / 8 != n) {
@@ -106,6 +107,19 @@ gather(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "dst is not a whole number of rows");
         goto done;
     }
+    /* The offsets and slots are checked, then used, from a private copy taken while the
+     * interpreter is held: the caller's arrays may lie in dst (a row copied would then
+     * change a slot already checked) or be changed by another thread meanwhile, and a
+     * value used unchecked writes or reads outside the buffers. */
+    own = PyMem_Malloc(n > 0 ? (size_t)n * 16 : 1);
+    if (own == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    memcpy(own, off.buf, (size_t)n * 8);
+    memcpy(own + n, slot.buf, (size_t)n * 8);
+    at = own;
+    to = own + n;
     Py_ssize_t bad = -1;
     int kind = 0; /* 1: offset out of range, 2: slot out of range, 3: length mismatch */
     Py_BEGIN_ALLOW_THREADS
@@ -139,6 +153,7 @@ gather(PyObject *self, PyObject *args)
         result = PyBool_FromLong(kind == 0);
     }
 done:
+    PyMem_Free(own);
     PyBuffer_Release(&slot);
     PyBuffer_Release(&dst);
     PyBuffer_Release(&off);

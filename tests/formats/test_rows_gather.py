@@ -4,6 +4,9 @@ The Parquet reader's direct path uses it for a tensor column's rows; where it is
 built, the NumPy gather gives the same bytes (compared here on a real shard read).
 """
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -165,3 +168,40 @@ def test_matches_numpy_indexing_or_refuses_like_it(width, src_len, rows, data):
     for a, s in zip(offsets.tolist(), slots.tolist(), strict=True):
         expected[s] = src[a:a + width]  # a repeated slot: the last row written wins
     np.testing.assert_array_equal(dst, expected)
+
+
+INDEX_IN_DST = r"""
+import sys
+import numpy as np
+from simstore import _rows
+
+W = 8
+far = np.frombuffer(np.int64(1 << 40).tobytes(), dtype=np.uint8)
+src = np.concatenate([far, np.full(W, 7, dtype=np.uint8)])  # row 0 holds 2**40, row 1 sevens
+mem = np.zeros(4 * W, dtype=np.uint8)
+dst = mem.reshape(4, W)
+if sys.argv[1] == "slots":  # slots in dst's rows 1 and 2; row 0 goes to row 2 (slots[1])
+    offsets = np.array([0, W], dtype=np.int64)
+    slots = mem[W:3 * W].view(np.int64)
+    slots[:] = [2, 0]
+else:  # offsets in dst's rows 0 and 1; row 0 goes to row 1 (offsets[1])
+    offsets = mem[:2 * W].view(np.int64)
+    offsets[:] = [0, W]
+    slots = np.array([1, 0], dtype=np.int64)
+expected = dst.copy()
+expected[slots.copy()] = src.reshape(2, W)[offsets.copy() // W]  # indexes read first
+assert _rows.gather(src, offsets, W, dst, slots, False)
+assert (dst == expected).all(), (dst.tolist(), expected.tolist())
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("which", ["slots", "offsets"])
+def test_offsets_and_slots_are_used_as_checked_when_a_row_copied_overwrites_them(which):
+    # a row copied into dst changes a later slot (or offset) that lies in dst: the value
+    # checked, not the new one (2**40, far outside both buffers), must be the one used.
+    # In a new process: used unchecked, it writes or reads outside the buffers (SIGSEGV)
+    done = subprocess.run([sys.executable, "-c", INDEX_IN_DST, which], capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["ok"]
