@@ -48,6 +48,7 @@ from simstore.loaders._stats import (
     read_ledger,
 )
 from simstore.loaders._streams import (
+    _FIRST_OUT,
     RING,
     _BatchStream,
     _Stream,
@@ -139,8 +140,12 @@ class _WorkerInit:
         self.stopping: Any = None
         """A shared byte the training process sets before it stops this set of workers
         (see ``leave_sigterm_to_parent``); given by each worker iterator as it starts."""
+        self.first_out: Any = None
+        """A shared byte worker 0 sets once its first batch is going out, the others
+        waiting for it (see ``_BatchStream._items``); None: none wait."""
 
     def __call__(self, worker_id: int) -> None:
+        _FIRST_OUT[0] = self.first_out
         gc.freeze()
         exit_with_parent(self.parent_pid)
         leave_sigterm_to_parent(self.parent_pid, stopping=self.stopping)
@@ -246,8 +251,13 @@ class _WorkersIter(_MultiProcessingDataLoaderIter):
         if isinstance(init, _WorkerInit):
             import multiprocessing
 
-            self._sim_stopping = init.stopping = multiprocessing.get_context(
-                method).RawValue("b", 0)
+            context = multiprocessing.get_context(method)
+            self._sim_stopping = init.stopping = context.RawValue("b", 0)
+            # worker 0's first batch first, on a local dataset (a remote one's first batch
+            # waits on the network, not on the cores: there the workers' fetches overlap)
+            local = all(t == "local" for t in loader.sim_dataset._tiers())
+            init.first_out = (context.RawValue("b", 0)
+                              if loader.num_workers > 1 and local else None)
         blocked = _block_sigterm(method)
         given = loader.multiprocessing_context
         lockless = _lockless_context(given, method)
