@@ -247,6 +247,7 @@ class _WorkersIter(_MultiProcessingDataLoaderIter):
         # worker spends importing torch does not kill it; here it waits, not lost
         method = _start_method(loader)
         self._sim_stopping: Any = None
+        self._sim_first_out: Any = None
         init = getattr(loader, "worker_init_fn", None)
         if isinstance(init, _WorkerInit):
             import multiprocessing
@@ -258,6 +259,7 @@ class _WorkersIter(_MultiProcessingDataLoaderIter):
             local = all(t == "local" for t in loader.sim_dataset._tiers())
             init.first_out = (context.RawValue("b", 0)
                               if loader.num_workers > 1 and local else None)
+            self._sim_first_out = init.first_out
         blocked = _block_sigterm(method)
         given = loader.multiprocessing_context
         lockless = _lockless_context(given, method)
@@ -293,6 +295,8 @@ class _WorkersIter(_MultiProcessingDataLoaderIter):
         """
         if self._sim_stopping is not None:
             self._sim_stopping.value = 1
+        if self._sim_first_out is not None:  # nobody waits on a first batch now
+            self._sim_first_out.value = 1
         if not getattr(self, "_workers", None):
             return
         if not hasattr(self, "_workers_status"):  # failed before torch's first _reset
@@ -397,6 +401,13 @@ class _WorkersIter(_MultiProcessingDataLoaderIter):
         stopping = getattr(self, "_sim_stopping", None)
         if stopping is not None:
             stopping.value = 1  # a SIGTERM from here on is this process's (terminate())
+        first_out = getattr(self, "_sim_first_out", None)
+        if first_out is not None:
+            # the workers still waiting for worker 0's first batch stop waiting: one that
+            # never sends it (its worker_init_fn raised, it was killed) would hold each of
+            # them, and so this shutdown's joins and the error it precedes, for
+            # FIRST_BATCH_WAIT_S
+            first_out.value = 1
         if self._sim_reaper is not None:
             return  # the reaper does it (and holds this iterator until it has)
         if not hasattr(self, "_shutdown"):

@@ -9,6 +9,7 @@ batch that will not come.
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import pytest
@@ -86,3 +87,47 @@ def test_no_worker_waits_with_one_worker(small, tmp_path):
     one = SimDataLoader(ds, batch_size=4, num_workers=1, multiprocessing_context="fork")
     assert sum(len(b["__key__"]) for b in one) >= len(small[2])
     assert one._init.first_out is None
+
+
+class _FailInit:
+    """A caller's worker_init_fn that raises in worker 0: it never reads, never sends."""
+
+    def __call__(self, worker_id: int) -> None:
+        if worker_id == 0:
+            raise ValueError("worker 0's init fails")
+
+
+class _KillFirst:
+    """A transform that kills worker 0 (SIGKILL: no finally runs) on its first sample."""
+
+    def __call__(self, sample):
+        info = torch.utils.data.get_worker_info()
+        if info is not None and info.id == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return sample
+
+
+def test_a_first_worker_whose_init_fails_does_not_hold_the_others(small, monkeypatch):
+    # worker 0 never reaches its stream: the loader, stopping the workers on its error,
+    # lets the others go (they would hold the shutdown, and the error, for the limit)
+    monkeypatch.setattr(_streams, "FIRST_BATCH_WAIT_S", 300.0)
+    store, ref, _ = small
+    ds = SimDataset(store, ref, seed=3, shard_opener=open_test_shard)
+    loader = SimDataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork",
+                           worker_init_fn=_FailInit())
+    with pytest.raises(ValueError, match="worker 0's init fails"):
+        for _ in loader:
+            pass
+    assert loader._init.first_out is not None and loader._init.first_out.value == 1
+
+
+def test_a_first_worker_killed_in_its_first_batch_does_not_hold_the_others(small,
+                                                                          monkeypatch):
+    monkeypatch.setattr(_streams, "FIRST_BATCH_WAIT_S", 300.0)
+    store, ref, _ = small
+    ds = SimDataset(store, ref, seed=3, shard_opener=open_test_shard, transform=_KillFirst())
+    loader = SimDataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork")
+    with pytest.raises(RuntimeError, match="exited unexpectedly"):
+        for _ in loader:
+            pass
+    assert loader._init.first_out is not None and loader._init.first_out.value == 1
