@@ -293,10 +293,7 @@ class _WorkersIter(_MultiProcessingDataLoaderIter):
         stopping, a worker of this set that is still starting (not yet in ``_workers``)
         ends at once at that SIGTERM too.
         """
-        if self._sim_stopping is not None:
-            self._sim_stopping.value = 1
-        if self._sim_first_out is not None:  # nobody waits on a first batch now
-            self._sim_first_out.value = 1
+        self._mark_stopping()
         if not getattr(self, "_workers", None):
             return
         if not hasattr(self, "_workers_status"):  # failed before torch's first _reset
@@ -397,17 +394,22 @@ class _WorkersIter(_MultiProcessingDataLoaderIter):
             # while it was being stopped (torch's shutdown has stopped the others)
             _log.debug("stopping a collected iterator's workers: %s", exc)
 
+    def _mark_stopping(self) -> None:
+        """Tell this set's workers that it is being stopped, through their shared bytes.
+
+        A SIGTERM from here on is this process's (``terminate()``), and the workers still
+        waiting for worker 0's first batch stop waiting: one that never sends it (its
+        ``worker_init_fn`` raised, it was killed) would hold each of them, and so the
+        shutdown's joins and the error it precedes, for ``FIRST_BATCH_WAIT_S``. (Read with
+        ``getattr``: torch may stop an iterator whose ``__init__`` never got that far.)
+        """
+        for flag in (getattr(self, "_sim_stopping", None),
+                     getattr(self, "_sim_first_out", None)):
+            if flag is not None:
+                flag.value = 1
+
     def _shutdown_workers(self) -> None:
-        stopping = getattr(self, "_sim_stopping", None)
-        if stopping is not None:
-            stopping.value = 1  # a SIGTERM from here on is this process's (terminate())
-        first_out = getattr(self, "_sim_first_out", None)
-        if first_out is not None:
-            # the workers still waiting for worker 0's first batch stop waiting: one that
-            # never sends it (its worker_init_fn raised, it was killed) would hold each of
-            # them, and so this shutdown's joins and the error it precedes, for
-            # FIRST_BATCH_WAIT_S
-            first_out.value = 1
+        self._mark_stopping()
         if self._sim_reaper is not None:
             return  # the reaper does it (and holds this iterator until it has)
         if not hasattr(self, "_shutdown"):
