@@ -11,11 +11,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from simstore.formats import ParquetFormat, _parquet, open_shard
+from simstore.formats import _parquet, open_shard
 
 from simstore import _rows
-from simstore.ingest import ShardOptions
-from simstore.sample import Sample
+from tests.formats.test_parquet_pages import BulkOut, _samples, _write
 
 WIDTH = 24
 
@@ -95,37 +94,27 @@ def test_bad_arguments_are_refused():
         _rows.gather(src, _offsets([0]), WIDTH, readonly, np.array([0], dtype=np.int64), False)
 
 
-class _BulkOut:
-    """An ``out=`` like the loader's: one buffer per field, its rows in a shuffled order."""
+class _ShuffledOut(BulkOut):
+    """The pages tests' ``out=``, its rows in a shuffled order (a scatter, as a batch's)."""
 
     def __init__(self, n):
-        self.n = n
-        self.buffers = {}
+        super().__init__(n)
         self.slots = np.random.default_rng(5).permutation(n)
 
-    def __call__(self, i, name, shape, dtype):
-        return None
-
     def many(self, rows, name, shape, dtype):
-        buf = self.buffers.setdefault(name, np.zeros((self.n, *shape), dtype))
-        index = self.slots[np.asarray(list(rows), dtype=np.intp)]
-        return buf, index, [buf[r, ...] for r in index.tolist()]
+        return super().many(self.slots[np.asarray(list(rows), dtype=np.intp)], name, shape,
+                            dtype)
 
 
 def test_the_reader_gives_the_same_rows_with_and_without_it(tmp_path, monkeypatch):
-    rng = np.random.default_rng(0)
-    samples = [Sample(f"s{i:04d}", {"u": rng.standard_normal((2, 32, 32)).astype(np.float32),
-                                    "Re": float(i)}) for i in range(40)]
-    path = str(tmp_path / "shard.parquet")
-    # small row groups: a read spans several
-    ParquetFormat(ShardOptions(compression="none", row_group_bytes=64 << 10)).write(
-        samples, path)
+    samples = _samples(40)
+    path = _write(tmp_path, samples)  # small row groups: a read spans several
     positions = [int(p) for p in np.random.default_rng(1).permutation(40)[:25]]
 
     def read():
         reader = open_shard(path)
         try:
-            out = _BulkOut(len(positions))
+            out = _ShuffledOut(len(positions))
             values = list(reader.read(positions, ["u", "Re"], out=out))
             assert reader.direct_rows == len(positions)  # the direct path ran
             return values, out.buffers["u"].copy()
