@@ -4,19 +4,12 @@ import os
 
 import numpy as np
 import pytest
+from blocks import allocated, holds_no_block_past_its_end
 from simstore.formats import ParquetFormat, ZarrFormat
 
 from simstore._reserve import Reservation
 from simstore.ingest import ShardOptions
 from simstore.sample import Sample
-
-
-def _allocated(path) -> int:
-    return os.stat(path).st_blocks * 512
-
-
-def _rounded(size: int, block: int) -> int:
-    return -(-size // block) * block
 
 
 def test_a_reservation_allocates_past_the_end_and_gives_back_the_rest(tmp_path):
@@ -27,14 +20,13 @@ def test_a_reservation_allocates_past_the_end_and_gives_back_the_rest(tmp_path):
         r.ahead(100)
         assert r.end == 100 + (1 << 20)
         assert os.fstat(fd).st_size == 0  # the size is left alone
-        assert _allocated(path) >= 1 << 20
+        assert allocated(path) >= 1 << 20
         os.write(fd, b"x" * 100)
         r.ahead(100)  # within what is reserved: nothing more
         assert r.end == 100 + (1 << 20)
         r.release(100)
-        st = os.fstat(fd)
-        assert st.st_size == 100
-        assert _allocated(path) <= _rounded(100, st.st_blksize)
+        assert os.fstat(fd).st_size == 100
+        assert holds_no_block_past_its_end(path)
     finally:
         os.close(fd)
     assert path.read_bytes() == b"x" * 100
@@ -63,9 +55,8 @@ def test_a_finished_shard_holds_no_block_past_its_end(tmp_path, fmt):
     ]
     path = tmp_path / "shard"
     fmt(ShardOptions(compression="none")).write(samples, str(path))
-    st = os.stat(path)
-    assert st.st_size > 8 * 64 * 1024 * 4
-    assert _allocated(path) <= _rounded(st.st_size, st.st_blksize)
+    assert os.stat(path).st_size > 8 * 64 * 1024 * 4
+    assert holds_no_block_past_its_end(path)
     reader = fmt(ShardOptions()).open(str(path))
     assert [int(row["n"]) for row in reader.read(range(8), ["n"])] == list(range(8))
     reader.close()
@@ -90,12 +81,11 @@ def test_a_disk_that_fills_part_way_keeps_no_reserved_block(tmp_path):
         r = Reservation(fd, step=4 << 20)
         r._fallocate = fills_half_way
         r.ahead(10)
-        assert _allocated(path) >= 2 << 20  # half of it was allocated
+        assert allocated(path) >= 2 << 20  # half of it was allocated
         assert r._fallocate is None  # and nothing more is asked
         os.write(fd, b"y" * 10)
         r.release(10)
-        st = os.fstat(fd)
-        assert _allocated(path) <= _rounded(10, st.st_blksize)
+        assert holds_no_block_past_its_end(path)
     finally:
         os.close(fd)
 
@@ -106,12 +96,11 @@ def test_a_zip_shard_file_reserves_each_large_write_exactly(tmp_path):
     path = tmp_path / "z"
     f = HashingFile(str(path))
     f.write(b"x" * (1 << 20))
-    assert _allocated(path) >= 1 << 20  # reserved before it was written
+    assert allocated(path) >= 1 << 20  # reserved before it was written
     assert f._reserved.end == 1 << 20  # and no further
     f.close()
-    st = os.stat(path)
-    assert st.st_size == 1 << 20
-    assert _allocated(path) <= _rounded(st.st_size, st.st_blksize)
+    assert os.stat(path).st_size == 1 << 20
+    assert holds_no_block_past_its_end(path)
 
 
 @pytest.mark.parametrize("fmt", [ParquetFormat, ZarrFormat])
@@ -130,5 +119,4 @@ def test_a_shard_writer_gives_nothing_back_with_a_truncate(tmp_path, monkeypatch
     path = tmp_path / "shard"
     fmt(ShardOptions(compression=compression)).write(samples, str(path))
     assert cuts == []
-    st = os.stat(path)
-    assert _allocated(path) <= _rounded(st.st_size, st.st_blksize)
+    assert holds_no_block_past_its_end(path)
