@@ -76,6 +76,8 @@ class ColumnPlan:
     spec: FieldSpec
     encoding: Encoding
     shape: tuple[int, ...] = ()
+    """fixed: the rows' shape; blob: the one shape of every row that has the field, where
+    they share one (else ``()``: a blob is never 0-d)."""
     shuffle: int = 0  # blob: byte-shuffle element size (0: none)
 
     @property
@@ -181,7 +183,9 @@ def plan_columns(
             else:
                 kind = np.dtype(spec.dtype).kind
                 size = itemsize if shuffle and kind == "f" and itemsize > 1 else 0
-                plans.append(ColumnPlan(spec, "blob", shuffle=size))
+                # a blob records its rows' one shape where they share it: a reader of the
+                # pages then needs no Arrow decode of the shapes (formats/_parquet.py)
+                plans.append(ColumnPlan(spec, "blob", uniform or (), shuffle=size))
         elif spec.kind == "scalar":
             plans.append(ColumnPlan(spec, "plain"))
         else:

@@ -17,6 +17,7 @@ import threading
 import types
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any, BinaryIO
 
@@ -41,6 +42,7 @@ from ._arrow import (
     decode_pieces,
     memory_pool,
     plans_from_schema,
+    scalar_out,
     uniform_shape,
 )
 from ._columnar import ColumnarReader, ColumnarWriter
@@ -59,6 +61,25 @@ try:  # rows copied once, from the mapped file to the batch; else NumPy's gather
     from simstore import _rows
 except ImportError:  # pragma: no cover (built by every install with a C compiler)
     _rows = None
+
+_PHYSICAL = {"f4": "FLOAT", "f8": "DOUBLE", "i4": "INT32", "u4": "INT32", "i8": "INT64",
+             "u8": "INT64"}
+"""The Parquet type that stores a 0-d tensor of each NumPy type as its own bytes."""
+
+
+@dataclass(frozen=True, slots=True)
+class _PageColumn:
+    """A column read from the pages alone: each value ``width`` bytes after ``prefix``."""
+
+    name: str
+    leaf: int
+    max_def: int
+    prefix: int  # a blob value's length prefix (4), none for a plain value (0)
+    width: int
+    shape: tuple[int, ...]
+    native: np.dtype[Any]
+    scalar: bool = False  # a scalar field: read back as Python numbers, row by row
+
 
 MAGIC = b"PAR1"
 PAGE_CRC_KEY = b"simstore.page_checksums"
@@ -248,6 +269,10 @@ class ParquetShardReader(ColumnarReader):
         """Rows whose blob bytes were copied straight from the file (for tests, metrics)."""
         self.helped_groups = 0
         """Row groups an ``out``'s helpers decoded and checked (for tests)."""
+        self.paged_reads = 0
+        """Reads made from the pages alone, no row group decoded (for tests, metrics)."""
+        self._page_plans: dict[tuple[str, ...], list[_PageColumn] | None] = {}
+        self._values_at: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray] | None] = {}
 
     def _direct_leaves(self) -> dict[str, tuple[int, int]]:
         schema = self._pf.metadata.schema
@@ -396,8 +421,13 @@ class ParquetShardReader(ColumnarReader):
         trusted, layout always). A field whose pages or shapes do not allow it (ragged,
         compressed, nulls) is decoded as before.
         """
+        if out is None or getattr(out, "many", None) is None:
+            return super()._decode_unique(positions, columns, out)
+        paged = self._read_pages(positions, columns, out)
+        if paged is not None:
+            return paged
         direct = [c for c in columns if c in self._direct]
-        if not direct or out is None or getattr(out, "many", None) is None:
+        if not direct:
             return super()._decode_unique(positions, columns, out)
         skip = frozenset(f"{c}.data" for c in direct)
         helpers = getattr(out, "helpers", None)
@@ -419,6 +449,121 @@ class ParquetShardReader(ColumnarReader):
             for mine, theirs in zip(result, again, strict=True):
                 mine.update(theirs)
         return result
+
+    def _page_columns(self, columns: Sequence[str]) -> list[_PageColumn] | None:
+        """How each of ``columns`` is read from the pages alone, or None if any is not.
+
+        A blob field of the direct kind whose plan records its rows' one shape, and a
+        0-d numeric tensor or a scalar stored as a Parquet value of its own width
+        (``float32``, ``float64``, ``int32``, ``int64``, their unsigned kin), little-endian.
+        """
+        key = tuple(columns)
+        if key in self._page_plans:
+            return self._page_plans[key]
+        index = {path: i for i, path in enumerate(self._pf.paths)}
+        schema = self._pf.metadata.schema
+        layout: list[_PageColumn] | None = []
+        for name in columns:
+            plan = self.plans.get(name)
+            if plan is None or plan.spec.kind not in ("tensor", "scalar"):
+                layout = None  # strings, bytes, JSON: Arrow decodes them
+                break
+            native = np.dtype(plan.spec.dtype)
+            if native.newbyteorder("<") != native:
+                layout = None
+                break
+            if name in self._direct and plan.encoding == "blob" and plan.shape:
+                leaf, max_def = self._direct[name]
+                width = math.prod(plan.shape) * native.itemsize
+                layout.append(_PageColumn(name, leaf, max_def, 4, width, plan.shape, native))
+                continue
+            leaf_at = index.get(name)
+            column = schema.column(leaf_at) if leaf_at is not None else None
+            if (plan.encoding != "plain" or plan.spec.ndim or column is None
+                    or column.max_repetition_level
+                    or _PHYSICAL.get(native.str[1:]) != column.physical_type):
+                layout = None
+                break
+            layout.append(_PageColumn(name, leaf_at, column.max_definition_level, 0,
+                                      native.itemsize, (), native,
+                                      scalar=plan.spec.kind == "scalar"))
+        self._page_plans[key] = layout
+        return layout
+
+    def _read_pages(
+        self, positions: list[int], columns: Sequence[str], out: Out
+    ) -> list[dict[str, FieldValue]] | None:
+        """A trusted shard's rows straight from the pages, every column; None to decline.
+
+        Where every requested column has a fixed width in every row (see
+        :meth:`_page_columns`) and the pages allow it (uncompressed, PLAIN, no nulls, the
+        values section exactly ``rows x width``), no row group is decoded in Arrow: each
+        column's rows are copied from the mapped file into ``out`` (a shuffled batch takes
+        a few rows from each of many row groups, and each decode cost as much for those
+        few as for all). Blob rows' length prefixes are checked as in :meth:`_gather`.
+        While the page CRC-32s are still checked, the reads decode as before.
+        """
+        if self.verifies_pages or not positions or not isinstance(self._source, str):
+            return None
+        layout = self._page_columns(columns)
+        if not layout:
+            return None
+        groups = list(self._group_batches(positions))
+        found: list[tuple[_PageColumn, np.ndarray]] = []
+        for col in layout:
+            picked = []
+            for g, batch in groups:
+                if not 0 <= g < len(self._starts) - 1:
+                    return None  # out of range: the read says so
+                got = self._value_pages(g, col)
+                if got is None:
+                    return None
+                first_rows, values = got
+                local = np.asarray(batch, dtype=np.int64) - self._starts[g]
+                p = np.searchsorted(first_rows, local, side="right") - 1
+                picked.append(values[p] + (local - first_rows[p]) * (col.prefix + col.width))
+            at = picked[0] if len(picked) == 1 else np.concatenate(picked)
+            if col.prefix and not (self._rows_view(4)[at - 4].view("<u4") == col.width).all():
+                return None
+            found.append((col, at))
+        result: list[dict[str, FieldValue]] = [{} for _ in positions]
+        for col, at in found:
+            if col.scalar:  # Python numbers (or NumPy scalars) per row, as decoding gives
+                dtype = self.plans[col.name].spec.dtype
+                values = self._rows_view(col.width)[at].view(col.native).reshape(-1)
+                for row, value in zip(result, values.tolist(), strict=True):
+                    row[col.name] = scalar_out(value, dtype)
+            elif not self._copy_rows(col.name, at, col.width, col.shape, col.native, out,
+                                     result):
+                return None
+        self.direct_rows += len(positions)
+        self.paged_reads += 1
+        return result
+
+    def _value_pages(self, g: int, col: _PageColumn) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(first row, where its value starts)`` of each page of ``col`` in row group ``g``.
+
+        A blob's value starts after its length prefix. None where the chunk is not
+        uncompressed PLAIN pages without nulls whose values are each ``width`` bytes.
+        """
+        key = (g, col.leaf, col.prefix + col.width)
+        if key in self._values_at:
+            return self._values_at[key]
+        chunk = self._pf.metadata.row_group(g).column(col.leaf)
+        got = None
+        if chunk.compression == "UNCOMPRESSED" and chunk.dictionary_page_offset is None:
+            paged = column_pages(
+                self._mapped(), chunk.data_page_offset, chunk.total_compressed_size,
+                self._pf.metadata.row_group(g).num_rows, max_def=col.max_def, max_rep=0,
+            )
+            step = col.prefix + col.width
+            if paged is not None and paged.pages and all(
+                    pg.body + pg.body_bytes - pg.values == pg.rows * step
+                    for pg in paged.pages):
+                got = (paged.starts, np.asarray([pg.values + col.prefix for pg in paged.pages],
+                                                dtype=np.int64))
+        self._values_at[key] = got
+        return got
 
     def _share(
         self, positions: list[int], columns: Sequence[str], skip: frozenset[str],
@@ -497,7 +642,21 @@ class ParquetShardReader(ColumnarReader):
             return False
         if check and not (self._rows_view(4)[at - 4].view("<u4") == width).all():
             return False
-        bulk = _many(out, n, plan.name, shape, native)
+        if not self._copy_rows(plan.name, at, width, shape, native, out, result):
+            return False
+        self.direct_rows += n
+        return True
+
+    def _copy_rows(self, name: str, at: np.ndarray, width: int, shape: tuple[int, ...],
+                   native: np.dtype[Any], out: Out, result: list[dict[str, FieldValue]]
+                   ) -> bool:
+        """Copy the ``width`` bytes at each offset ``at`` of the mapped file into ``out``.
+
+        Into ``out``'s rows of field ``name``, which go into ``result``; False (nothing
+        written) when ``out`` declines.
+        """
+        n = len(at)
+        bulk = _many(out, n, name, shape, native)
         if bulk is None:
             return False
         buffer, index, rows_out = bulk
@@ -515,8 +674,7 @@ class ParquetShardReader(ColumnarReader):
             for k, a in zip(np.asarray(index[:n]).tolist(), at.tolist(), strict=True):
                 target[k] = data[a : a + width]
         for i, row in enumerate(rows_out):
-            result[i][plan.name] = row
-        self.direct_rows += n
+            result[i][name] = row
         return True
 
     def _rows_view(self, width: int) -> np.ndarray:

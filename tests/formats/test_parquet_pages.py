@@ -326,17 +326,18 @@ def test_a_bad_page_a_helper_found_fails_the_read(tmp_path):
     reader.close()
 
 
-def _shift_bytes(path: str, moved: int = 4) -> None:
+def _shift_bytes(path: str, moved: int = 4, *, grow: bool = False) -> None:
     """Rewrite the shard with ``moved`` bytes of row 0's value moved to row 1's.
 
     Every row keeps its stored shape and every page its size: only the two rows' length
-    prefixes (and so where row 1 starts) say otherwise.
+    prefixes (and so where row 1 starts) say otherwise. ``grow``: row 1 gets the bytes and
+    row 0 keeps its own (its page is that much longer).
     """
     pf = pq.ParquetFile(path)
     table = pf.read()
     col = table.column("u").combine_chunks()
     data = col.field("data").to_pylist()
-    data[0], data[1] = data[0][:-moved], data[1] + b"\0" * moved
+    data[0], data[1] = data[0][: len(data[0]) - (0 if grow else moved)], data[1] + b"\0" * moved
     fixed = pa.StructArray.from_arrays(
         [pa.array(data, type=col.type.field("data").type), col.field("shape")],
         fields=[col.type.field(0), col.type.field(1)])
@@ -454,3 +455,122 @@ def test_definition_levels_say_every_value_is_there_or_the_page_declines():
     assert not all_defined(memoryview(bytes([0x03, 0xA6, 0xAA])), 8, 2)  # one value 1
     assert not all_defined(memoryview(bytes([0x03, 0xAA])), 8, 2)  # cut short
     assert not all_defined(memoryview(bytes([0x80] * 8)), 8, 2)  # no end to the header
+
+
+# -- a trusted shard's reads from the pages alone (no row group decoded) ------------------
+
+def _typed(n: int, *, ragged: bool = False, missing: int | None = None) -> list[Sample]:
+    """Samples with a blob, 0-d tensors of each page-read type and Python scalars."""
+    rng = np.random.default_rng(5)
+    out = []
+    for i in range(n):
+        fields = {
+            "u": rng.standard_normal((2, 32 + (i % 2 if ragged else 0), 32)).astype(np.float32),
+            "f4": np.array(i / 8, dtype=np.float32), "f8": np.array(i / 3, dtype=np.float64),
+            "i4": np.array(-i, dtype=np.int32), "i8": np.array(i << 40, dtype=np.int64),
+            "u4": np.array(3_000_000_000 + i, dtype=np.uint32),
+            "u8": np.array((1 << 63) + i, dtype=np.uint64),
+            "Re": float(i) + 0.5, "n": i * 7,
+        }
+        if i == missing:
+            del fields["u"]
+        out.append(Sample(f"s{i:04d}", fields))
+    return out
+
+
+TYPED = ["u", "f4", "f8", "i4", "i8", "u4", "u8", "Re", "n"]
+
+
+def _assert_rows(got, samples, positions, fields):
+    for g, p in zip(got, positions, strict=True):
+        want = samples[p].fields
+        assert set(g) == {f for f in fields if f in want}
+        for name in g:
+            if isinstance(want[name], np.ndarray):
+                assert g[name].dtype == want[name].dtype and g[name].shape == want[name].shape
+                np.testing.assert_array_equal(g[name], want[name])
+            else:  # scalars come back as Python numbers of their own type
+                assert type(g[name]) is type(want[name]) and g[name] == want[name]
+
+
+def test_a_blob_plan_records_the_one_shape_of_its_rows(tmp_path):
+    uniform = open_shard(_write(tmp_path, _typed(6)))
+    assert uniform.plans["u"].encoding == "blob" and uniform.plans["u"].shape == (2, 32, 32)
+    (tmp_path / "r").mkdir()
+    ragged = open_shard(_write(tmp_path / "r", _typed(6, ragged=True)))
+    assert ragged.plans["u"].shape == ()
+    (tmp_path / "m").mkdir()
+    missing = open_shard(_write(tmp_path / "m", _typed(6, missing=2)))
+    assert missing.plans["u"].shape == (2, 32, 32)  # the rows that have it
+    for reader in (uniform, ragged, missing):
+        reader.close()
+
+
+def test_a_trusted_shard_reads_every_column_from_the_pages_without_decoding(tmp_path):
+    samples = _typed(60)
+    reader = open_shard(_write(tmp_path, samples))
+    assert reader._pf.metadata.num_row_groups > 3
+    reader.trust()
+    positions = [int(p) for p in np.random.default_rng(3).permutation(60)[:33]]
+    out = BulkOut(len(positions))
+    got = list(reader.read(positions, TYPED, out=out))
+    assert reader.paged_reads == 1 and reader.decodes == 0
+    assert reader.direct_rows == len(positions)
+    _assert_rows(got, samples, positions, TYPED)
+    for i, g in enumerate(got):  # tensors are rows of the out= buffers
+        for name in ("u", "f4", "u8"):
+            assert np.shares_memory(g[name], out.buffers[name][i : i + 1])
+    assert "Re" not in out.buffers and "n" not in out.buffers
+    decoded = list(reader.read(positions, TYPED))  # no out=: Arrow decodes
+    assert reader.decodes > 0
+    _assert_rows(decoded, samples, positions, TYPED)
+    reader.close()
+
+
+@pytest.mark.parametrize("case", ["ragged", "missing", "zstd", "checking", "int16", "bool",
+                                  "string"])
+def test_a_page_read_declines_what_it_cannot_copy_and_decoding_reads_it(tmp_path, case):
+    samples = _typed(40, ragged=case == "ragged", missing=5 if case == "missing" else None)
+    fields = list(TYPED)
+    extra = {"int16": np.array(3, dtype=np.int16), "bool": True, "string": "a"}.get(case)
+    if extra is not None:
+        samples = [Sample(s.key, {**s.fields, "x": extra}) for s in samples]
+        fields.append("x")
+    reader = open_shard(_write(tmp_path, samples, "zstd" if case == "zstd" else "none"))
+    if case != "checking":
+        reader.trust()
+    positions = [int(p) for p in np.random.default_rng(4).permutation(40)[:21]]
+    positions.append(5)  # the row without "u" where one lacks it
+    got = list(reader.read(positions, fields, out=BulkOut(len(positions))))
+    assert reader.paged_reads == 0 and reader.decodes > 0
+    _assert_rows(got, samples, positions, fields)
+    reader.close()
+
+
+def test_a_page_read_checks_the_length_of_each_blob_row_it_takes(tmp_path):
+    samples = _samples(20)
+    path = _write(tmp_path, samples)
+    _shift_bytes(path)  # rows 0 and 1 of the first row group disagree with their pages
+    reader = open_shard(path)
+    reader.trust()
+    got = list(reader.read([2, 3], ["u"], out=BulkOut(2)))
+    assert reader.paged_reads == 1
+    for g, p in zip(got, [2, 3], strict=True):
+        np.testing.assert_array_equal(g["u"], samples[p].fields["u"])
+    with pytest.raises(FormatError, match=r"'u': a value of 8196 bytes where"):
+        list(reader.read([1, 2], ["u"], out=BulkOut(2)))
+    assert reader.paged_reads == 1  # declined: decoded, and Arrow names the bad value
+    reader.close()
+
+
+def test_a_page_whose_values_are_not_rows_of_one_width_is_not_read_from(tmp_path):
+    samples = _samples(20)
+    path = _write(tmp_path, samples)
+    _shift_bytes(path, grow=True)  # the first row group's page: 4 bytes more than its rows
+    reader = open_shard(path)
+    reader.trust()
+    got = list(reader.read([0, 19], ["u"], out=BulkOut(2)))  # row 0 itself is intact
+    assert reader.paged_reads == 0 and reader.decodes > 0
+    for g, p in zip(got, [0, 19], strict=True):
+        np.testing.assert_array_equal(g["u"], samples[p].fields["u"])
+    reader.close()
