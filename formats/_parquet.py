@@ -451,44 +451,41 @@ class ParquetShardReader(ColumnarReader):
         return result
 
     def _page_columns(self, columns: Sequence[str]) -> list[_PageColumn] | None:
-        """How each of ``columns`` is read from the pages alone, or None if any is not.
-
-        A blob field of the direct kind whose plan records its rows' one shape, and a
-        0-d numeric tensor or a scalar stored as a Parquet value of its own width
-        (``float32``, ``float64``, ``int32``, ``int64``, their unsigned kin), little-endian.
-        """
+        """How each of ``columns`` is read from the pages alone, or None if any is not."""
         key = tuple(columns)
-        if key in self._page_plans:
-            return self._page_plans[key]
-        index = {path: i for i, path in enumerate(self._pf.paths)}
-        schema = self._pf.metadata.schema
-        layout: list[_PageColumn] | None = []
-        for name in columns:
-            plan = self.plans.get(name)
-            if plan is None or plan.spec.kind not in ("tensor", "scalar"):
-                layout = None  # strings, bytes, JSON: Arrow decodes them
-                break
-            native = np.dtype(plan.spec.dtype)
-            if native.newbyteorder("<") != native:
-                layout = None
-                break
-            if name in self._direct and plan.encoding == "blob" and plan.shape:
-                leaf, max_def = self._direct[name]
-                width = math.prod(plan.shape) * native.itemsize
-                layout.append(_PageColumn(name, leaf, max_def, 4, width, plan.shape, native))
-                continue
-            leaf_at = index.get(name)
-            column = schema.column(leaf_at) if leaf_at is not None else None
-            if (plan.encoding != "plain" or plan.spec.ndim or column is None
-                    or column.max_repetition_level
-                    or _PHYSICAL.get(native.str[1:]) != column.physical_type):
-                layout = None
-                break
-            layout.append(_PageColumn(name, leaf_at, column.max_definition_level, 0,
-                                      native.itemsize, (), native,
-                                      scalar=plan.spec.kind == "scalar"))
-        self._page_plans[key] = layout
-        return layout
+        if key not in self._page_plans:
+            index = {path: i for i, path in enumerate(self._pf.paths)}
+            layout = [self._page_column(name, index) for name in columns]
+            whole = [c for c in layout if c is not None]
+            self._page_plans[key] = whole if len(whole) == len(layout) else None
+        return self._page_plans[key]
+
+    def _page_column(self, name: str, index: Mapping[str, int]) -> _PageColumn | None:
+        """Field ``name`` as a column of one width in every row, or None.
+
+        A blob field of the direct kind whose plan records its rows' one shape, or a 0-d
+        numeric tensor or scalar stored as a Parquet value of its own width (``float32``,
+        ``float64``, ``int32``, ``int64``, their unsigned kin), little-endian.
+        """
+        plan = self.plans.get(name)
+        if plan is None or plan.spec.kind not in ("tensor", "scalar"):
+            return None  # strings, bytes, JSON: Arrow decodes them
+        native = np.dtype(plan.spec.dtype)
+        if native.newbyteorder("<") != native:
+            return None
+        if name in self._direct and plan.encoding == "blob" and plan.shape:
+            leaf, max_def = self._direct[name]
+            width = math.prod(plan.shape) * native.itemsize
+            return _PageColumn(name, leaf, max_def, 4, width, plan.shape, native)
+        leaf_at = index.get(name)
+        if leaf_at is None or plan.encoding != "plain" or plan.spec.ndim:
+            return None
+        column = self._pf.metadata.schema.column(leaf_at)
+        if (column.max_repetition_level
+                or _PHYSICAL.get(native.str[1:]) != column.physical_type):
+            return None
+        return _PageColumn(name, leaf_at, column.max_definition_level, 0, native.itemsize,
+                           (), native, scalar=plan.spec.kind == "scalar")
 
     def _read_pages(
         self, positions: list[int], columns: Sequence[str], out: Out
