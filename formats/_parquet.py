@@ -487,6 +487,8 @@ class ParquetShardReader(ColumnarReader):
         if name in self._direct and plan.encoding == "blob" and plan.shape:
             leaf, max_def = self._direct[name]
             width = math.prod(plan.shape) * native.itemsize
+            if width <= 0:  # rows of no bytes (a shape with a 0): no row to copy, decoded
+                return None
             return _PageColumn(name, leaf, max_def, 4, width, plan.shape, native)
         leaf_at = index.get(name)
         if leaf_at is None or plan.encoding != "plain" or plan.spec.ndim:
@@ -539,7 +541,10 @@ class ParquetShardReader(ColumnarReader):
             if col.scalar:  # Python numbers (or NumPy scalars) per row, as decoding gives
                 dtype = self.plans[col.name].spec.dtype
                 values = self._rows_view(col.width)[at].view(col.native).reshape(-1)
-                for row, value in zip(result, values.tolist(), strict=True):
+                # a float32 through a Python float is widened and back: a signalling NaN
+                # comes back quiet (another bit); NumPy scalars keep the stored bytes
+                each = values.tolist() if dtype in ("int64", "float64") else list(values)
+                for row, value in zip(result, each, strict=True):
                     row[col.name] = scalar_out(value, dtype)
             elif not self._copy_rows(col.name, at, col.width, col.shape, col.native, out,
                                      result):

@@ -25,7 +25,9 @@ def numpy_column(values: Any, mask: Any = None) -> pa.Array:
     goes through ``pa.array``.
     """
     a = np.asarray(values)
-    if a.ndim != 1 or a.dtype.kind not in "biuf" or not a.dtype.isnative:
+    if a.dtype.kind in "biuf" and not a.dtype.isnative:
+        a = a.astype(a.dtype.newbyteorder("="))  # Arrow refuses byte-swapped arrays
+    if a.ndim != 1 or a.dtype.kind not in "biuf":
         return pa.array(a, mask=mask)
     if a.dtype.kind == "b":
         kind: pa.DataType = pa.bool_()

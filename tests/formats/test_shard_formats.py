@@ -694,3 +694,20 @@ def test_zarr_writer_refuses_a_field_that_is_a_group_in_another_sample(tmp_path)
         assert not (tmp_path / "s").exists()
     ZarrFormat().write([Sample("x", {"a/b": np.zeros(2)}), Sample("y", {"a/c": np.zeros(2)})],
                        str(tmp_path / "s"))
+
+
+@pytest.mark.parametrize("fmt", [ParquetFormat, LanceFormat, ZarrFormat])
+def test_big_endian_tensors_of_every_layout_read_back_their_values(tmp_path, fmt):
+    # an HDF5 or NetCDF file may hold big-endian arrays: a 0-d one (a plain column) was
+    # refused by Arrow ("byte-swapped arrays not supported") with a bare error
+    values = {"zero": np.array(1.5, dtype=">f8"), "small": np.arange(4, dtype=">i4"),
+              "big": np.arange(70_000, dtype=">f4")}
+    samples = [Sample(f"s{i}", {k: np.asarray(v + i, dtype=v.dtype) for k, v in values.items()})
+               for i in range(3)]
+    path = str(tmp_path / "shard")
+    fmt(ShardOptions()).write(samples, path)
+    reader = fmt().open(path)
+    for i, row in enumerate(reader.read(range(3), list(values))):
+        for name, value in values.items():
+            np.testing.assert_array_equal(np.asarray(row[name]), value + i)
+    reader.close()
