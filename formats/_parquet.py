@@ -263,7 +263,7 @@ class ParquetShardReader(ColumnarReader):
         self._map: np.ndarray | None = None
         self._views: dict[int, np.ndarray] = {}  # _rows_view's, of the mapping _views_of
         self._views_of: np.ndarray | None = None
-        self._paged: dict[tuple[int, str], PagedColumn | None] = {}
+        self._paged: dict[tuple[int, int], PagedColumn | None] = {}  # (group, leaf)
         self._crc_checked: set[tuple[int, str, int]] = set()
         self._sharing: SharedWork | None = None
         self.direct_rows = 0
@@ -351,9 +351,14 @@ class ParquetShardReader(ColumnarReader):
 
     def _plain_blob(self, g: int, name: str) -> bool:
         """Whether field ``name``'s bytes in row group ``g`` may be read from the pages."""
-        if name not in self._direct:
-            return False
-        chunk = self._pf.metadata.row_group(g).column(self._direct[name][0])
+        return name in self._direct and self._plain_leaf(g, self._direct[name][0])
+
+    def _plain_leaf(self, g: int, leaf: int) -> bool:
+        """Whether leaf ``leaf``'s chunk in row group ``g`` may be read from its pages.
+
+        Uncompressed, with no dictionary page.
+        """
+        chunk = self._pf.metadata.row_group(g).column(leaf)
         return bool(chunk.compression == "UNCOMPRESSED" and chunk.dictionary_page_offset is None)
 
     def _group_batches(self, positions: list[int]) -> Iterator[tuple[int, list[int]]]:
@@ -533,7 +538,7 @@ class ParquetShardReader(ColumnarReader):
                 p = np.searchsorted(first_rows, local, side="right") - 1
                 picked.append(values[p] + (local - first_rows[p]) * (col.prefix + col.width))
             at = picked[0] if len(picked) == 1 else np.concatenate(picked)
-            if col.prefix and not (self._rows_view(4)[at - 4].view("<u4") == col.width).all():
+            if col.prefix and not self._lengths_are(at, col.width):
                 return None
             found.append((col, at))
         result: list[dict[str, FieldValue]] = [{} for _ in positions]
@@ -559,22 +564,16 @@ class ParquetShardReader(ColumnarReader):
         A blob's value starts after its length prefix. None where the chunk is not
         uncompressed PLAIN pages without nulls whose values are each ``width`` bytes.
         """
-        key = (g, col.leaf, col.prefix + col.width)
+        step = col.prefix + col.width
+        key = (g, col.leaf, step)
         if key in self._values_at:
             return self._values_at[key]
-        chunk = self._pf.metadata.row_group(g).column(col.leaf)
+        paged = self._leaf_pages(g, col.leaf, col.max_def)
         got = None
-        if chunk.compression == "UNCOMPRESSED" and chunk.dictionary_page_offset is None:
-            paged = column_pages(
-                self._mapped(), chunk.data_page_offset, chunk.total_compressed_size,
-                self._pf.metadata.row_group(g).num_rows, max_def=col.max_def, max_rep=0,
-            )
-            step = col.prefix + col.width
-            if paged is not None and paged.pages and all(
-                    pg.body + pg.body_bytes - pg.values == pg.rows * step
-                    for pg in paged.pages):
-                got = (paged.starts, np.asarray([pg.values + col.prefix for pg in paged.pages],
-                                                dtype=np.int64))
+        if paged is not None and paged.pages and all(
+                pg.body + pg.body_bytes - pg.values == pg.rows * step for pg in paged.pages):
+            got = (paged.starts, np.asarray([pg.values + col.prefix for pg in paged.pages],
+                                            dtype=np.int64))
         self._values_at[key] = got
         return got
 
@@ -653,7 +652,7 @@ class ParquetShardReader(ColumnarReader):
         width = math.prod(shape) * native.itemsize
         if len(at) != n:
             return False
-        if check and not (self._rows_view(4)[at - 4].view("<u4") == width).all():
+        if check and not self._lengths_are(at, width):
             return False
         if not self._copy_rows(plan.name, at, width, shape, native, out, result):
             return False
@@ -752,18 +751,26 @@ class ParquetShardReader(ColumnarReader):
             self._crc_checked.add((g, name, p))
 
     def _pages_of(self, g: int, name: str) -> PagedColumn | None:
-        key = (g, name)
+        leaf, max_def = self._direct[name]
+        return self._leaf_pages(g, leaf, max_def)
+
+    def _leaf_pages(self, g: int, leaf: int, max_def: int) -> PagedColumn | None:
+        """Leaf column ``leaf``'s data pages in row group ``g`` (walked once), or None."""
+        key = (g, leaf)
         if key not in self._paged:
-            leaf, max_def = self._direct[name]
-            chunk = self._pf.metadata.row_group(g).column(leaf)
             paged = None
-            if self._plain_blob(g, name):
+            if self._plain_leaf(g, leaf):
+                chunk = self._pf.metadata.row_group(g).column(leaf)
                 paged = column_pages(
                     self._mapped(), chunk.data_page_offset, chunk.total_compressed_size,
                     self._pf.metadata.row_group(g).num_rows, max_def=max_def, max_rep=0,
                 )
             self._paged[key] = paged
         return self._paged[key]
+
+    def _lengths_are(self, at: np.ndarray, width: int) -> bool:
+        """Whether the length prefix before each blob value at offset ``at`` says ``width``."""
+        return bool((self._rows_view(4)[at - 4].view("<u4") == width).all())
 
     def _mapped(self) -> np.ndarray:
         if self._map is None:
