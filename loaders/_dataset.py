@@ -49,6 +49,7 @@ from simstore.loaders._metrics import Delivery, Metrics, timed
 from simstore.loaders._normalise import Normalise, NormaliseSpec
 from simstore.loaders._options import LoaderOptions, cache_config
 from simstore.loaders._order import BLOCK_BYTES, BUFFER_BLOCKS, Mixture
+from simstore.loaders._partrows import part_rows_cache
 from simstore.loaders._pipeline import (
     PrefetchConfig,
     ShardOpener,
@@ -332,6 +333,7 @@ class SimDataset(IterableDataset[Sample]):
             prefetch=prefetch,
             verify=verify,
             node=node_records(verify, verify_every_s),
+            part_rows=part_rows_cache(),
             max_bandwidth=bandwidth,
             zero_copy=zero_copy,
             map_files=map_files,

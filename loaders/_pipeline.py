@@ -30,6 +30,7 @@ from simstore.loaders._checks import check_int
 from simstore.loaders._corrupt import CorruptShards
 from simstore.loaders._fetch import RateLimiter
 from simstore.loaders._order import Mixture, SourceLayout
+from simstore.loaders._partrows import PartRowsCache
 from simstore.loaders._plan import EpochPlan
 from simstore.loaders._readers import ReaderPool, ShardOpener
 from simstore.loaders._source import GroupRows, PartReader, Source, load_group
@@ -207,6 +208,7 @@ class Resolver:
         *,
         max_groups: int = 4,
         part_readers: Sequence[PartReader | None] | None = None,
+        rows_cache: PartRowsCache | None = None,
     ) -> None:
         self.sources = sources
         self.mixture = mixture
@@ -215,6 +217,8 @@ class Resolver:
         self.tiers = tiers
         self.part_readers = part_readers or [None] * len(sources)
         """How each source's manifest parts are read (None: from its store)."""
+        self.rows_cache = rows_cache
+        """The node's decoded manifest rows, for every source (None: decode each part)."""
         self.max_groups = max(max_groups, 2 * len(sources))
         self._layouts: OrderedDict[tuple[int, int], SourceLayout] = OrderedDict()
         self._groups: OrderedDict[tuple[int, int, int], GroupRows] = OrderedDict()
@@ -241,7 +245,8 @@ class Resolver:
                 rows = forked[1]
             else:
                 rows = load_group(source, self._layout(src, epoch), epoch, group,
-                                  self.counters, self.tiers[src], self.part_readers[src])
+                                  self.counters, self.tiers[src], self.part_readers[src],
+                                  self.rows_cache)
             self._groups[key] = rows
             while len(self._groups) > self.max_groups:
                 self._groups.popitem(last=False)

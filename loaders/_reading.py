@@ -296,7 +296,8 @@ class EpochReader:
         try:
             resolver = Resolver(self.sources, self.mixture, self.epoch_length, counters,
                                 [tier_of(s.store) for s in self.sources],
-                                part_readers=[a.read_cached for a in access])
+                                part_readers=[a.read_cached for a in access],
+                                rows_cache=self.options.part_rows)
             for w in range(num_workers):
                 mine = World(rank=world.rank, world_size=world.world_size, worker=w,
                              num_workers=num_workers)
@@ -338,7 +339,7 @@ class EpochReader:
             return []
         (access,), pool = self._readers(counters, limiter, trusted)
         try:
-            rows = locate(src, keys, counters, tier, access.read_cached)
+            rows = locate(src, keys, counters, tier, access.read_cached, opts.part_rows)
             by_shard: dict[str, list[int]] = {}
             for j, (shard, _, _) in enumerate(rows):
                 by_shard.setdefault(shard, []).append(j)
@@ -389,7 +390,8 @@ class EpochReader:
             access, pool = self._readers(counters, limiter, trusted, siblings)
             stack.callback(pool.close)
             resolver = Resolver(sources, self.mixture, self.epoch_length, counters, tiers,
-                                part_readers=[a.read_cached for a in access])
+                                part_readers=[a.read_cached for a in access],
+                                rows_cache=self.options.part_rows)
 
             shared = in_worker()
             # the first chunk is decoded alone: its shards' reads share the cores that
@@ -411,7 +413,8 @@ class EpochReader:
                     # was read here: walk the stream for one (its own resolver: the
                     # consumer thread resolves with the other)
                     walk = Resolver(sources, self.mixture, self.epoch_length, Counters(),
-                                    tiers, part_readers=[a.read_cached for a in access])
+                                    tiers, part_readers=[a.read_cached for a in access],
+                                rows_cache=self.options.part_rows)
                     for start in range(0, self.epoch_length, 64):
                         stop = min(self.epoch_length, start + 64)
                         chunk = walk.resolve(epoch, np.arange(start, stop, dtype=np.int64),

@@ -26,6 +26,7 @@ from simstore.loaders._order import (
     group_order,
     source_layout,
 )
+from simstore.loaders._partrows import PartRows, PartRowsCache, combine
 from simstore.loaders._stats import Counters
 from simstore.loaders._window import Regions, parse_regions
 
@@ -235,17 +236,19 @@ class GroupRows:
 class GroupKeys:
     """A group's sample keys in stream order, made Python strings when first asked for.
 
-    The first two chunks of a group (the first batch of an epoch, and the chunk resolved
-    before it goes out) convert only their own keys; the next request converts them all,
-    so later chunks pick theirs by index (an Arrow take and a conversion per chunk cost
-    more than that). A group of 131,072 rows took 20-30 ms to convert and reorder in full
-    before its first batch could go out.
+    Held as the parts' UTF-8 bytes and offsets (arrays: a DataLoader worker that forks
+    with a group loaded copies no per-key objects). The first two chunks of a group (the
+    first batch of an epoch, and the chunk resolved before it goes out) convert only
+    their own keys; the next request converts them all, so later chunks pick theirs by
+    index (a conversion per chunk costs more than that). A group of 131,072 rows took
+    20-30 ms to convert and reorder in full before its first batch could go out.
     """
 
-    __slots__ = ("_all", "_asked", "_column", "_order")
+    __slots__ = ("_all", "_asked", "_data", "_offsets", "_order")
 
-    def __init__(self, column: pa.Array, order: np.ndarray) -> None:
-        self._column = column
+    def __init__(self, offsets: np.ndarray, data: bytes, order: np.ndarray) -> None:
+        self._offsets = offsets
+        self._data = data
         self._order = order
         self._all: np.ndarray | None = None
         self._asked = 0
@@ -257,10 +260,15 @@ class GroupKeys:
         """The keys of the group's stream rows ``idx``."""
         if self._all is None and self._asked < _PARTIAL_TAKES:
             self._asked += 1
-            rows = pa.array(self._order[idx], type=pa.int64())
-            return list(self._column.take(rows).to_pylist())
+            rows = self._order[idx]
+            data = self._data
+            return [data[a:b].decode() for a, b in zip(self._offsets[rows].tolist(),
+                                                       self._offsets[rows + 1].tolist(),
+                                                       strict=True)]
         if self._all is None:
-            self._all = self._column.to_numpy(zero_copy_only=False)[self._order]
+            column = pa.LargeStringArray.from_buffers(
+                len(self._offsets) - 1, pa.py_buffer(self._offsets), pa.py_buffer(self._data))
+            self._all = column.to_numpy(zero_copy_only=False)[self._order]
         return list(self._all[idx].tolist())
 
 
@@ -285,19 +293,28 @@ id, and the tier that served them; None: read it from the store (and check it he
 
 def _read_part(
     source: Source, part_id: str, counters: Counters, tier: str, rows: int,
-    read: PartReader | None = None,
-) -> pa.Table:
+    read: PartReader | None = None, cache: PartRowsCache | None = None,
+) -> PartRows:
+    """A part's stream rows: from the node's cache of them, else read and decoded.
+
+    Rows read and decoded are then kept in ``cache``.
+    """
+    if cache is not None:
+        got = cache.get(part_id, rows)
+        if got is not None:
+            counters.add("manifest_rows_cached")
+            return got
     key = object_key(part_id)
     try:
-        got = read(part_id) if read is not None else None
-        data = source.store.get(key) if got is None else b""
+        got_bytes = read(part_id) if read is not None else None
+        data = source.store.get(key) if got_bytes is None else b""
     except NotFoundError:
         # the snapshot names it: damage (as the catalog says), not an unknown object
         raise IntegrityError(
             f"{source.store.url}: {key} is missing; referenced by snapshot "
             f"{source.snapshot_id}"
         ) from None
-    if got is None:
+    if got_bytes is None:
         actual = hash_bytes(data)
         if actual != part_id:
             raise IntegrityError(
@@ -305,7 +322,7 @@ def _read_part(
                 f"referenced by snapshot {source.snapshot_id}"
             )
     else:
-        data, tier = got  # checked by the reader (a cache fill or hit)
+        data, tier = got_bytes  # checked by the reader (a cache fill or hit)
     counters.add_read(tier, len(data))
     counters.add("manifest_parts")
     counters.add("manifest_bytes", len(data))
@@ -317,12 +334,15 @@ def _read_part(
             f"{source.store.url}: {key} holds {table.num_rows} rows, but snapshot "
             f"{source.snapshot_id} says {rows}"
         )
-    return table
+    part = PartRows.from_table(table)
+    if cache is not None:
+        cache.put(part_id, part)
+    return part
 
 
 def locate(
     source: Source, keys: Sequence[str], counters: Counters, tier: str,
-    read: PartReader | None = None,
+    read: PartReader | None = None, cache: PartRowsCache | None = None,
 ) -> list[tuple[str, int, int]]:
     """``(shard, position, size_bytes)`` of each key, reading only the parts that hold them.
 
@@ -337,15 +357,13 @@ def locate(
     for i, names in wanted.items():
         if i >= len(source.part_ids):
             continue
-        table = _read_part(source, source.part_ids[i].decode(), counters, tier,
-                           int(source.part_rows[i]), read)
-        column = table.column("key").to_pylist()
+        part = _read_part(source, source.part_ids[i].decode(), counters, tier,
+                          int(source.part_rows[i]), read, cache)
         for name in names:
-            j = bisect.bisect_left(column, name)
-            if j < len(column) and column[j] == name:
-                found[name] = (str(table.column("shard")[j].as_py()),
-                               int(table.column("position")[j].as_py()),
-                               int(table.column("size_bytes")[j].as_py()))
+            j = part.find(name)
+            if j is not None:
+                found[name] = (part.shard_ids[int(part.shard[j])], int(part.position[j]),
+                               int(part.size_bytes[j]))
     missing = [k for k in keys if k not in found]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -357,14 +375,17 @@ def locate(
 
 def load_group(
     source: Source, layout: SourceLayout, epoch: int, group: int, counters: Counters, tier: str,
-    read: PartReader | None = None,
+    read: PartReader | None = None, cache: PartRowsCache | None = None,
 ) -> GroupRows:
-    """Read a group's manifest parts (through ``read``, if given) in stream order."""
+    """Read a group's manifest parts in stream order.
+
+    Through ``read``, if given; their decoded rows from ``cache``, where it has them.
+    """
     parts = list(layout.parts_of(group))
 
-    def part(p: int) -> pa.Table:
+    def part(p: int) -> PartRows:
         return _read_part(source, source.part_ids[p].decode("ascii"), counters, tier,
-                          int(source.part_rows[p]), read)
+                          int(source.part_rows[p]), read, cache)
 
     if len(parts) > 1 and int(source.part_rows[parts].sum()) >= _PARALLEL_PART_ROWS:
         # side by side: the reads, hashes and Parquet decodes release the interpreter
@@ -374,16 +395,10 @@ def load_group(
         with ThreadPoolExecutor(min(len(parts), _PART_THREADS),
                                 thread_name_prefix="simstore-parts") as pool:
             futures = [pool.submit(part, p) for p in parts]
-            tables = [f.result() for f in futures]
+            loaded = [f.result() for f in futures]
     else:
-        tables = [part(p) for p in parts]
-    # only the columns the stream needs are read (not the sample hashes), the shard ids
-    # as the parts store them, dictionary-encoded: a group of 131,072 rows took 2-21 ms
-    # to combine whole in a new process (fresh memory)
-    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-    shard_ids, codes = _shard_codes(table.column("shard"))
-    positions = table.column("position").to_numpy()
-    sizes = table.column("size_bytes").to_numpy()
+        loaded = [part(p) for p in parts]
+    shard_ids, codes, positions, sizes, key_offsets, key_data = combine(loaded)
     if source.shuffle:
         order = group_order(
             codes,
@@ -404,29 +419,6 @@ def load_group(
         shard=codes[order],
         position=np.asarray(positions[order], dtype=np.int64),
         size_bytes=np.asarray(sizes[order], dtype=np.int64),
-        keys=GroupKeys(table.column("key").combine_chunks(), order),
+        keys=GroupKeys(key_offsets, key_data, order),
     )
 
-
-def _shard_codes(column: pa.ChunkedArray) -> tuple[tuple[str, ...], np.ndarray]:
-    """``(shard ids, each row's code)``, coded in order of first appearance in the rows.
-
-    The order is part of the stream: :func:`group_order` numbers a group's pieces by their
-    codes. Each part's dictionary is already in that order (a Parquet writer adds values
-    as it meets them), but unifying the parts' dictionaries need not keep it, nor a
-    dictionary that holds values no row uses; so the codes are renumbered here, in
-    O(rows): the first row of each code found, and the codes ranked by it.
-    """
-    column = column.unify_dictionaries()
-    combined = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-    indices = np.asarray(combined.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
-    m = len(combined.dictionary)
-    n = len(indices)
-    first = np.full(m, n, dtype=np.int64)
-    np.minimum.at(first, indices, np.arange(n, dtype=np.int64))
-    used = np.flatnonzero(first < n)
-    used = used[np.argsort(first[used], kind="stable")]
-    rank = np.empty(m, dtype=np.int64)
-    rank[used] = np.arange(len(used), dtype=np.int64)
-    ids = combined.dictionary.take(pa.array(used)).to_pylist()
-    return tuple(ids), rank[indices]

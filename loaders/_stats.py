@@ -50,6 +50,7 @@ _FIELDS = (
     "manifest_bytes",
     "manifest_cache_hits",
     "manifest_cache_misses",
+    "manifest_rows_cached",
     "shards_opened",
     "shards_verified",
     "shards_verified_by_sibling",
@@ -267,6 +268,7 @@ class LoaderStats(TypedDict):
     manifest_parts: int
     manifest_bytes: int
     manifest_cache_hits: int
+    manifest_rows_cached: int
     shards_hashed: int
     shards_verified_by_sibling: int
     shards_trusted: int
@@ -345,6 +347,7 @@ def summarise(
         "manifest_parts": int(counters.get("manifest_parts", 0)),
         "manifest_bytes": int(counters.get("manifest_bytes", 0)),
         "manifest_cache_hits": int(counters.get("manifest_cache_hits", 0)),
+        "manifest_rows_cached": int(counters.get("manifest_rows_cached", 0)),
         "shards_hashed": int(counters.get("shards_verified", 0)),
         "shards_verified_by_sibling": int(counters.get("shards_verified_by_sibling", 0)),
         "shards_trusted": int(counters.get("shards_trusted", 0)),
@@ -410,6 +413,7 @@ def run_report(
         },
         "manifest": {"parts": stats["manifest_parts"], "bytes": stats["manifest_bytes"],
                      "cache_hits": stats["manifest_cache_hits"],
+                     "rows_cached": stats["manifest_rows_cached"],
                      "warm_hits": int(counters.get("manifest_cache_warm_hits", 0)),
                      "warm_hit_bytes": int(counters.get("manifest_cache_warm_hit_bytes", 0))},
         "time_to_first_batch_s": stats["time_to_first_batch_s"],

@@ -37,6 +37,7 @@ __all__ = [
     "NodeRecords",
     "SETTLED_S",
     "node_records",
+    "private_folder",
     "records_dir",
     "stamp_info",
 ]
@@ -92,6 +93,23 @@ def records_dir() -> str | None:
     return os.path.join(base, "simstore", "verified")
 
 
+def private_folder(path: str) -> tuple[bool, str]:
+    """``(usable, why not)``: whether ``path`` is this user's folder that nobody else can write.
+
+    Made (private) if missing. Never usable on a system without file owners.
+    """
+    if not hasattr(os, "getuid"):
+        return False, "no file owners to check on this system"
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.stat(path)
+    except OSError as exc:
+        return False, str(exc)
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022:
+        return True, ""
+    return False, "not a folder of this user's that only it can write"
+
+
 def node_records(verify: bool, verify_every_s: float) -> NodeRecords | None:
     """The records a dataset uses: none without ``verify`` or with ``verify_every_s=0``."""
     root = records_dir() if verify and verify_every_s > 0 else None
@@ -119,19 +137,8 @@ class NodeRecords:
         Looked at once per process; a folder that is not usable is said once, in the
         ``simstore.loaders`` log (then every job hashes every shard it reads).
         """
-        if self._usable is None and not hasattr(os, "getuid"):
-            self._usable = False  # no owner to check (Windows): records are not used
-            return False
         if self._usable is None:
-            try:
-                os.makedirs(self.root, mode=0o700, exist_ok=True)
-                st = os.stat(self.root)
-                self._usable = (stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
-                                and not st.st_mode & 0o022)
-                why = "not a folder of this user's that only it can write"
-            except OSError as exc:
-                self._usable = False
-                why = str(exc)
+            self._usable, why = private_folder(self.root)
             if not self._usable:
                 logging.getLogger("simstore.loaders").warning(
                     "shard hash records not used: %s: %s", self.root, why)

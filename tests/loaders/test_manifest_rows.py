@@ -1,8 +1,10 @@
 """A stream's manifest rows: the columns it reads, and shard codes numbered as before.
 
 ``group_order`` numbers a group's pieces by their shard codes, so the codes are part of
-the stream order a checkpoint records: reading the parts' shard column dictionary-encoded
-must give the codes that dictionary-encoding the combined strings gave.
+the stream order a checkpoint records: reading the parts' shard column dictionary-encoded,
+coding each part's shards alone and combining the parts (also after a round trip through
+the node's cache of decoded rows) must give the codes that dictionary-encoding the
+combined strings gave.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
-from simstore.loaders._source import STREAM_COLUMNS, _shard_codes
+from simstore.loaders._partrows import PartRows, combine
+from simstore.loaders._source import STREAM_COLUMNS
 
 from simstore.errors import FormatError
 from simstore.hashing import hash_bytes
@@ -43,9 +46,17 @@ def _before(parts: list[bytes]) -> tuple[list[str], np.ndarray]:
     return encoded.dictionary.to_pylist(), encoded.indices.to_numpy().astype(np.int64)
 
 
-def _after(parts: list[bytes]) -> tuple[list[str], np.ndarray]:
-    tables = [decode_part(p, columns=STREAM_COLUMNS) for p in parts]
-    ids, codes = _shard_codes(pa.concat_tables(tables).column("shard"))
+def _after(parts: list[bytes], *, cached: bool = False) -> tuple[list[str], np.ndarray]:
+    rows = [PartRows.from_table(decode_part(p, columns=STREAM_COLUMNS)) for p in parts]
+    if cached:  # as a later job loads them from the node's cache
+        rows = [PartRows.from_bytes(r.to_bytes(f"p{i}"), f"p{i}", len(r))
+                for i, r in enumerate(rows)]
+    ids, codes, positions, _, offsets, data = combine(rows)
+    # the other columns come through in the parts' order
+    whole = pa.concat_tables([decode_part(p) for p in parts])
+    assert positions.tolist() == whole.column("position").to_pylist()
+    keys = [data[a:b].decode() for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+    assert keys == whole.column("key").to_pylist()
     return list(ids), codes
 
 
@@ -60,9 +71,10 @@ def test_shard_codes_are_numbered_as_dictionary_encoding_numbered_them(parts_of_
         row += len(codes)
         parts.append(_part(keys, [ids[c] for c in codes]))
     want_ids, want_codes = _before(parts)
-    got_ids, got_codes = _after(parts)
-    assert got_ids == want_ids
-    assert np.array_equal(got_codes, want_codes)
+    for cached in (False, True):
+        got_ids, got_codes = _after(parts, cached=cached)
+        assert got_ids == want_ids
+        assert np.array_equal(got_codes, want_codes)
 
 
 def test_shard_codes_when_a_part_outgrows_its_dictionary():
