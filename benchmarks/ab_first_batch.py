@@ -1,7 +1,7 @@
 """The first batches of a fresh process, for source trees side by side.
 
     python -m benchmarks.ab_first_batch --store STORE --dataset NAME --trees TREE [TREE ...]
-        [--batch 256] [--workers 0] [--rounds 31] [--step-ms 50]
+        [--batch 256] [--workers 0] [--rounds 31] [--step-ms 50] [--cold]
 
 Each round runs one new process per tree, in turn (the order alternating from round to
 round, so a noisy minute and the second place hit every tree alike; runs recorded before
@@ -12,13 +12,19 @@ batch; after a pretend training step of ``--step-ms`` (a sleep), the wait for th
 batch; after two more steps, the wait for the fifth. Prints each figure's median,
 quartiles and minimum per tree. A change that brings the first batch sooner by starting
 less work must not make the second one wait: the step is where prefetching hides it.
+
+``--cold``: each process a node's first job, with an empty folder of its own as
+``SIMSTORE_VERIFIED_DIR`` (no shard hash records, no decoded manifest rows); otherwise
+the processes share the environment's folder, and all but the first find it filled.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
+import tempfile
 
 from benchmarks.bench_ingest import TREE_IMPORTS, run_child
 
@@ -58,7 +64,15 @@ def _run(tree: str, args: argparse.Namespace) -> dict[str, float]:
     spec = {"tree": "" if tree == "installed" else os.path.abspath(tree), "store": args.store,
             "dataset": args.dataset, "batch": args.batch, "workers": args.workers,
             "step_ms": args.step_ms}
-    result: dict[str, float] = run_child(_CHILD, spec, what=f"first batch with {tree}")
+    if not args.cold:
+        result: dict[str, float] = run_child(_CHILD, spec, what=f"first batch with {tree}")
+        return result
+    node = tempfile.mkdtemp(prefix="simstore-node-")
+    try:
+        env = dict(os.environ, SIMSTORE_VERIFIED_DIR=node)
+        result = run_child(_CHILD, spec, what=f"first batch with {tree}", env=env)
+    finally:
+        shutil.rmtree(node, ignore_errors=True)
     return result
 
 
@@ -71,6 +85,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--rounds", type=int, default=31)
     p.add_argument("--step-ms", type=float, default=50.0)
+    p.add_argument("--cold", action="store_true",
+                   help="each process with an empty node folder (a node's first job)")
     args = p.parse_args(argv)
     got: dict[str, dict[str, list[float]]] = {
         t: {"first": [], "second": [], "fifth": []} for t in args.trees}
