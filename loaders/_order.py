@@ -165,8 +165,7 @@ def group_order(
     n = len(shard_codes)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    uniq, codes = np.unique(np.asarray(shard_codes, dtype=np.int64), return_inverse=True)
-    m = len(uniq)
+    codes, m = _dense(np.asarray(shard_codes, dtype=np.int64))
     piece_rank = np.empty(m, dtype=np.int64)
     piece_rank[permutation(m, seed, epoch, snapshot_id, 2, group)] = np.arange(m)
     window = piece_rank[codes] // window_shards
@@ -189,6 +188,22 @@ def group_order(
     ties = random_words(n, seed, epoch, snapshot_id, 3, group)
     # (window, buffer) as one key: window * (buffers + 1) + buffer, below n * n
     return _sort_by(window * (int(buffer.max()) + 1) + buffer[block_of], ties)
+
+
+def _dense(codes: np.ndarray) -> tuple[np.ndarray, int]:
+    """``(each code's rank among the distinct codes, how many there are)``.
+
+    ``np.unique(codes, return_inverse=True)``'s inverse; codes that are already
+    ``0..m-1``, every one used (a group's, as ``load_group`` numbers them), are their own
+    ranks, found without a sort (a fresh process's first ``np.unique`` of 12,288 codes:
+    0.3 ms).
+    """
+    if int(codes.min()) == 0:
+        counts = np.bincount(codes)
+        if bool(counts.all()):
+            return codes, len(counts)
+    uniq, ranks = np.unique(codes, return_inverse=True)
+    return ranks.reshape(-1), len(uniq)
 
 
 def _sort_by(key: np.ndarray, words: np.ndarray) -> np.ndarray:
@@ -222,17 +237,26 @@ def _blocks(
         return np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64)
     pos = np.asarray(positions, dtype=np.int64)
     size = np.maximum(np.asarray(sizes, dtype=np.int64), 0)
-    by_shard = np.lexsort((pos, codes))
-    sc = codes[by_shard]
-    cum = np.cumsum(size[by_shard]) - size[by_shard]
+    later = codes[1:] > codes[:-1]
+    if bool((later | ((codes[1:] == codes[:-1]) & (pos[1:] > pos[:-1]))).all()):
+        # in (shard, position) order already, as a part of whole shards is: the sort's
+        # permutation is the identity (no two rows share a shard and position)
+        by_shard, sc, sorted_size = None, codes, size
+    else:
+        by_shard = np.lexsort((pos, codes))
+        sc, sorted_size = codes[by_shard], size[by_shard]
+    cum = np.cumsum(sorted_size) - sorted_size
     first = np.flatnonzero(np.r_[True, sc[1:] != sc[:-1]])
     cum -= np.repeat(cum[first], np.diff(np.r_[first, n]))
     local = cum // block_bytes
     # number the (shard, local block) pairs in shard order
     new = np.r_[True, (sc[1:] != sc[:-1]) | (local[1:] != local[:-1])]
     ids_sorted = np.cumsum(new) - 1
-    block_of = np.empty(n, dtype=np.int64)
-    block_of[by_shard] = ids_sorted
+    if by_shard is None:
+        block_of = ids_sorted
+    else:
+        block_of = np.empty(n, dtype=np.int64)
+        block_of[by_shard] = ids_sorted
     return np.arange(int(ids_sorted[-1]) + 1, dtype=np.int64), block_of
 
 

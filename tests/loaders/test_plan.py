@@ -378,3 +378,34 @@ def test_group_keys_give_the_keys_of_stream_rows_before_and_after_converting_all
     for idx in (np.arange(3, 40), np.arange(0, 500, 7), np.asarray([499, 0, 250]),
                 np.arange(500)):
         assert group.take(idx) == expected[idx].tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-3, 12), min_size=1, max_size=60))
+def test_dense_codes_rank_as_np_unique_does(values):
+    from simstore.loaders._order import _dense
+
+    codes = np.asarray(values, dtype=np.int64)
+    uniq, inverse = np.unique(codes, return_inverse=True)
+    ranks, m = _dense(codes)
+    assert m == len(uniq)
+    assert np.array_equal(ranks, inverse.reshape(-1))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 30), st.integers(0, 900)),
+                min_size=1, max_size=50, unique_by=lambda r: r[:2]),
+       st.integers(1, 2000), st.randoms(use_true_random=False))
+def test_blocks_of_rows_in_shard_order_equal_those_of_the_same_rows_shuffled(
+        rows, block_bytes, rnd):
+    from simstore.loaders._order import _blocks
+
+    rows = sorted(rows)  # (shard, position) order: the sort is skipped
+    codes, pos, sizes = (np.asarray(c, dtype=np.int64) for c in zip(*rows, strict=True))
+    ids, block_of = _blocks(codes, pos, sizes, block_bytes)
+    shuffled = list(range(len(rows)))
+    rnd.shuffle(shuffled)
+    p = np.asarray(shuffled)
+    ids_s, block_of_s = _blocks(codes[p], pos[p], sizes[p], block_bytes)
+    assert np.array_equal(ids, ids_s)
+    assert np.array_equal(block_of[p], block_of_s)
