@@ -95,32 +95,32 @@ def parts_store(tmp_path):
     return store, samples
 
 
-def _job(store, workers=0, **kw):
+def _job(store, workers=0, context="fork", **kw):
     ds = SimDataset(store, "ds@main", shuffle=True, seed=4, shard_opener=open_test_shard,
                     **kw)
     ds.set_epoch(1)
     if workers:
         loader = SimDataLoader(ds, batch_size=16, num_workers=workers,
-                               multiprocessing_context="fork")
+                               multiprocessing_context=context)
         keys = keys_of(loader)
         return keys, loader.stats()
     return keys_of(ds), ds.stats()
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize(("workers", "context"), [(0, "fork"), (2, "fork"), (1, "spawn")])
 def test_a_later_job_loads_the_rows_from_the_node_and_streams_the_same(
-        parts_store, node, monkeypatch, workers):
+        parts_store, node, monkeypatch, workers, context):
     store, samples = parts_store
     monkeypatch.setenv("SIMSTORE_VERIFIED_DIR", "")
-    plain, _ = _job(store, workers)  # no cache at all
+    plain, _ = _job(store, workers, context)  # no cache at all
     monkeypatch.setenv("SIMSTORE_VERIFIED_DIR", str(node.parent))
-    first, cold = _job(store, workers)
+    first, cold = _job(store, workers, context)
     entries = sorted(os.listdir(node))
     parts = SimDataset(store, "ds@main", shard_opener=open_test_shard)._sources[0].part_ids
     assert entries == sorted(f"{p.decode()}.rows" for p in parts) and len(parts) >= 8
     # (with workers, a process may load what its parent or sibling kept moments before)
     assert cold["manifest_parts"] > 0 and (cold["manifest_rows_cached"] == 0 or workers)
-    second, warm = _job(store, workers)
+    second, warm = _job(store, workers, context)  # (a spawned worker: the cache pickled)
     assert warm["manifest_parts"] == 0 and warm["manifest_bytes"] == 0
     assert warm["manifest_rows_cached"] >= len(parts)
     assert first == second == plain
