@@ -21,6 +21,13 @@
  * Every offset and slot is checked before any byte is copied: one out of range raises
  * IndexError (as indexing the view would), and a failed length check returns False
  * with dst untouched (the caller then decodes the column instead).
+ *
+ * unshuffle(src, dst, elementsize) -> None
+ *
+ *   Undo a byte shuffle (numcodecs' Shuffle(elementsize) layout, which compressed shards
+ *   store a tensor's bytes in): byte i of plane j (src[j * n + i]) goes to byte j of
+ *   element i (dst[i * elementsize + j]), n = len(src) / elementsize. Done here so that a
+ *   read does not import numcodecs (70 ms, inside a fresh process's first batch).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -161,8 +168,78 @@ done:
     return result;
 }
 
+/* Element-major: each element's bytes gathered from the planes and written in order; with
+ * K a constant the compiler unrolls and vectorises it (4 MiB of float32: 0.09 ms, against
+ * 1.1 ms plane by plane). */
+#define UNSHUFFLE(K)                                                                      \
+    for (Py_ssize_t i_ = 0; i_ < n; i_++) {                                              \
+        for (Py_ssize_t j_ = 0; j_ < (K); j_++) {                                        \
+            to[(K) * i_ + j_] = from[j_ * n + i_];                                       \
+        }                                                                                \
+    }
+
+PyDoc_STRVAR(unshuffle_doc,
+"unshuffle(src, dst, elementsize) -> None\n\n"
+"Undo numcodecs' Shuffle(elementsize): src[j * n + i] -> dst[i * elementsize + j], n =\n"
+"len(src) / elementsize. src and dst are C-contiguous buffers of the same length, a\n"
+"whole number of elements (ValueError otherwise).");
+
+static PyObject *
+unshuffle(PyObject *self, PyObject *args)
+{
+    PyObject *src_obj, *dst_obj;
+    Py_ssize_t size;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOn", &src_obj, &dst_obj, &size)) {
+        return NULL;
+    }
+    if (size <= 0) {
+        PyErr_SetString(PyExc_ValueError, "elementsize must be positive");
+        return NULL;
+    }
+    Py_buffer src, dst;
+    if (PyObject_GetBuffer(src_obj, &src, PyBUF_C_CONTIGUOUS) < 0) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(dst_obj, &dst, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (src.len != dst.len) {
+        PyErr_SetString(PyExc_ValueError, "src and dst differ in length");
+    } else if (src.len % size != 0) {
+        PyErr_SetString(PyExc_ValueError, "the buffer is not a whole number of elements");
+    } else if (src.buf == dst.buf && src.len > 0 && size > 1) {
+        PyErr_SetString(PyExc_ValueError, "src and dst are the same buffer");
+    } else {
+        const unsigned char *from = (const unsigned char *)src.buf;
+        unsigned char *to = (unsigned char *)dst.buf;
+        Py_ssize_t n = src.len / size;
+        Py_BEGIN_ALLOW_THREADS
+        if (size == 1) {
+            memmove(to, from, (size_t)n);
+        } else if (size == 2) {
+            UNSHUFFLE(2);
+        } else if (size == 4) { /* float32, int32: the common case */
+            UNSHUFFLE(4);
+        } else if (size == 8) {
+            UNSHUFFLE(8);
+        } else {
+            UNSHUFFLE(size);
+        }
+        Py_END_ALLOW_THREADS
+        Py_INCREF(Py_None);
+        result = Py_None;
+    }
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&src);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"gather", gather, METH_VARARGS, gather_doc},
+    {"unshuffle", unshuffle, METH_VARARGS, unshuffle_doc},
     {NULL, NULL, 0, NULL},
 };
 
