@@ -77,15 +77,25 @@ class PartRows:
     @classmethod
     def from_table(cls, table: pa.Table) -> PartRows:
         """The rows of a decoded part (``decode_part``'s stream columns)."""
-        keys = table.column("key").combine_chunks().cast(pa.large_string())
-        offsets = np.frombuffer(keys.buffers()[1], dtype=np.int64)[
-            keys.offset:keys.offset + len(keys) + 1]
-        data = keys.buffers()[2]
+        # the keys' own buffers, no cast: an Arrow kernel's first call in a process costs
+        # more than a part's rows (a node's first job decodes its parts)
+        column = table.column("key")
+        keys = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+        if pa.types.is_string(keys.type):
+            width: type[np.signedinteger[Any]] = np.int32
+        else:
+            if not pa.types.is_large_string(keys.type):
+                keys = keys.cast(pa.large_string())
+            width = np.int64
+        buffers = keys.buffers()
+        offsets = np.frombuffer(buffers[1], dtype=width)[
+            keys.offset:keys.offset + len(keys) + 1].astype(np.int64)
+        data = buffers[2]
         start, end = int(offsets[0]), int(offsets[-1])
         ids, codes = shard_codes(table.column("shard"))
         return cls(
             key_offsets=offsets - start,
-            key_data=(data.to_pybytes()[start:end] if data is not None else b""),
+            key_data=bytes(memoryview(data)[start:end]) if data is not None else b"",
             shard_ids=ids,
             shard=codes.astype(np.int32),
             position=np.asarray(table.column("position").to_numpy(), dtype=np.int64),
@@ -181,8 +191,11 @@ def shard_codes(column: pa.ChunkedArray) -> tuple[tuple[str, ...], np.ndarray]:
     """
     if not pa.types.is_dictionary(column.type):
         column = pc.dictionary_encode(column)
-    column = column.unify_dictionaries()
-    combined = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    if column.num_chunks == 1:  # a part of one row group: its dictionary as it is
+        combined = column.chunk(0)
+    else:
+        column = column.unify_dictionaries()
+        combined = column.combine_chunks()
     indices = np.asarray(combined.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
     m = len(combined.dictionary)
     n = len(indices)
@@ -192,8 +205,8 @@ def shard_codes(column: pa.ChunkedArray) -> tuple[tuple[str, ...], np.ndarray]:
     used = used[np.argsort(first[used], kind="stable")]
     rank = np.empty(m, dtype=np.int64)
     rank[used] = np.arange(len(used), dtype=np.int64)
-    ids = combined.dictionary.take(pa.array(used)).to_pylist()
-    return tuple(ids), rank[indices]
+    values = combined.dictionary.to_pylist()  # one per shard the part names
+    return tuple(values[i] for i in used.tolist()), rank[indices]
 
 
 def combine(parts: list[PartRows]) -> tuple[tuple[str, ...], np.ndarray, np.ndarray,
