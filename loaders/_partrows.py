@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import struct
 import threading
 import time
@@ -45,7 +46,9 @@ DEFAULT_ROWS_CACHE_BYTES = 1 << 30
 """The cache's byte limit: 1 GiB holds the rows of about 3,000 parts of 8,192 rows."""
 
 _RESCAN_FRACTION = 8
-"""A process scans the folder again for eviction after writing limit / this many bytes."""
+"""The folder is scanned for eviction about once per limit / this many bytes written."""
+
+_draw = random.random
 
 _STALE_TEMP_S = 3600.0
 """A temporary file this old was left by a writer that died: eviction removes it."""
@@ -254,7 +257,6 @@ class PartRowsCache:
         self.limit_bytes = limit_bytes
         self._usable: bool | None = None
         self._written = 0  # bytes this process wrote since its last scan
-        self._scanned = False
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -316,9 +318,14 @@ class PartRowsCache:
             return False
         with self._lock:
             self._written += len(data)
-            due = not self._scanned or self._written * _RESCAN_FRACTION >= self.limit_bytes
+            # after limit / 8 bytes written here; and, for the many jobs that each write a
+            # few entries, at random with the chance a write's share of that: a scan
+            # stats every entry (thousands on a busy node), too many to pay on every
+            # process's first write
+            due = (self._written * _RESCAN_FRACTION >= self.limit_bytes
+                   or _draw() * self.limit_bytes < len(data) * _RESCAN_FRACTION)
             if due:
-                self._scanned, self._written = True, 0
+                self._written = 0
         if due:
             self.evict()
         return True
