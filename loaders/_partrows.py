@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import random
 import struct
@@ -272,10 +271,7 @@ class PartRowsCache:
     def usable(self) -> bool:
         """Whether the folder is private to this user (looked at once per process)."""
         if self._usable is None:
-            self._usable, why = private_folder(self.root)
-            if not self._usable:
-                logging.getLogger("simstore.loaders").warning(
-                    "manifest rows not cached: %s: %s", self.root, why)
+            self._usable = private_folder(self.root, "manifest rows not cached")
         return self._usable
 
     def get(self, part_id: str, rows: int) -> PartRows | None:

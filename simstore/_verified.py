@@ -93,21 +93,28 @@ def records_dir() -> str | None:
     return os.path.join(base, "simstore", "verified")
 
 
-def private_folder(path: str) -> tuple[bool, str]:
-    """``(usable, why not)``: whether ``path`` is this user's folder that nobody else can write.
+def private_folder(path: str, unused: str) -> bool:
+    """Whether ``path`` is this user's folder that nobody else can write (made if missing).
 
-    Made (private) if missing. Never usable on a system without file owners.
+    Never on a system without file owners. Where it is not, says so in the
+    ``simstore.loaders`` log: ``unused`` (what goes without it), the folder and why.
     """
+    why = ""
     if not hasattr(os, "getuid"):
-        return False, "no file owners to check on this system"
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        st = os.stat(path)
-    except OSError as exc:
-        return False, str(exc)
-    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022:
-        return True, ""
-    return False, "not a folder of this user's that only it can write"
+        why = "no file owners to check on this system"
+    else:
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            st = os.stat(path)
+        except OSError as exc:
+            why = str(exc)
+        else:
+            if not (stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+                    and not st.st_mode & 0o022):
+                why = "not a folder of this user's that only it can write"
+    if why:
+        logging.getLogger("simstore.loaders").warning("%s: %s: %s", unused, path, why)
+    return not why
 
 
 def node_records(verify: bool, verify_every_s: float) -> NodeRecords | None:
@@ -138,10 +145,7 @@ class NodeRecords:
         ``simstore.loaders`` log (then every job hashes every shard it reads).
         """
         if self._usable is None:
-            self._usable, why = private_folder(self.root)
-            if not self._usable:
-                logging.getLogger("simstore.loaders").warning(
-                    "shard hash records not used: %s: %s", self.root, why)
+            self._usable = private_folder(self.root, "shard hash records not used")
         return self._usable
 
     def has(self, shard_id: str, stamp: int) -> bool:
