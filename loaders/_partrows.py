@@ -211,23 +211,19 @@ def shard_codes(column: pa.ChunkedArray) -> tuple[tuple[str, ...], np.ndarray]:
     return tuple(values[i] for i in used.tolist()), rank[indices]
 
 
-def combine(parts: list[PartRows]) -> tuple[tuple[str, ...], np.ndarray, np.ndarray,
-                                             np.ndarray, np.ndarray, bytes]:
+def combine(parts: list[PartRows]) -> PartRows:
     """Parts' rows one after another, the shards coded in order of first appearance.
 
-    ``(shard ids, codes, positions, sizes, key offsets, key data)``.
     Each part's ids are in order of their first row in the part, so taking the parts in
     order and each part's ids in order meets every id at its first row overall.
     """
     if len(parts) == 1:
-        p = parts[0]
-        return (p.shard_ids, np.asarray(p.shard, dtype=np.int64), p.position, p.size_bytes,
-                p.key_offsets, p.key_data)
+        return parts[0]
     codes: dict[str, int] = {}
     recoded = []
     for p in parts:
         mapping = np.fromiter((codes.setdefault(s, len(codes)) for s in p.shard_ids),
-                              dtype=np.int64, count=len(p.shard_ids))
+                              dtype=np.int32, count=len(p.shard_ids))
         recoded.append(mapping[p.shard])
     offsets = [parts[0].key_offsets[:-1]]
     base = int(parts[0].key_offsets[-1])
@@ -235,10 +231,14 @@ def combine(parts: list[PartRows]) -> tuple[tuple[str, ...], np.ndarray, np.ndar
         offsets.append(p.key_offsets[:-1] + base)
         base += int(p.key_offsets[-1])
     offsets.append(np.array([base], dtype=np.int64))
-    return (tuple(codes), np.concatenate(recoded),
-            np.concatenate([p.position for p in parts]),
-            np.concatenate([p.size_bytes for p in parts]),
-            np.concatenate(offsets), b"".join(p.key_data for p in parts))
+    return PartRows(
+        key_offsets=np.concatenate(offsets),
+        key_data=b"".join(p.key_data for p in parts),
+        shard_ids=tuple(codes),
+        shard=np.concatenate(recoded),
+        position=np.concatenate([p.position for p in parts]),
+        size_bytes=np.concatenate([p.size_bytes for p in parts]),
+    )
 
 
 class PartRowsCache:

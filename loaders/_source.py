@@ -398,7 +398,8 @@ def load_group(
             loaded = [f.result() for f in futures]
     else:
         loaded = [part(p) for p in parts]
-    shard_ids, codes, positions, sizes, key_offsets, key_data = combine(loaded)
+    rows = combine(loaded)
+    codes = np.asarray(rows.shard, dtype=np.int64)
     if source.shuffle:
         order = group_order(
             codes,
@@ -407,18 +408,18 @@ def load_group(
             epoch=epoch,
             snapshot_id=source.snapshot_id,
             group=group,
-            positions=positions,
-            sizes=sizes,
+            positions=rows.position,
+            sizes=rows.size_bytes,
             block_bytes=source.block_bytes,
             buffer_blocks=source.buffer_blocks,
         )
     else:
         order = np.arange(len(codes), dtype=np.int64)
     return GroupRows(
-        shard_ids=shard_ids,
+        shard_ids=rows.shard_ids,
         shard=codes[order],
-        position=np.asarray(positions[order], dtype=np.int64),
-        size_bytes=np.asarray(sizes[order], dtype=np.int64),
-        keys=GroupKeys(key_offsets, key_data, order),
+        position=np.asarray(rows.position[order], dtype=np.int64),
+        size_bytes=np.asarray(rows.size_bytes[order], dtype=np.int64),
+        keys=GroupKeys(rows.key_offsets, rows.key_data, order),
     )
 

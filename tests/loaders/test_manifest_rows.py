@@ -51,13 +51,12 @@ def _after(parts: list[bytes], *, cached: bool = False) -> tuple[list[str], np.n
     if cached:  # as a later job loads them from the node's cache
         rows = [PartRows.from_bytes(r.to_bytes(f"p{i}"), f"p{i}", len(r))
                 for i, r in enumerate(rows)]
-    ids, codes, positions, _, offsets, data = combine(rows)
+    group = combine(rows)
     # the other columns come through in the parts' order
     whole = pa.concat_tables([decode_part(p) for p in parts])
-    assert positions.tolist() == whole.column("position").to_pylist()
-    keys = [data[a:b].decode() for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
-    assert keys == whole.column("key").to_pylist()
-    return list(ids), codes
+    assert group.position.tolist() == whole.column("position").to_pylist()
+    assert [group.key(i) for i in range(len(group))] == whole.column("key").to_pylist()
+    return list(group.shard_ids), np.asarray(group.shard, dtype=np.int64)
 
 
 @settings(max_examples=60, deadline=None)
