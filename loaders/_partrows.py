@@ -18,6 +18,7 @@ byte limit by evicting the entries used longest ago.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import os
@@ -106,22 +107,16 @@ class PartRows:
 
     def key(self, i: int) -> str:
         """Row ``i``'s key."""
-        return self.key_data[int(self.key_offsets[i]):int(self.key_offsets[i + 1])].decode()
+        return self._key_bytes(i).decode()
+
+    def _key_bytes(self, i: int) -> bytes:
+        return self.key_data[int(self.key_offsets[i]):int(self.key_offsets[i + 1])]
 
     def find(self, key: str) -> int | None:
         """The row of ``key`` (rows are in key order, compared as UTF-8 bytes), or None."""
         want = key.encode()
-        off, data = self.key_offsets, self.key_data
-        lo, hi = 0, len(self)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if data[int(off[mid]):int(off[mid + 1])] < want:
-                lo = mid + 1
-            else:
-                hi = mid
-        if lo < len(self) and data[int(off[lo]):int(off[lo + 1])] == want:
-            return lo
-        return None
+        i = bisect.bisect_left(range(len(self)), want, key=self._key_bytes)
+        return i if i < len(self) and self._key_bytes(i) == want else None
 
     def to_bytes(self, part_id: str) -> bytes:
         """The cache entry of these rows (see the module's note)."""
