@@ -262,6 +262,17 @@ class EpochReader:
             for i, s in enumerate(self.sources)
         ]
 
+    def _resolver(self, counters: Counters, access: Sequence[ShardAccess]) -> Resolver:
+        """A resolver of this reader's sources; its reads count in ``counters``.
+
+        Manifest parts are read through ``access``, their rows kept on the node
+        (``options.part_rows``).
+        """
+        return Resolver(self.sources, self.mixture, self.epoch_length, counters,
+                        [tier_of(s.store) for s in self.sources],
+                        part_readers=[a.read_cached for a in access],
+                        rows_cache=self.options.part_rows)
+
     def _readers(
         self, counters: Counters, limiter: RateLimiter, trusted: TrustTable | None,
         siblings: VerifiedTable | None = None,
@@ -294,10 +305,7 @@ class EpochReader:
         FORKED_GROUPS.clear()
         access = self._access(counters, RateLimiter(None), None)  # manifest parts only
         try:
-            resolver = Resolver(self.sources, self.mixture, self.epoch_length, counters,
-                                [tier_of(s.store) for s in self.sources],
-                                part_readers=[a.read_cached for a in access],
-                                rows_cache=self.options.part_rows)
+            resolver = self._resolver(counters, access)
             for w in range(num_workers):
                 mine = World(rank=world.rank, world_size=world.world_size, worker=w,
                              num_workers=num_workers)
@@ -389,9 +397,7 @@ class EpochReader:
             stack.callback(FORKED_GROUPS.clear)  # what the first chunk did not take
             access, pool = self._readers(counters, limiter, trusted, siblings)
             stack.callback(pool.close)
-            resolver = Resolver(sources, self.mixture, self.epoch_length, counters, tiers,
-                                part_readers=[a.read_cached for a in access],
-                                rows_cache=self.options.part_rows)
+            resolver = self._resolver(counters, access)
 
             shared = in_worker()
             # the first chunk is decoded alone: its shards' reads share the cores that
@@ -412,9 +418,7 @@ class EpochReader:
                     # a chunk made only of corrupt shards' samples, before any intact one
                     # was read here: walk the stream for one (its own resolver: the
                     # consumer thread resolves with the other)
-                    walk = Resolver(sources, self.mixture, self.epoch_length, Counters(),
-                                    tiers, part_readers=[a.read_cached for a in access],
-                                rows_cache=self.options.part_rows)
+                    walk = self._resolver(Counters(), access)
                     for start in range(0, self.epoch_length, 64):
                         stop = min(self.epoch_length, start + 64)
                         chunk = walk.resolve(epoch, np.arange(start, stop, dtype=np.int64),
