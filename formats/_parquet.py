@@ -11,6 +11,7 @@ plan records it, and a stock reader undoes it with ``Shuffle(itemsize).decode``)
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
@@ -275,9 +276,14 @@ class ParquetShardReader(ColumnarReader):
         self._page_plans: dict[tuple[str, ...], list[_PageColumn] | None] = {}
         self._values_at: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray] | None] = {}
 
+    @functools.cached_property
+    def _leaf_index(self) -> dict[str, int]:
+        """Each leaf column's index, by its dotted path (``u.data``, ``Re``)."""
+        return {path: i for i, path in enumerate(self._pf.paths)}
+
     def _direct_leaves(self) -> dict[str, tuple[int, int]]:
         schema = self._pf.metadata.schema
-        index = {path: i for i, path in enumerate(self._pf.paths)}
+        index = self._leaf_index
         out: dict[str, tuple[int, int]] = {}
         for name, plan in self.plans.items():
             if plan.encoding != "blob" or plan.shuffle:
@@ -470,13 +476,12 @@ class ParquetShardReader(ColumnarReader):
         """How each of ``columns`` is read from the pages alone, or None if any is not."""
         key = tuple(columns)
         if key not in self._page_plans:
-            index = {path: i for i, path in enumerate(self._pf.paths)}
-            layout = [self._page_column(name, index) for name in columns]
+            layout = [self._page_column(name) for name in columns]
             whole = [c for c in layout if c is not None]
             self._page_plans[key] = whole if len(whole) == len(layout) else None
         return self._page_plans[key]
 
-    def _page_column(self, name: str, index: Mapping[str, int]) -> _PageColumn | None:
+    def _page_column(self, name: str) -> _PageColumn | None:
         """Field ``name`` as a column of one width in every row, or None.
 
         A blob field of the direct kind whose plan records its rows' one shape, or a 0-d
@@ -495,7 +500,7 @@ class ParquetShardReader(ColumnarReader):
             if width <= 0:  # rows of no bytes (a shape with a 0): no row to copy, decoded
                 return None
             return _PageColumn(name, leaf, max_def, 4, width, plan.shape, native)
-        leaf_at = index.get(name)
+        leaf_at = self._leaf_index.get(name)
         if leaf_at is None or plan.encoding != "plain" or plan.spec.ndim:
             return None
         column = self._pf.metadata.schema.column(leaf_at)
