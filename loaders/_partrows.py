@@ -54,6 +54,12 @@ _STALE_TEMP_S = 3600.0
 """A temporary file this old was left by a writer that died: eviction removes it."""
 
 
+_ARRAYS = (("key_offsets", "<i8", 1), ("position", "<i8", 0), ("size_bytes", "<i8", 0),
+           ("shard", "<i4", 0))
+"""An entry's arrays after its header, in order: field, stored type, items past ``rows``
+(each padded to 8 bytes; the keys' bytes follow them)."""
+
+
 def _aligned(n: int) -> int:
     return (n + 7) & ~7
 
@@ -84,12 +90,8 @@ class PartRows:
         # more than a part's rows (a node's first job decodes its parts)
         column = table.column("key")
         keys = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-        if pa.types.is_string(keys.type):
-            width: type[np.signedinteger[Any]] = np.int32
-        else:
-            if not pa.types.is_large_string(keys.type):
-                keys = keys.cast(pa.large_string())
-            width = np.int64
+        # string (decode_part's type) or large_string: offsets of 32 or 64 bits
+        width = np.int64 if pa.types.is_large_string(keys.type) else np.int32
         buffers = keys.buffers()
         offsets = np.frombuffer(buffers[1], dtype=width)[
             keys.offset:keys.offset + len(keys) + 1].astype(np.int64)
@@ -126,15 +128,11 @@ class PartRows:
                              "shards": list(self.shard_ids)},
                             separators=(",", ":")).encode()
         header += b" " * (_aligned(_HEAD.size + len(header)) - _HEAD.size - len(header))
-        body = b"".join((
-            header,
-            np.ascontiguousarray(self.key_offsets, dtype="<i8").tobytes(),
-            np.ascontiguousarray(self.position, dtype="<i8").tobytes(),
-            np.ascontiguousarray(self.size_bytes, dtype="<i8").tobytes(),
-            np.ascontiguousarray(self.shard, dtype="<i4").tobytes(),
-            b"\0" * (_aligned(4 * n) - 4 * n),
-            self.key_data,
-        ))
+        arrays = []
+        for name, dtype, _ in _ARRAYS:
+            raw = np.ascontiguousarray(getattr(self, name), dtype=dtype).tobytes()
+            arrays.append(raw + b"\0" * (_aligned(len(raw)) - len(raw)))
+        body = b"".join((header, *arrays, self.key_data))
         return _HEAD.pack(_MAGIC, xxhash.xxh3_64_intdigest(body), len(header)) + body
 
     @classmethod
@@ -160,15 +158,17 @@ class PartRows:
                 and all(isinstance(s, str) for s in shards)):
             raise ValueError("bad header")
         at = _HEAD.size + head
-        layout = ((n + 1, "<i8"), (n, "<i8"), (n, "<i8"), (n, "<i4"))
-        spans = [_aligned(count * np.dtype(dtype).itemsize) for count, dtype in layout]
+        counts = [n + extra for _, _, extra in _ARRAYS]
+        spans = [_aligned(count * np.dtype(dtype).itemsize)
+                 for count, (_, dtype, _) in zip(counts, _ARRAYS, strict=True)]
         if len(data) != at + sum(spans) + key_bytes:
             raise ValueError("wrong length")
-        arrays = []
-        for (count, dtype), span in zip(layout, spans, strict=True):
-            arrays.append(np.frombuffer(data, dtype=dtype, count=count, offset=at))
+        arrays = {}
+        for count, span, (name, dtype, _) in zip(counts, spans, _ARRAYS, strict=True):
+            arrays[name] = np.frombuffer(data, dtype=dtype, count=count, offset=at)
             at += span
-        offsets, position, size_bytes, shard = arrays
+        offsets, position = arrays["key_offsets"], arrays["position"]
+        size_bytes, shard = arrays["size_bytes"], arrays["shard"]
         if (offsets[0] != 0 or offsets[-1] != key_bytes or (np.diff(offsets) < 0).any()
                 or (n and (shard.min() < 0 or shard.max() >= len(shards)))
                 or (n and (position.min() < 0 or size_bytes.min() < 0))):
