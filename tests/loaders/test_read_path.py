@@ -327,29 +327,33 @@ def test_a_workers_first_chunk_goes_out_before_more_work_starts(tmp_path, source
     assert got == expected and len(arrays) == 16
 
 
-def test_without_workers_one_chunk_is_resolved_ahead_of_the_first_batch(
+def test_without_workers_the_next_chunk_is_resolved_while_the_first_goes_out(
     tmp_path, sources, monkeypatch
 ):
-    """Resolving chunks is the consuming thread's work: before the first batch goes out
-    only the next chunk is resolved (its decode overlaps the first batch's use); the
-    others wait until the consumer asks again."""
+    """The first batch waits for its own chunk's rows only: the next chunk is resolved on
+    a decode thread (idle then) while the first batch is out; the others wait until the
+    consumer asks again, and are resolved by it."""
+    import threading
+
     import simstore.loaders._pipeline as pipeline_mod
 
     store, arrays = _ingest(tmp_path, sources, "parquet")
     resolved = []
     plain = pipeline_mod.Resolver.resolve
+    consumer = threading.current_thread().name
 
     def counting(self, *args, **kwargs):
-        resolved.append(args)
+        resolved.append(threading.current_thread().name)
         return plain(self, *args, **kwargs)
 
     monkeypatch.setattr(pipeline_mod.Resolver, "resolve", counting)
     ds = SimDataset(store, "d", seed=5, prefetch={"chunk_samples": 4})
     it = iter(SimDataLoader(ds, batch_size=2, num_workers=0))
     got = [next(it)["__key__"]]
-    assert len(resolved) == 2  # the first chunk (one batch) and the next
+    assert resolved[0] == consumer and len(resolved) <= 2  # its own chunk, maybe the next
     got.extend(b["__key__"] for b in it)
-    assert len(resolved) == 5  # 2 + 4 + 4 + 4 + 2 samples
+    assert resolved[1].startswith("simstore-decode"), resolved
+    assert resolved[2:] == [consumer] * 3  # 2 + 4 + 4 + 4 + 2 samples
     assert sorted(k for keys in got for k in keys) == sorted(arrays)
 
 
