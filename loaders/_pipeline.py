@@ -588,6 +588,7 @@ def prefetched(
 
     first = True
     follow: Future[None] | None = None
+    handed = 0  # chunks handed out (without ``first_alone``)
     try:
         while True:
             # The first chunk is resolved and decoded alone: the first batch shares the
@@ -600,9 +601,10 @@ def prefetched(
             if not ahead and not decoding:
                 resolve_ahead(1)
             submit(1 if first else depth)
-            if not first:
+            if not first and not (handed == 1 and not first_alone):
                 refill(4)
-            elif decoding and pool.downloads((r.source, r.shard_id) for r in decoding[0][0].reads):
+            elif first and decoding and pool.downloads(
+                    (r.source, r.shard_id) for r in decoding[0][0].reads):
                 # the first chunk waits for downloads into the disk cache: meanwhile the
                 # shards after it are scheduled (the I/O pool takes them in order, behind
                 # the first chunk's own), so the last of them do not come one at a time
@@ -628,10 +630,18 @@ def prefetched(
                 # first batch of 256 x 8 KiB when this thread did it), on a decode thread,
                 # idle now (the first chunk was decoded alone). The consumer, once back,
                 # waits for it first (the top of the loop): no two threads touch the
-                # chunks ahead at once. Later chunks are resolved here, as the consumer
-                # asks: resolved on a thread while batches were out, 8 KiB epochs with no
-                # workers took 1.25x as long (the two threads' turns at the interpreter).
+                # chunks ahead at once.
                 follow = dec.submit(refill, 1)
+            elif handed == 1 and not first_alone:
+                # The same for the four after the second chunk, while it goes out (every
+                # decode thread idle again: the one decode submitted is this chunk's):
+                # resolved as the consumer came back, they were 3 ms of the second batch's
+                # wait after a training step. Later chunks are resolved here, as the
+                # consumer asks: resolved on a thread while batches were out, 8 KiB epochs
+                # with no workers took 1.25x as long (the two threads' turns at the
+                # interpreter).
+                follow = dec.submit(refill, 4)
+            handed += 1
             yield chunk, value
     finally:
         if follow is not None:  # closed while it runs: it adds to ``decoding``

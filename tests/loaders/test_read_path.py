@@ -327,12 +327,13 @@ def test_a_workers_first_chunk_goes_out_before_more_work_starts(tmp_path, source
     assert got == expected and len(arrays) == 16
 
 
-def test_without_workers_the_next_chunk_is_resolved_while_the_first_goes_out(
+def test_without_workers_the_chunks_ahead_of_the_first_two_are_resolved_while_they_go_out(
     tmp_path, sources, monkeypatch
 ):
     """The first batch waits for its own chunk's rows only: the next chunk is resolved on
-    a decode thread (idle then) while the first batch is out; the others wait until the
-    consumer asks again, and are resolved by it."""
+    a decode thread (idle then) while the first batch is out, and the four after it while
+    the second chunk is out; the others wait until the consumer asks again, and are
+    resolved by it."""
     import threading
 
     import simstore.loaders._pipeline as pipeline_mod
@@ -347,13 +348,14 @@ def test_without_workers_the_next_chunk_is_resolved_while_the_first_goes_out(
         return plain(self, *args, **kwargs)
 
     monkeypatch.setattr(pipeline_mod.Resolver, "resolve", counting)
-    ds = SimDataset(store, "d", seed=5, prefetch={"chunk_samples": 4})
+    ds = SimDataset(store, "d", seed=5, prefetch={"chunk_samples": 2})
     it = iter(SimDataLoader(ds, batch_size=2, num_workers=0))
     got = [next(it)["__key__"]]
     assert resolved[0] == consumer and len(resolved) <= 2  # its own chunk, maybe the next
     got.extend(b["__key__"] for b in it)
-    assert resolved[1].startswith("simstore-decode"), resolved
-    assert resolved[2:] == [consumer] * 3  # 2 + 4 + 4 + 4 + 2 samples
+    decode = [name.startswith("simstore-decode") for name in resolved]
+    assert decode == [False] + [True] * 5 + [False] * 2, resolved  # 8 chunks of 2 samples
+    assert resolved[-1] == consumer
     assert sorted(k for keys in got for k in keys) == sorted(arrays)
 
 
