@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from loader_helpers import open_test_shard, write_npz_sources
+from loader_helpers import commit_samples, make_samples, open_test_shard, write_npz_sources
 from simstore.formats import ParquetFormat
 from simstore.loaders import Collate, SimDataLoader, SimDataset, _streams, _tensors
 from simstore.loaders._pipeline import _SlotAlloc
@@ -18,6 +18,8 @@ from simstore.loaders._tensors import BufferPool, ChunkBuffers, stacked_view
 import simstore
 from simstore._blockcache import BlockCache
 from simstore.catalog import Catalog
+from simstore.errors import IntegrityError
+from simstore.hashing import object_key
 from simstore.ingest import ShardOptions
 from simstore.sample import Sample
 
@@ -357,6 +359,29 @@ def test_without_workers_the_chunks_ahead_of_the_first_two_are_resolved_while_th
     assert decode == [False] + [True] * 5 + [False] * 2, resolved  # 8 chunks of 2 samples
     assert resolved[-1] == consumer
     assert sorted(k for keys in got for k in keys) == sorted(arrays)
+
+
+def test_a_group_that_fails_to_load_ahead_fails_the_batch_that_needs_it(tmp_path):
+    """The chunk after the first is resolved on a decode thread while the first batch is
+    out; its group's damaged manifest part fails the next batch, named, not the first."""
+    store = str(tmp_path / "s")
+    commit_samples(store, "ds", make_samples(300, runs=6), per_shard=25, target_rows=16)
+
+    def dataset():
+        return SimDataset(store, "ds@main", shuffle=True, seed=4, group_parts=1,
+                          prefetch={"chunk_samples": 64}, shard_opener=open_test_shard)
+
+    source = dataset()._sources[0]
+    layout = source.layout(0)
+    assert layout.group_starts[1] < 2 + 64  # the second chunk reaches the second group
+    part = source.part_ids[layout.parts_of(1)[0]].decode()
+    with open(os.path.join(store, object_key(part)), "r+b") as f:
+        f.seek(20)
+        f.write(b"\xff")
+    it = iter(SimDataLoader(dataset(), batch_size=2, num_workers=0))
+    assert len(next(it)["__key__"]) == 2  # the first group's rows are intact
+    with pytest.raises(IntegrityError, match=part):
+        next(it)
 
 
 def test_a_worker_learns_when_its_first_batch_is_pickled():
