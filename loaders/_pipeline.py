@@ -601,7 +601,9 @@ def prefetched(
             if not ahead and not decoding:
                 resolve_ahead(1)
             submit(1 if first else depth)
-            if not first and not (handed == 1 and not first_alone):
+            # the second chunk's successors are resolved while it goes out (below)
+            second = handed == 1 and not first_alone
+            if not first and not second:
                 refill(4)
             elif first and decoding and pool.downloads(
                     (r.source, r.shard_id) for r in decoding[0][0].reads):
@@ -632,7 +634,7 @@ def prefetched(
                 # waits for it first (the top of the loop): no two threads touch the
                 # chunks ahead at once.
                 follow = dec.submit(refill, 1)
-            elif handed == 1 and not first_alone:
+            elif second:
                 # The same for the four after the second chunk, while it goes out (every
                 # decode thread idle again: the one decode submitted is this chunk's):
                 # resolved as the consumer came back, they were 3 ms of the second batch's
