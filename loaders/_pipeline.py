@@ -586,9 +586,8 @@ def prefetched(
         resolve_ahead(chunks_ahead)
         submit(depth)
 
-    first = True
     follow: Future[None] | None = None
-    handed = 0  # chunks handed out (without ``first_alone``)
+    taken = 0  # decoded chunks taken out of ``decoding``
     try:
         while True:
             # The first chunk is resolved and decoded alone: the first batch shares the
@@ -598,11 +597,12 @@ def prefetched(
             if follow is not None:
                 done, follow = follow, None
                 done.result()  # its failure to resolve comes with the next chunk
+            first = taken == 0
+            # the second chunk's successors are resolved while it goes out (below)
+            second = taken == 1 and not first_alone
             if not ahead and not decoding:
                 resolve_ahead(1)
             submit(1 if first else depth)
-            # the second chunk's successors are resolved while it goes out (below)
-            second = handed == 1 and not first_alone
             if not first and not second:
                 refill(4)
             elif first and decoding and pool.downloads(
@@ -617,8 +617,8 @@ def prefetched(
             chunk, fut = decoding.popleft()
             in_flight -= chunk.size_bytes
             value = fut.result()
+            taken += 1
             if first:
-                first = False
                 if first_alone:  # resumed once the first chunk is out
                     yield chunk, value
                 # the first chunk is decoded: the local shards' hashes may run now, and
@@ -643,7 +643,6 @@ def prefetched(
                 # with no workers took 1.25x as long (the two threads' turns at the
                 # interpreter).
                 follow = dec.submit(refill, 4)
-            handed += 1
             yield chunk, value
     finally:
         if follow is not None:  # closed while it runs: it adds to ``decoding``
