@@ -18,7 +18,6 @@ import threading
 import types
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any, BinaryIO
 
@@ -47,6 +46,7 @@ from ._arrow import (
     uniform_shape,
 )
 from ._columnar import ColumnarReader, ColumnarWriter
+from ._layout import PageColumn, ShardLayout
 from ._pages import (
     PagedColumn,
     SharedWork,
@@ -66,20 +66,6 @@ except ImportError:  # pragma: no cover (built by every install with a C compile
 _PHYSICAL = {"f4": "FLOAT", "f8": "DOUBLE", "i4": "INT32", "u4": "INT32", "i8": "INT64",
              "u8": "INT64"}
 """The Parquet type that stores a 0-d tensor of each NumPy type as its own bytes."""
-
-
-@dataclass(frozen=True, slots=True)
-class _PageColumn:
-    """A column read from the pages alone: each value ``width`` bytes after ``prefix``."""
-
-    name: str
-    leaf: int
-    max_def: int
-    prefix: int  # a blob value's length prefix (4), none for a plain value (0)
-    width: int
-    shape: tuple[int, ...]
-    native: np.dtype[Any]
-    scalar: bool = False  # a scalar field: read back as Python numbers, row by row
 
 
 MAGIC = b"PAR1"
@@ -229,21 +215,31 @@ class ParquetShardReader(ColumnarReader):
         source: str | BinaryIO,
         name: str = "parquet shard",
         cache: BlockCache | None = None,
+        layout: ShardLayout | None = None,
     ) -> None:
-        try:
-            # a local path is memory-mapped: uncompressed column chunks are decoded from
-            # the page cache without a read() copy (3,915 vs 2,044 MiB/s for 4 MiB blobs)
-            # every page's CRC-32 is verified as it is decoded (at no measurable cost):
-            # a ranged reader over a remote object is never hash-checked as a whole,
-            # and a local shard is read while its whole-object hash is still running
-            self._source = source
-            self._unchecked: _PooledFile | None = None
-            self._pf = _PooledFile(source, name, verify=True)
+        self.name = name
+        self._source = source
+        self._unchecked: _PooledFile | None = None
+        self._file: _PooledFile | None = None
+        self._opening = threading.Lock()
+        self._layout = layout
+        """Where the reader came from a layout (:meth:`layout_bytes`), the Arrow file is opened
+        only when a read needs it (see ``_layout``)."""
+        self._trusted = False
+        if layout is not None:
+            if not isinstance(source, str):
+                raise FormatError(f"{name}: a page layout is for a local file")
+            try:
+                size = os.stat(source).st_size
+            except OSError as exc:
+                raise FormatError(f"{name} is not a readable Parquet file: {exc}") from exc
+            if size != layout.size:
+                raise FormatError(f"{name}: {size} bytes, its page layout says {layout.size}")
+            schema, counts = layout.schema, list(layout.counts)
+        else:
             schema = self._pf.schema_arrow
-        except (pa.ArrowException, OSError, ValueError) as exc:
-            raise FormatError(f"{name} is not a readable Parquet file: {exc}") from exc
-        meta = self._pf.metadata
-        counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+            meta = self._pf.metadata
+            counts = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
         self._starts = [0, *accumulate(counts)]
         self._bounds = np.asarray(self._starts, dtype=np.int64)
         self._sizes: dict[str, list[int]] | None = None
@@ -255,12 +251,10 @@ class ParquetShardReader(ColumnarReader):
         try:
             plans = plans_from_schema(schema, source=name)
         except FormatError:  # not a simstore shard, or of another version: not kept open
-            self._pf.close()
+            if self._file is not None:
+                self._file.close()
             raise
-        super().__init__(name, schema, plans, meta.num_rows)
-        self._direct = self._direct_leaves() if isinstance(source, str) else {}
-        """Blob fields whose bytes may be copied from the mapped file (see ``_pages``):
-        field name -> (leaf column index, its max definition level)."""
+        super().__init__(name, schema, plans, self._starts[-1])
         self._map: np.ndarray | None = None
         self._views: dict[int, np.ndarray] = {}  # _rows_view's, of the mapping _views_of
         self._views_of: np.ndarray | None = None
@@ -273,8 +267,57 @@ class ParquetShardReader(ColumnarReader):
         """Row groups an ``out``'s helpers decoded and checked (for tests)."""
         self.paged_reads = 0
         """Reads made from the pages alone, no row group decoded (for tests, metrics)."""
-        self._page_plans: dict[tuple[str, ...], list[_PageColumn] | None] = {}
+        self._page_plans: dict[tuple[str, ...], list[PageColumn] | None] = {}
         self._values_at: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray] | None] = {}
+        if layout is not None:
+            self._values_at.update(layout.pages)
+
+    @property
+    def _pf(self) -> _PooledFile:
+        """The file opened in Arrow, checking pages (at the first need, from a layout)."""
+        if self._file is None:
+            with self._opening:
+                if self._file is None:
+                    try:
+                        # a local path is memory-mapped: uncompressed column chunks decode
+                        # from the page cache without a read() copy (3,915 vs 2,044 MiB/s
+                        # for 4 MiB blobs); every page's CRC-32 is verified as it is
+                        # decoded: a ranged reader over a remote object is never
+                        # hash-checked as a whole, and a local shard is read while its
+                        # whole-object hash is still running
+                        self._file = _PooledFile(self._source, self.name, verify=True)
+                    except (pa.ArrowException, OSError, ValueError) as exc:
+                        raise FormatError(
+                            f"{self.name} is not a readable Parquet file: {exc}") from exc
+        return self._file
+
+    @functools.cached_property
+    def _direct(self) -> dict[str, tuple[int, int]]:
+        """Blob fields whose bytes may be copied from the mapped file (see ``_pages``).
+
+        Field name -> (leaf column index, its max definition level).
+        """
+        return self._direct_leaves() if isinstance(self._source, str) else {}
+
+    def layout_bytes(self, shard_id: str) -> bytes | None:
+        """This file's page layout (see ``_layout``), for a later open of the same bytes.
+
+        Only of a trusted local shard (hashed to ``shard_id``: the layout is then its
+        bytes'), only if some field is read from its pages, and not of a reader opened
+        from one (kept already). Walks the pages of every row group not yet read.
+        """
+        if not self._trusted or not isinstance(self._source, str) or self._layout is not None:
+            return None
+        columns = {name: self._page_column(name) for name in sorted(self.plans)}
+        if not any(columns.values()):
+            return None
+        pages = {(g, col.leaf, col.step): self._value_pages(g, col)
+                 for col in columns.values() if col is not None
+                 for g in range(len(self._starts) - 1)}
+        layout = ShardLayout(size=len(self._mapped()), schema=self.arrow_schema,
+                             counts=tuple(np.diff(self._starts).tolist()), columns=columns,
+                             pages=pages)
+        return layout.to_bytes(shard_id)
 
     @functools.cached_property
     def _leaf_index(self) -> dict[str, int]:
@@ -304,6 +347,7 @@ class ParquetShardReader(ColumnarReader):
         until its whole-object hash is known.
         """
         self.verifies_pages = False  # row groups decode from a file opened unchecked
+        self._trusted = True
 
     def _decoder(self) -> _PooledFile:
         """The file the reading thread's row groups decode from.
@@ -472,7 +516,7 @@ class ParquetShardReader(ColumnarReader):
                 mine.update(theirs)
         return result
 
-    def _page_columns(self, columns: Sequence[str]) -> list[_PageColumn] | None:
+    def _page_columns(self, columns: Sequence[str]) -> list[PageColumn] | None:
         """How each of ``columns`` is read from the pages alone, or None if any is not."""
         key = tuple(columns)
         if key not in self._page_plans:
@@ -481,13 +525,15 @@ class ParquetShardReader(ColumnarReader):
             self._page_plans[key] = whole if len(whole) == len(layout) else None
         return self._page_plans[key]
 
-    def _page_column(self, name: str) -> _PageColumn | None:
+    def _page_column(self, name: str) -> PageColumn | None:
         """Field ``name`` as a column of one width in every row, or None.
 
         A blob field of the direct kind whose plan records its rows' one shape, or a 0-d
         numeric tensor or scalar stored as a Parquet value of its own width (``float32``,
         ``float64``, ``int32``, ``int64``, their unsigned kin), little-endian.
         """
+        if self._layout is not None:
+            return self._layout.columns.get(name)
         plan = self.plans.get(name)
         if plan is None or plan.spec.kind not in ("tensor", "scalar"):
             return None  # strings, bytes, JSON: Arrow decodes them
@@ -499,7 +545,7 @@ class ParquetShardReader(ColumnarReader):
             width = math.prod(plan.shape) * native.itemsize
             if width <= 0:  # rows of no bytes (a shape with a 0): no row to copy, decoded
                 return None
-            return _PageColumn(name, leaf, max_def, 4, width, plan.shape, native)
+            return PageColumn(name, leaf, max_def, 4, width, plan.shape, native)
         leaf_at = self._leaf_index.get(name)
         if leaf_at is None or plan.encoding != "plain" or plan.spec.ndim:
             return None
@@ -507,7 +553,7 @@ class ParquetShardReader(ColumnarReader):
         if (column.max_repetition_level
                 or _PHYSICAL.get(native.str[1:]) != column.physical_type):
             return None
-        return _PageColumn(name, leaf_at, column.max_definition_level, 0, native.itemsize,
+        return PageColumn(name, leaf_at, column.max_definition_level, 0, native.itemsize,
                            (), native, scalar=plan.spec.kind == "scalar")
 
     def _read_pages(
@@ -529,7 +575,7 @@ class ParquetShardReader(ColumnarReader):
         if not layout:
             return None
         groups = list(self._group_batches(positions))
-        found: list[tuple[_PageColumn, np.ndarray]] = []
+        found: list[tuple[PageColumn, np.ndarray]] = []
         for col in layout:
             picked = []
             for g, batch in groups:
@@ -563,20 +609,20 @@ class ParquetShardReader(ColumnarReader):
         self.paged_reads += 1
         return result
 
-    def _value_pages(self, g: int, col: _PageColumn) -> tuple[np.ndarray, np.ndarray] | None:
+    def _value_pages(self, g: int, col: PageColumn) -> tuple[np.ndarray, np.ndarray] | None:
         """``(first row, where its value starts)`` of each page of ``col`` in row group ``g``.
 
         A blob's value starts after its length prefix. None where the chunk is not
         uncompressed PLAIN pages without nulls whose values are each ``width`` bytes.
         """
-        step = col.prefix + col.width
-        key = (g, col.leaf, step)
+        key = (g, col.leaf, col.step)
         if key in self._values_at:
             return self._values_at[key]
         paged = self._leaf_pages(g, col.leaf, col.max_def)
         got = None
         if paged is not None and paged.pages and all(
-                pg.body + pg.body_bytes - pg.values == pg.rows * step for pg in paged.pages):
+                pg.body + pg.body_bytes - pg.values == pg.rows * col.step
+                for pg in paged.pages):
             got = (paged.starts, np.asarray([pg.values + col.prefix for pg in paged.pages],
                                             dtype=np.int64))
         self._values_at[key] = got
@@ -798,7 +844,8 @@ class ParquetShardReader(ColumnarReader):
     def close(self) -> None:
         """Release the file handle and this reader's cached row groups."""
         self._blocks.drop(self._token)
-        self._pf.close()
+        if self._file is not None:
+            self._file.close()
         if self._unchecked is not None:
             self._unchecked.close()
         self._map = None  # unmapped once no row of it is referenced
@@ -834,6 +881,18 @@ class ParquetFormat:
         # a file object's name is the format's alone (the caller names the object)
         name = f"parquet shard {source}" if isinstance(source, str) else "parquet shard"
         return ParquetShardReader(source, name=name)
+
+    def open_laid_out(self, path: str, layout: bytes, shard_id: str) -> ParquetShardReader | None:
+        """Open a local shard from its page layout (see ``_layout``); None if it does not fit.
+
+        For a file that hashed to ``shard_id`` (the layout is then its bytes'): one whose
+        layout is damaged, another shard's or of another size opens as :meth:`open` would.
+        """
+        try:
+            laid = ShardLayout.from_bytes(layout, shard_id)
+            return ParquetShardReader(path, name=f"parquet shard {path}", layout=laid)
+        except (ValueError, FormatError):
+            return None
 
     def sniff(self, head: bytes, tail: bytes) -> bool:
         """Parquet files start and end with ``PAR1``."""

@@ -46,6 +46,7 @@ from simstore.loaders._fetch import (
     tier_of,
 )
 from simstore.loaders._metrics import Delivery, Metrics, timed
+from simstore.loaders._nodecache import layout_cache
 from simstore.loaders._normalise import Normalise, NormaliseSpec
 from simstore.loaders._options import LoaderOptions, cache_config
 from simstore.loaders._order import BLOCK_BYTES, BUFFER_BLOCKS, Mixture
@@ -334,6 +335,7 @@ class SimDataset(IterableDataset[Sample]):
             verify=verify,
             node=node_records(verify, verify_every_s),
             part_rows=part_rows_cache(),
+            layouts=layout_cache(),
             max_bandwidth=bandwidth,
             zero_copy=zero_copy,
             map_files=map_files,

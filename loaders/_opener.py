@@ -81,6 +81,19 @@ class FormatOpener:
             self._formats = installed_shard_formats()
         return self._formats
 
+    def open_laid_out(self, path: str, layout: bytes, shard_id: str) -> ShardReader | None:
+        """A local shard opened from the page layout kept of its bytes, or None.
+
+        For a file that hashed to ``shard_id``; None when the layout is not one this
+        format can use (see ``formats._layout``): the caller opens the shard as usual.
+        """
+        fmt = self._own(b"PAR1", b"PAR1")
+        laid = getattr(fmt, "open_laid_out", None)
+        if not callable(laid):
+            return None
+        reader: ShardReader | None = laid(path, layout, shard_id)
+        return reader
+
     def __call__(self, source: str | BinaryIO) -> ShardReader:
         try:
             head, tail = probe_shard(source)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from simstore.loaders._cache import CacheConfig, copies_bytes
 from simstore.loaders._checks import parse_bytes, shown
+from simstore.loaders._nodecache import LayoutCache
 from simstore.loaders._partrows import PartRowsCache
 from simstore.loaders._pipeline import PrefetchConfig, ShardOpener
 from simstore.loaders._plan import Remainder
@@ -31,6 +32,9 @@ class LoaderOptions:
     """Where whole-shard hash matches are remembered for later jobs (``verify_every_s``)."""
     part_rows: PartRowsCache | None = None
     """Where decoded manifest rows are kept for later jobs on the node."""
+    layouts: LayoutCache | None = None
+    """Where trusted shards' page layouts are kept for later jobs on the node (used only
+    with ``node``: a layout is read only for a file a record trusts)."""
     max_bandwidth: float | None = None
     zero_copy: bool = True
     map_files: bool = True

@@ -19,22 +19,18 @@ byte limit by evicting the entries used longest ago.
 from __future__ import annotations
 
 import bisect
-import contextlib
 import json
 import os
-import random
 import struct
-import threading
-import time
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
+from simstore.loaders._nodecache import NodeCache
 
-from simstore._verified import private_folder, records_dir
+from simstore._verified import records_dir
 
 __all__ = ["DEFAULT_ROWS_CACHE_BYTES", "PartRows", "PartRowsCache", "part_rows_cache"]
 
@@ -44,15 +40,6 @@ _HEAD = struct.Struct("<8sQI")  # magic, xxh3-64 of everything after this, heade
 
 DEFAULT_ROWS_CACHE_BYTES = 1 << 30
 """The cache's byte limit: 1 GiB holds the rows of about 3,000 parts of 8,192 rows."""
-
-_RESCAN_FRACTION = 8
-"""The folder is scanned for eviction about once per limit / this many bytes written."""
-
-_draw = random.random
-
-_STALE_TEMP_S = 3600.0
-"""A temporary file this old was left by a writer that died: eviction removes it."""
-
 
 _ARRAYS = (("key_offsets", "<i8", 1), ("position", "<i8", 0), ("size_bytes", "<i8", 0),
            ("shard", "<i4", 0))
@@ -236,124 +223,34 @@ def combine(parts: list[PartRows]) -> PartRows:
     )
 
 
-class PartRowsCache:
+class PartRowsCache(NodeCache):
     """Decoded manifest rows kept on this node for later jobs, under a byte limit.
 
-    Safe with several processes and jobs at once: an entry is written to a temporary
-    name and renamed into place, a reader checks what it reads, and eviction only
-    removes entries (a reader that opened one before keeps its bytes). Used only where
-    the folder is this user's and writable by nobody else (an entry decides which shards
-    and byte ranges are read), as the shard hash records are.
+    An entry decides which shards and byte ranges are read, so the folder is used only
+    where it is this user's and writable by nobody else (see :class:`NodeCache`).
     """
 
+    suffix = ".rows"
+    unused = "manifest rows not cached"
+
     def __init__(self, root: str, limit_bytes: int = DEFAULT_ROWS_CACHE_BYTES) -> None:
-        self.root = root
-        self.limit_bytes = limit_bytes
-        self._usable: bool | None = None
-        self._written = 0  # bytes this process wrote since its last scan
-        self._lock = threading.Lock()
-
-    def __getstate__(self) -> dict[str, Any]:
-        # a DataLoader worker looks at the folder itself
-        return {"root": self.root, "limit_bytes": self.limit_bytes}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["root"], state["limit_bytes"])  # type: ignore[misc]
-
-    def _path(self, part_id: str) -> str:
-        return os.path.join(self.root, f"{part_id}.rows")
-
-    def usable(self) -> bool:
-        """Whether the folder is private to this user (looked at once per process)."""
-        if self._usable is None:
-            self._usable = private_folder(self.root, "manifest rows not cached")
-        return self._usable
+        super().__init__(root, limit_bytes)
 
     def get(self, part_id: str, rows: int) -> PartRows | None:
         """The cached rows of ``part_id`` (``rows`` of them), or None."""
-        if not self.usable():
-            return None
-        path = self._path(part_id)
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except OSError:
+        data = self.read_entry(part_id)
+        if data is None:
             return None
         try:
-            got = PartRows.from_bytes(data, part_id, rows)
+            return PartRows.from_bytes(data, part_id, rows)
         except ValueError:
             return None  # rewritten by the caller's put
-        with contextlib.suppress(OSError):
-            os.utime(path)  # used now: evicted last
-        return got
 
     def put(self, part_id: str, rows: PartRows) -> bool:
         """Keep ``rows`` for later jobs; False when it cannot (a full or read-only disk)."""
         if not self.usable():
             return False
-        data = rows.to_bytes(part_id)
-        path = self._path(part_id)
-        temp = f"{path}.{os.getpid()}-{threading.get_ident()}.tmp"
-        try:
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-            finally:
-                os.close(fd)
-            os.replace(temp, path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(temp)
-            return False
-        with self._lock:
-            self._written += len(data)
-            # after limit / 8 bytes written here; and, for the many jobs that each write a
-            # few entries, at random with the chance a write's share of that: a scan
-            # stats every entry (thousands on a busy node), too many to pay on every
-            # process's first write
-            due = (self._written * _RESCAN_FRACTION >= self.limit_bytes
-                   or _draw() * self.limit_bytes < len(data) * _RESCAN_FRACTION)
-            if due:
-                self._written = 0
-        if due:
-            self.evict()
-        return True
-
-    def evict(self) -> int:
-        """Remove the entries used longest ago until the rest fit the limit; how many.
-
-        Also removes temporary files left by writers that died.
-        """
-        entries = []
-        now = time.time()
-        try:
-            names = os.listdir(self.root)
-        except OSError:
-            return 0
-        for name in names:
-            path = os.path.join(self.root, name)
-            try:
-                st = os.stat(path)
-            except OSError:
-                continue
-            if name.endswith(".tmp"):
-                if now - st.st_mtime > _STALE_TEMP_S:
-                    with contextlib.suppress(OSError):
-                        os.unlink(path)
-            elif name.endswith(".rows"):
-                entries.append((st.st_mtime, st.st_size, path))
-        total = sum(size for _, size, _ in entries)
-        gone = 0
-        for _, size, path in sorted(entries):
-            if total <= self.limit_bytes:
-                break
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-                gone += 1
-            total -= size
-        return gone
+        return self.write_entry(part_id, rows.to_bytes(part_id))
 
 
 def part_rows_cache() -> PartRowsCache | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import logging
 import os
 import threading
 from collections import OrderedDict
@@ -22,6 +23,7 @@ from typing import Any, BinaryIO, TypeVar
 
 from simstore.loaders._corrupt import CorruptShards
 from simstore.loaders._fetch import ShardAccess, ShardHandle
+from simstore.loaders._nodecache import NodeCache
 
 from simstore._blockcache import BlockCache
 from simstore.errors import FormatError, IntegrityError, SimstoreError
@@ -29,6 +31,8 @@ from simstore.hashing import object_key
 from simstore.protocols import ShardReader
 
 __all__ = ["HASH_FIRST_SHARE", "ReaderPool", "ShardOpener"]
+
+logger = logging.getLogger("simstore.loaders")
 
 ShardOpener = Callable[[str | BinaryIO], ShardReader]
 T = TypeVar("T")
@@ -144,8 +148,13 @@ class ReaderPool:
         referenced_by: Sequence[str],
         decode_cache_bytes: int = 256 << 20,
         max_prepared: int = 8,
+        layouts: NodeCache | None = None,
     ) -> None:
         self.access = access
+        self.layouts = layouts
+        """Page layouts of trusted shards, kept on the node: a shard trusted when opened
+        opens from its layout (the opener's ``open_laid_out``), and a reader trusted by
+        the time it closes leaves its layout there (its ``layout_bytes``)."""
         self.opener = opener
         self.max_open = max_open
         self.referenced_by = referenced_by
@@ -442,7 +451,7 @@ class ReaderPool:
 
     def _open(self, key: tuple[int, str], handle: ShardHandle) -> ShardReader:
         try:
-            reader = self.opener(handle.source)
+            reader = self._laid_out(key, handle) or self.opener(handle.source)
         except SimstoreError as exc:
             handle.release()
             raise type(exc)(f"{self._name(key)}: {exc}") from exc
@@ -462,6 +471,34 @@ class ReaderPool:
             share(self.blocks)
         return reader
 
+    def _laid_out(self, key: tuple[int, str], handle: ShardHandle) -> ShardReader | None:
+        """A trusted local shard opened from the page layout an earlier job kept, or None.
+
+        Trusted: its file hashed to its id, so a layout named by the id is the file's.
+        """
+        laid = getattr(self.opener, "open_laid_out", None)
+        if (self.layouts is None or not handle.trusted or not isinstance(handle.source, str)
+                or not callable(laid)):
+            return None
+        data = self.layouts.read_entry(key[1])
+        reader: ShardReader | None = laid(handle.source, data, key[1]) if data else None
+        if reader is not None:
+            self.access[key[0]].counters.add("shards_laid_out")
+        return reader
+
+    def _keep_layout(self, key: tuple[int, str], entry: _Entry) -> None:
+        """Leave a closing reader's page layout for later jobs, if it has a new one."""
+        make = getattr(entry.reader, "layout_bytes", None)
+        if self.layouts is None or not callable(make):
+            return
+        try:
+            data = make(key[1])
+        except Exception as exc:  # a layout saves a later open work; never fails a read
+            logger.debug("%s: no page layout kept: %s", self._name(key), exc)
+            return
+        if data is not None:
+            self.layouts.write_entry(key[1], data)
+
     def _name(self, key: tuple[int, str]) -> str:
         src, shard = key
         by = self.referenced_by[src]
@@ -475,17 +512,19 @@ class ReaderPool:
             if entry.checking is not None:
                 self._checked_after_close.append((key, entry.checking))
                 entry.checking = None
+            self._keep_layout(key, entry)
             _close(entry)
 
     def close(self) -> None:
         """Close every reader and release every prepared shard."""
         with self._lock:
-            entries = list(self._entries.values())
+            entries = list(self._entries.items())
             prepared = list(self._prepared.values())
             self._entries.clear()
             self._prepared.clear()
             self._deferred.clear()
-        for entry in entries:
+        for key, entry in entries:
+            self._keep_layout(key, entry)
             _close(entry)
         for fut in prepared:
             _release(fut)

@@ -289,7 +289,8 @@ class EpochReader:
                           decode_cache_bytes=opts.prefetch.decode_cache_bytes,
                           # copies pinned ahead of their readers; open readers pin
                           # up to max_open_shards more (loader.md sizes the cache so)
-                          max_prepared=opts.prefetch.shards)
+                          max_prepared=opts.prefetch.shards,
+                          layouts=opts.layouts if opts.node is not None else None)
         return access, pool
 
     def load_first_groups(

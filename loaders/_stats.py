@@ -55,6 +55,7 @@ _FIELDS = (
     "shards_verified",
     "shards_verified_by_sibling",
     "shards_trusted",
+    "shards_laid_out",
     "throttle_s",
 )
 
@@ -272,6 +273,7 @@ class LoaderStats(TypedDict):
     shards_hashed: int
     shards_verified_by_sibling: int
     shards_trusted: int
+    shards_laid_out: int
     wait_s: float
     data_stall: float | None
     throttle_s: float
@@ -351,6 +353,7 @@ def summarise(
         "shards_hashed": int(counters.get("shards_verified", 0)),
         "shards_verified_by_sibling": int(counters.get("shards_verified_by_sibling", 0)),
         "shards_trusted": int(counters.get("shards_trusted", 0)),
+        "shards_laid_out": int(counters.get("shards_laid_out", 0)),
         "wait_s": wait_s,
         "data_stall": wait_s / looped if looped > 0 else None,
         "throttle_s": float(counters.get("throttle_s", 0)),

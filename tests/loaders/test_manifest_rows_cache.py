@@ -229,17 +229,17 @@ def test_a_process_evicts_when_it_has_written_enough(tmp_path):
 
 
 def test_many_short_jobs_evict_too_at_random(tmp_path, monkeypatch):
-    from simstore.loaders import _partrows
+    from simstore.loaders import _nodecache
 
     rows = _part([f"k{i:04d}" for i in range(50)], [_IDS[0]] * 50, list(range(50)))
     size = len(rows.to_bytes("p0"))
     folder = str(tmp_path / "rows")
     limit = 9 * size  # one entry is less than the eighth of it a process writes to scan
-    monkeypatch.setattr(_partrows, "_draw", lambda: 0.999)  # the draw never says scan
+    monkeypatch.setattr(_nodecache, "_draw", lambda: 0.999)  # the draw never says scan
     for i in range(12):  # twelve jobs, an entry each
         assert PartRowsCache(folder, limit_bytes=limit).put(f"a{i:02d}", rows)
     assert len(os.listdir(folder)) == 12  # over the limit: none of them scanned
-    monkeypatch.setattr(_partrows, "_draw", lambda: 0.0)  # the draw says scan
+    monkeypatch.setattr(_nodecache, "_draw", lambda: 0.0)  # the draw says scan
     assert PartRowsCache(folder, limit_bytes=limit).put("b", rows)
     assert len(os.listdir(folder)) == 9
     assert "b.rows" in os.listdir(folder)  # the newest kept

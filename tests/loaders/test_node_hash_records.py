@@ -56,10 +56,11 @@ def _epoch(ds: SimDataset, workers: int = 0) -> tuple[dict[str, np.ndarray], int
 
 
 def _record_files(folder: str) -> list[str]:
-    """The shard records (not the decoded manifest rows kept in ``rows/`` beside them)."""
-    rows = os.path.join(folder, "rows")
+    """The shard records (not the decoded manifest rows in ``rows/`` beside them, nor the
+    shards' page layouts in ``layouts/``)."""
+    caches = [os.path.join(folder, name) + os.sep for name in ("rows", "layouts")]
     return sorted(os.path.join(d, f) for d, _, fs in os.walk(folder) for f in fs
-                  if not (d + os.sep).startswith(rows + os.sep))
+                  if not (d + os.sep).startswith(tuple(caches)))
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -72,10 +72,12 @@ def _prepare(out: str, options: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_details(loader: Any) -> dict[str, Any]:
-    """What the epoch did besides reading: shards hashed, trusted, and read per tier."""
+    """What the epoch did besides reading: shards hashed, trusted (opened from their page
+    layouts), and read per tier."""
     stats = loader.stats()
     return {"shards_hashed": stats.get("shards_hashed"),
             "shards_trusted": stats.get("shards_trusted"),
+            "shards_laid_out": stats.get("shards_laid_out"),
             "cache_hits": stats.get("cache_hits")}
 
 

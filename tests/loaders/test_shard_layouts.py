@@ -1,0 +1,122 @@
+"""A later job on a node opens the shards it trusts from the page layouts an earlier one kept.
+
+A reader trusted by the time it closes leaves its shard's page layout in ``layouts/``
+beside the node's shard hash records; a later job that trusts the same file (its record)
+opens the shard from it, without opening the file in Arrow or walking its pages. The
+samples are the same either way; a layout that does not check out, or one of a file the
+job does not trust, is not used.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from loader_helpers import npz_parquet_store, snapshot_shards
+from simstore.loaders import SimDataLoader, SimDataset
+
+from simstore import _verified
+from simstore.hashing import object_key
+
+
+@pytest.fixture
+def records(tmp_path, monkeypatch):
+    """Records in a folder of this test's; files count as settled at once."""
+    folder = str(tmp_path / "verified")
+    monkeypatch.setenv("SIMSTORE_VERIFIED_DIR", folder)
+    monkeypatch.setattr(_verified, "SETTLED_S", 0.0)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return npz_parquet_store(tmp_path_factory, seed=11)
+
+
+def _epoch(ds: SimDataset, workers: int = 0) -> tuple[dict[str, np.ndarray], dict]:
+    """(samples by key, stats) of one epoch of a new job's dataset, in batches."""
+    loader = SimDataLoader(ds, batch_size=4, num_workers=workers,
+                           multiprocessing_context="fork" if workers else None)
+    out = {}
+    for batch in loader:
+        for key, value in zip(batch["__key__"], batch["u"], strict=True):
+            out[key] = value.numpy().copy()
+    return out, ds.stats()
+
+
+def _layouts(folder: str) -> list[str]:
+    where = os.path.join(folder, "layouts")
+    return sorted(n for n in os.listdir(where) if n.endswith(".layout")) if os.path.isdir(
+        where) else []
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_later_job_opens_trusted_shards_from_their_layouts(store, records, workers):
+    shards = snapshot_shards(store)
+    assert len(shards) > 2
+    first, st = _epoch(SimDataset(store, "d@main", seed=2), workers)
+    # nothing kept yet (a worker may open one its sibling kept moments before)
+    assert st["shards_laid_out"] == 0 or workers
+    assert _layouts(records) == sorted(f"{s}.layout" for s in shards)
+    second, st = _epoch(SimDataset(store, "d@main", seed=2), workers)
+    assert st["shards_hashed"] == 0
+    assert st["shards_laid_out"] >= len(shards)
+    assert first.keys() == second.keys() and len(first) == 24
+    for key, value in first.items():
+        np.testing.assert_array_equal(second[key], value)
+
+
+def test_a_damaged_layout_is_not_used_and_is_written_again(store, records):
+    want, _ = _epoch(SimDataset(store, "d@main", seed=2))
+    shard = snapshot_shards(store)[0]
+    path = os.path.join(records, "layouts", f"{shard}.layout")
+    with open(path, "r+b") as f:
+        f.seek(-5, os.SEEK_END)
+        byte = f.read(1)
+        f.seek(-5, os.SEEK_END)
+        f.write(bytes([byte[0] ^ 0x40]))
+    with open(path, "rb") as f:
+        damaged = f.read()
+    got, st = _epoch(SimDataset(store, "d@main", seed=2))
+    assert st["shards_laid_out"] == len(snapshot_shards(store)) - 1
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        np.testing.assert_array_equal(got[key], value)
+    with open(path, "rb") as f:
+        assert f.read() != damaged  # kept again by the reader that opened the shard
+    _, st = _epoch(SimDataset(store, "d@main", seed=2))
+    assert st["shards_laid_out"] == len(snapshot_shards(store))
+
+
+def test_a_layout_is_used_only_for_a_file_the_job_trusts(store, records):
+    shards = snapshot_shards(store)
+    _epoch(SimDataset(store, "d@main", seed=2))
+    assert len(_layouts(records)) == len(shards)
+    # no record trusts the files: each is hashed, and its layout left alone
+    _, st = _epoch(SimDataset(store, "d@main", seed=2, verify_every_s=0))
+    assert st["shards_hashed"] >= len(shards) and st["shards_laid_out"] == 0
+    _, st = _epoch(SimDataset(store, "d@main", seed=2, verify=False))
+    assert st["shards_laid_out"] == 0
+
+
+def test_a_replaced_file_is_hashed_and_not_read_through_the_old_layout(store, records,
+                                                                        tmp_path):
+    import shutil
+
+    copy = str(tmp_path / "copy")
+    shutil.copytree(store, copy)
+    want, _ = _epoch(SimDataset(copy, "d@main", seed=2))
+    shard = snapshot_shards(copy)[0]
+    path = os.path.join(copy, object_key(shard))
+    # the same bytes written again: a new file (new stamp), so no record trusts it
+    with open(path, "rb") as f:
+        data = f.read()
+    os.unlink(path)
+    with open(path, "wb") as f:
+        f.write(data)
+    got, st = _epoch(SimDataset(copy, "d@main", seed=2))
+    assert st["shards_hashed"] == 1
+    assert st["shards_laid_out"] == len(snapshot_shards(copy)) - 1
+    for key, value in want.items():
+        np.testing.assert_array_equal(got[key], value)
