@@ -427,7 +427,8 @@ def summarise(case: Case, runs: list[dict[str, Any]], env: Env, info: dict[str, 
                         for r in good),
         "runs": [{k: r[k] for k in ("samples_per_s", "ttfb_s", "peak_rss_mib", "epoch_s",
                                     "import_s", "shards_hashed", "shards_trusted",
-                                    "cache_hits", "s3_get_mib_per_s") if k in r}
+                                    "shards_laid_out", "cache_hits", "s3_get_mib_per_s")
+                  if k in r}
                  for r in good],
     })
     return row
