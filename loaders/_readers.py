@@ -304,9 +304,11 @@ class ReaderPool:
             # idle readers beyond max_open go before this one opens, not after its read:
             # else a read held max_open + 1 copies open while a prepared one took the slot
             # it left (prefetch.shards + max_open_shards + 1 pinned, over a cache so sized)
-            self._evict_idle()
+            evicted = self._evict_idle()
             prepared = self._prepared.pop(key, None)
             self._deferred.pop(key, None)  # not prepared yet: opened here, as it comes
+        self._retire(evicted)  # their copies' pins released before more are prepared
+        with self._lock:
             self._top_up()
         try:
             with entry.lock:
@@ -341,7 +343,8 @@ class ReaderPool:
         finally:
             with self._lock:
                 entry.users -= 1
-                self._evict_idle()
+                evicted = self._evict_idle()
+            self._retire(evicted)
 
     def _maybe_hash_first(self, entry: _Entry, checks: Callable[[ShardReader], int]) -> None:
         """Hash the shard now, then read it unchecked, if the read would check enough of it."""
@@ -504,14 +507,29 @@ class ReaderPool:
         by = self.referenced_by[src]
         return f"{self.access[src].store.url}: shard {object_key(shard)} of snapshot {by}"
 
-    def _evict_idle(self) -> None:
+    def _evict_idle(self) -> list[tuple[tuple[int, str], _Entry]]:
+        """Take idle readers beyond ``max_open`` out of the pool (locked).
+
+        The caller closes them (:meth:`_retire`) once it has let go of the lock.
+        """
         idle = [k for k, e in self._entries.items() if e.users == 0]
+        out = []
         while len(self._entries) > self.max_open and idle:
             key = idle.pop(0)
             entry = self._entries.pop(key)
             if entry.checking is not None:
                 self._checked_after_close.append((key, entry.checking))
                 entry.checking = None
+            out.append((key, entry))
+        return out
+
+    def _retire(self, evicted: list[tuple[tuple[int, str], _Entry]]) -> None:
+        """Close readers taken out of the pool, each leaving its page layout first.
+
+        Outside the pool's lock: a first job's layout walks the pages its reads did not
+        take and writes a file, which no other reader's open should wait for.
+        """
+        for key, entry in evicted:
             self._keep_layout(key, entry)
             _close(entry)
 

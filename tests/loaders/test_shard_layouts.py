@@ -120,3 +120,27 @@ def test_a_replaced_file_is_hashed_and_not_read_through_the_old_layout(store, re
     assert st["shards_laid_out"] == len(snapshot_shards(copy)) - 1
     for key, value in want.items():
         np.testing.assert_array_equal(got[key], value)
+
+
+def test_readers_closed_mid_epoch_leave_their_layouts(store, records, monkeypatch):
+    # one reader open at a time: each shard's reader is closed as the next opens, mid-epoch
+    from simstore.loaders import PrefetchConfig, _readers
+
+    closed_open: list[int] = []  # readers still in the pool as each layout is written
+    plain = _readers.ReaderPool._keep_layout
+
+    def keep(self, key, entry):
+        closed_open.append(len(self._entries))
+        return plain(self, key, entry)
+
+    monkeypatch.setattr(_readers.ReaderPool, "_keep_layout", keep)
+    few = PrefetchConfig(chunks=1, shards=1, max_open_shards=1, chunk_samples=4)
+    shards = snapshot_shards(store)
+    want, _ = _epoch(SimDataset(store, "d@main", seed=2, shuffle=False, prefetch=few))
+    assert _layouts(records) == sorted(f"{s}.layout" for s in shards)
+    assert any(n > 0 for n in closed_open)  # some written while another reader was open
+    got, st = _epoch(SimDataset(store, "d@main", seed=2, shuffle=False, prefetch=few))
+    assert st["shards_laid_out"] >= len(shards)
+    assert list(got) == list(want)
+    for key, value in want.items():
+        np.testing.assert_array_equal(got[key], value)
