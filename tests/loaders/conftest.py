@@ -15,6 +15,18 @@ def store_path(tmp_path):
 
 
 @pytest.fixture
+def node_records(tmp_path, monkeypatch):
+    """The node's records (hashes, manifest rows, page layouts) in a folder of this test's;
+    files count as settled at once. Returns the folder."""
+    from simstore import _verified
+
+    folder = str(tmp_path / "verified")
+    monkeypatch.setenv("SIMSTORE_VERIFIED_DIR", folder)
+    monkeypatch.setattr(_verified, "SETTLED_S", 0.0)
+    return folder
+
+
+@pytest.fixture
 def small(store_path):
     """60 samples in 6 shards of dataset 'sim'; returns (store, ref, samples by key)."""
     samples = make_samples(60)

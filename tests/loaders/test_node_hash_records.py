@@ -33,12 +33,8 @@ from simstore.hashing import object_key
 
 
 @pytest.fixture
-def records(tmp_path, monkeypatch):
-    """Records in a folder of this test's; files count as settled at once."""
-    folder = str(tmp_path / "verified")
-    monkeypatch.setenv("SIMSTORE_VERIFIED_DIR", folder)
-    monkeypatch.setattr(_verified, "SETTLED_S", 0.0)
-    return folder
+def records(node_records):
+    return node_records
 
 
 @pytest.fixture(scope="module")

@@ -16,17 +16,7 @@ import pytest
 from loader_helpers import npz_parquet_store, snapshot_shards
 from simstore.loaders import SimDataLoader, SimDataset
 
-from simstore import _verified
 from simstore.hashing import object_key
-
-
-@pytest.fixture
-def records(tmp_path, monkeypatch):
-    """Records in a folder of this test's; files count as settled at once."""
-    folder = str(tmp_path / "verified")
-    monkeypatch.setenv("SIMSTORE_VERIFIED_DIR", folder)
-    monkeypatch.setattr(_verified, "SETTLED_S", 0.0)
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -52,13 +42,13 @@ def _layouts(folder: str) -> list[str]:
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_a_later_job_opens_trusted_shards_from_their_layouts(store, records, workers):
+def test_a_later_job_opens_trusted_shards_from_their_layouts(store, node_records, workers):
     shards = snapshot_shards(store)
     assert len(shards) > 2
     first, st = _epoch(SimDataset(store, "d@main", seed=2), workers)
     # nothing kept yet (a worker may open one its sibling kept moments before)
     assert st["shards_laid_out"] == 0 or workers
-    assert _layouts(records) == sorted(f"{s}.layout" for s in shards)
+    assert _layouts(node_records) == sorted(f"{s}.layout" for s in shards)
     second, st = _epoch(SimDataset(store, "d@main", seed=2), workers)
     assert st["shards_hashed"] == 0
     assert st["shards_laid_out"] >= len(shards)
@@ -67,10 +57,10 @@ def test_a_later_job_opens_trusted_shards_from_their_layouts(store, records, wor
         np.testing.assert_array_equal(second[key], value)
 
 
-def test_a_damaged_layout_is_not_used_and_is_written_again(store, records):
+def test_a_damaged_layout_is_not_used_and_is_written_again(store, node_records):
     want, _ = _epoch(SimDataset(store, "d@main", seed=2))
     shard = snapshot_shards(store)[0]
-    path = os.path.join(records, "layouts", f"{shard}.layout")
+    path = os.path.join(node_records, "layouts", f"{shard}.layout")
     with open(path, "r+b") as f:
         f.seek(-5, os.SEEK_END)
         byte = f.read(1)
@@ -89,10 +79,10 @@ def test_a_damaged_layout_is_not_used_and_is_written_again(store, records):
     assert st["shards_laid_out"] == len(snapshot_shards(store))
 
 
-def test_a_layout_is_used_only_for_a_file_the_job_trusts(store, records):
+def test_a_layout_is_used_only_for_a_file_the_job_trusts(store, node_records):
     shards = snapshot_shards(store)
     _epoch(SimDataset(store, "d@main", seed=2))
-    assert len(_layouts(records)) == len(shards)
+    assert len(_layouts(node_records)) == len(shards)
     # no record trusts the files: each is hashed, and its layout left alone
     _, st = _epoch(SimDataset(store, "d@main", seed=2, verify_every_s=0))
     assert st["shards_hashed"] >= len(shards) and st["shards_laid_out"] == 0
@@ -100,7 +90,7 @@ def test_a_layout_is_used_only_for_a_file_the_job_trusts(store, records):
     assert st["shards_laid_out"] == 0
 
 
-def test_a_replaced_file_is_hashed_and_not_read_through_the_old_layout(store, records,
+def test_a_replaced_file_is_hashed_and_not_read_through_the_old_layout(store, node_records,
                                                                         tmp_path):
     import shutil
 
@@ -122,7 +112,7 @@ def test_a_replaced_file_is_hashed_and_not_read_through_the_old_layout(store, re
         np.testing.assert_array_equal(got[key], value)
 
 
-def test_readers_closed_mid_epoch_leave_their_layouts(store, records, monkeypatch):
+def test_readers_closed_mid_epoch_leave_their_layouts(store, node_records, monkeypatch):
     # one reader open at a time: each shard's reader is closed as the next opens, mid-epoch
     from simstore.loaders import PrefetchConfig, _readers
 
@@ -137,7 +127,7 @@ def test_readers_closed_mid_epoch_leave_their_layouts(store, records, monkeypatc
     few = PrefetchConfig(chunks=1, shards=1, max_open_shards=1, chunk_samples=4)
     shards = snapshot_shards(store)
     want, _ = _epoch(SimDataset(store, "d@main", seed=2, shuffle=False, prefetch=few))
-    assert _layouts(records) == sorted(f"{s}.layout" for s in shards)
+    assert _layouts(node_records) == sorted(f"{s}.layout" for s in shards)
     assert any(n > 0 for n in closed_open)  # some written while another reader was open
     got, st = _epoch(SimDataset(store, "d@main", seed=2, shuffle=False, prefetch=few))
     assert st["shards_laid_out"] >= len(shards)
