@@ -6,6 +6,7 @@ import datetime
 import functools
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -587,6 +588,7 @@ def verify_cmd(
         report = verify(
             cat, ref, deep=deep, history=history, all_refs=all_refs, samples=samples,
             split=parts, progress=None if bar is None else functools.partial(_draw, bar),
+            recorded=_layout_keeper() if deep else None,
         )
     finally:
         if bar is not None:
@@ -616,6 +618,18 @@ def verify_cmd(
     emit(as_json, report.to_json(), text)
     if not report.ok:
         raise SystemExit(6)
+
+
+def _layout_keeper() -> Callable[[str, str], object] | None:
+    """What keeps a recorded shard's page layout for the node's loaders (see ``verify``).
+
+    None where the loaders are not installed (their layouts are theirs).
+    """
+    try:
+        from simstore.loaders._nodecache import keep_shard_layout
+    except ImportError:  # pragma: no cover - the loaders ship with simstore
+        return None
+    return keep_shard_layout
 
 
 def _draw(bar: Any, p: VerifyProgress) -> None:

@@ -15,13 +15,18 @@ entry decides which bytes are read.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 import threading
 import time
 from typing import Any, ClassVar
 
-__all__ = ["DEFAULT_LAYOUT_CACHE_BYTES", "LayoutCache", "NodeCache", "layout_cache"]
+__all__ = [
+    "DEFAULT_LAYOUT_CACHE_BYTES", "LayoutCache", "NodeCache", "keep_shard_layout", "layout_cache",
+]
+
+_log = logging.getLogger("simstore.loaders")
 
 _RESCAN_FRACTION = 8
 """The folder is scanned for eviction about once per limit / this many bytes written."""
@@ -172,3 +177,38 @@ def layout_cache() -> LayoutCache | None:
     if root is None:
         return None
     return LayoutCache(os.path.join(root, "layouts"), DEFAULT_LAYOUT_CACHE_BYTES)
+
+
+def keep_shard_layout(shard_id: str, path: str) -> bool:
+    """Keep the page layout of a local shard file that has just hashed to ``shard_id``.
+
+    For ``simstore verify --deep``, which records such files for the node's loaders: a
+    later job then opens the shard from its layout as well as without a hash. False
+    (nothing kept) where there is no layout cache, the file is not a shard whose reader
+    gives a layout, or it cannot be read or written.
+    """
+    cache = layout_cache()
+    if cache is None or not cache.usable():
+        return False
+    from simstore.loaders._opener import FormatOpener
+
+    try:
+        reader = FormatOpener()(path)
+    except Exception as exc:  # not a shard any format reads here: nothing to keep
+        _log.debug("%s: no page layout kept: %s", path, exc)
+        return False
+    try:
+        make = getattr(reader, "layout_bytes", None)
+        trust = getattr(reader, "trust", None)
+        if not callable(make) or not callable(trust):
+            return False
+        trust()  # its whole file matched its id: the caller's hash
+        data = make(shard_id)
+        return data is not None and cache.write_entry(shard_id, data)
+    except Exception as exc:  # a layout saves a later job work; it never fails the check
+        _log.debug("%s: no page layout kept: %s", path, exc)
+        return False
+    finally:
+        close = getattr(reader, "close", None)
+        if callable(close):
+            close()

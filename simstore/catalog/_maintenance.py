@@ -166,6 +166,7 @@ def verify(
     samples: bool = False,
     split: tuple[int, int] | None = None,
     progress: Callable[[VerifyProgress], None] | None = None,
+    recorded: Callable[[str, str], object] | None = None,
 ) -> VerifyReport:
     """Check a snapshot (with ``history``, its ancestors too) and everything it reaches.
 
@@ -185,7 +186,9 @@ def verify(
     those in part ``k`` (0-based) of ``n`` are checked (by their ids, which are uniform
     hashes), so ``n`` tasks of an array job split a large ``deep`` or ``samples`` check;
     snapshots and manifest parts are checked by every task. ``progress`` is called
-    after each shard of the sample check.
+    after each shard of the sample check. ``recorded(shard id, path)`` is called for each
+    shard file recorded for the node's loaders (``deep``, a local store): the command
+    line keeps the shard's page layout for them there too.
     """
     _check_catalog(cat, "verify")
     _check_flags(deep=deep, history=history, all_refs=all_refs, samples=samples)
@@ -200,6 +203,8 @@ def verify(
         split = (int(k), int(n))
     if progress is not None and not callable(progress):
         raise InvalidInputError(f"invalid progress {progress!r}: a callable or None")
+    if recorded is not None and not callable(recorded):
+        raise InvalidInputError(f"invalid recorded {recorded!r}: a callable or None")
     if all_refs and ref is not None:
         raise InvalidInputError(f"verify checks one REF ({ref}) or every ref (all_refs), not both")
     if all_refs:
@@ -218,7 +223,7 @@ def verify(
     walk = _Walk(report)
     walk.snapshots(cat, roots, follow_parents=report.history)
     walk.parts(cat)
-    walk.objects(cat, deep=deep)
+    walk.objects(cat, deep=deep, recorded=recorded)
     if samples:
         walk.sample_rows(cat, progress=progress)
     return report
@@ -422,7 +427,8 @@ class _Walk:
             sids += (s for listed in self.claims[pid].values() for s in listed)
         return self._ordered(sids)
 
-    def objects(self, cat: Catalog, *, deep: bool) -> None:
+    def objects(self, cat: Catalog, *, deep: bool,
+                recorded: Callable[[str, str], object] | None = None) -> None:
         report = self.report
         records = node_records(True, DEFAULT_VERIFY_EVERY_S) if deep else None
         for oid in sorted(self.shard_parts.keys() | self.lineage.keys()):
@@ -441,6 +447,7 @@ class _Walk:
             key = object_key(oid)
             actual: str | None = None
             stamp: tuple[int, int] | None = None
+            path: str | None = None
             # a remote shard whose samples are checked is fetched, and hashed, once: then
             deferred = (
                 deep and report.samples and kind == "shard" and cat.store.local_path(key) is None
@@ -465,7 +472,10 @@ class _Walk:
                 ))  # fmt: skip
                 continue
             if actual == oid and stamp is not None and records is not None and kind == "shard":
-                report.shards_recorded += records.add(oid, *stamp, stamped_ns)
+                added = records.add(oid, *stamp, stamped_ns)
+                report.shards_recorded += added
+                if added and recorded is not None and path is not None:
+                    recorded(oid, path)
             if actual is not None and actual != oid:
                 if records is not None:
                     # a loader trusting an earlier match would go on reading the damage

@@ -134,3 +134,42 @@ def test_readers_closed_mid_epoch_leave_their_layouts(store, node_records, monke
     assert list(got) == list(want)
     for key, value in want.items():
         np.testing.assert_array_equal(got[key], value)
+
+
+def test_verify_deep_keeps_the_layouts_of_the_shards_it_records(store, node_records,
+                                                                 tmp_path):
+    import json
+    import shutil
+
+    from click.testing import CliRunner
+    from simstore.cli import main
+
+    copy = str(tmp_path / "copy")
+    shutil.copytree(store, copy)
+    shards = snapshot_shards(copy)
+    result = CliRunner().invoke(main, ["--store", copy, "verify", "d", "--deep", "--json"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["shards_recorded"] == len(shards)
+    assert _layouts(node_records) == sorted(f"{s}.layout" for s in shards)
+    # the node's first job after it neither hashes nor opens a shard in Arrow
+    got, st = _epoch(SimDataset(copy, "d@main", seed=2))
+    assert st["shards_hashed"] == 0 and st["shards_laid_out"] >= len(shards)
+    want, _ = _epoch(SimDataset(store, "d@main", seed=2, verify=False))
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        np.testing.assert_array_equal(got[key], value)
+    # a shallow verify hashes nothing, so keeps nothing
+    shutil.rmtree(os.path.join(node_records, "layouts"))
+    result = CliRunner().invoke(main, ["--store", copy, "verify", "d"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0 and _layouts(node_records) == []
+
+
+def test_a_file_that_is_not_a_shard_keeps_no_layout(node_records, tmp_path):
+    from simstore.loaders._nodecache import keep_shard_layout
+
+    path = tmp_path / "not-a-shard"
+    path.write_bytes(b"PAR1 not really PAR1")
+    assert not keep_shard_layout("ab" * 16, str(path))
+    assert _layouts(node_records) == []
