@@ -589,6 +589,7 @@ def verify_cmd(
             cat, ref, deep=deep, history=history, all_refs=all_refs, samples=samples,
             split=parts, progress=None if bar is None else functools.partial(_draw, bar),
             recorded=_layout_keeper() if deep else None,
+            part_decoded=_rows_keeper() if deep else None,
         )
     finally:
         if bar is not None:
@@ -630,6 +631,15 @@ def _layout_keeper() -> Callable[[str, str], object] | None:
     except ImportError:  # pragma: no cover - the loaders ship with simstore
         return None
     return keep_shard_layout
+
+
+def _rows_keeper() -> Callable[[str, Any], object] | None:
+    """What keeps a checked manifest part's stream rows for the node's loaders."""
+    try:
+        from simstore.loaders._partrows import keep_part_rows
+    except ImportError:  # pragma: no cover - the loaders ship with simstore
+        return None
+    return keep_part_rows
 
 
 def _draw(bar: Any, p: VerifyProgress) -> None:

@@ -32,7 +32,9 @@ from simstore.loaders._nodecache import NodeCache
 
 from simstore._verified import records_dir
 
-__all__ = ["DEFAULT_ROWS_CACHE_BYTES", "PartRows", "PartRowsCache", "part_rows_cache"]
+__all__ = [
+    "DEFAULT_ROWS_CACHE_BYTES", "PartRows", "PartRowsCache", "keep_part_rows", "part_rows_cache",
+]
 
 _MAGIC = b"SIMROWS\x00"
 _VERSION = 1
@@ -261,3 +263,20 @@ def part_rows_cache() -> PartRowsCache | None:
     root = records_dir()
     return PartRowsCache(os.path.join(root, "rows")) if root is not None else None
 
+
+
+def keep_part_rows(part_id: str, table: pa.Table) -> bool:
+    """Keep the stream rows of a manifest part that has just hashed to ``part_id``.
+
+    For ``simstore verify --deep``, which decodes every part it checks: a later job on the
+    node then loads them as it would after reading the part itself. False (nothing kept)
+    where there is no rows cache or it cannot be written.
+    """
+    cache = part_rows_cache()
+    if cache is None or not cache.usable():
+        return False
+    try:
+        rows = PartRows.from_table(table)
+    except (KeyError, ValueError, pa.ArrowException):  # not a part's stream columns
+        return False
+    return cache.put(part_id, rows)

@@ -167,6 +167,7 @@ def verify(
     split: tuple[int, int] | None = None,
     progress: Callable[[VerifyProgress], None] | None = None,
     recorded: Callable[[str, str], object] | None = None,
+    part_decoded: Callable[[str, pa.Table], object] | None = None,
 ) -> VerifyReport:
     """Check a snapshot (with ``history``, its ancestors too) and everything it reaches.
 
@@ -188,7 +189,10 @@ def verify(
     snapshots and manifest parts are checked by every task. ``progress`` is called
     after each shard of the sample check. ``recorded(shard id, path)`` is called for each
     shard file recorded for the node's loaders (``deep``, a local store): the command
-    line keeps the shard's page layout for them there too.
+    line keeps the shard's page layout for them there too. ``part_decoded(part id,
+    table)`` is called for each manifest part that hashed to its id and decoded with the
+    rows its snapshots say (``--deep`` on the command line keeps its stream rows for the
+    node's loaders).
     """
     _check_catalog(cat, "verify")
     _check_flags(deep=deep, history=history, all_refs=all_refs, samples=samples)
@@ -203,8 +207,9 @@ def verify(
         split = (int(k), int(n))
     if progress is not None and not callable(progress):
         raise InvalidInputError(f"invalid progress {progress!r}: a callable or None")
-    if recorded is not None and not callable(recorded):
-        raise InvalidInputError(f"invalid recorded {recorded!r}: a callable or None")
+    for name, hook in (("recorded", recorded), ("part_decoded", part_decoded)):
+        if hook is not None and not callable(hook):
+            raise InvalidInputError(f"invalid {name} {hook!r}: a callable or None")
     if all_refs and ref is not None:
         raise InvalidInputError(f"verify checks one REF ({ref}) or every ref (all_refs), not both")
     if all_refs:
@@ -222,7 +227,7 @@ def verify(
         roots = [(str(ref), sid)]
     walk = _Walk(report)
     walk.snapshots(cat, roots, follow_parents=report.history)
-    walk.parts(cat)
+    walk.parts(cat, decoded=part_decoded)
     walk.objects(cat, deep=deep, recorded=recorded)
     if samples:
         walk.sample_rows(cat, progress=progress)
@@ -384,7 +389,8 @@ class _Walk:
             VerifyProblem(object=sid, kind="snapshot", problem=problem, message=message)
         )
 
-    def parts(self, cat: Catalog) -> None:
+    def parts(self, cat: Catalog,
+              decoded: Callable[[str, pa.Table], object] | None = None) -> None:
         report = self.report
         for pid, claims in self.claims.items():
             report.objects_checked += 1
@@ -398,6 +404,8 @@ class _Walk:
                     message=f"{exc} (manifest part of {_named(sids)})",
                 ))  # fmt: skip
                 continue
+            if decoded is not None and all(rows == table.num_rows for rows in claims):
+                decoded(pid, table)
             for rows, claimed in claims.items():
                 if rows == table.num_rows:
                     continue

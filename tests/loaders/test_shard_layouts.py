@@ -16,6 +16,7 @@ import pytest
 from loader_helpers import npz_parquet_store, snapshot_shards
 from simstore.loaders import SimDataLoader, SimDataset
 
+from simstore.catalog import Catalog
 from simstore.hashing import object_key
 
 
@@ -136,7 +137,7 @@ def test_readers_closed_mid_epoch_leave_their_layouts(store, node_records, monke
         np.testing.assert_array_equal(got[key], value)
 
 
-def test_verify_deep_keeps_the_layouts_of_the_shards_it_records(store, node_records,
+def test_verify_deep_keeps_the_layouts_and_rows_of_what_it_checks(store, node_records,
                                                                  tmp_path):
     import json
     import shutil
@@ -152,24 +153,39 @@ def test_verify_deep_keeps_the_layouts_of_the_shards_it_records(store, node_reco
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["shards_recorded"] == len(shards)
     assert _layouts(node_records) == sorted(f"{s}.layout" for s in shards)
-    # the node's first job after it neither hashes nor opens a shard in Arrow
+    # and each manifest part's stream rows
+    cat = Catalog.open(copy)
+    parts = [p.id for p in cat.snapshot(cat.resolve("d")).parts]
+    rows = sorted(n for n in os.listdir(os.path.join(node_records, "rows"))
+                  if n.endswith(".rows"))
+    assert rows == sorted(f"{p}.rows" for p in parts)
+    # the node's first job after it neither hashes, nor opens a shard in Arrow, nor
+    # reads a manifest part
     got, st = _epoch(SimDataset(copy, "d@main", seed=2))
     assert st["shards_hashed"] == 0 and st["shards_laid_out"] >= len(shards)
+    assert st["manifest_rows_cached"] == len(parts) and st["manifest_parts"] == 0
     want, _ = _epoch(SimDataset(store, "d@main", seed=2, verify=False))
     assert got.keys() == want.keys()
     for key, value in want.items():
         np.testing.assert_array_equal(got[key], value)
-    # a shallow verify hashes nothing, so keeps nothing
-    shutil.rmtree(os.path.join(node_records, "layouts"))
+    # a shallow verify hashes no shard, so keeps nothing
+    for folder in ("layouts", "rows"):
+        shutil.rmtree(os.path.join(node_records, folder))
     result = CliRunner().invoke(main, ["--store", copy, "verify", "d"],
                                 catch_exceptions=False)
     assert result.exit_code == 0 and _layouts(node_records) == []
+    assert not os.path.exists(os.path.join(node_records, "rows"))
 
 
-def test_a_file_that_is_not_a_shard_keeps_no_layout(node_records, tmp_path):
+def test_what_is_not_a_shard_or_a_part_keeps_nothing(node_records, tmp_path):
+    import pyarrow as pa
     from simstore.loaders._nodecache import keep_shard_layout
+    from simstore.loaders._partrows import keep_part_rows
 
     path = tmp_path / "not-a-shard"
     path.write_bytes(b"PAR1 not really PAR1")
     assert not keep_shard_layout("ab" * 16, str(path))
     assert _layouts(node_records) == []
+    assert not keep_part_rows("cd" * 16, pa.table({"x": [1, 2]}))
+    rows = os.path.join(node_records, "rows")
+    assert not os.path.isdir(rows) or os.listdir(rows) == []
