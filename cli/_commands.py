@@ -588,8 +588,7 @@ def verify_cmd(
         report = verify(
             cat, ref, deep=deep, history=history, all_refs=all_refs, samples=samples,
             split=parts, progress=None if bar is None else functools.partial(_draw, bar),
-            recorded=_layout_keeper() if deep else None,
-            part_decoded=_rows_keeper() if deep else None,
+            **(_node_keepers() if deep else {}),
         )
     finally:
         if bar is not None:
@@ -621,25 +620,18 @@ def verify_cmd(
         raise SystemExit(6)
 
 
-def _layout_keeper() -> Callable[[str, str], object] | None:
-    """What keeps a recorded shard's page layout for the node's loaders (see ``verify``).
+def _node_keepers() -> dict[str, Callable[..., object] | None]:
+    """``verify``'s callbacks that keep what the node's loaders derive, for ``--deep``.
 
-    None where the loaders are not installed (their layouts are theirs).
+    A recorded shard's page layout and a checked part's stream rows, each in the loaders'
+    cache of them (made once here: its folder is checked, and any warning said, once).
     """
-    try:
-        from simstore.loaders._nodecache import keep_shard_layout
-    except ImportError:  # pragma: no cover - the loaders ship with simstore
-        return None
-    return keep_shard_layout
+    from simstore.loaders._nodecache import layout_cache
+    from simstore.loaders._partrows import part_rows_cache
 
-
-def _rows_keeper() -> Callable[[str, Any], object] | None:
-    """What keeps a checked manifest part's stream rows for the node's loaders."""
-    try:
-        from simstore.loaders._partrows import keep_part_rows
-    except ImportError:  # pragma: no cover - the loaders ship with simstore
-        return None
-    return keep_part_rows
+    layouts, rows = layout_cache(), part_rows_cache()
+    return {"recorded": layouts.keep_file if layouts is not None else None,
+            "part_decoded": rows.keep_table if rows is not None else None}
 
 
 def _draw(bar: Any, p: VerifyProgress) -> None:

@@ -22,9 +22,7 @@ import threading
 import time
 from typing import Any, ClassVar
 
-__all__ = [
-    "DEFAULT_LAYOUT_CACHE_BYTES", "LayoutCache", "NodeCache", "keep_shard_layout", "layout_cache",
-]
+__all__ = ["DEFAULT_LAYOUT_CACHE_BYTES", "LayoutCache", "NodeCache", "layout_cache"]
 
 _log = logging.getLogger("simstore.loaders")
 
@@ -165,6 +163,50 @@ class LayoutCache(NodeCache):
     suffix = ".layout"
     unused = "shard page layouts not kept"
 
+    def keep(self, shard_id: str, reader: object, name: str) -> bool:
+        """Keep the layout a reader of ``shard_id`` gives (its ``layout_bytes``), if any.
+
+        A layout saves a later open work: a reader that cannot give one (``name`` in the
+        debug log says which) keeps nothing and fails nothing.
+        """
+        make = getattr(reader, "layout_bytes", None)
+        if not callable(make):
+            return False
+        try:
+            data = make(shard_id)
+        except Exception as exc:
+            _log.debug("%s: no page layout kept: %s", name, exc)
+            return False
+        return data is not None and self.write_entry(shard_id, data)
+
+    def keep_file(self, shard_id: str, path: str) -> bool:
+        """Keep the layout of a local shard file that has just hashed to ``shard_id``.
+
+        For ``simstore verify --deep``, which records such files for the node's loaders:
+        a later job then opens the shard from its layout as well as without a hash. False
+        (nothing kept) where the folder is not usable or the file is not a shard whose
+        reader gives a layout.
+        """
+        if not self.usable():
+            return False
+        from simstore.loaders._opener import FormatOpener
+
+        try:
+            reader = FormatOpener()(path)
+        except Exception as exc:  # not a shard any format reads here: nothing to keep
+            _log.debug("%s: no page layout kept: %s", path, exc)
+            return False
+        try:
+            trust = getattr(reader, "trust", None)
+            if not callable(trust):
+                return False
+            trust()  # its whole file matched its id: the caller's hash
+            return self.keep(shard_id, reader, path)
+        finally:
+            close = getattr(reader, "close", None)
+            if callable(close):
+                close()
+
 
 def layout_cache() -> LayoutCache | None:
     """The node's cache of shard page layouts, None where there is none.
@@ -178,37 +220,3 @@ def layout_cache() -> LayoutCache | None:
         return None
     return LayoutCache(os.path.join(root, "layouts"), DEFAULT_LAYOUT_CACHE_BYTES)
 
-
-def keep_shard_layout(shard_id: str, path: str) -> bool:
-    """Keep the page layout of a local shard file that has just hashed to ``shard_id``.
-
-    For ``simstore verify --deep``, which records such files for the node's loaders: a
-    later job then opens the shard from its layout as well as without a hash. False
-    (nothing kept) where there is no layout cache, the file is not a shard whose reader
-    gives a layout, or it cannot be read or written.
-    """
-    cache = layout_cache()
-    if cache is None or not cache.usable():
-        return False
-    from simstore.loaders._opener import FormatOpener
-
-    try:
-        reader = FormatOpener()(path)
-    except Exception as exc:  # not a shard any format reads here: nothing to keep
-        _log.debug("%s: no page layout kept: %s", path, exc)
-        return False
-    try:
-        make = getattr(reader, "layout_bytes", None)
-        trust = getattr(reader, "trust", None)
-        if not callable(make) or not callable(trust):
-            return False
-        trust()  # its whole file matched its id: the caller's hash
-        data = make(shard_id)
-        return data is not None and cache.write_entry(shard_id, data)
-    except Exception as exc:  # a layout saves a later job work; it never fails the check
-        _log.debug("%s: no page layout kept: %s", path, exc)
-        return False
-    finally:
-        close = getattr(reader, "close", None)
-        if callable(close):
-            close()

@@ -32,9 +32,7 @@ from simstore.loaders._nodecache import NodeCache
 
 from simstore._verified import records_dir
 
-__all__ = [
-    "DEFAULT_ROWS_CACHE_BYTES", "PartRows", "PartRowsCache", "keep_part_rows", "part_rows_cache",
-]
+__all__ = ["DEFAULT_ROWS_CACHE_BYTES", "PartRows", "PartRowsCache", "part_rows_cache"]
 
 _MAGIC = b"SIMROWS\x00"
 _VERSION = 1
@@ -254,6 +252,22 @@ class PartRowsCache(NodeCache):
             return False
         return self.write_entry(part_id, rows.to_bytes(part_id))
 
+    def keep_table(self, part_id: str, table: pa.Table) -> bool:
+        """Keep the stream rows of a decoded part that has just hashed to ``part_id``.
+
+        For ``simstore verify --deep``, which decodes every part it checks: a later job on
+        the node then loads them as it would after reading the part itself. False
+        (nothing kept) where the folder is not usable, the table is not a part's stream
+        columns, or it cannot be written.
+        """
+        if not self.usable():
+            return False
+        try:
+            rows = PartRows.from_table(table)
+        except (KeyError, ValueError, pa.ArrowException):  # not a part's stream columns
+            return False
+        return self.put(part_id, rows)
+
 
 def part_rows_cache() -> PartRowsCache | None:
     """The node's cache of decoded manifest rows, None where there is none.
@@ -264,19 +278,3 @@ def part_rows_cache() -> PartRowsCache | None:
     return PartRowsCache(os.path.join(root, "rows")) if root is not None else None
 
 
-
-def keep_part_rows(part_id: str, table: pa.Table) -> bool:
-    """Keep the stream rows of a manifest part that has just hashed to ``part_id``.
-
-    For ``simstore verify --deep``, which decodes every part it checks: a later job on the
-    node then loads them as it would after reading the part itself. False (nothing kept)
-    where there is no rows cache or it cannot be written.
-    """
-    cache = part_rows_cache()
-    if cache is None or not cache.usable():
-        return False
-    try:
-        rows = PartRows.from_table(table)
-    except (KeyError, ValueError, pa.ArrowException):  # not a part's stream columns
-        return False
-    return cache.put(part_id, rows)

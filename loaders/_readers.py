@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-import logging
 import os
 import threading
 from collections import OrderedDict
@@ -23,7 +22,7 @@ from typing import Any, BinaryIO, TypeVar
 
 from simstore.loaders._corrupt import CorruptShards
 from simstore.loaders._fetch import ShardAccess, ShardHandle
-from simstore.loaders._nodecache import NodeCache
+from simstore.loaders._nodecache import LayoutCache
 
 from simstore._blockcache import BlockCache
 from simstore.errors import FormatError, IntegrityError, SimstoreError
@@ -31,8 +30,6 @@ from simstore.hashing import object_key
 from simstore.protocols import ShardReader
 
 __all__ = ["HASH_FIRST_SHARE", "ReaderPool", "ShardOpener"]
-
-logger = logging.getLogger("simstore.loaders")
 
 ShardOpener = Callable[[str | BinaryIO], ShardReader]
 T = TypeVar("T")
@@ -148,7 +145,7 @@ class ReaderPool:
         referenced_by: Sequence[str],
         decode_cache_bytes: int = 256 << 20,
         max_prepared: int = 8,
-        layouts: NodeCache | None = None,
+        layouts: LayoutCache | None = None,
     ) -> None:
         self.access = access
         self.layouts = layouts
@@ -491,16 +488,8 @@ class ReaderPool:
 
     def _keep_layout(self, key: tuple[int, str], entry: _Entry) -> None:
         """Leave a closing reader's page layout for later jobs, if it has a new one."""
-        make = getattr(entry.reader, "layout_bytes", None)
-        if self.layouts is None or not callable(make):
-            return
-        try:
-            data = make(key[1])
-        except Exception as exc:  # a layout saves a later open work; never fails a read
-            logger.debug("%s: no page layout kept: %s", self._name(key), exc)
-            return
-        if data is not None:
-            self.layouts.write_entry(key[1], data)
+        if self.layouts is not None and entry.reader is not None:
+            self.layouts.keep(key[1], entry.reader, self._name(key))
 
     def _name(self, key: tuple[int, str]) -> str:
         src, shard = key

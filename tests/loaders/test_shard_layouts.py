@@ -179,13 +179,36 @@ def test_verify_deep_keeps_the_layouts_and_rows_of_what_it_checks(store, node_re
 
 def test_what_is_not_a_shard_or_a_part_keeps_nothing(node_records, tmp_path):
     import pyarrow as pa
-    from simstore.loaders._nodecache import keep_shard_layout
-    from simstore.loaders._partrows import keep_part_rows
+    from simstore.loaders._nodecache import layout_cache
+    from simstore.loaders._partrows import part_rows_cache
 
     path = tmp_path / "not-a-shard"
     path.write_bytes(b"PAR1 not really PAR1")
-    assert not keep_shard_layout("ab" * 16, str(path))
+    assert not layout_cache().keep_file("ab" * 16, str(path))
     assert _layouts(node_records) == []
-    assert not keep_part_rows("cd" * 16, pa.table({"x": [1, 2]}))
+    assert not part_rows_cache().keep_table("cd" * 16, pa.table({"x": [1, 2]}))
     rows = os.path.join(node_records, "rows")
     assert not os.path.isdir(rows) or os.listdir(rows) == []
+
+
+def test_verify_deep_says_once_that_a_layouts_folder_others_can_write_is_not_used(
+        store, node_records, tmp_path, caplog):
+    import shutil
+
+    from click.testing import CliRunner
+    from simstore.cli import main
+
+    copy = str(tmp_path / "copy")
+    shutil.copytree(store, copy)
+    shards = snapshot_shards(copy)
+    assert len(shards) > 2
+    folder = os.path.join(node_records, "layouts")
+    os.makedirs(folder)
+    os.chmod(folder, 0o777)
+    with caplog.at_level("WARNING", logger="simstore.loaders"):
+        result = CliRunner().invoke(main, ["--store", copy, "verify", "d", "--deep"],
+                                    catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    said = [r for r in caplog.records if "shard page layouts not kept" in r.getMessage()]
+    assert len(said) == 1  # one check of the folder, not one per shard recorded
+    assert os.listdir(folder) == []
