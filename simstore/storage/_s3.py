@@ -65,6 +65,7 @@ from simstore.errors import (
     StorageError,
 )
 from simstore.storage._base import ObjectInfo, check_key
+from simstore.storage._fsspec import refuse_query_or_fragment
 from simstore.storage._s3_answers import WRITE_OPS, Refused, conflict_message
 from simstore.storage._s3_files import (
     TRANSPORT_ERRORS,
@@ -139,6 +140,9 @@ class S3Store:
                 f"s3://{bucket}: invalid bucket name {bucket!r}: letters, digits, '.', '-' "
                 "and '_', 1 to 255 of them (expected s3://bucket/prefix)"
             )
+        # as for every other store URL (in the bucket's name they are refused above):
+        # keys are appended to the prefix, and s3fs would read ``?versionId=`` as a version
+        refuse_query_or_fragment(url, prefix)
         self.bucket = bucket
         self.root = prefix.strip("/")
         self.url = f"s3://{bucket}/{self.root}" if self.root else f"s3://{bucket}"

@@ -32,3 +32,13 @@ def test_a_scheme_whose_package_is_missing_says_so(monkeypatch):
     with pytest.raises(InvalidInputError, match="'abfs://' scheme needs a package that is not "
                                                 "installed: Install somefs"):
         open_store("abfs://container/p")
+
+
+@pytest.mark.parametrize("url", ["s3://bucket/p?x=1", "s3://bucket/p#frag", "s3a://bucket/a/b?versionId=3"])
+def test_an_s3_url_with_a_query_string_or_fragment_is_refused(url):
+    # found by an audit: the S3 store took them into its key prefix and went to the network
+    # (exit 10), where every other scheme refuses them (exit 2)
+    with pytest.raises(InvalidInputError, match="cannot have a query string or fragment"):
+        open_store(url)
+    result = CliRunner().invoke(main, ["--store", url, "ls"])
+    assert result.exit_code == 2 and "cannot have a query string or fragment" in result.output
