@@ -297,6 +297,12 @@ class Collate:
             return
         flags = [True] * len(values) if present is None else present
         ndims = {v.dim() for v in real}
+        if ndims == {0}:  # packed because index_fields names it: nothing to pack
+            raise InvalidInputError(
+                f"field {name!r} holds one number per sample (0-d): it cannot be packed, so "
+                f"it cannot be in index_fields, which maps an index field of one or more "
+                f"dimensions to the field it indexes"
+            )
         if len(ndims) != 1 or 0 in ndims:  # a 0-d field can only differ in rank
             raise InvalidInputError(
                 f"field {name!r} has tensors of different ranks in one batch: {sorted(shapes)}"
@@ -343,6 +349,16 @@ class Collate:
         lengths: dict[str, list[int]],
         present: Sequence[bool] | None = None,
     ) -> None:
+        for value in values:
+            if isinstance(value, torch.Tensor) and (
+                    value.dtype.is_floating_point or value.dtype.is_complex
+                    or value.dtype == torch.bool):
+                # the mapping written the wrong way round shifted coordinates silently
+                raise InvalidInputError(
+                    f"index_fields: {name!r} holds {str(value.dtype).removeprefix('torch.')} "
+                    f"values, not integer indices into {target!r}; index_fields maps an "
+                    f"index field to the field it indexes, e.g. {{'cells': 'points'}}"
+                )
         starts = [0]
         for n in lengths[target][:-1]:
             starts.append(starts[-1] + n)

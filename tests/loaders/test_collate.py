@@ -241,3 +241,22 @@ def test_mesh_fields_keep_their_mask_or_offsets_when_sizes_happen_to_match(mesh)
     else:
         assert out["points"].shape == (12, 3)
         assert out["points__offsets"].tolist() == [0, 4, 8, 12]
+
+
+def test_an_index_field_that_is_not_integer_is_refused_naming_it():
+    # found by an audit: the mapping written the wrong way round shifted the float
+    # coordinates by the cells' offsets, silently
+    a = {"points": torch.zeros(2, 3), "cells": torch.tensor([[0, 1]])}
+    b = {"points": torch.ones(3, 3), "cells": torch.tensor([[0, 2], [1, 2]])}
+    with pytest.raises(InvalidInputError, match=r"'points' holds float32 values, not integer "
+                                                r"indices into 'cells'"):
+        Collate(mesh="pack", index_fields={"points": "cells"})([a, b])
+    out = Collate(mesh="pack", index_fields={"cells": "points"})([a, b])
+    assert out["points"].tolist() == [[0.0] * 3] * 2 + [[1.0] * 3] * 3
+    assert out["cells"].tolist() == [[0, 1], [2, 4], [3, 4]]
+
+
+def test_a_0d_index_field_says_it_cannot_be_packed():
+    samples = [{"p": torch.tensor(1), "u": torch.ones(2)}, {"p": torch.tensor(2), "u": torch.ones(3)}]
+    with pytest.raises(InvalidInputError, match=r"field 'p' holds one number per sample \(0-d\)"):
+        Collate(mesh="pack", index_fields={"p": "u"})(samples)
