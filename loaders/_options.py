@@ -76,6 +76,12 @@ def cache_config(
         except OSError as exc:
             raise StorageError(f"cache_dir {directory!r}: {exc.strerror or exc}") from exc
         limit = max(held, min(32 << 30, held + free // 2))
+        if limit <= 0:  # "cache_limit must be positive" named an argument never given
+            raise StorageError(
+                f"cache_dir {directory!r}: its disk has no free space and the cache holds "
+                f"no copies, so there is no room for a default cache_limit; free some "
+                f"space, or give cache_dir on another disk"
+            )
     return CacheConfig(directory=directory, limit_bytes=limit)
 
 

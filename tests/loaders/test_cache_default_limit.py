@@ -12,12 +12,15 @@ import os
 import uuid
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 from simstore.cli import main
 from simstore.loaders import SimDataset
 from simstore.loaders._cache import copies_bytes
+from simstore.loaders._options import cache_config
 
 from simstore.catalog import Catalog
+from simstore.errors import StorageError
 from simstore.ingest import ingest
 
 
@@ -45,3 +48,20 @@ def test_a_job_with_the_default_limit_keeps_a_warm_cache(tmp_path, small_fs):
     assert stats["cache_hits"] >= 6 and stats["cache_misses"] == 0, stats
     assert stats["cache_evictions"] == 0, stats
     assert copies_bytes(cache) == held  # every warm copy is still there
+
+
+def test_a_cache_dir_on_a_full_disk_is_named_with_its_disk(tmp_path, small_fs):
+    # found by an audit: "cache_limit must be positive, got 0", an argument never given
+    disk = small_fs("1M")
+    with open(os.path.join(disk, "filler"), "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    cache = os.path.join(disk, "cache")
+    with pytest.raises(StorageError, match=r"cache_dir '.*/cache': its disk has no free space"):
+        cache_config(cache, None)
+    assert not os.path.exists(cache)
+    assert cache_config(cache, 1 << 20).limit_bytes == 1 << 20  # a limit given is taken
