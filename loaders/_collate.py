@@ -240,7 +240,7 @@ class Collate:
         """
         value = self.pad_value
         if dtype.is_floating_point or dtype.is_complex:
-            return value
+            return float(value)  # an int past int64 (2**70) overflowed in torch.full
         if dtype == torch.bool:
             return bool(value) if value in (0, 1) else False
         if not math.isfinite(value) or value != int(value):

@@ -260,3 +260,11 @@ def test_a_0d_index_field_says_it_cannot_be_packed():
     samples = [{"p": torch.tensor(1), "u": torch.ones(2)}, {"p": torch.tensor(2), "u": torch.ones(3)}]
     with pytest.raises(InvalidInputError, match=r"field 'p' holds one number per sample \(0-d\)"):
         Collate(mesh="pack", index_fields={"p": "u"})(samples)
+
+
+def test_a_pad_value_past_int64_pads_float_fields_and_zeroes_integer_ones():
+    # found by an audit: an OverflowError from torch.full at the first padded batch
+    a = {"p": torch.ones(1, 2), "c": torch.ones(1, dtype=torch.int64)}
+    b = {"p": torch.ones(2, 2), "c": torch.ones(2, dtype=torch.int64)}
+    out = Collate(mesh="pad", pad_value=2**70)([a, b])
+    assert out["p"][0, 1].tolist() == [2.0**70] * 2 and out["c"].tolist() == [[1, 0], [1, 1]]
