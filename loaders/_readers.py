@@ -20,12 +20,13 @@ from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, TypeVar
 
+from simstore.loaders._checks import shown
 from simstore.loaders._corrupt import CorruptShards
 from simstore.loaders._fetch import ShardAccess, ShardHandle
 from simstore.loaders._nodecache import LayoutCache
 
 from simstore._blockcache import BlockCache
-from simstore.errors import FormatError, IntegrityError, SimstoreError
+from simstore.errors import FormatError, IntegrityError, InvalidInputError, SimstoreError
 from simstore.hashing import object_key
 from simstore.protocols import ShardReader
 
@@ -458,6 +459,12 @@ class ReaderPool:
         except Exception as exc:
             handle.release()
             raise FormatError(f"{self._name(key)} is not a readable shard: {exc}") from exc
+        if not callable(getattr(reader, "read", None)):  # a bare AssertionError later
+            handle.release()
+            raise InvalidInputError(
+                f"{self._name(key)}: shard_opener returned {shown(reader)}, not a shard "
+                f"reader (an object with read() and close())"
+            )
         copied = getattr(reader, "copy_id", None)
         if copied is not None and not handle.trusted and copied != key[1]:
             # a reader that copied the whole object (Lance, from a ranged file) hashed it

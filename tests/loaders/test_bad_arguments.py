@@ -194,6 +194,13 @@ def test_transform_returning_no_dict_is_named(store):
             list, dataset(store, transform=lambda s: {1: s["step"]}))
 
 
+
+def test_shard_opener_returning_no_reader_is_named(store):
+    # found by an audit: a bare AssertionError, naming nothing
+    refused(r": shard .* of snapshot .*: shard_opener returned None \(NoneType\), not a shard reader", list,
+            dataset(store, shard_opener=lambda source: None))
+
+
 # -- what stays valid -----------------------------------------------------------------
 
 
