@@ -360,3 +360,17 @@ class SimstoreGroup(click.Group):
             message, code = stopped(exc)  # Ctrl-C, or SIGTERM under the console command
             click.echo(message, err=True)
             raise click.exceptions.Exit(code) from None
+
+
+class PathArg(click.Path):
+    """A ``click.Path`` that refuses an empty value (exit 2, naming the option).
+
+    An empty ``--cache`` was the working folder to ``du`` and a missing folder named ""
+    to ``pull`` (exit 10); an empty ``--store`` was already refused.
+    """
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        if isinstance(value, str | bytes) and not value:
+            self.fail("an empty path", param, ctx)
+        return super().convert(value, param, ctx)

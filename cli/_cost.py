@@ -10,6 +10,7 @@ from typing import Any
 import click
 from simstore.cli._common import (
     CliContext,
+    PathArg,
     check_at_least,
     emit,
     fields_arg,
@@ -117,7 +118,7 @@ _price_options = [
         "--prices",
         "price_files",
         multiple=True,
-        type=click.Path(dir_okay=False),
+        type=PathArg(dir_okay=False),
         help="TOML price table laid over the defaults (repeatable; see docs/cost.md).",
     ),
     click.option(
@@ -145,7 +146,7 @@ def _with_price_options(fn: Any) -> Any:
     "--run",
     "runs",
     multiple=True,
-    type=click.Path(dir_okay=False),
+    type=PathArg(dir_okay=False),
     help="Price a loader run report (JSON) instead; repeat for the reports of several ranks.",
 )
 @click.option("--last", type=int, default=None, help="Only the newest N snapshots.")
@@ -382,7 +383,7 @@ def _cache_opener(directory: str, *, writable: bool = True) -> Callable[[int], C
 @click.option(
     "--cache",
     "cache_dir",
-    type=click.Path(file_okay=False),
+    type=PathArg(file_okay=False),
     default=None,
     help="Also report a hot-tier cache directory (a SimDataset cache_dir).",
 )
@@ -453,7 +454,7 @@ def _du_text(usage: DiskUsage, out: dict[str, Any]) -> str:
     "--cache",
     "cache_dir",
     required=True,
-    type=click.Path(file_okay=False),
+    type=PathArg(file_okay=False),
     help="The hot-tier directory: give the same one as SimDataset's cache_dir.",
 )
 @click.option(

@@ -13,6 +13,7 @@ import click
 import numpy as np
 from simstore.cli._common import (
     CliContext,
+    PathArg,
     check_at_least,
     emit,
     fields_arg,
@@ -36,7 +37,7 @@ _SHOWN_VALUES = 8
 @click.argument("keys", nargs=-1, required=True)
 @click.option("--fields", default=None, help="Comma-separated fields to read (default: all).")
 @click.option(
-    "--out", "out", default=None, type=click.Path(dir_okay=False),
+    "--out", "out", default=None, type=PathArg(dir_okay=False),
     help="Write the samples' values to this .npz file (one sample: FIELD entries; several: "
          "KEY/FIELD).",
 )  # fmt: skip

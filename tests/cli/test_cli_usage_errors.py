@@ -184,6 +184,10 @@ def test_bad_ingest_flags_are_named(store, source, args, message):
         (["prices", "--price", "=1"], "invalid price override --price '=1'"),
         (["gc", "--grace", "soon"], "--grace: invalid duration 'soon'"),
         (["gc", "--grace", "-1h"], "--grace: invalid duration '-1h'"),
+        # an empty --cache was the working folder to du, a folder named "" to pull (exit 10)
+        (["pull", "ds", "--cache", ""], "invalid value for '--cache': an empty path"),
+        (["du", "--cache", ""], "invalid value for '--cache': an empty path"),
+        (["cost", "--run", ""], "invalid value for '--run': an empty path"),
     ],
 )  # fmt: skip
 def test_bad_flags_of_other_commands_are_named(store, tmp_path, args, message):
