@@ -332,8 +332,10 @@ class ShardCache:
         counted_as: str = "cache",
     ) -> PinnedCopy:
         if size > self.config.limit_bytes:
+            # the manifest tier's objects are the snapshot and its manifest parts
+            kind = "shard" if counted_as == "cache" else "catalog object"
             raise InvalidInputError(
-                f"cache limit of {self.config.limit_bytes} bytes is smaller than shard "
+                f"cache limit of {self.config.limit_bytes} bytes is smaller than {kind} "
                 f"objects/{object_id[:2]}/{object_id} ({size} bytes); raise cache_limit "
                 "to at least a few shards"
             )

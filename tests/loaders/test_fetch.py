@@ -67,10 +67,24 @@ def test_cold_cache_reads_each_shard_once_then_hits(small, tmp_path):
     assert again["cache_hit_ratio"] == pytest.approx(0.5)
 
 
-def test_cache_limit_smaller_than_a_shard_is_an_error(small, tmp_path):
-    store, _, _ = small
-    ds = remote_ds(store, cache_dir=str(tmp_path / "c"), cache_limit=100)
-    with pytest.raises(InvalidInputError, match="cache limit of 100 bytes is smaller than shard"):
+def test_cache_limit_smaller_than_a_shard_is_an_error(tmp_path, monkeypatch):
+    store = str(tmp_path / "store")
+    commit_samples(store, "sim", make_samples(20, size=4096), per_shard=10)  # 160 KiB shards
+    monkeypatch.setenv("SIMSTORE_VERIFIED_DIR", "")  # no node rows: parts come via the cache
+    shards = set(shard_ids(store))
+    sizes = {name: os.path.getsize(os.path.join(d, name))
+             for d, _, names in os.walk(os.path.join(store, "objects")) for name in names}
+    catalog = max(n for i, n in sizes.items() if i not in shards)
+    smallest = min(sizes[i] for i in shards)
+    assert catalog < smallest
+    ds = remote_ds(store, cache_dir=str(tmp_path / "c"), cache_limit=catalog)
+    with pytest.raises(InvalidInputError, match=f"cache limit of {catalog} bytes is smaller "
+                                                f"than shard objects/"):
+        list(ds)
+    # an object of the catalog's (the snapshot, a manifest part) is not called a shard
+    ds = remote_ds(store, cache_dir=str(tmp_path / "d"), cache_limit=100)
+    with pytest.raises(InvalidInputError, match="cache limit of 100 bytes is smaller than "
+                                                "catalog object objects/"):
         list(ds)
 
 
