@@ -12,6 +12,7 @@ fallback, and keeping it in one injectable function keeps the rest of the loader
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -86,12 +87,10 @@ def _env_rank(environ: Mapping[str, str]) -> tuple[int, int] | None:
             f"{given} is set in the environment but {missing} is not: set both (as "
             "torchrun does) or neither, or pass rank= and world_size="
         )
-    try:
-        return int(rank), int(size)
-    except ValueError as exc:
-        raise InvalidInputError(
-            f"RANK={rank!r} and WORLD_SIZE={size!r} must be integers"
-        ) from exc
+    # plain decimal digits: int() also takes "1_0" and other scripts' digits
+    if not all(re.fullmatch(r"\s*[+-]?[0-9]+\s*", v, re.ASCII) for v in (rank, size)):
+        raise InvalidInputError(f"RANK={rank!r} and WORLD_SIZE={size!r} must be integers")
+    return int(rank), int(size)
 
 
 _WATCH_THREAD = "simstore-parent-watch"

@@ -25,6 +25,11 @@ def test_bad_worlds_are_clear_errors():
         detect_world(1, None)
     with pytest.raises(InvalidInputError, match="integers"):
         detect_world(environ={"RANK": "x", "WORLD_SIZE": "2"})
+    # found by an audit: int() read "1_0" as 10 and other scripts' digits as numbers
+    for rank, size in (("1_0", "2_0"), ("\u0661", "\u0662"), ("0x1", "2")):
+        with pytest.raises(InvalidInputError, match="must be integers"):
+            detect_world(environ={"RANK": rank, "WORLD_SIZE": size})
+    assert detect_world(environ={"RANK": " 1\n", "WORLD_SIZE": "+2"}) == World(rank=1, world_size=2)
 
 
 def test_half_a_world_in_the_environment_is_refused():
