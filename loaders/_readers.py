@@ -26,7 +26,13 @@ from simstore.loaders._fetch import ShardAccess, ShardHandle
 from simstore.loaders._nodecache import LayoutCache
 
 from simstore._blockcache import BlockCache
-from simstore.errors import FormatError, IntegrityError, InvalidInputError, SimstoreError
+from simstore.errors import (
+    FormatError,
+    IntegrityError,
+    InvalidInputError,
+    NotFoundError,
+    SimstoreError,
+)
 from simstore.hashing import object_key
 from simstore.protocols import ShardReader
 
@@ -453,6 +459,15 @@ class ReaderPool:
     def _open(self, key: tuple[int, str], handle: ShardHandle) -> ShardReader:
         try:
             reader = self._laid_out(key, handle) or self.opener(handle.source)
+        except NotFoundError as exc:
+            # gone between its check and its open, or not a file (a folder in its place):
+            # damage the snapshot names, as a shard found missing before its open is
+            handle.release()
+            access = self.access[key[0]]
+            raise IntegrityError(
+                f"{access.store.url}: {object_key(key[1])} is missing; referenced by "
+                f"snapshot {self.referenced_by[key[0]]}"
+            ) from exc
         except SimstoreError as exc:
             handle.release()
             raise type(exc)(f"{self._name(key)}: {exc}") from exc

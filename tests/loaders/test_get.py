@@ -230,3 +230,9 @@ def test_a_missing_shard_is_damage_not_a_missing_key(tmp_path):
     assert SimDataset(path, "d").get(intact)["__key__"] == intact
     res = CliRunner().invoke(main, ["--store", path, "cat", "d", "r1"])
     assert res.exit_code == 6 and want.replace("\\", "") in res.output
+    # a folder in the shard file's place (found by an audit): the same damage, not a
+    # NotFoundError naming the store twice
+    os.mkdir(os.path.join(path, object_key(shard)))
+    for workers in (0, 2):
+        with pytest.raises(IntegrityError, match=want):
+            list(SimDataLoader(SimDataset(path, "d"), batch_size=2, num_workers=workers))
