@@ -200,7 +200,12 @@ def _dead_workers(it: Any, wait_s: float = 0.5) -> list[int]:
 _RUNNING: weakref.WeakSet[_WorkersIter] = weakref.WeakSet()
 """The worker sets of this process not yet collected (stopped at its exit)."""
 _RUNNING_LOCK = threading.Lock()
-_AT_EXIT: list[bool] = [False]
+_AT_EXIT: list[int] = [0]
+"""The process (pid) whose exit hooks are registered: a forked child registers its own."""
+
+_EXIT_PRIORITY = 1000
+"""Where the stop runs among multiprocessing's exit finalizers: first, before the
+queues' own finalizers and before the daemonic children are terminated."""
 
 
 def _stop_workers_at_exit() -> None:
@@ -221,8 +226,34 @@ def _stop_workers_at_exit() -> None:
     for it in running:
         try:
             it._shutdown_workers()
+            reaper = it._sim_reaper
+            if reaper is not None and reaper is not threading.current_thread():
+                # an epoch read to its end: its workers are leaving, joined on the reaper;
+                # a process started by multiprocessing (a rank of ``mp.spawn``) runs the
+                # hook that terminates them before it waits for that thread, and a worker
+                # that SIGTERM met in its interpreter's teardown died of it, which torch's
+                # SIGCHLD check raised: the rank exited 1
+                reaper.join()
         except Exception as exc:  # at exit: stop the others all the same
             _log.debug("stopping workers at exit: %s", exc)
+
+
+def _register_exit_hooks() -> None:
+    """Stop this process's workers at its exit, both ways a Python process exits.
+
+    ``atexit`` for a process the interpreter ends (it runs before multiprocessing's own
+    hook, registered earlier); a multiprocessing finalizer for a process that
+    multiprocessing started (a rank of ``mp.spawn``), which leaves through ``os._exit``
+    with no ``atexit`` at all, after its exit function has terminated its daemonic
+    children: the finalizer runs first in that function. Called under ``_RUNNING_LOCK``.
+    """
+    if _AT_EXIT[0] == os.getpid():
+        return
+    from multiprocessing import util
+
+    atexit.register(_stop_workers_at_exit)
+    util.Finalize(None, _stop_workers_at_exit, exitpriority=_EXIT_PRIORITY)
+    _AT_EXIT[0] = os.getpid()
 
 
 class _WorkersIter(_MultiProcessingDataLoaderIter):
@@ -284,9 +315,7 @@ class _WorkersIter(_MultiProcessingDataLoaderIter):
         self._sim_owner = os.getpid()
         with _RUNNING_LOCK:
             _RUNNING.add(self)
-            if not _AT_EXIT[0]:
-                atexit.register(_stop_workers_at_exit)
-                _AT_EXIT[0] = True
+            _register_exit_hooks()
 
     def _stop_after_failed_start(self) -> None:
         """Stop the workers torch's ``__init__`` started before it failed.

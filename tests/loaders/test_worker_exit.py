@@ -493,3 +493,59 @@ def test_a_ctrl_c_while_the_workers_start_stops_them_before_it_is_raised(
     monkeypatch.undo()
     keys = [k for batch in loader for k in batch["__key__"]]  # the next iteration reads
     assert len(keys) == 60
+
+
+RANK_PROCESS = """
+import multiprocessing, os, sys, time
+sys.path.insert(0, sys.argv[2])
+from loader_helpers import open_test_shard
+from simstore.loaders import SimDataLoader, SimDataset
+
+
+def mark():
+    # a worker's exit that takes a while after its last batch (a large address space to
+    # unmap, a long teardown): it leaves this mark only if nothing terminates it first
+    time.sleep(0.5)
+    open(os.path.join(sys.argv[4], f"left-{os.getpid()}"), "w").close()
+
+
+def slow_exit(worker_id):
+    from multiprocessing import util
+    util.Finalize(None, mark, exitpriority=10)
+
+
+def rank_main(store, context):
+    ds = SimDataset(store, "sim", shard_opener=open_test_shard)
+    loader = SimDataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context=context,
+                           worker_init_fn=slow_exit)
+    print("read", sum(len(b["__key__"]) for b in loader), flush=True)
+    # and returns at once, as a DDP script's rank function does after its last epoch
+
+
+if __name__ == "__main__":
+    rank = multiprocessing.get_context("spawn").Process(target=rank_main,
+                                                        args=(sys.argv[1], sys.argv[3]))
+    rank.start()
+    rank.join(120)  # a liveness bound
+    print("exit", rank.exitcode, flush=True)
+"""
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_a_rank_started_by_multiprocessing_lets_its_workers_leave(small, tmp_path, context):
+    # found by an audit: a rank of mp.spawn that returned right after reading an epoch to
+    # its end ran multiprocessing's exit function, which terminated the workers the
+    # loader's reaper thread was still joining (that process never runs atexit); a worker
+    # SIGTERM met in its interpreter's teardown died of it, torch's SIGCHLD check raised
+    # "killed by signal: Terminated", and the rank exited 1 (1 run in 4)
+    store, _, samples = small
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_PROCESS)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([sys.executable, str(script), store, here, context, str(marks)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.stdout.split() == ["read", str(len(samples)), "exit", "0"], proc.stderr
+    assert len(os.listdir(marks)) == 2  # both workers ended their own way, none terminated
