@@ -232,11 +232,23 @@ class ShardCache:
     def _pin(self, object_id: str, *, hit: bool) -> PinnedCopy | None:
         path = self.path_of(object_id)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            # O_NONBLOCK: a FIFO in the copy's place must not wait for a writer for ever
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
             return None
         except OSError as exc:
+            if exc.errno == errno.ELOOP:  # a link in the copy's place: a miss (below)
+                return None
             raise StorageError(f"cache copy {path}: {exc.strerror or exc}") from exc
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            # no copy: a FIFO, socket or link holds no data and the fill's rename replaces
+            # it; a folder it cannot replace, and may hold someone's files
+            os.close(fd)
+            if stat.S_ISDIR(st.st_mode):
+                raise StorageError(f"cache copy {path}: a folder in the copy's place; "
+                                   "it is no cache copy: move it out of the cache")
+            return None
         fcntl.flock(fd, fcntl.LOCK_SH)
         st = os.fstat(fd)
         if st.st_nlink == 0:  # evicted between open and lock
@@ -523,13 +535,14 @@ def copies_bytes(directory: str) -> int:
 def _copies(objects: str) -> Iterator[tuple[str, str, os.stat_result]]:
     """``(object id, path, lstat)`` of each copy under a cache's ``objects/`` folder.
 
-    Names that are not object ids and entries that are not regular files are no copies;
+    Names that are not object ids, ids outside their own folder (``objects/<id[:2]>/``)
+    and entries that are not regular files are no copies;
     a copy evicted while the folder is listed is passed over.
     """
     for folder in _subfolders(objects):
         for name in _listdir(folder):
-            if not is_object_id(name):
-                continue
+            if not is_object_id(name) or os.path.basename(folder) != name[:2]:
+                continue  # an id in another's folder is never a copy: someone else's file
             path = os.path.join(folder, name)
             try:
                 st = os.lstat(path)

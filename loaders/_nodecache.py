@@ -18,6 +18,7 @@ import contextlib
 import logging
 import os
 import random
+import stat
 import threading
 import time
 from typing import Any, ClassVar
@@ -73,10 +74,19 @@ class NodeCache:
             return None
         path = self._path(name)
         try:
-            with open(path, "rb") as f:
+            # not followed, and never waiting: a FIFO in an entry's place hung every job
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            with open(fd, "rb", closefd=False) as f:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    return None  # a later write_entry's rename replaces it (not a folder)
                 data = f.read()
         except OSError:
             return None
+        finally:
+            os.close(fd)
         with contextlib.suppress(OSError):
             os.utime(path)  # used now: evicted last
         return data

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from simstore.loaders._cache import CacheConfig, ShardCache
 from simstore.loaders._stats import Counters
 
+from simstore.errors import StorageError
 from simstore.hashing import hash_bytes
 
 SIZE = 1000
@@ -40,6 +42,20 @@ def test_files_left_in_the_cache_folders_break_no_fill_and_stay(tmp_path):
     assert all(path.read_text() == "mine" for path in left)
 
 
+def test_an_object_id_outside_its_own_folder_is_left_alone(tmp_path):
+    # found by an audit: objects/zz/<id> (never where a copy of <id> lives) was evicted
+    directory = tmp_path / "c"
+    _fill_three(str(directory))
+    oid = hash_bytes(b"elsewhere")
+    other = "zz" if oid[:2] != "zz" else "yy"
+    stray = directory / "objects" / other / oid
+    stray.parent.mkdir()
+    stray.write_bytes(b"x" * SIZE)
+    cache = _fill_three(str(directory))
+    assert cache.counters.snapshot()["cache_evictions"] == 3
+    assert stray.read_bytes() == b"x" * SIZE
+
+
 def test_a_linked_folder_in_the_cache_is_not_evicted_through(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     blob = b"z" * SIZE
@@ -52,3 +68,29 @@ def test_a_linked_folder_in_the_cache_is_not_evicted_through(tmp_path):
     os.symlink(elsewhere / oid[:2], directory / "used" / oid[:2])
     _fill_three(str(directory))
     assert (elsewhere / oid[:2] / oid).read_bytes() == blob
+
+
+def test_a_fifo_or_link_in_a_copys_place_is_a_miss_the_fill_replaces(tmp_path):
+    # found by an audit: a FIFO there hung every later job in its open, a link failed every
+    # one ("Too many levels of symbolic links"); neither holds any data
+    directory = tmp_path / "c"
+    cache = _fill_three(str(directory))
+    blob = b"q" * SIZE
+    oid = hash_bytes(blob)
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"not yours")
+    place = directory / "objects" / oid[:2] / oid
+    place.parent.mkdir(exist_ok=True)
+    for make in (os.mkfifo, lambda p: os.symlink(target, p)):
+        make(place)
+        assert cache.peek(oid) is None
+        cache.acquire(oid, lambda: SIZE, lambda out: out.write(blob)).release()
+        assert place.is_file() and not place.is_symlink() and place.read_bytes() == blob
+        os.unlink(place)
+    assert target.read_bytes() == b"not yours"
+    # a folder there may hold someone's files: named, never removed, never waited on
+    place.mkdir()
+    (place / "mine").write_text("mine")
+    with pytest.raises(StorageError, match=rf"cache copy .*{oid}: a folder in the copy's place"):
+        cache.acquire(oid, lambda: SIZE, lambda out: out.write(blob))
+    assert (place / "mine").read_text() == "mine"

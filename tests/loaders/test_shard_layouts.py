@@ -80,6 +80,26 @@ def test_a_damaged_layout_is_not_used_and_is_written_again(store, node_records):
     assert st["shards_laid_out"] == len(snapshot_shards(store))
 
 
+def test_a_fifo_in_a_layouts_or_rows_place_is_a_miss_that_is_written_over(store, node_records):
+    # found by an audit: every later job hung opening it (a FIFO waits for a writer)
+    want, _ = _epoch(SimDataset(store, "d@main", seed=2))
+    shard = snapshot_shards(store)[0]
+    layout = os.path.join(node_records, "layouts", f"{shard}.layout")
+    rows = [os.path.join(node_records, "rows", n) for n in os.listdir(
+        os.path.join(node_records, "rows"))]
+    assert rows
+    for path in (layout, *rows):
+        os.unlink(path)
+        os.mkfifo(path)
+    got, st = _epoch(SimDataset(store, "d@main", seed=2))
+    assert st["shards_laid_out"] == len(snapshot_shards(store)) - 1
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        np.testing.assert_array_equal(got[key], value)
+    for path in (layout, *rows):
+        assert os.path.isfile(path)  # kept again, in the FIFO's place
+
+
 def test_a_layout_is_used_only_for_a_file_the_job_trusts(store, node_records):
     shards = snapshot_shards(store)
     _epoch(SimDataset(store, "d@main", seed=2))
