@@ -474,7 +474,8 @@ class ReaderPool:
         except Exception as exc:
             handle.release()
             raise FormatError(f"{self._name(key)} is not a readable shard: {exc}") from exc
-        if not callable(getattr(reader, "read", None)):  # a bare AssertionError later
+        if reader is None or not callable(getattr(reader, "close", None)):
+            # None was a bare AssertionError later; every reader the pool holds is closed
             handle.release()
             raise InvalidInputError(
                 f"{self._name(key)}: shard_opener returned {shown(reader)}, not a shard "
