@@ -87,6 +87,7 @@ from simstore.storage._s3_options import (
     secrets_of,
 )
 from simstore.storage._s3_session import add_parameters, s3_session
+from simstore.storage._s3_watchdog import cut_at, cut_body
 
 __all__ = ["S3ObjectReader", "S3Options", "S3Store", "probe_conditional_writes"]
 
@@ -420,8 +421,10 @@ class S3Store:
                 self.info(key)  # still a NotFoundError for a missing object
                 return b""
             kwargs["Range"] = f"bytes={start}-{end - 1}"
+        began = self._clock()
         try:
-            return self._retry("read", key, lambda: self._read_body(kwargs)[0],
+            return self._retry("read", key, lambda: self._read_body(kwargs, began)[0],
+                               since=began,
                                request="get" if byte_range is None else "range_get")
         except Refused as exc:
             if exc.is_not_found:
@@ -430,11 +433,18 @@ class S3Store:
                 return b""
             raise self._error("read", key, exc) from exc.error
 
-    def _read_body(self, kwargs: Mapping[str, Any]) -> tuple[bytes, str]:
+    def deadline_left(self, start: float) -> float:
+        """Seconds left of the retry deadline of a run of attempts begun at ``start``."""
+        return self._tuning.retry_deadline_s - (self._clock() - start)
+
+    def _read_body(self, kwargs: Mapping[str, Any], start: float) -> tuple[bytes, str]:
         response = self._api.get_object(**kwargs)
         body = response["Body"]
         try:
-            data = bytes(body.read())
+            # a body trickling in past the deadline is cut off: it fails as a broken one,
+            # and the retry loop, its deadline passed, gives up naming the object
+            with cut_at(self.deadline_left(start), lambda: cut_body(body)):
+                data = bytes(body.read())
         except FlexibleChecksumError as exc:
             # the body arrived, damaged on the way: what a read again fixes, as a cut;
             # all of it was sent (and billed as egress)
@@ -530,8 +540,9 @@ class S3Store:
         """Read a ref and its version token, the ETag."""
         obj = self._object_key(key)
         kwargs = {"Bucket": self.bucket, "Key": obj}
+        start = self._clock()
         try:
-            return self._retry("read", key, lambda: self._read_body(kwargs))
+            return self._retry("read", key, lambda: self._read_body(kwargs, start), since=start)
         except Refused as exc:
             if exc.is_not_found:
                 raise NotFoundError(f"{self.url}: no object {key}") from exc.error

@@ -30,6 +30,7 @@ from botocore.exceptions import ReadTimeoutError as BotoReadTimeoutError
 from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
 from simstore.errors import StorageError
+from simstore.storage._s3_watchdog import cut_at, cut_body
 
 if TYPE_CHECKING:
     from simstore.storage._s3 import S3Store
@@ -290,36 +291,38 @@ class S3ObjectReader(io.RawIOBase):
         start, origin = store._clock(), self._pos
         done = failures = tries = 0
         mark = self._pos  # where the last failure left off
-        try:
-            while done < want:
-                try:
-                    if self._body is None:
-                        self._request(start)
-                    got = receive(want - done)
-                    if not got:
-                        raise TruncatedBody(
-                            f"body ended at byte {self._pos} of {self.size_bytes}"
+        # a body trickling in past the deadline is cut off, whichever GET it came from
+        with cut_at(store.deadline_left(start), lambda: cut_body(self._body)):
+            try:
+                while done < want:
+                    try:
+                        if self._body is None:
+                            self._request(start)
+                        got = receive(want - done)
+                        if not got:
+                            raise TruncatedBody(
+                                f"body ended at byte {self._pos} of {self.size_bytes}"
+                            )
+                        self._pos += got
+                        done += got
+                    except TRANSPORT_ERRORS as exc:
+                        self._drop_body()
+                        self._careful = True  # a link that broke once may break again
+                        failures = failures + 1 if self._pos == mark else 1
+                        mark = self._pos
+                        tries += 1
+                        store._wait_to_retry(
+                            "read", self.key, failures, start,
+                            named_timeout(exc, self._url or f"{store.url}/{self.key}"),
+                            f" at byte {self._pos} of {self.size_bytes}", tries=tries,
                         )
-                    self._pos += got
-                    done += got
-                except TRANSPORT_ERRORS as exc:
-                    self._drop_body()
-                    self._careful = True  # a link that broke once may break again
-                    failures = failures + 1 if self._pos == mark else 1
-                    mark = self._pos
-                    tries += 1
-                    store._wait_to_retry(
-                        "read", self.key, failures, start,
-                        named_timeout(exc, self._url or f"{store.url}/{self.key}"),
-                        f" at byte {self._pos} of {self.size_bytes}", tries=tries,
-                    )
-                except (BotoCoreError, OSError) as exc:
-                    raise store._error("read", self.key, exc) from exc
-        except BaseException:
-            # nothing of this call reaches the caller: the next read starts where it did
-            self._drop_body()
-            self._pos = origin
-            raise
+                    except (BotoCoreError, OSError) as exc:
+                        raise store._error("read", self.key, exc) from exc
+            except BaseException:
+                # nothing of this call reaches the caller: the next read starts where it did
+                self._drop_body()
+                self._pos = origin
+                raise
 
     def _drop_body(self) -> None:
         body, self._body = self._body, None

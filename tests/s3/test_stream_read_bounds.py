@@ -40,7 +40,8 @@ _HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te
 
 class BodyFaultProxy(FaultProxy):
     """A :class:`FaultProxy` whose ``truncate`` sends ``body_bytes`` of the body, then
-    resets the connection (``body_fault="reset"``) or holds it silent (``"stall"``)."""
+    resets the connection (``body_fault="reset"``), holds it silent (``"stall"``) or sends
+    the rest a byte every 0.2 s (``"trickle"``)."""
 
     body_bytes = 0
     body_fault = "reset"
@@ -63,6 +64,15 @@ class BodyFaultProxy(FaultProxy):
                 self.wfile.flush()
                 if proxy.body_fault == "stall":
                     proxy._closing.wait(proxy.stall_s)
+                elif proxy.body_fault == "trickle":  # a byte inside every read timeout
+                    for byte in data[proxy.body_bytes:]:
+                        if proxy._closing.wait(0.2):
+                            break
+                        try:
+                            self.wfile.write(bytes([byte]))
+                            self.wfile.flush()
+                        except OSError:  # the reader cut it off
+                            break
                 # a reset: no FIN, the bytes not yet read by the client may be lost
                 self.connection.setsockopt(
                     socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
@@ -189,3 +199,25 @@ def test_a_body_read_timeout_names_the_objects_url(s3_bucket, body_proxy):
         proxied.get("objects/slow")
     text = str(info.value)
     assert f"ReadTimeoutError: Read timeout on {where}" in text and '"None"' not in text
+
+
+@pytest.mark.parametrize("way", ["open_read", "get", "range"])
+def test_a_body_that_trickles_in_is_cut_off_at_the_retry_deadline(s3_bucket, body_proxy, way):
+    # found by an audit: a byte inside every read timeout never failed, so no bound ended
+    # the read (a shard at 80 B/s); now it fails as a broken body past the deadline
+    direct, proxied = stores(s3_bucket(), body_proxy.endpoint_url, read_timeout_s=1,
+                             retry_deadline_s=1.0, max_attempts=50)
+    direct.put("objects/slow", b"s" * 4096)
+    body_proxy.body_bytes, body_proxy.body_fault = 100, "trickle"
+    body_proxy.fail_share(1.0, "truncate", seed=0, methods=["GET"])
+    with pytest.raises(StorageError) as info:
+        if way == "open_read":
+            with proxied.open_read("objects/slow") as reader:
+                reader.read(4096)
+        elif way == "get":
+            proxied.get("objects/slow")
+        else:
+            proxied.get("objects/slow", (0, 4000))
+    text = str(info.value)
+    assert text.startswith(f"{proxied.url}/objects/slow: read failed after ")
+    assert "(retry deadline 1.0 s reached)" in text

@@ -1,0 +1,105 @@
+"""Bodies that keep arriving past their read's deadline are cut off.
+
+``read_timeout_s`` bounds each wait for the socket, and the retry deadline is checked
+when an attempt fails. A body that trickles in (a few bytes inside every read timeout)
+never fails, so neither bound ended it: a shard read at 80 B/s took its read for ever.
+One daemon thread per process keeps the deadlines of the reads under way and, at a
+deadline, shuts the socket of the body still being read: the read then fails as a broken
+body does, and the retry loop finds its deadline passed and raises the ``StorageError``
+that names the object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+__all__ = ["cut_body", "cut_at"]
+
+
+def _socket_of(body: Any) -> socket.socket | None:
+    """The socket under a botocore body (urllib3's response over http.client's), or None."""
+    raw = getattr(body, "_raw_stream", body)
+    conn = getattr(raw, "_connection", None)
+    sock = getattr(conn, "sock", None)
+    if isinstance(sock, socket.socket):
+        return sock
+    fp = getattr(getattr(raw, "_fp", None), "fp", None)
+    sock = getattr(getattr(fp, "raw", None), "_sock", None)
+    return sock if isinstance(sock, socket.socket) else None
+
+
+def cut_body(body: Any) -> None:
+    """Shut the socket a body arrives on: a read blocked in it returns at once."""
+    sock = _socket_of(body)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+class _Watchdog:
+    """Deadlines (``time.monotonic``) of the reads under way, and the thread keeping them."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._heap: list[tuple[float, int, list[Any]]] = []
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, at: float, cut: Callable[[], None]) -> list[Any]:
+        entry: list[Any] = [cut]
+        with self._cond:
+            heapq.heappush(self._heap, (at, next(self._order), entry))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="simstore-s3-deadlines",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        return entry
+
+    @staticmethod
+    def forget(entry: list[Any]) -> None:
+        entry[0] = None  # dropped from the heap when its time comes
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._heap and self._heap[0][2][0] is None:
+                    heapq.heappop(self._heap)
+                if not self._heap:
+                    self._cond.wait(60.0)
+                    continue
+                wait = self._heap[0][0] - time.monotonic()
+                if wait > 0:
+                    self._cond.wait(wait)
+                    continue
+                _, _, entry = heapq.heappop(self._heap)
+                cut = entry[0]
+            if cut is not None:
+                with contextlib.suppress(Exception):
+                    cut()
+
+    def _after_fork(self) -> None:
+        # the child has none of the parent's reads, nor its thread; its lock may be held
+        self.__init__()  # type: ignore[misc]
+
+
+_WATCHDOG = _Watchdog()
+os.register_at_fork(after_in_child=_WATCHDOG._after_fork)
+
+
+@contextlib.contextmanager
+def cut_at(seconds: float, cut: Callable[[], None]) -> Iterator[None]:
+    """Within this block, ``cut()`` is called if the block runs ``seconds`` from now."""
+    entry = _WATCHDOG.watch(time.monotonic() + max(0.0, seconds), cut)
+    try:
+        yield
+    finally:
+        _WATCHDOG.forget(entry)
