@@ -291,12 +291,19 @@ class ShardCache:
         pinned = self.peek(object_id, counted_as=counted_as)
         if pinned is not None:
             return pinned
+        before = self._failed_fill(object_id)
         with self._lock(_stripe(object_id)):
             pinned = self._pin(object_id, hit=True)
             if pinned is not None:  # another process filled it while we waited
                 self._count_hit(object_id, pinned, counted_as)
                 return pinned
-            pinned = self._fill(object_id, size_bytes(), download, referenced_by, counted_as)
+            self._raise_failed_fill(object_id, before)
+            try:
+                pinned = self._fill(object_id, size_bytes(), download, referenced_by,
+                                    counted_as)
+            except StorageError as exc:
+                self._note_failed_fill(object_id, exc)
+                raise
             if filled is not None:
                 assert pinned.fd is not None
                 try:
@@ -305,6 +312,49 @@ class ShardCache:
                     pinned.release()
                     raise
         return pinned
+
+    def _failed_note(self, object_id: str) -> str:
+        return os.path.join(self._tmp, f"{object_id}.failed")
+
+    def _note_failed_fill(self, object_id: str, exc: StorageError) -> None:
+        """Leave why a fill failed for the processes waiting on its lock (held here).
+
+        Each waiter used to run a whole fill of its own after it, retry deadline and all:
+        with a store that fails a shard, the error of a job with 2 workers came after two
+        deadlines, and every process on the node queued on the lock added one. A note is
+        a new file each time (written aside, then renamed), so a waiter tells it from one
+        it saw before it waited by its identity.
+        """
+        note = self._failed_note(object_id)
+        aside = f"{note}.{uuid.uuid4().hex}"
+        try:
+            with open(aside, "w") as f:
+                f.write(str(exc))
+            os.replace(aside, note)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(aside)
+
+    def _failed_fill(self, object_id: str) -> tuple[int, int] | None:
+        """The identity of the note of the last failed fill of ``object_id``, if any."""
+        try:
+            st = os.stat(self._failed_note(object_id))
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns
+
+    def _raise_failed_fill(self, object_id: str, before: tuple[int, int] | None) -> None:
+        """Raise the failure of a fill of ``object_id`` that ended while this one waited."""
+        now = self._failed_fill(object_id)
+        if now is None or now == before:
+            return  # none, or one from before this wait: this fill tries again
+        try:
+            with open(self._failed_note(object_id)) as f:
+                message = f.read()
+        except OSError:
+            return
+        raise StorageError(f"{message} (the fill this process waited for on the node; "
+                           "the next read tries again)")
 
     def drop_if_not_size(self, object_id: str, size: int) -> bool:
         """Remove the copy of ``object_id`` if it is not ``size`` bytes; whether it did.

@@ -236,3 +236,64 @@ def test_a_fill_lands_under_the_eviction_lock(tmp_path, monkeypatch):
     blob = _blob(9)
     cache.acquire(hash_bytes(blob), lambda: SIZE, lambda out: out.write(blob)).release()
     assert held == [True]
+
+
+class _SaysWhenItWaits(ShardCache):
+    """A cache that tells when a call is about to wait for an object's fill lock."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.waiting = threading.Event()
+
+    @contextlib.contextmanager
+    def _lock(self, name, *, blocking=True):
+        if blocking and not name.startswith("evict"):
+            self.waiting.set()
+        with super()._lock(name, blocking=blocking) as held:
+            yield held
+
+
+def test_a_fill_that_failed_while_others_waited_fails_them_too(tmp_path):
+    # found by an audit: each process waiting on the fill lock ran a whole fill of its own
+    # after the holder's failed, retry deadline and all (2 workers: the error came after
+    # twice the deadline; every process queued on the lock added one)
+    from simstore.errors import StorageError
+
+    config = CacheConfig(directory=str(tmp_path / "c"), limit_bytes=1 << 20)
+    blob = b"f" * 1000
+    oid = hash_bytes(blob)
+    first = ShardCache(config, Counters())
+    second = _SaysWhenItWaits(config, Counters())
+    in_fill, give_up = threading.Event(), threading.Event()
+
+    def failing(out):
+        in_fill.set()
+        give_up.wait(60)  # a liveness bound
+        raise StorageError("s3://b/objects/f: read failed after 5 attempts: SlowDown")
+
+    second_downloads = []
+    errors = {}
+
+    def run(name, cache, download):
+        try:
+            cache.acquire(oid, lambda: len(blob), download).release()
+        except StorageError as exc:
+            errors[name] = str(exc)
+
+    a = threading.Thread(target=run, args=("first", first, failing))
+    a.start()
+    assert in_fill.wait(60)
+    b = threading.Thread(target=run, args=("second", second,
+                                           lambda out: second_downloads.append(out.write(blob))))
+    b.start()
+    assert second.waiting.wait(60)
+    give_up.set()
+    a.join(60)
+    b.join(60)
+    assert errors["first"] == "s3://b/objects/f: read failed after 5 attempts: SlowDown"
+    assert errors["second"].startswith(errors["first"] + " (the fill this process waited")
+    assert second_downloads == []
+    # a later call tries again, and a good fill clears the failure
+    copy = second.acquire(oid, lambda: len(blob), lambda out: out.write(blob))
+    copy.release()
+    assert os.listdir(tmp_path / "c" / "tmp") == []
