@@ -40,6 +40,7 @@ from simstore._verified import NodeRecords, stamp_info
 from simstore.errors import IntegrityError, NotFoundError, StorageError
 from simstore.hashing import hash_bytes, hash_file, object_key
 from simstore.storage import ObjectStore
+from simstore.storage._base import never_sent
 
 __all__ = [
     "TRUSTED_SLOTS",
@@ -109,6 +110,23 @@ def count_retries(store: ObjectStore, counters: Counters, tier: str) -> None:
     """
     if hasattr(store, "on_retry"):
         store.on_retry = lambda _request, received: counters.add_read(tier, received)
+
+
+
+@contextlib.contextmanager
+def billed_if_failed(counters: Counters, tier: str) -> Iterator[None]:
+    """Count a request made within this block that failed for good, as it was billed.
+
+    The store tells the attempts it retried (``count_retries``); a call's last attempt
+    is counted by its caller where the call returns, so one that raised went uncounted.
+    A connect that was refused or timed out reached no server and is not counted.
+    """
+    try:
+        yield
+    except (StorageError, NotFoundError) as exc:
+        if not never_sent(exc):
+            counters.add_read(tier, 0)
+        raise
 
 
 class RateLimiter:
@@ -207,7 +225,8 @@ class RangedFile(io.RawIOBase):
 
     def _get(self, lo: int, hi: int) -> bytes:
         self._counters.add("throttle_s", self._limiter.take(hi - lo))
-        data = self.store.get(self.key, byte_range=(lo, hi))
+        with billed_if_failed(self._counters, self._tier):
+            data = self.store.get(self.key, byte_range=(lo, hi))
         self._counters.add_read(self._tier, len(data))
         return data
 
@@ -719,7 +738,8 @@ class ShardAccess:
         fetched: list[bytes] = []
 
         def size_bytes() -> int:
-            fetched.append(self.store.get(key))
+            with billed_if_failed(self.counters, self.tier):
+                fetched.append(self.store.get(key))
             return len(fetched[0])
 
         downloaded = False
@@ -729,7 +749,8 @@ class ShardAccess:
             # not hash to the id) GETs the object anew, and its bytes are the answer
             nonlocal downloaded
             if downloaded or not fetched:
-                fetched[:] = [self.store.get(key)]
+                with billed_if_failed(self.counters, self.tier):
+                    fetched[:] = [self.store.get(key)]
             downloaded = True
             out.write(fetched[0])
 
@@ -782,7 +803,8 @@ class ShardAccess:
         )
 
     def _size(self, key: str) -> int:
-        info = self.store.info(key)
+        with billed_if_failed(self.counters, self.tier):
+            info = self.store.info(key)
         self.counters.add_read(self.tier, 0)
         return info.size_bytes
 
@@ -795,7 +817,8 @@ class ShardAccess:
             # asked only on a miss: a store that streams whole objects sends its one GET
             # now and learns the size from it; any other store answers a HEAD
             if isinstance(self.store, SupportsOpenRead):
-                streams.append(self.store.open_read(key))
+                with billed_if_failed(self.counters, self.tier):  # its first GET failed
+                    streams.append(self.store.open_read(key))
                 sizes.append(streams[-1].size_bytes)
             else:
                 sizes.append(self._size(key))
@@ -872,11 +895,12 @@ class ShardAccess:
             ]
         for lo, hi in blocks:
             self.counters.add("throttle_s", self.limiter.take(hi - lo))
-            data = (
-                self.store.get(key)
-                if len(blocks) == 1
-                else self.store.get(key, byte_range=(lo, hi))
-            )
+            with billed_if_failed(self.counters, self.tier):
+                data = (
+                    self.store.get(key)
+                    if len(blocks) == 1
+                    else self.store.get(key, byte_range=(lo, hi))
+                )
             self.counters.add_read(self.tier, len(data))
             out.write(data)
 

@@ -142,3 +142,26 @@ class SupportsMoveFile(Protocol):
     def move_file(self, key: str, path: str) -> bool:
         """Move a local file in unless the key exists; returns whether it wrote."""
         ...
+
+
+_NOT_SENT = frozenset({
+    ("botocore.exceptions", "EndpointConnectionError"),
+    ("botocore.exceptions", "ConnectTimeoutError"),
+    ("urllib3.exceptions", "ConnectTimeoutError"),  # and NewConnectionError, beneath it
+    ("builtins", "ConnectionRefusedError"),
+})
+"""Failures before a request left (by class, so that no client library is imported)."""
+
+
+def never_sent(exc: BaseException | None) -> bool:
+    """Whether the failed request ``exc`` (or what it was raised from) never left.
+
+    A refused or timed-out connect reached no server, and no store bills it as a request.
+    """
+    seen = 0
+    while exc is not None and seen < 8:
+        if any((k.__module__, k.__name__) in _NOT_SENT for k in type(exc).__mro__):
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False

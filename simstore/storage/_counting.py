@@ -49,7 +49,7 @@ from typing import Any, TypeVar
 
 from simstore.cost import OpClass, OpUsage, TierUsage
 from simstore.errors import InvalidInputError, ReadOnlyError
-from simstore.storage._base import ObjectInfo, ObjectStore
+from simstore.storage._base import ObjectInfo, ObjectStore, never_sent
 
 __all__ = [
     "CountingStore",
@@ -209,8 +209,9 @@ class CountingStore:
                 result = fn()
         except _LOCAL_ERRORS:
             raise
-        except BaseException:
-            self._record(op, sent_bytes)
+        except BaseException as exc:
+            if not never_sent(exc):  # a refused connect reached no server
+                self._record(op, sent_bytes)
             raise
         self._record(op, sent_bytes + (read_bytes(result) if read_bytes is not None else 0))
         return result

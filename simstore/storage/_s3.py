@@ -64,7 +64,7 @@ from simstore.errors import (
     ReadOnlyError,
     StorageError,
 )
-from simstore.storage._base import ObjectInfo, check_key
+from simstore.storage._base import ObjectInfo, check_key, never_sent
 from simstore.storage._fsspec import refuse_query_or_fragment
 from simstore.storage._s3_answers import WRITE_OPS, Refused, conflict_message
 from simstore.storage._s3_files import (
@@ -347,6 +347,8 @@ class S3Store:
 
         Never fails the read for it.
         """
+        if never_sent(failed):  # a refused connect: nothing reached the server
+            return
         local = getattr(self, "_listener", None)
         hook = getattr(local, "fn", None) if local is not None else None
         if hook is None:

@@ -29,7 +29,8 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 from botocore.exceptions import ReadTimeoutError as BotoReadTimeoutError
 from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
-from simstore.errors import StorageError
+from simstore.errors import SimstoreError, StorageError
+from simstore.storage._base import never_sent
 from simstore.storage._s3_watchdog import cut_at, cut_body
 
 if TYPE_CHECKING:
@@ -163,7 +164,14 @@ class S3ObjectReader(io.RawIOBase):
             kwargs["Range"] = f"bytes={self._pos}-"
             if self._etag:
                 kwargs["IfMatch"] = self._etag
-        response = self._store._get_object(self.key, kwargs, since=since)
+        try:
+            response = self._store._get_object(self.key, kwargs, since=since)
+        except SimstoreError as exc:
+            # the last attempt was sent (and billed) too, unless it never connected; the
+            # ones before it were told to the store's listener as retries
+            if not never_sent(exc):
+                self.requests += 1
+            raise
         self.requests += 1
         length = int(response.get("ContentLength") or 0)
         if not self._pos:

@@ -365,3 +365,45 @@ def test_the_loader_counts_throttled_and_cut_requests_as_sent(dataset, fault_pro
     s3 = ds.stats()["tiers"]["s3"]
     sent = len(fault_proxy.records) - 3  # all but the catalog's 3 reads, as above
     assert s3["requests"] == sent
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_request_that_fails_for_good_is_counted_as_sent(dataset, fault_proxy, tmp_path,
+                                                          cached):
+    """Found by an audit: a read whose attempts all failed counted all but its last
+    (sent and billed as the others), with and without a cache in front."""
+    from simstore.loaders import SimDataset
+
+    url, shards, _ = dataset
+    opts = {**FAST, "endpoint_url": fault_proxy.endpoint_url, "max_attempts": 3}
+    kw = {"cache_dir": str(tmp_path / "cache")} if cached else {}
+    ds = SimDataset(url, "d", shuffle=False, storage_options=opts, **kw)
+    before = len(fault_proxy.records)  # the dataset's construction: counted elsewhere
+    fault_proxy.fail_share(1.0, "slowdown", seed=0, methods=["GET", "HEAD"],
+                           path_contains=object_key(shards[0]))
+    with pytest.raises(StorageError, match=object_key(shards[0])):
+        list(ds)
+    assert fault_proxy.count("slowdown") >= 3
+    assert ds.stats()["tiers"]["s3"]["requests"] == len(fault_proxy.records) - before
+
+
+def test_a_connect_that_is_refused_is_no_request():
+    """Found by an audit: attempts refused at connect reached no server, and were counted
+    as requests (a server down for good: the loader said 9 where 7 were sent)."""
+    from simstore.loaders._fetch import RateLimiter, ShardAccess
+    from simstore.loaders._stats import Counters
+    from simstore.storage import CountingStore
+    from simstore.storage._s3 import S3Store
+
+    down = S3Store("s3://bucket/root", storage_options={
+        **FAST, "endpoint_url": "http://127.0.0.1:1", "max_attempts": 3,
+        "key": "k", "secret": "s"})
+    counting = CountingStore(down)
+    counters = Counters()
+    ShardAccess(down, counters=counters, limiter=RateLimiter(None), cache=None, verify=False)
+    with pytest.raises(StorageError, match="failed after 3 attempts"):
+        counting.get("objects/x")
+    assert counting.traffic.tier("s3").requests == 0
+    with pytest.raises(StorageError, match="failed after 3 attempts"):
+        down.get("objects/x")  # its retries told to the loader's counters
+    assert counters.snapshot().get("tier:s3:requests", 0) == 0
