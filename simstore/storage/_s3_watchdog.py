@@ -52,6 +52,7 @@ class _Watchdog:
         self._heap: list[tuple[float, int, list[Any]]] = []
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
+        self._forgotten = 0  # entries in the heap whose read has ended
 
     def watch(self, at: float, cut: Callable[[], None]) -> list[Any]:
         entry: list[Any] = [cut]
@@ -64,15 +65,26 @@ class _Watchdog:
             self._cond.notify()
         return entry
 
-    @staticmethod
-    def forget(entry: list[Any]) -> None:
-        entry[0] = None  # dropped from the heap when its time comes
+    def forget(self, entry: list[Any]) -> None:
+        """The read has ended: its entry goes when it reaches the top of the heap.
+
+        Or sooner, in a compaction once most of the heap is such entries: reads end long
+        before their deadline, and a busy process makes thousands a second.
+        """
+        with self._cond:
+            entry[0] = None
+            self._forgotten += 1
+            if self._forgotten > 1024 and 2 * self._forgotten > len(self._heap):
+                self._heap = [e for e in self._heap if e[2][0] is not None]
+                heapq.heapify(self._heap)
+                self._forgotten = 0
 
     def _run(self) -> None:
         while True:
             with self._cond:
                 while self._heap and self._heap[0][2][0] is None:
                     heapq.heappop(self._heap)
+                    self._forgotten = max(0, self._forgotten - 1)
                 if not self._heap:
                     self._cond.wait(60.0)
                     continue
@@ -81,7 +93,8 @@ class _Watchdog:
                     self._cond.wait(wait)
                     continue
                 _, _, entry = heapq.heappop(self._heap)
-                cut = entry[0]
+                cut, entry[0] = entry[0], None
+                self._forgotten -= 1  # counted again when its read ends and forgets it
             if cut is not None:
                 with contextlib.suppress(Exception):
                     cut()
