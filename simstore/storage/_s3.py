@@ -435,17 +435,24 @@ class S3Store:
                 return b""
             raise self._error("read", key, exc) from exc.error
 
-    def deadline_left(self, start: float) -> float:
-        """Seconds left of the retry deadline of a run of attempts begun at ``start``."""
-        return self._tuning.retry_deadline_s - (self._clock() - start)
+    def body_bound(self, start: float, nbytes: int) -> float:
+        """Seconds from now a body of ``nbytes``, read in a run begun at ``start``, may take.
+
+        The later of the retry deadline and the body's size at ``min_read_bytes_per_second``:
+        a slow body that keeps coming is read, one that trickles is cut off.
+        """
+        tuning = self._tuning
+        left = tuning.retry_deadline_s - (self._clock() - start)
+        return max(left, nbytes / tuning.min_read_bytes_per_second)
 
     def _read_body(self, kwargs: Mapping[str, Any], start: float) -> tuple[bytes, str]:
         response = self._api.get_object(**kwargs)
         body = response["Body"]
+        length = int(response.get("ContentLength") or 0)
         try:
-            # a body trickling in past the deadline is cut off: it fails as a broken one,
-            # and the retry loop, its deadline passed, gives up naming the object
-            with cut_at(self.deadline_left(start), lambda: cut_body(body)):
+            # a body trickling in past its bound is cut off: it fails as a broken one, and
+            # the retry loop, its deadline passed, gives up naming the object
+            with cut_at(self.body_bound(start, length), lambda: cut_body(body)):
                 data = bytes(body.read())
         except FlexibleChecksumError as exc:
             # the body arrived, damaged on the way: what a read again fixes, as a cut;

@@ -299,8 +299,8 @@ class S3ObjectReader(io.RawIOBase):
         start, origin = store._clock(), self._pos
         done = failures = tries = 0
         mark = self._pos  # where the last failure left off
-        # a body trickling in past the deadline is cut off, whichever GET it came from
-        with cut_at(store.deadline_left(start), lambda: cut_body(self._body)):
+        # a body trickling in past its bound is cut off, whichever GET it came from
+        with cut_at(store.body_bound(start, want), lambda: cut_body(self._body)):
             try:
                 while done < want:
                     try:

@@ -74,6 +74,9 @@ class S3Options(TypedDict, total=False):
             in ``[0, min(backoff_max_s, backoff_base_s * 2**(n-1)))`` (defaults 0.25 and 20).
         retry_deadline_s: no retry starts later than this after the first attempt (120).
         connect_timeout_s, read_timeout_s: socket timeouts per attempt (10 and 60).
+        min_read_bytes_per_second: a body still arriving once its read has taken longer
+            than both ``retry_deadline_s`` and its size at this rate is cut off, so one
+            that trickles in (a few bytes inside every read timeout) fails (32 KiB).
         multipart_threshold_bytes: uploads above this are multipart (64 MiB).
         multipart_part_bytes: part size (16 MiB; grown to stay within 10,000 parts;
             S3 needs at least 5 MiB for every part but the last).
@@ -99,6 +102,7 @@ class S3Options(TypedDict, total=False):
     retry_deadline_s: float
     connect_timeout_s: float
     read_timeout_s: float
+    min_read_bytes_per_second: float
     multipart_threshold_bytes: int
     multipart_part_bytes: int
     multipart_concurrency: int
@@ -115,6 +119,7 @@ class Tuning:
     retry_deadline_s: float = 120.0
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 60.0
+    min_read_bytes_per_second: float = 32 * 1024
     multipart_threshold_bytes: int = 64 * _MiB
     multipart_part_bytes: int = 16 * _MiB
     multipart_concurrency: int = 4

@@ -40,8 +40,9 @@ _HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te
 
 class BodyFaultProxy(FaultProxy):
     """A :class:`FaultProxy` whose ``truncate`` sends ``body_bytes`` of the body, then
-    resets the connection (``body_fault="reset"``), holds it silent (``"stall"``) or sends
-    the rest a byte every 0.2 s (``"trickle"``)."""
+    resets the connection (``body_fault="reset"``), holds it silent (``"stall"``), sends
+    the rest a byte every 0.2 s (``"trickle"``), or all of it 1 KiB every 0.25 s
+    (``"paced"``, a slow link that keeps coming)."""
 
     body_bytes = 0
     body_fault = "reset"
@@ -64,15 +65,22 @@ class BodyFaultProxy(FaultProxy):
                 self.wfile.flush()
                 if proxy.body_fault == "stall":
                     proxy._closing.wait(proxy.stall_s)
-                elif proxy.body_fault == "trickle":  # a byte inside every read timeout
-                    for byte in data[proxy.body_bytes:]:
-                        if proxy._closing.wait(0.2):
+                elif proxy.body_fault in ("trickle", "paced"):
+                    # a byte inside every read timeout, or 1 KiB every 0.25 s to the end
+                    step = 1 if proxy.body_fault == "trickle" else 1024
+                    pause = 0.2 if proxy.body_fault == "trickle" else 0.25
+                    rest = data[proxy.body_bytes:]
+                    for at in range(0, len(rest), step):
+                        if proxy._closing.wait(pause):
                             break
                         try:
-                            self.wfile.write(bytes([byte]))
+                            self.wfile.write(rest[at : at + step])
                             self.wfile.flush()
                         except OSError:  # the reader cut it off
                             break
+                    else:
+                        if proxy.body_fault == "paced":
+                            return  # all of it sent: a whole, slow reply
                 # a reset: no FIN, the bytes not yet read by the client may be lost
                 self.connection.setsockopt(
                     socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
@@ -221,3 +229,24 @@ def test_a_body_that_trickles_in_is_cut_off_at_the_retry_deadline(s3_bucket, bod
     text = str(info.value)
     assert text.startswith(f"{proxied.url}/objects/slow: read failed after ")
     assert "(retry deadline 1.0 s reached)" in text
+
+
+@pytest.mark.parametrize("way", ["open_read", "get", "range"])
+def test_a_slow_body_that_keeps_coming_is_read_past_the_retry_deadline(s3_bucket, body_proxy,
+                                                                      way):
+    # found by a review: the cut at the deadline took a steady 4 KiB/s body for a trickle;
+    # it runs to the later of the deadline and the body's size at min_read_bytes_per_second
+    direct, proxied = stores(s3_bucket(), body_proxy.endpoint_url, read_timeout_s=2,
+                             retry_deadline_s=0.5, max_attempts=50,
+                             min_read_bytes_per_second=1024)
+    blob = os.urandom(4096)
+    direct.put("objects/paced", blob)
+    body_proxy.body_bytes, body_proxy.body_fault = 0, "paced"  # about 1 s for the body
+    body_proxy.fail_share(1.0, "truncate", seed=0, methods=["GET"])
+    if way == "open_read":
+        with proxied.open_read("objects/paced") as reader:
+            assert reader.read(4096) == blob
+    elif way == "get":
+        assert proxied.get("objects/paced") == blob
+    else:
+        assert proxied.get("objects/paced", (0, 4000)) == blob[:4000]

@@ -392,6 +392,7 @@ def test_a_connect_that_is_refused_is_no_request():
     as requests (a server down for good: the loader said 9 where 7 were sent)."""
     from simstore.loaders._fetch import RateLimiter, ShardAccess
     from simstore.loaders._stats import Counters
+
     from simstore.storage import CountingStore
     from simstore.storage._s3 import S3Store
 
