@@ -298,11 +298,27 @@ class ShardCache:
                 self._count_hit(object_id, pinned, counted_as)
                 return pinned
             self._raise_failed_fill(object_id, before)
+            fetch_failed: list[StorageError] = []
+
+            def fetching(out: BinaryIO) -> None:
+                try:
+                    download(out)
+                except StorageError as exc:
+                    fetch_failed.append(exc)
+                    raise
+
             try:
-                pinned = self._fill(object_id, size_bytes(), download, referenced_by,
-                                    counted_as)
+                try:
+                    size = size_bytes()
+                except StorageError as exc:
+                    fetch_failed.append(exc)
+                    raise
+                pinned = self._fill(object_id, size, fetching, referenced_by, counted_as)
             except StorageError as exc:
-                self._note_failed_fill(object_id, exc)
+                # the store's failure, not this node's (a lock, a full disk): what the
+                # waiters would meet too
+                if fetch_failed:
+                    self._note_failed_fill(object_id, exc)
                 raise
             if filled is not None:
                 assert pinned.fd is not None
