@@ -369,8 +369,7 @@ class ShardCache:
                 message = f.read()
         except OSError:
             return
-        raise StorageError(f"{message} (the fill this process waited for on the node; "
-                           "the next read tries again)")
+        raise StorageError(message)  # the same failure: the next read tries again
 
     def drop_if_not_size(self, object_id: str, size: int) -> bool:
         """Remove the copy of ``object_id`` if it is not ``size`` bytes; whether it did.
