@@ -50,7 +50,7 @@ import stat
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 from simstore.loaders._stats import Counters
 
@@ -107,6 +107,7 @@ class PinnedCopy:
 
 # A fill writes the object into the given file; it returns nothing and raises on failure.
 Download = Callable[[BinaryIO], None]
+T = TypeVar("T")
 
 
 class ShardCache:
@@ -298,27 +299,13 @@ class ShardCache:
                 self._count_hit(object_id, pinned, counted_as)
                 return pinned
             self._raise_failed_fill(object_id, before)
-            fetch_failed: list[StorageError] = []
-
-            def fetching(out: BinaryIO) -> None:
-                try:
-                    download(out)
-                except StorageError as exc:
-                    fetch_failed.append(exc)
-                    raise
-
+            from_store: list[StorageError] = []
             try:
-                try:
-                    size = size_bytes()
-                except StorageError as exc:
-                    fetch_failed.append(exc)
-                    raise
-                pinned = self._fill(object_id, size, fetching, referenced_by, counted_as)
+                pinned = self._fill(object_id, _noting(size_bytes, from_store)(),
+                                    _noting(download, from_store), referenced_by, counted_as)
             except StorageError as exc:
-                # the store's failure, not this node's (a lock, a full disk): what the
-                # waiters would meet too
-                if fetch_failed:
-                    self._note_failed_fill(object_id, exc)
+                if from_store:  # the store's failure, which the waiters would meet too;
+                    self._note_failed_fill(object_id, exc)  # not this node's (a lock)
                 raise
             if filled is not None:
                 assert pinned.fd is not None
@@ -628,6 +615,19 @@ def _subfolders(path: str) -> Iterator[str]:
         with contextlib.suppress(FileNotFoundError):
             if stat.S_ISDIR(os.lstat(sub).st_mode):
                 yield sub
+
+
+def _noting(fn: Callable[..., T], failures: list[StorageError]) -> Callable[..., T]:
+    """``fn``, adding each ``StorageError`` it raises to ``failures`` on the way out."""
+
+    def call(*args: Any) -> T:
+        try:
+            return fn(*args)
+        except StorageError as exc:
+            failures.append(exc)
+            raise
+
+    return call
 
 
 def _stripe(object_id: str) -> str:

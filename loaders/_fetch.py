@@ -112,7 +112,6 @@ def count_retries(store: ObjectStore, counters: Counters, tier: str) -> None:
         store.on_retry = lambda _request, received: counters.add_read(tier, received)
 
 
-
 @contextlib.contextmanager
 def billed_if_failed(counters: Counters, tier: str) -> Iterator[None]:
     """Count a request made within this block that failed for good, as it was billed.
@@ -502,9 +501,11 @@ class ShardAccess:
         try:
             yield
         except NotFoundError as exc:
-            raise IntegrityError(
-                f"{self.store.url}: {object_key(shard_id)} is missing{self._by()}"
-            ) from exc
+            raise self.missing(shard_id) from exc
+
+    def missing(self, shard_id: str) -> IntegrityError:
+        """The error of a shard the snapshot names but the store lacks."""
+        return IntegrityError(f"{self.store.url}: {object_key(shard_id)} is missing{self._by()}")
 
     def prepare(self, shard_id: str) -> ShardHandle | None:
         """Background work before a shard is opened: verify it, or fill the cache."""

@@ -229,4 +229,3 @@ def layout_cache() -> LayoutCache | None:
     if root is None:
         return None
     return LayoutCache(os.path.join(root, "layouts"), DEFAULT_LAYOUT_CACHE_BYTES)
-

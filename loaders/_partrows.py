@@ -276,5 +276,3 @@ def part_rows_cache() -> PartRowsCache | None:
     """
     root = records_dir()
     return PartRowsCache(os.path.join(root, "rows")) if root is not None else None
-
-

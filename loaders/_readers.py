@@ -463,11 +463,7 @@ class ReaderPool:
             # gone between its check and its open, or not a file (a folder in its place):
             # damage the snapshot names, as a shard found missing before its open is
             handle.release()
-            access = self.access[key[0]]
-            raise IntegrityError(
-                f"{access.store.url}: {object_key(key[1])} is missing; referenced by "
-                f"snapshot {self.referenced_by[key[0]]}"
-            ) from exc
+            raise self.access[key[0]].missing(key[1]) from exc
         except SimstoreError as exc:
             handle.release()
             raise type(exc)(f"{self._name(key)}: {exc}") from exc
