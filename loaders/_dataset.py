@@ -19,7 +19,7 @@ import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 import numpy as np
 from simstore.loaders._cache import ShardCache
@@ -217,9 +217,13 @@ class SimDataset(IterableDataset[Sample]):
         zero_copy: share memory with decoded buffers where possible (do not modify
             samples in place in a transform when true).
         map_files: on Linux, a large uncompressed Zarr chunk that starts at a page
-            boundary of a local shard file (or cache copy) is mapped into its batch,
+            boundary of a local shard file (or cache copy) can be mapped into its batch,
             copy-on-write, instead of read: no copy of its bytes (see docs/loader.md).
-            False: read every chunk.
+            ``"first"`` (the default): the chunks of each iteration's first batches are
+            mapped, the rest read into memory that batches the training loop has let go
+            of hand back (a copy, but no page faults and no unmapping). True: every such
+            chunk is mapped (the batches share the page cache: for a loop that keeps
+            its batches, or a node short of memory). False: every chunk is read.
         shard_opener: how to open a shard (default: any installed format, by its magic
             bytes, as ``simstore.formats.open_shard`` does).
         world_detector: how to find rank and world size (default :func:`detect_world`).
@@ -253,7 +257,7 @@ class SimDataset(IterableDataset[Sample]):
         verify_every_s: float = DEFAULT_VERIFY_EVERY_S,
         max_bandwidth: int | str | None = None,
         zero_copy: bool = True,
-        map_files: bool = True,
+        map_files: bool | Literal["first"] = "first",
         shard_opener: ShardOpener | None = None,
         world_detector: WorldDetector | None = None,
         log_every_s: float | None = None,
@@ -298,7 +302,11 @@ class SimDataset(IterableDataset[Sample]):
         if not verify_every_s >= 0:
             raise InvalidInputError(f"verify_every_s must be >= 0, got {verify_every_s}")
         zero_copy = check_bool(zero_copy, "zero_copy")
-        map_files = check_bool(map_files, "map_files")
+        if isinstance(map_files, bool | np.bool_):
+            map_files = bool(map_files)
+        elif not (isinstance(map_files, str) and map_files == "first"):
+            raise InvalidInputError(
+                f"map_files must be 'first', True or False, got {shown(map_files)}")
         bandwidth = parse_bytes(max_bandwidth, "max_bandwidth")
         for name, value in (("shard_opener", shard_opener), ("world_detector", world_detector)):
             if value is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass, field
+from typing import Literal
 
 from simstore.loaders._cache import CacheConfig, copies_bytes
 from simstore.loaders._checks import parse_bytes, shown
@@ -37,8 +38,9 @@ class LoaderOptions:
     with ``node``: a layout is read only for a file a record trusts)."""
     max_bandwidth: float | None = None
     zero_copy: bool = True
-    map_files: bool = True
-    """Map large page-aligned chunks of local shard files into batches, not read them."""
+    map_files: bool | Literal["first"] = "first"
+    """Map large page-aligned chunks of local shard files into batches, not read them:
+    every one (True), only those of an iteration's first chunk (``"first"``), none."""
     shard_opener: ShardOpener | None = None
     log_every_s: float | None = None
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import operator
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -435,9 +436,16 @@ class EpochReader:
 
                 corrupt = CorruptShards(counters, probe)
 
+            decoded = itertools.count()
+
             def decode(chunk: Any) -> tuple[list[dict[str, Any]], ChunkBuffers]:
+                # "first": a chunk mapped is one not read before the first batch, but its
+                # memory never comes back to the pool, and later chunks read into memory
+                # that did come back faster than they map (docs/loader.md#mapped-chunks)
+                mapping = opts.map_files is True or (
+                    opts.map_files == "first" and next(decoded) == 0)
                 buffers = ChunkBuffers(len(chunk), shared=shared, pool=shared_pool,
-                                       map_files=opts.map_files, defer_files=defer_files)
+                                       map_files=mapping, defer_files=defer_files and mapping)
                 fan_out = first.pop() if first else None
                 values = read_chunk(chunk, pool, sources, limiter, counters, tiers, buffers,
                                     fan_out, side_by_side=depth > 1, corrupt=corrupt)

@@ -117,13 +117,30 @@ def test_mapped_batches_hold_the_source_values_and_the_file_is_untouched(zarr_st
     paths = _shard_paths(store)
     before = _digests(paths)
     mapped = _tensors.POOL.mapped_bytes
-    batches = _epoch(store)
+    batches = _epoch(store, map_files=True)
     assert _tensors.POOL.mapped_bytes - mapped == len(values) << 20
     assert _check(batches, values) == len(values)
     for b in batches:  # the training loop writes into its batch: a private copy of the page
         b["u"].mul_(-2.0)  # type: ignore[union-attr]
     assert _digests(paths) == before
-    assert _check(_epoch(store), values) == len(values)
+    assert _check(_epoch(store, map_files=True), values) == len(values)
+
+
+def test_by_default_only_the_first_chunk_is_mapped_and_later_ones_reuse_memory(zarr_store):
+    store, values = zarr_store
+    few = {"chunk_samples": 2}  # a chunk holds whole batches: rows 0-3, then 4-5
+    mapped = _tensors.POOL.mapped_bytes
+    batches = _epoch(store, prefetch=few)
+    assert [len(b["u"]) for b in batches] == [4, 2]  # type: ignore[arg-type]
+    assert _check(batches, values) == len(values)
+    assert _tensors.POOL.mapped_bytes - mapped == 4 << 20
+    del batches
+    # the first epoch's read chunk came back when its batch went: the next epoch's
+    # second chunk is read into it
+    reused = _tensors.POOL.reused
+    assert _check(_epoch(store, prefetch=few), values) == len(values)
+    assert _tensors.POOL.mapped_bytes - mapped == 8 << 20
+    assert _tensors.POOL.reused > reused
 
 
 def test_map_files_false_reads_every_chunk(zarr_store):
@@ -176,9 +193,10 @@ def test_a_damaged_mapped_chunk_is_an_error_naming_the_shard(tmp_path):
     assert pool.mapped_bytes > 0
 
 
-def test_map_files_must_be_a_bool(zarr_store):
+@pytest.mark.parametrize("bad", ["yes", "First", 1, None])
+def test_map_files_must_be_first_or_a_bool(zarr_store, bad):
     store, _ = zarr_store
-    refused("map_files", SimDataset, store, "d", map_files="yes")
+    refused("map_files", SimDataset, store, "d", map_files=bad)
 
 
 # -- BufferPool.map_file ---------------------------------------------------------------
@@ -256,7 +274,7 @@ def test_fork_workers_leave_mapped_rows_to_the_main_process(zarr_store):
     before = _digests(paths)
     mapped = _tensors.POOL.mapped_bytes
     # verify=False: every chunk goes unchecked from the first, so all are left unread
-    batches = _worker_epoch(store, verify=False)
+    batches = _worker_epoch(store, verify=False, map_files=True)
     assert _tensors.POOL.mapped_bytes - mapped == len(values) << 20
     assert _check(batches, values) == len(values)
     for b in batches:
@@ -272,6 +290,15 @@ def test_fork_workers_leave_mapped_rows_to_the_main_process(zarr_store):
     finally:
         for p in paths:
             os.rename(p + ".moved", p)
+
+
+def test_fork_workers_leave_only_their_first_chunk_by_default(zarr_store):
+    store, values = zarr_store
+    mapped = _tensors.POOL.mapped_bytes
+    batches = _worker_epoch(store, verify=False, prefetch={"chunk_samples": 2})
+    # each worker's first chunk: two rows of its three
+    assert _tensors.POOL.mapped_bytes - mapped == 4 << 20
+    assert _check(batches, values) == len(values)
 
 
 def test_fork_workers_with_checks_give_the_same_values(zarr_store):
