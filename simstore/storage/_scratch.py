@@ -11,13 +11,17 @@ pid never makes a dead folder look alive, nor a live one dead.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
+import functools
 import os
+import secrets
 import shutil
 import socket
 import tempfile
 import time
+import weakref
 
 __all__ = ["SCRATCH_PREFIX", "Scratch", "scratch_in_use", "sweep_scratch"]
 
@@ -38,38 +42,72 @@ class Scratch:
 
     Raises OSError when it cannot be created. :meth:`remove` deletes it and drops the lock
     (in that order, so no sweep sees it unlocked while it still exists).
+
+    A folder is never left behind by its own process: an exception at any point of its
+    making (Ctrl-C, or SIGTERM raised as one by the command line, between any two steps)
+    removes it; a ``Scratch`` dropped without :meth:`remove` removes its folder when it
+    is collected; and one still held when the interpreter exits, at exit. Only a process
+    killed outright leaves one, for the next sweep.
     """
 
     def __init__(self, parent: str | None = None) -> None:
-        self.path = tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=parent)
-        # locked before it takes its name: a sweep never finds the marker unlocked
-        pending = os.path.join(self.path, PENDING_OWNER_FILE)
+        where = tempfile.gettempdir() if parent is None else parent
+        self._fd: int | None = None
+        self._pid = os.getpid()
+        self.path = ""
+        _HELD.add(self)  # before the folder exists: from its making on, exit removes it
+        _remove_at_exit()
         try:
-            fd = os.open(pending, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        except OSError:
-            shutil.rmtree(self.path, ignore_errors=True)
-            raise
-        self._fd: int | None = fd
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh file: always free
-            os.write(fd, f"pid {os.getpid()} host {socket.gethostname()}\n".encode())
+            for _ in range(_NAME_TRIES):
+                # named before it is made, so an interrupt just after the mkdir finds it
+                self.path = os.path.join(where, SCRATCH_PREFIX + secrets.token_hex(6))
+                try:
+                    os.mkdir(self.path, 0o700)
+                except FileExistsError:
+                    self.path = ""  # another's
+                    continue
+                break
+            else:
+                raise FileExistsError(f"{where}: no free scratch folder name in "
+                                      f"{_NAME_TRIES} tries")
+            # locked before it takes its name: a sweep never finds the marker unlocked
+            pending = os.path.join(self.path, PENDING_OWNER_FILE)
+            self._fd = os.open(pending, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                               0o644)
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh file: always free
+            os.write(self._fd, f"pid {os.getpid()} host {socket.gethostname()}\n".encode())
             os.rename(pending, os.path.join(self.path, OWNER_FILE))
-        except OSError:
+        except BaseException:
             self.remove()
             raise
 
     def remove(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
+        if os.getpid() != self._pid:
+            return  # a forked child's copy: the folder is its parent's
+        _HELD.discard(self)
+        if self.path:
+            shutil.rmtree(self.path, ignore_errors=True)
         fd, self._fd = self._fd, None
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
-    def __del__(self) -> None:  # a runner dropped without finishing: no fd leaks
-        fd = getattr(self, "_fd", None)
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+    def __del__(self) -> None:  # dropped without finishing (an interrupted run)
+        if getattr(self, "_pid", None) == os.getpid():
+            self.remove()
+
+
+_NAME_TRIES = 100
+
+_HELD: weakref.WeakSet[Scratch] = weakref.WeakSet()
+"""The scratch folders this process made and has not removed (forked children inherit
+the set, and leave its folders alone: :meth:`Scratch.remove` checks the pid)."""
+
+
+@functools.cache
+def _remove_at_exit() -> None:
+    """Remove, at interpreter exit, every scratch folder this process still holds."""
+    atexit.register(lambda: [scratch.remove() for scratch in list(_HELD)])
 
 
 def scratch_in_use(path: str) -> bool | None:

@@ -162,3 +162,76 @@ def test_a_folder_killed_before_its_marker_is_removed_after_a_minute(tmp_path):
     assert _scratch_folders(parent) == [
         "simstore-ingest-empty-new", "simstore-ingest-files-old",
         "simstore-ingest-pending-locked"]
+
+
+# -- a folder its own process leaves: an interrupt while it is made, a dropped Scratch ---
+
+def _interrupting_after(real):
+    """``real``, that raises KeyboardInterrupt once it has done its work."""
+    def call(*args, **kwargs):
+        real(*args, **kwargs)
+        raise KeyboardInterrupt
+    return call
+
+
+@pytest.mark.parametrize("step", ["mkdir", "open", "flock", "write", "rename"])
+def test_an_interrupt_at_any_step_of_making_a_scratch_folder_leaves_nothing(
+        tmp_path, monkeypatch, step):
+    # SIGTERM under the command line is raised as an exception wherever the main thread
+    # is: once right after the folder was made, it stayed behind a stopped ingest
+    import fcntl
+    import types
+
+    from simstore.storage import Scratch, _scratch
+
+    # the module's own calls only (its clean-up, shutil's, must run as they do)
+    name = "fcntl" if step == "flock" else "os"
+    real = fcntl if step == "flock" else os
+    stand_in = types.SimpleNamespace(**{k: getattr(real, k) for k in dir(real)
+                                        if not k.startswith("__")})
+    setattr(stand_in, step, _interrupting_after(getattr(real, step)))
+    monkeypatch.setattr(_scratch, name, stand_in)
+    with pytest.raises(KeyboardInterrupt):
+        Scratch(str(tmp_path))
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_scratch_dropped_without_remove_takes_its_folder_with_it(tmp_path):
+    import gc as collector
+
+    from simstore.storage import Scratch
+
+    kept, dropped = Scratch(str(tmp_path)), Scratch(str(tmp_path))
+    path = dropped.path
+    del dropped
+    collector.collect()
+    assert not os.path.exists(path)
+    assert _scratch_folders(tmp_path) == [os.path.basename(kept.path)]
+    kept.remove()
+
+
+HOLDER = """
+import gc, os, sys
+from simstore.storage import Scratch
+s = Scratch(sys.argv[1])
+print(s.path, flush=True)
+pid = os.fork()
+if pid == 0:  # a forked child's copy is its parent's folder: dropped, exited, left alone
+    del s
+    gc.collect()
+    sys.exit(0)
+os.waitpid(pid, 0)
+assert os.path.isdir(s.path), "the child removed its parent's folder"
+held = s  # held to the end: removed at exit
+"""
+
+
+def test_a_process_that_exits_holding_a_scratch_removes_it_and_a_fork_leaves_it(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, "-c", HOLDER, str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    path = done.stdout.strip()
+    assert path.startswith(str(tmp_path)), done.stdout
+    assert _scratch_folders(tmp_path) == []
