@@ -32,17 +32,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import io
-import math
 import os
 import random
 import re
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC
 from email.utils import parsedate_to_datetime
 from typing import Any, TypeVar
@@ -50,7 +46,7 @@ from typing import Any, TypeVar
 try:
     from botocore import UNSIGNED
     from botocore.config import Config
-    from botocore.exceptions import BotoCoreError, ClientError, FlexibleChecksumError
+    from botocore.exceptions import FlexibleChecksumError
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "s3:// stores need botocore; install the S3 extra: pip install 'simstore[s3]'"
@@ -64,16 +60,14 @@ from simstore.errors import (
     ReadOnlyError,
     StorageError,
 )
-from simstore.storage._base import ObjectInfo, check_key, never_sent
+from simstore.storage._base import ObjectInfo, check_key
 from simstore.storage._fsspec import refuse_query_or_fragment
-from simstore.storage._s3_answers import WRITE_OPS, Refused, conflict_message
+from simstore.storage._s3_answers import Refused, conflict_message
 from simstore.storage._s3_files import (
     TRANSPORT_ERRORS,
-    FileSlice,
     S3ObjectReader,
     TruncatedBody,
     checked_range,
-    is_transient,
     named_timeout,
     received_before,
     request_url,
@@ -87,22 +81,13 @@ from simstore.storage._s3_options import (
     secrets_of,
 )
 from simstore.storage._s3_session import add_parameters, s3_session
+from simstore.storage._s3_upload import S3Uploads, Source
 from simstore.storage._s3_watchdog import cut_at, cut_body
 
 __all__ = ["S3ObjectReader", "S3Options", "S3Store", "probe_conditional_writes"]
 
 T = TypeVar("T")
 
-_REQUEST_CLASS = {
-    "read": "get", "stat": "head", "list": "list", "write": "put", "upload": "put",
-    "refresh": "put", "delete": "delete", "abort upload": "delete",
-}
-"""The request class (as ``simstore.cost.OpClass`` names it) of each ``_retry`` operation."""
-
-_MiB = 1024 * 1024
-# S3 limits: one CopyObject copies at most 5 GiB; an upload has at most 10,000 parts.
-_MAX_COPY_BYTES = 5 * 1024 * _MiB
-_MAX_PARTS = 10_000
 _BUCKET = re.compile(r"[A-Za-z0-9._-]{1,255}")
 """The bucket names boto accepts (S3's own rules are narrower; S3-compatible stores'
 vary): anything else fails every request with a validation error."""
@@ -114,7 +99,7 @@ _NO_CONDITIONAL_WRITES = (
 )
 
 
-class S3Store:
+class S3Store(S3Uploads):
     """An :class:`~simstore.storage.ObjectStore` under ``s3://bucket/prefix``.
 
     ``storage_options`` is an :class:`S3Options` dict. The botocore client is made on first
@@ -259,153 +244,6 @@ class S3Store:
         if self.read_only:
             raise ReadOnlyError(f"{self.url}: store is read-only, cannot write {key}")
         return obj
-
-    def _scrub(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text
-
-    def _error(self, op: str, key: str, exc: BaseException) -> StorageError:
-        text = f"{self.url}/{key}: {op} failed: {self._describe(exc)}"
-        if op in WRITE_OPS and isinstance(exc, Refused) and exc.is_access_denied:
-            # read-only credentials (a training job's role, often): exit 9, not 10
-            return NotWritableError(f"{text} (these credentials may not write the store)")
-        return StorageError(text)
-
-    def _describe(self, exc: BaseException) -> str:
-        if isinstance(exc, Refused):
-            exc = exc.error
-        response = getattr(exc, "response", None)
-        if isinstance(response, Mapping):
-            err = response.get("Error", {})
-            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", "?")
-            code = str(err.get("Code", "?"))
-            if status == 403 and code in ("403", "?"):
-                # a HEAD's reply has no body, so no reason: say what a 403 there means
-                text = ("AccessDenied (HTTP 403, no reason given in a HEAD's reply): the "
-                        "credentials are wrong, expired, or may not read this bucket")
-            else:
-                text = f"{code} (HTTP {status}): {err.get('Message', '')}"
-        else:
-            text = f"{type(exc).__name__}: {exc}"
-        return self._scrub(text.strip())
-
-    def _retry(
-        self,
-        op: str,
-        key: str,
-        call: Callable[[], T],
-        *,
-        since: float | None = None,
-        request: str | None = None,
-    ) -> T:
-        """Run ``call``, retrying transient failures with exponential backoff, full jitter.
-
-        Raises ``Refused`` for a final answer of the server, and ``StorageError`` naming
-        the object once attempts or the deadline run out, or for any other failure. The
-        deadline counts from ``since`` (on :meth:`_clock`) when given: a request made
-        within a longer run of attempts (a streamed read resuming) shares that run's.
-        Each attempt that is retried is told to :attr:`on_retry` as a ``request`` (by
-        default the class ``op`` is billed as).
-        """
-        start = self._clock() if since is None else since
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return call()
-            except ClientError as exc:
-                if not is_transient(exc):
-                    raise Refused(exc, attempt) from exc
-                last: Exception = exc
-            except TRANSPORT_ERRORS as exc:
-                last = exc
-            except (BotoCoreError, OSError) as exc:
-                raise self._error(op, key, exc) from exc
-            self._wait_to_retry(op, key, attempt, start, last)
-            self._count_retry(request or _REQUEST_CLASS.get(op, "get"), last)
-
-    @contextlib.contextmanager
-    def retries_to(self, listener: Callable[[str, int], None] | None) -> Iterator[None]:
-        """Within this block, this thread's retried attempts are told to ``listener``.
-
-        For a meter that counts its own calls (``CountingStore``): another meter on the
-        same store, in another thread, keeps its own.
-        """
-        local = getattr(self, "_listener", None)
-        if local is None:  # a store pickled by an older release
-            local = self._listener = threading.local()
-        before = getattr(local, "fn", None)
-        local.fn = listener
-        try:
-            yield
-        finally:
-            local.fn = before
-
-    def _count_retry(self, request: str, failed: Exception) -> None:
-        """Tell the thread's listener, else :attr:`on_retry`, of a failed attempt.
-
-        Never fails the read for it.
-        """
-        if never_sent(failed):  # a refused connect: nothing reached the server
-            return
-        local = getattr(self, "_listener", None)
-        hook = getattr(local, "fn", None) if local is not None else None
-        if hook is None:
-            hook = getattr(self, "on_retry", None)  # a store pickled by an older release
-        if hook is not None:
-            with contextlib.suppress(Exception):
-                hook(request, int(getattr(failed, "received_bytes", 0) or 0))
-
-    def _wait_to_retry(
-        self,
-        op: str,
-        key: str,
-        attempt: int,
-        start: float,
-        last: Exception,
-        where: str = "",
-        *,
-        tries: int | None = None,
-    ) -> None:
-        """Sleep before retry ``attempt`` (from 1) of a run that began at ``start``, or give up.
-
-        Raises ``StorageError`` naming the object and the last error once ``max_attempts``
-        attempts are made, or when the backoff would end past ``retry_deadline_s`` from
-        ``start``. ``where`` is added after the attempts (a streamed read's position);
-        ``tries``, the attempts the message counts, is ``attempt`` unless given (a streamed
-        read counts only the failures that made no progress against ``max_attempts``).
-        """
-        tuning = self._tuning
-        shown = attempt if tries is None else tries
-        if attempt >= tuning.max_attempts:
-            raise StorageError(
-                f"{self.url}/{key}: {op} failed after {shown} attempts{where}: "
-                f"{self._describe(last)}"
-            ) from last
-        delay = self._backoff_s(attempt)
-        elapsed = self._clock() - start
-        if elapsed + delay > tuning.retry_deadline_s:
-            raise StorageError(
-                f"{self.url}/{key}: {op} failed after {shown} attempts{where} in "
-                f"{elapsed:.1f} s (retry deadline {tuning.retry_deadline_s} s reached): "
-                f"{self._describe(last)}"
-            ) from last
-        self._sleep(delay)
-
-    # The clock of the retry deadline and the backoff's sleep: seams for tests.
-    def _clock(self) -> float:
-        return time.monotonic()
-
-    def _sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
-
-    def _backoff_s(self, attempt: int) -> float:
-        """The sleep before retry ``attempt`` (from 1): full jitter, exponential, capped."""
-        tuning = self._tuning
-        return self._rng.uniform(
-            0.0, min(tuning.backoff_max_s, tuning.backoff_base_s * 2 ** (attempt - 1))
-        )
 
     # -- reads ---------------------------------------------------------------------------
     def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
@@ -622,7 +460,7 @@ class S3Store:
         """Write or overwrite an object (one PUT; multipart above the threshold)."""
         obj = self._check_writable(key)
         if len(data) > self._tuning.multipart_threshold_bytes:
-            self._upload_multipart(key, obj, _Source(len(data), data=data), if_absent=False)
+            self._upload_multipart(key, obj, Source(len(data), data=data), if_absent=False)
             return
         self._put_object(key, {"Bucket": self.bucket, "Key": obj, "Body": data})
 
@@ -635,7 +473,7 @@ class S3Store:
         """Write unless present (``If-None-Match: *``); when present, refresh LastModified."""
         obj = self._check_writable(key)
         if len(data) > self._tuning.multipart_threshold_bytes:
-            return self._upload_if_absent(key, obj, _Source(len(data), data=data))
+            return self._upload_if_absent(key, obj, Source(len(data), data=data))
         if not self._tuning.conditional_writes:
             return self._check_then_write(key, obj, lambda: self.put(key, data))
         for _ in range(3):
@@ -660,183 +498,13 @@ class S3Store:
         """
         obj = self._check_writable(key)
         try:
-            source = _Source(os.stat(path).st_size, path=path)
+            source = Source(os.stat(path).st_size, path=path)
         except OSError as exc:
             raise StorageError(f"{self.url}/{key}: cannot read {path}: {exc}") from exc
         head = self._head(key)
         if head is not None and self._refresh(key, obj, int(head["ContentLength"])):
             return False
         return self._upload_if_absent(key, obj, source)
-
-    def _upload_if_absent(self, key: str, obj: str, source: _Source) -> bool:
-        if not self._tuning.conditional_writes:
-            return self._check_then_write(key, obj, lambda: self._upload(key, obj, source, False))
-        for _ in range(3):
-            if self._upload(key, obj, source, if_absent=True):
-                return True
-            if self._refresh(key, obj, source.size_bytes):
-                return False
-        raise StorageError(f"{self.url}/{key}: upload failed: object keeps vanishing")
-
-    def _check_then_write(self, key: str, obj: str, write: Callable[[], object]) -> bool:
-        # Without conditional writes two racing writers may both write; for a
-        # content-addressed key they write the same bytes, so nothing is lost.
-        head = self._head(key)
-        if head is not None and self._refresh(key, obj):
-            return False
-        write()
-        return True
-
-    def _upload(self, key: str, obj: str, source: _Source, if_absent: bool) -> bool:
-        """Upload ``source``; returns False when ``if_absent`` and the key exists."""
-        if source.size_bytes > self._tuning.multipart_threshold_bytes:
-            return self._upload_multipart(key, obj, source, if_absent)
-        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": obj}
-        if if_absent:
-            kwargs["IfNoneMatch"] = "*"
-
-        def put() -> Any:
-            with source.open(0, source.size_bytes) as body:
-                return self._api.put_object(Body=body, **kwargs)
-
-        try:
-            self._retry("write", key, put)
-            return True
-        except Refused as exc:
-            if if_absent and exc.is_precondition:
-                return False
-            raise self._error("write", key, exc) from exc.error
-
-    def _upload_multipart(self, key: str, obj: str, source: _Source, if_absent: bool) -> bool:
-        """Upload in parts, ``multipart_concurrency`` at a time; abort on failure."""
-        tuning, client = self._tuning, self._api
-        size = source.size_bytes
-        part_bytes = max(tuning.multipart_part_bytes, math.ceil(size / _MAX_PARTS))
-        checksum = client.meta.config.request_checksum_calculation != "when_required"
-        create: dict[str, Any] = {"Bucket": self.bucket, "Key": obj}
-        if checksum:
-            create["ChecksumAlgorithm"] = "CRC32"
-        try:
-            upload_id = self._retry(
-                "upload", key, lambda: client.create_multipart_upload(**create)
-            )["UploadId"]
-        except Refused as exc:
-            raise self._error("upload", key, exc) from exc.error
-        ids = {"Bucket": self.bucket, "Key": obj, "UploadId": upload_id}
-
-        def upload_part(number: int) -> dict[str, Any]:
-            offset = (number - 1) * part_bytes
-            length = min(part_bytes, size - offset)
-
-            def call() -> Any:
-                with source.open(offset, length) as body:
-                    return client.upload_part(PartNumber=number, Body=body, **ids)
-
-            response = self._retry("upload", key, call)
-            part = {"PartNumber": number, "ETag": response["ETag"]}
-            if checksum and response.get("ChecksumCRC32"):
-                part["ChecksumCRC32"] = response["ChecksumCRC32"]
-            return part
-
-        complete: dict[str, Any] = dict(ids)
-        if if_absent:
-            complete["IfNoneMatch"] = "*"
-        try:
-            n_parts = max(1, math.ceil(size / part_bytes))
-            with ThreadPoolExecutor(max_workers=max(1, tuning.multipart_concurrency)) as pool:
-                futures = [pool.submit(upload_part, n) for n in range(1, n_parts + 1)]
-                complete["MultipartUpload"] = {"Parts": _results(futures)}
-            self._retry("upload", key, lambda: client.complete_multipart_upload(**complete))
-            return True
-        except Refused as exc:
-            self._abort(key, ids)
-            if if_absent and exc.is_precondition:
-                return False
-            if exc.code == "NoSuchUpload" and exc.attempts > 1 and self._head(key) is not None:
-                return True  # an earlier attempt completed it; its response was lost
-            raise self._error("upload", key, exc) from exc.error
-        except BaseException:
-            self._abort(key, ids)
-            raise
-
-    def _abort(self, key: str, ids: Mapping[str, Any]) -> None:
-        """Abort a multipart upload, retried like any request; a final failure is swallowed.
-
-        The error that made the upload fail is the one to report. Parts left by an abort
-        that never got through (or by a writer that died) are removed by the bucket's
-        ``AbortIncompleteMultipartUpload`` lifecycle rule (docs/storage-s3.md).
-        """
-        with contextlib.suppress(Exception):
-            self._retry("abort upload", key, lambda: self._api.abort_multipart_upload(**ids))
-
-    def _refresh(self, key: str, obj: str, size_bytes: int | None = None) -> bool:
-        """Refresh LastModified by copying the object onto itself; False if it is gone."""
-        if size_bytes is not None and size_bytes > _MAX_COPY_BYTES:
-            return self._refresh_multipart(key, obj, size_bytes)
-        source = {"Bucket": self.bucket, "Key": obj}
-        try:
-            self._retry(
-                "refresh",
-                key,
-                lambda: self._api.copy_object(
-                    Bucket=self.bucket, Key=obj, CopySource=source, MetadataDirective="REPLACE"
-                ),
-            )
-            return True
-        except Refused as exc:
-            if exc.is_not_found:
-                return False
-            if exc.code in ("InvalidRequest", "EntityTooLarge") and size_bytes is None:
-                head = self._head(key)  # too large for one CopyObject
-                return head is not None and self._refresh_multipart(
-                    key, obj, int(head["ContentLength"])
-                )
-            raise self._error("refresh", key, exc) from exc.error
-
-    def _refresh_multipart(self, key: str, obj: str, size_bytes: int) -> bool:
-        """Copy an object over 5 GiB onto itself part by part (UploadPartCopy)."""
-        client = self._api
-        part_bytes = _MAX_COPY_BYTES  # server-side: the largest parts, fewest requests
-        try:
-            upload_id = self._retry(
-                "refresh",
-                key,
-                lambda: client.create_multipart_upload(Bucket=self.bucket, Key=obj),
-            )["UploadId"]
-        except Refused as exc:
-            raise self._error("refresh", key, exc) from exc.error
-        ids = {"Bucket": self.bucket, "Key": obj, "UploadId": upload_id}
-        source = {"Bucket": self.bucket, "Key": obj}
-        parts = []
-        try:
-            for number, offset in enumerate(range(0, size_bytes, part_bytes), start=1):
-                last = min(offset + part_bytes, size_bytes) - 1
-                response = self._retry(
-                    "refresh",
-                    key,
-                    _bind(
-                        client.upload_part_copy,
-                        PartNumber=number,
-                        CopySource=source,
-                        CopySourceRange=f"bytes={offset}-{last}",
-                        **ids,
-                    ),
-                )
-                parts.append({"PartNumber": number, "ETag": response["CopyPartResult"]["ETag"]})
-            self._retry(
-                "refresh",
-                key,
-                lambda: client.complete_multipart_upload(MultipartUpload={"Parts": parts}, **ids),
-            )
-            return True
-        except Refused as exc:
-            self._abort(key, ids)
-            if exc.is_not_found:
-                return False
-            raise self._error("refresh", key, exc) from exc.error
-        except BaseException:
-            self._abort(key, ids)
-            raise
 
     def compare_and_swap(self, key: str, expected: str | None, data: bytes | None) -> str | None:
         """Replace the object whose ETag is ``expected`` by a conditional PUT or DELETE.
@@ -990,35 +658,3 @@ def probe_conditional_writes(store: S3Store) -> bool:
     The function form of :meth:`S3Store.probe_conditional_writes`.
     """
     return store.probe_conditional_writes()
-
-
-# -- helpers ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Source:
-    """Bytes to upload, in a local file (``path``) or in memory (``data``)."""
-
-    size_bytes: int
-    path: str | None = None
-    data: bytes = b""
-
-    def open(self, offset: int, length: int) -> io.RawIOBase | io.BytesIO:
-        """Open ``length`` bytes from ``offset`` as a fresh file object (one per attempt)."""
-        if self.path is not None:
-            return FileSlice(self.path, offset, length)
-        return io.BytesIO(memoryview(self.data)[offset : offset + length])
-
-
-def _bind(fn: Callable[..., T], **kwargs: Any) -> Callable[[], T]:
-    """``fn`` bound to ``kwargs`` (loop-safe, unlike a lambda over loop variables)."""
-    return lambda: fn(**kwargs)
-
-
-def _results(futures: Sequence[Future[T]]) -> list[T]:
-    try:
-        return [f.result() for f in futures]
-    except BaseException:
-        for f in futures:
-            f.cancel()
-        raise

@@ -107,7 +107,11 @@ the set, and leave its folders alone: :meth:`Scratch.remove` checks the pid)."""
 @functools.cache
 def _remove_at_exit() -> None:
     """Remove, at interpreter exit, every scratch folder this process still holds."""
-    atexit.register(lambda: [scratch.remove() for scratch in list(_HELD)])
+    def remove_held() -> None:
+        for scratch in list(_HELD):
+            scratch.remove()
+
+    atexit.register(remove_held)
 
 
 def scratch_in_use(path: str) -> bool | None:

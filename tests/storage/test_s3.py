@@ -21,7 +21,7 @@ from simstore.errors import (
     SimstoreError,
     StorageError,
 )
-from simstore.storage import ObjectStore, _s3, open_store
+from simstore.storage import ObjectStore, _s3_upload, open_store
 from simstore.storage._s3 import S3Store, probe_conditional_writes
 from simstore.testing import ObjectStoreTests
 from simstore.testing.s3 import FAKE_SECRET_KEY, FaultProxy, make_s3_client
@@ -456,7 +456,7 @@ def test_refresh_of_objects_over_copy_limit_copies_in_parts(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_s3, "_MAX_COPY_BYTES", 6 * MiB)
+    monkeypatch.setattr(_s3_upload, "MAX_COPY_BYTES", 6 * MiB)
     s = multipart_store(s3_bucket(), endpoint_url=fault_proxy.endpoint_url)
     data = random.Random(2).randbytes(11 * MiB)
     src = tmp_path / "shard.bin"
