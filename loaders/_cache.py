@@ -137,6 +137,8 @@ class ShardCache:
         self._locks = os.path.join(self.root, "locks")
         self._used = os.path.join(self.root, "used")
         self._writable = writable
+        self._job = job_identity()
+        """Whose waiters take this process's failed fills (see :meth:`_note_failed_fill`)."""
         self._claim(writable)
         if writable:
             self._sweep_tmp()
@@ -326,13 +328,15 @@ class ShardCache:
         with a store that fails a shard, the error of a job with 2 workers came after two
         deadlines, and every process on the node queued on the lock added one. A note is
         a new file each time (written aside, then renamed), so a waiter tells it from one
-        it saw before it waited by its identity.
+        it saw before it waited by its identity. It names the job that failed
+        (:func:`job_identity`): a waiter of another job on the node (other credentials,
+        another endpoint) runs its own fill rather than fail with this job's error.
         """
         note = self._failed_note(object_id)
         aside = f"{note}.{uuid.uuid4().hex}"
         try:
             with open(aside, "w") as f:
-                f.write(str(exc))
+                f.write(f"{self._job}\n{exc}")
             os.replace(aside, note)
         except OSError:
             with contextlib.suppress(OSError):
@@ -353,9 +357,11 @@ class ShardCache:
             return  # none, or one from before this wait: this fill tries again
         try:
             with open(self._failed_note(object_id)) as f:
-                message = f.read()
-        except OSError:
+                job, _, message = f.read().partition("\n")
+        except (OSError, UnicodeDecodeError):
             return
+        if job != self._job:
+            return  # another job's: its store or credentials may not be this one's
         raise StorageError(message)  # the same failure: the next read tries again
 
     def drop_if_not_size(self, object_id: str, size: int) -> bool:
@@ -639,3 +645,21 @@ def _listdir(path: str) -> list[str]:
         return sorted(os.listdir(path))
     except FileNotFoundError:
         return []
+
+
+def job_identity() -> str:
+    """The job this process reads for, as far as a node can tell: who shares failed fills.
+
+    The Slurm job (``SLURM_JOB_ID``), else the distributed job whose rendezvous this
+    process joins (``MASTER_ADDR`` and ``MASTER_PORT``, which torchrun sets for every rank
+    it starts, each in a session of its own), else the process group (a training
+    process, its DataLoader workers and whatever else one shell command started).
+    """
+    slurm = os.environ.get("SLURM_JOB_ID")
+    if slurm:
+        return f"slurm {slurm}"
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if addr and port:
+        return f"rendezvous {addr}:{port}"
+    return f"process group {os.getpgrp()}"
+

@@ -297,3 +297,46 @@ def test_a_fill_that_failed_while_others_waited_fails_them_too(tmp_path):
     copy = second.acquire(oid, lambda: len(blob), lambda out: out.write(blob))
     copy.release()
     assert os.listdir(tmp_path / "c" / "tmp") == []
+
+
+def test_a_fill_another_job_failed_is_tried_again_by_a_waiter(tmp_path, monkeypatch):
+    # a job with other credentials or another endpoint on the same node: its failure
+    # (AccessDenied, a dead endpoint) is not this job's, and used to fail its read too
+    from simstore.errors import StorageError
+
+    config = CacheConfig(directory=str(tmp_path / "c"), limit_bytes=1 << 20)
+    blob = b"g" * 1000
+    oid = hash_bytes(blob)
+    monkeypatch.setenv("SLURM_JOB_ID", "101")
+    first = ShardCache(config, Counters())
+    monkeypatch.setenv("SLURM_JOB_ID", "102")
+    second = _SaysWhenItWaits(config, Counters())
+    in_fill, give_up = threading.Event(), threading.Event()
+
+    def failing(out):
+        in_fill.set()
+        give_up.wait(60)  # a liveness bound
+        raise StorageError("s3://b/objects/g: read failed: AccessDenied (HTTP 403)")
+
+    errors, got = {}, []
+
+    def run(name, cache, download):
+        try:
+            copy = cache.acquire(oid, lambda: len(blob), download)
+            with open(copy.path, "rb") as f:
+                got.append(f.read())
+            copy.release()
+        except StorageError as exc:
+            errors[name] = str(exc)
+
+    a = threading.Thread(target=run, args=("first", first, failing))
+    a.start()
+    assert in_fill.wait(60)
+    b = threading.Thread(target=run, args=("second", second, lambda out: out.write(blob)))
+    b.start()
+    assert second.waiting.wait(60)
+    give_up.set()
+    a.join(60)
+    b.join(60)
+    assert errors == {"first": "s3://b/objects/g: read failed: AccessDenied (HTTP 403)"}
+    assert got == [blob]
