@@ -81,7 +81,7 @@ from simstore.storage._s3_options import (
     secrets_of,
 )
 from simstore.storage._s3_session import add_parameters, s3_session
-from simstore.storage._s3_upload import S3Uploads, Source
+from simstore.storage._s3_upload import S3Uploads, Source, all_results
 from simstore.storage._s3_watchdog import cut_at, cut_body
 
 __all__ = ["S3ObjectReader", "S3Options", "S3Store", "probe_conditional_writes"]
@@ -342,13 +342,7 @@ class S3Store(S3Uploads):
                 return self.get(key, byte_range)
 
         with ThreadPoolExecutor(max_workers=min(max_workers, len(items))) as pool:
-            futures = [pool.submit(get, key, byte_range) for key, byte_range in items]
-            try:
-                return [f.result() for f in futures]
-            except BaseException:
-                for f in futures:
-                    f.cancel()
-                raise
+            return all_results([pool.submit(get, key, byte_range) for key, byte_range in items])
 
     def open_read(self, key: str) -> S3ObjectReader:
         """A sequential file over a whole object: one GET whose body is read as asked.

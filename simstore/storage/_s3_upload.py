@@ -22,7 +22,7 @@ from simstore.storage._s3_answers import Refused
 from simstore.storage._s3_files import FileSlice
 from simstore.storage._s3_retry import S3Retries
 
-__all__ = ["MAX_COPY_BYTES", "S3Uploads", "Source"]
+__all__ = ["MAX_COPY_BYTES", "S3Uploads", "Source", "all_results"]
 
 T = TypeVar("T")
 
@@ -120,7 +120,7 @@ class S3Uploads(S3Retries):
             n_parts = max(1, math.ceil(size / part_bytes))
             with ThreadPoolExecutor(max_workers=max(1, tuning.multipart_concurrency)) as pool:
                 futures = [pool.submit(upload_part, n) for n in range(1, n_parts + 1)]
-                complete["MultipartUpload"] = {"Parts": _results(futures)}
+                complete["MultipartUpload"] = {"Parts": all_results(futures)}
             self._retry("upload", key, lambda: client.complete_multipart_upload(**complete))
             return True
         except Refused as exc:
@@ -237,7 +237,8 @@ def _bind(fn: Callable[..., T], **kwargs: Any) -> Callable[[], T]:
     return lambda: fn(**kwargs)
 
 
-def _results(futures: Sequence[Future[T]]) -> list[T]:
+def all_results(futures: Sequence[Future[T]]) -> list[T]:
+    """Every future's result, in order; at the first failure the rest are cancelled."""
     try:
         return [f.result() for f in futures]
     except BaseException:
