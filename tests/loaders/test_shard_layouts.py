@@ -128,7 +128,10 @@ def test_a_replaced_file_is_hashed_and_not_read_through_the_old_layout(store, no
         f.write(data)
     got, st = _epoch(SimDataset(copy, "d@main", seed=2))
     assert st["shards_hashed"] == 1
-    assert st["shards_laid_out"] == len(snapshot_shards(copy)) - 1
+    # the others from their layouts; the new file too if a reader opened it only once its
+    # hash had matched in this job (the same bytes, so the same layout), which depends on
+    # the threads' timing: a full run saw it once
+    assert st["shards_laid_out"] in (len(snapshot_shards(copy)) - 1, len(snapshot_shards(copy)))
     for key, value in want.items():
         np.testing.assert_array_equal(got[key], value)
 
