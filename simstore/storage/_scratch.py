@@ -20,6 +20,7 @@ import secrets
 import shutil
 import socket
 import tempfile
+import threading
 import time
 import weakref
 
@@ -46,8 +47,9 @@ class Scratch:
     A folder is never left behind by its own process: an exception at any point of its
     making (Ctrl-C, or SIGTERM raised as one by the command line, between any two steps)
     removes it; a ``Scratch`` dropped without :meth:`remove` removes its folder when it
-    is collected; and one still held when the interpreter exits, at exit. Only a process
-    killed outright leaves one, for the next sweep.
+    is collected; and one still held when the interpreter exits, at exit. A process
+    killed outright leaves one for the next sweep, as does a fork or forkserver
+    multiprocessing child that leaves through ``os._exit`` (no exit functions run there).
     """
 
     def __init__(self, parent: str | None = None) -> None:
@@ -55,7 +57,8 @@ class Scratch:
         self._fd: int | None = None
         self._pid = os.getpid()
         self.path = ""
-        _HELD.add(self)  # before the folder exists: from its making on, exit removes it
+        with _HELD_LOCK:  # before the folder exists: from its making on, exit removes it
+            _HELD.add(self)
         _remove_at_exit()
         try:
             for _ in range(_NAME_TRIES):
@@ -82,19 +85,27 @@ class Scratch:
             raise
 
     def remove(self) -> None:
-        if os.getpid() != self._pid:
-            return  # a forked child's copy: the folder is its parent's
-        _HELD.discard(self)
-        if self.path:
-            shutil.rmtree(self.path, ignore_errors=True)
+        """Delete the folder and let go of its lock; again, nothing.
+
+        In a forked child, a copy only closes its descriptor: the folder is the parent's,
+        and the lock (shared by the descriptors of both) stays the parent's alone.
+        """
+        if os.getpid() == self._pid:
+            with _HELD_LOCK:
+                _HELD.discard(self)
+            path, self.path = self.path, ""
+            if path:
+                shutil.rmtree(path, ignore_errors=True)
         fd, self._fd = self._fd, None
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
     def __del__(self) -> None:  # dropped without finishing (an interrupted run)
-        if getattr(self, "_pid", None) == os.getpid():
+        try:
             self.remove()
+        except Exception:  # at interpreter shutdown the modules it calls may be gone
+            pass
 
 
 _NAME_TRIES = 100
@@ -102,13 +113,17 @@ _NAME_TRIES = 100
 _HELD: weakref.WeakSet[Scratch] = weakref.WeakSet()
 """The scratch folders this process made and has not removed (forked children inherit
 the set, and leave its folders alone: :meth:`Scratch.remove` checks the pid)."""
+_HELD_LOCK = threading.Lock()
+"""Taken to change :data:`_HELD` or copy it (threads make folders while exit runs)."""
 
 
 @functools.cache
 def _remove_at_exit() -> None:
     """Remove, at interpreter exit, every scratch folder this process still holds."""
     def remove_held() -> None:
-        for scratch in list(_HELD):
+        with _HELD_LOCK:
+            held = list(_HELD)
+        for scratch in held:
             scratch.remove()
 
     atexit.register(remove_held)

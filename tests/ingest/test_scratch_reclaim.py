@@ -5,6 +5,7 @@ Shards are built in a scratch folder (``--tmp-dir``, a local store's ``.scratch`
 the system temp dir) that its process keeps locked for its life: SIGKILL drops the lock.
 """
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -235,3 +236,40 @@ def test_a_process_that_exits_holding_a_scratch_removes_it_and_a_fork_leaves_it(
     path = done.stdout.strip()
     assert path.startswith(str(tmp_path)), done.stdout
     assert _scratch_folders(tmp_path) == []
+
+
+DROPS_ITS_COPY = """
+import gc, os, sys, time
+from simstore.storage import Scratch
+s = Scratch(sys.argv[1])
+print(s.path, flush=True)
+r, w = os.pipe()
+if os.fork() == 0:  # a forked child drops its copy, then lives on
+    print(os.getpid(), flush=True)
+    os.close(1)
+    os.close(2)
+    del s
+    gc.collect()
+    os.write(w, b"x")
+    time.sleep(120)
+    os._exit(0)
+os.read(r, 1)
+os._exit(0)  # the owner dies with no clean-up, as a SIGKILL leaves it
+"""
+
+
+def test_a_forked_child_that_dropped_its_copy_does_not_keep_the_folder_locked(tmp_path):
+    # the child's descriptor shares the owner's lock: kept open, a dead owner's folder
+    # looked in use for as long as the child lived
+    from simstore.storage import scratch_in_use
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    owner = subprocess.run([sys.executable, "-c", DROPS_ITS_COPY, str(tmp_path)], env=env,
+                           capture_output=True, text=True, timeout=120)
+    path, child = owner.stdout.split()
+    try:
+        assert os.path.isdir(path), owner.stderr
+        assert scratch_in_use(path) is False
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(child), signal.SIGKILL)
