@@ -650,16 +650,17 @@ def _listdir(path: str) -> list[str]:
 def job_identity() -> str:
     """The job this process reads for, as far as a node can tell: who shares failed fills.
 
-    The Slurm job (``SLURM_JOB_ID``), else the distributed job whose rendezvous this
-    process joins (``MASTER_ADDR`` and ``MASTER_PORT``, which torchrun sets for every rank
-    it starts, each in a session of its own), else the process group (a training
-    process, its DataLoader workers and whatever else one shell command started).
+    The distributed job whose rendezvous this process joins (``MASTER_ADDR`` and
+    ``MASTER_PORT``, which torchrun sets for every rank it starts, each in a session of
+    its own), else the Slurm job step (``SLURM_JOB_ID``, ``SLURM_STEP_ID``), else the
+    process group (a training process, its DataLoader workers and whatever else one
+    shell command started). Jobs these cannot tell apart (two started by one script
+    without sessions of their own) share their failed fills, as every job did before.
     """
-    slurm = os.environ.get("SLURM_JOB_ID")
-    if slurm:
-        return f"slurm {slurm}"
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if addr and port:
         return f"rendezvous {addr}:{port}"
+    slurm = os.environ.get("SLURM_JOB_ID")
+    if slurm:
+        return f"slurm {slurm}.{os.environ.get('SLURM_STEP_ID', '')}"
     return f"process group {os.getpgrp()}"
-

@@ -307,6 +307,8 @@ def test_a_fill_another_job_failed_is_tried_again_by_a_waiter(tmp_path, monkeypa
     config = CacheConfig(directory=str(tmp_path / "c"), limit_bytes=1 << 20)
     blob = b"g" * 1000
     oid = hash_bytes(blob)
+    for name in ("MASTER_ADDR", "MASTER_PORT", "SLURM_STEP_ID"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("SLURM_JOB_ID", "101")
     first = ShardCache(config, Counters())
     monkeypatch.setenv("SLURM_JOB_ID", "102")
