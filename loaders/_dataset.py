@@ -220,10 +220,11 @@ class SimDataset(IterableDataset[Sample]):
             boundary of a local shard file (or cache copy) can be mapped into its batch,
             copy-on-write, instead of read: no copy of its bytes (see docs/loader.md).
             ``"first"`` (the default): the chunks of each iteration's first batches are
-            mapped, the rest read into memory that batches the training loop has let go
-            of hand back (a copy, but no page faults and no unmapping). True: every such
-            chunk is mapped (the batches share the page cache: for a loop that keeps
-            its batches, or a node short of memory). False: every chunk is read.
+            mapped, and the rest are read into memory handed back by batches the
+            training loop has let go of (a copy, but no page faults and no unmapping).
+            True: every such chunk is mapped (the batches share the page cache: for a
+            loop that keeps its batches, or a node short of memory). False: every
+            chunk is read.
         shard_opener: how to open a shard (default: any installed format, by its magic
             bytes, as ``simstore.formats.open_shard`` does).
         world_detector: how to find rank and world size (default :func:`detect_world`).
