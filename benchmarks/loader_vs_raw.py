@@ -21,7 +21,7 @@ import os
 import statistics
 import time
 
-from benchmarks.read_into import _files
+from benchmarks.read_into import shard_files
 from benchmarks.suite.ceilings import raw_read
 from benchmarks.suite.runner import touch_pages
 
@@ -39,7 +39,7 @@ def main() -> None:
     args = p.parse_args()
     from simstore.loaders import SimDataLoader, SimDataset
 
-    files = _files(os.path.join(args.store, "objects"))
+    files = shard_files(os.path.join(args.store, "objects"))
     if not files:
         raise SystemExit(f"{args.store}: no shard files over 1 MiB under objects/")
     ds = SimDataset(args.store, args.dataset, shuffle=True, seed=0)

@@ -27,7 +27,8 @@ MiB = 1 << 20
 BATCH = 32 * MiB
 
 
-def _files(root: str) -> list[str]:
+def shard_files(root: str) -> list[str]:
+    """The files of ``root`` over 1 MiB (a store's shards), sorted."""
     out = []
     for d, _, names in os.walk(root):
         out += [os.path.join(d, n) for n in names if os.path.getsize(os.path.join(d, n)) > MiB]
@@ -81,7 +82,7 @@ def main() -> None:
     p.add_argument("path")
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
-    files = _files(args.path)
+    files = shard_files(args.path)
     if not files:
         raise SystemExit(f"{args.path}: no files over 1 MiB")
     ways = ["reuse-4m", "pool-32m", "new-32m", "map-32m"]

@@ -253,78 +253,23 @@ class _SaysWhenItWaits(ShardCache):
             yield held
 
 
-def test_a_fill_that_failed_while_others_waited_fails_them_too(tmp_path):
-    # found by an audit: each process waiting on the fill lock ran a whole fill of its own
-    # after the holder's failed, retry deadline and all (2 workers: the error came after
-    # twice the deadline; every process queued on the lock added one)
+def _fill_fails_while_second_waits(first, second, blob, message, second_download):
+    """``first`` fills ``blob``'s object and fails with ``message`` once ``second`` waits
+    on its lock with ``second_download``; the errors by name, and the copies read."""
     from simstore.errors import StorageError
 
-    config = CacheConfig(directory=str(tmp_path / "c"), limit_bytes=1 << 20)
-    blob = b"f" * 1000
-    oid = hash_bytes(blob)
-    first = ShardCache(config, Counters())
-    second = _SaysWhenItWaits(config, Counters())
     in_fill, give_up = threading.Event(), threading.Event()
 
     def failing(out):
         in_fill.set()
         give_up.wait(60)  # a liveness bound
-        raise StorageError("s3://b/objects/f: read failed after 5 attempts: SlowDown")
-
-    second_downloads = []
-    errors = {}
-
-    def run(name, cache, download):
-        try:
-            cache.acquire(oid, lambda: len(blob), download).release()
-        except StorageError as exc:
-            errors[name] = str(exc)
-
-    a = threading.Thread(target=run, args=("first", first, failing))
-    a.start()
-    assert in_fill.wait(60)
-    b = threading.Thread(target=run, args=("second", second,
-                                           lambda out: second_downloads.append(out.write(blob))))
-    b.start()
-    assert second.waiting.wait(60)
-    give_up.set()
-    a.join(60)
-    b.join(60)
-    assert errors["first"] == "s3://b/objects/f: read failed after 5 attempts: SlowDown"
-    assert errors["second"] == errors["first"]  # the one failure, not a second deadline
-    assert second_downloads == []
-    # a later call tries again, and a good fill clears the failure
-    copy = second.acquire(oid, lambda: len(blob), lambda out: out.write(blob))
-    copy.release()
-    assert os.listdir(tmp_path / "c" / "tmp") == []
-
-
-def test_a_fill_another_job_failed_is_tried_again_by_a_waiter(tmp_path, monkeypatch):
-    # a job with other credentials or another endpoint on the same node: its failure
-    # (AccessDenied, a dead endpoint) is not this job's, and used to fail its read too
-    from simstore.errors import StorageError
-
-    config = CacheConfig(directory=str(tmp_path / "c"), limit_bytes=1 << 20)
-    blob = b"g" * 1000
-    oid = hash_bytes(blob)
-    for name in ("MASTER_ADDR", "MASTER_PORT", "SLURM_STEP_ID"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("SLURM_JOB_ID", "101")
-    first = ShardCache(config, Counters())
-    monkeypatch.setenv("SLURM_JOB_ID", "102")
-    second = _SaysWhenItWaits(config, Counters())
-    in_fill, give_up = threading.Event(), threading.Event()
-
-    def failing(out):
-        in_fill.set()
-        give_up.wait(60)  # a liveness bound
-        raise StorageError("s3://b/objects/g: read failed: AccessDenied (HTTP 403)")
+        raise StorageError(message)
 
     errors, got = {}, []
 
     def run(name, cache, download):
         try:
-            copy = cache.acquire(oid, lambda: len(blob), download)
+            copy = cache.acquire(hash_bytes(blob), lambda: len(blob), download)
             with open(copy.path, "rb") as f:
                 got.append(f.read())
             copy.release()
@@ -334,11 +279,50 @@ def test_a_fill_another_job_failed_is_tried_again_by_a_waiter(tmp_path, monkeypa
     a = threading.Thread(target=run, args=("first", first, failing))
     a.start()
     assert in_fill.wait(60)
-    b = threading.Thread(target=run, args=("second", second, lambda out: out.write(blob)))
+    b = threading.Thread(target=run, args=("second", second, second_download))
     b.start()
     assert second.waiting.wait(60)
     give_up.set()
     a.join(60)
     b.join(60)
+    return errors, got
+
+
+def test_a_fill_that_failed_while_others_waited_fails_them_too(tmp_path):
+    # found by an audit: each process waiting on the fill lock ran a whole fill of its own
+    # after the holder's failed, retry deadline and all (2 workers: the error came after
+    # twice the deadline; every process queued on the lock added one)
+    config = CacheConfig(directory=str(tmp_path / "c"), limit_bytes=1 << 20)
+    blob = b"f" * 1000
+    first = ShardCache(config, Counters())
+    second = _SaysWhenItWaits(config, Counters())
+    second_downloads = []
+    errors, got = _fill_fails_while_second_waits(
+        first, second, blob, "s3://b/objects/f: read failed after 5 attempts: SlowDown",
+        lambda out: second_downloads.append(out.write(blob)))
+    assert errors["first"] == "s3://b/objects/f: read failed after 5 attempts: SlowDown"
+    assert errors["second"] == errors["first"]  # the one failure, not a second deadline
+    assert second_downloads == []
+    assert got == []
+    # a later call tries again, and a good fill clears the failure
+    copy = second.acquire(hash_bytes(blob), lambda: len(blob), lambda out: out.write(blob))
+    copy.release()
+    assert os.listdir(tmp_path / "c" / "tmp") == []
+
+
+def test_a_fill_another_job_failed_is_tried_again_by_a_waiter(tmp_path, monkeypatch):
+    # a job with other credentials or another endpoint on the same node: its failure
+    # (AccessDenied, a dead endpoint) is not this job's, and used to fail its read too
+    config = CacheConfig(directory=str(tmp_path / "c"), limit_bytes=1 << 20)
+    blob = b"g" * 1000
+    for name in ("MASTER_ADDR", "MASTER_PORT", "SLURM_STEP_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "101")
+    first = ShardCache(config, Counters())
+    monkeypatch.setenv("SLURM_JOB_ID", "102")
+    second = _SaysWhenItWaits(config, Counters())
+    errors, got = _fill_fails_while_second_waits(
+        first, second, blob, "s3://b/objects/g: read failed: AccessDenied (HTTP 403)",
+        lambda out: out.write(blob))
     assert errors == {"first": "s3://b/objects/g: read failed: AccessDenied (HTTP 403)"}
     assert got == [blob]
