@@ -146,9 +146,10 @@ checks the bytes against their CRC-32 next) the bytes must be in ``array`` on re
 class ZarrShardReader:
     """An open Zarr shard: whole fields by position, or windows of them (``read_slices``).
 
-    Reads go straight to the zip entries of the chunks a request touches (one seek and
-    read per chunk, decoded with numcodecs), not through zarr-python, whose per-call cost
-    dominates small reads; ``array()`` still hands out the stock ``zarr.Array``.
+    Reads go straight to the zip entries of the chunks a request touches (one read per
+    chunk, of its local header too the first time; decoded with numcodecs), not through
+    zarr-python, whose per-call cost dominates small reads; ``array()`` still hands out
+    the stock ``zarr.Array``.
     """
 
     def __init__(self, source: str | BinaryIO, name: str = "zarr shard") -> None:
@@ -438,6 +439,9 @@ class ZarrShardReader:
         boundary of the file (the writer aligns large ones) is mapped into ``out`` instead
         of read, when the mapper can; it is checked against its CRC-32 all the same.
         """
+        if mapper is None and self._fd is not None and key not in self._offsets:
+            if self._read_with_header(key, out):
+                return True
         where = self._stored_at(key)
         if where is None or where[1] != out.nbytes or not out.flags.c_contiguous:
             return False
@@ -453,6 +457,40 @@ class ZarrShardReader:
             got = self._fp.readinto(view)
         if got != where[1]:
             raise FormatError(f"{self.name}: zip entry {key} is truncated")
+        self._check_crc(key, view)
+        return True
+
+    def _read_with_header(self, key: str, out: np.ndarray) -> bool:
+        """Read stored entry ``key``'s local header and data in one ``preadv`` (False: not so).
+
+        Where the writer put an entry's data follows from the central directory alone: its
+        local header repeats the name and holds no extra field but the padding that puts
+        a large entry's data at a page boundary (``_zip.aligned_padding``). The header,
+        read into a scratch buffer with the data, says whether that held: False (the
+        entry is then read the careful way, :meth:`_stored_at` first) when it did not,
+        when the entry is not stored or not ``out``'s size, or when it would run past the
+        end of the file. This saves a chunk's first read the separate read of its header.
+        """
+        info = self._infos.get(key)
+        size = out.nbytes
+        if (info is None or info.compress_type != zipfile.ZIP_STORED
+                or info.compress_size != size or not out.flags.c_contiguous
+                or size * 1.05 > zipfile.ZIP64_LIMIT):  # zip64 sizes: another header
+            return False
+        assert self._fd is not None
+        name = key.encode("utf-8")
+        start = info.header_offset + 30 + len(name)
+        pad = _zip.aligned_padding(start, size)
+        if start + pad + size > self._file_size:
+            return False
+        head = bytearray(start + pad - info.header_offset)
+        view = out.reshape(-1).view(np.uint8).data
+        got = os.preadv(self._fd, [head, view], info.header_offset)
+        if (got != len(head) + size or head[:4] != MAGIC
+                or struct.unpack_from("<HH", head, 26) != (len(name), pad)
+                or head[30 : 30 + len(name)] != name):
+            return False
+        self._offsets[key] = (start + pad, size)
         self._check_crc(key, view)
         return True
 
@@ -545,23 +583,30 @@ class ZarrShardReader:
         return data
 
     def _small_entry(self, key: str) -> bytes | None:
-        """A small stored entry's bytes with one read of its local header and data.
+        """A small stored entry's bytes in one read (of its header and data, or its data).
 
-        The data is assumed to follow a local header as long as the central directory's
-        (the writer's layout); the header read with it says whether it did, and if not
-        the entry is read the careful way (:meth:`_entry`).
+        Once the entry's place is known (read before), its data alone is read. Else the
+        data is assumed to follow a local header as long as the central directory's (the
+        writer's layout); the header read with it says whether it did, and if not the
+        entry is read the careful way (:meth:`_entry`).
         """
         info = self._infos.get(key)
-        if (info is None or info.compress_type != zipfile.ZIP_STORED or self._fd is None
-                or key in self._offsets):
+        if info is None or info.compress_type != zipfile.ZIP_STORED or self._fd is None:
             return self._entry(key)
-        name_len = len(key.encode())
-        head = 30 + name_len
+        where = self._offsets.get(key)
+        if where is not None:  # read before: its data's place is known
+            known = os.pread(self._fd, where[1], where[0])
+            if len(known) != where[1]:
+                raise FormatError(f"{self.name}: zip entry {key} is truncated")
+            self._check_crc(key, known)
+            return known
+        name = key.encode("utf-8")
+        head = 30 + len(name)
         if info.header_offset + head + info.compress_size > self._file_size:
             return self._entry(key)  # which says what is wrong
         blob = os.pread(self._fd, head + info.compress_size, info.header_offset)
-        if (blob[:4] != MAGIC or struct.unpack("<HH", blob[26:30]) != (name_len, 0)
-                or len(blob) != head + info.compress_size):
+        if (blob[:4] != MAGIC or struct.unpack("<HH", blob[26:30]) != (len(name), 0)
+                or blob[30:head] != name or len(blob) != head + info.compress_size):
             return self._entry(key)
         data = blob[head:]
         self._offsets[key] = (info.header_offset + head, info.compress_size)
@@ -610,7 +655,7 @@ class ZarrShardReader:
         hi = [max(a, b) for a, b, _ in ranges]
         dims = tuple(h - a for a, h in zip(lo, hi, strict=True))
         if not shape:
-            raw = self._entry(f"{path}/c")
+            raw = self._small_entry(f"{path}/c")
             if raw is None:
                 # written for every 0-d array, as every chunk of the others (see below)
                 raise FormatError(
@@ -651,8 +696,8 @@ class ZarrShardReader:
         shape (it stays in the CPU cache while it is copied out), not into fresh memory.
         """
         if dec._decode is None and dec.stored == dec.dtype:
-            where = self._stored_at(key)
-            if where is not None:
+            info = self._infos.get(key)
+            if info is not None and info.compress_type == zipfile.ZIP_STORED:
                 scratch = self._scratch.get((dec.chunks, dec.dtype.str))
                 if scratch is None:
                     scratch = np.empty(dec.chunks, dtype=dec.dtype)
@@ -731,9 +776,12 @@ class ZarrShardReader:
         given, may return a writable C-contiguous array for the ``i``-th sample's tensor
         field (or None); an uncompressed field is then read straight into it. When ``out``
         also has ``map_file`` (a :data:`Mapper`) and takes ``mappable=True``, page-aligned
-        chunks of a shard opened from a path are offered to it in place of the read.
+        chunks of a shard opened from a path are offered to it in place of the read,
+        unless its ``maps_files`` is false (it would decline every one).
         """
         mapper = getattr(out, "map_file", None) if out is not None else None
+        if not getattr(out, "maps_files", True):
+            mapper = None  # it would decline every chunk: they are read (one call each)
         for i, p in enumerate(positions):
             yield self._sample(p, fields, functools.partial(out, i) if out is not None else None,
                                mapper)

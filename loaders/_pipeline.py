@@ -454,6 +454,11 @@ class _SlotAlloc:
         mapper = getattr(self.buffers, "map_file", None)
         return bool(mapper(array, fd, offset, check)) if mapper is not None else False
 
+    @property
+    def maps_files(self) -> bool:
+        """Whether :meth:`map_file` may take any bytes (False: it declines all of them)."""
+        return bool(getattr(self.buffers, "maps_files", True))
+
     def many(self, js: Any, name: str, shape: Any, dtype: Any) -> Any:
         """``(buffer, rows of it, row arrays)`` for asked positions ``js``, or None."""
         slots = self.slots

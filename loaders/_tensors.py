@@ -517,6 +517,11 @@ class ChunkBuffers:
                 given[slot] = row
         return array, np.asarray(slots, dtype=np.intp), rows
 
+    @property
+    def maps_files(self) -> bool:
+        """Whether :meth:`map_file` may take any bytes (False: it declines all of them)."""
+        return self.defer_files if self.shared else self.map_files
+
     def map_file(self, array: np.ndarray, fd: int, offset: int, check: bool = True) -> bool:
         """Fill ``array`` (part of a row :meth:`take` gave) with file ``fd``'s bytes at ``offset``.
 
