@@ -82,7 +82,7 @@ from simstore.storage._s3_options import (
 )
 from simstore.storage._s3_session import add_parameters, s3_session
 from simstore.storage._s3_upload import S3Uploads, Source, all_results
-from simstore.storage._s3_watchdog import cut_at, cut_body
+from simstore.storage._s3_watchdog import cut_at, cut_body, guard_release
 
 __all__ = ["S3ObjectReader", "S3Options", "S3Store", "probe_conditional_writes"]
 
@@ -285,7 +285,7 @@ class S3Store(S3Uploads):
 
     def _read_body(self, kwargs: Mapping[str, Any], start: float) -> tuple[bytes, str]:
         response = self._api.get_object(**kwargs)
-        body = response["Body"]
+        body = guard_release(response["Body"])
         length = int(response.get("ContentLength") or 0)
         try:
             # a body trickling in past its bound is cut off: it fails as a broken one, and

@@ -31,7 +31,7 @@ from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
 from simstore.errors import SimstoreError, StorageError
 from simstore.storage._base import never_sent
-from simstore.storage._s3_watchdog import cut_at, cut_body
+from simstore.storage._s3_watchdog import cut_at, cut_body, guard_release
 
 if TYPE_CHECKING:
     from simstore.storage._s3 import S3Store
@@ -183,7 +183,7 @@ class S3ObjectReader(io.RawIOBase):
                 f"{self._store.url}/{self.key}: read failed: resuming at byte {self._pos} "
                 f"of {self.size_bytes}, the server sent {length} bytes"
             )
-        self._body = response["Body"]
+        self._body = guard_release(response["Body"])
         self._url = self._url or request_url(self._body)
 
     def readable(self) -> bool:

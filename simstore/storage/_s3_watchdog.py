@@ -7,6 +7,11 @@ One daemon thread per process keeps the deadlines of the reads under way and, at
 deadline, shuts the socket of the body still being read: the read then fails as a broken
 body does, and the retry loop finds its deadline passed and raises the ``StorageError``
 that names the object.
+
+A cut never meets a connection that has gone back to the pool (where another request
+may hold it at once): the cut, and the body's return of its connection, take turns on a
+lock of the body's (:func:`guard_release`), and a block's end waits for a cut under way
+and stops any later one.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["cut_body", "cut_at"]
+__all__ = ["cut_body", "cut_at", "guard_release"]
 
 
 def _socket_of(body: Any) -> socket.socket | None:
@@ -36,12 +41,38 @@ def _socket_of(body: Any) -> socket.socket | None:
     return sock if isinstance(sock, socket.socket) else None
 
 
+def guard_release(body: Any) -> Any:
+    """``body``, its return of its connection to the pool and a cut made exclusive.
+
+    urllib3 gives a body's connection back to the pool as the body's last byte is read
+    (or the reader says it is done), and another request may take it at once: a cut
+    that had found the socket just before would shut it under that request, which then
+    fails and is sent again. Both now go through one lock of the body's, and once the
+    connection is back the body has no socket to cut.
+    """
+    raw = getattr(body, "_raw_stream", body)
+    release = getattr(raw, "release_conn", None)
+    if not callable(release) or getattr(raw, "_simstore_cut_lock", None) is not None:
+        return body
+    lock = threading.Lock()
+
+    def release_conn() -> None:
+        with lock:
+            release()
+
+    raw._simstore_cut_lock = lock
+    raw.release_conn = release_conn
+    return body
+
+
 def cut_body(body: Any) -> None:
     """Shut the socket a body arrives on: a read blocked in it returns at once."""
-    sock = _socket_of(body)
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
+    lock = getattr(getattr(body, "_raw_stream", body), "_simstore_cut_lock", None)
+    with lock if lock is not None else contextlib.nullcontext():
+        sock = _socket_of(body)
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
 
 class _Watchdog:
@@ -55,7 +86,7 @@ class _Watchdog:
         self._forgotten = 0  # entries in the heap whose read has ended
 
     def watch(self, at: float, cut: Callable[[], None]) -> list[Any]:
-        entry: list[Any] = [cut]
+        entry: list[Any] = [cut, threading.Lock()]  # the lock: the cut against forget
         with self._cond:
             heapq.heappush(self._heap, (at, next(self._order), entry))
             if self._thread is None or not self._thread.is_alive():
@@ -69,10 +100,13 @@ class _Watchdog:
         """The read has ended: its entry goes when it reaches the top of the heap.
 
         Or sooner, in a compaction once most of the heap is such entries: reads end long
-        before their deadline, and a busy process makes thousands a second.
+        before their deadline, and a busy process makes thousands a second. A cut under
+        way ends first, and none starts after: what follows the read (the next read of a
+        body kept open, say) is never cut.
         """
-        with self._cond:
+        with entry[1]:
             entry[0] = None
+        with self._cond:
             self._forgotten += 1
             if self._forgotten > 1024 and 2 * self._forgotten > len(self._heap):
                 self._heap = [e for e in self._heap if e[2][0] is not None]
@@ -93,11 +127,12 @@ class _Watchdog:
                     self._cond.wait(wait)
                     continue
                 _, _, entry = heapq.heappop(self._heap)
-                cut, entry[0] = entry[0], None
                 self._forgotten -= 1  # counted again when its read ends and forgets it
-            if cut is not None:
-                with contextlib.suppress(Exception):
-                    cut()
+            with entry[1]:
+                cut, entry[0] = entry[0], None
+                if cut is not None:
+                    with contextlib.suppress(Exception):
+                        cut()
 
     def _after_fork(self) -> None:
         # the child has none of the parent's reads, nor its thread; its lock may be held

@@ -29,3 +29,27 @@ def test_reads_that_ended_do_not_pile_up_until_their_deadlines():
                 pass
         with _WATCHDOG._cond:
             assert len(_WATCHDOG._heap) <= 2 * 1024 + 2
+
+
+def test_a_read_that_ends_while_its_cut_runs_waits_for_the_cut():
+    # a cut under way when its read ends finishes before the block is left: what follows
+    # the read (the next read of a body kept open, the connection's next request) is not cut
+    started, go, order = threading.Event(), threading.Event(), []
+
+    def cut():
+        started.set()
+        go.wait(60)
+        order.append("cut")
+
+    def release_after_a_while():
+        started.wait(60)
+        threading.Event().wait(0.3)
+        go.set()
+
+    helper = threading.Thread(target=release_after_a_while)
+    helper.start()
+    with cut_at(0.0, cut):
+        assert started.wait(60)
+    order.append("left")
+    helper.join(60)
+    assert order == ["cut", "left"]
