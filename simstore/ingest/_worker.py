@@ -20,7 +20,7 @@ import tempfile
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,7 +35,7 @@ from simstore.errors import (
     one_line,
     write_refused,
 )
-from simstore.hashing import ObjectId, object_key
+from simstore.hashing import object_key
 from simstore.ingest._ahead import HashAhead
 from simstore.ingest._arrays import (
     hash_sample_blocks,
@@ -43,6 +43,7 @@ from simstore.ingest._arrays import (
     sample_nbytes,
     spec_of_value,
 )
+from simstore.ingest._builders import ShardBuilder, ShardBuilders
 from simstore.ingest._config import printable_text
 from simstore.ingest._guard import as_bad_file, owned_sample
 from simstore.ingest._journal import (
@@ -59,7 +60,6 @@ from simstore.ingest._sources import (
     ListedSource,
     SourceGone,
     check_key,
-    hash_file,
     hash_file_checked,
     hash_source,
     listed_here,
@@ -73,7 +73,6 @@ from simstore.ingest._writes import (
     task_cores,
     writer_thread_wanted,
 )
-from simstore.protocols import ShardFormat, ShardWriteResult, WrittenSample
 from simstore.sample import FieldSpec, Sample
 from simstore.stats import StatsAccumulator
 from simstore.storage import Scratch, SupportsMoveFile, sweep_scratch
@@ -166,39 +165,6 @@ def group_clash_message(path: str, name: str, other: str, where: str) -> str:
     return f"{path}: {clash}; a field cannot also be a group of fields"
 
 
-class _BufferedWriter:
-    """A ShardWriter over a format that only has ``write``: buffers, then writes."""
-
-    def __init__(self, fmt: ShardFormat, path: str) -> None:
-        self._fmt, self._path = fmt, path
-        self._samples: list[Sample] = []
-        self._written: list[WrittenSample] = []
-
-    def add(self, sample: Sample, *, sample_hash: str, size_bytes: int) -> WrittenSample:
-        values: Mapping[str, Any] = sample.fields
-        fields = {
-            n: (np.asarray(v[tuple(slice(0, d) for d in v.shape)]) if is_array_source(v) else v)
-            for n, v in values.items()
-        }
-        self._samples.append(Sample(sample.key, fields))
-        ws = WrittenSample(
-            key=sample.key,
-            sample_hash=sample_hash,
-            position=len(self._written),
-            size_bytes=size_bytes,
-        )
-        self._written.append(ws)
-        return ws
-
-    def close(self, stats: Mapping[str, Any] | None = None) -> ShardWriteResult:
-        return self._fmt.write(self._samples, self._path)
-
-    def abort(self) -> None:
-        self._samples = []
-        if os.path.exists(self._path):
-            os.unlink(self._path)
-
-
 @dataclass(slots=True)
 class _Deferred:
     """A file read whole but for its last add, on the writer thread: its check waits."""
@@ -213,24 +179,12 @@ class _Deferred:
     ``spec_from`` named a file for it: restored if the file turns out changed."""
 
 
-@dataclass(slots=True, eq=False)  # compared by identity (``_closing``)
-class _Builder:
-    seq: int
-    format: str
-    path: str
-    writer: Any
-    stats: StatsAccumulator
-    specs: dict[str, FieldSpec] = field(default_factory=dict)
-    size_bytes: int = 0
-    count: int = 0
-
-
 _SWEEP_EVERY_S = 60.0
 _SWEPT: dict[str, float] = {}
 """When this process last swept each scratch parent of dead ingests' folders (monotonic)."""
 
 
-class TaskRunner:
+class TaskRunner(ShardBuilders):
     """Turns one task's files into shards; owns the open shard writers and temp files."""
 
     def __init__(
@@ -300,7 +254,7 @@ class TaskRunner:
             raise StorageError(
                 f"{where}: cannot create the ingest's scratch folder: {why}"
             ) from exc
-        self.open: dict[str, _Builder] = {}
+        self.open: dict[str, ShardBuilder] = {}
         self.shard_of: dict[int, str] = {}
         self.shards: dict[str, int] = {}
         self.new_bytes = 0
@@ -314,7 +268,7 @@ class TaskRunner:
         self.wrote = False
         """Whether the last :meth:`_store` wrote the object (rather than finding it)."""
         self._writes = _WriterThread(writer_pool)
-        self._closing: list[_Builder] = []
+        self._closing: list[ShardBuilder] = []
         """Shards queued on the writer thread to be closed and stored, until they are."""
         if writer_thread is None:
             writer_thread = writer_thread_wanted(self.cfg.workers)
@@ -327,90 +281,6 @@ class TaskRunner:
         self._ahead: HashAhead | None = None
         """The source hashes taken in the waits for the writer thread (see ``_ahead``)."""
         self._owns_ahead = False
-
-    # -- shards ------------------------------------------------------------------------
-    def _builder(self, kind: str) -> _Builder:
-        b = self.open.get(kind)
-        if b is None:
-            fmt = self.formats[kind]
-            path = os.path.join(self.tmp, f"{self._seq}.{kind}")
-            opener = getattr(fmt, "open_writer", None)
-            writer = opener(path) if callable(opener) else _BufferedWriter(fmt, path)
-            if hasattr(writer, "encode_threads"):
-                writer.encode_threads = self._encode_threads
-            b = _Builder(self._seq, kind, path, writer, StatsAccumulator())
-            self._seq += 1
-            self.open[kind] = b
-        return b
-
-    def _close(self, kind: str) -> None:
-        b = self.open.pop(kind)
-        if self._writes.pending:  # behind its last add, on the writer thread
-            self._closing.append(b)
-            self._writes.submit(self._finish_shard, b)
-        else:
-            self._finish_shard(b)
-
-    def _finish_shard(self, b: _Builder) -> None:
-        """Close ``b``'s shard and store it under its hash."""
-        written = b.writer.close(stats=b.stats.to_json())
-        known = getattr(written, "object_id", None)  # hashed on the way out (Zarr)
-        if known is not None:
-            oid, size = ObjectId(known), os.path.getsize(b.path)
-        else:
-            oid, size = hash_file(b.path)
-        if self._store(object_key(oid), b.path):
-            self.new_bytes += size
-        self.shard_of[b.seq] = str(oid)
-        self.shards[str(oid)] = size
-        if b in self._closing:
-            self._closing.remove(b)
-
-    def _store(self, key: str, path: str, *, consume: bool = True) -> bool:
-        """Store the file at ``path`` under ``key`` unless present; ``consume``: remove it.
-
-        True when the object is new to the store in this run: written now, or (with
-        ``since``) found with a modification time after the run started, which only this
-        run's earlier attempt of the task (or a run alongside) can have given it. That
-        takes one stat (a HEAD on S3) before the store's own put-if-absent; the time is
-        read before the put refreshes it.
-        """
-        store = self.ctx.store
-        self.wrote = False
-        stored_at = self._stored_at(key) if self.since is not None else None
-        if stored_at is not None:
-            refresh = getattr(store, "refresh", None)
-            if callable(refresh) and refresh(key):  # gc's grace, as a put would
-                if consume:
-                    os.unlink(path)
-                return stored_at >= self._cutoff()
-            # gone since the stat (gc): store it again, below
-        if consume and isinstance(store, SupportsMoveFile):
-            wrote = store.move_file(key, path)  # consumes path
-        else:
-            wrote = store.put_file(key, path)
-            if consume:
-                os.unlink(path)
-        self.wrote = wrote
-        if wrote or self.since is None:
-            return wrote
-        # absent at the stat, present at the put: stored meanwhile, by a duplicate of this
-        # task (or a run alongside); or present at both, the time says whose
-        return stored_at is None or stored_at >= self._cutoff()
-
-    def _cutoff(self) -> float:
-        # No margin: an object of a run that ended a moment before this one must not
-        # count as this run's (a journal record would be redone). S3 keeps whole seconds,
-        # so what this run stores in its first second may count as earlier (as before).
-        assert self.since is not None
-        return self.since
-
-    def _stored_at(self, key: str) -> float | None:
-        """The object's modification time, or None when it is absent."""
-        try:
-            return self.ctx.store.info(key).mtime
-        except NotFoundError:
-            return None
 
     def abort(self) -> None:
         self._writes.close()
