@@ -426,7 +426,13 @@ class ZarrShardReader(ZipEntries):
 
     def _decoder(self, path: str) -> ChunkDecoder | None:
         if path not in self._decoders:
-            self._check_grid(path)  # raises before anything is cached for the array
+            try:  # metadata already given a decoder (every sample's of a fixed-shape
+                # field: one parsed object) has passed the grid check
+                known = id(self._nodes[path]) in self._decoder_of
+            except KeyError:
+                known = False
+            if not known:
+                self._check_grid(path)  # raises before anything is cached for the array
             try:
                 meta = self._nodes[path]
                 dec = self._decoder_of.get(id(meta))

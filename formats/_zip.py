@@ -218,6 +218,9 @@ class ZipEntry(NamedTuple):
     CRC: int
 
 
+_new_entry = tuple.__new__
+"""Makes a :class:`ZipEntry` from a tuple of its fields without its ``__new__``'s call."""
+
 _CENTRAL = struct.Struct("<4s4x2H4x3L5H4xL")
 """A central directory header: signature, flags, method, CRC-32, sizes, name, extra and
 comment lengths, disk, internal attributes, local header offset."""
@@ -354,6 +357,13 @@ class ZipIndex(Mapping[str, ZipEntry]):
     def __getitem__(self, name: str) -> ZipEntry:
         i = self._at[name]
         return ZipEntry(self._offset[i], self._size[i], self._method[i], self._crc[i])
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """The entry named ``name``, or ``default`` (one lookup; readers ask per chunk)."""
+        i = self._at.get(name)
+        if i is None:
+            return default
+        return _new_entry(ZipEntry, (self._offset[i], self._size[i], self._method[i], self._crc[i]))
 
     def __contains__(self, name: object) -> bool:
         return name in self._at
