@@ -435,7 +435,7 @@ class _Iter:
 
 
 def test_an_iteration_is_stopped_only_once_its_batches_are_delivered():
-    from simstore.loaders._loader import _workers_stopped
+    from simstore.loaders._workers import _workers_stopped
 
     def stopped(it, number=4):
         return _workers_stopped(lambda: it, number)

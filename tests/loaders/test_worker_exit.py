@@ -154,19 +154,19 @@ def test_a_worker_error_stops_the_other_workers_before_it_is_raised(small, tmp_p
     # starting up then died on them (exit code 1), and torch's SIGCHLD check raised that
     # inside a later, unrelated piece of code.
     from loader_helpers import open_test_shard
-    from simstore.loaders import SimDataLoader, SimDataset, _loader
+    from simstore.loaders import SimDataLoader, SimDataset, _workers
 
     store, ref, _ = small
     folder = str(tmp_path / "markers")
     os.mkdir(folder)
     iters = []
-    real_init = _loader._WorkersIter.__init__
+    real_init = _workers._WorkersIter.__init__
 
     def keep(self, loader):
         iters.append(self)
         real_init(self, loader)
 
-    monkeypatch.setattr(_loader._WorkersIter, "__init__", keep)
+    monkeypatch.setattr(_workers._WorkersIter, "__init__", keep)
     ds = SimDataset(store, ref, shuffle=False, transform=_FailingTransform(folder),
                     shard_opener=open_test_shard)
     loader = SimDataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context="spawn")
@@ -384,7 +384,7 @@ loader = SimDataLoader(ds, batch_size=2, num_workers=1, collate_fn=collate,
                        multiprocessing_context="fork")
 it = iter(loader)
 next(it)
-from simstore.loaders._loader import _RUNNING
+from simstore.loaders._workers import _RUNNING
 (workers_iter,) = list(_RUNNING)
 workers = list(workers_iter._workers)
 workers_iter._shutdown_workers()  # asks, waits, then terminate()s the stuck worker
