@@ -37,14 +37,7 @@ from simstore.loaders._checks import (
     to_list,
 )
 from simstore.loaders._collate import Collate
-from simstore.loaders._fetch import (
-    TRUSTED_SLOTS,
-    RateLimiter,
-    ShardAccess,
-    TrustTable,
-    VerifiedTable,
-    tier_of,
-)
+from simstore.loaders._fetch import RateLimiter, ShardAccess, tier_of
 from simstore.loaders._metrics import Delivery, Metrics, timed
 from simstore.loaders._nodecache import layout_cache
 from simstore.loaders._normalise import Normalise, NormaliseSpec
@@ -76,6 +69,7 @@ from simstore.loaders._stats import (
 from simstore.loaders._tensors import (
     SharedPool,
 )
+from simstore.loaders._trust import TRUSTED_SLOTS, TrustTable, VerifiedTable
 from simstore.loaders._world import (
     World,
     WorldDetector,

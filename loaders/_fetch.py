@@ -31,10 +31,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Literal, Protocol, cast, runtime_checkable
 
-import numpy as np
-import xxhash
 from simstore.loaders._cache import CacheConfig, PinnedCopy, ShardCache
 from simstore.loaders._stats import Counters
+from simstore.loaders._trust import TrustTable, VerifiedTable, file_stamp
 
 from simstore._verified import NodeRecords, stamp_info
 from simstore.errors import IntegrityError, NotFoundError, StorageError
@@ -43,15 +42,11 @@ from simstore.storage import ObjectStore
 from simstore.storage._base import never_sent
 
 __all__ = [
-    "TRUSTED_SLOTS",
-    "TrustTable",
-    "VERIFIED_SLOTS",
     "AccessMode",
     "RangedFile",
     "RateLimiter",
     "ShardAccess",
     "ShardHandle",
-    "VerifiedTable",
     "tier_of",
 ]
 
@@ -314,112 +309,6 @@ class ShardHandle:
     pinned: FileIdentity | None = None
     """A cache copy's identity when it was pinned: its check hashes that file only, not
     whatever file the path names by the time the check runs."""
-
-
-VERIFIED_SLOTS = 4096
-"""Slots of the table in which a loader's workers publish the local shards they hashed."""
-
-
-class VerifiedTable:
-    """Local shards whose whole-object hash one of a loader's workers has matched.
-
-    A DataLoader's workers read the same shards (each takes every K-th batch of the same
-    stream), and each hashed every shard it read: K times the hashing. The loader makes
-    this table in shared memory before it starts the workers (as torch makes its own
-    queues: nothing named, nothing left behind by a crash); worker ``w`` of ``K`` hashes
-    the shards it *owns* (by their id, ``w`` mod ``K``) and publishes each match here,
-    and its siblings read those shards with page checks until the match is published,
-    then trust them. A shard whose owner has not published it when a sibling needs the
-    answer (a wrong hash is the better error, the epoch's end) is hashed by that sibling
-    itself, so every shard read is verified in every worker that read it, by someone.
-
-    A slot holds one 8-byte tag of the shard id (one aligned store, so a reader sees a
-    whole tag or the old one); two shards whose ids meet in a slot overwrite each other,
-    which only costs a hash.
-    """
-
-    def __init__(self, table: np.ndarray, worker: int, workers: int, scope: int = 0) -> None:
-        self.table = table
-        self.worker = worker
-        self.workers = workers
-        self.scope = scope
-        """Which source of a mixture (their stores are different files under one id)."""
-
-    def scoped(self, scope: int) -> VerifiedTable:
-        """The same table for the shards of source ``scope``."""
-        return VerifiedTable(self.table, self.worker, self.workers, scope)
-
-    def _slot_tag(self, shard_id: str) -> tuple[int, int]:
-        mix = (self.scope * 0x9E3779B97F4A7C15) & ((1 << 60) - 1)
-        tag = ((int(shard_id[:15], 16) ^ mix) << 1) | 1
-        return (int(shard_id[16:24], 16) + self.scope) % len(self.table), tag
-
-    def owns(self, shard_id: str) -> bool:
-        """Whether this worker hashes ``shard_id`` for its siblings."""
-        return int(shard_id[24:32], 16) % self.workers == self.worker
-
-    def has(self, shard_id: str) -> bool:
-        """Whether a worker has published ``shard_id`` as matching its id."""
-        slot, tag = self._slot_tag(shard_id)
-        return int(self.table[slot]) == tag
-
-    def publish(self, shard_id: str) -> None:
-        slot, tag = self._slot_tag(shard_id)
-        self.table[slot] = tag
-
-
-TRUSTED_SLOTS = 4096
-"""Slots of a :class:`TrustTable` (8 bytes each)."""
-
-_MASK63 = (1 << 63) - 1
-
-
-def file_stamp(path: str) -> int | None:
-    """A 63-bit digest of a file's identity and state, or None if it cannot be read.
-
-    Device, inode, size, and modification and change times: a file rewritten, replaced
-    or touched gets another stamp (the change time cannot be set back by a user).
-    """
-    info = stamp_info(path)
-    return info[0] if info is not None else None
-
-
-class TrustTable:
-    """A store's local shard files hashed to their ids earlier in this job.
-
-    A shard is hashed as a whole the first time a loader reads it; later epochs trust the
-    same file without hashing it again, while its :func:`file_stamp` is unchanged (with
-    4 MiB samples, hashing every shard again made each epoch 1.3-1.8x slower than not
-    verifying at all). The table is the dataset's own without workers, and one table in
-    shared memory per :class:`SimDataLoader` with workers, kept across epochs (each
-    epoch's workers are new processes). A slot holds one 8-byte value made from the
-    shard id and the stamp (one aligned store); two shards whose ids meet in a slot
-    overwrite each other, which only costs a hash.
-    """
-
-    def __init__(self, table: np.ndarray, scope: int = 0) -> None:
-        self.table = table
-        self.scope = scope
-        """Which source of a mixture (their stores are different files under one id)."""
-
-    def scoped(self, scope: int) -> TrustTable:
-        """The same table for the shards of source ``scope``."""
-        return TrustTable(self.table, scope)
-
-    def _slot_value(self, shard_id: str, stamp: int) -> tuple[int, int]:
-        value = xxhash.xxh3_64_intdigest(f"{self.scope}:{shard_id}:{stamp}".encode())
-        slot = (int(shard_id[16:24], 16) + self.scope) % len(self.table)
-        return slot, (value & _MASK63) | 1
-
-    def has(self, shard_id: str, stamp: int) -> bool:
-        """Whether ``shard_id``'s file with this stamp hashed to its id in this job."""
-        slot, value = self._slot_value(shard_id, stamp)
-        return int(self.table[slot]) == value
-
-    def add(self, shard_id: str, stamp: int) -> None:
-        """Record that the file with this stamp hashed to ``shard_id``."""
-        slot, value = self._slot_value(shard_id, stamp)
-        self.table[slot] = value
 
 
 class ShardAccess:

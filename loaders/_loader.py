@@ -34,7 +34,6 @@ from simstore.loaders._checks import (
 )
 from simstore.loaders._collate import Collate, MeshMode
 from simstore.loaders._dataset import LoaderState, Sample, SimDataset
-from simstore.loaders._fetch import TRUSTED_SLOTS, VERIFIED_SLOTS
 from simstore.loaders._filerows import FdChannel, file_rows_of, resolve_batch
 from simstore.loaders._metrics import Delivery, timed
 from simstore.loaders._pipeline import FORKED_GROUPS
@@ -55,6 +54,7 @@ from simstore.loaders._tensors import (
     ReleaseTracker,
     SharedArena,
 )
+from simstore.loaders._trust import TRUSTED_SLOTS, VERIFIED_SLOTS
 from simstore.loaders._workers import (
     _close_channels,
     _dropped,

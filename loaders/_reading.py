@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from simstore.loaders._collate import Collate
 from simstore.loaders._corrupt import CorruptShards
-from simstore.loaders._fetch import RateLimiter, ShardAccess, TrustTable, VerifiedTable, tier_of
+from simstore.loaders._fetch import RateLimiter, ShardAccess, tier_of
 from simstore.loaders._normalise import Normalise
 from simstore.loaders._opener import FormatOpener
 from simstore.loaders._options import LoaderOptions
@@ -43,6 +43,7 @@ from simstore.loaders._plan import Interval, plan_epoch
 from simstore.loaders._source import Source, locate
 from simstore.loaders._stats import Counters
 from simstore.loaders._tensors import ChunkBuffers, SharedPool, to_tensors, value_bytes
+from simstore.loaders._trust import TrustTable, VerifiedTable
 from simstore.loaders._world import World, in_worker
 
 from simstore._env import usable_cores

@@ -18,11 +18,11 @@ from typing import Any, NamedTuple, cast
 import torch
 from simstore.loaders._collate import Collate
 from simstore.loaders._dataset import Sample, SimDataset
-from simstore.loaders._fetch import TrustTable, VerifiedTable
 from simstore.loaders._filerows import FdChannel, file_rows_of
 from simstore.loaders._plan import Interval
 from simstore.loaders._stats import Counters, WarmHit
 from simstore.loaders._tensors import InArena, SharedArena, SharedPool, set_worker_arena
+from simstore.loaders._trust import TrustTable, VerifiedTable
 from simstore.loaders._world import World, in_worker, worker_context
 from torch.utils.data import IterableDataset
 

@@ -12,7 +12,7 @@ import os
 import pytest
 from loader_helpers import flip_byte_keeping_times, npz_parquet_store, snapshot_shards
 from simstore.loaders import SimDataLoader, SimDataset
-from simstore.loaders._fetch import TrustTable, file_stamp
+from simstore.loaders._trust import TrustTable, file_stamp
 
 from simstore.errors import IntegrityError
 from simstore.hashing import object_key

@@ -174,7 +174,7 @@ def test_a_damaged_cache_copy_fails_an_epoch_read_by_two_workers(tmp_path, sourc
         raise error
 
     assert epoch().keys() == arrays.keys()  # fills
-    from simstore.loaders._fetch import VerifiedTable
+    from simstore.loaders._trust import VerifiedTable
 
     owners = [VerifiedTable(np.zeros(8, dtype=np.int64), w, 2) for w in (0, 1)]
     shards = _shard_ids(store)
@@ -367,7 +367,7 @@ def _worker_pool(store, table, worker, workers=2, cache=None):
     """A DataLoader worker's reader pool; ``cache``: a cache directory in front of
     ``store`` read as a remote store."""
     from simstore.loaders._cache import CacheConfig
-    from simstore.loaders._fetch import VerifiedTable
+    from simstore.loaders._trust import VerifiedTable
 
     counters = Counters()
     backend = open_store(store) if cache is None else RemoteLikeStore(store)
@@ -391,7 +391,7 @@ def _read_all(pool, shards):
 
 
 def test_verified_table_gives_each_shard_one_owner_and_matches_whole_tags():
-    from simstore.loaders._fetch import VERIFIED_SLOTS, VerifiedTable
+    from simstore.loaders._trust import VERIFIED_SLOTS, VerifiedTable
 
     table = np.zeros(VERIFIED_SLOTS, dtype=np.int64)
     rng = np.random.default_rng(5)
@@ -444,7 +444,7 @@ def test_a_damaged_shard_that_no_sibling_published_fails_in_the_worker_that_read
     shards = _shard_ids(store)
     table = np.zeros(4096, dtype=np.int64)
     pool, counters = _worker_pool(store, table, 1)
-    from simstore.loaders._fetch import VerifiedTable
+    from simstore.loaders._trust import VerifiedTable
 
     theirs = next(s for s in shards if not VerifiedTable(table, 1, 2).owns(s))
     _flip_in_pages(os.path.join(store, "objects", theirs[:2], theirs))
@@ -472,7 +472,7 @@ def test_a_page_error_in_a_copy_taken_out_as_damaged_names_the_damaged_copy(
     _values(SimDataset(RemoteLikeStore(store), "d", cache_dir=cache, cache_limit=1 << 26))
     table = np.zeros(4096, dtype=np.int64)
     pool, counters = _worker_pool(store, table, 1, cache=cache)
-    from simstore.loaders._fetch import VerifiedTable
+    from simstore.loaders._trust import VerifiedTable
 
     theirs = next(s for s in _shard_ids(store) if not VerifiedTable(table, 1, 2).owns(s))
     cat = Catalog.open(store)
@@ -502,7 +502,7 @@ def test_a_cache_copy_gone_before_its_hash_leaves_its_reader_checking_pages(tmp_
     _values(SimDataset(RemoteLikeStore(store), "d", cache_dir=cache, cache_limit=1 << 26))
     table = np.zeros(4096, dtype=np.int64)
     pool, counters = _worker_pool(store, table, 1, cache=cache)
-    from simstore.loaders._fetch import VerifiedTable
+    from simstore.loaders._trust import VerifiedTable
 
     theirs = next(s for s in shards if not VerifiedTable(table, 1, 2).owns(s))
     with ThreadPoolExecutor(2) as io:
