@@ -32,6 +32,26 @@ file ``fd`` at ``offset`` (True), or not (False: read them). With ``check`` (the
 checks the bytes against their CRC-32 next) the bytes must be in ``array`` on return."""
 
 
+_ONE_READ_BYTES = 1 << 30
+"""The most a chunk read with its header takes (Linux returns at most about 2 GiB from one
+``preadv``; a larger entry is read the careful way, in pieces, and its zip64 sizes make
+its local header longer than the writer's plain one)."""
+
+
+def _read_all(fd: int, view: memoryview, offset: int) -> int:
+    """Read ``len(view)`` bytes of ``fd`` at ``offset`` into ``view``; fewer only at the end.
+
+    One ``preadv`` returns at most about 2 GiB on Linux: a larger entry takes several.
+    """
+    done = 0
+    while done < len(view):
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got <= 0:
+            break
+        done += got
+    return done
+
+
 class ZipEntries:
     """Reads of a zip's stored entries, for a reader that has opened the zip.
 
@@ -100,6 +120,7 @@ class ZipEntries:
         With ``mapper`` (``ChunkBuffers.map_file``), a chunk whose data starts at a page
         boundary of the file (the writer aligns large ones) is mapped into ``out`` instead
         of read, when the mapper can; it is checked against its CRC-32 all the same.
+        ``out`` may hold other bytes when this returns False or raises.
         """
         if mapper is None and self._fd is not None and key not in self._offsets:
             if self._read_with_header(key, out):
@@ -113,7 +134,7 @@ class ZipEntries:
             self._check_crc(key, view)
             return True
         if self._fd is not None:
-            got = os.preadv(self._fd, [view], where[0])
+            got = _read_all(self._fd, view, where[0])
         else:
             self._fp.seek(where[0])
             got = self._fp.readinto(view)
@@ -132,12 +153,13 @@ class ZipEntries:
         entry is then read the careful way, :meth:`_stored_at` first) when it did not,
         when the entry is not stored or not ``out``'s size, or when it would run past the
         end of the file. This saves a chunk's first read the separate read of its header.
+        ``out`` may hold the bytes at the predicted place when it returns False.
         """
         info = self._infos.get(key)
         size = out.nbytes
         if (info is None or info.compress_type != zipfile.ZIP_STORED
                 or info.compress_size != size or not out.flags.c_contiguous
-                or size * 1.05 > zipfile.ZIP64_LIMIT):  # zip64 sizes: another header
+                or size > _ONE_READ_BYTES):  # zip64 sizes: another header
             return False
         assert self._fd is not None
         name = key.encode("utf-8")

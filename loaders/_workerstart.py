@@ -1,7 +1,7 @@
 """How a loader's DataLoader workers start.
 
 Their start method, SIGTERM held back while they start, and a shutdown event with no
-lock. ``SimDataLoader``'s worker iterator (``loaders/_loader.py``) uses these around torch's own
+lock. ``SimDataLoader``'s worker iterator (``loaders/_workers.py``) uses these around torch's own
 start of the workers; they hold no state of a loader.
 """
 

@@ -23,6 +23,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -51,14 +52,22 @@ def guard_release(body: Any) -> Any:
     connection is back the body has no socket to cut.
     """
     raw = getattr(body, "_raw_stream", body)
-    release = getattr(raw, "release_conn", None)
+    release = getattr(type(raw), "release_conn", None)
     if not callable(release) or getattr(raw, "_simstore_cut_lock", None) is not None:
+        return body
+    try:
+        # the wrapper holds the response weakly: kept on the response, a strong reference
+        # would make a cycle that only the cycle collector frees (with its socket)
+        ref = weakref.ref(raw)
+    except TypeError:
         return body
     lock = threading.Lock()
 
     def release_conn() -> None:
-        with lock:
-            release()
+        target = ref()
+        if target is not None:
+            with lock:
+                release(target)
 
     raw._simstore_cut_lock = lock
     raw.release_conn = release_conn
@@ -104,9 +113,8 @@ class _Watchdog:
         way ends first, and none starts after: what follows the read (the next read of a
         body kept open, say) is never cut.
         """
-        with entry[1]:
+        with entry[1], self._cond:  # the watchdog never takes _cond under an entry's lock
             entry[0] = None
-        with self._cond:
             self._forgotten += 1
             if self._forgotten > 1024 and 2 * self._forgotten > len(self._heap):
                 self._heap = [e for e in self._heap if e[2][0] is not None]
