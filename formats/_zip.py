@@ -355,8 +355,10 @@ class ZipIndex(Mapping[str, ZipEntry]):
         self._offset, self._size, self._method, self._crc = offset, size, method, crc
 
     def __getitem__(self, name: str) -> ZipEntry:
-        i = self._at[name]
-        return ZipEntry(self._offset[i], self._size[i], self._method[i], self._crc[i])
+        entry: ZipEntry | None = self.get(name)
+        if entry is None:
+            raise KeyError(name)
+        return entry
 
     def get(self, name: str, default: Any = None) -> Any:
         """The entry named ``name``, or ``default`` (one lookup; readers ask per chunk)."""

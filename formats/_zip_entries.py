@@ -52,6 +52,25 @@ def _read_all(fd: int, view: memoryview, offset: int) -> int:
     return done
 
 
+def _data_at(info: ZipEntry, name: bytes) -> int:
+    """Where the writer puts an entry's data (from the central directory alone).
+
+    After a local header that repeats the name and holds no extra field but the padding
+    that page-aligns a large entry (``_zip.aligned_padding``).
+    """
+    start = info.header_offset + 30 + len(name)
+    return start + _zip.aligned_padding(start, info.compress_size)
+
+
+def _header_holds(head: bytes | bytearray, name: bytes, extra: int) -> bool:
+    """Whether ``head``, read at a local header, names ``name`` with ``extra`` extra bytes.
+
+    Then the entry's data is where :func:`_data_at` put it.
+    """
+    return (head[:4] == MAGIC and struct.unpack_from("<HH", head, 26) == (len(name), extra)
+            and head[30 : 30 + len(name)] == name)
+
+
 class ZipEntries:
     """Reads of a zip's stored entries, for a reader that has opened the zip.
 
@@ -163,18 +182,15 @@ class ZipEntries:
             return False
         assert self._fd is not None
         name = key.encode("utf-8")
-        start = info.header_offset + 30 + len(name)
-        pad = _zip.aligned_padding(start, size)
-        if start + pad + size > self._file_size:
+        at = _data_at(info, name)
+        if at + size > self._file_size:
             return False
-        head = bytearray(start + pad - info.header_offset)
+        head = bytearray(at - info.header_offset)
         view = out.reshape(-1).view(np.uint8).data
         got = os.preadv(self._fd, [head, view], info.header_offset)
-        if (got != len(head) + size or head[:4] != MAGIC
-                or struct.unpack_from("<HH", head, 26) != (len(name), pad)
-                or head[30 : 30 + len(name)] != name):
+        if got != len(head) + size or not _header_holds(head, name, len(head) - 30 - len(name)):
             return False
-        self._offsets[key] = (start + pad, size)
+        self._offsets[key] = (at, size)
         self._check_crc(key, view)
         return True
 
@@ -225,9 +241,9 @@ class ZipEntries:
         """A small stored entry's bytes in one read (of its header and data, or its data).
 
         Once the entry's place is known (read before), its data alone is read. Else the
-        data is assumed to follow a local header as long as the central directory's (the
-        writer's layout); the header read with it says whether it did, and if not the
-        entry is read the careful way (:meth:`_entry`).
+        data is assumed to be where the writer's layout puts it (:func:`_data_at`); the
+        header read with it says whether it was, and if not the entry is read the careful
+        way (:meth:`_entry`).
         """
         info = self._infos.get(key)
         if info is None or info.compress_type != zipfile.ZIP_STORED or self._fd is None:
@@ -240,14 +256,15 @@ class ZipEntries:
             self._check_crc(key, known)
             return known
         name = key.encode("utf-8")
-        head = 30 + len(name)
-        if info.header_offset + head + info.compress_size > self._file_size:
+        at = _data_at(info, name)
+        if at + info.compress_size > self._file_size:
             return self._entry(key)  # which says what is wrong
+        head = at - info.header_offset
         blob = os.pread(self._fd, head + info.compress_size, info.header_offset)
-        if (blob[:4] != MAGIC or struct.unpack("<HH", blob[26:30]) != (len(name), 0)
-                or blob[30:head] != name or len(blob) != head + info.compress_size):
+        if (len(blob) != head + info.compress_size
+                or not _header_holds(blob, name, head - 30 - len(name))):
             return self._entry(key)
         data = blob[head:]
-        self._offsets[key] = (info.header_offset + head, info.compress_size)
+        self._offsets[key] = (at, info.compress_size)
         self._check_crc(key, data)
         return data
