@@ -1,5 +1,7 @@
 """What an ingest stored, read back through the shard reader (for the adapter tests)."""
 
+import os
+
 import numpy as np
 from simstore.formats import open_shard
 
@@ -21,6 +23,20 @@ def stored(tmp_path, src, **options):
         finally:
             reader.close()
     return out
+
+
+def zarr_shard_of(tmp_path, src, **options):
+    """``src`` ingested into a new store as dataset ``d``, in one uncompressed Zarr shard.
+
+    Returns the store's path, the shard's id and the shard file's path.
+    """
+    store = str(tmp_path / "store")
+    Catalog.init(store)
+    ingest([str(src)], dataset="d", store=store, snapshot=True, format="zarr",
+           compression="none", **options)
+    cat = Catalog.open(store)
+    shard = cat.manifest(cat.snapshot(cat.resolve("d"))).to_pylist()[0]["shard"]
+    return store, shard, os.path.join(store, object_key(shard))
 
 
 def same(a, b):

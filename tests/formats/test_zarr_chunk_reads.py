@@ -8,10 +8,7 @@ import zipfile
 import numpy as np
 from simstore.formats import open_shard
 from simstore.loaders import SimDataset
-
-from simstore.catalog import Catalog
-from simstore.hashing import object_key
-from simstore.ingest import ingest
+from stored_samples import zarr_shard_of
 
 _CHUNK = (1, 256, 256)
 """256 KiB of float32 a chunk: large enough for the writer to page-align it."""
@@ -27,13 +24,8 @@ def _store(tmp_path):
         u = rng.standard_normal((4, 256, 256)).astype(np.float32)
         arrays[f"r{i}"] = u
         np.savez(src / f"r{i}.npz", u=u, k=np.float64(i))
-    store = str(tmp_path / "store")
-    Catalog.init(store)
-    ingest([str(src)], dataset="d", store=store, snapshot=True, format="zarr",
-           compression="none", chunks={"u": _CHUNK})
-    cat = Catalog.open(store)
-    shard = cat.manifest(cat.snapshot(cat.resolve("d"))).to_pylist()[0]["shard"]
-    return store, os.path.join(store, object_key(shard)), arrays
+    store, _, path = zarr_shard_of(tmp_path, src, chunks={"u": _CHUNK})
+    return store, path, arrays
 
 
 def test_a_fresh_reader_reads_each_chunk_with_its_header_in_one_call(tmp_path, monkeypatch):

@@ -8,11 +8,9 @@ import numpy as np
 import pytest
 from simstore.formats import open_shard
 from simstore.loaders import SimDataset
+from stored_samples import zarr_shard_of
 
-from simstore.catalog import Catalog
 from simstore.errors import FormatError, IntegrityError
-from simstore.hashing import object_key
-from simstore.ingest import ingest
 
 
 def test_a_chunk_missing_from_the_index_is_an_error_not_zeros(tmp_path):
@@ -21,13 +19,7 @@ def test_a_chunk_missing_from_the_index_is_an_error_not_zeros(tmp_path):
     rng = np.random.default_rng(0)
     for i in range(6):
         np.savez(src / f"r{i}.npz", u=rng.standard_normal((4, 16, 16)).astype(np.float32))
-    store = str(tmp_path / "store")
-    Catalog.init(store)
-    ingest([str(src)], dataset="d", store=store, snapshot=True, format="zarr",
-           compression="none", chunks={"u": (1, 16, 16)})
-    cat = Catalog.open(store)
-    shard = cat.manifest(cat.snapshot(cat.resolve("d"))).to_pylist()[0]["shard"]
-    path = os.path.join(store, object_key(shard))
+    store, shard, path = zarr_shard_of(tmp_path, src, chunks={"u": (1, 16, 16)})
     with open(path, "rb") as f:
         data = bytearray(f.read())
     at = data.find(b"0/u/c/1/0/0", data.find(b"PK\x01\x02")) + len(b"0/u/c/")
@@ -66,13 +58,7 @@ def _zarr_shard(tmp_path, sample, attrs=None):
             for name, value in sample(i).items():
                 f[name] = value
             f.attrs.update(attrs(i))
-    store = str(tmp_path / "store")
-    Catalog.init(store)
-    ingest([str(src)], dataset="d", store=store, snapshot=True, format="zarr",
-           compression="none")
-    cat = Catalog.open(store)
-    shard = cat.manifest(cat.snapshot(cat.resolve("d"))).to_pylist()[0]["shard"]
-    return store, shard, os.path.join(store, object_key(shard))
+    return zarr_shard_of(tmp_path, src)
 
 
 def _scalar_store(tmp_path):
@@ -144,13 +130,7 @@ def test_entries_with_an_extra_field_in_their_local_header_read_the_same(tmp_pat
     arrays = {f"r{i}": rng.standard_normal((4, 16, 16)).astype(np.float32) for i in range(4)}
     for key, u in arrays.items():
         np.savez(src / f"{key}.npz", u=u)
-    store = str(tmp_path / "store")
-    Catalog.init(store)
-    ingest([str(src)], dataset="d", store=store, snapshot=True, format="zarr",
-           compression="none", chunks={"u": (1, 16, 16)})
-    cat = Catalog.open(store)
-    shard = cat.manifest(cat.snapshot(cat.resolve("d"))).to_pylist()[0]["shard"]
-    path = os.path.join(store, object_key(shard))
+    store, shard, path = zarr_shard_of(tmp_path, src, chunks={"u": (1, 16, 16)})
     rewritten = str(tmp_path / "rewritten.zip")
     with zipfile.ZipFile(path) as old, zipfile.ZipFile(rewritten, "w") as new:
         for info in old.infolist():
