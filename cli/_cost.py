@@ -24,13 +24,13 @@ from simstore.accounting import (
     CostReport,
     DiskUsage,
     PullReport,
-    _existing_folder,
     dataset_cost,
     disk_usage,
     read_price_table,
     run_cost,
     warm_cache,
 )
+from simstore.accounting._tiers import existing_folder
 from simstore.cost import PriceTable, RunCost
 from simstore.errors import InvalidInputError, SimstoreError
 from simstore.names import parse_ref
@@ -401,7 +401,7 @@ def du_cmd(ctx: CliContext, ref: str | None, cache_dir: str | None, as_json: boo
     # nothing and is not opened (opening makes a folder a cache); one under a file is
     # refused, as pull refuses it
     if cache_dir is not None:
-        _existing_folder(cache_dir, "--cache")
+        existing_folder(cache_dir, "--cache")
     holds = cache_dir is not None and os.path.isdir(cache_dir) and bool(os.listdir(cache_dir))
     cache = (_cache_opener(cache_dir, writable=False)(1) if cache_dir is not None and holds
              else None)
@@ -487,7 +487,7 @@ def pull_cmd(
     (nothing at all for a REF that names the snapshot by its full id).
     """
     check_at_least(jobs, "--jobs", 1)
-    _existing_folder(cache_dir, "--cache")  # under a file: one line naming the flag
+    existing_folder(cache_dir, "--cache")  # under a file: one line naming the flag
     wanted = tuple(fields_arg(fields) or ())
     report = warm_cache(
         ctx.catalog(read_only=True),

@@ -284,8 +284,6 @@ def test_pull_with_a_limit_above_the_free_space_is_refused_before_any_copy(
     import shutil as real_shutil
     from collections import namedtuple
 
-    import simstore.accounting as accounting
-
     sid = commit(cat, "ds", {"a": A, "b": B})
     need = 3000 + cat.snapshot(sid).manifest_bytes + len(cat.store.get(object_key(sid)))
     usage = namedtuple("usage", "total used free")
@@ -296,7 +294,7 @@ def test_pull_with_a_limit_above_the_free_space_is_refused_before_any_copy(
         real_usage(path)  # the folder checked is a real one
         return usage(1 << 20, (1 << 20) - 1000, 1000)
 
-    monkeypatch.setattr(accounting.shutil, "disk_usage", tiny_disk)
+    monkeypatch.setattr(real_shutil, "disk_usage", tiny_disk)
     d = str(tmp_path / "hot")
     with pytest.raises(InvalidInputError, match=r"needs \d+ bytes") as info:
         warm_cache(cat, "ds", d, lambda limit: shard_cache(d, limit), limit_bytes=1 << 40)
@@ -304,7 +302,7 @@ def test_pull_with_a_limit_above_the_free_space_is_refused_before_any_copy(
     assert on_disk >= need  # in whole blocks of the disk
     assert "free space of" in str(info.value) and "1000 bytes" in str(info.value)
     assert not os.path.exists(d)  # nothing made, nothing copied
-    monkeypatch.setattr(accounting.shutil, "disk_usage", real_usage)
+    monkeypatch.setattr(real_shutil, "disk_usage", real_usage)
     report = warm_cache(cat, "ds", d, lambda limit: shard_cache(d, limit), limit_bytes=1 << 40)
     assert report.fetched == report.objects and report.limit_bytes == 1 << 40
 
