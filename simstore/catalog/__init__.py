@@ -9,20 +9,17 @@ from simstore.catalog._catalog import (
     utc_now,
 )
 from simstore.catalog._commit import taken_along
-from simstore.catalog._maintenance import (
+from simstore.catalog._gc import (
     GC_STATE_KEY,
     GcReport,
-    VerifyProblem,
-    VerifyProgress,
-    VerifyReport,
     gc,
     gc_overlapped,
     reachable_objects,
     read_gc_state,
-    verify,
 )
 from simstore.catalog._merge import CHANGES_SCHEMA
 from simstore.catalog._refs import Branches, Tags
+from simstore.catalog._verify import VerifyProblem, VerifyProgress, VerifyReport, verify
 
 __all__ = [
     "CHANGES_SCHEMA",

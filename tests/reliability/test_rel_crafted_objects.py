@@ -222,7 +222,7 @@ def test_a_journal_record_of_deep_json_is_no_record(tmp_path):
 
 
 def test_a_gc_record_of_deep_json_counts_as_a_gc_that_may_be_running():
-    from simstore.catalog._maintenance import gc_overlapped
+    from simstore.catalog._gc import gc_overlapped
 
     record = b'{"state":"done","x":' + DEEP + b"}"
     assert gc_overlapped(record, record)  # unreadable: the worst assumed, a check made

@@ -12,7 +12,7 @@ import types
 
 import pytest
 
-from simstore.catalog import Catalog, _maintenance, gc
+from simstore.catalog import Catalog, _gc, gc
 from simstore.cost import OpClass
 from simstore.errors import ReadOnlyError, StorageError
 from simstore.hashing import object_key
@@ -29,7 +29,7 @@ FAST = {"backoff_base_s": 0.01, "backoff_max_s": 0.05, "max_attempts": 2}
 def local_clock_ahead(monkeypatch):
     """This machine's clock, as gc reads it, runs two hours ahead of the server's."""
     real = time.time
-    monkeypatch.setattr(_maintenance, "time", types.SimpleNamespace(time=lambda: real() + SKEW_S))
+    monkeypatch.setattr(_gc, "time", types.SimpleNamespace(time=lambda: real() + SKEW_S))
 
 
 @pytest.mark.parametrize("wrapped", [False, True], ids=["s3", "counting-s3"])
