@@ -22,7 +22,8 @@ from simstore.snapshot import Snapshot, content_hash_of
 from simstore.stats import merge_stats
 
 if TYPE_CHECKING:
-    from simstore.catalog._catalog import Catalog, StagedEntry
+    from simstore.catalog._catalog import Catalog
+    from simstore.catalog._staged import StagedEntry
 
 __all__ = ["WRITE_THREADS", "BuildCounters", "build_snapshot", "utc_now"]
 

@@ -35,7 +35,8 @@ from simstore.names import DEFAULT_BRANCH, check_name, check_ref_name
 from simstore.snapshot import Snapshot, SnapshotId
 
 if TYPE_CHECKING:
-    from simstore.catalog._catalog import Catalog, StagedEntry
+    from simstore.catalog._catalog import Catalog
+    from simstore.catalog._staged import StagedEntry
 
 __all__ = ["CLOCK_SKEW_S", "CommitResult", "commit", "consumed_in_history", "taken_along"]
 
