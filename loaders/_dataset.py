@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal
 
 import numpy as np
 from simstore.loaders._cache import ShardCache
@@ -53,11 +52,17 @@ from simstore.loaders._plan import (
     Remainder,
     advance,
     intervals_total,
-    normalise_intervals,
     samples_per_rank,
 )
 from simstore.loaders._reading import EpochReader
 from simstore.loaders._source import Source, Transform, open_source
+from simstore.loaders._state import (
+    STATE_FORMAT_VERSION,
+    LoaderState,
+    check_state,
+    order_params,
+    state_intervals,
+)
 from simstore.loaders._stats import (
     Counters,
     LoaderStats,
@@ -88,47 +93,7 @@ from simstore.storage import ObjectStore, open_store
 
 __all__ = ["LoaderState", "SimDataset"]
 
-STATE_FORMAT_VERSION = 1
 Sample = dict[str, Any]
-
-
-_FINISH_ELSEWHERE = (
-    "finish the epoch with the simstore that saved the state, or start the next epoch "
-    "(set_epoch) without loading it"
-)
-
-
-class LoaderState(TypedDict):
-    """``state_dict()``: what pins the stream, and the positions of the epoch still to read."""
-
-    format_version: int
-    kind: str
-    snapshots: list[str]
-    seeds: list[int]
-    weights: list[int]
-    mix_seed: int
-    mix_shuffle: bool
-    epoch: int
-    epoch_length: int
-    remaining: list[list[int]]
-    delivered: int
-    order: list[dict[str, Any]]
-
-
-ORDER_ALGORITHM = "blocks-v2"
-"""The shuffle of loaders/_order.py; a state resumes only a stream of the same algorithm."""
-
-
-def _order_params(source: Source) -> dict[str, Any]:
-    """What, beyond snapshot and seed, decides a source's order (kept in the state)."""
-    return {
-        "algorithm": ORDER_ALGORITHM,
-        "shuffle": source.shuffle,
-        "window_shards": source.window_shards,
-        "group_parts": source.group_parts,
-        "block_bytes": source.block_bytes,
-        "buffer_blocks": source.buffer_blocks,
-    }
 
 
 @dataclass(slots=True)
@@ -576,62 +541,15 @@ class SimDataset(IterableDataset[Sample]):
             "epoch_length": self._epoch_length,
             "remaining": [[a, b] for a, b in remaining],
             "delivered": self._epoch_length - intervals_total(remaining),
-            "order": [_order_params(s) for s in self._sources],
+            "order": [order_params(s) for s in self._sources],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from :meth:`state_dict`; the next iteration reads exactly what was left."""
-        if not isinstance(state, Mapping):
-            raise InvalidInputError(
-                f"a loader state is the mapping state_dict() returns, got {shown(state)}"
-            )
-        if state.get("kind") != "simstore-loader-state":
-            raise InvalidInputError("not a simstore loader state")
-        version = state.get("format_version")
-        if type(version) is not int or version != STATE_FORMAT_VERSION:
-            raise InvalidInputError(
-                f"loader state format_version {state.get('format_version')!r}, this "
-                f"simstore reads {STATE_FORMAT_VERSION}"
-            )
-        mine: Mapping[str, Any] = self.state_dict()
-        names = ["snapshots", "seeds", "weights", "epoch_length", "order"]
-        if len(self._sources) > 1:  # interleaves sources: one source's order ignores them
-            names += ["mix_seed", "mix_shuffle"]
-        for name in names:
-            if name == "order" and name not in state:
-                raise InvalidInputError(
-                    "loader state has no 'order' (it was saved by a simstore before "
-                    "2026-11-30, whose shuffle differs): it cannot resume this stream "
-                    f"exactly; {_FINISH_ELSEWHERE}"
-                )
-            if name == "mix_shuffle" and name not in state:
-                raise InvalidInputError(
-                    "loader state has no 'mix_shuffle' (it was saved by a simstore before "
-                    "2026-12-02, which did not record how the mixture interleaves its "
-                    "datasets): if that mixture was made with the same shuffle= as this one "
-                    f"({self._mixture.shuffle}), set state['mix_shuffle'] = "
-                    f"{self._mixture.shuffle} and load it again; else {_FINISH_ELSEWHERE}"
-                )
-            if name == "order" and state.get(name) != mine[name]:
-                differ = _order_differences(state.get(name), mine[name])
-                if differ is not None:
-                    was, now = differ
-                    sep = ";" if len(was) > 1 else ","
-                    raise InvalidInputError(
-                        f"loader state has another order: it was saved with "
-                        f"{', '.join(was)}{sep} this dataset has {', '.join(now)} (a state "
-                        "resumes only the stream it came from)"
-                    )
-            if not _same_value(state.get(name), mine[name]):
-                raise InvalidInputError(
-                    f"loader state has {name} {state.get(name)!r}, but this dataset reads "
-                    f"{mine[name]!r}: a state resumes only the stream it came from"
-                )
-        for name in ("epoch", "remaining"):
-            if name not in state:
-                raise InvalidInputError(f"loader state has no {name!r}")
+        state = check_state(state, self.state_dict(), mixed=len(self._sources) > 1,
+                            mix_shuffle=self._mixture.shuffle)
         epoch = self._check_epoch(state["epoch"], "loader state field 'epoch'")
-        remaining = _state_intervals(state["remaining"], self._epoch_length)
+        remaining = state_intervals(state["remaining"], self._epoch_length)
         self._epoch = epoch
         self._resume = remaining
         self._phase = None
@@ -807,77 +725,6 @@ class SimDataset(IterableDataset[Sample]):
                                       drop_last=drop_last, shared_pool=shared_pool,
                                       siblings=siblings, trusted=trusted, counters=counters,
                                       defer_files=defer_files)
-
-
-def _order_differences(saved: object, current: Sequence[Mapping[str, Any]]
-                       ) -> tuple[list[str], list[str]] | None:
-    """The order options that differ, as ``(["k=saved", ...], ["k=current", ...])``.
-
-    Each source's order is compared key by key (a mixture's are prefixed ``source i:``);
-    a key one side lacks shows as ``k=<none>``. None when ``saved`` is not a list of one
-    mapping per source, for the caller's general message.
-    """
-    if (isinstance(saved, str | bytes) or not isinstance(saved, Sequence)
-            or len(saved) != len(current)
-            or not all(isinstance(o, Mapping) for o in saved)):
-        return None
-    old: list[str] = []
-    new: list[str] = []
-    for i, (was, now) in enumerate(zip(saved, current, strict=True)):
-        prefix = f"source {i}: " if len(current) > 1 else ""
-        keys = [*now, *sorted((k for k in was if k not in now), key=str)]
-        for key in keys:
-            a, b = was.get(key, _ABSENT), now.get(key, _ABSENT)
-            if a != b:
-                name = _shown_option(key)
-                old.append(f"{prefix}{name}={_shown_option(a)}")
-                new.append(f"{prefix}{name}={_shown_option(b)}")
-    return (old, new) if old else None
-
-
-_ABSENT = object()
-
-
-def _shown_option(value: object) -> str:
-    """An order option's value for a one-line message."""
-    if value is _ABSENT:
-        return "<none>"
-    text = value if isinstance(value, str) else repr(value)
-    text = " ".join(str(text).split())
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _state_intervals(value: object, epoch_length: int) -> tuple[Interval, ...]:
-    """A state's ``remaining``: ``[start, stop]`` pairs of positions within the epoch."""
-    what = "loader state field 'remaining'"
-    pairs = to_list(value, what, "[start, stop] pairs of positions")
-    out = []
-    for i, pair in enumerate(pairs):
-        if isinstance(pair, str | bytes) or not isinstance(pair, Sequence) or len(pair) != 2:
-            raise InvalidInputError(
-                f"{what}: item {i} must be a [start, stop] pair, got {shown(pair)}"
-            )
-        a = check_int(pair[0], f"{what}: item {i} start", minimum=0)
-        b = check_int(pair[1], f"{what}: item {i} stop", maximum=epoch_length)
-        if a >= b:
-            raise InvalidInputError(f"{what}: item {i} [{a}, {b}] holds no position")
-        out.append((a, b))
-    ordered = sorted(out)
-    for (a0, b0), (a1, b1) in zip(ordered, ordered[1:], strict=False):
-        if a1 < b0:
-            raise InvalidInputError(
-                f"{what}: [{a0}, {b0}] and [{a1}, {b1}] overlap (a state lists each "
-                "remaining position once)"
-            )
-    return normalise_intervals(out)
-
-
-def _same_value(a: object, b: object) -> bool:
-    """Equal, and of the same JSON types: 200.0 is not the epoch length 200, True not 1."""
-    try:
-        return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
-    except (TypeError, ValueError):
-        return False
 
 
 def _prefetch_config(value: object) -> PrefetchConfig:
