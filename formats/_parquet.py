@@ -15,7 +15,6 @@ import functools
 import math
 import os
 import threading
-import types
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor
 from itertools import accumulate
@@ -37,7 +36,6 @@ from ._arrow import (
     KEY_COLUMN,
     ColumnPlan,
     Out,
-    _many,
     blob_shapes,
     decode_pieces,
     memory_pool,
@@ -47,21 +45,15 @@ from ._arrow import (
 )
 from ._columnar import ColumnarReader, ColumnarWriter
 from ._layout import PageColumn, ShardLayout
+from ._mapped_pages import MappedPages, plain_chunk
 from ._pages import (
     PagedColumn,
     SharedWork,
     check_page,
-    column_pages,
     page_rows,
 )
 
 __all__ = ["ParquetFormat", "ParquetShardReader", "ParquetShardWriter"]
-
-_rows: types.ModuleType | None
-try:  # rows copied once, from the mapped file to the batch; else NumPy's gather
-    from simstore import _rows
-except ImportError:  # pragma: no cover (built by every install with a C compiler)
-    _rows = None
 
 _PHYSICAL = {"f4": "FLOAT", "f8": "DOUBLE", "i4": "INT32", "u4": "INT32", "i8": "INT64",
              "u8": "INT64"}
@@ -255,10 +247,8 @@ class ParquetShardReader(ColumnarReader):
                 self._file.close()
             raise
         super().__init__(name, schema, plans, self._starts[-1])
-        self._map: np.ndarray | None = None
-        self._views: dict[int, np.ndarray] = {}  # _rows_view's, of the mapping _views_of
-        self._views_of: np.ndarray | None = None
-        self._paged: dict[tuple[int, int], PagedColumn | None] = {}  # (group, leaf)
+        self._pages = MappedPages(source if isinstance(source, str) else None,
+                                  layout.pages if layout is not None else None)
         self._crc_checked: set[tuple[int, str, int]] = set()
         self._sharing: SharedWork | None = None
         self.direct_rows = 0
@@ -268,9 +258,6 @@ class ParquetShardReader(ColumnarReader):
         self.paged_reads = 0
         """Reads made from the pages alone, no row group decoded (for tests, metrics)."""
         self._page_plans: dict[tuple[str, ...], list[PageColumn] | None] = {}
-        self._values_at: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray] | None] = {}
-        if layout is not None:
-            self._values_at.update(layout.pages)
 
     @property
     def _pf(self) -> _PooledFile:
@@ -311,10 +298,10 @@ class ParquetShardReader(ColumnarReader):
         columns = {name: self._page_column(name) for name in sorted(self.plans)}
         if not any(columns.values()):
             return None
-        pages = {(g, col.leaf, col.step): self._value_pages(g, col)
+        pages = {(g, col.leaf, col.step): self._pages.value_pages(g, col, self._metadata)
                  for col in columns.values() if col is not None
                  for g in range(len(self._starts) - 1)}
-        layout = ShardLayout(size=len(self._mapped()), schema=self.arrow_schema,
+        layout = ShardLayout(size=len(self._pages.data()), schema=self.arrow_schema,
                              counts=tuple(np.diff(self._starts).tolist()), columns=columns,
                              pages=pages)
         return layout.to_bytes(shard_id)
@@ -408,8 +395,11 @@ class ParquetShardReader(ColumnarReader):
 
         Uncompressed, with no dictionary page.
         """
-        chunk = self._pf.metadata.row_group(g).column(leaf)
-        return bool(chunk.compression == "UNCOMPRESSED" and chunk.dictionary_page_offset is None)
+        return plain_chunk(self._pf.metadata.row_group(g).column(leaf))
+
+    def _metadata(self) -> pq.FileMetaData:
+        """The file's footer (opening it in Arrow, for a reader opened from a layout)."""
+        return self._pf.metadata
 
     def _group_batches(self, positions: list[int]) -> Iterator[tuple[int, list[int]]]:
         """``(row group, its positions)`` for sorted ``positions``, one searchsorted in all."""
@@ -581,7 +571,7 @@ class ParquetShardReader(ColumnarReader):
             for g, batch in groups:
                 if not 0 <= g < len(self._starts) - 1:
                     return None  # out of range: the read says so
-                got = self._value_pages(g, col)
+                got = self._pages.value_pages(g, col, self._metadata)
                 if got is None:
                     return None
                 first_rows, values = got
@@ -589,44 +579,25 @@ class ParquetShardReader(ColumnarReader):
                 p = np.searchsorted(first_rows, local, side="right") - 1
                 picked.append(values[p] + (local - first_rows[p]) * (col.prefix + col.width))
             at = picked[0] if len(picked) == 1 else np.concatenate(picked)
-            if col.prefix and not self._lengths_are(at, col.width):
+            if col.prefix and not self._pages.lengths_are(at, col.width):
                 return None
             found.append((col, at))
         result: list[dict[str, FieldValue]] = [{} for _ in positions]
         for col, at in found:
             if col.scalar:  # Python numbers (or NumPy scalars) per row, as decoding gives
                 dtype = self.plans[col.name].spec.dtype
-                values = self._rows_view(col.width)[at].view(col.native).reshape(-1)
+                values = self._pages.rows_view(col.width)[at].view(col.native).reshape(-1)
                 # a float32 through a Python float is widened and back: a signalling NaN
                 # comes back quiet (another bit); NumPy scalars keep the stored bytes
                 each = values.tolist() if dtype in ("int64", "float64") else list(values)
                 for row, value in zip(result, each, strict=True):
                     row[col.name] = scalar_out(value, dtype)
-            elif not self._copy_rows(col.name, at, col.width, col.shape, col.native, out,
+            elif not self._pages.copy_rows(col.name, at, col.width, col.shape, col.native, out,
                                      result):
                 return None
         self.direct_rows += len(positions)
         self.paged_reads += 1
         return result
-
-    def _value_pages(self, g: int, col: PageColumn) -> tuple[np.ndarray, np.ndarray] | None:
-        """``(first row, where its value starts)`` of each page of ``col`` in row group ``g``.
-
-        A blob's value starts after its length prefix. None where the chunk is not
-        uncompressed PLAIN pages without nulls whose values are each ``width`` bytes.
-        """
-        key = (g, col.leaf, col.step)
-        if key in self._values_at:
-            return self._values_at[key]
-        paged = self._leaf_pages(g, col.leaf, col.max_def)
-        got = None
-        if paged is not None and paged.pages and all(
-                pg.body + pg.body_bytes - pg.values == pg.rows * col.step
-                for pg in paged.pages):
-            got = (paged.starts, np.asarray([pg.values + col.prefix for pg in paged.pages],
-                                            dtype=np.int64))
-        self._values_at[key] = got
-        return got
 
     def _share(
         self, positions: list[int], columns: Sequence[str], skip: frozenset[str],
@@ -649,7 +620,7 @@ class ParquetShardReader(ColumnarReader):
             return None
         cols = tuple(columns)
         direct = [name for name in cols if f"{name}.data" in skip]
-        data = self._mapped()  # mapped here: a helper never maps the file itself
+        data = self._pages.data()  # mapped here: a helper never maps the file itself
         verify = self.verifies_pages
         reading = threading.get_ident()
         own = threading.local()
@@ -703,60 +674,12 @@ class ParquetShardReader(ColumnarReader):
         width = math.prod(shape) * native.itemsize
         if len(at) != n:
             return False
-        if check and not self._lengths_are(at, width):
+        if check and not self._pages.lengths_are(at, width):
             return False
-        if not self._copy_rows(plan.name, at, width, shape, native, out, result):
+        if not self._pages.copy_rows(plan.name, at, width, shape, native, out, result):
             return False
         self.direct_rows += n
         return True
-
-    def _copy_rows(self, name: str, at: np.ndarray, width: int, shape: tuple[int, ...],
-                   native: np.dtype[Any], out: Out, result: list[dict[str, FieldValue]]
-                   ) -> bool:
-        """Copy the ``width`` bytes at each offset ``at`` of the mapped file into ``out``.
-
-        Into ``out``'s rows of field ``name``, which go into ``result``; False (nothing
-        written) when ``out`` declines.
-        """
-        n = len(at)
-        bulk = _many(out, n, name, shape, native)
-        if bulk is None:
-            return False
-        buffer, index, rows_out = bulk
-        target = buffer.reshape(len(buffer), -1).view(np.uint8)
-        if _rows is not None and target.flags.c_contiguous and target.shape[1] == width:
-            # each row once, from the mapped file to its row of the batch, the interpreter
-            # released: no gathered temporary (fresh memory in a new process)
-            slots = np.ascontiguousarray(index[:n], dtype=np.int64)
-            _rows.gather(self._mapped(), np.ascontiguousarray(at, dtype=np.int64), width,
-                         target, slots, False)
-        elif width < (64 << 10):
-            target[index[:n]] = self._rows_view(width)[at]
-        else:  # large rows: one copy each, no gathered temporary
-            data = self._mapped()
-            for k, a in zip(np.asarray(index[:n]).tolist(), at.tolist(), strict=True):
-                target[k] = data[a : a + width]
-        for i, row in enumerate(rows_out):
-            result[i][name] = row
-        return True
-
-    def _rows_view(self, width: int) -> np.ndarray:
-        """A read-only view of the mapped file whose row ``i`` is the ``width`` bytes at ``i``.
-
-        Indexing it checks the offsets against the file's size.
-        """
-        data = self._mapped()
-        if self._views_of is not data:
-            self._views = {}
-            self._views_of = data
-        view = self._views.get(width)
-        if view is None:
-            flat = np.asarray(data)
-            view = self._views[width] = np.lib.stride_tricks.as_strided(
-                flat, shape=(max(len(flat) - width + 1, 0), width), strides=(1, 1),
-                writeable=False,
-            )
-        return view
 
     def _group_pages(
         self, g: int, name: str, table: pa.Table, native: np.dtype[Any]
@@ -783,7 +706,7 @@ class ParquetShardReader(ColumnarReader):
         paged = self._pages_of(g, name)
         if paged is None or paged.num_rows != len(col) or width <= 0:
             return None
-        data = self._mapped()
+        data = self._pages.data()
         every = self.verifies_pages
         starts = []
         for p, page in enumerate(paged.pages):
@@ -803,31 +726,7 @@ class ParquetShardReader(ColumnarReader):
 
     def _pages_of(self, g: int, name: str) -> PagedColumn | None:
         leaf, max_def = self._direct[name]
-        return self._leaf_pages(g, leaf, max_def)
-
-    def _leaf_pages(self, g: int, leaf: int, max_def: int) -> PagedColumn | None:
-        """Leaf column ``leaf``'s data pages in row group ``g`` (walked once), or None."""
-        key = (g, leaf)
-        if key not in self._paged:
-            paged = None
-            if self._plain_leaf(g, leaf):
-                chunk = self._pf.metadata.row_group(g).column(leaf)
-                paged = column_pages(
-                    self._mapped(), chunk.data_page_offset, chunk.total_compressed_size,
-                    self._pf.metadata.row_group(g).num_rows, max_def=max_def, max_rep=0,
-                )
-            self._paged[key] = paged
-        return self._paged[key]
-
-    def _lengths_are(self, at: np.ndarray, width: int) -> bool:
-        """Whether the length prefix before each blob value at offset ``at`` says ``width``."""
-        return bool((self._rows_view(4)[at - 4].view("<u4") == width).all())
-
-    def _mapped(self) -> np.ndarray:
-        if self._map is None:
-            assert isinstance(self._source, str)
-            self._map = np.memmap(self._source, dtype=np.uint8, mode="r")
-        return self._map
+        return self._pages.leaf_pages(g, leaf, max_def, self._metadata)
 
     def _read_positions(self, positions: Sequence[int], columns: Sequence[str]) -> pa.Table:
         cols = tuple(columns)
@@ -848,9 +747,7 @@ class ParquetShardReader(ColumnarReader):
             self._file.close()
         if self._unchecked is not None:
             self._unchecked.close()
-        self._map = None  # unmapped once no row of it is referenced
-        self._views.clear()
-        self._views_of = None
+        self._pages.close()
 
 
 class ParquetFormat:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from simstore.formats import _parquet, open_shard
+from simstore.formats import _mapped_pages, open_shard
 
 from simstore import _rows
 from tests.formats.test_parquet_pages import BulkOut, _samples, _write
@@ -126,7 +126,7 @@ def test_the_reader_gives_the_same_rows_with_and_without_it(tmp_path, monkeypatc
     monkeypatch.setattr(_rows, "gather", lambda *a: calls.append(a) or real(*a))
     read()
     assert calls  # the reader copies through it when it is built
-    monkeypatch.setattr(_parquet, "_rows", None)
+    monkeypatch.setattr(_mapped_pages, "_rows", None)
     without, batch_without = read()
     np.testing.assert_array_equal(batch, batch_without)
     for p, a, b in zip(positions, with_it, without, strict=True):
