@@ -405,30 +405,32 @@ class ReaderPool:
             if check is not None and not check():  # a damaged copy is the better error
                 raise self._gone(key, source) from exc
             raise
-        if check is not None and not getattr(reader, "verifies_pages", False):
-            # a reader that checks nothing itself reads a hit only once it has hashed
+        pages = bool(getattr(reader, "verifies_pages", False))
+        hashing: Future[Any] | None = None
+        if check is not None and pages and self._io is not None:
             try:
-                if not check():
+                hashing = (_Published(access, key[1], check) if access.sibling_hashes(key[1])
+                           else self._io.submit(self._later, check))
+            except RuntimeError:  # that pool has shut down: hashed now, below
+                hashing = None
+        if check is not None and hashing is None:
+            # a reader that checks nothing itself reads a hit only once it has hashed; so
+            # does one with no epoch's pool to hash it meanwhile (a lookup: ``get``)
+            try:
+                if check():
+                    _trust(reader)
+                elif not pages:
                     raise self._gone(key, source)
             except BaseException:
                 with contextlib.suppress(Exception):
                     reader.close()
                 handle.release()
                 raise
-            check = None
-            _trust(reader)
         entry.handle, entry.reader = handle, reader
         if handle.trusted:
             _trust(reader)
-        elif check is not None and self._io is not None:
-            try:
-                hashing: Future[Any] = (
-                    _Published(access, key[1], check) if access.sibling_hashes(key[1])
-                    else self._io.submit(self._later, check))
-                entry.checking = _Check(hashing, check)
-            except RuntimeError:  # that pool has shut down: hash it now
-                if check():
-                    _trust(entry.reader)
+        elif check is not None and hashing is not None:
+            entry.checking = _Check(hashing, check)
 
     def _gone(self, key: tuple[int, str], source: object) -> IntegrityError:
         """A pinned cache copy that vanished: another reader found it damaged."""

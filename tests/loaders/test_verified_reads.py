@@ -148,6 +148,33 @@ def test_a_cache_copy_damaged_after_its_fill_is_found_and_refetched(tmp_path, so
     assert os.path.exists(copy)
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "zarr", "lance"])
+def test_a_lookup_hashes_a_cache_hit_before_it_reads_it(tmp_path, sources, fmt):
+    """``get`` has no epoch's pool to hash a hit in while its pages are checked: it hashes
+    the copy first, so a damaged one is an IntegrityError and is taken out of the cache
+    (a page CRC error blamed the store's shard and left the copy; a flip no CRC covers
+    gave wrong values)."""
+    store, arrays = _ingest(tmp_path, sources, fmt)
+    cache = str(tmp_path / "cache")
+    remote = RemoteLikeStore(store)
+    _values(SimDataset(remote, "d", shuffle=False, cache_dir=cache, cache_limit="64MiB"))
+    shard = _shard_ids(store)[0]
+    cat = Catalog.open(store)
+    rows = cat.manifest(cat.snapshot(cat.resolve("d"))).to_pylist()
+    key = next(r["key"] for r in rows if r["shard"] == shard)
+    copy = os.path.join(cache, "objects", shard[:2], shard)
+    os.chmod(copy, 0o644)
+    _flip_in_pages(copy)
+    ds = SimDataset(remote, "d", cache_dir=cache, cache_limit="64MiB")
+    with pytest.raises(IntegrityError) as info:
+        ds.get(key)
+    assert shard in str(info.value) and "removed from the cache" in str(info.value)
+    assert not os.path.exists(copy)
+    again = SimDataset(remote, "d", cache_dir=cache, cache_limit="64MiB").get(key)
+    assert np.array_equal(again["u"].numpy(), arrays[key])  # downloaded again
+    assert os.path.exists(copy)
+
+
 @pytest.mark.parametrize("fmt", ["parquet", "zarr"])
 def test_a_damaged_cache_copy_fails_an_epoch_read_by_two_workers(tmp_path, sources, fmt):
     """Workers share cache copies' hashes: a damaged copy still fails the epoch, named,
