@@ -55,12 +55,13 @@ from typing import Any, BinaryIO, TypeVar
 from simstore.loaders._stats import Counters
 
 from simstore._reserve import Reservation
+from simstore.catalog import CACHE_MARKER_KEY, STORE_META_KEY
 from simstore.errors import IntegrityError, InvalidInputError, StorageError, write_refused
 from simstore.hashing import Hasher, is_object_id
 
 __all__ = ["CacheConfig", "PinnedCopy", "ShardCache"]
 
-MARKER = "simstore-cache.json"
+MARKER = CACHE_MARKER_KEY
 _MARKER_BODY = {"kind": "simstore-shard-cache", "format_version": 1}
 
 
@@ -146,6 +147,11 @@ class ShardCache:
     # -- setup -------------------------------------------------------------------------
     def _claim(self, writable: bool) -> None:
         marker = os.path.join(self.root, MARKER)
+        if os.path.exists(os.path.join(self.root, STORE_META_KEY)):
+            raise InvalidInputError(
+                f"cache_dir {self.root} holds a simstore store ({STORE_META_KEY}): the "
+                "cache's eviction would delete its objects; give a dedicated directory"
+            )
         try:
             os.makedirs(self.root, exist_ok=True)
             if not os.path.exists(marker):

@@ -1,6 +1,7 @@
 """Catalog tier: refs, snapshots, staging, commit, diff, log, verify and gc."""
 
 from simstore.catalog._catalog import (
+    CACHE_MARKER_KEY,
     STORE_META_KEY,
     Catalog,
     CommitResult,
@@ -22,6 +23,7 @@ from simstore.catalog._refs import Branches, Tags
 from simstore.catalog._verify import VerifyProblem, VerifyProgress, VerifyReport, verify
 
 __all__ = [
+    "CACHE_MARKER_KEY",
     "CHANGES_SCHEMA",
     "GC_STATE_KEY",
     "STORE_META_KEY",

@@ -54,6 +54,7 @@ from simstore.snapshot import Snapshot, SnapshotId
 from simstore.storage import ObjectStore, is_store, open_store
 
 __all__ = [
+    "CACHE_MARKER_KEY",
     "STORE_META_KEY",
     "Catalog",
     "CommitResult",
@@ -63,6 +64,9 @@ __all__ = [
 ]
 
 STORE_META_KEY = "simstore.json"
+CACHE_MARKER_KEY = "simstore-cache.json"
+"""The file that marks a directory as a loader's disk cache: no store is made there (the
+cache's eviction deletes what lies under its ``objects/``, as a store's objects do)."""
 STORE_FORMAT_VERSION = 1
 
 
@@ -180,6 +184,11 @@ class Catalog:
                 raise AlreadyExistsError(f"{store.url}: store already initialised")
             cat.conditional_writes = cat._probe_again(cat.check_initialised())
             return cat
+        if store.exists(CACHE_MARKER_KEY):
+            raise InvalidInputError(
+                f"{store.url} is a loader's disk cache ({CACHE_MARKER_KEY}): its eviction "
+                "would delete a store's objects; make the store in another directory"
+            )
         conditional = bool(store.supports_atomic_cas)
         probe = getattr(store, "probe_conditional_writes", None)
         if callable(probe):

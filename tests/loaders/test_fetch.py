@@ -143,6 +143,26 @@ def test_cache_refuses_a_foreign_directory_and_keeps_foreign_files(small, tmp_pa
     assert (foreign / "thesis.tex").read_text() == "precious"
 
 
+def test_a_cache_and_a_store_never_share_a_directory(small, tmp_path):
+    """A store made in a cache directory lost its objects to the cache's eviction (both
+    keep them under objects/): neither may be made where the other is."""
+    store, _, samples = small
+    cache = tmp_path / "cache"
+    list(remote_ds(store, cache_dir=str(cache), cache_limit="1MiB"))
+    with pytest.raises(InvalidInputError, match="is a loader's disk cache"):
+        Catalog.init(str(cache))
+    assert not (cache / "simstore.json").exists()
+    # a store made there by other means (an older simstore): the cache refuses it
+    Catalog.init(str(tmp_path / "elsewhere"))
+    os.replace(tmp_path / "elsewhere" / "simstore.json", cache / "simstore.json")
+    copies = sorted(p.name for p in (cache / "objects").rglob("*") if p.is_file())
+    with pytest.raises(InvalidInputError, match="holds a simstore store"):
+        list(remote_ds(store, cache_dir=str(cache), cache_limit=8000))  # would evict
+    assert sorted(p.name for p in (cache / "objects").rglob("*") if p.is_file()) == copies
+    assert sorted(keys_of(remote_ds(store, cache_dir=str(tmp_path / "c2"),
+                                    cache_limit="1MiB"))) == sorted(samples)
+
+
 def test_corrupt_shard_on_cache_fill_names_the_object(small, tmp_path):
     store, _, _ = small
     bad = shard_ids(store)[2]
