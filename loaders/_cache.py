@@ -412,8 +412,9 @@ class ShardCache:
             kind = "shard" if counted_as == "cache" else "catalog object"
             raise InvalidInputError(
                 f"cache limit of {self.config.limit_bytes} bytes is smaller than {kind} "
-                f"objects/{object_id[:2]}/{object_id} ({size} bytes); raise cache_limit "
-                "to at least a few shards"
+                f"objects/{object_id[:2]}/{object_id} ({size} bytes, the size the store "
+                "reports); raise cache_limit to at least a few shards (an object that was "
+                "written smaller is damaged in the store: simstore verify --deep)"
             )
         for name in _listdir(self._tmp):  # dead fills of this object
             if name.startswith(object_id + "."):

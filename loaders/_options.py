@@ -84,7 +84,9 @@ def cache_config(
                 f"no copies, so there is no room for a default cache_limit; free some "
                 f"space, or give cache_dir on another disk"
             )
-    return CacheConfig(directory=directory, limit_bytes=limit)
+    # absolute: the cache is claimed at construction and filled later, perhaps after the
+    # job changed its working directory (a relative path then named a second cache)
+    return CacheConfig(directory=os.path.abspath(directory), limit_bytes=limit)
 
 
 def _nearest_folder(path: str) -> str:

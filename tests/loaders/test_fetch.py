@@ -163,6 +163,19 @@ def test_a_cache_and_a_store_never_share_a_directory(small, tmp_path):
                                     cache_limit="1MiB"))) == sorted(samples)
 
 
+def test_a_relative_cache_dir_stays_one_cache_after_a_chdir(small, tmp_path, monkeypatch):
+    store, _, samples = small
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    ds = remote_ds(store, cache_dir="cache", cache_limit="1MiB")  # claims a/cache
+    monkeypatch.chdir(tmp_path / "b")
+    assert sorted(keys_of(ds)) == sorted(samples)
+    assert not (tmp_path / "b" / "cache").exists()  # filled where it was claimed
+    filled = {p.name for p in (tmp_path / "a" / "cache" / "objects").rglob("*") if p.is_file()}
+    assert set(shard_ids(store)) <= filled  # with the snapshot and its manifest part
+
+
 def test_corrupt_shard_on_cache_fill_names_the_object(small, tmp_path):
     store, _, _ = small
     bad = shard_ids(store)[2]
