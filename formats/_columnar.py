@@ -27,17 +27,14 @@ from ._arrow import (
     KEY_COLUMN,
     SMALL_TENSOR_BYTES,
     ColumnPlan,
-    Out,
     arrow_schema,
     check_column_types,
-    decode_pieces,
-    decode_rows,
     encode_table,
-    mapped_out,
     materialise,
     plan_columns,
     shard_document,
 )
+from ._arrow_decode import Out, decode_pieces, decode_rows, mapped_out
 
 __all__ = ["ColumnarReader", "ColumnarWriter", "row_groups"]
 

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from simstore.sample import FieldValue
 
-from ._arrow import Out, _many
+from ._arrow_decode import Out, _many
 from ._layout import PageColumn
 from ._pages import PagedColumn, column_pages
 

@@ -32,17 +32,8 @@ from simstore.ingest import ShardOptions, hash_sample_blocks, parse_compression,
 from simstore.protocols import ShardWriteResult
 from simstore.sample import FieldValue, Sample
 
-from ._arrow import (
-    KEY_COLUMN,
-    ColumnPlan,
-    Out,
-    blob_shapes,
-    decode_pieces,
-    memory_pool,
-    plans_from_schema,
-    scalar_out,
-    uniform_shape,
-)
+from ._arrow import KEY_COLUMN, ColumnPlan, memory_pool, plans_from_schema
+from ._arrow_decode import Out, blob_shapes, decode_pieces, scalar_out, uniform_shape
 from ._columnar import ColumnarReader, ColumnarWriter
 from ._layout import PageColumn, ShardLayout
 from ._mapped_pages import MappedPages, plain_chunk

@@ -20,7 +20,7 @@ import numpy as np
 
 from simstore.ingest import parse_compression
 
-from ._arrow import scalar_out
+from ._arrow_decode import scalar_out
 
 __all__ = [
     "CONTIGUOUS_FIELD_CHUNKS",

@@ -1,4 +1,4 @@
-"""A shuffled tensor's bytes put back without numcodecs (``formats._arrow.byte_unshuffle``).
+"""A shuffled tensor's bytes put back without numcodecs (``formats._arrow_decode.byte_unshuffle``).
 
 Compressed shards store a tensor's bytes byte-shuffled as ``numcodecs.Shuffle(itemsize)``
 lays them out (stock readers undo it with numcodecs); the reader undoes it with
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numcodecs import Shuffle
-from simstore.formats import _arrow
+from simstore.formats import _arrow_decode as _arrow
 
 from simstore import _rows
 
