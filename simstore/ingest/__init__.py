@@ -66,6 +66,7 @@ from simstore.ingest._config import (
     TaskTiming,
 )
 from simstore.ingest._driver import ingest
+from simstore.ingest._filehash import hash_file
 from simstore.ingest._plugins import (
     ADAPTER_GROUP,
     FORMAT_GROUP,
@@ -87,7 +88,7 @@ from simstore.ingest._shards import (
     parse_compression,
     parse_size,
 )
-from simstore.ingest._sources import SupportsSampleRanges, hash_file
+from simstore.ingest._sources import SupportsSampleRanges
 
 __all__ = [
     "ADAPTER_GROUP",

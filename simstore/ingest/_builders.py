@@ -21,8 +21,8 @@ import numpy as np
 from simstore.errors import NotFoundError
 from simstore.hashing import ObjectId, object_key
 from simstore.ingest._arrays import is_array_source
+from simstore.ingest._filehash import hash_file
 from simstore.ingest._records import TaskContext
-from simstore.ingest._sources import hash_file
 from simstore.ingest._writes import _WriterThread
 from simstore.protocols import ShardFormat, ShardWriteResult, WrittenSample
 from simstore.sample import FieldSpec, Sample

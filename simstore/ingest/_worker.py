@@ -45,6 +45,7 @@ from simstore.ingest._arrays import (
 )
 from simstore.ingest._builders import ShardBuilder, ShardBuilders
 from simstore.ingest._config import printable_text
+from simstore.ingest._filehash import hash_file_checked
 from simstore.ingest._guard import as_bad_file, owned_sample
 from simstore.ingest._journal import (
     journal_key,
@@ -60,7 +61,6 @@ from simstore.ingest._sources import (
     ListedSource,
     SourceGone,
     check_key,
-    hash_file_checked,
     hash_source,
     listed_here,
     read_head,

@@ -5,8 +5,8 @@ import zlib
 
 import pytest
 
-import simstore.ingest._sources as sources
-from simstore.ingest._sources import hash_file, hash_file_checked
+import simstore.ingest._filehash as sources
+from simstore.ingest._filehash import hash_file, hash_file_checked
 
 
 @pytest.mark.parametrize("size", [0, 100_000, 3 * (1 << 20) + 12_345])
