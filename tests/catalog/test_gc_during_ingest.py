@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import simstore.ingest._driver as driver
+import simstore.ingest._stage as staging
 from simstore.catalog import GC_STATE_KEY, Catalog, gc, gc_overlapped, read_gc_state, verify
 from simstore.errors import ConflictError
 from simstore.ingest import ingest
@@ -90,7 +91,7 @@ def test_an_ingest_checks_nothing_when_no_gc_ran_meanwhile(tmp_path, monkeypatch
     def must_not_run(*args, **kwargs):
         raise AssertionError("objects checked though no gc ran during the ingest")
 
-    monkeypatch.setattr(driver, "_check_still_stored", must_not_run)
+    monkeypatch.setattr(staging, "check_still_stored", must_not_run)
     r = ingest([src], dataset="d", store=cat, snapshot=True)
     assert r.samples == 3
 
@@ -121,7 +122,7 @@ def test_an_entry_staged_beside_a_gc_that_leaves_its_objects_is_committed(tmp_pa
     cat = Catalog.init(str(tmp_path / "store"))
     real_stage = Catalog.stage
     checked, staged = [], []
-    real_check = driver._check_still_stored
+    real_check = staging.check_still_stored
 
     def stage_after_a_gc(self, *args, **kwargs):
         gc(Catalog(self.store), grace_s=3600)
@@ -133,7 +134,7 @@ def test_an_entry_staged_beside_a_gc_that_leaves_its_objects_is_committed(tmp_pa
         return real_check(catalog, ids)
 
     monkeypatch.setattr(Catalog, "stage", stage_after_a_gc)
-    monkeypatch.setattr(driver, "_check_still_stored", check)
+    monkeypatch.setattr(staging, "check_still_stored", check)
     r = ingest([src], dataset="d", store=cat, snapshot=True, resume=False)
     assert r.samples == 3 and verify(cat, all_refs=True).ok
     # checked once, after staging (no gc had run before it): all the entry names

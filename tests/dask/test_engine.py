@@ -294,7 +294,7 @@ def test_the_cluster_listens_on_loopback_only(dask_address):
 def test_the_staged_rows_digest_is_the_canonical_json_digest():
     """Staging recognises an identical pending entry by this digest: it must not change."""
     from simstore.hashing import hash_bytes
-    from simstore.ingest._driver import _rows_digest
+    from simstore.ingest._stage import rows_digest as _rows_digest
     from simstore.sample import canonical_json
 
     rows = [(f"rün{i % 7}/t{i:04d}", f"{i:032x}", f"{i % 3:032x}", i, 10 * i) for i in range(50)]

@@ -16,9 +16,10 @@ import numpy as np
 from click.testing import CliRunner
 from simstore.cli import main
 
-from simstore.ingest._driver import _joined_software, _software_sets
+from simstore.ingest._driver import _joined_software
 from simstore.ingest._records import FileResult
 from simstore.ingest._software import libraries_of, software
+from simstore.ingest._stage import software_sets as _software_sets
 
 
 def _cli(store, *args):
