@@ -555,8 +555,20 @@ class SimDataset(IterableDataset[Sample]):
         self._phase = None
 
     def _begin(self, world_size: int, num_workers: int, batch_size: int) -> tuple[Interval, ...]:
-        """Start tracking an iteration; returns the positions it reads."""
-        remaining = self._resume if self._resume is not None else self._full()
+        """Start tracking an iteration; returns the positions it reads.
+
+        Those of a loaded resume, or of the latest iteration of this epoch if it delivered
+        nothing (an ``iter()`` never read from uses up nothing, as ``state_dict`` says:
+        the next one took the whole epoch while the state said it resumed); else the
+        whole epoch.
+        """
+        phase = self._phase
+        if self._resume is not None:
+            remaining = self._resume
+        elif phase is not None and not any(phase.counts):
+            remaining = phase.remaining
+        else:
+            remaining = self._full()
         self._resume = None
         live = self._metrics.start(self._epoch)
         self._phase = _Phase(remaining, world_size, num_workers, batch_size,

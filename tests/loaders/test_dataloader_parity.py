@@ -94,6 +94,25 @@ def test_an_iteration_that_fails_to_start_keeps_the_loaded_resume(ds, store_path
     _the_rest_completes_the_epoch(seen, loader)
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_iteration_never_read_from_keeps_the_loaded_resume(ds, store_path, workers):
+    # found by an audit: iter() took the loaded resume and a later iter() read the whole
+    # epoch, while state_dict() still said it resumed (12 samples twice)
+    seen, state = _three_batches_and_state(ds)
+    loader = SimDataLoader(_dataset(store_path), batch_size=4, **_workers(workers))
+    loader.load_state_dict(state)
+    unread = iter(loader)
+    assert loader.state_dict()["remaining"] == state["remaining"]
+    del unread
+    _the_rest_completes_the_epoch(seen, loader)
+    again = SimDataset(store_path, "sim", shard_opener=open_test_shard, seed=1)
+    again.load_state_dict(state)
+    iter(again)  # the same, iterating the dataset itself
+    assert again.state_dict()["remaining"] == state["remaining"]
+    rest = [s["__key__"] for s in again]
+    assert sorted(seen + rest) == sorted(s.key for s in make_samples(37))
+
+
 def _three_batches_and_state(ds):
     """The keys of a loader's first three batches of 4, and its state after them."""
     first = SimDataLoader(ds, batch_size=4)
