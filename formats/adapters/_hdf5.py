@@ -368,7 +368,8 @@ def _link_paths(h5py: Any, f: Any, path: str) -> list[str]:
     pending: list[tuple[Any, str, tuple[Any, ...]]] = [(f, "", (f,))]
     while pending:
         group, prefix, above = pending.pop()
-        for link_name in sorted(group.keys()):
+        for link_name in sorted(_text_name(path, n, f"a link in {prefix or '/'}")
+                                for n in group.keys()):
             where = f"{prefix}/{link_name}" if prefix else link_name
             link = group.get(link_name, getlink=True)
             if isinstance(link, h5py.ExternalLink):
@@ -408,10 +409,25 @@ def _link_paths(h5py: Any, f: Any, path: str) -> list[str]:
     return out
 
 
+def _text_name(path: str, name: object, what: str) -> str:
+    """An HDF5 link or attribute name as text; one that is not UTF-8 is refused.
+
+    HDF5 keeps names as bytes; h5py hands one that is not UTF-8 back as ``bytes``, which
+    became a field named after its Python repr, or failed the ingest with a traceback.
+    """
+    if isinstance(name, str):
+        return name
+    shown = bytes(name).decode("utf-8", "backslashreplace")  # type: ignore[call-overload]
+    raise SourceError(
+        f"{path}: {what}: the name {shown!r} is not UTF-8 text; rename it in the file"
+    )
+
+
 def _attributes(h5py: Any, f: Any, obj: Any, name: str, path: str) -> dict[str, Any]:
     """An object's attributes, object references as the referenced objects' paths."""
     out: dict[str, Any] = {}
     for attr in obj.attrs:
+        attr = _text_name(path, attr, f"an attribute of {name or '/'}")
         value = obj.attrs[attr]
         dtype = obj.attrs.get_id(attr).dtype
         field = f"{name}{'.' if isinstance(obj, h5py.Dataset) else '/'}{attr}" if name else attr

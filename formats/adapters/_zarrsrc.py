@@ -10,6 +10,7 @@ hierarchy is listed from the store itself, so an array added after
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -132,14 +133,23 @@ class ZarrAdapter:
                         )
                     )
         except SourceError:
-            if store is not None:
-                store.close()
+            _close(store)
             raise
         except Exception as exc:  # zarr raises many kinds on a broken hierarchy
-            if store is not None:
-                store.close()
+            _close(store)
             raise SourceError(f"{path}: not a readable Zarr group: {exc}") from exc
         return store, entries, params, metadata
+
+
+def _close(store: Any) -> None:
+    """Close the zip store a failed open leaves, if it opened.
+
+    One that never opened its zip cannot close: ``ZipStore.close`` raised AttributeError
+    in place of the reason the zip failed.
+    """
+    if store is not None:
+        with contextlib.suppress(Exception):
+            store.close()
 
 
 _ZARR_METADATA = frozenset({"zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata"})

@@ -125,6 +125,20 @@ at most 65,535 bytes, and no real field needs more than a path's worth."""
 
 def check_field_name(name: str) -> None:
     """Refuse a field name no shard format and loader batch can carry back as it is."""
+    if not isinstance(name, str):
+        raise InvalidInputError(
+            f"a field name must be text, not {type(name).__name__} ({name!r:.60}); "
+            "name the field with a str")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: a name of bytes that are not UTF-8
+        try:  # the bytes a file name decoded from, as \x escapes
+            shown = name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        except UnicodeEncodeError:  # a surrogate no file name decodes to
+            shown = name.encode("utf-8", "backslashreplace").decode("utf-8")
+        raise InvalidInputError(
+            f"the name {shown!r} is not UTF-8 text (a name of bytes that are not UTF-8, "
+            "in the source); rename the field") from None
     if not name:
         raise InvalidInputError(
             "a field has an empty name (Lance cannot read such a column back); name it")

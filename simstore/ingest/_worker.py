@@ -793,6 +793,10 @@ class TaskRunner(ShardBuilders):
         self, path: str, sample: Sample, specs: dict[str, FieldSpec], base: Mapping[str, FieldSpec]
     ) -> None:
         names = set(sample.fields)
+        odd = next((n for n in names if not isinstance(n, str)), None)
+        if odd is not None:  # sorted() below failed on it, with a traceback
+            raise SourceError(
+                f"{path}: a field name must be text, not {type(odd).__name__} ({odd!r:.60})")
         known: FieldGroups | None = None  # specs and base, built at the first new field
         for name in sorted(names):
             parts = name.split("/")

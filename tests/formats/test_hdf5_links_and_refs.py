@@ -211,3 +211,45 @@ def test_a_filter_that_is_not_available_is_named(tmp_path):
     message = refused(path)
     assert "field 'x': compressed with HDF5 filter 300" in message
     assert "not available" in message
+
+
+# -- names that are not UTF-8
+
+
+@pytest.mark.parametrize("where", ["root attribute", "dataset attribute", "dataset", "group"])
+def test_a_name_that_is_not_utf8_is_refused_naming_its_bytes(tmp_path, where):
+    """h5py gives such a name as bytes: a root attribute's failed the ingest with a
+    traceback (exit 1, even under --on-error skip), a dataset attribute's became a field
+    named after its repr (``x.b'\\xfeunits'``), and a dataset's was a TypeError message."""
+    path = tmp_path / "run.h5"
+    with h5py.File(path, "w") as f:
+        f["x"] = np.arange(2.0)
+        if where == "root attribute":
+            f.attrs.create(b"\xfeattr", 1.0)
+        elif where == "dataset attribute":
+            f["x"].attrs.create(b"\xfeunits", 1.0)
+        elif where == "dataset":
+            f.create_dataset(b"\xffy", data=np.arange(3.0))
+        else:
+            f.create_group(b"g\xff").create_dataset("z", data=np.arange(3.0))
+    message = refused(path)
+    assert "is not UTF-8 text" in message and "\\xf" in message
+
+
+def test_a_file_whose_names_are_not_utf8_is_skipped_under_on_error_skip(tmp_path):
+    import simstore
+    from simstore.catalog import Catalog
+
+    src = tmp_path / "src"
+    src.mkdir()
+    with h5py.File(src / "bad.h5", "w") as f:
+        f["x"] = np.arange(2.0)
+        f.attrs.create(b"\xfeattr", 1.0)
+    with h5py.File(src / "good.h5", "w") as f:
+        f["x"] = np.arange(2.0)
+    cat = Catalog.init(str(tmp_path / "store"))
+    result = simstore.ingest([str(src)], dataset="d", store=cat, snapshot=True,
+                             on_error="skip")
+    assert [s.path for s in result.files_skipped] == [str(src / "bad.h5")]
+    assert "is not UTF-8 text" in result.files_skipped[0].reason
+    assert result.samples == 1

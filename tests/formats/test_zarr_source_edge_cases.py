@@ -153,3 +153,35 @@ def test_an_empty_shard_file_is_refused_not_read_as_fill_values(tmp_path):
     (tmp_path / "run.zarr" / "v" / "c" / "1" / "0").write_bytes(b"")
     with pytest.raises(SourceError, match=r"run\.zarr: field 'v': chunk c/1/0 is an empty file"):
         list(ZarrAdapter().iter_samples(str(path), "k", {}))
+
+
+def test_an_array_whose_name_is_not_utf8_is_refused_naming_its_bytes(tmp_path):
+    """A directory store's names come from the file system: bytes that are not UTF-8 were
+    a UnicodeEncodeError message ("surrogates not allowed") naming no field."""
+    import os
+
+    path = tmp_path / "run.zarr"
+    root = zarr.open_group(str(path), mode="w", zarr_format=2)
+    root.create_array("ok", shape=(3,), dtype="f4", chunks=(3,))[...] = 1
+    os.rename(os.fsencode(path / "ok"), os.fsencode(path) + b"/x\xff")
+    catalog_dir = tmp_path / "store"
+    import simstore
+    from simstore.catalog import Catalog
+
+    with pytest.raises(SourceError) as info:
+        simstore.ingest([str(path)], dataset="d", store=Catalog.init(str(catalog_dir)))
+    message = str(info.value)
+    assert "\n" not in message and "is not UTF-8 text" in message and "\\xff" in message
+
+
+@pytest.mark.parametrize("content", [b"hello\n", b""])
+def test_a_zip_that_is_not_a_zip_says_so(tmp_path, content):
+    """A failed open closed a zip store that never opened its zip: an AttributeError
+    ('ZipStore' object has no attribute '_zf') took the place of the reason."""
+    path = tmp_path / "run.zarr.zip"
+    path.write_bytes(content)
+    with pytest.raises(SourceError) as info:
+        ZarrAdapter().count_samples(str(path), {})
+    message = str(info.value)
+    assert message.startswith(str(path)) and "not a readable Zarr group" in message
+    assert "AttributeError" not in message and "_zf" not in message

@@ -283,3 +283,18 @@ def test_a_binary_stl_cut_short_says_so(catalog, tmp_path):
     assert "says 2 triangles (184 bytes), the file has 154 bytes" in message
     assert "\\x00" not in message
     assert catalog.staged("d") == []
+
+
+@pytest.mark.parametrize("name", [b"x", "x\udcff", "\ud800"])
+def test_a_field_name_that_is_not_utf8_text_is_refused_naming_it(name):
+    """An adapter handing a name of bytes, or of bytes that are not UTF-8 (a file name
+    decoded with surrogates): refused by name, never a TypeError or a surrogate error."""
+    from simstore.errors import InvalidInputError
+    from simstore.ingest._arrays import check_field_name
+
+    with pytest.raises(InvalidInputError) as info:
+        check_field_name(name)  # type: ignore[arg-type]
+    message = str(info.value)
+    assert "\n" not in message
+    message.encode("utf-8")  # printable: no lone surrogate left in it
+    assert ("must be text" if isinstance(name, bytes) else "is not UTF-8 text") in message
