@@ -175,6 +175,16 @@ class _Refs:
             if existing == body:
                 return
             raise AlreadyExistsError(f"{self.dataset}: {self._what(name)} already exists")
+        other = "tags" if self.kind == "heads" else "heads"
+        if self._store.exists(ref_key(self.dataset, other, name)):
+            # a branch is looked up before a tag: a branch named like a tag took the tag's
+            # REF over (ds@v1 moved with the branch), and a tag named like a branch was one
+            # nothing could read
+            raise AlreadyExistsError(
+                f"{self.dataset}: cannot create {self._what(name)}: "
+                f"{'a tag' if other == 'tags' else 'a branch'} of that name exists, and "
+                f"{self.dataset}@{name} names it (a name is a branch or a tag, not both)"
+            )
         refresh = getattr(self._store, "refresh", None)
         try:
             found = refresh(target) if callable(refresh) else self._store.exists(target)

@@ -113,6 +113,24 @@ def test_tags_are_write_once_and_branches_independent(cat):
         cat.tags("ds").create("../x", r1.snapshot_id)
 
 
+def test_a_name_is_a_branch_or_a_tag_never_both(cat):
+    """A branch is looked up before a tag: a branch named like a tag took ds@v1 over (it
+    then moved with every commit), and a tag named like a branch could never be read."""
+    stage_samples(cat, "ds", {"a": b"1"})
+    r1 = cat.commit("ds", message="one")
+    cat.tags("ds").create("v1", r1.snapshot_id)
+    stage_samples(cat, "ds", {"b": b"2"})
+    r2 = cat.commit("ds", message="two")
+    with pytest.raises(AlreadyExistsError, match="a tag of that name exists"):
+        cat.branches("ds").create("v1", r2.snapshot_id)
+    assert not cat.branches("ds").exists("v1")
+    assert cat.resolve("ds@v1") == r1.snapshot_id
+    with pytest.raises(AlreadyExistsError, match="a branch of that name exists"):
+        cat.tags("ds").create("main", r1.snapshot_id)
+    assert not cat.tags("ds").exists("main")
+    assert cat.resolve("ds@main") == r2.snapshot_id
+
+
 def test_refs_that_exist_are_answered_before_any_write(cat, tmp_path):
     stage_samples(cat, "ds", {"a": b"1"})
     r1 = cat.commit("ds", message="one")
