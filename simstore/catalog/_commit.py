@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from simstore.catalog._build import build_snapshot, utc_at
-from simstore.catalog._refs import Branches
+from simstore.catalog._refs import Branches, dataset_prefix
 from simstore.errors import (
     ConflictError,
     InvalidInputError,
@@ -171,6 +171,12 @@ def _epoch_s(iso_time: str) -> float:
     return moment.timestamp()
 
 
+def _unstaged(cat: Catalog, dataset: str, entries: Sequence[StagedEntry]) -> list[str]:
+    """The ids of ``entries`` no longer staged (one existence check each)."""
+    prefix = f"{dataset_prefix(dataset)}staging/"
+    return [e.id for e in entries if not cat.store.exists(prefix + e.id)]
+
+
 def commit(
     cat: Catalog,
     dataset: str,
@@ -278,6 +284,16 @@ def commit(
             after=utc_at(after) if after > now else None,
         )
         sid, _ = cat.put_object(snap.to_bytes())
+        gone = _unstaged(cat, dataset, todo)
+        if gone:
+            if branches.get_versioned(branch)[1] != version:
+                continue  # another commit took them (and removed them): found above
+            # discarded (unstage) while this snapshot was built: its swap would publish
+            # changes the discard was told were gone (an audit raced unstage with this)
+            raise ConflictError(
+                f"dataset {dataset!r}: staged entry {gone[0]} was discarded while this "
+                "commit ran; nothing was committed (what is still staged stays staged)"
+            )
         try:
             # A move that raised StorageError (every response lost) but landed returns
             # normally: move reads the branch back and finds this snapshot there.

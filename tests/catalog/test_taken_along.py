@@ -12,10 +12,12 @@ from __future__ import annotations
 import uuid
 
 import hypothesis.strategies as st
+import pytest
 from catalog_helpers import content, stage_samples
 from hypothesis import given, settings
 
 from simstore.catalog import Catalog, taken_along
+from simstore.errors import ConflictError
 
 KEYS = [f"k{i}" for i in range(6)]
 
@@ -77,3 +79,26 @@ def test_a_change_committed_alone_then_the_rest_equals_all_at_once(staged, last)
     own = set(KEYS) if last[0] == "replace" else _keys(last)
     assert {k: v for k, v in middle.items() if k in own} == \
         {k: v for k, v in content(together, "ds@main").items() if k in own}
+
+
+def test_an_entry_discarded_while_a_commit_builds_is_not_published(cat, monkeypatch):
+    """unstage said it discarded an entry (exit 0) while a commit already under way then
+    published it: the commit reads its entries once, and nothing looked again before its
+    swap. It now checks they are still staged first."""
+    import simstore.catalog._commit as commit_module
+
+    stage_samples(cat, "ds", {"a": b"1"})
+    base = cat.commit("ds", message="base")
+    entry = stage_samples(cat, "ds", {"secret": b"do-not-publish"})
+    real = commit_module.build_snapshot
+
+    def build_then_unstage(*args, **kwargs):
+        built = real(*args, **kwargs)
+        cat.discard_staged("ds", [entry.id])  # another process's unstage, meanwhile
+        return built
+
+    monkeypatch.setattr(commit_module, "build_snapshot", build_then_unstage)
+    with pytest.raises(ConflictError, match=f"staged entry {entry.id} was discarded"):
+        cat.commit("ds", message="snap")
+    assert cat.resolve("ds") == base.snapshot_id
+    assert set(content(cat, "ds")) == {"a"}
