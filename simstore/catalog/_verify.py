@@ -24,7 +24,7 @@ from simstore.errors import (
     SimstoreError,
 )
 from simstore.hashing import is_object_id, object_key
-from simstore.manifest import decode_part
+from simstore.manifest import PartRef, decode_part, part_ref
 from simstore.names import Ref, parse_ref
 from simstore.snapshot import Snapshot, content_hash_of
 
@@ -301,7 +301,7 @@ class _Walk:
         self.rank: dict[str, int] = {}  # snapshot id -> walk order, read or not
         self.children: dict[str, list[str]] = {}  # snapshot id -> snapshots naming it
         self.refs: dict[str, list[str]] = {}  # snapshot id -> refs naming it
-        self.claims: dict[str, dict[int, list[str]]] = {}  # part -> rows -> snapshots
+        self.claims: dict[str, dict[PartRef, list[str]]] = {}  # part -> entry -> snapshots
         self.lineage: dict[str, list[str]] = {}  # lineage object -> snapshots
         self.shard_parts: dict[str, list[str]] = {}  # shard -> parts listing it
         self.rows: list[pa.Table] = []  # with samples: the parts' ROW_COLUMNS and "part"
@@ -350,7 +350,7 @@ class _Walk:
                     sid, "damaged", f"snapshot {sid}: content_hash does not match its parts"
                 )
             for part in snap.parts:
-                self.claims.setdefault(part.id, {}).setdefault(part.rows, []).append(sid)
+                self.claims.setdefault(part.id, {}).setdefault(part, []).append(sid)
             for oid in snap.lineage.get("objects", []):
                 self.lineage.setdefault(str(oid), []).append(sid)
             if follow_parents:
@@ -387,7 +387,8 @@ class _Walk:
             report.objects_checked += 1
             sids = self._ordered(s for listed in claims.values() for s in listed)
             try:
-                table = decode_part(cat.get_object(pid), object_id=pid)
+                data = cat.get_object(pid)
+                table = decode_part(data, object_id=pid)
             except (NotFoundError, IntegrityError, FormatError) as exc:
                 report.add(VerifyProblem(
                     object=pid, kind="manifest part", snapshots=tuple(sids),
@@ -395,17 +396,26 @@ class _Walk:
                     message=f"{exc} (manifest part of {_named(sids)})",
                 ))  # fmt: skip
                 continue
-            if decoded is not None and all(rows == table.num_rows for rows in claims):
+            actual = part_ref(table, data) if table.num_rows else None
+            held = {e for e in claims if e == actual or (actual is None and e.rows == 0)}
+            if decoded is not None and len(held) == len(claims):
                 decoded(pid, table)
-            for rows, claimed in claims.items():
-                if rows == table.num_rows:
+            for entry, claimed in claims.items():
+                if entry in held:
                     continue
                 by = self._ordered(claimed)
+                say = f"snapshot{'s' if len(by) > 1 else ''} say{'' if len(by) > 1 else 's'}"
+                if actual is None or entry.rows != actual.rows:
+                    what = f"has {table.num_rows} rows, {say} {entry.rows}"
+                else:  # its entry's other figures: each one a read of the part relies on
+                    name = next(f for f in ("content", "first_key", "last_key",
+                                            "sample_bytes", "size_bytes")
+                                if getattr(entry, f) != getattr(actual, f))
+                    what = (f"has {name} {getattr(actual, name)!r}, {say} "
+                            f"{getattr(entry, name)!r}")
                 report.add(VerifyProblem(
                     object=pid, kind="manifest part", problem="damaged", snapshots=tuple(by),
-                    message=f"manifest part {pid} of {_named(by)} has {table.num_rows} rows, "
-                    f"snapshot{'s' if len(by) > 1 else ''} say{'' if len(by) > 1 else 's'} "
-                    f"{rows}",
+                    message=f"manifest part {pid} of {_named(by)} {what}",
                 ))  # fmt: skip
             shards = pc.unique(table.column("shard")).to_pylist()
             for shard in shards:

@@ -177,3 +177,31 @@ def test_a_missing_snapshot_a_tag_names_is_damage_for_cost_and_gc(cat, two):
         result = CliRunner().invoke(main, ["--store", cat.store.root, *args])
         assert result.exit_code == 6, (args, result.output)
         assert f"{object_key(s1)} is missing; referenced by tag ds@v1" in result.output
+
+
+@pytest.mark.parametrize("field, value", [
+    ("content", "0" * 32), ("first_key", "zzz"), ("last_key", "a"), ("sample_bytes", 1),
+])
+def test_a_part_entry_that_misstates_its_part_is_damage(cat, two, field, value):
+    """verify compared a part's rows with its snapshot's entry, and nothing else: a
+    snapshot whose entry misstated the part's content digest (diff then saw no change
+    where show's content_hash differed) or its first key (keys --prefix skipped rows)
+    passed, --deep or not."""
+    import json
+
+    from simstore.catalog._refs import encode_ref
+    from simstore.manifest import PartRef
+    from simstore.sample import canonical_json
+    from simstore.snapshot import content_hash_of
+
+    obj = json.loads(cat.get_object(cat.resolve("ds")))
+    obj["parts"][0][field] = value
+    obj["content_hash"] = content_hash_of([PartRef(**p) for p in obj["parts"]])
+    forged, _ = cat.put_object(canonical_json(obj))
+    cat.store.put("datasets/ds/refs/heads/forged", encode_ref(forged))
+    assert verify(cat, "ds@main", deep=True).ok
+    report = verify(cat, "ds@forged", deep=True)
+    assert not report.ok
+    part = obj["parts"][0]["id"]
+    (problem,) = [p for p in report.problems if part in p]
+    assert f"has {field} " in problem and forged in problem
