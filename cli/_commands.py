@@ -22,6 +22,7 @@ from simstore.cli._common import (
     text_arg,
 )
 
+from simstore._sizes import human_bytes
 from simstore.catalog import Catalog, VerifyProgress, gc, verify
 from simstore.errors import ConflictError, InvalidInputError, NotFoundError
 from simstore.manifest import rows_from_list
@@ -51,14 +52,6 @@ def parse_duration(text: str, flag: str | None = None) -> float:
         where = f"{flag}: " if flag else ""
         raise InvalidInputError(f"{where}duration {text[:40]!r} is too large")
     return seconds
-
-
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} PiB"
 
 
 def snapshot_summary(sid: str, snap: Snapshot) -> dict[str, Any]:
@@ -290,7 +283,7 @@ def log_cmd(ctx: CliContext, ref: str, limit: int | None, as_json: bool) -> None
         for e in entries:
             lines.append(
                 f"{e['id'][:12]}  {_utc(e['created'])}  {e['samples']:>10} samples  "
-                f"{_human_bytes(e['bytes']):>10}  {e['author']}: {e['message']}"
+                f"{human_bytes(e['bytes']):>10}  {e['author']}: {e['message']}"
             )
         return "\n".join(lines)
 
@@ -318,9 +311,9 @@ def show_cmd(ctx: CliContext, ref: str, as_json: bool) -> None:
                 f"created       {info['created']} by {info['author']}",
                 f"message       {info['message']}",
                 f"samples       {info['samples']}",
-                f"bytes         {info['bytes']} ({_human_bytes(info['bytes'])})",
+                f"bytes         {info['bytes']} ({human_bytes(info['bytes'])})",
                 f"manifest      {info['manifest_parts']} parts, "
-                f"{_human_bytes(info['manifest_bytes'])}",
+                f"{human_bytes(info['manifest_bytes'])}",
                 f"content_hash  {info['content_hash']}",
                 f"fields        {fields or '-'}",
                 *(f"written with  {_versions_line(v)}" for v in info["software"]),
@@ -490,7 +483,7 @@ def diff_cmd(ctx: CliContext, ref_a: str, ref_b: str, as_json: bool) -> None:
         lines += [f"M {k}" for k in out["modified"]]
         lines.append(
             f"{s['added']} added, {s['removed']} removed, {s['modified']} modified "
-            f"({_human_bytes(s['added_bytes'])} added, {_human_bytes(s['removed_bytes'])} "
+            f"({human_bytes(s['added_bytes'])} added, {human_bytes(s['removed_bytes'])} "
             f"removed); read {out['cost']['parts_read']} of {out['cost']['parts_total']} "
             "manifest parts"
         )
@@ -607,7 +600,7 @@ def verify_cmd(
         head = (
             f"{'ok' if report.ok else 'FAILED'}: {what}, "
             f"{report.objects_checked} objects checked"
-            + (f", {_human_bytes(report.bytes_hashed)} re-hashed" if report.bytes_hashed or deep
+            + (f", {human_bytes(report.bytes_hashed)} re-hashed" if report.bytes_hashed or deep
                else "")
             + (f", {report.samples_checked} samples read and hashed" if samples else "")
             + (f", {report.shards_recorded} shard files recorded for this node's loaders"
@@ -663,7 +656,7 @@ def gc_cmd(ctx: CliContext, dry_run: bool, grace: str, as_json: bool) -> None:
     emit(
         as_json,
         report.to_json(),
-        f"{verb} {len(report.deleted)} objects ({_human_bytes(report.deleted_bytes)}); "
+        f"{verb} {len(report.deleted)} objects ({human_bytes(report.deleted_bytes)}); "
         f"kept {report.reachable} reachable and {report.kept_recent} recent"
         + (f" (ages on this machine's clock; {report.clock[len('local: '):]})"
            if report.clock.startswith("local: ") else ""),

@@ -26,6 +26,7 @@ from simstore.cli._common import (
     text_arg,
 )
 
+from simstore._sizes import human_bytes
 from simstore.errors import InvalidInputError, SimstoreError, one_line
 from simstore.ingest import (
     ADAPTER_GROUP,
@@ -43,14 +44,6 @@ from simstore.ingest._config import printable_path
 from simstore.stats import field_table
 
 __all__ = ["COMMANDS", "ProgressBar"]
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} PiB"
 
 
 def _eta(seconds: float) -> str:
@@ -155,8 +148,8 @@ def _summary(r: IngestResult) -> str:
         f"ingested {r.files_ingested} files, reused {r.files_reused}, unchanged "
         f"{r.files_unchanged} of {r.files} ({r.samples} samples, {r.samples_staged} staged) "
         f"in {r.seconds:.1f} s [{r.engine}, {r.workers} worker(s)]",
-        f"bytes in {_human(r.bytes_in)}, stored {_human(r.bytes_stored)} in {r.shards} shards, "
-        f"new {_human(r.new_bytes)}",
+        f"bytes in {human_bytes(r.bytes_in)}, stored {human_bytes(r.bytes_stored)} in "
+        f"{r.shards} shards, new {human_bytes(r.new_bytes)}",
     ]
     if r.staging_id:
         lines.append(f"staged {r.staging_id}")

@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-__all__ = ["MAX_SIZE", "SIZE_EXAMPLES", "SizeError", "parse_size"]
+__all__ = ["MAX_SIZE", "SIZE_EXAMPLES", "SizeError", "human_bytes", "parse_size"]
 
 MAX_SIZE = (1 << 63) - 1
 """The largest size accepted: the largest signed 64-bit integer (8 EiB less one byte)."""
@@ -80,3 +80,12 @@ def parse_size(text: str) -> int:
     if value > MAX_SIZE:
         raise SizeError(f"too large: more than {MAX_SIZE} bytes")
     return value
+
+
+def human_bytes(n: float) -> str:
+    """A byte count for people: ``512 B``, ``1.5 KiB``, ... up to PiB (powers of 1024)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"

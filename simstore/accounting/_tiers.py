@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol
 
+from simstore._sizes import human_bytes
 from simstore.accounting._walk import Reach, head_sizes, list_sizes
 from simstore.catalog import Catalog
 from simstore.cost import TierUsage
@@ -336,9 +337,9 @@ def warm_cache(
     room = held + shutil.disk_usage(existing).free
     if limit_bytes is not None and total > limit_bytes:
         raise InvalidInputError(
-            f"snapshot {sid} needs {total} bytes ({_human(total)}) of cache for "
+            f"snapshot {sid} needs {total} bytes ({human_bytes(total)}) of cache for "
             f"{len(wanted)} objects (the snapshot, its manifest parts and shards), but the "
-            f"cache limit is {limit_bytes} bytes ({_human(limit_bytes)}); a limit of at "
+            f"cache limit is {limit_bytes} bytes ({human_bytes(limit_bytes)}); a limit of at "
             f"least {total} bytes is needed"
         )
     # with a limit or without, the disk's room decides too (a limit above it filled the
@@ -356,11 +357,11 @@ def warm_cache(
     have = room - sum(sizes[o] for o in present)
     if need > have:
         raise InvalidInputError(
-            f"snapshot {sid} needs {need} bytes ({_human(need)}) of room on the disk of "
+            f"snapshot {sid} needs {need} bytes ({human_bytes(need)}) of room on the disk of "
             f"{cache_dir} for the {len(wanted) - len(present)} of its {len(wanted)} objects "
             f"not cached yet (in whole blocks, with the cache's folders), but the free "
             f"space of {cache_dir} and its copies of other objects come to {have} bytes "
-            f"({_human(have)}); a limit of at "
+            f"({human_bytes(have)}); a limit of at "
             f"least {total} bytes and {need} bytes of room on its disk (whole blocks) are "
             "needed"
         )
@@ -434,10 +435,3 @@ def existing_folder(cache_dir: str, name: str = "cache directory") -> str:
         path = parent
     return path
 
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} PiB"
