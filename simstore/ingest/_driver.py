@@ -31,11 +31,11 @@ from simstore.ingest._config import (
     printable_text,
 )
 from simstore.ingest._engine import EngineRun, run_local
+from simstore.ingest._fieldgroups import FieldGroups, group_clash_message
 from simstore.ingest._plugins import plugins_for
 from simstore.ingest._records import FileResult, SourceFile, TaskContext, TaskResult
 from simstore.ingest._sources import discover, host_token, plan_tasks, sample_counter
 from simstore.ingest._stage import stage
-from simstore.ingest._worker import FieldGroups, group_clash_message
 from simstore.names import check_name
 from simstore.sample import FieldSpec, Schema, canonical_json, merge_schema
 from simstore.stats import merge_stats

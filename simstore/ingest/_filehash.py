@@ -10,11 +10,12 @@ from __future__ import annotations
 import mmap
 import os
 from collections.abc import Sequence
+from typing import Any
 
 from simstore.hashing import Hasher, ObjectId, crc32
 from simstore.ingest._arrays import MiB
 
-__all__ = ["hash_file", "hash_file_checked"]
+__all__ = ["crc_ranges", "hash_file", "hash_file_checked"]
 
 _HASH_WINDOW = 64 * MiB  # a multiple of mmap.ALLOCATIONGRANULARITY
 # MAP_POPULATE maps a window's pages in one call instead of one fault per page (~2x faster)
@@ -90,3 +91,20 @@ def hash_file_checked(
                     m.close()
     inside = {i for i, _, _ in wanted}
     return h.hexdigest(), size, [c if i in inside else None for i, c in enumerate(crcs)]
+
+
+def crc_ranges(adapter: Any, path: str) -> list[tuple[int, int]]:
+    """The ``(offset, size)`` byte ranges of ``path`` its adapter checks against CRC-32s.
+
+    An adapter may name them (``crc_ranges(path)``, as the ``.npz`` adapter does for its
+    stored members) so their CRC-32s are taken in the source hash's pass over the file
+    and handed to it as ``options["checked_crcs"]``. None named, or a file the adapter
+    cannot read that far: no ranges (the adapter then checks, and fails, as before).
+    """
+    named = getattr(adapter, "crc_ranges", None)
+    if not callable(named):
+        return []
+    try:
+        return [(int(offset), int(size)) for offset, size in named(path)]
+    except Exception:  # a corrupt file: iter_samples names what is wrong
+        return []

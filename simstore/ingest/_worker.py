@@ -18,7 +18,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +45,8 @@ from simstore.ingest._arrays import (
 )
 from simstore.ingest._builders import ShardBuilder, ShardBuilders
 from simstore.ingest._config import printable_text
-from simstore.ingest._filehash import hash_file_checked
+from simstore.ingest._fieldgroups import FieldGroups, group_clash_message
+from simstore.ingest._filehash import crc_ranges, hash_file_checked
 from simstore.ingest._guard import as_bad_file, owned_sample
 from simstore.ingest._journal import (
     journal_key,
@@ -77,7 +78,7 @@ from simstore.sample import FieldSpec, Sample
 from simstore.stats import StatsAccumulator
 from simstore.storage import Scratch, SupportsMoveFile, sweep_scratch
 
-__all__ = ["TaskRunner", "group_clash", "group_clash_message", "run_task", "warm_up"]
+__all__ = ["TaskRunner", "run_task", "warm_up"]
 
 _log = logging.getLogger("simstore.ingest")
 
@@ -102,67 +103,10 @@ _MISSING_MARKERS = ("._FillValue", ".missing_value")
 NaN there is what xarray writes for every float variable, not a NaN in the data."""
 
 
-def group_clash(name: str, known: Collection[str]) -> str | None:
-    """A field of ``known`` that ``name`` lies under or that lies under ``name``, or None.
-
-    ``a/b`` lies under ``a``: field ``a`` would also be a group of fields, which no shard
-    can hold (a Zarr shard stores ``a`` as the array at ``<position>/a`` and ``a/b``
-    inside a group there), whether the two come in one sample, one file or two files.
-    This scans ``known``; to ask for many names, build a :class:`FieldGroups` once.
-    """
-    return FieldGroups(known).clash(name)
-
-
 COLUMNAR_VALUE_BYTES = (1 << 31) - (64 << 20)
 """The largest array a Parquet or Lance shard holds as one value: the rest go to Zarr
 shards whatever ``zarr_threshold`` and ``dense_threshold`` say (Parquet takes values
 under 2 GiB; the margin covers a value's framing)."""
-
-
-class FieldGroups:
-    """Field names indexed by their groups: :func:`group_clash` in time of a name's depth.
-
-    Asking :func:`group_clash` of each field of a file against all the others scanned
-    them all for every name: a file of 10,000 datasets took 17 s, most of it here.
-    """
-
-    def __init__(self, names: Iterable[str] = ()) -> None:
-        self._names: set[str] = set()
-        self._under: dict[str, str] = {}  # a group -> the least field that lies under it
-        self.update(names)
-
-    def add(self, name: str) -> None:
-        if name in self._names:
-            return
-        self._names.add(name)
-        parts = name.split("/")
-        for i in range(1, len(parts)):
-            group = "/".join(parts[:i])
-            least = self._under.get(group)
-            if least is None or name < least:
-                self._under[group] = name
-
-    def update(self, names: Iterable[str]) -> None:
-        for name in names:
-            self.add(name)
-
-    def clash(self, name: str) -> str | None:
-        """What :func:`group_clash` gives for ``name`` against these fields."""
-        parts = name.split("/")
-        for i in range(1, len(parts)):
-            parent = "/".join(parts[:i])
-            if parent in self._names:
-                return parent
-        return self._under.get(name)
-
-
-def group_clash_message(path: str, name: str, other: str, where: str) -> str:
-    """The one-line error for field ``name`` of file ``path`` against ``other`` of ``where``."""
-    if name.startswith(other + "/"):
-        clash = f"field {name!r} lies under field {other!r} of {where}"
-    else:
-        clash = f"field {other!r} of {where} lies under field {name!r}"
-    return f"{path}: {clash}; a field cannot also be a group of fields"
 
 
 @dataclass(slots=True)
@@ -624,7 +568,7 @@ class TaskRunner(ShardBuilders):
         res.software = software(libraries_of(adapter, *self.formats.values()))
         options = self.cfg.adapter_params()
         if src.piece is None:
-            ranges = _crc_ranges(adapter, path)
+            ranges = crc_ranges(adapter, path)
             if ranges:
                 # the adapter's CRC-32 checks of parts of the file ride on the hash's pass
                 oid, res.size_bytes, crcs = hash_file_checked(path, ranges)
@@ -856,20 +800,3 @@ def warm_up(plugins: Plugins) -> int:
     (Unpickling ``plugins`` imports the adapter's and the formats' modules.)
     """
     return os.getpid()
-
-
-def _crc_ranges(adapter: Any, path: str) -> list[tuple[int, int]]:
-    """The ``(offset, size)`` byte ranges of ``path`` its adapter checks against CRC-32s.
-
-    An adapter may name them (``crc_ranges(path)``, as the ``.npz`` adapter does for its
-    stored members) so their CRC-32s are taken in the source hash's pass over the file
-    and handed to it as ``options["checked_crcs"]``. None named, or a file the adapter
-    cannot read that far: no ranges (the adapter then checks, and fails, as before).
-    """
-    named = getattr(adapter, "crc_ranges", None)
-    if not callable(named):
-        return []
-    try:
-        return [(int(offset), int(size)) for offset, size in named(path)]
-    except Exception:  # a corrupt file: iter_samples names what is wrong
-        return []

@@ -8,7 +8,7 @@ groups once.
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simstore.ingest._worker import FieldGroups, group_clash
+from simstore.ingest._fieldgroups import FieldGroups, group_clash
 
 _part = st.sampled_from(["a", "b", "ab", "a.b", "x_1"])
 _name = st.lists(_part, min_size=1, max_size=4).map("/".join)
