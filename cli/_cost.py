@@ -19,6 +19,7 @@ from simstore.cli._common import (
     pass_ctx,
 )
 
+from simstore._sizes import human_bytes
 from simstore.accounting import (
     CacheFiller,
     CostReport,
@@ -32,7 +33,7 @@ from simstore.accounting import (
 )
 from simstore.accounting._tiers import existing_folder
 from simstore.cost import PriceTable, RunCost
-from simstore.errors import InvalidInputError, SimstoreError
+from simstore.errors import InvalidInputError
 from simstore.names import parse_ref
 
 __all__ = ["COMMANDS", "parse_size"]
@@ -41,14 +42,6 @@ __all__ = ["COMMANDS", "parse_size"]
 def parse_size(text: str, flag: str | None = None) -> int:
     """Bytes in ``1000000``, ``500M``, ``20GiB`` or ``20GB``: :func:`parse_size_flag`."""
     return parse_size_flag(text, flag)
-
-
-def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(n) < 1024 or unit == "PiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def _usd(x: float) -> str:
@@ -62,21 +55,23 @@ def _usd(x: float) -> str:
 
 
 def _emit(as_json: bool, obj: Any, text: str | Callable[[], str]) -> None:
-    """:func:`emit`, except that ``--json`` refuses NaN and Infinity.
+    """:func:`emit`, except that a NaN or an infinity among the figures is refused.
 
     Python's json writes them as bare ``NaN``/``Infinity``, which are not JSON and which
-    strict parsers (jq, JavaScript) refuse. The inputs are checked, so one here is a slip,
-    and an error naming the figure is better than a document that breaks the caller.
+    strict parsers (jq, JavaScript) refuse, and text showed ``$inf``. The inputs are
+    checked one by one, so one here comes of inputs that overflow together.
     """
+    where = _non_finite_at(obj)
+    if where is not None:
+        # finite inputs whose product overflows (a price near 1e308, an epochs_read near
+        # 0): text printed "$inf" with exit 0, --json an error naming no input
+        raise InvalidInputError(
+            f"{where} is not a finite number: a price, count or size this large (or an "
+            "epochs_read this small) is out of range; nothing written")
     if not as_json:
         emit(as_json, obj, text)
         return
-    try:
-        out = json.dumps(obj, indent=2, sort_keys=True, default=str, allow_nan=False)
-    except ValueError:
-        where = _non_finite_at(obj) or "a figure"
-        raise SimstoreError(f"{where} is not a finite number; not writing invalid JSON") from None
-    click.echo(out)
+    click.echo(json.dumps(obj, indent=2, sort_keys=True, default=str, allow_nan=False))
 
 
 def _non_finite_at(obj: Any, path: str = "") -> str | None:
@@ -213,8 +208,8 @@ def _cost_text(report: CostReport) -> str:
     for s in out["snapshots"]:
         lines.append(
             f"{s['id'][:12]:<12}  {s['created'][:10]:<10}  {s['samples']:>9}  "
-            f"{_bytes(s['logical_bytes']):>10}  {_bytes(s['new_bytes']):>10}  "
-            f"{_bytes(s['shared_bytes']):>10}  {_bytes(s['stored_bytes']):>10}  "
+            f"{human_bytes(s['logical_bytes']):>10}  {human_bytes(s['new_bytes']):>10}  "
+            f"{human_bytes(s['shared_bytes']):>10}  {human_bytes(s['stored_bytes']):>10}  "
             f"{s['dedup_ratio']:>5.2f}x"
             + (f"  ({s['missing_objects']} objects missing)" if s["missing_objects"] else "")
         )
@@ -229,10 +224,10 @@ def _cost_text(report: CostReport) -> str:
     d, st = out["dataset_total"], out["store_total"]
     lines += [
         "",
-        f"dataset: {d['objects']} objects, {_bytes(d['bytes'])} stored after dedup "
-        f"({_bytes(d['full_copy_bytes'])} as full copies, {d['dedup_ratio']:.2f}x)",
+        f"dataset: {d['objects']} objects, {human_bytes(d['bytes'])} stored after dedup "
+        f"({human_bytes(d['full_copy_bytes'])} as full copies, {d['dedup_ratio']:.2f}x)",
         "  $/month: " + ", ".join(f"{t} {_usd(d['usd_per_month'][t])}" for t in tiers),
-        f"store:   {st['objects']} objects, {_bytes(st['bytes'])}",
+        f"store:   {st['objects']} objects, {human_bytes(st['bytes'])}",
         "  $/month: " + ", ".join(f"{t} {_usd(st['usd_per_month'][t])}" for t in tiers),
         _read_line(out["read"], "this report"),
         _prices_note(report.prices),
@@ -244,7 +239,7 @@ def _read_line(read: dict[str, dict[str, dict[str, int]]], what: str) -> str:
     requests = sum(u["requests"] for ops in read.values() for u in ops.values())
     size = sum(u["bytes"] for ops in read.values() for u in ops.values())
     noun = "request" if requests == 1 else "requests"
-    return f"{what} made {requests} {noun} reading {_bytes(size)}"
+    return f"{what} made {requests} {noun} reading {human_bytes(size)}"
 
 
 def _prices_note(prices: PriceTable) -> str:
@@ -270,7 +265,7 @@ def _run_text(result: RunCost) -> str:
     for t in out["tiers"]:
         lines.append(
             f"{t['tier']:<8}  {t['price_tier'] or '-':<16}  {t['requests']:>10}  "
-            f"{_bytes(t['bytes_read']):>10}  {_usd(t['requests_usd']):>9}  "
+            f"{human_bytes(t['bytes_read']):>10}  {_usd(t['requests_usd']):>9}  "
             f"{_usd(t['retrieval_usd']):>9}  {_usd(t['egress_usd']):>9}  {_usd(t['total_usd']):>9}"
         )
     c = out["cache"]
@@ -308,7 +303,7 @@ def _cache_line(c: dict[str, Any], total_usd: float) -> str:
             )
         return (
             f"{lookups}; {c['saved_gets']} warm copies (in the cache before the run), "
-            f"{_bytes(c['saved_bytes'])} not read from {source}: saved "
+            f"{human_bytes(c['saved_bytes'])} not read from {source}: saved "
             f"{_usd(c['saved_usd'])}; with a cold cache the run would cost "
             f"{_usd(c['cold_start_usd'])}"
         )
@@ -318,7 +313,7 @@ def _cache_line(c: dict[str, Any], total_usd: float) -> str:
         what = "some reports do not count warm copies, whose hits are each priced as a GET"
     hit_bytes = " (bytes estimated)" if c["hit_bytes_estimated"] else ""
     return (
-        f"{lookups}, {c['saved_gets']} reads of {_bytes(c['saved_bytes'])}{hit_bytes} "
+        f"{lookups}, {c['saved_gets']} reads of {human_bytes(c['saved_bytes'])}{hit_bytes} "
         f"not sent to {source}: saved at most {_usd(c['saved_usd'])} (estimated: {what}, "
         f"though hits on copies the run filled itself, and repeated hits on one copy, saved "
         f"nothing); with a cold cache the run would cost at most "
@@ -348,7 +343,7 @@ def prices_cmd(
             lines.append(
                 f"{t.name:<16}  {t.storage_per_gib_month:>11.5f}  {t.put_per_1000:>7.4f}  "
                 f"{t.get_per_1000:>7.4f}  {t.retrieval_per_gib:>8.3f}  {t.egress_per_gib:>10.3f}  "
-                f"{_bytes(t.min_object_bytes):>8}  {t.min_storage_days:>8}  {t.as_of}"
+                f"{human_bytes(t.min_object_bytes):>8}  {t.min_storage_days:>8}  {t.as_of}"
             )
         lines.append(_prices_note(prices))
         return "\n".join(lines)
@@ -420,11 +415,11 @@ def du_cmd(ctx: CliContext, ref: str | None, cache_dir: str | None, as_json: boo
 
 def _du_text(usage: DiskUsage, out: dict[str, Any]) -> str:
     if usage.snapshot is None:
-        head = f"store: {usage.objects} objects, {_bytes(usage.bytes)}"
+        head = f"store: {usage.objects} objects, {human_bytes(usage.bytes)}"
     else:
         head = (
             f"snapshot {usage.snapshot}: {usage.objects} objects (the snapshot, manifest "
-            f"parts and shards), {_bytes(usage.bytes)}"
+            f"parts and shards), {human_bytes(usage.bytes)}"
             + (f"; {usage.unknown_size} of unknown size" if usage.unknown_size else "")
         )
     lines = [head, f"{'tier':<8}  {'objects':>15}  {'bytes':>10}  {'missing':>22}  location"]
@@ -433,12 +428,12 @@ def _du_text(usage: DiskUsage, out: dict[str, Any]) -> str:
         if usage.snapshot is not None:
             objects = f"{objects}/{usage.objects}"
         missing = (
-            f"{t['missing_objects']} ({_bytes(t['missing_bytes'])})"
+            f"{t['missing_objects']} ({human_bytes(t['missing_bytes'])})"
             if t["missing_objects"]
             else "-"
         )
         lines.append(
-            f"{t['tier']:<8}  {objects:>15}  {_bytes(t['bytes']):>10}  {missing:>22}  "
+            f"{t['tier']:<8}  {objects:>15}  {human_bytes(t['bytes']):>10}  {missing:>22}  "
             f"{t['location']}"
         )
     lines.append(_read_line(out["read"], "du"))
@@ -505,7 +500,7 @@ def _pull_text(ref: str, r: PullReport) -> str:
     pinned = f"{parse_ref(ref).dataset}@{r.snapshot}"
     head = (
         f"pulled {ref} ({r.snapshot[:12]}) into {r.cache_dir}: {r.objects} objects, "
-        f"{_bytes(r.bytes)}; fetched {r.fetched} ({_bytes(r.fetched_bytes)}), "
+        f"{human_bytes(r.bytes)}; fetched {r.fetched} ({human_bytes(r.fetched_bytes)}), "
         f"{r.already_cached} already cached; {r.seconds:.1f} s\n"
     )
     if r.present < r.objects:

@@ -56,13 +56,21 @@ from simstore.loaders._stats import Counters
 
 from simstore._reserve import Reservation
 from simstore.catalog import CACHE_MARKER_KEY, STORE_META_KEY
-from simstore.errors import IntegrityError, InvalidInputError, StorageError, write_refused
+from simstore.errors import (
+    FormatError,
+    IntegrityError,
+    InvalidInputError,
+    StorageError,
+    version_error,
+    write_refused,
+)
 from simstore.hashing import Hasher, is_object_id
 
 __all__ = ["CacheConfig", "PinnedCopy", "ShardCache"]
 
 MARKER = CACHE_MARKER_KEY
-_MARKER_BODY = {"kind": "simstore-shard-cache", "format_version": 1}
+_CACHE_FORMAT_VERSION = 1
+_MARKER_BODY = {"kind": "simstore-shard-cache", "format_version": _CACHE_FORMAT_VERSION}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -152,9 +160,20 @@ class ShardCache:
                 f"cache_dir {self.root} holds a simstore store ({STORE_META_KEY}): the "
                 "cache's eviction would delete its objects; give a dedicated directory"
             )
+        if not writable:  # a reader that writes nothing (du): nothing is made here
+            if os.path.isdir(self.root) and os.path.exists(marker):
+                self._check_marker(marker)
+            elif os.path.isdir(self.root) and set(os.listdir(self.root)):
+                raise InvalidInputError(
+                    f"cache_dir {self.root} is not empty and is not a simstore "
+                    f"cache (no {MARKER}); give an empty or dedicated directory"
+                )
+            return
         try:
             os.makedirs(self.root, exist_ok=True)
-            if not os.path.exists(marker):
+            if os.path.exists(marker):
+                self._check_marker(marker)
+            else:
                 # other workers may be claiming the same new directory right now: a claim
                 # writes its marker before any folder, so folders listed here without a
                 # marker after the listing are foreign (a copy of a store's objects/)
@@ -171,14 +190,39 @@ class ShardCache:
                 os.makedirs(d, exist_ok=True)
             # every reader writes here (locks, fills, the LRU clock): a cache on a
             # read-only mount, or another user's, fails now, not at the first miss
-            if writable:
-                os.close(self._open_lock("evict"))
+            os.close(self._open_lock("evict"))
         except OSError as exc:
             why = exc.strerror or exc
             if write_refused(exc):
                 why = (f"not writable ({why}): a job writes to the cache it reads through; "
                        "give a cache_dir it may write")
             raise StorageError(f"cache directory {self.root}: {why}") from exc
+
+    def _check_marker(self, marker: str) -> None:
+        """Refuse a marker that is not this simstore's cache's (another kind or version).
+
+        An empty one is a claim under way (its writer made it, then writes its body).
+        """
+        try:
+            with open(marker, "rb") as f:
+                raw = f.read(1 << 16)
+        except OSError as exc:
+            raise StorageError(f"cache directory {self.root}: {MARKER}: "
+                               f"{exc.strerror or exc}") from exc
+        if not raw:
+            return
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or body.get("kind") != _MARKER_BODY["kind"]:
+            raise FormatError(
+                f"cache directory {self.root}: {MARKER} is not a simstore shard cache's "
+                "marker; give an empty or dedicated directory"
+            )
+        if body.get("format_version") != _CACHE_FORMAT_VERSION:
+            raise version_error(f"cache directory {self.root} has cache",
+                                body.get("format_version"), _CACHE_FORMAT_VERSION)
 
     def _open_lock(self, name: str) -> int:
         return os.open(os.path.join(self._locks, name), os.O_RDWR | os.O_CREAT, 0o644)

@@ -85,7 +85,7 @@ def parse_size(text: str) -> int:
 def human_bytes(n: float) -> str:
     """A byte count for people: ``512 B``, ``1.5 KiB``, ... up to PiB (powers of 1024)."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
+        if abs(n) < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} PiB"

@@ -60,6 +60,9 @@ class RunUsage:
     warm_hits: int | None = None
     warm_hit_bytes: int = 0
     warm_estimated: bool = False
+    warm_counted: int | None = None
+    """The warm copies the reports themselves counted (None when none did): unlike
+    ``warm_hits`` of reports merged, it holds no estimate of a report that did not."""
 
     def saved_reads(self) -> tuple[int, int, bool]:
         """``(GETs, bytes, estimated)`` a cold cache would have added to the run.
@@ -172,6 +175,7 @@ def parse_run_report(obj: object, *, origin: str = "run report") -> RunUsage:
         cold_tier=remote[0] if len(remote) == 1 else None,
         warm_hits=warm_hits,
         warm_hit_bytes=warm_bytes,
+        warm_counted=warm_hits,
     )
 
 
@@ -224,7 +228,21 @@ def merge_run_usage(usages: Sequence[RunUsage]) -> RunUsage:
         warm_hits=warm_hits,
         warm_hit_bytes=warm_bytes or 0,
         warm_estimated=warm_estimated,
+        warm_counted=_sum_counted(usages),
     )
+
+
+def _sum_counted(usages: Sequence[RunUsage]) -> int | None:
+    """The warm copies the merged reports counted; None when none counted any."""
+    counted = [n for n in (_counted(u) for u in usages) if n is not None]
+    return sum(counted) if counted else None
+
+
+def _counted(u: RunUsage) -> int | None:
+    """The warm copies ``u``'s reports counted (see :attr:`RunUsage.warm_counted`)."""
+    if u.warm_counted is not None:
+        return u.warm_counted
+    return None if u.warm_estimated else u.warm_hits
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -411,7 +429,7 @@ def price_run(
         cache_saved_usd=saved,
         hit_bytes_estimated=usage.hit_bytes_estimated,
         reports=usage.reports,
-        warm_hits=usage.warm_hits,
+        warm_hits=_counted(usage),  # an older report's estimate is in saved_gets only
         saved_gets=saved_gets,
         saved_bytes=saved_bytes,
         saved_estimated=saved_estimated,

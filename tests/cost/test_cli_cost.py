@@ -283,3 +283,59 @@ def test_du_with_a_cache_folder_writes_nothing_and_counts_alike(store_url, tmp_p
     afile = tmp_path / "afile"
     afile.write_text("x")
     _one_line_error(run(store_url, "du", "--cache", str(afile / "sub"), code=2), "afile")
+
+
+def _run_report(tmp_path, name, **fields):
+    body = {"kind": "simstore-loader-report", "format_version": 1, "epochs": [0],
+            "seconds": 10, "tiers": {"s3": {"bytes": 1000, "requests": 2000}}, **fields}
+    path = tmp_path / name
+    path.write_text(json.dumps(body))
+    return str(path)
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_inputs_that_overflow_together_are_refused_not_printed_as_inf(tmp_path, as_json):
+    """Each input was finite, so each passed its check; their product was not: text
+    printed "$inf" with exit 0, --json failed (exit 1) naming no input."""
+    flag = ["--json"] if as_json else []
+    tiny = _run_report(tmp_path, "tiny.json", epochs_read=5e-324)
+    out = run("memory://unused", "cost", "--run", tiny, *flag, code=2).output
+    assert "per_epoch_usd is not a finite number" in out and "epochs_read" in out
+    assert "$inf" not in out
+    dear = _run_report(tmp_path, "dear.json")
+    out = run("memory://unused", "cost", "--run", dear, "--price",
+              "s3-standard.get_per_1000=1e308", *flag, code=2).output
+    assert "is not a finite number" in out and "$inf" not in out
+
+
+def test_warm_hits_are_the_copies_reports_counted_not_an_older_reports_estimate(tmp_path):
+    base = {"tiers": {"s3": {"bytes": 0, "requests": 0}, "cache": {"bytes": 100, "requests": 7}}}
+    new = _run_report(tmp_path, "new.json", **base, cache={
+        "hits": 7, "hit_bytes": 700, "misses": 0, "fill_bytes": 0, "warm_hits": 2,
+        "warm_hit_bytes": 200})
+    old = _run_report(tmp_path, "old.json", **base, cache={
+        "hits": 7, "hit_bytes": 700, "misses": 0, "fill_bytes": 0})
+    cache = json.loads(run("memory://unused", "cost", "--run", new, "--run", old,
+                           "--json").output)["cache"]
+    assert cache["warm_hits"] == 2  # was 9: the older report's 7 hits added in
+    assert cache["saved_gets"] == 9 and cache["saved_estimated"]
+    alone = json.loads(run("memory://unused", "cost", "--run", old, "--json").output)["cache"]
+    assert alone["warm_hits"] is None and alone["saved_gets"] == 7
+
+
+def test_du_writes_nothing_into_a_cache_and_reads_only_its_own_marker(store_url, tmp_path):
+    commit(Catalog.open(store_url), "ds", {"a": b"1"})
+    cache = tmp_path / "c"
+    cache.mkdir()
+    marker = cache / "simstore-cache.json"
+    marker.write_text(json.dumps({"kind": "simstore-shard-cache", "format_version": 1}))
+    run(store_url, "du", "ds", "--cache", str(cache), "--json")
+    assert sorted(p.name for p in cache.iterdir()) == ["simstore-cache.json"]  # made no folder
+    marker.write_text(json.dumps({"kind": "simstore-shard-cache", "format_version": 99}))
+    out = run(store_url, "du", "ds", "--cache", str(cache), code=7).output
+    assert "format_version 99" in out or "99" in out
+    out = run(store_url, "pull", "ds", "--cache", str(cache), code=7).output
+    assert "99" in out and not (cache / "objects").exists()
+    marker.write_text("not json")
+    out = run(store_url, "du", "ds", "--cache", str(cache), code=7).output
+    assert "is not a simstore shard cache's marker" in out

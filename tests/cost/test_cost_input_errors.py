@@ -207,7 +207,7 @@ def test_non_finite_json_output_is_an_error_not_invalid_json(monkeypatch, files)
     import simstore.cost
 
     monkeypatch.setattr(simstore.cost.RunCost, "per_hour_usd", property(lambda self: math.nan))
-    out = cli("cost", "--run", report_file(files, REPORT), "--json", code=1)
+    out = cli("cost", "--run", report_file(files, REPORT), "--json", code=2)
     assert "per_hour_usd" in out
 
 
