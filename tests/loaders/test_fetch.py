@@ -181,8 +181,10 @@ def test_corrupt_shard_on_cache_fill_names_the_object(small, tmp_path):
     bad = shard_ids(store)[2]
     corrupt_object(store, bad)
     ds = remote_ds(store, cache_dir=str(tmp_path / "cache"), cache_limit="1MiB")
-    with pytest.raises(IntegrityError, match=f"objects/{bad[:2]}/{bad} has hash .* expected {bad}"):
+    with pytest.raises(IntegrityError, match=f"objects/{bad[:2]}/{bad} has hash .* expected {bad}"
+                       ) as info:
         list(ds)
+    assert str(info.value).startswith("fake-remote://")  # which store's object: a mixture's
     assert not os.path.exists(tmp_path / "cache" / "objects" / bad[:2] / bad)
 
 
@@ -580,3 +582,58 @@ def test_a_branch_naming_another_datasets_snapshot_is_refused_by_a_remote_read(
     with pytest.raises(IntegrityError, match=rf"names snapshot {theirs} of dataset 'other', "
                                              r"not of 'sim'"):
         remote_ds(store, **kw)
+
+
+def test_a_streamed_fill_pays_for_each_block_before_it_asks_for_it(tmp_path):
+    """max_bandwidth took a fill's tokens after each block had come: the fills of a cold
+    start each received their first MiB unpaced (4 shards of 2 MiB in 30 ms at a cap of
+    1 MiB/s). Each block of the announced size is paid for before its read, bytes past
+    it (a grown object) after, and what was paid for and never came is given back."""
+    import io
+
+    from simstore.loaders._fetch import ShardAccess
+
+    from simstore.storage import open_store
+
+    log: list[tuple[str, int]] = []
+
+    class Limiter(RateLimiter):
+        def take(self, nbytes):
+            log.append(("take", nbytes))
+            return 0.0
+
+        def give(self, nbytes):
+            log.append(("give", nbytes))
+
+    class Stream:
+        requests = 1
+
+        def __init__(self, size, sends):
+            self.size_bytes, self.left = size, sends
+
+        def readinto(self, view):
+            n = min(len(view), self.left, 700_000)  # a socket gives what it has
+            self.left -= n
+            log.append(("read", n))
+            return n
+
+    for size, sends in ((2_500_000, 2_500_000), (300, 300), (1_000, 1_500_000)):
+        log.clear()
+        access = ShardAccess(open_store(str(tmp_path)), counters=Counters(),
+                             limiter=Limiter(1 << 20), cache=None, verify=False)
+        out = io.BytesIO()
+        access._copy_stream(Stream(size, sends), out)  # type: ignore[arg-type]
+        assert out.tell() == sends
+        paid = received = 0
+        for kind, n in log:
+            if kind == "take":
+                paid += n
+            elif kind == "read":
+                # never received before it was paid for, within the announced size
+                assert min(received + n, size) - min(received, size) <= paid
+                paid -= n
+                received += n
+            else:
+                paid -= n
+            assert paid >= 0 or received > size
+        assert paid == 0  # all of it paid for, nothing paid twice
