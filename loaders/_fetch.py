@@ -509,8 +509,12 @@ class ShardAccess:
 
         def size_bytes() -> int:
             # asked only on a miss: a store that streams whole objects sends its one GET
-            # now and learns the size from it; any other store answers a HEAD
-            if isinstance(self.store, SupportsOpenRead):
+            # now and learns the size from it; any other store answers a HEAD, and so
+            # does one under max_bandwidth, whose fill then pays for each block before
+            # its GET: a streamed GET's server sends at once into the socket's buffers
+            # whether or not they are read (a cold start's fills took a whole 1.25 MiB
+            # shard each in its first second at a 1 MiB/s cap)
+            if isinstance(self.store, SupportsOpenRead) and not self.limiter.rate:
                 with billed_if_failed(self.counters, self.tier):  # its first GET failed
                     streams.append(self.store.open_read(key))
                 sizes.append(streams[-1].size_bytes)
@@ -579,29 +583,13 @@ class ShardAccess:
         of the CPU's main jobs, beside the server's on a shared node).
         """
         view = memoryview(_stream_buffer())
-        # each block is paid for before it is asked for: paid after it came, the fills
-        # of a cold start each took their first MiB unpaced (4 shards' worth at once
-        # at a 1 MiB/s cap); what the socket's buffers hold is still the server's to send
-        paid = 0
-        left = max(int(stream.size_bytes), 0)
-        try:
-            while True:
-                ahead = min(len(view), left) - paid
-                if ahead > 0:
-                    self.counters.add("throttle_s", self.limiter.take(ahead))
-                    paid += ahead
-                n = stream.readinto(view)
-                if not n:
-                    return
-                if n > paid:  # past the object's announced size (damage): paid after
-                    self.counters.add("throttle_s", self.limiter.take(n - paid))
-                    paid = n
-                paid -= n
-                left = max(left - n, 0)
-                self.counters.add_read(self.tier, n, requests=0)
-                out.write(view[:n])
-        finally:
-            self.limiter.give(paid)  # paid for and never received: a short object
+        while True:
+            n = stream.readinto(view)
+            if not n:
+                return
+            self.counters.add("throttle_s", self.limiter.take(n))
+            self.counters.add_read(self.tier, n, requests=0)
+            out.write(view[:n])
 
     def _copy_blocks(self, key: str, size: int, out: BinaryIO) -> None:
         """Copy an object into ``out`` by GETs of at most ``_FILL_BLOCK_BYTES``."""

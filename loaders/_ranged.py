@@ -80,13 +80,6 @@ class RateLimiter:
         self._tokens = self.burst
         self._last = clock()
 
-    def give(self, nbytes: int) -> None:
-        """Return ``nbytes`` taken ahead of a read that did not come (at most a burst)."""
-        if not self.rate or nbytes <= 0:
-            return
-        with self._lock:
-            self._tokens = min(self.burst, self._tokens + nbytes)
-
     def take(self, nbytes: int) -> float:
         """Wait until ``nbytes`` may be read; returns the seconds waited."""
         if not self.rate or nbytes <= 0:

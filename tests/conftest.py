@@ -71,11 +71,6 @@ class PacedLimiters:
                     self.waited += waited
                 return waited
 
-            def give(self, nbytes: int) -> None:  # taken ahead, never received
-                super().give(nbytes)
-                with self._count:
-                    self.taken -= max(nbytes, 0) if self.rate else 0
-
         monkeypatch.setattr(_reading, "RateLimiter", Limiter)
 
     @property

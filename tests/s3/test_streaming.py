@@ -408,3 +408,40 @@ def test_a_connect_that_is_refused_is_no_request():
     with pytest.raises(StorageError, match="failed after 3 attempts"):
         down.get("objects/x")  # its retries told to the loader's counters
     assert counters.snapshot().get("tier:s3:requests", 0) == 0
+
+
+def test_max_bandwidth_pays_for_each_fill_request_before_it_is_sent(
+    dataset, tmp_path, paced_limiters, monkeypatch
+):
+    """A streamed fill paid for its blocks as it read them, but the server sends a GET's
+    body at once into the socket's buffers: a cold start's fills took whole shards in
+    their first second at a 1 MiB/s cap. Under max_bandwidth a fill asks the size (a
+    HEAD) and pays for each block before its GET."""
+    url, _, expected = dataset
+    cat = Catalog.open(url, storage_options=FAST)
+    shards = {object_key(s) for t in cat.iter_parts(cat.snapshot(cat.resolve("d")))
+              for s in t.column("shard").to_pylist()}
+    sent: list[tuple[float, int]] = []  # (bytes paid when a shard's GET went out, its size)
+    streamed: list[str] = []
+    real_get, real_open = S3Store.get, S3Store.open_read
+
+    def get(self, key, byte_range=None):
+        if any(key.endswith(s) for s in shards):
+            size = (byte_range[1] - byte_range[0]) if byte_range else self.info(key).size_bytes
+            sent.append((paced_limiters.taken, size))
+        return real_get(self, key, byte_range=byte_range)
+
+    def open_read(self, key):
+        streamed.append(key)
+        return real_open(self, key)
+
+    monkeypatch.setattr(S3Store, "get", get)
+    monkeypatch.setattr(S3Store, "open_read", open_read)
+    ds, data = epoch(url, FAST, cache_dir=str(tmp_path / "cache"), max_bandwidth="1MiB")
+    same(data, expected)
+    assert not streamed and len(sent) == len(shards)
+    asked = 0
+    for paid, size in sent:  # one process, one request at a time here
+        asked += size
+        assert paid >= asked  # paid for before it went out
+    assert ds.stats()["cache_fill_bytes"] == asked
