@@ -558,9 +558,10 @@ class SimDataset(IterableDataset[Sample]):
         """Start tracking an iteration; returns the positions it reads.
 
         Those of a loaded resume, or of the latest iteration of this epoch if it delivered
-        nothing (an ``iter()`` never read from uses up nothing, as ``state_dict`` says:
-        the next one took the whole epoch while the state said it resumed); else the
-        whole epoch.
+        nothing; else the whole epoch. An iteration that delivered no batch used up
+        nothing, as ``state_dict`` says: an ``iter()`` never read from, workers that did
+        not start, a ``worker_init_fn`` or a first read that failed (the next iteration
+        read the whole epoch while the state said it resumed).
         """
         phase = self._phase
         if self._resume is not None:
@@ -575,18 +576,6 @@ class SimDataset(IterableDataset[Sample]):
                              [0] * num_workers, live)
         self._readers = num_workers
         return remaining
-
-    def _unbegin(self, phase: _Phase | None) -> None:
-        """``phase``, the latest iteration, failed before its first batch: it used up nothing.
-
-        What it was to read is the resume again, so the next iteration reads what
-        ``state_dict`` says remains (a worker that fails in ``worker_init_fn`` fails the
-        first ``next()``, after ``iter()`` took the loaded resume: the next iteration
-        read the epoch from its start while the state said it resumed).
-        """
-        if (phase is not None and phase is self._phase and self._resume is None
-                and not any(phase.counts)):
-            self._resume = phase.remaining
 
     def _delivered(self, worker: int, count: int, counters: dict[str, float],
                    warm: Sequence[WarmHit] = (), phase: _Phase | None = None) -> None:

@@ -261,13 +261,8 @@ class SimDataLoader(DataLoader[Any]):
         # the loop's wait for its first batch starts here: starting the workers is part
         # of it (time to first batch, data stall)
         started = time.perf_counter()
-        ds = self.sim_dataset
-        resume = ds._resume
-        try:
-            return self._iterate(ds, started)
-        except BaseException:
-            ds._resume = resume  # an iteration that could not start used up no resume
-            raise
+        # one that cannot start delivers nothing, so uses up no resume (``_begin``)
+        return self._iterate(self.sim_dataset, started)
 
     def _iterate(self, ds: SimDataset, started: float) -> Iterator[Any]:
         self._avoid_forking_lance()
@@ -322,22 +317,15 @@ class SimDataLoader(DataLoader[Any]):
             has taken them over, reading this one is an error (its batches would be the
             later one's).
             """
-            started = False
             while True:
                 if number >= 0 and getattr(tagged, "_sim_number", -1) != number:
                     raise InvalidInputError(
                         "this SimDataLoader iteration was superseded by a later iter() on "
                         "the same loader: its persistent workers read the later one now")
                 try:
-                    item = next(tagged)
+                    batch, tag = next(tagged)
                 except StopIteration:
                     return
-                except BaseException:
-                    if not started:  # failed to start: a worker's init, its first read
-                        ds._unbegin(phase)
-                    raise
-                started = True
-                batch, tag = item
                 rows = file_rows_of(batch)
                 if rows:
                     resolve_batch(batch, rows, channels[tag.worker] if channels else None,
