@@ -27,7 +27,13 @@ from simstore.catalog._commit import (
     taken_along,
 )
 from simstore.catalog._merge import CHANGES_SCHEMA, normalise_changes
-from simstore.catalog._refs import Branches, Tags, dataset_prefix, is_snapshot_object
+from simstore.catalog._refs import (
+    Branches,
+    Tags,
+    dataset_prefix,
+    is_snapshot_object,
+    staging_key,
+)
 from simstore.catalog._staged import Mode, StagedEntry
 from simstore.diff import Diff, diff_tables, parts_to_open
 from simstore.errors import (
@@ -592,20 +598,19 @@ class Catalog:
             stats=dict(stats or {}),
             lineage=dict(lineage or {}),
         )
-        self.store.put(f"{dataset_prefix(dataset)}staging/{sid}", entry.to_bytes())
+        self.store.put(staging_key(dataset, sid), entry.to_bytes())
         return entry
 
     def _last_staged_ns(self, dataset: str) -> int:
         """The staging time (ns, from its id) of the dataset's latest staged entry, or 0."""
         stamps = (staged_at_ns(key.rsplit("/", 1)[-1])
-                  for key in self.store.list(f"{dataset_prefix(dataset)}staging/"))
+                  for key in self.store.list(staging_key(dataset)))
         return max((ns for ns in stamps if ns is not None), default=0)
 
     def staged(self, dataset: str) -> list[StagedEntry]:
         """Staged entries of a dataset, oldest first."""
-        prefix = f"{dataset_prefix(dataset)}staging/"
         out = []
-        for key in self.store.list(prefix):
+        for key in self.store.list(staging_key(dataset)):
             try:
                 data = self.store.get(key)
             except NotFoundError:
@@ -641,7 +646,7 @@ class Catalog:
     def discard_staged(self, dataset: str, ids: Sequence[str]) -> None:
         """Remove staging entries (their objects stay until gc)."""
         for sid in ids:
-            self.store.delete(f"{dataset_prefix(dataset)}staging/{check_name(sid, 'staging id')}")
+            self.store.delete(staging_key(dataset, sid))
 
     def discard_unless_committed(self, dataset: str, branch: str, entry: StagedEntry) -> bool:
         """After a commit that raised: remove ``entry`` unless a snapshot consumed it.

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from simstore.catalog._build import build_snapshot, utc_at
-from simstore.catalog._refs import Branches, dataset_prefix
+from simstore.catalog._refs import Branches, staging_key
 from simstore.errors import (
     ConflictError,
     InvalidInputError,
@@ -173,8 +173,7 @@ def _epoch_s(iso_time: str) -> float:
 
 def _unstaged(cat: Catalog, dataset: str, entries: Sequence[StagedEntry]) -> list[str]:
     """The ids of ``entries`` no longer staged (one existence check each)."""
-    prefix = f"{dataset_prefix(dataset)}staging/"
-    return [e.id for e in entries if not cat.store.exists(prefix + e.id)]
+    return [e.id for e in entries if not cat.store.exists(staging_key(dataset, e.id))]
 
 
 def commit(

@@ -30,6 +30,7 @@ __all__ = [
     "encode_ref",
     "is_snapshot_object",
     "ref_key",
+    "staging_key",
 ]
 
 REF_FORMAT_VERSION = 1
@@ -49,6 +50,12 @@ def is_snapshot_object(store: ObjectStore, oid: str) -> bool:
 def dataset_prefix(dataset: str) -> str:
     """``datasets/<name>/``."""
     return f"datasets/{check_name(dataset, 'dataset name')}/"
+
+
+def staging_key(dataset: str, entry_id: str = "") -> str:
+    """Key of a staging entry (``datasets/<name>/staging/<id>``); with no id, its folder."""
+    name = check_name(entry_id, "staging id") if entry_id else ""
+    return f"{dataset_prefix(dataset)}staging/{name}"
 
 
 def ref_key(dataset: str, kind: str, name: str) -> str:
