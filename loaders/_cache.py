@@ -164,10 +164,7 @@ class ShardCache:
             if os.path.isdir(self.root) and os.path.exists(marker):
                 self._check_marker(marker)
             elif os.path.isdir(self.root) and set(os.listdir(self.root)):
-                raise InvalidInputError(
-                    f"cache_dir {self.root} is not empty and is not a simstore "
-                    f"cache (no {MARKER}); give an empty or dedicated directory"
-                )
+                raise self._foreign()
             return
         try:
             os.makedirs(self.root, exist_ok=True)
@@ -178,10 +175,7 @@ class ShardCache:
                 # writes its marker before any folder, so folders listed here without a
                 # marker after the listing are foreign (a copy of a store's objects/)
                 if set(os.listdir(self.root)) - {MARKER} and not os.path.exists(marker):
-                    raise InvalidInputError(
-                        f"cache_dir {self.root} is not empty and is not a simstore "
-                        f"cache (no {MARKER}); give an empty or dedicated directory"
-                    )
+                    raise self._foreign()
                 with contextlib.suppress(FileExistsError):
                     fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
                     with os.fdopen(fd, "w") as f:
@@ -197,6 +191,13 @@ class ShardCache:
                 why = (f"not writable ({why}): a job writes to the cache it reads through; "
                        "give a cache_dir it may write")
             raise StorageError(f"cache directory {self.root}: {why}") from exc
+
+    def _foreign(self) -> InvalidInputError:
+        """The error for a directory that holds something and no cache marker."""
+        return InvalidInputError(
+            f"cache_dir {self.root} is not empty and is not a simstore "
+            f"cache (no {MARKER}); give an empty or dedicated directory"
+        )
 
     def _check_marker(self, marker: str) -> None:
         """Refuse a marker that is not this simstore's cache's (another kind or version).
