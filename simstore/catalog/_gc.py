@@ -13,9 +13,10 @@ from typing import Any
 import pyarrow.compute as pc
 
 from simstore.catalog._catalog import Catalog
-from simstore.catalog._refs import is_snapshot_object
+from simstore.catalog._refs import is_snapshot_object, misplaced_refs
 from simstore.catalog._verify import check_catalog, check_flags
 from simstore.errors import (
+    IntegrityError,
     InvalidInputError,
     NotFoundError,
     ReadOnlyError,
@@ -282,6 +283,12 @@ def gc(
         local_now = time.time()
     else:
         local_now, clock = now, "given"
+    misplaced = misplaced_refs(cat.store)
+    if misplaced:
+        more = f" (and {len(misplaced) - 1} more)" if len(misplaced) > 1 else ""
+        raise IntegrityError(
+            f"gc refused: {misplaced[0][1]}; its history would be taken for unreachable{more}"
+        )
     report = GcReport(dry_run=dry_run, grace_s=grace_s, clock=clock)
     run = uuid.uuid4().hex
     if not dry_run:

@@ -29,6 +29,7 @@ __all__ = [
     "decode_ref",
     "encode_ref",
     "is_snapshot_object",
+    "misplaced_refs",
     "ref_key",
     "staging_key",
 ]
@@ -62,6 +63,37 @@ def ref_key(dataset: str, kind: str, name: str) -> str:
     """Key of a branch (``heads``) or tag (``tags``) ref."""
     what = "branch name" if kind == "heads" else "tag name"
     return f"{dataset_prefix(dataset)}refs/{kind}/{check_name(name, what)}"
+
+
+def misplaced_refs(store: ObjectStore) -> list[tuple[str, str]]:
+    """Where a branch or tag belongs but a folder stands: ``(DATASET@NAME, one line)``.
+
+    No ref name holds a ``/``, so a folder at a ref's key (on a local store), or keys
+    below one (``refs/heads/main/x``; an S3 console's folder marker ``refs/heads/main/``)
+    are no ref: a listing of refs passes over them as if the ref had been deleted, and
+    gc would take its history for unreachable. One listing of ``datasets/`` (and, on a
+    local store, of its folders).
+    """
+    slots: set[str] = set()
+    for key in store.list("datasets/"):
+        parts = key.split("/")
+        if len(parts) > 5 and parts[2] == "refs" and parts[3] in ("heads", "tags"):
+            slots.add("/".join(parts[:5]))
+    folders = getattr(store, "folders", None)
+    if callable(folders):
+        for key in folders("datasets/"):
+            parts = key.split("/")
+            if len(parts) == 5 and parts[2] == "refs" and parts[3] in ("heads", "tags"):
+                slots.add(key)
+    lines: list[tuple[str, str]] = []
+    for key in sorted(slots):
+        _, dataset, _, kind, name = key.split("/")
+        what = "branch" if kind == "heads" else "tag"
+        lines.append((f"{dataset}@{name}", (
+            f"{store.url}/{key}: a folder stands where {what} {dataset}@{name} belongs, "
+            f"so it reads as no {what}: restore the ref or remove the folder"
+        )))  # fmt: skip
+    return lines
 
 
 def encode_ref(snapshot_id: str) -> bytes:

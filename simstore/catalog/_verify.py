@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 from simstore._verified import DEFAULT_VERIFY_EVERY_S, node_records, stamp_info
 from simstore.catalog._catalog import Catalog
 from simstore.catalog._contents import ROW_COLUMNS, ShardCheck, check_shards, hash_object
-from simstore.catalog._refs import Branches, Tags
+from simstore.catalog._refs import Branches, Tags, misplaced_refs
 from simstore.errors import (
     FormatError,
     IntegrityError,
@@ -259,6 +259,10 @@ def in_split(oid: str, split: tuple[int, int]) -> bool:
 def _ref_roots(cat: Catalog, report: VerifyReport) -> list[tuple[str, str]]:
     """``(DATASET@NAME, snapshot id)`` of every branch and tag; bad refs are problems."""
     roots: list[tuple[str, str]] = []
+    for label, line in misplaced_refs(cat.store):
+        report.add(VerifyProblem(
+            object=label, kind="ref", problem="damaged", refs=(label,), message=line,
+        ))  # fmt: skip
     for dataset in cat.datasets():
         for refs in (Branches(cat.store, dataset), Tags(cat.store, dataset)):
             for name in refs.names():

@@ -239,6 +239,35 @@ class LocalStore:
                         if os.stat(path).st_mtime < older_than:
                             yield path
 
+    def folders(self, prefix: str) -> list[str]:
+        """Keys under ``prefix`` that are folders, sorted (links are not followed).
+
+        An object store has no folders of its own: a catalog asks where its layout puts an
+        object (a ref), to tell a folder standing there from no object at all.
+        """
+        base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        if base and self._through_link(base):
+            return []
+        found: list[str] = []
+        stack = [(os.path.join(self.root, *base.split("/")) if base else self.root, base)]
+        while stack:
+            directory, rel = stack.pop()
+            try:
+                entries = list(os.scandir(directory))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            except OSError as exc:
+                raise self._error("list", rel, exc) from exc
+            for entry in entries:
+                key = f"{rel}/{entry.name}" if rel else entry.name
+                if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+                    continue
+                if key.startswith(prefix):
+                    found.append(key)
+                if key.startswith(prefix) or prefix.startswith(key + "/"):
+                    stack.append((entry.path, key))
+        return sorted(found)
+
     def _walk(self, directory: str, rel: str, prefix: str) -> Iterator[ObjectInfo]:
         try:
             entries = sorted(os.scandir(directory), key=lambda e: e.name)
