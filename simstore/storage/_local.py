@@ -239,7 +239,7 @@ class LocalStore:
                         if os.stat(path).st_mtime < older_than:
                             yield path
 
-    def folders(self, prefix: str) -> list[str]:
+    def folders(self, prefix: str) -> tuple[str, ...]:
         """Keys under ``prefix`` that are folders, sorted (links are not followed).
 
         An object store has no folders of its own: a catalog asks where its layout puts an
@@ -247,8 +247,8 @@ class LocalStore:
         """
         base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         if base and self._through_link(base):
-            return []
-        found: list[str] = []
+            return ()
+        found = []
         stack = [(os.path.join(self.root, *base.split("/")) if base else self.root, base)]
         while stack:
             directory, rel = stack.pop()
@@ -266,7 +266,7 @@ class LocalStore:
                     found.append(key)
                 if key.startswith(prefix) or prefix.startswith(key + "/"):
                     stack.append((entry.path, key))
-        return sorted(found)
+        return tuple(sorted(found))
 
     def _walk(self, directory: str, rel: str, prefix: str) -> Iterator[ObjectInfo]:
         try:
