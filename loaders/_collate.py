@@ -167,6 +167,7 @@ class Collate:
         """
         out: dict[str, Any] = {}
         lengths: dict[str, list[int]] = {}
+        taken: dict[str, Sequence[Any] | torch.Tensor] = {}  # as batched: tensors, numbers
         for name, values in columns.items():
             flags = present.get(name) if present else None
             if flags is not None and all(flags):
@@ -178,6 +179,7 @@ class Collate:
                 values = list(values.unbind(0))
             elif _any_of(set(map(type, values)), _NUMPY):
                 values = [_from_numpy(v) for v in values]  # from a transform
+            taken[name] = values
             real = values if flags is None else [v for v, p in zip(values, flags, strict=True)
                                                   if p]
             # the kinds of a column's values, judged by their types once (a batch of 256
@@ -218,7 +220,7 @@ class Collate:
             for name, target in self.index_fields.items():
                 flags = present.get(name) if present else None
                 if name in out and target in lengths and (flags is None or any(flags)):
-                    self._shift(name, target, columns[name], out, lengths, flags)
+                    self._shift(name, target, taken[name], out, lengths, flags)
         return out
 
     def _numbers(self, values: list[Any], present: Sequence[bool] | None) -> torch.Tensor:
@@ -363,7 +365,10 @@ class Collate:
         for n in lengths[target][:-1]:
             starts.append(starts[-1] + n)
         flags = [True] * len(starts) if present is None else present
-        parts = [v + start if p else None
+        # in int64, as the offsets are: a uint8 or int16 field's indices into a packed
+        # batch wrapped around past its type's range (torch adds a number in the
+        # tensor's own dtype), and a batch's dtype must not depend on its size
+        parts = [_as_index(name, v) + start if p else None
                  for v, start, p in zip(values, starts, flags, strict=True)]
         out[name] = torch.cat([p for p in parts if p is not None])
         if f"{name}__offsets" not in out:
@@ -373,14 +378,28 @@ class Collate:
             out[f"{name}__offsets"] = offsets
 
 
+def _as_index(name: str, value: torch.Tensor) -> torch.Tensor:
+    """An index field's values as int64; one past int64's range is refused, naming it."""
+    if value.dtype == torch.int64:
+        return value
+    if value.dtype == torch.uint64:
+        # torch has no comparisons of uint64 tensors: the values are checked in numpy
+        if value.numel() and int(value.numpy().max()) > torch.iinfo(torch.int64).max:
+            raise InvalidInputError(
+                f"index_fields: {name!r} holds uint64 indices beyond int64's range; a "
+                f"packed batch's indices are int64"
+            )
+    return value.to(torch.int64)
+
+
 def _from_numpy(value: Any) -> Any:
     """A transform's NumPy value as torch's own collate takes it.
 
-    An array of numbers becomes a tensor (stacked with the others), a NumPy scalar a
-    number; anything else stays as it is.
+    An array of numbers becomes a tensor (stacked with the others), and so does a NumPy
+    scalar (a 0-d tensor of its dtype: a column of ``np.float32`` is a float32 batch, not
+    float64 by way of a Python float); anything else stays as it is.
     """
-    if isinstance(value, np.ndarray) and value.dtype.kind in "biufc":
-        return torch.as_tensor(value)
-    if isinstance(value, np.generic) and value.dtype.kind in "biuf":
-        return value.item()
+    if isinstance(value, _NUMPY) and value.dtype.kind in "biufc":
+        # np.asarray: torch takes a uint64 scalar only as an array
+        return torch.as_tensor(np.asarray(value))
     return value

@@ -268,3 +268,56 @@ def test_a_pad_value_past_int64_pads_float_fields_and_zeroes_integer_ones():
     b = {"p": torch.ones(2, 2), "c": torch.ones(2, dtype=torch.int64)}
     out = Collate(mesh="pad", pad_value=2**70)([a, b])
     assert out["p"][0, 1].tolist() == [2.0**70] * 2 and out["c"].tolist() == [[1, 0], [1, 1]]
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int32, torch.uint64])
+def test_packed_indices_of_a_narrow_dtype_are_shifted_in_int64(dtype):
+    # found by an audit: the shift ran in the field's own dtype, so uint8 indices into a
+    # batch of 3 x 200 points wrapped around ([200, 143] for [0, 199] in the second
+    # sample), and int16 ones went negative
+    samples = [{"nodes": torch.zeros(200, 2), "edges": torch.tensor([[0, 199]], dtype=dtype)}
+               for _ in range(3)]
+    out = Collate(mesh="pack", index_fields={"edges": "nodes"})(samples)
+    assert out["edges"].dtype == torch.int64
+    assert out["edges"].tolist() == [[0, 199], [200, 399], [400, 599]]
+    assert out["nodes__offsets"].tolist() == [0, 200, 400, 600]
+
+
+def test_uint64_indices_beyond_int64_are_refused_naming_the_field():
+    big = torch.from_numpy(np.array([[0, 2**63]], dtype=np.uint64))
+    samples = [{"nodes": torch.zeros(2, 2), "edges": big}] * 2
+    with pytest.raises(InvalidInputError, match=r"'edges' holds uint64 indices beyond int64"):
+        Collate(mesh="pack", index_fields={"edges": "nodes"})(samples)
+
+
+def test_index_fields_shift_numpy_arrays_a_transform_returns():
+    # found by an audit: the NumPy values were made tensors for the batch, but the shift
+    # took the column as it came (a TypeError from torch.cat), and a float NumPy "index"
+    # field skipped the check that names it
+    samples = [{"points": np.zeros((n, 3), np.float32),
+                "cells": np.array([[0, n - 1]], np.int64)} for n in (2, 3)]
+    out = Collate(mesh="pack", index_fields={"cells": "points"})(samples)
+    assert out["cells"].tolist() == [[0, 1], [2, 4]]
+    as_tensors = [{k: torch.from_numpy(v) for k, v in s.items()} for s in samples]
+    same = Collate(mesh="pack", index_fields={"cells": "points"})(as_tensors)
+    assert all(torch.equal(out[k], same[k]) for k in same)
+    with pytest.raises(InvalidInputError, match=r"'points' holds float32 values"):
+        Collate(mesh="pack", index_fields={"points": "cells"})(samples)
+
+
+@pytest.mark.parametrize("scalar", [np.float32(1.5), np.int8(-3), np.float16(2.0),
+                                    np.bool_(True), np.uint16(7), np.complex64(1j)])
+def test_numpy_scalars_keep_their_dtype_as_torchs_collate_keeps_it(scalar):
+    # found by an audit: they went through Python numbers, so float32 came back float64
+    # and int8 int64
+    out = Collate()([{"s": scalar}, {"s": scalar}])
+    expected = torch.utils.data.default_collate([scalar, scalar])
+    assert out["s"].dtype == expected.dtype
+    assert torch.equal(out["s"], expected)
+
+
+def test_a_uint64_numpy_scalar_is_collated():
+    # torch's own collate cannot take it ("an integer is required")
+    out = Collate()([{"s": np.uint64(2**64 - 1)}, {"s": np.uint64(1)}])
+    assert out["s"].dtype == torch.uint64
+    assert out["s"].numpy().tolist() == [2**64 - 1, 1]
