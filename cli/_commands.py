@@ -24,7 +24,7 @@ from simstore.cli._common import (
 
 from simstore._sizes import human_bytes
 from simstore.catalog import Catalog, VerifyProgress, gc, verify
-from simstore.errors import ConflictError, InvalidInputError, NotFoundError
+from simstore.errors import ConflictError, InvalidInputError, NotFoundError, one_line
 from simstore.manifest import rows_from_list
 from simstore.names import parse_ref
 from simstore.sample import canonical_json
@@ -283,7 +283,7 @@ def log_cmd(ctx: CliContext, ref: str, limit: int | None, as_json: bool) -> None
         for e in entries:
             lines.append(
                 f"{e['id'][:12]}  {_utc(e['created'])}  {e['samples']:>10} samples  "
-                f"{human_bytes(e['bytes']):>10}  {e['author']}: {e['message']}"
+                f"{human_bytes(e['bytes']):>10}  {one_line(e['author'])}: {one_line(e['message'])}"
             )
         return "\n".join(lines)
 
@@ -308,8 +308,10 @@ def show_cmd(ctx: CliContext, ref: str, as_json: bool) -> None:
                 f"snapshot      {info['id']}",
                 f"dataset       {info['dataset']}",
                 f"parents       {', '.join(info['parents']) or '-'}",
-                f"created       {info['created']} by {info['author']}",
-                f"message       {info['message']}",
+                # typed text, shown on one line each with its breaks and a terminal's
+                # escape sequences as escapes (``--json`` gives them exactly)
+                f"created       {info['created']} by {one_line(info['author'])}",
+                f"message       {one_line(info['message'])}",
                 f"samples       {info['samples']}",
                 f"bytes         {info['bytes']} ({human_bytes(info['bytes'])})",
                 f"manifest      {info['manifest_parts']} parts, "
@@ -478,11 +480,14 @@ def diff_cmd(ctx: CliContext, ref_a: str, ref_b: str, as_json: bool) -> None:
 
     def text() -> str:
         s = out["summary"]
-        lines = [f"+ {k}" for k in out["added"]]
-        lines += [f"- {k}" for k in out["removed"]]
-        lines += [f"M {k}" for k in out["modified"]]
+        # keys escaped as `keys` shows them: a key is a file's name and may hold a line
+        # break or a terminal's escape sequence (``--json`` gives them exactly)
+        lines = [f"+ {one_line(k, exact=True)}" for k in out["added"]]
+        lines += [f"- {one_line(k, exact=True)}" for k in out["removed"]]
+        lines += [f"M {one_line(k, exact=True)}" for k in out["modified"]]
+        moved = f", {s['relocated']} relocated" if s.get("relocated") else ""
         lines.append(
-            f"{s['added']} added, {s['removed']} removed, {s['modified']} modified "
+            f"{s['added']} added, {s['removed']} removed, {s['modified']} modified{moved} "
             f"({human_bytes(s['added_bytes'])} added, {human_bytes(s['removed_bytes'])} "
             f"removed); read {out['cost']['parts_read']} of {out['cost']['parts_total']} "
             "manifest parts"

@@ -82,7 +82,7 @@ def cat_cmd(
     def text() -> str:
         lines = []
         for sample in described:
-            lines.append(f"{sample['key']} ({pinned})")
+            lines.append(f"{one_line(sample['key'], exact=True)} ({pinned})")
             width = max((len(n) for n in [*sample["fields"], *sample["absent"]]), default=0)
             for name, d in sample["fields"].items():
                 lines.append(f"  {name.ljust(width)}  {_line(d)}")
@@ -231,7 +231,9 @@ def keys_cmd(
     rows: list[dict[str, Any]] = []
     for table in cat.iter_rows(snap, prefix=prefix):
         if limit is not None:  # one key past the limit says whether there are more
-            table = table.slice(0, max(0, limit + 1 - len(rows)))
+            # no further than the table: Arrow takes a length in int64, and -n may be any
+            # whole number (2**63 was an OverflowError's traceback)
+            table = table.slice(0, min(len(table), max(0, limit + 1 - len(rows))))
         keys = table.column("key").to_pylist()
         sizes = table.column("size_bytes").to_pylist()
         rows += ({"key": k, "size_bytes": b} for k, b in zip(keys, sizes, strict=True))
