@@ -66,11 +66,19 @@ from simstore.errors import (
 )
 from simstore.hashing import Hasher, is_object_id
 
-__all__ = ["CacheConfig", "PinnedCopy", "ShardCache"]
+__all__ = ["CacheConfig", "DamagedCopyError", "PinnedCopy", "ShardCache"]
 
 MARKER = CACHE_MARKER_KEY
 _CACHE_FORMAT_VERSION = 1
 _MARKER_BODY = {"kind": "simstore-shard-cache", "format_version": _CACHE_FORMAT_VERSION}
+
+
+class DamagedCopyError(IntegrityError):
+    """A copy in the disk cache no longer hashes to its id; it was taken out of the cache.
+
+    The node's copy is damaged, not (as far as is known) the store's object: a reader
+    opens the shard again from a new fill (see ``read_chunk``).
+    """
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Literal, Protocol, cast, runtime_checkable
 
-from simstore.loaders._cache import CacheConfig, PinnedCopy, ShardCache
+from simstore.loaders._cache import CacheConfig, DamagedCopyError, PinnedCopy, ShardCache
 from simstore.loaders._ranged import (
     RangedFile,
     RateLimiter,
@@ -392,6 +392,16 @@ class ShardAccess:
         (evicted after its reader let go, or taken out as damaged by another process):
         it was not hashed, so its reader must go on checking pages.
         """
+        if pinned is not None:
+            # before any verdict on the shard: it may be a sibling's on a new copy filled
+            # at this path after the reader's was taken out as damaged
+            try:
+                if file_identity(os.stat(path)) != pinned:
+                    return False
+            except FileNotFoundError:
+                return False
+            except OSError as exc:
+                raise StorageError(f"cache copy {path}: read failed: {exc}") from exc
         if not self.unchecked(shard_id) or self.sibling_verified(shard_id):
             return True
         try:
@@ -481,7 +491,7 @@ class ShardAccess:
 
     def _remove_damaged(
         self, path: str, actual: str, object_id: str, fd: int | None = None
-    ) -> IntegrityError:
+    ) -> DamagedCopyError:
         """Take a cache copy that does not hash to its id out of the cache; the error.
 
         With ``fd`` (the damaged file, open), the path is removed only while it still
@@ -491,7 +501,7 @@ class ShardAccess:
             if fd is None or file_identity(os.stat(path))[:2] == file_identity(
                     os.fstat(fd))[:2]:
                 os.unlink(path)
-        return IntegrityError(
+        return DamagedCopyError(
             f"cache copy {path} has hash {actual}, expected {object_id}{self._by()} "
             "(removed from the cache)"
         )

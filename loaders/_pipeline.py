@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import logging
 from collections import OrderedDict, deque
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
+from simstore.loaders._cache import DamagedCopyError
 from simstore.loaders._checks import check_int
 from simstore.loaders._corrupt import CorruptShards
 from simstore.loaders._fetch import RateLimiter
@@ -44,6 +46,8 @@ from simstore.errors import (
     SimstoreError,
 )
 from simstore.protocols import ShardReader
+
+log = logging.getLogger("simstore.loaders")
 
 __all__ = [
     "Chunk",
@@ -335,6 +339,17 @@ def read_chunk(
     """
 
     def one(read: ShardRead) -> tuple[ShardRead, list[Decoded], np.ndarray]:
+        try:
+            return once(read)
+        except DamagedCopyError as exc:
+            # the node's copy went bad on its disk and is out of the cache: the store's
+            # object is read again, into a new copy hashed as it is filled
+            log.warning("%s: reading the shard again from the store", exc)
+            pool.drop((read.source, read.shard_id))
+            counters.add("cache_damaged")
+            return once(read)
+
+    def once(read: ShardRead) -> tuple[ShardRead, list[Decoded], np.ndarray]:
         src = sources[read.source]
         key = (read.source, read.shard_id)
         uniq, first, inverse = np.unique(read.positions, return_index=True, return_inverse=True)

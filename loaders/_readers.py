@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import logging
 import os
 import threading
 from collections import OrderedDict
@@ -20,6 +21,7 @@ from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, TypeVar
 
+from simstore.loaders._cache import DamagedCopyError
 from simstore.loaders._checks import shown
 from simstore.loaders._corrupt import CorruptShards
 from simstore.loaders._fetch import ShardAccess, ShardHandle
@@ -38,6 +40,7 @@ from simstore.protocols import ShardReader
 
 __all__ = ["HASH_FIRST_SHARE", "ReaderPool", "ShardOpener"]
 
+log = logging.getLogger("simstore.loaders")
 ShardOpener = Callable[[str | BinaryIO], ShardReader]
 T = TypeVar("T")
 _HASH_DELAY_S = 5.0
@@ -116,7 +119,7 @@ class _Published(Future[Any]):
 
 
 class _Entry:
-    __slots__ = ("checking", "gone", "handle", "lock", "reader", "users")
+    __slots__ = ("checking", "dropped", "gone", "handle", "lock", "reader", "users")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -127,6 +130,8 @@ class _Entry:
         """The whole-object hash still running for a reader that checks its own pages."""
         self.gone = False
         """Its cache copy was taken out of the cache (as damaged) before it was hashed."""
+        self.dropped = False
+        """Taken out of the pool (:meth:`ReaderPool.drop`): its last user closes it."""
 
     def hashed(self, matched: bool) -> None:
         """The pending hash of the shard is done: trust the reader if it matched.
@@ -347,8 +352,30 @@ class ReaderPool:
         finally:
             with self._lock:
                 entry.users -= 1
+                orphan = entry.dropped and entry.users == 0
                 evicted = self._evict_idle()
+            if orphan:
+                _close(entry)
             self._retire(evicted)
+
+    def drop(self, key: tuple[int, str]) -> None:
+        """Close the shard's reader over a damaged cache copy: its next use fills anew.
+
+        The copy was taken out of the cache when its hash failed; the reader still maps
+        it. A reader in use by another thread is closed by its last user, and a new
+        entry opens for the next. Its page layout is not kept (it is the damaged copy's).
+        """
+        with self._lock:
+            entry = self._entries.pop(key, None)
+            prepared = self._prepared.pop(key, None)
+            idle = False
+            if entry is not None:
+                entry.dropped, entry.checking = True, None
+                idle = entry.users == 0
+        if entry is not None and idle:
+            _close(entry)
+        if prepared is not None:
+            _release(prepared)
 
     def _maybe_hash_first(self, entry: _Entry, checks: Callable[[ShardReader], int]) -> None:
         """Hash the shard now, then read it unchecked, if the read would check enough of it."""
@@ -432,9 +459,9 @@ class ReaderPool:
         elif check is not None and hashing is not None:
             entry.checking = _Check(hashing, check)
 
-    def _gone(self, key: tuple[int, str], source: object) -> IntegrityError:
+    def _gone(self, key: tuple[int, str], source: object) -> DamagedCopyError:
         """A pinned cache copy that vanished: another reader found it damaged."""
-        return IntegrityError(
+        return DamagedCopyError(
             f"{self._name(key)}: cache copy {source} was taken out of the cache as damaged "
             "before this reader could hash it"
         )
@@ -442,7 +469,11 @@ class ReaderPool:
     def finish(self, corrupt: CorruptShards | None = None) -> None:
         """Wait for the hashes still running of shards already read; raise a wrong one.
 
-        With ``corrupt`` (``on_corrupt="skip"``), a wrong one is recorded there instead.
+        With ``corrupt`` (``on_corrupt="skip"``), a wrong one is recorded there instead. A
+        cache copy found damaged now, after the shard's last read, is neither: its reads
+        were checked page by page (a reader without page checks waits for the hash), it
+        is out of the cache, and the next read fills a new copy from the store. It is
+        logged and counted (``cache_damaged``), as a copy found damaged while read is.
         """
         self.start_hashing()
         with self._lock:
@@ -453,6 +484,10 @@ class ReaderPool:
         for key, check in checking:
             try:
                 check.wait()
+            except DamagedCopyError as exc:
+                log.warning("%s: %s (its reads this epoch passed their page checks)",
+                            self._name(key), exc)
+                self.access[key[0]].counters.add("cache_damaged")
             except IntegrityError as exc:
                 if corrupt is None:
                     raise

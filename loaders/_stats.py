@@ -46,6 +46,7 @@ _FIELDS = (
     "cache_evictions",
     "cache_evicted_bytes",
     "cache_over_limit",
+    "cache_damaged",
     "manifest_parts",
     "manifest_bytes",
     "manifest_cache_hits",
@@ -265,6 +266,7 @@ class LoaderStats(TypedDict):
     cache_fill_bytes: int
     cache_evictions: int
     cache_over_limit: int
+    cache_damaged: int
     tiers: dict[str, TierReport]
     manifest_parts: int
     manifest_bytes: int
@@ -345,6 +347,7 @@ def summarise(
         "cache_fill_bytes": int(counters.get("cache_fill_bytes", 0)),
         "cache_evictions": int(counters.get("cache_evictions", 0)),
         "cache_over_limit": int(counters.get("cache_over_limit", 0)),
+        "cache_damaged": int(counters.get("cache_damaged", 0)),
         "tiers": tiers_of(counters),
         "manifest_parts": int(counters.get("manifest_parts", 0)),
         "manifest_bytes": int(counters.get("manifest_bytes", 0)),
@@ -413,6 +416,7 @@ def run_report(
             "evictions": stats["cache_evictions"],
             "evicted_bytes": int(counters.get("cache_evicted_bytes", 0)),
             "over_limit": stats["cache_over_limit"],
+            "damaged": stats["cache_damaged"],
         },
         "manifest": {"parts": stats["manifest_parts"], "bytes": stats["manifest_bytes"],
                      "cache_hits": stats["manifest_cache_hits"],

@@ -262,9 +262,20 @@ def corrupt_object(root: str, object_id: str) -> None:
         f.write(bytes(data))
 
 
+def assert_filled_again(cache: str, shard: str) -> None:
+    """``shard``'s cache copy, found damaged, was taken out and filled again from the
+    store: it is there and hashes to its id."""
+    from simstore.hashing import hash_file
+
+    copy = os.path.join(cache, "objects", shard[:2], shard)
+    assert os.path.exists(copy), f"{copy} was not filled again"
+    assert hash_file(copy)[0] == shard
+
+
 __all__ = [
     "FakeShardReader",
     "RemoteLikeStore",
+    "assert_filled_again",
     "commit_samples",
     "corrupt_object",
     "encode_shard",
