@@ -28,7 +28,7 @@ from simstore.hashing import object_key
 if TYPE_CHECKING:
     from simstore.loaders._pipeline import Chunk, OutBuffers
 
-__all__ = ["CorruptShards"]
+__all__ = ["CorruptFound", "CorruptShards"]
 
 _ENVIRONMENT = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EACCES, errno.EPERM)
 """Errors of the reading process or its machine, never of a shard's bytes."""
@@ -38,6 +38,22 @@ decode pool under ``ulimit -v`` or ``ulimit -u``): never a shard's bytes either.
 
 log = logging.getLogger("simstore.loaders")
 Decoded = dict[str, Any]
+
+
+class CorruptFound:
+    """The shards one reading process found corrupt, kept across its epochs.
+
+    Kept by the dataset (one per process: it pickles empty, so a DataLoader worker keeps
+    its own, across epochs when its workers persist), so a damaged shard is logged,
+    counted and downloaded once per reading process, not once per epoch.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.shards: dict[tuple[int, str], str] = {}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (CorruptFound, ())
 
 
 class CorruptShards:
@@ -90,14 +106,22 @@ class CorruptShards:
         return False
 
     def __init__(
-        self, counters: Counters, probe: Callable[[], Decoded | None] | None = None
+        self, counters: Counters, probe: Callable[[], Decoded | None] | None = None,
+        found: CorruptFound | None = None,
     ) -> None:
         self.counters = counters
         self.probe = probe
         """Finds an intact sample elsewhere in the stream (for a chunk with none)."""
-        self._bad: dict[tuple[int, str], str] = {}
-        self._lock = threading.Lock()
+        found = CorruptFound() if found is None else found
+        self._bad = found.shards
+        """The process's corrupt shards (``found``, shared by its epochs)."""
+        self._lock = found.lock
         self._spare: Decoded | None = None
+
+    def known(self) -> list[tuple[int, str]]:
+        """The shards found corrupt so far (in this epoch or an earlier one)."""
+        with self._lock:
+            return list(self._bad)
 
     def is_bad(self, key: tuple[int, str]) -> bool:
         """Whether shard ``key`` (source, shard id) was found corrupt."""

@@ -36,6 +36,7 @@ from simstore.loaders._checks import (
     to_list,
 )
 from simstore.loaders._collate import Collate
+from simstore.loaders._corrupt import CorruptFound
 from simstore.loaders._fetch import RateLimiter, ShardAccess, tier_of
 from simstore.loaders._metrics import Delivery, Metrics, timed
 from simstore.loaders._nodecache import layout_cache
@@ -355,6 +356,8 @@ class SimDataset(IterableDataset[Sample]):
         self._job_start = job_start
         """When the job started (``time.time()`` at construction, in the process that
         built the dataset; pickled to workers): cache copies filled before are warm."""
+        self._corrupt = CorruptFound()
+        """Shards this process found corrupt (``on_corrupt="skip"``), for its later epochs."""
         self._warm = WarmCopies()
         """The distinct warm copies this job's readers hit, across epochs and iterations
         (kept in the process that runs the loop; a worker gets an empty one)."""
@@ -681,7 +684,7 @@ class SimDataset(IterableDataset[Sample]):
 
     def _reader(self) -> EpochReader:
         return EpochReader(self._sources, self._mixture, self._epoch_length, self._options,
-                           self._trusted, self._job_start)
+                           self._trusted, self._job_start, self._corrupt)
 
     def read(
         self,

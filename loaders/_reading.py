@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 from simstore.loaders._collate import Collate
-from simstore.loaders._corrupt import CorruptShards
+from simstore.loaders._corrupt import CorruptFound, CorruptShards
 from simstore.loaders._fetch import RateLimiter, ShardAccess, tier_of
 from simstore.loaders._normalise import Normalise
 from simstore.loaders._opener import FormatOpener
@@ -70,6 +70,8 @@ class EpochReader:
     options: LoaderOptions
     trusted: np.ndarray
     job_start: float | None = None
+    corrupt: CorruptFound | None = None
+    """The shards this process found corrupt in earlier epochs (``on_corrupt="skip"``)."""
 
     def samples(
         self,
@@ -435,7 +437,9 @@ class EpochReader:
                             return intact[0]
                     return None
 
-                corrupt = CorruptShards(counters, probe)
+                corrupt = CorruptShards(counters, probe, self.corrupt)
+                for key in corrupt.known():
+                    pool.forget(key)  # found in an earlier epoch: not downloaded again
 
             decoded = itertools.count()
 

@@ -222,3 +222,39 @@ def test_skip_does_not_take_a_newer_shard_format_for_damage(tmp_path, monkeypatc
     with pytest.raises(FormatError, match=r"format_version 2, this simstore reads 1"):
         list(ds)
     assert ds.stats()["corrupt_shards"] == 0
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_corrupt_shard_is_met_once_per_reading_process_not_once_per_epoch(small, caplog,
+                                                                             workers):
+    # found by an audit: each epoch made its own record of corrupt shards, so a damaged
+    # shard was read (downloaded, on a remote store) again, logged again and counted
+    # again every epoch: 3 epochs said 3 corrupt shards with no workers, 6 with 2
+    # persistent workers
+    store, ref, samples, shards, bad = _damaged(small, 3)
+    opened = []
+
+    def opener(source):
+        if isinstance(source, str) and bad in source:
+            opened.append(source)
+        return open_test_shard(source)
+
+    ds = SimDataset(store, ref, shard_opener=opener, on_corrupt="skip", seed=2)
+    loader = SimDataLoader(ds, batch_size=4, num_workers=workers,
+                           persistent_workers=workers > 0,
+                           multiprocessing_context="fork" if workers else None)
+    with caplog.at_level("WARNING", logger="simstore.loaders"):
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            batches = list(loader)
+            assert sum(len(b["__key__"]) for b in batches) == len(samples)
+            skipped = [k for b in batches for k, p in zip(b["__key__"],
+                                                          b["__pad__"].tolist(), strict=True)
+                       if p]
+            assert sorted(skipped) == sorted(shards[bad])  # stood in for every epoch
+    readers = max(1, workers)
+    assert ds.stats()["corrupt_shards"] <= readers
+    assert ds.stats()["corrupt_samples"] == 3 * len(shards[bad])
+    if not workers:  # a worker's opens and warnings are its own process's
+        assert len(opened) == 1
+        assert sum("corrupt shard" in r.getMessage() for r in caplog.records) == 1
