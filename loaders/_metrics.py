@@ -35,6 +35,9 @@ class Metrics:
         self.busy_s = 0.0
         self.seconds = 0.0
         self.first_batch_s: float | None = None
+        self.logged_at: float | None = None
+        """When :func:`timed` last logged a line (its clock), across iterations: a job of
+        epochs each shorter than ``log_every_s`` logged none, as each began afresh."""
         self.epochs: list[int] = []
         """Epochs a batch was delivered from (an iteration that delivered nothing, such
         as a resume from the end of an epoch, read no epoch)."""
@@ -189,7 +192,8 @@ def timed(
     start = clock() if started is None else started
     last_yield: float | None = None
     in_body: float | None = None  # when the loop body began, while it runs
-    last_log = start
+    if metrics.logged_at is None:
+        metrics.logged_at = start
     try:
         while True:
             t0 = clock() if last_yield is not None else start
@@ -207,9 +211,9 @@ def timed(
             if last_yield is None:
                 metrics.delivered()
             metrics.seconds += t1 - (last_yield if last_yield is not None else start)
-            if log_every_s is not None and t1 - last_log >= log_every_s:
+            if log_every_s is not None and t1 - metrics.logged_at >= log_every_s:
                 log.info(one_line(metrics.stats()))
-                last_log = t1
+                metrics.logged_at = t1
             last_yield = in_body = clock()
             if isinstance(item, Delivery):
                 value = item.value

@@ -43,6 +43,21 @@ def test_a_loop_read_to_its_end_counts_each_body_once():
     assert metrics.stats()["data_stall"] == pytest.approx(5 / 15)
 
 
+def test_the_periodic_line_counts_its_interval_across_epochs(caplog):
+    # found by an audit: each iteration started the interval afresh, so a job whose
+    # epochs each took less than log_every_s never logged a line (10 epochs of 3 s, a
+    # line asked for every 10 s: none)
+    clock, metrics = _Clock(), Metrics()
+    with caplog.at_level("INFO", logger="simstore.loaders"):
+        for epoch in range(10):
+            metrics.start(epoch)
+            for _ in timed(clock.items(1), metrics, log_every_s=10.0, clock=clock):
+                clock.now += 2.0
+    assert clock.now == 30.0
+    lines = [r for r in caplog.records if "samples/s" in r.getMessage()]
+    assert len(lines) == 2  # at 10 s and 20 s of the loop's 30, not 0
+
+
 def test_a_loop_left_by_break_counts_its_last_body():
     clock, metrics = _Clock(), Metrics()
     metrics.start(0)
