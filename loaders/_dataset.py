@@ -356,6 +356,9 @@ class SimDataset(IterableDataset[Sample]):
         self._job_start = job_start
         """When the job started (``time.time()`` at construction, in the process that
         built the dataset; pickled to workers): cache copies filled before are warm."""
+        self.whole_batches: int | None = None
+        """Set by a loader that drops a short last batch: its batch size (a whole epoch
+        then delivers whole batches only, see :meth:`report`)."""
         self._corrupt = CorruptFound()
         """Shards this process found corrupt (``on_corrupt="skip"``), for its later epochs."""
         self._warm = WarmCopies()
@@ -628,9 +631,17 @@ class SimDataset(IterableDataset[Sample]):
             self.stats(), {**self._metrics.counters(), **self._warm.counters()},
             snapshots=self.snapshot_ids, epochs=list(self._metrics.epochs),
             world_size=self._world.world_size, num_workers=self._readers,
-            rank_epoch=samples_per_rank(self._epoch_length, self._world.world_size,
-                                        self._options.remainder),
+            rank_epoch=self._rank_epoch(),
         )
+
+    def _rank_epoch(self) -> int:
+        """The positions a whole epoch delivers to this rank (what ``epochs_read`` counts in).
+
+        With a loader that drops a short last batch (``drop_last``), whole batches only.
+        """
+        n = samples_per_rank(self._epoch_length, self._world.world_size,
+                             self._options.remainder)
+        return n - n % self.whole_batches if self.whole_batches else n
 
     # -- iteration -------------------------------------------------------------------
     def refresh_world(self) -> World:

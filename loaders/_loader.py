@@ -212,6 +212,9 @@ class SimDataLoader(DataLoader[Any]):
         kwargs["worker_init_fn"] = self._init
         self._context_given = kwargs.get("multiprocessing_context") is not None
         self.sim_dataset = dataset
+        # a whole epoch delivers whole batches only: the run report's epochs_read counts
+        # against that, not the rank's samples (a whole epoch read as 0.625 of one)
+        dataset.whole_batches = batch_size if drop_last and batch_size else None
         self._stream: _Stream
         if collate_fn is None and batch_size is not None:
             # the default collate: workers make whole batches from their decode buffers

@@ -153,3 +153,23 @@ def test_a_whole_epoch_is_one_whatever_the_world_size(small, remainder):
         got = len(list(ds))
         assert got == len(ds) == (9 if remainder == "pad" else 8)
         assert ds.report()["epochs_read"] == 1.0
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("remainder", ["pad", "drop"])
+def test_a_whole_epoch_with_drop_last_is_one(small, remainder, workers):
+    # found by an audit: epochs_read divided by the rank's samples, which a loader that
+    # drops a short last batch never delivers (8 positions, batches of 5: 0.625 of an
+    # epoch for a whole one, so cost --run priced each epoch 1.6 times over); here 20
+    # positions a rank, batches of 6
+    from simstore.loaders import SimDataLoader
+
+    store, ref, _ = small
+    ds = SimDataset(store, ref, shard_opener=open_test_shard, rank=0, world_size=3,
+                    remainder=remainder)
+    loader = SimDataLoader(ds, batch_size=6, num_workers=workers, drop_last=True)
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        delivered = sum(len(b["__key__"]) for b in loader)
+        assert delivered == len(loader) * 6 < len(ds)
+    assert ds.report()["epochs_read"] == pytest.approx(2.0)
