@@ -707,6 +707,7 @@ class SimDataset(IterableDataset[Sample]):
         numbers_as_tensors: bool = True,
         trusted: TrustTable | None = None,
         counters: Counters | None = None,
+        drop_last: bool = False,
     ) -> Iterator[tuple[Sample, int, dict[str, float]]]:
         """One reader's samples, each with its running count and the reading counters.
 
@@ -715,7 +716,7 @@ class SimDataset(IterableDataset[Sample]):
         """
         return self._reader().samples(world, epoch, remaining, batch_size,
                                       numbers_as_tensors=numbers_as_tensors, trusted=trusted,
-                                      counters=counters)
+                                      counters=counters, drop_last=drop_last)
 
     def read_batches(
         self,

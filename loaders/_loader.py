@@ -236,6 +236,7 @@ class SimDataLoader(DataLoader[Any]):
             return
         # a caller's collate gets the samples' tensors, as a DataLoader gathers them
         self._stream = _WorkerStream(dataset, batch_size or 1)
+        self._stream.drop_last = drop_last and batch_size is not None
         # torch's batch sampler makes a list of batch_size items per batch; a rank reads at
         # most an epoch's samples, so a batch of one more is as good as any larger one
         # (with drop_last too: it is never full)

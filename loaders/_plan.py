@@ -121,6 +121,9 @@ class EpochPlan:
     remaining_samples: int
     samples_per_rank: int
     epoch_length: int = 0
+    drop_last: bool = False
+    """Whole batches only: a rank block's short last batch is never read (a loader with
+    ``drop_last`` would read it only to drop it)."""
 
     @property
     def pad_offset(self) -> int:
@@ -177,7 +180,8 @@ class EpochPlan:
         k, nworkers = self.world.worker, self.world.num_workers
         per_chunk = max(1, max_samples // bsize)
         per_first = per_chunk if first_samples is None else max(1, first_samples // bsize)
-        batches = range(k, self.num_batches, nworkers)
+        read = n // self.batch_size if self.drop_last else self.num_batches
+        batches = range(k, read, nworkers)
         starts, cums = _layout(self.remaining)
         base = self.world.rank * n
         pad_offset = self.pad_offset
@@ -254,6 +258,7 @@ def plan_epoch(
     batch_size: int = 1,
     remainder: Remainder = "pad",
     epoch_length: int | None = None,
+    drop_last: bool = False,
 ) -> EpochPlan:
     """The plan of ``world``'s reader over the ``remaining`` stream positions.
 
@@ -263,7 +268,8 @@ def plan_epoch(
     its last ``P`` slots with positions ``0 .. P-1``; a resume in the same world pads
     each slot with what the uninterrupted epoch has there (byte-exact, pad rows
     included), and an elastic resume whose pads do not line up with a whole epoch's
-    pads ``p`` slots with positions ``0 .. p-1`` (see :attr:`EpochPlan.pad_offset`). The
+    pads ``p`` slots with positions ``0 .. p-1`` (see :attr:`EpochPlan.pad_offset`).
+    ``drop_last``: the block's short last batch is not read. The
     pad count, ``world_size`` times the rank's share minus ``R``, does not depend on
     ``L``. Without ``epoch_length`` padding repeats the first remaining positions. Pure:
     equal arguments give equal plans.
@@ -288,6 +294,7 @@ def plan_epoch(
         remaining_samples=total,
         samples_per_rank=samples_per_rank(total, world.world_size, remainder),
         epoch_length=length,
+        drop_last=bool(drop_last),
     )
 
 

@@ -83,6 +83,7 @@ class EpochReader:
         numbers_as_tensors: bool = True,
         trusted: TrustTable | None = None,
         counters: Counters | None = None,
+        drop_last: bool = False,
     ) -> Iterator[tuple[Sample, int, dict[str, float]]]:
         """One reader's samples, each with its running count and the reading counters.
 
@@ -90,11 +91,12 @@ class EpochReader:
         :class:`~simstore.loaders.SimDataLoader`'s workers when they hand the DataLoader
         single samples (whose default collate turns a batch's Python numbers into one
         tensor, so they pass ``numbers_as_tensors=False``). ``trusted`` and ``counters``:
-        as for :meth:`batches`.
+        as for :meth:`batches`. ``drop_last``: the samples of the block's short last batch
+        (of ``batch_size``), which the DataLoader would drop, are not read.
         """
         count = 0
         with self._decoded(world, epoch, remaining, batch_size, trusted=trusted,
-                           counters=counters) as (
+                           counters=counters, drop_last=drop_last) as (
             chunks, counters
         ):
             for chunk, (values, buffers) in chunks:
@@ -149,7 +151,7 @@ class EpochReader:
                  and opts.on_corrupt != "skip")
         count = 0
         with self._decoded(world, epoch, remaining, batch_size, shared_pool, siblings,
-                           trusted, counters, defer) as (
+                           trusted, counters, defer, drop_last) as (
             chunks, counters
         ):
             for chunk, (values, buffers) in chunks:
@@ -383,11 +385,17 @@ class EpochReader:
         trusted: TrustTable | None = None,
         counters: Counters | None = None,
         defer_files: bool = False,
+        drop_last: bool = False,
     ) -> Iterator[tuple[Iterator[tuple[Any, tuple[list[dict[str, Any]], ChunkBuffers]]],
                         Counters]]:
-        """The decoded chunks of one reader's share of the epoch, and its counters."""
+        """The decoded chunks of one reader's share of the epoch, and its counters.
+
+        ``drop_last``: whole batches only; the short last one, which the loader drops, is
+        not read (its bytes, and warm cache copies only it opened, would go unreported).
+        """
         plan = plan_epoch(remaining, world, batch_size=batch_size,
-                          remainder=self.options.remainder, epoch_length=self.epoch_length)
+                          remainder=self.options.remainder, epoch_length=self.epoch_length,
+                          drop_last=drop_last)
         if counters is None:
             counters = Counters()
         opts = self.options

@@ -309,14 +309,20 @@ class _Stream(IterableDataset[Any]):
 
 
 class _WorkerStream(_Stream):
-    """Single samples with their tags, for a caller's collate (or no batching)."""
+    """Single samples with their tags, for a caller's collate (or no batching).
+
+    ``drop_last``: the DataLoader batches them and drops each reader's short last batch,
+    so its samples are not read (a reader's share is whole batches but for its last).
+    """
+
+    drop_last = False
 
     def _items(self) -> Iterator[tuple[Sample, _Tag]]:
         world = self._reader()
         reading = self._counters(world)
         for sample, count, counters in self.dataset.read(
             world, self.reading_epoch, self.remaining, self.batch_size, trusted=self._trust(),
-            counters=reading,
+            counters=reading, drop_last=self.drop_last,
         ):
             yield sample, _Tag(world.worker, count, counters, warm=reading.take_warm())
 

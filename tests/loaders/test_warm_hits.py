@@ -34,8 +34,8 @@ def _dataset(store: str, cache: str) -> SimDataset:
 
 
 def _run(ds: SimDataset, epochs: int, workers: int = 0, context: str | None = None,
-         **kw: object) -> dict:
-    loader = SimDataLoader(ds, batch_size=4, num_workers=workers,
+         batch_size: int = 4, **kw: object) -> dict:
+    loader = SimDataLoader(ds, batch_size=batch_size, num_workers=workers,
                            multiprocessing_context=context if workers else None, **kw)
     for epoch in range(epochs):
         loader.set_epoch(epoch)
@@ -90,6 +90,33 @@ def test_warm_copies_ride_a_callers_collate(small, tmp_path):
                   collate_fn=lambda samples: [s["__key__"] for s in samples])
     assert report["cache"]["warm_hits"] == len(shards)
     assert report["cache"]["warm_hit_bytes"] == sum(shards.values())
+
+
+@pytest.mark.parametrize("collate", [None, "callers"])
+@pytest.mark.parametrize(("workers", "context"), [(0, None), (1, "fork"), (2, "fork")])
+def test_drop_last_reads_and_reports_only_the_batches_it_delivers(small, tmp_path, workers,
+                                                                   context, collate):
+    """Found by an audit: with drop_last, a reader read its short last batch only to drop
+    it, and the warm copies only that batch opened were never reported (they ride the
+    batches): a warm run said a cold one would fetch 5 shards where it fetched 8."""
+    store, _, _ = small  # 60 samples, 10 a shard, in key order without shuffling
+    shards = _shards(store)
+    fn = (lambda samples: [s["__key__"] for s in samples]) if collate else None
+    ds = SimDataset(RemoteLikeStore(store), "sim", cache_dir=str(tmp_path / "cold"),
+                    cache_limit="64MiB", shard_opener=open_test_shard, shuffle=False)
+    cold = _run(ds, epochs=1, workers=workers, context=context, batch_size=33,
+                drop_last=True, collate_fn=fn)
+    # one batch of positions 0-32: the first four shards, not the last two
+    assert cold["samples"] == 33
+    assert cold["cache"]["misses"] == 4 < len(shards)
+    warm_cache = str(tmp_path / "warm")
+    _run(_dataset(store, warm_cache), epochs=1)  # every shard in the cache
+    ds = SimDataset(RemoteLikeStore(store), "sim", cache_dir=warm_cache, cache_limit="64MiB",
+                    shard_opener=open_test_shard, shuffle=False)
+    warm = _run(ds, epochs=1, workers=workers, context=context, batch_size=33,
+                drop_last=True, collate_fn=fn)
+    assert warm["cache"]["warm_hits"] == cold["cache"]["misses"]
+    assert warm["cache"]["warm_hit_bytes"] == cold["cache"]["fill_bytes"]
 
 
 def test_a_copy_filled_during_the_run_is_not_warm(small, tmp_path):
