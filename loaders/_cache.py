@@ -148,6 +148,10 @@ class ShardCache:
         self.config = config
         self.counters = counters
         self.job_start_ns = None if job_start is None else int(job_start * 1e9)
+        self.fill_requests: Callable[[int], int] | None = None
+        """The requests a shard's fill of so many bytes sends (set by its reader's
+        :class:`~simstore.loaders._fetch.ShardAccess`); a warm copy is told with them.
+        None: one."""
         self.root = os.path.abspath(config.directory)
         self._objects = os.path.join(self.root, "objects")
         self._tmp = os.path.join(self.root, "tmp")
@@ -335,7 +339,9 @@ class ShardCache:
         self.counters.add(f"{counted_as}_hits")
         self.counters.add(f"{counted_as}_hit_bytes", pinned.size)
         if self.job_start_ns is not None and pinned.filled_ns < self.job_start_ns:
-            self.counters.add_warm(counted_as, object_id, pinned.size)
+            fills = self.fill_requests if counted_as == "cache" else None
+            self.counters.add_warm(counted_as, object_id, pinned.size,
+                                   fills(pinned.size) if fills is not None else 1)
 
     def acquire(self, object_id: str, size_bytes: Callable[[], int], download: Download,
                 *, referenced_by: str = "", counted_as: str = "cache",

@@ -182,7 +182,18 @@ class ShardAccess:
                 assert self._cache_config is not None
                 self._cache = ShardCache(self._cache_config, self.counters,
                                          job_start=self.job_start)
+                self._cache.fill_requests = self.fill_requests
             return self._cache
+
+    def fill_requests(self, size: int) -> int:
+        """The requests a cache fill of an object of ``size`` bytes sends (see ``_cached``).
+
+        One streamed GET; a HEAD for the size and a GET per block of ``_FILL_BLOCK_BYTES``
+        where the store does not stream or ``max_bandwidth`` paces the fill.
+        """
+        if isinstance(self.store, SupportsOpenRead) and not self.limiter.rate:
+            return 1
+        return 1 + max(1, -(-size // _FILL_BLOCK_BYTES))
 
     @contextlib.contextmanager
     def _referenced(self, shard_id: str) -> Iterator[None]:

@@ -70,10 +70,12 @@ other counter measures reading work, which a reader may do after its last delive
 WARM_KINDS = ("cache", "manifest_cache")
 """What a warm hit found: a shard's copy, or a manifest part's (the counters' prefixes)."""
 
-WarmHit = tuple[str, str, int]
-"""``(kind, key, size)``: a copy a reading process found in the cache that was there
-before the job started (a *warm* copy; see :class:`WarmCopies`). ``kind`` is one of
-:data:`WARM_KINDS`, ``key`` the copy's :func:`warm_key`, ``size`` its bytes."""
+WarmHit = tuple[str, str, int, int]
+"""``(kind, key, size, requests)``: a copy a reading process found in the cache that was
+there before the job started (a *warm* copy; see :class:`WarmCopies`). ``kind`` is one
+of :data:`WARM_KINDS`, ``key`` the copy's :func:`warm_key`, ``size`` its bytes,
+``requests`` those its fill would have sent (one streamed GET; a HEAD and a GET per
+64 MiB block where fills are paced by ``max_bandwidth``)."""
 
 _WARM_KEY_HEX = 16
 
@@ -162,7 +164,7 @@ class Counters:
         with self._lock:
             return dict(self._values)
 
-    def add_warm(self, kind: str, object_id: str, size: int) -> None:
+    def add_warm(self, kind: str, object_id: str, size: int, requests: int = 1) -> None:
         """A hit found a warm copy (one filled before the job started).
 
         Given ``on_warm`` (the process that runs the loop reads), it is told at once;
@@ -171,7 +173,7 @@ class Counters:
         kept once per process: a set of :func:`warm_key` strings, whose size is bounded
         by the copies the cache held when the job started.
         """
-        hit = (kind, warm_key(object_id), int(size))
+        hit = (kind, warm_key(object_id), int(size), int(requests))
         if self._on_warm is not None:
             self._on_warm(hit)
             return
@@ -205,16 +207,17 @@ class WarmCopies:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._sizes: dict[str, dict[str, int]] = {kind: {} for kind in WARM_KINDS}
+        self._sizes: dict[str, dict[str, tuple[int, int]]] = {kind: {} for kind in WARM_KINDS}
+        """Per kind, each copy's size and the requests its fill would have sent."""
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (WarmCopies, ())
 
     def add(self, hit: WarmHit) -> None:
         """One warm copy found (again, perhaps)."""
-        kind, key, size = hit
+        kind, key, size, requests = hit
         with self._lock:
-            self._sizes.setdefault(kind, {}).setdefault(key, int(size))
+            self._sizes.setdefault(kind, {}).setdefault(key, (int(size), int(requests)))
 
     def add_all(self, hits: Iterable[WarmHit]) -> None:
         """Several warm copies (a batch's tag)."""
@@ -222,12 +225,16 @@ class WarmCopies:
             self.add(hit)
 
     def counters(self) -> dict[str, float]:
-        """``<kind>_warm_hits`` (distinct copies) and ``<kind>_warm_hit_bytes`` per kind."""
+        """Per kind: ``<kind>_warm_hits``, ``_warm_hit_bytes`` and ``_warm_requests``.
+
+        The distinct copies, their bytes, and the requests their fills would have sent.
+        """
         with self._lock:
             out: dict[str, float] = {}
             for kind, sizes in self._sizes.items():
                 out[f"{kind}_warm_hits"] = len(sizes)
-                out[f"{kind}_warm_hit_bytes"] = sum(sizes.values())
+                out[f"{kind}_warm_hit_bytes"] = sum(size for size, _ in sizes.values())
+                out[f"{kind}_warm_requests"] = sum(n for _, n in sizes.values())
             return out
 
 
@@ -411,6 +418,7 @@ def run_report(
             "hit_bytes": int(counters.get("cache_hit_bytes", 0)),
             "warm_hits": int(counters.get("cache_warm_hits", 0)),
             "warm_hit_bytes": int(counters.get("cache_warm_hit_bytes", 0)),
+            "warm_requests": int(counters.get("cache_warm_requests", 0)),
             "misses": stats["cache_misses"],
             "fill_bytes": stats["cache_fill_bytes"],
             "evictions": stats["cache_evictions"],
@@ -422,7 +430,8 @@ def run_report(
                      "cache_hits": stats["manifest_cache_hits"],
                      "rows_cached": stats["manifest_rows_cached"],
                      "warm_hits": int(counters.get("manifest_cache_warm_hits", 0)),
-                     "warm_hit_bytes": int(counters.get("manifest_cache_warm_hit_bytes", 0))},
+                     "warm_hit_bytes": int(counters.get("manifest_cache_warm_hit_bytes", 0)),
+                     "warm_requests": int(counters.get("manifest_cache_warm_requests", 0))},
         "time_to_first_batch_s": stats["time_to_first_batch_s"],
         "data_stall": stats["data_stall"],
         "wait_s": stats["wait_s"],

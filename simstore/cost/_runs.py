@@ -63,15 +63,20 @@ class RunUsage:
     warm_counted: int | None = None
     """The warm copies the reports themselves counted (None when none did): unlike
     ``warm_hits`` of reports merged, it holds no estimate of a report that did not."""
+    warm_requests: int | None = None
+    """The requests the warm copies' fills would have sent, when the reports say (a paced
+    fill sends a HEAD and a GET per 64 MiB); None: one GET per warm copy."""
 
     def saved_reads(self) -> tuple[int, int, bool]:
-        """``(GETs, bytes, estimated)`` a cold cache would have added to the run.
+        """``(requests, bytes, estimated)`` a cold cache would have added to the run.
 
-        The warm copies when the report counted them; else every lookup the cache
-        answered (``estimated``: an upper bound, each hit priced as its own GET).
+        The warm copies when the report counted them (the requests their fills would have
+        sent, or one GET each); else every lookup the cache answered (``estimated``: an
+        upper bound, each hit priced as its own GET).
         """
         if self.warm_hits is not None:
-            return self.warm_hits, self.warm_hit_bytes, self.warm_estimated
+            requests = self.warm_hits if self.warm_requests is None else self.warm_requests
+            return requests, self.warm_hit_bytes, self.warm_estimated
         return self.cache_hits, self.cache_hit_bytes, self.cache_hits > 0
 
 
@@ -152,6 +157,7 @@ def parse_run_report(obj: object, *, origin: str = "run report") -> RunUsage:
     else:
         hit_bytes = sum(t.bytes_read for t in tiers if t.tier == "cache") if hits else 0
     warm_hits: int | None = None
+    warm_requests: int | None = None
     warm_bytes = 0
     if "warm_hits" in cache:
         warm_hits = _count(cache["warm_hits"], f"{origin}: cache.warm_hits")
@@ -159,9 +165,15 @@ def parse_run_report(obj: object, *, origin: str = "run report") -> RunUsage:
         manifest = obj.get("manifest", {})
         if not isinstance(manifest, Mapping):
             raise FormatError(f"{origin}: manifest must be an object")
-        warm_hits += _count(manifest.get("warm_hits", 0), f"{origin}: manifest.warm_hits")
+        part_hits = _count(manifest.get("warm_hits", 0), f"{origin}: manifest.warm_hits")
         warm_bytes += _count(manifest.get("warm_hit_bytes", 0),
                              f"{origin}: manifest.warm_hit_bytes")
+        # the requests their fills would have sent (a report without them: one GET each)
+        warm_requests = (
+            _count(cache.get("warm_requests", warm_hits), f"{origin}: cache.warm_requests")
+            + _count(manifest.get("warm_requests", part_hits),
+                     f"{origin}: manifest.warm_requests"))
+        warm_hits += part_hits
     remote = [t.tier for t in tiers if t.tier not in HOT_TIERS]
     return RunUsage(
         epochs=epochs if read is None else read,
@@ -176,6 +188,7 @@ def parse_run_report(obj: object, *, origin: str = "run report") -> RunUsage:
         warm_hits=warm_hits,
         warm_hit_bytes=warm_bytes,
         warm_counted=warm_hits,
+        warm_requests=warm_requests,
     )
 
 
@@ -207,11 +220,12 @@ def merge_run_usage(usages: Sequence[RunUsage]) -> RunUsage:
         for t in u.tiers:
             tiers[t.tier] = tiers[t.tier] + t if t.tier in tiers else t
     colds = {u.cold_tier for u in usages}
-    warm_hits = warm_bytes = None
+    warm_hits = warm_bytes = warm_requests = None
     warm_estimated = False
     if any(u.warm_hits is not None for u in usages):
         saved = [u.saved_reads() for u in usages]
-        warm_hits = sum(s[0] for s in saved)
+        warm_hits = sum(u.cache_hits if u.warm_hits is None else u.warm_hits for u in usages)
+        warm_requests = sum(s[0] for s in saved)
         warm_bytes = sum(s[1] for s in saved)
         warm_estimated = any(s[2] for s in saved)
     return RunUsage(
@@ -229,6 +243,7 @@ def merge_run_usage(usages: Sequence[RunUsage]) -> RunUsage:
         warm_hit_bytes=warm_bytes or 0,
         warm_estimated=warm_estimated,
         warm_counted=_sum_counted(usages),
+        warm_requests=warm_requests,
     )
 
 

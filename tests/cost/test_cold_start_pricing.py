@@ -153,10 +153,11 @@ def _ingest(store, tmp_path) -> None:
                     snapshot=True, message="m", shard_size=20_000)
 
 
-def _run(store, cache: str, path) -> dict:
+def _run(store, cache: str, path, max_bandwidth=None) -> dict:
     from simstore.loaders import SimDataLoader, SimDataset
 
-    ds = SimDataset(store, "cfd", cache_dir=cache, cache_limit=1 << 30)
+    ds = SimDataset(store, "cfd", cache_dir=cache, cache_limit=1 << 30,
+                    max_bandwidth=max_bandwidth)
     loader = SimDataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork")
     for epoch in range(2):
         loader.set_epoch(epoch)
@@ -168,12 +169,15 @@ def _run(store, cache: str, path) -> dict:
 
 
 @pytest.mark.s3
-def test_a_warm_runs_cold_start_is_what_the_cold_run_cost(s3_store, tmp_path):
+@pytest.mark.parametrize("max_bandwidth", [None, "256MiB"], ids=["unpaced", "paced"])
+def test_a_warm_runs_cold_start_is_what_the_cold_run_cost(s3_store, tmp_path, max_bandwidth):
+    # paced (found by an audit): a fill under max_bandwidth asks the size (a HEAD) and
+    # GETs blocks, where the warm run's estimate priced one GET per copy
     _ingest(s3_store, tmp_path)
     cache = str(tmp_path / "cache")
     cold_path, warm_path = tmp_path / "cold.json", tmp_path / "warm.json"
-    cold = _run(s3_store, cache, cold_path)
-    warm = _run(s3_store, cache, warm_path)
+    cold = _run(s3_store, cache, cold_path, max_bandwidth)
+    warm = _run(s3_store, cache, warm_path, max_bandwidth)
     shards = cold["cache"]["misses"]
     assert shards >= 2 and warm["cache"]["misses"] == 0
     # the warm run looked each shard up once per worker that read it, per epoch...
@@ -190,7 +194,10 @@ def test_a_warm_runs_cold_start_is_what_the_cold_run_cost(s3_store, tmp_path):
     assert cold_cost.cache_saved_usd == 0 and not cold_cost.saved_estimated
     assert cold_cost.cold_start_usd == cold_cost.total_usd > 0
     # a cold cache would have sent the cold run's requests for the same bytes: one GET
-    # per shard and manifest part
+    # per shard and manifest part, and a HEAD more per shard where paced
+    paced = shards if max_bandwidth else 0
+    assert warm["cache"]["warm_requests"] == shards + paced
+    assert s3["requests"] == shards + paced + warm["manifest"]["warm_hits"]
     assert not warm_cost.saved_estimated
     assert (warm_cost.saved_gets, warm_cost.saved_bytes) == (s3["requests"], s3["bytes"])
     assert warm_cost.cold_start_usd == pytest.approx(cold_cost.total_usd)

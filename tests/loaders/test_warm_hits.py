@@ -225,5 +225,5 @@ def test_a_hit_on_a_copy_filled_before_the_job_is_warm_once(tmp_path):
             copy.release()
     assert counters.snapshot()["cache_hits"] == 6
     # once, by the first 16 hex digits of its id, whatever the lookups
-    assert counters.take_warm() == (("cache", old[:16], 700),)
+    assert counters.take_warm() == (("cache", old[:16], 700, 1),)  # its fill: one GET
     assert counters.take_warm() == ()
