@@ -77,10 +77,13 @@ def read_price_table(files: Sequence[str] = (), overrides: Sequence[str] = ()) -
     return parse_price_table(data, origin=" + ".join(origins))
 
 
-def read_run_reports(paths: Sequence[str]) -> RunUsage:
+def read_run_reports(paths: Sequence[str],
+                     priced: Mapping[str, str | None] | None = None) -> RunUsage:
     """The merged :class:`~simstore.cost.RunUsage` of the run reports at ``paths``.
 
     Several reports are the ranks of one run (see :func:`~simstore.cost.merge_run_usage`).
+    ``priced``: the run tiers a price tier is mapped to; a report naming another is an
+    :class:`InvalidInputError` naming the report and the tier.
     """
     usages = []
     for path in paths:
@@ -93,7 +96,14 @@ def read_run_reports(paths: Sequence[str]) -> RunUsage:
             raise FormatError(f"run report {path} is not valid JSON: {exc}") from exc
         except RecursionError as exc:
             raise FormatError(f"run report {path} is not valid JSON: nested too deeply") from exc
-        usages.append(parse_run_report(obj, origin=f"run report {path}"))
+        usage = parse_run_report(obj, origin=f"run report {path}")
+        for tier in usage.tiers:
+            if priced is not None and tier.tier not in priced:
+                raise InvalidInputError(
+                    f"run report {path}: run tier {tier.tier!r} has no price tier; map "
+                    f"it, e.g. --tier {tier.tier}=s3-standard"
+                )
+        usages.append(usage)
     return merge_run_usage(usages)
 
 
@@ -122,7 +132,7 @@ def run_cost(
             f"({', '.join(sorted(k for k, v in mapping.items() if v is not None))}) or map "
             f"it, e.g. --tier {cold_tier}=s3-standard"
         )
-    usage = read_run_reports(paths)
+    usage = read_run_reports(paths, mapping)
     _check_tier_prices(dict(tier_prices or {}), usage, table, cold_tier)
     if cold_tier is not None:
         usage = dataclasses.replace(usage, cold_tier=cold_tier)

@@ -139,9 +139,14 @@ def parse_run_report(obj: object, *, origin: str = "run report") -> RunUsage:
             f"{origin}: seconds is {seconds!r}; a run lasts 0 (unknown) or at least "
             f"{MIN_RUN_SECONDS} s"
         )
-    raw_tiers = obj.get("tiers", {})
+    if "tiers" not in obj:  # what the run read: without it any report priced at $0
+        raise FormatError(f"{origin} has no tiers (the bytes and requests of each tier read)")
+    raw_tiers = obj["tiers"]
     if not isinstance(raw_tiers, Mapping):
         raise FormatError(f"{origin}: tiers must be an object")
+    for name in raw_tiers:
+        if not str(name) or "=" in str(name):  # --tier RUN=PRICE could never map it
+            raise FormatError(f"{origin}: tier name {str(name)!r} is empty or holds '='")
     tiers = tuple(_tier_usage(str(name), body, origin) for name, body in raw_tiers.items())
     cache = obj.get("cache", {})
     if not isinstance(cache, Mapping):
@@ -195,7 +200,15 @@ def parse_run_report(obj: object, *, origin: str = "run report") -> RunUsage:
 def _tier_usage(tier: str, body: object, origin: str) -> TierUsage:
     if not isinstance(body, Mapping):
         raise FormatError(f"{origin}: tier {tier!r} must be an object")
-    if set(body) <= {"bytes", "requests"}:
+    if not body:
+        raise FormatError(f"{origin}: tier {tier!r} gives neither bytes nor requests")
+    plain = set(body) & {"bytes", "requests"}
+    if plain and set(body) - plain:
+        extra = ", ".join(repr(k) for k in sorted(set(body) - plain))
+        raise FormatError(
+            f"{origin}: tier {tier!r} has unknown fields {extra} beside bytes and requests"
+        )
+    if plain:
         usage = OpUsage(
             requests=_count(body.get("requests", 0), f"{origin}: {tier}.requests"),
             bytes=_count(body.get("bytes", 0), f"{origin}: {tier}.bytes"),

@@ -269,3 +269,34 @@ def test_a_count_of_hundreds_of_digits_is_refused_briefly(files):
     out = cli("cost", "--run", report_file(files, report), code=7)
     assert out.count("\n") == 1 and "too large: about 2**1328, over 2**63 - 1" in out
     assert len(out) < 300
+
+
+@pytest.mark.parametrize(
+    ("tiers", "match"),
+    [
+        # found by an audit: the unknown field was not the one named ('bytes' was)
+        ({"s3": {"bytes": 1, "requests": 8, "foo": 1}}, "tier 's3' has unknown fields 'foo'"),
+        # priced at $0 with exit 0
+        ({"s3": {}}, "tier 's3' gives neither bytes nor requests"),
+        (None, "has no tiers"),
+        # no --tier RUN=PRICE can map them
+        ({"": {"bytes": 1, "requests": 1}}, "tier name '' is empty or holds '='"),
+        ({"a=b": {"bytes": 1, "requests": 1}}, "tier name 'a=b' is empty or holds '='"),
+    ],
+)
+def test_a_reports_tiers_are_refused_naming_what_is_wrong(files, tiers, match):
+    report = {k: v for k, v in REPORT.items() if k != "tiers"}
+    if tiers is not None:
+        report["tiers"] = tiers
+    path = report_file(files, report)
+    out = cli("cost", "--run", path, code=7)
+    assert match in out and path in out
+
+
+def test_an_unpriced_run_tier_names_the_report_that_has_it(files, tmp_path):
+    # found by an audit: of several --run files, the error did not say which
+    good = report_file(files, REPORT)
+    odd = tmp_path / "rank1.json"
+    odd.write_text(json.dumps({**REPORT, "tiers": {"azure": {"bytes": 1, "requests": 1}}}))
+    out = cli("cost", "--run", good, "--run", str(odd), code=2)
+    assert f"run report {odd}: run tier 'azure' has no price tier" in out
