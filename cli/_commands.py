@@ -24,7 +24,13 @@ from simstore.cli._common import (
 
 from simstore._sizes import human_bytes
 from simstore.catalog import Catalog, VerifyProgress, gc, verify
-from simstore.errors import ConflictError, InvalidInputError, NotFoundError, one_line
+from simstore.errors import (
+    ConflictError,
+    FormatError,
+    InvalidInputError,
+    NotFoundError,
+    one_line,
+)
 from simstore.manifest import rows_from_list
 from simstore.names import parse_ref
 from simstore.sample import canonical_json
@@ -397,7 +403,13 @@ def unstage_cmd(ctx: CliContext, name: str, ids: tuple[str, ...], every: bool,
     if every and ids:
         raise InvalidInputError("unstage: give entry ids or --all, not both")
     cat = ctx.catalog(read_only=not (ids or every))
-    entries = cat.staged(name)
+    try:
+        entries = cat.staged(name)
+    except FormatError:
+        if not (ids or every):
+            raise  # a listing names the damaged entry; discarding it is how to fix it
+        _discard_damaged(cat, name, ids, as_json)
+        return
     if not entries and not cat.has_dataset(name):
         raise NotFoundError(f"no dataset {name!r}")
     chosen = list(entries) if every else [_staged_entry(entries, name, i) for i in ids]
@@ -439,6 +451,29 @@ def unstage_cmd(ctx: CliContext, name: str, ids: tuple[str, ...], every: bool,
         return "\n".join(lines)
 
     emit(as_json, out, text)
+
+
+def _discard_damaged(cat: Any, name: str, ids: tuple[str, ...], as_json: bool) -> None:
+    """``unstage`` where a staged entry is damaged: discard by id, without reading them.
+
+    No commit can have taken a damaged entry (it reads every entry it applies), so none
+    of those named was committed meanwhile.
+    """
+    from types import SimpleNamespace
+
+    from simstore.catalog._refs import staging_key
+
+    listed = [SimpleNamespace(id=key.rsplit("/", 1)[-1])
+              for key in cat.store.list(staging_key(name))]
+    chosen = listed if not ids else [_staged_entry(listed, name, i) for i in ids]
+    gone = sorted({e.id for e in chosen})
+    cat.discard_staged(name, gone)
+    left = [e.id for e in listed if e.id not in gone]
+    out = {"dataset": name, "discarded": [{"id": i} for i in gone],
+           "staged": [{"id": i} for i in left]}
+    emit(as_json, out, lambda: "\n".join(
+        [f"discarded {i}" for i in gone] + [f"{i}  (not read: an entry is damaged)"
+                                            for i in left]))
 
 
 def _staged_entry(entries: list[Any], name: str, given: str) -> Any:

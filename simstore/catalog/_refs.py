@@ -127,6 +127,10 @@ class _Refs:
     def key(self, name: str) -> str:
         return ref_key(self.dataset, self.kind, name)
 
+    def key_unchecked(self, name: str) -> str:
+        """Where a listing found ``name``, which may break the name rules (to name it)."""
+        return f"datasets/{self.dataset}/refs/{self.kind}/{name}"
+
     def new_key(self, name: str) -> str:
         """:meth:`key` of a ref about to be written: not a name that reads as a snapshot id.
 
@@ -292,9 +296,12 @@ class _Refs:
         otherwise (or when that cannot be read either) the error stands.
         """
         key = self.key(name)
-        _, version = self.get_versioned(name)
-        if version is None:
-            raise NotFoundError(f"{self.dataset}: no {self._what(name)}")
+        try:
+            # its bytes are not decoded: a damaged ref is deleted too (else only a hand
+            # in the store could take it away, and it blocked the dataset's commands)
+            _, version = self._store.get_versioned(key)
+        except NotFoundError:
+            raise NotFoundError(f"{self.dataset}: no {self._what(name)}") from None
         try:
             self._store.compare_and_swap(key, version, None)
         except ConflictError:

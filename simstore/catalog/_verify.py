@@ -25,7 +25,7 @@ from simstore.errors import (
 )
 from simstore.hashing import is_object_id, object_key
 from simstore.manifest import PartRef, decode_part, part_ref
-from simstore.names import Ref, parse_ref
+from simstore.names import Ref, check_name, parse_ref
 from simstore.snapshot import Snapshot, content_hash_of
 
 __all__ = [
@@ -264,6 +264,18 @@ def _ref_roots(cat: Catalog, report: VerifyReport) -> list[tuple[str, str]]:
             object=label, kind="ref", problem="damaged", refs=(label,), message=line,
         ))  # fmt: skip
     for dataset in cat.datasets():
+        try:
+            check_name(dataset, "dataset name")
+        except InvalidInputError:
+            # a folder or key simstore did not write: its refs name no snapshot it can
+            # check (gc refuses such a store rather than take them for unreachable)
+            where = f"datasets/{dataset}/"
+            report.add(VerifyProblem(
+                object=where, kind="ref", problem="invalid id", message=(
+                    f"{cat.store.url}/{where}: {dataset!r} is no dataset name simstore "
+                    "writes (a folder made by hand?)"),
+            ))  # fmt: skip
+            continue
         for refs in (Branches(cat.store, dataset), Tags(cat.store, dataset)):
             for name in refs.names():
                 label = f"{dataset}@{name}"
@@ -271,6 +283,13 @@ def _ref_roots(cat: Catalog, report: VerifyReport) -> list[tuple[str, str]]:
                     roots.append((label, refs.get(name)))
                 except NotFoundError:
                     continue  # deleted since the listing
+                except InvalidInputError:
+                    # a file copied in beside the refs (``main copy``): the rest is checked
+                    report.add(VerifyProblem(
+                        object=label, kind="ref", problem="invalid id", refs=(label,),
+                        message=f"{cat.store.url}/{refs.key_unchecked(name)}: {name!r} "
+                                "is no branch or tag name simstore writes",
+                    ))  # fmt: skip
                 except FormatError as exc:
                     report.add(VerifyProblem(
                         object=label, kind="ref", problem="damaged", refs=(label,),
