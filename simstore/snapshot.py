@@ -124,7 +124,7 @@ class Snapshot:
             raise version_error(f"{name} has", version, SNAPSHOT_FORMAT_VERSION)
         try:
             _check_shape(obj)
-            return cls(
+            snap = cls(
                 dataset=str(obj["dataset"]),
                 parents=tuple(obj["parents"]),
                 created=str(obj["created"]),
@@ -138,6 +138,8 @@ class Snapshot:
                 stats=dict(obj.get("stats", {})),
                 lineage=dict(obj.get("lineage", {})),
             )
+            _check_parts(snap)
+            return snap
         except FormatError as exc:  # a nested entry: say which snapshot holds it
             raise FormatError(f"{name}: {exc}") from exc
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -176,6 +178,31 @@ def _check_shape(obj: dict[str, Any]) -> None:
             raise ValueError(f"lineage.{listed} is not a list of strings")
     if not isinstance(lineage.get("after", ""), str):
         raise ValueError(f"lineage.after {lineage['after']!r} is not a time")
+
+
+def _check_parts(snap: Snapshot) -> None:
+    """Refuse parts out of key order or overlapping, and totals that are not their sums.
+
+    A writer cuts the manifest's sorted rows into parts, so each part's keys follow the
+    last part's; a snapshot whose parts repeat or swap (a hand-made or buggy writer's,
+    self-consistent down to its content hash) served samples twice and hid keys from a
+    lookup by key. Raises :class:`FormatError` naming the part.
+    """
+    last: str | None = None
+    for i, part in enumerate(snap.parts):
+        if part.first_key > part.last_key:
+            raise FormatError(f"part {i} ({part.id}) starts at {part.first_key!r}, after its "
+                             f"last key {part.last_key!r}")
+        if last is not None and part.first_key <= last:
+            raise FormatError(f"part {i} ({part.id}) starts at {part.first_key!r}, not after "
+                             f"the last key of the part before ({last!r}): parts out of "
+                             "key order or overlapping")
+        last = part.last_key
+    rows = sum(p.rows for p in snap.parts)
+    nbytes = sum(p.sample_bytes for p in snap.parts)
+    if (snap.samples, snap.sample_bytes) != (rows, nbytes):
+        raise FormatError(f"it counts {snap.samples} samples of {snap.sample_bytes} bytes, "
+                         f"its parts {rows} of {nbytes}")
 
 
 def content_hash_of(parts: tuple[PartRef, ...] | list[PartRef]) -> str:

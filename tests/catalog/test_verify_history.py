@@ -203,5 +203,57 @@ def test_a_part_entry_that_misstates_its_part_is_damage(cat, two, field, value):
     report = verify(cat, "ds@forged", deep=True)
     assert not report.ok
     part = obj["parts"][0]["id"]
-    (problem,) = [p for p in report.problems if part in p]
-    assert f"has {field} " in problem and forged in problem
+    if field == "content":  # only reading the part shows it
+        (problem,) = [p for p in report.problems if part in p]
+        assert f"has {field} " in problem and forged in problem
+    else:  # the snapshot contradicts itself: its parts' keys, or its totals and theirs
+        (problem,) = [p for p in report.problems if forged in p]
+        assert (part in problem) if "key" in field else ("its parts" in problem)
+
+
+@pytest.mark.parametrize("forge", ["swap", "repeat", "count", "bytes"])
+def test_a_snapshot_whose_parts_disagree_with_its_order_or_totals_is_damage(tmp_path, forge):
+    """Found by an audit: a snapshot listing its parts out of key order or one twice, or
+    counting samples its parts do not hold, passed verify --deep --samples when its
+    content hash was recomputed to match: the loader then served samples twice and a
+    lookup by key missed keys that were there."""
+    import json
+
+    from simstore.catalog._refs import encode_ref
+    from simstore.errors import FormatError
+    from simstore.manifest import PartRef
+    from simstore.sample import canonical_json
+    from simstore.snapshot import Snapshot, content_hash_of
+    from simstore.storage import open_store
+
+    Catalog.init(str(tmp_path / "store"))
+    cat = Catalog(open_store(str(tmp_path / "store")), target_rows=8)
+    stage_samples(cat, "ds", {f"k{i:03d}": f"sample {i}".encode() * 20 for i in range(64)})
+    cat.commit("ds", message="m")
+    obj = json.loads(cat.get_object(cat.resolve("ds")))
+    assert len(obj["parts"]) >= 3
+    if forge == "swap":
+        obj["parts"][0], obj["parts"][1] = obj["parts"][1], obj["parts"][0]
+    elif forge == "repeat":
+        obj["parts"].insert(1, obj["parts"][1])
+        obj["samples"] += obj["parts"][1]["rows"]
+        obj["sample_bytes"] += obj["parts"][1]["sample_bytes"]
+    elif forge == "count":
+        obj["samples"] = 999_999
+    else:
+        obj["sample_bytes"] = 5
+    obj["content_hash"] = content_hash_of([PartRef(**p) for p in obj["parts"]])
+    data = canonical_json(obj)
+    forged, _ = cat.put_object(data)
+    cat.store.put("datasets/ds/refs/heads/forged", encode_ref(forged))
+
+    with pytest.raises(FormatError, match=f"snapshot {forged}: "):
+        Snapshot.from_bytes(data, object_id=forged)
+    report = verify(cat, "ds@forged", deep=True)  # (these shards are no real shards:
+    assert not report.ok                           # the samples are not read)
+    assert any(forged in p for p in report.problems)
+    assert verify(cat, "ds@main", deep=True).ok
+    from simstore.loaders import SimDataset
+
+    with pytest.raises(FormatError, match=forged):
+        SimDataset(cat.store.root, "ds@forged")
