@@ -169,6 +169,11 @@ def parse_regions(
                 items: Sequence[Any] = (value,)
             else:
                 items = value
+            if not items:  # read as the whole field: a mistake, or nothing to ask for
+                raise InvalidInputError(
+                    f"{what} of {name!r} names no dimension (an empty sequence); give a "
+                    f"region of one or more dimensions, or leave the field out of {what}="
+                )
             if len(items) > spec.ndim:
                 raise InvalidInputError(
                     f"{what} of {name!r} has {len(items)} dimensions, the field has {spec.ndim}"

@@ -118,6 +118,17 @@ def test_a_crop_that_keeps_nothing_is_refused():
     assert regions.box("u", (2,), seed=0, epoch=0, key="k") == (slice(-2, 1),)
 
 
+@pytest.mark.parametrize("what", ["crop", "window"])
+@pytest.mark.parametrize("empty", [[], ()])
+def test_a_region_of_no_dimension_is_refused(what, empty):
+    # found by an audit: an empty sequence read the whole field, silently
+    schema = infer_schema(make_samples(2))
+    spec = {"u": empty}
+    with pytest.raises(InvalidInputError, match=f"{what} of 'u' names no dimension"):
+        parse_regions(spec if what == "crop" else None, spec if what == "window" else None,
+                      schema)
+
+
 def test_parse_regions_keeps_python_integers():
     schema = infer_schema(make_samples(2))
     regions = parse_regions({"u": (1, 4)}, {"v": [None]}, schema)
