@@ -110,6 +110,8 @@ class GcReport:
     foreign: list[str] = field(default_factory=list)
     """Keys under ``objects/`` that are not laid out as objects (``objects/<2 hex>/<id>``):
     put there by something else, never deleted."""
+    restored: list[str] = field(default_factory=list)
+    """Objects a killed gc had left aside (a local store), put back before the listing."""
     clock: str = "store"
     """Whose time the ages were measured on: ``store`` (its :meth:`~ObjectStore.clock`),
     ``given`` (``now=``) or, for a dry run only, ``local: <why the store's was not read>``."""
@@ -128,6 +130,7 @@ class GcReport:
             "temporary_removed": self.temporary_removed,
             "foreign": len(self.foreign),
             "foreign_keys": list(self.foreign),
+            "restored": list(self.restored),
         }
 
 
@@ -291,6 +294,11 @@ def gc(
         )
     report = GcReport(dry_run=dry_run, grace_s=grace_s, clock=clock)
     run = uuid.uuid4().hex
+    restore = getattr(cat.store, "restore_set_aside", None)
+    if not dry_run and callable(restore):
+        # an object a killed gc left aside may be one a writer had just reused: back
+        # under its name before the listing, it is judged again like any other
+        report.restored = list(restore())
     if not dry_run:
         # before anything is listed or deleted: an ingest that read the record before
         # this and reads it again before staging sees that a gc ran meanwhile, and checks

@@ -36,6 +36,11 @@ __all__ = ["LocalStore"]
 
 TMP_PREFIX = ".tmp-"
 _TMP_TAIL = re.compile(r"(gc-)?[0-9a-f]{32}")
+_ASIDE = re.compile(r"gc-[0-9a-f]{32}-([0-9a-f]{32})")
+"""An object gc set aside (``delete_unless_since``): its tail names the object's file."""
+ASIDE_SETTLED_S = 60.0
+"""How long an object has been set aside before a later gc takes it for a killed gc's
+and puts it back (a live gc holds one aside for microseconds)."""
 _LOCK_DIR = ".locks"
 SCRATCH_DIR = ".scratch"
 # the operations that write: refused by the file system, they raise NotWritableError
@@ -232,7 +237,9 @@ class LocalStore:
                 dirs[:] = []
                 continue
             for name in files:
-                # named as _write_tmp names them, not any file that starts the same way
+                # named as _write_tmp names them, not any file that starts the same way;
+                # not an object gc set aside (``.tmp-gc-<run>-<id>``): the next gc puts it
+                # back (``restore_set_aside``), as a writer may have reused it
                 if name.startswith(TMP_PREFIX) and _TMP_TAIL.fullmatch(name[len(TMP_PREFIX):]):
                     path = os.path.join(dirpath, name)
                     with contextlib.suppress(OSError):
@@ -452,11 +459,16 @@ class LocalStore:
         one that refreshes it after finds it gone and writes it again (see ``_touch``),
         one that looks after the rename writes it anew. Returns ``"deleted"``,
         ``"recent"`` (kept) or ``"gone"`` (not there). A crash while the file is aside
-        leaves a temporary file that ``gc`` sweeps once it is older than its grace period.
+        leaves the object aside, named after it: the next ``gc`` puts it back first
+        (:meth:`restore_set_aside`) and judges it again.
         """
         self._check_writable(key)
         path = self._path(key)
-        aside = os.path.join(os.path.dirname(path), f"{TMP_PREFIX}gc-{uuid.uuid4().hex}")
+        # named after the object, so that a gc killed here can have it put back by the
+        # next (``restore_set_aside``): a writer may have reused it just before the rename
+        base = os.path.basename(path)
+        tail = f"-{base}" if re.fullmatch(r"[0-9a-f]{32}", base) else ""
+        aside = os.path.join(os.path.dirname(path), f"{TMP_PREFIX}gc-{uuid.uuid4().hex}{tail}")
         try:
             os.rename(path, aside)
         except FileNotFoundError:
@@ -471,6 +483,38 @@ class LocalStore:
         except OSError as exc:
             raise self._error("delete", key, exc) from exc
         return "deleted"
+
+    def restore_set_aside(self, settled_s: float | None = None) -> tuple[str, ...]:
+        """Put back the objects a killed gc left aside; the keys put back.
+
+        An aside changed more than ``settled_s`` ago (:data:`ASIDE_SETTLED_S` by default;
+        its change time is the rename's) goes
+        back to its object's name, unless the object is there again (a writer wrote it
+        anew: the aside, of the same bytes, is removed). For gc, before it lists: the
+        object is then judged again, and one a writer reused stays.
+        """
+        self._check_writable("objects")
+        settled = ASIDE_SETTLED_S if settled_s is None else settled_s
+        restored = []
+        now = time.time()
+        for dirpath, dirs, files in os.walk(self.root):
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            for name in files:
+                found = _ASIDE.fullmatch(name[len(TMP_PREFIX):]) if name.startswith(
+                    TMP_PREFIX) else None
+                if found is None:
+                    continue
+                aside = os.path.join(dirpath, name)
+                target = os.path.join(dirpath, found.group(1))
+                with contextlib.suppress(FileNotFoundError):
+                    if now - os.stat(aside).st_ctime < settled:
+                        continue  # a live gc's, this moment
+                    if os.path.exists(target):
+                        os.unlink(aside)
+                        continue
+                    os.rename(aside, target)
+                    restored.append(os.path.relpath(target, self.root).replace(os.sep, "/"))
+        return tuple(sorted(restored))
 
     def delete(self, key: str) -> None:
         """Delete a file; missing is fine. Empty parent directories are left."""

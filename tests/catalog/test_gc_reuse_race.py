@@ -173,3 +173,43 @@ def test_delete_unless_since_keeps_recent_and_says_what_it_did(store_cat):
     assert store.delete_unless_since(key, time.time() - 3600) == "gone"
     assert not [n for n in os.listdir(os.path.dirname(path))
                 if n.startswith(local_module.TMP_PREFIX)]
+
+
+class _Killed(BaseException):
+    """gc's process dying where the hook raises it (nothing after it runs)."""
+
+
+def test_an_object_a_killed_gc_left_aside_is_put_back_by_the_next(monkeypatch, store_cat):
+    # was open in reliability.md: a writer reused the object just before gc set it aside,
+    # gc died before it read the time there, and the writer's snapshot named an object
+    # that stayed aside (only swept later as a temporary file)
+    root = store_cat.store.root
+    oid, path = _old_object(store_cat)
+
+    def die():
+        raise _Killed
+
+    def set_aside(args):
+        return bool(args) and isinstance(args[0], str) and os.path.basename(
+            args[0]).startswith(f"{local_module.TMP_PREFIX}gc-")
+
+    _hook(monkeypatch, "stat", "before", _Action(die, set_aside))
+    with pytest.raises(_Killed):
+        gc(Catalog.open(root), grace_s=3600)
+    monkeypatch.undo()
+    assert not os.path.exists(path)
+    [aside] = [n for n in os.listdir(os.path.dirname(path)) if n.startswith(".tmp-gc-")]
+    assert aside.endswith(f"-{oid}")  # named after the object it holds
+    sid = _reuse_and_commit(root)  # the writer had found it (its refresh landed before)
+    os.rename(os.path.join(os.path.dirname(path), aside), path)  # (as the writer saw it)
+    os.rename(path, os.path.join(os.path.dirname(path), aside))  # the kill's state again
+    assert not verify(Catalog.open(root), f"ds@{sid}", deep=True).ok  # missing meanwhile
+
+    report = gc(Catalog.open(root), grace_s=0)  # a later gc, the aside long settled
+    assert report.restored == []  # a live gc's aside is left alone...
+    monkeypatch.setattr(local_module, "ASIDE_SETTLED_S", 0.0)
+    report = gc(Catalog.open(root), grace_s=3600)  # ...a settled one is put back
+    assert report.restored == [object_key(oid)]
+    assert os.path.isfile(path) and oid not in report.deleted
+    assert verify(Catalog.open(root), f"ds@{sid}", deep=True).ok
+    assert report.to_json()["restored"] == [object_key(oid)]
