@@ -77,8 +77,11 @@ class DamagedCopyError(IntegrityError):
     """A copy in the disk cache no longer hashes to its id; it was taken out of the cache.
 
     The node's copy is damaged, not (as far as is known) the store's object: a reader
-    opens the shard again from a new fill (see ``read_chunk``).
+    opens the shard again from a new fill (see ``read_chunk``). ``taken_out``: this
+    process took it out (counted as ``cache_damaged``), not another that met it first.
     """
+
+    taken_out = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

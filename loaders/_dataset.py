@@ -357,8 +357,8 @@ class SimDataset(IterableDataset[Sample]):
         """When the job started (``time.time()`` at construction, in the process that
         built the dataset; pickled to workers): cache copies filled before are warm."""
         self.whole_batches: int | None = None
-        """Set by a loader that drops a short last batch: its batch size (a whole epoch
-        then delivers whole batches only, see :meth:`report`)."""
+        """Set by the loader that reads it last, when it drops a short last batch: its
+        batch size (a whole epoch then delivers whole batches only, see :meth:`report`)."""
         self._corrupt = CorruptFound()
         """Shards this process found corrupt (``on_corrupt="skip"``), for its later epochs."""
         self._warm = WarmCopies()

@@ -101,6 +101,16 @@ def file_identity(st: os.stat_result) -> FileIdentity:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
+def names_file(path: str, pinned: FileIdentity | None) -> bool:
+    """Whether ``path`` still names the file ``pinned`` identifies (True with no pin)."""
+    if pinned is None:
+        return True
+    try:
+        return file_identity(os.stat(path)) == pinned
+    except OSError:
+        return False
+
+
 @dataclass(slots=True)
 class ShardHandle:
     """What a reader opens: a local path or a file object, and how to let go of it."""
@@ -403,16 +413,10 @@ class ShardAccess:
         (evicted after its reader let go, or taken out as damaged by another process):
         it was not hashed, so its reader must go on checking pages.
         """
-        if pinned is not None:
+        if not names_file(path, pinned):
             # before any verdict on the shard: it may be a sibling's on a new copy filled
             # at this path after the reader's was taken out as damaged
-            try:
-                if file_identity(os.stat(path)) != pinned:
-                    return False
-            except FileNotFoundError:
-                return False
-            except OSError as exc:
-                raise StorageError(f"cache copy {path}: read failed: {exc}") from exc
+            return False
         if not self.unchecked(shard_id) or self.sibling_verified(shard_id):
             return True
         try:
@@ -508,14 +512,18 @@ class ShardAccess:
         With ``fd`` (the damaged file, open), the path is removed only while it still
         names that file: a good copy another process filled there since stays.
         """
+        removed = False
         with contextlib.suppress(OSError):
             if fd is None or file_identity(os.stat(path))[:2] == file_identity(
                     os.fstat(fd))[:2]:
                 os.unlink(path)
-        return DamagedCopyError(
+                removed = True
+        error = DamagedCopyError(
             f"cache copy {path} has hash {actual}, expected {object_id}{self._by()} "
             "(removed from the cache)"
         )
+        error.taken_out = removed
+        return error
 
     def _size(self, key: str) -> int:
         with billed_if_failed(self.counters, self.tier):
@@ -582,6 +590,10 @@ class ShardAccess:
             cache.settled(shard_id)
             trusted = not self.unchecked(shard_id)
         pinned = None if copy.fd is None else file_identity(os.fstat(copy.fd))
+        # what vouches for the shard is the file at the path: trusted only while that is
+        # still the copy pinned here (a sibling may have taken it out as damaged and
+        # filled a new one there since it was pinned)
+        trusted = trusted and names_file(copy.path, pinned)
         return ShardHandle(copy.path, copy.release, trusted=trusted, pinned=pinned)
 
     def _filled(self, shard_id: str, fd: int) -> None:

@@ -212,9 +212,7 @@ class SimDataLoader(DataLoader[Any]):
         kwargs["worker_init_fn"] = self._init
         self._context_given = kwargs.get("multiprocessing_context") is not None
         self.sim_dataset = dataset
-        # a whole epoch delivers whole batches only: the run report's epochs_read counts
-        # against that, not the rank's samples (a whole epoch read as 0.625 of one)
-        dataset.whole_batches = batch_size if drop_last and batch_size else None
+        self._whole_batches = batch_size if drop_last and batch_size else None
         self._stream: _Stream
         if collate_fn is None and batch_size is not None:
             # the default collate: workers make whole batches from their decode buffers
@@ -272,6 +270,10 @@ class SimDataLoader(DataLoader[Any]):
         self._avoid_forking_lance()
         self._init.parent_pid = os.getpid()  # the process about to start the workers
         world = ds.refresh_world()
+        # a whole epoch of this loader delivers whole batches only: the run report's
+        # epochs_read counts against that, not the rank's samples (a whole epoch read as
+        # 0.625 of one); the loader that reads says so, not the last one made
+        ds.whole_batches = self._whole_batches
         workers = max(1, self.num_workers)
         self._stream.reading_world = world
         self._stream.reading_epoch = ds.epoch

@@ -346,7 +346,8 @@ def read_chunk(
             # object is read again, into a new copy hashed as it is filled
             log.warning("%s: reading the shard again from the store", exc)
             pool.drop((read.source, read.shard_id))
-            counters.add("cache_damaged")
+            if _taken_out(exc):  # once per copy, by the process that took it out
+                counters.add("cache_damaged")
             return once(read)
 
     def once(read: ShardRead) -> tuple[ShardRead, list[Decoded], np.ndarray]:
@@ -420,6 +421,16 @@ def read_chunk(
         if skipped and stand_in:
             corrupt.stand_in(chunk, result, skipped, buffers)
     return result
+
+
+def _taken_out(exc: BaseException) -> bool:
+    """Whether a :class:`DamagedCopyError`, or one it was raised from, took the copy out here."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, DamagedCopyError) and seen.taken_out:
+            return True
+        seen = seen.__cause__ or seen.__context__  # re-raised naming the shard
+    return False
 
 
 def _checked_bytes(positions: np.ndarray, fields: Sequence[str] | None,

@@ -24,7 +24,7 @@ from typing import Any, BinaryIO, TypeVar
 from simstore.loaders._cache import DamagedCopyError
 from simstore.loaders._checks import shown
 from simstore.loaders._corrupt import CorruptShards
-from simstore.loaders._fetch import ShardAccess, ShardHandle
+from simstore.loaders._fetch import ShardAccess, ShardHandle, names_file
 from simstore.loaders._nodecache import LayoutCache
 
 from simstore._blockcache import BlockCache
@@ -88,20 +88,31 @@ class _Published(Future[Any]):
     Nothing runs it here: :meth:`done` is true once the sibling has published the match
     (see ``VerifiedTable``), and :meth:`result` of one still unpublished runs ``work``
     (the hash) on the calling thread (a wrong hash is then this worker's error, as before).
+
+    ``pinned`` (a cache hit): whether the copy's path still names the file this reader
+    holds. The sibling's match is on the file at the path, which is another once the
+    sibling has found the reader's copy damaged and filled a new one there: the result is
+    then False (the reader's copy is gone, and it goes on checking its pages). Taken for
+    the reader's own, that match trusted the damaged file, and wrong values came out.
     """
 
-    def __init__(self, access: ShardAccess, shard_id: str, work: Callable[[], Any]) -> None:
+    def __init__(self, access: ShardAccess, shard_id: str, work: Callable[[], Any],
+                 pinned: Callable[[], bool] | None = None) -> None:
         super().__init__()
         self._access = access
         self._shard_id = shard_id
         self._work = work
+        self._pinned = pinned
 
     def done(self) -> bool:
         if super().done():
             return True
         if self._access.sibling_verified(self._shard_id):
+            # the file is looked at after the match: a match on a new copy comes after
+            # the reader's copy left the path
+            mine = self._pinned is None or self._pinned()
             with contextlib.suppress(InvalidStateError):
-                self.set_result(None)
+                self.set_result(None if mine else False)
             return True
         return False
 
@@ -421,11 +432,13 @@ class ReaderPool:
         handle = access.open(key[1], handle_ready)
         source = handle.source
         check: Callable[[], bool] | None = None
+        pinned: Callable[[], bool] | None = None
         if (not handle.trusted and access.verify and isinstance(source, str)
                 and access.mode(key[1]) == "cache"):
             # a cache hit: hashed once in this process (or by the sibling worker that owns
             # it), like a local shard
             check = functools.partial(access.check_copy, key[1], source, handle.pinned)
+            pinned = functools.partial(names_file, source, handle.pinned)
         try:
             reader = self._open(key, handle)
         except Exception as exc:
@@ -436,7 +449,8 @@ class ReaderPool:
         hashing: Future[Any] | None = None
         if check is not None and pages and self._io is not None:
             try:
-                hashing = (_Published(access, key[1], check) if access.sibling_hashes(key[1])
+                hashing = (_Published(access, key[1], check, pinned)
+                           if access.sibling_hashes(key[1])
                            else self._io.submit(self._later, check))
             except RuntimeError:  # that pool has shut down: hashed now, below
                 hashing = None
@@ -487,7 +501,8 @@ class ReaderPool:
             except DamagedCopyError as exc:
                 log.warning("%s: %s (its reads this epoch passed their page checks)",
                             self._name(key), exc)
-                self.access[key[0]].counters.add("cache_damaged")
+                if exc.taken_out:
+                    self.access[key[0]].counters.add("cache_damaged")
             except IntegrityError as exc:
                 if corrupt is None:
                     raise

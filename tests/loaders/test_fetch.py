@@ -510,7 +510,7 @@ def test_later_epochs_trust_unchanged_cache_copies_and_hash_changed_ones(small, 
         f.write(bytes([byte[0] ^ 0xFF]))
     ds.set_epoch(3)
     assert sorted(keys_of(loader)) == sorted(samples)
-    assert ds.stats()["cache_damaged"] >= 1  # once per worker that met it
+    assert ds.stats()["cache_damaged"] == 1  # once, by the worker that took it out
     assert_filled_again(cache, shard_ids(store)[0])
 
 

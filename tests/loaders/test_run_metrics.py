@@ -173,3 +173,17 @@ def test_a_whole_epoch_with_drop_last_is_one(small, remainder, workers):
         delivered = sum(len(b["__key__"]) for b in loader)
         assert delivered == len(loader) * 6 < len(ds)
     assert ds.report()["epochs_read"] == pytest.approx(2.0)
+
+
+def test_epochs_read_follows_the_loader_that_read_not_the_last_one_made(small):
+    # found by an audit: the loader set its drop_last on the dataset when it was made, so
+    # another loader made over the dataset afterwards changed the first one's report
+    from simstore.loaders import SimDataLoader
+
+    store, ref, _ = small
+    ds = SimDataset(store, ref, shard_opener=open_test_shard)
+    loader = SimDataLoader(ds, batch_size=8, drop_last=True)  # 60 samples: 56 a whole epoch
+    assert sum(len(b["__key__"]) for b in loader) == 56
+    assert ds.report()["epochs_read"] == pytest.approx(1.0)
+    SimDataLoader(ds, batch_size=8)  # made, never read
+    assert loader.report()["epochs_read"] == pytest.approx(1.0)

@@ -119,7 +119,7 @@ def test_copies_filled_in_a_job_are_trusted_while_unchanged_and_a_damaged_one_is
     before = ds.stats()["samples"]
     _epoch(ds, loader, 2)
     assert ds.stats()["samples"] - before == before // 2  # the whole epoch, once more
-    assert ds.stats()["cache_damaged"] >= 1  # once per worker that met it
+    assert ds.stats()["cache_damaged"] == 1  # once, by the worker that took it out
     assert_filled_again(cache, shards[0])
 
 
