@@ -301,9 +301,11 @@ def _cache_line(c: dict[str, Any], total_usd: float) -> str:
                 f"nothing; with a cold cache the run would cost what it cost "
                 f"({_usd(total_usd)})"
             )
+        copies = f"{warm} warm copies" if warm is not None else "warm copies"
         return (
-            f"{lookups}; {c['saved_gets']} warm copies (in the cache before the run), "
-            f"{human_bytes(c['saved_bytes'])} not read from {source}: saved "
+            f"{lookups}; {copies} (in the cache before the run), "
+            f"{human_bytes(c['saved_bytes'])} in {c['saved_gets']} requests not read from "
+            f"{source}: saved "
             f"{_usd(c['saved_usd'])}; with a cold cache the run would cost "
             f"{_usd(c['cold_start_usd'])}"
         )

@@ -623,6 +623,10 @@ class SimDataset(IterableDataset[Sample]):
         warm = self._warm.counters()
         stats["cache_warm_hits"] = int(warm["cache_warm_hits"])
         stats["cache_warm_hit_bytes"] = int(warm["cache_warm_hit_bytes"])
+        for source in self._sources:
+            # each source's tier, even where nothing was read from it, or nothing counted
+            # in this process (workers that delivered no batch)
+            stats["tiers"].setdefault(tier_of(source.store), {"bytes": 0, "requests": 0})
         return stats
 
     def report(self) -> RunReport:

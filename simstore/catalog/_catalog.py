@@ -341,7 +341,7 @@ class Catalog:
         r = parse_ref(ref) if isinstance(ref, str) else ref
         full = r.full_id
         if full is not None:
-            if self._is_snapshot_of(full, r.dataset):
+            if self._is_snapshot_of(full, r.dataset, named=True):
                 return SnapshotId(full)
             if not self.has_dataset(r.dataset):
                 raise NotFoundError(f"{self.store.url}: unknown dataset {r.dataset!r}")
@@ -416,12 +416,20 @@ class Catalog:
             if is_object_id(oid):
                 yield oid
 
-    def _is_snapshot_of(self, oid: str, dataset: str) -> bool:
+    def _is_snapshot_of(self, oid: str, dataset: str, *, named: bool = False) -> bool:
+        """Whether object ``oid`` is a snapshot of ``dataset``.
+
+        ``named``: the REF gave the full id, so a snapshot that does not read is that
+        damaged snapshot's :class:`FormatError` (not "no snapshot"); among a prefix's
+        candidates it is passed over.
+        """
         if not is_snapshot_object(self.store, oid):  # shards are never read whole
             return False
         try:
             return self.snapshot(oid).dataset == dataset
         except FormatError:
+            if named:
+                raise
             return False
 
     # -- objects -----------------------------------------------------------------------

@@ -68,30 +68,26 @@ def ref_key(dataset: str, kind: str, name: str) -> str:
 def misplaced_refs(store: ObjectStore) -> list[tuple[str, str]]:
     """Where a branch or tag belongs but a folder stands: ``(DATASET@NAME, one line)``.
 
-    No ref name holds a ``/``, so a folder at a ref's key (on a local store), or keys
-    below one (``refs/heads/main/x``; an S3 console's folder marker ``refs/heads/main/``)
-    are no ref: a listing of refs passes over them as if the ref had been deleted, and
-    gc would take its history for unreachable. One listing of ``datasets/`` (and, on a
-    local store, of its folders).
+    On a local store a ref is a file, and a folder at its path (made by hand, or left by
+    a restore) reads as no ref: a listing passes over it as if the ref had been deleted,
+    and gc would take its history for unreachable. An object store has no folders: a
+    key below a ref's name (``refs/heads/main/x``) stands beside the ref, not in its
+    place, and is no ref either way. One listing of the folders under ``datasets/``.
     """
-    slots: set[str] = set()
-    for key in store.list("datasets/"):
-        parts = key.split("/")
-        if len(parts) > 5 and parts[2] == "refs" and parts[3] in ("heads", "tags"):
-            slots.add("/".join(parts[:5]))
     folders = getattr(store, "folders", None)
-    if callable(folders):
-        for key in folders("datasets/"):
-            parts = key.split("/")
-            if len(parts) == 5 and parts[2] == "refs" and parts[3] in ("heads", "tags"):
-                slots.add(key)
+    if not callable(folders):
+        return []
     lines: list[tuple[str, str]] = []
-    for key in sorted(slots):
-        _, dataset, _, kind, name = key.split("/")
+    for key in folders("datasets/"):
+        parts = key.split("/")
+        if len(parts) != 5 or parts[2] != "refs" or parts[3] not in ("heads", "tags"):
+            continue
+        _, dataset, _, kind, name = parts
         what = "branch" if kind == "heads" else "tag"
         lines.append((f"{dataset}@{name}", (
             f"{store.url}/{key}: a folder stands where {what} {dataset}@{name} belongs, "
-            f"so it reads as no {what}: restore the ref or remove the folder"
+            f"so it reads as no {what}: remove the folder (and, if the {what} is lost, "
+            f"make it again: simstore {what})"
         )))  # fmt: skip
     return lines
 

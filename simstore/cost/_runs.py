@@ -144,6 +144,8 @@ def parse_run_report(obj: object, *, origin: str = "run report") -> RunUsage:
     raw_tiers = obj["tiers"]
     if not isinstance(raw_tiers, Mapping):
         raise FormatError(f"{origin}: tiers must be an object")
+    if not raw_tiers:  # a loader lists each store it reads, even one it read nothing from
+        raise FormatError(f"{origin}: tiers is empty (a loader names each tier it reads)")
     for name in raw_tiers:
         if not str(name) or "=" in str(name):  # --tier RUN=PRICE could never map it
             raise FormatError(f"{origin}: tier name {str(name)!r} is empty or holds '='")

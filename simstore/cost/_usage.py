@@ -106,6 +106,13 @@ class TierUsage:
                 ) from None
             if not isinstance(value, Mapping):
                 raise FormatError(f"{at}usage of tier {tier!r}, {name}: expected an object")
+            if not value or set(value) - {"requests", "bytes"}:
+                # an empty class priced nothing; an unknown field (a typo) was dropped
+                extra = sorted(set(value) - {"requests", "bytes"})
+                raise FormatError(
+                    f"{at}usage of tier {tier!r}, {name}: " + (
+                        f"unknown fields {', '.join(map(repr, extra))} beside requests and "
+                        "bytes" if extra else "gives neither requests nor bytes"))
             ops[op] = OpUsage(
                 requests=_count(value.get("requests", 0), f"{at}{tier}.{name}.requests"),
                 bytes=_count(value.get("bytes", 0), f"{at}{tier}.{name}.bytes"),

@@ -257,3 +257,5 @@ def test_a_snapshot_whose_parts_disagree_with_its_order_or_totals_is_damage(tmp_
 
     with pytest.raises(FormatError, match=forged):
         SimDataset(cat.store.root, "ds@forged")
+    with pytest.raises(FormatError, match=f"snapshot {forged}: "):
+        cat.resolve(f"ds@{forged}")  # by its full id: refused, not "no snapshot"

@@ -59,6 +59,19 @@ def test_warm_copies_are_priced_once_each():
     assert cost.to_json()["cache"]["saved_gets"] == 11
 
 
+def test_the_cli_counts_warm_copies_and_prices_their_fills_requests(tmp_path):
+    # found by an audit: with fills of several requests each (max_bandwidth), the text
+    # called the requests "warm copies"
+    report = _warm(REPORT, 7, 7 << 20)
+    report["cache"]["warm_requests"] = 13
+    text = _cli_text(tmp_path, report)
+    assert "7 warm copies (in the cache before the run)" in text
+    assert "in 13 requests" in text
+    cost = price_run(parse_run_report(report), read_price_table(), DEFAULT_TIER_PRICES)
+    assert cost.saved_gets == 13 and cost.warm_hits == 7
+    assert cost.cache_saved_usd == pytest.approx(13 * 0.0004 / 1000)
+
+
 def test_a_cold_report_saved_nothing():
     cold = dict(REPORT, tiers={"s3": {"bytes": 10 << 27, "requests": 10},
                                "cache": {"bytes": 3 << 30, "requests": 60}})

@@ -279,6 +279,10 @@ def test_a_count_of_hundreds_of_digits_is_refused_briefly(files):
         # priced at $0 with exit 0
         ({"s3": {}}, "tier 's3' gives neither bytes nor requests"),
         (None, "has no tiers"),
+        ({}, "tiers is empty"),
+        ({"s3": {"get": {}}}, "tier 's3', get: gives neither requests nor bytes"),
+        ({"s3": {"get": {"requests": 1, "bytes": 1, "x": 1}}},
+         "tier 's3', get: unknown fields 'x' beside requests and bytes"),
         # no --tier RUN=PRICE can map them
         ({"": {"bytes": 1, "requests": 1}}, "tier name '' is empty or holds '='"),
         ({"a=b": {"bytes": 1, "requests": 1}}, "tier name 'a=b' is empty or holds '='"),

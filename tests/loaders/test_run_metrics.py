@@ -187,3 +187,21 @@ def test_epochs_read_follows_the_loader_that_read_not_the_last_one_made(small):
     assert ds.report()["epochs_read"] == pytest.approx(1.0)
     SimDataLoader(ds, batch_size=8)  # made, never read
     assert loader.report()["epochs_read"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_report_names_each_tier_even_when_nothing_was_read(small, workers, node_records):
+    # found by an audit: workers that delivered no batch (drop_last, a batch larger than
+    # the epoch) left the report's tiers empty, which the cost accounting priced at $0
+    from simstore.loaders import SimDataLoader
+
+    store, ref, _ = small
+    for _ in SimDataset(store, ref, shard_opener=open_test_shard):
+        pass  # an earlier job: the manifest's rows are kept on the node, read no more
+    ds = SimDataset(store, ref, shard_opener=open_test_shard)
+    loader = SimDataLoader(ds, batch_size=100, drop_last=True, num_workers=workers)
+    assert list(loader) == []
+    report = ds.report()
+    assert set(report["tiers"]) == {"local"}  # (the manifest's reads, if any, are in it)
+    assert report["epochs_read"] is None  # a whole epoch delivers nothing
+    assert parse_run_report(json.loads(json.dumps(report))).tiers[0].tier == "local"
