@@ -426,7 +426,9 @@ def read_chunk(
 def _taken_out(exc: BaseException) -> bool:
     """Whether a :class:`DamagedCopyError`, or one it was raised from, took the copy out here."""
     seen: BaseException | None = exc
-    while seen is not None:
+    walked: set[int] = set()  # a chain may loop (an error raised from itself)
+    while seen is not None and id(seen) not in walked:
+        walked.add(id(seen))
         if isinstance(seen, DamagedCopyError) and seen.taken_out:
             return True
         seen = seen.__cause__ or seen.__context__  # re-raised naming the shard

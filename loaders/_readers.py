@@ -354,6 +354,8 @@ class ReaderPool:
                         try:
                             entry.hashed(entry.checking.wait())
                         except IntegrityError as damaged:
+                            if damaged is exc:  # the hash's own error, raised again: as is
+                                raise
                             raise damaged from exc  # the hash says why the read failed
                     if entry.gone:
                         # the worker that took the copy out found it damaged, and this

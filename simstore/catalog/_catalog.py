@@ -652,9 +652,22 @@ class Catalog:
         return sorted({*taken_along(before, keys), entry_id})
 
     def discard_staged(self, dataset: str, ids: Sequence[str]) -> None:
-        """Remove staging entries (their objects stay until gc)."""
+        """Remove staging entries (their objects stay until gc).
+
+        A delete whose every response was lost (the retries used up) is looked up again,
+        as a ref's is: an entry gone is discarded; otherwise the error stands.
+        """
         for sid in ids:
-            self.store.delete(staging_key(dataset, sid))
+            key = staging_key(dataset, sid)
+            try:
+                self.store.delete(key)
+            except StorageError:
+                try:
+                    gone = not self.store.exists(key)
+                except SimstoreError:
+                    gone = False
+                if not gone:
+                    raise
 
     def discard_unless_committed(self, dataset: str, branch: str, entry: StagedEntry) -> bool:
         """After a commit that raised: remove ``entry`` unless a snapshot consumed it.

@@ -728,3 +728,49 @@ def test_opener_reads_simstores_own_formats_without_an_entry_point_scan(tmp_path
     with pytest.raises(FormatError):
         FormatOpener()(str(other))
     assert scans == [1]
+
+
+def test_an_error_raised_from_itself_ends_the_walk_for_who_took_a_copy_out():
+    # found by an audit: the reader pool raised a hash's stored error "from" itself, and
+    # the walk along its causes for the process that took the copy out never ended
+    from simstore.loaders._cache import DamagedCopyError
+    from simstore.loaders._pipeline import _taken_out
+
+    error = DamagedCopyError("cache copy x has hash y, expected x (removed from the cache)")
+    error.__cause__ = error
+    assert _taken_out(error) is False
+    error.taken_out = True
+    assert _taken_out(error) is True
+
+
+@pytest.mark.timeout(300)  # it hung: a worker spun in the walk above, the loop waited
+@pytest.mark.parametrize("fmt", ["parquet", "zarr"])
+def test_copies_damaged_between_epochs_under_max_bandwidth_are_read_again(tmp_path, fmt):
+    """Found by an audit on S3: with max_bandwidth and 2 workers, a copy both workers
+    found damaged made one of them spin forever (see the test above)."""
+    from simstore.loaders import SimDataLoader
+
+    root = tmp_path / "src"
+    root.mkdir()
+    arrays = write_npz_sources(str(root), 64, seed=5)
+    store = str(tmp_path / "store")
+    Catalog.init(store)
+    simstore.ingest([str(root)], dataset="d", store=store, format=fmt, snapshot=True,
+                    message="t", shard_size=100_000, zarr_threshold=1 << 30)
+    cache = str(tmp_path / "cache")
+    ds = SimDataset(RemoteLikeStore(store), "d", cache_dir=cache, seed=1,
+                    max_bandwidth=2_000_000)
+    loader = SimDataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork")
+    for epoch in range(3):
+        ds.set_epoch(epoch)
+        if epoch:
+            copies = sorted(p for p in (tmp_path / "cache" / "objects").glob("*/*")
+                            if p.stat().st_size > 50_000)
+            for copy in copies[: len(copies) // 2 + 1]:
+                os.chmod(copy, 0o644)
+                _flip_in_pages(str(copy))
+        got = {k: u.numpy().copy()
+               for b in loader for k, u in zip(b["__key__"], b["u"], strict=True)}
+        assert got.keys() == arrays.keys()
+        assert all(np.array_equal(got[k], arrays[k]) for k in arrays)
+    assert ds.stats()["cache_damaged"] >= 2

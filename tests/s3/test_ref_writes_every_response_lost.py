@@ -183,3 +183,15 @@ def test_cli_snapshot_and_tag_delete_whose_every_response_was_lost_exit_0(lossy)
     assert result.exit_code == 0, result.output
     assert proxy.count("drop_response") == 2 * MAX_ATTEMPTS
     assert not cat.tags("ds").exists("v1")
+
+
+def test_unstage_whose_every_delete_response_was_lost_discards(lossy):
+    # found by an audit: the entry was gone, but unstage exited 10 ("delete failed after
+    # 3 attempts"), and with --all the entries after it were not tried
+    cat, _, _, _, proxy = lossy
+    entries = [stage_samples(cat, "ds", {k: k.encode()}) for k in ("x", "y")]
+    _every(proxy, "drop_response", "DELETE", "/staging/")
+    cat.discard_staged("ds", [e.id for e in entries])
+    proxy.clear()
+    assert proxy.count("drop_response", "DELETE") >= 2 * MAX_ATTEMPTS
+    assert cat.staged("ds") == []
