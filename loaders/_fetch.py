@@ -55,6 +55,7 @@ __all__ = [
 ]
 
 AccessMode = Literal["local", "cache", "ranged"]
+_UNKNOWN = object()  # a shard this process has not checked
 _FILL_BLOCK_BYTES = 64 * 1024 * 1024
 _STREAM_BLOCK_BYTES = 1024 * 1024
 
@@ -163,7 +164,10 @@ class ShardAccess:
         self._cache_config = cache
         self._cache: ShardCache | None = None
         self._local: dict[str, str | None] = {}
-        self._verified: set[str] = set()
+        self._verified: dict[str, int | None] = {}
+        """Shards whose file hashed to their id in this process (or a sibling's), each
+        with the :func:`file_stamp` of the file then: one changed since (a copy rewritten
+        in place) is checked again at its next open, not trusted by its id alone."""
         self._lock = threading.Lock()
 
     def mode(self, shard_id: str) -> AccessMode:
@@ -305,17 +309,18 @@ class ShardAccess:
         same :func:`file_stamp`.
         """
         with self._lock:
-            if not self.verify or shard_id in self._verified:
+            if not self.verify:
                 return False
+            known = self._verified.get(shard_id, _UNKNOWN)
             path = self._local.get(shard_id)
+        if known is not _UNKNOWN:
+            if known is None or known == self._stamp(shard_id, path):
+                return False
+            with self._lock:  # changed since it was checked here: checked again
+                self._verified.pop(shard_id, None)
         if self.trusted is None and self.node is None:
             return True
-        if path is not None:
-            stamp = file_stamp(path)
-        elif self._cache_config is not None:
-            stamp = file_stamp(self._shard_cache().path_of(shard_id))
-        else:
-            return True
+        stamp = self._stamp(shard_id, path)
         if stamp is None:
             return True
         if self.trusted is None or not self.trusted.has(shard_id, stamp):
@@ -324,9 +329,17 @@ class ShardAccess:
             if self.trusted is not None:
                 self.trusted.add(shard_id, stamp)
         with self._lock:
-            self._verified.add(shard_id)
+            self._verified[shard_id] = stamp
         self.counters.add("shards_trusted")
         return False
+
+    def _stamp(self, shard_id: str, path: str | None) -> int | None:
+        """The :func:`file_stamp` of the shard's local file, or of its cache copy."""
+        if path is not None:
+            return file_stamp(path)
+        if self._cache_config is not None:
+            return file_stamp(self._shard_cache().path_of(shard_id))
+        return None
 
     def _hash_against(
         self, shard_id: str, path: str, tier: str, fd: int | None = None
@@ -359,7 +372,7 @@ class ShardAccess:
         file changed too recently).
         """
         with self._lock:
-            self._verified.add(shard_id)
+            self._verified[shard_id] = info[0] if info is not None else None
         if info is not None:
             if self.trusted is not None:
                 self.trusted.add(shard_id, info[0])
@@ -387,8 +400,11 @@ class ShardAccess:
         siblings = self.siblings
         if siblings is None or not siblings.has(shard_id):
             return False
+        # the stamp of the file the sibling hashed: the one at the path now (a reader
+        # holding another, replaced since, is told apart by its pin: ``names_file``)
+        stamp = self._stamp(shard_id, self._local.get(shard_id))
         with self._lock:
-            self._verified.add(shard_id)
+            self._verified[shard_id] = stamp
         self.counters.add("shards_verified_by_sibling")
         return True
 

@@ -774,3 +774,64 @@ def test_copies_damaged_between_epochs_under_max_bandwidth_are_read_again(tmp_pa
         assert got.keys() == arrays.keys()
         assert all(np.array_equal(got[k], arrays[k]) for k in arrays)
     assert ds.stats()["cache_damaged"] >= 2
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "zarr"])
+def test_a_file_changed_after_its_hash_is_checked_again_at_its_next_open(tmp_path, sources,
+                                                                           fmt):
+    """Found by an audit: a shard hashed once in an epoch was trusted by its id at every
+    later open of that epoch, though its file (a cache copy, a local shard) was rewritten
+    in place meanwhile: a copy reopened after such damage gave wrong values, unnoticed
+    until the next epoch."""
+    store, _ = _ingest(tmp_path, sources, fmt)
+    shard = _shard_ids(store)[0]
+    access = ShardAccess(open_store(store), counters=Counters(), limiter=RateLimiter(None),
+                         cache=None, verify=True)
+    access.prepare(shard)  # hashed: the file holds the shard's bytes
+    assert not access.unchecked(shard)
+    path = os.path.join(store, "objects", shard[:2], shard)
+    os.chmod(path, 0o644)
+    _flip_in_pages(path)
+    assert access.unchecked(shard)  # another file now: checked again, not trusted
+    with pytest.raises(IntegrityError, match=shard):
+        access.prepare(shard)
+
+
+def test_a_cache_copy_damaged_between_two_opens_in_one_epoch_is_read_again(tmp_path,
+                                                                           sources):
+    """The same through the loader: one reader open at a time and small chunks, so a
+    shard is opened again later in the epoch; its copy, damaged in between, is found and
+    read again from the store."""
+    from simstore.loaders import SimDataLoader
+
+    store, arrays = _ingest(tmp_path, sources, "parquet")
+    cat = Catalog.open(store)
+    shard_of = {k: s for t in cat.iter_parts(cat.snapshot(cat.resolve("d")))
+                for k, s in zip(t.column("key").to_pylist(), t.column("shard").to_pylist(),
+                                strict=True)}
+    opts = dict(seed=5, window_shards=8, prefetch={
+        "max_open_shards": 1, "shards": 1, "chunks": 1, "chunk_samples": 4,
+        "decode_cache_bytes": 1})
+    plain = SimDataset(store, "d", **opts)
+    plain.set_epoch(1)
+    order = [s["__key__"] for s in plain]
+    cache = str(tmp_path / "cache")
+    ds = SimDataset(RemoteLikeStore(store), "d", cache_dir=cache, cache_limit="64MiB", **opts)
+    loader = SimDataLoader(ds, batch_size=4)
+    for _ in loader:
+        pass  # fills the cache
+    loader.set_epoch(1)
+    seen, flipped = [], None
+    for batch in loader:
+        for k, u in zip(batch["__key__"], batch["u"], strict=True):
+            seen.append(k)
+            assert np.array_equal(u.numpy(), arrays[k]), k
+        if flipped is None and len(seen) >= 8:
+            again = {shard_of[k] for k in seen} & {shard_of[k] for k in order[len(seen) + 4:]}
+            if again:
+                flipped = sorted(again)[0]
+                copy = os.path.join(cache, "objects", flipped[:2], flipped)
+                os.chmod(copy, 0o644)
+                _flip_in_pages(copy)
+    assert flipped is not None and sorted(seen) == sorted(arrays)
+    assert ds.stats()["cache_damaged"] == 1
