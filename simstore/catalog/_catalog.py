@@ -31,6 +31,7 @@ from simstore.catalog._refs import (
     Branches,
     Tags,
     dataset_prefix,
+    gone_after_all,
     is_snapshot_object,
     staging_key,
 )
@@ -662,11 +663,7 @@ class Catalog:
             try:
                 self.store.delete(key)
             except StorageError:
-                try:
-                    gone = not self.store.exists(key)
-                except SimstoreError:
-                    gone = False
-                if not gone:
+                if not gone_after_all(self.store, key):
                     raise
 
     def discard_unless_committed(self, dataset: str, branch: str, entry: StagedEntry) -> bool:

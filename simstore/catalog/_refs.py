@@ -28,6 +28,7 @@ __all__ = [
     "dataset_prefix",
     "decode_ref",
     "encode_ref",
+    "gone_after_all",
     "is_snapshot_object",
     "misplaced_refs",
     "ref_key",
@@ -63,6 +64,18 @@ def ref_key(dataset: str, kind: str, name: str) -> str:
     """Key of a branch (``heads``) or tag (``tags``) ref."""
     what = "branch name" if kind == "heads" else "tag name"
     return f"{dataset_prefix(dataset)}refs/{kind}/{check_name(name, what)}"
+
+
+def gone_after_all(store: ObjectStore, key: str) -> bool:
+    """Whether ``key`` is gone all the same after its delete raised a StorageError.
+
+    Every attempt's response lost, the retries used up: a delete that landed. False when
+    that cannot be read either (the error stands).
+    """
+    try:
+        return not store.exists(key)
+    except SimstoreError:
+        return False
 
 
 def misplaced_refs(store: ObjectStore) -> list[tuple[str, str]]:
@@ -304,11 +317,7 @@ class _Refs:
             if self._store.exists(key):
                 raise
         except StorageError:
-            try:
-                gone = not self._store.exists(key)
-            except SimstoreError:
-                gone = False
-            if not gone:
+            if not gone_after_all(self._store, key):
                 raise
 
     def _read_back(self, key: str) -> bytes | None:
