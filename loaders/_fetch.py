@@ -303,10 +303,10 @@ class ShardAccess:
     def unchecked(self, shard_id: str) -> bool:
         """Whether ``shard_id`` still needs its whole-object hash in this process.
 
-        Not if it was hashed here, or if the store's local file for it (or its cache
-        copy) hashed to its id in an earlier epoch and is unchanged (``trusted``), or in
-        an earlier job on this node within ``verify_every_s`` (``node``); unchanged: the
-        same :func:`file_stamp`.
+        Not if its file was hashed here (or by a sibling) and is unchanged since, or if
+        the store's local file for it (or its cache copy) hashed to its id in an earlier
+        epoch and is unchanged (``trusted``), or in an earlier job on this node within
+        ``verify_every_s`` (``node``); unchanged: the same :func:`file_stamp`.
         """
         with self._lock:
             if not self.verify:
