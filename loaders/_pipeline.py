@@ -44,6 +44,7 @@ from simstore.errors import (
     InvalidInputError,
     NotFoundError,
     SimstoreError,
+    causes,
 )
 from simstore.protocols import ShardReader
 
@@ -424,15 +425,8 @@ def read_chunk(
 
 
 def _taken_out(exc: BaseException) -> bool:
-    """Whether a :class:`DamagedCopyError`, or one it was raised from, took the copy out here."""
-    seen: BaseException | None = exc
-    walked: set[int] = set()  # a chain may loop (an error raised from itself)
-    while seen is not None and id(seen) not in walked:
-        walked.add(id(seen))
-        if isinstance(seen, DamagedCopyError) and seen.taken_out:
-            return True
-        seen = seen.__cause__ or seen.__context__  # re-raised naming the shard
-    return False
+    """Whether a :class:`DamagedCopyError` took the copy out here (along its causes)."""
+    return any(isinstance(e, DamagedCopyError) and e.taken_out for e in causes(exc))
 
 
 def _checked_bytes(positions: np.ndarray, fields: Sequence[str] | None,
