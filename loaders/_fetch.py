@@ -248,7 +248,13 @@ class ShardAccess:
         checking (the caller answers for waiting on it).
         """
         if prepared is not None:
-            return prepared
+            if isinstance(prepared.source, str) and not names_file(prepared.source,
+                                                                   prepared.pinned):
+                # a cache copy taken out (found damaged) since it was prepared: a reader
+                # of it could only fail; the copy at the path now, or a new fill, instead
+                prepared.release()
+            else:
+                return prepared
         with self._referenced(shard_id):
             return self._open(shard_id, verified)
 
@@ -410,6 +416,22 @@ class ShardAccess:
 
     def _by(self) -> str:
         return f"; referenced by snapshot {self.referenced_by}" if self.referenced_by else ""
+
+    def settle_copy(self, shard_id: str) -> bool:
+        """Hash the cache copy at the shard's path now, if unchecked; whether one went.
+
+        For a shard about to be read again because its reader's copy was found damaged:
+        the file at the path may be that same damaged file (rewritten in place: not the
+        one the reader pinned, so "gone" to it), which a new reader would pin and fail
+        on again. A damaged one is taken out here (True), and the read fills anew.
+        """
+        if not self.verify or self.mode(shard_id) != "cache":
+            return False
+        try:
+            self.check_copy(shard_id, self._shard_cache().path_of(shard_id))
+        except DamagedCopyError as exc:
+            return exc.taken_out
+        return False
 
     def check_copy(
         self, shard_id: str, path: str, pinned: FileIdentity | None = None

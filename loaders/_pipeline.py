@@ -347,7 +347,9 @@ def read_chunk(
             # object is read again, into a new copy hashed as it is filled
             log.warning("%s: reading the shard again from the store", exc)
             pool.drop((read.source, read.shard_id))
-            if _taken_out(exc):  # once per copy, by the process that took it out
+            # the copy at the path may still be the damaged file (rewritten in place)
+            settled = pool.access[read.source].settle_copy(read.shard_id)
+            if settled or _taken_out(exc):  # once per copy, by the process that took it out
                 counters.add("cache_damaged")
             return once(read)
 
