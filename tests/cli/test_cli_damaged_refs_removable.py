@@ -16,23 +16,17 @@ import os
 
 import numpy as np
 import pytest
-from cli_helpers import cli
+from cli_helpers import cli, tagged_store
 from click.testing import CliRunner
 from simstore.cli import main
 
-from simstore.catalog import Catalog
 from simstore.ingest import ingest
 
 
 @pytest.fixture
 def store(tmp_path):
     root = str(tmp_path / "store")
-    Catalog.init(root)
-    src = tmp_path / "src"
-    src.mkdir()
-    np.save(src / "a.npy", np.arange(3.0))
-    ingest([str(src)], dataset="d", store=root, snapshot=True, message="one")
-    cli("--store", root, "tag", "d", "v1", code=0)
+    tagged_store(root, str(tmp_path / "src"), {"a": np.arange(3.0)})
     cli("--store", root, "branch", "d@v1", "dev", code=0)
     return root
 

@@ -14,7 +14,7 @@ import json
 
 import numpy as np
 import pytest
-from cli_helpers import cli
+from cli_helpers import cli, tagged_store
 
 from simstore.catalog import Catalog
 from simstore.ingest import ingest
@@ -25,13 +25,8 @@ ODD = ["new\nline", "esc\x1b[31mred", "back\\slash"]
 @pytest.fixture
 def store(tmp_path):
     root = str(tmp_path / "store")
-    Catalog.init(root)
     first = tmp_path / "one"
-    first.mkdir()
-    for i, name in enumerate(ODD):
-        np.save(first / f"{name}.npy", np.arange(3.0) + i)
-    ingest([str(first)], dataset="d", store=root, snapshot=True, message="one")
-    cli("--store", root, "tag", "d", "v1", code=0)
+    tagged_store(root, str(first), {name: np.arange(3.0) + i for i, name in enumerate(ODD)})
     for i, name in enumerate(ODD):
         np.save(first / f"{name}.npy", np.arange(3.0) - i - 1)
     ingest([str(first)], dataset="d", store=root, snapshot=True,

@@ -509,6 +509,26 @@ def test_a_damaged_shard_that_no_sibling_published_fails_in_the_worker_that_read
     assert counters.snapshot()["shards_verified_by_sibling"] == 0
 
 
+def _siblings_damaged_copy(tmp_path, sources, fmt):
+    """Worker 1's reader pool over a filled cache, and a shard worker 0 owns the hash of,
+    its copy damaged: ``(store, pool, counters, table, shard, its rows, copy path)``."""
+    from simstore.loaders._trust import VerifiedTable
+
+    store, _ = _ingest(tmp_path, sources, fmt)
+    cache = str(tmp_path / "cache")
+    _values(SimDataset(RemoteLikeStore(store), "d", cache_dir=cache, cache_limit=1 << 26))
+    table = np.zeros(4096, dtype=np.int64)
+    pool, counters = _worker_pool(store, table, 1, cache=cache)
+    theirs = next(s for s in _shard_ids(store) if not VerifiedTable(table, 1, 2).owns(s))
+    cat = Catalog.open(store)
+    rows = sum(t.column("shard").to_pylist().count(theirs)
+               for t in cat.iter_parts(cat.snapshot(cat.resolve("d"))))
+    copy = os.path.join(cache, "objects", theirs[:2], theirs)
+    os.chmod(copy, 0o644)
+    _flip_in_pages(copy)
+    return store, pool, counters, table, theirs, rows, copy
+
+
 @pytest.mark.parametrize("fmt", ["parquet", "zarr"])
 def test_a_page_error_in_a_copy_taken_out_as_damaged_names_the_damaged_copy(
     tmp_path, sources, fmt
@@ -517,19 +537,7 @@ def test_a_page_error_in_a_copy_taken_out_as_damaged_names_the_damaged_copy(
     of the cache while a sibling read the same (pinned) copy with page checks: the
     sibling cannot hash a copy that is gone, and its page error is the damaged copy's,
     an IntegrityError naming the shard (it was a FormatError that hid the damage)."""
-    store, _ = _ingest(tmp_path, sources, fmt)
-    cache = str(tmp_path / "cache")
-    _values(SimDataset(RemoteLikeStore(store), "d", cache_dir=cache, cache_limit=1 << 26))
-    table = np.zeros(4096, dtype=np.int64)
-    pool, counters = _worker_pool(store, table, 1, cache=cache)
-    from simstore.loaders._trust import VerifiedTable
-
-    theirs = next(s for s in _shard_ids(store) if not VerifiedTable(table, 1, 2).owns(s))
-    cat = Catalog.open(store)
-    rows = sum(t.column("shard").to_pylist().count(theirs)
-               for t in cat.iter_parts(cat.snapshot(cat.resolve("d"))))
-    copy = os.path.join(cache, "objects", theirs[:2], theirs)
-    _flip_in_pages(copy)
+    _, pool, counters, _, theirs, rows, copy = _siblings_damaged_copy(tmp_path, sources, fmt)
     with ThreadPoolExecutor(2) as io, pytest.raises(IntegrityError) as info:
         pool.schedule((0, theirs), io)
         pool.start_hashing()
@@ -556,18 +564,8 @@ def test_a_siblings_match_on_a_new_copy_does_not_vouch_for_the_readers_damaged_o
     from simstore.loaders._cache import DamagedCopyError
     from simstore.loaders._trust import VerifiedTable
 
-    store, arrays = _ingest(tmp_path, sources, fmt)
-    cache = str(tmp_path / "cache")
-    _values(SimDataset(RemoteLikeStore(store), "d", cache_dir=cache, cache_limit=1 << 26))
-    table = np.zeros(4096, dtype=np.int64)
-    pool, _ = _worker_pool(store, table, 1, cache=cache)
-    theirs = next(s for s in _shard_ids(store) if not VerifiedTable(table, 1, 2).owns(s))
-    cat = Catalog.open(store)
-    rows = sum(t.column("shard").to_pylist().count(theirs)
-               for t in cat.iter_parts(cat.snapshot(cat.resolve("d"))))
-    copy = os.path.join(cache, "objects", theirs[:2], theirs)
-    os.chmod(copy, 0o644)
-    _flip_in_pages(copy)
+    store, pool, _, table, theirs, rows, copy = _siblings_damaged_copy(tmp_path, sources,
+                                                                       fmt)
     with ThreadPoolExecutor(2) as io:
         pool.schedule((0, theirs), io)
         pool.start_hashing()
