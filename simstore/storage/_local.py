@@ -495,9 +495,12 @@ class LocalStore:
         """
         self._check_writable("objects")
         settled = ASIDE_SETTLED_S if settled_s is None else settled_s
-        restored = []
+        restored: list[str] = []
         now = time.time()
-        for dirpath, dirs, files in os.walk(self.root):
+        if self._through_link("objects"):  # not walked, as gc's listing does not walk it
+            return ()
+        # gc sets aside only what it lists, objects: their folders are all to walk
+        for dirpath, dirs, files in os.walk(os.path.join(self.root, "objects")):
             dirs[:] = [d for d in dirs if not d.startswith(".")]
             for name in files:
                 found = _ASIDE.fullmatch(name[len(TMP_PREFIX):]) if name.startswith(
