@@ -28,7 +28,7 @@ from simstore.errors import (
     StorageError,
     write_refused,
 )
-from simstore.hashing import hash_bytes
+from simstore.hashing import hash_bytes, is_object_id
 from simstore.storage._base import ObjectInfo, check_key
 from simstore.storage._scratch import newest_mtime, scratch_in_use
 
@@ -467,7 +467,7 @@ class LocalStore:
         # named after the object, so that a gc killed here can have it put back by the
         # next (``restore_set_aside``): a writer may have reused it just before the rename
         base = os.path.basename(path)
-        tail = f"-{base}" if re.fullmatch(r"[0-9a-f]{32}", base) else ""
+        tail = f"-{base}" if is_object_id(base) else ""
         aside = os.path.join(os.path.dirname(path), f"{TMP_PREFIX}gc-{uuid.uuid4().hex}{tail}")
         try:
             os.rename(path, aside)
