@@ -384,8 +384,8 @@ class ShardAccess:
                 self.trusted.add(shard_id, info[0])
             if self.node is not None and stamped_ns is not None:
                 self.node.add(shard_id, info[0], info[1], stamped_ns)
-        if self.siblings is not None:
-            self.siblings.publish(shard_id)
+            if self.siblings is not None:
+                self.siblings.publish(shard_id, info[0])
 
     def _pace(self, nbytes: int) -> None:
         """A whole-shard hash reads the file: ``max_bandwidth`` caps it like any read."""
@@ -404,11 +404,14 @@ class ShardAccess:
     def sibling_verified(self, shard_id: str) -> bool:
         """Whether a sibling worker has published this shard's hash as matching."""
         siblings = self.siblings
-        if siblings is None or not siblings.has(shard_id):
+        if siblings is None:
             return False
-        # the stamp of the file the sibling hashed: the one at the path now (a reader
+        # the match is for the file the sibling hashed, with its stamp: the file at the
+        # path must have it still (one written in place since is hashed again; a reader
         # holding another, replaced since, is told apart by its pin: ``names_file``)
         stamp = self._stamp(shard_id, self._local.get(shard_id))
+        if stamp is None or not siblings.has(shard_id, stamp):
+            return False
         with self._lock:
             self._verified[shard_id] = stamp
         self.counters.add("shards_verified_by_sibling")

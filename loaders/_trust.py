@@ -21,54 +21,6 @@ VERIFIED_SLOTS = 4096
 """Slots of the table in which a loader's workers publish the local shards they hashed."""
 
 
-class VerifiedTable:
-    """Local shards whose whole-object hash one of a loader's workers has matched.
-
-    A DataLoader's workers read the same shards (each takes every K-th batch of the same
-    stream), and each hashed every shard it read: K times the hashing. The loader makes
-    this table in shared memory before it starts the workers (as torch makes its own
-    queues: nothing named, nothing left behind by a crash); worker ``w`` of ``K`` hashes
-    the shards it *owns* (by their id, ``w`` mod ``K``) and publishes each match here,
-    and its siblings read those shards with page checks until the match is published,
-    then trust them. A shard whose owner has not published it when a sibling needs the
-    answer (a wrong hash is the better error, the epoch's end) is hashed by that sibling
-    itself, so every shard read is verified in every worker that read it, by someone.
-
-    A slot holds one 8-byte tag of the shard id (one aligned store, so a reader sees a
-    whole tag or the old one); two shards whose ids meet in a slot overwrite each other,
-    which only costs a hash.
-    """
-
-    def __init__(self, table: np.ndarray, worker: int, workers: int, scope: int = 0) -> None:
-        self.table = table
-        self.worker = worker
-        self.workers = workers
-        self.scope = scope
-        """Which source of a mixture (their stores are different files under one id)."""
-
-    def scoped(self, scope: int) -> VerifiedTable:
-        """The same table for the shards of source ``scope``."""
-        return VerifiedTable(self.table, self.worker, self.workers, scope)
-
-    def _slot_tag(self, shard_id: str) -> tuple[int, int]:
-        mix = (self.scope * 0x9E3779B97F4A7C15) & ((1 << 60) - 1)
-        tag = ((int(shard_id[:15], 16) ^ mix) << 1) | 1
-        return (int(shard_id[16:24], 16) + self.scope) % len(self.table), tag
-
-    def owns(self, shard_id: str) -> bool:
-        """Whether this worker hashes ``shard_id`` for its siblings."""
-        return int(shard_id[24:32], 16) % self.workers == self.worker
-
-    def has(self, shard_id: str) -> bool:
-        """Whether a worker has published ``shard_id`` as matching its id."""
-        slot, tag = self._slot_tag(shard_id)
-        return int(self.table[slot]) == tag
-
-    def publish(self, shard_id: str) -> None:
-        slot, tag = self._slot_tag(shard_id)
-        self.table[slot] = tag
-
-
 TRUSTED_SLOTS = 4096
 """Slots of a :class:`TrustTable` (8 bytes each)."""
 
@@ -121,3 +73,41 @@ class TrustTable:
         """Record that the file with this stamp hashed to ``shard_id``."""
         slot, value = self._slot_value(shard_id, stamp)
         self.table[slot] = value
+
+
+class VerifiedTable(TrustTable):
+    """Local shards whose whole-object hash one of a loader's workers has matched.
+
+    A DataLoader's workers read the same shards (each takes every K-th batch of the same
+    stream), and each hashed every shard it read: K times the hashing. The loader makes
+    this table in shared memory before it starts the workers (as torch makes its own
+    queues: nothing named, nothing left behind by a crash); worker ``w`` of ``K`` hashes
+    the shards it *owns* (by their id, ``w`` mod ``K``) and publishes each match here,
+    and its siblings read those shards with page checks until the match is published,
+    then trust them. A shard whose owner has not published it when a sibling needs the
+    answer (a wrong hash is the better error, the epoch's end) is hashed by that sibling
+    itself, so every shard read is verified in every worker that read it, by someone.
+
+    A match is published with the stamp of the file the owner hashed, as a
+    :class:`TrustTable` records it: a sibling trusts it only for a file with that stamp,
+    so a file written in place after the owner's hash is hashed again by whoever reads
+    it next. Two shards whose ids meet in a slot overwrite each other, which only costs
+    a hash.
+    """
+
+    def __init__(self, table: np.ndarray, worker: int, workers: int, scope: int = 0) -> None:
+        super().__init__(table, scope)
+        self.worker = worker
+        self.workers = workers
+
+    def scoped(self, scope: int) -> VerifiedTable:
+        """The same table for the shards of source ``scope``."""
+        return VerifiedTable(self.table, self.worker, self.workers, scope)
+
+    def owns(self, shard_id: str) -> bool:
+        """Whether this worker hashes ``shard_id`` for its siblings."""
+        return int(shard_id[24:32], 16) % self.workers == self.worker
+
+    def publish(self, shard_id: str, stamp: int) -> None:
+        """Publish that the file with this stamp hashed to ``shard_id``."""
+        self.add(shard_id, stamp)

@@ -449,19 +449,21 @@ def test_verified_table_gives_each_shard_one_owner_and_matches_whole_tags():
     workers = [VerifiedTable(table, w, 3) for w in range(3)]
     assert all(sum(t.owns(i) for t in workers) == 1 for i in ids)
     assert {w for w in range(3) for i in ids if workers[w].owns(i)} == {0, 1, 2}
-    workers[0].publish(ids[0])
-    assert workers[2].has(ids[0]) and not workers[2].has(ids[1])
+    workers[0].publish(ids[0], 11)
+    assert workers[2].has(ids[0], 11) and not workers[2].has(ids[1], 11)
+    # a match is for the file the owner hashed: a file with another stamp has none
+    assert not workers[2].has(ids[0], 12)
     # another id in the same slot replaces the first: neither is mistaken for the other
     other = ("f" if ids[0][0] != "f" else "e") + ids[0][1:]  # same slot, another tag
-    assert workers[0]._slot_tag(other)[0] == workers[0]._slot_tag(ids[0])[0]
-    workers[1].publish(other)
-    assert workers[0].has(other) and not workers[0].has(ids[0])
+    assert workers[0]._slot_value(other, 11)[0] == workers[0]._slot_value(ids[0], 11)[0]
+    workers[1].publish(other, 11)
+    assert workers[0].has(other, 11) and not workers[0].has(ids[0], 11)
     # the sources of a mixture are different files under one id: a match for one source
     # is not one for another
-    workers[0].publish(ids[2])
-    assert workers[1].has(ids[2]) and not workers[1].scoped(1).has(ids[2])
-    workers[1].scoped(1).publish(ids[2])
-    assert workers[0].scoped(1).has(ids[2]) and workers[0].has(ids[2])
+    workers[0].publish(ids[2], 11)
+    assert workers[1].has(ids[2], 11) and not workers[1].scoped(1).has(ids[2], 11)
+    workers[1].scoped(1).publish(ids[2], 11)
+    assert workers[0].scoped(1).has(ids[2], 11) and workers[0].has(ids[2], 11)
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "zarr"])
@@ -506,6 +508,32 @@ def test_a_damaged_shard_that_no_sibling_published_fails_in_the_worker_that_read
         pool.finish()  # no word came: hashed here, and wrong
     pool.close()
     assert theirs in str(info.value)
+    assert counters.snapshot()["shards_verified_by_sibling"] == 0
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "zarr"])
+def test_a_siblings_match_does_not_vouch_for_the_file_written_in_place_since(
+    tmp_path, sources, fmt
+):
+    """Found by a review: a sibling's published match named the shard id alone, so a
+    local shard written in place after its owner hashed it was trusted by the other
+    worker, and its damaged values were read with no page checks and no error."""
+    from simstore.loaders._trust import VerifiedTable
+
+    store, _ = _ingest(tmp_path, sources, fmt)
+    table = np.zeros(4096, dtype=np.int64)
+    owner, _ = _worker_pool(store, table, 0)
+    theirs = next(s for s in _shard_ids(store) if VerifiedTable(table, 0, 2).owns(s))
+    _read_all(owner, [theirs])  # hashed by its owner, the match published
+    path = os.path.join(store, "objects", theirs[:2], theirs)
+    os.chmod(path, 0o644)
+    _flip_in_pages(path)  # written in place: the same file, another stamp
+    pool, counters = _worker_pool(store, table, 1)
+    try:
+        with pytest.raises(IntegrityError, match=theirs):
+            _read_all(pool, [theirs])
+    finally:
+        pool.close()
     assert counters.snapshot()["shards_verified_by_sibling"] == 0
 
 
@@ -562,7 +590,7 @@ def test_a_siblings_match_on_a_new_copy_does_not_vouch_for_the_readers_damaged_o
     import shutil
 
     from simstore.loaders._cache import DamagedCopyError
-    from simstore.loaders._trust import VerifiedTable
+    from simstore.loaders._trust import VerifiedTable, file_stamp
 
     store, pool, _, table, theirs, rows, copy = _siblings_damaged_copy(tmp_path, sources,
                                                                        fmt)
@@ -575,7 +603,7 @@ def test_a_siblings_match_on_a_new_copy_does_not_vouch_for_the_readers_damaged_o
         # the new one's match published
         os.unlink(copy)
         shutil.copyfile(os.path.join(store, "objects", theirs[:2], theirs), copy)
-        VerifiedTable(table, 0, 2).publish(theirs)
+        VerifiedTable(table, 0, 2).publish(theirs, file_stamp(copy))
         got = []
         with pytest.raises(DamagedCopyError, match=theirs):
             with pool.reader((0, theirs)) as reader:
