@@ -353,8 +353,9 @@ class S3Store(S3Uploads):
         whole object for every ranged GET). The GET is sent here, so a missing key raises
         ``NotFoundError`` now and ``size_bytes`` is known before the first read. A body
         cut off mid-way is resumed where it stopped, by a ranged GET with ``If-Match`` on
-        the first response's ETag (bytes of a replaced object are never spliced in);
-        see :class:`S3ObjectReader`. Close it, or use it in a ``with`` block.
+        the first response's ETag (bytes of a replaced object are never spliced in),
+        except for an object named by its hash, whose bytes never change though its ETag
+        may; see :class:`S3ObjectReader`. Close it, or use it in a ``with`` block.
         """
         return S3ObjectReader(self, key)
 

@@ -30,6 +30,7 @@ from botocore.exceptions import ReadTimeoutError as BotoReadTimeoutError
 from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
 from simstore.errors import SimstoreError, StorageError
+from simstore.hashing import is_object_key
 from simstore.storage._base import never_sent
 from simstore.storage._s3_watchdog import cut_at, cut_body, guard_release
 
@@ -138,6 +139,12 @@ class S3ObjectReader(io.RawIOBase):
     body has broken off, the reader takes what each receive brings, so every byte that
     arrived before the next break is kept and the read goes on from there.
 
+    An object named by its hash (``objects/<2 hex>/<id>``) is resumed without
+    ``If-Match``: its bytes never change, but its ETag does when it is copied onto
+    itself (a writer's refresh of an object it reuses, gc's grace) after a multipart
+    upload, and that 412 failed a reader whose object had not changed. Its readers hash
+    what they stream (the loader's fills, ``verify``), so a damaged copy is still found.
+
     Each ``read`` call is one run of attempts, bounded as the store's requests are:
     failures that make no progress count against ``max_attempts``, and no retry starts
     once it would end past ``retry_deadline_s`` from the call's start (progress does not
@@ -152,6 +159,7 @@ class S3ObjectReader(io.RawIOBase):
         self._pos = 0
         self._body: Any = None
         self._etag = ""
+        self._immutable = is_object_key(key)
         self._url = ""
         self._careful = False
         self.requests = 0
@@ -162,7 +170,7 @@ class S3ObjectReader(io.RawIOBase):
         kwargs: dict[str, Any] = {"Bucket": self._store.bucket, "Key": self._obj}
         if self._pos:
             kwargs["Range"] = f"bytes={self._pos}-"
-            if self._etag:
+            if self._etag and not self._immutable:
                 kwargs["IfMatch"] = self._etag
         try:
             response = self._store._get_object(self.key, kwargs, since=since)

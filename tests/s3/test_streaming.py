@@ -121,6 +121,33 @@ def test_an_object_replaced_mid_read_is_never_spliced(store, proxied, fault_prox
     assert head == first[:1000]
 
 
+def test_an_object_copied_onto_itself_mid_read_is_resumed(s3_bucket, fault_proxy):
+    """Found by an audit: a writer reusing an object refreshes it by a copy onto itself,
+    which gives an object uploaded in parts a new ETag (its bytes unchanged); the read
+    cut off before it resumed with ``If-Match`` on the old ETag, got 412, and a training
+    job's cache fill failed as "changed while it was read"."""
+    from simstore.hashing import hash_bytes
+
+    opts = {**FAST, "multipart_threshold_bytes": 6_000_000, "multipart_part_bytes": 5_300_000}
+    bucket = s3_bucket()
+    writer = S3Store(f"s3://{bucket}/r", storage_options=opts)
+    proxied = S3Store(writer.url, storage_options={**opts,
+                                                   "endpoint_url": fault_proxy.endpoint_url})
+    data = os.urandom(7 * MiB)
+    key = object_key(hash_bytes(data))
+    assert writer.put_if_absent(key, data)  # in two parts
+    before = writer._head(key)["ETag"]
+    fault_proxy.fail_next("truncate", methods=["GET"])
+    with proxied.open_read(key) as reader:
+        head = reader.read(1000)
+        assert not writer.put_if_absent(key, data)  # reused: refreshed by a copy
+        assert writer._head(key)["ETag"] != before  # the copy's ETag is another
+        assert head + read_all(reader) == data
+        assert reader.requests == 2
+    writer.close()
+    proxied.close()
+
+
 # -- the loader's cache fills ------------------------------------------------------------
 
 
