@@ -41,7 +41,7 @@ from simstore.loaders._stats import Counters
 from simstore.loaders._trust import TrustTable, VerifiedTable, file_stamp
 
 from simstore._verified import NodeRecords, stamp_info
-from simstore.errors import IntegrityError, NotFoundError, StorageError
+from simstore.errors import IntegrityError, NotFoundError, SimstoreError, StorageError
 from simstore.hashing import hash_bytes, hash_file, object_key
 from simstore.storage import ObjectStore
 
@@ -91,6 +91,28 @@ class SupportsOpenRead(Protocol):
     def open_read(self, key: str) -> ObjectStream:
         """Open the object for reading; raises ``NotFoundError`` when it is missing."""
         ...
+
+
+def missing_text(store: ObjectStore, key: str, snapshot_id: str) -> str:
+    """What to say of object ``key``, which snapshot ``snapshot_id`` names, gone from the store.
+
+    Damage, as ``verify`` reports it, while the snapshot is there; once the snapshot
+    itself is gone too, gc collected it after its last branch or tag was moved or
+    deleted (it knows nothing of the jobs reading it), and the text says so: ``verify``
+    of the store is clean then, and an operator would look for damage that is not there.
+    """
+    text = f"{store.url}: {key} is missing"
+    if not snapshot_id:
+        return text
+    text += f"; referenced by snapshot {snapshot_id}"
+    try:
+        kept = store.exists(object_key(snapshot_id))
+    except SimstoreError:  # the store cannot say: the error is the object's, as it was
+        return text
+    if kept:
+        return text
+    return (f"{text}, which is no longer in the store either: gc collected it once no "
+            f"branch or tag reached it (keep a tag on a snapshot while jobs read it)")
 
 
 FileIdentity = tuple[int, int, int, int]
@@ -223,7 +245,7 @@ class ShardAccess:
 
     def missing(self, shard_id: str) -> IntegrityError:
         """The error of a shard the snapshot names but the store lacks."""
-        return IntegrityError(f"{self.store.url}: {object_key(shard_id)} is missing{self._by()}")
+        return IntegrityError(missing_text(self.store, object_key(shard_id), self.referenced_by))
 
     def prepare(self, shard_id: str) -> ShardHandle | None:
         """Background work before a shard is opened: verify it, or fill the cache."""

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from simstore.loaders._fetch import tier_of
+from simstore.loaders._fetch import missing_text, tier_of
 from simstore.loaders._normalise import Normalise, NormaliseSpec, normaliser
 from simstore.loaders._order import (
     BLOCK_BYTES,
@@ -310,10 +310,7 @@ def _read_part(
         data = source.store.get(key) if got_bytes is None else b""
     except NotFoundError:
         # the snapshot names it: damage (as the catalog says), not an unknown object
-        raise IntegrityError(
-            f"{source.store.url}: {key} is missing; referenced by snapshot "
-            f"{source.snapshot_id}"
-        ) from None
+        raise IntegrityError(missing_text(source.store, key, source.snapshot_id)) from None
     if got_bytes is None:
         actual = hash_bytes(data)
         if actual != part_id:

@@ -198,6 +198,39 @@ def test_a_remote_store_ranged_or_through_the_cache(tmp_path, cached):
             cat.store.delete(key)
 
 
+def test_a_job_whose_snapshot_gc_collected_is_told_so_not_sent_to_look_for_damage(tmp_path):
+    """Found by an audit: a job reads a snapshot whose last branch is deleted, and gc
+    collects it; the job's error called the missing shard damage (as ``verify`` reports
+    it), though ``verify`` of the store is clean then. It says the snapshot is gone."""
+    from click.testing import CliRunner
+    from simstore.cli import main
+
+    root = tmp_path / "src"
+    root.mkdir()
+    for i in range(4):
+        np.savez(root / f"r{i}.npz", u=np.full(3, i, dtype=np.float32))
+    path = str(tmp_path / "s")
+    Catalog.init(path)
+    simstore.ingest([str(root)], dataset="d", store=path, snapshot=True, message="t",
+                    shard_size=200)
+    run = CliRunner()
+    assert run.invoke(main, ["--store", path, "branch", "d@main", "exp"]).exit_code == 0
+    for i in range(4):
+        np.savez(root / f"r{i}.npz", u=np.full(3, 10 + i, dtype=np.float32))
+    simstore.ingest([str(root)], dataset="d", store=path, branch="exp", mode="replace",
+                    snapshot=True, message="t2", shard_size=200)
+    ds = SimDataset(path, "d@exp")  # pinned
+    sid = ds.snapshot_id
+    assert run.invoke(main, ["--store", path, "branch", "d@exp", "exp", "--delete"]).exit_code == 0
+    assert run.invoke(main, ["--store", path, "gc", "--grace", "0s"]).exit_code == 0
+    assert run.invoke(main, ["--store", path, "verify", "--all"]).exit_code == 0
+    with pytest.raises(IntegrityError) as info:
+        list(ds)
+    text = str(info.value)
+    assert f"referenced by snapshot {sid}, which is no longer in the store" in text
+    assert "gc collected it" in text and "\n" not in text
+
+
 def test_a_missing_shard_is_damage_not_a_missing_key(tmp_path):
     # NotFoundError (a LookupError, exit 3) says a key or ref is unknown; a shard the
     # snapshot names but the store lacks is damage, as verify reports it (exit 6)
@@ -220,8 +253,9 @@ def test_a_missing_shard_is_damage_not_a_missing_key(tmp_path):
     assert len(set(rows.values())) > 1
     os.remove(cat.store.local_path(object_key(shard)))
     want = rf"{object_key(shard)} is missing; referenced by snapshot {sid}"
-    with pytest.raises(IntegrityError, match=want):
+    with pytest.raises(IntegrityError, match=want) as info:
         SimDataset(path, "d").get("r1")
+    assert "no longer" not in str(info.value)  # the snapshot is there: damage
     with pytest.raises(IntegrityError, match=want):
         list(SimDataset(path, "d"))
     with pytest.raises(IntegrityError, match=want):
