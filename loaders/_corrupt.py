@@ -6,10 +6,12 @@ come from) for what the option promises.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
+import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,6 +22,7 @@ from simstore.errors import (
     IntegrityError,
     NotFoundError,
     SimstoreError,
+    StorageError,
     UnsupportedFormatError,
     causes,
 )
@@ -28,13 +31,108 @@ from simstore.hashing import object_key
 if TYPE_CHECKING:
     from simstore.loaders._pipeline import Chunk, OutBuffers
 
-__all__ = ["CorruptFound", "CorruptShards"]
+__all__ = ["CorruptFound", "CorruptShards", "resource_error", "short_of_resources"]
 
-_ENVIRONMENT = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EACCES, errno.EPERM)
+_ENVIRONMENT = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EACCES, errno.EPERM,
+                errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
 """Errors of the reading process or its machine, never of a shard's bytes."""
-_ENVIRONMENT_TEXT = ("failed to launch worker thread",)
+_THREADS_TEXT = ("failed to launch worker thread", "can't start new thread")
 """What a library says, with no errno, when the process cannot start a thread (Arrow's
-decode pool under ``ulimit -v`` or ``ulimit -u``): never a shard's bytes either."""
+decode pool under ``ulimit -v`` or ``ulimit -u``, Python's ``threading``): never a
+shard's bytes either."""
+_SHARED_MEMORY_TEXT = ("unable to allocate shared memory", "unable to mmap",
+                       "unable to open shared memory object", "unable to resize file")
+"""How torch says it could not make a buffer in shared memory (a full ``/dev/shm``, an
+address-space limit, no descriptor left): the errno ends the message, as ``(28)``."""
+_TRAILING_ERRNO = re.compile(r"\((\d+)\)\s*$")
+
+_ADVICE = {
+    "threads": "raise the process's thread limit (ulimit -u, a container's pids limit)",
+    "shared memory": "give /dev/shm more room (a container's --shm-size) or lower "
+                     "prefetch or num_workers (docs/operations.md)",
+    "disk space": "free space where the loader writes: its cache_dir, and the temp folder "
+                  "($TMPDIR), where Lance shards read without a cache_dir are copied",
+    "memory": "raise the memory or address-space limit (ulimit -v, a container's) or "
+              "lower prefetch or num_workers",
+    "file descriptors": "raise the open-file limit (ulimit -n) or lower "
+                        "prefetch={'max_open_shards': ...}",
+    "file size": "raise the process's file-size limit (ulimit -f)",
+    "permission": "the loader's files (its cache_dir, the temp folder) must be this "
+                  "user's to read and write",
+}
+_RESOURCE = {errno.EMFILE: "file descriptors", errno.ENFILE: "file descriptors",
+             errno.ENOMEM: "memory", errno.EACCES: "permission", errno.EPERM: "permission",
+             errno.ENOSPC: "disk space", errno.EDQUOT: "disk space",
+             errno.EROFS: "disk space", errno.EFBIG: "file size"}
+
+
+def _errno_of(exc: BaseException) -> int | None:
+    """The errno an error of the OS or a library carries: its own, or in its text."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return exc.errno
+    if isinstance(exc, SimstoreError):
+        return None  # simstore's messages name paths and URLs: no errno is read in them
+    text = str(exc).lower()
+    for e in _ENVIRONMENT:
+        if f"[errno {e}]" in text:  # a library's OSError that gives no errno (pyarrow)
+            return e
+    if any(t in text for t in _SHARED_MEMORY_TEXT):
+        found = _TRAILING_ERRNO.search(text)
+        if found is not None:
+            return int(found.group(1))
+    return None
+
+
+def _short_of(exc: BaseException) -> tuple[str, BaseException] | None:
+    """What the reading process ran short of, and the error that says it; None if not."""
+    for current in causes(exc):
+        if isinstance(current, IntegrityError):
+            return None
+        if not isinstance(current, SimstoreError):
+            text = str(current).lower()
+            if any(t in text for t in _THREADS_TEXT):
+                return "threads", current
+            number = _errno_of(current)
+            if number in _RESOURCE:
+                if number in (errno.ENOSPC, errno.EDQUOT) and any(
+                    t in text for t in _SHARED_MEMORY_TEXT
+                ):
+                    return "shared memory", current  # /dev/shm full
+                return _RESOURCE[number], current
+        elif isinstance(current, OSError) and current.errno in _RESOURCE:
+            return _RESOURCE[current.errno], current
+    return None
+
+
+@contextlib.contextmanager
+def short_of_resources(where: str) -> Iterator[None]:
+    """Raise a :func:`resource_error` in place of an error that is one (``where``)."""
+    try:
+        yield
+    except Exception as exc:
+        short = resource_error(exc, where)
+        if short is None:
+            raise
+        raise short from exc
+
+
+def resource_error(exc: BaseException, where: str) -> StorageError | None:
+    """The error to raise for ``exc`` when the reading process ran short of something.
+
+    Out of descriptors, shared memory, disk space or memory, a thread it could not start:
+    the shard is intact, and the error (one line) says which resource and what to do
+    rather than blame the shard ``where`` names. None when ``exc`` is not such an error.
+    """
+    short = _short_of(exc)
+    if short is None:
+        return None
+    resource, cause = short
+    said = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+    return StorageError(
+        f"{where}: the read failed for want of {resource} in this process, not for damage "
+        f"to the shard ({said}): {_ADVICE[resource]}"
+    )
+
 
 log = logging.getLogger("simstore.loaders")
 Decoded = dict[str, Any]
@@ -91,19 +189,7 @@ class CorruptShards:
                 return False
             if isinstance(current, UnsupportedFormatError):
                 return True
-            if not isinstance(current, SimstoreError) and any(
-                t in str(current).lower() for t in _ENVIRONMENT_TEXT
-            ):
-                return True
-            if isinstance(current, OSError):
-                if current.errno in _ENVIRONMENT:
-                    return True
-                text = str(current).lower()
-                if current.errno is None and not isinstance(current, SimstoreError) and any(
-                    f"[errno {e}]" in text for e in _ENVIRONMENT
-                ):
-                    return True
-        return False
+        return _short_of(exc) is not None
 
     def __init__(
         self, counters: Counters, probe: Callable[[], Decoded | None] | None = None,

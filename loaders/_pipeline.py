@@ -29,7 +29,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 from simstore.loaders._cache import DamagedCopyError
 from simstore.loaders._checks import check_int
-from simstore.loaders._corrupt import CorruptShards
+from simstore.loaders._corrupt import CorruptShards, short_of_resources
 from simstore.loaders._fetch import RateLimiter
 from simstore.loaders._order import Mixture, SourceLayout
 from simstore.loaders._partrows import PartRowsCache
@@ -340,6 +340,12 @@ def read_chunk(
     """
 
     def one(read: ShardRead) -> tuple[ShardRead, list[Decoded], np.ndarray]:
+        # out of shared memory, descriptors, disk space: the shard is not to blame
+        # (under on_corrupt="skip" it was taken for corrupt, its samples stood in for)
+        with short_of_resources(pool._name((read.source, read.shard_id))):
+            return again_if_damaged(read)
+
+    def again_if_damaged(read: ShardRead) -> tuple[ShardRead, list[Decoded], np.ndarray]:
         try:
             return once(read)
         except DamagedCopyError as exc:
@@ -422,7 +428,8 @@ def read_chunk(
     if corrupt is not None:
         corrupt.keep(result, skipped)
         if skipped and stand_in:
-            corrupt.stand_in(chunk, result, skipped, buffers)
+            with short_of_resources("on_corrupt='skip': a stand-in sample"):
+                corrupt.stand_in(chunk, result, skipped, buffers)
     return result
 
 

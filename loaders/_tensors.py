@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import mmap
 import operator
 import os
+import re
 import threading
 import warnings
 import weakref
@@ -219,11 +221,34 @@ class SharedPool:
         return st.nbytes() if st is not None else 0
 
 
+_TORCH_SHM_NAME = re.compile(r"<(/torch_(\d+)_[0-9_]+)>")
+"""The name torch gives a shared-memory file it makes, as its errors quote it."""
+
+
 def _new_shared(nbytes: int) -> torch.UntypedStorage:
-    storage: torch.UntypedStorage = torch.UntypedStorage._new_shared(nbytes)  # type: ignore[no-untyped-call]
+    try:
+        storage: torch.UntypedStorage = torch.UntypedStorage._new_shared(nbytes)  # type: ignore[no-untyped-call]
+    except RuntimeError as exc:
+        _unlink_left(exc)
+        raise
     if nbytes >= SHARED_MIN_BYTES:
         _populate(storage.data_ptr(), storage.nbytes())
     return storage
+
+
+def _unlink_left(exc: RuntimeError) -> None:
+    """Remove the ``/dev/shm`` file a failed torch allocation left behind, if any.
+
+    torch names the file, sizes it, maps it and only then unlinks it: when the mapping is
+    refused (an address-space limit) or the size cannot be had (a full ``/dev/shm``), the
+    named file stays, a full-size one after a refused mapping, until someone removes it
+    by hand. Only this process's own files (its pid is in their names) are removed.
+    """
+    found = _TORCH_SHM_NAME.search(str(exc))
+    if found is None or int(found.group(2)) != os.getpid():
+        return
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join("/dev/shm", found.group(1).lstrip("/")))
 
 
 ARENA_BYTES = 256 << 20

@@ -8,7 +8,11 @@ slot carries a copy of an intact sample marked ``__pad__``.
 from __future__ import annotations
 
 import errno
+import json
 import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -17,7 +21,7 @@ from simstore.loaders import SimDataLoader, SimDataset
 from simstore.loaders._stats import one_line
 
 from simstore.catalog import Catalog
-from simstore.errors import FormatError, IntegrityError, InvalidInputError
+from simstore.errors import FormatError, IntegrityError, InvalidInputError, StorageError
 from simstore.hashing import object_key
 from simstore.ingest import ingest
 
@@ -63,13 +67,29 @@ def test_skip_stands_in_for_a_corrupt_shard_and_counts_it(small, caplog):
     assert f"{len(shards[bad])} samples of corrupt shards stood in for" in one_line(stats)
 
 
-@pytest.mark.parametrize("error", [
-    OSError(errno.EMFILE, "Too many open files"),
+@pytest.mark.parametrize(("error", "resource"), [
+    (OSError(errno.EMFILE, "Too many open files"), "file descriptors"),
     # pyarrow's own wording: an OSError with no errno, the number in its text
-    OSError("Failed to open local file 'x'. Detail: [errno 24] Too many open files"),
-    OSError(errno.ENOMEM, "Cannot allocate memory"),
+    (OSError("Failed to open local file 'x'. Detail: [errno 24] Too many open files"),
+     "file descriptors"),
+    (OSError(errno.ENOMEM, "Cannot allocate memory"), "memory"),
+    # found by an audit, each taken for a corrupt shard (its samples stood in for):
+    # torch's words for a buffer it could not make in shared memory (a full /dev/shm, an
+    # address-space limit, no descriptor left), the errno at the end
+    (RuntimeError("unable to allocate shared memory(shm) for file </torch_1_2_0>: No "
+                  "space left on device (28)"), "shared memory"),
+    (RuntimeError("unable to mmap 33554432 bytes from file </torch_1_2_0>: Cannot allocate "
+                  "memory (12)"), "memory"),
+    (RuntimeError("unable to open shared memory object </torch_1_2_0> in read-write mode: "
+                  "Too many open files (24)"), "file descriptors"),
+    # a full temp folder or quota (a Lance shard's copy), a file-size limit, no thread
+    (OSError(errno.ENOSPC, "No space left on device"), "disk space"),
+    (OSError(errno.EDQUOT, "Disk quota exceeded"), "disk space"),
+    (OSError(errno.EFBIG, "File too large"), "file size"),
+    (RuntimeError("can't start new thread"), "threads"),
 ])
-def test_skip_does_not_take_the_processs_own_limits_for_a_corrupt_shard(small, caplog, error):
+def test_skip_does_not_take_the_processs_own_limits_for_a_corrupt_shard(small, caplog, error,
+                                                                       resource):
     # out of descriptors, healthy shards were logged as corrupt and their samples skipped
     store, ref, samples = small
     bad = sorted(_keys_by_shard(store, ref))[1]
@@ -78,17 +98,55 @@ def test_skip_does_not_take_the_processs_own_limits_for_a_corrupt_shard(small, c
         if isinstance(source, str) and bad in source:
             try:
                 raise error
-            except OSError as exc:  # as the loader's opener wraps it
+            except Exception as exc:  # as the loader's opener wraps it
                 raise FormatError(f"cannot read the shard's first and last bytes: {exc}") \
                     from exc
         return open_test_shard(source)
 
-    ds = SimDataset(store, ref, shard_opener=opener, on_corrupt="skip")
-    with caplog.at_level("WARNING", logger="simstore.loaders"):
-        with pytest.raises(FormatError, match="first and last bytes"):
-            list(ds)
-    assert not any("corrupt shard" in r.getMessage() for r in caplog.records)
-    assert ds.stats()["corrupt_shards"] == 0
+    for mode in ("skip", "raise"):
+        ds = SimDataset(store, ref, shard_opener=opener, on_corrupt=mode)
+        with caplog.at_level("WARNING", logger="simstore.loaders"):
+            with pytest.raises(StorageError) as info:
+                list(ds)
+        assert not any("corrupt shard" in r.getMessage() for r in caplog.records)
+        assert ds.stats()["corrupt_shards"] == 0
+        # one line: the shard, the resource and what to do, not damage to the shard
+        text = str(info.value)
+        assert object_key(bad) in text and "\n" not in text
+        assert f"for want of {resource} in this process, not for damage" in text
+        assert str(error).split(":")[0] in text
+
+
+def test_a_refused_shared_memory_buffer_leaves_no_file_and_names_memory(tmp_path):
+    """Found by an audit: under an address-space limit, torch's shared-memory buffer was
+    refused its mapping after its /dev/shm file was made and sized, and the file stayed
+    (32 MiB each, until removed by hand). The real allocator, in a process of its own."""
+    script = tmp_path / "refused.py"
+    script.write_text(textwrap.dedent("""
+        import json, os, resource
+        from simstore.loaders._corrupt import resource_error
+        from simstore.loaders._tensors import _new_shared
+
+        def vm():
+            with open("/proc/self/status") as f:
+                return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmSize"))
+
+        resource.setrlimit(resource.RLIMIT_AS, (vm() + (256 << 20), resource.RLIM_INFINITY))
+        try:
+            _new_shared(4 << 30)
+        except RuntimeError as exc:
+            said, error = str(exc), resource_error(exc, "shard x")
+        mine = f"torch_{os.getpid()}_"
+        print(json.dumps({"said": said, "error": str(error),
+                          "left": [n for n in os.listdir("/dev/shm") if n.startswith(mine)]}))
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "unable to mmap" in got["said"] and "/torch_" in got["said"]
+    assert got["left"] == []
+    assert got["error"].startswith("shard x: the read failed for want of memory")
 
 
 def test_raise_is_the_default_and_names_the_shard(small):
