@@ -533,8 +533,12 @@ class ShardCache:
                 raise
             self._mark_used(object_id)
         except OSError as exc:
+            full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
             raise StorageError(
                 f"cache fill of {object_id} in {self.root}: {exc.strerror or exc}"
+                + ("; the disk is full past the copies that could be evicted (those "
+                   "in use are not): free space on it, or lower prefetch (a reading "
+                   "process pins prefetch.shards + max_open_shards copies)" if full else "")
             ) from exc
         finally:
             with contextlib.suppress(FileNotFoundError):
@@ -599,13 +603,22 @@ class ShardCache:
             self._make_room(0)
 
     def _make_room(self, size: int) -> None:
+        """Evict least recently used copies until a fill of ``size`` bytes fits.
+
+        Within the limit, and on the disk: a fill also needs ``size`` free bytes there,
+        past what the fills under way have still to write. The limit alone was not
+        enough: copies pinned or mapped past it (as the docs allow) can fill a small
+        disk, and the next job, whose default limit counts what the cache holds as its
+        own, then failed every fill on the full disk while it held copies it could
+        evict (every later job failed the same way).
+        """
         # one listing of the cache per fill (it was two: the copies, then their bytes),
         # under the eviction lock, as fills land (see usage_bytes)
         filling = self._filling_bytes()
         entries = sorted(self._entries())  # least recently used first
         used = self.usage_bytes(entries, filling)
         for _used_ns, nbytes, path in entries:
-            if used + size <= self.config.limit_bytes:
+            if used + size <= self.config.limit_bytes and not self._disk_short(size):
                 return
             if self._evict(path):
                 used -= nbytes
@@ -613,6 +626,25 @@ class ShardCache:
                 self.counters.add("cache_evicted_bytes", nbytes)
         if size and used + size > self.config.limit_bytes:
             self.counters.add("cache_over_limit")
+
+    def _disk_short(self, size: int) -> bool:
+        """Whether the disk lacks room for ``size`` more bytes beside the fills under way.
+
+        A fill's reserved file has its length, not its blocks: what it has still to
+        write is its length less its blocks. False when the disk cannot say.
+        """
+        if not size:
+            return False
+        try:
+            free = os.statvfs(self._tmp)
+        except OSError:
+            return False
+        pending = 0
+        for name in _listdir(self._tmp):
+            with contextlib.suppress(FileNotFoundError):
+                st = os.lstat(os.path.join(self._tmp, name))
+                pending += max(0, st.st_size - st.st_blocks * 512)
+        return free.f_bavail * free.f_frsize < size + pending
 
     def _evict(self, path: str) -> bool:
         try:

@@ -65,3 +65,36 @@ def test_a_cache_dir_on_a_full_disk_is_named_with_its_disk(tmp_path, small_fs):
         cache_config(cache, None)
     assert not os.path.exists(cache)
     assert cache_config(cache, 1 << 20).limit_bytes == 1 << 20  # a limit given is taken
+
+
+def test_later_jobs_on_a_small_disk_evict_to_make_room_there(tmp_path, small_fs):
+    """Found by an audit: copies mapped into batches past a job's limit (as the docs
+    allow) filled a small disk while the jobs' default limits grew with what the cache
+    held; a fill then failed on the full disk though the job held copies it could evict,
+    and so did every later job's. A fill makes room on the disk too."""
+    from simstore.loaders import SimDataLoader
+
+    src = tmp_path / "src"
+    src.mkdir()
+    values = {}
+    for i in range(16):  # 16 shards of about 1 MiB: more than the disk holds
+        values[f"m{i:02d}"] = np.random.default_rng(i).random(1 << 17)
+        np.save(src / f"m{i:02d}.npy", values[f"m{i:02d}"])
+    store = f"memory://small-disk-{uuid.uuid4().hex}"
+    Catalog.init(store)
+    ingest([str(src)], dataset="d", store=store, snapshot=True, shard_size="1MiB",
+           compression="none")
+    cache = os.path.join(small_fs("12m"), "cache")
+    limits = []
+    for _job in range(6):  # one after the other, as a node runs them
+        ds = SimDataset(store, "d", cache_dir=cache,
+                        prefetch={"shards": 2, "max_open_shards": 2})
+        limits.append(ds._options.cache.limit_bytes)
+        for epoch in range(2):
+            ds.set_epoch(epoch)
+            got = {k: v.numpy().copy() for b in SimDataLoader(ds, batch_size=2)
+                   for k, v in zip(b["__key__"], b["data"], strict=True)}
+            assert got.keys() == values.keys()
+            assert all(np.array_equal(got[k], values[k]) for k in values)
+        del ds
+    assert limits[-1] > 10 << 20  # the limits grew close to the whole disk
