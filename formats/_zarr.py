@@ -32,6 +32,7 @@ import json
 import math
 import os
 import threading
+import weakref
 import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, BinaryIO, cast
@@ -97,11 +98,19 @@ class _Nodes(Mapping[str, Any]):
     """
 
     def __init__(self, reader: ZarrShardReader) -> None:
-        self._reader = reader
+        # not the reader itself: a reader and its nodes in a cycle waited for the cyclic
+        # collector, with its files, zip index and decoders, after it was closed and let go
+        self._reader_ref = weakref.ref(reader)
         self._parsed: dict[str, Any] = {}
         self._by_bytes: dict[bytes, Any] = {}
         """Parsed metadata by its bytes: every sample's array of one fixed-shape field has
         the same, parsed (and given a decoder) once. Callers must not modify it."""
+
+    @property
+    def _reader(self) -> ZarrShardReader:
+        reader = self._reader_ref()
+        assert reader is not None, "a reader's nodes outlived it"
+        return reader
 
     def __getitem__(self, path: str) -> Any:
         meta = self._parsed.get(path)
