@@ -742,10 +742,18 @@ def _stripe(object_id: str) -> str:
 
 
 def _listdir(path: str) -> list[str]:
+    """The names in folder ``path``, none if it is gone.
+
+    A folder that cannot be listed (out of descriptors, say) is a StorageError naming it:
+    it escaped as a bare ``OSError``.
+    """
     try:
         return sorted(os.listdir(path))
     except FileNotFoundError:
         return []
+    except OSError as exc:
+        raise StorageError(f"cache folder {path}: cannot be listed: {exc.strerror or exc}") \
+            from exc
 
 
 def job_identity() -> str:

@@ -167,3 +167,39 @@ def test_what_counts_as_the_processs_own_limit_and_what_as_the_shards_damage():
     # Arrow's decode pool could not start a thread (ulimit -v): intact shards were skipped
     assert environmental(_wrapped(pa.ArrowException("Failed to launch worker thread")))
     assert not environmental(FormatError("s3://b/failed to launch worker thread/x: bad"))
+
+
+def test_a_cache_folder_listed_out_of_descriptors_is_a_storage_error_naming_it(tmp_path):
+    """Found by an audit: under a low open-file limit, a job with no workers failed with a
+    bare ``OSError: [Errno 24] Too many open files: '.../cache/tmp'``, a traceback that
+    named neither simstore's error nor the limit to raise. The real limit, reached."""
+    folder = tmp_path / "cache" / "tmp"
+    folder.mkdir(parents=True)
+    script = textwrap.dedent(
+        """
+        import resource, sys
+        from simstore.errors import StorageError
+        from simstore.loaders._cache import _listdir
+        from simstore.loaders._corrupt import resource_error
+
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+        held = []
+        try:
+            while True:
+                held.append(open(sys.argv[1] + "/../held", "a"))
+        except OSError:
+            pass
+        try:
+            _listdir(sys.argv[1])
+        except StorageError as exc:
+            print(exc)
+            print(resource_error(exc, "shard x"))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(folder)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said, short = done.stdout.strip().splitlines()
+    assert said == f"cache folder {folder}: cannot be listed: Too many open files"
+    assert short.startswith("shard x: the read failed for want of file descriptors")
