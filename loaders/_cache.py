@@ -498,7 +498,7 @@ class ShardCache:
             with open(tmp, "r+b") as raw:
                 # and its blocks, before the writes (1.3-1.4x faster writes into the page
                 # cache on ext4, see simstore._reserve); a shorter download's are cut off
-                Reservation(raw.fileno(), step=0).ahead(size)
+                self._room_on_disk(Reservation(raw.fileno(), step=0), size)
                 for attempt in (1, 2):
                     hashing = _HashingWriter(raw)
                     hashings.append(hashing)
@@ -603,14 +603,9 @@ class ShardCache:
             self._make_room(0)
 
     def _make_room(self, size: int) -> None:
-        """Evict least recently used copies until a fill of ``size`` bytes fits.
+        """Evict least recently used copies until a fill of ``size`` bytes fits the limit.
 
-        Within the limit, and on the disk: a fill also needs ``size`` free bytes there,
-        past what the fills under way have still to write. The limit alone was not
-        enough: copies pinned or mapped past it (as the docs allow) can fill a small
-        disk, and the next job, whose default limit counts what the cache holds as its
-        own, then failed every fill on the full disk while it held copies it could
-        evict (every later job failed the same way).
+        The fill then claims its blocks on the disk (:meth:`_room_on_disk`).
         """
         # one listing of the cache per fill (it was two: the copies, then their bytes),
         # under the eviction lock, as fills land (see usage_bytes)
@@ -618,7 +613,7 @@ class ShardCache:
         entries = sorted(self._entries())  # least recently used first
         used = self.usage_bytes(entries, filling)
         for _used_ns, nbytes, path in entries:
-            if used + size <= self.config.limit_bytes and not self._disk_short(size):
+            if used + size <= self.config.limit_bytes:
                 return
             if self._evict(path):
                 used -= nbytes
@@ -627,24 +622,27 @@ class ShardCache:
         if size and used + size > self.config.limit_bytes:
             self.counters.add("cache_over_limit")
 
-    def _disk_short(self, size: int) -> bool:
-        """Whether the disk lacks room for ``size`` more bytes beside the fills under way.
+    def _room_on_disk(self, reservation: Reservation, size: int) -> None:
+        """Claim a fill's ``size`` bytes of disk, evicting copies while the disk is full.
 
-        A fill's reserved file has its length, not its blocks: what it has still to
-        write is its length less its blocks. False when the disk cannot say.
+        The limit alone was not enough: copies pinned or mapped into batches past it (as
+        the docs allow) can fill a small disk, and the next job, whose default limit
+        counts what the cache holds as its own, then failed every fill on the full disk
+        while it held copies it could evict (so did every later job). Asked of the file
+        system itself (``fallocate``), not ``statvfs``: a root process may write into an
+        ext4 disk's reserve, and a count of the space free to others emptied its cache at
+        every fill. Where blocks cannot be reserved nothing is evicted here; a full disk
+        then fails the fill's write, as before.
         """
-        if not size:
-            return False
-        try:
-            free = os.statvfs(self._tmp)
-        except OSError:
-            return False
-        pending = 0
-        for name in _listdir(self._tmp):
-            with contextlib.suppress(FileNotFoundError):
-                st = os.lstat(os.path.join(self._tmp, name))
-                pending += max(0, st.st_size - st.st_blocks * 512)
-        return free.f_bavail * free.f_frsize < size + pending
+        if reservation.claim(size) is not False:
+            return
+        with self._lock("evict"):
+            for _used_ns, nbytes, path in sorted(self._entries()):
+                if self._evict(path):
+                    self.counters.add("cache_evictions")
+                    self.counters.add("cache_evicted_bytes", nbytes)
+                    if reservation.claim(size) is not False:
+                        return
 
     def _evict(self, path: str) -> bool:
         try:

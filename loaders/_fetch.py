@@ -98,8 +98,9 @@ def missing_text(store: ObjectStore, key: str, snapshot_id: str) -> str:
 
     Damage, as ``verify`` reports it, while the snapshot is there; once the snapshot
     itself is gone too, gc collected it after its last branch or tag was moved or
-    deleted (it knows nothing of the jobs reading it), and the text says so: ``verify``
-    of the store is clean then, and an operator would look for damage that is not there.
+    deleted (it knows nothing of the jobs reading it), or the job was built from a node
+    cache's copy of a snapshot another store wrote, and the text says so: ``verify`` of
+    the store is clean then, and an operator would look for damage that is not there.
     """
     text = f"{store.url}: {key} is missing"
     if not snapshot_id:
@@ -111,8 +112,9 @@ def missing_text(store: ObjectStore, key: str, snapshot_id: str) -> str:
         return text
     if kept:
         return text
-    return (f"{text}, which is no longer in the store either: gc collected it once no "
-            f"branch or tag reached it (keep a tag on a snapshot while jobs read it)")
+    return (f"{text}, which is not in the store either: gc collected it once no branch "
+            f"or tag reached it (keep a tag on a snapshot while jobs read it), or the job "
+            f"reads another store than the one that wrote it")
 
 
 FileIdentity = tuple[int, int, int, int]

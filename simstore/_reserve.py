@@ -77,6 +77,29 @@ class Reservation:
             # a disk that filled part way may have allocated some: given back at release
         self.end = end
 
+    def claim(self, upto: int) -> bool | None:
+        """Reserve blocks up to offset ``upto`` now, and say how it went.
+
+        True; False for a full disk; None where blocks cannot be reserved (another
+        system or file system). Unlike :meth:`ahead`, a full disk changes nothing here:
+        the caller may make room (the loader's cache evicts copies) and claim again. The
+        file system's own answer, which counts what this process may use (a root process
+        may use the reserve an ext4 disk keeps back from others, which ``statvfs`` does
+        not say).
+        """
+        if self._fallocate is None:
+            return None
+        if upto <= self.end:
+            return True
+        if self._fallocate(self.fd, _KEEP_SIZE, self.end, upto - self.end) == 0:
+            self.end = upto
+            return True
+        failed = ctypes.get_errno()
+        if failed in (errno.ENOSPC, errno.EDQUOT):
+            return False
+        self._fallocate = None  # not supported here: nothing was allocated
+        return None
+
     def release(self, size: int) -> None:
         """Give back the blocks reserved past ``size``, the file's final length.
 

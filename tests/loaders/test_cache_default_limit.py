@@ -98,3 +98,50 @@ def test_later_jobs_on_a_small_disk_evict_to_make_room_there(tmp_path, small_fs)
             assert all(np.array_equal(got[k], values[k]) for k in values)
         del ds
     assert limits[-1] > 10 << 20  # the limits grew close to the whole disk
+
+
+def test_a_root_reader_on_a_disk_full_but_for_its_reserve_keeps_its_copies(tmp_path):
+    """Found by a review: a fill judged the disk's room by ``statvfs``'s space free to
+    others, while a root process may write into the reserve an ext4 disk keeps back; on
+    such a disk every fill evicted every copy it could, and no epoch ever hit the cache.
+    The file system itself answers now (its blocks claimed with ``fallocate``). A real
+    ext4 image with half its blocks reserved, filled to its reserve."""
+    import shutil
+    import subprocess
+
+    from loader_helpers import RemoteLikeStore, write_npz_sources
+
+    image, mnt = tmp_path / "ext4.img", tmp_path / "mnt"
+    mnt.mkdir()
+    with open(image, "wb") as f:
+        f.truncate(64 << 20)
+    made = subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "50", str(image)],
+                          capture_output=True, text=True) if shutil.which("mkfs.ext4") else None
+    mounted = made is not None and made.returncode == 0 and subprocess.run(
+        ["mount", "-o", "loop", str(image), str(mnt)], capture_output=True).returncode == 0
+    if not mounted or os.geteuid() != 0:
+        pytest.skip("needs root, mkfs.ext4 and a loop mount; the tmpfs test above stands in")
+    try:
+        src = tmp_path / "src"
+        src.mkdir()
+        write_npz_sources(str(src), 48, seed=1)
+        store = str(tmp_path / "store")
+        Catalog.init(store)
+        ingest([str(src)], dataset="d", store=store, format="parquet", snapshot=True,
+               message="m", shard_size=40_000)
+        st = os.statvfs(mnt)
+        subprocess.run(["fallocate", "-l", str(st.f_bavail * st.f_frsize),
+                        str(mnt / "filler")], check=True)  # what is left is the reserve
+        st = os.statvfs(mnt)
+        assert st.f_bavail == 0 and st.f_bfree * st.f_frsize > 16 << 20
+        cache = str(mnt / "cache")
+        for epoch in range(3):
+            ds = SimDataset(RemoteLikeStore(store), "d", cache_dir=cache,
+                            cache_limit=16 << 20, shuffle=False)
+            assert len(list(ds)) == 48
+            stats = ds.stats()
+            assert stats["cache_evictions"] == 0, stats
+            if epoch:
+                assert stats["cache_misses"] == 0 and stats["cache_hits"] > 0, stats
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
