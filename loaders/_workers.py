@@ -29,8 +29,15 @@ from simstore.loaders._workerstart import (
     _lockless_context,
     _start_method,
 )
-from simstore.loaders._world import exit_with_parent, leave_sigterm_to_parent
+from simstore.loaders._world import (
+    exit_with_parent,
+    leave_sigterm_to_parent,
+    leave_when_stopped,
+)
 from torch._utils import ExceptionWrapper
+from torch.utils.data._utils.signal_handling import (  # type: ignore[attr-defined]
+    _remove_worker_pids,
+)
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from simstore.errors import SimstoreError
@@ -102,6 +109,7 @@ class _WorkerInit:
         gc.freeze()
         exit_with_parent(self.parent_pid)
         leave_sigterm_to_parent(self.parent_pid, stopping=self.stopping)
+        leave_when_stopped(self.stopping)
         if self.user is not None:
             self.user(worker_id)
 
@@ -399,6 +407,13 @@ class _WorkersIter(_MultiProcessingDataLoaderIter):
                 or status is None or any(status)):
             super()._shutdown_workers()
             return
+        if getattr(self, "_worker_pids_set", False):
+            # every worker has ended its stream and every batch was received: how a
+            # worker ends now is no error of this epoch (torch's SIGCHLD check raised a
+            # job's SIGTERM to its process group meeting a leaving spawn worker in the
+            # next epoch's first batch, before the loop could save its state)
+            _remove_worker_pids(id(self))
+            self._worker_pids_set = False
         # not a daemon: the interpreter waits for it at exit (a daemon thread stopped
         # inside torch's shutdown aborts the process)
         reaper = threading.Thread(target=super()._shutdown_workers,

@@ -11,8 +11,10 @@ fallback, and keeping it in one injectable function keeps the rest of the loader
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +29,7 @@ __all__ = [
     "detect_world",
     "in_worker",
     "join_queue_feeders",
+    "leave_when_stopped",
     "worker_context",
 ]
 
@@ -114,7 +117,7 @@ def _parent_gone(parent: int | None) -> Callable[[], bool]:
 
 def leave_sigterm_to_parent(parent: int | None = None, grace_s: float = SIGTERM_GRACE_S,
                             stopping: Any = None) -> None:
-    """In a DataLoader worker: a SIGTERM sent to the whole job leaves the worker serving.
+    """In a DataLoader worker: a SIGTERM (or SIGINT) sent to the whole job leaves it serving.
 
     Schedulers stop a job by sending SIGTERM to every process in it (Slurm's job step, a
     signal to the process group) and SIGKILL a while later. A torch worker died of it at
@@ -147,6 +150,15 @@ def leave_sigterm_to_parent(parent: int | None = None, grace_s: float = SIGTERM_
             started.append(timer)
 
     signal.signal(signal.SIGTERM, on_term)
+    # Ctrl-C in a terminal reaches the whole process group too: the worker leaves it to
+    # its training process as it does SIGTERM (torch's worker ended its stream at it, so
+    # a loop that took SIGINT as its cue to save met "worker exited unexpectedly"), and a
+    # scheduler's early warning (Slurm's --signal=USR1@N), which ended a spawned worker
+    # by its default action, is the training process's alone
+    signal.signal(signal.SIGINT, on_term)
+    for warning in ("SIGUSR1", "SIGUSR2"):
+        if hasattr(signal, warning):
+            signal.signal(getattr(signal, warning), signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):  # blocked while the workers started
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
@@ -225,6 +237,33 @@ def join_queue_feeders(timeout_s: float = 5.0) -> None:
     for thread in threading.enumerate():
         if thread.name == _FEEDER_THREAD and thread is not threading.current_thread():
             thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def leave_when_stopped(stopping: Any) -> None:
+    """In a spawned DataLoader worker: at exit, once told to stop, leave with ``os._exit``.
+
+    Registered after :func:`join_queue_feeders` (``atexit`` runs the last first). A worker
+    told to stop (``stopping``, set by its training process before it stops the set)
+    has nothing left that anyone will read, so nothing to wait for: its queue's feeder,
+    blocked writing to a pipe its parent no longer reads, held each worker for the whole
+    5 s of that join (every stop of spawn workers mid-epoch, a preemption's grace
+    included), and the rest of the interpreter's teardown, where a signal's default
+    action is back, let a job's SIGTERM to its process group kill a worker of the
+    epoch before, which torch's SIGCHLD check then raised in the next epoch's first
+    batch, before the loop could save its state. Output is flushed first.
+    """
+    import atexit
+
+    def leave() -> None:
+        if stopping is None or not stopping.value:
+            return
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                if stream is not None:
+                    stream.flush()
+        os._exit(0)
+
+    atexit.register(leave)
 
 
 def in_worker() -> bool:

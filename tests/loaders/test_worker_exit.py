@@ -183,7 +183,7 @@ sys.path.insert(0, sys.argv[2])
 from loader_helpers import open_test_shard
 from simstore.loaders import SimDataLoader, SimDataset
 stop = []
-signal.signal(signal.SIGTERM, lambda s, f: stop.append(s))
+signal.signal(getattr(signal, sys.argv[5]), lambda s, f: stop.append(s))
 ds = SimDataset(sys.argv[1], "sim", shard_opener=open_test_shard, shuffle=True, seed=1)
 loader = SimDataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context=sys.argv[3])
 keys = []
@@ -202,11 +202,14 @@ for batch in loader:
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT", "SIGUSR1"])
 def test_a_job_stopped_by_sigterm_saves_its_state_at_the_end_of_the_step(
-        store_path, tmp_path, context):
+        store_path, tmp_path, context, signame):
     # Slurm (and a signal to the process group) sends SIGTERM to every process of the job:
     # the workers died of it at once and the training process's SIGCHLD check raised
-    # "DataLoader worker ... is killed by signal: Terminated" in the middle of the step
+    # "DataLoader worker ... is killed by signal: Terminated" in the middle of the step.
+    # Found by an audit: the same with SIGINT (Ctrl-C reaches the whole group) and with a
+    # scheduler's early warning (SIGUSR1): a spawned worker died of either
     import json
 
     from loader_helpers import open_test_shard
@@ -215,13 +218,14 @@ def test_a_job_stopped_by_sigterm_saves_its_state_at_the_end_of_the_step(
     commit_samples(store_path, "sim", make_samples(80), per_shard=10)
     here = os.path.dirname(os.path.abspath(__file__))
     saved = str(tmp_path / "state.json")
-    proc = subprocess.Popen([sys.executable, "-c", GRACEFUL, store_path, here, context, saved],
+    proc = subprocess.Popen([sys.executable, "-c", GRACEFUL, store_path, here, context, saved,
+                             signame],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     assert proc.stdout.readline().strip() == "ready"
     pids = _descendants(proc.pid)
     assert len(pids) >= 2
-    os.killpg(proc.pid, signal.SIGTERM)
+    os.killpg(proc.pid, getattr(signal, signame))
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     left = _survivors(pids)
@@ -238,6 +242,56 @@ def test_a_job_stopped_by_sigterm_saves_its_state_at_the_end_of_the_step(
 
     assert len(got["keys"]) >= 4
     assert got["keys"] + stream(got["state"]) == stream()
+
+
+AT_EPOCH_END = """
+import json, signal, sys, time
+sys.path.insert(0, sys.argv[2])
+from loader_helpers import open_test_shard
+from simstore.loaders import SimDataLoader, SimDataset
+stop = []
+signal.signal(signal.SIGTERM, lambda s, f: stop.append(s))
+if __name__ == "__main__":
+    ds = SimDataset(sys.argv[1], "sim", shard_opener=open_test_shard, shuffle=True, seed=1)
+    loader = SimDataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context="spawn")
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            time.sleep(0.005)
+            if stop:
+                with open(sys.argv[3], "w") as f:
+                    json.dump({"state": loader.state_dict(), "epoch": epoch}, f)
+                sys.exit(0)
+        print("epoch done", flush=True)
+"""
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("delay_s", [0.0, 0.05, 0.1, 0.2, 0.3])
+def test_a_sigterm_to_the_job_as_an_epochs_spawn_workers_leave_is_saved_not_raised(
+        store_path, tmp_path, delay_s):
+    """Found by an audit: a job's SIGTERM to its process group just after an epoch ended
+    met that epoch's spawn workers in their interpreter's teardown, where a signal's
+    default action is back; one died of it, and torch's SIGCHLD check raised "DataLoader
+    worker ... is killed by signal: Terminated" in the next epoch's first batch, before
+    the loop could save its state (8 runs in 12). Now a worker told to stop leaves at
+    once, and an epoch's workers are off torch's watch once every batch is received."""
+    import json
+
+    commit_samples(store_path, "sim", make_samples(40), per_shard=10)
+    here = os.path.dirname(os.path.abspath(__file__))
+    saved = str(tmp_path / "state.json")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", AT_EPOCH_END, store_path, here, saved],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout.readline().strip() == "epoch done"
+    time.sleep(delay_s)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    with open(saved) as f:
+        got = json.load(f)
+    assert got["epoch"] >= 1 and got["state"]["delivered"] > 0
 
 
 def _serve(parent: int, grace_s: float, ready) -> None:
