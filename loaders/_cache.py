@@ -631,17 +631,21 @@ class ShardCache:
         while it held copies it could evict (so did every later job). Asked of the file
         system itself (``fallocate``), not ``statvfs``: a root process may write into an
         ext4 disk's reserve, and a count of the space free to others emptied its cache at
-        every fill. Where blocks cannot be reserved nothing is evicted here; a full disk
-        then fails the fill's write, as before.
+        every fill. Where blocks cannot be reserved (ext2, NFS before 4.2, most FUSE file
+        systems) the free space ``statvfs`` gives this process is the test: the blocks
+        free to root for root, those free to others for anyone else.
         """
-        if reservation.claim(size) is not False:
+        claimed = reservation.claim(size)
+        if claimed is True or (claimed is None and not _disk_short(self._tmp, size)):
             return
         with self._lock("evict"):
             for _used_ns, nbytes, path in sorted(self._entries()):
                 if self._evict(path):
                     self.counters.add("cache_evictions")
                     self.counters.add("cache_evicted_bytes", nbytes)
-                    if reservation.claim(size) is not False:
+                    claimed = reservation.claim(size)
+                    if claimed is True or (claimed is None
+                                           and not _disk_short(self._tmp, size)):
                         return
 
     def _evict(self, path: str) -> bool:
@@ -737,6 +741,26 @@ def _noting(fn: Callable[..., T], failures: list[StorageError]) -> Callable[...,
 
 def _stripe(object_id: str) -> str:
     return object_id[:3]
+
+
+def _disk_short(folder: str, size: int) -> bool:
+    """Whether the disk of ``folder`` has less than ``size`` bytes this process may write.
+
+    For a file system that cannot reserve blocks: the fills under way in ``folder`` (this
+    one's among them) have their length, not their blocks, so what they have still to
+    write is what must fit. False when the disk cannot say.
+    """
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    free = (st.f_bfree if hasattr(os, "geteuid") and os.geteuid() == 0 else st.f_bavail)
+    pending = 0
+    for name in _listdir(folder):
+        with contextlib.suppress(FileNotFoundError):
+            info = os.lstat(os.path.join(folder, name))
+            pending += max(0, info.st_size - info.st_blocks * 512)
+    return free * st.f_frsize < max(size, pending)
 
 
 def _listdir(path: str) -> list[str]:

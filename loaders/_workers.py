@@ -257,6 +257,11 @@ class _WorkersIter(_MultiProcessingDataLoaderIter):
             if lockless is not None:
                 loader.multiprocessing_context = lockless
             super().__init__(loader)
+            if blocked is not None:
+                # a Ctrl-C held back while the workers started is raised here, where the
+                # workers it would leave serving are stopped (below)
+                mask, blocked = blocked, None
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         except BaseException:
             self._stop_after_failed_start()
             raise

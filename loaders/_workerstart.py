@@ -85,8 +85,15 @@ def _forks(loader: DataLoader[Any]) -> bool:
     return _start_method(loader) == "fork"
 
 
+HELD_AT_START = {getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
+                 if hasattr(signal, name)}
+"""Signals a job's process group gets that a worker must not die of while it starts: a
+scheduler's stop and early warning, Ctrl-C. Each worker unblocks them once its handlers
+are in place (``leave_sigterm_to_parent``); a spawned worker imports torch first."""
+
+
 def _block_sigterm(method: str) -> set[int | signal.Signals] | None:
-    """Block SIGTERM in this thread; its signal mask before, or None where it cannot.
+    """Block :data:`HELD_AT_START` in this thread; its mask before, or None where it cannot.
 
     Workers that do not fork need ``multiprocessing``'s resource tracker, whose start
     unblocks SIGTERM in the thread that starts it, and ``forkserver`` ones the fork
@@ -104,6 +111,6 @@ def _block_sigterm(method: str) -> set[int | signal.Signals] | None:
             from multiprocessing import forkserver
 
             forkserver.ensure_running()
-        return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        return signal.pthread_sigmask(signal.SIG_BLOCK, HELD_AT_START)
     except (OSError, ValueError):
         return None

@@ -160,7 +160,9 @@ def leave_sigterm_to_parent(parent: int | None = None, grace_s: float = SIGTERM_
         if hasattr(signal, warning):
             signal.signal(getattr(signal, warning), signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):  # blocked while the workers started
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        held = {getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
+                if hasattr(signal, name)}
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
 
 
 def exit_with_parent(parent: int | None = None, interval_s: float = 1.0) -> None:
@@ -239,24 +241,37 @@ def join_queue_feeders(timeout_s: float = 5.0) -> None:
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
-def leave_when_stopped(stopping: Any) -> None:
-    """In a spawned DataLoader worker: at exit, once told to stop, leave with ``os._exit``.
+def leave_when_stopped(stopping: Any, wait_s: float = 0.2) -> None:
+    """In a spawned DataLoader worker: at exit, once told to stop, do not wait on its queue.
 
     Registered after :func:`join_queue_feeders` (``atexit`` runs the last first). A worker
-    told to stop (``stopping``, set by its training process before it stops the set)
-    has nothing left that anyone will read, so nothing to wait for: its queue's feeder,
-    blocked writing to a pipe its parent no longer reads, held each worker for the whole
-    5 s of that join (every stop of spawn workers mid-epoch, a preemption's grace
-    included), and the rest of the interpreter's teardown, where a signal's default
-    action is back, let a job's SIGTERM to its process group kill a worker of the
-    epoch before, which torch's SIGCHLD check then raised in the next epoch's first
-    batch, before the loop could save its state. Output is flushed first.
+    told to stop (``stopping``, set by its training process before it stops the set) has
+    nothing left that anyone will read. Its queue's feeder, blocked writing to a pipe its
+    parent no longer reads, held each worker for the whole 5 s of that join (every stop
+    of spawn workers mid-epoch, a preemption's grace included). So: the feeders get
+    ``wait_s``; when they are done the exit goes on as any (every exit hook runs), and
+    when one is still blocked the worker flushes its logging and output and leaves with
+    ``os._exit(0)``, as a fork worker always does (exit hooks registered before this one,
+    a user module's, do not run then).
     """
     import atexit
 
     def leave() -> None:
         if stopping is None or not stopping.value:
             return
+        import threading
+        import time
+
+        deadline = time.monotonic() + wait_s
+        for thread in threading.enumerate():
+            if thread.name == _FEEDER_THREAD and thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
+        if not any(t.name == _FEEDER_THREAD and t.is_alive() for t in threading.enumerate()):
+            return
+        import logging
+
+        with contextlib.suppress(Exception):
+            logging.shutdown()
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 if stream is not None:
