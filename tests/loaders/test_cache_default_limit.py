@@ -8,7 +8,10 @@ end: every warm copy evicted, the next job cold. The disk is a real size-limited
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import subprocess
 import uuid
 
 import numpy as np
@@ -67,26 +70,24 @@ def test_a_cache_dir_on_a_full_disk_is_named_with_its_disk(tmp_path, small_fs):
     assert cache_config(cache, 1 << 20).limit_bytes == 1 << 20  # a limit given is taken
 
 
-def test_later_jobs_on_a_small_disk_evict_to_make_room_there(tmp_path, small_fs):
-    """Found by an audit: copies mapped into batches past a job's limit (as the docs
-    allow) filled a small disk while the jobs' default limits grew with what the cache
-    held; a fill then failed on the full disk though the job held copies it could evict,
-    and so did every later job's. A fill makes room on the disk too."""
+def _jobs_on_a_small_disk(tmp_path, disk: str) -> list[int]:
+    """Six jobs, one after the other as a node runs them, over 16 shards of about 1 MiB
+    (more than the disk holds) cached on ``disk``; each job's default limit."""
     from simstore.loaders import SimDataLoader
 
     src = tmp_path / "src"
     src.mkdir()
     values = {}
-    for i in range(16):  # 16 shards of about 1 MiB: more than the disk holds
+    for i in range(16):
         values[f"m{i:02d}"] = np.random.default_rng(i).random(1 << 17)
         np.save(src / f"m{i:02d}.npy", values[f"m{i:02d}"])
     store = f"memory://small-disk-{uuid.uuid4().hex}"
     Catalog.init(store)
     ingest([str(src)], dataset="d", store=store, snapshot=True, shard_size="1MiB",
            compression="none")
-    cache = os.path.join(small_fs("12m"), "cache")
+    cache = os.path.join(disk, "cache")
     limits = []
-    for _job in range(6):  # one after the other, as a node runs them
+    for _job in range(6):
         ds = SimDataset(store, "d", cache_dir=cache,
                         prefetch={"shards": 2, "max_open_shards": 2})
         limits.append(ds._options.cache.limit_bytes)
@@ -97,6 +98,35 @@ def test_later_jobs_on_a_small_disk_evict_to_make_room_there(tmp_path, small_fs)
             assert got.keys() == values.keys()
             assert all(np.array_equal(got[k], values[k]) for k in values)
         del ds
+    return limits
+
+
+@contextlib.contextmanager
+def _loop_disk(tmp_path, fs: str, mib: int, reserved_pct: int):
+    """A file system ``fs`` in an image of ``mib`` MiB, loop-mounted for the test."""
+    image, mnt = tmp_path / f"{fs}.img", tmp_path / "mnt"
+    mnt.mkdir()
+    with open(image, "wb") as f:
+        f.truncate(mib << 20)
+    made = subprocess.run([f"mkfs.{fs}", "-q", "-F", "-m", str(reserved_pct), str(image)],
+                          capture_output=True, text=True) if shutil.which(f"mkfs.{fs}") else None
+    mounted = made is not None and made.returncode == 0 and subprocess.run(
+        ["mount", "-t", fs, "-o", "loop", str(image), str(mnt)],
+        capture_output=True).returncode == 0
+    if not mounted or os.geteuid() != 0:
+        pytest.skip(f"needs root, mkfs.{fs} and a loop mount; the tmpfs test stands in")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_later_jobs_on_a_small_disk_evict_to_make_room_there(tmp_path, small_fs):
+    """Found by an audit: copies mapped into batches past a job's limit (as the docs
+    allow) filled a small disk while the jobs' default limits grew with what the cache
+    held; a fill then failed on the full disk though the job held copies it could evict,
+    and so did every later job's. A fill makes room on the disk too."""
+    limits = _jobs_on_a_small_disk(tmp_path, small_fs("12m"))
     assert limits[-1] > 10 << 20  # the limits grew close to the whole disk
 
 
@@ -106,22 +136,9 @@ def test_a_root_reader_on_a_disk_full_but_for_its_reserve_keeps_its_copies(tmp_p
     such a disk every fill evicted every copy it could, and no epoch ever hit the cache.
     The file system itself answers now (its blocks claimed with ``fallocate``). A real
     ext4 image with half its blocks reserved, filled to its reserve."""
-    import shutil
-    import subprocess
-
     from loader_helpers import RemoteLikeStore, write_npz_sources
 
-    image, mnt = tmp_path / "ext4.img", tmp_path / "mnt"
-    mnt.mkdir()
-    with open(image, "wb") as f:
-        f.truncate(64 << 20)
-    made = subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "50", str(image)],
-                          capture_output=True, text=True) if shutil.which("mkfs.ext4") else None
-    mounted = made is not None and made.returncode == 0 and subprocess.run(
-        ["mount", "-o", "loop", str(image), str(mnt)], capture_output=True).returncode == 0
-    if not mounted or os.geteuid() != 0:
-        pytest.skip("needs root, mkfs.ext4 and a loop mount; the tmpfs test above stands in")
-    try:
+    with _loop_disk(tmp_path, "ext4", 64, 50) as mnt:
         src = tmp_path / "src"
         src.mkdir()
         write_npz_sources(str(src), 48, seed=1)
@@ -143,8 +160,6 @@ def test_a_root_reader_on_a_disk_full_but_for_its_reserve_keeps_its_copies(tmp_p
             assert stats["cache_evictions"] == 0, stats
             if epoch:
                 assert stats["cache_misses"] == 0 and stats["cache_hits"] > 0, stats
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def test_later_jobs_on_a_small_disk_without_fallocate_make_room_there(tmp_path):
@@ -152,43 +167,5 @@ def test_later_jobs_on_a_small_disk_without_fallocate_make_room_there(tmp_path):
     before 4.2, most FUSE file systems), a fill evicted nothing for the disk, and the
     small disk's later jobs failed again (jobs 3-5 of 6). The free space is the test
     there. A real ext2 image."""
-    import shutil
-    import subprocess
-
-    from simstore.loaders import SimDataLoader
-
-    image, mnt = tmp_path / "ext2.img", tmp_path / "mnt"
-    mnt.mkdir()
-    with open(image, "wb") as f:
-        f.truncate(13 << 20)
-    made = subprocess.run(["mkfs.ext2", "-q", "-F", "-m", "0", str(image)],
-                          capture_output=True, text=True) if shutil.which("mkfs.ext2") else None
-    mounted = made is not None and made.returncode == 0 and subprocess.run(
-        ["mount", "-t", "ext2", "-o", "loop", str(image), str(mnt)],
-        capture_output=True).returncode == 0
-    if not mounted or os.geteuid() != 0:
-        pytest.skip("needs root, mkfs.ext2 and a loop mount; the tmpfs test above stands in")
-    try:
-        src = tmp_path / "src"
-        src.mkdir()
-        values = {}
-        for i in range(16):
-            values[f"m{i:02d}"] = np.random.default_rng(i).random(1 << 17)
-            np.save(src / f"m{i:02d}.npy", values[f"m{i:02d}"])
-        store = f"memory://no-fallocate-{uuid.uuid4().hex}"
-        Catalog.init(store)
-        ingest([str(src)], dataset="d", store=store, snapshot=True, shard_size="1MiB",
-               compression="none")
-        cache = str(mnt / "cache")
-        for _job in range(6):
-            ds = SimDataset(store, "d", cache_dir=cache,
-                            prefetch={"shards": 2, "max_open_shards": 2})
-            for epoch in range(2):
-                ds.set_epoch(epoch)
-                got = {k: v.numpy().copy() for b in SimDataLoader(ds, batch_size=2)
-                       for k, v in zip(b["__key__"], b["data"], strict=True)}
-                assert got.keys() == values.keys()
-                assert all(np.array_equal(got[k], values[k]) for k in values)
-            del ds
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+    with _loop_disk(tmp_path, "ext2", 13, 0) as mnt:
+        _jobs_on_a_small_disk(tmp_path, str(mnt))

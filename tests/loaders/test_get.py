@@ -198,13 +198,9 @@ def test_a_remote_store_ranged_or_through_the_cache(tmp_path, cached):
             cat.store.delete(key)
 
 
-def test_a_job_whose_snapshot_gc_collected_is_told_so_not_sent_to_look_for_damage(tmp_path):
-    """Found by an audit: a job reads a snapshot whose last branch is deleted, and gc
-    collects it; the job's error called the missing shard damage (as ``verify`` reports
-    it), though ``verify`` of the store is clean then. It says the snapshot is gone."""
-    from click.testing import CliRunner
-    from simstore.cli import main
-
+def _four_runs(tmp_path):
+    """A store ``s`` of dataset ``d``: four samples ``r0``-``r3`` (``u = [i, i, i]``), in
+    shards of 200 bytes; ``(sources folder, store path)``."""
     root = tmp_path / "src"
     root.mkdir()
     for i in range(4):
@@ -213,6 +209,17 @@ def test_a_job_whose_snapshot_gc_collected_is_told_so_not_sent_to_look_for_damag
     Catalog.init(path)
     simstore.ingest([str(root)], dataset="d", store=path, snapshot=True, message="t",
                     shard_size=200)
+    return root, path
+
+
+def test_a_job_whose_snapshot_gc_collected_is_told_so_not_sent_to_look_for_damage(tmp_path):
+    """Found by an audit: a job reads a snapshot whose last branch is deleted, and gc
+    collects it; the job's error called the missing shard damage (as ``verify`` reports
+    it), though ``verify`` of the store is clean then. It says the snapshot is gone."""
+    from click.testing import CliRunner
+    from simstore.cli import main
+
+    root, path = _four_runs(tmp_path)
     run = CliRunner()
     assert run.invoke(main, ["--store", path, "branch", "d@main", "exp"]).exit_code == 0
     for i in range(4):
@@ -238,14 +245,7 @@ def test_a_missing_shard_is_damage_not_a_missing_key(tmp_path):
     from simstore.cli import main
     from simstore.loaders import SimDataLoader
 
-    root = tmp_path / "src"
-    root.mkdir()
-    for i in range(4):
-        np.savez(root / f"r{i}.npz", u=np.full(3, i, dtype=np.float32))
-    path = str(tmp_path / "s")
-    Catalog.init(path)
-    simstore.ingest([str(root)], dataset="d", store=path, snapshot=True, message="t",
-                    shard_size=200)
+    root, path = _four_runs(tmp_path)
     cat = Catalog.open(path)
     sid = cat.resolve("d")
     rows = {r["key"]: r["shard"] for r in cat.manifest(cat.snapshot(sid)).to_pylist()}
