@@ -575,11 +575,7 @@ class ShardCache:
 
     def _filling_bytes(self) -> int:
         """Bytes reserved by fills under way (``tmp/``)."""
-        used = 0
-        for name in _listdir(self._tmp):
-            with contextlib.suppress(FileNotFoundError):
-                used += os.lstat(os.path.join(self._tmp, name)).st_size
-        return used
+        return sum(st.st_size for st in _fills(self._tmp))
 
     def usage_bytes(self, entries: list[tuple[int, int, str]] | None = None,
                     filling: int | None = None) -> int:
@@ -635,17 +631,18 @@ class ShardCache:
         systems) the free space ``statvfs`` gives this process is the test: the blocks
         free to root for root, those free to others for anyone else.
         """
-        claimed = reservation.claim(size)
-        if claimed is True or (claimed is None and not _disk_short(self._tmp, size)):
+        def fits() -> bool:
+            claimed = reservation.claim(size)
+            return claimed is True or (claimed is None and not _disk_short(self._tmp, size))
+
+        if fits():
             return
         with self._lock("evict"):
             for _used_ns, nbytes, path in sorted(self._entries()):
                 if self._evict(path):
                     self.counters.add("cache_evictions")
                     self.counters.add("cache_evicted_bytes", nbytes)
-                    claimed = reservation.claim(size)
-                    if claimed is True or (claimed is None
-                                           and not _disk_short(self._tmp, size)):
+                    if fits():
                         return
 
     def _evict(self, path: str) -> bool:
@@ -755,12 +752,15 @@ def _disk_short(folder: str, size: int) -> bool:
     except OSError:
         return False
     free = (st.f_bfree if hasattr(os, "geteuid") and os.geteuid() == 0 else st.f_bavail)
-    pending = 0
+    pending = sum(max(0, fill.st_size - fill.st_blocks * 512) for fill in _fills(folder))
+    return free * st.f_frsize < max(size, pending)
+
+
+def _fills(folder: str) -> Iterator[os.stat_result]:
+    """The ``lstat`` of each fill under way in a cache's ``tmp/`` ``folder``."""
     for name in _listdir(folder):
         with contextlib.suppress(FileNotFoundError):
-            info = os.lstat(os.path.join(folder, name))
-            pending += max(0, info.st_size - info.st_blocks * 512)
-    return free * st.f_frsize < max(size, pending)
+            yield os.lstat(os.path.join(folder, name))
 
 
 def _listdir(path: str) -> list[str]:

@@ -33,9 +33,6 @@ if TYPE_CHECKING:
 
 __all__ = ["CorruptFound", "CorruptShards", "resource_error", "short_of_resources"]
 
-_ENVIRONMENT = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EACCES, errno.EPERM,
-                errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
-"""Errors of the reading process or its machine, never of a shard's bytes."""
 _THREADS_TEXT = ("failed to launch worker thread", "can't start new thread")
 """What a library says, with no errno, when the process cannot start a thread (Arrow's
 decode pool under ``ulimit -v`` or ``ulimit -u``, Python's ``threading``): never a
@@ -64,6 +61,8 @@ _RESOURCE = {errno.EMFILE: "file descriptors", errno.ENFILE: "file descriptors",
              errno.ENOMEM: "memory", errno.EACCES: "permission", errno.EPERM: "permission",
              errno.ENOSPC: "disk space", errno.EDQUOT: "disk space",
              errno.EROFS: "disk space", errno.EFBIG: "file size"}
+"""Errors of the reading process or its machine, never of a shard's bytes, and the
+resource each says the process ran short of."""
 
 
 def _errno_of(exc: BaseException) -> int | None:
@@ -73,7 +72,7 @@ def _errno_of(exc: BaseException) -> int | None:
     if isinstance(exc, SimstoreError):
         return None  # simstore's messages name paths and URLs: no errno is read in them
     text = str(exc).lower()
-    for e in _ENVIRONMENT:
+    for e in _RESOURCE:
         if f"[errno {e}]" in text:  # a library's OSError that gives no errno (pyarrow)
             return e
     if any(t in text for t in _SHARED_MEMORY_TEXT):
@@ -99,8 +98,6 @@ def _short_of(exc: BaseException) -> tuple[str, BaseException] | None:
                 ):
                     return "shared memory", current  # /dev/shm full
                 return _RESOURCE[number], current
-        elif isinstance(current, OSError) and current.errno in _RESOURCE:
-            return _RESOURCE[current.errno], current
     return None
 
 

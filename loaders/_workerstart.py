@@ -1,8 +1,9 @@
 """How a loader's DataLoader workers start.
 
-Their start method, SIGTERM held back while they start, and a shutdown event with no
-lock. ``SimDataLoader``'s worker iterator (``loaders/_workers.py``) uses these around torch's own
-start of the workers; they hold no state of a loader.
+Their start method, the signals held back while they start (``HELD_AT_START``), and a
+shutdown event with no lock. ``SimDataLoader``'s worker iterator
+(``loaders/_workers.py``) uses these around torch's own start of the workers; they hold
+no state of a loader.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import signal
 import time
 from typing import Any
 
+from simstore.loaders._world import HELD_AT_START
 from torch.utils.data import DataLoader
 
 
@@ -85,15 +87,8 @@ def _forks(loader: DataLoader[Any]) -> bool:
     return _start_method(loader) == "fork"
 
 
-HELD_AT_START = {getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
-                 if hasattr(signal, name)}
-"""Signals a job's process group gets that a worker must not die of while it starts: a
-scheduler's stop and early warning, Ctrl-C. Each worker unblocks them once its handlers
-are in place (``leave_sigterm_to_parent``); a spawned worker imports torch first."""
-
-
 def _block_sigterm(method: str) -> set[int | signal.Signals] | None:
-    """Block :data:`HELD_AT_START` in this thread; its mask before, or None where it cannot.
+    """Block ``HELD_AT_START`` in this thread; its mask before, or None where it cannot.
 
     Workers that do not fork need ``multiprocessing``'s resource tracker, whose start
     unblocks SIGTERM in the thread that starts it, and ``forkserver`` ones the fork

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from simstore.loaders._checks import MAX_COUNT, check_int
 from simstore.errors import InvalidInputError
 
 __all__ = [
+    "HELD_AT_START",
     "World",
     "WorldDetector",
     "detect_world",
@@ -98,6 +100,16 @@ def _env_rank(environ: Mapping[str, str]) -> tuple[int, int] | None:
 
 _WATCH_THREAD = "simstore-parent-watch"
 
+_WARNING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGUSR1", "SIGUSR2")
+                         if hasattr(signal, name))
+"""A scheduler's early warnings (Slurm's ``--signal=USR1@N``): the training process's."""
+
+HELD_AT_START = frozenset({signal.SIGTERM, signal.SIGINT, *_WARNING_SIGNALS})
+"""Signals a job's process group gets that a worker must not die of while it starts: a
+scheduler's stop and early warning, Ctrl-C. The training process holds them back while
+it starts its workers; each worker unblocks them once its handlers are in place
+(:func:`leave_sigterm_to_parent`): a spawned worker imports torch first."""
+
 SIGTERM_GRACE_S = 30.0
 """How long a DataLoader worker outlives a SIGTERM while its training process runs on
 (Slurm's default wait between a job's SIGTERM and its SIGKILL)."""
@@ -134,7 +146,6 @@ def leave_sigterm_to_parent(parent: int | None = None, grace_s: float = SIGTERM_
     stops this worker's set; a SIGTERM then is its ``terminate()`` of a worker that did
     not leave when asked, and ends the worker at once, as torch's own handler did.
     """
-    import signal
     import threading
 
     gone = _parent_gone(parent)
@@ -156,13 +167,10 @@ def leave_sigterm_to_parent(parent: int | None = None, grace_s: float = SIGTERM_
     # scheduler's early warning (Slurm's --signal=USR1@N), which ended a spawned worker
     # by its default action, is the training process's alone
     signal.signal(signal.SIGINT, on_term)
-    for warning in ("SIGUSR1", "SIGUSR2"):
-        if hasattr(signal, warning):
-            signal.signal(getattr(signal, warning), signal.SIG_IGN)
+    for warning in _WARNING_SIGNALS:
+        signal.signal(warning, signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):  # blocked while the workers started
-        held = {getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
-                if hasattr(signal, name)}
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_AT_START)
 
 
 def exit_with_parent(parent: int | None = None, interval_s: float = 1.0) -> None:
@@ -260,12 +268,8 @@ def leave_when_stopped(stopping: Any, wait_s: float = 0.2) -> None:
         if stopping is None or not stopping.value:
             return
         import threading
-        import time
 
-        deadline = time.monotonic() + wait_s
-        for thread in threading.enumerate():
-            if thread.name == _FEEDER_THREAD and thread is not threading.current_thread():
-                thread.join(max(0.0, deadline - time.monotonic()))
+        join_queue_feeders(wait_s)
         if not any(t.name == _FEEDER_THREAD and t.is_alive() for t in threading.enumerate()):
             return
         import logging
