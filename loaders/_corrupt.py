@@ -31,7 +31,8 @@ from simstore.hashing import object_key
 if TYPE_CHECKING:
     from simstore.loaders._pipeline import Chunk, OutBuffers
 
-__all__ = ["CorruptFound", "CorruptShards", "resource_error", "short_of_resources"]
+__all__ = ["CorruptFound", "CorruptShards", "resource_error", "short_of_resources",
+           "short_of_threads"]
 
 _THREADS_TEXT = ("failed to launch worker thread", "can't start new thread")
 """What a library says, with no errno, when the process cannot start a thread (Arrow's
@@ -111,6 +112,25 @@ def short_of_resources(where: str) -> Iterator[None]:
         if short is None:
             raise
         raise short from exc
+
+
+@contextlib.contextmanager
+def short_of_threads(where: str) -> Iterator[None]:
+    """A thread this process could not start, outside a shard's read, said as such.
+
+    Python says ``RuntimeError: can't start new thread`` (a container's pids limit, an
+    address-space limit on the thread's stack) from whichever pool was growing: the
+    error names what was being read (``where``) and the limit to raise.
+    """
+    try:
+        yield
+    except RuntimeError as exc:
+        short = _short_of(exc)
+        if short is None or short[0] != "threads":
+            raise
+        raise StorageError(
+            f"{where}: the loader could not start a thread ({exc}): {_ADVICE['threads']}"
+        ) from exc
 
 
 def resource_error(exc: BaseException, where: str) -> StorageError | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -399,10 +400,7 @@ class SimDataset(IterableDataset[Sample]):
             if len(ds._sources) != 1:
                 raise InvalidInputError("mix takes plain datasets, not mixtures")
             if ds._sources[0].num_samples == 0:
-                raise InvalidInputError(
-                    f"dataset {ds._sources[0].dataset} (snapshot "
-                    f"{ds._sources[0].snapshot_id}) has no samples to mix"
-                )
+                raise InvalidInputError(f"{ds._sources[0].named} has no samples to mix")
             sources.append(ds._sources[0])
         if weights is None:
             w = (1.0,) * len(sources)
@@ -688,12 +686,19 @@ class SimDataset(IterableDataset[Sample]):
         phase = self._phase
         counters = self._watched_counters()
         items = self.read(world, self._epoch, remaining, 1, counters=counters)
+        ended = threading.Event()
+        # read until this generator ends: a later iteration started meanwhile must not
+        # take this one's counters as final (its later samples went uncounted)
+        self._metrics.until(ended.is_set)
 
         def tracked() -> Iterator[Delivery]:
-            for sample, count, counters in items:
-                # counted by ``timed`` as its last step before the loop gets the sample
-                yield Delivery(sample, functools.partial(self._delivered, 0, count, counters,
-                                                         phase=phase))
+            try:
+                for sample, count, counters in items:
+                    # counted by ``timed`` as its last step before the loop gets the sample
+                    yield Delivery(sample, functools.partial(self._delivered, 0, count,
+                                                             counters, phase=phase))
+            finally:
+                ended.set()
 
         yield from timed(tracked(), self._metrics, log_every_s=self._options.log_every_s)
 

@@ -17,9 +17,11 @@ import contextlib
 import functools
 import logging
 import os
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from multiprocessing.context import BaseContext
 from typing import Any, cast
 
 import torch
@@ -33,6 +35,7 @@ from simstore.loaders._checks import (
     shown,
 )
 from simstore.loaders._collate import Collate, MeshMode
+from simstore.loaders._corrupt import short_of_threads
 from simstore.loaders._dataset import LoaderState, Sample, SimDataset
 from simstore.loaders._filerows import FdChannel, file_rows_of, resolve_batch
 from simstore.loaders._metrics import Delivery, timed
@@ -111,6 +114,16 @@ def _check_torch_options(num_workers: int, kwargs: Mapping[str, Any]) -> None:
     init = kwargs.get("worker_init_fn")
     if init is not None:
         check_callable(init, "worker_init_fn")
+    generator = kwargs.get("generator")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        # torch's TypeError came at the first iter(), four lines long
+        raise InvalidInputError(f"generator must be a torch.Generator, got {shown(generator)}")
+    context = kwargs.get("multiprocessing_context")
+    if context is not None and not isinstance(context, str | BaseContext):
+        raise InvalidInputError(
+            "multiprocessing_context must be a start method's name ('fork', 'spawn', "
+            f"'forkserver') or a multiprocessing context, got {shown(context)}"
+        )
 
 
 @contextlib.contextmanager
@@ -187,7 +200,7 @@ class SimDataLoader(DataLoader[Any]):
     ) -> None:
         if not isinstance(dataset, SimDataset):
             raise InvalidInputError("SimDataLoader reads a SimDataset")
-        if kwargs.get("in_order") is False:
+        if "in_order" in kwargs and not check_bool(kwargs["in_order"], "in_order"):
             raise InvalidInputError("in_order=False would make batches' order nondeterministic")
         if kwargs.get("shuffle") is False:  # torch takes it for an IterableDataset too
             kwargs.pop("shuffle")
@@ -289,7 +302,9 @@ class SimDataLoader(DataLoader[Any]):
         if kept is None and self.num_workers > 0 and _forks(self):
             self._load_first_groups(ds, world)
         try:
-            tagged = super().__iter__()
+            with short_of_threads("starting the DataLoader of " + ", ".join(
+                    s.named for s in ds._sources)):
+                tagged = super().__iter__()
         except BaseException:
             if kept is None and channels:  # made for workers that are stopped (or none)
                 _close_channels(channels)
@@ -307,6 +322,12 @@ class SimDataLoader(DataLoader[Any]):
             # later iteration starts while this iterator is still alive (reading ahead)
             ds._metrics.until(functools.partial(_workers_stopped, weakref.ref(tagged),
                                                 getattr(tagged, "_sim_number", -1)))
+        ended = threading.Event()
+        if self.num_workers == 0:
+            # read in this process until its generator ends: a later iteration started
+            # meanwhile must not take this one's counters as final (its later batches
+            # went uncounted)
+            ds._metrics.until(ended.is_set)
         number = -1
         if isinstance(tagged, _WorkersIter) and self.persistent_workers:
             number = tagged._sim_number
@@ -323,26 +344,31 @@ class SimDataLoader(DataLoader[Any]):
             has taken them over, reading this one is an error (its batches would be the
             later one's).
             """
-            while True:
-                if number >= 0 and getattr(tagged, "_sim_number", -1) != number:
-                    raise InvalidInputError(
-                        "this SimDataLoader iteration was superseded by a later iter() on "
-                        "the same loader: its persistent workers read the later one now")
-                try:
-                    batch, tag = next(tagged)
-                except StopIteration:
-                    return
-                rows = file_rows_of(batch)
-                if rows:
-                    resolve_batch(batch, rows, channels[tag.worker] if channels else None,
-                                  _tensors.POOL, pin)
-                if tracker is not None:
-                    tracker.track(tag.worker, tag.marks, batch)
-                    tracker.poll()
-                # counted by ``timed`` as its last step before the loop gets the batch
-                yield Delivery(batch, functools.partial(
-                    ds._delivered, tag.worker, tag.delivered, tag.counters, tag.warm,
-                    phase=phase))
+            try:
+                while True:
+                    if number >= 0 and getattr(tagged, "_sim_number", -1) != number:
+                        raise InvalidInputError(
+                            "this SimDataLoader iteration was superseded by a later iter() "
+                            "on the same loader: its persistent workers read the later one "
+                            "now")
+                    try:
+                        batch, tag = next(tagged)
+                    except StopIteration:
+                        return
+                    rows = file_rows_of(batch)
+                    if rows:
+                        resolve_batch(batch, rows,
+                                      channels[tag.worker] if channels else None,
+                                      _tensors.POOL, pin)
+                    if tracker is not None:
+                        tracker.track(tag.worker, tag.marks, batch)
+                        tracker.poll()
+                    # counted by ``timed`` as its last step before the loop gets the batch
+                    yield Delivery(batch, functools.partial(
+                        ds._delivered, tag.worker, tag.delivered, tag.counters, tag.warm,
+                        phase=phase))
+            finally:
+                ended.set()
 
         # the clock ``started`` was read on (timed's default is bound where it is defined)
         return timed(untag(arenas), ds._metrics, log_every_s=ds._options.log_every_s,
@@ -486,6 +512,24 @@ class SimDataLoader(DataLoader[Any]):
         for arena in arenas:
             arena.hold_views()
         return list(arenas)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """This loader as ``pickle`` and ``copy.deepcopy`` take it, before it has run workers.
+
+        Once it has, it holds what they share with this process (their arenas' mappings,
+        descriptors, queues): a copy of those would be another process's, or nothing.
+        """
+        stream = getattr(self, "_stream", None)
+        if (getattr(self, "_arenas", None) or getattr(self, "_channels", None)
+                or getattr(self, "_tracker", None) is not None
+                or getattr(stream, "announcements", None) is not None
+                or getattr(stream, "trusted", None) is not None):
+            raise InvalidInputError(
+                "SimDataLoader: a loader whose workers have run holds memory and queues it "
+                "shares with them and cannot be pickled or copied; make a new "
+                "SimDataLoader of its dataset (state_dict() carries the progress)"
+            )
+        return dict(self.__dict__)
 
     def __len__(self) -> int:
         n = len(self.sim_dataset)

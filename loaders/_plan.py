@@ -313,6 +313,16 @@ def _worker_batches(
     return out
 
 
+def ranks_with_positions(total: int, per_rank: int, world_size: int) -> int:
+    """How many of ``world_size`` ranks hold a position, each given ``per_rank`` in turn.
+
+    The ranks after them get padding only (or nothing): a pass over the ranks visits
+    these alone (over all of them, a ``state_dict()`` in a world of 2^31 ranks, which the
+    loader accepts, took minutes).
+    """
+    return min(world_size, -(-total // per_rank)) if per_rank else 0
+
+
 def advance(
     remaining: Sequence[Interval],
     *,
@@ -354,7 +364,7 @@ def advance(
         offsets.extend(_worker_batches(count, k, num_workers, batch_size, n, lead))
     block = normalise_intervals(offsets)
     done: list[Interval] = []
-    for r in range(world_size):
+    for r in range(ranks_with_positions(total, n, world_size)):
         base = r * n
         for a, b in block:
             lo, hi = base + a, min(base + b, total)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 from simstore.loaders._collate import Collate
-from simstore.loaders._corrupt import CorruptFound, CorruptShards
+from simstore.loaders._corrupt import CorruptFound, CorruptShards, short_of_threads
 from simstore.loaders._fetch import RateLimiter, ShardAccess, tier_of
 from simstore.loaders._normalise import Normalise
 from simstore.loaders._opener import FormatOpener
@@ -407,6 +407,8 @@ class EpochReader:
         for tier in tiers:  # each store's tier is in the report, even if the cache served all
             counters.add_read(tier, 0, requests=0)
         with contextlib.ExitStack() as stack:
+            stack.enter_context(short_of_threads(
+                "reading " + ", ".join(s.named for s in sources)))
             stack.callback(FORKED_GROUPS.clear)  # what the first chunk did not take
             access, pool = self._readers(counters, limiter, trusted, siblings)
             stack.callback(pool.close)

@@ -73,6 +73,11 @@ class Source:
         """Samples in the snapshot."""
         return int(self.part_rows.sum())
 
+    @property
+    def named(self) -> str:
+        """The source in an error message: its dataset and snapshot."""
+        return f"dataset {self.dataset} (snapshot {self.snapshot_id})"
+
     def layout(self, epoch: int) -> SourceLayout:
         """The part order and groups of one of this source's epochs."""
         return source_layout(
@@ -159,7 +164,10 @@ def open_source(
                         ("shuffle_buffer_blocks", buffer_blocks)):
         if value < 1:
             raise InvalidInputError(f"{name} must be at least 1, got {value}")
-    regions = parse_regions(crop, window, snap.schema) if crop or window else None
+    regions = (parse_regions(crop, window, snap.schema)
+               if crop is not None or window is not None else None)
+    if regions is not None and not regions.fields:
+        regions = None  # empty mappings: nothing cropped
     transform = normaliser(normalise, snap, fields, ref, transform)
     if regions is not None and isinstance(transform, Normalise):
         transform = transform.fitted(regions, {s.name: s.ndim for s in snap.schema})

@@ -151,9 +151,13 @@ def parse_regions(
     specs = {s.name: s for s in schema}
     crops: dict[str, Box] = {}
     windows: dict[str, tuple[int | None, ...]] = {}
-    for what, given in (("crop", crop or {}), ("window", window or {})):
+    for what, given in (("crop", crop), ("window", window)):
+        if given is None:
+            continue
         if not isinstance(given, Mapping):
-            raise InvalidInputError(f"{what}= takes a mapping of field name to region")
+            # ``[]``, ``0`` and ``False`` too, which were read as no crop at all
+            raise InvalidInputError(f"{what}= takes a mapping of field name to region, "
+                                    f"got {shown(given)}")
         for name, value in given.items():
             spec = specs.get(name)
             if spec is None or spec.kind != "tensor":

@@ -30,6 +30,7 @@ from simstore.loaders._workerstart import (
     _start_method,
 )
 from simstore.loaders._world import (
+    SIGTERM_GRACE_S,
     exit_with_parent,
     leave_sigterm_to_parent,
     leave_when_stopped,
@@ -107,8 +108,12 @@ class _WorkerInit:
     def __call__(self, worker_id: int) -> None:
         _FIRST_OUT[0] = self.first_out
         gc.freeze()
-        exit_with_parent(self.parent_pid)
-        leave_sigterm_to_parent(self.parent_pid, stopping=self.stopping)
+        try:
+            exit_with_parent(self.parent_pid)
+        finally:
+            # the signals held back at the start are released even when the watch thread
+            # could not start: held, the SIGTERM that stops this worker waited for ever
+            leave_sigterm_to_parent(self.parent_pid, stopping=self.stopping)
         leave_when_stopped(self.stopping)
         if self.user is not None:
             self.user(worker_id)
@@ -148,6 +153,62 @@ def _dead_workers(it: Any, wait_s: float = 0.5) -> list[int]:
         if dead or time.monotonic() >= deadline:
             return dead
         time.sleep(0.01)
+
+
+_DEATH_ADVICE = {
+    signal.SIGKILL: "which nothing in the loader sends and the kernel's out-of-memory "
+                    "killer does (dmesg or the container's events say so): lower "
+                    "num_workers or prefetch=, or give the job more memory",
+    signal.SIGBUS: "which a batch in a full /dev/shm raises: give /dev/shm more room (a "
+                   "container's --shm-size) or lower prefetch or num_workers",
+    signal.SIGSEGV: "a crash in native code (a transform's library, a reader): run with "
+                    "num_workers=0 to see where",
+}
+"""What a worker's death by each signal most likely means, and what to do."""
+
+
+def _how_workers_died(it: Any) -> str | None:
+    """How each of ``it``'s dead workers ended, and what to do; None when none has.
+
+    Torch says only that a worker "exited unexpectedly" (and, from its SIGCHLD check,
+    the signal's name): a worker ended by the kernel's out-of-memory killer said nothing
+    of memory.
+    """
+    told = []
+    for number, worker in enumerate(getattr(it, "_workers", ())):
+        code = worker.exitcode
+        if code is None:  # alive
+            continue
+        advice: str | None
+        if code == 0:
+            how, advice = "exited with code 0", (
+                f"which a worker does {SIGTERM_GRACE_S:.0f} s after a SIGTERM that its "
+                "training process outlived, or when a transform calls sys.exit()")
+        elif code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            how = f"was killed by {name}"
+            advice = _DEATH_ADVICE.get(-code)
+        else:
+            how, advice = f"exited with code {code}", (
+                "after printing its own error on standard error, if it had one (a spawned "
+                "worker fails so when the script starts its loader outside `if __name__ "
+                "== '__main__':`); num_workers=0 raises it here")
+        said = f"DataLoader worker {number} (pid {worker.pid}) exited unexpectedly: it {how}"
+        told.append(f"{said}, {advice}" if advice else said)
+    return "; ".join(told) or None
+
+
+def _death_of_workers(it: Any, exc: BaseException) -> str | None:
+    """:func:`_how_workers_died` when ``exc`` is torch's word that a worker died.
+
+    Read before the workers are shut down: the shutdown ends the others with SIGTERM.
+    """
+    if isinstance(exc, RuntimeError) and str(exc).startswith("DataLoader worker (pid"):
+        return _how_workers_died(it)
+    return None
 
 
 _RUNNING: weakref.WeakSet[_WorkersIter] = weakref.WeakSet()
@@ -322,13 +383,16 @@ class _WorkersIter(_MultiProcessingDataLoaderIter):
         self._sim_draining = True
         try:
             super()._reset(loader, first_iter)
-        except BaseException:
+        except BaseException as exc:
             # a worker died between iterations (torch's wait for the acknowledgements
             # says so): stop the set, so the next iteration starts a new one
+            died = _death_of_workers(self, exc)
             try:
                 self._shutdown_workers()
             except Exception as stop:  # the error being raised says more than this one
                 _log.debug("stopping the workers after a failed reset: %s", stop)
+            if died:
+                raise RuntimeError(died) from exc
             raise
         finally:
             self._sim_draining = False
@@ -368,6 +432,7 @@ class _WorkersIter(_MultiProcessingDataLoaderIter):
             # surfaces as the sharer's broken connection, naming no worker (torch names
             # the dead only once it sees them gone): say which died, as torch does
             dead = _dead_workers(self) if isinstance(exc, ConnectionError | EOFError) else []
+            died = _how_workers_died(self) if dead else _death_of_workers(self, exc)
             try:
                 self._shutdown_workers()
             except Exception as stop:  # the error being raised says more than this one
@@ -376,7 +441,10 @@ class _WorkersIter(_MultiProcessingDataLoaderIter):
                 raise RuntimeError(
                     f"DataLoader worker (pid(s) {', '.join(map(str, dead))}) exited "
                     f"unexpectedly while a batch was being received ({exc!r})"
+                    + (f": {died}" if died else "")
                 ) from exc
+            if died:
+                raise RuntimeError(died) from exc
             raise
 
     def __del__(self) -> None:
@@ -437,8 +505,9 @@ def _worker_error(wrapper: ExceptionWrapper) -> SimstoreError | None:
 
     The wrapper keeps the exception's class (``exc_type``) and its formatted traceback
     (``exc_msg``), which ends with the line ``simstore.errors.StorageError: <message>``
-    (the message may run on over further lines): the message is what follows the last
-    line at the start of which the class is named.
+    and then the exception's notes, a line each (a transform's error names its sample in
+    one): the message is what follows the class's name on the last line it starts, one
+    line as every simstore error's is, and the lines after it are notes again.
     """
     cls = wrapper.exc_type
     if not (isinstance(cls, type) and issubclass(cls, SimstoreError)):
@@ -451,10 +520,12 @@ def _worker_error(wrapper: ExceptionWrapper) -> SimstoreError | None:
     for i in range(len(lines) - 1, -1, -1):
         line = lines[i]
         if line == name or line.startswith(name + ": "):
-            first = line[len(name) + 2 :]
-            message = "\n".join([first, *lines[i + 1 :]]).rstrip("\n")
             try:
-                return cls(message)
+                error = cls(line[len(name) + 2 :])
             except Exception:  # a subclass that takes other arguments: keep torch's
                 return None
+            for note in lines[i + 1 :]:
+                if note.strip():
+                    error.add_note(note)
+            return error
     return None

@@ -157,7 +157,13 @@ def leave_sigterm_to_parent(parent: int | None = None, grace_s: float = SIGTERM_
         if not started:
             timer = threading.Timer(grace_s, os._exit, args=(0,))
             timer.daemon = True
-            timer.start()
+            try:
+                timer.start()
+            except RuntimeError:
+                # no thread to bound the wait with (a pids limit): serve on, raising
+                # nothing into the batch under way; the training process's stop of this
+                # set, or its exit, ends this worker
+                return
             started.append(timer)
 
     signal.signal(signal.SIGTERM, on_term)

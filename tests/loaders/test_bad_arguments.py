@@ -318,6 +318,16 @@ LOADER_CASES = [
     ({"timeout": "x"}, "timeout must be a number"),
     ({"worker_init_fn": 1}, "worker_init_fn must be callable"),
     ({"batch_size": None, "drop_last": True, "collate_fn": list}, "SimDataLoader: .*drop_last"),
+    # found by an audit: only the literal False was refused, and torch took None, 0 and
+    # np.False_ as False (batches out of order); a generator or context of another type
+    # was torch's TypeError, at the first iter() or four lines long
+    ({"in_order": False}, "in_order=False would make batches' order nondeterministic"),
+    ({"in_order": None}, "in_order must be True or False, got None"),
+    ({"in_order": 0}, "in_order must be True or False, got 0"),
+    ({"in_order": np.False_}, "in_order=False would make"),
+    ({"generator": 3}, "generator must be a torch.Generator, got 3"),
+    ({"num_workers": 1, "multiprocessing_context": 3},
+     "multiprocessing_context must be a start method's name .* got 3"),
 ]
 
 
@@ -463,3 +473,23 @@ def test_load_state_dict_takes_numpy_integers_and_resumes_exactly(store):
     assert again.epoch == 1 and type(again.epoch) is int
     assert again.state_dict()["remaining"] == [[20, 45], [50, 60]]
     assert keys_of(again) == full[20:45] + full[50:60]
+
+
+@pytest.mark.multiprocess
+def test_a_loader_whose_workers_ran_refuses_to_be_copied_in_one_line(store):
+    # found by an audit: pickle and deepcopy failed with "cannot pickle 'mmap.mmap'
+    # object", naming nothing; before it runs workers, and without workers, a loader copies
+    import copy
+    import pickle
+
+    plain = SimDataLoader(dataset(store), batch_size=2)
+    list(plain)
+    assert len(copy.deepcopy(plain)) == len(plain)
+    assert len(pickle.loads(pickle.dumps(plain))) == len(plain)
+    loader = SimDataLoader(dataset(store), batch_size=2, num_workers=2,
+                           multiprocessing_context="fork")
+    assert len(copy.deepcopy(loader)) == len(loader)
+    list(loader)
+    for copying in (copy.deepcopy, pickle.dumps):
+        refused("a loader whose workers have run .* cannot be pickled or copied; make a new "
+                "SimDataLoader of its dataset", copying, loader)

@@ -8,6 +8,7 @@ simstore cache in front of a remote store, and ``mix(samples_per_epoch=0)``.
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -84,6 +85,19 @@ def test_normalise_constants_that_fit_still_apply(store):
 ])
 def test_regions_that_are_not_integers_are_refused(store, kw, match):
     refused(match, dataset, store, fields=["u"], **kw)
+
+
+@pytest.mark.parametrize("what", ["crop", "window"])
+@pytest.mark.parametrize("given", [[], 0, "", False, ()])
+def test_a_crop_or_window_that_is_not_a_mapping_is_refused_even_when_empty(store, what,
+                                                                          given):
+    # found by an audit: a falsy value was taken for no crop at all (the whole field read)
+    refused(f"{what}= takes a mapping of field name to region, got {re.escape(repr(given))}",
+            dataset, store, fields=["u"], **{what: given})
+
+
+def test_empty_crop_and_window_mappings_crop_nothing(store):
+    assert dataset(store, fields=["u"], crop={}, window={})._sources[0].regions is None
 
 
 def test_regions_take_numpy_integers(store):

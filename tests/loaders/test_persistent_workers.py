@@ -370,7 +370,8 @@ def test_workers_whose_reset_fails_are_stopped(small):
     victim.is_alive = lambda: next(answers, None) or real()
     _kill(victim)
     answers = iter([True])
-    with pytest.raises(RuntimeError, match="exited unexpectedly"):
+    with pytest.raises(RuntimeError, match=rf"DataLoader worker 0 \(pid {victim.pid}\) exited "
+                                           "unexpectedly: it was killed by SIGKILL"):
         iter(kept)
     assert workers._shutdown
     assert sorted(_epoch(kept, 1)) == sorted(samples)

@@ -14,6 +14,7 @@ from simstore.loaders._plan import (
     intervals_total,
     normalise_intervals,
     plan_epoch,
+    samples_per_rank,
     subtract_intervals,
     take_intervals,
 )
@@ -155,6 +156,21 @@ def test_advance_then_replan_reads_exactly_the_rest(
     again = read_all(rest, new_world, new_workers, new_batch, "pad")
     real = [p for got in again.values() for p, pad in got if not pad]
     assert sorted(real) == positions_of(rest)
+
+
+@pytest.mark.parametrize("remainder", ["pad", "drop"])
+def test_advance_in_a_world_of_2_31_ranks_visits_only_ranks_with_positions(remainder):
+    # found by an audit: advance looped over every rank, so a state_dict() in a world of
+    # 2^31 ranks (which the loader accepts) took about ten minutes; only the first 37
+    # ranks hold a position of 37 samples with padding, none without
+    from simstore.loaders._plan import ranks_with_positions
+
+    n = samples_per_rank(37, 2**31, remainder)
+    assert ranks_with_positions(37, n, 2**31) == (37 if remainder == "pad" else 0)
+    assert ranks_with_positions(37, 10, 4) == 4 and ranks_with_positions(37, 10, 9) == 4
+    rest = advance([(0, 37)], world_size=2**31, num_workers=1, batch_size=1,
+                   remainder=remainder, consumed=[1 if remainder == "pad" else 0])
+    assert rest == (() if remainder == "pad" else ((0, 37),))
 
 
 def test_advance_refuses_counts_beyond_a_share():

@@ -205,3 +205,25 @@ def test_a_report_names_each_tier_even_when_nothing_was_read(small, workers, nod
     assert set(report["tiers"]) == {"local"}  # (the manifest's reads, if any, are in it)
     assert report["epochs_read"] is None  # a whole epoch delivers nothing
     assert parse_run_report(json.loads(json.dumps(report))).tiers[0].tier == "local"
+
+
+@pytest.mark.parametrize("workers", [None, 0, 2])
+def test_an_earlier_iteration_still_read_counts_its_samples(small, workers):
+    # found by an audit: with no workers, an iteration still read after a later one had
+    # started lost its later samples from stats() and the run report (37 of 74 counted)
+    from simstore.loaders import SimDataLoader
+
+    store, ref, samples = small
+    ds = SimDataset(store, ref, shard_opener=open_test_shard)
+    source = ds if workers is None else SimDataLoader(ds, batch_size=4, num_workers=workers)
+
+    def keys(item):
+        return [item["__key__"]] if workers is None else list(item["__key__"])
+
+    first = iter(source)
+    got = keys(next(first))
+    got += [k for item in source for k in keys(item)]  # a whole second iteration
+    got += [k for item in first for k in keys(item)]  # then the rest of the first
+    assert len(got) == 2 * len(samples)
+    assert ds.stats()["samples"] == 2 * len(samples)
+    assert ds.report()["samples"] == 2 * len(samples)

@@ -47,3 +47,20 @@ def test_bad_transform_result_names_the_sample(small, workers, transform):
     message = str(info.value)
     assert "\n" not in message
     assert "(sample " in message and any(repr(k) in message for k in samples)
+
+
+def _missing(sample):
+    raise InvalidInputError("the label table has no row for it")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_simstore_error_in_a_transform_keeps_one_line_and_its_note(small, workers):
+    # found by an audit: with workers, the note naming the sample came back as a second
+    # line of the message
+    store, ref, samples = small
+    with pytest.raises(InvalidInputError) as info:
+        _first_batch(store, ref, _missing, workers)
+    assert str(info.value) == "the label table has no row for it"
+    notes = info.value.__notes__
+    assert len(notes) == 1 and notes[0].startswith("in transform _missing of sample ")
+    assert any(repr(k) in notes[0] for k in samples)

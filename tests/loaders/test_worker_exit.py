@@ -420,6 +420,42 @@ def test_a_worker_outlives_a_sigterm_while_its_parent_runs_then_leaves_quietly()
     assert worker.exitcode == 0  # its grace over: gone, with nothing for SIGCHLD to report
 
 
+def _serve_without_threads(parent: int, ready) -> None:
+    import resource
+    import threading
+
+    from simstore.loaders._world import leave_sigterm_to_parent
+
+    leave_sigterm_to_parent(parent, grace_s=5.0)
+    with open("/proc/self/status") as f:
+        size = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize"))
+    threading.stack_size(1 << 30)  # a new thread's stack: more than the limit leaves
+    resource.setrlimit(resource.RLIMIT_AS, (size + (256 << 20), resource.RLIM_INFINITY))
+    ready.set()
+    while True:
+        time.sleep(0.05)
+
+
+def test_a_worker_that_cannot_start_its_grace_timer_serves_on():
+    # the handler's timer thread would not start (a pids limit): its RuntimeError was
+    # raised inside whatever the worker was doing, ending the batch under way with it
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    ready = ctx.Event()
+    worker = ctx.Process(target=_serve_without_threads, args=(os.getpid(), ready),
+                         daemon=True)
+    worker.start()
+    try:
+        assert ready.wait(60)
+        os.kill(worker.pid, signal.SIGTERM)
+        time.sleep(0.5)
+        assert worker.is_alive(), f"the worker ended (exit code {worker.exitcode})"
+    finally:
+        worker.kill()
+        worker.join(60)
+
+
 STARTING = """
 import signal, sys, time
 sys.path.insert(0, sys.argv[2])

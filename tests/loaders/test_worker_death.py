@@ -1,0 +1,83 @@
+"""A worker that dies mid-epoch is named, with how it ended and what that most likely means.
+
+Torch says only that a worker "exited unexpectedly": a worker the kernel's out-of-memory
+killer ended (SIGKILL) said nothing of memory. These workers die for real: a transform
+that kills its own process, or leaves it with an exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+from loader_helpers import open_test_shard
+from simstore.loaders import SimDataLoader, SimDataset
+
+pytestmark = pytest.mark.multiprocess
+
+
+class _Die:
+    """A transform that ends worker 1 at its third sample: by ``signal``, or by
+    ``os._exit(code)`` (no handler, no finally runs either way)."""
+
+    def __init__(self, signal: int | None = None, code: int = 0) -> None:
+        self.signal = signal
+        self.code = code
+        self.seen = 0
+        self.said = ""
+        """A file the dying worker writes its pid to."""
+
+    def __call__(self, sample):
+        info = torch.utils.data.get_worker_info()
+        if info is not None and info.id == 1:
+            self.seen += 1
+            if self.seen == 3:
+                with open(self.said, "w") as f:
+                    f.write(str(os.getpid()))
+                if self.signal is not None:
+                    os.kill(os.getpid(), self.signal)
+                os._exit(self.code)
+        return sample
+
+
+def _epoch_error(small, tmp_path, transform: _Die, method: str) -> str:
+    store, ref, _ = small
+    transform.said = str(tmp_path / "pid")
+    ds = SimDataset(store, ref, seed=1, shard_opener=open_test_shard, transform=transform)
+    loader = SimDataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context=method)
+    with pytest.raises(RuntimeError) as err:
+        for _ in loader:
+            pass
+    pid = (tmp_path / "pid").read_text()
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert f"DataLoader worker 1 (pid {pid}) exited unexpectedly" in msg
+    assert "worker 0" not in msg  # stopped by the loader afterwards, not a death to report
+    return msg
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_worker_killed_by_sigkill_is_named_with_the_out_of_memory_killer(small, tmp_path, method):
+    msg = _epoch_error(small, tmp_path, _Die(signal=signal.SIGKILL), method)
+    assert "killed by SIGKILL" in msg and "out-of-memory killer" in msg
+    assert "give the job more memory" in msg
+
+
+def test_a_worker_killed_by_sigbus_points_at_shared_memory(small, tmp_path):
+    msg = _epoch_error(small, tmp_path, _Die(signal=signal.SIGBUS), "fork")
+    assert "killed by SIGBUS" in msg and "/dev/shm" in msg
+
+
+def test_a_worker_that_exits_with_a_code_says_the_code(small, tmp_path):
+    msg = _epoch_error(small, tmp_path, _Die(code=3), "fork")
+    assert "it exited with code 3, after printing its own error on standard error" in msg
+    assert "num_workers=0 raises it here" in msg
+
+
+def test_a_worker_that_exits_with_code_0_mid_epoch_says_when_workers_do(small, tmp_path):
+    # a worker's SIGTERM grace running out leaves so; torch's words were the same as for
+    # any other death
+    msg = _epoch_error(small, tmp_path, _Die(code=0), "fork")
+    assert "it exited with code 0, which a worker does 30 s after a SIGTERM" in msg
