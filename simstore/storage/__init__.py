@@ -87,7 +87,10 @@ def open_store(
 
         return S3Store(text, storage_options=storage_options, read_only=read_only)
     _check_fsspec_protocol(text, protocol)
-    return FsspecStore(text, storage_options=storage_options, read_only=read_only)
+    # a store's folder behind a web server is read, never written: HTTP has no listing
+    # of its own, no conditional write, and a PUT is whatever that server makes of it
+    return FsspecStore(text, storage_options=storage_options,
+                       read_only=read_only or protocol in ("http", "https"))
 
 
 _SCHEME_TYPO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")

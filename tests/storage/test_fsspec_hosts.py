@@ -102,6 +102,19 @@ def test_a_store_served_over_http_reads(served):
     assert np.array_equal(got["a2"], np.arange(4.0) + 2)
 
 
+def test_a_store_served_over_http_is_read_only(served):
+    # found by an audit: a write went out as a PUT, and the server's refusal was a
+    # StorageError (exit 10) where the docs promise a read-only store's (exit 9)
+    url, local = served
+    before = sorted(p.relative_to(local) for p in local.rglob("*"))
+    for args in (["tag", "ds", "v1"], ["branch", "ds", "b"], ["gc", "--grace", "0s"]):
+        result = CliRunner().invoke(main, ["--store", url, *args])
+        assert result.exit_code == 9, (args, result.output)
+        assert "store is read-only" in result.output
+    assert sorted(p.relative_to(local) for p in local.rglob("*")) == before
+    assert open_store(url).read_only
+
+
 def test_workers_read_a_store_served_over_http(served, tmp_path):
     url, _ = served
     for cache in (None, str(tmp_path / "cache")):
