@@ -8,12 +8,16 @@ no state of a loader.
 
 from __future__ import annotations
 
+import multiprocessing.queues
 import signal
 import time
 from typing import Any
 
 from simstore.loaders._world import HELD_AT_START
-from torch.utils.data import DataLoader
+from torch._utils import ExceptionWrapper
+from torch.utils.data import DataLoader, get_worker_info
+
+from simstore.errors import InvalidInputError
 
 
 def _start_method(loader: DataLoader[Any]) -> str:
@@ -59,6 +63,47 @@ class _FlagEvent:
         return True
 
 
+class _ReportingQueue(multiprocessing.queues.Queue):  # type: ignore[type-arg]
+    """A worker's queue that sends an error in place of a batch it cannot pickle.
+
+    Python's queue pickles what is put on it in a feeder thread; one that does not pickle
+    (a transform's result holding a lock, a file, an object that refuses) is printed and
+    dropped there, and the training process waited for that batch for ever (torch's own
+    loader does the same). The batch's place in the queue gets an error naming it, which
+    the training process raises.
+    """
+
+    def _on_queue_feeder_error(self, e: Exception, obj: object) -> None:
+        replacement = _unsendable(e, obj)
+        if replacement is None:  # Python's: print it
+            multiprocessing.queues.Queue._on_queue_feeder_error(  # type: ignore[attr-defined]
+                e, obj)
+            return
+        self.put(replacement)
+
+
+def _unsendable(e: Exception, obj: object) -> tuple[int, ExceptionWrapper] | None:
+    """What a worker sends in place of its batch ``obj`` that did not pickle (``e``)."""
+    if not (isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], int)
+            and not isinstance(obj[1], ExceptionWrapper)):
+        return None
+    info = get_worker_info()
+    worker = info.id if info is not None else "?"
+    said = (str(e).strip().splitlines() or [""])[0]
+    batch = obj[1][0] if isinstance(obj[1], tuple) and obj[1] else obj[1]
+    keys = batch.get("__key__") if isinstance(batch, dict) else None
+    which = (f"sample {keys!r}" if isinstance(keys, str)
+             else f"the batch of samples {keys[0]!r}..." if isinstance(keys, list) and keys
+             else f"batch {obj[0]}")
+    error = InvalidInputError(
+        f"DataLoader worker {worker}: {which} cannot be sent to the training process "
+        f"({type(e).__name__}: {said}): a transform's result must hold tensors, arrays, "
+        "numbers, strings and objects that pickle"
+    )
+    return obj[0], ExceptionWrapper(  # type: ignore[no-untyped-call]
+        (InvalidInputError, error, None), where=f"in DataLoader worker process {worker}")
+
+
 _LOCKLESS: dict[type, type] = {}
 
 
@@ -77,8 +122,11 @@ def _lockless_context(given: Any, method: str) -> Any:
         return None
     cls = _LOCKLESS.get(base)
     if cls is None:
-        cls = _LOCKLESS[base] = type(f"Lockless{base.__name__}", (base,),
-                                     {"Event": lambda self: _FlagEvent(self)})
+        cls = _LOCKLESS[base] = type(
+            f"Lockless{base.__name__}", (base,),
+            {"Event": lambda self: _FlagEvent(self),
+             "Queue": lambda self, maxsize=0: _ReportingQueue(maxsize,
+                                                              ctx=self.get_context())})
     return cls()
 
 

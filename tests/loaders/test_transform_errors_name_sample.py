@@ -64,3 +64,35 @@ def test_a_simstore_error_in_a_transform_keeps_one_line_and_its_note(small, work
     notes = info.value.__notes__
     assert len(notes) == 1 and notes[0].startswith("in transform _missing of sample ")
     assert any(repr(k) in notes[0] for k in samples)
+
+
+class _Opaque:
+    def __reduce__(self):
+        raise TypeError("cannot pickle '_Opaque' object")
+
+
+def _unpicklable(sample):
+    sample["extra"] = _Opaque()
+    return sample
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_a_result_that_cannot_leave_its_worker_is_an_error_not_a_hang(small, batch_size):
+    # found by an audit: the worker's queue printed the pickling error and dropped the
+    # batch, and the training process waited for it for ever (as with torch's loader);
+    # timeout= only bounds this test
+    store, ref, samples = small
+    loader = SimDataLoader(SimDataset(store, ref, transform=_unpicklable, shuffle=False,
+                                      shard_opener=open_test_shard),
+                           batch_size=batch_size, num_workers=2,
+                           multiprocessing_context="fork", timeout=120)
+    with pytest.raises(InvalidInputError) as info:
+        next(iter(loader))
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("DataLoader worker ")
+    assert "cannot be sent to the training process (TypeError: cannot pickle '_Opaque'" \
+        in message
+    assert ("sample " if batch_size is None else "the batch of samples ") in message
+    assert any(repr(k) in message for k in samples)
