@@ -753,7 +753,11 @@ def _disk_short(folder: str, size: int) -> bool:
         return False
     free = (st.f_bfree if hasattr(os, "geteuid") and os.geteuid() == 0 else st.f_bavail)
     pending = sum(max(0, fill.st_size - fill.st_blocks * 512) for fill in _fills(folder))
-    return free * st.f_frsize < max(size, pending)
+    need = max(size, pending)
+    # and the file system's own blocks for them: ext2's indirect blocks are 0.4% of a
+    # file in 1 KiB blocks, and a folder made for a copy takes a block; without this
+    # margin two fills that fit to the byte failed their last writes (ENOSPC)
+    return free * st.f_frsize < need + need // 128 + 16 * st.f_frsize
 
 
 def _fills(folder: str) -> Iterator[os.stat_result]:
