@@ -251,6 +251,35 @@ def _unlink_left(exc: RuntimeError) -> None:
         os.unlink(os.path.join("/dev/shm", found.group(1).lstrip("/")))
 
 
+_TORCH_SHM_FILE = re.compile(r"torch_(\d+)_[0-9_]+")
+"""A file torch makes in ``/dev/shm``: named for the process that made it."""
+
+
+def remove_dead_process_files(pid: int) -> int:
+    """Remove the ``/dev/shm`` files torch made in process ``pid``, which has died.
+
+    torch names a file, sizes it, maps it and only then unlinks it: a worker killed in
+    between (the OOM killer's SIGKILL) left one behind, a batch's size, for good. Nothing
+    is removed while a process ``pid`` exists. Returns how many were.
+    """
+    from simstore.loaders._world import _alive
+
+    if _alive(pid):
+        return 0
+    try:
+        names = os.listdir("/dev/shm")
+    except OSError:
+        return 0
+    removed = 0
+    for name in names:
+        found = _TORCH_SHM_FILE.fullmatch(name)
+        if found is not None and int(found.group(1)) == pid:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join("/dev/shm", name))
+                removed += 1
+    return removed
+
+
 ARENA_BYTES = 256 << 20
 """Address space of each fork worker's :class:`SharedArena` (only pages written cost
 memory); 0 turns arenas off."""

@@ -23,7 +23,7 @@ from typing import Any
 from simstore.loaders._dataset import Sample
 from simstore.loaders._filerows import FdChannel
 from simstore.loaders._streams import _FIRST_OUT, _Stream, _Tagged
-from simstore.loaders._tensors import ReleaseTracker
+from simstore.loaders._tensors import ReleaseTracker, remove_dead_process_files
 from simstore.loaders._workerstart import (
     _block_sigterm,
     _lockless_context,
@@ -172,13 +172,15 @@ def _how_workers_died(it: Any) -> str | None:
 
     Torch says only that a worker "exited unexpectedly" (and, from its SIGCHLD check,
     the signal's name): a worker ended by the kernel's out-of-memory killer said nothing
-    of memory.
+    of memory. The ``/dev/shm`` files torch left for a killed worker are removed.
     """
     told = []
     for number, worker in enumerate(getattr(it, "_workers", ())):
         code = worker.exitcode
         if code is None:  # alive
             continue
+        if code < 0:  # killed: torch's file of a batch it was making may be left
+            remove_dead_process_files(worker.pid)
         advice: str | None
         if code == 0:
             how, advice = "exited with code 0", (

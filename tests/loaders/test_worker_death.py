@@ -20,11 +20,17 @@ pytestmark = pytest.mark.multiprocess
 
 class _Die:
     """A transform that ends worker 1 at its third sample: by ``signal``, or by
-    ``os._exit(code)`` (no handler, no finally runs either way)."""
+    ``os._exit(code)`` (no handler, no finally runs either way).
 
-    def __init__(self, signal: int | None = None, code: int = 0) -> None:
+    ``leave``: first make a file in ``/dev/shm`` named as torch names the file of a
+    batch it is making (``torch_<pid>_<random>_<n>``), as a worker killed between
+    torch's making it and unlinking it leaves one.
+    """
+
+    def __init__(self, signal: int | None = None, code: int = 0, leave: bool = False) -> None:
         self.signal = signal
         self.code = code
+        self.leave = leave
         self.seen = 0
         self.said = ""
         """A file the dying worker writes its pid to."""
@@ -36,6 +42,9 @@ class _Die:
             if self.seen == 3:
                 with open(self.said, "w") as f:
                     f.write(str(os.getpid()))
+                if self.leave:
+                    with open(f"/dev/shm/torch_{os.getpid()}_2718281828_0", "wb") as f:
+                        f.truncate(1 << 20)
                 if self.signal is not None:
                     os.kill(os.getpid(), self.signal)
                 os._exit(self.code)
@@ -81,3 +90,27 @@ def test_a_worker_that_exits_with_code_0_mid_epoch_says_when_workers_do(small, t
     # any other death
     msg = _epoch_error(small, tmp_path, _Die(code=0), "fork")
     assert "it exited with code 0, which a worker does 30 s after a SIGTERM" in msg
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_the_dev_shm_file_a_killed_worker_left_is_removed(small, tmp_path, method):
+    msg = _epoch_error(small, tmp_path, _Die(signal=signal.SIGKILL, leave=True), method)
+    pid = (tmp_path / "pid").read_text()
+    assert f"(pid {pid})" in msg
+    left = [n for n in os.listdir("/dev/shm") if n.startswith(f"torch_{pid}_")]
+    for name in left:  # not left behind by this test either
+        os.unlink(f"/dev/shm/{name}")
+    assert not left
+
+
+def test_files_of_a_process_still_running_are_kept(tmp_path):
+    from simstore.loaders._tensors import remove_dead_process_files
+
+    mine = f"/dev/shm/torch_{os.getpid()}_1414213562_0"
+    with open(mine, "wb"):
+        pass
+    try:
+        assert remove_dead_process_files(os.getpid()) == 0
+        assert os.path.exists(mine)
+    finally:
+        os.unlink(mine)
