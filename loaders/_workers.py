@@ -13,6 +13,7 @@ import atexit
 import gc
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -203,6 +204,53 @@ def _how_workers_died(it: Any) -> str | None:
     return "; ".join(told) or None
 
 
+_TORCH_DEATH = re.compile(r"DataLoader worker \(pid (\d+)\)")
+
+
+def _name_deaths_in_sigchld() -> None:
+    """Once torch's SIGCHLD check is set, have its error name the worker as ``next()`` does.
+
+    The check raises "DataLoader worker (pid N) is killed by signal: Killed." wherever
+    the training process is when a worker dies, most often in its own step, outside the
+    loader: the handler that wraps it raises :func:`_how_workers_died`'s words instead
+    (and so removes what torch left for that worker). Set once per process, from the
+    main thread only, as torch's own.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    torch_check = signal.getsignal(signal.SIGCHLD)
+    if not callable(torch_check) or getattr(torch_check, "simstore", False):
+        return
+
+    def check(signum: int, frame: Any) -> None:
+        try:
+            torch_check(signum, frame)
+        except RuntimeError as exc:
+            told = _deaths_by_pid(exc)
+            if told is None:
+                raise
+            raise RuntimeError(told) from exc
+
+    check.simstore = True  # type: ignore[attr-defined]
+    signal.signal(signal.SIGCHLD, check)
+
+
+def _deaths_by_pid(exc: RuntimeError) -> str | None:
+    """:func:`_how_workers_died` for the worker set of the pid torch's error names."""
+    found = _TORCH_DEATH.match(str(exc))
+    if found is None:
+        return None
+    pid = int(found.group(1))
+    try:  # no lock: this runs in a signal handler, maybe while the lock is held
+        running = list(_RUNNING)
+    except RuntimeError:  # the set changed while it was copied
+        return None
+    for it in running:
+        if any(w.pid == pid for w in getattr(it, "_workers", ())):
+            return _how_workers_died(it)
+    return None
+
+
 def _death_of_workers(it: Any, exc: BaseException) -> str | None:
     """:func:`_how_workers_died` when ``exc`` is torch's word that a worker died.
 
@@ -337,6 +385,7 @@ class _WorkersIter(_MultiProcessingDataLoaderIter):
         with _RUNNING_LOCK:
             _RUNNING.add(self)
             _register_exit_hooks()
+        _name_deaths_in_sigchld()
 
     def _stop_after_failed_start(self) -> None:
         """Stop the workers torch's ``__init__`` started before it failed.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 import torch
@@ -114,3 +115,44 @@ def test_files_of_a_process_still_running_are_kept(tmp_path):
         assert os.path.exists(mine)
     finally:
         os.unlink(mine)
+
+
+class _DieOnCue:
+    """A transform that kills worker 1 at its third sample once the cue file exists."""
+
+    def __init__(self, cue: str) -> None:
+        self.cue = cue
+        self.seen = 0
+
+    def __call__(self, sample):
+        info = torch.utils.data.get_worker_info()
+        if info is not None and info.id == 1:
+            self.seen += 1
+            if self.seen == 3:
+                while not os.path.exists(self.cue):
+                    time.sleep(0.01)
+                os.kill(os.getpid(), signal.SIGKILL)
+        return sample
+
+
+def test_a_worker_killed_during_the_training_step_is_named_there(small, tmp_path):
+    # torch's SIGCHLD check raised its own words ("is killed by signal: Killed") inside
+    # the loop's step, where the loader's next() could not reword them
+    store, ref, _ = small
+    cue = tmp_path / "cue"
+    ds = SimDataset(store, ref, seed=1, shard_opener=open_test_shard,
+                    transform=_DieOnCue(str(cue)))
+    loader = SimDataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context="fork")
+    stepped = []
+    with pytest.raises(RuntimeError) as err:
+        for _ in loader:
+            cue.touch()  # the step: worker 1 dies while it runs
+            stepped.append(1)
+            deadline = time.monotonic() + 120  # a liveness bound, no timing is asserted
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+    assert stepped == [1]  # raised in the first step, not by next()
+    assert "is killed by signal" in str(err.value.__cause__)  # torch's check, reworded
+    msg = str(err.value)
+    assert "DataLoader worker 1 (pid " in msg and "killed by SIGKILL" in msg
+    assert "out-of-memory killer" in msg and "\n" not in msg
