@@ -329,8 +329,9 @@ def test_a_shard_damaged_between_epochs_is_an_error(store_path, before):
 def _kill(process):
     """SIGKILL a worker and wait for it to be gone.
 
-    Torch's SIGCHLD handler may raise in this thread from the kill on ("DataLoader worker
-    (pid X) is killed by signal"): the kill is inside the handled block.
+    Torch's SIGCHLD check may raise in this thread from the kill on (reworded: "DataLoader
+    worker 0 (pid X) exited unexpectedly: it was killed by SIGKILL"): the kill is inside
+    the handled block.
     """
     deadline = time.monotonic() + 30
     killed = False
@@ -343,7 +344,7 @@ def _kill(process):
                 return
             time.sleep(0.01)
         except RuntimeError as exc:
-            assert "killed by signal" in str(exc)
+            assert "killed by SIGKILL" in str(exc)  # torch's check, reworded
     raise AssertionError("the killed worker is still alive")
 
 
