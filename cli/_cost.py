@@ -309,6 +309,15 @@ def _cache_line(c: dict[str, Any], total_usd: float) -> str:
             f"{_usd(c['saved_usd'])}; with a cold cache the run would cost "
             f"{_usd(c['cold_start_usd'])}"
         )
+    if c.get("warm_shared") and c["warm_hits"] is not None:
+        return (
+            f"{lookups}; {warm} warm copies counted by the ranks (in the cache before the "
+            f"run), {human_bytes(c['saved_bytes'])} in {c['saved_gets']} requests not read "
+            f"from {source}: saved at most {_usd(c['saved_usd'])} (ranks that share a "
+            f"node's cache each count the warm copies they read, so a copy several of them "
+            f"read is counted once per rank); with a cold cache the run would cost at most "
+            f"{_usd(c['cold_start_usd'])}"
+        )
     if warm is None:
         what = "the reports do not count warm copies, so every hit is priced as a GET"
     else:

@@ -64,7 +64,7 @@ from simstore.errors import (
     version_error,
     write_refused,
 )
-from simstore.hashing import Hasher, is_object_id
+from simstore.hashing import Hasher, hash_bytes, is_object_id
 
 __all__ = ["CacheConfig", "DamagedCopyError", "PinnedCopy", "ShardCache"]
 
@@ -94,6 +94,23 @@ class CacheConfig:
     def __post_init__(self) -> None:
         if self.limit_bytes <= 0:
             raise InvalidInputError(f"cache_limit must be positive, got {self.limit_bytes}")
+
+    def node_id(self) -> str:
+        """This cache among a run's reports: the same for every rank that shares it.
+
+        The host's name, the folder's real path and its device and inode, hashed (16 hex
+        digits): ranks of one node that read one copy each count it as a warm copy, and
+        the cost accounting must know their counts overlap. No path is given away.
+        """
+        import socket
+
+        folder = os.path.realpath(self.directory)
+        try:
+            st = os.stat(folder)
+            where = f"{st.st_dev}:{st.st_ino}"
+        except OSError:
+            where = ""
+        return hash_bytes(f"{socket.gethostname()}\0{folder}\0{where}".encode())[:16]
 
 
 class PinnedCopy:

@@ -634,6 +634,8 @@ class SimDataset(IterableDataset[Sample]):
             snapshots=self.snapshot_ids, epochs=list(self._metrics.epochs),
             world_size=self._world.world_size, num_workers=self._readers,
             rank_epoch=self._rank_epoch(),
+            cache_node=(self._options.cache.node_id()
+                        if self._options.cache is not None else None),
         )
 
     def _rank_epoch(self) -> int:

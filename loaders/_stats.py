@@ -303,7 +303,7 @@ class RunReport(TypedDict):
     sample_bytes: int
     corrupt: dict[str, int]
     tiers: dict[str, TierReport]
-    cache: dict[str, int]
+    cache: dict[str, int | str | None]
     manifest: dict[str, int]
     time_to_first_batch_s: float | None
     data_stall: float | None
@@ -391,6 +391,7 @@ def run_report(
     world_size: int,
     num_workers: int,
     rank_epoch: int = 0,
+    cache_node: str | None = None,
 ) -> RunReport:
     """The run report of one rank.
 
@@ -398,6 +399,8 @@ def run_report(
     evens ranks out) over the positions of its epoch (``rank_epoch``, what ``len(ds)``
     says), what a run's cost per epoch divides by: a job resumed mid-epoch, or stopped
     early, read a fraction of one (None when this rank's epoch holds nothing).
+    ``cache_node``: the id of the disk cache read (see ``CacheConfig.node_id``), None
+    without one.
     """
     return {
         "format_version": REPORT_FORMAT_VERSION,
@@ -425,6 +428,7 @@ def run_report(
             "evicted_bytes": int(counters.get("cache_evicted_bytes", 0)),
             "over_limit": stats["cache_over_limit"],
             "damaged": stats["cache_damaged"],
+            "node": cache_node,
         },
         "manifest": {"parts": stats["manifest_parts"], "bytes": stats["manifest_bytes"],
                      "cache_hits": stats["manifest_cache_hits"],

@@ -66,6 +66,12 @@ class RunUsage:
     warm_requests: int | None = None
     """The requests the warm copies' fills would have sent, when the reports say (a paced
     fill sends a HEAD and a GET per 64 MiB); None: one GET per warm copy."""
+    cache_nodes: tuple[str, ...] = ()
+    """The node caches the reports read warm copies from, one entry per report (a
+    report's ``cache.node``): two reports of one node may count one copy once each."""
+    warm_shared: bool = False
+    """Reports merged that read warm copies from one node's cache: their sum is an upper
+    bound (a copy several ranks read is counted once per rank)."""
 
     def saved_reads(self) -> tuple[int, int, bool]:
         """``(requests, bytes, estimated)`` a cold cache would have added to the run.
@@ -181,6 +187,9 @@ def parse_run_report(obj: object, *, origin: str = "run report") -> RunUsage:
             + _count(manifest.get("warm_requests", part_hits),
                      f"{origin}: manifest.warm_requests"))
         warm_hits += part_hits
+    node = cache.get("node")
+    if node is not None and (not isinstance(node, str) or not node):
+        raise FormatError(f"{origin}: cache.node must be a string or null, got {node!r}")
     remote = [t.tier for t in tiers if t.tier not in HOT_TIERS]
     return RunUsage(
         epochs=epochs if read is None else read,
@@ -196,6 +205,7 @@ def parse_run_report(obj: object, *, origin: str = "run report") -> RunUsage:
         warm_hit_bytes=warm_bytes,
         warm_counted=warm_hits,
         warm_requests=warm_requests,
+        cache_nodes=(node,) if node is not None and warm_hits else (),
     )
 
 
@@ -225,8 +235,9 @@ def merge_run_usage(usages: Sequence[RunUsage]) -> RunUsage:
     Ranks run side by side, so the run lasts as long as its slowest rank and has as many
     epochs as the rank that saw most. The cold tier is kept when all reports agree.
     Warm copies are summed over ranks (each rank counts its own; ranks of one node that
-    read the same warm copy count it once each); a report without them adds its
-    estimate (its hits) and marks the sum ``warm_estimated``.
+    read the same warm copy count it once each, so reports that name one node's cache
+    mark the sum ``warm_shared`` and ``warm_estimated``: an upper bound); a report
+    without them adds its estimate (its hits) and marks the sum ``warm_estimated``.
     """
     if not usages:
         raise InvalidInputError("no run reports to merge")
@@ -243,6 +254,8 @@ def merge_run_usage(usages: Sequence[RunUsage]) -> RunUsage:
         warm_requests = sum(s[0] for s in saved)
         warm_bytes = sum(s[1] for s in saved)
         warm_estimated = any(s[2] for s in saved)
+    nodes = tuple(n for u in usages for n in u.cache_nodes)
+    shared = any(u.warm_shared for u in usages) or len(set(nodes)) < len(nodes)
     return RunUsage(
         epochs=max(u.epochs for u in usages),
         seconds=max(u.seconds for u in usages),
@@ -256,9 +269,11 @@ def merge_run_usage(usages: Sequence[RunUsage]) -> RunUsage:
         reports=sum(u.reports for u in usages),
         warm_hits=warm_hits,
         warm_hit_bytes=warm_bytes or 0,
-        warm_estimated=warm_estimated,
+        warm_estimated=warm_estimated or shared,
         warm_counted=_sum_counted(usages),
         warm_requests=warm_requests,
+        cache_nodes=nodes,
+        warm_shared=shared,
     )
 
 
@@ -336,6 +351,9 @@ class RunCost:
     saved_gets: int = 0
     saved_bytes: int = 0
     saved_estimated: bool = False
+    warm_shared: bool = False
+    """Ranks' reports that read one node's cache: their warm copies, summed, may count a
+    copy once per rank (``saved_estimated`` too: an upper bound)."""
 
     @property
     def total_usd(self) -> float:
@@ -380,6 +398,7 @@ class RunCost:
                 "saved_gets": self.saved_gets,
                 "saved_bytes": self.saved_bytes,
                 "saved_estimated": self.saved_estimated,
+                "warm_shared": self.warm_shared,
                 "cold_tier": self.cold_tier,
                 "cold_price_tier": self.cold_price_tier,
                 "saved_usd": self.cache_saved_usd,
@@ -463,4 +482,5 @@ def price_run(
         saved_gets=saved_gets,
         saved_bytes=saved_bytes,
         saved_estimated=saved_estimated,
+        warm_shared=usage.warm_shared,
     )

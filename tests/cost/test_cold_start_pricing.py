@@ -22,6 +22,7 @@ from simstore.cost import (
     parse_run_report,
     price_run,
 )
+from simstore.errors import FormatError
 from simstore.storage._s3 import S3Store
 
 FAST = {"backoff_base_s": 0.01, "backoff_max_s": 0.05, "read_timeout_s": 5}
@@ -101,6 +102,48 @@ def test_ranks_with_and_without_warm_copies_merge_as_an_estimate():
     assert mixed.warm_estimated
     cost = price_run(mixed, read_price_table(), DEFAULT_TIER_PRICES)
     assert cost.saved_estimated
+
+
+def _on_node(report: dict, node: str | None) -> dict:
+    out = json.loads(json.dumps(report))
+    out["cache"]["node"] = node
+    return out
+
+
+def test_ranks_that_share_a_node_cache_merge_as_an_upper_bound(tmp_path):
+    # found by an audit: three ranks sharing one node's cache, each counting the warm
+    # copies it read, claimed twice what the cold run had cost, as measured ("saved")
+    rank = _warm(REPORT, 10, 10 << 27)
+    shared = merge_run_usage([parse_run_report(_on_node(rank, "a1b2c3d4e5f60718"))] * 2)
+    assert shared.warm_shared and shared.warm_estimated and shared.warm_hits == 20
+    cost = price_run(shared, read_price_table(), DEFAULT_TIER_PRICES)
+    assert cost.saved_estimated and cost.to_json()["cache"]["warm_shared"]
+    apart = merge_run_usage([parse_run_report(_on_node(rank, "a1b2c3d4e5f60718")),
+                             parse_run_report(_on_node(rank, "0f1e2d3c4b5a6978"))])
+    assert not apart.warm_shared and not apart.warm_estimated  # two nodes: exact
+    # a node cache that gave no warm copy shares none
+    cold = json.loads(json.dumps(rank))
+    cold["cache"].update(warm_hits=0, warm_hit_bytes=0)
+    cold["manifest"].update(warm_hits=0, warm_hit_bytes=0)
+    one = merge_run_usage([parse_run_report(_on_node(rank, "a1b2c3d4e5f60718")),
+                           parse_run_report(_on_node(cold, "a1b2c3d4e5f60718"))])
+    assert not one.warm_shared
+    paths = []
+    for i in range(2):
+        paths.append(tmp_path / f"rank{i}.json")
+        paths[-1].write_text(json.dumps(_on_node(rank, "a1b2c3d4e5f60718")))
+    result = CliRunner().invoke(main, ["--store", "memory://unused", "cost", "--run",
+                                       str(paths[0]), "--run", str(paths[1])])
+    assert result.exit_code == 0, result.output
+    assert "20 warm copies counted by the ranks" in result.output
+    assert "saved at most" in result.output and "counted once per rank" in result.output
+    assert "would cost at most" in result.output
+
+
+@pytest.mark.parametrize("node", [3, "", ["x"]])
+def test_a_cache_node_that_is_not_a_name_is_refused(node):
+    with pytest.raises(FormatError, match=r"run report: cache.node must be a string or null"):
+        parse_run_report(_on_node(_warm(REPORT, 1, 1), node))
 
 
 def _cli_text(tmp_path, report: dict) -> str:

@@ -227,3 +227,26 @@ def test_an_earlier_iteration_still_read_counts_its_samples(small, workers):
     assert len(got) == 2 * len(samples)
     assert ds.stats()["samples"] == 2 * len(samples)
     assert ds.report()["samples"] == 2 * len(samples)
+
+
+def test_a_report_names_its_node_cache_the_same_for_every_rank_that_shares_it(small,
+                                                                           tmp_path):
+    # the cost accounting merges ranks' reports: those of one node's cache may count one
+    # warm copy once each, so a report says which cache it read (no path in it)
+    from simstore.cost import merge_run_usage, parse_run_report
+
+    store, ref, _ = small
+
+    def node(cache_dir, rank=0):
+        ds = SimDataset(store, ref, shard_opener=open_test_shard, cache_dir=cache_dir,
+                        rank=rank, world_size=2)
+        list(ds)
+        return ds.report()["cache"]["node"]
+
+    shared = str(tmp_path / "node-cache")
+    first, second = node(shared, 0), node(shared + "/", 1)
+    assert first == second and len(first) == 16 and int(first, 16) >= 0
+    assert shared not in first and node(str(tmp_path / "other")) != first
+    assert node(None) is None
+    report = SimDataset(store, ref, shard_opener=open_test_shard).report()
+    assert not merge_run_usage([parse_run_report(report)] * 2).warm_shared
