@@ -309,7 +309,10 @@ def _cache_line(c: dict[str, Any], total_usd: float) -> str:
             f"{_usd(c['saved_usd'])}; with a cold cache the run would cost "
             f"{_usd(c['cold_start_usd'])}"
         )
-    if c.get("warm_shared") and c["warm_hits"] is not None:
+    shared = ("; ranks that share a node's cache each count the warm copies they read, so "
+              "a copy several of them read is counted once per rank" if c.get("warm_shared")
+              else "")
+    if c.get("warm_shared") and c["warm_hits"] is not None and not c.get("warm_partial"):
         return (
             f"{lookups}; {warm} warm copies counted by the ranks (in the cache before the "
             f"run), {human_bytes(c['saved_bytes'])} in {c['saved_gets']} requests not read "
@@ -328,7 +331,7 @@ def _cache_line(c: dict[str, Any], total_usd: float) -> str:
         f"not sent to {source}: saved at most {_usd(c['saved_usd'])} (estimated: {what}, "
         f"though hits on copies the run filled itself, and repeated hits on one copy, saved "
         f"nothing); with a cold cache the run would cost at most "
-        f"{_usd(c['cold_start_usd'])} (estimated)"
+        f"{_usd(c['cold_start_usd'])} (estimated){shared}"
     )
 
 

@@ -215,11 +215,31 @@ class _Stream(IterableDataset[Any]):
         return self.number
 
     def __iter__(self) -> Iterator[Any]:
-        if self.announcements is None or not in_worker():
+        if not in_worker():
+            return self._counting_into(self.counters, self._items())
+        if self.announcements is None:
             return self._items()
         number = self._calls
         self._calls += 1
         return self._announced(number)
+
+    def _counting_into(self, counters: Counters | None, items: Iterator[Any]) -> Iterator[Any]:
+        """``items``, read in this process, counting into the counters of its own iteration.
+
+        ``_items`` takes the stream's counters at its first item: an iterator made before
+        a later ``iter()`` and first read after it counted into the later one's, whose
+        samples the metrics then summed twice (once in each iteration's watch).
+        """
+        later = self.counters
+        self.counters = counters
+        try:
+            first = next(items)
+        except StopIteration:
+            return
+        finally:
+            self.counters = later
+        yield first
+        yield from items
 
     def _announced(self, number: int) -> Iterator[Any]:
         """A persistent worker's iteration ``number``: its share first, then its items."""

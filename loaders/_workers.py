@@ -246,8 +246,14 @@ def _deaths_by_pid(exc: RuntimeError) -> str | None:
     except RuntimeError:  # the set changed while it was copied
         return None
     for it in running:
-        if any(w.pid == pid for w in getattr(it, "_workers", ())):
-            return _how_workers_died(it)
+        if getattr(it, "_shutdown", True):
+            continue  # stopped: its workers' pids may be another set's now
+        for worker in getattr(it, "_workers", ()):
+            popen = getattr(worker, "_popen", None)
+            # a death torch's check found is not yet reaped (it waits with WNOWAIT): a
+            # worker of this pid reaped long ago is another that had it before
+            if worker.pid == pid and popen is not None and popen.returncode is None:
+                return _how_workers_died(it)
     return None
 
 

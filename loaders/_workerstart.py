@@ -13,11 +13,12 @@ import signal
 import time
 from typing import Any
 
+from simstore.loaders._corrupt import _ADVICE, _short_of
 from simstore.loaders._world import HELD_AT_START
 from torch._utils import ExceptionWrapper
 from torch.utils.data import DataLoader, get_worker_info
 
-from simstore.errors import InvalidInputError
+from simstore.errors import InvalidInputError, SimstoreError, StorageError
 
 
 def _start_method(loader: DataLoader[Any]) -> str:
@@ -75,11 +76,14 @@ class _ReportingQueue(multiprocessing.queues.Queue):  # type: ignore[type-arg]
 
     def _on_queue_feeder_error(self, e: Exception, obj: object) -> None:
         replacement = _unsendable(e, obj)
-        if replacement is None:  # Python's: print it
-            multiprocessing.queues.Queue._on_queue_feeder_error(  # type: ignore[attr-defined]
-                e, obj)
-            return
-        self.put(replacement)
+        if replacement is not None:
+            try:
+                self.put(replacement)
+                return
+            except ValueError:  # the queue closed meanwhile: no one waits for the batch
+                pass
+        multiprocessing.queues.Queue._on_queue_feeder_error(  # type: ignore[attr-defined]
+            e, obj)  # Python's: print it
 
 
 def _unsendable(e: Exception, obj: object) -> tuple[int, ExceptionWrapper] | None:
@@ -95,13 +99,17 @@ def _unsendable(e: Exception, obj: object) -> tuple[int, ExceptionWrapper] | Non
     which = (f"sample {keys!r}" if isinstance(keys, str)
              else f"the batch of samples {keys[0]!r}..." if isinstance(keys, list) and keys
              else f"batch {obj[0]}")
-    error = InvalidInputError(
+    short = _short_of(e)  # out of descriptors or shared memory: not the batch's content
+    error: SimstoreError = StorageError(
+        f"DataLoader worker {worker}: {which} cannot be sent to the training process for "
+        f"want of {short[0]} in the worker ({said}): {_ADVICE[short[0]]}"
+    ) if short is not None else InvalidInputError(
         f"DataLoader worker {worker}: {which} cannot be sent to the training process "
         f"({type(e).__name__}: {said}): a transform's result must hold tensors, arrays, "
         "numbers, strings and objects that pickle"
     )
     return obj[0], ExceptionWrapper(  # type: ignore[no-untyped-call]
-        (InvalidInputError, error, None), where=f"in DataLoader worker process {worker}")
+        (type(error), error, None), where=f"in DataLoader worker process {worker}")
 
 
 _LOCKLESS: dict[type, type] = {}

@@ -72,6 +72,8 @@ class RunUsage:
     warm_shared: bool = False
     """Reports merged that read warm copies from one node's cache: their sum is an upper
     bound (a copy several ranks read is counted once per rank)."""
+    warm_partial: bool = False
+    """Reports merged of which some did not count warm copies (their hits estimated)."""
 
     def saved_reads(self) -> tuple[int, int, bool]:
         """``(requests, bytes, estimated)`` a cold cache would have added to the run.
@@ -274,6 +276,7 @@ def merge_run_usage(usages: Sequence[RunUsage]) -> RunUsage:
         warm_requests=warm_requests,
         cache_nodes=nodes,
         warm_shared=shared,
+        warm_partial=warm_estimated or any(u.warm_partial for u in usages),
     )
 
 
@@ -354,6 +357,8 @@ class RunCost:
     warm_shared: bool = False
     """Ranks' reports that read one node's cache: their warm copies, summed, may count a
     copy once per rank (``saved_estimated`` too: an upper bound)."""
+    warm_partial: bool = False
+    """Some of the reports merged did not count warm copies (their hits are priced)."""
 
     @property
     def total_usd(self) -> float:
@@ -399,6 +404,7 @@ class RunCost:
                 "saved_bytes": self.saved_bytes,
                 "saved_estimated": self.saved_estimated,
                 "warm_shared": self.warm_shared,
+                "warm_partial": self.warm_partial,
                 "cold_tier": self.cold_tier,
                 "cold_price_tier": self.cold_price_tier,
                 "saved_usd": self.cache_saved_usd,
@@ -483,4 +489,5 @@ def price_run(
         saved_bytes=saved_bytes,
         saved_estimated=saved_estimated,
         warm_shared=usage.warm_shared,
+        warm_partial=usage.warm_partial,
     )

@@ -140,6 +140,24 @@ def test_ranks_that_share_a_node_cache_merge_as_an_upper_bound(tmp_path):
     assert "would cost at most" in result.output
 
 
+def test_shared_ranks_merged_with_a_report_without_warm_copies_say_both(tmp_path):
+    # found by a review: the shared-cache wording hid that an older report's hits were
+    # priced as GETs
+    rank = _on_node(_warm(REPORT, 10, 10 << 27), "a1b2c3d4e5f60718")
+    old = _on_node(REPORT, "a1b2c3d4e5f60718")
+    paths = []
+    for i, report in enumerate((rank, rank, old)):
+        paths.append(tmp_path / f"rank{i}.json")
+        paths[-1].write_text(json.dumps(report))
+    args = ["--store", "memory://unused", "cost"]
+    for path in paths:
+        args += ["--run", str(path)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "some reports do not count warm copies" in result.output
+    assert "counted once per rank" in result.output and "saved at most" in result.output
+
+
 @pytest.mark.parametrize("node", [3, "", ["x"]])
 def test_a_cache_node_that_is_not_a_name_is_refused(node):
     with pytest.raises(FormatError, match=r"run report: cache.node must be a string or null"):

@@ -250,3 +250,23 @@ def test_a_report_names_its_node_cache_the_same_for_every_rank_that_shares_it(sm
     assert node(None) is None
     report = SimDataset(store, ref, shard_opener=open_test_shard).report()
     assert not merge_run_usage([parse_run_report(report)] * 2).warm_shared
+
+
+@pytest.mark.parametrize("workers", [None, 0, 2])
+def test_an_iterator_made_before_a_later_one_and_read_after_it_counts_once(small, workers):
+    # found by a review: with no workers, an iterator first read after a later iter()
+    # counted into the later iteration's counters, and each sample was summed twice
+    from simstore.loaders import SimDataLoader
+
+    store, ref, samples = small
+    ds = SimDataset(store, ref, shard_opener=open_test_shard)
+    source = ds if workers is None else SimDataLoader(ds, batch_size=4, num_workers=workers)
+
+    def count(items):
+        return sum(1 if workers is None else len(item["__key__"]) for item in items)
+
+    first = iter(source)  # made, not read yet
+    delivered = count(iter(source)) + count(first)
+    assert delivered == 2 * len(samples)
+    assert ds.stats()["samples"] == delivered
+    assert ds.report()["samples"] == delivered

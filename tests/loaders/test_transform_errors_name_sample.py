@@ -96,3 +96,21 @@ def test_a_result_that_cannot_leave_its_worker_is_an_error_not_a_hang(small, bat
         in message
     assert ("sample " if batch_size is None else "the batch of samples ") in message
     assert any(repr(k) in message for k in samples)
+
+
+def test_a_batch_a_worker_cannot_send_for_want_of_descriptors_names_the_limit():
+    # found by a review: a worker out of descriptors (ulimit -n) had its batch called
+    # one a transform made unpicklable
+    import errno
+
+    from simstore.loaders._workerstart import _unsendable
+
+    from simstore.errors import StorageError
+
+    got = _unsendable(OSError(errno.EMFILE, "Too many open files"),
+                      (3, ({"__key__": ["k1", "k2"]}, None)))
+    assert got is not None and got[0] == 3 and got[1].exc_type is StorageError
+    message = got[1].exc_msg.strip().splitlines()[-1]
+    assert "the batch of samples 'k1'... cannot be sent to the training process for want " \
+           "of file descriptors in the worker" in message and "ulimit -n" in message
+    assert "pickle" not in message

@@ -156,3 +156,24 @@ def test_a_worker_killed_during_the_training_step_is_named_there(small, tmp_path
     msg = str(err.value)
     assert "DataLoader worker 1 (pid " in msg and "killed by SIGKILL" in msg
     assert "out-of-memory killer" in msg and "\n" not in msg
+
+
+def test_a_pid_reused_from_a_stopped_set_is_not_blamed(small, tmp_path):
+    # found by a review: the reworded SIGCHLD check matched a pid against every worker set
+    # still referenced, and could describe a stopped set's long-dead worker that had the
+    # pid before (its worker number, signal and advice)
+    from simstore.loaders._workers import _RUNNING, _deaths_by_pid
+
+    store, ref, _ = small
+    ds = SimDataset(store, ref, seed=1, shard_opener=open_test_shard)
+    loader = SimDataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context="fork")
+    before = {id(it) for it in _RUNNING}
+    stopped = iter(loader)
+    next(stopped)
+    (it,) = [it for it in _RUNNING if id(it) not in before]  # this loader's set
+    pid = it._workers[1].pid
+    it._shutdown_workers()  # stopped: its workers ended and were reaped
+    assert it._shutdown and it._workers[1].exitcode is not None
+    told = _deaths_by_pid(RuntimeError(f"DataLoader worker (pid {pid}) is killed by signal: "
+                                       "Killed. "))
+    assert told is None  # torch's own words stand rather than a stale set's
