@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from simstore.loaders._pipeline import Chunk, OutBuffers
 
 __all__ = ["CorruptFound", "CorruptShards", "resource_error", "short_of_resources",
-           "short_of_threads"]
+           "short_of_threads", "shortage"]
 
 _THREADS_TEXT = ("failed to launch worker thread", "can't start new thread")
 """What a library says, with no errno, when the process cannot start a thread (Arrow's
@@ -125,12 +125,18 @@ def short_of_threads(where: str) -> Iterator[None]:
     try:
         yield
     except RuntimeError as exc:
-        short = _short_of(exc)
+        short = shortage(exc)
         if short is None or short[0] != "threads":
             raise
         raise StorageError(
-            f"{where}: the loader could not start a thread ({exc}): {_ADVICE['threads']}"
+            f"{where}: the loader could not start a thread ({exc}): {short[1]}"
         ) from exc
+
+
+def shortage(exc: BaseException) -> tuple[str, str] | None:
+    """What the process ran short of, as ``exc`` says it, and what to raise; None if not."""
+    short = _short_of(exc)
+    return None if short is None else (short[0], _ADVICE[short[0]])
 
 
 def resource_error(exc: BaseException, where: str) -> StorageError | None:

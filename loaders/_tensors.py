@@ -221,7 +221,9 @@ class SharedPool:
         return st.nbytes() if st is not None else 0
 
 
-_TORCH_SHM_NAME = re.compile(r"<(/torch_(\d+)_[0-9_]+)>")
+_TORCH_SHM_FILE = re.compile(r"torch_(\d+)_[0-9_]+")
+"""A file torch makes in ``/dev/shm``: named for the process that made it."""
+_TORCH_SHM_NAME = re.compile(rf"<(/{_TORCH_SHM_FILE.pattern})>")
 """The name torch gives a shared-memory file it makes, as its errors quote it."""
 
 
@@ -249,10 +251,6 @@ def _unlink_left(exc: RuntimeError) -> None:
         return
     with contextlib.suppress(OSError):
         os.unlink(os.path.join("/dev/shm", found.group(1).lstrip("/")))
-
-
-_TORCH_SHM_FILE = re.compile(r"torch_(\d+)_[0-9_]+")
-"""A file torch makes in ``/dev/shm``: named for the process that made it."""
 
 
 def remove_dead_process_files(pid: int) -> int:

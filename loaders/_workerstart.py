@@ -13,7 +13,7 @@ import signal
 import time
 from typing import Any
 
-from simstore.loaders._corrupt import _ADVICE, _short_of
+from simstore.loaders._corrupt import shortage
 from simstore.loaders._world import HELD_AT_START
 from torch._utils import ExceptionWrapper
 from torch.utils.data import DataLoader, get_worker_info
@@ -99,10 +99,10 @@ def _unsendable(e: Exception, obj: object) -> tuple[int, ExceptionWrapper] | Non
     which = (f"sample {keys!r}" if isinstance(keys, str)
              else f"the batch of samples {keys[0]!r}..." if isinstance(keys, list) and keys
              else f"batch {obj[0]}")
-    short = _short_of(e)  # out of descriptors or shared memory: not the batch's content
+    short = shortage(e)  # out of descriptors or shared memory: not the batch's content
     error: SimstoreError = StorageError(
         f"DataLoader worker {worker}: {which} cannot be sent to the training process for "
-        f"want of {short[0]} in the worker ({said}): {_ADVICE[short[0]]}"
+        f"want of {short[0]} in the worker ({said}): {short[1]}"
     ) if short is not None else InvalidInputError(
         f"DataLoader worker {worker}: {which} cannot be sent to the training process "
         f"({type(e).__name__}: {said}): a transform's result must hold tensors, arrays, "

@@ -255,7 +255,10 @@ def merge_run_usage(usages: Sequence[RunUsage]) -> RunUsage:
         warm_hits = sum(u.cache_hits if u.warm_hits is None else u.warm_hits for u in usages)
         warm_requests = sum(s[0] for s in saved)
         warm_bytes = sum(s[1] for s in saved)
-        warm_estimated = any(s[2] for s in saved)
+        # reports that did not count warm copies (their hits priced), not those merged
+        # as an upper bound for sharing a node cache: a merge of merges keeps them apart
+        warm_estimated = any(u.warm_partial if u.warm_hits is not None else s[2]
+                             for u, s in zip(usages, saved, strict=True))
     nodes = tuple(n for u in usages for n in u.cache_nodes)
     shared = any(u.warm_shared for u in usages) or len(set(nodes)) < len(nodes)
     return RunUsage(
@@ -276,7 +279,7 @@ def merge_run_usage(usages: Sequence[RunUsage]) -> RunUsage:
         warm_requests=warm_requests,
         cache_nodes=nodes,
         warm_shared=shared,
-        warm_partial=warm_estimated or any(u.warm_partial for u in usages),
+        warm_partial=warm_estimated,
     )
 
 

@@ -207,10 +207,9 @@ def test_a_report_names_each_tier_even_when_nothing_was_read(small, workers, nod
     assert parse_run_report(json.loads(json.dumps(report))).tiers[0].tier == "local"
 
 
-@pytest.mark.parametrize("workers", [None, 0, 2])
-def test_an_earlier_iteration_still_read_counts_its_samples(small, workers):
-    # found by an audit: with no workers, an iteration still read after a later one had
-    # started lost its later samples from stats() and the run report (37 of 74 counted)
+def _read_twice(small, workers):
+    """``(dataset, what iterates it, samples, keys of an item)``: the dataset alone
+    (``workers`` None) or a SimDataLoader with ``workers``."""
     from simstore.loaders import SimDataLoader
 
     store, ref, samples = small
@@ -220,6 +219,14 @@ def test_an_earlier_iteration_still_read_counts_its_samples(small, workers):
     def keys(item):
         return [item["__key__"]] if workers is None else list(item["__key__"])
 
+    return ds, source, samples, keys
+
+
+@pytest.mark.parametrize("workers", [None, 0, 2])
+def test_an_earlier_iteration_still_read_counts_its_samples(small, workers):
+    # found by an audit: with no workers, an iteration still read after a later one had
+    # started lost its later samples from stats() and the run report (37 of 74 counted)
+    ds, source, samples, keys = _read_twice(small, workers)
     first = iter(source)
     got = keys(next(first))
     got += [k for item in source for k in keys(item)]  # a whole second iteration
@@ -256,14 +263,10 @@ def test_a_report_names_its_node_cache_the_same_for_every_rank_that_shares_it(sm
 def test_an_iterator_made_before_a_later_one_and_read_after_it_counts_once(small, workers):
     # found by a review: with no workers, an iterator first read after a later iter()
     # counted into the later iteration's counters, and each sample was summed twice
-    from simstore.loaders import SimDataLoader
-
-    store, ref, samples = small
-    ds = SimDataset(store, ref, shard_opener=open_test_shard)
-    source = ds if workers is None else SimDataLoader(ds, batch_size=4, num_workers=workers)
+    ds, source, samples, keys = _read_twice(small, workers)
 
     def count(items):
-        return sum(1 if workers is None else len(item["__key__"]) for item in items)
+        return sum(len(keys(item)) for item in items)
 
     first = iter(source)  # made, not read yet
     delivered = count(iter(source)) + count(first)

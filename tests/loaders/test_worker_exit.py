@@ -396,10 +396,20 @@ def test_spawn_workers_at_an_epochs_end_run_their_exit_hooks_and_flush_their_log
         "worker 0 started", "worker 1 started"]
 
 
-def _serve(parent: int, grace_s: float, ready) -> None:
+def _serve(parent: int, grace_s: float, ready, without_threads: bool = False) -> None:
+    """A worker's SIGTERM handling, then serving; ``without_threads``: no thread starts."""
+    import resource
+    import threading
+
     from simstore.loaders._world import leave_sigterm_to_parent
 
     leave_sigterm_to_parent(parent, grace_s=grace_s)
+    if without_threads:
+        with open("/proc/self/status") as f:
+            size = next(int(line.split()[1]) * 1024 for line in f
+                        if line.startswith("VmSize"))
+        threading.stack_size(1 << 30)  # a new thread's stack: more than the limit leaves
+        resource.setrlimit(resource.RLIMIT_AS, (size + (256 << 20), resource.RLIM_INFINITY))
     ready.set()
     while True:
         time.sleep(0.05)
@@ -420,22 +430,6 @@ def test_a_worker_outlives_a_sigterm_while_its_parent_runs_then_leaves_quietly()
     assert worker.exitcode == 0  # its grace over: gone, with nothing for SIGCHLD to report
 
 
-def _serve_without_threads(parent: int, ready) -> None:
-    import resource
-    import threading
-
-    from simstore.loaders._world import leave_sigterm_to_parent
-
-    leave_sigterm_to_parent(parent, grace_s=5.0)
-    with open("/proc/self/status") as f:
-        size = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize"))
-    threading.stack_size(1 << 30)  # a new thread's stack: more than the limit leaves
-    resource.setrlimit(resource.RLIMIT_AS, (size + (256 << 20), resource.RLIM_INFINITY))
-    ready.set()
-    while True:
-        time.sleep(0.05)
-
-
 def test_a_worker_that_cannot_start_its_grace_timer_serves_on():
     # the handler's timer thread would not start (a pids limit): its RuntimeError was
     # raised inside whatever the worker was doing, ending the batch under way with it
@@ -443,8 +437,7 @@ def test_a_worker_that_cannot_start_its_grace_timer_serves_on():
 
     ctx = multiprocessing.get_context("fork")
     ready = ctx.Event()
-    worker = ctx.Process(target=_serve_without_threads, args=(os.getpid(), ready),
-                         daemon=True)
+    worker = ctx.Process(target=_serve, args=(os.getpid(), 5.0, ready, True), daemon=True)
     worker.start()
     try:
         assert ready.wait(60)
