@@ -2,7 +2,7 @@
 
     python -m benchmarks.ab_epochs --baseline TREE --store PATH --dataset NAME \
         [--baseline-store PATH] [--batch 8] [--workers 0 2] [--epochs 5] [--rounds 3]
-        [--tier local|s3-warm] [--one-loader]
+        [--tier local|s3-warm] [--one-loader] [--context fork|spawn|forkserver]
 
 ``TREE`` is a checkout of an earlier revision (``git worktree add /tmp/before REV``);
 ``PATH`` a store written by either (the benchmark suite's, for instance
@@ -110,6 +110,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--one-loader", action="store_true",
                    help="one dataset and loader per process, its epochs by set_epoch; the "
                         "figures are of the epochs after the first")
+    p.add_argument("--context", choices=["fork", "spawn", "forkserver"], default="fork",
+                   help="the workers' start method")
     args = p.parse_args(argv)
     with contextlib.ExitStack() as stack:
         _compare(args, stack)
@@ -140,7 +142,8 @@ def _compare(args: argparse.Namespace, stack: contextlib.ExitStack) -> None:
         for w in args.workers:
             for name, tree in trees.items():
                 runs.setdefault((w, name), []).append(
-                    _one(tree, stores[name], args, w, caches[name], env))
+                    _one(tree, stores[name], args, w, caches[name], env,
+                         context=args.context))
     for w in args.workers:
         before, after = runs[(w, "before")], runs[(w, "after")]
         line = [f"{args.dataset}, {w} workers:"]

@@ -443,7 +443,7 @@ class SimDataLoader(DataLoader[Any]):
                 verified = _shared_zeros((VERIFIED_SLOTS,), torch.int64)
         stream.released = released
         stream.verified = verified
-        stream.arenas = self._fork_arenas()
+        stream.arenas = self._worker_arenas()
         stream.channels = self._channels = (
             [FdChannel() for _ in range(self.num_workers)]
             if self.num_workers > 0 and _forks(self) and ds._options.map_files else [])
@@ -496,9 +496,9 @@ class SimDataLoader(DataLoader[Any]):
         if used_here():
             self.multiprocessing_context = "spawn"
 
-    def _fork_arenas(self) -> list[SharedArena]:
-        """One arena per worker when workers fork (kept for later epochs), else none."""
-        if self.num_workers <= 0 or _tensors.ARENA_BYTES <= 0 or not _forks(self):
+    def _worker_arenas(self) -> list[SharedArena]:
+        """One arena per worker (kept for later epochs); none without workers."""
+        if self.num_workers <= 0 or _tensors.ARENA_BYTES <= 0:
             return []
         arenas: list[SharedArena] = getattr(self, "_arenas", [])
         running = getattr(self, "_arena_iter", None)

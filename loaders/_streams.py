@@ -53,7 +53,11 @@ class _Tagged(NamedTuple):
         if sent is not None:  # a worker's first batch is being pickled to go out
             _FIRST_SENT[0] = None
             sent.set()
-        return (_unpacked, (_pack(self.batch), self.tag))
+        handshakes: list[None] = []
+        packed = _pack(self.batch, handshakes)
+        if handshakes:
+            descriptors_for(len(handshakes))
+        return (_unpacked, (packed, self.tag))
 
 
 FIRST_HANDOVER_WAIT_S = 0.05
@@ -98,25 +102,61 @@ class _ByValue:
         return (_ByValue, (self.array,))
 
 
-def _pack(value: Any) -> Any:
-    """``value`` with its small CPU tensors (in dicts, lists and tuples) as :class:`_ByValue`."""
+def _pack(value: Any, handshakes: list[None]) -> Any:
+    """``value`` with its small CPU tensors (in dicts, lists and tuples) by value.
+
+    Arena tensors go as :class:`InArena`; ``handshakes`` gets an entry for each other CPU
+    tensor (torch sends its memory's descriptor, see ``descriptors_for``).
+    """
     kind = type(value)
     if isinstance(value, torch.Tensor):
-        if (value.device.type == "cpu" and value.layout == torch.strided
-                and not value.requires_grad
+        if value.device.type != "cpu" or value.requires_grad:
+            return value
+        if (value.layout == torch.strided
                 and value.numel() * value.element_size() <= BY_VALUE_BYTES):
             try:
                 return _ByValue(value.numpy())
             except (TypeError, RuntimeError):  # a dtype NumPy lacks (bfloat16, ...)
-                return value
-        if value.device.type == "cpu" and not value.requires_grad:
-            return InArena.of(value) or value
-        return value
+                pass
+        found = InArena.of(value)
+        if found is None:
+            handshakes.append(None)
+        return found or value
     if kind is dict:
-        return {k: _pack(v) for k, v in value.items()}
+        return {k: _pack(v, handshakes) for k, v in value.items()}
     if kind is list or kind is tuple:
-        return kind(_pack(v) for v in value)
+        return kind(_pack(v, handshakes) for v in value)
     return value
+
+
+DESCRIPTOR_MARGIN = 4
+"""Descriptors a worker keeps free beyond one per tensor it sends by descriptor: the
+connection the main process makes to fetch each, its copy as a socket, and the server's
+own socket and the temporary name it is made with."""
+
+
+def descriptors_for(tensors: int) -> None:
+    """Refuse (``EMFILE``) a batch whose ``tensors`` descriptors the worker cannot serve.
+
+    Torch sends a tensor outside the worker's arena by its memory's descriptor: a
+    duplicate waits in the standard library's descriptor server until the main process
+    connects for it, and serving the connection takes two more. A server that cannot
+    accept retries for ever, printing a traceback each time, and the main process waits
+    for the batch with it. A batch the worker has no room to serve is refused before it
+    goes out instead, which the queue turns into a one-line error in the main process.
+    """
+    import errno
+    import os
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return
+    free = soft - len(os.listdir("/proc/self/fd"))
+    if free < tensors + DESCRIPTOR_MARGIN:
+        raise OSError(errno.EMFILE, f"{os.strerror(errno.EMFILE)}: {free} of {soft} "
+                      f"descriptors free, {tensors + DESCRIPTOR_MARGIN} needed to send "
+                      f"{tensors} tensor(s) outside the worker's arena")
 
 
 def _unpack(value: Any) -> Any:
@@ -370,8 +410,8 @@ class _BatchStream(_Stream):
         """With persistent workers: ``RING`` such tables (see ``RING``), one per iteration:
         a shard verified in one epoch is verified again in the next, as fresh workers do."""
         self.arenas: Sequence[SharedArena | None] = ()
-        """Each fork worker's arena (see ``SharedArena``), mapped before the workers
-        start; empty with no workers or another start method (None once pickled)."""
+        """Each worker's arena (see ``SharedArena``), mapped before the workers start;
+        empty with no workers (None in a copy that is not a starting worker's)."""
         self.channels: Sequence[FdChannel | None] = ()
         """Each fork worker's channel for the descriptors of the shard files its batches
         leave unread (see ``loaders._filerows``); as ``arenas``."""

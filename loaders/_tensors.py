@@ -158,7 +158,7 @@ class SharedPool:
         self.idle_bytes = idle_bytes
         self.min_bytes = SHARED_MIN_BYTES if min_bytes is None else min_bytes
         self.arena = arena
-        """Where new buffers are carved first (a fork worker's :class:`SharedArena`)."""
+        """Where new buffers are carved first (a worker's :class:`SharedArena`)."""
         self._storages: list[torch.UntypedStorage | None] = []
         self._sent: list[int] = []
         self._idle: list[int] = []
@@ -279,7 +279,7 @@ def remove_dead_process_files(pid: int) -> int:
 
 
 ARENA_BYTES = 256 << 20
-"""Address space of each fork worker's :class:`SharedArena` (only pages written cost
+"""Address space of each worker's :class:`SharedArena` (only pages written cost
 memory); 0 turns arenas off."""
 
 _ARENAS: weakref.WeakValueDictionary[str, SharedArena] = weakref.WeakValueDictionary()
@@ -290,25 +290,47 @@ _WORKER_ARENA: list[SharedArena | None] = [None]
 
 
 class SharedArena:
-    """Shared memory that a DataLoader's main process maps before it forks a worker.
+    """Shared memory that a DataLoader's main process maps before it starts a worker.
 
-    The worker inherits the mapping at the same address. It carves its pooled chunk
+    A forked worker inherits the mapping; a spawned one (or one of a fork server) maps
+    the same memory from the descriptor it is started with. It carves its pooled chunk
     buffers out of it (:meth:`carve`), and a batch whose tensors lie in it crosses to
     the main process as ``(offset, shape, strides, dtype)`` (:class:`InArena`), which the
     main process turns back into tensors over its own view of the same pages
     (:meth:`view`). Torch would instead send each buffer's file descriptor through a
     socket that a thread of the worker serves (a handshake per batch, slowest just when
     the worker's decode threads hold the GIL) and map it afresh in the main process,
-    faulting its pages in again for every batch. Nothing is named: the mapping is
-    anonymous, so a crash leaves nothing behind. A spawned worker gets no arena (a
-    mapping cannot be pickled) and falls back to fresh shared memory, as does a worker
-    whose arena is full. Regions are reused under :class:`SharedPool`'s release counters.
+    faulting its pages in again for every batch. That thread also needs two free
+    descriptors of the worker per batch: without them the standard library's server
+    retries for ever, printing a traceback each time, while the main process waits. Nothing
+    is named: the memory is a ``memfd`` (an anonymous mapping where there is none), so a
+    crash leaves nothing behind. A worker whose arena is full falls back to fresh shared
+    memory. Regions are reused under :class:`SharedPool`'s release counters.
     """
 
-    def __init__(self, nbytes: int) -> None:
+    def __init__(self, nbytes: int, *, _fd: int | None = None, _token: str = "") -> None:
         self.nbytes = whole_pages(nbytes)
-        self.token = f"{os.getpid()}-{id(self):x}-{os.urandom(4).hex()}"
-        self._map = mmap.mmap(-1, self.nbytes, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
+        self.token = _token or f"{os.getpid()}-{id(self):x}-{os.urandom(4).hex()}"
+        self._fd: int | None = None
+        """The memory's descriptor, kept to hand to spawned workers (None: none)."""
+        if _fd is not None:  # a spawned worker: the main process's memory, mapped here
+            try:
+                self._map = mmap.mmap(_fd, self.nbytes, flags=mmap.MAP_SHARED)
+            finally:
+                os.close(_fd)
+        elif hasattr(os, "memfd_create"):
+            fd = os.memfd_create("simstore-arena", os.MFD_CLOEXEC)
+            try:
+                os.ftruncate(fd, self.nbytes)
+                self._map = mmap.mmap(fd, self.nbytes, flags=mmap.MAP_SHARED)
+            except BaseException:
+                os.close(fd)
+                raise
+            self._fd = fd
+            weakref.finalize(self, os.close, fd)
+        else:
+            self._map = mmap.mmap(-1, self.nbytes,
+                                  flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
         self.base = int(np.frombuffer(self._map, dtype=np.uint8, count=1)
                         .__array_interface__["data"][0])
         self._top = 0
@@ -331,7 +353,17 @@ class SharedArena:
             self.reserved = sorted(self._views.values())
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_no_arena, ())  # a spawned worker: fresh shared memory instead
+        """The arena as a worker being started gets it: by its descriptor.
+
+        A worker started by spawn or a fork server gets the descriptor with its start
+        (no socket, no thread); any other copy gets no arena and uses fresh shared memory.
+        """
+        from multiprocessing import context, reduction
+
+        if self._fd is None or context.get_spawning_popen() is None:
+            return (_no_arena, ())
+        return (_spawned_arena, (reduction.DupFd(self._fd), self.nbytes, self.token,
+                                 list(self.reserved)))
 
     def contains(self, address: int) -> bool:
         """Whether ``address`` lies in this arena."""
@@ -375,6 +407,14 @@ class SharedArena:
 
 def _no_arena() -> None:
     return None
+
+
+def _spawned_arena(fd: Any, nbytes: int, token: str,
+                   reserved: list[tuple[int, int]]) -> SharedArena:
+    """In a worker started by spawn or a fork server: its arena, mapped from ``fd``."""
+    arena = SharedArena(nbytes, _fd=fd.detach(), _token=token)
+    arena.reserved = reserved
+    return arena
 
 
 def set_worker_arena(arena: SharedArena | None) -> None:

@@ -8,6 +8,7 @@ no state of a loader.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing.queues
 import signal
 import time
@@ -77,11 +78,9 @@ class _ReportingQueue(multiprocessing.queues.Queue):  # type: ignore[type-arg]
     def _on_queue_feeder_error(self, e: Exception, obj: object) -> None:
         replacement = _unsendable(e, obj)
         if replacement is not None:
-            try:
-                self.put(replacement)
-                return
-            except ValueError:  # the queue closed meanwhile: no one waits for the batch
-                pass
+            with contextlib.suppress(ValueError):  # closed: the worker is stopping and
+                self.put(replacement)                 # no one waits for the batch
+            return
         multiprocessing.queues.Queue._on_queue_feeder_error(  # type: ignore[attr-defined]
             e, obj)  # Python's: print it
 

@@ -14,6 +14,7 @@ from simstore.formats import ParquetFormat
 from simstore.loaders import Collate, SimDataLoader, SimDataset, _streams, _tensors
 from simstore.loaders._pipeline import _SlotAlloc
 from simstore.loaders._tensors import BufferPool, ChunkBuffers, stacked_view
+from simstore.loaders._workerstart import _forks
 
 import simstore
 from simstore._blockcache import BlockCache
@@ -506,18 +507,32 @@ def test_a_full_arena_falls_back_to_fresh_shared_memory(tmp_path, many_sources, 
     assert fresh > 0
 
 
-def test_spawned_workers_get_no_arena(tmp_path, many_sources):
-    store, arrays = _ingest(tmp_path, many_sources, "zarr")
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_workers_that_do_not_fork_map_their_arena_from_its_descriptor(tmp_path, context):
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(4)
+    arrays = {f"a{i:02d}": rng.standard_normal((64, 1024)).astype(np.float32)
+              for i in range(16)}  # 256 KiB each: a batch of 4 fills a pooled buffer
+    for key, u in arrays.items():
+        np.savez(src / f"{key}.npz", u=u)
+    store, _ = _ingest(tmp_path, (str(src), arrays), "zarr")
     ds = SimDataset(store, "d", seed=5)
-    loader = SimDataLoader(ds, batch_size=8, num_workers=1, multiprocessing_context="spawn")
+    loader = SimDataLoader(ds, batch_size=4, num_workers=1, multiprocessing_context=context)
     seen = []
-    for batch in loader:
-        assert not _tensors.in_an_arena(batch["u"])
-        for k, u in zip(batch["__key__"], batch["u"], strict=True):
-            assert np.array_equal(u.numpy(), arrays[k]), k
-            seen.append(k)
-    assert sorted(seen) == sorted(arrays)
-    assert loader._stream.arenas == []  # type: ignore[attr-defined]
+    for _ in range(2):  # a later epoch's workers get the same arena
+        for batch in loader:
+            assert _tensors.in_an_arena(batch["u"])
+            for k, u in zip(batch["__key__"], batch["u"], strict=True):
+                assert np.array_equal(u.numpy(), arrays[k]), k
+                seen.append(k)
+    assert sorted(seen) == sorted(list(arrays) * 2)
+    assert len(loader._stream.arenas) == 1  # type: ignore[attr-defined]
+
+
+def test_an_arena_copied_outside_a_worker_start_is_no_arena():
+    arena = _tensors.SharedArena(1 << 20)
+    assert pickle.loads(pickle.dumps(arena)) is None  # its memory stays this process's
 
 
 def test_arena_views_rebuild_strided_tensors_and_empty_ones():
@@ -661,14 +676,15 @@ def test_an_iterator_left_running_does_not_share_arenas_with_the_next(
     _assert_intact(held + second, arrays)  # whichever iterator made them
 
 
-def test_the_default_start_method_decides_arenas_without_being_fixed(tmp_path, many_sources):
+def test_asking_the_default_start_method_does_not_fix_it(tmp_path, many_sources):
     import multiprocessing
 
     store, arrays = _ingest(tmp_path, many_sources, "zarr")
     before = multiprocessing.get_start_method(allow_none=True)
     loader = SimDataLoader(SimDataset(store, "d", seed=2), batch_size=8, num_workers=1)
     default = before or multiprocessing.get_all_start_methods()[0]
-    assert (len(loader._fork_arenas()) == 1) == (default == "fork")
+    assert len(loader._worker_arenas()) == 1  # whatever the start method
+    assert _forks(loader) == (default == "fork")
     # asking did not fix the process's start method for the caller
     assert multiprocessing.get_start_method(allow_none=True) == before
 
