@@ -3,6 +3,7 @@
     python -m benchmarks.ab_epochs --baseline TREE --store PATH --dataset NAME \
         [--baseline-store PATH] [--batch 8] [--workers 0 2] [--epochs 5] [--rounds 3]
         [--tier local|s3-warm] [--one-loader] [--context fork|spawn|forkserver]
+        [--persistent]
 
 ``TREE`` is a checkout of an earlier revision (``git worktree add /tmp/before REV``);
 ``PATH`` a store written by either (the benchmark suite's, for instance
@@ -112,6 +113,9 @@ def main(argv: list[str] | None = None) -> None:
                         "figures are of the epochs after the first")
     p.add_argument("--context", choices=["fork", "spawn", "forkserver"], default="fork",
                    help="the workers' start method")
+    p.add_argument("--persistent", action="store_true",
+                   help="persistent_workers=True (with --one-loader: one set of workers "
+                        "serves every epoch)")
     args = p.parse_args(argv)
     with contextlib.ExitStack() as stack:
         _compare(args, stack)
@@ -143,7 +147,7 @@ def _compare(args: argparse.Namespace, stack: contextlib.ExitStack) -> None:
             for name, tree in trees.items():
                 runs.setdefault((w, name), []).append(
                     _one(tree, stores[name], args, w, caches[name], env,
-                         context=args.context))
+                         persistent=args.persistent, context=args.context))
     for w in args.workers:
         before, after = runs[(w, "before")], runs[(w, "after")]
         line = [f"{args.dataset}, {w} workers:"]
