@@ -547,6 +547,30 @@ def test_batches_over_what_travels_by_value_come_from_the_pool(tmp_path, many_so
     assert sorted(seen) == sorted(arrays)
 
 
+@pytest.mark.parametrize("persistent", [False, True])
+def test_batches_kept_from_spawned_workers_arenas_stay_intact_in_later_epochs(
+        tmp_path, many_sources, persistent):
+    """A spawned worker of a later epoch carves its arena around the views the main
+    process still holds (the ranges go with its start), as a forked one does."""
+    store, arrays = _ingest(tmp_path, many_sources, "parquet")
+    ds = SimDataset(store, "d", seed=9, prefetch={"chunk_samples": 16, "chunks": 1})
+    loader = SimDataLoader(ds, batch_size=16, num_workers=1, multiprocessing_context="spawn",
+                           persistent_workers=persistent)
+    kept = []
+    for batch in loader:
+        assert _tensors.in_an_arena(batch["u"])
+        kept.append((batch["__key__"], batch["u"]))
+        kept.append((batch["__key__"][1:2], batch["u"][1:2]))  # a view of one row
+    for epoch in (1, 2):
+        ds.set_epoch(epoch)
+        for batch in loader:
+            assert _tensors.in_an_arena(batch["u"])
+            batch["u"].mul_(-1.0)  # scribble on every later batch's memory
+    for keys, u in kept:
+        for k, row in zip(keys, u, strict=True):
+            assert np.array_equal(row.numpy(), arrays[k]), k
+
+
 def test_an_arena_copied_outside_a_worker_start_is_no_arena():
     arena = _tensors.SharedArena(1 << 20)
     assert pickle.loads(pickle.dumps(arena)) is None  # its memory stays this process's
