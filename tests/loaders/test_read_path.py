@@ -571,6 +571,32 @@ def test_batches_kept_from_spawned_workers_arenas_stay_intact_in_later_epochs(
             assert np.array_equal(row.numpy(), arrays[k]), k
 
 
+def test_iterations_left_mid_chunk_give_their_buffers_back_to_the_pool(
+        tmp_path, monkeypatch):
+    """Found by a review: a chunk's buffers went back to the pool only when all its
+    batches were made, so each iteration of persistent workers left early kept one for
+    good, a region of the arena (then of /dev/shm once the arena was full)."""
+    monkeypatch.setattr(_tensors, "ARENA_BYTES", 16 << 20)
+    src = tmp_path / "src"
+    src.mkdir()
+    arrays = {f"a{i:02d}": np.full((64, 1024), i, dtype=np.float32) for i in range(64)}
+    for key, u in arrays.items():  # 256 KiB each
+        np.savez(src / f"{key}.npz", u=u)
+    store, _ = _ingest(tmp_path, (str(src), arrays), "zarr")
+    ds = SimDataset(store, "d", seed=1, prefetch={"chunk_samples": 16, "chunks": 1})
+    loader = SimDataLoader(ds, batch_size=4, num_workers=1, multiprocessing_context="fork",
+                           persistent_workers=True)
+    for epoch in range(12):  # 4 MiB chunks, 4 batches each: 12 would fill the arena 3 times
+        ds.set_epoch(epoch)
+        for j, batch in enumerate(loader):
+            assert _tensors.in_an_arena(batch["u"]), (epoch, j)
+            for k, u in zip(batch["__key__"], batch["u"], strict=True):
+                assert np.array_equal(u.numpy(), arrays[k]), k
+            if j == 1:  # mid-chunk
+                del batch  # the loop holds none of this chunk's buffers
+                break
+
+
 def test_an_arena_copied_outside_a_worker_start_is_no_arena():
     arena = _tensors.SharedArena(1 << 20)
     assert pickle.loads(pickle.dumps(arena)) is None  # its memory stays this process's
