@@ -53,11 +53,7 @@ class _Tagged(NamedTuple):
         if sent is not None:  # a worker's first batch is being pickled to go out
             _FIRST_SENT[0] = None
             sent.set()
-        handshakes: list[None] = []
-        packed = _pack(self.batch, handshakes)
-        if handshakes:
-            descriptors_for(len(handshakes))
-        return (_unpacked, (packed, self.tag))
+        return (_unpacked, (_pack(self.batch), self.tag))
 
 
 FIRST_HANDOVER_WAIT_S = 0.05
@@ -102,11 +98,11 @@ class _ByValue:
         return (_ByValue, (self.array,))
 
 
-def _pack(value: Any, handshakes: list[None]) -> Any:
+def _pack(value: Any) -> Any:
     """``value`` with its small CPU tensors (in dicts, lists and tuples) by value.
 
-    Arena tensors go as :class:`InArena`; ``handshakes`` gets an entry for each other CPU
-    tensor (torch sends its memory's descriptor, see ``descriptors_for``).
+    And its arena tensors as :class:`InArena`; torch sends any other CPU tensor's memory
+    by descriptor (see ``_workerstart.guard_descriptor_sends``).
     """
     kind = type(value)
     if isinstance(value, torch.Tensor):
@@ -118,45 +114,12 @@ def _pack(value: Any, handshakes: list[None]) -> Any:
                 return _ByValue(value.numpy())
             except (TypeError, RuntimeError):  # a dtype NumPy lacks (bfloat16, ...)
                 pass
-        found = InArena.of(value)
-        if found is None:
-            handshakes.append(None)
-        return found or value
+        return InArena.of(value) or value
     if kind is dict:
-        return {k: _pack(v, handshakes) for k, v in value.items()}
+        return {k: _pack(v) for k, v in value.items()}
     if kind is list or kind is tuple:
-        return kind(_pack(v, handshakes) for v in value)
+        return kind(_pack(v) for v in value)
     return value
-
-
-DESCRIPTOR_MARGIN = 4
-"""Descriptors a worker keeps free beyond one per tensor it sends by descriptor: the
-connection the main process makes to fetch each, its copy as a socket, and the server's
-own socket and the temporary name it is made with."""
-
-
-def descriptors_for(tensors: int) -> None:
-    """Refuse (``EMFILE``) a batch whose ``tensors`` descriptors the worker cannot serve.
-
-    Torch sends a tensor outside the worker's arena by its memory's descriptor: a
-    duplicate waits in the standard library's descriptor server until the main process
-    connects for it, and serving the connection takes two more. A server that cannot
-    accept retries for ever, printing a traceback each time, and the main process waits
-    for the batch with it. A batch the worker has no room to serve is refused before it
-    goes out instead, which the queue turns into a one-line error in the main process.
-    """
-    import errno
-    import os
-    import resource
-
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return
-    free = soft - len(os.listdir("/proc/self/fd"))
-    if free < tensors + DESCRIPTOR_MARGIN:
-        raise OSError(errno.EMFILE, f"{os.strerror(errno.EMFILE)}: {free} of {soft} "
-                      f"descriptors free, {tensors + DESCRIPTOR_MARGIN} needed to send "
-                      f"{tensors} tensor(s) outside the worker's arena")
 
 
 def _unpack(value: Any) -> Any:
@@ -431,6 +394,10 @@ class _BatchStream(_Stream):
         siblings = None
         if self.released is not None and in_worker():
             arena = self.arenas[world.worker] if world.worker < len(self.arenas) else None
+            # a spawned worker mapped every worker's arena with the stream: its own is
+            # the one it writes, the others' mappings go
+            self.arenas = [a if i == world.worker else None
+                           for i, a in enumerate(self.arenas)]
             set_worker_arena(arena)
             if self._pool is None:
                 self._pool = SharedPool(self.released[world.worker].numpy(), arena=arena)

@@ -29,6 +29,7 @@ from simstore.loaders._workerstart import (
     _block_sigterm,
     _lockless_context,
     _start_method,
+    guard_descriptor_sends,
 )
 from simstore.loaders._world import (
     SIGTERM_GRACE_S,
@@ -116,6 +117,7 @@ class _WorkerInit:
             # could not start: held, the SIGTERM that stops this worker waited for ever
             leave_sigterm_to_parent(self.parent_pid, stopping=self.stopping)
         leave_when_stopped(self.stopping)
+        guard_descriptor_sends()
         if self.user is not None:
             self.user(worker_id)
 

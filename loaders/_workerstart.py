@@ -9,11 +9,17 @@ no state of a loader.
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
 import multiprocessing.queues
+import os
+import resource
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
+import torch
 from simstore.loaders._corrupt import shortage
 from simstore.loaders._world import HELD_AT_START
 from torch._utils import ExceptionWrapper
@@ -109,6 +115,56 @@ def _unsendable(e: Exception, obj: object) -> tuple[int, ExceptionWrapper] | Non
     )
     return obj[0], ExceptionWrapper(  # type: ignore[no-untyped-call]
         (type(error), error, None), where=f"in DataLoader worker process {worker}")
+
+
+DESCRIPTORS_FREE = 6
+"""Descriptors a worker must have free to send a storage by descriptor: the storage's own
+(torch's shared memory keeps one open), the duplicate that waits for the main process,
+the connection the main process makes for it and its copy as a socket, and the server's
+own socket and the temporary name it is made with."""
+
+
+def _guarded_reduce_storage(reduce: Callable[[Any], Any], storage: Any) -> Any:
+    """Torch's reduction of ``storage``; refused (``EMFILE``) where its descriptor cannot go.
+
+    Torch sends a CPU storage's memory by descriptor: a duplicate waits in the standard
+    library's descriptor server until the main process connects for it, and serving the
+    connection takes two more. A server that cannot accept retries for ever, printing a
+    traceback each time, and the main process waits for the batch with it. A storage the
+    worker has no room to serve is refused before it goes out instead, which the queue
+    turns into a one-line error in the main process (see :class:`_ReportingQueue`).
+    """
+    if (storage.device.type == "cpu" and storage.nbytes() > 0
+            and torch.multiprocessing.get_sharing_strategy()  # type: ignore[no-untyped-call]
+            == "file_descriptor"):
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        try:
+            used = len(os.listdir("/proc/self/fd"))
+        except OSError as exc:
+            if exc.errno == errno.EMFILE:
+                raise
+            used = None  # no /proc: the limit cannot be read ahead
+        if (used is not None and soft != resource.RLIM_INFINITY
+                and soft - used < DESCRIPTORS_FREE):
+            raise OSError(errno.EMFILE, f"{os.strerror(errno.EMFILE)}: {soft - used} of "
+                          f"{soft} descriptors free, {DESCRIPTORS_FREE} needed to send a "
+                          "tensor's shared memory")
+    return reduce(storage)
+
+
+def guard_descriptor_sends() -> None:
+    """In a DataLoader worker: torch's storages pickle through ``_guarded_reduce_storage``.
+
+    Every tensor torch sends by descriptor, in whatever container a collate put it, goes
+    through the reduction of its untyped storage, once per storage and batch.
+    """
+    from multiprocessing.reduction import ForkingPickler
+
+    reducers = ForkingPickler._extra_reducers  # type: ignore[attr-defined]
+    current = reducers.get(torch.UntypedStorage)
+    if current is None or isinstance(current, functools.partial):
+        return  # torch's reductions not set up, or guarded already
+    reducers[torch.UntypedStorage] = functools.partial(_guarded_reduce_storage, current)
 
 
 _LOCKLESS: dict[type, type] = {}

@@ -597,6 +597,30 @@ def test_iterations_left_mid_chunk_give_their_buffers_back_to_the_pool(
                 break
 
 
+class _ArenaMaps:
+    """A transform that records how many arena mappings its process has."""
+
+    def __call__(self, sample):
+        with open("/proc/self/maps") as f:
+            maps = sum("simstore-arena" in line for line in f)
+        return {**sample, "maps": torch.tensor(maps)}
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_spawned_worker_keeps_only_its_own_arena_mapped(tmp_path, many_sources, persistent):
+    """Found by a review: the stream a spawned worker starts with carries every worker's
+    arena, and each worker mapped them all (address space for nothing)."""
+    store, arrays = _ingest(tmp_path, many_sources, "parquet")
+    ds = SimDataset(store, "d", seed=2, transform=_ArenaMaps())
+    loader = SimDataLoader(ds, batch_size=8, num_workers=2, multiprocessing_context="spawn",
+                           persistent_workers=persistent)
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        maps = [int(m) for batch in loader for m in batch["maps"]]
+        assert len(maps) == len(arrays)
+        assert set(maps) == {1}, (epoch, sorted(set(maps)))
+
+
 def test_an_arena_copied_outside_a_worker_start_is_no_arena():
     arena = _tensors.SharedArena(1 << 20)
     assert pickle.loads(pickle.dumps(arena)) is None  # its memory stays this process's
