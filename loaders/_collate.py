@@ -76,14 +76,13 @@ def _stack(values: list[torch.Tensor], empty: Empty | None = None) -> torch.Tens
     if view is not None:
         return view
     first = values[0]
-    large = (
-        first.device.type == "cpu"
-        and first.numel() * len(values) * first.element_size() >= 1 << 20
-        and all(v.dtype == first.dtype and v.device.type == "cpu" and not v.requires_grad
-                for v in values)
-    )
-    if large and empty is not None and first.layout == torch.strided:
+    uniform = first.device.type == "cpu" and all(
+        v.dtype == first.dtype and v.device.type == "cpu" and not v.requires_grad
+        for v in values)
+    if uniform and empty is not None and first.layout == torch.strided:
+        # ``empty`` pools what is large enough to be worth it (``SHARED_MIN_BYTES``)
         return torch.stack(values, out=empty((len(values), *first.shape), first.dtype))
+    large = uniform and first.numel() * len(values) * first.element_size() >= 1 << 20
     if large and first.dtype not in (torch.bfloat16, torch.complex32):
         return torch.from_numpy(np.stack([v.numpy() for v in values]))
     return torch.stack(values)

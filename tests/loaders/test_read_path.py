@@ -621,6 +621,26 @@ def test_a_spawned_worker_keeps_only_its_own_arena_mapped(tmp_path, many_sources
         assert set(maps) == {1}, (epoch, sorted(set(maps)))
 
 
+def _doubled(sample):
+    return {**sample, "u": sample["u"] * 2}
+
+
+def test_transformed_batches_over_what_travels_by_value_are_stacked_in_the_pool(
+        tmp_path, many_sources):
+    """A transform's samples are stacked into pooled memory from 64 KiB, as the chunk
+    buffers are (from 1 MiB before: torch then sent each batch by descriptor)."""
+    store, arrays = _ingest(tmp_path, many_sources, "parquet")
+    ds = SimDataset(store, "d", seed=3, transform=_doubled)
+    seen = []
+    for batch in SimDataLoader(ds, batch_size=16, num_workers=1,
+                               multiprocessing_context="fork"):
+        assert _tensors.in_an_arena(batch["u"]), batch["u"].nbytes
+        for k, u in zip(batch["__key__"], batch["u"], strict=True):
+            assert np.array_equal(u.numpy(), arrays[k] * 2), k
+            seen.append(k)
+    assert sorted(seen) == sorted(arrays)
+
+
 def test_an_arena_copied_outside_a_worker_start_is_no_arena():
     arena = _tensors.SharedArena(1 << 20)
     assert pickle.loads(pickle.dumps(arena)) is None  # its memory stays this process's
