@@ -592,27 +592,34 @@ def test_sigterm_stops_a_command_as_ctrl_c_does_one_line_exit_143(tmp_path, grou
     rng = np.random.default_rng(0)
     for i in range(48):
         np.save(src / f"f{i:02d}.npy", rng.standard_normal((1 << 20,)).astype(np.float32))
-    store = str(tmp_path / "store")
-    cli("--store", store, "init", code=0)
-    p = subprocess.Popen(
-        [sys.executable, "-m", "simstore", "--store", store, "ingest", str(src), "--dataset",
-         "d", "--workers", "2", "--snapshot", "--no-progress"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    scratch = os.path.join(store, ".scratch")
-    try:
-        deadline = time.monotonic() + 120  # a liveness bound
-        while not (os.path.isdir(scratch) and os.listdir(scratch)):
-            assert p.poll() is None and time.monotonic() < deadline, p.communicate()
-            time.sleep(0.01)
-        if group:
-            os.killpg(p.pid, signal.SIGTERM)
-        else:
-            p.send_signal(signal.SIGTERM)
-        out, err = p.communicate(timeout=120)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+    for attempt in range(3):
+        store = str(tmp_path / f"store{attempt}")
+        cli("--store", store, "init", code=0)
+        p = subprocess.Popen(
+            [sys.executable, "-m", "simstore", "--store", store, "ingest", str(src),
+             "--dataset", "d", "--workers", "2", "--snapshot", "--no-progress"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        scratch = os.path.join(store, ".scratch")
+        try:
+            deadline = time.monotonic() + 120  # a liveness bound
+            while not (os.path.isdir(scratch) and os.listdir(scratch)):
+                assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+                time.sleep(0.01)
+            if group:
+                os.killpg(p.pid, signal.SIGTERM)
+            else:
+                p.send_signal(signal.SIGTERM)
+            out, err = p.communicate(timeout=120)
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        if p.returncode == 0 and err == "" and Catalog.open(store).branches("d").names():
+            # on a loaded machine this test's process ran again only once the ingest had
+            # committed and returned, after which a SIGTERM is ignored by design (see
+            # simstore._launch.command_returned): the signal came too late, not unheeded
+            continue
+        break
     assert p.returncode == 143, err
     assert out == ""
     assert err.endswith("error: terminated\n"), err
