@@ -309,17 +309,15 @@ def _cache_line(c: dict[str, Any], total_usd: float) -> str:
             f"{_usd(c['saved_usd'])}; with a cold cache the run would cost "
             f"{_usd(c['cold_start_usd'])}"
         )
-    shared = ("; ranks that share a node's cache each count the warm copies they read, so "
-              "a copy several of them read is counted once per rank" if c.get("warm_shared")
-              else "")
+    per_rank = ("ranks that share a node's cache each count the warm copies they read, so "
+                "a copy several of them read is counted once per rank")
+    shared = f"; {per_rank}" if c.get("warm_shared") else ""
     if c.get("warm_shared") and c["warm_hits"] is not None and not c.get("warm_partial"):
         return (
             f"{lookups}; {warm} warm copies counted by the ranks (in the cache before the "
             f"run), {human_bytes(c['saved_bytes'])} in {c['saved_gets']} requests not read "
-            f"from {source}: saved at most {_usd(c['saved_usd'])} (ranks that share a "
-            f"node's cache each count the warm copies they read, so a copy several of them "
-            f"read is counted once per rank); with a cold cache the run would cost at most "
-            f"{_usd(c['cold_start_usd'])}"
+            f"from {source}: saved at most {_usd(c['saved_usd'])} ({per_rank}); with a cold "
+            f"cache the run would cost at most {_usd(c['cold_start_usd'])}"
         )
     if warm is None:
         what = "the reports do not count warm copies, so every hit is priced as a GET"
