@@ -155,48 +155,17 @@ class EpochReader:
             chunks, counters
         ):
             for chunk, (values, buffers) in chunks:
-                try:  # the buffers go back to the pool however the chunk ends:
-                    # a loop left mid-chunk (a break, then persistent workers' next
-                    # iteration) kept them for good, a region of the arena each time
-                    n = len(values)
+                n = len(values)
+                try:  # the buffers go back to the pool however the chunk ends: a loop
+                    # left mid-chunk (a break, then persistent workers' next iteration)
+                    # kept them for good, a region of the arena each time
                     for lo in range(0, n, batch_size):
                         hi = min(n, lo + batch_size)
                         if hi - lo < batch_size and drop_last:
                             continue
                         pads = chunk.is_pad[lo:hi]
-                        columns = None if per_sample else _columns(
-                            values, buffers, lo, hi, chunk.keys[lo:hi], pads, opts.zero_copy)
-                        if columns is not None and norm is not None:
-                            norm.columns(columns, buffers.empty)
-                        if columns is None:
-                            buffers.settle(0, n)  # see ChunkBuffers.settle
-                            samples = [self._sample(chunk, j, values, buffers, False)
-                                       for j in range(lo, hi)]
-                            nbytes = sum(_payload_bytes(x) for x in samples if not x["__pad__"])
-                            batch = collate(samples, empty=buffers.empty
-                                            if buffers.pool is not None else None)
-                        else:
-                            deferred = {}
-                            if defer:
-                                for name, column in columns.items():
-                                    if isinstance(column, torch.Tensor) and collate.as_is(name,
-                                                                                          column):
-                                        rows = buffers.file_rows(name, lo, hi)
-                                        if rows is not None:
-                                            deferred[name] = rows
-                                # a private buffer about to leave as a tensor: every noted row
-                                # of the chunk is read first (see ChunkBuffers.settle)
-                                sent = buffers.private_fields() - deferred.keys()
-                                if sent & columns.keys():
-                                    buffers.settle(0, n)
-                                else:
-                                    buffers.settle(lo, hi)
-                            nbytes = _columns_bytes(columns, ~np.asarray(pads, dtype=np.bool_))
-                            batch = collate.columns(columns)
-                            for name, rows in deferred.items():
-                                if batch.get(name) is not columns[name]:
-                                    raise AssertionError(f"collate read unread rows of {name}")
-                                batch[name] = rows
+                        batch, nbytes = self._batch(chunk, values, buffers, lo, hi, pads,
+                                                    collate, per_sample, norm, defer)
                         npad = int(np.count_nonzero(pads))
                         counters.add("samples", hi - lo - npad)
                         if npad:
@@ -206,6 +175,56 @@ class EpochReader:
                         yield batch, count, counters.snapshot(), buffers.sent()
                 finally:
                     buffers.retire()
+
+    def _batch(
+        self,
+        chunk: Any,
+        values: list[dict[str, Any]],
+        buffers: ChunkBuffers,
+        lo: int,
+        hi: int,
+        pads: Any,
+        collate: Collate,
+        per_sample: bool,
+        norm: Normalise | None,
+        defer: bool,
+    ) -> tuple[Any, int]:
+        """Slots ``lo:hi`` of a decoded chunk as a batch, and its samples' bytes.
+
+        As :meth:`read_batches` makes each batch; the bytes leave out padding samples.
+        """
+        n = len(values)
+        columns = None if per_sample else _columns(
+            values, buffers, lo, hi, chunk.keys[lo:hi], pads, self.options.zero_copy)
+        if columns is not None and norm is not None:
+            norm.columns(columns, buffers.empty)
+        if columns is None:
+            buffers.settle(0, n)  # see ChunkBuffers.settle
+            samples = [self._sample(chunk, j, values, buffers, False) for j in range(lo, hi)]
+            nbytes = sum(_payload_bytes(x) for x in samples if not x["__pad__"])
+            return collate(samples, empty=buffers.empty
+                           if buffers.pool is not None else None), nbytes
+        deferred = {}
+        if defer:
+            for name, column in columns.items():
+                if isinstance(column, torch.Tensor) and collate.as_is(name, column):
+                    rows = buffers.file_rows(name, lo, hi)
+                    if rows is not None:
+                        deferred[name] = rows
+            # a private buffer about to leave as a tensor: every noted row of the chunk is
+            # read first (see ChunkBuffers.settle)
+            sent = buffers.private_fields() - deferred.keys()
+            if sent & columns.keys():
+                buffers.settle(0, n)
+            else:
+                buffers.settle(lo, hi)
+        nbytes = _columns_bytes(columns, ~np.asarray(pads, dtype=np.bool_))
+        batch = collate.columns(columns)
+        for name, rows in deferred.items():
+            if batch.get(name) is not columns[name]:
+                raise AssertionError(f"collate read unread rows of {name}")
+            batch[name] = rows
+        return batch, nbytes
 
     def _sample(
         self,
