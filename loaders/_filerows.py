@@ -6,7 +6,7 @@ its memory is its own, and the shared memory its batches usually travel in would
 the bytes copied in. So a worker whose shards' checks have passed does not read such a
 chunk at all: the batch carries a :class:`FileRows` (where each row's bytes lie in which
 file) in place of the tensor, the worker sends the files' descriptors over a Unix socket
-made for it before it was forked (:class:`FdChannel`, ``SCM_RIGHTS``: the kernel passes
+made for it before it started (:class:`FdChannel`, ``SCM_RIGHTS``: the kernel passes
 the open files, so a file unlinked meanwhile, a cache copy evicted, is still the same
 file), and the main process maps the rows into a tensor of its own pool
 (:func:`resolve_batch`). Nothing is named and nothing outlives the processes: a crash
@@ -92,20 +92,35 @@ def _rebuilt(shape: tuple[int, ...], dtype: str, pieces: list[tuple[int, int, in
 
 
 class FdChannel:
-    """A socket pair over which one forked worker sends its batches' file descriptors.
+    """A socket pair over which one worker sends its batches' file descriptors.
 
-    Made by the main process before it forks the worker; a spawned worker gets None (a
-    socket does not survive the pickle). Messages are datagrams, so each batch's
-    descriptors arrive whole and in the order sent.
+    Made by the main process before it starts the worker: a forked worker inherits it, a
+    worker started by spawn or a fork server gets its end's descriptor with its start
+    (any other copy is None: a socket does not survive a pickle). Messages are
+    datagrams, so each batch's descriptors arrive whole and in the order sent.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, _worker_fd: int | None = None) -> None:
+        self._token = 0
+        self._main: socket.socket | None = None
+        if _worker_fd is not None:  # a spawned worker's end, from its start
+            self._worker = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM, fileno=_worker_fd)
+            return
         self._main, self._worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._main.settimeout(RECEIVE_TIMEOUT_S)
-        self._token = 0
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_no_channel, ())
+        """The channel as a worker being started gets it: its end, by descriptor."""
+        from multiprocessing import context, reduction
+
+        if self._main is None or context.get_spawning_popen() is None:
+            return (_no_channel, ())
+        return (_spawned_channel, (reduction.DupFd(self._worker.fileno()),))
+
+    @property
+    def spawned(self) -> bool:
+        """Whether this is a spawned worker's end alone (the main end is elsewhere)."""
+        return self._main is None
 
     def send(self, rows: Sequence[FileRows]) -> None:
         """In the worker: send ``rows``' descriptors under a new token that they record."""
@@ -123,6 +138,8 @@ class FdChannel:
 
         Descriptors of an earlier token (a batch that was never delivered) are closed.
         """
+        if self._main is None:
+            raise StorageError("a DataLoader worker's descriptor channel has no main end")
         got: list[int] = []
         while len(got) < count:
             try:
@@ -151,12 +168,18 @@ class FdChannel:
 
     def close(self) -> None:
         """Close both ends (descriptors still in flight are closed with them)."""
-        self._main.close()
+        if self._main is not None:
+            self._main.close()
         self._worker.close()
 
 
 def _no_channel() -> None:
     return None
+
+
+def _spawned_channel(fd: Any) -> FdChannel:
+    """In a worker started by spawn or a fork server: its end of the channel."""
+    return FdChannel(_worker_fd=fd.detach())
 
 
 def close_fds(fds: Iterable[int]) -> None:

@@ -181,7 +181,7 @@ class SimDataLoader(DataLoader[Any]):
     _tracker: ReleaseTracker | None = None
     """The main process's side of the workers' pooled buffers (see ``SharedPool``)."""
     _channels: Sequence[FdChannel] = ()
-    """The fork workers' descriptor channels (see ``loaders._filerows``)."""
+    """The workers' descriptor channels (see ``loaders._filerows``)."""
 
     def __init__(
         self,
@@ -446,7 +446,7 @@ class SimDataLoader(DataLoader[Any]):
         stream.arenas = self._worker_arenas()
         stream.channels = self._channels = (
             [FdChannel() for _ in range(self.num_workers)]
-            if self.num_workers > 0 and _forks(self) and ds._options.map_files else [])
+            if self.num_workers > 0 and ds._options.map_files else [])
 
     def _stream_arenas(self) -> list[SharedArena]:
         """This iteration's arenas (a stream of single samples has none)."""

@@ -376,8 +376,8 @@ class _BatchStream(_Stream):
         """Each worker's arena (see ``SharedArena``), mapped before the workers start;
         empty with no workers (None in a copy that is not a starting worker's)."""
         self.channels: Sequence[FdChannel | None] = ()
-        """Each fork worker's channel for the descriptors of the shard files its batches
-        leave unread (see ``loaders._filerows``); as ``arenas``."""
+        """Each worker's channel for the descriptors of the shard files its batches leave
+        unread (see ``loaders._filerows``); as ``arenas``."""
         self._pool: SharedPool | None = None
         """In a worker: its pooled shared buffers, kept by a persistent worker from one
         iteration to the next (batches of the last may still be held by the main process,
@@ -426,6 +426,13 @@ class _BatchStream(_Stream):
         channel = None
         if in_worker() and world.worker < len(self.channels):
             channel = self.channels[world.worker]
+            if channel is not None and channel.spawned:
+                # a spawned worker got every worker's end with the stream: its own stays
+                for i, other in enumerate(self.channels):
+                    if other is not None and i != world.worker:
+                        other.close()
+                self.channels = [c if i == world.worker else None
+                                 for i, c in enumerate(self.channels)]
         try:
             for batch, count, counters, marks in self.dataset.read_batches(
                 world, self.reading_epoch, self.remaining, self.batch_size, self.collate,

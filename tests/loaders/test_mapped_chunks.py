@@ -262,19 +262,22 @@ def test_a_failed_mapping_leaves_usable_memory(tmp_path):
 
 # -- DataLoader workers: rows left in the files, mapped by the main process -------------
 
-def _worker_epoch(store: str, workers: int = 2, **kw: object) -> list[dict[str, object]]:
+def _worker_epoch(store: str, workers: int = 2, context: str = "fork",
+                  **kw: object) -> list[dict[str, object]]:
     ds = SimDataset(store, "d", shuffle=True, seed=5, **kw)  # type: ignore[arg-type]
     return list(SimDataLoader(ds, batch_size=2, num_workers=workers,
-                              multiprocessing_context="fork"))
+                              multiprocessing_context=context))
 
 
-def test_fork_workers_leave_mapped_rows_to_the_main_process(zarr_store):
+@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
+def test_workers_leave_mapped_rows_to_the_main_process(zarr_store, context):
+    """Workers of every start method send the shard files' descriptors, not the rows."""
     store, values = zarr_store
     paths = _shard_paths(store)
     before = _digests(paths)
     mapped = _tensors.POOL.mapped_bytes
     # verify=False: every chunk goes unchecked from the first, so all are left unread
-    batches = _worker_epoch(store, verify=False, map_files=True)
+    batches = _worker_epoch(store, verify=False, map_files=True, context=context)
     assert _tensors.POOL.mapped_bytes - mapped == len(values) << 20
     assert _check(batches, values) == len(values)
     for b in batches:
@@ -292,10 +295,12 @@ def test_fork_workers_leave_mapped_rows_to_the_main_process(zarr_store):
             os.rename(p + ".moved", p)
 
 
-def test_fork_workers_leave_only_their_first_chunk_by_default(zarr_store):
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_workers_leave_only_their_first_chunk_by_default(zarr_store, context):
     store, values = zarr_store
     mapped = _tensors.POOL.mapped_bytes
-    batches = _worker_epoch(store, verify=False, prefetch={"chunk_samples": 2})
+    batches = _worker_epoch(store, verify=False, prefetch={"chunk_samples": 2},
+                            context=context)
     # each worker's first chunk: two rows of its three
     assert _tensors.POOL.mapped_bytes - mapped == 4 << 20
     assert _check(batches, values) == len(values)
