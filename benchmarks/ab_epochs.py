@@ -34,7 +34,7 @@ import os
 import statistics
 import tempfile
 
-from benchmarks.bench_ingest import TREE_IMPORTS, run_child
+from benchmarks.bench_ingest import TREE_IMPORTS, link_tree, run_child
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _compare(args: argparse.Namespace, stack: contextlib.ExitStack) -> None:
     trees = {"before": os.path.abspath(args.baseline), "after": ""}
+    link_tree(trees["before"])  # its spawned workers import its own loader too
     stores = {"before": args.baseline_store or args.store, "after": args.store}
     caches: dict[str, str | None] = {"before": None, "after": None}
     env = None

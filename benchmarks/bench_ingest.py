@@ -197,7 +197,22 @@ if tree:
     sys.meta_path.insert(0, _Tree())
 """
 """Child-process code that makes ``import simstore`` load the source tree named by the
-variable ``tree`` (nothing when it is empty); ``os`` and ``sys`` must be imported."""
+variable ``tree`` (nothing when it is empty); ``os`` and ``sys`` must be imported. It holds
+in that process and in the workers it forks; for workers it spawns, see ``link_tree``."""
+
+
+def link_tree(tree: str) -> None:
+    """Link ``tree``'s top-level ``formats``, ``cli`` and ``loaders`` into its ``simstore``.
+
+    A spawned or fork-server worker of a timed process does not inherit ``TREE_IMPORTS``'
+    finder: given ``sys.path`` alone, it would import ``simstore.loaders`` from wherever
+    the installed package points (this tree, not the one timed). With the links, the
+    timed tree's own folders are found first.
+    """
+    for name in ("formats", "cli", "loaders"):
+        link = os.path.join(tree, "simstore", name)
+        if os.path.isdir(os.path.join(tree, name)) and not os.path.lexists(link):
+            os.symlink(os.path.join("..", name), link)
 
 
 def _revision(tree: str) -> str:

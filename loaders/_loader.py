@@ -67,7 +67,7 @@ from simstore.loaders._workers import (
     _workers_stopped,
     _WorkersIter,
 )
-from simstore.loaders._workerstart import _forks
+from simstore.loaders._workerstart import _forks, _start_method, start_helpers
 from simstore.loaders._world import World
 from torch.utils.data import DataLoader
 
@@ -244,6 +244,7 @@ class SimDataLoader(DataLoader[Any]):
             # DataLoader batches nothing itself: its batch sampler stays None)
             object.__setattr__(self, "batch_size", batch_size)
             object.__setattr__(self, "drop_last", drop_last)
+            self._start_fork_server()
             return
         # a caller's collate gets the samples' tensors, as a DataLoader gathers them
         self._stream = _WorkerStream(dataset, batch_size or 1)
@@ -265,6 +266,19 @@ class SimDataLoader(DataLoader[Any]):
                 **kwargs,
             )
         object.__setattr__(self, "batch_size", batch_size)
+        self._start_fork_server()
+
+    def _start_fork_server(self) -> None:
+        """Start the fork server now when this loader's workers will come from one.
+
+        Its start (an interpreter importing torch and this package, about 1 s) then
+        overlaps what the script does before its first ``iter()``. One that cannot start
+        here is started again there, which says why.
+        """
+        if self.num_workers > 0 and (self._instead_of_fork() or _start_method(self)
+                                     ) == "forkserver":
+            with contextlib.suppress(OSError, ValueError):
+                start_helpers("forkserver")
 
     def _get_iterator(self) -> Any:
         if self.num_workers == 0:
@@ -481,20 +495,31 @@ class SimDataLoader(DataLoader[Any]):
             ds._metrics.watch(w, functools.partial(read_ledger, ledger[w].numpy(), keys))
 
     def _avoid_forking_lance(self) -> None:
-        """Start workers by spawn once this process has read or written Lance files.
+        """Start workers from a fork server once this process has read or written Lance files.
 
         Lance's runtime threads do not survive a fork: a worker forked after the main
         process read a Lance snapshot (a validation pass, say) could crash on its first
-        read (1 run in 5 in an audit). Left to the platform's default, the workers spawn
-        instead. A caller who asks for fork keeps it (Lance itself warns at the fork: a
-        dataset without Lance shards forks safely).
+        read (1 run in 5 in an audit). Left to the platform's default, the workers come
+        from a fork server instead (a fresh interpreter that has imported torch and this
+        package, never Lance), or spawn where there is none. A caller who asks for fork
+        keeps it (Lance itself warns at the fork: a dataset without Lance shards forks
+        safely).
         """
+        instead = self._instead_of_fork()
+        if instead is not None:
+            self.multiprocessing_context = instead
+
+    def _instead_of_fork(self) -> str | None:
+        """The start method to use in place of the default fork now; None: keep it."""
         if self.num_workers <= 0 or self._context_given or not _forks(self):
-            return
+            return None
         from simstore.formats._lance import used_here  # not before: 0.4 ms of a first batch
 
-        if used_here():
-            self.multiprocessing_context = "spawn"
+        if not used_here():
+            return None
+        import multiprocessing
+
+        return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
     def _worker_arenas(self) -> list[SharedArena]:
         """One arena per worker (kept for later epochs); none without workers."""

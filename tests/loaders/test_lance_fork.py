@@ -1,8 +1,9 @@
 """Workers are not forked from a process that has used Lance (its runtime is not fork-safe).
 
 An audit saw a worker forked after the main process read a Lance snapshot die of SIGSEGV
-in 1 run of 5. Left to the platform's default, the loader now spawns its workers once the
-process has read or written Lance files (a caller who asks for fork keeps it: Lance warns).
+in 1 run of 5. Left to the platform's default, the loader now starts its workers from a
+fork server (a fresh interpreter that never used Lance) once the process has read or
+written Lance files (a caller who asks for fork keeps it: Lance warns).
 """
 
 import subprocess
@@ -32,7 +33,7 @@ _SCRIPT = textwrap.dedent("""
     loader = SimDataLoader(ds, batch_size=4, num_workers=2)
     got = sorted(k for b in loader for k in b["__key__"])
     assert got == expect, got
-    assert loader.multiprocessing_context.get_start_method() == "spawn"
+    assert loader.multiprocessing_context.get_start_method() == "forkserver"
     asked = SimDataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="spawn")
     assert sorted(k for b in asked for k in b["__key__"]) == expect
     print("ok")
@@ -40,7 +41,7 @@ _SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.multiprocess
-def test_a_process_that_used_lance_spawns_its_workers(tmp_path):
+def test_a_process_that_used_lance_starts_its_workers_from_a_fork_server(tmp_path):
     import simstore
 
     src = tmp_path / "src"
