@@ -124,7 +124,7 @@ def _snapshot_from_cache(
     also on a miss.
     """
     try:
-        return access.read_cached(sid, fill=fill, starts_with=SNAPSHOT_HEAD)
+        return access.read_cached(sid, fill=fill, starts_with=SNAPSHOT_HEAD, kind="snapshot")
     except (InvalidInputError, IntegrityError):
         return None
 

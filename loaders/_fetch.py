@@ -41,6 +41,7 @@ from simstore.loaders._stats import Counters
 from simstore.loaders._trust import TrustTable, VerifiedTable, file_stamp
 
 from simstore._verified import NodeRecords, stamp_info
+from simstore.catalog._caps import Kind, read_capped
 from simstore.errors import IntegrityError, NotFoundError, SimstoreError, StorageError
 from simstore.hashing import hash_bytes, hash_file, object_key
 from simstore.storage import ObjectStore
@@ -503,9 +504,13 @@ class ShardAccess:
         return True
 
     def read_cached(
-        self, object_id: str, *, fill: bool = True, starts_with: bytes = b""
+        self, object_id: str, *, fill: bool = True, starts_with: bytes = b"",
+        kind: Kind = "manifest part",
     ) -> tuple[bytes, str] | None:
         """A small immutable object (a manifest part) from the disk cache, and its tier.
+
+        ``kind``: what the object is (``"snapshot"``); one larger than any of its kind is
+        refused before it is downloaded, an :class:`IntegrityError` (``_caps.py``).
 
         With a disk cache in front of a remote store, the node's copy is read: filled on a
         miss (one GET, hashed as it is written) and hashed on each hit, so a warm epoch
@@ -521,9 +526,11 @@ class ShardAccess:
         key = object_key(object_id)
         fetched: list[bytes] = []
 
+        by = self._by() if kind == "manifest part" else ""
+
         def size_bytes() -> int:
             with billed_if_failed(self.counters, self.tier):
-                fetched.append(self.store.get(key))
+                fetched.append(read_capped(self.store, key, kind, by=by))
             return len(fetched[0])
 
         downloaded = False
@@ -534,7 +541,7 @@ class ShardAccess:
             nonlocal downloaded
             if downloaded or not fetched:
                 with billed_if_failed(self.counters, self.tier):
-                    fetched[:] = [self.store.get(key)]
+                    fetched[:] = [read_capped(self.store, key, kind, by=by)]
             downloaded = True
             out.write(fetched[0])
 

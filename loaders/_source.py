@@ -31,6 +31,7 @@ from simstore.loaders._stats import Counters
 from simstore.loaders._window import Regions, parse_regions
 
 from simstore.catalog import Catalog
+from simstore.catalog._caps import read_capped
 from simstore.catalog._refs import is_snapshot_object
 from simstore.errors import FormatError, IntegrityError, InvalidInputError, NotFoundError
 from simstore.hashing import hash_bytes, object_key
@@ -315,7 +316,9 @@ def _read_part(
     key = object_key(part_id)
     try:
         got_bytes = read(part_id) if read is not None else None
-        data = source.store.get(key) if got_bytes is None else b""
+        data = (read_capped(source.store, key, "manifest part",
+                            by=f"; referenced by snapshot {source.snapshot_id}")
+                if got_bytes is None else b"")
     except NotFoundError:
         # the snapshot names it: damage (as the catalog says), not an unknown object
         raise IntegrityError(missing_text(source.store, key, source.snapshot_id)) from None

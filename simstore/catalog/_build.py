@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from simstore.catalog._caps import check_written
 from simstore.catalog._merge import _ArrowKeys, merge_manifest, normalise_changes
 from simstore.hashing import object_key
 from simstore.manifest import PartRef, encode_part, part_ref
@@ -139,6 +140,9 @@ def build_snapshot(
 
     def store_part(table: pa.Table) -> PartRef:
         data = encode_part(table)
+        check_written("manifest part", len(data),
+                      f"dataset {dataset!r}: a manifest part of {table.num_rows} rows",
+                      f"lower target_rows (now {cat.target_rows}) or use shorter keys")
         ref = part_ref(table, data)
         if cat.store.put_if_absent(object_key(ref.id), data):
             with counters_lock:

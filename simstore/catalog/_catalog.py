@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from simstore.catalog._build import WRITE_THREADS, utc_at_ns, utc_now
+from simstore.catalog._caps import Kind, check_written, read_capped, read_capped_versioned
 from simstore.catalog._commit import (
     CommitResult,
     commit,
@@ -232,7 +233,7 @@ class Catalog:
             )
         if recorded is False and enforced:
             # the endpoint enforces them now: record it, so commits work from here on
-            data, version = store.get_versioned(STORE_META_KEY)
+            data, version = read_capped_versioned(store, STORE_META_KEY, "store record")
             now = {**json.loads(data), "conditional_writes": True}
             try:
                 store.compare_and_swap(STORE_META_KEY, version, canonical_json(now))
@@ -243,7 +244,7 @@ class Catalog:
     def check_initialised(self) -> dict[str, Any]:
         """The store's metadata; NotFoundError/FormatError when missing or unsupported."""
         try:
-            data = self.store.get(STORE_META_KEY)
+            data = read_capped(self.store, STORE_META_KEY, "store record")
         except NotFoundError:
             raise NotFoundError(
                 f"{self.store.url}: not a simstore store (no {STORE_META_KEY}); "
@@ -434,13 +435,25 @@ class Catalog:
             return False
 
     # -- objects -----------------------------------------------------------------------
-    def get_object(self, oid: str, *, verify: bool = True, referenced_by: str = "") -> bytes:
-        """Read an immutable object, checking its hash unless ``verify`` is False."""
-        data = self.store.get(object_key(oid))
+    def get_object(
+        self, oid: str, *, verify: bool = True, referenced_by: str = "", kind: Kind | None = None,
+    ) -> bytes:
+        """Read an immutable object, checking its hash unless ``verify`` is False.
+
+        ``kind`` (``"snapshot"``, ``"manifest part"``): one larger than any of that kind
+        is refused unread (an :class:`IntegrityError`, see ``_caps.py``).
+        """
+        by = f"; referenced by snapshot {referenced_by}" if referenced_by else ""
+        key = object_key(oid)
+        if kind is None:
+            data = self.store.get(key)
+        else:
+            named = self._named_by.get(oid) if kind == "snapshot" else None
+            data = read_capped(self.store, key, kind,
+                               by=f"; referenced by {named}" if named else by)
         if verify:
             actual = hash_bytes(data)
             if actual != oid:
-                by = f"; referenced by snapshot {referenced_by}" if referenced_by else ""
                 raise IntegrityError(
                     f"{self.store.url}: {object_key(oid)} has hash {actual}, expected {oid}{by}"
                 )
@@ -488,7 +501,7 @@ class Catalog:
         if cached is not None:
             return cached
         try:
-            data = self.get_object(sid)
+            data = self.get_object(sid, kind="snapshot")
         except NotFoundError:
             named = self._named_by.get(sid)
             if named is not None:  # a ref or a snapshot names it: damage, as verify says
@@ -511,7 +524,8 @@ class Catalog:
         its snapshot), as ``verify`` reports it: a snapshot names it.
         """
         try:
-            data = self.get_object(part.id, verify=verify, referenced_by=snapshot)
+            data = self.get_object(part.id, verify=verify, referenced_by=snapshot,
+                                   kind="manifest part")
         except NotFoundError:
             by = f"; referenced by snapshot {snapshot}" if snapshot else ""
             raise IntegrityError(
@@ -607,7 +621,11 @@ class Catalog:
             stats=dict(stats or {}),
             lineage=dict(lineage or {}),
         )
-        self.store.put(staging_key(dataset, sid), entry.to_bytes())
+        body = entry.to_bytes()
+        check_written("staging entry", len(body),
+                      f"{dataset}: a staging entry of {len(entry.shards)} shards",
+                      "stage them in several entries")
+        self.store.put(staging_key(dataset, sid), body)
         return entry
 
     def _last_staged_ns(self, dataset: str) -> int:
@@ -621,7 +639,7 @@ class Catalog:
         out = []
         for key in self.store.list(staging_key(dataset)):
             try:
-                data = self.store.get(key)
+                data = read_capped(self.store, key, "staging entry")
             except NotFoundError:
                 continue  # committed and removed meanwhile
             out.append(StagedEntry.from_bytes(data, key))

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from simstore.catalog._build import build_snapshot, utc_at
+from simstore.catalog._caps import check_written
 from simstore.catalog._refs import Branches, staging_key
 from simstore.errors import (
     ConflictError,
@@ -282,7 +283,12 @@ def commit(
             author=author, created=utc_at(now), allow_schema_change=allow_schema_change,
             after=utc_at(after) if after > now else None,
         )
-        sid, _ = cat.put_object(snap.to_bytes())
+        body = snap.to_bytes()
+        check_written("snapshot", len(body),
+                      f"dataset {dataset!r}: a snapshot of {len(snap.parts)} manifest parts",
+                      f"raise target_rows (now {cat.target_rows}) for fewer parts, or "
+                      "shorten the message")
+        sid, _ = cat.put_object(body)
         gone = _unstaged(cat, dataset, todo)
         if gone:
             if branches.get_versioned(branch)[1] != version:

@@ -12,10 +12,12 @@ from typing import Any
 
 import pyarrow.compute as pc
 
+from simstore.catalog._caps import max_bytes, read_capped
 from simstore.catalog._catalog import Catalog
 from simstore.catalog._refs import is_snapshot_object, misplaced_refs
 from simstore.catalog._verify import check_catalog, check_flags
 from simstore.errors import (
+    FormatError,
     IntegrityError,
     InvalidInputError,
     NotFoundError,
@@ -85,13 +87,12 @@ def reachable_objects(
     return keep
 
 
-# A snapshot is a small JSON object; anything larger is not read to find out whether it is one.
-_SNAPSHOT_MAX_BYTES = 64 * 1024 * 1024
-
-
 def _is_snapshot(cat: Catalog, key: str, size: int) -> bool:
-    """Whether object ``key`` is a snapshot (by its first bytes; see docs/format.md)."""
-    if size < len(SNAPSHOT_HEAD) or size > _SNAPSHOT_MAX_BYTES:
+    """Whether object ``key`` is a snapshot (by its first bytes; see docs/format.md).
+
+    One larger than any snapshot (``_caps.py``) is not read to find out: it is none.
+    """
+    if size < len(SNAPSHOT_HEAD) or size > max_bytes("snapshot"):
         return False
     return is_snapshot_object(cat.store, key.rsplit("/", 1)[-1])
 
@@ -202,12 +203,22 @@ def _write_gc_state(cat: Catalog, run: str, state: str, grace_s: float, now: flo
     cat.store.put(GC_STATE_KEY, json.dumps(body, sort_keys=True).encode())
 
 
+_OVERSIZED_RECORD = b"\0a gc record larger than any gc writes"
+"""What :func:`read_gc_state` gives for such a record: unreadable, as damaged ones are."""
+
+
 def read_gc_state(store: Any) -> bytes | None:
-    """The store's gc record as it is now (None: no gc ever deleted anything here)."""
+    """The store's gc record as it is now (None: no gc ever deleted anything here).
+
+    One larger than any gc writes is not read: it counts as unreadable, for which
+    :func:`gc_overlapped` assumes the worst (a check), as for one that does not parse.
+    """
     try:
-        data: bytes = store.get(GC_STATE_KEY)
+        data = read_capped(store, GC_STATE_KEY, "store record")
     except NotFoundError:
         return None
+    except FormatError:
+        return _OVERSIZED_RECORD
     return data
 
 
@@ -344,7 +355,8 @@ def gc(
             removed[oid] = (info, b"")
             continue
         try:
-            data = cat.store.get(info.key)  # kept to write back if a new ref names it
+            # kept to write back if a new ref names it
+            data = read_capped(cat.store, info.key, "snapshot")
         except NotFoundError:
             continue
         state = _delete_unless_since(cat.store, info.key, cutoff)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
+from simstore.catalog._caps import read_capped, read_capped_versioned
 from simstore.errors import (
     AlreadyExistsError,
     ConflictError,
@@ -153,7 +154,7 @@ class _Refs:
         """The snapshot id a ref points at; NotFoundError when absent."""
         key = self.key(name)
         try:
-            return decode_ref(self._store.get(key), key)
+            return decode_ref(read_capped(self._store, key, "ref"), key)
         except NotFoundError:
             raise NotFoundError(
                 f"{self.dataset}: no {'branch' if self.kind == 'heads' else 'tag'} {name!r}"
@@ -163,7 +164,7 @@ class _Refs:
         """(snapshot id, version token), or (None, None) when absent."""
         key = self.key(name)
         try:
-            data, version = self._store.get_versioned(key)
+            data, version = read_capped_versioned(self._store, key, "ref")
         except NotFoundError:
             return None, None
         return decode_ref(data, key), version
@@ -182,7 +183,7 @@ class _Refs:
             if "/" in name:
                 continue
             try:
-                data = self._store.get(key)
+                data = read_capped(self._store, key, "ref")
             except NotFoundError:
                 continue
             yield name, decode_ref(data, key)
@@ -220,7 +221,7 @@ class _Refs:
         # below is a write): at the same snapshot the create is done, elsewhere refused,
         # as the conditional create would, and alike on a store this process may not write
         try:
-            existing: bytes | None = self._store.get(key)
+            existing: bytes | None = read_capped(self._store, key, "ref")
         except NotFoundError:
             existing = None
         if existing is not None:
@@ -253,7 +254,7 @@ class _Refs:
                 raise
         except ConflictError as exc:
             try:
-                now = self._store.get(key)
+                now = read_capped(self._store, key, "ref")
             except NotFoundError:
                 raise ConflictError(
                     f"{self.dataset}: {self._what(name)} was created and deleted concurrently"
@@ -277,7 +278,7 @@ class _Refs:
                 f"{self.dataset}: {self._what(name)}: object {snapshot_id} is not a snapshot"
             )
         try:
-            data = self._store.get(object_key(snapshot_id))
+            data = read_capped(self._store, object_key(snapshot_id), "snapshot")
             dataset = Snapshot.from_bytes(data, object_id=snapshot_id).dataset
         except NotFoundError:
             raise NotFoundError(f"{self.dataset}: no snapshot {snapshot_id}") from None
@@ -307,8 +308,9 @@ class _Refs:
         key = self.key(name)
         try:
             # its bytes are not decoded: a damaged ref is deleted too (else only a hand
-            # in the store could take it away, and it blocked the dataset's commands)
-            _, version = self._store.get_versioned(key)
+            # in the store could take it away, and it blocked the dataset's commands);
+            # one larger than any ref is refused all the same (its version is its bytes')
+            _, version = read_capped_versioned(self._store, key, "ref")
         except NotFoundError:
             raise NotFoundError(f"{self.dataset}: no {self._what(name)}") from None
         try:
@@ -326,7 +328,7 @@ class _Refs:
         None when the ref is absent or cannot be read: the write's own error then stands.
         """
         try:
-            return self._store.get(key)
+            return read_capped(self._store, key, "ref")
         except SimstoreError:
             return None
 
@@ -388,7 +390,7 @@ class Branches(_Refs):
             return self._store.compare_and_swap(key, expected_version, body)
         except StorageError:
             try:
-                data, version = self._store.get_versioned(key)
+                data, version = read_capped_versioned(self._store, key, "ref")
             except SimstoreError:
                 data, version = None, None
             if data != body:

@@ -348,7 +348,7 @@ class _Walk:
                 self._snapshot_problem(sid, "invalid id", f"invalid snapshot id {sid!r}")
                 continue
             try:  # from the store, not the catalog's cache: what is stored is checked
-                snap = Snapshot.from_bytes(cat.get_object(sid), object_id=sid)
+                snap = Snapshot.from_bytes(cat.get_object(sid, kind="snapshot"), object_id=sid)
             except NotFoundError:
                 self._snapshot_problem(sid, "missing", f"{cat.store.url}: no snapshot {sid}")
                 continue
@@ -410,7 +410,7 @@ class _Walk:
             report.objects_checked += 1
             sids = self._ordered(s for listed in claims.values() for s in listed)
             try:
-                data = cat.get_object(pid)
+                data = cat.get_object(pid, kind="manifest part")
                 table = decode_part(data, object_id=pid)
             except (NotFoundError, IntegrityError, FormatError) as exc:
                 report.add(VerifyProblem(

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from simstore.errors import InvalidInputError
+from simstore.errors import FormatError, InvalidInputError
 
-__all__ = ["ObjectInfo", "ObjectStore", "SupportsMoveFile", "check_key"]
+__all__ = ["ObjectInfo", "ObjectStore", "SupportsMoveFile", "check_key", "larger_than"]
 
 _BAD_KEY = re.compile(r"[\x00-\x1f\x7f\\]")
 
@@ -37,6 +37,16 @@ def check_key(key: str) -> str:
     return key
 
 
+def larger_than(url: str, key: str, max_bytes: int, size_bytes: int | None = None) -> FormatError:
+    """The error of a read with ``max_bytes`` that found a larger object (see ``get``).
+
+    ``size_bytes``: the object's size where the read was told it; None when it read
+    ``max_bytes + 1`` bytes to find out.
+    """
+    size = f"{size_bytes} bytes, " if size_bytes is not None else ""
+    return FormatError(f"{url}/{key} is {size}more than the {max_bytes} bytes this read takes")
+
+
 @runtime_checkable
 class ObjectStore(Protocol):
     """A flat key/value store of immutable objects and small mutable refs.
@@ -44,7 +54,13 @@ class ObjectStore(Protocol):
     Implementers must keep these contracts:
 
     - ``get`` returns the whole object or the half-open ``byte_range`` ``(start, end)``;
-      a missing key raises ``NotFoundError`` naming the store and key.
+      a missing key raises ``NotFoundError`` naming the store and key. With
+      ``max_bytes`` (whole reads, and ``get_versioned``), an object larger than that is
+      refused with ``FormatError`` naming the store, key and size, without being read
+      into memory: by the size the read itself reports (a file's, a response's
+      Content-Length), so it costs no request more, or else by reading at most
+      ``max_bytes + 1`` bytes. The catalog reads its small objects so (a ref planted as
+      a huge file is damage, not something to read whole).
     - ``put`` writes atomically: a reader sees the old object, the new one or none, never
       a partial one. ``put_if_absent``/``put_file`` return whether they wrote; when the
       object already exists they refresh its modification time, so garbage collection's
@@ -70,11 +86,14 @@ class ObjectStore(Protocol):
     read_only: bool
     supports_atomic_cas: bool
 
-    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
-        """Read an object, or a half-open byte range of it."""
+    def get(
+        self, key: str, byte_range: tuple[int, int] | None = None, *,
+        max_bytes: int | None = None,
+    ) -> bytes:
+        """Read an object, or a half-open byte range of it; at most ``max_bytes`` whole."""
         ...
 
-    def get_versioned(self, key: str) -> tuple[bytes, str]:
+    def get_versioned(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
         """Read a small mutable object and the version token to pass to ``compare_and_swap``."""
         ...
 

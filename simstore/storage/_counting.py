@@ -217,10 +217,19 @@ class CountingStore:
         return result
 
     # -- reads -------------------------------------------------------------------------
-    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
-        """Read through ``inner``; one GET (or ranged GET) of the bytes returned."""
+    def get(
+        self, key: str, byte_range: tuple[int, int] | None = None, *,
+        max_bytes: int | None = None,
+    ) -> bytes:
+        """Read through ``inner``; one GET (or ranged GET) of the bytes returned.
+
+        A read refused for ``max_bytes`` counts as a GET of nothing (it was sent).
+        """
         op = OpClass.GET if byte_range is None else OpClass.RANGE_GET
-        return self._call(op, lambda: self.inner.get(key, byte_range), read_bytes=len)
+        if max_bytes is None:  # as before: an inner store need not know the keyword
+            return self._call(op, lambda: self.inner.get(key, byte_range), read_bytes=len)
+        return self._call(op, lambda: self.inner.get(key, byte_range, max_bytes=max_bytes),
+                          read_bytes=len)
 
     def get_many(
         self,
@@ -250,11 +259,14 @@ class CountingStore:
             self._record(OpClass.GET if byte_range is None else OpClass.RANGE_GET, len(data))
         return out
 
-    def get_versioned(self, key: str) -> tuple[bytes, str]:
+    def get_versioned(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
         """Read a ref and its version token; one GET."""
-        return self._call(
-            OpClass.GET, lambda: self.inner.get_versioned(key), read_bytes=lambda r: len(r[0])
-        )
+        if max_bytes is None:
+            return self._call(
+                OpClass.GET, lambda: self.inner.get_versioned(key), read_bytes=lambda r: len(r[0])
+            )
+        return self._call(OpClass.GET, lambda: self.inner.get_versioned(key, max_bytes=max_bytes),
+                          read_bytes=lambda r: len(r[0]))
 
     def exists(self, key: str) -> bool:
         """Whether the key exists; one HEAD."""

@@ -25,13 +25,14 @@ import fsspec
 
 from simstore.errors import (
     ConflictError,
+    FormatError,
     InvalidInputError,
     NotFoundError,
     ReadOnlyError,
     StorageError,
 )
 from simstore.hashing import hash_bytes
-from simstore.storage._base import ObjectInfo, check_key
+from simstore.storage._base import ObjectInfo, check_key, larger_than
 from simstore.storage._s3_options import DAY_S, Tuning
 
 __all__ = ["FsspecStore"]
@@ -180,16 +181,30 @@ class FsspecStore:
         if self.read_only:
             raise ReadOnlyError(f"{self.url}: store is read-only, cannot write {key}")
 
-    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
-        """Read an object or a byte range."""
+    def get(
+        self, key: str, byte_range: tuple[int, int] | None = None, *,
+        max_bytes: int | None = None,
+    ) -> bytes:
+        """Read an object or a byte range (see ``ObjectStore.get``).
+
+        With ``max_bytes``, a whole read asks for at most ``max_bytes + 1`` bytes (one
+        request still, as a filesystem's size lookup first would not be).
+        """
         path = self._path(key)
         try:
             if byte_range is None:
-                return bytes(self.fs.cat_file(path))
+                if max_bytes is None:
+                    return bytes(self.fs.cat_file(path))
+                data = bytes(self.fs.cat_file(path, start=0, end=max_bytes + 1))
+                if len(data) > max_bytes:
+                    raise larger_than(self.url, key, max_bytes)
+                return data
             start, end = byte_range
             data = bytes(self.fs.cat_file(path, start=start, end=end))
         except FileNotFoundError as exc:
             raise NotFoundError(f"{self.url}: no object {key}") from exc
+        except FormatError:  # larger than max_bytes
+            raise
         except Exception as exc:
             raise StorageError(f"{self.url}/{key}: read failed: {_why(exc)}") from exc
         if len(data) > end - start:
@@ -198,9 +213,9 @@ class FsspecStore:
             data = data[start:end]
         return data
 
-    def get_versioned(self, key: str) -> tuple[bytes, str]:
+    def get_versioned(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
         """Read a ref and its version token (the hash of its bytes)."""
-        data = self.get(key)
+        data = self.get(key, max_bytes=max_bytes)
         return data, hash_bytes(data)
 
     def put(self, key: str, data: bytes) -> None:

@@ -29,7 +29,7 @@ from simstore.errors import (
     write_refused,
 )
 from simstore.hashing import hash_bytes, is_object_id
-from simstore.storage._base import ObjectInfo, check_key
+from simstore.storage._base import ObjectInfo, check_key, larger_than
 from simstore.storage._scratch import newest_mtime, scratch_in_use
 
 __all__ = ["LocalStore"]
@@ -121,27 +121,41 @@ class LocalStore:
             os.close(fd)
 
     # -- reads -------------------------------------------------------------------------
-    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
-        """Read an object or a half-open byte range of it."""
+    def get(
+        self, key: str, byte_range: tuple[int, int] | None = None, *,
+        max_bytes: int | None = None,
+    ) -> bytes:
+        """Read an object or a half-open byte range of it (see ``ObjectStore.get``)."""
         path = self._path(key)
         try:
             # O_NONBLOCK: opening a FIFO planted as an object must not wait for a writer;
             # its type is checked on the descriptor, before a file object is made of it
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
             try:
-                mode = os.fstat(fd).st_mode
-                if stat.S_ISDIR(mode):
+                st = os.fstat(fd)
+                if stat.S_ISDIR(st.st_mode):
                     raise NotFoundError(f"{self.url}: no object {key}")
-                if not stat.S_ISREG(mode):
+                if not stat.S_ISREG(st.st_mode):
                     # a FIFO, or a link to /dev/zero: read without end, or never answered
                     raise StorageError(f"{self.url}/{key}: read failed: not a regular file")
+                if byte_range is None and max_bytes is not None and st.st_size > max_bytes:
+                    raise larger_than(self.url, key, max_bytes, st.st_size)
                 f = os.fdopen(fd, "rb")
             except BaseException:
                 os.close(fd)
                 raise
             with f:
                 if byte_range is None:
-                    return f.read()
+                    if max_bytes is None:
+                        return f.read()
+                    # as long as it is (a read of the cap would allocate the cap), then
+                    # on to the cap only if it grew since the fstat
+                    data = f.read(st.st_size + 1)
+                    if len(data) > st.st_size:
+                        data += f.read(max_bytes + 1 - len(data))
+                    if len(data) > max_bytes:
+                        raise larger_than(self.url, key, max_bytes)
+                    return data
                 start, end = byte_range
                 f.seek(start)
                 return f.read(max(0, end - start))
@@ -150,9 +164,9 @@ class LocalStore:
         except OSError as exc:
             raise self._error("read", key, exc) from exc
 
-    def get_versioned(self, key: str) -> tuple[bytes, str]:
+    def get_versioned(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
         """Read a ref and its version token (the hash of its bytes)."""
-        data = self.get(key)
+        data = self.get(key, max_bytes=max_bytes)
         return data, hash_bytes(data)
 
     def exists(self, key: str) -> bool:

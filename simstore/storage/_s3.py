@@ -60,7 +60,7 @@ from simstore.errors import (
     ReadOnlyError,
     StorageError,
 )
-from simstore.storage._base import ObjectInfo, check_key
+from simstore.storage._base import ObjectInfo, check_key, larger_than
 from simstore.storage._fsspec import refuse_query_or_fragment
 from simstore.storage._s3_answers import Refused, conflict_message
 from simstore.storage._s3_files import (
@@ -246,10 +246,15 @@ class S3Store(S3Uploads):
         return obj
 
     # -- reads ---------------------------------------------------------------------------
-    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
+    def get(
+        self, key: str, byte_range: tuple[int, int] | None = None, *,
+        max_bytes: int | None = None,
+    ) -> bytes:
         """Read an object, or the half-open ``byte_range`` of it with one ranged GET.
 
-        A range past the end is cut at the end, as a local file read is.
+        A range past the end is cut at the end, as a local file read is. With
+        ``max_bytes``, a whole object larger than that is refused by the Content-Length
+        of its GET, its body left unread (see ``ObjectStore.get``).
         """
         obj = self._object_key(key)
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": obj}
@@ -263,7 +268,8 @@ class S3Store(S3Uploads):
             kwargs["Range"] = f"bytes={start}-{end - 1}"
         began = self._clock()
         try:
-            return self._retry("read", key, lambda: self._read_body(kwargs, began)[0],
+            return self._retry("read", key,
+                               lambda: self._read_body(key, kwargs, began, max_bytes)[0],
                                since=began,
                                request="get" if byte_range is None else "range_get")
         except Refused as exc:
@@ -283,11 +289,17 @@ class S3Store(S3Uploads):
         left = tuning.retry_deadline_s - (self._clock() - start)
         return max(left, nbytes / tuning.min_read_bytes_per_second)
 
-    def _read_body(self, kwargs: Mapping[str, Any], start: float) -> tuple[bytes, str]:
+    def _read_body(
+        self, key: str, kwargs: Mapping[str, Any], start: float, max_bytes: int | None = None,
+    ) -> tuple[bytes, str]:
         response = self._api.get_object(**kwargs)
         body = guard_release(response["Body"])
         length = int(response.get("ContentLength") or 0)
         try:
+            if max_bytes is not None and "Range" not in kwargs and length > max_bytes:
+                # refused unread: closing the body drops its connection, not the next
+                # request's, and asks nothing more of the server
+                raise larger_than(self.url, key, max_bytes, length)
             # a body trickling in past its bound is cut off: it fails as a broken one, and
             # the retry loop, its deadline passed, gives up naming the object
             with cut_at(self.body_bound(start, length), lambda: cut_body(body)):
@@ -378,13 +390,14 @@ class S3Store(S3Uploads):
                 ) from exc.error
             raise self._error("read", key, exc) from exc.error
 
-    def get_versioned(self, key: str) -> tuple[bytes, str]:
-        """Read a ref and its version token, the ETag."""
+    def get_versioned(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
+        """Read a ref and its version token, the ETag (``max_bytes``: as for ``get``)."""
         obj = self._object_key(key)
         kwargs = {"Bucket": self.bucket, "Key": obj}
         start = self._clock()
         try:
-            return self._retry("read", key, lambda: self._read_body(kwargs, start), since=start)
+            return self._retry("read", key, lambda: self._read_body(key, kwargs, start, max_bytes),
+                               since=start)
         except Refused as exc:
             if exc.is_not_found:
                 raise NotFoundError(f"{self.url}: no object {key}") from exc.error

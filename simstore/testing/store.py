@@ -16,6 +16,7 @@ import pytest
 
 from simstore.errors import (
     ConflictError,
+    FormatError,
     InvalidInputError,
     NotFoundError,
     ReadOnlyError,
@@ -71,6 +72,26 @@ class ObjectStoreTests:
         assert store.get("r", byte_range=(10, 20)) == data[10:20]
         assert store.get("r", byte_range=(0, len(data))) == data
         assert store.get("r", byte_range=(2550, 2560)) == data[2550:2560]
+
+    def test_max_bytes_refuses_a_larger_object(self, store: ObjectStore) -> None:
+        store.put("small", b"0123456789")
+        store.put("empty", b"")
+        assert store.get("small", max_bytes=10) == b"0123456789"
+        assert store.get("small", max_bytes=1000) == b"0123456789"
+        assert store.get("empty", max_bytes=0) == b""
+        with pytest.raises(FormatError, match="small.*more than the 9 "):
+            store.get("small", max_bytes=9)
+        with pytest.raises(NotFoundError, match="gone"):
+            store.get("gone", max_bytes=9)
+        # a range is read as asked: the bound is for whole objects
+        assert store.get("small", byte_range=(2, 8), max_bytes=1) == b"234567"
+
+    def test_max_bytes_keeps_the_version_token(self, store: ObjectStore) -> None:
+        version = store.compare_and_swap("ref", None, b"1234")
+        assert store.get_versioned("ref", max_bytes=4) == (b"1234", version)
+        with pytest.raises(FormatError, match="ref.*more than the 3 "):
+            store.get_versioned("ref", max_bytes=3)
+        assert store.compare_and_swap("ref", version, b"5678") is not None
 
     def test_missing_raises_not_found_naming_key(self, store: ObjectStore) -> None:
         with pytest.raises(NotFoundError, match="no/such/key"):

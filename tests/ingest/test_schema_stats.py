@@ -85,9 +85,9 @@ def test_adding_files_merges_statistics_without_reading_old_shards(tmp_path, npz
         def __getattr__(self, name):
             return getattr(self.inner, name)
 
-        def get(self, key, byte_range=None):
+        def get(self, key, byte_range=None, **kwargs):
             self.gets.append(key)
-            return self.inner.get(key, byte_range)
+            return self.inner.get(key, byte_range, **kwargs)
 
         def local_path(self, key):
             self.gets.append(key)

@@ -300,7 +300,10 @@ class RemoteLikeStore(LocalStore):
     def local_path(self, key: str) -> str | None:
         return None
 
-    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
+    def get(
+        self, key: str, byte_range: tuple[int, int] | None = None, *,
+        max_bytes: int | None = None,
+    ) -> bytes:
         if self.delay_s:
             time.sleep(self.delay_s)
-        return super().get(key, byte_range)
+        return super().get(key, byte_range, max_bytes=max_bytes)

@@ -23,9 +23,12 @@ class CountingStore(RemoteLikeStore):
         super().__init__(root, read_only=True)
         self.reads: list[tuple[str, bool]] = []
 
-    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
+    def get(
+        self, key: str, byte_range: tuple[int, int] | None = None, *,
+        max_bytes: int | None = None,
+    ) -> bytes:
         self.reads.append((key, byte_range is not None))
-        return super().get(key, byte_range)
+        return super().get(key, byte_range, max_bytes=max_bytes)
 
     def count(self, oid: str) -> int:
         return sum(1 for key, _ in self.reads if key == object_key(oid))

@@ -27,9 +27,12 @@ class CountingStore(LocalStore):
         super().__init__(root, fsync=False)
         self.ranges: list[tuple[int, int] | None] = []
 
-    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
+    def get(
+        self, key: str, byte_range: tuple[int, int] | None = None, *,
+        max_bytes: int | None = None,
+    ) -> bytes:
         self.ranges.append(byte_range)
-        return super().get(key, byte_range)
+        return super().get(key, byte_range, max_bytes=max_bytes)
 
 
 def _file(tmp_path):

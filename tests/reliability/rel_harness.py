@@ -83,23 +83,28 @@ class HookStore:
     def supports_atomic_cas(self, value: bool) -> None:
         self.inner.supports_atomic_cas = value
 
-    def _call(self, method: str, key: str, *args: Any) -> Any:
+    def _call(self, method: str, key: str, *args: Any, **kwargs: Any) -> Any:
         n = 0
         if method in MUTATING:
             self.mutations += 1
             n = self.mutations
         if self.before is not None:
             self.before(method, key, n)
-        result = getattr(self.inner, method)(key, *args)
+        result = getattr(self.inner, method)(key, *args, **kwargs)
         if self.after is not None:
             self.after(method, key, n)
         return result
 
-    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
-        return self._call("get", key, byte_range)  # type: ignore[no-any-return]
+    def get(
+        self, key: str, byte_range: tuple[int, int] | None = None, *,
+        max_bytes: int | None = None,
+    ) -> bytes:
+        return self._call(  # type: ignore[no-any-return]
+            "get", key, byte_range, max_bytes=max_bytes)
 
-    def get_versioned(self, key: str) -> tuple[bytes, str]:
-        return self._call("get_versioned", key)  # type: ignore[no-any-return]
+    def get_versioned(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
+        return self._call(  # type: ignore[no-any-return]
+            "get_versioned", key, max_bytes=max_bytes)
 
     def put(self, key: str, data: bytes) -> None:
         self._call("put", key, data)

@@ -104,7 +104,7 @@ def test_a_delete_of_a_tag_that_changed_meanwhile_is_still_a_conflict(lossy, mon
     stale = tags._store.get_versioned(tags.key("v1"))  # the ref as the delete reads it
     tags.delete("v1")
     tags.create("v1", second)  # deleted and made again by another writer
-    monkeypatch.setattr(tags._store, "get_versioned", lambda key: stale)
+    monkeypatch.setattr(tags._store, "get_versioned", lambda key, **_: stale)
     with pytest.raises(ConflictError):
         tags.delete("v1")
     assert tags.get("v1") == second
