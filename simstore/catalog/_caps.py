@@ -21,6 +21,7 @@ from typing import Literal
 from simstore._sizes import human_bytes
 from simstore.errors import FormatError, IntegrityError, InvalidInputError
 from simstore.storage import ObjectStore
+from simstore.storage._base import get_at_most, get_versioned_at_most
 
 __all__ = [
     "PART_MAX_BYTES",
@@ -87,7 +88,7 @@ def read_capped(store: ObjectStore, key: str, kind: Kind, *, by: str = "") -> by
     A missing object is the store's ``NotFoundError``, as for a plain read.
     """
     try:
-        return store.get(key, max_bytes=max_bytes(kind))
+        return get_at_most(store, key, max_bytes(kind))
     except FormatError as exc:
         raise _refused(store, key, kind, by) from exc
 
@@ -95,7 +96,7 @@ def read_capped(store: ObjectStore, key: str, kind: Kind, *, by: str = "") -> by
 def read_capped_versioned(store: ObjectStore, key: str, kind: Kind) -> tuple[bytes, str]:
     """:func:`read_capped` with the version token ``compare_and_swap`` takes."""
     try:
-        return store.get_versioned(key, max_bytes=max_bytes(kind))
+        return get_versioned_at_most(store, key, max_bytes(kind))
     except FormatError as exc:
         raise _refused(store, key, kind, "") from exc
 

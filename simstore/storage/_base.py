@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import re
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from simstore.errors import FormatError, InvalidInputError
 
-__all__ = ["ObjectInfo", "ObjectStore", "SupportsMoveFile", "check_key", "larger_than"]
+__all__ = ["ObjectInfo", "ObjectStore", "SupportsMoveFile", "check_key", "get_at_most",
+           "get_versioned_at_most", "larger_than"]
 
 _BAD_KEY = re.compile(r"[\x00-\x1f\x7f\\]")
 
@@ -47,6 +51,57 @@ def larger_than(url: str, key: str, max_bytes: int, size_bytes: int | None = Non
     return FormatError(f"{url}/{key} is {size}more than the {max_bytes} bytes this read takes")
 
 
+def _takes_max_bytes(method: Any) -> bool:
+    """Whether a store's ``get``/``get_versioned`` takes ``max_bytes`` (by its signature)."""
+    func = getattr(method, "__func__", method)
+    known = _TAKES_MAX_BYTES.get(func)
+    if known is None:
+        try:
+            params = inspect.signature(method).parameters.values()
+        except (TypeError, ValueError):
+            params = ()  # type: ignore[assignment]
+        known = any(p.name == "max_bytes" or p.kind is inspect.Parameter.VAR_KEYWORD
+                    for p in params)
+        with contextlib.suppress(TypeError):  # a callable that cannot be a key
+            _TAKES_MAX_BYTES[func] = known
+    return known
+
+
+_TAKES_MAX_BYTES: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def get_at_most(store: ObjectStore, key: str, max_bytes: int) -> bytes:
+    """``store.get(key, max_bytes=max_bytes)``, also from a store written before the keyword.
+
+    Such a store (its ``get`` takes no ``max_bytes``) is asked the object's size first
+    (``info``: a request more), then read whole.
+    """
+    if _takes_max_bytes(store.get):
+        return store.get(key, max_bytes=max_bytes)
+    _check_size(store, key, max_bytes)
+    data = store.get(key)
+    if len(data) > max_bytes:  # grown since
+        raise larger_than(store.url, key, max_bytes, len(data))
+    return data
+
+
+def get_versioned_at_most(store: ObjectStore, key: str, max_bytes: int) -> tuple[bytes, str]:
+    """``store.get_versioned`` with ``max_bytes``, as :func:`get_at_most` reads."""
+    if _takes_max_bytes(store.get_versioned):
+        return store.get_versioned(key, max_bytes=max_bytes)
+    _check_size(store, key, max_bytes)
+    data, version = store.get_versioned(key)
+    if len(data) > max_bytes:
+        raise larger_than(store.url, key, max_bytes, len(data))
+    return data, version
+
+
+def _check_size(store: ObjectStore, key: str, max_bytes: int) -> None:
+    size = store.info(key).size_bytes
+    if size > max_bytes:
+        raise larger_than(store.url, key, max_bytes, size)
+
+
 @runtime_checkable
 class ObjectStore(Protocol):
     """A flat key/value store of immutable objects and small mutable refs.
@@ -60,7 +115,8 @@ class ObjectStore(Protocol):
       into memory: by the size the read itself reports (a file's, a response's
       Content-Length), so it costs no request more, or else by reading at most
       ``max_bytes + 1`` bytes. The catalog reads its small objects so (a ref planted as
-      a huge file is damage, not something to read whole).
+      a huge file is damage, not something to read whole), through :func:`get_at_most`,
+      which also serves a store whose methods lack the keyword (by ``info`` first).
     - ``put`` writes atomically: a reader sees the old object, the new one or none, never
       a partial one. ``put_if_absent``/``put_file`` return whether they wrote; when the
       object already exists they refresh its modification time, so garbage collection's

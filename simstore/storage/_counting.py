@@ -49,7 +49,13 @@ from typing import Any, TypeVar
 
 from simstore.cost import OpClass, OpUsage, TierUsage
 from simstore.errors import InvalidInputError, ReadOnlyError
-from simstore.storage._base import ObjectInfo, ObjectStore, never_sent
+from simstore.storage._base import (
+    ObjectInfo,
+    ObjectStore,
+    get_at_most,
+    get_versioned_at_most,
+    never_sent,
+)
 
 __all__ = [
     "CountingStore",
@@ -228,8 +234,9 @@ class CountingStore:
         op = OpClass.GET if byte_range is None else OpClass.RANGE_GET
         if max_bytes is None:  # as before: an inner store need not know the keyword
             return self._call(op, lambda: self.inner.get(key, byte_range), read_bytes=len)
-        return self._call(op, lambda: self.inner.get(key, byte_range, max_bytes=max_bytes),
-                          read_bytes=len)
+        if byte_range is not None:
+            return self._call(op, lambda: self.inner.get(key, byte_range), read_bytes=len)
+        return self._call(op, lambda: get_at_most(self.inner, key, max_bytes), read_bytes=len)
 
     def get_many(
         self,
@@ -265,7 +272,7 @@ class CountingStore:
             return self._call(
                 OpClass.GET, lambda: self.inner.get_versioned(key), read_bytes=lambda r: len(r[0])
             )
-        return self._call(OpClass.GET, lambda: self.inner.get_versioned(key, max_bytes=max_bytes),
+        return self._call(OpClass.GET, lambda: get_versioned_at_most(self.inner, key, max_bytes),
                           read_bytes=lambda r: len(r[0]))
 
     def exists(self, key: str) -> bool:

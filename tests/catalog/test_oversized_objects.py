@@ -182,3 +182,52 @@ def test_a_staging_entry_too_large_to_read_is_not_staged(root, monkeypatch):
                            "more than any staging entry simstore reads"):
             stage_samples(cat, "ds", {"e": b"five" * 10})
     assert len(cat.staged("ds")) == 1
+
+
+class _StoreBeforeTheKeyword:
+    """A store written before ``max_bytes`` (its ``get`` and ``get_versioned`` lack it)."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+        self.gets: list[str] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
+        self.gets.append(key)
+        return self._inner.get(key, byte_range)  # type: ignore[attr-defined,no-any-return]
+
+    def get_versioned(self, key: str) -> tuple[bytes, str]:
+        self.gets.append(key)
+        return self._inner.get_versioned(key)  # type: ignore[attr-defined,no-any-return]
+
+
+@pytest.mark.parametrize("kind", ["snapshot", "ref", "manifest part", "staging entry"])
+def test_a_store_without_the_keyword_still_reads_and_refuses(root, kind):
+    """Found by a review: the catalog passed ``max_bytes`` to every store, so a store of
+    the protocol as it was (a caller's own backend) failed every read with a TypeError.
+    Such a store is asked the object's size first."""
+    from simstore.storage import LocalStore, open_store
+
+    store = _StoreBeforeTheKeyword(LocalStore(root))
+    assert open_store(store) is store  # type: ignore[arg-type]
+    cat = Catalog.open(store)  # type: ignore[arg-type]
+    snap = cat.snapshot(cat.resolve("ds"))
+    assert [p.num_rows for p in cat.iter_parts(snap)] and cat.staged("ds")
+    assert store.gets  # read through the old signature
+
+    key = _key(root, kind)
+    _grow(_path(root, key), CAPS[kind] + 1)
+    store.gets.clear()
+    cat = Catalog.open(store)  # type: ignore[arg-type]  # nothing read before kept
+    with pytest.raises((FormatError, IntegrityError)) as info:
+        if kind == "staging entry":
+            cat.staged("ds")
+        elif kind == "ref":
+            cat.resolve("ds")
+        else:
+            list(cat.iter_parts(cat.snapshot(cat.resolve("ds"))))
+    assert key in str(info.value)
+    assert f"larger than any {kind} simstore writes" in str(info.value)
+    assert key not in store.gets  # refused by its size, unread
