@@ -41,7 +41,7 @@ from simstore.loaders._stats import Counters
 from simstore.loaders._trust import TrustTable, VerifiedTable, file_stamp
 
 from simstore._verified import NodeRecords, stamp_info
-from simstore.catalog._caps import Kind, read_capped
+from simstore.catalog._caps import Kind, max_bytes, read_capped
 from simstore.errors import IntegrityError, NotFoundError, SimstoreError, StorageError
 from simstore.hashing import hash_bytes, hash_file, object_key
 from simstore.storage import ObjectStore
@@ -565,6 +565,11 @@ class ShardAccess:
                     f.seek(0)
                     if starts_with and f.read(len(starts_with)) != starts_with:
                         return None
+                    # a copy grown past any object of its kind is damage, not read whole
+                    if os.fstat(f.fileno()).st_size > max_bytes(kind):
+                        raise self._remove_damaged(
+                            copy.path, "", object_id, pinned,
+                            found=f"is larger than any {kind} simstore writes")
                     f.seek(0)
                     data = f.read()
                 actual = hash_bytes(data)
@@ -577,12 +582,14 @@ class ShardAccess:
         return data, "cache"
 
     def _remove_damaged(
-        self, path: str, actual: str, object_id: str, fd: int | None = None
+        self, path: str, actual: str, object_id: str, fd: int | None = None, *,
+        found: str = "",
     ) -> DamagedCopyError:
         """Take a cache copy that does not hash to its id out of the cache; the error.
 
         With ``fd`` (the damaged file, open), the path is removed only while it still
-        names that file: a good copy another process filled there since stays.
+        names that file: a good copy another process filled there since stays. ``found``:
+        what is wrong with it, where it was not hashed (else its hash ``actual``).
         """
         removed = False
         with contextlib.suppress(OSError):
@@ -591,8 +598,8 @@ class ShardAccess:
                 os.unlink(path)
                 removed = True
         error = DamagedCopyError(
-            f"cache copy {path} has hash {actual}, expected {object_id}{self._by()} "
-            "(removed from the cache)"
+            f"cache copy {path} {found or f'has hash {actual}'}, expected {object_id}"
+            f"{self._by()} (removed from the cache)"
         )
         error.taken_out = removed
         return error

@@ -45,20 +45,20 @@ REF_MAX_BYTES = 4 * _KiB
 """A branch or tag: ``{"format_version":1,"snapshot":"<id>"}``, 66 bytes."""
 RECORD_MAX_BYTES = 64 * _KiB
 """``simstore.json`` and ``gc.json``: a few fixed fields, under 200 bytes."""
-SNAPSHOT_MAX_BYTES = 64 * _MiB
+SNAPSHOT_MAX_BYTES = 1024 * _MiB
 """About 150 bytes per manifest part plus its two keys: a snapshot of 10 million samples
-(about 1,000 parts) is about 0.2 MiB, one of a billion about 18 MiB (architecture.md);
-at 4 KiB keys (a path's longest) 64 MiB still lists 8,000 parts of at least 2,048 rows
-each, 16 million samples."""
+(about 1,000 parts) is about 0.2 MiB, one of a billion about 18 MiB (architecture.md).
+Its lineage lists each source object an ingest stored (a CAD part's file) twice, about
+72 bytes: 10 million CAD parts committed at once make a snapshot of about 0.7 GiB."""
 PART_MAX_BYTES = 256 * _MiB
 """At most ``4 * target_rows`` rows (32,768 by default) of a key, 16 hash bytes, a shard
 (dictionary-coded) and two integers, zstd-compressed: a few MiB at most at the
 benchmark's keys (236 KiB on average at 10 million samples), under 140 MiB at 4 KiB
 keys."""
-STAGING_MAX_BYTES = 256 * _MiB
-"""35 bytes per shard an ingest wrote (its list of shard ids) plus schema, statistics
-and lineage: 7 million shards, against 160,000 for 10 million samples of 4 MiB in the
-default 256 MiB shards."""
+STAGING_MAX_BYTES = 1024 * _MiB
+"""35 bytes per shard an ingest wrote (its list of shard ids) and per source object it
+stored (a CAD part's file), plus schema, statistics and lineage: 30 million of them,
+against 160,000 shards for 10 million samples of 4 MiB in the default 256 MiB shards."""
 
 
 def max_bytes(kind: Kind) -> int:

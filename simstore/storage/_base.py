@@ -13,7 +13,8 @@ from typing import Any, Protocol, runtime_checkable
 from simstore.errors import FormatError, InvalidInputError
 
 __all__ = ["ObjectInfo", "ObjectStore", "SupportsMoveFile", "check_key", "get_at_most",
-           "get_versioned_at_most", "larger_than"]
+           "get_by_size", "get_versioned_at_most", "get_versioned_by_size", "larger_than",
+           "takes_max_bytes"]
 
 _BAD_KEY = re.compile(r"[\x00-\x1f\x7f\\]")
 
@@ -51,18 +52,24 @@ def larger_than(url: str, key: str, max_bytes: int, size_bytes: int | None = Non
     return FormatError(f"{url}/{key} is {size}more than the {max_bytes} bytes this read takes")
 
 
-def _takes_max_bytes(method: Any) -> bool:
-    """Whether a store's ``get``/``get_versioned`` takes ``max_bytes`` (by its signature)."""
+def takes_max_bytes(method: Any) -> bool:
+    """Whether a store's ``get``/``get_versioned`` names ``max_bytes`` among its parameters.
+
+    A method taking ``**kwargs`` alone does not count: it may pass them on to a store
+    that lacks the keyword (a wrapper of an older store).
+    """
     func = getattr(method, "__func__", method)
-    known = _TAKES_MAX_BYTES.get(func)
+    try:
+        known = _TAKES_MAX_BYTES.get(func)
+    except TypeError:  # a callable that cannot be a weak key
+        known = None
     if known is None:
         try:
-            params = inspect.signature(method).parameters.values()
+            params = inspect.signature(method).parameters
         except (TypeError, ValueError):
-            params = ()  # type: ignore[assignment]
-        known = any(p.name == "max_bytes" or p.kind is inspect.Parameter.VAR_KEYWORD
-                    for p in params)
-        with contextlib.suppress(TypeError):  # a callable that cannot be a key
+            params = {}  # type: ignore[assignment]
+        known = "max_bytes" in params
+        with contextlib.suppress(TypeError):
             _TAKES_MAX_BYTES[func] = known
     return known
 
@@ -73,11 +80,22 @@ _TAKES_MAX_BYTES: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictiona
 def get_at_most(store: ObjectStore, key: str, max_bytes: int) -> bytes:
     """``store.get(key, max_bytes=max_bytes)``, also from a store written before the keyword.
 
-    Such a store (its ``get`` takes no ``max_bytes``) is asked the object's size first
-    (``info``: a request more), then read whole.
+    Such a store (see :func:`takes_max_bytes`) is read by :func:`get_by_size`.
     """
-    if _takes_max_bytes(store.get):
+    if takes_max_bytes(store.get):
         return store.get(key, max_bytes=max_bytes)
+    return get_by_size(store, key, max_bytes)
+
+
+def get_versioned_at_most(store: ObjectStore, key: str, max_bytes: int) -> tuple[bytes, str]:
+    """``store.get_versioned`` with ``max_bytes``, as :func:`get_at_most` reads."""
+    if takes_max_bytes(store.get_versioned):
+        return store.get_versioned(key, max_bytes=max_bytes)
+    return get_versioned_by_size(store, key, max_bytes)
+
+
+def get_by_size(store: ObjectStore, key: str, max_bytes: int) -> bytes:
+    """``get`` with ``max_bytes`` from the object's size (``info``: a request more) first."""
     _check_size(store, key, max_bytes)
     data = store.get(key)
     if len(data) > max_bytes:  # grown since
@@ -85,10 +103,8 @@ def get_at_most(store: ObjectStore, key: str, max_bytes: int) -> bytes:
     return data
 
 
-def get_versioned_at_most(store: ObjectStore, key: str, max_bytes: int) -> tuple[bytes, str]:
-    """``store.get_versioned`` with ``max_bytes``, as :func:`get_at_most` reads."""
-    if _takes_max_bytes(store.get_versioned):
-        return store.get_versioned(key, max_bytes=max_bytes)
+def get_versioned_by_size(store: ObjectStore, key: str, max_bytes: int) -> tuple[bytes, str]:
+    """``get_versioned`` as :func:`get_by_size` reads."""
     _check_size(store, key, max_bytes)
     data, version = store.get_versioned(key)
     if len(data) > max_bytes:

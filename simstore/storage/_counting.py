@@ -52,9 +52,10 @@ from simstore.errors import InvalidInputError, ReadOnlyError
 from simstore.storage._base import (
     ObjectInfo,
     ObjectStore,
-    get_at_most,
-    get_versioned_at_most,
+    get_by_size,
+    get_versioned_by_size,
     never_sent,
+    takes_max_bytes,
 )
 
 __all__ = [
@@ -236,7 +237,9 @@ class CountingStore:
             return self._call(op, lambda: self.inner.get(key, byte_range), read_bytes=len)
         if byte_range is not None:
             return self._call(op, lambda: self.inner.get(key, byte_range), read_bytes=len)
-        return self._call(op, lambda: get_at_most(self.inner, key, max_bytes), read_bytes=len)
+        if not takes_max_bytes(self.inner.get):  # its size first: a HEAD, then the GET
+            return get_by_size(self, key, max_bytes)
+        return self._call(op, lambda: self.inner.get(key, max_bytes=max_bytes), read_bytes=len)
 
     def get_many(
         self,
@@ -272,7 +275,9 @@ class CountingStore:
             return self._call(
                 OpClass.GET, lambda: self.inner.get_versioned(key), read_bytes=lambda r: len(r[0])
             )
-        return self._call(OpClass.GET, lambda: get_versioned_at_most(self.inner, key, max_bytes),
+        if not takes_max_bytes(self.inner.get_versioned):
+            return get_versioned_by_size(self, key, max_bytes)
+        return self._call(OpClass.GET, lambda: self.inner.get_versioned(key, max_bytes=max_bytes),
                           read_bytes=lambda r: len(r[0]))
 
     def exists(self, key: str) -> bool:

@@ -188,7 +188,8 @@ class FsspecStore:
         """Read an object or a byte range (see ``ObjectStore.get``).
 
         With ``max_bytes``, a whole read asks for at most ``max_bytes + 1`` bytes (one
-        request still, as a filesystem's size lookup first would not be).
+        request still, as a filesystem's size lookup first would not be; an HTTP server
+        that ignores the range sends it all, refused once it has arrived).
         """
         path = self._path(key)
         try:

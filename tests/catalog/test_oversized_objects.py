@@ -30,8 +30,8 @@ from simstore.snapshot import SNAPSHOT_HEAD
 HUGE = 8 << 30
 LIMIT = 2 << 30
 """The address space of a command reading a planted file: a quarter of its size."""
-CAPS = {"ref": 4 << 10, "store record": 64 << 10, "staging entry": 256 << 20,
-        "snapshot": 64 << 20, "manifest part": 256 << 20}
+CAPS = {"ref": 4 << 10, "store record": 64 << 10, "staging entry": 1 << 30,
+        "snapshot": 1 << 30, "manifest part": 256 << 20}
 """The caps docs/format.md gives."""
 
 
@@ -203,24 +203,54 @@ class _StoreBeforeTheKeyword:
         return self._inner.get_versioned(key)  # type: ignore[attr-defined,no-any-return]
 
 
+class _PassingKeywordsOn:
+    """A wrapper that passes whatever keywords it gets on to the store it wraps."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    def get(self, key: str, byte_range: tuple[int, int] | None = None,
+            **kw: object) -> bytes:
+        return self._inner.get(key, byte_range, **kw)  # type: ignore[attr-defined,no-any-return]
+
+    def get_versioned(self, key: str, **kw: object) -> tuple[bytes, str]:
+        return self._inner.get_versioned(key, **kw)  # type: ignore[attr-defined,no-any-return]
+
+
 @pytest.mark.parametrize("kind", ["snapshot", "ref", "manifest part", "staging entry"])
-def test_a_store_without_the_keyword_still_reads_and_refuses(root, kind):
+@pytest.mark.parametrize("wrapped", ["as is", "keywords passed on", "counted"])
+def test_a_store_without_the_keyword_still_reads_and_refuses(root, kind, wrapped):
     """Found by a review: the catalog passed ``max_bytes`` to every store, so a store of
-    the protocol as it was (a caller's own backend) failed every read with a TypeError.
-    Such a store is asked the object's size first."""
-    from simstore.storage import LocalStore, open_store
+    the protocol as it was (a caller's own backend) failed every read with a TypeError,
+    and so did one behind a wrapper passing ``**kwargs`` on. Such a store is asked the
+    object's size first; a ``CountingStore`` in front counts that as the HEAD it is."""
+    from simstore.storage import CountingStore, LocalStore, open_store
 
     store = _StoreBeforeTheKeyword(LocalStore(root))
-    assert open_store(store) is store  # type: ignore[arg-type]
-    cat = Catalog.open(store)  # type: ignore[arg-type]
+    outer: object = store
+    if wrapped == "keywords passed on":
+        outer = _PassingKeywordsOn(store)
+    elif wrapped == "counted":
+        outer = CountingStore(store)  # type: ignore[arg-type]
+    assert open_store(outer) is outer  # type: ignore[arg-type]
+    cat = Catalog.open(outer)  # type: ignore[arg-type]
     snap = cat.snapshot(cat.resolve("ds"))
     assert [p.num_rows for p in cat.iter_parts(snap)] and cat.staged("ds")
     assert store.gets  # read through the old signature
 
     key = _key(root, kind)
     _grow(_path(root, key), CAPS[kind] + 1)
+    if wrapped == "counted":
+        from simstore.cost import OpClass
+
+        usage = outer.traffic.tier(outer.tier)  # type: ignore[attr-defined]
+        heads = usage.usage(OpClass.HEAD).requests
+        assert heads >= len(store.gets) > 0, usage  # a size asked per read, counted
     store.gets.clear()
-    cat = Catalog.open(store)  # type: ignore[arg-type]  # nothing read before kept
+    cat = Catalog.open(outer)  # type: ignore[arg-type]  # nothing read before kept
     with pytest.raises((FormatError, IntegrityError)) as info:
         if kind == "staging entry":
             cat.staged("ds")

@@ -85,9 +85,9 @@ def test_adding_files_merges_statistics_without_reading_old_shards(tmp_path, npz
         def __getattr__(self, name):
             return getattr(self.inner, name)
 
-        def get(self, key, byte_range=None, **kwargs):
+        def get(self, key, byte_range=None, *, max_bytes=None):
             self.gets.append(key)
-            return self.inner.get(key, byte_range, **kwargs)
+            return self.inner.get(key, byte_range, max_bytes=max_bytes)
 
         def local_path(self, key):
             self.gets.append(key)

@@ -69,9 +69,9 @@ def test_a_create_over_a_ref_elsewhere_still_fails_after_a_lost_response(
     # write); another writer's create lands just after that read, at another snapshot
     real_get, landed = refs._store.get, []
 
-    def get(key, *args, **kwargs):
+    def get(key, byte_range=None, *, max_bytes=None):
         try:
-            return real_get(key, *args, **kwargs)
+            return real_get(key, byte_range, max_bytes=max_bytes)
         finally:
             if key == refs.key("v1") and not landed:
                 landed.append(True)

@@ -452,11 +452,11 @@ def test_max_bandwidth_pays_for_each_fill_request_before_it_is_sent(
     streamed: list[str] = []
     real_get, real_open = S3Store.get, S3Store.open_read
 
-    def get(self, key, byte_range=None, **kwargs):
+    def get(self, key, byte_range=None, *, max_bytes=None):
         if any(key.endswith(s) for s in shards):
             size = (byte_range[1] - byte_range[0]) if byte_range else self.info(key).size_bytes
             sent.append((paced_limiters.taken, size))
-        return real_get(self, key, byte_range=byte_range, **kwargs)
+        return real_get(self, key, byte_range=byte_range, max_bytes=max_bytes)
 
     def open_read(self, key):
         streamed.append(key)
