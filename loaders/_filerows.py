@@ -117,11 +117,6 @@ class FdChannel:
             return (_no_channel, ())
         return (_spawned_channel, (reduction.DupFd(self._worker.fileno()),))
 
-    @property
-    def spawned(self) -> bool:
-        """Whether this is a spawned worker's end alone (the main end is elsewhere)."""
-        return self._main is None
-
     def send(self, rows: Sequence[FileRows]) -> None:
         """In the worker: send ``rows``' descriptors under a new token that they record."""
         self._token += 1

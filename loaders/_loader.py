@@ -272,12 +272,18 @@ class SimDataLoader(DataLoader[Any]):
         """Start the fork server now when this loader's workers will come from one.
 
         Its start (an interpreter importing torch and this package, about 1 s) then
-        overlaps what the script does before its first ``iter()``. One that cannot start
-        here is started again there, which says why.
+        overlaps what the script does before its first ``iter()``. Not in a process still
+        starting (a spawned process importing the script that made this loader at its
+        top level), which may not start processes; one that cannot start here is started
+        again there, which says why.
         """
+        import multiprocessing
+
+        if getattr(multiprocessing.current_process(), "_inheriting", False):
+            return
         if self.num_workers > 0 and (self._instead_of_fork() or _start_method(self)
                                      ) == "forkserver":
-            with contextlib.suppress(OSError, ValueError):
+            with contextlib.suppress(OSError, ValueError, RuntimeError):
                 start_helpers("forkserver")
 
     def _get_iterator(self) -> Any:
@@ -458,6 +464,7 @@ class SimDataLoader(DataLoader[Any]):
         stream.released = released
         stream.verified = verified
         stream.arenas = self._worker_arenas()
+        stream.spawned = 0
         stream.channels = self._channels = (
             [FdChannel() for _ in range(self.num_workers)]
             if self.num_workers > 0 and ds._options.map_files else [])

@@ -378,10 +378,32 @@ class _BatchStream(_Stream):
         self.channels: Sequence[FdChannel | None] = ()
         """Each worker's channel for the descriptors of the shard files its batches leave
         unread (see ``loaders._filerows``); as ``arenas``."""
+        self.spawned = 0
+        """Workers started so far by spawn or a fork server from this iteration's stream
+        (see :meth:`__getstate__`); reset with ``arenas``."""
         self._pool: SharedPool | None = None
         """In a worker: its pooled shared buffers, kept by a persistent worker from one
         iteration to the next (batches of the last may still be held by the main process,
         which the pool's release counters know)."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The stream as a worker being started gets it: its own arena and channel only.
+
+        A worker started by spawn or a fork server gets their descriptors with its
+        start, and a fork server takes fewer than 256 per start: every worker's would
+        cap the workers at about 120 (60 persistent ones). Torch starts workers 0, 1, ...
+        in turn, one pickle of the stream each; a worker that finds its own missing (a
+        start out of that order) uses fresh shared memory and reads every row.
+        """
+        from multiprocessing import context
+
+        state = super().__getstate__()
+        if context.get_spawning_popen() is not None and (self.arenas or self.channels):
+            mine = self.spawned % max(len(self.arenas), len(self.channels))
+            self.spawned += 1
+            state["arenas"] = [a if i == mine else None for i, a in enumerate(self.arenas)]
+            state["channels"] = [c if i == mine else None for i, c in enumerate(self.channels)]
+        return state
 
     def _take(self, state: _Iteration) -> None:
         super()._take(state)
@@ -394,8 +416,7 @@ class _BatchStream(_Stream):
         siblings = None
         if self.released is not None and in_worker():
             arena = self.arenas[world.worker] if world.worker < len(self.arenas) else None
-            # a spawned worker mapped every worker's arena with the stream: its own is
-            # the one it writes, the others' mappings go
+            # its own is the one it writes: a forked worker's others go
             self.arenas = [a if i == world.worker else None
                            for i, a in enumerate(self.arenas)]
             set_worker_arena(arena)
@@ -426,13 +447,6 @@ class _BatchStream(_Stream):
         channel = None
         if in_worker() and world.worker < len(self.channels):
             channel = self.channels[world.worker]
-            if channel is not None and channel.spawned:
-                # a spawned worker got every worker's end with the stream: its own stays
-                for i, other in enumerate(self.channels):
-                    if other is not None and i != world.worker:
-                        other.close()
-                self.channels = [c if i == world.worker else None
-                                 for i, c in enumerate(self.channels)]
         try:
             for batch, count, counters, marks in self.dataset.read_batches(
                 world, self.reading_epoch, self.remaining, self.batch_size, self.collate,

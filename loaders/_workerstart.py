@@ -220,11 +220,37 @@ def start_helpers(method: str) -> None:
         from multiprocessing import forkserver
 
         server = getattr(forkserver, "_forkserver", None)
+        _forget_inherited_server(server)
         modules = list(getattr(server, "_preload_modules", None) or ["__main__"])
         missing = [m for m in FORK_SERVER_PRELOAD if m not in modules]
         if missing:
             forkserver.set_forkserver_preload(modules + missing)
         forkserver.ensure_running()
+
+
+def _forget_inherited_server(server: Any) -> None:
+    """Forget a fork server this process inherited through ``os.fork()`` (its parent's).
+
+    ``multiprocessing`` keeps the server's pid across a fork and then waits on it as on a
+    child of its own: ``ChildProcessError`` in the forked process, at its first loader
+    with fork-server workers. The forked process starts a server of its own instead (its
+    copy of the parent's keep-alive descriptor closed: the parent's server stays).
+    """
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None or not hasattr(os, "waitid"):
+        return
+    try:  # WNOWAIT: a server of ours that has ended stays for multiprocessing to reap
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        return
+    except ChildProcessError:
+        pass
+    alive = getattr(server, "_forkserver_alive_fd", None)
+    if alive is not None:
+        with contextlib.suppress(OSError):
+            os.close(alive)
+    server._forkserver_pid = None
+    server._forkserver_address = None
+    server._forkserver_alive_fd = None
 
 
 def _block_sigterm(method: str) -> set[int | signal.Signals] | None:

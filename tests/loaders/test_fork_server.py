@@ -89,3 +89,96 @@ def test_fork_server_workers_fork_from_a_server_that_imported_torch(tmp_path, st
     run = subprocess.run([sys.executable, str(script), store, str(marks), preload],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
+
+
+_TOP_LEVEL = textwrap.dedent("""
+    import os, sys
+    from simstore.loaders import SimDataLoader, SimDataset
+
+    # made as the script is imported: a fork server's worker imports it again, still
+    # starting, and the loader made there must not start a server of its own
+    ds = SimDataset(sys.argv[1], "d", shuffle=True, seed=1)
+    loader = SimDataLoader(ds, batch_size=4, num_workers=2,
+                           multiprocessing_context="forkserver")
+
+    if __name__ == "__main__":
+        got = sorted(k for b in loader for k in b["__key__"])
+        assert len(got) == 24 and len(set(got)) == 24, got
+        if os.fork() == 0:  # a forked process: the parent's server is not its own
+            try:
+                ds = SimDataset(sys.argv[1], "d", shuffle=True, seed=1)
+                child = SimDataLoader(ds, batch_size=4, num_workers=2,
+                                      multiprocessing_context="forkserver")
+                again = sorted(k for b in child for k in b["__key__"])
+                os._exit(0 if again == got else 3)
+            except BaseException as exc:
+                print("child:", repr(exc), file=sys.stderr, flush=True)
+                os._exit(4)
+        _, status = os.wait()
+        assert os.waitstatus_to_exitcode(status) == 0, status
+        print("ok")
+""")
+
+
+@pytest.mark.multiprocess
+def test_a_loader_made_at_the_top_of_a_script_and_one_in_a_forked_process(tmp_path, store):
+    """Found by a review: a loader made as the script is imported started a fork server
+    in each worker importing it again (Python refuses a start while a process starts: the
+    workers died), and a process forked after a loader was made found its parent's
+    server and failed with ``ChildProcessError``."""
+    script = tmp_path / "job.py"
+    script.write_text(_TOP_LEVEL)
+    run = subprocess.run([sys.executable, str(script), store], capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
+
+
+def test_a_started_worker_gets_its_own_arena_and_channel_alone(store):
+    """Found by a review: each worker started by spawn or a fork server got every
+    worker's arena and channel descriptors, and a fork server takes fewer than 256 per
+    start: 64 persistent workers failed with a bare ``ValueError: too many fds``."""
+    import pickle
+    from multiprocessing import context
+
+    from simstore.loaders import SimDataLoader, SimDataset
+
+    class Starting:  # what a spawn or fork-server start is asked (see reduction.DupFd)
+        def __init__(self) -> None:
+            self.fds: list[int] = []
+
+        def duplicate_for_child(self, fd: int) -> int:
+            self.fds.append(fd)
+            return fd
+
+        def DupFd(self, fd: int) -> int:  # noqa: N802 (multiprocessing's name)
+            return fd
+
+    loader = SimDataLoader(SimDataset(store, "d"), batch_size=4, num_workers=2,
+                           multiprocessing_context="spawn")
+    loader._share(loader.sim_dataset)
+    stream = loader._stream
+    assert len(stream.arenas) == len(stream.channels) == 2
+    sent = []
+    for _ in range(2):  # workers 0 and 1 in turn
+        start = Starting()
+        context.set_spawning_popen(start)
+        try:
+            pickle.dumps(stream)
+        finally:
+            context.set_spawning_popen(None)
+        sent.append(start.fds)
+    assert sent == [[stream.arenas[w]._fd, stream.channels[w]._worker.fileno()]
+                    for w in range(2)]
+    for channel in stream.channels:  # as the iteration's end closes them
+        channel.close()
+    loader._share(loader.sim_dataset)  # the next iteration's workers start from 0
+    start = Starting()
+    context.set_spawning_popen(start)
+    try:
+        pickle.dumps(loader._stream)
+    finally:
+        context.set_spawning_popen(None)
+    assert start.fds == [loader._stream.arenas[0]._fd,
+                         loader._stream.channels[0]._worker.fileno()]
+    for channel in loader._stream.channels:
+        channel.close()
