@@ -9,6 +9,7 @@ later iteration's share over its queue (:class:`_Iteration`, ``RING``).
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -167,6 +168,27 @@ ANNOUNCE_TIMEOUT_S = 120.0
 """The longest a persistent worker waits for the state of an iteration it was asked to read."""
 
 
+class _Environ:
+    """A process's environment variables, set in the process that unpickles them."""
+
+    __slots__ = ("variables",)
+
+    def __init__(self, variables: dict[str, str]) -> None:
+        self.variables = variables
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_set_environ, (self.variables,))
+
+
+def _set_environ(variables: dict[str, str]) -> None:
+    """Make this process's environment ``variables`` (those it has apart from them go)."""
+    for name in [n for n in os.environ if n not in variables]:
+        del os.environ[name]
+    for name, value in variables.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
+
+
 class _Stream(IterableDataset[Any]):
     """What the DataLoader's workers iterate: this rank's share, set per epoch by the loader.
 
@@ -308,10 +330,22 @@ class _Stream(IterableDataset[Any]):
         return self.counters
 
     def __getstate__(self) -> dict[str, Any]:
+        from multiprocessing import context
+
         state = dict(self.__dict__)
         state["counters"] = None  # a lock; workers count into their ledger rows
         state["_pool"] = None  # a worker's own (the main process never has one)
+        if context.get_spawning_popen() is not None:
+            # a worker being started: this process's environment as it is now, set
+            # first thing in the worker. A spawned worker has it already; a fork
+            # server's would have the server's, from the moment the server started
+            # (credentials, OMP_NUM_THREADS or per-rank variables set since: missing)
+            state = {"_environ": _Environ(dict(os.environ)), **state}
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state.pop("_environ", None)  # applied as it was unpickled, before the rest
+        self.__dict__.update(state)
 
     # ``loader.dataset`` is this stream (torch iterates it): what code written for a
     # DataLoader asks of its dataset is the SimDataset's (``len(loader.dataset)``,

@@ -1,5 +1,8 @@
 """Workers from a fork server fork from an interpreter that has imported torch already.
 
+They get the environment of the moment they start, as spawned ones do (the server's is
+that of its own start).
+
 A fork server's worker imported torch and the loader after its fork, every epoch: about
 1 s of each first batch, as a spawned worker's. The loader now has the server import them
 once, before its first fork, and starts the server when the loader is made, so that its
@@ -25,6 +28,8 @@ _SCRIPT = textwrap.dedent("""
     from simstore.loaders import SimDataLoader, SimDataset
 
     def parent(worker_id):
+        # set after the loader (and its server) was made: the worker has it all the same
+        assert os.environ.get("SIMSTORE_TEST_LATE") == "set late", "an old environment"
         with open(os.path.join(sys.argv[2], f"w{worker_id}-{os.getpid()}"), "w") as f:
             f.write(str(os.getppid()))
 
@@ -42,6 +47,7 @@ _SCRIPT = textwrap.dedent("""
                                multiprocessing_context="forkserver")
         started = server._forkserver_pid
         assert started is not None, "no fork server when the loader was made"
+        os.environ["SIMSTORE_TEST_LATE"] = "set late"  # credentials, say
         keys = []
         for epoch in range(2):
             ds.set_epoch(epoch)
