@@ -233,9 +233,7 @@ class CountingStore:
         A read refused for ``max_bytes`` counts as a GET of nothing (it was sent).
         """
         op = OpClass.GET if byte_range is None else OpClass.RANGE_GET
-        if max_bytes is None:  # as before: an inner store need not know the keyword
-            return self._call(op, lambda: self.inner.get(key, byte_range), read_bytes=len)
-        if byte_range is not None:
+        if max_bytes is None or byte_range is not None:  # the bound is for whole reads
             return self._call(op, lambda: self.inner.get(key, byte_range), read_bytes=len)
         if not takes_max_bytes(self.inner.get):  # its size first: a HEAD, then the GET
             return get_by_size(self, key, max_bytes)
