@@ -65,9 +65,11 @@ class FileRows:
     def tensor(self, fds: Sequence[int], pool: BufferPool) -> torch.Tensor:
         """The rows, mapped from ``fds`` (this field's descriptors) into ``pool`` memory.
 
-        A piece the pool cannot map is read instead.
+        A piece the pool cannot map is read instead. The memory is new (never faulted
+        in): mapping over it frees nothing, and the pool's idle memory stays for batches
+        that are read.
         """
-        array = pool.array(self.shape, np.dtype(self.dtype))
+        array = pool.array(self.shape, np.dtype(self.dtype), fresh=True)
         rows = array.reshape(self.shape[0], -1).view(np.uint8)
         for row, at, nbytes, file, offset in self.pieces:
             part = rows[row, at : at + nbytes]

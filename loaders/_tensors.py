@@ -735,9 +735,15 @@ class ChunkBuffers:
             dtype = np.dtype(dtype)
             if mappable and self.defer_files and dtype.isnative and dtype.kind in "biuf":
                 # left unread: untouched private memory costs no page faults
-                array = POOL.array((self.n, *shape), dtype)
+                array = POOL.array((self.n, *shape), dtype, fresh=True)
                 self._bufs[name] = (torch.from_numpy(array), array)
                 self._private.add(name)
+            elif mappable and self.map_files and dtype.isnative and dtype.kind in "biuf":
+                # its rows will be the files' pages: memory of its own, never faulted in,
+                # so that mapping them frees none and the pool's idle memory stays for
+                # the chunks read after it
+                array = POOL.array((self.n, *shape), dtype, fresh=True)
+                self._bufs[name] = (torch.from_numpy(array), array)
             else:
                 self._bufs[name] = self._allocate(shape, dtype)
         return self._bufs[name]

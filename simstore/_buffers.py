@@ -39,27 +39,34 @@ class BufferPool:
         self._lent: dict[int, tuple[weakref.ref[np.ndarray], mmap.mmap]] = {}
         """Mappings out, by the id of the array over each (the base of all its views)."""
         self._filed: set[int] = set()
-        """Mappings (by id) with file pages in them: unmapped when they come back."""
+        """Mappings (by id) unmapped when they come back: those with file pages in them,
+        and fresh ones (their pages mostly never touched: no faster to reuse than new)."""
         self.reused = 0
         """Arrays handed out over a mapping that came back (for tests and metrics)."""
         self.mapped_bytes = 0
         """Bytes mapped from files by :meth:`map_file` (for tests and metrics)."""
 
-    def array(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+    def array(self, shape: tuple[int, ...], dtype: np.dtype[Any], *,
+              fresh: bool = False) -> np.ndarray:
         """An uninitialised C-contiguous array of ``shape`` and ``dtype``.
 
         Over pooled memory when it is big enough to matter (``min_bytes``, 1 MiB by
-        default); smaller ones come from NumPy.
+        default); smaller ones come from NumPy. ``fresh``: over a new mapping, never an
+        idle one, for an array whose bytes will mostly be mapped from files
+        (:meth:`map_file`): mapping over untouched memory frees no pages, and the idle
+        mappings, already faulted in, stay for arrays that are read into.
         """
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if nbytes < max(1, self.min_bytes):
             return np.empty(shape, dtype=dtype)
-        mapping = self._take(nbytes)
+        mapping = self._new(nbytes) if fresh else self._take(nbytes)
         out = np.frombuffer(mapping, dtype=dtype, count=nbytes // dtype.itemsize)
         # ``out`` is the base of every view of it (its own base is the mapping, not an
         # array), so it lives exactly as long as the last view
         with self._lock:
             self._lent[id(out)] = (weakref.ref(out), mapping)
+            if fresh:
+                self._filed.add(id(mapping))
         weakref.finalize(out, self._give_back, mapping, id(out))
         return out.reshape(shape)
 
@@ -119,6 +126,10 @@ class BufferPool:
                 self._idle.remove(best)
                 self.reused += 1
                 return best
+        return self._new(nbytes)
+
+    @staticmethod
+    def _new(nbytes: int) -> mmap.mmap:
         size = whole_pages(nbytes)
         # no MADV_HUGEPAGE: a fresh process's huge pages are 2 MiB blocks the host has
         # often not backed, and their first touch ran at 0.4-2 GiB/s here, against a

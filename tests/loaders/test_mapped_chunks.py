@@ -8,6 +8,7 @@ file's removal, and still fail on a damaged chunk.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import mmap
 import os
@@ -143,6 +144,28 @@ def test_by_default_only_the_first_chunk_is_mapped_and_later_ones_reuse_memory(z
     assert _tensors.POOL.reused > reused
 
 
+def test_the_mapped_chunk_leaves_idle_memory_to_the_chunk_read_after_it(tmp_path, monkeypatch):
+    store, values = _aligned_store(str(tmp_path), 8)
+    pool = BufferPool()
+    monkeypatch.setattr(_tensors, "POOL", pool)
+    halves = {"chunk_samples": 4}  # rows 0-3 mapped, rows 4-7 read
+
+    def epoch() -> tuple[int, int]:
+        batches = _epoch(store, prefetch=halves)
+        assert _check(batches, values) == len(values)
+        return batches[0]["u"].data_ptr(), batches[1]["u"].data_ptr()  # type: ignore[union-attr]
+
+    _, read_at = epoch()
+    gc.collect()  # the batches are gone: the read chunk's memory is idle
+    mapped = pool.mapped_bytes
+    mapped_at, read_again_at = epoch()
+    assert pool.mapped_bytes - mapped == 4 << 20
+    # the mapped chunk got new memory; the read one the idle memory, already faulted in
+    # (mapping over it would free those pages and leave the read chunk to fault new ones)
+    assert read_again_at == read_at
+    assert mapped_at != read_at
+
+
 def test_map_files_false_reads_every_chunk(zarr_store):
     store, values = zarr_store
     mapped = _tensors.POOL.mapped_bytes
@@ -243,6 +266,19 @@ def test_pool_does_not_reuse_memory_that_held_file_pages(page_file):
     c = pool.array((4, PAGE // 4), np.dtype(np.int32))  # plain memory comes back
     assert pool.reused == 1
     del c
+
+
+def test_a_fresh_array_takes_no_idle_memory_and_is_not_kept():
+    pool = BufferPool(min_bytes=1)
+    a = pool.array((4, PAGE), np.dtype(np.uint8))
+    del a  # idle now
+    fresh = pool.array((4, PAGE), np.dtype(np.uint8), fresh=True)
+    assert pool.reused == 0
+    del fresh  # its pages were never touched: not kept for a later array
+    b = pool.array((4, PAGE), np.dtype(np.uint8))
+    c = pool.array((4, PAGE), np.dtype(np.uint8))
+    assert pool.reused == 1  # only the first array's memory came back
+    del b, c
 
 
 @pytest.mark.skipif(not os.uname().sysname == "Linux", reason="mapping is Linux-only")
@@ -422,8 +458,10 @@ def test_chunk_buffers_note_read_or_hand_over_rows(page_file):
     np.testing.assert_array_equal(row0.view(np.int32), data[PAGE // 4 : PAGE // 2])
     assert (row1 == 5.0).all()
     pool = BufferPool(min_bytes=1)
+    idle = pool.array((1, PAGE // 4), f32)
+    del idle  # memory already faulted in stays for rows that are read
     got = handed.tensor(handed.fds, pool)
-    assert pool.mapped_bytes == PAGE
+    assert pool.mapped_bytes == PAGE and pool.reused == 0
     np.testing.assert_array_equal(got.numpy().view(np.int32)[0], data[3 * PAGE // 4 :])
     buffers.retire()
     with pytest.raises(OSError):
