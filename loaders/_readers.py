@@ -25,7 +25,9 @@ from simstore.loaders._cache import DamagedCopyError
 from simstore.loaders._checks import shown
 from simstore.loaders._corrupt import CorruptShards
 from simstore.loaders._fetch import ShardAccess, ShardHandle, names_file
+from simstore.loaders._indexes import INDEXES
 from simstore.loaders._nodecache import LayoutCache
+from simstore.loaders._opener import FormatOpener
 
 from simstore._blockcache import BlockCache
 from simstore.errors import (
@@ -512,7 +514,8 @@ class ReaderPool:
 
     def _open(self, key: tuple[int, str], handle: ShardHandle) -> ShardReader:
         try:
-            reader = self._laid_out(key, handle) or self.opener(handle.source)
+            reader = (self._reopened(key, handle) or self._laid_out(key, handle)
+                      or self.opener(handle.source))
         except NotFoundError as exc:
             # gone between its check and its open, or not a file (a folder in its place):
             # damage the snapshot names, as a shard found missing before its open is
@@ -544,6 +547,24 @@ class ReaderPool:
             share(self.blocks)
         return reader
 
+    def _reopened(self, key: tuple[int, str], handle: ShardHandle) -> ShardReader | None:
+        """A trusted local shard opened from the index its last reader here left, or None.
+
+        Trusted: its file hashed to the id the index was kept by (``loaders._indexes``).
+        """
+        if (not handle.trusted or not isinstance(handle.source, str)
+                or not self._keeps_indexes(key)):
+            return None
+        index = INDEXES.take(key[1])
+        if index is None:
+            return None
+        try:
+            reader: ShardReader = index.reopen(handle.source)
+        except Exception:  # opened the usual way next, with that open's own errors
+            return None
+        self.access[key[0]].counters.add("shards_reopened")
+        return reader
+
     def _laid_out(self, key: tuple[int, str], handle: ShardHandle) -> ShardReader | None:
         """A trusted local shard opened from the page layout an earlier job kept, or None.
 
@@ -560,9 +581,26 @@ class ReaderPool:
         return reader
 
     def _keep_layout(self, key: tuple[int, str], entry: _Entry) -> None:
-        """Leave a closing reader's page layout for later jobs, if it has a new one."""
+        """Leave what a closing reader learnt for later readers.
+
+        Its page layout for later jobs on the node, if it has a new one, and its index (a
+        trusted one's) for later readers in this process.
+        """
         if self.layouts is not None and entry.reader is not None:
             self.layouts.keep(key[1], entry.reader, self._name(key))
+        take = getattr(entry.reader, "take_index", None)
+        if callable(take) and self._keeps_indexes(key):
+            index = take()
+            if index is not None:
+                INDEXES.keep(key[1], index)
+
+    def _keeps_indexes(self, key: tuple[int, str]) -> bool:
+        """Whether readers of ``key`` leave and use kept indexes.
+
+        Only with simstore's own opener (not a caller's, nor a subclass of it), and where
+        a trusted file is one that hashed to its id (not with ``verify=False``).
+        """
+        return type(self.opener) is FormatOpener and self.access[key[0]].verify
 
     def _name(self, key: tuple[int, str]) -> str:
         src, shard = key

@@ -57,6 +57,7 @@ _FIELDS = (
     "shards_verified_by_sibling",
     "shards_trusted",
     "shards_laid_out",
+    "shards_reopened",
     "throttle_s",
 )
 
@@ -283,6 +284,7 @@ class LoaderStats(TypedDict):
     shards_verified_by_sibling: int
     shards_trusted: int
     shards_laid_out: int
+    shards_reopened: int
     wait_s: float
     data_stall: float | None
     throttle_s: float
@@ -364,6 +366,7 @@ def summarise(
         "shards_verified_by_sibling": int(counters.get("shards_verified_by_sibling", 0)),
         "shards_trusted": int(counters.get("shards_trusted", 0)),
         "shards_laid_out": int(counters.get("shards_laid_out", 0)),
+        "shards_reopened": int(counters.get("shards_reopened", 0)),
         "wait_s": wait_s,
         "data_stall": wait_s / looped if looped > 0 else None,
         "throttle_s": float(counters.get("throttle_s", 0)),

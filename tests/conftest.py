@@ -2,6 +2,7 @@
 
 import signal
 import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -18,6 +19,19 @@ def _no_node_hash_records(monkeypatch):
     depend on their order. The tests of those records set the variable themselves.
     """
     monkeypatch.setenv("SIMSTORE_VERIFIED_DIR", "")
+
+
+@pytest.fixture(autouse=True)
+def _no_kept_shard_indexes():
+    """No test reads a shard through the index a reader of an earlier test left.
+
+    A loader keeps what a trusted shard's reader parsed, by the shard's id, for the next
+    reader in the process (``loaders._indexes``); tests that count reads or damage a
+    file's metadata would depend on their order. Tests of it read several epochs.
+    """
+    kept = sys.modules.get("simstore.loaders._indexes")
+    if kept is not None:
+        kept.INDEXES.clear()  # type: ignore[attr-defined]
 
 
 @pytest.fixture(autouse=True)
