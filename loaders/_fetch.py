@@ -31,6 +31,7 @@ from typing import BinaryIO, Literal, Protocol, cast, runtime_checkable
 
 from simstore.loaders._cache import CacheConfig, DamagedCopyError, PinnedCopy, ShardCache
 from simstore.loaders._ranged import (
+    RangeBlocks,
     RangedFile,
     RateLimiter,
     billed_if_failed,
@@ -164,6 +165,7 @@ class ShardAccess:
         verify: bool,
         referenced_by: str = "",
         block_bytes: int = 1 << 20,
+        range_blocks: RangeBlocks | None = None,
         siblings: VerifiedTable | None = None,
         trusted: TrustTable | None = None,
         node: NodeRecords | None = None,
@@ -186,6 +188,9 @@ class ShardAccess:
         self.tier = tier_of(store)
         count_retries(store, counters, self.tier)
         self.block_bytes = block_bytes
+        self.range_blocks = range_blocks if range_blocks is not None else RangeBlocks(32 << 20)
+        """Blocks of ranged reads, kept for all the ranged files of the reading process's
+        sources at once (keyed by store and object)."""
         self._cache_config = cache
         self._cache: ShardCache | None = None
         self._local: dict[str, str | None] = {}
@@ -302,6 +307,7 @@ class ShardAccess:
             counters=self.counters,
             limiter=self.limiter,
             block_bytes=self.block_bytes,
+            blocks=self.range_blocks,
         )
         return ShardHandle(cast(BinaryIO, f), f.close, trusted=not self.verify)
 

@@ -88,7 +88,8 @@ class PrefetchConfig:
     ``chunk_bytes`` of them (judged by the snapshot's mean sample size), so the first
     sample waits for one small chunk, not a large one. Memory held by prefetching is
     about ``budget_bytes`` of decoded samples plus, for
-    ranged reads, 32 MiB of blocks per open shard, plus up to ``decode_cache_bytes`` of
+    ranged reads, a source's blocks (``loaders._ranged.RangeBlocks``: one shuffle
+    buffer's bytes, 80 MiB by default), plus up to ``decode_cache_bytes`` of
     decoded row groups (Parquet) shared by the worker's open shards, so a shuffled read
     decodes each row group about once. Ranged reads fetch aligned blocks of
     ``range_block_bytes`` and coalesce neighbouring ones into one request.

@@ -13,6 +13,7 @@ import numpy as np
 from loader_helpers import RemoteLikeStore
 from simstore.loaders import SimDataset
 from simstore.loaders._fetch import RangedFile, RateLimiter
+from simstore.loaders._ranged import RangeBlocks
 from simstore.loaders._stats import Counters
 
 from simstore.catalog import Catalog
@@ -101,3 +102,51 @@ def test_a_zarr_store_read_without_a_cache_fetches_its_bytes_about_once(tmp_path
     fetched = ds.stats()["tiers"]["fake-remote"]["bytes"]
     # the shards, the manifest and the snapshot's objects, each about once (it was 1.9x)
     assert fetched <= 1.1 * stored, (fetched, stored)
+
+
+# -- the blocks kept for all the ranged files of a source -------------------------------
+
+def test_the_files_of_a_source_share_their_blocks_within_one_budget(tmp_path):
+    store = CountingStore(str(tmp_path / "s"))
+    data = {k: os.urandom(4 * BLOCK) for k in ("a", "b")}
+    for k, v in data.items():
+        store.put(k, v)
+    blocks = RangeBlocks(3 * BLOCK)
+
+    def ranged(key: str) -> RangedFile:
+        return RangedFile(store, key, 4 * BLOCK, counters=Counters(),
+                          limiter=RateLimiter(None), block_bytes=BLOCK, blocks=blocks)
+
+    a1, a2, b = ranged("a"), ranged("a"), ranged("b")
+    assert _read(a1, 10, 20) == data["a"][10:20]
+    assert _read(a2, 30, 40) == data["a"][30:40]  # the same object's block: no request
+    assert store.ranges == [(0, BLOCK)]
+    assert _read(b, BLOCK + 5, BLOCK + 9) == data["b"][BLOCK + 5 : BLOCK + 9]
+    assert _read(b, 2 * BLOCK + 5, 2 * BLOCK + 9) == data["b"][2 * BLOCK + 5 : 2 * BLOCK + 9]
+    assert blocks.nbytes == 3 * BLOCK
+    assert _read(b, 3 * BLOCK + 5, 3 * BLOCK + 9) == data["b"][3 * BLOCK + 5 : 3 * BLOCK + 9]
+    assert blocks.nbytes == 3 * BLOCK  # a's block, the least recently used, went
+    store.ranges.clear()
+    assert _read(a1, 50, 60) == data["a"][50:60]
+    assert store.ranges == [(0, BLOCK)]
+
+
+def test_a_shuffled_epoch_of_one_large_zarr_shard_fetches_it_about_once(tmp_path):
+    # 640 samples of 64 KiB: one 40 MiB shard, shuffled uniformly (one buffer of blocks);
+    # with 32 MiB of blocks per file, an epoch fetched it 3.2x
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(3)
+    for i in range(640):
+        np.save(src / f"s{i:03d}.npy", rng.standard_normal(16384).astype(np.float32))
+    root = str(tmp_path / "store")
+    cat = Catalog.init(root)
+    ingest([src], dataset="d", store=cat, format="zarr", compression="none", snapshot=True,
+           shard_size=64 << 20)
+    (shard,) = [os.path.join(d, n) for d, _, names in os.walk(os.path.join(root, "objects"))
+                for n in names if os.path.getsize(os.path.join(d, n)) > 32 << 20]
+    ds = SimDataset(RemoteLikeStore(root), "d", shuffle=True, seed=1, verify=False)
+    assert sum(1 for _ in ds) == 640
+    st = ds.stats()
+    fetched = st["tiers"]["fake-remote"]["bytes"] - st["manifest_bytes"]
+    assert fetched <= 1.1 * os.path.getsize(shard), (fetched, os.path.getsize(shard))
