@@ -106,6 +106,9 @@ class _Nodes(Mapping[str, Any]):
         self._by_bytes: dict[bytes, Any] = {}
         """Parsed metadata by its bytes: every sample's array of one fixed-shape field has
         the same, parsed (and given a decoder) once. Callers must not modify it."""
+        self.parsed_bytes = 0
+        """Bytes of the documents parsed (each once): a sample's group ``zarr.json`` holds
+        its scalar, string and JSON fields whole (for :attr:`ZarrIndex.nbytes`)."""
 
     @property
     def _reader(self) -> ZarrShardReader:
@@ -129,6 +132,7 @@ class _Nodes(Mapping[str, Any]):
                     ) from exc
                 if meta.get("node_type") == "array":
                     self._by_bytes[raw] = meta
+                self.parsed_bytes += len(raw)
             self._parsed[path] = meta
         return meta
 
@@ -154,11 +158,14 @@ class ZarrIndex:
     """
 
     __slots__ = ("attrs", "by_bytes", "chunk_bytes", "decoder_of", "decoders", "file_size",
-                 "infos", "nodes", "offsets", "parsed", "specs")
+                 "infos", "nodes", "offsets", "parsed", "parsed_bytes", "root_bytes", "specs")
 
     ENTRY_BYTES = 800
     """Memory an index holds per zip entry, about (its directory entry, data place,
     parsed node and decoder: 775 bytes measured over a shard of 4,096 small samples)."""
+    PARSED_FACTOR = 1
+    """Memory per byte of JSON parsed beyond what ``ENTRY_BYTES`` counts, about: a large
+    document is mostly its string, JSON or key fields, held once as parsed."""
 
     def __init__(self, reader: ZarrShardReader) -> None:
         self.file_size = reader._file_size
@@ -168,6 +175,10 @@ class ZarrIndex:
         """The root's consolidated metadata (a foreign writer's layout), else None."""
         self.parsed = nodes._parsed if isinstance(nodes, _Nodes) else {}
         self.by_bytes = nodes._by_bytes if isinstance(nodes, _Nodes) else {}
+        self.parsed_bytes = nodes.parsed_bytes if isinstance(nodes, _Nodes) else 0
+        self.root_bytes = reader._root_bytes
+        """What the root ``zarr.json`` holds parsed: the writer's attributes (every key, the
+        schema, the field statistics), or a foreign writer's whole document."""
         self.offsets = reader._offsets
         self.decoders = reader._decoders
         self.decoder_of = reader._decoder_of
@@ -184,7 +195,8 @@ class ZarrIndex:
     @property
     def nbytes(self) -> int:
         """Memory it holds, estimated (for a cache's budget)."""
-        return self.ENTRY_BYTES * len(self.infos)
+        return (self.ENTRY_BYTES * len(self.infos)
+                + self.PARSED_FACTOR * (self.parsed_bytes + self.root_bytes))
 
 
 _ROOT_HEAD = '{"attributes": '
@@ -255,12 +267,14 @@ class ZarrShardReader(ZipEntries):
             self._infos: Mapping[str, ZipEntry] = entries
             text = self._root_text()
             if text.startswith(_ROOT_HEAD):  # the writer's layout: parse the attributes only
-                root, _ = json.JSONDecoder().raw_decode(text, len(_ROOT_HEAD))
+                root, end = json.JSONDecoder().raw_decode(text, len(_ROOT_HEAD))
                 root = {"attributes": root}
                 self._nodes: Mapping[str, Any] = _Nodes(self)
+                self._root_bytes = end - len(_ROOT_HEAD)
             else:
                 root = json.loads(text)
                 self._nodes = root["consolidated_metadata"]["metadata"]
+                self._root_bytes = len(text)
             attrs = root.get("attributes", {}).get("simstore", {})
             if not isinstance(attrs, dict) or attrs.get("kind") != "shard":
                 raise FormatError(
@@ -288,7 +302,9 @@ class ZarrShardReader(ZipEntries):
         else:
             nodes = _Nodes(self)
             nodes._parsed, nodes._by_bytes = index.parsed, index.by_bytes
+            nodes.parsed_bytes = index.parsed_bytes
             self._nodes = nodes
+        self._root_bytes = index.root_bytes
         self._offsets = index.offsets
         self._decoders, self._decoder_of = index.decoders, index.decoder_of
         self._chunk_bytes = index.chunk_bytes

@@ -85,6 +85,8 @@ class IndexCache:
 
     def _after_fork(self) -> None:
         self._lock = threading.Lock()  # another thread may have held it at the fork
+        # and may have been between a change and its count
+        self._bytes = sum(index.nbytes for index in self._kept.values())
 
 
 INDEXES = IndexCache()

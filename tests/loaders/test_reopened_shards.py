@@ -189,6 +189,27 @@ def test_a_shard_changed_since_its_index_is_hashed_and_refused(zarr_store, tmp_p
         list(loader)
 
 
+def test_an_index_counts_the_string_fields_it_holds(tmp_path):
+    # a sample's group zarr.json holds its strings whole: 60 of 20,000 characters here,
+    # five times what the per-entry estimate alone would say the index holds
+    src = tmp_path / "src"
+    src.mkdir()
+    for t in range(60):
+        np.savez(src / f"t{t:02d}.npz", u=np.full(4, t, np.float32),
+                 s=np.array(f"{t:05d}" * 4000))
+    store = str(tmp_path / "store")
+    Catalog.init(store)
+    ingest([str(src)], dataset="d", store=store, format="zarr", compression="none",
+           snapshot=True)
+    ds = SimDataset(store, "d", seed=1)
+    loader = SimDataLoader(ds, batch_size=8)
+    for e in range(2):  # the second epoch's readers were trusted from the start
+        ds.set_epoch(e)
+        assert sum(len(b["__key__"]) for b in loader) == 60
+    assert len(_indexes.INDEXES) >= 1
+    assert _indexes.INDEXES.nbytes >= 60 * 20_000
+
+
 def test_kept_indexes_stay_within_their_budget():
     class Index:
         def __init__(self, nbytes: int) -> None:
