@@ -199,6 +199,9 @@ class ZarrIndex:
                 + self.PARSED_FACTOR * (self.parsed_bytes + self.root_bytes))
 
 
+AHEAD_BYTES = 64 << 20
+"""The largest sample a reader of a remote file fetches in one request before reading it."""
+
 _ROOT_HEAD = '{"attributes": '
 """How the writer's root ``zarr.json`` starts (keys sorted): its attributes come first."""
 
@@ -707,9 +710,38 @@ class ZarrShardReader(ZipEntries):
         mapper = getattr(out, "map_file", None) if out is not None else None
         if not getattr(out, "maps_files", True):
             mapper = None  # it would decline every chunk: they are read (one call each)
+        ahead: Callable[[int, int], None] | None = (
+            getattr(self._fp, "will_read", None) if self._fd is None else None)
+        every = fields is None or {n for n, s in self._specs.items()
+                                   if s.kind in ("tensor", "bytes")} <= set(fields)
         for i, p in enumerate(positions):
-            yield self._sample(p, fields, functools.partial(out, i) if out is not None else None,
-                               mapper)
+            span = self._extent(p) if ahead is not None and every else None
+            if span is not None and ahead is not None:
+                ahead(*span)
+            try:
+                sample = self._sample(
+                    p, fields, functools.partial(out, i) if out is not None else None, mapper)
+            finally:
+                if span is not None:
+                    self._fp.done_reading()
+            yield sample
+
+    def _extent(self, position: int) -> tuple[int, int] | None:
+        """The bytes of a sample's entries, laid out end to end by the writer, or None.
+
+        From its group's ``zarr.json`` to the next sample's (or the root's, written last);
+        None where that is not a forward span of at most :data:`AHEAD_BYTES` (a foreign
+        layout, or a sample whose large chunks cost few requests each anyway). What a
+        reader of a remote file fetches in one request before reading the sample's
+        entries (``RangedFile.will_read``).
+        """
+        p = int(position)
+        first = self._infos.get(f"{p}/zarr.json")
+        after = self._infos.get(f"{p + 1}/zarr.json") or self._infos.get("zarr.json")
+        if first is None or after is None:
+            return None
+        lo, hi = first.header_offset, after.header_offset
+        return (lo, hi) if 0 < hi - lo <= AHEAD_BYTES else None
 
     def read_slices(
         self, position: int, windows: Mapping[str, tuple[slice, ...]]

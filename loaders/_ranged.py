@@ -180,6 +180,8 @@ class RangedFile(io.RawIOBase):
         self._blocks = blocks if blocks is not None else RangeBlocks(max_cached_bytes)
         self._name = f"{store.url}/{key}"
         """The object's name among the blocks (another store may hold the same key)."""
+        self._span: tuple[int, memoryview] | None = None
+        """Bytes fetched ahead for the reads a reader said are next (:meth:`will_read`)."""
         self._pos = 0
         self._counters = counters
         self._limiter = limiter
@@ -204,10 +206,40 @@ class RangedFile(io.RawIOBase):
         end = min(self.size, self._pos + len(view))
         if end <= self._pos:
             return 0
+        span = self._span
+        if span is not None and span[0] <= self._pos and end <= span[0] + len(span[1]):
+            n = end - self._pos
+            view[:n] = span[1][self._pos - span[0] : end - span[0]]
+            self._pos = end
+            return n
         data = self._range(self._pos, end)
         view[: len(data)] = data
         self._pos += len(data)
         return len(data)
+
+    def will_read(self, lo: int, hi: int) -> None:
+        """Fetch bytes ``lo:hi`` in one request now: the reads that follow lie inside them.
+
+        For a reader that knows the extent of what it reads next, laid out end to end (a
+        Zarr sample's metadata documents and chunks): one GET for all of them, not one or
+        two per entry. Reads wholly inside are served from these bytes until
+        :meth:`done_reading` (or the next call); any other read goes the usual way.
+        Nothing is fetched for less than a block: the aligned blocks serve such extents
+        better (a block's request holds neighbouring samples too); nor what blocks held
+        at its ends already hold (those an open's reads pulled in, say).
+        """
+        self._span = None
+        hi = min(hi, self.size)
+        if lo >= 0 and hi - lo >= self.block:
+            self._span = (lo, memoryview(self._large(lo, hi)))
+
+    def done_reading(self) -> None:
+        """Let go of the bytes :meth:`will_read` fetched."""
+        self._span = None
+
+    def close(self) -> None:
+        self._span = None
+        super().close()
 
     def _get(self, lo: int, hi: int) -> bytes:
         self._counters.add("throttle_s", self._limiter.take(hi - lo))

@@ -150,3 +150,51 @@ def test_a_shuffled_epoch_of_one_large_zarr_shard_fetches_it_about_once(tmp_path
     st = ds.stats()
     fetched = st["tiers"]["fake-remote"]["bytes"] - st["manifest_bytes"]
     assert fetched <= 1.1 * os.path.getsize(shard), (fetched, os.path.getsize(shard))
+
+
+# -- a Zarr sample's entries fetched in one request ---------------------------------------
+
+def test_will_read_fetches_an_extent_once_for_the_reads_inside_it(tmp_path):
+    store, f, data = _file(tmp_path)
+    f.will_read(100, 2 * BLOCK + 100)
+    assert store.ranges == [(100, 2 * BLOCK + 100)]
+    for lo, hi in ((100, 130), (BLOCK, BLOCK + 7), (300, 2 * BLOCK + 100)):
+        assert _read(f, lo, hi) == data[lo:hi]
+    assert len(store.ranges) == 1  # all served from the extent
+    assert _read(f, 2 * BLOCK + 50, 2 * BLOCK + 150) == data[2 * BLOCK + 50 : 2 * BLOCK + 150]
+    assert len(store.ranges) == 2  # past its end: the usual way
+    f.done_reading()
+    store.ranges.clear()
+    assert _read(f, 3 * BLOCK + 100, 3 * BLOCK + 130) == data[3 * BLOCK + 100 : 3 * BLOCK + 130]
+    assert store.ranges == [(3 * BLOCK, 4 * BLOCK)]
+    store.ranges.clear()
+    f.will_read(10, 1000)  # under a block: left to the blocks, which hold its neighbours too
+    assert store.ranges == []
+
+
+def test_a_zarr_sample_read_without_a_cache_is_one_request(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(4)
+    for i in range(8):
+        np.savez(src / f"run{i}.npz", x=rng.standard_normal((4, 64, 64, 64)).astype(np.float32),
+                 t=np.float64(i))  # 4 MiB: four chunks of 1 MiB
+    root = str(tmp_path / "store")
+    cat = Catalog.init(root)
+    ingest([src], dataset="d", store=cat, format="zarr", compression="none", snapshot=True,
+           shard_size=64 << 20)
+    class Counted(RemoteLikeStore):
+        ranged = 0
+
+        def get(self, key, byte_range=None, *, max_bytes=None):  # type: ignore[no-untyped-def]
+            Counted.ranged += byte_range is not None
+            return super().get(key, byte_range, max_bytes=max_bytes)
+
+    ds = SimDataset(Counted(root), "d", shuffle=True, seed=2, verify=False)
+    got = {s["__key__"]: s["x"].numpy() for s in ds}
+    assert len(got) == 8
+    # the shard's head and directory to open it, then one request per sample (it was
+    # seven or eight: the block its metadata lies in, then each chunk)
+    assert Counted.ranged == 2 + 8
+    with np.load(src / "run3.npz") as z:
+        np.testing.assert_array_equal(got["run3"], z["x"])
