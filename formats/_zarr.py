@@ -710,6 +710,8 @@ class ZarrShardReader(ZipEntries):
         mapper = getattr(out, "map_file", None) if out is not None else None
         if not getattr(out, "maps_files", True):
             mapper = None  # it would decline every chunk: they are read (one call each)
+        if fields is not None:
+            fields = tuple(fields)  # read once per sample: an iterator would be used up
         ahead: Callable[[int, int], None] | None = (
             getattr(self._fp, "will_read", None) if self._fd is None else None)
         every = fields is None or {n for n, s in self._specs.items()
@@ -729,19 +731,20 @@ class ZarrShardReader(ZipEntries):
     def _extent(self, position: int) -> tuple[int, int] | None:
         """The bytes of a sample's entries, laid out end to end by the writer, or None.
 
-        From its group's ``zarr.json`` to the next sample's (or the root's, written last);
-        None where that is not a forward span of at most :data:`AHEAD_BYTES` (a foreign
-        layout, or a sample whose large chunks cost few requests each anyway). What a
-        reader of a remote file fetches in one request before reading the sample's
-        entries (``RangedFile.will_read``).
+        From its group's ``zarr.json`` to the next sample's (or the root's, written last),
+        when the entries between are the sample's own and fill those bytes
+        (``ZipIndex.extent``); None for another layout (a foreign writer's order, a
+        damaged directory) or more than :data:`AHEAD_BYTES` (a sample whose large chunks
+        cost few requests each anyway). What a reader of a remote file fetches in one
+        request before reading the sample's entries (``RangedFile.will_read``).
         """
-        p = int(position)
-        first = self._infos.get(f"{p}/zarr.json")
-        after = self._infos.get(f"{p + 1}/zarr.json") or self._infos.get("zarr.json")
-        if first is None or after is None:
+        extent = getattr(self._infos, "extent", None)
+        if extent is None:  # zipfile's directory: a foreign zip
             return None
-        lo, hi = first.header_offset, after.header_offset
-        return (lo, hi) if 0 < hi - lo <= AHEAD_BYTES else None
+        p = int(position)
+        after = f"{p + 1}/zarr.json" if f"{p + 1}/zarr.json" in self._infos else "zarr.json"
+        span: tuple[int, int] | None = extent(f"{p}/zarr.json", after, f"{p}/")
+        return span if span is not None and span[1] - span[0] <= AHEAD_BYTES else None
 
     def read_slices(
         self, position: int, windows: Mapping[str, tuple[slice, ...]]

@@ -347,12 +347,36 @@ class ZipIndex(Mapping[str, ZipEntry]):
     the few it reads: making a tuple for each up front was a third of opening the shard.
     """
 
-    __slots__ = ("_at", "_crc", "_method", "_offset", "_size")
+    __slots__ = ("_at", "_crc", "_method", "_names", "_offset", "_size")
 
     def __init__(self, names: list[str], offset: list[int], size: list[int],
                  method: list[int], crc: list[int]) -> None:
         self._at = dict(zip(names, range(len(names)), strict=True))
         self._offset, self._size, self._method, self._crc = offset, size, method, crc
+        self._names: list[str] | None = None  # in directory order, listed when first asked
+
+    def extent(self, first: str, after: str, prefix: str) -> tuple[int, int] | None:
+        """The bytes from entry ``first``'s header to entry ``after``'s, if they are a run.
+
+        A run: every entry the directory lists from ``first`` up to ``after`` is named
+        under ``prefix``, their headers lie in that order, and they fill those bytes (each
+        its header, name, at most a page of alignment and its data). None otherwise (a
+        foreign order, or offsets a damaged directory gives).
+        """
+        i, j = self._at.get(first), self._at.get(after)
+        if i is None or j is None or j <= i:
+            return None
+        if self._names is None:
+            self._names = list(self._at)
+        lo, hi = self._offset[i], self._offset[j]
+        room, at = 0, lo
+        for k in range(i, j):
+            name = self._names[k]
+            if not name.startswith(prefix) or self._offset[k] < at:
+                return None
+            at = self._offset[k]
+            room += 30 + len(name.encode("utf-8")) + PAGE_ALIGN + self._size[k]
+        return (lo, hi) if at < hi and hi - lo <= room else None
 
     def __getitem__(self, name: str) -> ZipEntry:
         entry: ZipEntry | None = self.get(name)

@@ -21,7 +21,7 @@ from simstore.storage import ObjectStore
 from simstore.storage._base import never_sent
 
 __all__ = ["RangeBlocks", "RangedFile", "RateLimiter", "billed_if_failed", "count_retries",
-           "range_blocks_bytes", "tier_of"]
+           "mixture_blocks_bytes", "range_blocks_bytes", "tier_of"]
 
 
 def tier_of(store: ObjectStore) -> str:
@@ -140,6 +140,10 @@ class RangeBlocks:
             return self._bytes
 
 
+MAX_RANGE_BLOCKS_BYTES = 512 << 20
+"""The most a reading process keeps of ranged blocks for a mixture of many sources."""
+
+
 def range_blocks_bytes(buffer_blocks: int, shuffle_block_bytes: int, block_bytes: int) -> int:
     """The blocks budget for a source shuffled in buffers of ``buffer_blocks`` blocks.
 
@@ -147,6 +151,15 @@ def range_blocks_bytes(buffer_blocks: int, shuffle_block_bytes: int, block_bytes
     covered by at most one more ranged block than its own size in them; at least 32 MiB.
     """
     return max(32 << 20, buffer_blocks * (shuffle_block_bytes + block_bytes))
+
+
+def mixture_blocks_bytes(budgets: list[int]) -> int:
+    """The blocks budget of a reading process whose sources need ``budgets`` each.
+
+    Their sum (a mixture reads a buffer of each source at once), at most
+    :data:`MAX_RANGE_BLOCKS_BYTES` unless one source alone needs more.
+    """
+    return min(sum(budgets), max(max(budgets), MAX_RANGE_BLOCKS_BYTES))
 
 
 class RangedFile(io.RawIOBase):
@@ -293,6 +306,8 @@ class RangedFile(io.RawIOBase):
             if blk is None:
                 break
             upto = min(hi, b * self.block + len(blk))
+            if upto <= lo:  # a block cut short (the object shrank since its size was read)
+                break
             head.append(blk[lo - b * self.block : upto - b * self.block])
             lo = upto
         while hi > lo:  # and at the end

@@ -40,7 +40,7 @@ from simstore.loaders._pipeline import (
     read_chunk,
 )
 from simstore.loaders._plan import Interval, plan_epoch
-from simstore.loaders._ranged import RangeBlocks, range_blocks_bytes
+from simstore.loaders._ranged import RangeBlocks, mixture_blocks_bytes, range_blocks_bytes
 from simstore.loaders._source import Source, locate
 from simstore.loaders._stats import Counters
 from simstore.loaders._tensors import ChunkBuffers, SharedPool, to_tensors, value_bytes
@@ -283,11 +283,11 @@ class EpochReader:
         """Each source's shard access (fetches, cache, checks); see :meth:`_readers`."""
         opts = self.options
         trust = trusted if trusted is not None else TrustTable(self.trusted)
-        # one budget of ranged blocks for every source: a mixture's memory does not grow
-        # with its sources
-        blocks = RangeBlocks(max(range_blocks_bytes(s.buffer_blocks, s.block_bytes,
-                                                    opts.prefetch.range_block_bytes)
-                                 for s in self.sources))
+        # one budget of ranged blocks for every source: a buffer of each at once, within
+        # a bound however many sources a mixture has
+        blocks = RangeBlocks(mixture_blocks_bytes([
+            range_blocks_bytes(s.buffer_blocks, s.block_bytes, opts.prefetch.range_block_bytes)
+            for s in self.sources]))
         return [
             ShardAccess(s.store, counters=counters, limiter=limiter, cache=opts.cache,
                         verify=opts.verify, referenced_by=s.snapshot_id,

@@ -198,3 +198,90 @@ def test_a_zarr_sample_read_without_a_cache_is_one_request(tmp_path):
     assert Counted.ranged == 2 + 8
     with np.load(src / "run3.npz") as z:
         np.testing.assert_array_equal(got["run3"], z["x"])
+
+
+def _zarr_runs(tmp_path, n: int = 6) -> str:
+    """A shard of ``n`` samples of 3 MiB (1 MiB chunks) and a scalar, as the writer lays it."""
+    src = tmp_path / "zsrc"
+    src.mkdir()
+    rng = np.random.default_rng(5)
+    for i in range(n):
+        np.savez(src / f"r{i}.npz", x=rng.standard_normal((3, 256, 1024)).astype(np.float32),
+                 p=np.float64(i))
+    root = str(tmp_path / "zstore")
+    ingest([src], dataset="d", store=Catalog.init(root), format="zarr", compression="none",
+           snapshot=True, shard_size=64 << 20)
+    (shard,) = [os.path.join(d, f) for d, _, names in os.walk(os.path.join(root, "objects"))
+                for f in names if os.path.getsize(os.path.join(d, f)) > 8 << 20]
+    return shard
+
+
+def _rezipped(shard: str, dst: str, order) -> str:  # type: ignore[no-untyped-def]
+    import zipfile
+
+    with zipfile.ZipFile(shard) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as zout:
+        for name in order(zin.namelist()):
+            zout.writestr(name, zin.read(name))
+    return dst
+
+
+def test_only_the_writers_layout_is_read_a_sample_at_a_time(tmp_path):
+    from simstore.formats._zarr import ZarrShardReader
+
+    shard = _zarr_runs(tmp_path)
+    own = ZarrShardReader(shard)
+    try:
+        spans = [own._extent(p) for p in range(own.num_samples)]
+        assert all(s is not None for s in spans)
+        assert [s[1] for s in spans[:-1]] == [s[0] for s in spans[1:]]  # end to end
+    finally:
+        own.close()
+
+    def meta_first(names):  # type: ignore[no-untyped-def]
+        return sorted(names, key=lambda n: (n == "zarr.json", not n.endswith("zarr.json"), n))
+
+    for order in (sorted, meta_first):  # other writers' orders: each entry read as before
+        other = ZarrShardReader(_rezipped(shard, str(tmp_path / f"{order.__name__}.zip"),
+                                          order))
+        try:
+            spans = [other._extent(p) for p in range(other.num_samples)]
+        finally:
+            other.close()
+        # none, or a sample's group document alone where it lies just before the root's
+        # (sorted names): under a block, so nothing is fetched ahead
+        assert all(s is None or s[1] - s[0] < 4096 for s in spans), spans
+        assert sum(s is None for s in spans) >= 5
+
+
+def test_a_block_cut_short_by_a_shrunk_object_ends_the_read(tmp_path):
+    import threading
+
+    store, f, data = _file(tmp_path)
+    store.put("obj", data[: 2 * BLOCK + 100])  # the object shrank after its size was read
+    assert _read(f, 2 * BLOCK + 10, 2 * BLOCK + 20) == data[2 * BLOCK + 10 : 2 * BLOCK + 20]
+    got: list[bytes] = []
+    reading = threading.Thread(target=lambda: got.append(_read(f, 2 * BLOCK + 50, 4 * BLOCK)),
+                               daemon=True)
+    reading.start()
+    reading.join(10)
+    assert got == [data[2 * BLOCK + 50 : 2 * BLOCK + 100]]  # short: the reader says so
+
+
+def test_a_mixtures_sources_each_get_a_buffers_blocks():
+    from simstore.loaders._ranged import MAX_RANGE_BLOCKS_BYTES, mixture_blocks_bytes
+
+    assert mixture_blocks_bytes([80 << 20]) == 80 << 20
+    assert mixture_blocks_bytes([80 << 20, 80 << 20]) == 160 << 20
+    assert mixture_blocks_bytes([80 << 20] * 300) == MAX_RANGE_BLOCKS_BYTES
+    assert mixture_blocks_bytes([1 << 30, 80 << 20]) == 1 << 30  # one source's own need
+
+
+def test_fields_given_as_an_iterator_serve_every_sample(tmp_path):
+    from simstore.formats._zarr import ZarrShardReader
+
+    reader = ZarrShardReader(_zarr_runs(tmp_path))
+    try:
+        got = list(reader.read(range(reader.num_samples), iter(["p"])))
+    finally:
+        reader.close()
+    assert [s["p"] for s in got] == [float(i) for i in range(len(got))]
