@@ -168,8 +168,8 @@ class RangedFile(io.RawIOBase):
     A read of at least ``block_bytes`` is one GET of exactly its range, less the cached
     blocks at its ends (:meth:`_large`). Smaller reads are served from aligned blocks of
     ``block_bytes``; the blocks a read lacks are fetched with one GET per run of
-    neighbouring blocks and kept in ``blocks`` (shared with the source's other files;
-    one of ``max_cached_bytes`` of its own if not given), so a reader's small
+    neighbouring blocks and kept in ``blocks`` (shared with the reading process's other
+    ranged files; one of ``max_cached_bytes`` of its own if not given), so a reader's small
     neighbouring reads (footers, pages, headers) coalesce into one request.
     """
 
