@@ -163,19 +163,21 @@ class ZarrIndex:
     ENTRY_BYTES = 800
     """Memory an index holds per zip entry, about (its directory entry, data place,
     parsed node and decoder: 775 bytes measured over a shard of 4,096 small samples)."""
-    PARSED_FACTOR = 1
-    """Memory per byte of JSON parsed beyond what ``ENTRY_BYTES`` counts, about: a large
-    document is mostly its string, JSON or key fields, held once as parsed."""
 
     def __init__(self, reader: ZarrShardReader) -> None:
         self.file_size = reader._file_size
         self.infos = reader._infos
         nodes = reader._nodes
-        self.nodes = None if isinstance(nodes, _Nodes) else nodes
+        self.nodes: Mapping[str, Any] | None = None
         """The root's consolidated metadata (a foreign writer's layout), else None."""
-        self.parsed = nodes._parsed if isinstance(nodes, _Nodes) else {}
-        self.by_bytes = nodes._by_bytes if isinstance(nodes, _Nodes) else {}
-        self.parsed_bytes = nodes.parsed_bytes if isinstance(nodes, _Nodes) else 0
+        self.parsed: dict[str, Any] = {}
+        self.by_bytes: dict[bytes, Any] = {}
+        self.parsed_bytes = 0
+        if isinstance(nodes, _Nodes):
+            self.parsed, self.by_bytes = nodes._parsed, nodes._by_bytes
+            self.parsed_bytes = nodes.parsed_bytes
+        else:
+            self.nodes = nodes
         self.root_bytes = reader._root_bytes
         """What the root ``zarr.json`` holds parsed: the writer's attributes (every key, the
         schema, the field statistics), or a foreign writer's whole document."""
@@ -194,9 +196,12 @@ class ZarrIndex:
 
     @property
     def nbytes(self) -> int:
-        """Memory it holds, estimated (for a cache's budget)."""
-        return (self.ENTRY_BYTES * len(self.infos)
-                + self.PARSED_FACTOR * (self.parsed_bytes + self.root_bytes))
+        """Memory it holds, estimated (for a cache's budget).
+
+        Beyond ``ENTRY_BYTES`` an entry, the text of the documents it parsed, about byte
+        for byte: a large one is mostly string, JSON or key fields, held once as parsed.
+        """
+        return self.ENTRY_BYTES * len(self.infos) + self.parsed_bytes + self.root_bytes
 
 
 AHEAD_BYTES = 64 << 20

@@ -31,6 +31,7 @@ from typing import BinaryIO, Literal, Protocol, cast, runtime_checkable
 
 from simstore.loaders._cache import CacheConfig, DamagedCopyError, PinnedCopy, ShardCache
 from simstore.loaders._ranged import (
+    MIN_RANGE_BLOCKS_BYTES,
     RangeBlocks,
     RangedFile,
     RateLimiter,
@@ -188,7 +189,8 @@ class ShardAccess:
         self.tier = tier_of(store)
         count_retries(store, counters, self.tier)
         self.block_bytes = block_bytes
-        self.range_blocks = range_blocks if range_blocks is not None else RangeBlocks(32 << 20)
+        self.range_blocks = (range_blocks if range_blocks is not None
+                             else RangeBlocks(MIN_RANGE_BLOCKS_BYTES))
         """Blocks of ranged reads, kept for all the ranged files of the reading process's
         sources at once (keyed by store and object)."""
         self._cache_config = cache

@@ -21,7 +21,7 @@ from simstore.storage import ObjectStore
 from simstore.storage._base import never_sent
 
 __all__ = ["RangeBlocks", "RangedFile", "RateLimiter", "billed_if_failed", "count_retries",
-           "mixture_blocks_bytes", "range_blocks_bytes", "tier_of"]
+           "MIN_RANGE_BLOCKS_BYTES", "mixture_blocks_bytes", "range_blocks_bytes", "tier_of"]
 
 
 def tier_of(store: ObjectStore) -> str:
@@ -140,6 +140,8 @@ class RangeBlocks:
             return self._bytes
 
 
+MIN_RANGE_BLOCKS_BYTES = 32 << 20
+"""The least a reading process keeps of ranged blocks (and a lone ranged file, of its own)."""
 MAX_RANGE_BLOCKS_BYTES = 512 << 20
 """The most a reading process keeps of ranged blocks for a mixture of many sources."""
 
@@ -150,7 +152,7 @@ def range_blocks_bytes(buffer_blocks: int, shuffle_block_bytes: int, block_bytes
     A buffer's rows lie in ``buffer_blocks`` blocks of about ``shuffle_block_bytes``, each
     covered by at most one more ranged block than its own size in them; at least 32 MiB.
     """
-    return max(32 << 20, buffer_blocks * (shuffle_block_bytes + block_bytes))
+    return max(MIN_RANGE_BLOCKS_BYTES, buffer_blocks * (shuffle_block_bytes + block_bytes))
 
 
 def mixture_blocks_bytes(budgets: list[int]) -> int:
@@ -182,7 +184,7 @@ class RangedFile(io.RawIOBase):
         counters: Counters,
         limiter: RateLimiter,
         block_bytes: int = 1 << 20,
-        max_cached_bytes: int = 32 << 20,
+        max_cached_bytes: int = MIN_RANGE_BLOCKS_BYTES,
         blocks: RangeBlocks | None = None,
     ) -> None:
         super().__init__()

@@ -733,17 +733,16 @@ class ChunkBuffers:
         """Field ``name``'s buffer, made on first ask."""
         if name not in self._bufs:
             dtype = np.dtype(dtype)
-            if mappable and self.defer_files and dtype.isnative and dtype.kind in "biuf":
-                # left unread: untouched private memory costs no page faults
+            if (mappable and (self.defer_files or self.map_files) and dtype.isnative
+                    and dtype.kind in "biuf"):
+                # its rows will be the files' pages (mapped here, or left unread for the
+                # main process to map): memory of its own, never faulted in, so that it
+                # costs no page faults, mapping frees none, and the pool's idle memory
+                # stays for the chunks read after it
                 array = POOL.array((self.n, *shape), dtype, fresh=True)
                 self._bufs[name] = (torch.from_numpy(array), array)
-                self._private.add(name)
-            elif mappable and self.map_files and dtype.isnative and dtype.kind in "biuf":
-                # its rows will be the files' pages: memory of its own, never faulted in,
-                # so that mapping them frees none and the pool's idle memory stays for
-                # the chunks read after it
-                array = POOL.array((self.n, *shape), dtype, fresh=True)
-                self._bufs[name] = (torch.from_numpy(array), array)
+                if self.defer_files:
+                    self._private.add(name)
             else:
                 self._bufs[name] = self._allocate(shape, dtype)
         return self._bufs[name]
